@@ -1,0 +1,2 @@
+//! connmux-bpf (being implemented).
+#![forbid(unsafe_code)]

@@ -1,0 +1,6 @@
+//! One module per subcommand; each has an `Args` (clap) and a `run` returning the
+//! process exit code.
+pub mod echotest;
+pub mod parse;
+pub mod rpctest;
+pub mod server;

@@ -1,0 +1,45 @@
+//! `connmux`: one command with subcommands for the servers, the load generators
+//! and the tools.
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+#[derive(Parser)]
+#[command(name = "connmux", version, about = "Message-based interface over TCP: servers, load generators and tools", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the echo server (byte echo or message echo).
+    EchoServer(cmd::server::EchoArgs),
+    /// Run the ONC RPC server answering NULL calls (NFS v3/v4 by default).
+    RpcServer(cmd::server::RpcArgs),
+    /// Load generator for the echo server: median RTT and messages/s.
+    Echotest(cmd::echotest::Args),
+    /// Load generator for the RPC server: median RTT and RPC/s.
+    Rpctest(cmd::rpctest::Args),
+    /// Split a byte stream into messages with a built-in or BPF parser.
+    Parse(cmd::parse::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::EchoServer(a) => cmd::server::run_echo(a),
+        Command::RpcServer(a) => cmd::server::run_rpc(a),
+        Command::Echotest(a) => cmd::echotest::run(a),
+        Command::Rpctest(a) => cmd::rpctest::run(a),
+        Command::Parse(a) => cmd::parse::run(a),
+    };
+    match r {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("connmux: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

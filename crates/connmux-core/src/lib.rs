@@ -1,0 +1,31 @@
+//! connmux-core: the Kernel Connection Multiplexor's semantics as a sans-IO engine.
+//!
+//! Bytes and the time go in; whole messages, bytes to write, deadlines and events
+//! come out. This crate makes no syscalls, reads no clock, starts no threads and
+//! contains no `unsafe`: the runtime (`connmux`) moves the bytes, tests drive it
+//! deterministically.
+//!
+//! What it does **not** do: own file descriptors, block, wake threads, or know
+//! about TCP beyond "a byte stream that can fail".
+//!
+//! Map of the crate (dependencies point down):
+//! - [`parser`]: the parser trait (need more / length / invalid) and its error type;
+//! - [`parsers`]: built-in parsers (length field, ONC RPC record marking, 9P, Thrift,
+//!   HTTP/2, Kafka, memcached binary);
+//! - [`stream`]: the per-psock stream parser (assembly from the message start,
+//!   size limit, assembly deadline, need-bytes hint, counters);
+//! - [`mux`]: the multiplexor (KCM sockets, psocks, steering, transmit reservation,
+//!   retry, requeue, addressed mode);
+//! - [`stats`]: counters named as in `/proc/net/kcm` and `/proc/net/kcm_stats`.
+#![forbid(unsafe_code)]
+
+pub mod parser;
+pub mod parsers;
+pub mod stream;
+pub mod mux;
+pub mod stats;
+pub mod time;
+
+pub use bytes::Bytes;
+pub use parser::{Parse, ParseError, Parser};
+pub use time::Timestamp;

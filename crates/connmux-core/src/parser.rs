@@ -1,0 +1,105 @@
+//! The message parser: given the bytes of one message gathered so far (starting at
+//! the message's first byte), answer one of three things.
+//!
+//! This is strparser's `parse_msg` made an enum instead of an overloaded integer:
+//! KCM's BPF program returns > 0 (length), 0 (need more), < 0 (error); the BPF
+//! parser in `connmux-bpf` maps onto this trait.
+
+use bytes::Bytes;
+
+/// A parser's answer for the bytes of the current message gathered so far.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Parse {
+    /// The length is not known yet: at least this many more bytes are needed
+    /// before asking again (a hint; `1` when the parser cannot tell).
+    NeedMore(usize),
+    /// The message's total length in bytes, header included, counted from its
+    /// first byte. Must be > 0.
+    Length(usize),
+    /// The stream cannot be framed: the psock is aborted with this reason.
+    Invalid(ParseError),
+}
+
+/// Why a parser refused a stream. Each maps to the errno KCM would post on the
+/// TCP socket (`errno()`), so the kernel backend and the userspace engine report
+/// the same thing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// The decoded length is smaller than the header that carried it.
+    #[error("length {length} is shorter than the {header}-byte header")]
+    LengthBelowHeader { length: u64, header: usize },
+    /// The decoded length does not fit in the address space / 63 bits.
+    #[error("length field overflows")]
+    LengthOverflow,
+    /// A protocol-specific magic or constant field is wrong.
+    #[error("bad {what}: {value:#x}")]
+    BadField { what: &'static str, value: u64 },
+    /// A multi-fragment record has more fragments than allowed.
+    #[error("too many record fragments ({0})")]
+    TooManyFragments(usize),
+    /// A BPF parser returned a negative value (−errno).
+    #[error("parser program returned error {0}")]
+    Program(i32),
+    /// A BPF program could not run to completion (budget exhausted, fault).
+    #[error("parser program fault: {0}")]
+    ProgramFault(String),
+}
+
+impl ParseError {
+    /// The errno KCM posts on the TCP socket for this refusal (EPROTO for framing
+    /// errors, the program's own value for BPF errors).
+    pub fn errno(&self) -> i32 {
+        match self {
+            ParseError::Program(e) => *e,
+            _ => EPROTO,
+        }
+    }
+}
+
+/// Linux errno values used by the core (kept here so the core needs no libc).
+pub const EPROTO: i32 = 71;
+pub const EMSGSIZE: i32 = 90;
+pub const ETIMEDOUT: i32 = 110;
+pub const EPIPE: i32 = 32;
+pub const EINVAL: i32 = 22;
+
+/// A message parser for one psock. One instance per psock (it may keep state,
+/// e.g. "HTTP/2 preface seen").
+pub trait Parser: Send {
+    /// Look at the bytes of the current message gathered so far. `buf` starts at
+    /// the message's first byte and holds every byte available (it may extend
+    /// past the end of this message). Called again with a longer `buf` after
+    /// `NeedMore`; not called again for this message after `Length`.
+    fn parse(&mut self, buf: &[u8]) -> Parse;
+
+    /// Turn a complete message (exactly `Length` bytes) into what the application
+    /// receives. The default keeps it as framed on the wire; the ONC RPC parser
+    /// can strip fragment headers here.
+    fn finish(&mut self, msg: Bytes) -> Bytes {
+        msg
+    }
+
+    /// An optional steering key for a complete message: messages with the same
+    /// key go to the same KCM socket while it is able to take them.
+    fn steering_key(&self, _msg: &[u8]) -> Option<u64> {
+        None
+    }
+
+    /// A short name for statistics and errors ("len4be", "oncrpc", "bpf:prog").
+    fn name(&self) -> &str;
+}
+
+impl<P: Parser + ?Sized> Parser for Box<P> {
+    fn parse(&mut self, buf: &[u8]) -> Parse {
+        (**self).parse(buf)
+    }
+    fn finish(&mut self, msg: Bytes) -> Bytes {
+        (**self).finish(msg)
+    }
+    fn steering_key(&self, msg: &[u8]) -> Option<u64> {
+        (**self).steering_key(msg)
+    }
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+}

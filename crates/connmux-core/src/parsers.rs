@@ -1,0 +1,1 @@
+//! Built-in parsers (being implemented).

@@ -1,0 +1,1 @@
+//! The per-psock stream parser (being implemented).

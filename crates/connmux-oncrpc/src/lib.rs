@@ -1,0 +1,2 @@
+//! connmux-oncrpc (being implemented).
+#![forbid(unsafe_code)]

@@ -1,0 +1,1 @@
+//! bpf(2) wrappers (being implemented).

@@ -1,0 +1,1 @@
+//! connmux runtime (being implemented).
