@@ -1,0 +1,1 @@
+//! Shared load-generator machinery for echotest and rpctest (being implemented).
