@@ -1,3 +1,32 @@
-//! connmux-sys: the only `unsafe` in connmux. Each wrapper is small and carries a
-//! `// SAFETY:` line. (Modules being implemented.)
+//! connmux-sys: the system layer, and the only `unsafe` in connmux.
+//!
+//! Each module wraps one family of Linux system calls in safe functions that return
+//! [`std::io::Result`]. Every `unsafe` block is a single call (or a single
+//! pointer/layout fact) with a `// SAFETY:` line saying why it is sound.
+//!
+//! Map of the crate:
+//! - [`epoll`]: readiness notification (`epoll_create1`/`epoll_ctl`/`epoll_wait`);
+//! - [`eventfd`]: a counter fd used to wake a thread blocked in `epoll_wait`;
+//! - [`poll`]: wait for one fd to become readable, with a timeout;
+//! - [`affinity`]: pin the calling thread to a CPU, list the CPUs we may run on;
+//! - [`socket`]: reads, vectored non-blocking sends without `SIGPIPE`, socket options,
+//!   the checks AF_KCM makes before attaching a TCP socket, aborting a connection;
+//! - [`clock`]: `CLOCK_MONOTONIC` in nanoseconds;
+//! - [`bpf`]: the bpf(2) system call (program load, test run).
+//!
+//! What it does **not** do: own any policy. It does not decide what to read, when to
+//! retry or how to react to an error (beyond retrying `EINTR` where a call says so);
+//! it keeps no state besides the fds it owns; it never spawns threads. It only
+//! targets Linux.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod affinity;
 pub mod bpf;
+pub mod clock;
+pub mod epoll;
+pub mod eventfd;
+pub mod poll;
+pub mod socket;
+
+mod util;

@@ -1,1 +1,0 @@
-//! Shared load-generator machinery for echotest and rpctest (being implemented).

@@ -1,0 +1,80 @@
+//! CPU affinity: pin the calling thread to one CPU, and list the CPUs this process
+//! may run on (which can be fewer than the machine has, under taskset or cgroups).
+
+use std::io;
+
+use crate::util::cvt;
+
+/// CPUs that fit in a `cpu_set_t` (glibc's fixed 1024); higher numbers are refused.
+const SET_SIZE: usize = libc::CPU_SETSIZE as usize;
+
+/// Pins the calling thread to `cpu` (`sched_setaffinity(0, …)`). Fails with `EINVAL`
+/// when `cpu` is not one this thread may use (see [`available_cpus`]).
+pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    if cpu >= SET_SIZE {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu < CPU_SETSIZE` was checked above; CPU_SET only sets a bit in `set`.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: passes a live cpu_set_t and its exact size; pid 0 is the calling thread.
+    cvt(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) })?;
+    Ok(())
+}
+
+/// The CPUs the calling thread may run on (`sched_getaffinity(0, …)`), ascending.
+/// Call it before pinning anything: a pinned thread sees only its own CPU.
+pub fn available_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes at most size_of::<cpu_set_t>() bytes into `set`.
+    cvt(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) })?;
+    Ok((0..SET_SIZE)
+        // SAFETY: `cpu < CPU_SETSIZE`; CPU_ISSET only reads a bit of `set`.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_a_thread_to_each_available_cpu() {
+        let cpus = available_cpus().unwrap();
+        assert!(!cpus.is_empty());
+        assert!(cpus.windows(2).all(|w| w[0] < w[1]));
+        for &cpu in &cpus {
+            // A fresh thread, so the test thread keeps its own affinity.
+            let (mask, running_on) = std::thread::spawn(move || {
+                pin_current_thread(cpu).unwrap();
+                // SAFETY: sched_getcpu takes no arguments.
+                let on = unsafe { libc::sched_getcpu() };
+                (available_cpus().unwrap(), on)
+            })
+            .join()
+            .unwrap();
+            assert_eq!(mask, vec![cpu]);
+            assert_eq!(running_on, cpu as i32);
+        }
+    }
+
+    #[test]
+    fn refuses_cpus_out_of_range() {
+        let err = pin_current_thread(SET_SIZE).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+        // A CPU number inside the set size that we may not use: the kernel says EINVAL
+        // (and the thread keeps its old affinity).
+        let last = SET_SIZE - 1;
+        if !available_cpus().unwrap().contains(&last) {
+            let (err, after) = std::thread::spawn(move || {
+                (pin_current_thread(last).unwrap_err(), available_cpus().unwrap())
+            })
+            .join()
+            .unwrap();
+            assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+            assert_eq!(after, available_cpus().unwrap());
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Wait for one fd to become readable, with a timeout (for blocking receives on an
+//! fd that is itself non-blocking, such as a KCM socket's eventfd).
+
+use std::io;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use crate::util::cvt;
+
+/// Blocks until `fd` is readable or `timeout` passes (`None`: no limit). Returns
+/// `Ok(true)` when readable, `Ok(false)` on timeout. Hang-up and error conditions
+/// count as readable, because a read then returns at once (end of stream or the
+/// error). A signal does not end the wait early: it resumes with the time left.
+/// An invalid `fd` (negative or not open) is `EBADF`.
+pub fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
+    if fd < 0 {
+        // ppoll skips negative fds, which would turn this into a plain sleep.
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    let deadline = timeout.map(|t| Instant::now().checked_add(t));
+    loop {
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let left = match deadline {
+            None => None,
+            // A deadline too far to represent is the same as no deadline.
+            Some(None) => None,
+            Some(Some(d)) => Some(d.saturating_duration_since(Instant::now())),
+        };
+        let ts = left.map(|d| libc::timespec {
+            tv_sec: d.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        });
+        let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: `pfd` is one valid pollfd; `ts_ptr` is null or points to a live timespec;
+        // a null sigmask leaves the signal mask unchanged.
+        let r = unsafe { libc::ppoll(&mut pfd, 1, ts_ptr, std::ptr::null()) };
+        match cvt(r) {
+            Ok(0) => return Ok(false),
+            Ok(_) => {
+                if pfd.revents & libc::POLLNVAL != 0 {
+                    return Err(io::Error::from_raw_os_error(libc::EBADF));
+                }
+                return Ok(pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0);
+            }
+            // Each retry uses the time left, so signals cannot stretch the wait; a
+            // deadline that has passed makes the next ppoll return 0 at once.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn times_out_then_sees_data_from_another_thread() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let t = Instant::now();
+        assert!(!poll_readable(s.as_raw_fd(), Some(Duration::from_millis(30))).unwrap());
+        assert!(t.elapsed() >= Duration::from_millis(29));
+        let w = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            c.write_all(b"x").unwrap();
+            c
+        });
+        let t = Instant::now();
+        assert!(poll_readable(s.as_raw_fd(), None).unwrap());
+        assert!(t.elapsed() < Duration::from_secs(10));
+        let c = w.join().unwrap();
+        drop(c);
+    }
+
+    #[test]
+    fn hangup_counts_as_readable_and_bad_fd_is_ebadf() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        drop(c);
+        assert!(poll_readable(s.as_raw_fd(), Some(Duration::from_secs(5))).unwrap());
+        // ppoll would ignore a negative fd and sleep; we refuse it instead.
+        let err = poll_readable(-1, None).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+        // An fd number above any open file limit can never be open: POLLNVAL.
+        let err = poll_readable(1 << 30, Some(Duration::ZERO)).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+    }
+}

@@ -1,0 +1,50 @@
+//! Small helpers shared by the wrappers: turning C return values into `io::Result`.
+
+use std::io;
+
+/// Maps a `-1` return of a libc call to the thread's `errno`.
+pub(crate) fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Like [`cvt`] for calls returning `ssize_t`; a successful value is never negative.
+pub(crate) fn cvt_size(ret: libc::ssize_t) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+/// How many times a call interrupted by a signal is retried before `EINTR` is
+/// returned: a signal storm must not pin a thread in a loop forever.
+pub(crate) const EINTR_RETRIES: usize = 64;
+
+/// Runs `f` again while it fails with `EINTR`, at most [`EINTR_RETRIES`] times.
+pub(crate) fn retry_eintr<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let mut tries = 0;
+    loop {
+        match f() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted && tries < EINTR_RETRIES => {
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Converts a timeout to whole milliseconds for `epoll_wait`, rounding up so that a
+/// short non-zero timeout does not become a busy poll; `None` means wait forever (-1).
+pub(crate) fn timeout_ms(timeout: Option<std::time::Duration>) -> libc::c_int {
+    match timeout {
+        None => -1,
+        Some(d) => {
+            let ms = d.as_nanos().div_ceil(1_000_000);
+            ms.min(libc::c_int::MAX as u128) as libc::c_int
+        }
+    }
+}
