@@ -1,1 +1,51 @@
-//! connmux runtime (being implemented).
+//! connmux: KCM's message interface over TCP, in userspace, on any Linux.
+//!
+//! A [`Mux`] joins attached TCP connections (psocks) to KCM sockets
+//! ([`KcmSocket`]): a parser finds message boundaries in each byte stream, a
+//! `recv` returns exactly one whole message, a `send` writes one message
+//! atomically on one connection, and whole messages are balanced across the
+//! sockets that wait. The semantics are those of Linux's AF_KCM
+//! (`docs/kcm-compat.md` lists every call and every departure); the decisions
+//! are made by the pure core (`connmux-core`), this crate moves the bytes.
+//!
+//! ```no_run
+//! use connmux::{Config, Mux, SockType};
+//! use std::net::TcpStream;
+//! let mux = Mux::new(Config::default())?;
+//! let sock = mux.socket(SockType::Dgram)?;
+//! let conn = TcpStream::connect("127.0.0.1:62049")?;
+//! sock.attach(&conn, connmux::parsers::from_spec("l4").unwrap())?;
+//! sock.send(b"\0\0\0\x05hello")?;            // one whole message
+//! let mut buf = [0u8; 1024];
+//! let got = sock.recv(&mut buf)?;             // one whole message back
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! Threads: `Config::workers` I/O worker threads, each pinned to a CPU, own the
+//! attached connections (read, parse, write). Application threads call
+//! `recv`/`send` on cloned sockets; [`Mux::serve`] instead runs a handler in
+//! place on the workers (see `docs/architecture.md`, "who owns what").
+//!
+//! What this crate does **not** do: it has no `unsafe` of its own (that is in
+//! `connmux-sys`), it does not listen or accept (see [`service`]), and it does
+//! not (yet) drive io_uring or the kernel's AF_KCM.
+#![forbid(unsafe_code)]
+
+mod config;
+mod mux;
+mod shared;
+mod socket;
+mod worker;
+pub mod service;
+
+pub use config::{Config, Placement};
+pub use connmux_core::mux::{
+    Event as CoreEvent, PsockError, PsockId, RecvFlags, RecvInfo, RxError, SendFlags, SockId,
+    SockType, Steering,
+};
+pub use connmux_core::parser::{Parse, ParseError, Parser};
+pub use connmux_core::parsers;
+pub use connmux_core::stats::{MuxStats, PsockStats, SockStats};
+pub use connmux_core::Bytes;
+pub use mux::{Mux, PsockEvent};
+pub use socket::{KcmSocket, Message};

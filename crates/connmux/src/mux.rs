@@ -1,0 +1,254 @@
+//! The public mux: creation, attach/unattach, errors, statistics.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use connmux_core::mux::{Mux as CoreMux, MuxError, PsockConfig, PsockError, PsockId, SockType};
+use connmux_core::parser::Parser;
+use connmux_core::stats::{MuxStats, PsockStats};
+use connmux_sys::epoll::{Epoll, Interest};
+use connmux_sys::eventfd::EventFd;
+
+use crate::config::Config;
+use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerRef};
+use crate::socket::KcmSocket;
+use crate::worker;
+
+/// A psock failure, as KCM reports it on the attached TCP socket (POLLERR +
+/// SO_ERROR). The application should [`Mux::unattach`] the connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PsockEvent {
+    pub psock: PsockId,
+    pub error: PsockError,
+}
+
+/// Map a core error onto the errno an AF_KCM call would return.
+pub(crate) fn io_err(e: MuxError) -> io::Error {
+    match e {
+        MuxError::WouldBlock => io::Error::from(io::ErrorKind::WouldBlock),
+        other => io::Error::from_raw_os_error(other.errno()),
+    }
+}
+
+pub(crate) struct MuxInner {
+    pub shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    next_worker: AtomicU64,
+    pub events_rx: crossbeam::channel::Receiver<PsockEvent>,
+    pub serving: AtomicBool,
+}
+
+impl Drop for MuxInner {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for w in &self.shared.workers {
+            let _ = w.waker.notify();
+        }
+        for t in self.threads.lock().unwrap().drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A multiplexor: attached connections on one side, KCM sockets on the other.
+/// Cheap to clone (a handle); the workers stop when the last handle and the
+/// last socket are gone.
+#[derive(Clone)]
+pub struct Mux {
+    pub(crate) inner: Arc<MuxInner>,
+}
+
+impl Mux {
+    /// Start a mux and its worker threads.
+    pub fn new(config: Config) -> io::Result<Mux> {
+        let workers = config.workers.max(1);
+        let mut refs = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let epoll = Epoll::new()?;
+            let waker = EventFd::new()?;
+            epoll.add(waker.as_raw_fd(), worker::WAKER_TOKEN, Interest::READ)?;
+            refs.push(WorkerRef { epoll, waker, commands: Mutex::new(Vec::new()) });
+        }
+        let (events_tx, events_rx) = crossbeam::channel::bounded(config.event_queue.max(1));
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Core {
+                mux: CoreMux::new(config.core.clone()),
+                psocks: HashMap::new(),
+                socks: HashMap::new(),
+            }),
+            workers: refs,
+            stop: AtomicBool::new(false),
+            read_chunk: config.read_chunk.max(512),
+            events_tx,
+            events_dropped: AtomicU64::new(0),
+            clock_origin: std::time::Instant::now(),
+        });
+        let cpus = worker::cpus_for(&config.placement, workers);
+        let mut threads = Vec::with_capacity(workers);
+        for (i, cpu) in cpus.into_iter().enumerate() {
+            let sh = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("connmux-w{i}"))
+                    .spawn(move || worker::run(sh, i, cpu))?,
+            );
+        }
+        Ok(Mux {
+            inner: Arc::new(MuxInner {
+                shared,
+                threads: Mutex::new(threads),
+                next_worker: AtomicU64::new(0),
+                events_rx,
+                serving: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    /// Create a KCM socket on this mux (`socket(AF_KCM, type, 0)`).
+    pub fn socket(&self, ty: SockType) -> io::Result<KcmSocket> {
+        KcmSocket::create(self.clone(), ty)
+    }
+
+    /// Number of I/O workers.
+    pub fn workers(&self) -> usize {
+        self.shared().workers.len()
+    }
+
+    /// SIOCKCMATTACH: attach a connected TCP socket with a parser. connmux keeps
+    /// its own descriptor for the connection (as KCM keeps a file reference), so
+    /// closing the caller's descriptor neither detaches nor closes it.
+    ///
+    /// Errors as AF_KCM: `EOPNOTSUPP` for anything but a connected TCP socket,
+    /// `ENOENT` for a bad descriptor, `EALREADY` if already attached to a mux.
+    pub fn attach(&self, conn: &impl AsFd, parser: Box<dyn Parser>) -> io::Result<PsockId> {
+        let w = (self.inner.next_worker.fetch_add(1, Ordering::Relaxed) as usize) % self.workers();
+        self.attach_on(conn, parser, w)
+    }
+
+    /// [`Mux::attach`] on a chosen worker.
+    pub fn attach_on(&self, conn: &impl AsFd, parser: Box<dyn Parser>, worker: usize) -> io::Result<PsockId> {
+        let sh = self.shared();
+        let worker = worker % sh.workers.len();
+        let raw = conn.as_fd().as_raw_fd();
+        connmux_sys::socket::tcp_check_attachable(raw)?;
+        let owned = conn.as_fd().try_clone_to_owned().map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let ino = std::fs::File::from(owned.try_clone()?).metadata()?.ino();
+        let stream = TcpStream::from(owned);
+        stream.set_nonblocking(true)?;
+        let _ = stream.set_nodelay(true);
+        let mut events = Vec::new();
+        let rt = {
+            let mut core = sh.lock();
+            if ATTACHED.lock().unwrap().contains(&ino) {
+                return Err(io::Error::from_raw_os_error(libc::EALREADY));
+            }
+            let cfg = PsockConfig { affinity: Some(worker as u32), ..Default::default() };
+            let id = core.mux.attach(parser, cfg);
+            let rt = Arc::new(PsockRt {
+                id,
+                stream,
+                worker,
+                ino,
+                interest: Mutex::new(PsockInterest { read: true, write: false, registered: true }),
+                error: Mutex::new(None),
+                flush_queued: AtomicBool::new(false),
+            });
+            core.psocks.insert(id, rt.clone());
+            ATTACHED.lock().unwrap().insert(ino);
+            core.drain_events(&mut events);
+            rt
+        };
+        if let Err(e) = sh.workers[worker].epoll.add(rt.fd(), psock_token(rt.id), Interest::READ) {
+            let _ = self.unattach_id(rt.id);
+            return Err(e);
+        }
+        sh.dispatch(&mut events, &mut Ctx::App);
+        Ok(rt.id)
+    }
+
+    /// SIOCKCMUNATTACH by connection. `ENOENT` if it is not attached to this mux.
+    pub fn unattach(&self, conn: &impl AsFd) -> io::Result<()> {
+        let ino = std::fs::File::from(conn.as_fd().try_clone_to_owned().map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?)
+            .metadata()?
+            .ino();
+        let id = {
+            let core = self.shared().lock();
+            core.psocks.values().find(|p| p.ino == ino).map(|p| p.id)
+        };
+        match id {
+            Some(id) => self.unattach_id(id),
+            None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
+        }
+    }
+
+    /// SIOCKCMUNATTACH by psock id.
+    pub fn unattach_id(&self, p: PsockId) -> io::Result<()> {
+        let sh = self.shared();
+        let mut events = Vec::new();
+        {
+            let mut core = sh.lock();
+            core.mux.unattach(p).map_err(io_err)?;
+            core.drain_events(&mut events);
+        }
+        sh.dispatch(&mut events, &mut Ctx::App);
+        Ok(())
+    }
+
+    /// Unattach and reset the connection (the peer sees RST): what a server does
+    /// with a connection whose peer misbehaved.
+    pub fn abort(&self, p: PsockId) -> io::Result<()> {
+        if let Some(rt) = self.shared().psock_rt(p) {
+            let _ = connmux_sys::socket::abort(rt.fd());
+        }
+        self.unattach_id(p)
+    }
+
+    /// The psock failures reported so far (KCM: POLLERR on each TCP socket).
+    pub fn events(&self) -> &crossbeam::channel::Receiver<PsockEvent> {
+        &self.inner.events_rx
+    }
+
+    /// The first error a psock reported, if any (KCM: SO_ERROR on the TCP socket).
+    pub fn psock_error(&self, p: PsockId) -> Option<PsockError> {
+        self.shared().psock_rt(p).and_then(|rt| rt.error.lock().unwrap().clone())
+    }
+
+    /// The attached psocks.
+    pub fn psocks(&self) -> Vec<PsockId> {
+        self.shared().lock().mux.psocks()
+    }
+
+    /// Mux-wide statistics (`/proc/net/kcm_stats`).
+    pub fn stats(&self) -> MuxStats {
+        self.shared().lock().mux.stats()
+    }
+
+    /// One psock's statistics.
+    pub fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
+        self.shared().lock().mux.psock_stats(p).map_err(io_err)
+    }
+
+    /// The `/proc/net/kcm`-style live view.
+    pub fn proc_kcm(&self) -> String {
+        self.shared().lock().mux.proc_kcm()
+    }
+
+    /// Events dropped because [`Mux::events`] was full.
+    pub fn events_dropped(&self) -> u64 {
+        self.shared().events_dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// Sockets attached to any mux in this process, by inode: KCM refuses a socket
+/// whose `sk_user_data` is already set (EALREADY), whichever mux holds it.
+pub(crate) static ATTACHED: Mutex<std::collections::BTreeSet<u64>> = Mutex::new(std::collections::BTreeSet::new());

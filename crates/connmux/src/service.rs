@@ -1,0 +1,195 @@
+//! A small service framework in the spirit of FreeBSD's ksf: a service owns a
+//! listener and its connections (accept → attach, close → unattach), a pool of
+//! workers pinned to cores, and a handler that turns each request message into
+//! a reply on the connection it came from (addressed mode), run in place on the
+//! worker that read it.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use connmux_core::mux::{PsockId, SockType};
+use connmux_core::parser::Parser;
+use connmux_core::Bytes;
+
+use crate::mux::Mux;
+use crate::socket::KcmSocket;
+use crate::worker::Command;
+
+/// What a handler decided for one request.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Send this message back on the connection the request came from.
+    Reply(Bytes),
+    /// Nothing to send.
+    NoReply,
+    /// The peer misbehaved: reset and unattach its connection (after the
+    /// replies already produced for it are written).
+    Close,
+}
+
+/// Turns a request into a verdict. Runs on I/O workers: keep it short and
+/// never block. `scratch` is a per-worker buffer to build replies in
+/// (`scratch.split().freeze()` hands one out without a copy).
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict;
+}
+
+impl<F> Handler for F
+where
+    F: Fn(Bytes, PsockId, &mut BytesMut) -> Verdict + Send + Sync + 'static,
+{
+    fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict {
+        self(request, from, scratch)
+    }
+}
+
+/// Handle on in-place serving: the per-worker sockets live as long as it does.
+pub struct Serving {
+    _sockets: Vec<KcmSocket>,
+}
+
+impl Mux {
+    /// Run `handler` in place on every worker: one KCM socket per worker with
+    /// that worker's affinity, so a connection's requests are handled where
+    /// they were read, and move to another worker only when this one falls
+    /// behind (`MuxConfig::imbalance`).
+    pub fn serve(&self, ty: SockType, handler: Arc<dyn Handler>) -> io::Result<Serving> {
+        if self.inner.serving.swap(true, Ordering::AcqRel) {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, "this mux already serves a handler"));
+        }
+        let first = self.socket(ty)?;
+        let mut socks = vec![first];
+        for _ in 1..self.workers() {
+            let s = socks[0].try_clone()?;
+            socks.push(s);
+        }
+        let sh = self.shared();
+        for (i, s) in socks.iter().enumerate() {
+            s.set_affinity(Some(i as u32))?;
+            let rt = sh.sock_rt(s.id()).expect("socket just created");
+            sh.workers[i].commands.lock().unwrap().push(Command::Serve { sock: rt, handler: handler.clone() });
+            sh.workers[i].waker.notify()?;
+        }
+        Ok(Serving { _sockets: socks })
+    }
+}
+
+/// Per-service counters.
+#[derive(Debug, Default)]
+pub struct ServiceStats {
+    pub accepted: AtomicU64,
+    pub attach_errors: AtomicU64,
+    /// Connections closed because the peer failed (framing error, reset, FIN).
+    pub closed: AtomicU64,
+}
+
+/// Configuration of a service.
+pub struct ServiceConfig {
+    pub listen: SocketAddr,
+    pub sock_type: SockType,
+    /// One parser per accepted connection.
+    pub parser: Arc<dyn Fn() -> Box<dyn Parser> + Send + Sync>,
+}
+
+/// A running service: listener + mux + in-place handler.
+pub struct Service {
+    mux: Mux,
+    local: SocketAddr,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    stats: Arc<ServiceStats>,
+    _serving: Serving,
+}
+
+impl Service {
+    /// Bind, start accepting and serving.
+    pub fn start(mux: Mux, cfg: ServiceConfig, handler: Arc<dyn Handler>) -> io::Result<Service> {
+        let listener = TcpListener::bind(cfg.listen)?;
+        let local = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let serving = mux.serve(cfg.sock_type, handler)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(ServiceStats::default());
+        let mut threads = Vec::new();
+        {
+            let (mux, stop, stats, parser) = (mux.clone(), stop.clone(), stats.clone(), cfg.parser.clone());
+            threads.push(std::thread::Builder::new().name("connmux-accept".into()).spawn(move || {
+                accept_loop(&mux, &listener, &stop, &stats, &*parser)
+            })?);
+        }
+        {
+            // Reaper: a failed connection is unattached (its descriptor closes).
+            let (mux, stop, stats) = (mux.clone(), stop.clone(), stats.clone());
+            threads.push(std::thread::Builder::new().name("connmux-reaper".into()).spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    if let Ok(ev) = mux.events().recv_timeout(Duration::from_millis(100)) {
+                        stats.closed.fetch_add(1, Ordering::Relaxed);
+                        let _ = mux.abort(ev.psock);
+                    }
+                }
+            })?);
+        }
+        Ok(Service { mux, local, stop, threads, stats, _serving: serving })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+    pub fn mux(&self) -> &Mux {
+        &self.mux
+    }
+    pub fn stats(&self) -> &ServiceStats {
+        &self.stats
+    }
+
+    /// Stop accepting, unattach every connection, stop the threads.
+    pub fn shutdown(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        for p in self.mux.psocks() {
+            let _ = self.mux.unattach_id(p);
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop_threads();
+    }
+}
+
+fn accept_loop(
+    mux: &Mux,
+    listener: &TcpListener,
+    stop: &AtomicBool,
+    stats: &ServiceStats,
+    parser: &(dyn Fn() -> Box<dyn Parser> + Send + Sync),
+) {
+    while !stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                stats.accepted.fetch_add(1, Ordering::Relaxed);
+                // The mux keeps its own descriptor; ours closes at the end of scope.
+                if mux.attach(&conn, parser()).is_err() {
+                    stats.attach_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let _ = connmux_sys::poll::poll_readable(listener.as_raw_fd(), Some(Duration::from_millis(100)));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}

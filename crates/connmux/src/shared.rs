@@ -1,0 +1,281 @@
+//! State shared by the workers and the application threads, and the one place
+//! where the core's events are turned into I/O and wake-ups.
+//!
+//! Lock discipline: `Shared::core` is the only lock on the data path. No
+//! syscall is made while it is held except the eventfd/epoll_ctl calls of event
+//! dispatch, which never block (they run after the lock is released).
+
+use std::collections::HashMap;
+use std::io::{self, IoSlice};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use connmux_core::mux::{Event, Mux as CoreMux, PsockError, PsockId, SockId};
+use connmux_core::Timestamp;
+use connmux_sys::epoll::{Epoll, Interest};
+use connmux_sys::eventfd::EventFd;
+
+use crate::mux::PsockEvent;
+
+/// The most slices handed to one `writev` (IOV_MAX is 1024; a few dozen
+/// replies per write is where batching stops paying).
+const MAX_IOV: usize = 64;
+
+/// Encode a psock id as an epoll token (index in the low half, generation high).
+pub(crate) fn psock_token(p: PsockId) -> u64 {
+    ((p.generation as u64) << 32) | p.index as u64
+}
+pub(crate) fn token_psock(t: u64) -> PsockId {
+    PsockId { index: t as u32, generation: (t >> 32) as u32 }
+}
+
+/// Wake-up state of one direction of a KCM socket's readiness fd.
+///
+/// `signaled` mirrors whether the eventfd counter is non-zero, so the hot path
+/// only makes the eventfd syscall on a real transition.
+pub(crate) struct Ready {
+    pub fd: EventFd,
+    signaled: AtomicBool,
+}
+
+impl Ready {
+    pub fn new() -> io::Result<Ready> {
+        Ok(Ready { fd: EventFd::new()?, signaled: AtomicBool::new(false) })
+    }
+    pub fn set(&self) {
+        if !self.signaled.swap(true, Ordering::AcqRel) {
+            let _ = self.fd.notify();
+        }
+    }
+    /// Clear before checking the condition again: a `set` after this clear is
+    /// never lost.
+    pub fn clear(&self) {
+        if self.signaled.swap(false, Ordering::AcqRel) {
+            let _ = self.fd.drain();
+        }
+    }
+}
+
+/// Runtime side of a KCM socket.
+pub(crate) struct SockRt {
+    pub id: SockId,
+    pub rx: Ready,
+    pub tx: Ready,
+    pub nonblocking: AtomicBool,
+    pub rcvtimeo: Mutex<Option<Duration>>,
+    pub sndtimeo: Mutex<Option<Duration>>,
+}
+
+/// Runtime side of a psock: the connection and which worker owns it.
+pub(crate) struct PsockRt {
+    pub id: PsockId,
+    pub stream: TcpStream,
+    pub worker: usize,
+    /// Socket inode: the identity used for EALREADY/ENOENT, as KCM uses the sock.
+    pub ino: u64,
+    pub interest: Mutex<PsockInterest>,
+    pub error: Mutex<Option<PsockError>>,
+    /// Set while the psock sits in a worker's deferred-flush list.
+    pub flush_queued: AtomicBool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PsockInterest {
+    pub read: bool,
+    pub write: bool,
+    pub registered: bool,
+}
+
+impl PsockRt {
+    pub fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+}
+
+/// Everything under the core lock.
+pub(crate) struct Core {
+    pub mux: CoreMux,
+    pub psocks: HashMap<PsockId, Arc<PsockRt>>,
+    pub socks: HashMap<SockId, Arc<SockRt>>,
+}
+
+impl Core {
+    /// Take the core's pending events into `out`.
+    pub fn drain_events(&mut self, out: &mut Vec<Event>) {
+        while let Some(e) = self.mux.poll_event() {
+            out.push(e);
+        }
+    }
+}
+
+/// Per-worker handles other threads need: its epoll and its waker.
+pub(crate) struct WorkerRef {
+    pub epoll: Epoll,
+    pub waker: EventFd,
+    pub commands: Mutex<Vec<crate::worker::Command>>,
+}
+
+pub(crate) struct Shared {
+    pub core: Mutex<Core>,
+    pub workers: Vec<WorkerRef>,
+    pub stop: AtomicBool,
+    pub read_chunk: usize,
+    pub events_tx: crossbeam::channel::Sender<PsockEvent>,
+    pub events_dropped: AtomicU64,
+    pub clock_origin: std::time::Instant,
+}
+
+/// Who is dispatching: a worker defers writes to the end of its pass so that
+/// replies to one read go out in one `writev`; other threads write at once.
+pub(crate) enum Ctx<'a> {
+    App,
+    Worker(&'a mut Vec<Arc<PsockRt>>),
+}
+
+impl Shared {
+    pub fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic while holding the lock leaves the core in an unknown state;
+        // continuing would break KCM's guarantees, so propagate it.
+        self.core.lock().expect("connmux core lock poisoned")
+    }
+
+    pub fn now(&self) -> Timestamp {
+        Timestamp::from_nanos(self.clock_origin.elapsed().as_nanos() as u64)
+    }
+
+    /// Act on core events. Must be called without the core lock held.
+    pub fn dispatch(&self, events: &mut Vec<Event>, ctx: &mut Ctx<'_>) {
+        let mut i = 0;
+        while i < events.len() {
+            let ev = events[i].clone();
+            i += 1;
+            match ev {
+                Event::SockReadable(s) => {
+                    if let Some(rt) = self.sock_rt(s) {
+                        rt.rx.set();
+                    }
+                }
+                Event::SockWritable(s) => {
+                    if let Some(rt) = self.sock_rt(s) {
+                        rt.tx.set();
+                    }
+                }
+                Event::PsockTransmit(p) => {
+                    let Some(rt) = self.psock_rt(p) else { continue };
+                    match ctx {
+                        Ctx::Worker(list) => {
+                            if !rt.flush_queued.swap(true, Ordering::AcqRel) {
+                                list.push(rt);
+                            }
+                        }
+                        Ctx::App => self.flush(&rt, events),
+                    }
+                }
+                Event::PsockRxResume(p) => {
+                    if let Some(rt) = self.psock_rt(p) {
+                        self.set_interest(&rt, |i| i.read = true);
+                    }
+                }
+                Event::PsockFailed(p, err) => {
+                    if let Some(rt) = self.psock_rt(p) {
+                        self.set_interest(&rt, |i| i.read = false);
+                        let mut slot = rt.error.lock().unwrap();
+                        if slot.is_none() {
+                            *slot = Some(err.clone());
+                        }
+                    }
+                    if self.events_tx.try_send(PsockEvent { psock: p, error: err }).is_err() {
+                        self.events_dropped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Event::PsockReleased(p) => {
+                    let rt = self.lock().psocks.remove(&p);
+                    if let Some(rt) = rt {
+                        crate::mux::ATTACHED.lock().unwrap().remove(&rt.ino);
+                        let mut int = rt.interest.lock().unwrap();
+                        if int.registered {
+                            let _ = self.workers[rt.worker].epoll.delete(rt.fd());
+                            int.registered = false;
+                        }
+                        // The connection closes when the last Arc drops.
+                    }
+                }
+            }
+        }
+        events.clear();
+    }
+
+    pub fn sock_rt(&self, s: SockId) -> Option<Arc<SockRt>> {
+        self.lock().socks.get(&s).cloned()
+    }
+    pub fn psock_rt(&self, p: PsockId) -> Option<Arc<PsockRt>> {
+        self.lock().psocks.get(&p).cloned()
+    }
+
+    /// Change a psock's epoll interest (from any thread: epoll_ctl is thread-safe).
+    pub fn set_interest(&self, rt: &PsockRt, f: impl FnOnce(&mut PsockInterest)) {
+        let mut int = rt.interest.lock().unwrap();
+        let before = *int;
+        f(&mut int);
+        if !int.registered || (before.read == int.read && before.write == int.write) {
+            return;
+        }
+        let interest = Interest { readable: int.read, writable: int.write, edge: false };
+        let _ = self.workers[rt.worker].epoll.modify(rt.fd(), psock_token(rt.id), interest);
+    }
+
+    /// Write what the core has for this psock until it has nothing or the
+    /// connection would block. Events produced on the way are appended.
+    pub fn flush(&self, rt: &PsockRt, events: &mut Vec<Event>) {
+        // Bounded: each round either writes bytes, or stops.
+        for _ in 0..1024 {
+            let chunk = {
+                let mut core = self.lock();
+                match core.mux.tx_begin(rt.id) {
+                    Some(c) => c,
+                    None => {
+                        core.drain_events(events);
+                        return;
+                    }
+                }
+            };
+            let n = chunk.slices.len().min(MAX_IOV);
+            let mut iov: [IoSlice<'_>; MAX_IOV] = [IoSlice::new(&[]); MAX_IOV];
+            for (slot, b) in iov.iter_mut().zip(chunk.slices.iter()) {
+                *slot = IoSlice::new(b);
+            }
+            let want: usize = chunk.slices[..n].iter().map(|b| b.len()).sum();
+            let res = connmux_sys::socket::writev(rt.fd(), &iov[..n]);
+            let mut core = self.lock();
+            match res {
+                Ok(w) => {
+                    core.mux.tx_complete(rt.id, w);
+                    core.drain_events(events);
+                    if w < want {
+                        drop(core);
+                        self.set_interest(rt, |i| i.write = true);
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    core.mux.tx_complete(rt.id, 0);
+                    core.drain_events(events);
+                    drop(core);
+                    self.set_interest(rt, |i| i.write = true);
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                    core.mux.tx_complete(rt.id, 0);
+                }
+                Err(e) => {
+                    core.mux.tx_failed(rt.id, e.raw_os_error().unwrap_or(libc::EIO));
+                    core.drain_events(events);
+                    return;
+                }
+            }
+        }
+    }
+}

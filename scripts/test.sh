@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: set-up, one release build, the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export CARGO_TERM_COLOR=never
+# One build profile for everything: the loopback and load tests need release speed.
+cargo build --release --workspace --all-targets
+cargo test --release --workspace -- --test-threads=2
