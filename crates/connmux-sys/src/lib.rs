@@ -12,6 +12,8 @@
 //! - [`socket`]: reads, vectored non-blocking sends without `SIGPIPE`, socket options,
 //!   the checks AF_KCM makes before attaching a TCP socket, aborting a connection;
 //! - [`clock`]: `CLOCK_MONOTONIC` in nanoseconds;
+//! - [`kcm`]: the kernel's AF_KCM (socket, attach/unattach/clone ioctls, `KCM_RECV_DISABLE`)
+//!   and the message calls (`sendmsg`, `recvmsg`, `sendmmsg`, `recvmmsg`);
 //! - [`bpf`]: the bpf(2) system call (program load, test run).
 //!
 //! What it does **not** do: own any policy. It does not decide what to read, when to
@@ -25,6 +27,7 @@ pub mod affinity;
 pub mod bpf;
 pub mod clock;
 pub mod epoll;
+pub mod kcm;
 pub mod eventfd;
 pub mod poll;
 pub mod socket;
