@@ -1,0 +1,86 @@
+//! Helpers shared by the core's tests: the "L4" parser of the acceptance cases
+//! (4-byte big-endian length at the message start, total = length + 4) and
+//! message builders.
+#![allow(dead_code)]
+
+use connmux_core::parser::{Parse, ParseError, Parser};
+use connmux_core::Bytes;
+
+/// Parser L4: a 4-byte big-endian length at the message start; the message is
+/// that length plus `adjust` bytes (4 for spec L4: the header is not counted).
+pub struct L4 {
+    pub adjust: usize,
+    /// Refuse messages whose length field equals this value (to test Invalid).
+    pub refuse: Option<u32>,
+    /// Strip the 4-byte header in `finish` (to test that finish is applied).
+    pub strip: bool,
+    /// Use the first payload byte as steering key.
+    pub keyed: bool,
+}
+
+impl L4 {
+    pub fn new() -> L4 {
+        L4 { adjust: 4, refuse: None, strip: false, keyed: false }
+    }
+    pub fn boxed() -> Box<dyn Parser> {
+        Box::new(L4::new())
+    }
+}
+
+impl Parser for L4 {
+    fn parse(&mut self, buf: &[u8]) -> Parse {
+        if buf.len() < 4 {
+            return Parse::NeedMore(4 - buf.len());
+        }
+        let v = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        if Some(v) == self.refuse {
+            return Parse::Invalid(ParseError::Program(22));
+        }
+        Parse::Length(v as usize + self.adjust)
+    }
+    fn finish(&mut self, msg: Bytes) -> Bytes {
+        if self.strip {
+            msg.slice(4..)
+        } else {
+            msg
+        }
+    }
+    fn steering_key(&self, msg: &[u8]) -> Option<u64> {
+        if self.keyed {
+            msg.get(4).map(|&b| b as u64)
+        } else {
+            None
+        }
+    }
+    fn name(&self) -> &str {
+        "l4"
+    }
+}
+
+/// One L4 message: header + payload.
+pub fn l4(payload: &[u8]) -> Vec<u8> {
+    let mut v = (payload.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(payload);
+    v
+}
+
+/// An L4 message of `total` bytes (header included) whose payload is `tag`
+/// repeated (tag identifies the message in tests).
+pub fn l4_total(total: usize, tag: u8) -> Vec<u8> {
+    assert!(total >= 4);
+    l4(&vec![tag; total - 4])
+}
+
+/// Parse a byte stream of whole L4 messages into the messages (asserts it is
+/// exactly whole messages: the receiving peer's check for atomicity).
+pub fn split_l4(mut wire: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while !wire.is_empty() {
+        assert!(wire.len() >= 4, "truncated header on the wire");
+        let n = u32::from_be_bytes([wire[0], wire[1], wire[2], wire[3]]) as usize + 4;
+        assert!(wire.len() >= n, "truncated message on the wire");
+        out.push(wire[..n].to_vec());
+        wire = &wire[n..];
+    }
+    out
+}
