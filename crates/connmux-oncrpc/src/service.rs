@@ -1,0 +1,250 @@
+//! The NULL-procedure service as a pure function: one call record in, the
+//! record-marked reply appended to the caller's buffer, or "close the
+//! connection" when the bytes are not a call at all.
+//!
+//! Decisions, in the order a call meets them (the order of the Sun/TI-RPC
+//! `svc_getreq` dispatcher: header, authentication, program, procedure):
+//!
+//! | input | answer |
+//! |---|---|
+//! | fewer bytes than the header declares, or `msg_type` ≠ CALL | close the connection ([`CloseReason`]) |
+//! | `rpcvers` ≠ 2 | MSG_DENIED RPC_MISMATCH(2, 2) |
+//! | credential or verifier body > 400 bytes | AUTH_ERROR AUTH_BADCRED / AUTH_BADVERF |
+//! | credential AUTH_NONE | accepted, body ignored (RFC 5531 §10.1: its contents are undefined) |
+//! | credential AUTH_SYS that does not decode exactly | AUTH_ERROR AUTH_BADCRED |
+//! | any other credential flavour | AUTH_ERROR AUTH_REJECTEDCRED (Sun/TI-RPC/FreeBSD; Linux says AUTH_BADCRED) |
+//! | verifier flavour ≠ AUTH_NONE | AUTH_ERROR AUTH_BADVERF (Linux's check) |
+//! | program not registered | PROG_UNAVAIL |
+//! | version outside the registered range | PROG_MISMATCH(low, high) |
+//! | procedure ≠ 0 | PROC_UNAVAIL |
+//! | procedure 0 | SUCCESS, void results |
+//!
+//! NULL with non-empty arguments: answered SUCCESS, the bytes ignored. That is
+//! what krpc2 does (ksf.md §1.6: it never looks at the arguments), and what the
+//! TI-RPC and Linux dispatchers do in practice (their void decoder does not
+//! check for leftovers). [`Registry::set_strict_null_args`] answers
+//! GARBAGE_ARGS instead, the letter of RFC 5531 ("parameters of type void").
+//!
+//! Unlike krpc2, which answers every program and version, programs and
+//! versions are checked against a [`Registry`]; [`Registry::any_program`]
+//! gives krpc2's behaviour.
+
+use crate::call::{AuthField, AuthSysParams, CallHeader, HeaderError, MAX_CALL_HEADER_LEN};
+use crate::msg::{AuthFlavor, AuthStat, Program, NULLPROC, RPC_VERSION};
+use crate::record::{fragments, MarkError, RecordMark, MARK_LEN};
+use crate::reply::{encode_reply, Reply};
+
+/// One registered program and its supported versions `low..=high`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Versions {
+    /// The program.
+    pub prog: Program,
+    /// Lowest version served.
+    pub low: u32,
+    /// Highest version served.
+    pub high: u32,
+}
+
+/// A version range with `low > high`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("version range {low}..={high} of program {prog} is empty")]
+pub struct EmptyRange {
+    /// The program.
+    pub prog: Program,
+    /// Given low version.
+    pub low: u32,
+    /// Given high version.
+    pub high: u32,
+}
+
+/// Why [`Registry::handle`] produced no reply: the stream is not ONC RPC calls.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CloseReason {
+    /// The record is not a decodable call header.
+    #[error("bad call header: {0}")]
+    Header(HeaderError),
+    /// The record marks do not describe the record (only from `handle_marked`).
+    #[error("bad record marks: {0}")]
+    Marks(MarkError),
+}
+
+/// What [`Registry::handle`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A reply was appended to `out`.
+    Replied {
+        /// The call's xid.
+        xid: u32,
+        /// The reply sent.
+        reply: Reply,
+    },
+    /// Nothing was appended: close the connection (and count the reason).
+    CloseConnection(CloseReason),
+}
+
+/// The programs a NULL-only server answers for, and its policy.
+///
+/// ```
+/// use connmux_oncrpc::{encode_null_call, check_reply, Registry, Outcome, Reply};
+/// let reg = Registry::default(); // NFS (100003) versions 3..=4
+/// let (mut call, mut reply) = (Vec::new(), Vec::new());
+/// encode_null_call(7, 100003, 3, 1, &mut call);
+/// assert_eq!(reg.handle_marked(&call, &mut reply), Outcome::Replied { xid: 7, reply: Reply::Success });
+/// assert_eq!(check_reply(&reply[4..], Some(7)), Ok(7));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Registry {
+    /// Few entries (a server registers a handful): a linear scan beats hashing.
+    programs: Vec<Versions>,
+    any_program: bool,
+    strict_null_args: bool,
+}
+
+impl Default for Registry {
+    /// NFS (program 100003), versions 3 and 4.
+    fn default() -> Self {
+        let mut r = Registry::new();
+        r.programs.push(Versions { prog: Program::NFS, low: 3, high: 4 });
+        r
+    }
+}
+
+impl Registry {
+    /// No program registered: every call gets PROG_UNAVAIL.
+    pub fn new() -> Self {
+        Registry { programs: Vec::new(), any_program: false, strict_null_args: false }
+    }
+
+    /// krpc2's behaviour: every program and version is served (registrations
+    /// are ignored).
+    pub fn any_program() -> Self {
+        Registry { any_program: true, ..Registry::new() }
+    }
+
+    /// Serves versions `low..=high` of `prog`, replacing an earlier range.
+    pub fn register(&mut self, prog: u32, low: u32, high: u32) -> Result<(), EmptyRange> {
+        let prog = Program(prog);
+        if low > high {
+            return Err(EmptyRange { prog, low, high });
+        }
+        let v = Versions { prog, low, high };
+        match self.programs.iter_mut().find(|e| e.prog == prog) {
+            Some(e) => *e = v,
+            None => self.programs.push(v),
+        }
+        Ok(())
+    }
+
+    /// Stops serving `prog`; false if it was not registered.
+    pub fn unregister(&mut self, prog: u32) -> bool {
+        let before = self.programs.len();
+        self.programs.retain(|e| e.prog != Program(prog));
+        self.programs.len() != before
+    }
+
+    /// The registered version range of `prog`.
+    pub fn versions(&self, prog: u32) -> Option<(u32, u32)> {
+        self.programs.iter().find(|e| e.prog == Program(prog)).map(|e| (e.low, e.high))
+    }
+
+    /// Every registered program.
+    pub fn programs(&self) -> &[Versions] {
+        &self.programs
+    }
+
+    /// Answer GARBAGE_ARGS (true) or SUCCESS (false, the default, krpc2's
+    /// behaviour) to a NULL call that carries argument bytes.
+    pub fn set_strict_null_args(&mut self, strict: bool) {
+        self.strict_null_args = strict;
+    }
+
+    /// The reply to a call with a valid header and `args_len` argument bytes.
+    pub fn decide(&self, call: &CallHeader<'_>, args_len: usize) -> Reply {
+        let cred = call.cred();
+        match cred.flavor {
+            AuthFlavor::AUTH_NONE => {}
+            AuthFlavor::AUTH_SYS => {
+                if AuthSysParams::parse(cred.body).is_err() {
+                    return Reply::AuthError(AuthStat::AUTH_BADCRED);
+                }
+            }
+            _ => return Reply::AuthError(AuthStat::AUTH_REJECTEDCRED),
+        }
+        if call.verf().flavor != AuthFlavor::AUTH_NONE {
+            return Reply::AuthError(AuthStat::AUTH_BADVERF);
+        }
+        if !self.any_program {
+            let prog = call.program();
+            let Some(v) = self.programs.iter().find(|e| e.prog == prog) else {
+                return Reply::ProgUnavail;
+            };
+            if !(v.low..=v.high).contains(&call.version()) {
+                return Reply::ProgMismatch { low: v.low, high: v.high };
+            }
+        }
+        if call.procedure() != NULLPROC {
+            return Reply::ProcUnavail;
+        }
+        if self.strict_null_args && args_len != 0 {
+            return Reply::GarbageArgs;
+        }
+        Reply::Success
+    }
+
+    /// Answers one call record given *without* record marks (as
+    /// [`RecordReader`](crate::record::RecordReader) or a stripping parser
+    /// delivers it): appends the record-marked reply to `out`, or appends
+    /// nothing and says to close the connection. No allocation beyond `out`'s growth.
+    pub fn handle(&self, record: &[u8], out: &mut Vec<u8>) -> Outcome {
+        self.handle_prefix(record, record.len(), out)
+    }
+
+    /// Answers one call record given *with* its record marks (exactly one
+    /// record, as the core's ONC RPC parser frames it when it keeps the marks).
+    /// A multi-fragment record is reassembled on the stack (only its header
+    /// matters to NULL), so this allocates nothing either.
+    pub fn handle_marked(&self, marked: &[u8], out: &mut Vec<u8>) -> Outcome {
+        // Fast path: one fragment covering the whole record.
+        if let Some(m) = RecordMark::parse(marked) {
+            if m.last && marked.len() - MARK_LEN == m.len as usize {
+                return self.handle(&marked[MARK_LEN..], out);
+            }
+        }
+        let mut head = [0u8; MAX_CALL_HEADER_LEN];
+        let mut filled = 0;
+        let mut total = 0usize;
+        for frag in fragments(marked) {
+            let frag = match frag {
+                Ok(f) => f,
+                Err(e) => return Outcome::CloseConnection(CloseReason::Marks(e)),
+            };
+            let take = frag.len().min(head.len() - filled);
+            head[filled..filled + take].copy_from_slice(&frag[..take]);
+            filled += take;
+            total += frag.len();
+        }
+        self.handle_prefix(&head[..filled], total, out)
+    }
+
+    /// `prefix`: the record's first bytes, at least the whole header when the
+    /// record has one (≤ 840 bytes); `total`: the record's length.
+    fn handle_prefix(&self, prefix: &[u8], total: usize, out: &mut Vec<u8>) -> Outcome {
+        let (xid, reply) = match CallHeader::new_checked(prefix) {
+            Ok(call) => (call.xid(), self.decide(&call, total - call.header_len())),
+            Err(HeaderError::RpcVersion { xid, .. }) => {
+                (xid, Reply::RpcMismatch { low: RPC_VERSION, high: RPC_VERSION })
+            }
+            Err(HeaderError::AuthTooLong { xid, which: AuthField::Cred, .. }) => {
+                (xid, Reply::AuthError(AuthStat::AUTH_BADCRED))
+            }
+            Err(HeaderError::AuthTooLong { xid, which: AuthField::Verf, .. }) => {
+                (xid, Reply::AuthError(AuthStat::AUTH_BADVERF))
+            }
+            Err(e @ (HeaderError::Truncated { .. } | HeaderError::NotACall { .. })) => {
+                return Outcome::CloseConnection(CloseReason::Header(e));
+            }
+        };
+        encode_reply(xid, &reply, out);
+        Outcome::Replied { xid, reply }
+    }
+}
