@@ -14,6 +14,8 @@
 //! - [`clock`]: `CLOCK_MONOTONIC` in nanoseconds;
 //! - [`kcm`]: the kernel's AF_KCM (socket, attach/unattach/clone ioctls, `KCM_RECV_DISABLE`)
 //!   and the message calls (`sendmsg`, `recvmsg`, `sendmmsg`, `recvmmsg`);
+//! - [`uring`]: io_uring with a provided-buffer ring: multishot receives, sends, polls,
+//!   cancellation, completions as a safe enum;
 //! - [`bpf`]: the bpf(2) system call (program load, test run).
 //!
 //! What it does **not** do: own any policy. It does not decide what to read, when to
@@ -31,5 +33,6 @@ pub mod kcm;
 pub mod eventfd;
 pub mod poll;
 pub mod socket;
+pub mod uring;
 
 mod util;
