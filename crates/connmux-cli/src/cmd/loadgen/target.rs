@@ -195,7 +195,7 @@ mod tests {
         assert!(parse_count("1.5").is_err());
         assert!(parse_count("-1").is_err());
         assert!(parse_count("5x").is_err());
-        assert!(parse_count("100000T").is_err());
+        assert!(parse_count("100000000T").is_err());
     }
 
     #[test]

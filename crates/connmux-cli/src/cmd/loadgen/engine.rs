@@ -1,0 +1,530 @@
+//! One round of load: `-j` threads, each with its own TCP connection, each
+//! keeping up to `-a` requests in flight and timing every one of them.
+//!
+//! The connection loop (one blocking socket per thread, as in a lean C client):
+//! 1. fill every free slot: encode one request per slot into one send buffer;
+//! 2. send the buffer with `MSG_DONTWAIT` (one `send` for the whole batch; what
+//!    does not fit stays queued for the next turn);
+//! 3. if any fully-sent request is unanswered, block in one `read` (bounded by
+//!    `SO_RCVTIMEO` = the I/O timeout), hand the bytes to the protocol's
+//!    decoder, and complete each reply it reports, matched by tag;
+//! 4. otherwise (everything sent is answered but a request is only partly
+//!    sent, so the peer cannot answer it yet) drain whatever is readable without
+//!    blocking, then make a blocking send of at most [`SEND_CHUNK`] bytes.
+//!
+//! Step 4 is what keeps large messages from deadlocking: the client never
+//! blocks in `send` while the peer may be blocked sending to it, and never
+//! blocks in `read` while the peer is waiting for the rest of a request.
+//!
+//! A request's RTT runs from the clock read just before the batch holding it
+//! was first offered to `send`, to the clock read just after the `read` that
+//! completed its reply. Requests still queued because the socket buffer was
+//! full therefore include that client-side wait.
+//!
+//! Every wait is bounded: connect and each blocking read/send by the I/O
+//! timeout, the whole round by its limit (the round's `-d` plus `--timeout`).
+//! When a connection fails or the limit passes, the other connections are shut
+//! down so that their threads return at once.
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{mpsc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+/// Largest blocking send made while nothing is in flight (see step 4 above);
+/// small enough that a byte-echo peer's answer fits the receive buffer.
+pub const SEND_CHUNK: usize = 16 * 1024;
+/// Receive buffer per connection: one `read` takes at most this much.
+const READ_BUF: usize = 128 * 1024;
+/// Highest RTT the histogram keeps exactly (1 h); higher values are clamped.
+const HIST_MAX_NS: u64 = 3_600_000_000_000;
+/// Most requests in flight per connection: the tag keeps the slot in its low bits.
+pub const MAX_INFLIGHT: usize = 65_536;
+
+/// One connection's protocol: how to write a request and check the replies.
+pub trait Client: Send {
+    /// Appends one request to `out`. `tag` identifies it among those in flight
+    /// (rpctest uses it as the xid).
+    fn encode(&mut self, tag: u32, out: &mut Vec<u8>);
+    /// Consumes every byte of `input` (the next bytes from the peer), keeping
+    /// any partial reply for the next call, and pushes the tag of each reply
+    /// it completes, in arrival order. Any reply that is not the one expected
+    /// is an error, described in words.
+    fn decode(&mut self, input: &[u8], done: &mut Vec<u32>) -> Result<(), String>;
+}
+
+/// Makes one [`Client`] per connection.
+pub trait Workload: Sync {
+    type Client: Client;
+    fn client(&self, conn: usize) -> Self::Client;
+}
+
+/// What one round does.
+#[derive(Debug, Clone)]
+pub struct RoundPlan {
+    pub threads: usize,
+    pub inflight: usize,
+    /// Requests per connection; `None` = until `duration` ends.
+    pub count: Option<u64>,
+    /// Stop issuing new requests this long after the start.
+    pub duration: Option<Duration>,
+    /// The whole round (connect excluded) must end within this.
+    pub limit: Duration,
+    pub io_timeout: Duration,
+    /// Pin connection thread `i` to `cpus[i % len]`.
+    pub cpus: Option<Vec<usize>>,
+}
+
+/// What one connection did in one round.
+pub struct ConnStats {
+    pub calls: u64,
+    /// From the round's common start to this connection's last reply.
+    pub elapsed_ns: u64,
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
+    pub reads: u64,
+    pub writes: u64,
+    /// RTT per request, in ns.
+    pub hist: Histogram<u64>,
+    /// This connection's own failure (not counting being stopped because
+    /// another connection failed).
+    pub error: Option<String>,
+}
+
+impl ConnStats {
+    fn new() -> Self {
+        ConnStats {
+            calls: 0,
+            elapsed_ns: 0,
+            tx_bytes: 0,
+            rx_bytes: 0,
+            reads: 0,
+            writes: 0,
+            hist: new_histogram(),
+            error: None,
+        }
+    }
+}
+
+/// An empty RTT histogram (ns, 3 significant digits, up to 1 h).
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("valid histogram bounds")
+}
+
+/// Everything one round produced.
+pub struct RoundOutcome {
+    pub conns: Vec<ConnStats>,
+    /// The round hit its limit and was stopped.
+    pub timed_out: bool,
+}
+
+/// Live numbers for a progress display, read while the round runs.
+pub trait Progress {
+    /// Called about every `interval()` with the calls done so far and the
+    /// time since the round's start.
+    fn tick(&mut self, calls: u64, elapsed: Duration);
+    fn interval(&self) -> Option<Duration>;
+}
+
+enum Note {
+    Finished,
+    Failed,
+}
+
+struct Shared {
+    abort: AtomicBool,
+    t0_ns: AtomicU64,
+    calls: Vec<AtomicU64>,
+    /// A clone of every connected socket, so a failure or the round limit can
+    /// shut all of them down and unblock their threads.
+    socks: Mutex<Vec<TcpStream>>,
+    ready: Barrier,
+    go: Barrier,
+    base: Instant,
+}
+
+impl Shared {
+    fn now_ns(&self) -> u64 {
+        self.base.elapsed().as_nanos() as u64
+    }
+
+    fn shut_all(&self) {
+        self.abort.store(true, Relaxed);
+        for s in self.socks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// Runs one round and returns per-connection results. Never blocks longer
+/// than connect + `plan.limit` + one I/O timeout.
+pub fn run_round<W: Workload>(
+    w: &W,
+    addrs: &[SocketAddr],
+    plan: &RoundPlan,
+    progress: &mut dyn Progress,
+) -> RoundOutcome {
+    assert!(plan.threads >= 1 && (1..=MAX_INFLIGHT).contains(&plan.inflight));
+    let sh = Shared {
+        abort: AtomicBool::new(false),
+        t0_ns: AtomicU64::new(0),
+        calls: (0..plan.threads).map(|_| AtomicU64::new(0)).collect(),
+        socks: Mutex::new(Vec::with_capacity(plan.threads)),
+        ready: Barrier::new(plan.threads + 1),
+        go: Barrier::new(plan.threads + 1),
+        base: Instant::now(),
+    };
+    let (tx, rx) = mpsc::channel::<Note>();
+    let mut timed_out = false;
+    let conns = std::thread::scope(|s| {
+        let mut handles = Vec::with_capacity(plan.threads);
+        for i in 0..plan.threads {
+            let (sh, tx, client) = (&sh, tx.clone(), w.client(i));
+            let h = std::thread::Builder::new()
+                .name(format!("load-{i}"))
+                .stack_size(256 * 1024)
+                .spawn_scoped(s, move || conn_thread(i, client, addrs, plan, sh, tx));
+            match h {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // The barriers expect every thread: spawn failures are fatal.
+                    panic!("cannot start load thread {i}: {e}");
+                }
+            }
+        }
+        drop(tx);
+        sh.ready.wait(); // every thread connected (or failed to)
+        let t0 = sh.now_ns();
+        sh.t0_ns.store(t0, Relaxed);
+        sh.go.wait();
+        let limit_at = t0 + plan.limit.as_nanos() as u64;
+        let mut finished = 0;
+        let mut stopped = false;
+        while finished < plan.threads {
+            let now = sh.now_ns();
+            let mut wait = if stopped { Duration::from_secs(3600) } else { Duration::from_nanos(limit_at.saturating_sub(now)) };
+            if let Some(iv) = progress.interval() {
+                wait = wait.min(iv);
+            }
+            match rx.recv_timeout(wait) {
+                Ok(Note::Finished) => finished += 1,
+                Ok(Note::Failed) => {
+                    finished += 1;
+                    if !stopped {
+                        stopped = true;
+                        sh.shut_all();
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if !stopped && sh.now_ns() >= limit_at {
+                        stopped = true;
+                        timed_out = true;
+                        sh.shut_all();
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            if progress.interval().is_some() {
+                let calls = sh.calls.iter().map(|c| c.load(Relaxed)).sum();
+                progress.tick(calls, Duration::from_nanos(sh.now_ns().saturating_sub(t0)));
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    let mut st = ConnStats::new();
+                    st.error = Some("load thread panicked".into());
+                    st
+                })
+            })
+            .collect::<Vec<_>>()
+    });
+    RoundOutcome { conns, timed_out }
+}
+
+fn connect(addrs: &[SocketAddr], timeout: Duration) -> Result<TcpStream, String> {
+    let mut last = String::from("no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = format!("connect to {a}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+fn setup(s: &TcpStream, io_timeout: Duration) -> std::io::Result<()> {
+    // Requests are small and each batch is one send: never wait for more data.
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(io_timeout))?;
+    s.set_write_timeout(Some(io_timeout))?;
+    Ok(())
+}
+
+fn conn_thread<C: Client>(
+    i: usize,
+    mut client: C,
+    addrs: &[SocketAddr],
+    plan: &RoundPlan,
+    sh: &Shared,
+    tx: mpsc::Sender<Note>,
+) -> ConnStats {
+    let mut st = ConnStats::new();
+    let mut sock = None;
+    if let Some(cpus) = &plan.cpus {
+        let cpu = cpus[i % cpus.len()];
+        if let Err(e) = connmux_sys::affinity::pin_current_thread(cpu) {
+            st.error = Some(format!("cannot pin to CPU {cpu}: {e}"));
+        }
+    }
+    if st.error.is_none() {
+        match connect(addrs, plan.io_timeout).and_then(|s| {
+            setup(&s, plan.io_timeout).map_err(|e| format!("socket options: {e}"))?;
+            Ok(s)
+        }) {
+            Ok(s) => {
+                if let Ok(c) = s.try_clone() {
+                    sh.socks.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+                }
+                sock = Some(s);
+            }
+            Err(e) => st.error = Some(e),
+        }
+    }
+    sh.ready.wait();
+    sh.go.wait();
+    let t0 = sh.t0_ns.load(Relaxed);
+    if let Some(s) = sock {
+        if let Err(e) = drive(i, &mut client, &s, plan, sh, t0, &mut st) {
+            // Once the round is being stopped, a failure here is only its echo.
+            if e != ABORTED && !sh.abort.load(Relaxed) {
+                st.error = Some(e);
+            }
+        }
+        // Close now so the peer sees the end of this connection's round.
+        drop(s);
+    }
+    let _ = tx.send(if st.error.is_some() { Note::Failed } else { Note::Finished });
+    st
+}
+
+const ABORTED: &str = "stopped";
+
+#[derive(Clone, Copy)]
+struct Slot {
+    t_sent: u64,
+    tag: u32,
+    busy: bool,
+}
+
+fn drive<C: Client>(
+    i: usize,
+    client: &mut C,
+    s: &TcpStream,
+    plan: &RoundPlan,
+    sh: &Shared,
+    t0: u64,
+    st: &mut ConnStats,
+) -> Result<(), String> {
+    let a = plan.inflight;
+    // The slot number lives in the low bits of the tag and a per-slot use
+    // counter in the rest, so a reply can be found in O(1) and a stale or
+    // invented tag is caught.
+    let slot_bits = (usize::BITS - (a - 1).leading_zeros()) as u32;
+    let slot_mask: u32 = ((1u64 << slot_bits) - 1) as u32;
+    let gen_mask: u64 = (1u64 << (32 - slot_bits)) - 1;
+    let mut gen: u64 = 0;
+    let mut slots = vec![Slot { t_sent: 0, tag: 0, busy: false }; a];
+    let mut free: Vec<u32> = (0..a as u32).rev().collect();
+    let mut pending: Vec<u8> = Vec::with_capacity(a * 64);
+    let mut off = 0usize;
+    let (mut queued_total, mut sent_total) = (0u64, 0u64);
+    // Cumulative end offsets of requests not yet completely sent.
+    let mut unsent_ends: VecDeque<u64> = VecDeque::with_capacity(a);
+    let mut rbuf = vec![0u8; READ_BUF];
+    let mut done: Vec<u32> = Vec::with_capacity(a);
+    let (mut issued, mut inflight) = (0u64, 0usize);
+    let mut stopping = false;
+    let mut last_reply = t0;
+    let deadline = plan.duration.map(|d| t0 + d.as_nanos() as u64);
+    let sock = socket2::SockRef::from(s);
+    let io_secs = plan.io_timeout.as_secs_f64();
+
+    let result = loop {
+        if sh.abort.load(Relaxed) {
+            break Err(ABORTED.to_string());
+        }
+        let now = sh.now_ns();
+        if !stopping && (deadline.is_some_and(|d| now >= d) || plan.count.is_some_and(|c| issued >= c)) {
+            stopping = true;
+        }
+        if !stopping && !free.is_empty() {
+            let mut n = free.len() as u64;
+            if let Some(c) = plan.count {
+                n = n.min(c - issued);
+            }
+            for _ in 0..n {
+                let slot = free.pop().expect("free slot");
+                let tag = ((gen << slot_bits) as u32) | slot;
+                gen = (gen + 1) & gen_mask;
+                slots[slot as usize] = Slot { t_sent: now, tag, busy: true };
+                let before = pending.len();
+                client.encode(tag, &mut pending);
+                queued_total += (pending.len() - before) as u64;
+                unsent_ends.push_back(queued_total);
+            }
+            issued += n;
+            inflight += n as usize;
+        }
+        if off < pending.len() {
+            match sock.send_with_flags(&pending[off..], libc::MSG_DONTWAIT) {
+                Ok(k) => {
+                    off += k;
+                    sent_total += k as u64;
+                    st.tx_bytes += k as u64;
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+                Err(e) => break Err(format!("send: {e}")),
+            }
+            st.writes += 1;
+            while unsent_ends.front().is_some_and(|&e| e <= sent_total) {
+                unsent_ends.pop_front();
+            }
+        }
+        let awaiting = inflight - unsent_ends.len();
+        if awaiting > 0 {
+            let k = match (&*s).read(&mut rbuf) {
+                Ok(0) => break Err(format!("server closed the connection ({inflight} requests in flight)")),
+                Ok(k) => k,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    break Err(format!("no reply within {io_secs} s ({awaiting} requests awaiting a reply)"))
+                }
+                Err(e) => break Err(format!("read: {e}")),
+            };
+            let now = sh.now_ns();
+            st.reads += 1;
+            st.rx_bytes += k as u64;
+            if let Err(e) = take_replies(client, &rbuf[..k], &mut done, &mut slots, &mut free, slot_mask, now, st) {
+                break Err(e);
+            }
+            inflight -= done.len();
+            if !done.is_empty() {
+                last_reply = now;
+            }
+            done.clear();
+            sh.calls[i].store(st.calls, Relaxed);
+        } else if off < pending.len() {
+            // Nothing more can be answered until this request is sent whole.
+            if let Err(e) = s.set_nonblocking(true) {
+                break Err(format!("set non-blocking: {e}"));
+            }
+            let mut drained = Ok(());
+            // Bounded: at most 64 reads of what is already queued.
+            for _ in 0..64 {
+                match (&*s).read(&mut rbuf) {
+                    Ok(0) => {
+                        drained = Err(format!("server closed the connection ({inflight} requests in flight)"));
+                        break;
+                    }
+                    Ok(k) => {
+                        let now = sh.now_ns();
+                        st.reads += 1;
+                        st.rx_bytes += k as u64;
+                        if let Err(e) =
+                            take_replies(client, &rbuf[..k], &mut done, &mut slots, &mut free, slot_mask, now, st)
+                        {
+                            drained = Err(e);
+                            break;
+                        }
+                        inflight -= done.len();
+                        if !done.is_empty() {
+                            last_reply = now;
+                        }
+                        done.clear();
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        drained = Err(format!("read: {e}"));
+                        break;
+                    }
+                }
+            }
+            if let Err(e) = drained.and_then(|()| s.set_nonblocking(false).map_err(|e| format!("set blocking: {e}"))) {
+                break Err(e);
+            }
+            let end = pending.len().min(off + SEND_CHUNK);
+            match (&*s).write(&pending[off..end]) {
+                Ok(k) => {
+                    off += k;
+                    sent_total += k as u64;
+                    st.tx_bytes += k as u64;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    break Err(format!("send stalled for {io_secs} s (peer not reading)"))
+                }
+                Err(e) => break Err(format!("send: {e}")),
+            }
+            st.writes += 1;
+            while unsent_ends.front().is_some_and(|&e| e <= sent_total) {
+                unsent_ends.pop_front();
+            }
+        } else if inflight == 0 && stopping {
+            break Ok(());
+        }
+        if off == pending.len() && off > 0 {
+            pending.clear();
+            off = 0;
+        }
+    };
+    st.elapsed_ns = last_reply - t0;
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn take_replies<C: Client>(
+    client: &mut C,
+    bytes: &[u8],
+    done: &mut Vec<u32>,
+    slots: &mut [Slot],
+    free: &mut Vec<u32>,
+    slot_mask: u32,
+    now: u64,
+    st: &mut ConnStats,
+) -> Result<(), String> {
+    client.decode(bytes, done)?;
+    for &tag in done.iter() {
+        let idx = (tag & slot_mask) as usize;
+        match slots.get_mut(idx) {
+            Some(slot) if slot.busy && slot.tag == tag => {
+                slot.busy = false;
+                free.push(idx as u32);
+                st.hist.saturating_record(now.saturating_sub(slot.t_sent).max(1));
+                st.calls += 1;
+            }
+            _ => return Err(format!("reply with xid {tag:#010x} matches no request in flight")),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_keep_the_slot_in_low_bits() {
+        for a in [1usize, 2, 3, 32, 1023, 1024, 65536] {
+            let bits = (usize::BITS - (a - 1).leading_zeros()) as u32;
+            assert!(1usize << bits >= a, "a={a}");
+            assert!(bits == 0 || 1usize << (bits - 1) < a, "a={a}");
+        }
+    }
+}
