@@ -1,7 +1,7 @@
 //! The multiplexor: N KCM sockets × M psocks, as a sans-IO state machine.
 //!
-//! PUBLIC API CONTRACT (the runtime in `crates/connmux` is written against it;
-//! bodies are being implemented — keep these signatures, add freely).
+//! PUBLIC API CONTRACT: the runtime in `crates/connmux` is written against the
+//! signatures below; they stay, methods may be added.
 //!
 //! The driver's loop:
 //! 1. `rx_capacity(p)` bytes may be read from psock `p`'s TCP socket now (0 =
@@ -10,13 +10,71 @@
 //!    write a psock's pending bytes (`tx_begin`/`tx_complete`/`tx_failed`),
 //!    report a psock error to the application, resume reading a psock.
 //! 3. Call `handle_timeout(now)` at `poll_timeout()`.
+//!
+//! # Receive (KCM `reserve_rx_kcm` / `kcm_rcv_ready`)
+//!
+//! A psock's stream parser cuts messages; each goes to a KCM socket chosen by
+//! the [`Steering`] policy among the *able* sockets (receive enabled, receive
+//! memory below SO_RCVBUF), kept in a FIFO waiter list. With round robin every
+//! message completed in one `feed` goes to the same socket, which then moves
+//! to the tail (KCM's per-read-pass batching). When no socket is able the
+//! psock keeps that one message, pauses (`rx_capacity` = 0, so TCP pushes back
+//! on the peer) and waits on the ready list; a socket that becomes able takes
+//! first the hold queue (messages moved off disabled or closed sockets), then
+//! the paused psocks' messages in FIFO order, then joins the waiter list.
+//!
+//! # Transmit (KCM `reserve_psock` / `kcm_write_msgs`)
+//!
+//! A socket builds a message (DGRAM: until a send without MORE; SEQPACKET:
+//! until EOR), queues it, and reserves the first psock of the LRU list. It
+//! keeps the reservation until its queue is fully written; the psock then goes
+//! to the first socket waiting for one, or to the tail of the list. Each
+//! message goes whole and contiguous on one psock. A psock whose write fails,
+//! or that is unattached mid-message, gives the message back; it is resent
+//! whole, from its first byte, on another psock. Addressed sends (`send_to`,
+//! `send_msg(Some(p))`) append one whole message to that psock's queue
+//! without reserving it.
+//!
+//! # Memory bound
+//!
+//! Every byte the core holds is counted by [`Mux::memory_used`] and stays at
+//! or below [`Mux::memory_bound`]:
+//!
+//! ```text
+//!   Σ psocks  (psock_rx_buf + max_msg_size_p)        assembly + read-ahead + the one ready message
+//! + Σ sockets (rcvbuf_peak + max_msg_size)           receive queue (exceeds SO_RCVBUF by ≤ 1 message)
+//! + hold_budget                                      messages moved off closed sockets while no socket could take them
+//! + Σ sockets (sndbuf_peak + tx_msg_peak)            send queue (one message may exceed SO_SNDBUF, case 35)
+//! ```
+//!
+//! where `*_peak` is the largest value the socket's option has had (lowering
+//! SO_RCVBUF does not drop queued messages), `max_msg_size` is the largest
+//! message size any psock has allowed, `hold_budget` is the sum of the
+//! receive terms of sockets closed while the hold queue was non-empty (reset
+//! when it empties), and `tx_msg_peak` is the largest single message the
+//! application itself built on that socket. The peer controls none of these:
+//! the receive terms are configuration, the send terms are what the
+//! application chose to send. Counted are message bytes; a message cut from a
+//! read buffer keeps that buffer's allocation (≤ 64 KiB or the read size)
+//! alive until it is taken, as a kernel skb keeps its truesize.
+//!
+//! What this module does not do: touch sockets, block, read a clock, or report
+//! errors on KCM sockets for failures of attached connections (as in KCM, a
+//! psock failure is an event for the application, not a socket error).
 
-use bytes::Bytes;
+use std::collections::VecDeque;
+use std::fmt::Write as _;
 use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
 
 use crate::parser::Parser;
 use crate::stats::{MuxStats, PsockStats, SockStats};
+use crate::stream::{StreamLimits, StreamParser};
 use crate::time::Timestamp;
+
+mod slab;
+use slab::Slab;
 
 /// KCM socket type (`socket(AF_KCM, type, 0)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -232,168 +290,1481 @@ impl TxChunk {
     }
 }
 
-/// The multiplexor.
-pub struct Mux {
-    _private: (),
+/// Most whole messages handed out by one `tx_begin` (one writev).
+const TX_CHUNK_SLICES: usize = 64;
+/// Bytes after which `tx_begin` stops adding whole messages to a chunk.
+const TX_CHUNK_BYTES: usize = 256 << 10;
+/// EPIPE, posted on a psock whose transmit KCM aborts.
+const EPIPE: i32 = crate::parser::EPIPE;
+
+/// A received message in a socket's queue (or the hold queue, or a psock's
+/// ready slot). `off` > 0 only for a SEQPACKET message partly read.
+#[derive(Debug)]
+struct RxMsg {
+    data: Bytes,
+    off: usize,
+    psock: PsockId,
 }
 
-#[allow(unused_variables)]
+impl RxMsg {
+    #[inline]
+    fn remaining(&self) -> usize {
+        self.data.len() - self.off
+    }
+}
+
+/// A message on a psock's transmit queue.
+#[derive(Debug)]
+struct TxMsg {
+    data: Bytes,
+    /// Bytes already written (a short write resumes here).
+    sent: usize,
+    /// The socket whose send buffer it is charged to.
+    owner: SockId,
+    /// Appended by `send_to`/`send_msg(Some(p))`, not by a reservation.
+    addressed: bool,
+}
+
+/// A KCM socket.
+#[derive(Debug)]
+struct Sock {
+    ty: SockType,
+    rx_disabled: bool,
+    rcvbuf: usize,
+    sndbuf: usize,
+    rcvbuf_peak: usize,
+    sndbuf_peak: usize,
+    affinity: Option<u32>,
+    // ---- receive ----
+    rx_queue: VecDeque<RxMsg>,
+    /// Bytes of the receive queue not yet read (`sk_rmem_alloc`).
+    rx_mem: usize,
+    /// On the mux's receive-waiter list (KCM `rx_wait`): able to take messages.
+    on_waiters: bool,
+    // ---- transmit ----
+    /// The message being built (DGRAM MORE / SEQPACKET without EOR: `seq_skb`).
+    open: Option<BytesMut>,
+    /// Complete messages not yet handed to a psock (no psock, or MSG_BATCH).
+    tx_queue: VecDeque<Bytes>,
+    /// Bytes charged to SO_SNDBUF: the open message plus every complete message
+    /// not fully written (`sk_wmem_queued`).
+    tx_mem: usize,
+    /// Complete messages not fully written (Send-Q).
+    tx_msgs: usize,
+    /// The reserved psock (`tx_psock`).
+    tx_psock: Option<PsockId>,
+    /// On the mux's transmit-waiter list (`tx_wait`).
+    tx_waiting: bool,
+    /// A MSG_BATCH send is holding transmission (`tx_wait_more`).
+    wait_more: bool,
+    /// A send got WouldBlock: raise SockWritable when space returns.
+    want_writable: bool,
+    /// Largest message this socket has built (memory bound term).
+    tx_msg_peak: usize,
+    /// Psocks whose PsockTransmit a MSG_BATCH addressed send deferred.
+    held_psocks: Vec<PsockId>,
+    stats: SockStats,
+}
+
+impl Sock {
+    fn new(ty: SockType, cfg: &MuxConfig) -> Sock {
+        let rcvbuf = cfg.sock_rcvbuf.max(1);
+        let sndbuf = cfg.sock_sndbuf.max(1);
+        Sock {
+            ty,
+            rx_disabled: false,
+            rcvbuf,
+            sndbuf,
+            rcvbuf_peak: rcvbuf,
+            sndbuf_peak: sndbuf,
+            affinity: None,
+            rx_queue: VecDeque::new(),
+            rx_mem: 0,
+            on_waiters: false,
+            open: None,
+            tx_queue: VecDeque::new(),
+            tx_mem: 0,
+            tx_msgs: 0,
+            tx_psock: None,
+            tx_waiting: false,
+            wait_more: false,
+            want_writable: false,
+            tx_msg_peak: 0,
+            held_psocks: Vec::new(),
+            stats: SockStats::default(),
+        }
+    }
+
+    #[inline]
+    fn able(&self) -> bool {
+        !self.rx_disabled && self.rx_mem < self.rcvbuf
+    }
+}
+
+/// An attached connection.
+#[derive(Debug)]
+struct Psock {
+    stream: StreamParser,
+    affinity: Option<u32>,
+    /// Hard cap on receive bytes held (buffer + ready message).
+    rx_limit: usize,
+    // ---- receive ----
+    /// A complete message no socket could take (`ready_rx_msg`).
+    ready: Option<RxMsg>,
+    /// Paused by backpressure, on the mux's ready list (`strp.paused`).
+    paused: bool,
+    /// A receive failure (error or close) was reported.
+    rx_failed: bool,
+    /// The peer closed: what is buffered is parsed, then the rest dropped.
+    rx_eof: bool,
+    // ---- transmit ----
+    tx_queue: VecDeque<TxMsg>,
+    /// A chunk is out with the driver (one writer at a time).
+    tx_busy: bool,
+    /// Messages of the queue's head that the outstanding chunk covers.
+    tx_inflight: usize,
+    /// PsockTransmit raised since the last tx_begin.
+    tx_kicked: bool,
+    tx_stopped: bool,
+    /// The socket holding the reservation (`tx_kcm`).
+    tx_kcm: Option<SockId>,
+    /// Messages of `tx_kcm` on the queue.
+    tx_rsvd_msgs: usize,
+    in_avail: bool,
+    stats: PsockStats,
+}
+
+impl Psock {
+    #[inline]
+    fn rx_held(&self) -> usize {
+        self.stream.buffered() + self.ready.as_ref().map_or(0, |m| m.remaining())
+    }
+    fn tx_pending_bytes(&self) -> usize {
+        self.tx_queue.iter().map(|m| m.data.len() - m.sent).sum()
+    }
+    /// Full statistics: transmit side plus the stream parser's counters.
+    fn full_stats(&self) -> PsockStats {
+        let st = self.stream.stats();
+        let mut s = self.stats.clone();
+        s.rx_msgs = st.msgs;
+        s.rx_bytes = st.bytes;
+        s.rx_need_more_hdr = st.need_more_hdr;
+        s.rx_bad_hdr_len = st.bad_hdr_len;
+        s.rx_msg_too_big = st.msg_too_big;
+        s.rx_msg_timeouts = st.msg_timeouts;
+        s.rx_interrupted = st.interrupted;
+        s.rx_unrecov_intr = st.unrecov_intr;
+        // A per-psock flag, as in the 2017 kernel (current kernels print 0).
+        s.rx_aborts =
+            u64::from(st.bad_hdr_len + st.msg_too_big + st.msg_timeouts + st.interrupted + st.unrecov_intr > 0);
+        s
+    }
+}
+
+/// Mux-level counters (`struct kcm_mux_stats`).
+#[derive(Clone, Debug, Default)]
+struct MuxCounters {
+    tx_retries: u64,
+    psock_attach: u64,
+    psock_unattach: u64,
+    psock_unattach_rsvd: u64,
+    rx_ready_drops: u64,
+}
+
+/// The multiplexor.
+pub struct Mux {
+    config: MuxConfig,
+    socks: Slab<Sock>,
+    psocks: Slab<Psock>,
+    /// Able sockets, FIFO (`kcm_rx_waiters`).
+    rx_waiters: VecDeque<SockId>,
+    /// Paused psocks holding a ready message, FIFO (`psocks_ready`).
+    psocks_ready: VecDeque<PsockId>,
+    /// Messages moved off disabled/closed sockets that nobody could take.
+    hold: VecDeque<RxMsg>,
+    hold_mem: usize,
+    hold_budget: usize,
+    /// Psocks free for transmit, least recently used first (`psocks_avail`).
+    psocks_avail: VecDeque<PsockId>,
+    /// Sockets waiting for a psock, FIFO (`kcm_tx_waiters`).
+    tx_waiters: VecDeque<SockId>,
+    events: VecDeque<Event>,
+    /// The latest time any call told us.
+    now: Timestamp,
+    counters: MuxCounters,
+    /// Counters of unattached psocks, so totals never drop.
+    folded: PsockStats,
+    max_msg_peak: usize,
+}
+
+impl std::fmt::Debug for Mux {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mux").field("socks", &self.socks.len()).field("psocks", &self.psocks.len()).finish()
+    }
+}
+
+#[inline]
+fn sid(i: (u32, u32)) -> SockId {
+    SockId { index: i.0, generation: i.1 }
+}
+#[inline]
+fn pid(i: (u32, u32)) -> PsockId {
+    PsockId { index: i.0, generation: i.1 }
+}
+
+/// splitmix64 finaliser: spreads steering keys evenly.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d049bb133111eb);
+    x ^ (x >> 31)
+}
+
 impl Mux {
     pub fn new(config: MuxConfig) -> Mux {
-        todo!()
+        let max_msg_peak = config.max_msg_size;
+        Mux {
+            config,
+            socks: Slab::new(),
+            psocks: Slab::new(),
+            rx_waiters: VecDeque::new(),
+            psocks_ready: VecDeque::new(),
+            hold: VecDeque::new(),
+            hold_mem: 0,
+            hold_budget: 0,
+            psocks_avail: VecDeque::new(),
+            tx_waiters: VecDeque::new(),
+            events: VecDeque::new(),
+            now: Timestamp::ZERO,
+            counters: MuxCounters::default(),
+            folded: PsockStats::default(),
+            max_msg_peak,
+        }
     }
     pub fn config(&self) -> &MuxConfig {
-        todo!()
+        &self.config
+    }
+
+    #[inline]
+    fn sock(&self, s: SockId) -> Result<&Sock, MuxError> {
+        self.socks.get(s.index, s.generation).ok_or(MuxError::BadSock)
+    }
+    #[inline]
+    fn sock_mut(&mut self, s: SockId) -> Result<&mut Sock, MuxError> {
+        self.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)
+    }
+    #[inline]
+    fn psock(&self, p: PsockId) -> Result<&Psock, MuxError> {
+        self.psocks.get(p.index, p.generation).ok_or(MuxError::NoPsock)
+    }
+    #[inline]
+    fn psock_mut(&mut self, p: PsockId) -> Result<&mut Psock, MuxError> {
+        self.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)
+    }
+    fn note_time(&mut self, now: Timestamp) {
+        if now > self.now {
+            self.now = now;
+        }
     }
 
     // ---- KCM sockets ----
+
     /// Create a KCM socket (the first `socket(AF_KCM, ty, 0)`).
     pub fn socket(&mut self, ty: SockType) -> SockId {
-        todo!()
+        let s = sid(self.socks.insert(Sock::new(ty, &self.config)));
+        // A new socket is able at once: it takes held messages, then joins.
+        self.rcv_ready(s);
+        s
     }
     /// SIOCKCMCLONE: a new socket on this mux, same type, default options.
     pub fn clone_sock(&mut self, s: SockId) -> Result<SockId, MuxError> {
-        todo!()
+        let ty = self.sock(s)?.ty;
+        Ok(self.socket(ty))
     }
     /// close(): unsent messages are dropped, a reserved psock mid-message is
     /// aborted, queued received messages move to other sockets. Closing the last
     /// socket unattaches every psock.
     pub fn close(&mut self, s: SockId) -> Result<(), MuxError> {
-        todo!()
+        let sock = self.socks.remove(s.index, s.generation).ok_or(MuxError::BadSock)?;
+        if sock.on_waiters {
+            self.rx_waiters.retain(|w| *w != s);
+        }
+        if sock.tx_waiting {
+            self.tx_waiters.retain(|w| *w != s);
+        }
+        // Transmit: its messages not yet started vanish from every psock queue;
+        // a psock part-way through one of them is aborted (the peer may hold a
+        // truncated message), as KCM aborts the reserved psock.
+        let ids: Vec<PsockId> = self.psocks.iter().map(|(i, g, _)| pid((i, g))).collect();
+        for p in ids {
+            let Ok(ps) = self.psock_mut(p) else { continue };
+            let mid_message = ps
+                .tx_queue
+                .iter()
+                .enumerate()
+                .any(|(i, m)| m.owner == s && (i < ps.tx_inflight || m.sent > 0));
+            if mid_message && !ps.tx_stopped {
+                self.tx_abort(p, EPIPE);
+                continue;
+            }
+            let inflight = ps.tx_inflight;
+            let mut i = 0;
+            ps.tx_queue.retain(|m| {
+                let keep = i < inflight || m.owner != s;
+                i += 1;
+                keep
+            });
+            if ps.tx_kcm == Some(s) {
+                ps.tx_rsvd_msgs = 0;
+                ps.tx_kcm = None;
+                ps.stats.unreserved += 1;
+                self.psock_now_avail(p);
+            }
+        }
+        // Receive: queued messages move to other sockets or the hold queue.
+        if self.socks.len() == 0 {
+            self.release_all();
+        } else {
+            self.requeue(sock.rx_queue);
+            if !self.hold.is_empty() {
+                self.hold_budget += sock.rcvbuf_peak + self.max_msg_peak;
+            }
+        }
+        Ok(())
     }
+
+    /// The last socket closed: every psock is unattached, the hold queue purged.
+    fn release_all(&mut self) {
+        let ids: Vec<PsockId> = self.psocks.iter().map(|(i, g, _)| pid((i, g))).collect();
+        for p in ids {
+            let _ = self.unattach(p);
+        }
+        self.hold.clear();
+        self.hold_mem = 0;
+        self.hold_budget = 0;
+        self.rx_waiters.clear();
+        self.tx_waiters.clear();
+    }
+
     pub fn sock_type(&self, s: SockId) -> Result<SockType, MuxError> {
-        todo!()
+        Ok(self.sock(s)?.ty)
     }
     /// KCM_RECV_DISABLE.
     pub fn set_recv_disable(&mut self, s: SockId, disable: bool) -> Result<(), MuxError> {
-        todo!()
+        let sock = self.sock_mut(s)?;
+        if sock.rx_disabled == disable {
+            return Ok(());
+        }
+        sock.rx_disabled = disable;
+        if disable {
+            let was_waiting = std::mem::replace(&mut sock.on_waiters, false);
+            let msgs = std::mem::take(&mut sock.rx_queue);
+            sock.rx_mem = 0;
+            if was_waiting {
+                self.rx_waiters.retain(|w| *w != s);
+            }
+            self.requeue(msgs);
+        } else {
+            self.rcv_ready(s);
+        }
+        Ok(())
     }
     pub fn recv_disabled(&self, s: SockId) -> Result<bool, MuxError> {
-        todo!()
+        Ok(self.sock(s)?.rx_disabled)
     }
     /// SO_RCVBUF / SO_SNDBUF on a KCM socket.
     pub fn set_rcvbuf(&mut self, s: SockId, bytes: usize) -> Result<(), MuxError> {
-        todo!()
+        let sock = self.sock_mut(s)?;
+        sock.rcvbuf = bytes.max(1);
+        sock.rcvbuf_peak = sock.rcvbuf_peak.max(sock.rcvbuf);
+        if sock.on_waiters && !sock.able() {
+            sock.on_waiters = false;
+            self.rx_waiters.retain(|w| *w != s);
+        } else {
+            self.rcv_ready(s);
+        }
+        Ok(())
+    }
+    /// getsockopt(SO_RCVBUF) on a KCM socket.
+    pub fn rcvbuf(&self, s: SockId) -> Result<usize, MuxError> {
+        Ok(self.sock(s)?.rcvbuf)
+    }
+    /// getsockopt(SO_SNDBUF) on a KCM socket.
+    pub fn sndbuf(&self, s: SockId) -> Result<usize, MuxError> {
+        Ok(self.sock(s)?.sndbuf)
     }
     pub fn set_sndbuf(&mut self, s: SockId, bytes: usize) -> Result<(), MuxError> {
-        todo!()
+        let sock = self.sock_mut(s)?;
+        sock.sndbuf = bytes.max(1);
+        sock.sndbuf_peak = sock.sndbuf_peak.max(sock.sndbuf);
+        self.check_writable(s);
+        Ok(())
     }
     /// Affinity tag for `Steering::Affinity` (the runtime: worker index).
     pub fn set_affinity(&mut self, s: SockId, tag: Option<u32>) -> Result<(), MuxError> {
-        todo!()
+        self.sock_mut(s)?.affinity = tag;
+        Ok(())
     }
     pub fn sock_count(&self) -> usize {
-        todo!()
+        self.socks.len()
+    }
+    /// Live KCM sockets, in index order.
+    pub fn socks(&self) -> Vec<SockId> {
+        self.socks.iter().map(|(i, g, _)| sid((i, g))).collect()
     }
 
     // ---- psocks ----
+
     /// SIOCKCMATTACH. Bytes the connection already holds are simply fed after.
     pub fn attach(&mut self, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId {
-        todo!()
+        let max_msg_size = cfg.max_msg_size.unwrap_or(self.config.max_msg_size).max(1);
+        let assembly_timeout = cfg.assembly_timeout.unwrap_or(self.config.assembly_timeout);
+        let read_ahead = self.config.psock_rx_buf.max(1);
+        self.max_msg_peak = self.max_msg_peak.max(max_msg_size);
+        let stream = StreamParser::new(parser, StreamLimits { max_msg_size, assembly_timeout, read_ahead });
+        let p = pid(self.psocks.insert(Psock {
+            stream,
+            affinity: cfg.affinity,
+            rx_limit: max_msg_size + read_ahead,
+            ready: None,
+            paused: false,
+            rx_failed: false,
+            rx_eof: false,
+            tx_queue: VecDeque::new(),
+            tx_busy: false,
+            tx_inflight: 0,
+            tx_kicked: false,
+            tx_stopped: false,
+            tx_kcm: None,
+            tx_rsvd_msgs: 0,
+            in_avail: false,
+            stats: PsockStats::default(),
+        }));
+        self.counters.psock_attach += 1;
+        // To the first socket waiting to transmit, else the tail of the LRU list.
+        self.psock_now_avail(p);
+        p
     }
     /// SIOCKCMUNATTACH: ENOENT (`NoPsock`) if not attached. A ready message is
     /// dropped (rx_ready_drops); a partly written message is resent whole on
     /// another psock (psock_unattach_rsvd).
     pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
-        todo!()
+        let ps = self.psock_mut(p)?;
+        ps.stream.stop();
+        let dropped_ready = ps.ready.take().is_some();
+        let paused = std::mem::replace(&mut ps.paused, false);
+        let reserved = ps.tx_kcm.is_some();
+        let in_avail = std::mem::replace(&mut ps.in_avail, false);
+        if reserved {
+            // KCM aborts a reserved psock: it may be out of sync mid-message.
+            ps.stats.tx_aborts += 1;
+            ps.tx_stopped = true;
+            self.counters.psock_unattach_rsvd += 1;
+        }
+        if dropped_ready {
+            self.counters.rx_ready_drops += 1;
+        }
+        if paused {
+            self.psocks_ready.retain(|x| *x != p);
+        }
+        if in_avail {
+            self.psocks_avail.retain(|x| *x != p);
+        }
+        self.counters.psock_unattach += 1;
+        // Give back what it was to send: reserved messages go elsewhere whole.
+        self.tx_evacuate(p);
+        let ps = self.psocks.remove(p.index, p.generation).expect("psock present");
+        add_psock_stats(&mut self.folded, &ps.full_stats());
+        self.events.push_back(Event::PsockReleased(p));
+        Ok(())
     }
     pub fn psock_count(&self) -> usize {
-        todo!()
+        self.psocks.len()
     }
     pub fn psocks(&self) -> Vec<PsockId> {
-        todo!()
+        self.psocks.iter().map(|(i, g, _)| pid((i, g))).collect()
     }
 
     // ---- receive path ----
+
     /// Bytes the psock will accept now (0 = paused or stopped).
     pub fn rx_capacity(&self, p: PsockId) -> usize {
-        todo!()
+        match self.psock(p) {
+            Ok(ps) if !ps.paused && !ps.rx_eof && !ps.stream.is_stopped() => {
+                ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held()))
+            }
+            _ => 0,
+        }
     }
     /// The need-bytes hint: bytes still missing from the current message, if known.
     pub fn rx_need(&self, p: PsockId) -> Option<usize> {
-        todo!()
+        self.psock(p).ok()?.stream.need()
     }
     /// Bytes read from the psock's connection (at most `rx_capacity`).
+    ///
+    /// Bytes beyond the psock's hard cap (`max_msg_size + psock_rx_buf` held)
+    /// are refused with `Invalid` and nothing is taken; bytes fed to a psock
+    /// whose receive side stopped are dropped (`Ok`).
     pub fn feed(&mut self, p: PsockId, data: &[u8], now: Timestamp) -> Result<(), MuxError> {
-        todo!()
+        self.note_time(now);
+        let ps = self.psock_mut(p)?;
+        if ps.stream.is_stopped() || ps.rx_eof || data.is_empty() {
+            return Ok(());
+        }
+        if ps.rx_held() + data.len() > ps.rx_limit {
+            return Err(MuxError::Invalid);
+        }
+        ps.stream.feed(data);
+        if !ps.paused {
+            self.rx_pass(p, now);
+        }
+        Ok(())
     }
     /// The peer closed its side (FIN) or the connection failed on read.
+    ///
+    /// Receive stops: messages already buffered whole are still delivered, the
+    /// partial one is dropped, `PsockFailed(p, Closed)` is raised once.
+    /// Transmit goes on until a write fails.
     pub fn rx_closed(&mut self, p: PsockId, errno: Option<i32>) -> Result<(), MuxError> {
-        todo!()
+        let _ = errno; // KCM reports EPIPE whatever the cause; so do we.
+        let ps = self.psock_mut(p)?;
+        if ps.rx_eof {
+            return Ok(());
+        }
+        ps.rx_eof = true;
+        if !ps.paused {
+            ps.stream.stop();
+        }
+        if !ps.rx_failed {
+            ps.rx_failed = true;
+            self.events.push_back(Event::PsockFailed(p, PsockError::Closed));
+        }
+        Ok(())
     }
+
+    /// One receive pass of psock `p` (KCM: one `tcp_read_sock` run): cut every
+    /// complete message and steer it; stop when none is left or nobody can take one.
+    fn rx_pass(&mut self, p: PsockId, now: Timestamp) {
+        // Round robin: the socket reserved for this pass.
+        let mut target: Option<SockId> = None;
+        let steering = self.config.steering;
+        loop {
+            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+            let data = match ps.stream.next_msg(now) {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    if ps.rx_eof {
+                        ps.stream.stop();
+                    }
+                    break;
+                }
+                Err(e) => {
+                    if !ps.rx_failed {
+                        ps.rx_failed = true;
+                        self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
+                    }
+                    break;
+                }
+            };
+            let key = match steering {
+                Steering::Key => ps.stream.parser().steering_key(&data),
+                _ => None,
+            };
+            let affinity = ps.affinity;
+            let msg = RxMsg { data, off: 0, psock: p };
+            match self.steer(steering, affinity, key, &mut target) {
+                Some(s) => self.enqueue_rx(s, msg),
+                None => {
+                    // Nobody can take it: keep it, pause (TCP pushes back).
+                    let ps = self.psocks.get_mut(p.index, p.generation).expect("psock present");
+                    ps.ready = Some(msg);
+                    ps.paused = true;
+                    self.psocks_ready.push_back(p);
+                    break;
+                }
+            }
+        }
+        if let Some(t) = target {
+            // End of the pass: the reserved socket goes to the tail.
+            if let Some(pos) = self.rx_waiters.iter().position(|w| *w == t) {
+                if pos + 1 != self.rx_waiters.len() {
+                    self.rx_waiters.remove(pos);
+                    self.rx_waiters.push_back(t);
+                }
+            }
+        }
+    }
+
+    /// The steering policy: which able socket takes a message.
+    fn steer(&self, steering: Steering, affinity: Option<u32>, key: Option<u64>, target: &mut Option<SockId>) -> Option<SockId> {
+        let mut avoid = None;
+        match steering {
+            Steering::RoundRobin => {}
+            Steering::Affinity => {
+                if let Some(tag) = affinity {
+                    // Affinity until uneven: the socket with the psock's tag
+                    // while its queue is short.
+                    let own = self.rx_waiters.iter().copied().find(|w| {
+                        self.socks.get(w.index, w.generation).is_some_and(|s| s.affinity == Some(tag))
+                    });
+                    if let Some(w) = own {
+                        let sock = self.socks.get(w.index, w.generation).expect("waiter present");
+                        if sock.rx_queue.len() <= self.config.imbalance {
+                            return Some(w);
+                        }
+                        avoid = Some(w);
+                    }
+                }
+            }
+            Steering::Key => {
+                if let Some(k) = key {
+                    // Hash over the able sockets in index order (stable while
+                    // the set of able sockets is).
+                    let n = self.rx_waiters.len();
+                    if n > 0 {
+                        let pick = (mix(k) % n as u64) as usize;
+                        return self
+                            .socks
+                            .iter()
+                            .filter(|(_, _, s)| s.on_waiters)
+                            .nth(pick)
+                            .map(|(i, g, _)| sid((i, g)));
+                    }
+                    return None;
+                }
+            }
+        }
+        // Round robin with per-pass batching.
+        if let Some(t) = *target {
+            if avoid != Some(t) && self.socks.get(t.index, t.generation).is_some_and(|s| s.on_waiters) {
+                return Some(t);
+            }
+        }
+        let next = match avoid {
+            Some(a) if self.rx_waiters.len() > 1 => self.rx_waiters.iter().copied().find(|w| *w != a),
+            _ => self.rx_waiters.front().copied(),
+        };
+        *target = next;
+        next
+    }
+
+    /// Queue a message on a socket (which must be able).
+    #[inline]
+    fn enqueue_rx(&mut self, s: SockId, msg: RxMsg) {
+        let sock = self.socks.get_mut(s.index, s.generation).expect("steered to a live socket");
+        let was_empty = sock.rx_queue.is_empty();
+        sock.rx_mem += msg.remaining();
+        sock.rx_queue.push_back(msg);
+        if sock.rx_mem >= sock.rcvbuf && sock.on_waiters {
+            // Full: leave the waiter list until reads make room.
+            sock.on_waiters = false;
+            self.rx_waiters.retain(|w| *w != s);
+        }
+        if was_empty {
+            self.events.push_back(Event::SockReadable(s));
+        }
+    }
+
+    /// Messages leaving a disabled or closed socket: to the first waiting
+    /// socket until it is full, then the next, else the hold queue (KCM
+    /// `requeue_rx_msgs`).
+    fn requeue(&mut self, msgs: VecDeque<RxMsg>) {
+        for msg in msgs {
+            match self.rx_waiters.front().copied() {
+                Some(w) => self.enqueue_rx(w, msg),
+                None => {
+                    self.hold_mem += msg.remaining();
+                    self.hold.push_back(msg);
+                }
+            }
+        }
+    }
+
+    /// A socket became able (created, enabled, drained below SO_RCVBUF): it
+    /// takes the hold queue, then paused psocks' messages, then joins the
+    /// waiter list (KCM `kcm_rcv_ready`).
+    fn rcv_ready(&mut self, s: SockId) {
+        let Some(sock) = self.socks.get_mut(s.index, s.generation) else { return };
+        if sock.on_waiters || !sock.able() {
+            return;
+        }
+        while let Some(msg) = self.hold.pop_front() {
+            self.hold_mem -= msg.remaining();
+            self.enqueue_rx(s, msg);
+            if !self.socks.get(s.index, s.generation).expect("live").able() {
+                if self.hold.is_empty() {
+                    self.hold_budget = 0;
+                }
+                return;
+            }
+        }
+        self.hold_budget = 0;
+        let mut resumed = Vec::new();
+        while let Some(p) = self.psocks_ready.pop_front() {
+            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+            ps.paused = false;
+            let msg = ps.ready.take();
+            resumed.push(p);
+            if let Some(msg) = msg {
+                self.enqueue_rx(s, msg);
+            }
+            if !self.socks.get(s.index, s.generation).expect("live").able() {
+                break;
+            }
+        }
+        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        if sock.able() && !sock.on_waiters {
+            sock.on_waiters = true;
+            self.rx_waiters.push_back(s);
+        }
+        // Resumed psocks parse what they had buffered, then read again.
+        let now = self.now;
+        for p in resumed {
+            self.rx_pass(p, now);
+            if self.rx_capacity(p) > 0 {
+                self.events.push_back(Event::PsockRxResume(p));
+            }
+        }
+    }
+
+    /// After a read made room: rejoin the waiters if the socket is able again.
+    /// (D) KCM re-offers a full socket only once it is empty (SO_RCVLOWAT = 1);
+    /// here it is offered again as soon as it is below SO_RCVBUF.
+    #[inline]
+    fn after_read(&mut self, s: SockId) {
+        if let Some(sock) = self.socks.get(s.index, s.generation) {
+            if !sock.on_waiters && sock.able() {
+                self.rcv_ready(s);
+            }
+        }
+    }
+
     /// recvmsg on a KCM socket (WouldBlock when empty).
+    ///
+    /// Short reads: DGRAM returns TRUNC|EOR and the rest of the message is
+    /// gone; SEQPACKET keeps the rest for the next read (KCM's designed
+    /// behaviour, case 19 (D)). A read that finishes a message sets EOR on
+    /// both types; PEEK copies, consumes nothing and sets neither flag.
     pub fn recv(&mut self, s: SockId, buf: &mut [u8], flags: RecvFlags) -> Result<RecvInfo, MuxError> {
-        todo!()
+        let sock = self.sock_mut(s)?;
+        let ty = sock.ty;
+        let head = sock.rx_queue.front_mut().ok_or(MuxError::WouldBlock)?;
+        let rem = head.remaining();
+        let n = buf.len().min(rem);
+        buf[..n].copy_from_slice(&head.data[head.off..head.off + n]);
+        let psock = head.psock;
+        if flags.peek {
+            return Ok(RecvInfo { len: n, eor: false, trunc: false, psock });
+        }
+        let (eor, trunc, consumed) = if n == rem {
+            (true, false, rem)
+        } else if ty == SockType::Dgram {
+            (true, true, rem)
+        } else {
+            head.off += n;
+            (false, false, n)
+        };
+        sock.rx_mem -= consumed;
+        sock.stats.rx_bytes += n as u64;
+        if eor {
+            sock.rx_queue.pop_front();
+            sock.stats.rx_msgs += 1;
+        }
+        self.after_read(s);
+        Ok(RecvInfo { len: n, eor, trunc, psock })
     }
     /// Take the whole head message (addressed form; zero-copy). WouldBlock when empty.
     pub fn recv_msg(&mut self, s: SockId) -> Result<(Bytes, PsockId), MuxError> {
-        todo!()
+        let sock = self.sock_mut(s)?;
+        let msg = sock.rx_queue.pop_front().ok_or(MuxError::WouldBlock)?;
+        let len = msg.remaining();
+        sock.rx_mem -= len;
+        sock.stats.rx_msgs += 1;
+        sock.stats.rx_bytes += len as u64;
+        let data = if msg.off == 0 { msg.data } else { msg.data.slice(msg.off..) };
+        self.after_read(s);
+        Ok((data, msg.psock))
     }
     /// Messages waiting in a socket's receive queue.
     pub fn rx_queued(&self, s: SockId) -> Result<usize, MuxError> {
-        todo!()
+        Ok(self.sock(s)?.rx_queue.len())
     }
 
     // ---- transmit path ----
+
     /// sendmsg: returns bytes accepted. WouldBlock when a new message would start
     /// with the send buffer full.
+    ///
+    /// DGRAM: a send without MORE ends the message. SEQPACKET: only EOR ends
+    /// it (MORE is ignored). A zero-length send with no open message makes no
+    /// message; a zero-length EOR send completes an open SEQPACKET message.
+    /// BATCH on a completing send holds transmission until a completing send
+    /// without it.
     pub fn send(&mut self, s: SockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
-        todo!()
+        let sock = self.sock_mut(s)?;
+        let complete = match sock.ty {
+            SockType::Dgram => !flags.more,
+            SockType::SeqPacket => flags.eor,
+        };
+        if sock.open.is_none() {
+            if data.is_empty() {
+                if complete && !flags.batch && sock.wait_more {
+                    sock.wait_more = false;
+                    self.tx_push(s);
+                }
+                return Ok(0);
+            }
+            if sock.tx_mem >= sock.sndbuf {
+                return Err(self.would_block(s));
+            }
+            sock.open = Some(BytesMut::with_capacity(data.len()));
+        }
+        let open = sock.open.as_mut().expect("open message");
+        open.extend_from_slice(data);
+        let open_len = open.len();
+        sock.tx_mem += data.len();
+        sock.tx_msg_peak = sock.tx_msg_peak.max(open_len);
+        sock.stats.tx_bytes += data.len() as u64;
+        if complete {
+            let msg = sock.open.take().expect("open message").freeze();
+            self.queue_msg(s, msg, flags.batch);
+        }
+        Ok(data.len())
     }
+
+    /// Send buffer full: remember to raise SockWritable; flush a held batch
+    /// first (KCM `kcm_push` before it waits for memory).
+    fn would_block(&mut self, s: SockId) -> MuxError {
+        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        sock.want_writable = true;
+        if std::mem::take(&mut sock.wait_more) {
+            self.tx_push(s);
+            self.kick_held(s);
+        }
+        MuxError::WouldBlock
+    }
+
+    /// A complete message joins the socket's queue; without BATCH everything
+    /// queued goes to the socket's psock.
+    fn queue_msg(&mut self, s: SockId, msg: Bytes, batch: bool) {
+        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        sock.tx_queue.push_back(msg);
+        sock.tx_msgs += 1;
+        sock.stats.tx_msgs += 1;
+        if batch {
+            sock.wait_more = true;
+        } else {
+            sock.wait_more = false;
+            self.tx_push(s);
+            self.kick_held(s);
+        }
+    }
+
     /// Addressed send of one whole message on psock `p`.
     pub fn send_to(&mut self, s: SockId, p: PsockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
-        todo!()
+        self.sock(s)?;
+        self.check_addressed(p)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        self.send_addressed(s, p, Bytes::copy_from_slice(data), flags.batch)?;
+        Ok(data.len())
     }
     /// A whole message, zero-copy, on psock `p` (`None`: the socket's psock).
     pub fn send_msg(&mut self, s: SockId, p: Option<PsockId>, msg: Bytes, batch: bool) -> Result<(), MuxError> {
-        todo!()
+        let sock = self.sock_mut(s)?;
+        match p {
+            Some(p) => {
+                self.check_addressed(p)?;
+                if msg.is_empty() {
+                    return Ok(());
+                }
+                self.send_addressed(s, p, msg, batch)
+            }
+            None => {
+                if msg.is_empty() {
+                    if !batch && sock.wait_more {
+                        sock.wait_more = false;
+                        self.tx_push(s);
+                    }
+                    return Ok(());
+                }
+                if sock.tx_mem >= sock.sndbuf {
+                    return Err(self.would_block(s));
+                }
+                sock.tx_mem += msg.len();
+                sock.tx_msg_peak = sock.tx_msg_peak.max(msg.len());
+                sock.stats.tx_bytes += msg.len() as u64;
+                self.queue_msg(s, msg, batch);
+                Ok(())
+            }
+        }
     }
+
+    fn check_addressed(&self, p: PsockId) -> Result<(), MuxError> {
+        if self.psock(p)?.tx_stopped {
+            return Err(MuxError::Pipe);
+        }
+        Ok(())
+    }
+
+    fn send_addressed(&mut self, s: SockId, p: PsockId, msg: Bytes, batch: bool) -> Result<(), MuxError> {
+        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        if sock.tx_mem >= sock.sndbuf {
+            return Err(self.would_block(s));
+        }
+        let len = msg.len();
+        sock.tx_mem += len;
+        sock.tx_msgs += 1;
+        sock.tx_msg_peak = sock.tx_msg_peak.max(len);
+        sock.stats.tx_msgs += 1;
+        sock.stats.tx_bytes += len as u64;
+        if batch {
+            if !sock.held_psocks.contains(&p) {
+                sock.held_psocks.push(p);
+            }
+            sock.wait_more = true;
+        }
+        let ps = self.psocks.get_mut(p.index, p.generation).expect("checked");
+        ps.tx_queue.push_back(TxMsg { data: msg, sent: 0, owner: s, addressed: true });
+        if !batch {
+            let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+            sock.wait_more = false;
+            self.kick(p);
+            self.tx_push(s);
+            self.kick_held(s);
+        }
+        Ok(())
+    }
+
     /// Discard a DGRAM socket's open MORE message (a send failed while copying).
+    /// A SEQPACKET socket keeps its open message (KCM returns the partial count).
     pub fn send_abort(&mut self, s: SockId) -> Result<(), MuxError> {
-        todo!()
+        let sock = self.sock_mut(s)?;
+        if sock.ty == SockType::Dgram {
+            if let Some(open) = sock.open.take() {
+                sock.tx_mem -= open.len();
+            }
+            self.check_writable(s);
+        }
+        Ok(())
     }
     /// Whether a new message can start on this socket now.
     pub fn writable(&self, s: SockId) -> Result<bool, MuxError> {
-        todo!()
+        let sock = self.sock(s)?;
+        Ok(sock.tx_mem < sock.sndbuf)
     }
+
+    /// Raise PsockTransmit if the psock has bytes, no chunk out, and was not
+    /// told since its last `tx_begin`.
+    fn kick(&mut self, p: PsockId) {
+        if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+            if !ps.tx_busy && !ps.tx_kicked && !ps.tx_stopped && !ps.tx_queue.is_empty() {
+                ps.tx_kicked = true;
+                self.events.push_back(Event::PsockTransmit(p));
+            }
+        }
+    }
+
+    /// End of a batch: wake the psocks whose addressed messages it held.
+    fn kick_held(&mut self, s: SockId) {
+        let Some(sock) = self.socks.get_mut(s.index, s.generation) else { return };
+        if sock.held_psocks.is_empty() {
+            return;
+        }
+        for p in std::mem::take(&mut sock.held_psocks) {
+            self.kick(p);
+        }
+    }
+
+    /// Hand the socket's queued messages to its psock, reserving one if needed.
+    fn tx_push(&mut self, s: SockId) {
+        let Some(sock) = self.socks.get_mut(s.index, s.generation) else { return };
+        if sock.tx_queue.is_empty() {
+            return;
+        }
+        let p = match sock.tx_psock {
+            Some(p) => p,
+            None => match self.reserve(s) {
+                Some(p) => p,
+                None => {
+                    let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+                    if !sock.tx_waiting {
+                        sock.tx_waiting = true;
+                        self.tx_waiters.push_back(s);
+                    }
+                    return;
+                }
+            },
+        };
+        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        let ps = self.psocks.get_mut(p.index, p.generation).expect("reserved psock is live");
+        for data in sock.tx_queue.drain(..) {
+            ps.tx_queue.push_back(TxMsg { data, sent: 0, owner: s, addressed: false });
+            ps.tx_rsvd_msgs += 1;
+        }
+        self.kick(p);
+    }
+
+    /// Reserve the least recently used free psock for `s`.
+    fn reserve(&mut self, s: SockId) -> Option<PsockId> {
+        while let Some(p) = self.psocks_avail.pop_front() {
+            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+            ps.in_avail = false;
+            if ps.tx_stopped {
+                continue;
+            }
+            ps.tx_kcm = Some(s);
+            ps.stats.reserved += 1;
+            self.socks.get_mut(s.index, s.generation).expect("live").tx_psock = Some(p);
+            return Some(p);
+        }
+        None
+    }
+
+    /// A psock is free: to the first socket waiting to transmit, else the tail
+    /// of the LRU list (KCM `psock_now_avail`).
+    fn psock_now_avail(&mut self, p: PsockId) {
+        let Some(ps) = self.psocks.get(p.index, p.generation) else { return };
+        if ps.tx_stopped || ps.tx_kcm.is_some() || ps.in_avail {
+            return;
+        }
+        while let Some(w) = self.tx_waiters.pop_front() {
+            let Some(sock) = self.socks.get_mut(w.index, w.generation) else { continue };
+            sock.tx_waiting = false;
+            if sock.tx_queue.is_empty() || sock.tx_psock.is_some() {
+                continue;
+            }
+            sock.tx_psock = Some(p);
+            let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
+            ps.tx_kcm = Some(w);
+            ps.stats.reserved += 1;
+            self.tx_push(w);
+            return;
+        }
+        self.psocks.get_mut(p.index, p.generation).expect("live").in_avail = true;
+        self.psocks_avail.push_back(p);
+    }
+
+    /// Release `p`'s reservation (its socket's queue is written out).
+    fn unreserve(&mut self, p: PsockId) {
+        let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
+        let Some(s) = ps.tx_kcm.take() else { return };
+        ps.stats.unreserved += 1;
+        ps.tx_rsvd_msgs = 0;
+        if let Some(sock) = self.socks.get_mut(s.index, s.generation) {
+            if sock.tx_psock == Some(p) {
+                sock.tx_psock = None;
+            }
+        }
+        self.psock_now_avail(p);
+    }
+
+    /// A message left the core (written, or dropped): uncharge its owner.
+    fn uncharge(&mut self, owner: SockId, len: usize) {
+        if let Some(sock) = self.socks.get_mut(owner.index, owner.generation) {
+            sock.tx_mem -= len;
+            sock.tx_msgs -= 1;
+            self.check_writable(owner);
+        }
+    }
+
+    fn check_writable(&mut self, s: SockId) {
+        if let Some(sock) = self.socks.get_mut(s.index, s.generation) {
+            if sock.want_writable && sock.tx_mem < sock.sndbuf {
+                sock.want_writable = false;
+                self.events.push_back(Event::SockWritable(s));
+            }
+        }
+    }
+
     /// The bytes to write next on psock `p`, or None. Marks the psock busy until
     /// `tx_complete`/`tx_failed`: one writer at a time.
+    ///
+    /// After `tx_complete`, call `tx_begin` again: it returns the rest of a
+    /// short write and whatever was queued meanwhile. `PsockTransmit` is raised
+    /// only for a psock with no chunk out.
     pub fn tx_begin(&mut self, p: PsockId) -> Option<TxChunk> {
-        todo!()
+        let ps = self.psocks.get_mut(p.index, p.generation)?;
+        if ps.tx_busy || ps.tx_stopped || ps.tx_queue.is_empty() {
+            return None;
+        }
+        let mut slices = Vec::with_capacity(ps.tx_queue.len().min(TX_CHUNK_SLICES));
+        let mut bytes = 0;
+        for m in ps.tx_queue.iter() {
+            if slices.len() == TX_CHUNK_SLICES || (bytes >= TX_CHUNK_BYTES && !slices.is_empty()) {
+                break;
+            }
+            let b = if m.sent == 0 { m.data.clone() } else { m.data.slice(m.sent..) };
+            bytes += b.len();
+            slices.push(b);
+        }
+        ps.tx_inflight = slices.len();
+        ps.tx_busy = true;
+        ps.tx_kicked = false;
+        Some(TxChunk { slices })
     }
     /// `n` bytes of the chunk were written (a short write keeps the rest first).
     pub fn tx_complete(&mut self, p: PsockId, n: usize) {
-        todo!()
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        if !ps.tx_busy {
+            return;
+        }
+        ps.tx_busy = false;
+        let mut left = n;
+        let mut done: Vec<(SockId, usize)> = Vec::new();
+        for _ in 0..ps.tx_inflight {
+            if left == 0 {
+                break;
+            }
+            let m = ps.tx_queue.front_mut().expect("inflight message");
+            let k = left.min(m.data.len() - m.sent);
+            m.sent += k;
+            left -= k;
+            ps.stats.tx_bytes += k as u64;
+            if m.sent == m.data.len() {
+                let m = ps.tx_queue.pop_front().expect("inflight message");
+                ps.stats.tx_msgs += 1;
+                if !m.addressed {
+                    ps.tx_rsvd_msgs -= 1;
+                }
+                done.push((m.owner, m.data.len()));
+            }
+        }
+        ps.tx_inflight = 0;
+        let release = match ps.tx_kcm {
+            Some(s) if ps.tx_rsvd_msgs == 0 => {
+                self.socks.get(s.index, s.generation).map_or(true, |sock| sock.tx_queue.is_empty())
+            }
+            _ => false,
+        };
+        for (owner, len) in done {
+            self.uncharge(owner, len);
+        }
+        if release {
+            self.unreserve(p);
+        }
     }
     /// The write failed with a hard error: abort the psock's transmit, resend the
     /// message in progress whole on another psock (tx_retries, tx_aborts).
     pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
-        todo!()
+        match self.psocks.get(p.index, p.generation) {
+            Some(ps) if !ps.tx_stopped => self.tx_abort(p, errno),
+            _ => {}
+        }
+    }
+
+    /// Stop a psock's transmit for good: tx_aborts, PsockFailed(Tx), its
+    /// messages given back (KCM `kcm_abort_tx_psock` + retry).
+    fn tx_abort(&mut self, p: PsockId, errno: i32) {
+        let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
+        ps.tx_stopped = true;
+        ps.stats.tx_aborts += 1;
+        if std::mem::replace(&mut ps.in_avail, false) {
+            self.psocks_avail.retain(|x| *x != p);
+        }
+        self.events.push_back(Event::PsockFailed(p, PsockError::Tx(errno)));
+        self.tx_evacuate(p);
+    }
+
+    /// Empty a psock's transmit queue that will not be written: the reserving
+    /// socket's messages go back to the head of its queue, in order, to be
+    /// sent whole elsewhere (tx_retries for each one already started);
+    /// addressed messages are dropped (tx_addressed_drops).
+    fn tx_evacuate(&mut self, p: PsockId) {
+        let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
+        let inflight = std::mem::take(&mut ps.tx_inflight);
+        ps.tx_busy = false;
+        let kcm = ps.tx_kcm.take();
+        if kcm.is_some() {
+            ps.stats.unreserved += 1;
+        }
+        ps.tx_rsvd_msgs = 0;
+        let msgs: Vec<TxMsg> = ps.tx_queue.drain(..).collect();
+        let mut back = Vec::new();
+        let mut dropped = Vec::new();
+        let mut retries = 0;
+        for (i, m) in msgs.into_iter().enumerate() {
+            let live_owner = self.socks.get(m.owner.index, m.owner.generation).is_some();
+            if !m.addressed && Some(m.owner) == kcm && live_owner {
+                if i < inflight || m.sent > 0 {
+                    retries += 1;
+                }
+                back.push(m.data);
+            } else {
+                if m.addressed {
+                    let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
+                    ps.stats.tx_addressed_drops += 1;
+                }
+                dropped.push((m.owner, m.data.len()));
+            }
+        }
+        self.counters.tx_retries += retries;
+        for (owner, len) in dropped {
+            self.uncharge(owner, len);
+        }
+        if let Some(s) = kcm {
+            if let Some(sock) = self.socks.get_mut(s.index, s.generation) {
+                if sock.tx_psock == Some(p) {
+                    sock.tx_psock = None;
+                }
+                for data in back.into_iter().rev() {
+                    sock.tx_queue.push_front(data);
+                }
+                self.tx_push(s);
+            }
+        }
     }
 
     // ---- time ----
+
     pub fn poll_timeout(&self) -> Option<Timestamp> {
-        todo!()
+        self.psocks.iter().filter_map(|(_, _, ps)| ps.stream.deadline()).min()
     }
     pub fn handle_timeout(&mut self, now: Timestamp) {
-        todo!()
+        self.note_time(now);
+        let due: Vec<PsockId> = self
+            .psocks
+            .iter()
+            .filter(|(_, _, ps)| ps.stream.deadline().is_some_and(|d| d <= now))
+            .map(|(i, g, _)| pid((i, g)))
+            .collect();
+        for p in due {
+            let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
+            if let Err(e) = ps.stream.check_timeout(now) {
+                if !ps.rx_failed {
+                    ps.rx_failed = true;
+                    self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
+                }
+            }
+        }
     }
 
     // ---- events and statistics ----
+
     pub fn poll_event(&mut self) -> Option<Event> {
-        todo!()
+        self.events.pop_front()
     }
+    /// Mux totals: live psocks plus every unattached one (totals never drop).
     pub fn stats(&self) -> MuxStats {
-        todo!()
+        let mut agg = self.folded.clone();
+        for (_, _, ps) in self.psocks.iter() {
+            add_psock_stats(&mut agg, &ps.full_stats());
+        }
+        MuxStats {
+            rx_msgs: agg.rx_msgs,
+            rx_bytes: agg.rx_bytes,
+            tx_msgs: agg.tx_msgs,
+            tx_bytes: agg.tx_bytes,
+            tx_retries: self.counters.tx_retries,
+            psock_attach: self.counters.psock_attach,
+            psock_unattach: self.counters.psock_unattach,
+            psock_unattach_rsvd: self.counters.psock_unattach_rsvd,
+            rx_ready_drops: self.counters.rx_ready_drops,
+            kcms: self.socks.len(),
+            psocks: self.psocks.len(),
+            psock: agg,
+        }
     }
     pub fn sock_stats(&self, s: SockId) -> Result<SockStats, MuxError> {
-        todo!()
+        let sock = self.sock(s)?;
+        let mut st = sock.stats.clone();
+        st.rx_queued = sock.rx_queue.len();
+        st.rx_mem = sock.rx_mem;
+        st.tx_queued = sock.tx_msgs;
+        st.tx_mem = sock.tx_mem;
+        Ok(st)
     }
     pub fn psock_stats(&self, p: PsockId) -> Result<PsockStats, MuxError> {
-        todo!()
+        Ok(self.psock(p)?.full_stats())
     }
+
+    /// Every byte the core holds now: psock buffers and ready messages, socket
+    /// receive and send queues (open messages included), the hold queue.
+    pub fn memory_used(&self) -> usize {
+        let psocks: usize = self.psocks.iter().map(|(_, _, ps)| ps.rx_held()).sum();
+        let socks: usize = self.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
+        psocks + socks + self.hold_mem
+    }
+    /// The most [`Mux::memory_used`] can be, from configuration and the
+    /// options set (formula in the module documentation).
+    pub fn memory_bound(&self) -> usize {
+        let psocks: usize = self.psocks.iter().map(|(_, _, ps)| ps.rx_limit).sum();
+        let socks: usize = self
+            .socks
+            .iter()
+            .map(|(_, _, s)| s.rcvbuf_peak + self.max_msg_peak + s.sndbuf_peak + s.tx_msg_peak)
+            .sum();
+        psocks + socks + self.hold_budget
+    }
+
     /// The `/proc/net/kcm`-style live view of this mux.
+    ///
+    /// Columns as the kernel prints them. Socket lines: Recv-Q messages, Rmem
+    /// bytes, Send-Q messages, Smem bytes charged to SO_SNDBUF (the kernel
+    /// prints `-`). Psock lines: Recv-Q is 1 while a ready message waits, Rmem
+    /// the bytes held, Send-Q and Smem the transmit queue in messages and
+    /// unwritten bytes (the kernel shows the TCP socket's queues).
     pub fn proc_kcm(&self) -> String {
-        todo!()
+        let mut out = String::new();
+        let st = self.stats();
+        let _ = writeln!(out, "*** KCM statistics (1 MUX) ****");
+        let _ = writeln!(
+            out,
+            "{:<14} {:<10} {:<16} {:<10} {:<16} {:<8} {:<8} {:<8} {:<8} Status",
+            "Object", "RX-Msgs", "RX-Bytes", "TX-Msgs", "TX-Bytes", "Recv-Q", "Rmem", "Send-Q", "Smem"
+        );
+        let _ = writeln!(
+            out,
+            "{:<6}{:<8} {:<10} {:<16} {:<10} {:<16} {:<8} {:<8} {:<8} {:<8} KCMs: {}, Psocks {}",
+            "mux", "", st.rx_msgs, st.rx_bytes, st.tx_msgs, st.tx_bytes, "-", "-", "-", "-", st.kcms, st.psocks
+        );
+        for (i, _, s) in self.socks.iter() {
+            let _ = write!(
+                out,
+                "   kcm-{:<7} {:<10} {:<16} {:<10} {:<16} {:<8} {:<8} {:<8} {:<8} ",
+                i,
+                s.stats.rx_msgs,
+                s.stats.rx_bytes,
+                s.stats.tx_msgs,
+                s.stats.tx_bytes,
+                s.rx_queue.len(),
+                s.rx_mem,
+                s.tx_msgs,
+                s.tx_mem
+            );
+            if let Some(p) = s.tx_psock {
+                let _ = write!(out, "Psck-{} ", p.index);
+            }
+            if s.tx_waiting {
+                out.push_str("TxWait ");
+            }
+            if s.wait_more {
+                out.push_str("WMore ");
+            }
+            if s.on_waiters {
+                out.push_str("RxWait ");
+            }
+            out.push('\n');
+        }
+        for (i, _, ps) in self.psocks.iter() {
+            let fs = ps.full_stats();
+            let _ = write!(
+                out,
+                "   psock-{:<5} {:<10} {:<16} {:<10} {:<16} {:<8} {:<8} {:<8} {:<8} ",
+                i,
+                fs.rx_msgs,
+                fs.rx_bytes,
+                fs.tx_msgs,
+                fs.tx_bytes,
+                usize::from(ps.ready.is_some()),
+                ps.rx_held(),
+                ps.tx_queue.len(),
+                ps.tx_pending_bytes()
+            );
+            if ps.tx_stopped {
+                out.push_str("TxStop ");
+            }
+            if ps.stream.is_stopped() {
+                out.push_str("RxStop ");
+            }
+            if let Some(s) = ps.tx_kcm {
+                let _ = write!(out, "Rsvd-{} ", s.index);
+            }
+            if !ps.paused && ps.ready.is_none() {
+                if ps.stream.buffered() > 0 {
+                    match ps.stream.need() {
+                        Some(n) if n > 0 => {
+                            let _ = write!(out, "RxWait={n} ");
+                        }
+                        _ => out.push_str("RxWait "),
+                    }
+                }
+            } else {
+                if ps.paused {
+                    out.push_str("RxPause ");
+                }
+                if ps.ready.is_some() {
+                    out.push_str("RdyRx ");
+                }
+            }
+            out.push('\n');
+        }
+        out
     }
+
+    /// The `/proc/net/kcm_stats`-style totals of this mux, with the labels
+    /// over the right values (the kernel swaps Unattach and UnattchRsvd) and
+    /// TX-Retries kept after unattach. RX-Aborts counts psocks whose receive
+    /// was stopped by an error (the kernel prints 0). TX-AddrDrops is ours.
+    pub fn proc_kcm_stats(&self) -> String {
+        let st = self.stats();
+        let ps = &st.psock;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<8} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<10} {:<10}",
+            "MUX", "RX-Msgs", "RX-Bytes", "TX-Msgs", "TX-Bytes", "TX-Retries", "Attach", "Unattach", "UnattchRsvd", "RX-RdyDrops"
+        );
+        let _ = writeln!(
+            out,
+            "{:<8} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<10} {:<10}",
+            "",
+            st.rx_msgs,
+            st.rx_bytes,
+            st.tx_msgs,
+            st.tx_bytes,
+            st.tx_retries,
+            st.psock_attach,
+            st.psock_unattach,
+            st.psock_unattach_rsvd,
+            st.rx_ready_drops
+        );
+        let _ = writeln!(
+            out,
+            "{:<8} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10}",
+            "Psock", "RX-Msgs", "RX-Bytes", "TX-Msgs", "TX-Bytes", "Reserved", "Unreserved", "RX-Aborts", "RX-Intr",
+            "RX-Unrecov", "RX-MemFail", "RX-NeedMor", "RX-BadLen", "RX-TooBig", "RX-Timeout", "TX-Aborts", "TX-AddrDrops"
+        );
+        let _ = writeln!(
+            out,
+            "{:<8} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10}",
+            "",
+            ps.rx_msgs,
+            ps.rx_bytes,
+            ps.tx_msgs,
+            ps.tx_bytes,
+            ps.reserved,
+            ps.unreserved,
+            ps.rx_aborts,
+            ps.rx_interrupted,
+            ps.rx_unrecov_intr,
+            ps.rx_mem_fail,
+            ps.rx_need_more_hdr,
+            ps.rx_bad_hdr_len,
+            ps.rx_msg_too_big,
+            ps.rx_msg_timeouts,
+            ps.tx_aborts,
+            ps.tx_addressed_drops
+        );
+        out
+    }
+}
+
+fn add_psock_stats(a: &mut PsockStats, b: &PsockStats) {
+    a.rx_msgs += b.rx_msgs;
+    a.rx_bytes += b.rx_bytes;
+    a.tx_msgs += b.tx_msgs;
+    a.tx_bytes += b.tx_bytes;
+    a.reserved += b.reserved;
+    a.unreserved += b.unreserved;
+    a.rx_aborts += b.rx_aborts;
+    a.rx_interrupted += b.rx_interrupted;
+    a.rx_unrecov_intr += b.rx_unrecov_intr;
+    a.rx_mem_fail += b.rx_mem_fail;
+    a.rx_need_more_hdr += b.rx_need_more_hdr;
+    a.rx_bad_hdr_len += b.rx_bad_hdr_len;
+    a.rx_msg_too_big += b.rx_msg_too_big;
+    a.rx_msg_timeouts += b.rx_msg_timeouts;
+    a.tx_aborts += b.tx_aborts;
+    a.tx_addressed_drops += b.tx_addressed_drops;
 }

@@ -84,3 +84,58 @@ pub fn split_l4(mut wire: &[u8]) -> Vec<Vec<u8>> {
     }
     out
 }
+
+use connmux_core::mux::{Event, Mux, MuxConfig, PsockConfig, PsockId, SockId, SockType, Steering};
+
+/// A mux with small, test-friendly limits and KCM's round-robin steering.
+pub fn rr_config() -> MuxConfig {
+    MuxConfig { steering: Steering::RoundRobin, ..MuxConfig::default() }
+}
+
+pub fn attach_l4(m: &mut Mux) -> PsockId {
+    m.attach(L4::boxed(), PsockConfig::default())
+}
+
+/// Drain every pending event.
+pub fn events(m: &mut Mux) -> Vec<Event> {
+    let mut v = Vec::new();
+    for _ in 0..1_000_000 {
+        match m.poll_event() {
+            Some(e) => v.push(e),
+            None => return v,
+        }
+    }
+    panic!("event queue never drained");
+}
+
+/// Write everything psock `p` has pending, as a driver with an always-ready
+/// connection would; returns the bytes "on the wire".
+pub fn flush(m: &mut Mux, p: PsockId) -> Vec<u8> {
+    let mut wire = Vec::new();
+    for _ in 0..1_000_000 {
+        let Some(chunk) = m.tx_begin(p) else { return wire };
+        for s in &chunk.slices {
+            wire.extend_from_slice(s);
+        }
+        m.tx_complete(p, chunk.len());
+    }
+    panic!("psock never drained");
+}
+
+/// Every message queued on socket `s`, taken whole.
+pub fn recv_all(m: &mut Mux, s: SockId) -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    for _ in 0..1_000_000 {
+        match m.recv_msg(s) {
+            Ok((b, _)) => v.push(b.to_vec()),
+            Err(_) => return v,
+        }
+    }
+    panic!("socket never drained");
+}
+
+pub fn dgram_mux(cfg: MuxConfig) -> (Mux, SockId) {
+    let mut m = Mux::new(cfg);
+    let s = m.socket(SockType::Dgram);
+    (m, s)
+}
