@@ -219,6 +219,18 @@ impl BufRing {
         self.tail = self.tail.wrapping_add(1);
     }
 
+    /// Gives a held buffer back to the kernel; false (nothing done) if it is not held.
+    fn give_back(&mut self, bid: u16) -> bool {
+        match self.held.get(bid as usize) {
+            Some(&len) if len != IN_KERNEL => {
+                self.push(bid);
+                self.publish();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Makes pushed buffers visible to the kernel (release store of the shared tail).
     fn publish(&self) {
         // SAFETY: the tail is the aligned u16 `resv` of entry 0 inside the ring mapping,
@@ -248,15 +260,75 @@ struct SendState<B> {
 /// Marks the end of the free list.
 const NONE: usize = usize::MAX;
 
+/// The table of operations in flight; a slot's index is its `user_data`. A slot is
+/// reused only after its last completion, so a completion never finds a stranger.
+struct Slots<B> {
+    ops: Vec<Op<B>>,
+    free: usize,
+    in_flight: usize,
+}
+
+impl<B> Slots<B> {
+    fn alloc(&mut self, op: Op<B>) -> usize {
+        self.in_flight += 1;
+        if self.free != NONE {
+            let slot = self.free;
+            if let Op::Free { next } = self.ops[slot] {
+                self.free = next;
+            }
+            self.ops[slot] = op;
+            slot
+        } else {
+            self.ops.push(op);
+            self.ops.len() - 1
+        }
+    }
+
+    fn release(&mut self, slot: usize) -> Op<B> {
+        self.in_flight -= 1;
+        let op = std::mem::replace(&mut self.ops[slot], Op::Free { next: self.free });
+        self.free = slot;
+        op
+    }
+
+    /// Turns one completion into what the caller sees (None: nothing to report).
+    fn complete(&mut self, bufs: &mut BufRing, slot: usize, res: i32, flags: u32) -> Option<Completion> {
+        let more = cqueue::more(flags);
+        let token = match self.ops.get(slot)? {
+            Op::Recv { token } | Op::Send { token, .. } | Op::Poll { token } => *token,
+            Op::Cancel => 0,
+            Op::Free { .. } => return None,
+        };
+        // Only a multishot receive posts completions flagged "more".
+        let op = if more { Op::Recv { token } } else { self.release(slot) };
+        match op {
+            Op::Recv { .. } => match cqueue::buffer_select(flags).filter(|&b| b < bufs.count) {
+                Some(buf_id) if res > 0 => {
+                    bufs.held[buf_id as usize] = (res as u32).min(bufs.size);
+                    Some(Completion::Recv { token, buf_id, len: res as usize, more })
+                }
+                Some(buf_id) => {
+                    // A buffer consumed without data: straight back to the kernel.
+                    bufs.held[buf_id as usize] = 0;
+                    bufs.give_back(buf_id);
+                    (!more).then_some(Completion::RecvEnd { token, res })
+                }
+                None => (!more).then_some(Completion::RecvEnd { token, res }),
+            },
+            Op::Send { .. } => Some(Completion::Send { token, res }),
+            Op::Poll { .. } => Some(Completion::Poll { token, res }),
+            Op::Cancel | Op::Free { .. } => None,
+        }
+    }
+}
+
 /// An io_uring with a provided-buffer ring. `B` is the type of send payloads (anything
 /// that is bytes: `Vec<u8>`, `Box<[u8]>`, `bytes::Bytes`…), kept alive until the send
 /// completes.
 pub struct Ring<B: AsRef<[u8]> = Vec<u8>> {
     uring: IoUring,
     bufs: BufRing,
-    ops: Vec<Op<B>>,
-    free: usize,
-    in_flight: usize,
+    slots: Slots<B>,
 }
 
 // SAFETY: the raw pointers inside (mappings, msghdr/iovec of pending sends) point only
@@ -276,7 +348,7 @@ impl<B: AsRef<[u8]>> Ring<B> {
         unsafe {
             uring.submitter().register_buf_ring_with_flags(bufs.ring.ptr as u64, config.buf_count, BGID, 0)?;
         }
-        Ok(Ring { uring, bufs, ops: Vec::new(), free: NONE, in_flight: 0 })
+        Ok(Ring { uring, bufs, slots: Slots { ops: Vec::new(), free: NONE, in_flight: 0 } })
     }
 
     /// Bytes per provided buffer.
@@ -297,14 +369,14 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// Operations submitted (or queued for submission) whose last completion has not
     /// been reaped yet.
     pub fn in_flight(&self) -> usize {
-        self.in_flight
+        self.slots.in_flight
     }
 
     /// Queues a multishot receive on `fd` into the provided buffers; its completions
     /// carry `token`. Submitted by the next [`submit`](Ring::submit) or
     /// [`wait`](Ring::wait).
     pub fn recv_multishot(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
-        let slot = self.alloc(Op::Recv { token });
+        let slot = self.slots.alloc(Op::Recv { token });
         let entry = opcode::RecvMulti::new(types::Fd(fd), BGID).build().user_data(slot as u64);
         self.push(slot, entry)
     }
@@ -329,7 +401,7 @@ impl<B: AsRef<[u8]>> Ring<B> {
         state.msg.msg_iov = state.iovs.as_mut_ptr();
         state.msg.msg_iovlen = state.iovs.len() as _;
         let msg_ptr: *const libc::msghdr = &state.msg;
-        let slot = self.alloc(Op::Send { token, _state: state });
+        let slot = self.slots.alloc(Op::Send { token, _state: state });
         let entry = opcode::SendMsg::new(types::Fd(fd), msg_ptr)
             .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
             .build()
@@ -340,7 +412,7 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// Queues a one-shot wait for `fd` to become readable (such as an eventfd that
     /// other threads notify); its completion is [`Completion::Poll`].
     pub fn poll_readable(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
-        let slot = self.alloc(Op::Poll { token });
+        let slot = self.slots.alloc(Op::Poll { token });
         let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build().user_data(slot as u64);
         self.push(slot, entry)
     }
@@ -348,7 +420,7 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// Queues cancellation of every operation on `fd`; each one then completes (with
     /// `-ECANCELED` unless it finished first). Call it before closing the fd.
     pub fn cancel_fd(&mut self, fd: RawFd) -> io::Result<()> {
-        let slot = self.alloc(Op::Cancel);
+        let slot = self.slots.alloc(Op::Cancel);
         let entry = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all()).build().user_data(slot as u64);
         self.push(slot, entry)
     }
@@ -381,11 +453,9 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// added. Completions of cancel requests are consumed here and not reported.
     pub fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
         let before = out.len();
-        // Collect first: the completion queue borrows the IoUring mutably.
-        let cqes: Vec<(u64, i32, u32)> =
-            self.uring.completion().map(|c| (c.user_data(), c.result(), c.flags())).collect();
-        for (user_data, res, flags) in cqes {
-            if let Some(c) = self.complete(user_data as usize, res, flags) {
+        let (slots, bufs) = (&mut self.slots, &mut self.bufs);
+        for cqe in self.uring.completion() {
+            if let Some(c) = slots.complete(bufs, cqe.user_data() as usize, cqe.result(), cqe.flags()) {
                 out.push(c);
             }
         }
@@ -408,42 +478,13 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// Gives buffer `buf_id` back to the kernel. Returns false (and does nothing) if the
     /// caller does not hold it, so a double recycle cannot put a buffer in the ring twice.
     pub fn recycle(&mut self, buf_id: u16) -> bool {
-        match self.bufs.held.get(buf_id as usize) {
-            Some(&len) if len != IN_KERNEL => {
-                self.bufs.push(buf_id);
-                self.bufs.publish();
-                true
-            }
-            _ => false,
-        }
-    }
-
-    fn alloc(&mut self, op: Op<B>) -> usize {
-        self.in_flight += 1;
-        if self.free != NONE {
-            let slot = self.free;
-            if let Op::Free { next } = self.ops[slot] {
-                self.free = next;
-            }
-            self.ops[slot] = op;
-            slot
-        } else {
-            self.ops.push(op);
-            self.ops.len() - 1
-        }
-    }
-
-    fn release(&mut self, slot: usize) -> Op<B> {
-        self.in_flight -= 1;
-        let op = std::mem::replace(&mut self.ops[slot], Op::Free { next: self.free });
-        self.free = slot;
-        op
+        self.bufs.give_back(buf_id)
     }
 
     /// Pushes an entry whose memory is owned by `slot`; frees the slot on failure.
     fn push(&mut self, slot: usize, entry: squeue::Entry) -> io::Result<()> {
         for attempt in 0..2 {
-            // SAFETY: every pointer in `entry` refers to memory owned by `self.ops[slot]`
+            // SAFETY: every pointer in `entry` refers to memory owned by `self.slots.ops[slot]`
             // or `self.bufs`, which stays alive and in place until the slot's last
             // completion is reaped (or is leaked by Drop).
             if unsafe { self.uring.submission().push(&entry) }.is_ok() {
@@ -452,52 +493,19 @@ impl<B: AsRef<[u8]>> Ring<B> {
             if attempt == 0 {
                 // The submission queue is full: hand it to the kernel, then retry once.
                 if let Err(e) = self.uring.submit() {
-                    self.release(slot);
+                    self.slots.release(slot);
                     return Err(e);
                 }
             }
         }
-        self.release(slot);
+        self.slots.release(slot);
         Err(io::Error::from_raw_os_error(libc::EBUSY))
-    }
-
-    fn complete(&mut self, slot: usize, res: i32, flags: u32) -> Option<Completion> {
-        let more = cqueue::more(flags);
-        let token = match self.ops.get(slot)? {
-            Op::Recv { token } | Op::Send { token, .. } | Op::Poll { token } => *token,
-            Op::Cancel => 0,
-            Op::Free { .. } => return None,
-        };
-        let done = !more;
-        let kind = if done { self.release(slot) } else { Op::Recv { token } };
-        match kind {
-            Op::Recv { .. } => {
-                let buf = cqueue::buffer_select(flags).filter(|&b| b < self.bufs.count);
-                match buf {
-                    Some(buf_id) if res > 0 => {
-                        self.bufs.held[buf_id as usize] = (res as u32).min(self.bufs.size);
-                        Some(Completion::Recv { token, buf_id, len: res as usize, more })
-                    }
-                    Some(buf_id) => {
-                        // A buffer consumed without data: straight back to the kernel.
-                        self.bufs.held[buf_id as usize] = 0;
-                        self.recycle(buf_id);
-                        Some(Completion::RecvEnd { token, res })
-                    }
-                    None if done => Some(Completion::RecvEnd { token, res }),
-                    None => None,
-                }
-            }
-            Op::Send { .. } => Some(Completion::Send { token, res }),
-            Op::Poll { .. } => Some(Completion::Poll { token, res }),
-            Op::Cancel | Op::Free { .. } => None,
-        }
     }
 }
 
 impl<B: AsRef<[u8]>> Drop for Ring<B> {
     fn drop(&mut self) {
-        if self.in_flight == 0 {
+        if self.slots.in_flight == 0 {
             return;
         }
         // Cancel everything and wait, so the kernel is done with our memory before it
@@ -508,17 +516,17 @@ impl<B: AsRef<[u8]>> Drop for Ring<B> {
         let _ = unsafe { self.uring.submission().push(&entry) };
         let deadline = Instant::now() + DROP_WAIT;
         let mut sink = Vec::new();
-        while self.in_flight > 0 && Instant::now() < deadline {
+        while self.slots.in_flight > 0 && Instant::now() < deadline {
             if self.wait(1, Some(Duration::from_millis(10))).is_err() {
                 break;
             }
             sink.clear();
             self.reap(&mut sink);
         }
-        if self.in_flight > 0 {
+        if self.slots.in_flight > 0 {
             // The kernel may still write into the buffers or read pending sends: leak
             // them rather than free memory under it.
-            std::mem::forget(std::mem::take(&mut self.ops));
+            std::mem::forget(std::mem::take(&mut self.slots.ops));
             let data = std::mem::replace(&mut self.bufs.data, Mmap { ptr: std::ptr::null_mut(), len: 0 });
             std::mem::forget(data);
         }
@@ -768,6 +776,26 @@ mod tests {
         drop(ring);
         // Cancelled and waited for, well within the drop limit.
         assert!(t.elapsed() < DROP_WAIT, "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_full_submission_queue_is_flushed_to_the_kernel() {
+        let mut ring: Ring = Ring::new(RingConfig { entries: 2, cq_entries: 16, buf_count: 2, buf_size: 64 }).unwrap();
+        let efds: Vec<_> = (0..6).map(|_| crate::eventfd::EventFd::new().unwrap()).collect();
+        // Six polls queued without an explicit submit through a 2-entry queue.
+        for (i, e) in efds.iter().enumerate() {
+            ring.poll_readable(e.as_raw_fd(), i as u64).unwrap();
+        }
+        assert_eq!(ring.in_flight(), 6);
+        for e in &efds {
+            e.notify().unwrap();
+        }
+        let mut out = Vec::new();
+        reap_until(&mut ring, &mut out, |c| c.len() == 6);
+        let mut tokens: Vec<u64> = out.iter().map(|c| if let Completion::Poll { token, .. } = *c { token } else { u64::MAX }).collect();
+        tokens.sort_unstable();
+        assert_eq!(tokens, (0..6).collect::<Vec<_>>());
+        assert_eq!(ring.in_flight(), 0);
     }
 
     #[test]
