@@ -1,0 +1,451 @@
+//! §7 acceptance cases on transmit, driven through the mux with a simulated
+//! driver (`tx_begin` / `tx_complete` / `tx_failed`).
+
+mod common;
+
+use common::*;
+use connmux_core::mux::{Event, Mux, MuxConfig, MuxError, PsockError, SendFlags, SockType};
+use connmux_core::Bytes;
+use rand::{Rng, SeedableRng};
+
+const MORE: SendFlags = SendFlags { more: true, eor: false, batch: false };
+const EOR: SendFlags = SendFlags { more: false, eor: true, batch: false };
+const NONE: SendFlags = SendFlags { more: false, eor: false, batch: false };
+const BATCH: SendFlags = SendFlags { more: false, eor: true, batch: true };
+
+fn transmit_events(ev: &[Event]) -> Vec<Event> {
+    ev.iter().filter(|e| matches!(e, Event::PsockTransmit(_))).cloned().collect()
+}
+
+#[test]
+fn case_27_dgram_more_accumulates_one_message() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let p = attach_l4(&mut m);
+    events(&mut m);
+    assert_eq!(m.send(k, b"ab", MORE), Ok(2));
+    assert!(events(&mut m).is_empty(), "nothing to write while the message is open");
+    assert_eq!(m.tx_begin(p).map(|c| c.len()), None);
+    assert_eq!(m.send(k, b"cd", NONE), Ok(2));
+    assert_eq!(events(&mut m), vec![Event::PsockTransmit(p)]);
+    assert_eq!(flush(&mut m, p), b"abcd");
+    let st = m.sock_stats(k).unwrap();
+    assert_eq!((st.tx_msgs, st.tx_bytes), (1, 4));
+    assert_eq!(m.psock_stats(p).unwrap().tx_msgs, 1);
+}
+
+#[test]
+fn case_27_dgram_ignores_eor_only_more_matters() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let p = attach_l4(&mut m);
+    m.send(k, b"a", SendFlags { more: true, eor: true, batch: false }).unwrap();
+    assert_eq!(flush(&mut m, p), b"", "MORE keeps it open even with EOR");
+    m.send(k, b"b", NONE).unwrap();
+    assert_eq!(flush(&mut m, p), b"ab");
+}
+
+#[test]
+fn case_28_seqpacket_message_ends_only_on_eor() {
+    let mut m = Mux::new(rr_config());
+    let k = m.socket(SockType::SeqPacket);
+    let p = attach_l4(&mut m);
+    m.send(k, b"one ", NONE).unwrap();
+    m.send(k, b"two ", MORE).unwrap();
+    m.send(k, b"three ", NONE).unwrap();
+    assert_eq!(flush(&mut m, p), b"", "no EOR, no message");
+    assert_eq!(m.sock_stats(k).unwrap().tx_msgs, 0);
+    m.send(k, b"four", SendFlags { more: true, eor: true, batch: false }).unwrap();
+    assert_eq!(flush(&mut m, p), b"one two three four", "EOR ends it, MORE is ignored");
+    assert_eq!(m.sock_stats(k).unwrap().tx_msgs, 1);
+    // Each write() (EOR added) is its own message.
+    m.send(k, b"w1", EOR).unwrap();
+    m.send(k, b"w2", EOR).unwrap();
+    assert_eq!(flush(&mut m, p), b"w1w2");
+    assert_eq!(m.psock_stats(p).unwrap().tx_msgs, 3);
+}
+
+#[test]
+fn case_29_zero_length_sends() {
+    for ty in [SockType::Dgram, SockType::SeqPacket] {
+        let mut m = Mux::new(rr_config());
+        let k = m.socket(ty);
+        let p = attach_l4(&mut m);
+        events(&mut m);
+        assert_eq!(m.send(k, b"", EOR), Ok(0));
+        assert_eq!(m.send(k, b"", NONE), Ok(0));
+        assert!(events(&mut m).is_empty(), "{ty:?}: nothing on the wire");
+        assert_eq!(m.tx_begin(p).map(|c| c.len()), None);
+        assert_eq!(m.sock_stats(k).unwrap().tx_msgs, 0);
+    }
+    let mut m = Mux::new(rr_config());
+    let k = m.socket(SockType::SeqPacket);
+    let p = attach_l4(&mut m);
+    m.send(k, b"open", NONE).unwrap();
+    assert_eq!(m.send(k, b"", EOR), Ok(0));
+    assert_eq!(flush(&mut m, p), b"open", "zero-length EOR completes the open message");
+    assert_eq!(m.sock_stats(k).unwrap().tx_msgs, 1);
+}
+
+#[test]
+fn case_30_interleaved_senders_never_interleave_within_a_message() {
+    // The sans-IO form of the 8-thread test: 8 sockets, 2 psocks, sends cut in
+    // MORE pieces and interleaved at random, short writes at random.
+    let seed: u64 = std::env::var("CONNMUX_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut m = Mux::new(MuxConfig { sock_sndbuf: 64 << 10, ..rr_config() });
+    let k0 = m.socket(SockType::Dgram);
+    let mut socks = vec![k0];
+    for _ in 1..8 {
+        socks.push(m.clone_sock(k0).unwrap());
+    }
+    let ps = [attach_l4(&mut m), attach_l4(&mut m)];
+    let per_sock = 300;
+    let mut plan: Vec<Vec<Vec<u8>>> = (0..8)
+        .map(|s| (0..per_sock).map(|i| l4_total(4 + rng.gen_range(1..2000), (s * 31 + i) as u8)).collect())
+        .collect();
+    let mut want: Vec<Vec<u8>> = plan.iter().flatten().cloned().collect();
+    let mut cursor = vec![(0usize, 0usize); 8]; // (message, offset)
+    let mut wires = [Vec::new(), Vec::new()];
+    let mut busy: [Option<Vec<Bytes>>; 2] = [None, None];
+    for _step in 0..2_000_000 {
+        let all_sent = cursor.iter().all(|c| c.0 == per_sock);
+        if all_sent && busy.iter().all(Option::is_none) {
+            // Everything sent: stop once no psock has anything left to write.
+            let mut idle = true;
+            for (i, &p) in ps.iter().enumerate() {
+                if let Some(c) = m.tx_begin(p) {
+                    busy[i] = Some(c.slices);
+                    idle = false;
+                }
+            }
+            if idle {
+                break;
+            }
+        }
+        if !all_sent && rng.gen_bool(0.6) {
+            let s = rng.gen_range(0..8);
+            let (mi, off) = cursor[s];
+            if mi < per_sock {
+                let msg = &plan[s][mi];
+                let n = rng.gen_range(1..=msg.len() - off);
+                let last = off + n == msg.len();
+                match m.send(socks[s], &msg[off..off + n], if last { NONE } else { MORE }) {
+                    Ok(k) => {
+                        assert_eq!(k, n);
+                        cursor[s] = if last { (mi + 1, 0) } else { (mi, off + n) };
+                    }
+                    Err(MuxError::WouldBlock) => assert_eq!(off, 0, "only a new message can block"),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        } else {
+            let i = rng.gen_range(0..2);
+            let p = ps[i];
+            if busy[i].is_none() {
+                busy[i] = m.tx_begin(p).map(|c| c.slices);
+            }
+            if let Some(slices) = busy[i].take() {
+                let total: usize = slices.iter().map(|b| b.len()).sum();
+                let n = if rng.gen_bool(0.5) { total } else { rng.gen_range(0..=total) };
+                let mut left = n;
+                for b in &slices {
+                    let k = left.min(b.len());
+                    wires[i].extend_from_slice(&b[..k]);
+                    left -= k;
+                }
+                m.tx_complete(p, n);
+            }
+        }
+        events(&mut m);
+    }
+    assert!(cursor.iter().all(|c| c.0 == per_sock), "seed {seed}: not all sent");
+    let mut got: Vec<Vec<u8>> = wires.iter().flat_map(|w| split_l4(w)).collect();
+    assert_eq!(got.len(), 8 * per_sock, "seed {seed}");
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "seed {seed}: every message intact, none interleaved");
+    plan.clear();
+    assert_eq!(m.stats().tx_msgs, (8 * per_sock) as u64);
+}
+
+#[test]
+fn case_31_messages_queued_while_writing_stay_on_the_same_psock_in_order() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let p1 = attach_l4(&mut m);
+    let p2 = attach_l4(&mut m);
+    m.send(k, &l4_total(100, 1), NONE).unwrap();
+    let chunk = m.tx_begin(p1).expect("P1 reserved first");
+    let mut wire = chunk.slices[0][..10].to_vec();
+    m.tx_complete(p1, 10); // still writing the first message
+    for i in 2..6 {
+        m.send(k, &l4_total(100, i), NONE).unwrap();
+    }
+    wire.extend(flush(&mut m, p1));
+    let order: Vec<u8> = split_l4(&wire).iter().map(|x| x[4]).collect();
+    assert_eq!(order, vec![1, 2, 3, 4, 5], "all on P1, in order");
+    assert_eq!(m.psock_stats(p1).unwrap().tx_msgs, 5);
+    assert_eq!(flush(&mut m, p2), b"", "P2 never used");
+}
+
+#[test]
+fn case_32_idle_psocks_rotate_in_lru_order() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    let t2 = attach_l4(&mut m);
+    events(&mut m);
+    let mut order = Vec::new();
+    for i in 0..4 {
+        m.send(k, &l4_total(10, i), NONE).unwrap();
+        let ev = transmit_events(&events(&mut m));
+        assert_eq!(ev.len(), 1);
+        let Event::PsockTransmit(p) = ev[0] else { unreachable!() };
+        order.push(p);
+        flush(&mut m, p);
+    }
+    assert_eq!(order, vec![t1, t2, t1, t2]);
+    let st = m.psock_stats(t1).unwrap();
+    assert_eq!((st.reserved, st.unreserved), (2, 2));
+}
+
+#[test]
+fn case_33_batch_holds_until_a_send_without_it() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let p1 = attach_l4(&mut m);
+    let p2 = attach_l4(&mut m);
+    events(&mut m);
+    for i in 0..3 {
+        m.send(k, &l4_total(10, i), BATCH).unwrap();
+    }
+    assert!(events(&mut m).is_empty());
+    assert!(m.tx_begin(p1).is_none() && m.tx_begin(p2).is_none(), "nothing on the wire");
+    assert!(m.proc_kcm().contains("WMore"));
+    m.send(k, &l4_total(10, 3), NONE).unwrap();
+    assert_eq!(transmit_events(&events(&mut m)), vec![Event::PsockTransmit(p1)]);
+    let chunk = m.tx_begin(p1).unwrap();
+    assert_eq!(chunk.slices.len(), 4, "all four in one writev");
+    m.tx_complete(p1, chunk.len());
+    assert_eq!(flush(&mut m, p2), b"");
+}
+
+#[test]
+fn case_33_sendmmsg_of_16_goes_contiguous_on_one_psock() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let p1 = attach_l4(&mut m);
+    let p2 = attach_l4(&mut m);
+    let msgs: Vec<Vec<u8>> = (0..16).map(|i| l4_total(20 + i, i as u8)).collect();
+    for (i, msg) in msgs.iter().enumerate() {
+        let batch = i != 15;
+        m.send_msg(k, None, Bytes::from(msg.clone()), batch).unwrap();
+    }
+    assert_eq!(split_l4(&flush(&mut m, p1)), msgs);
+    assert_eq!(flush(&mut m, p2), b"");
+}
+
+#[test]
+fn case_34_no_psock_queues_until_sndbuf_then_attach_flushes_in_order() {
+    let cfg = MuxConfig { sock_sndbuf: 100, ..rr_config() };
+    let (mut m, k) = dgram_mux(cfg);
+    let mut sent = Vec::new();
+    for i in 0..10 {
+        match m.send(k, &l4_total(30, i), NONE) {
+            Ok(_) => sent.push(l4_total(30, i)),
+            Err(e) => {
+                assert_eq!(e, MuxError::WouldBlock);
+                assert_eq!(e.errno(), 11, "EAGAIN");
+                break;
+            }
+        }
+    }
+    assert_eq!(sent.len(), 4, "0, 30, 60, 90 < 100: four start, the fifth blocks");
+    assert!(!m.writable(k).unwrap());
+    assert!(m.proc_kcm().contains("TxWait"));
+    events(&mut m);
+    let t1 = attach_l4(&mut m);
+    assert_eq!(transmit_events(&events(&mut m)), vec![Event::PsockTransmit(t1)]);
+    assert_eq!(split_l4(&flush(&mut m, t1)), sent);
+    assert!(events(&mut m).contains(&Event::SockWritable(k)));
+    assert!(m.writable(k).unwrap());
+}
+
+#[test]
+fn case_35_one_message_larger_than_sndbuf_is_accepted() {
+    let cfg = MuxConfig { sock_sndbuf: 100, ..rr_config() };
+    let (mut m, k) = dgram_mux(cfg);
+    let p = attach_l4(&mut m);
+    let big = l4_total(10_000, 1);
+    assert_eq!(m.send(k, &big, NONE), Ok(10_000));
+    assert_eq!(m.send(k, b"x", NONE), Err(MuxError::WouldBlock), "the next message waits");
+    // Continuing an open message skips the check.
+    let (mut m2, k2) = dgram_mux(MuxConfig { sock_sndbuf: 100, ..rr_config() });
+    for _ in 0..50 {
+        assert_eq!(m2.send(k2, &[0u8; 100], MORE), Ok(100));
+    }
+    assert_eq!(split_l4(&flush(&mut m, p)), vec![big]);
+}
+
+#[test]
+fn case_36_failover_resends_the_message_whole_on_another_psock() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    let t2 = attach_l4(&mut m);
+    let msg = l4_total(1000, 0x36);
+    assert_eq!(m.send(k, &msg, NONE), Ok(1000), "the sender's return is unaffected");
+    let chunk = m.tx_begin(t1).unwrap();
+    assert_eq!(chunk.len(), 1000);
+    m.tx_complete(t1, 300);
+    let chunk = m.tx_begin(t1).unwrap();
+    assert_eq!(chunk.len(), 700, "a short write resumes mid-message");
+    events(&mut m);
+    m.tx_failed(t1, 104); // ECONNRESET
+    let ev = events(&mut m);
+    assert!(ev.contains(&Event::PsockFailed(t1, PsockError::Tx(104))), "{ev:?}");
+    assert!(ev.contains(&Event::PsockTransmit(t2)), "{ev:?}");
+    assert_eq!(flush(&mut m, t2), msg, "whole, from its first byte");
+    assert_eq!(m.stats().tx_retries, 1);
+    assert_eq!(m.psock_stats(t1).unwrap().tx_aborts, 1);
+    assert!(m.tx_begin(t1).is_none(), "no more sends on the failed psock");
+    assert!(m.proc_kcm().contains("TxStop"));
+    // Later messages avoid T1.
+    m.send(k, &l4_total(10, 1), NONE).unwrap();
+    assert_eq!(flush(&mut m, t2), l4_total(10, 1));
+}
+
+#[test]
+fn case_37_unattach_mid_message_completes_it_from_its_first_byte_elsewhere() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    let t2 = attach_l4(&mut m);
+    let msg = l4_total(1000, 0x37);
+    m.send(k, &msg, NONE).unwrap();
+    let _chunk = m.tx_begin(t1).unwrap();
+    m.tx_complete(t1, 400);
+    events(&mut m);
+    m.unattach(t1).unwrap();
+    let ev = events(&mut m);
+    assert!(ev.contains(&Event::PsockReleased(t1)), "{ev:?}");
+    assert_eq!(flush(&mut m, t2), msg);
+    let st = m.stats();
+    assert_eq!(st.psock_unattach_rsvd, 1);
+    assert_eq!(st.psock_unattach, 1);
+    assert_eq!(st.tx_retries, 1);
+    assert_eq!(st.psock.tx_aborts, 1);
+    // A late completion for the released psock is ignored.
+    m.tx_complete(t1, 600);
+    assert_eq!(m.tx_begin(t1).map(|c| c.len()), None);
+}
+
+#[test]
+fn case_37_unattach_with_no_other_psock_waits_for_the_next_attach() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    let msg = l4_total(100, 1);
+    m.send(k, &msg, NONE).unwrap();
+    let _c = m.tx_begin(t1).unwrap();
+    m.tx_complete(t1, 50);
+    m.unattach(t1).unwrap();
+    assert!(m.proc_kcm().contains("TxWait"));
+    let t2 = attach_l4(&mut m);
+    assert_eq!(flush(&mut m, t2), msg);
+}
+
+#[test]
+fn case_38_dgram_send_error_discards_the_pending_message() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let p = attach_l4(&mut m);
+    m.send(k, &[7u8; 100], MORE).unwrap();
+    m.send_abort(k).unwrap(); // the copy of the next piece faulted
+    assert_eq!(m.sock_stats(k).unwrap().tx_mem, 0);
+    m.send(k, b"fresh", NONE).unwrap();
+    assert_eq!(flush(&mut m, p), b"fresh");
+}
+
+#[test]
+fn case_38_seqpacket_send_error_keeps_the_message_open() {
+    let mut m = Mux::new(rr_config());
+    let k = m.socket(SockType::SeqPacket);
+    let p = attach_l4(&mut m);
+    assert_eq!(m.send(k, &[5u8; 50], NONE), Ok(50));
+    m.send_abort(k).unwrap();
+    m.send(k, b"!", EOR).unwrap();
+    let mut want = vec![5u8; 50];
+    want.push(b'!');
+    assert_eq!(flush(&mut m, p), want);
+}
+
+#[test]
+fn addressed_send_goes_whole_on_the_named_psock_without_reserving() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    let t2 = attach_l4(&mut m);
+    events(&mut m);
+    assert_eq!(m.send_to(k, t2, &l4_total(10, 1), NONE), Ok(10));
+    m.send_msg(k, Some(t2), Bytes::from(l4_total(12, 2)), false).unwrap();
+    assert_eq!(transmit_events(&events(&mut m)), vec![Event::PsockTransmit(t2)]);
+    assert_eq!(split_l4(&flush(&mut m, t2)), vec![l4_total(10, 1), l4_total(12, 2)]);
+    assert_eq!(m.psock_stats(t2).unwrap().reserved, 0);
+    // Reservation order is untouched: the next plain send takes T1.
+    m.send(k, &l4_total(10, 3), NONE).unwrap();
+    assert_eq!(flush(&mut m, t1), l4_total(10, 3));
+}
+
+#[test]
+fn addressed_send_to_a_failed_psock_is_refused_and_queued_ones_are_dropped() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    m.send_to(k, t1, &l4_total(10, 1), NONE).unwrap();
+    m.send_to(k, t1, &l4_total(10, 2), NONE).unwrap();
+    let _c = m.tx_begin(t1).unwrap();
+    m.tx_failed(t1, 32);
+    assert_eq!(m.psock_stats(t1).unwrap().tx_addressed_drops, 2);
+    assert_eq!(m.sock_stats(k).unwrap().tx_mem, 0, "their memory is released");
+    assert_eq!(m.send_to(k, t1, b"x", NONE), Err(MuxError::Pipe));
+    m.unattach(t1).unwrap();
+    assert_eq!(m.send_to(k, t1, b"x", NONE), Err(MuxError::NoPsock));
+    assert_eq!(m.stats().psock.tx_addressed_drops, 2, "folded on unattach");
+}
+
+#[test]
+fn addressed_batch_defers_the_transmit_event() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    events(&mut m);
+    m.send_to(k, t1, &l4_total(10, 1), BATCH).unwrap();
+    m.send_to(k, t1, &l4_total(10, 2), BATCH).unwrap();
+    assert!(events(&mut m).is_empty());
+    m.send_to(k, t1, &l4_total(10, 3), NONE).unwrap();
+    assert_eq!(transmit_events(&events(&mut m)), vec![Event::PsockTransmit(t1)]);
+    assert_eq!(split_l4(&flush(&mut m, t1)).len(), 3);
+}
+
+#[test]
+fn one_writer_at_a_time_and_a_transmit_event_only_when_idle() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    events(&mut m);
+    m.send(k, &l4_total(10, 1), NONE).unwrap();
+    assert_eq!(transmit_events(&events(&mut m)).len(), 1);
+    m.send(k, &l4_total(10, 2), NONE).unwrap();
+    assert!(transmit_events(&events(&mut m)).is_empty(), "already told");
+    let c = m.tx_begin(t1).unwrap();
+    assert!(m.tx_begin(t1).is_none(), "busy until tx_complete");
+    m.send(k, &l4_total(10, 3), NONE).unwrap();
+    assert!(transmit_events(&events(&mut m)).is_empty(), "the writer will come back");
+    m.tx_complete(t1, c.len());
+    assert_eq!(split_l4(&flush(&mut m, t1)), vec![l4_total(10, 3)]);
+}
+
+#[test]
+fn socket_writable_is_raised_after_would_block_when_space_returns() {
+    let (mut m, k) = dgram_mux(MuxConfig { sock_sndbuf: 50, ..rr_config() });
+    let t1 = attach_l4(&mut m);
+    m.send(k, &l4_total(60, 1), NONE).unwrap();
+    assert_eq!(m.send(k, &l4_total(10, 2), NONE), Err(MuxError::WouldBlock));
+    events(&mut m);
+    let c = m.tx_begin(t1).unwrap();
+    m.tx_complete(t1, 30);
+    assert!(!events(&mut m).contains(&Event::SockWritable(k)), "the message is not written yet");
+    let _ = c;
+    flush(&mut m, t1);
+    assert_eq!(events(&mut m), vec![Event::SockWritable(k)]);
+    m.set_sndbuf(k, 10).unwrap();
+    assert_eq!(m.sndbuf(k), Ok(10));
+}
