@@ -127,9 +127,12 @@ impl Parser for LengthField {
         let Some(field) = buf.get(self.offset..self.header_len) else {
             return Parse::NeedMore(self.header_len - buf.len());
         };
-        let value = match self.endian {
-            Endian::Big => field.iter().fold(0u64, |v, &b| (v << 8) | u64::from(b)),
-            Endian::Little => field.iter().rev().fold(0u64, |v, &b| (v << 8) | u64::from(b)),
+        let value = match (self.endian, field) {
+            // The common widths convert in one load; the rest fold byte by byte.
+            (Endian::Big, &[a, b, c, d]) => u64::from(u32::from_be_bytes([a, b, c, d])),
+            (Endian::Little, &[a, b, c, d]) => u64::from(u32::from_le_bytes([a, b, c, d])),
+            (Endian::Big, _) => field.iter().fold(0u64, |v, &b| (v << 8) | u64::from(b)),
+            (Endian::Little, _) => field.iter().rev().fold(0u64, |v, &b| (v << 8) | u64::from(b)),
         };
         let base = if self.includes_header { 0 } else { self.header_len };
         checked_total(value, base, self.adjust, self.header_len)
