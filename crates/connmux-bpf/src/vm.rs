@@ -502,10 +502,12 @@ fn exec(ops: &[Op], budget: u64, vm: &mut Vm, data: &[u8]) -> Result<u64, Fault>
             0xc3 | 0xdb => {
                 let n = if op.code == 0xdb { 8 } else { 4 };
                 let mut r0 = r[0];
-                if let Some(old) = vm.atomic(pc, ea(r[d]), n, op.imm, r[s], &mut r0)? {
+                let fetched = vm.atomic(pc, ea(r[d]), n, op.imm, r[s], &mut r0)?;
+                // r0 first: src may be r0 itself.
+                r[0] = r0;
+                if let Some(old) = fetched {
                     r[s] = old;
                 }
-                r[0] = r0;
             }
 
             // The checker lets nothing else through.
