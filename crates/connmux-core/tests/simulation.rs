@@ -1,0 +1,264 @@
+//! Seeded simulation of the receive side: M psocks × N sockets, random splits
+//! of every byte stream (1-byte chunks, many messages per chunk, headers
+//! split), random reads (whole, partial SEQPACKET, peeks), receive disables
+//! and SO_RCVBUF pressure. Checked at every step: memory_used() <=
+//! memory_bound(); at the end: exactly the messages sent came out, and (in
+//! runs without a disable) each psock's messages kept their order within each
+//! socket. A disable moves queued messages to the *tail* of another socket's
+//! queue (KCM §1.12), which may reorder them there, so order is not asserted
+//! in runs with disables.
+//!
+//! Replay one run: `CONNMUX_SEED=<seed> cargo test -p connmux-core --test simulation`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use connmux_core::mux::{Event, Mux, MuxConfig, MuxError, PsockConfig, PsockId, RecvFlags, SockId, SockType, Steering};
+use connmux_core::Timestamp;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Payload: [psock number, seq (4 bytes BE), filler…].
+fn message(psock: u8, seq: u32, len: usize) -> Vec<u8> {
+    let mut payload = vec![psock];
+    payload.extend_from_slice(&seq.to_be_bytes());
+    payload.resize(len.max(5), (seq as u8) ^ psock);
+    l4(&payload)
+}
+
+fn id_of(msg: &[u8]) -> (u8, u32) {
+    (msg[4], u32::from_be_bytes([msg[5], msg[6], msg[7], msg[8]]))
+}
+
+struct Run {
+    seed: u64,
+    disables: bool,
+    feeds: usize,
+    msgs: usize,
+    /// Steps where a psock with bytes left to send could not be read
+    /// (backpressure reached the connection).
+    paused: usize,
+}
+
+fn run(seed: u64) -> Run {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n_psocks = rng.gen_range(1..=4usize);
+    let n_socks = rng.gen_range(1..=4usize);
+    let disables = rng.gen_bool(0.5);
+    let steering = [Steering::RoundRobin, Steering::Affinity, Steering::Key][rng.gen_range(0..3)];
+    let max_msg = 600;
+    let cfg = MuxConfig {
+        max_msg_size: max_msg,
+        assembly_timeout: Some(Duration::from_secs(3600)),
+        sock_rcvbuf: rng.gen_range(1..3000),
+        sock_sndbuf: 1 << 20,
+        psock_rx_buf: rng.gen_range(1..2000),
+        steering,
+        imbalance: rng.gen_range(0..5),
+    };
+    let mut m = Mux::new(cfg);
+    let mut socks: Vec<(SockId, SockType)> = Vec::new();
+    for i in 0..n_socks {
+        let ty = if rng.gen_bool(0.5) { SockType::Dgram } else { SockType::SeqPacket };
+        let s = m.socket(ty);
+        if rng.gen_bool(0.5) {
+            m.set_affinity(s, Some(i as u32 % 2)).unwrap();
+        }
+        socks.push((s, ty));
+    }
+    let mut psocks: Vec<PsockId> = Vec::new();
+    let mut streams: Vec<(Vec<u8>, usize)> = Vec::new();
+    let mut sent: Vec<Vec<u8>> = Vec::new();
+    for i in 0..n_psocks {
+        let mut parser = L4::new();
+        parser.keyed = steering == Steering::Key;
+        let aff = if rng.gen_bool(0.7) { Some(i as u32 % 2) } else { None };
+        psocks.push(m.attach(Box::new(parser), PsockConfig { affinity: aff, ..PsockConfig::default() }));
+        let count = rng.gen_range(1..60u32);
+        let mut wire = Vec::new();
+        for seq in 0..count {
+            // Mostly small messages (many per chunk), some near the limit.
+            let len = if rng.gen_bool(0.1) { rng.gen_range(5..=max_msg - 4) } else { rng.gen_range(5..40) };
+            let msg = message(i as u8, seq, len);
+            wire.extend_from_slice(&msg);
+            sent.push(msg);
+        }
+        streams.push((wire, 0));
+    }
+    let mut got: HashMap<SockId, Vec<Vec<u8>>> = HashMap::new();
+    // SEQPACKET partial reads in progress, per socket.
+    let mut partial: HashMap<SockId, Vec<u8>> = HashMap::new();
+    let mut now = 0u64;
+    let mut feeds = 0;
+    let mut paused = 0;
+    let check = |m: &Mux, step: usize| {
+        assert!(
+            m.memory_used() <= m.memory_bound(),
+            "seed {seed} step {step}: memory_used {} > memory_bound {}",
+            m.memory_used(),
+            m.memory_bound()
+        );
+    };
+    let total_msgs = sent.len();
+    let mut received = 0;
+    for step in 0..200_000 {
+        now += rng.gen_range(0..1000);
+        let all_fed = streams.iter().all(|(w, c)| *c == w.len());
+        if all_fed && received == total_msgs {
+            break;
+        }
+        let action = rng.gen_range(0..100);
+        if action < 45 && !all_fed {
+            // Feed a random split of one stream.
+            let i = rng.gen_range(0..n_psocks);
+            let (wire, cur) = &mut streams[i];
+            let cap = m.rx_capacity(psocks[i]).min(wire.len() - *cur);
+            if cap == 0 {
+                paused += 1;
+            }
+            if cap > 0 {
+                let n = match rng.gen_range(0..4) {
+                    0 => 1,
+                    1 => rng.gen_range(1..=cap.min(7)),
+                    2 => rng.gen_range(1..=cap),
+                    _ => cap,
+                };
+                m.feed(psocks[i], &wire[*cur..*cur + n], Timestamp::from_nanos(now)).unwrap();
+                *cur += n;
+                feeds += 1;
+            }
+        } else if action < 85 {
+            // Read from a random socket.
+            let (s, ty) = socks[rng.gen_range(0..n_socks)];
+            let r = rng.gen_range(0..10);
+            if ty == SockType::SeqPacket && r < 5 {
+                let mut buf = vec![0u8; rng.gen_range(0..50)];
+                if r == 0 {
+                    // A peek returns the head's next bytes and changes nothing.
+                    if let Ok(info) = m.recv(s, &mut buf, RecvFlags { peek: true }) {
+                        assert!(!info.eor && !info.trunc);
+                        let mut again = vec![0u8; info.len];
+                        let info2 = m.recv(s, &mut again, RecvFlags { peek: true }).unwrap();
+                        assert_eq!((info2.len, &again[..]), (info.len, &buf[..info.len]), "seed {seed}");
+                    }
+                } else if let Ok(info) = m.recv(s, &mut buf, RecvFlags::default()) {
+                    assert!(!info.trunc, "seed {seed}: SEQPACKET never truncates");
+                    let acc = partial.entry(s).or_default();
+                    acc.extend_from_slice(&buf[..info.len]);
+                    if info.eor {
+                        got.entry(s).or_default().push(std::mem::take(acc));
+                        received += 1;
+                    }
+                }
+            } else if ty == SockType::Dgram && r < 3 {
+                let mut buf = vec![0u8; max_msg];
+                if let Ok(info) = m.recv(s, &mut buf, RecvFlags::default()) {
+                    assert!(info.eor && !info.trunc, "seed {seed}");
+                    got.entry(s).or_default().push(buf[..info.len].to_vec());
+                    received += 1;
+                }
+            } else {
+                match m.recv_msg(s) {
+                    Ok((b, _)) => {
+                        let acc = partial.entry(s).or_default();
+                        let mut whole = std::mem::take(acc);
+                        whole.extend_from_slice(&b);
+                        got.entry(s).or_default().push(whole);
+                        received += 1;
+                    }
+                    Err(e) => assert_eq!(e, MuxError::WouldBlock),
+                }
+            }
+        } else if action < 93 {
+            // SO_RCVBUF pressure.
+            let (s, _) = socks[rng.gen_range(0..n_socks)];
+            let v = if rng.gen_bool(0.5) { rng.gen_range(1..100) } else { rng.gen_range(100..5000) };
+            m.set_rcvbuf(s, v).unwrap();
+        } else if disables {
+            let (s, _) = socks[rng.gen_range(0..n_socks)];
+            // A SEQPACKET message read part-way moves with its rest; keep the
+            // part already read with the message it belongs to.
+            if partial.get(&s).is_some_and(|p| !p.is_empty()) {
+                continue;
+            }
+            let d = rng.gen_bool(0.6);
+            m.set_recv_disable(s, d).unwrap();
+        }
+        for e in events(&mut m) {
+            if let Event::PsockFailed(p, err) = e {
+                panic!("seed {seed}: psock {p:?} failed on good input: {err:?}");
+            }
+        }
+        check(&m, step);
+        if step > 150_000 {
+            // Bounded: let everything drain.
+            for &(s, _) in &socks {
+                m.set_recv_disable(s, false).unwrap();
+                m.set_rcvbuf(s, 1 << 20).unwrap();
+            }
+        }
+    }
+    assert_eq!(received, total_msgs, "seed {seed}: {received} of {total_msgs} messages came out");
+    assert_eq!(m.memory_used(), 0, "seed {seed}: nothing left behind");
+    // Same multiset out as in.
+    let mut out: Vec<Vec<u8>> = got.values().flatten().cloned().collect();
+    out.sort();
+    let mut want = sent.clone();
+    want.sort();
+    assert_eq!(out, want, "seed {seed}: messages differ");
+    if !disables {
+        for (s, msgs) in &got {
+            let mut last: HashMap<u8, u32> = HashMap::new();
+            for msg in msgs {
+                let (p, seq) = id_of(msg);
+                if let Some(prev) = last.insert(p, seq) {
+                    assert!(seq > prev, "seed {seed}: psock {p} out of order on {s:?}: {prev} then {seq}");
+                }
+            }
+        }
+    }
+    let st = m.stats();
+    assert_eq!(st.rx_msgs as usize, total_msgs, "seed {seed}");
+    assert_eq!(st.rx_bytes as usize, sent.iter().map(Vec::len).sum::<usize>(), "seed {seed}: bytes counted once");
+    Run { seed, disables, feeds, msgs: total_msgs, paused }
+}
+
+#[test]
+fn simulation_random_splits_reads_disables_and_pressure() {
+    let seeds: Vec<u64> = match std::env::var("CONNMUX_SEED") {
+        Ok(s) => vec![s.parse().expect("CONNMUX_SEED must be a number")],
+        Err(_) => (0..1500).map(|i| 0x5eed_0000 + i).collect(),
+    };
+    let mut feeds = 0;
+    let mut msgs = 0;
+    let mut with_disables = 0;
+    let mut with_pause = 0;
+    for seed in seeds.iter().copied() {
+        let r = std::panic::catch_unwind(|| run(seed));
+        match r {
+            Ok(r) => {
+                feeds += r.feeds;
+                msgs += r.msgs;
+                with_disables += usize::from(r.disables);
+                with_pause += usize::from(r.paused > 0);
+                assert_eq!(r.seed, seed);
+            }
+            Err(e) => {
+                eprintln!("simulation failed: replay with CONNMUX_SEED={seed}");
+                std::panic::resume_unwind(e);
+            }
+        }
+    }
+    eprintln!(
+        "simulation: {} runs ({with_disables} with disables, {with_pause} with backpressure), {feeds} random splits fed, {msgs} messages",
+        seeds.len()
+    );
+    if seeds.len() > 1 {
+        assert!(feeds >= 10_000, "only {feeds} splits");
+        assert!(with_pause > seeds.len() / 10, "backpressure barely exercised");
+        assert!(with_disables > seeds.len() / 4, "disables barely exercised");
+    }
+}
