@@ -41,6 +41,7 @@ pub const SEND_CHUNK: usize = 16 * 1024;
 /// Receive buffer per connection: one `read` takes at most this much.
 const READ_BUF: usize = 128 * 1024;
 /// Highest RTT the histogram keeps exactly (1 h); higher values are clamped.
+/// With 3 significant digits that is about 256 KiB of counters per connection.
 const HIST_MAX_NS: u64 = 3_600_000_000_000;
 /// Most requests in flight per connection: the tag keeps the slot in its low bits.
 pub const MAX_INFLIGHT: usize = 65_536;
@@ -130,6 +131,11 @@ pub trait Progress {
     fn interval(&self) -> Option<Duration>;
 }
 
+/// A per-connection counter on its own cache line, so connections that
+/// publish progress on different CPUs do not contend for one line.
+#[repr(align(64))]
+struct Padded(AtomicU64);
+
 enum Note {
     Finished,
     Failed,
@@ -138,7 +144,7 @@ enum Note {
 struct Shared {
     abort: AtomicBool,
     t0_ns: AtomicU64,
-    calls: Vec<AtomicU64>,
+    calls: Vec<Padded>,
     /// A clone of every connected socket, so a failure or the round limit can
     /// shut all of them down and unblock their threads.
     socks: Mutex<Vec<TcpStream>>,
@@ -172,7 +178,7 @@ pub fn run_round<W: Workload>(
     let sh = Shared {
         abort: AtomicBool::new(false),
         t0_ns: AtomicU64::new(0),
-        calls: (0..plan.threads).map(|_| AtomicU64::new(0)).collect(),
+        calls: (0..plan.threads).map(|_| Padded(AtomicU64::new(0))).collect(),
         socks: Mutex::new(Vec::with_capacity(plan.threads)),
         ready: Barrier::new(plan.threads + 1),
         go: Barrier::new(plan.threads + 1),
@@ -229,7 +235,7 @@ pub fn run_round<W: Workload>(
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
             if progress.interval().is_some() {
-                let calls = sh.calls.iter().map(|c| c.load(Relaxed)).sum();
+                let calls = sh.calls.iter().map(|c| c.0.load(Relaxed)).sum();
                 progress.tick(calls, Duration::from_nanos(sh.now_ns().saturating_sub(t0)));
             }
         }
@@ -335,7 +341,7 @@ fn drive<C: Client>(
     // The slot number lives in the low bits of the tag and a per-slot use
     // counter in the rest, so a reply can be found in O(1) and a stale or
     // invented tag is caught.
-    let slot_bits = (usize::BITS - (a - 1).leading_zeros()) as u32;
+    let slot_bits = slot_bits(a);
     let slot_mask: u32 = ((1u64 << slot_bits) - 1) as u32;
     let gen_mask: u64 = (1u64 << (32 - slot_bits)) - 1;
     let mut gen: u64 = 0;
@@ -418,7 +424,7 @@ fn drive<C: Client>(
                 last_reply = now;
             }
             done.clear();
-            sh.calls[i].store(st.calls, Relaxed);
+            sh.calls[i].0.store(st.calls, Relaxed);
         } else if off < pending.len() {
             // Nothing more can be answered until this request is sent whole.
             if let Err(e) = s.set_nonblocking(true) {
@@ -515,16 +521,23 @@ fn take_replies<C: Client>(
     Ok(())
 }
 
+/// Bits that hold a slot number below `a` (0 for `a` = 1).
+fn slot_bits(a: usize) -> u32 {
+    usize::BITS - (a - 1).leading_zeros()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn tags_keep_the_slot_in_low_bits() {
-        for a in [1usize, 2, 3, 32, 1023, 1024, 65536] {
-            let bits = (usize::BITS - (a - 1).leading_zeros()) as u32;
-            assert!(1usize << bits >= a, "a={a}");
-            assert!(bits == 0 || 1usize << (bits - 1) < a, "a={a}");
+    fn slot_bits_are_the_fewest_that_hold_every_slot() {
+        for a in [1usize, 2, 3, 4, 5, 32, 33, 1023, 1024, 1025, MAX_INFLIGHT] {
+            let b = slot_bits(a);
+            assert!((a - 1) >> b == 0, "a={a} b={b}");
+            assert!(b == 0 || (a - 1) >> (b - 1) == 1, "a={a} b={b}");
         }
+        assert_eq!(slot_bits(1), 0);
+        assert_eq!(slot_bits(MAX_INFLIGHT), 16);
     }
 }

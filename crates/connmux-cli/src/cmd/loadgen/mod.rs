@@ -258,6 +258,9 @@ pub fn run_load<W: Workload, C: Serialize>(
     config: C,
 ) -> anyhow::Result<i32> {
     let plan = args.plan()?;
+    if let Some(p) = &args.plot {
+        plot::check_path(p)?;
+    }
     let quantiles = &args.quantiles.0;
     let mut progress = TtyProgress {
         on: !args.no_progress && std::io::stderr().is_terminal(),
@@ -362,19 +365,20 @@ pub fn run_load<W: Workload, C: Serialize>(
     }
     out.flush()?;
     if let Some(path) = &args.plot {
-        let title = format!(
-            "{} {} -j{} -a{}: RTT by percentile ({} rounds, {} answered)",
-            units.tool,
+        let title = format!("{}: RTT by percentile", units.tool);
+        let subtitle = format!(
+            "{}   -j{} -a{}   {} round(s), {} answered{}",
             target.name,
             plan.threads,
             plan.inflight,
             hists.len(),
-            total_calls
+            total_calls,
+            if errors > 0 { ", FAILED" } else { "" }
         );
         let pooled = plot::Series { label: "all rounds".into(), hist: &all };
         let per: Vec<plot::Series<'_>> =
             hists.iter().enumerate().map(|(i, h)| plot::Series { label: format!("round {}", i + 1), hist: h }).collect();
-        plot::write(path, &title, &pooled, &per)?;
+        plot::write(path, &title, &subtitle, &pooled, &per)?;
     }
     if let Some(e) = error {
         eprintln!("{}: error: {e}", units.tool);

@@ -16,8 +16,8 @@ type Rgb = [u8; 3];
 const W: usize = 960;
 const H: usize = 600;
 const LEFT: f64 = 80.0;
-const RIGHT: f64 = 24.0;
-const TOP: f64 = 56.0;
+const RIGHT: f64 = 48.0;
+const TOP: f64 = 72.0;
 const BOTTOM: f64 = 64.0;
 
 const BLACK: Rgb = [0, 0, 0];
@@ -170,6 +170,7 @@ fn pct_label(nines: i32) -> String {
     match nines {
         0 => "0%".into(),
         1 => "90%".into(),
+        2 => "99%".into(),
         n => format!("99.{}%", "9".repeat((n - 2) as usize)),
     }
 }
@@ -184,12 +185,13 @@ fn us_label(v: f64) -> String {
     }
 }
 
-fn draw(c: &mut dyn Canvas, title: &str, pooled: &Series<'_>, rounds: &[Series<'_>]) {
+fn draw(c: &mut dyn Canvas, title: &str, subtitle: &str, pooled: &Series<'_>, rounds: &[Series<'_>]) {
     c.rect(0.0, 0.0, W as f64, H as f64, WHITE);
     let (pw, ph) = (W as f64 - LEFT - RIGHT, H as f64 - TOP - BOTTOM);
     let n = pooled.hist.len().max(1);
-    // Percentiles beyond 1 - 1/n say nothing more: show up to there (≥ 99 %).
-    let xmax = ((n as f64).log10().ceil() as i32).clamp(2, 6);
+    // Percentiles beyond 1 - 1/n say nothing more: stop at the last power of
+    // ten below n (at least 99 %, at most 99.9999 %).
+    let xmax = ((n as f64).log10().floor() as i32).clamp(2, 6);
     let (lo_ns, hi_ns) = if pooled.hist.is_empty() {
         (1_000, 1_000_000)
     } else {
@@ -221,8 +223,9 @@ fn draw(c: &mut dyn Canvas, title: &str, pooled: &Series<'_>, rounds: &[Series<'
         c.text(x, TOP + ph + 14.0, &pct_label(k), Anchor::Middle, false, BLACK);
     }
     c.polyline(&[(LEFT, TOP), (LEFT, TOP + ph), (LEFT + pw, TOP + ph)], BLACK, 1.0);
-    c.text(W as f64 / 2.0, 22.0, title, Anchor::Middle, true, BLACK);
-    c.text(LEFT, TOP - 14.0, "RTT (us, log scale)", Anchor::Start, false, BLACK);
+    c.text(W as f64 / 2.0, 18.0, title, Anchor::Middle, true, BLACK);
+    c.text(W as f64 / 2.0, 40.0, subtitle, Anchor::Middle, false, BLACK);
+    c.text(LEFT, TOP - 12.0, "RTT (us, log scale)", Anchor::Start, false, BLACK);
     c.text(LEFT + pw / 2.0, H as f64 - 22.0, "percentile", Anchor::Middle, false, BLACK);
 
     let line = |h: &Histogram<u64>| -> Vec<(f64, f64)> {
@@ -257,8 +260,16 @@ fn draw(c: &mut dyn Canvas, title: &str, pooled: &Series<'_>, rounds: &[Series<'
     }
 }
 
+/// Checks that `path` names a format [`write`] knows, before any work is done.
+pub fn check_path(path: &Path) -> anyhow::Result<()> {
+    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("svg") | Some("png") => Ok(()),
+        _ => anyhow::bail!("--plot {}: the file name must end in .svg or .png", path.display()),
+    }
+}
+
 /// Writes the chart to `path`: SVG for `.svg`, PNG for `.png`.
-pub fn write(path: &Path, title: &str, pooled: &Series<'_>, rounds: &[Series<'_>]) -> anyhow::Result<()> {
+pub fn write(path: &Path, title: &str, subtitle: &str, pooled: &Series<'_>, rounds: &[Series<'_>]) -> anyhow::Result<()> {
     let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
     match ext.as_deref() {
         Some("svg") => {
@@ -267,13 +278,13 @@ pub fn write(path: &Path, title: &str, pooled: &Series<'_>, rounds: &[Series<'_>
                     "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\">\n"
                 ),
             };
-            draw(&mut svg, title, pooled, rounds);
+            draw(&mut svg, title, subtitle, pooled, rounds);
             svg.out.push_str("</svg>\n");
             std::fs::write(path, svg.out)?;
         }
         Some("png") => {
             let mut r = Raster { px: vec![255; W * H * 3] };
-            draw(&mut r, title, pooled, rounds);
+            draw(&mut r, title, subtitle, pooled, rounds);
             let f = std::io::BufWriter::new(std::fs::File::create(path)?);
             let mut enc = png::Encoder::new(f, W as u32, H as u32);
             enc.set_color(png::ColorType::Rgb);
@@ -295,7 +306,9 @@ mod tests {
     fn labels() {
         assert_eq!(pct_label(0), "0%");
         assert_eq!(pct_label(1), "90%");
+        assert_eq!(pct_label(2), "99%");
         assert_eq!(pct_label(3), "99.9%");
+        assert_eq!(pct_label(5), "99.999%");
         assert_eq!(us_label(10.0), "10");
         assert_eq!(us_label(1000.0), "1ms");
         assert_eq!(us_label(0.1), "0.1");
