@@ -274,8 +274,10 @@ fn failed_with(run: &Run, words: &str) {
 #[test]
 fn rpctest_counts_every_call_and_prints_rows_median_and_summary() {
     let srv = rpc_server(RpcMode::Good);
-    let run = connmux(&["rpctest", "-j2", "-a8", "-c500", "-i3", "--no-progress", &srv.target()], LIMIT);
+    let run = connmux(&["rpctest", "-j2", "-a8", "-c500", "-i3", &srv.target()], LIMIT);
     ok(&run);
+    // stderr is a pipe here: no progress line, and nothing else on success.
+    assert!(run.stderr.is_empty(), "{}", run.stderr);
     let lines: Vec<&str> = run.stdout.lines().collect();
     assert_eq!(lines.len(), 1 + 3 + 1 + 1, "{}", run.stdout);
     assert!(lines[0].contains("RPC/s") && lines[0].contains("p50_us") && lines[0].contains("p99.9_us"));
@@ -461,6 +463,7 @@ fn bad_arguments_are_refused() {
         &["rpctest", "-d", "0"],
         &["rpctest", "host:0"],
         &["echotest", "-l", "0"],
+        &["echotest", "-l", "16m", "-a", "17"],
     ] {
         let run = connmux(args, LIMIT);
         assert_ne!(run.code, 0, "{args:?}");

@@ -31,6 +31,8 @@ use super::loadgen::{self, target::parse_count, CommonArgs, Target, Units};
 pub const DEFAULT_PORT: u16 = 60007;
 /// Largest `--size`.
 pub const MAX_SIZE: u64 = 16 * 1024 * 1024;
+/// Largest `-a` × message size per connection (the client's send buffer).
+pub const MAX_INFLIGHT_BYTES: u64 = 256 * 1024 * 1024;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -190,6 +192,15 @@ impl loadgen::Client for EchoClient {
 pub fn run(a: Args) -> anyhow::Result<i32> {
     if !(1..=MAX_SIZE).contains(&a.size) {
         anyhow::bail!("--size must be 1..{MAX_SIZE}, got {}", a.size);
+    }
+    // The send buffer holds up to -a messages: bound it.
+    let per_conn = a.common.inflight.max(1).saturating_mul(a.size + 4);
+    if per_conn > MAX_INFLIGHT_BYTES {
+        anyhow::bail!(
+            "-a {} x --size {} is {per_conn} bytes in flight per connection; at most {MAX_INFLIGHT_BYTES}",
+            a.common.inflight,
+            a.size
+        );
     }
     let target = Target::resolve(&a.target, DEFAULT_PORT)?;
     let size = a.size as usize;
