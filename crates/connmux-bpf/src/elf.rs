@@ -147,11 +147,18 @@ pub fn load_program(bytes: &[u8], select: Option<&str>) -> Result<ElfProgram, El
     for (off, rel) in sec.relocations() {
         if off >= start && off < end {
             let target = match rel.target() {
-                object::RelocationTarget::Symbol(i) => file
-                    .symbol_by_index(i)
-                    .ok()
-                    .and_then(|s| s.name().ok().map(str::to_owned))
-                    .unwrap_or_else(|| format!("symbol {}", i.0)),
+                object::RelocationTarget::Symbol(i) => match file.symbol_by_index(i) {
+                    // A section symbol (global data) has no name of its own.
+                    Ok(sym) => match sym.name() {
+                        Ok(n) if !n.is_empty() => n.to_owned(),
+                        _ => sym
+                            .section_index()
+                            .and_then(|i| file.section_by_index(i).ok())
+                            .and_then(|s| s.name().ok().map(str::to_owned))
+                            .unwrap_or_else(|| format!("symbol {}", i.0)),
+                    },
+                    Err(_) => format!("symbol {}", i.0),
+                },
                 other => format!("{other:?}"),
             };
             return Err(ElfError::Relocation { name: label(), insn: ((off - start) / 8) as usize, target });

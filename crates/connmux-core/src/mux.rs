@@ -844,11 +844,12 @@ impl Mux {
     /// One receive pass of psock `p` (KCM: one `tcp_read_sock` run): cut every
     /// complete message and steer it; stop when none is left or nobody can take one.
     fn rx_pass(&mut self, p: PsockId, now: Timestamp) {
+        // Disjoint borrows of the mux's parts: this loop runs once per message.
+        let Mux { psocks, socks, rx_waiters, events, psocks_ready, config, .. } = self;
+        let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
         // Round robin: the socket reserved for this pass.
         let mut target: Option<SockId> = None;
-        let steering = self.config.steering;
         loop {
-            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
             let data = match ps.stream.next_msg(now) {
                 Ok(Some(m)) => m,
                 Ok(None) => {
@@ -860,108 +861,42 @@ impl Mux {
                 Err(e) => {
                     if !ps.rx_failed {
                         ps.rx_failed = true;
-                        self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
+                        events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
                     }
                     break;
                 }
             };
-            let key = match steering {
+            let key = match config.steering {
                 Steering::Key => ps.stream.parser().steering_key(&data),
                 _ => None,
             };
-            let affinity = ps.affinity;
             let msg = RxMsg { data, off: 0, psock: p };
-            match self.steer(steering, affinity, key, &mut target) {
-                Some(s) => self.enqueue_rx(s, msg),
+            match steer(config, socks, rx_waiters, ps.affinity, key, &mut target) {
+                Some(s) => enqueue_rx(socks, rx_waiters, events, s, msg),
                 None => {
                     // Nobody can take it: keep it, pause (TCP pushes back).
-                    let ps = self.psocks.get_mut(p.index, p.generation).expect("psock present");
                     ps.ready = Some(msg);
                     ps.paused = true;
-                    self.psocks_ready.push_back(p);
+                    psocks_ready.push_back(p);
                     break;
                 }
             }
         }
         if let Some(t) = target {
             // End of the pass: the reserved socket goes to the tail.
-            if let Some(pos) = self.rx_waiters.iter().position(|w| *w == t) {
-                if pos + 1 != self.rx_waiters.len() {
-                    self.rx_waiters.remove(pos);
-                    self.rx_waiters.push_back(t);
+            if let Some(pos) = rx_waiters.iter().position(|w| *w == t) {
+                if pos + 1 != rx_waiters.len() {
+                    rx_waiters.remove(pos);
+                    rx_waiters.push_back(t);
                 }
             }
         }
-    }
-
-    /// The steering policy: which able socket takes a message.
-    fn steer(&self, steering: Steering, affinity: Option<u32>, key: Option<u64>, target: &mut Option<SockId>) -> Option<SockId> {
-        let mut avoid = None;
-        match steering {
-            Steering::RoundRobin => {}
-            Steering::Affinity => {
-                if let Some(tag) = affinity {
-                    // Affinity until uneven: the socket with the psock's tag
-                    // while its queue is short.
-                    let own = self.rx_waiters.iter().copied().find(|w| {
-                        self.socks.get(w.index, w.generation).is_some_and(|s| s.affinity == Some(tag))
-                    });
-                    if let Some(w) = own {
-                        let sock = self.socks.get(w.index, w.generation).expect("waiter present");
-                        if sock.rx_queue.len() <= self.config.imbalance {
-                            return Some(w);
-                        }
-                        avoid = Some(w);
-                    }
-                }
-            }
-            Steering::Key => {
-                if let Some(k) = key {
-                    // Hash over the able sockets in index order (stable while
-                    // the set of able sockets is).
-                    let n = self.rx_waiters.len();
-                    if n > 0 {
-                        let pick = (mix(k) % n as u64) as usize;
-                        return self
-                            .socks
-                            .iter()
-                            .filter(|(_, _, s)| s.on_waiters)
-                            .nth(pick)
-                            .map(|(i, g, _)| sid((i, g)));
-                    }
-                    return None;
-                }
-            }
-        }
-        // Round robin with per-pass batching.
-        if let Some(t) = *target {
-            if avoid != Some(t) && self.socks.get(t.index, t.generation).is_some_and(|s| s.on_waiters) {
-                return Some(t);
-            }
-        }
-        let next = match avoid {
-            Some(a) if self.rx_waiters.len() > 1 => self.rx_waiters.iter().copied().find(|w| *w != a),
-            _ => self.rx_waiters.front().copied(),
-        };
-        *target = next;
-        next
     }
 
     /// Queue a message on a socket (which must be able).
     #[inline]
     fn enqueue_rx(&mut self, s: SockId, msg: RxMsg) {
-        let sock = self.socks.get_mut(s.index, s.generation).expect("steered to a live socket");
-        let was_empty = sock.rx_queue.is_empty();
-        sock.rx_mem += msg.remaining();
-        sock.rx_queue.push_back(msg);
-        if sock.rx_mem >= sock.rcvbuf && sock.on_waiters {
-            // Full: leave the waiter list until reads make room.
-            sock.on_waiters = false;
-            self.rx_waiters.retain(|w| *w != s);
-        }
-        if was_empty {
-            self.events.push_back(Event::SockReadable(s));
-        }
+        enqueue_rx(&mut self.socks, &mut self.rx_waiters, &mut self.events, s, msg);
     }
 
     /// Messages leaving a disabled or closed socket: to the first waiting
@@ -1080,8 +1015,11 @@ impl Mux {
         sock.rx_mem -= len;
         sock.stats.rx_msgs += 1;
         sock.stats.rx_bytes += len as u64;
+        let rejoin = !sock.on_waiters && sock.able();
         let data = if msg.off == 0 { msg.data } else { msg.data.slice(msg.off..) };
-        self.after_read(s);
+        if rejoin {
+            self.rcv_ready(s);
+        }
         Ok((data, msg.psock))
     }
     /// Messages waiting in a socket's receive queue.
@@ -1747,6 +1685,89 @@ impl Mux {
             ps.tx_addressed_drops
         );
         out
+    }
+}
+
+/// The steering policy: which able socket takes a message.
+fn steer(
+config: &MuxConfig,
+socks: &Slab<Sock>,
+rx_waiters: &VecDeque<SockId>,
+affinity: Option<u32>,
+key: Option<u64>,
+target: &mut Option<SockId>,
+) -> Option<SockId> {
+let steering = config.steering;
+    let mut avoid = None;
+    match steering {
+        Steering::RoundRobin => {}
+        Steering::Affinity => {
+            if let Some(tag) = affinity {
+                // Affinity until uneven: the socket with the psock's tag
+                // while its queue is short.
+                let own = rx_waiters.iter().copied().find(|w| {
+                    socks.get(w.index, w.generation).is_some_and(|s| s.affinity == Some(tag))
+                });
+                if let Some(w) = own {
+                    let sock = socks.get(w.index, w.generation).expect("waiter present");
+                    if sock.rx_queue.len() <= config.imbalance {
+                        return Some(w);
+                    }
+                    avoid = Some(w);
+                }
+            }
+        }
+        Steering::Key => {
+            if let Some(k) = key {
+                // Hash over the able sockets in index order (stable while
+                // the set of able sockets is).
+                let n = rx_waiters.len();
+                if n > 0 {
+                    let pick = (mix(k) % n as u64) as usize;
+                    return socks
+                        .iter()
+                        .filter(|(_, _, s)| s.on_waiters)
+                        .nth(pick)
+                        .map(|(i, g, _)| sid((i, g)));
+                }
+                return None;
+            }
+        }
+    }
+    // Round robin with per-pass batching.
+    if let Some(t) = *target {
+        if avoid != Some(t) && socks.get(t.index, t.generation).is_some_and(|s| s.on_waiters) {
+            return Some(t);
+        }
+    }
+    let next = match avoid {
+        Some(a) if rx_waiters.len() > 1 => rx_waiters.iter().copied().find(|w| *w != a),
+        _ => rx_waiters.front().copied(),
+    };
+    *target = next;
+    next
+}
+
+/// Queue a message on a socket (which must be able).
+#[inline]
+fn enqueue_rx(
+socks: &mut Slab<Sock>,
+rx_waiters: &mut VecDeque<SockId>,
+events: &mut VecDeque<Event>,
+s: SockId,
+msg: RxMsg,
+) {
+    let sock = socks.get_mut(s.index, s.generation).expect("steered to a live socket");
+    let was_empty = sock.rx_queue.is_empty();
+    sock.rx_mem += msg.remaining();
+    sock.rx_queue.push_back(msg);
+    if sock.rx_mem >= sock.rcvbuf && sock.on_waiters {
+        // Full: leave the waiter list until reads make room.
+        sock.on_waiters = false;
+        rx_waiters.retain(|w| *w != s);
+    }
+    if was_empty {
+        events.push_back(Event::SockReadable(s));
     }
 }
 
