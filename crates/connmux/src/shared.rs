@@ -50,11 +50,15 @@ impl Ready {
             let _ = self.fd.notify();
         }
     }
-    /// Clear before checking the condition again: a `set` after this clear is
-    /// never lost.
+    /// Clear before checking the condition again. Drain first, then mark clear:
+    /// the other order lets a `set` land between the two (counter raised, then
+    /// drained) and leaves `signaled` true over an empty counter, so every later
+    /// `set` would be skipped and a waiter would sleep forever. A `set` dropped
+    /// in this order is covered by the caller's re-check of the condition.
     pub fn clear(&self) {
-        if self.signaled.swap(false, Ordering::AcqRel) {
+        if self.signaled.load(Ordering::Acquire) {
             let _ = self.fd.drain();
+            self.signaled.store(false, Ordering::Release);
         }
     }
 }
@@ -277,5 +281,8 @@ impl Shared {
                 }
             }
         }
+        // Still more to write after the bound: hand the rest to the worker's
+        // next writable event rather than leave it queued with nobody to send it.
+        self.set_interest(rt, |i| i.write = true);
     }
 }

@@ -1,5 +1,6 @@
 //! One module per subcommand; each has an `Args` (clap) and a `run` returning the
 //! process exit code.
+pub mod baseline;
 pub mod echotest;
 pub mod loadgen;
 pub mod parse;

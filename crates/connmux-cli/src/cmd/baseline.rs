@@ -1,0 +1,157 @@
+//! The baseline servers: one thread per connection, blocking reads, no framework.
+//! They do the same job as the connmux servers so both can be measured in one run.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::cmd::server::{wait_and_report, EchoArgs, RpcArgs};
+
+/// Counters of a baseline server.
+#[derive(Default, Debug)]
+pub struct BaselineStats {
+    pub accepted: AtomicU64,
+    pub calls: AtomicU64,
+    pub closed_bad: AtomicU64,
+}
+
+/// A running thread-per-connection server.
+pub struct Baseline {
+    pub local: SocketAddr,
+    pub stats: Arc<BaselineStats>,
+    stop: Arc<AtomicBool>,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Baseline {
+    /// ONC RPC NULL server, one thread per connection.
+    pub fn start_rpc(listen: SocketAddr, reg: connmux_oncrpc::Registry) -> std::io::Result<Baseline> {
+        let reg = Arc::new(reg);
+        Self::start(listen, move |conn, stats| serve_rpc(conn, &reg, stats))
+    }
+
+    /// Echo server (every byte back), one thread per connection.
+    pub fn start_echo(listen: SocketAddr) -> std::io::Result<Baseline> {
+        Self::start(listen, |mut conn, stats| {
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        stats.calls.fetch_add(1, Ordering::Relaxed);
+                        if conn.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    fn start(
+        listen: SocketAddr,
+        serve: impl Fn(TcpStream, &BaselineStats) + Send + Sync + Clone + 'static,
+    ) -> std::io::Result<Baseline> {
+        let listener = TcpListener::bind(listen)?;
+        let local = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(BaselineStats::default());
+        let (stop2, stats2) = (stop.clone(), stats.clone());
+        let accept = std::thread::Builder::new().name("baseline-accept".into()).spawn(move || {
+            while !stop2.load(Ordering::Acquire) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        stats2.accepted.fetch_add(1, Ordering::Relaxed);
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.set_nodelay(true);
+                        let (serve, stats) = (serve.clone(), stats2.clone());
+                        let _ = std::thread::Builder::new()
+                            .name("baseline-conn".into())
+                            .spawn(move || serve(conn, &stats));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        })?;
+        Ok(Baseline { local, stats, stop, accept: Some(accept) })
+    }
+}
+
+impl Drop for Baseline {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Read records, answer each; all replies to one read go out in one write.
+fn serve_rpc(mut conn: TcpStream, reg: &connmux_oncrpc::Registry, stats: &BaselineStats) {
+    let mut reader = connmux_oncrpc::RecordReader::new(connmux_oncrpc::RecordLimits::default());
+    let mut buf = vec![0u8; 64 << 10];
+    let mut out = Vec::with_capacity(64 << 10);
+    loop {
+        let n = match conn.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        reader.push(&buf[..n]);
+        let mut close = false;
+        loop {
+            match reader.next_record() {
+                Ok(Some(rec)) => {
+                    stats.calls.fetch_add(1, Ordering::Relaxed);
+                    if let connmux_oncrpc::Outcome::CloseConnection(_) = reg.handle(rec, &mut out) {
+                        close = true;
+                        break;
+                    }
+                }
+                Err(_) => {
+                    close = true;
+                    break;
+                }
+                Ok(None) => break,
+            }
+        }
+        if !out.is_empty() && conn.write_all(&out).is_err() {
+            return;
+        }
+        out.clear();
+        if close {
+            stats.closed_bad.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+}
+
+fn report(b: &Baseline, started: Instant) {
+    println!(
+        "after {:.1}s: accepted={} calls={} closed_bad={}",
+        started.elapsed().as_secs_f64(),
+        b.stats.accepted.load(Ordering::Relaxed),
+        b.stats.calls.load(Ordering::Relaxed),
+        b.stats.closed_bad.load(Ordering::Relaxed)
+    );
+}
+
+pub fn run_rpc(a: &RpcArgs, reg: connmux_oncrpc::Registry) -> anyhow::Result<i32> {
+    let b = Baseline::start_rpc(a.listen, reg)?;
+    let started = Instant::now();
+    println!("rpc-server (thread per connection) listening on {}", b.local);
+    wait_and_report(&a.common, || report(&b, started));
+    report(&b, started);
+    Ok(0)
+}
+
+pub fn run_echo(a: &EchoArgs) -> anyhow::Result<i32> {
+    let b = Baseline::start_echo(a.listen)?;
+    let started = Instant::now();
+    println!("echo-server (thread per connection) listening on {}", b.local);
+    wait_and_report(&a.common, || report(&b, started));
+    report(&b, started);
+    Ok(0)
+}

@@ -1,0 +1,105 @@
+//! The service framework on loopback: accept → attach, in-place handlers,
+//! replies on the connection a request came from, misbehaving peers aborted.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use connmux::service::{Service, ServiceConfig, Verdict};
+use connmux::{Bytes, PsockId, SockType, Steering};
+
+fn echo_service(workers: usize, steering: Steering, max_msg: usize) -> Service {
+    let mux = mux_with(|c| {
+        c.workers = workers;
+        c.core.steering = steering;
+        c.core.max_msg_size = max_msg;
+    });
+    let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| Verdict::Reply(req));
+    Service::start(
+        mux,
+        ServiceConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            sock_type: SockType::Dgram,
+            parser: Arc::new(l4),
+        },
+        handler,
+    )
+    .unwrap()
+}
+
+/// One client: `count` requests, at most `in_flight` outstanding. Every reply
+/// must answer an outstanding request of this client, once. With `ordered`,
+/// replies must also come back in request order (one worker: no stealing).
+fn client_round_trips(addr: std::net::SocketAddr, id: u32, count: u32, in_flight: u32, ordered: bool) {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_nodelay(true).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    let mut answered = vec![false; count as usize];
+    let mut next_send = 0u32;
+    let mut received = 0u32;
+    while received < count {
+        let mut batch = Vec::new();
+        while next_send < count && next_send - received < in_flight {
+            let mut body = id.to_be_bytes().to_vec();
+            body.extend_from_slice(&next_send.to_be_bytes());
+            batch.extend_from_slice(&framed(&body));
+            next_send += 1;
+        }
+        c.write_all(&batch).unwrap();
+        let body = read_framed(&mut c);
+        assert_eq!(&body[..4], &id.to_be_bytes(), "reply for another connection");
+        let seq = u32::from_be_bytes(body[4..8].try_into().unwrap());
+        assert!(seq < next_send, "reply {seq} to a request not sent yet");
+        assert!(!std::mem::replace(&mut answered[seq as usize], true), "reply {seq} twice");
+        if ordered {
+            assert_eq!(seq, received, "reply out of request order");
+        }
+        received += 1;
+    }
+}
+
+#[test]
+fn echo_service_many_clients_pipelined_complete() {
+    // Two workers may each take messages of one connection (stealing, round
+    // robin), so replies can pass each other; with one worker they cannot.
+    for (workers, steering, ordered) in
+        [(2, Steering::Affinity, false), (2, Steering::RoundRobin, false), (1, Steering::Affinity, true)]
+    {
+        let svc = echo_service(workers, steering, 1 << 16);
+        let addr = svc.local_addr();
+        let clients: Vec<_> = (0..8)
+            .map(|id| std::thread::spawn(move || client_round_trips(addr, id, 2000, 16, ordered)))
+            .collect();
+        for c in clients {
+            c.join().unwrap();
+        }
+        assert_eq!(svc.stats().accepted.load(Ordering::Relaxed), 8);
+        let s = svc.mux().stats();
+        assert!(s.rx_msgs >= 16_000, "{s:?}");
+        svc.shutdown();
+    }
+}
+
+#[test]
+fn bad_client_is_aborted_while_good_client_continues() {
+    let svc = echo_service(2, Steering::Affinity, 1024);
+    let addr = svc.local_addr();
+    let good = std::thread::spawn(move || client_round_trips(addr, 1, 3000, 4, false));
+    // Oversize length: the connection is reset, with a counter.
+    let mut bad = TcpStream::connect(addr).unwrap();
+    bad.set_read_timeout(Some(WAIT)).unwrap();
+    bad.write_all(&100_000u32.to_be_bytes()).unwrap();
+    let mut b = [0u8; 16];
+    let r = bad.read(&mut b);
+    assert!(matches!(r, Ok(0) | Err(_)), "bad client should be disconnected, got {r:?}");
+    good.join().unwrap();
+    let s = svc.mux().stats();
+    assert_eq!(s.psock.rx_msg_too_big, 1);
+    assert!(svc.stats().closed.load(Ordering::Relaxed) >= 1);
+    std::thread::sleep(Duration::from_millis(10));
+}
