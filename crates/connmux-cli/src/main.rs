@@ -14,6 +14,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The main job: the RPC server driven by rpctest on loopback, beside a
+    /// thread-per-connection baseline; prints RPC/s, median RTT and ratios.
+    Demo(cmd::demo::Args),
     /// Run the echo server (byte echo or message echo).
     EchoServer(cmd::server::EchoArgs),
     /// Run the ONC RPC server answering NULL calls (NFS v3/v4 by default).
@@ -29,6 +32,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let r = match cli.command {
+        Command::Demo(a) => cmd::demo::run(a),
         Command::EchoServer(a) => cmd::server::run_echo(a),
         Command::RpcServer(a) => cmd::server::run_rpc(a),
         Command::Echotest(a) => cmd::echotest::run(a),

@@ -241,9 +241,22 @@ pub fn run_rpc(a: RpcArgs) -> anyhow::Result<i32> {
     if a.common.engine == "thread" {
         return baseline::run_rpc(&a, reg);
     }
-    // Records are framed by the core's ONC RPC parser with fragment marks kept;
-    // the handler reads through them (multi-fragment calls arrive whole).
-    let parser: Arc<dyn Fn() -> Box<dyn connmux::Parser> + Send + Sync> =
-        Arc::new(|| connmux::parsers::from_spec("oncrpc").expect("built-in"));
-    run_service(&a.common, a.listen, parser, Arc::new(RpcHandler { registry: reg }), "rpc-server")
+    run_service(&a.common, a.listen, rpc_parser(), Arc::new(RpcHandler { registry: reg }), "rpc-server")
+}
+
+/// Records are framed by the core's ONC RPC parser with fragment marks kept;
+/// the handler reads through them (multi-fragment calls arrive whole).
+fn rpc_parser() -> Arc<dyn Fn() -> Box<dyn connmux::Parser> + Send + Sync> {
+    Arc::new(|| connmux::parsers::from_spec("oncrpc").expect("built-in"))
+}
+
+/// Start the ONC RPC NULL service on `listen` in this process.
+pub fn start_rpc_service(config: Config, listen: SocketAddr, reg: connmux_oncrpc::Registry) -> anyhow::Result<Service> {
+    let mux = Mux::new(config)?;
+    Service::start(
+        mux,
+        ServiceConfig { listen, sock_type: SockType::Dgram, parser: rpc_parser() },
+        Arc::new(RpcHandler { registry: reg }),
+    )
+    .with_context(|| format!("starting rpc-server on {listen}"))
 }
