@@ -1,0 +1,272 @@
+//! The servers as a user runs them: the `connmux` binary on loopback, checked
+//! by peers we did not write (`rpcinfo` from Debian's rpcbind) and by our own
+//! load generators, plus a misbehaving client beside a good one.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_connmux");
+
+/// A server subprocess, killed on drop.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `connmux <args> -l 127.0.0.1:0` and read the address it listens on
+/// from its first line ("... listening on ADDR ...").
+fn start(args: &[&str]) -> Server {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .args(["-l", "127.0.0.1:0", "--duration", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn connmux");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.parse::<SocketAddr>().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    Server { child, addr }
+}
+
+/// rpcinfo's universal address for a TCP port on 127.0.0.1.
+fn uaddr(a: SocketAddr) -> String {
+    format!("127.0.0.1.{}.{}", a.port() / 256, a.port() % 256)
+}
+
+fn rpcinfo(a: SocketAddr, prog_vers: &[&str]) -> (bool, String) {
+    let out = Command::new("rpcinfo")
+        .args(["-T", "tcp", "-a", &uaddr(a)])
+        .args(prog_vers)
+        .output()
+        .expect("rpcinfo is installed by scripts/setup.sh (Debian package rpcbind)");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+fn rpc_server_answers_rpcinfo(engine: &str) {
+    let s = start(&["rpc-server", "--engine", engine, "--register", "100005:1-3"]);
+    for v in ["3", "4"] {
+        let (ok, text) = rpcinfo(s.addr, &["100003", v]);
+        assert!(
+            ok && text.contains(&format!("program 100003 version {v} ready and waiting")),
+            "{engine}: {text}"
+        );
+    }
+    // PROG_MISMATCH carries the supported range, which rpcinfo prints.
+    let (ok, text) = rpcinfo(s.addr, &["100003", "2"]);
+    assert!(!ok, "{engine}: {text}");
+    assert!(
+        text.contains("low version = 3, high version = 4"),
+        "{engine}: {text}"
+    );
+    // A registered program, and one that is not.
+    let (ok, text) = rpcinfo(s.addr, &["100005", "2"]);
+    assert!(ok && text.contains("ready and waiting"), "{engine}: {text}");
+    let (ok, text) = rpcinfo(s.addr, &["100099", "1"]);
+    assert!(
+        !ok && text.contains("Program unavailable"),
+        "{engine}: {text}"
+    );
+}
+
+#[test]
+fn connmux_rpc_server_answers_rpcinfo() {
+    rpc_server_answers_rpcinfo("connmux");
+}
+
+#[test]
+fn thread_baseline_rpc_server_answers_rpcinfo() {
+    rpc_server_answers_rpcinfo("thread");
+}
+
+/// One NULL call record (NFS v3, AUTH_NONE) with the last-fragment mark.
+fn null_call(xid: u32) -> Vec<u8> {
+    let mut body = Vec::new();
+    for w in [xid, 0, 2, 100_003, 3, 0, 0, 0, 0, 0] {
+        body.extend_from_slice(&w.to_be_bytes());
+    }
+    let mut rec = (0x8000_0000u32 | body.len() as u32).to_be_bytes().to_vec();
+    rec.extend_from_slice(&body);
+    rec
+}
+
+/// Read one reply record and return (xid, reply_stat, accept_stat).
+fn read_reply(c: &mut TcpStream) -> (u32, u32, u32) {
+    let mut mark = [0u8; 4];
+    c.read_exact(&mut mark).unwrap();
+    let len = (u32::from_be_bytes(mark) & 0x7fff_ffff) as usize;
+    let mut body = vec![0u8; len];
+    c.read_exact(&mut body).unwrap();
+    let w = |i: usize| u32::from_be_bytes(body[i * 4..i * 4 + 4].try_into().unwrap());
+    assert_eq!(w(1), 1, "msg_type REPLY");
+    (w(0), w(2), w(5))
+}
+
+#[test]
+fn a_client_sending_a_reply_is_disconnected_and_a_good_client_is_not() {
+    let s = start(&["rpc-server"]);
+    let mut good = TcpStream::connect(s.addr).unwrap();
+    good.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    good.write_all(&null_call(1)).unwrap();
+    assert_eq!(read_reply(&mut good), (1, 0, 0));
+
+    // A record whose message type is REPLY: not a call, the connection closes.
+    let mut bad = TcpStream::connect(s.addr).unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rec = null_call(7);
+    rec[8..12].copy_from_slice(&1u32.to_be_bytes());
+    bad.write_all(&rec).unwrap();
+    let mut b = [0u8; 64];
+    let r = bad.read(&mut b);
+    assert!(
+        matches!(r, Ok(0) | Err(_)),
+        "the bad client must be disconnected, got {r:?}"
+    );
+
+    // The good connection goes on, pipelined.
+    let batch: Vec<u8> = (2..102).flat_map(null_call).collect();
+    good.write_all(&batch).unwrap();
+    let mut xids: Vec<u32> = (0..100)
+        .map(|_| read_reply(&mut good))
+        .map(|(x, rs, acc)| {
+            assert_eq!((rs, acc), (0, 0));
+            x
+        })
+        .collect();
+    xids.sort();
+    assert_eq!(xids, (2..102).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_multi_fragment_call_is_answered_once() {
+    let s = start(&["rpc-server"]);
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let rec = null_call(42);
+    let body = &rec[4..];
+    // Three fragments: 4 bytes, the middle, 4 bytes (the last one marked last).
+    let mut wire = Vec::new();
+    for (i, part) in [
+        &body[..4],
+        &body[4..body.len() - 4],
+        &body[body.len() - 4..],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let last = if i == 2 { 0x8000_0000 } else { 0 };
+        wire.extend_from_slice(&(last | part.len() as u32).to_be_bytes());
+        wire.extend_from_slice(part);
+    }
+    c.write_all(&wire).unwrap();
+    assert_eq!(read_reply(&mut c), (42, 0, 0));
+}
+
+fn run_ok(args: &[&str], limit: Duration) -> String {
+    let start = Instant::now();
+    let out = Command::new(BIN).args(args).output().expect("run connmux");
+    assert!(
+        start.elapsed() < limit + Duration::from_secs(60),
+        "took {:?}",
+        start.elapsed()
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "connmux {args:?} failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[test]
+fn rpctest_and_echotest_drive_the_servers_without_errors() {
+    let rpc = start(&["rpc-server", "--workers", "2"]);
+    let a = rpc.addr.to_string();
+    let out = run_ok(
+        &[
+            "rpctest",
+            "-j2",
+            "-a8",
+            "-c2000",
+            "-i2",
+            "--no-progress",
+            &a,
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("summary ") && l.contains("result=ok")),
+        "{out}"
+    );
+    let out = run_ok(
+        &[
+            "rpctest",
+            "-j1",
+            "-a4",
+            "-c500",
+            "-i1",
+            "-f",
+            "--no-progress",
+            &a,
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(out.contains("result=ok"), "{out}");
+
+    for mode in ["message", "bytes"] {
+        let echo = start(&["echo-server", "--mode", mode]);
+        let e = echo.addr.to_string();
+        let out = run_ok(
+            &[
+                "echotest",
+                "-j2",
+                "-a4",
+                "-c2000",
+                "-i1",
+                "--no-progress",
+                &e,
+            ],
+            Duration::from_secs(30),
+        );
+        assert!(out.contains("result=ok"), "{mode}: {out}");
+    }
+}
+
+#[test]
+fn demo_prints_rates_for_both_servers() {
+    let out = run_ok(
+        &["demo", "-i", "1", "-d", "0.3", "--settings", "1:1,1:8"],
+        Duration::from_secs(30),
+    );
+    for server in ["connmux", "thread-per-conn"] {
+        let rows: Vec<&str> = out
+            .lines()
+            .filter(|l| l.split_whitespace().nth(2) == Some(server))
+            .collect();
+        assert_eq!(rows.len(), 2, "{server}: {out}");
+        for r in rows {
+            let rate: f64 = r.split_whitespace().nth(3).unwrap().parse().unwrap();
+            assert!(rate > 0.0, "{r}");
+        }
+    }
+    assert!(out.contains("calls answered"), "{out}");
+}
