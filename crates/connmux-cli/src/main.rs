@@ -25,6 +25,8 @@ enum Command {
     Echotest(cmd::echotest::Args),
     /// Load generator for the RPC server: median RTT and RPC/s.
     Rpctest(cmd::rpctest::Args),
+    /// Show the statistics of running connmux servers (as /proc/net/kcm does).
+    Stat(cmd::stat::Args),
     /// Split a byte stream into messages with a built-in or BPF parser.
     Parse(cmd::parse::Args),
 }
@@ -37,6 +39,7 @@ fn main() {
         Command::RpcServer(a) => cmd::server::run_rpc(a),
         Command::Echotest(a) => cmd::echotest::run(a),
         Command::Rpctest(a) => cmd::rpctest::run(a),
+        Command::Stat(a) => cmd::stat::run(a),
         Command::Parse(a) => cmd::parse::run(a),
     };
     match r {

@@ -27,7 +27,7 @@ impl Drop for Server {
 fn start(args: &[&str]) -> Server {
     let mut child = Command::new(BIN)
         .args(args)
-        .args(["-l", "127.0.0.1:0", "--duration", "60"])
+        .args(["-l", "127.0.0.1:0", "--duration", "60", "--no-stats-socket"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -68,6 +68,23 @@ fn rpc_server_answers_rpcinfo(engine: &str) {
             "{engine}: {text}"
         );
     }
+    // The `-t host` form (port given with -n instead of asked of rpcbind).
+    let out = Command::new("rpcinfo")
+        .args([
+            "-n",
+            &s.addr.port().to_string(),
+            "-t",
+            "127.0.0.1",
+            "100003",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("program 100003 version 3 ready and waiting"),
+        "{engine}: {text}"
+    );
     // PROG_MISMATCH carries the supported range, which rpcinfo prints.
     let (ok, text) = rpcinfo(s.addr, &["100003", "2"]);
     assert!(!ok, "{engine}: {text}");
@@ -269,4 +286,110 @@ fn demo_prints_rates_for_both_servers() {
         }
     }
     assert!(out.contains("calls answered"), "{out}");
+}
+
+/// `connmux stat` on a server's statistics socket.
+fn stat(sock: &std::path::Path) -> String {
+    let out = Command::new(BIN).arg("stat").arg(sock).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn counter(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn bad_clients_are_disconnected_and_counted_while_a_good_client_sees_no_error() {
+    let sock = std::env::temp_dir().join(format!("connmux-test-{}.sock", std::process::id()));
+    let mut child = Command::new(BIN)
+        .args([
+            "rpc-server",
+            "-l",
+            "127.0.0.1:0",
+            "--duration",
+            "60",
+            "--assembly-timeout-ms",
+            "300",
+        ])
+        .arg("--stats-socket")
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr: SocketAddr = line
+        .split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .unwrap();
+    let s = Server { child, addr };
+
+    // A good client keeps calling, pipelined, the whole time.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let good = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut xid = 0u32;
+            let end = Instant::now() + Duration::from_secs(30);
+            while !stop.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < end {
+                let batch: Vec<u8> = (xid..xid + 8).flat_map(null_call).collect();
+                c.write_all(&batch).unwrap();
+                for _ in 0..8 {
+                    let (x, rs, acc) = read_reply(&mut c);
+                    assert!(
+                        (xid..xid + 8).contains(&x) && rs == 0 && acc == 0,
+                        "good client got {x} {rs} {acc}"
+                    );
+                }
+                xid += 8;
+            }
+            xid
+        })
+    };
+    let disconnected = |c: &mut TcpStream| {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 64];
+        matches!(c.read(&mut b), Ok(0) | Err(_))
+    };
+    // Garbage: a record mark then bytes that are not an RPC call.
+    let mut garbage = TcpStream::connect(s.addr).unwrap();
+    garbage
+        .write_all(&[0x80, 0, 0, 8, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4])
+        .unwrap();
+    assert!(disconnected(&mut garbage), "garbage");
+    // An oversize record mark (1 GiB, over the 1 MiB --max-msg default).
+    let mut oversize = TcpStream::connect(s.addr).unwrap();
+    oversize
+        .write_all(&(0x8000_0000u32 | (1 << 30)).to_be_bytes())
+        .unwrap();
+    assert!(disconnected(&mut oversize), "oversize");
+    // A call split and abandoned: half of it, then nothing (assembly timeout).
+    let mut abandoned = TcpStream::connect(s.addr).unwrap();
+    abandoned.write_all(&null_call(9)[..20]).unwrap();
+    assert!(disconnected(&mut abandoned), "abandoned");
+
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let calls = good.join().unwrap();
+    assert!(calls > 0);
+    let text = stat(&sock);
+    assert_eq!(counter(&text, "rx_msg_too_big"), 1, "{text}");
+    assert_eq!(counter(&text, "rx_msg_timeouts"), 1, "{text}");
+    assert_eq!(counter(&text, "rpc_bad_calls"), 1, "{text}");
+    assert!(counter(&text, "closed") >= 3, "{text}");
+    assert!(counter(&text, "accepted") >= 4, "{text}");
+    assert!(counter(&text, "tx_msgs") >= calls as u64, "{text}");
+    drop(s);
 }

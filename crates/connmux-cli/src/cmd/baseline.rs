@@ -27,7 +27,10 @@ pub struct Baseline {
 
 impl Baseline {
     /// ONC RPC NULL server, one thread per connection.
-    pub fn start_rpc(listen: SocketAddr, reg: connmux_oncrpc::Registry) -> std::io::Result<Baseline> {
+    pub fn start_rpc(
+        listen: SocketAddr,
+        reg: connmux_oncrpc::Registry,
+    ) -> std::io::Result<Baseline> {
         let reg = Arc::new(reg);
         Self::start(listen, move |conn, stats| serve_rpc(conn, &reg, stats))
     }
@@ -60,23 +63,30 @@ impl Baseline {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(BaselineStats::default());
         let (stop2, stats2) = (stop.clone(), stats.clone());
-        let accept = std::thread::Builder::new().name("baseline-accept".into()).spawn(move || {
-            while !stop2.load(Ordering::Acquire) {
-                match listener.accept() {
-                    Ok((conn, _)) => {
-                        stats2.accepted.fetch_add(1, Ordering::Relaxed);
-                        let _ = conn.set_nonblocking(false);
-                        let _ = conn.set_nodelay(true);
-                        let (serve, stats) = (serve.clone(), stats2.clone());
-                        let _ = std::thread::Builder::new()
-                            .name("baseline-conn".into())
-                            .spawn(move || serve(conn, &stats));
+        let accept = std::thread::Builder::new()
+            .name("baseline-accept".into())
+            .spawn(move || {
+                while !stop2.load(Ordering::Acquire) {
+                    match listener.accept() {
+                        Ok((conn, _)) => {
+                            stats2.accepted.fetch_add(1, Ordering::Relaxed);
+                            let _ = conn.set_nonblocking(false);
+                            let _ = conn.set_nodelay(true);
+                            let (serve, stats) = (serve.clone(), stats2.clone());
+                            let _ = std::thread::Builder::new()
+                                .name("baseline-conn".into())
+                                .spawn(move || serve(conn, &stats));
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
                     }
-                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
                 }
-            }
-        })?;
-        Ok(Baseline { local, stats, stop, accept: Some(accept) })
+            })?;
+        Ok(Baseline {
+            local,
+            stats,
+            stop,
+            accept: Some(accept),
+        })
     }
 }
 
@@ -141,8 +151,26 @@ fn report(b: &Baseline, started: Instant) {
 pub fn run_rpc(a: &RpcArgs, reg: connmux_oncrpc::Registry) -> anyhow::Result<i32> {
     let b = Baseline::start_rpc(a.listen, reg)?;
     let started = Instant::now();
-    println!("rpc-server (thread per connection) listening on {}", b.local);
+    let snap = {
+        let (stats, local) = (b.stats.clone(), b.local);
+        Arc::new(move || {
+            format!(
+                "rpc-server (thread per connection) pid={} listen={local} uptime_s={:.1}\naccepted={}\ncalls={}\nclosed_bad={}\n",
+                std::process::id(),
+                started.elapsed().as_secs_f64(),
+                stats.accepted.load(Ordering::Relaxed),
+                stats.calls.load(Ordering::Relaxed),
+                stats.closed_bad.load(Ordering::Relaxed)
+            )
+        }) as Arc<dyn Fn() -> String + Send + Sync>
+    };
+    let endpoint = a.common.stats_endpoint("rpc-server", snap)?;
+    println!(
+        "rpc-server (thread per connection) listening on {}",
+        b.local
+    );
     wait_and_report(&a.common, || report(&b, started));
+    drop(endpoint);
     report(&b, started);
     Ok(0)
 }
@@ -150,8 +178,26 @@ pub fn run_rpc(a: &RpcArgs, reg: connmux_oncrpc::Registry) -> anyhow::Result<i32
 pub fn run_echo(a: &EchoArgs) -> anyhow::Result<i32> {
     let b = Baseline::start_echo(a.listen)?;
     let started = Instant::now();
-    println!("echo-server (thread per connection) listening on {}", b.local);
+    let snap = {
+        let (stats, local) = (b.stats.clone(), b.local);
+        Arc::new(move || {
+            format!(
+                "echo-server (thread per connection) pid={} listen={local} uptime_s={:.1}\naccepted={}\ncalls={}\nclosed_bad={}\n",
+                std::process::id(),
+                started.elapsed().as_secs_f64(),
+                stats.accepted.load(Ordering::Relaxed),
+                stats.calls.load(Ordering::Relaxed),
+                stats.closed_bad.load(Ordering::Relaxed)
+            )
+        }) as Arc<dyn Fn() -> String + Send + Sync>
+    };
+    let endpoint = a.common.stats_endpoint("echo-server", snap)?;
+    println!(
+        "echo-server (thread per connection) listening on {}",
+        b.local
+    );
     wait_and_report(&a.common, || report(&b, started));
+    drop(endpoint);
     report(&b, started);
     Ok(0)
 }

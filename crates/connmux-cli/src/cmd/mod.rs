@@ -7,3 +7,4 @@ pub mod loadgen;
 pub mod parse;
 pub mod rpctest;
 pub mod server;
+pub mod stat;

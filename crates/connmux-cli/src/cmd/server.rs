@@ -10,6 +10,7 @@ use connmux::service::{Handler, Service, ServiceConfig, Verdict};
 use connmux::{Bytes, Config, Mux, Placement, PsockId, SockType, Steering};
 
 use crate::cmd::baseline;
+use crate::cmd::stat::{self, StatsEndpoint};
 
 /// Options every server shares.
 #[derive(clap::Args, Debug, Clone)]
@@ -43,9 +44,32 @@ pub struct Common {
     /// connection, the baseline with no framework).
     #[arg(long, default_value = "connmux")]
     pub engine: String,
+    /// Unix socket where `connmux stat` reads this server's statistics
+    /// [default: <server>-<pid>.sock in $XDG_RUNTIME_DIR/connmux or /tmp/connmux-<uid>].
+    #[arg(long, value_name = "PATH")]
+    pub stats_socket: Option<std::path::PathBuf>,
+    /// Do not open a statistics socket.
+    #[arg(long, conflicts_with = "stats_socket")]
+    pub no_stats_socket: bool,
 }
 
 impl Common {
+    /// Serve `snapshot` on the statistics socket unless disabled.
+    pub fn stats_endpoint(
+        &self,
+        what: &str,
+        snapshot: Arc<dyn Fn() -> String + Send + Sync>,
+    ) -> anyhow::Result<Option<StatsEndpoint>> {
+        if self.no_stats_socket {
+            return Ok(None);
+        }
+        let path = match &self.stats_socket {
+            Some(p) => p.clone(),
+            None => stat::default_dir().join(format!("{what}-{}.sock", std::process::id())),
+        };
+        StatsEndpoint::start(path, snapshot).map(Some)
+    }
+
     pub fn mux_config(&self) -> anyhow::Result<Config> {
         let mut c = Config::default();
         c.workers = self.workers.max(1);
@@ -123,6 +147,17 @@ impl Handler for Echo {
 /// The ONC RPC NULL service as a handler: one record in, one record out.
 pub struct RpcHandler {
     pub registry: connmux_oncrpc::Registry,
+    /// Connections closed because a record was not a well-formed call.
+    pub bad_calls: std::sync::atomic::AtomicU64,
+}
+
+impl RpcHandler {
+    pub fn new(registry: connmux_oncrpc::Registry) -> RpcHandler {
+        RpcHandler {
+            registry,
+            bad_calls: Default::default(),
+        }
+    }
 }
 
 impl Handler for RpcHandler {
@@ -138,7 +173,11 @@ impl Handler for RpcHandler {
                     scratch.extend_from_slice(&out);
                     Verdict::Reply(scratch.split().freeze())
                 }
-                connmux_oncrpc::Outcome::CloseConnection(_) => Verdict::Close,
+                connmux_oncrpc::Outcome::CloseConnection(_) => {
+                    self.bad_calls
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    Verdict::Close
+                }
             }
         })
     }
@@ -147,7 +186,9 @@ impl Handler for RpcHandler {
 pub fn registry(extra: &[String]) -> anyhow::Result<connmux_oncrpc::Registry> {
     let mut reg = connmux_oncrpc::Registry::default();
     for r in extra {
-        let (prog, range) = r.split_once(':').with_context(|| format!("--register {r}: want PROG:LOW-HIGH"))?;
+        let (prog, range) = r
+            .split_once(':')
+            .with_context(|| format!("--register {r}: want PROG:LOW-HIGH"))?;
         let (lo, hi) = range.split_once('-').unwrap_or((range, range));
         reg.register(prog.parse()?, lo.parse()?, hi.parse()?)
             .map_err(|e| anyhow::anyhow!("--register {r}: {e:?}"))?;
@@ -175,21 +216,74 @@ fn print_stats(svc: &Service, started: Instant) {
     );
 }
 
+/// What `connmux stat` prints for a connmux server.
+fn service_snapshot(what: &str, svc: &Service, started: Instant) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    let st = svc.stats();
+    format!(
+        "{what} pid={} listen={} uptime_s={:.1}\naccepted={}\nattach_errors={}\nclosed={}\n\n{}\n{}",
+        std::process::id(),
+        svc.local_addr(),
+        started.elapsed().as_secs_f64(),
+        st.accepted.load(Relaxed),
+        st.attach_errors.load(Relaxed),
+        st.closed.load(Relaxed),
+        svc.mux().proc_kcm(),
+        stat::format_mux_stats(&svc.mux().stats()),
+    )
+}
+
+/// Extra `name=value` lines a server adds to its statistics.
+type Extra = Arc<dyn Fn() -> String + Send + Sync>;
+
 fn run_service(
     common: &Common,
     listen: SocketAddr,
     parser: Arc<dyn Fn() -> Box<dyn connmux::Parser> + Send + Sync>,
     handler: Arc<dyn Handler>,
+    extra: Option<Extra>,
     what: &str,
 ) -> anyhow::Result<i32> {
     let mux = Mux::new(common.mux_config()?)?;
-    let svc = Service::start(mux, ServiceConfig { listen, sock_type: SockType::Dgram, parser }, handler)
-        .with_context(|| format!("starting {what} on {listen}"))?;
+    let svc = Arc::new(
+        Service::start(
+            mux,
+            ServiceConfig {
+                listen,
+                sock_type: SockType::Dgram,
+                parser,
+            },
+            handler,
+        )
+        .with_context(|| format!("starting {what} on {listen}"))?,
+    );
     let started = Instant::now();
-    println!("{what} listening on {} ({} workers)", svc.local_addr(), common.workers.max(1));
+    let snap = {
+        let (svc, what) = (svc.clone(), what.to_string());
+        Arc::new(move || {
+            let mut text = service_snapshot(&what, &svc, started);
+            if let Some(x) = &extra {
+                text.push_str(&x());
+            }
+            text
+        }) as Arc<dyn Fn() -> String + Send + Sync>
+    };
+    let endpoint = common.stats_endpoint(what, snap)?;
+    println!(
+        "{what} listening on {} ({} workers){}",
+        svc.local_addr(),
+        common.workers.max(1),
+        endpoint
+            .as_ref()
+            .map(|e| format!("; statistics: connmux stat {}", e.path().display()))
+            .unwrap_or_default()
+    );
     wait_and_report(common, || print_stats(&svc, started));
     print_stats(&svc, started);
-    svc.shutdown();
+    drop(endpoint);
+    if let Ok(svc) = Arc::try_unwrap(svc) {
+        svc.shutdown();
+    }
     Ok(0)
 }
 
@@ -228,12 +322,20 @@ pub fn run_echo(a: EchoArgs) -> anyhow::Result<i32> {
         "bytes" => Arc::new(|| Box::new(RawChunks) as Box<dyn connmux::Parser>),
         "message" => {
             let spec = a.parser.clone();
-            connmux::parsers::from_spec(&spec).map_err(|e| anyhow::anyhow!("--parser {spec}: {e}"))?;
+            connmux::parsers::from_spec(&spec)
+                .map_err(|e| anyhow::anyhow!("--parser {spec}: {e}"))?;
             Arc::new(move || connmux::parsers::from_spec(&spec).expect("checked above"))
         }
         other => anyhow::bail!("--mode {other}: want message or bytes"),
     };
-    run_service(&a.common, a.listen, parser, Arc::new(Echo), "echo-server")
+    run_service(
+        &a.common,
+        a.listen,
+        parser,
+        Arc::new(Echo),
+        None,
+        "echo-server",
+    )
 }
 
 pub fn run_rpc(a: RpcArgs) -> anyhow::Result<i32> {
@@ -241,7 +343,22 @@ pub fn run_rpc(a: RpcArgs) -> anyhow::Result<i32> {
     if a.common.engine == "thread" {
         return baseline::run_rpc(&a, reg);
     }
-    run_service(&a.common, a.listen, rpc_parser(), Arc::new(RpcHandler { registry: reg }), "rpc-server")
+    let handler = Arc::new(RpcHandler::new(reg));
+    let h = handler.clone();
+    let extra: Extra = Arc::new(move || {
+        format!(
+            "rpc_bad_calls={}\n",
+            h.bad_calls.load(std::sync::atomic::Ordering::Relaxed)
+        )
+    });
+    run_service(
+        &a.common,
+        a.listen,
+        rpc_parser(),
+        handler,
+        Some(extra),
+        "rpc-server",
+    )
 }
 
 /// Records are framed by the core's ONC RPC parser with fragment marks kept;
@@ -251,12 +368,20 @@ fn rpc_parser() -> Arc<dyn Fn() -> Box<dyn connmux::Parser> + Send + Sync> {
 }
 
 /// Start the ONC RPC NULL service on `listen` in this process.
-pub fn start_rpc_service(config: Config, listen: SocketAddr, reg: connmux_oncrpc::Registry) -> anyhow::Result<Service> {
+pub fn start_rpc_service(
+    config: Config,
+    listen: SocketAddr,
+    reg: connmux_oncrpc::Registry,
+) -> anyhow::Result<Service> {
     let mux = Mux::new(config)?;
     Service::start(
         mux,
-        ServiceConfig { listen, sock_type: SockType::Dgram, parser: rpc_parser() },
-        Arc::new(RpcHandler { registry: reg }),
+        ServiceConfig {
+            listen,
+            sock_type: SockType::Dgram,
+            parser: rpc_parser(),
+        },
+        Arc::new(RpcHandler::new(reg)),
     )
     .with_context(|| format!("starting rpc-server on {listen}"))
 }
