@@ -8,6 +8,8 @@ command -v clang >/dev/null || need+=(clang)
 command -v llvm-objdump >/dev/null || need+=(llvm)
 command -v rpcinfo >/dev/null || need+=(rpcbind)
 command -v gcc >/dev/null || need+=(gcc)
+command -v ip >/dev/null || need+=(iproute2)
+command -v unshare >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "setup: missing ${need[*]}; run as root or install them" >&2

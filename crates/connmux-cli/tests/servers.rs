@@ -68,23 +68,6 @@ fn rpc_server_answers_rpcinfo(engine: &str) {
             "{engine}: {text}"
         );
     }
-    // The `-t host` form (port given with -n instead of asked of rpcbind).
-    let out = Command::new("rpcinfo")
-        .args([
-            "-n",
-            &s.addr.port().to_string(),
-            "-t",
-            "127.0.0.1",
-            "100003",
-            "3",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains("program 100003 version 3 ready and waiting"),
-        "{engine}: {text}"
-    );
     // PROG_MISMATCH carries the supported range, which rpcinfo prints.
     let (ok, text) = rpcinfo(s.addr, &["100003", "2"]);
     assert!(!ok, "{engine}: {text}");
@@ -392,4 +375,45 @@ fn bad_clients_are_disconnected_and_counted_while_a_good_client_sees_no_error() 
     assert!(counter(&text, "accepted") >= 4, "{text}");
     assert!(counter(&text, "tx_msgs") >= calls as u64, "{text}");
     drop(s);
+}
+
+/// `rpcinfo -t 127.0.0.1 PROG VERS` asks rpcbind for the port: run rpcbind,
+/// the server (registering with `--rpcbind`) and rpcinfo in a network and
+/// mount namespace of their own, so nothing outside sees them.
+#[test]
+fn rpcinfo_finds_both_servers_through_rpcbind() {
+    let script = format!(
+        r#"set -eu
+mount -t tmpfs tmpfs /run
+ip link set lo up
+/usr/sbin/rpcbind -f & RB=$!
+trap 'kill $RB 2>/dev/null || true' EXIT
+for i in $(seq 100); do rpcinfo -p 127.0.0.1 >/dev/null 2>&1 && break; sleep 0.05; done
+for engine in connmux thread; do
+  out=$(mktemp)
+  {BIN} rpc-server --engine $engine -l 127.0.0.1:0 --rpcbind --register 100005:1-3 --duration 1.5 --no-stats-socket >$out & SV=$!
+  for i in $(seq 100); do grep -q registered $out && break; sleep 0.05; done
+  echo "== $engine"
+  rpcinfo -t 127.0.0.1 100003 3
+  rpcinfo -t 127.0.0.1 100003 4
+  rpcinfo -t 127.0.0.1 100005 2
+  rpcinfo -p 127.0.0.1 | grep -c ' tcp ' | sed 's/^/tcp registrations: /'
+  wait $SV
+  rpcinfo -p 127.0.0.1 | grep -q 100003 && echo "still registered after exit" || echo "withdrawn after exit"
+done
+"#,
+        BIN = BIN
+    );
+    let out = Command::new("unshare").args(["--net", "--mount", "bash", "-c", &script]).output().expect("unshare");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    for engine in ["connmux", "thread"] {
+        let part = text.split(&format!("== {engine}")).nth(1).unwrap_or_else(|| panic!("{text}"));
+        for pv in ["100003 version 3", "100003 version 4", "100005 version 2"] {
+            assert!(part.contains(&format!("program {pv} ready and waiting")), "{engine} {pv}: {text}");
+        }
+        // rpcbind's own three TCP versions, plus NFS v3, v4 and 100005 v1-3.
+        assert!(part.contains("tcp registrations: 8"), "{engine}: {text}");
+        assert!(part.contains("withdrawn after exit"), "{engine}: {text}");
+    }
 }

@@ -149,6 +149,7 @@ fn report(b: &Baseline, started: Instant) {
 }
 
 pub fn run_rpc(a: &RpcArgs, reg: connmux_oncrpc::Registry) -> anyhow::Result<i32> {
+    let rpcbind = a.rpcbind.map(|addr| (addr, crate::cmd::server::rpcbind_entries(&reg)));
     let b = Baseline::start_rpc(a.listen, reg)?;
     let started = Instant::now();
     let snap = {
@@ -169,7 +170,9 @@ pub fn run_rpc(a: &RpcArgs, reg: connmux_oncrpc::Registry) -> anyhow::Result<i32
         "rpc-server (thread per connection) listening on {}",
         b.local
     );
+    let registration = crate::cmd::server::register_rpcbind(rpcbind, b.local)?;
     wait_and_report(&a.common, || report(&b, started));
+    drop(registration);
     drop(endpoint);
     report(&b, started);
     Ok(0)

@@ -5,6 +5,7 @@ pub mod demo;
 pub mod echotest;
 pub mod loadgen;
 pub mod parse;
+pub mod rpcbind;
 pub mod rpctest;
 pub mod server;
 pub mod stat;

@@ -10,6 +10,7 @@ use connmux::service::{Handler, Service, ServiceConfig, Verdict};
 use connmux::{Bytes, Config, Mux, Placement, PsockId, SockType, Steering};
 
 use crate::cmd::baseline;
+use crate::cmd::rpcbind::Registration;
 use crate::cmd::stat::{self, StatsEndpoint};
 
 /// Options every server shares.
@@ -118,6 +119,10 @@ pub struct RpcArgs {
     /// NFS (100003, versions 3-4) is always registered.
     #[arg(long = "register")]
     pub register: Vec<String>,
+    /// Register the served programs with rpcbind (portmapper v2) for TCP, and
+    /// withdraw them at exit; ADDR defaults to 127.0.0.1:111.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:111")]
+    pub rpcbind: Option<SocketAddr>,
     #[command(flatten)]
     pub common: Common,
 }
@@ -233,6 +238,27 @@ fn service_snapshot(what: &str, svc: &Service, started: Instant) -> String {
     )
 }
 
+/// Every (program, version) a registry serves.
+pub fn rpcbind_entries(reg: &connmux_oncrpc::Registry) -> Vec<(u32, u32)> {
+    reg.programs().iter().flat_map(|v| (v.low..=v.high).map(move |vers| (v.prog.0, vers))).collect()
+}
+
+/// Register with rpcbind when asked to.
+pub fn register_rpcbind(
+    rpcbind: Option<(SocketAddr, Vec<(u32, u32)>)>,
+    local: SocketAddr,
+) -> anyhow::Result<Option<Registration>> {
+    match rpcbind {
+        None => Ok(None),
+        Some((addr, entries)) => {
+            let r = Registration::register(addr, local.port(), entries)
+                .with_context(|| format!("registering with rpcbind at {addr}"))?;
+            println!("registered with rpcbind at {addr} for TCP port {}", r.port());
+            Ok(Some(r))
+        }
+    }
+}
+
 /// Extra `name=value` lines a server adds to its statistics.
 type Extra = Arc<dyn Fn() -> String + Send + Sync>;
 
@@ -242,6 +268,7 @@ fn run_service(
     parser: Arc<dyn Fn() -> Box<dyn connmux::Parser> + Send + Sync>,
     handler: Arc<dyn Handler>,
     extra: Option<Extra>,
+    rpcbind: Option<(SocketAddr, Vec<(u32, u32)>)>,
     what: &str,
 ) -> anyhow::Result<i32> {
     let mux = Mux::new(common.mux_config()?)?;
@@ -269,6 +296,7 @@ fn run_service(
         }) as Arc<dyn Fn() -> String + Send + Sync>
     };
     let endpoint = common.stats_endpoint(what, snap)?;
+    let registration = register_rpcbind(rpcbind, svc.local_addr())?;
     println!(
         "{what} listening on {} ({} workers){}",
         svc.local_addr(),
@@ -280,6 +308,7 @@ fn run_service(
     );
     wait_and_report(common, || print_stats(&svc, started));
     print_stats(&svc, started);
+    drop(registration);
     drop(endpoint);
     if let Ok(svc) = Arc::try_unwrap(svc) {
         svc.shutdown();
@@ -334,6 +363,7 @@ pub fn run_echo(a: EchoArgs) -> anyhow::Result<i32> {
         parser,
         Arc::new(Echo),
         None,
+        None,
         "echo-server",
     )
 }
@@ -351,14 +381,8 @@ pub fn run_rpc(a: RpcArgs) -> anyhow::Result<i32> {
             h.bad_calls.load(std::sync::atomic::Ordering::Relaxed)
         )
     });
-    run_service(
-        &a.common,
-        a.listen,
-        rpc_parser(),
-        handler,
-        Some(extra),
-        "rpc-server",
-    )
+    let rpcbind = a.rpcbind.map(|addr| (addr, rpcbind_entries(&handler.registry)));
+    run_service(&a.common, a.listen, rpc_parser(), handler, Some(extra), rpcbind, "rpc-server")
 }
 
 /// Records are framed by the core's ONC RPC parser with fragment marks kept;

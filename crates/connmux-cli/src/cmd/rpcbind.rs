@@ -1,0 +1,81 @@
+//! Registration with the local rpcbind (portmapper version 2, RFC 1833 §3),
+//! so that clients which ask rpcbind for the port (`rpcinfo -t HOST PROG VERS`,
+//! NFS clients) find the RPC server. A server registers every version of every
+//! program it serves for TCP on start and withdraws them when it stops.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use connmux_oncrpc::reply::{decode_reply, Reply};
+
+const PMAP_PROG: u32 = 100_000;
+const PMAP_VERS: u32 = 2;
+const PMAPPROC_SET: u32 = 1;
+const PMAPPROC_UNSET: u32 = 2;
+const IPPROTO_TCP: u32 = 6;
+
+/// One call to rpcbind: `proc` with the mapping (prog, vers, TCP, port).
+fn call(rpcbind: SocketAddr, xid: u32, proc_: u32, prog: u32, vers: u32, port: u16) -> anyhow::Result<bool> {
+    let mut body = Vec::with_capacity(56);
+    // xid, CALL, RPC version 2, program, version, procedure, AUTH_NONE
+    // credential and verifier, then the mapping.
+    for w in [xid, 0, 2, PMAP_PROG, PMAP_VERS, proc_, 0, 0, 0, 0, prog, vers, IPPROTO_TCP, port as u32] {
+        body.extend_from_slice(&w.to_be_bytes());
+    }
+    let mut wire = (0x8000_0000u32 | body.len() as u32).to_be_bytes().to_vec();
+    wire.extend_from_slice(&body);
+    let mut c = TcpStream::connect_timeout(&rpcbind, Duration::from_secs(2))
+        .with_context(|| format!("connecting to rpcbind at {rpcbind}"))?;
+    c.set_read_timeout(Some(Duration::from_secs(2)))?;
+    c.write_all(&wire)?;
+    let mut mark = [0u8; 4];
+    c.read_exact(&mut mark)?;
+    let len = (u32::from_be_bytes(mark) & 0x7fff_ffff) as usize;
+    if len > 1024 {
+        bail!("rpcbind sent a {len}-byte reply to a SET");
+    }
+    let mut rec = vec![0u8; len];
+    c.read_exact(&mut rec)?;
+    let r = decode_reply(&rec).map_err(|e| anyhow::anyhow!("rpcbind reply: {e}"))?;
+    if r.xid != xid || r.reply != Reply::Success || r.results.len() < 4 {
+        bail!("rpcbind refused the call: {:?}", r.reply);
+    }
+    Ok(u32::from_be_bytes(r.results[..4].try_into().expect("4 bytes")) != 0)
+}
+
+/// The registrations of one server; withdrawn on drop.
+pub struct Registration {
+    rpcbind: SocketAddr,
+    port: u16,
+    entries: Vec<(u32, u32)>,
+}
+
+impl Registration {
+    /// Register (prog, vers) for TCP on `port` for every pair in `entries`.
+    /// A stale mapping left by an earlier server is replaced.
+    pub fn register(rpcbind: SocketAddr, port: u16, entries: Vec<(u32, u32)>) -> anyhow::Result<Registration> {
+        let xid0 = std::process::id().wrapping_mul(2654435761);
+        for (i, &(prog, vers)) in entries.iter().enumerate() {
+            let xid = xid0.wrapping_add(2 * i as u32);
+            let _ = call(rpcbind, xid, PMAPPROC_UNSET, prog, vers, 0);
+            if !call(rpcbind, xid + 1, PMAPPROC_SET, prog, vers, port)? {
+                bail!("rpcbind did not accept program {prog} version {vers} on port {port}");
+            }
+        }
+        Ok(Registration { rpcbind, port, entries })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        for (i, &(prog, vers)) in self.entries.iter().enumerate() {
+            let _ = call(self.rpcbind, 0x5eed_0000 + i as u32, PMAPPROC_UNSET, prog, vers, 0);
+        }
+    }
+}
