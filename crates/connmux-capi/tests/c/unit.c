@@ -1,0 +1,574 @@
+/*
+ * C-level checks of libconnmux through include/connmux.h, over real TCP on
+ * loopback. Run by tests/c_api.rs:  unit [BPF_OBJECT]
+ * (BPF_OBJECT: bpf/len_prefix.c built with clang -target bpf).
+ * Prints "FAIL file:line: condition" for each failed check and ends with
+ * "N passed, M failed"; exits 1 if any failed.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "connmux.h"
+
+static int passed, failed;
+
+#define CHECK(cond)                                                                                  \
+	do {                                                                                         \
+		if (cond) {                                                                          \
+			passed++;                                                                    \
+		} else {                                                                             \
+			failed++;                                                                    \
+			const char *le_ = connmux_last_error();                                      \
+			fprintf(stderr, "FAIL %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
+				le_ ? le_ : "none");                                                 \
+		}                                                                                    \
+	} while (0)
+
+#define EQ(a, b)                                                                                     \
+	do {                                                                                         \
+		long long a_ = (long long)(a), b_ = (long long)(b);                                  \
+		if (a_ == b_) {                                                                      \
+			passed++;                                                                    \
+		} else {                                                                             \
+			failed++;                                                                    \
+			const char *le_ = connmux_last_error();                                      \
+			fprintf(stderr, "FAIL %s:%d: %s == %s: %lld != %lld (last error: %s)\n", __FILE__, \
+				__LINE__, #a, #b, a_, b_, le_ ? le_ : "none");                       \
+		}                                                                                    \
+	} while (0)
+
+#define MUST(call)                                                                                   \
+	do {                                                                                         \
+		long long r_ = (long long)(call);                                                    \
+		if (r_ < 0) {                                                                        \
+			fprintf(stderr, "FATAL %s:%d: %s = %lld (%s)\n", __FILE__, __LINE__, #call, r_, \
+				connmux_last_error());                                               \
+			exit(2);                                                                     \
+		}                                                                                    \
+	} while (0)
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A connected TCP pair on loopback: *peer is the far end, *near is attached. */
+static void tcp_pair(int *peer, int *near)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	socklen_t al = sizeof a;
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 1) < 0 ||
+	    getsockname(l, (struct sockaddr *)&a, &al) < 0) {
+		perror("listen");
+		exit(2);
+	}
+	*peer = socket(AF_INET, SOCK_STREAM, 0);
+	if (*peer < 0 || connect(*peer, (struct sockaddr *)&a, sizeof a) < 0) {
+		perror("connect");
+		exit(2);
+	}
+	*near = accept(l, NULL, NULL);
+	if (*near < 0) {
+		perror("accept");
+		exit(2);
+	}
+	close(l);
+}
+
+/* One "l4" frame: 4-byte big-endian body length, then the body. */
+static size_t frame(uint8_t *out, const char *body)
+{
+	uint32_t n = (uint32_t)strlen(body);
+	uint32_t be = htonl(n);
+	memcpy(out, &be, 4);
+	memcpy(out + 4, body, n);
+	return 4 + n;
+}
+
+static void send_frame(int fd, const char *body)
+{
+	uint8_t buf[1024];
+	size_t n = frame(buf, body);
+	if (write(fd, buf, n) != (ssize_t)n) {
+		perror("write");
+		exit(2);
+	}
+}
+
+/* Read exactly n bytes within 5 s; returns 0 or -1. */
+static int read_exact(int fd, void *buf, size_t n)
+{
+	size_t got = 0;
+	int64_t end = now_ms() + 5000;
+	while (got < n) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		int left = (int)(end - now_ms());
+		if (left <= 0 || poll(&p, 1, left) <= 0)
+			return -1;
+		ssize_t k = read(fd, (char *)buf + got, n - got);
+		if (k <= 0)
+			return -1;
+		got += (size_t)k;
+	}
+	return 0;
+}
+
+/* Read one l4 frame from the peer; returns 1 if its body equals `body`. */
+static int peer_gets(int fd, const char *body)
+{
+	uint8_t hdr[4], data[1024];
+	if (read_exact(fd, hdr, 4) < 0)
+		return 0;
+	uint32_t n = ntohl(*(uint32_t *)hdr);
+	if (n > sizeof data || read_exact(fd, data, n) < 0)
+		return 0;
+	return n == strlen(body) && memcmp(data, body, n) == 0;
+}
+
+/* Wait until the socket's descriptor is readable; returns poll's answer. */
+static int wait_readable(connmux_sock *s, int ms)
+{
+	struct pollfd p = { .fd = connmux_sock_fd(s), .events = POLLIN };
+	return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+}
+
+/* Wait until `n` messages are queued on s (bounded). */
+static int wait_queued(connmux_sock *s, ptrdiff_t n)
+{
+	for (int i = 0; i < 500; i++) {
+		if (connmux_sock_queued(s) >= n)
+			return 1;
+		struct timespec t = { 0, 10 * 1000 * 1000 };
+		nanosleep(&t, NULL);
+	}
+	return 0;
+}
+
+static connmux_mux *new_mux(void)
+{
+	connmux_config cfg;
+	MUST(connmux_config_init(&cfg));
+	cfg.pin_workers = 0;
+	connmux_mux *m;
+	MUST(connmux_mux_new(&cfg, &m));
+	return m;
+}
+
+static void test_errors(void)
+{
+	connmux_mux *m = NULL;
+	EQ(connmux_mux_new(NULL, NULL), -EFAULT);
+	CHECK(connmux_last_error() != NULL && strstr(connmux_last_error(), "null") != NULL);
+
+	connmux_config cfg;
+	EQ(connmux_config_init(&cfg), 0);
+	EQ(cfg.workers, 1);
+	EQ(cfg.steering, CONNMUX_STEER_AFFINITY);
+	cfg.workers = 0;
+	EQ(connmux_mux_new(&cfg, &m), -EINVAL);
+	CHECK(m == NULL);
+	connmux_config_init(&cfg);
+	cfg.steering = 42;
+	EQ(connmux_mux_new(&cfg, &m), -EINVAL);
+
+	m = new_mux();
+	EQ(connmux_mux_workers(m), 1);
+	connmux_sock *s = NULL;
+	EQ(connmux_socket(m, 99, &s), -EINVAL);
+	CHECK(s == NULL);
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &s));
+
+	connmux_parser *p = NULL;
+	EQ(connmux_parser_from_spec("no-such-parser", &p), -EINVAL);
+	CHECK(p == NULL && strstr(connmux_last_error(), "valid forms") != NULL);
+	EQ(connmux_parser_from_spec(NULL, &p), -EFAULT);
+	EQ(connmux_parser_from_bpf_file("/nonexistent/parser.o", NULL, &p), -ENOENT);
+	static const char junk[] = "not an ELF object";
+	EQ(connmux_parser_from_bpf_mem(junk, sizeof junk, NULL, &p), -EINVAL);
+	MUST(connmux_parser_from_spec("l4", &p));
+
+	/* What AF_KCM's attach refuses. */
+	int fds[2];
+	MUST(pipe(fds));
+	EQ(connmux_attach(m, fds[0], p, NULL), -ENOENT); /* not a socket: as AF_KCM */
+	int udp = socket(AF_INET, SOCK_DGRAM, 0);
+	EQ(connmux_attach(m, udp, p, NULL), -EOPNOTSUPP);
+	close(udp);
+	EQ(connmux_attach(m, -1, p, NULL), -ENOENT);
+	int unconnected = socket(AF_INET, SOCK_STREAM, 0);
+	EQ(connmux_attach(m, unconnected, p, NULL), -EOPNOTSUPP);
+	int peer, near;
+	tcp_pair(&peer, &near);
+	connmux_psock_id id = CONNMUX_PSOCK_NONE;
+	EQ(connmux_attach(m, near, p, &id), 0);
+	CHECK(id != CONNMUX_PSOCK_NONE);
+	EQ(connmux_attach(m, near, p, NULL), -EALREADY);
+	EQ(connmux_unattach(m, fds[0]), -ENOENT);
+	EQ(connmux_unattach_psock(m, CONNMUX_PSOCK_NONE), -ENOENT);
+
+	/* Receive errors. */
+	char buf[64];
+	EQ(connmux_recv(s, buf, sizeof buf, CONNMUX_MSG_DONTWAIT), -EAGAIN);
+	EQ(connmux_recv(s, buf, sizeof buf, 0x1 /* MSG_OOB */), -EINVAL);
+	EQ(connmux_recv(s, NULL, sizeof buf, CONNMUX_MSG_DONTWAIT), -EFAULT);
+	EQ(connmux_recv(NULL, buf, sizeof buf, 0), -EFAULT);
+	MUST(connmux_set_nonblocking(s, 1));
+	EQ(connmux_recv(s, buf, sizeof buf, 0), -EAGAIN);
+	MUST(connmux_set_nonblocking(s, 0));
+	MUST(connmux_set_timeouts(s, 50, 0));
+	int64_t t0 = now_ms();
+	EQ(connmux_recv(s, buf, sizeof buf, 0), -EAGAIN);
+	CHECK(now_ms() - t0 >= 40);
+	MUST(connmux_set_timeouts(s, 0, 0));
+	EQ(connmux_send(s, "x", 1, 0x1 /* MSG_OOB */), -EINVAL);
+	EQ(connmux_send_to(s, "x", 1, id, CONNMUX_MSG_MORE), -EINVAL);
+
+	/* A stale psock id stays dead. */
+	EQ(connmux_unattach_psock(m, id), 0);
+	EQ(connmux_unattach_psock(m, id), -ENOENT);
+	EQ(connmux_send_to(s, "\0\0\0\1x", 5, id, 0), -ENOENT);
+	connmux_psock_stats ps;
+	EQ(connmux_psock_get_stats(m, id, &ps), -ENOENT);
+
+	/* The message is per thread and stays until the next failure. */
+	connmux_sock *none = NULL;
+	EQ(connmux_socket(m, 7, &none), -EINVAL);
+	CHECK(strstr(connmux_last_error(), "socket type 7") != NULL);
+	EQ(connmux_mux_workers(m), 1);
+	CHECK(strstr(connmux_last_error(), "socket type 7") != NULL);
+
+	connmux_sock_close(NULL);
+	connmux_mux_free(NULL);
+	connmux_parser_free(NULL);
+	connmux_parser_free(p);
+	connmux_sock_close(s);
+	connmux_mux_free(m);
+	close(fds[0]);
+	close(fds[1]);
+	close(unconnected);
+	close(peer);
+	close(near);
+}
+
+static void test_trunc_eor_peek(void)
+{
+	connmux_mux *m = new_mux();
+	connmux_sock *dg, *sp, *keeper;
+	/* The connection lives while the mux has a socket: this one, which
+	 * receives nothing, keeps it across the closes below. */
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &keeper));
+	MUST(connmux_set_recv_disable(keeper, 1));
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &dg));
+	int peer, near;
+	tcp_pair(&peer, &near);
+	MUST(connmux_attach_spec(m, near, "l4", NULL));
+	close(near);
+
+	/* DGRAM: a short buffer truncates; the rest is gone, the next message whole. */
+	send_frame(peer, "0123456789");
+	send_frame(peer, "next");
+	uint8_t buf[64];
+	connmux_msg msg = { .buf = buf, .len = 6 };
+	EQ(connmux_recvmsg(dg, &msg, 0), 6);
+	EQ(msg.n, 6);
+	CHECK(msg.flags & CONNMUX_MSG_TRUNC);
+	CHECK(memcmp(buf + 4, "01", 2) == 0);
+	msg = (connmux_msg){ .buf = buf, .len = sizeof buf };
+	/* PEEK copies without consuming. */
+	EQ(connmux_recvmsg(dg, &msg, CONNMUX_MSG_PEEK), 8);
+	CHECK(memcmp(buf + 4, "next", 4) == 0);
+	msg = (connmux_msg){ .buf = buf, .len = sizeof buf };
+	EQ(connmux_recvmsg(dg, &msg, 0), 8);
+	CHECK(msg.flags & CONNMUX_MSG_EOR);
+	CHECK(!(msg.flags & CONNMUX_MSG_TRUNC));
+	CHECK(memcmp(buf + 4, "next", 4) == 0);
+	connmux_sock_close(dg);
+
+	/* SEQPACKET: a short buffer gets the message in parts, EOR on the last. */
+	MUST(connmux_socket(m, CONNMUX_SOCK_SEQPACKET, &sp));
+	send_frame(peer, "0123456789");
+	msg = (connmux_msg){ .buf = buf, .len = 6 };
+	EQ(connmux_recvmsg(sp, &msg, 0), 6);
+	CHECK(!(msg.flags & (CONNMUX_MSG_EOR | CONNMUX_MSG_TRUNC)));
+	msg = (connmux_msg){ .buf = buf + 6, .len = sizeof buf - 6 };
+	EQ(connmux_recvmsg(sp, &msg, 0), 8);
+	CHECK(msg.flags & CONNMUX_MSG_EOR);
+	CHECK(memcmp(buf + 4, "0123456789", 10) == 0);
+
+	/* SEQPACKET send: the message ends only with EOR. */
+	uint8_t f[64];
+	size_t n = frame(f, "seqpacket");
+	EQ(connmux_send(sp, f, 5, 0), 5);
+	EQ(connmux_send(sp, f + 5, n - 5, CONNMUX_MSG_EOR), (ptrdiff_t)(n - 5));
+	CHECK(peer_gets(peer, "seqpacket"));
+	connmux_sock_close(sp);
+
+	/* DGRAM send with MORE: one message from two sends. */
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &dg));
+	n = frame(f, "more");
+	EQ(connmux_send(dg, f, 4, CONNMUX_MSG_MORE), 4);
+	EQ(connmux_send(dg, f + 4, n - 4, 0), (ptrdiff_t)(n - 4));
+	CHECK(peer_gets(peer, "more"));
+	connmux_sock_close(dg);
+	connmux_sock_stats ks;
+	MUST(connmux_sock_get_stats(keeper, &ks));
+	EQ(ks.rx_msgs, 0);
+	connmux_sock_close(keeper);
+	connmux_mux_free(m);
+	close(peer);
+}
+
+static void test_batch_and_addressed(void)
+{
+	connmux_mux *m = new_mux();
+	connmux_sock *s;
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &s));
+	int pa, na, pb, nb;
+	tcp_pair(&pa, &na);
+	tcp_pair(&pb, &nb);
+	connmux_psock_id ia, ib;
+	MUST(connmux_attach_spec(m, na, "l4", &ia));
+	MUST(connmux_attach_spec(m, nb, "l4", &ib));
+	CHECK(ia != ib);
+
+	/* Batch receive: 5 queued messages in one call, each with its source. */
+	uint8_t all[256];
+	size_t n = 0;
+	const char *bodies[5] = { "m0", "m1", "m2", "m3", "m4" };
+	for (int i = 0; i < 5; i++)
+		n += frame(all + n, bodies[i]);
+	EQ(write(pa, all, n), (ssize_t)n);
+	CHECK(wait_queued(s, 5));
+	uint8_t bufs[8][32];
+	connmux_msg msgs[8];
+	for (int i = 0; i < 8; i++)
+		msgs[i] = (connmux_msg){ .buf = bufs[i], .len = sizeof bufs[i] };
+	EQ(connmux_recv_batch(s, msgs, 8, 0), 5);
+	for (int i = 0; i < 5; i++) {
+		EQ(msgs[i].n, 6);
+		CHECK(memcmp(bufs[i] + 4, bodies[i], 2) == 0);
+		CHECK(msgs[i].flags & CONNMUX_MSG_EOR);
+		EQ(msgs[i].psock, ia);
+	}
+	EQ(connmux_recv_batch(s, msgs, 8, CONNMUX_MSG_DONTWAIT), -EAGAIN);
+	EQ(connmux_recv_batch(s, msgs, 0, 0), 0);
+
+	/* Addressed receive and reply: each peer gets the answer to its message. */
+	send_frame(pb, "from-b");
+	send_frame(pa, "from-a");
+	uint8_t buf[64];
+	for (int i = 0; i < 2; i++) {
+		connmux_msg msg = { .buf = buf, .len = sizeof buf };
+		EQ(connmux_recvmsg(s, &msg, 0), 10);
+		uint8_t reply[64];
+		size_t rn = frame(reply, msg.psock == ia ? "to-a" : "to-b");
+		CHECK(msg.psock == ia || msg.psock == ib);
+		CHECK(memcmp(buf + 4, msg.psock == ia ? "from-a" : "from-b", 6) == 0);
+		EQ(connmux_send_to(s, reply, rn, msg.psock, 0), (ptrdiff_t)rn);
+	}
+	CHECK(peer_gets(pa, "to-a"));
+	CHECK(peer_gets(pb, "to-b"));
+
+	/* Batch send, unaddressed: all three on one connection, in order. */
+	uint8_t out[3][32];
+	connmux_msg sm[3];
+	const char *sb[3] = { "b0", "b1", "b2" };
+	for (int i = 0; i < 3; i++)
+		sm[i] = (connmux_msg){ .buf = out[i], .len = frame(out[i], sb[i]) };
+	EQ(connmux_send_batch(s, sm, 3, 0), 3);
+	EQ(sm[2].n, 6);
+	/* Whichever connection the mux picked has them all. */
+	struct pollfd pp[2] = { { .fd = pa, .events = POLLIN }, { .fd = pb, .events = POLLIN } };
+	CHECK(poll(pp, 2, 5000) >= 1);
+	int got = (pp[0].revents & POLLIN) ? pa : pb;
+	CHECK(peer_gets(got, "b0") && peer_gets(got, "b1") && peer_gets(got, "b2"));
+
+	/* Batch send, addressed: each to its connection. */
+	sm[0] = (connmux_msg){ .buf = out[0], .len = frame(out[0], "ab-a"), .psock = ia };
+	sm[1] = (connmux_msg){ .buf = out[1], .len = frame(out[1], "ab-b"), .psock = ib };
+	EQ(connmux_send_batch(s, sm, 2, 0), 2);
+	CHECK(peer_gets(pa, "ab-a"));
+	CHECK(peer_gets(pb, "ab-b"));
+
+	/* Statistics. */
+	connmux_mux_stats ms;
+	MUST(connmux_mux_get_stats(m, &ms));
+	EQ(ms.rx_msgs, 7);
+	EQ(ms.psocks, 2);
+	EQ(ms.kcms, 1);
+	EQ(ms.psock_attach, 2);
+	connmux_psock_stats ps;
+	MUST(connmux_psock_get_stats(m, ib, &ps));
+	EQ(ps.rx_msgs, 1);
+	connmux_sock_stats ss;
+	MUST(connmux_sock_get_stats(s, &ss));
+	EQ(ss.rx_msgs, 7);
+	EQ(ss.rx_queued, 0);
+	CHECK(ss.tx_msgs >= 7);
+
+	connmux_sock_close(s);
+	connmux_mux_free(m);
+	close(pa);
+	close(pb);
+	close(na);
+	close(nb);
+}
+
+static void test_recv_disable_and_poll(void)
+{
+	connmux_mux *m = new_mux();
+	connmux_sock *s, *c;
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &s));
+	int peer, near;
+	tcp_pair(&peer, &near);
+	MUST(connmux_attach_spec(m, near, "l4", NULL));
+	close(near);
+
+	/* The pollable descriptor: not readable while empty, readable with a message. */
+	CHECK(connmux_sock_fd(s) >= 0);
+	CHECK(!wait_readable(s, 0));
+	send_frame(peer, "poll");
+	CHECK(wait_readable(s, 5000));
+	uint8_t buf[64];
+	EQ(connmux_recv(s, buf, sizeof buf, 0), 8);
+	CHECK(!wait_readable(s, 0));
+
+	/* Receive disabled: nothing delivered until enabled again. */
+	MUST(connmux_set_recv_disable(s, 1));
+	send_frame(peer, "held");
+	CHECK(!wait_readable(s, 200));
+	EQ(connmux_recv(s, buf, sizeof buf, CONNMUX_MSG_DONTWAIT), -EAGAIN);
+	MUST(connmux_set_recv_disable(s, 0));
+	CHECK(wait_readable(s, 5000));
+	EQ(connmux_recv(s, buf, sizeof buf, 0), 8);
+	CHECK(memcmp(buf + 4, "held", 4) == 0);
+
+	/* With a clone: a disabled socket's messages go to the clone. */
+	MUST(connmux_sock_clone(s, &c));
+	MUST(connmux_set_recv_disable(s, 1));
+	send_frame(peer, "clone");
+	CHECK(wait_readable(c, 5000));
+	EQ(connmux_recv(c, buf, sizeof buf, CONNMUX_MSG_DONTWAIT), 9);
+	CHECK(memcmp(buf + 4, "clone", 5) == 0);
+	EQ(connmux_recv(s, buf, sizeof buf, CONNMUX_MSG_DONTWAIT), -EAGAIN);
+
+	connmux_sock_close(c);
+	connmux_sock_close(s);
+	connmux_mux_free(m);
+	close(peer);
+}
+
+static void test_events(void)
+{
+	connmux_mux *m = new_mux();
+	connmux_sock *s;
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &s));
+	int pa, na, pb, nb;
+	tcp_pair(&pa, &na);
+	tcp_pair(&pb, &nb);
+	connmux_psock_id ia, ib;
+	MUST(connmux_attach_spec(m, na, "l4", &ia));
+	MUST(connmux_attach_spec(m, nb, "9p", &ib));
+	connmux_event ev = { 0 };
+	EQ(connmux_next_event(m, &ev, 0), 0);
+
+	/* A peer that closes: CLOSED, EPIPE. */
+	close(pa);
+	EQ(connmux_next_event(m, &ev, 5000), 1);
+	EQ(ev.psock, ia);
+	EQ(ev.kind, CONNMUX_PSOCK_ERR_CLOSED);
+	EQ(ev.err, EPIPE);
+	int err = 0;
+	EQ(connmux_psock_error(m, ia, &err), 1);
+	EQ(err, EPIPE);
+	EQ(connmux_psock_error(m, ib, &err), 0);
+	MUST(connmux_unattach_psock(m, ia));
+
+	/* A peer that breaks the framing (9P size below 7): RX with an errno. */
+	static const uint8_t bad[7] = { 3, 0, 0, 0, 100, 0, 0 };
+	EQ(write(pb, bad, sizeof bad), 7);
+	EQ(connmux_next_event(m, &ev, 5000), 1);
+	EQ(ev.psock, ib);
+	EQ(ev.kind, CONNMUX_PSOCK_ERR_RX);
+	CHECK(ev.err > 0);
+	MUST(connmux_abort_psock(m, ib));
+	connmux_psock_stats ps;
+	EQ(connmux_psock_get_stats(m, ib, &ps), -ENOENT);
+	connmux_mux_stats ms;
+	MUST(connmux_mux_get_stats(m, &ms));
+	EQ(ms.psocks, 0);
+	EQ(ms.psock_unattach, 2);
+	EQ(ms.psock.rx_aborts, 1);
+
+	connmux_sock_close(s);
+	connmux_mux_free(m);
+	close(pb);
+	close(na);
+	close(nb);
+}
+
+static void test_bpf(const char *obj)
+{
+	connmux_parser *p;
+	EQ(connmux_parser_from_bpf_file(obj, NULL, &p), 0);
+	EQ(connmux_parser_from_bpf_file(obj, "no_such_section", &(connmux_parser *){ 0 }), -EINVAL);
+	/* The same object from memory. */
+	FILE *f = fopen(obj, "rb");
+	static uint8_t elf[1 << 16];
+	size_t n = f ? fread(elf, 1, sizeof elf, f) : 0;
+	if (f)
+		fclose(f);
+	connmux_parser *pm = NULL;
+	EQ(connmux_parser_from_bpf_mem(elf, n, NULL, &pm), 0);
+	connmux_parser_free(pm);
+
+	connmux_mux *m = new_mux();
+	connmux_sock *s;
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &s));
+	int peer, near;
+	tcp_pair(&peer, &near);
+	connmux_psock_id id;
+	EQ(connmux_attach(m, near, p, &id), 0);
+	/* The template may go; the connection keeps its parser. */
+	connmux_parser_free(p);
+	close(near);
+	send_frame(peer, "bpf framed");
+	uint8_t buf[64];
+	connmux_msg msg = { .buf = buf, .len = sizeof buf };
+	EQ(connmux_recvmsg(s, &msg, 0), 14);
+	EQ(msg.psock, id);
+	CHECK(memcmp(buf + 4, "bpf framed", 10) == 0);
+	EQ(connmux_send_to(s, buf, 14, id, 0), 14);
+	CHECK(peer_gets(peer, "bpf framed"));
+	connmux_sock_close(s);
+	connmux_mux_free(m);
+	close(peer);
+}
+
+int main(int argc, char **argv)
+{
+	CHECK(strlen(connmux_version()) > 0);
+	test_errors();
+	test_trunc_eor_peek();
+	test_batch_and_addressed();
+	test_recv_disable_and_poll();
+	test_events();
+	if (argc > 1)
+		test_bpf(argv[1]);
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}
