@@ -16,7 +16,10 @@ pub(crate) struct Fail {
 
 impl Fail {
     pub fn new(errno: i32, msg: impl Into<String>) -> Fail {
-        Fail { errno, msg: msg.into() }
+        Fail {
+            errno,
+            msg: msg.into(),
+        }
     }
 
     /// A null pointer where one is required.
@@ -31,7 +34,10 @@ impl Fail {
 
 impl From<io::Error> for Fail {
     fn from(e: io::Error) -> Fail {
-        Fail { errno: errno_of(&e), msg: e.to_string() }
+        Fail {
+            errno: errno_of(&e),
+            msg: e.to_string(),
+        }
     }
 }
 
