@@ -1,0 +1,412 @@
+//! `connmux bench`: the benchmarks, each printing a table of medians over
+//! interleaved rounds and ratios against baselines measured in the same run.
+//!
+//! | mode | what it measures |
+//! |---|---|
+//! | `rpc` | ONC RPC NULL calls: the rpc-server, a raw-epoll server of our own, the thread-per-connection server, and when present the C yardstick and nfs-ganesha, under one load and one CPU placement |
+//! | `uneven` | one connection's requests burn CPU, the others are light: connmux's default steering, KCM's round robin, thread per connection |
+//! | `scale` | 8, 1 000 and 10 000 connections with one call in flight each; RSS per idle connection |
+//! | `size` | message echo from 64 B to 1 MiB against a plain read/write echo of the same bytes |
+//! | `instructions` | user-space instructions per NULL call under callgrind (fixed call counts) |
+//! | `all` | all of the above with their defaults |
+//!
+//! Every server runs as its own process under `taskset`, and every load
+//! generator too (`connmux rpctest`/`echotest --json`, or a hidden `bench`
+//! load mode), so placement is the same for everything compared. See
+//! `docs/performance.md` for the figures and why placement matters so much
+//! on a small machine.
+
+pub mod instr;
+#[path = "../rawepoll.rs"]
+pub mod rawepoll;
+pub mod rpc;
+pub mod scale;
+pub mod size;
+pub mod uneven;
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+#[derive(clap::Args, Debug)]
+#[command(
+    about = "Benchmarks: tables of medians over interleaved rounds, with ratios to baselines run alongside"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    pub mode: Mode,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Mode {
+    /// NULL-call RPC/s and RTT: rpc-server vs raw epoll, thread per connection, yardstick, ganesha.
+    Rpc(rpc::Args),
+    /// Uneven work: heavy requests on one connection, light on the others.
+    Uneven(uneven::Args),
+    /// Many connections: throughput at 1k/10k, RSS per idle connection.
+    Scale(scale::Args),
+    /// Message echo by size vs a plain read/write echo.
+    Size(size::Args),
+    /// User-space instructions per NULL call (callgrind).
+    Instructions(instr::Args),
+    /// Every benchmark with its defaults.
+    All(AllArgs),
+    /// The minimal raw-epoll ONC RPC NULL server (no framework).
+    #[command(hide = true)]
+    RawServer(rawepoll::Args),
+    /// The server of the uneven benchmark.
+    #[command(hide = true)]
+    UnevenServer(uneven::ServerArgs),
+    /// The load generator of the uneven benchmark.
+    #[command(hide = true)]
+    UnevenLoad(uneven::LoadArgs),
+    /// The many-connection load generator of the scale benchmark.
+    #[command(hide = true)]
+    ScaleLoad(scale::LoadArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AllArgs {
+    /// Shorter rounds everywhere (a smoke run, not a measurement).
+    #[arg(long)]
+    pub quick: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    match a.mode {
+        Mode::Rpc(a) => rpc::run(a),
+        Mode::Uneven(a) => uneven::run(a),
+        Mode::Scale(a) => scale::run(a),
+        Mode::Size(a) => size::run(a),
+        Mode::Instructions(a) => instr::run(a),
+        Mode::All(a) => {
+            let q: &[&str] = if a.quick {
+                &["bench", "--quick"]
+            } else {
+                &["bench"]
+            };
+            let mut rc = 0;
+            rc |= rpc::run(defaults(q))?;
+            rc |= uneven::run(defaults(q))?;
+            rc |= scale::run(defaults(q))?;
+            rc |= size::run(defaults(q))?;
+            rc |= instr::run(defaults(q))?;
+            Ok(rc)
+        }
+        Mode::RawServer(a) => rawepoll::run(a),
+        Mode::UnevenServer(a) => uneven::run_server(a),
+        Mode::UnevenLoad(a) => uneven::run_load(a),
+        Mode::ScaleLoad(a) => scale::run_load(a),
+    }
+}
+
+/// A mode's arguments as parsed from `argv` (its defaults plus `--quick`).
+fn defaults<T: clap::Args + clap::FromArgMatches>(argv: &[&str]) -> T {
+    let m = T::augment_args(clap::Command::new("bench")).get_matches_from(argv);
+    T::from_arg_matches(&m).expect("every bench mode parses its own defaults")
+}
+
+/// The `connmux` binary itself.
+pub fn exe() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("locating the connmux binary")
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// `0,1` for `[0, 1]`.
+pub fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Median (mean of the middle two for an even count); 0 for none.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// A command run under `taskset -c CPUS`.
+pub fn taskset(cpus: &[usize], program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new("taskset");
+    c.arg("-c").arg(cpu_list(cpus)).arg(program);
+    c
+}
+
+/// A server process, stopped (SIGKILL) and reaped on drop.
+pub struct Proc {
+    pub name: String,
+    pub addr: SocketAddr,
+    child: Option<Child>,
+    /// The server's own pid when it differs from the child's (ganesha).
+    pub pid: u32,
+    /// Command prefix the load generator needs to reach it (a netns).
+    pub client_prefix: Vec<String>,
+    on_drop: Option<Box<dyn FnOnce()>>,
+}
+
+impl Proc {
+    /// Spawn `cmd` (stdout discarded, stderr inherited) and wait until `port`
+    /// accepts connections.
+    pub fn spawn(name: &str, mut cmd: Command, port: u16) -> anyhow::Result<Proc> {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {name}: {cmd:?}"))?;
+        let pid = child.id();
+        let mut p = Proc {
+            name: name.into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            child: Some(child),
+            pid,
+            client_prefix: Vec::new(),
+            on_drop: None,
+        };
+        p.wait_listening(Duration::from_secs(20))?;
+        Ok(p)
+    }
+
+    /// A server that something else started and stops (`stop` runs on drop).
+    pub fn external(
+        name: &str,
+        addr: SocketAddr,
+        pid: u32,
+        client_prefix: Vec<String>,
+        stop: Box<dyn FnOnce()>,
+    ) -> Proc {
+        Proc {
+            name: name.into(),
+            addr,
+            child: None,
+            pid,
+            client_prefix,
+            on_drop: Some(stop),
+        }
+    }
+
+    fn wait_listening(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(c) = &mut self.child {
+                if let Some(st) = c.try_wait()? {
+                    bail!("{} exited before listening ({st})", self.name);
+                }
+            }
+            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!(
+            "{} did not listen on {} within {:?}",
+            self.name,
+            self.addr,
+            limit
+        )
+    }
+
+    /// Wait (bounded) for the process to exit by itself.
+    pub fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let start = Instant::now();
+        if let Some(c) = &mut self.child {
+            while start.elapsed() < limit {
+                if c.try_wait()?.is_some() {
+                    self.child = None;
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            bail!("{} still running after {:?}", self.name, limit);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(f) = self.on_drop.take() {
+            f();
+        }
+    }
+}
+
+/// Resident set size of a process, KiB (VmRSS).
+pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("no VmRSS")
+}
+
+/// One round's figures from a load generator's `--json` median row.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Figures {
+    pub rate: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Client CPU seconds of the round.
+    pub cpu_s: f64,
+}
+
+impl Figures {
+    /// Column-wise median of rounds.
+    pub fn median_of(rounds: &[Figures]) -> Figures {
+        Figures {
+            rate: median(rounds.iter().map(|f| f.rate).collect()),
+            p50_us: median(rounds.iter().map(|f| f.p50_us).collect()),
+            p99_us: median(rounds.iter().map(|f| f.p99_us).collect()),
+            cpu_s: median(rounds.iter().map(|f| f.cpu_s).collect()),
+        }
+    }
+}
+
+/// Run `connmux <tool> --json --no-progress -i 1 <args> ADDR` under
+/// `taskset -c CPUS` (after `prefix`, e.g. `ip netns exec NS`), with its
+/// threads pinned to CPUS in turn, and read the median row.
+pub fn loadgen(
+    tool: &str,
+    prefix: &[String],
+    cpus: &[usize],
+    args: &[String],
+    addr: SocketAddr,
+) -> anyhow::Result<Figures> {
+    let exe = exe()?;
+    let mut cmd = match prefix.split_first() {
+        Some((p0, rest)) => {
+            let mut c = Command::new(p0);
+            c.args(rest)
+                .arg("taskset")
+                .arg("-c")
+                .arg(cpu_list(cpus))
+                .arg(&exe);
+            c
+        }
+        None => taskset(cpus, &exe),
+    };
+    cmd.arg(tool)
+        .args([
+            "--json",
+            "--no-progress",
+            "-i",
+            "1",
+            "--cpu",
+            &cpu_list(cpus),
+        ])
+        .args(args)
+        .arg(addr.to_string());
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    let doc: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "{tool} printed no JSON (exit {:?}): {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    if doc["ok"] != Value::Bool(true) || !out.status.success() {
+        bail!(
+            "{tool} {} against {addr} failed: {}",
+            args.join(" "),
+            doc["error"].as_str().unwrap_or("errors")
+        );
+    }
+    let m = &doc["median"];
+    let f = |k: &str| {
+        m[k].as_f64()
+            .with_context(|| format!("{tool} report lacks median.{k}"))
+    };
+    Ok(Figures {
+        rate: f("rate")?,
+        p50_us: f("p50_us")?,
+        p99_us: f("p99_us")?,
+        cpu_s: m["cpu_s"].as_f64().unwrap_or(0.0),
+    })
+}
+
+/// Where the yardstick's sources are looked for (`--yardstick` overrides).
+pub const YARDSTICK_DIR: &str = "/work/shared/yardstick";
+
+/// Build the yardstick's `limit_server` from `dir` into a scratch directory
+/// (gcc -O2, as its Makefile does). `None` (with the reason printed) when the
+/// sources or the compiler are missing.
+pub fn build_yardstick(dir: &Path) -> Option<PathBuf> {
+    let src = dir.join("limit_server.c");
+    if !src.exists() {
+        eprintln!("bench: no yardstick at {} (skipped)", dir.display());
+        return None;
+    }
+    let out_dir =
+        std::env::temp_dir().join(format!("connmux-bench-yardstick-{}", std::process::id()));
+    if std::fs::create_dir_all(&out_dir).is_err() {
+        return None;
+    }
+    let bin = out_dir.join("limit_server");
+    let st = Command::new("gcc")
+        .args(["-O2", "-g", "-Wall", "-Wextra", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status();
+    match st {
+        Ok(s) if s.success() => Some(bin),
+        other => {
+            eprintln!("bench: building the yardstick failed ({other:?}); skipped");
+            None
+        }
+    }
+}
+
+/// Whether a program is on PATH.
+pub fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false)
+}
+
+/// A ratio printed as `0.93x`, or `-` without a baseline.
+pub fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 && a.is_finite() {
+        format!("{:.2}x", a / b)
+    } else {
+        "-".into()
+    }
+}
+
+/// `PASS`/`MISS` for a target line.
+pub fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "PASS"
+    } else {
+        "MISS"
+    }
+}
+
+/// The 1-minute load average, to print beside results.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(String::from))
+        .unwrap_or_else(|| "?".into())
+}

@@ -1,0 +1,416 @@
+//! `connmux bench rpc`: NULL-call throughput and RTT of every RPC server we
+//! have, under the same load and the same CPU placement, in one run.
+//!
+//! Servers: `rpc-server` (connmux), `raw` (`bench raw-server`: the same job on
+//! bare epoll), `thread` (`rpc-server --engine thread`), and, when present,
+//! `yardstick` (the C `limit_server`, built at run time) and `ganesha`
+//! (nfs-ganesha, started in its own network namespace by the yardstick's
+//! `ganesha/run.sh` when `ganesha.nfsd` is installed).
+//!
+//! Placements: `cpu0` puts every server (one worker) and the load generator on
+//! CPU 0; `spread` gives each server one worker per CPU (0 and 1) and pins the
+//! load generator's connection threads to CPUs 0 and 1 in turn. Each server
+//! process runs under `taskset -c` of its placement's CPUs.
+//!
+//! Rounds are interleaved: every round runs every placement, setting and
+//! server once (servers in a rotating order), and the table shows the median
+//! over rounds of RPC/s, median RTT and p99 RTT, with ratios to the yardstick.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use super::{
+    build_yardstick, cpu_list, exe, free_port, loadavg, loadgen, ratio, taskset, verdict, Figures,
+    Proc,
+};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Rounds (each runs every placement, setting and server once).
+    #[arg(short = 'i', long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Seconds per run.
+    #[arg(short = 'd', long, default_value_t = 1.0)]
+    pub seconds: f64,
+    /// Load settings THREADS:IN_FLIGHT (rpctest -j and -a).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1:1,1:32,1:128,2:128,8:128,64:16"
+    )]
+    pub settings: Vec<String>,
+    /// Placements: cpu0 (everything on CPU 0), spread (one worker per CPU 0 and 1).
+    #[arg(long, value_delimiter = ',', default_value = "cpu0,spread")]
+    pub placements: Vec<String>,
+    /// Servers to measure (those missing are skipped): connmux, raw, thread, yardstick, ganesha.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "connmux,raw,thread,yardstick,ganesha"
+    )]
+    pub servers: Vec<String>,
+    /// Directory with the yardstick's limit_server.c.
+    #[arg(long, default_value = super::YARDSTICK_DIR)]
+    pub yardstick: PathBuf,
+    /// A smoke run: one round of 0.3 s, settings 1:1 and 1:32, CPU 0 only, no ganesha.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// A placement: its name and the CPUs of its servers' workers and load.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    pub name: String,
+    pub cpus: Vec<usize>,
+}
+
+pub fn placement(name: &str) -> anyhow::Result<Placement> {
+    let avail = connmux_sys::affinity::available_cpus()?;
+    let cpus = match name {
+        "cpu0" => vec![0],
+        "spread" => vec![0, 1],
+        other => super::super::loadgen::target::parse_cpu_list(other)
+            .map_err(|e| anyhow::anyhow!("placement {other}: {e}"))?,
+    };
+    if let Some(c) = cpus.iter().find(|c| !avail.contains(c)) {
+        anyhow::bail!("placement {name}: CPU {c} is not available (available: {avail:?})");
+    }
+    Ok(Placement {
+        name: name.into(),
+        cpus,
+    })
+}
+
+/// Start one RPC server of kind `kind` with the placement's workers.
+pub fn start_server(
+    kind: &str,
+    p: &Placement,
+    yard: Option<&PathBuf>,
+) -> anyhow::Result<Option<Proc>> {
+    let port = free_port()?;
+    let listen = format!("127.0.0.1:{port}");
+    let n = p.cpus.len().to_string();
+    let cpus = cpu_list(&p.cpus);
+    let exe = exe()?;
+    let cmd = match kind {
+        "connmux" => {
+            let mut c = taskset(&p.cpus, &exe);
+            c.args([
+                "rpc-server",
+                "-l",
+                &listen,
+                "--workers",
+                &n,
+                "--cpus",
+                &cpus,
+                "--no-stats-socket",
+            ]);
+            c
+        }
+        "raw" => {
+            let mut c = taskset(&p.cpus, &exe);
+            c.args([
+                "bench",
+                "raw-server",
+                "-l",
+                &listen,
+                "--threads",
+                &n,
+                "--cpus",
+                &cpus,
+            ]);
+            c
+        }
+        "thread" => {
+            let mut c = taskset(&p.cpus, &exe);
+            c.args([
+                "rpc-server",
+                "--engine",
+                "thread",
+                "-l",
+                &listen,
+                "--no-stats-socket",
+            ]);
+            c
+        }
+        "yardstick" => {
+            let Some(bin) = yard else { return Ok(None) };
+            let mut c = taskset(&p.cpus, bin);
+            c.args(["-t", &n, "-p", &port.to_string(), "-q"]);
+            if p.cpus.len() > 1 {
+                c.arg("-P");
+            }
+            c
+        }
+        "ganesha" => return start_ganesha(p, yard),
+        other => anyhow::bail!("unknown server {other:?}"),
+    };
+    Proc::spawn(&format!("{kind}@{}", p.name), cmd, port).map(Some)
+}
+
+/// nfs-ganesha via the yardstick's `ganesha/run.sh` (its own network
+/// namespace); its threads are then moved onto the placement's CPUs.
+fn start_ganesha(p: &Placement, yard: Option<&PathBuf>) -> anyhow::Result<Option<Proc>> {
+    let Some(yard) = yard else { return Ok(None) };
+    let run_sh = yard.parent().map(|d| d.join("ganesha/run.sh"));
+    let run_sh = match run_sh {
+        Some(r) if r.exists() && super::on_path("ganesha.nfsd") => r,
+        _ => {
+            eprintln!("bench: nfs-ganesha is not installed (ganesha.nfsd); skipped");
+            return Ok(None);
+        }
+    };
+    let st = std::process::Command::new("bash")
+        .arg(&run_sh)
+        .arg("start")
+        .status()?;
+    if !st.success() {
+        eprintln!("bench: {} start failed; ganesha skipped", run_sh.display());
+        return Ok(None);
+    }
+    let pid: u32 = std::fs::read_to_string("/tmp/limit_ganesha/ganesha.pid")
+        .context("ganesha pid file")?
+        .trim()
+        .parse()?;
+    let _ = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", &cpu_list(&p.cpus), &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status();
+    let stop = Box::new(move || {
+        let _ = std::process::Command::new("bash")
+            .arg(&run_sh)
+            .arg("stop")
+            .status();
+    });
+    Ok(Some(Proc::external(
+        &format!("ganesha@{}", p.name),
+        "127.0.0.1:2049".parse().expect("literal"),
+        pid,
+        vec![
+            "ip".into(),
+            "netns".into(),
+            "exec".into(),
+            "limit_ns".into(),
+        ],
+        stop,
+    )))
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Setting {
+    pub threads: u64,
+    pub inflight: u64,
+}
+
+impl std::fmt::Display for Setting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "-j{} -a{}", self.threads, self.inflight)
+    }
+}
+
+pub fn parse_setting(s: &str) -> anyhow::Result<Setting> {
+    let (j, a) = s
+        .split_once(':')
+        .with_context(|| format!("setting {s}: want THREADS:IN_FLIGHT"))?;
+    Ok(Setting {
+        threads: j.trim().parse()?,
+        inflight: a.trim().parse()?,
+    })
+}
+
+pub fn run(mut a: Args) -> anyhow::Result<i32> {
+    if a.quick {
+        a.rounds = 1;
+        a.seconds = 0.3;
+        a.settings = vec!["1:1".into(), "1:32".into()];
+        a.placements = vec!["cpu0".into()];
+        a.servers.retain(|s| s != "ganesha");
+    }
+    anyhow::ensure!(
+        a.rounds > 0 && a.seconds > 0.0,
+        "--rounds and --seconds must be positive"
+    );
+    let settings = a
+        .settings
+        .iter()
+        .map(|s| parse_setting(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let placements = a
+        .placements
+        .iter()
+        .map(|p| placement(p))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let yard = if a.servers.iter().any(|s| s == "yardstick" || s == "ganesha") {
+        build_yardstick(&a.yardstick)
+    } else {
+        None
+    };
+    // Ganesha is one process for the whole run: it only runs in the first placement
+    // it is started for, so start it per placement in turn (see below).
+    let kinds: Vec<&str> = a.servers.iter().map(String::as_str).collect();
+    println!(
+        "connmux bench rpc: ONC RPC NULL calls over loopback; {} round(s) of {} s per server, setting and placement, \
+         interleaved; medians over rounds; load avg {}",
+        a.rounds,
+        a.seconds,
+        loadavg()
+    );
+    // results[placement][setting][server] = figures per round
+    let mut names: Vec<Vec<String>> = Vec::new();
+    let mut results: Vec<Vec<Vec<Vec<Figures>>>> = Vec::new();
+    // Start every server except ganesha up front (idle servers cost nothing).
+    let mut servers: Vec<Vec<Proc>> = Vec::new();
+    for p in &placements {
+        let mut v = Vec::new();
+        for k in kinds.iter().filter(|k| **k != "ganesha") {
+            if let Some(s) = start_server(k, p, yard.as_ref())? {
+                v.push(s);
+            }
+        }
+        names.push(v.iter().map(|s| short(&s.name)).collect());
+        results.push(vec![vec![Vec::new(); v.len() + 1]; settings.len()]);
+        servers.push(v);
+    }
+    let want_ganesha = kinds.contains(&"ganesha") && super::on_path("ganesha.nfsd");
+    if kinds.contains(&"ganesha") && !want_ganesha {
+        eprintln!("bench: nfs-ganesha is not installed (no ganesha.nfsd on PATH); skipped");
+    }
+    let mut has_ganesha = vec![false; placements.len()];
+    for round in 0..a.rounds {
+        for (pi, p) in placements.iter().enumerate() {
+            let ganesha = if want_ganesha {
+                start_server("ganesha", p, yard.as_ref())?
+            } else {
+                None
+            };
+            if ganesha.is_some() {
+                has_ganesha[pi] = true;
+            }
+            let n = servers[pi].len();
+            for (si, s) in settings.iter().enumerate() {
+                let args: Vec<String> = vec![
+                    "-j".into(),
+                    s.threads.to_string(),
+                    "-a".into(),
+                    s.inflight.to_string(),
+                    "-d".into(),
+                    a.seconds.to_string(),
+                ];
+                for k in 0..n + 1 {
+                    let vi = (k + round + si) % (n + 1);
+                    let srv = if vi < n {
+                        Some(&servers[pi][vi])
+                    } else {
+                        ganesha.as_ref()
+                    };
+                    let Some(srv) = srv else { continue };
+                    let f = loadgen("rpctest", &srv.client_prefix, &p.cpus, &args, srv.addr)
+                        .with_context(|| format!("round {} {s} against {}", round + 1, srv.name))?;
+                    results[pi][si][vi].push(f);
+                }
+            }
+        }
+        eprintln!(
+            "bench rpc: round {}/{} done (load avg {})",
+            round + 1,
+            a.rounds,
+            loadavg()
+        );
+    }
+    drop(servers);
+
+    println!();
+    println!(
+        "{:<7} {:<12} {:<10} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "place", "setting", "server", "RPC/s", "p50_us", "p99_us", "vs_yard", "vs_raw", "vs_thread"
+    );
+    let mut table = Vec::new();
+    for (pi, p) in placements.iter().enumerate() {
+        let mut nm = names[pi].clone();
+        nm.push("ganesha".into());
+        for (si, s) in settings.iter().enumerate() {
+            let med: Vec<Option<Figures>> = results[pi][si]
+                .iter()
+                .map(|r| (!r.is_empty()).then(|| Figures::median_of(r)))
+                .collect();
+            let get = |name: &str| nm.iter().position(|n| n == name).and_then(|i| med[i]);
+            let (yard_f, raw_f, thr_f) = (get("yardstick"), get("raw"), get("thread"));
+            for (vi, m) in med.iter().enumerate() {
+                let Some(m) = m else { continue };
+                let r = |b: Option<Figures>| b.map_or("-".into(), |b| ratio(m.rate, b.rate));
+                println!(
+                    "{:<7} {:<12} {:<10} {:>11.0} {:>9.1} {:>9.1} {:>9} {:>9} {:>9}",
+                    p.name,
+                    s.to_string(),
+                    nm[vi],
+                    m.rate,
+                    m.p50_us,
+                    m.p99_us,
+                    r(yard_f),
+                    r(raw_f),
+                    r(thr_f)
+                );
+                table.push((p.name.clone(), *s, nm[vi].clone(), *m));
+            }
+        }
+    }
+    targets(&table, &has_ganesha);
+    Ok(0)
+}
+
+fn short(name: &str) -> String {
+    name.split('@').next().unwrap_or(name).to_string()
+}
+
+/// Print the targets of the rpc benchmark with PASS/MISS.
+fn targets(table: &[(String, Setting, String, Figures)], _has_ganesha: &[bool]) {
+    let find = |place: &str, s: Setting, server: &str| {
+        table
+            .iter()
+            .find(|(p, t, n, _)| {
+                p == place && t.threads == s.threads && t.inflight == s.inflight && n == server
+            })
+            .map(|x| x.3)
+    };
+    let mut lines = Vec::new();
+    for (p, s, n, f) in table {
+        if n != "connmux" {
+            continue;
+        }
+        if let Some(y) = find(p, *s, "yardstick") {
+            let spread_target =
+                p == "spread" && s.inflight == 128 && (s.threads == 2 || s.threads == 8);
+            if p == "cpu0" || spread_target {
+                let r = f.rate / y.rate;
+                lines.push(format!(
+                    "{} rpc-server >= 0.9x yardstick RPC/s, {p} {s}: {r:.2}x",
+                    verdict(r >= 0.9)
+                ));
+            }
+            if s.threads == 1 && s.inflight == 1 {
+                let r = f.p50_us / y.p50_us;
+                lines.push(format!(
+                    "{} median RTT <= 1.1x yardstick, {p} {s}: {r:.2}x",
+                    verdict(r <= 1.1)
+                ));
+            }
+        }
+        if s.inflight == 128 {
+            if let Some(g) = find(p, *s, "ganesha") {
+                let r = f.rate / g.rate;
+                lines.push(format!(
+                    "{} rpc-server >= 20x ganesha RPC/s, {p} {s}: {r:.1}x",
+                    verdict(r >= 20.0)
+                ));
+            }
+        }
+    }
+    if !lines.is_empty() {
+        println!();
+        println!("targets:");
+        for l in lines {
+            println!("  {l}");
+        }
+    }
+}

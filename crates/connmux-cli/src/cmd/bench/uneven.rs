@@ -1,0 +1,502 @@
+//! `connmux bench uneven`: uneven work, KCM's Thrift case. Some requests burn
+//! CPU for `--heavy-us` in the handler; all of them arrive on `--heavy-conns`
+//! connections, while the other `--light-conns` connections send requests
+//! that need no work. Compared, each as its own process with one worker (or
+//! thread pool) over CPUs 0 and 1:
+//!
+//! - `affinity`: connmux's default steering (a connection's messages are
+//!   handled where they were read until load is uneven);
+//! - `rr`: KCM's round robin over the workers' sockets;
+//! - `thread`: one thread per connection, blocking I/O, the kernel schedules.
+//!
+//! Reported, as medians over interleaved rounds: total requests/s, the light
+//! connections' requests/s, and the light connections' median and p99 RTT.
+//!
+//! Wire format ("l4" framing): a 4-byte big-endian length (12), then the
+//! kind byte (1 = heavy, 0 = light), 3 zero bytes, the 4-byte tag and 4 zero
+//! bytes. The server echoes each message after the work.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::BytesMut;
+use connmux::service::{Handler, Service, ServiceConfig, Verdict};
+use connmux::{Bytes, Config, Mux, Placement, PsockId, SockType, Steering};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{cpu_list, exe, free_port, loadavg, median, ratio, taskset, verdict, Proc};
+use crate::cmd::loadgen::engine::{self, Client, Progress, RoundPlan, Workload};
+
+/// Bytes of one message, header included.
+const MSG: usize = 16;
+const HEAVY: u8 = 1;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Rounds (each runs every variant once, in a rotating order).
+    #[arg(short = 'i', long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Seconds per run.
+    #[arg(short = 'd', long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// CPU time each heavy request burns, microseconds.
+    #[arg(long, default_value_t = 200)]
+    pub heavy_us: u64,
+    /// Connections that send only heavy requests.
+    #[arg(long, default_value_t = 1)]
+    pub heavy_conns: usize,
+    /// Connections that send only light requests.
+    #[arg(long, default_value_t = 7)]
+    pub light_conns: usize,
+    /// Requests in flight per connection.
+    #[arg(short = 'a', long, default_value_t = 4)]
+    pub inflight: usize,
+    /// CPUs: one server worker per CPU; the load's threads take them in turn.
+    #[arg(long, value_delimiter = ',', default_value = "0,1")]
+    pub cpus: Vec<usize>,
+    /// A smoke run: one round of 0.5 s.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ServerArgs {
+    #[arg(short, long)]
+    pub listen: SocketAddr,
+    /// connmux or thread.
+    #[arg(long, default_value = "connmux")]
+    pub engine: String,
+    /// affinity or rr (connmux only).
+    #[arg(long, default_value = "affinity")]
+    pub steering: String,
+    /// Worker CPUs (connmux: one worker each).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub cpus: Vec<usize>,
+    #[arg(long, default_value_t = 200)]
+    pub heavy_us: u64,
+    /// Stop after this many seconds (default: until killed).
+    #[arg(long)]
+    pub duration: Option<f64>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LoadArgs {
+    #[arg(long, default_value_t = 1)]
+    pub heavy_conns: usize,
+    #[arg(long, default_value_t = 7)]
+    pub light_conns: usize,
+    #[arg(short = 'a', long, default_value_t = 4)]
+    pub inflight: usize,
+    #[arg(short = 'd', long, default_value_t = 2.0)]
+    pub seconds: f64,
+    #[arg(long, value_delimiter = ',')]
+    pub cpus: Vec<usize>,
+    pub target: SocketAddr,
+}
+
+/// Burn the CPU for `d` (a busy loop on the clock: no sleeping, no yielding).
+fn burn(d: Duration) {
+    let end = Instant::now() + d;
+    let mut spins = 0u64;
+    while Instant::now() < end {
+        spins = spins.wrapping_add(1);
+        std::hint::spin_loop();
+    }
+    std::hint::black_box(spins);
+}
+
+/// The handler: heavy messages burn, every message is echoed.
+struct Uneven {
+    heavy: Duration,
+}
+
+impl Handler for Uneven {
+    fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
+        if request.len() != MSG {
+            return Verdict::Close;
+        }
+        if request[4] == HEAVY {
+            burn(self.heavy);
+        }
+        Verdict::Reply(request)
+    }
+}
+
+pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
+    let heavy = Duration::from_micros(a.heavy_us);
+    let stop_at = a
+        .duration
+        .map(|d| Instant::now() + Duration::from_secs_f64(d));
+    let wait = || loop {
+        if stop_at.is_some_and(|t| Instant::now() >= t) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    match a.engine.as_str() {
+        "connmux" => {
+            let mut c = Config::default();
+            c.workers = a.cpus.len().max(1);
+            c.placement = Placement::Cpus(a.cpus.clone());
+            c.core.steering = match a.steering.as_str() {
+                "affinity" => Steering::Affinity,
+                "rr" => Steering::RoundRobin,
+                o => bail!("--steering {o}: affinity or rr"),
+            };
+            let mux = Mux::new(c)?;
+            let svc = Service::start(
+                mux,
+                ServiceConfig {
+                    listen: a.listen,
+                    sock_type: SockType::Dgram,
+                    parser: Arc::new(|| connmux::parsers::from_spec("l4").expect("built-in")),
+                },
+                Arc::new(Uneven { heavy }),
+            )?;
+            println!(
+                "uneven-server (connmux, {}) listening on {}",
+                a.steering,
+                svc.local_addr()
+            );
+            wait();
+            svc.shutdown();
+        }
+        "thread" => {
+            let l = TcpListener::bind(a.listen)?;
+            println!(
+                "uneven-server (thread per connection) listening on {}",
+                l.local_addr()?
+            );
+            std::thread::spawn(move || {
+                for c in l.incoming().flatten() {
+                    let _ = std::thread::Builder::new().spawn(move || serve_thread(c, heavy));
+                }
+            });
+            wait();
+        }
+        o => bail!("--engine {o}: connmux or thread"),
+    }
+    Ok(0)
+}
+
+/// One connection, blocking: answer every whole message of each read, all
+/// replies of a read in one write.
+fn serve_thread(mut c: TcpStream, heavy: Duration) {
+    let _ = c.set_nodelay(true);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut have = 0;
+    let mut out = Vec::with_capacity(64 << 10);
+    loop {
+        let n = match c.read(&mut buf[have..]) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        have += n;
+        let mut at = 0;
+        while have - at >= MSG {
+            let m = &buf[at..at + MSG];
+            if m[..4] != (MSG as u32 - 4).to_be_bytes() {
+                return;
+            }
+            if m[4] == HEAVY {
+                burn(heavy);
+            }
+            out.extend_from_slice(m);
+            at += MSG;
+        }
+        buf.copy_within(at..have, 0);
+        have -= at;
+        if c.write_all(&out).is_err() {
+            return;
+        }
+        out.clear();
+    }
+}
+
+struct Load {
+    heavy_conns: usize,
+}
+
+struct UClient {
+    kind: u8,
+    buf: Vec<u8>,
+}
+
+impl Workload for Load {
+    type Client = UClient;
+    fn client(&self, conn: usize) -> UClient {
+        UClient {
+            kind: if conn < self.heavy_conns { HEAVY } else { 0 },
+            buf: Vec::new(),
+        }
+    }
+}
+
+impl Client for UClient {
+    fn encode(&mut self, tag: u32, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(MSG as u32 - 4).to_be_bytes());
+        out.extend_from_slice(&[self.kind, 0, 0, 0]);
+        out.extend_from_slice(&tag.to_be_bytes());
+        out.extend_from_slice(&[0; 4]);
+    }
+    fn decode(&mut self, input: &[u8], done: &mut Vec<u32>) -> Result<(), String> {
+        self.buf.extend_from_slice(input);
+        let mut at = 0;
+        while self.buf.len() - at >= MSG {
+            let m = &self.buf[at..at + MSG];
+            if m[..4] != (MSG as u32 - 4).to_be_bytes() || m[4] != self.kind {
+                return Err(format!("bad echo {m:02x?}"));
+            }
+            done.push(u32::from_be_bytes([m[8], m[9], m[10], m[11]]));
+            at += MSG;
+        }
+        self.buf.drain(..at);
+        Ok(())
+    }
+}
+
+struct Quiet;
+impl Progress for Quiet {
+    fn tick(&mut self, _: u64, _: Duration) {}
+    fn interval(&self) -> Option<Duration> {
+        None
+    }
+}
+
+#[derive(Serialize, Clone, Copy, Default, Debug)]
+struct LoadReport {
+    total_rate: f64,
+    light_rate: f64,
+    heavy_rate: f64,
+    light_p50_us: f64,
+    light_p99_us: f64,
+    heavy_p50_us: f64,
+}
+
+pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
+    let n = a.heavy_conns + a.light_conns;
+    anyhow::ensure!(
+        n > 0 && a.inflight > 0,
+        "need connections and requests in flight"
+    );
+    let d = Duration::from_secs_f64(a.seconds);
+    let plan = RoundPlan {
+        threads: n,
+        inflight: a.inflight,
+        count: None,
+        duration: Some(d),
+        limit: d + Duration::from_secs(30),
+        io_timeout: Duration::from_secs(10),
+        cpus: (!a.cpus.is_empty()).then(|| a.cpus.clone()),
+    };
+    let out = engine::run_round(
+        &Load {
+            heavy_conns: a.heavy_conns,
+        },
+        &[a.target],
+        &plan,
+        &mut Quiet,
+    );
+    if let Some(e) = out.conns.iter().find_map(|c| c.error.clone()) {
+        println!("{}", serde_json::json!({"ok": false, "error": e}));
+        return Ok(1);
+    }
+    if out.timed_out {
+        println!(
+            "{}",
+            serde_json::json!({"ok": false, "error": "round timed out"})
+        );
+        return Ok(1);
+    }
+    let secs = out
+        .conns
+        .iter()
+        .map(|c| c.elapsed_ns)
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64
+        / 1e9;
+    let (heavy, light) = out.conns.split_at(a.heavy_conns);
+    let mut lh = engine::new_histogram();
+    for c in light {
+        lh.add(&c.hist).expect("same bounds");
+    }
+    let mut hh = engine::new_histogram();
+    for c in heavy {
+        hh.add(&c.hist).expect("same bounds");
+    }
+    let sum = |cs: &[engine::ConnStats]| cs.iter().map(|c| c.calls).sum::<u64>() as f64;
+    let us = |h: &hdrhistogram::Histogram<u64>, q: f64| {
+        if h.is_empty() {
+            0.0
+        } else {
+            h.value_at_quantile(q) as f64 / 1e3
+        }
+    };
+    let r = LoadReport {
+        total_rate: (sum(heavy) + sum(light)) / secs,
+        light_rate: sum(light) / secs,
+        heavy_rate: sum(heavy) / secs,
+        light_p50_us: us(&lh, 0.5),
+        light_p99_us: us(&lh, 0.99),
+        heavy_p50_us: us(&hh, 0.5),
+    };
+    println!("{}", serde_json::json!({"ok": true, "report": r}));
+    Ok(0)
+}
+
+fn load_once(a: &Args, addr: SocketAddr) -> anyhow::Result<LoadReport> {
+    let cpus = cpu_list(&a.cpus);
+    let out = taskset(&a.cpus, exe()?)
+        .args(["bench", "uneven-load", "--cpus", &cpus])
+        .args([
+            "--heavy-conns",
+            &a.heavy_conns.to_string(),
+            "--light-conns",
+            &a.light_conns.to_string(),
+        ])
+        .args(["-a", &a.inflight.to_string(), "-d", &a.seconds.to_string()])
+        .arg(addr.to_string())
+        .output()?;
+    let doc: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "uneven-load printed no JSON: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    if doc["ok"] != Value::Bool(true) {
+        bail!("uneven load against {addr} failed: {}", doc["error"]);
+    }
+    let r = &doc["report"];
+    let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+    Ok(LoadReport {
+        total_rate: f("total_rate"),
+        light_rate: f("light_rate"),
+        heavy_rate: f("heavy_rate"),
+        light_p50_us: f("light_p50_us"),
+        light_p99_us: f("light_p99_us"),
+        heavy_p50_us: f("heavy_p50_us"),
+    })
+}
+
+pub fn run(mut a: Args) -> anyhow::Result<i32> {
+    if a.quick {
+        a.rounds = 1;
+        a.seconds = 0.5;
+    }
+    anyhow::ensure!(
+        a.rounds > 0 && a.seconds > 0.0,
+        "--rounds and --seconds must be positive"
+    );
+    let variants = [
+        ("affinity", "connmux", "affinity"),
+        ("rr", "connmux", "rr"),
+        ("thread", "thread", "affinity"),
+    ];
+    let mut servers = Vec::new();
+    for (name, engine, steering) in variants {
+        let port = free_port()?;
+        let mut cmd = taskset(&a.cpus, exe()?);
+        cmd.args(["bench", "uneven-server", "-l", &format!("127.0.0.1:{port}")])
+            .args([
+                "--engine",
+                engine,
+                "--steering",
+                steering,
+                "--cpus",
+                &cpu_list(&a.cpus),
+            ])
+            .args(["--heavy-us", &a.heavy_us.to_string()]);
+        servers.push(Proc::spawn(name, cmd, port)?);
+    }
+    println!(
+        "connmux bench uneven: {} heavy connection(s) ({} us of CPU per request) and {} light ones, -a{} each; \
+         servers with one worker per CPU {:?}; {} round(s) of {} s, interleaved; medians; load avg {}",
+        a.heavy_conns,
+        a.heavy_us,
+        a.light_conns,
+        a.inflight,
+        a.cpus,
+        a.rounds,
+        a.seconds,
+        loadavg()
+    );
+    let mut res: Vec<Vec<LoadReport>> = vec![Vec::new(); servers.len()];
+    for round in 0..a.rounds {
+        for k in 0..servers.len() {
+            let i = (k + round) % servers.len();
+            let r = load_once(&a, servers[i].addr)
+                .with_context(|| format!("round {} against {}", round + 1, servers[i].name))?;
+            res[i].push(r);
+        }
+        eprintln!("bench uneven: round {}/{} done", round + 1, a.rounds);
+    }
+    let med: Vec<LoadReport> = res
+        .iter()
+        .map(|rs| {
+            let m = |f: fn(&LoadReport) -> f64| median(rs.iter().map(f).collect());
+            LoadReport {
+                total_rate: m(|r| r.total_rate),
+                light_rate: m(|r| r.light_rate),
+                heavy_rate: m(|r| r.heavy_rate),
+                light_p50_us: m(|r| r.light_p50_us),
+                light_p99_us: m(|r| r.light_p99_us),
+                heavy_p50_us: m(|r| r.heavy_p50_us),
+            }
+        })
+        .collect();
+    println!();
+    println!(
+        "{:<10} {:>11} {:>11} {:>9} {:>13} {:>13} {:>13} {:>10} {:>10}",
+        "variant",
+        "total/s",
+        "light/s",
+        "heavy/s",
+        "light_p50_us",
+        "light_p99_us",
+        "heavy_p50_us",
+        "vs_thread",
+        "p99/thread"
+    );
+    let thr = med[2];
+    for (i, (name, _, _)) in variants.iter().enumerate() {
+        let m = med[i];
+        println!(
+            "{:<10} {:>11.0} {:>11.0} {:>9.0} {:>13.1} {:>13.1} {:>13.1} {:>10} {:>10}",
+            name,
+            m.total_rate,
+            m.light_rate,
+            m.heavy_rate,
+            m.light_p50_us,
+            m.light_p99_us,
+            m.heavy_p50_us,
+            ratio(m.total_rate, thr.total_rate),
+            ratio(m.light_p99_us, thr.light_p99_us)
+        );
+    }
+    let (aff, rr) = (med[0], med[1]);
+    println!();
+    println!("targets:");
+    let t = aff.total_rate / thr.total_rate;
+    println!(
+        "  {} default steering >= 1.6x thread-per-connection throughput: {t:.2}x",
+        verdict(t >= 1.6)
+    );
+    let p = aff.light_p99_us / thr.light_p99_us;
+    println!(
+        "  {} default steering light p99 <= 0.5x thread-per-connection: {p:.2}x",
+        verdict(p <= 0.5)
+    );
+    let ok = aff.total_rate >= rr.total_rate && aff.light_p99_us <= rr.light_p99_us;
+    println!(
+        "  {} default steering never below round robin: throughput {:.2}x, light p99 {:.2}x",
+        verdict(ok),
+        aff.total_rate / rr.total_rate,
+        aff.light_p99_us / rr.light_p99_us
+    );
+    Ok(0)
+}
