@@ -29,6 +29,7 @@ enum Command {
     Stat(cmd::stat::Args),
     /// Split a byte stream into messages with a built-in or BPF parser.
     Parse(cmd::parse::Args),
+    Bench(cmd::bench::Args),
 }
 
 fn main() {
@@ -41,6 +42,7 @@ fn main() {
         Command::Rpctest(a) => cmd::rpctest::run(a),
         Command::Stat(a) => cmd::stat::run(a),
         Command::Parse(a) => cmd::parse::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match r {
         Ok(code) => std::process::exit(code),

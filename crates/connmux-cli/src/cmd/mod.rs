@@ -1,6 +1,7 @@
 //! One module per subcommand; each has an `Args` (clap) and a `run` returning the
 //! process exit code.
 pub mod baseline;
+pub mod bench;
 pub mod demo;
 pub mod echotest;
 pub mod loadgen;
