@@ -56,13 +56,18 @@ pub struct RingConfig {
     pub buf_count: u16,
     /// Bytes per provided buffer (the most one receive completion carries).
     pub buf_size: u32,
+    /// Run the kernel's completion work only when this ring waits
+    /// (`IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN`, Linux 6.1+): nothing
+    /// is delivered between two waits, so what one wait reaps is all that arrived.
+    /// The ring must then be created, used and dropped on one thread.
+    pub defer_taskrun: bool,
 }
 
 impl Default for RingConfig {
     /// 256 submissions, 1024 completions, 256 buffers of 16 KiB (4 MiB of receive
     /// memory per ring).
     fn default() -> Self {
-        RingConfig { entries: 256, cq_entries: 1024, buf_count: 256, buf_size: 16 * 1024 }
+        RingConfig { entries: 256, cq_entries: 1024, buf_count: 256, buf_size: 16 * 1024, defer_taskrun: false }
     }
 }
 
@@ -94,7 +99,7 @@ pub fn supported() -> bool {
 }
 
 fn probe() -> io::Result<()> {
-    let config = RingConfig { entries: 4, cq_entries: 8, buf_count: 2, buf_size: 64 };
+    let config = RingConfig { entries: 4, cq_entries: 8, buf_count: 2, buf_size: 64, defer_taskrun: false };
     let mut ring: Ring<Vec<u8>> = Ring::new(config)?;
     let (a, b) = std::os::unix::net::UnixStream::pair()?;
     ring.recv_multishot(b.as_raw_fd(), 1)?;
@@ -341,7 +346,12 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// bytes. `EINVAL` for a buffer count that is not a power of two (≤ 32768) or a
     /// zero size; the kernel's error when io_uring is unavailable.
     pub fn new(config: RingConfig) -> io::Result<Ring<B>> {
-        let uring = IoUring::builder().setup_cqsize(config.cq_entries.max(config.entries)).build(config.entries)?;
+        let mut builder = IoUring::builder();
+        builder.setup_cqsize(config.cq_entries.max(config.entries));
+        if config.defer_taskrun {
+            builder.setup_single_issuer().setup_defer_taskrun();
+        }
+        let uring = builder.build(config.entries)?;
         let bufs = BufRing::new(config.buf_count, config.buf_size)?;
         // SAFETY: the ring mapping holds `buf_count` entries and lives in `self.bufs` as
         // long as the IoUring (it is leaked, not unmapped, if operations outlive Drop).
@@ -423,6 +433,26 @@ impl<B: AsRef<[u8]>> Ring<B> {
         let slot = self.slots.alloc(Op::Cancel);
         let entry = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all()).build().user_data(slot as u64);
         self.push(slot, entry)
+    }
+
+    /// Queues cancellation of the multishot receive(s) submitted with `token`, leaving
+    /// other operations on the same fd (a send) alone. Returns how many were found;
+    /// each then ends with its last completion (`-ECANCELED` unless it ended first).
+    pub fn cancel_recv(&mut self, token: u64) -> io::Result<usize> {
+        let targets: Vec<usize> = self
+            .slots
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| matches!(op, Op::Recv { token: t } if *t == token))
+            .map(|(i, _)| i)
+            .collect();
+        for &target in &targets {
+            let slot = self.slots.alloc(Op::Cancel);
+            let entry = opcode::AsyncCancel::new(target as u64).build().user_data(slot as u64);
+            self.push(slot, entry)?;
+        }
+        Ok(targets.len())
     }
 
     /// Submits queued operations without waiting; returns how many were submitted.
@@ -565,7 +595,7 @@ mod tests {
     #[test]
     fn multishot_receives_several_messages_into_provided_buffers() {
         let (mut a, b) = pair();
-        let mut ring: Ring = Ring::new(RingConfig { entries: 8, cq_entries: 64, buf_count: 8, buf_size: 64 }).unwrap();
+        let mut ring: Ring = Ring::new(RingConfig { entries: 8, cq_entries: 64, buf_count: 8, buf_size: 64, ..RingConfig::default() }).unwrap();
         ring.recv_multishot(b.as_raw_fd(), 11).unwrap();
         ring.submit().unwrap();
         let mut got = Vec::new();
@@ -603,7 +633,7 @@ mod tests {
     #[test]
     fn large_data_splits_over_buffers_and_runs_out_with_enobufs() {
         let (mut a, b) = pair();
-        let mut ring: Ring = Ring::new(RingConfig { entries: 8, cq_entries: 64, buf_count: 4, buf_size: 100 }).unwrap();
+        let mut ring: Ring = Ring::new(RingConfig { entries: 8, cq_entries: 64, buf_count: 4, buf_size: 100, ..RingConfig::default() }).unwrap();
         ring.recv_multishot(b.as_raw_fd(), 3).unwrap();
         ring.submit().unwrap();
         // 1000 bytes, 4 buffers of 100, none recycled: 400 bytes arrive, then ENOBUFS.
@@ -780,7 +810,7 @@ mod tests {
 
     #[test]
     fn a_full_submission_queue_is_flushed_to_the_kernel() {
-        let mut ring: Ring = Ring::new(RingConfig { entries: 2, cq_entries: 16, buf_count: 2, buf_size: 64 }).unwrap();
+        let mut ring: Ring = Ring::new(RingConfig { entries: 2, cq_entries: 16, buf_count: 2, buf_size: 64, ..RingConfig::default() }).unwrap();
         let efds: Vec<_> = (0..6).map(|_| crate::eventfd::EventFd::new().unwrap()).collect();
         // Six polls queued without an explicit submit through a 2-entry queue.
         for (i, e) in efds.iter().enumerate() {
@@ -796,6 +826,39 @@ mod tests {
         tokens.sort_unstable();
         assert_eq!(tokens, (0..6).collect::<Vec<_>>());
         assert_eq!(ring.in_flight(), 0);
+    }
+
+    #[test]
+    fn cancel_recv_ends_the_receive_and_leaves_other_operations() {
+        let (mut a, b) = pair();
+        let efd = crate::eventfd::EventFd::new().unwrap();
+        // Completion work deferred to waits, as the runtime's workers run it.
+        let mut ring: Ring = Ring::new(RingConfig { defer_taskrun: true, ..RingConfig::default() }).unwrap();
+        ring.recv_multishot(b.as_raw_fd(), 7).unwrap();
+        ring.poll_readable(efd.as_raw_fd(), 8).unwrap();
+        a.write_all(b"before").unwrap();
+        let mut out = Vec::new();
+        reap_until(&mut ring, &mut out, |c| !c.is_empty());
+        assert!(matches!(out[0], Completion::Recv { token: 7, len: 6, more: true, .. }), "{out:?}");
+        if let Completion::Recv { buf_id, .. } = out[0] {
+            ring.recycle(buf_id);
+        }
+        assert_eq!(ring.cancel_recv(7).unwrap(), 1);
+        assert_eq!(ring.cancel_recv(99).unwrap(), 0, "no receive with that token");
+        out.clear();
+        reap_until(&mut ring, &mut out, |c| c.iter().any(|c| matches!(c, Completion::RecvEnd { .. })));
+        assert_eq!(out, vec![Completion::RecvEnd { token: 7, res: -libc::ECANCELED }]);
+        // The poll on another fd is still in flight and still works; bytes sent now
+        // stay in the socket.
+        assert_eq!(ring.in_flight(), 1);
+        a.write_all(b"after").unwrap();
+        efd.notify().unwrap();
+        out.clear();
+        reap_until(&mut ring, &mut out, |c| !c.is_empty());
+        assert_eq!(out, vec![Completion::Poll { token: 8, res: libc::POLLIN as i32 }]);
+        let mut buf = [0u8; 16];
+        let n = (&b).read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"after");
     }
 
     #[test]

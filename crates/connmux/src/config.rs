@@ -14,6 +14,20 @@ pub enum Placement {
     Unpinned,
 }
 
+/// The I/O driver of the worker threads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Driver {
+    /// io_uring where it works here (`connmux_sys::uring::supported()` and a
+    /// worker's ring can be created), else epoll.
+    #[default]
+    Auto,
+    /// Readiness with epoll, `read`/`writev` per connection.
+    Epoll,
+    /// io_uring: multishot receives into provided buffers, one `sendmsg` per
+    /// connection per pass; `Mux::new` fails if io_uring is unavailable.
+    Uring,
+}
+
 /// Mux configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -29,6 +43,8 @@ pub struct Config {
     /// Capacity of the psock error/event queue given by [`crate::Mux::events`];
     /// events beyond it are counted and dropped. Default 4096.
     pub event_queue: usize,
+    /// The I/O driver. Default `Auto`; [`crate::Mux::driver`] says which one runs.
+    pub driver: Driver,
 }
 
 impl Default for Config {
@@ -39,6 +55,7 @@ impl Default for Config {
             placement: Placement::Pinned,
             read_chunk: 64 << 10,
             event_queue: 4096,
+            driver: Driver::Auto,
         }
     }
 }

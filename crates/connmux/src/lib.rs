@@ -14,7 +14,7 @@
 //! let mux = Mux::new(Config::default())?;
 //! let sock = mux.socket(SockType::Dgram)?;
 //! let conn = TcpStream::connect("127.0.0.1:62049")?;
-//! sock.attach(&conn, connmux::parsers::from_spec("l4").unwrap())?;
+//! mux.attach(&conn, connmux::parsers::from_spec("l4").unwrap())?;
 //! sock.send(b"\0\0\0\x05hello")?;            // one whole message
 //! let mut buf = [0u8; 1024];
 //! let got = sock.recv(&mut buf)?;             // one whole message back
@@ -22,23 +22,26 @@
 //! ```
 //!
 //! Threads: `Config::workers` I/O worker threads, each pinned to a CPU, own the
-//! attached connections (read, parse, write). Application threads call
-//! `recv`/`send` on cloned sockets; [`Mux::serve`] instead runs a handler in
+//! attached connections (read, parse, write). They run on io_uring (multishot
+//! receives into provided buffers, one `sendmsg` per connection per pass) where
+//! it works, else on epoll; `Config::driver` chooses and [`Mux::driver`] tells.
+//! Application threads call `recv`/`send` on cloned sockets; [`Mux::serve`] instead runs a handler in
 //! place on the workers (see `docs/architecture.md`, "who owns what").
 //!
 //! What this crate does **not** do: it has no `unsafe` of its own (that is in
 //! `connmux-sys`), it does not listen or accept (see [`service`]), and it does
-//! not (yet) drive io_uring or the kernel's AF_KCM.
+//! not drive the kernel's AF_KCM.
 #![forbid(unsafe_code)]
 
 mod config;
 mod mux;
 mod shared;
 mod socket;
+mod uring_worker;
 mod worker;
 pub mod service;
 
-pub use config::{Config, Placement};
+pub use config::{Config, Driver, Placement};
 pub use connmux_core::mux::{
     Event as CoreEvent, PsockError, PsockId, RecvFlags, RecvInfo, RxError, SendFlags, SockId,
     SockType, Steering,

@@ -15,10 +15,11 @@ use connmux_core::stats::{MuxStats, PsockStats};
 use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
-use crate::config::Config;
-use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerRef};
+use crate::config::{Config, Driver};
+use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerIo, WorkerRef};
 use crate::socket::KcmSocket;
-use crate::worker;
+use crate::worker::{self, Command};
+use crate::uring_worker;
 
 /// A psock failure, as KCM reports it on the attached TCP socket (POLLERR +
 /// SO_ERROR). The application should [`Mux::unattach`] the connection.
@@ -65,15 +66,35 @@ pub struct Mux {
 }
 
 impl Mux {
-    /// Start a mux and its worker threads.
+    /// Start a mux and its worker threads, with the driver `config.driver`
+    /// picks (`Auto`: io_uring where it works here, else epoll).
     pub fn new(config: Config) -> io::Result<Mux> {
+        match config.driver {
+            Driver::Epoll => Self::start(&config, Driver::Epoll),
+            Driver::Uring => Self::start(&config, Driver::Uring),
+            Driver::Auto if connmux_sys::uring::supported() => match Self::start(&config, Driver::Uring) {
+                Ok(m) => Ok(m),
+                // A ring could not be created (memory lock limit, seccomp...).
+                Err(_) => Self::start(&config, Driver::Epoll),
+            },
+            Driver::Auto => Self::start(&config, Driver::Epoll),
+        }
+    }
+
+    fn start(config: &Config, driver: Driver) -> io::Result<Mux> {
         let workers = config.workers.max(1);
         let mut refs = Vec::with_capacity(workers);
         for _ in 0..workers {
-            let epoll = Epoll::new()?;
             let waker = EventFd::new()?;
-            epoll.add(waker.as_raw_fd(), worker::WAKER_TOKEN, Interest::READ)?;
-            refs.push(WorkerRef { epoll, waker, commands: Mutex::new(Vec::new()) });
+            let io = match driver {
+                Driver::Uring => WorkerIo::Uring,
+                _ => {
+                    let epoll = Epoll::new()?;
+                    epoll.add(waker.as_raw_fd(), worker::WAKER_TOKEN, Interest::READ)?;
+                    WorkerIo::Epoll(epoll)
+                }
+            };
+            refs.push(WorkerRef { io, waker, commands: Mutex::new(Vec::new()) });
         }
         let (events_tx, events_rx) = crossbeam::channel::bounded(config.event_queue.max(1));
         let shared = Arc::new(Shared {
@@ -91,23 +112,56 @@ impl Mux {
         });
         let cpus = worker::cpus_for(&config.placement, workers);
         let mut threads = Vec::with_capacity(workers);
+        let (init_tx, init_rx) = std::sync::mpsc::channel();
+        let mut failed = None;
         for (i, cpu) in cpus.into_iter().enumerate() {
             let sh = shared.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("connmux-w{i}"))
-                    .spawn(move || worker::run(sh, i, cpu))?,
-            );
+            let init = init_tx.clone();
+            let spawned = std::thread::Builder::new().name(format!("connmux-w{i}")).spawn(move || match driver {
+                Driver::Uring => uring_worker::run(sh, i, cpu, init),
+                _ => {
+                    let _ = init.send(Ok(()));
+                    worker::run(sh, i, cpu)
+                }
+            });
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
         }
-        Ok(Mux {
-            inner: Arc::new(MuxInner {
-                shared,
-                threads: Mutex::new(threads),
-                next_worker: AtomicU64::new(0),
-                events_rx,
-                serving: AtomicBool::new(false),
-            }),
-        })
+        drop(init_tx);
+        // Each worker says whether it could set up its I/O (its ring is created on
+        // its own thread: a ring that defers completion work has one issuer).
+        for _ in 0..threads.len() {
+            match init_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failed = failed.or(Some(e)),
+                Err(_) => failed = failed.or(Some(io::Error::other("worker exited during start"))),
+            }
+        }
+        let inner = MuxInner {
+            shared,
+            threads: Mutex::new(threads),
+            next_worker: AtomicU64::new(0),
+            events_rx,
+            serving: AtomicBool::new(false),
+        };
+        match failed {
+            // Dropping `inner` stops and joins the workers that did start.
+            Some(e) => Err(e),
+            None => Ok(Mux { inner: Arc::new(inner) }),
+        }
+    }
+
+    /// The I/O driver the workers run (never `Auto`).
+    pub fn driver(&self) -> Driver {
+        match self.shared().workers[0].io {
+            WorkerIo::Epoll(_) => Driver::Epoll,
+            WorkerIo::Uring => Driver::Uring,
+        }
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
@@ -168,9 +222,14 @@ impl Mux {
             core.drain_events(&mut events);
             rt
         };
-        if let Err(e) = sh.workers[worker].epoll.add(rt.fd(), psock_token(rt.id), Interest::READ) {
-            let _ = self.unattach_id(rt.id);
-            return Err(e);
+        match &sh.workers[worker].io {
+            WorkerIo::Epoll(epoll) => {
+                if let Err(e) = epoll.add(rt.fd(), psock_token(rt.id), Interest::READ) {
+                    let _ = self.unattach_id(rt.id);
+                    return Err(e);
+                }
+            }
+            WorkerIo::Uring => sh.workers[worker].command(Command::Attach(rt.clone())),
         }
         sh.dispatch(&mut events, &mut Ctx::App);
         Ok(rt.id)

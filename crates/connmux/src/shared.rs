@@ -19,6 +19,7 @@ use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
 use crate::mux::PsockEvent;
+use crate::worker::Command;
 
 /// The most slices handed to one `writev` (IOV_MAX is 1024; a few dozen
 /// replies per write is where batching stops paying).
@@ -115,11 +116,27 @@ impl Core {
     }
 }
 
-/// Per-worker handles other threads need: its epoll and its waker.
+/// How other threads reach a worker's connections.
+pub(crate) enum WorkerIo {
+    /// epoll_ctl from any thread.
+    Epoll(Epoll),
+    /// The ring is the worker's alone: other threads post commands.
+    Uring,
+}
+
+/// Per-worker handles other threads need: its I/O and its waker.
 pub(crate) struct WorkerRef {
-    pub epoll: Epoll,
+    pub io: WorkerIo,
     pub waker: EventFd,
-    pub commands: Mutex<Vec<crate::worker::Command>>,
+    pub commands: Mutex<Vec<Command>>,
+}
+
+impl WorkerRef {
+    /// Queue a command and wake the worker.
+    pub fn command(&self, c: Command) {
+        self.commands.lock().unwrap().push(c);
+        let _ = self.waker.notify();
+    }
 }
 
 pub(crate) struct Shared {
@@ -180,12 +197,18 @@ impl Shared {
                 }
                 Event::PsockRxResume(p) => {
                     if let Some(rt) = self.psock_rt(p) {
-                        self.set_interest(&rt, |i| i.read = true);
+                        match self.workers[rt.worker].io {
+                            WorkerIo::Epoll(_) => self.set_interest(&rt, |i| i.read = true),
+                            WorkerIo::Uring => self.workers[rt.worker].command(Command::Resume(p)),
+                        }
                     }
                 }
                 Event::PsockFailed(p, err) => {
                     if let Some(rt) = self.psock_rt(p) {
-                        self.set_interest(&rt, |i| i.read = false);
+                        match self.workers[rt.worker].io {
+                            WorkerIo::Epoll(_) => self.set_interest(&rt, |i| i.read = false),
+                            WorkerIo::Uring => self.workers[rt.worker].command(Command::StopRx(p)),
+                        }
                         let mut slot = rt.error.lock().unwrap();
                         if slot.is_none() {
                             *slot = Some(err.clone());
@@ -201,8 +224,15 @@ impl Shared {
                         crate::mux::ATTACHED.lock().unwrap().remove(&rt.ino);
                         let mut int = rt.interest.lock().unwrap();
                         if int.registered {
-                            let _ = self.workers[rt.worker].epoll.delete(rt.fd());
                             int.registered = false;
+                            match &self.workers[rt.worker].io {
+                                WorkerIo::Epoll(ep) => {
+                                    let _ = ep.delete(rt.fd());
+                                }
+                                // The worker cancels the connection's operations
+                                // and drops its handle once they have ended.
+                                WorkerIo::Uring => self.workers[rt.worker].command(Command::Release(rt.clone())),
+                            }
                         }
                         // The connection closes when the last Arc drops.
                     }
@@ -220,7 +250,9 @@ impl Shared {
     }
 
     /// Change a psock's epoll interest (from any thread: epoll_ctl is thread-safe).
+    /// Nothing for an io_uring worker (see [`Shared::want_write`] and the commands).
     pub fn set_interest(&self, rt: &PsockRt, f: impl FnOnce(&mut PsockInterest)) {
+        let WorkerIo::Epoll(epoll) = &self.workers[rt.worker].io else { return };
         let mut int = rt.interest.lock().unwrap();
         let before = *int;
         f(&mut int);
@@ -228,7 +260,17 @@ impl Shared {
             return;
         }
         let interest = Interest { readable: int.read, writable: int.write, edge: false };
-        let _ = self.workers[rt.worker].epoll.modify(rt.fd(), psock_token(rt.id), interest);
+        let _ = epoll.modify(rt.fd(), psock_token(rt.id), interest);
+    }
+
+    /// The connection would block with bytes left to write: leave the rest to
+    /// its worker (epoll: wait for writability; io_uring: a `sendmsg` that the
+    /// kernel completes when there is room).
+    pub fn want_write(&self, rt: &PsockRt) {
+        match self.workers[rt.worker].io {
+            WorkerIo::Epoll(_) => self.set_interest(rt, |i| i.write = true),
+            WorkerIo::Uring => self.workers[rt.worker].command(Command::Flush(rt.id)),
+        }
     }
 
     /// Write what the core has for this psock until it has nothing or the
@@ -260,7 +302,7 @@ impl Shared {
                     core.drain_events(events);
                     if w < want {
                         drop(core);
-                        self.set_interest(rt, |i| i.write = true);
+                        self.want_write(rt);
                         return;
                     }
                 }
@@ -268,7 +310,7 @@ impl Shared {
                     core.mux.tx_complete(rt.id, 0);
                     core.drain_events(events);
                     drop(core);
-                    self.set_interest(rt, |i| i.write = true);
+                    self.want_write(rt);
                     return;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {
@@ -283,6 +325,6 @@ impl Shared {
         }
         // Still more to write after the bound: hand the rest to the worker's
         // next writable event rather than leave it queued with nobody to send it.
-        self.set_interest(rt, |i| i.write = true);
+        self.want_write(rt);
     }
 }

@@ -17,7 +17,7 @@ use connmux_sys::epoll::{Events, Interest};
 
 use crate::config::Placement;
 use crate::service::Handler;
-use crate::shared::{token_psock, Ctx, PsockRt, Shared, SockRt};
+use crate::shared::{token_psock, Ctx, PsockRt, Shared, SockRt, WorkerIo};
 
 pub(crate) const WAKER_TOKEN: u64 = u64::MAX;
 pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
@@ -25,10 +25,22 @@ pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
 /// Messages a worker takes from its socket per lock acquisition.
 const SERVE_BATCH: usize = 256;
 
-/// Requests from other threads, delivered through the worker's waker.
+/// Requests from other threads, delivered through the worker's waker. The
+/// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
+/// io_uring worker gets all of them, as its ring is its own.
 pub(crate) enum Command {
     /// Run `handler` in place on messages steered to socket `sock`.
     Serve { sock: Arc<SockRt>, handler: Arc<dyn Handler> },
+    /// A psock was attached to this worker: start receiving.
+    Attach(Arc<PsockRt>),
+    /// The core takes bytes from this psock again (`PsockRxResume`).
+    Resume(PsockId),
+    /// The psock failed: stop receiving from it.
+    StopRx(PsockId),
+    /// The psock has bytes to write that another thread could not.
+    Flush(PsockId),
+    /// The core released the psock: end its operations, then drop it.
+    Release(Arc<PsockRt>),
 }
 
 pub(crate) fn cpus_for(placement: &Placement, workers: usize) -> Vec<Option<usize>> {
@@ -46,9 +58,9 @@ pub(crate) fn cpus_for(placement: &Placement, workers: usize) -> Vec<Option<usiz
     }
 }
 
-struct Serving {
-    sock: Arc<SockRt>,
-    handler: Arc<dyn Handler>,
+pub(crate) struct Serving {
+    pub sock: Arc<SockRt>,
+    pub handler: Arc<dyn Handler>,
 }
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
@@ -56,6 +68,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
     }
     let me = &sh.workers[index];
+    let WorkerIo::Epoll(epoll) = &me.io else { unreachable!("epoll worker on a non-epoll WorkerRef") };
     let mut evs = Events::with_capacity(256);
     let mut buf = vec![0u8; sh.read_chunk];
     let mut core_events: Vec<Event> = Vec::new();
@@ -75,7 +88,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
         };
         // Wake at least every second to notice `stop` even if a waker was lost.
         let timeout = Some(timeout.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1)));
-        let n = match me.epoll.wait(&mut evs, timeout) {
+        let n = match epoll.wait(&mut evs, timeout) {
             Ok(n) => n,
             Err(_) => continue,
         };
@@ -89,10 +102,12 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                         for c in cmds {
                             match c {
                                 Command::Serve { sock, handler } => {
-                                    let _ = me.epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ);
+                                    let _ = epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ);
                                     serving = Some(Serving { sock, handler });
                                     serve_ready = true;
                                 }
+                                // Other threads reach epoll psocks through epoll_ctl.
+                                _ => {}
                             }
                         }
                     }
@@ -178,7 +193,7 @@ fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>
 }
 
 /// Run the handler on every message queued on this worker's socket.
-fn serve(
+pub(crate) fn serve(
     sh: &Shared,
     sv: &Serving,
     msgs: &mut Vec<(connmux_core::Bytes, PsockId)>,

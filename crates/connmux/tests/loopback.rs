@@ -1,6 +1,7 @@
 //! The acceptance cases of the KCM specification (§7) that need real sockets,
 //! on loopback TCP, plus connmux's own additions (addressed mode, serving).
 
+#[macro_use]
 mod common;
 
 use std::io::{ErrorKind, Read, Write};
@@ -15,7 +16,6 @@ fn errno(e: std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(-1)
 }
 
-#[test]
 fn case_01_create_dgram_and_seqpacket() {
     let mux = mux_with(|_| {});
     let d = mux.socket(SockType::Dgram).unwrap();
@@ -24,7 +24,6 @@ fn case_01_create_dgram_and_seqpacket() {
     assert_eq!(s.sock_type(), SockType::SeqPacket);
 }
 
-#[test]
 fn case_02_clone_same_mux_same_type() {
     let mux = mux_with(|_| {});
     let a = mux.socket(SockType::SeqPacket).unwrap();
@@ -37,7 +36,6 @@ fn case_02_clone_same_mux_same_type() {
     assert_eq!(mux.stats().kcms, 2);
 }
 
-#[test]
 fn case_03_attach_non_tcp_is_eopnotsupp() {
     let mux = mux_with(|_| {});
     let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -51,7 +49,6 @@ fn case_03_attach_non_tcp_is_eopnotsupp() {
     assert_eq!(mux.stats().psock_attach, 0);
 }
 
-#[test]
 fn case_04_attach_twice_is_ealready_and_first_still_works() {
     let mux = mux_with(|_| {});
     let other = mux_with(|_| {});
@@ -67,7 +64,6 @@ fn case_04_attach_twice_is_ealready_and_first_still_works() {
     assert_eq!(&buf[..n], &framed(b"still here")[..]);
 }
 
-#[test]
 fn case_05_unattach_not_attached_or_twice_is_enoent() {
     let mux = mux_with(|_| {});
     let _sock = mux.socket(SockType::Dgram).unwrap();
@@ -79,7 +75,6 @@ fn case_05_unattach_not_attached_or_twice_is_enoent() {
     assert_eq!(mux.stats().psock_unattach, 1);
 }
 
-#[test]
 fn case_08_two_messages_in_one_segment_are_framed_apart() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -96,7 +91,6 @@ fn case_08_two_messages_in_one_segment_are_framed_apart() {
     assert_eq!(&buf[..n], &framed(b"ghijkl")[..]);
 }
 
-#[test]
 fn case_09_message_over_three_segments_is_delivered_once_whole() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -118,7 +112,6 @@ fn case_09_message_over_three_segments_is_delivered_once_whole() {
     assert_eq!(sock.recv(&mut buf).unwrap_err().kind(), ErrorKind::WouldBlock);
 }
 
-#[test]
 fn case_11_bytes_queued_before_attach_are_delivered() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -142,7 +135,6 @@ fn good_neighbour(mux: &connmux::Mux, sock: &connmux::KcmSocket) -> (TcpStream, 
     (ours, peer)
 }
 
-#[test]
 fn case_12_oversize_length_aborts_that_psock_only() {
     let mux = mux_with(|c| c.core.max_msg_size = 1000);
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -164,7 +156,6 @@ fn case_12_oversize_length_aborts_that_psock_only() {
     assert_eq!(sock.recv_msg().unwrap_err().kind(), ErrorKind::WouldBlock);
 }
 
-#[test]
 fn case_15_assembly_timeout_from_first_byte() {
     let mux = mux_with(|c| c.core.assembly_timeout = Some(Duration::from_millis(100)));
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -185,7 +176,6 @@ fn case_15_assembly_timeout_from_first_byte() {
     let _ = good_neighbour(&mux, &sock);
 }
 
-#[test]
 fn case_15_no_timeout_waits_indefinitely() {
     let mux = mux_with(|c| c.core.assembly_timeout = None);
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -200,7 +190,6 @@ fn case_15_no_timeout_waits_indefinitely() {
     assert_eq!(&sock.recv_msg().unwrap().data[..], &msg[..]);
 }
 
-#[test]
 fn case_16_big_message_without_stall() {
     let mux = mux_with(|c| c.core.max_msg_size = 1 << 20);
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -230,7 +219,6 @@ fn pattern(tid: u8, seq: u32, len: usize) -> Vec<u8> {
     body
 }
 
-#[test]
 fn case_30_atomic_sends_from_eight_threads_over_two_connections() {
     const THREADS: u8 = 8;
     const PER_THREAD: u32 = 1_250; // 10,000 messages of 5 B to 64 KiB
@@ -282,7 +270,6 @@ fn case_30_atomic_sends_from_eight_threads_over_two_connections() {
     assert_eq!(total, THREADS as u32 * PER_THREAD);
 }
 
-#[test]
 fn case_32_idle_psocks_rotate_in_lru_order() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -309,7 +296,6 @@ fn case_32_idle_psocks_rotate_in_lru_order() {
     assert_eq!(order, vec![("T1", 0), ("T2", 1), ("T1", 2), ("T2", 3)]);
 }
 
-#[test]
 fn case_34_sends_queue_without_psock_then_flush_on_attach() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -334,7 +320,6 @@ fn case_34_sends_queue_without_psock_then_flush_on_attach() {
     }
 }
 
-#[test]
 fn case_39_peer_fin_reports_error_and_keeps_delivered_messages() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -349,7 +334,6 @@ fn case_39_peer_fin_reports_error_and_keeps_delivered_messages() {
     assert_eq!(&sock.recv_msg().unwrap().data[..], &framed(b"before fin")[..]);
 }
 
-#[test]
 fn case_40_closing_app_fd_keeps_attachment_until_last_socket_closes() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -366,7 +350,6 @@ fn case_40_closing_app_fd_keeps_attachment_until_last_socket_closes() {
     assert_eq!(peer.read(&mut b).unwrap(), 0, "connection should be closed");
 }
 
-#[test]
 fn case_43_statistics_over_real_tcp() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -394,7 +377,6 @@ fn case_43_statistics_over_real_tcp() {
     assert_eq!((m.rx_msgs, m.rx_bytes), (3, 30));
 }
 
-#[test]
 fn addressed_mode_replies_reach_the_right_client() {
     let mux = mux_with(|c| c.workers = 2);
     let sock = mux.socket(SockType::Dgram).unwrap();
@@ -420,3 +402,260 @@ fn addressed_mode_replies_reach_the_right_client() {
         assert_eq!(read_framed(peer), format!("client {i} ok").as_bytes());
     }
 }
+
+on_both_drivers!(
+    case_01_create_dgram_and_seqpacket,
+    case_02_clone_same_mux_same_type,
+    case_03_attach_non_tcp_is_eopnotsupp,
+    case_04_attach_twice_is_ealready_and_first_still_works,
+    case_05_unattach_not_attached_or_twice_is_enoent,
+    case_08_two_messages_in_one_segment_are_framed_apart,
+    case_09_message_over_three_segments_is_delivered_once_whole,
+    case_11_bytes_queued_before_attach_are_delivered,
+    case_12_oversize_length_aborts_that_psock_only,
+    case_15_assembly_timeout_from_first_byte,
+    case_15_no_timeout_waits_indefinitely,
+    case_16_big_message_without_stall,
+    case_30_atomic_sends_from_eight_threads_over_two_connections,
+    case_32_idle_psocks_rotate_in_lru_order,
+    case_34_sends_queue_without_psock_then_flush_on_attach,
+    case_39_peer_fin_reports_error_and_keeps_delivered_messages,
+    case_40_closing_app_fd_keeps_attachment_until_last_socket_closes,
+    case_43_statistics_over_real_tcp,
+    addressed_mode_replies_reach_the_right_client,
+);
+
+// ---- receive semantics on real sockets (§7 cases 10, 17-26) ----
+
+/// Wait until `s` holds `n` messages.
+fn wait_queued(s: &connmux::KcmSocket, n: usize) {
+    eventually(|| (s.queued() == n).then_some(()));
+}
+
+fn case_10_header_split_two_plus_two_needs_more_once() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (ours, mut peer) = pair();
+    let p = mux.attach(&ours, l4()).unwrap();
+    let msg = framed(b"split header");
+    write_all(&mut peer, &msg[..2]);
+    eventually(|| (mux.psock_stats(p).unwrap().rx_need_more_hdr == 1).then_some(()));
+    write_all(&mut peer, &msg[2..]);
+    assert_eq!(&sock.recv_msg().unwrap().data[..], &msg[..], "{:?}", driver());
+    assert_eq!(mux.psock_stats(p).unwrap().rx_need_more_hdr, 1, "{:?}", driver());
+}
+
+fn case_17_18_21_dgram_truncation_zero_read_and_eor() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (ours, mut peer) = pair();
+    mux.attach(&ours, l4()).unwrap();
+    let (m1, m2, m3, m4) = (framed(b"abcdef"), framed(b"second"), framed(b"third!"), framed(b"whole"));
+    write_all(&mut peer, &[m1.clone(), m2.clone(), m3, m4.clone()].concat());
+    wait_queued(&sock, 4);
+    let mut small = [0u8; 4];
+    let i = sock.recv_flags(&mut small, Default::default()).unwrap();
+    assert_eq!((i.len, i.trunc, i.eor), (4, true, true), "case 17 on {:?}", driver());
+    assert_eq!(&small, &m1[..4]);
+    // The rest of the first message is gone: the next read is the next message.
+    let mut buf = [0u8; 64];
+    let i = sock.recv_flags(&mut buf, Default::default()).unwrap();
+    assert_eq!(&buf[..i.len], &m2[..], "case 17 on {:?}", driver());
+    // Case 18: a zero-byte read consumes one message.
+    let i = sock.recv_flags(&mut [], Default::default()).unwrap();
+    assert_eq!((i.len, i.trunc), (0, true), "case 18 on {:?}", driver());
+    // Case 21: a complete read sets EOR.
+    let i = sock.recv_flags(&mut buf, Default::default()).unwrap();
+    assert_eq!((&buf[..i.len], i.eor, i.trunc), (&m4[..], true, false), "case 21 on {:?}", driver());
+    assert_eq!(sock.stats().unwrap().rx_msgs, 4);
+}
+
+fn case_19_20_seqpacket_partial_reads_and_peek() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::SeqPacket).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (ours, mut peer) = pair();
+    mux.attach(&ours, l4()).unwrap();
+    let msg = framed(b"ten bytes!"); // 14 bytes
+    write_all(&mut peer, &msg);
+    wait_queued(&sock, 1);
+    // Case 20: a peek copies, consumes nothing, sets no flag, counts nothing.
+    let mut buf = [0u8; 64];
+    let i = sock.recv_flags(&mut buf, connmux::RecvFlags { peek: true }).unwrap();
+    assert_eq!((&buf[..i.len], i.eor, i.trunc), (&msg[..], false, false), "case 20 on {:?}", driver());
+    assert_eq!(sock.stats().unwrap().rx_msgs, 0);
+    // Case 19: SEQPACKET keeps the rest of a short read.
+    let mut four = [0u8; 4];
+    let i = sock.recv_flags(&mut four, Default::default()).unwrap();
+    assert_eq!((i.len, i.eor, i.trunc), (4, false, false), "case 19 on {:?}", driver());
+    let i = sock.recv_flags(&mut buf, Default::default()).unwrap();
+    assert_eq!((&buf[..i.len], i.eor), (&msg[4..], true), "case 19 on {:?}", driver());
+}
+
+fn case_22_one_read_pass_goes_to_one_socket() {
+    let mux = mux_with(|_| {});
+    let k1 = mux.socket(SockType::Dgram).unwrap();
+    let k2 = k1.try_clone().unwrap();
+    let (ours, mut peer) = pair();
+    mux.attach(&ours, l4()).unwrap();
+    let burst: Vec<u8> = (0..5u8).flat_map(|i| framed(&[i; 6])).collect();
+    write_all(&mut peer, &burst); // one write: one read pass
+    eventually(|| (k1.queued() + k2.queued() == 5).then_some(()));
+    assert_eq!((k1.queued(), k2.queued()), (5, 0), "case 22 on {:?}", driver());
+    write_all(&mut peer, &burst);
+    eventually(|| (k1.queued() + k2.queued() == 10).then_some(()));
+    assert_eq!((k1.queued(), k2.queued()), (5, 5), "case 22 on {:?}: the next pass goes to K2", driver());
+}
+
+fn case_23_recv_disable_moves_queued_messages() {
+    let mux = mux_with(|_| {});
+    let k1 = mux.socket(SockType::Dgram).unwrap();
+    let k2 = k1.try_clone().unwrap();
+    k2.set_recv_disable(true).unwrap();
+    let (ours, mut peer) = pair();
+    mux.attach(&ours, l4()).unwrap();
+    for i in 0..3u8 {
+        write_all(&mut peer, &framed(&[i; 3]));
+    }
+    wait_queued(&k1, 3);
+    k2.set_recv_disable(false).unwrap();
+    k1.set_recv_disable(true).unwrap();
+    assert!(k1.recv_disabled().unwrap());
+    wait_queued(&k2, 3);
+    assert_eq!(k1.queued(), 0, "case 23 on {:?}", driver());
+    write_all(&mut peer, &framed(b"new"));
+    wait_queued(&k2, 4);
+    k2.set_read_timeout(Some(WAIT));
+    for i in 0..3u8 {
+        assert_eq!(&k2.recv_msg().unwrap().data[..], &framed(&[i; 3])[..], "case 23 order on {:?}", driver());
+    }
+    assert_eq!(&k2.recv_msg().unwrap().data[..], &framed(b"new")[..]);
+    // Re-enabled, K1 receives again (K2 is not taking: disabled).
+    k1.set_recv_disable(false).unwrap();
+    k2.set_recv_disable(true).unwrap();
+    write_all(&mut peer, &framed(b"k1 again"));
+    k1.set_read_timeout(Some(WAIT));
+    assert_eq!(&k1.recv_msg().unwrap().data[..], &framed(b"k1 again")[..], "case 23 on {:?}", driver());
+}
+
+fn case_24_backpressure_closes_the_window_and_loses_nothing() {
+    const CONNS: u32 = 2;
+    let mux = mux_with(|c| {
+        c.core.psock_rx_buf = 16 << 10;
+        c.core.max_msg_size = 16 << 10;
+    });
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_recv_disable(true).unwrap();
+    let mut peers = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..CONNS {
+        let (ours, peer) = pair();
+        // Small kernel buffers so that the window closes after little data.
+        socket2::SockRef::from(&ours).set_recv_buffer_size(32 << 10).unwrap();
+        socket2::SockRef::from(&peer).set_send_buffer_size(32 << 10).unwrap();
+        ids.push(mux.attach(&ours, l4()).unwrap());
+        peer.set_nonblocking(true).unwrap();
+        peers.push((ours, peer));
+    }
+    // Write 1 KiB messages until each peer's writes would block for 300 ms:
+    // nobody reads, so the window must close.
+    let mut sent = vec![0u32; CONNS as usize];
+    for (c, (_, peer)) in peers.iter_mut().enumerate() {
+        let mut blocked = 0;
+        let mut pending: Vec<u8> = Vec::new();
+        while blocked < 30 {
+            assert!(sent[c] < 100_000, "case 24 on {:?}: the window never closed ({} messages)", driver(), sent[c]);
+            if pending.is_empty() {
+                let mut body = vec![c as u8; 1020];
+                body[..4].copy_from_slice(&sent[c].to_be_bytes());
+                pending = framed(&body);
+                sent[c] += 1;
+            }
+            match peer.write(&pending) {
+                Ok(n) => {
+                    pending.drain(..n);
+                    blocked = 0;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    blocked += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        // Finish the message in progress (the window is closed; it may need a
+        // later read to fit, so keep it for after the re-enable).
+        peer.set_nonblocking(false).unwrap();
+        if !pending.is_empty() {
+            let mut p = peer.try_clone().unwrap();
+            std::thread::spawn(move || p.write_all(&pending).unwrap());
+        }
+    }
+    for &p in &ids {
+        let st = mux.psock_stats(p).unwrap();
+        assert!(st.rx_msgs <= 1, "case 24 on {:?}: {} messages parsed while nobody can take them", driver(), st.rx_msgs);
+    }
+    assert_eq!(sock.queued(), 0);
+    // Re-enable: every message, in per-connection order.
+    sock.set_recv_disable(false).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let total: u32 = sent.iter().sum();
+    let mut next = vec![0u32; CONNS as usize];
+    for _ in 0..total {
+        let m = sock.recv_msg().unwrap();
+        let conn = ids.iter().position(|&p| p == m.psock).unwrap();
+        let s = u32::from_be_bytes(m.data[4..8].try_into().unwrap());
+        assert_eq!(s, next[conn], "case 24 on {:?}: order on connection {conn}", driver());
+        next[conn] += 1;
+    }
+    assert_eq!(next, sent, "case 24 on {:?}", driver());
+}
+
+fn case_25_closing_a_socket_moves_its_unread_messages() {
+    let mux = mux_with(|_| {});
+    let k1 = mux.socket(SockType::Dgram).unwrap();
+    let k2 = k1.try_clone().unwrap();
+    k2.set_recv_disable(true).unwrap();
+    let (ours, mut peer) = pair();
+    mux.attach(&ours, l4()).unwrap();
+    for i in 0..3u8 {
+        write_all(&mut peer, &framed(&[i; 5]));
+    }
+    wait_queued(&k1, 3);
+    k2.set_recv_disable(false).unwrap();
+    drop(k1);
+    k2.set_read_timeout(Some(WAIT));
+    for i in 0..3u8 {
+        assert_eq!(&k2.recv_msg().unwrap().data[..], &framed(&[i; 5])[..], "case 25 on {:?}", driver());
+    }
+}
+
+fn case_26_small_rcvbuf_still_takes_a_bigger_message() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_rcvbuf(1024).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (ours, mut peer) = pair();
+    mux.attach(&ours, l4()).unwrap();
+    let msg = framed(&vec![9u8; 64 << 10]);
+    let w = std::thread::spawn(move || {
+        peer.write_all(&msg).unwrap();
+        (peer, msg)
+    });
+    let got = sock.recv_msg().unwrap();
+    let (_peer, msg) = w.join().unwrap();
+    assert!(got.data[..] == msg[..], "case 26 on {:?}", driver());
+}
+
+on_both_drivers!(
+    case_10_header_split_two_plus_two_needs_more_once,
+    case_17_18_21_dgram_truncation_zero_read_and_eor,
+    case_19_20_seqpacket_partial_reads_and_peek,
+    case_22_one_read_pass_goes_to_one_socket,
+    case_23_recv_disable_moves_queued_messages,
+    case_24_backpressure_closes_the_window_and_loses_nothing,
+    case_25_closing_a_socket_moves_its_unread_messages,
+    case_26_small_rcvbuf_still_takes_a_bigger_message,
+);

@@ -1,6 +1,7 @@
 //! The service framework on loopback: accept → attach, in-place handlers,
 //! replies on the connection a request came from, misbehaving peers aborted.
 
+#[macro_use]
 mod common;
 
 use std::io::{Read, Write};
@@ -63,7 +64,6 @@ fn client_round_trips(addr: std::net::SocketAddr, id: u32, count: u32, in_flight
     }
 }
 
-#[test]
 fn echo_service_many_clients_pipelined_complete() {
     // Two workers may each take messages of one connection (stealing, round
     // robin), so replies can pass each other; with one worker they cannot.
@@ -85,7 +85,6 @@ fn echo_service_many_clients_pipelined_complete() {
     }
 }
 
-#[test]
 fn bad_client_is_aborted_while_good_client_continues() {
     let svc = echo_service(2, Steering::Affinity, 1024);
     let addr = svc.local_addr();
@@ -103,3 +102,8 @@ fn bad_client_is_aborted_while_good_client_continues() {
     assert!(svc.stats().closed.load(Ordering::Relaxed) >= 1);
     std::thread::sleep(Duration::from_millis(10));
 }
+
+on_both_drivers!(
+    echo_service_many_clients_pipelined_complete,
+    bad_client_is_aborted_while_good_client_continues,
+);

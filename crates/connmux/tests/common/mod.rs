@@ -5,7 +5,9 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use connmux::{Config, Mux, Parser};
+use std::cell::Cell;
+
+use connmux::{Config, Driver, Mux, Parser};
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -30,12 +32,62 @@ pub fn framed(body: &[u8]) -> Vec<u8> {
     v
 }
 
+thread_local! {
+    /// The driver the muxes of this test thread run (see [`run_on`]).
+    static DRIVER: Cell<Driver> = const { Cell::new(Driver::Epoll) };
+}
+
+/// The driver of the test running on this thread.
+pub fn driver() -> Driver {
+    DRIVER.with(|d| d.get())
+}
+
+/// Whether `d` can run here (io_uring may be disabled or missing).
+pub fn available(d: Driver) -> bool {
+    d != Driver::Uring || connmux_sys::uring::supported()
+}
+
+/// Run a test body with every mux it makes on driver `d`; a driver that cannot
+/// run here is reported as skipped (on stderr), not passed in silence.
+pub fn run_on(d: Driver, body: impl FnOnce()) {
+    if !available(d) {
+        eprintln!("SKIPPED on {d:?}: io_uring is not available on this machine");
+        return;
+    }
+    eprintln!("driver: {d:?}");
+    DRIVER.with(|c| c.set(d));
+    body();
+}
+
+/// One `#[test]` per driver for each named test body: `name::epoll`, `name::uring`.
+#[allow(unused_macros)]
+macro_rules! on_both_drivers {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn epoll() {
+                    super::common::run_on(connmux::Driver::Epoll, super::$name)
+                }
+                #[test]
+                fn uring() {
+                    super::common::run_on(connmux::Driver::Uring, super::$name)
+                }
+            }
+        )*
+    };
+}
+
 pub fn mux_with(f: impl FnOnce(&mut Config)) -> Mux {
     let mut c = Config::default();
     c.workers = 1;
     c.placement = connmux::Placement::Unpinned;
+    c.driver = driver();
     f(&mut c);
-    Mux::new(c).unwrap()
+    let want = c.driver;
+    let m = Mux::new(c).unwrap();
+    assert_eq!(m.driver(), want, "the mux runs another driver than asked");
+    m
 }
 
 /// Read one L4 message from a raw peer (bounded by the peer's read timeout).

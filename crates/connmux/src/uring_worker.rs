@@ -1,0 +1,491 @@
+//! An I/O worker on io_uring: one thread, one ring, the psocks attached to it.
+//!
+//! The decisions are the core's, as with the epoll worker (`worker.rs`); this
+//! module only moves bytes:
+//! - receive: one multishot receive per psock into the ring's provided buffers;
+//!   each buffer is fed to the core no faster than `rx_capacity` allows. When the
+//!   core takes nothing (backpressure) the rest of the buffer is held, the receive
+//!   is cancelled (so the TCP window closes, as with epoll) and receiving resumes
+//!   on `PsockRxResume`. Held buffers are ring buffers: receive memory is the
+//!   ring's, fixed by configuration; with DEFER_TASKRUN nothing is delivered
+//!   between two waits, so a paused psock holds at most what one wait delivered.
+//! - transmit: the psocks that have something to write after a pass get one
+//!   `sendmsg` each (all of the core's chunk: the replies of the pass), all
+//!   submitted with the next wait; the kernel completes each one whole.
+//! - other threads post [`Command`]s and notify the worker's eventfd, which the
+//!   ring polls.
+//! - release: a psock's operations are cancelled and their completions reaped
+//!   before the worker drops its handle (and so the descriptor).
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::Duration;
+
+use connmux_core::mux::{Event, PsockId};
+use connmux_core::{Bytes, Timestamp};
+use connmux_sys::uring::{Completion, Ring, RingConfig};
+
+use crate::shared::{psock_token, Core, Ctx, PsockRt, Shared};
+use crate::worker::{serve, Command, Serving};
+
+/// Token of the waker poll.
+const WAKE_TOKEN: u64 = u64::MAX;
+/// Token of the serving socket's readiness poll.
+const SERVE_TOKEN: u64 = u64::MAX - 1;
+/// Provided buffers per worker and their size: 4 MiB of receive memory.
+const BUF_COUNT: u16 = 256;
+const BUF_SIZE: u32 = 16 << 10;
+/// Rounds of dispatch/serve/flush per pass before going back to the ring.
+const ROUNDS: usize = 64;
+
+/// The ring of a worker: the payloads of its sends are the core's `Bytes`.
+type WRing = Ring<Bytes>;
+
+/// Creates the worker's ring: completion work deferred to its waits where the
+/// kernel can (6.1+), else the plain kind.
+fn new_ring() -> io::Result<WRing> {
+    let config = RingConfig { entries: 256, cq_entries: 4096, buf_count: BUF_COUNT, buf_size: BUF_SIZE, defer_taskrun: true };
+    match Ring::new(config) {
+        Ok(r) => Ok(r),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ring::new(RingConfig { defer_taskrun: false, ..config }),
+        Err(e) => Err(e),
+    }
+}
+
+/// Bytes of a provided buffer not yet taken by the core.
+struct Held {
+    buf: u16,
+    off: usize,
+}
+
+/// One psock as this worker drives it.
+struct Conn {
+    rt: Arc<PsockRt>,
+    /// A multishot receive is in flight.
+    recv_armed: bool,
+    /// Its cancellation was queued (paused, stopped or released).
+    recv_cancelled: bool,
+    /// Buffers delivered but not yet (fully) taken by the core, in order.
+    held: VecDeque<Held>,
+    /// The receive ended with end of stream (None) or an error: reported to the
+    /// core once the held bytes before it have been fed.
+    eof: Option<Option<i32>>,
+    /// Receive is over for good (failed, end of stream reported).
+    rx_stopped: bool,
+    /// A send is in flight, of this many bytes.
+    sending: Option<usize>,
+    /// The core released it: waiting for its operations to end.
+    released: bool,
+}
+
+impl Conn {
+    fn idle(&self) -> bool {
+        !self.recv_armed && self.sending.is_none()
+    }
+}
+
+struct Worker<'a> {
+    sh: &'a Shared,
+    index: usize,
+    conns: HashMap<u64, Conn>,
+    /// Psocks whose receive should be (re)armed when buffers allow.
+    to_arm: Vec<u64>,
+    events: Vec<Event>,
+    dirty: Vec<Arc<PsockRt>>,
+}
+
+pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sender<io::Result<()>>) {
+    if let Some(cpu) = cpu {
+        let _ = connmux_sys::affinity::pin_current_thread(cpu);
+    }
+    let mut ring = match new_ring() {
+        Ok(r) => {
+            let _ = init.send(Ok(()));
+            r
+        }
+        Err(e) => {
+            let _ = init.send(Err(e));
+            return;
+        }
+    };
+    drop(init);
+    let mut w = Worker { sh: &sh, index, conns: HashMap::new(), to_arm: Vec::new(), events: Vec::new(), dirty: Vec::new() };
+    w.run(&mut ring);
+    // Dropping the ring cancels what is still in flight and waits for it, before
+    // the connections (and their descriptors) go.
+    drop(ring);
+    drop(w);
+}
+
+impl Worker<'_> {
+    fn run(&mut self, ring: &mut WRing) {
+        let sh = self.sh;
+        let me = &sh.workers[self.index];
+        let mut waker_armed = false;
+        let mut serving: Option<Serving> = None;
+        let mut serve_armed = false;
+        let mut comps: Vec<Completion> = Vec::with_capacity(1024);
+        let mut msgs = Vec::with_capacity(256);
+        let mut replies = Vec::with_capacity(256);
+        let mut scratch = bytes::BytesMut::new();
+
+        while !sh.stop.load(Ordering::Acquire) {
+            if !waker_armed {
+                waker_armed = ring.poll_readable(me.waker.as_raw_fd(), WAKE_TOKEN).is_ok();
+            }
+            if let (Some(sv), false) = (&serving, serve_armed) {
+                serve_armed = ring.poll_readable(sv.sock.rx.fd.as_raw_fd(), SERVE_TOKEN).is_ok();
+            }
+            let timeout = {
+                let core = sh.lock();
+                core.mux.poll_timeout().map(|t| {
+                    let now = sh.now();
+                    Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())) + Duration::from_micros(100)
+                })
+            };
+            // Wake at least every second to notice `stop` even if a wake-up was lost.
+            let timeout = timeout.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1));
+            if ring.wait(1, Some(timeout)).is_err() {
+                // Only a broken ring fails here; avoid spinning on it.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            comps.clear();
+            ring.reap(&mut comps);
+            let mut serve_ready = false;
+            let mut commands = false;
+            self.completions(ring, &comps, &mut waker_armed, &mut serve_armed, &mut serve_ready, &mut commands);
+            // Commands: taken every pass (the waker only ends the wait). Drain the
+            // eventfd before taking them, so a command posted in between leaves it
+            // readable for the next wait rather than being slept through.
+            if commands {
+                let _ = me.waker.drain();
+            }
+            let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
+            for c in cmds {
+                match c {
+                    Command::Serve { sock, handler } => {
+                        serving = Some(Serving { sock, handler });
+                        serve_ready = true;
+                    }
+                    c => self.command(ring, c),
+                }
+            }
+            // Deadlines (assembly timeouts).
+            {
+                let mut core = sh.lock();
+                if let Some(t) = core.mux.poll_timeout() {
+                    let now = sh.now();
+                    if t <= now {
+                        core.mux.handle_timeout(now);
+                        core.drain_events(&mut self.events);
+                    }
+                }
+            }
+            // Dispatch, serve in place, write: until nothing is left to do here
+            // (bounded; what remains is picked up by the next pass).
+            for round in 0..ROUNDS {
+                sh.dispatch(&mut self.events, &mut Ctx::Worker(&mut self.dirty));
+                if let Some(sv) = &serving {
+                    if round == 0 && (serve_ready || !comps.is_empty()) {
+                        serve(sh, sv, &mut msgs, &mut replies, &mut scratch, &mut self.events, &mut self.dirty);
+                    }
+                }
+                if self.dirty.is_empty() && self.events.is_empty() {
+                    break;
+                }
+                self.flush_dirty(ring);
+            }
+            self.arm(ring);
+        }
+    }
+
+    /// Act on what the ring reports.
+    fn completions(
+        &mut self,
+        ring: &mut WRing,
+        comps: &[Completion],
+        waker_armed: &mut bool,
+        serve_armed: &mut bool,
+        serve_ready: &mut bool,
+        commands: &mut bool,
+    ) {
+        let sh = self.sh;
+        let now = sh.now();
+        let mut core = None;
+        for c in comps {
+            match *c {
+                Completion::Poll { token: WAKE_TOKEN, .. } => {
+                    *waker_armed = false;
+                    *commands = true;
+                }
+                Completion::Poll { token: SERVE_TOKEN, .. } => {
+                    *serve_armed = false;
+                    *serve_ready = true;
+                }
+                Completion::Poll { .. } => {}
+                Completion::Recv { token, buf_id, more, .. } => {
+                    let Some(conn) = self.conns.get_mut(&token) else {
+                        ring.recycle(buf_id);
+                        continue;
+                    };
+                    if !more {
+                        conn.recv_armed = false;
+                        conn.recv_cancelled = false;
+                    }
+                    if conn.released || conn.rx_stopped {
+                        ring.recycle(buf_id);
+                    } else {
+                        conn.held.push_back(Held { buf: buf_id, off: 0 });
+                        let core = core.get_or_insert_with(|| sh.lock());
+                        pump(core, ring, conn, now, &mut self.events);
+                    }
+                    self.after_recv(token);
+                }
+                Completion::RecvEnd { token, res } => {
+                    let Some(conn) = self.conns.get_mut(&token) else { continue };
+                    conn.recv_armed = false;
+                    conn.recv_cancelled = false;
+                    if !conn.released && !conn.rx_stopped {
+                        if res == 0 {
+                            conn.eof = Some(None);
+                        } else if res != -libc::ENOBUFS && res != -libc::ECANCELED {
+                            conn.eof = Some(Some(-res));
+                        }
+                        let core = core.get_or_insert_with(|| sh.lock());
+                        pump(core, ring, conn, now, &mut self.events);
+                    }
+                    self.after_recv(token);
+                }
+                Completion::Send { token, res } => {
+                    let Some(conn) = self.conns.get_mut(&token) else { continue };
+                    let want = conn.sending.take().unwrap_or(0);
+                    if !conn.released {
+                        let core = core.get_or_insert_with(|| sh.lock());
+                        let id = conn.rt.id;
+                        if res > 0 || (res == 0 && want == 0) {
+                            // A short count (the connection failed part way) is
+                            // followed by the error on the next send.
+                            core.mux.tx_complete(id, res as usize);
+                        } else if res == 0 {
+                            core.mux.tx_complete(id, 0);
+                            core.mux.tx_failed(id, libc::EPIPE);
+                        } else {
+                            core.mux.tx_complete(id, 0);
+                            core.mux.tx_failed(id, -res);
+                        }
+                        core.drain_events(&mut self.events);
+                        // More may have been queued meanwhile (no transmit event is
+                        // raised while a chunk is out).
+                        if !conn.rt.flush_queued.swap(true, Ordering::AcqRel) {
+                            self.dirty.push(conn.rt.clone());
+                        }
+                    } else if conn.idle() {
+                        self.conns.remove(&token);
+                    }
+                }
+            }
+        }
+    }
+
+    /// After a receive completion: rearm, or forget a released psock.
+    fn after_recv(&mut self, token: u64) {
+        let Some(conn) = self.conns.get(&token) else { return };
+        if conn.released {
+            if conn.idle() {
+                self.conns.remove(&token);
+            }
+        } else if !conn.recv_armed {
+            self.to_arm.push(token);
+        }
+    }
+
+    fn command(&mut self, ring: &mut WRing, c: Command) {
+        let sh = self.sh;
+        match c {
+            Command::Serve { .. } => {}
+            Command::Attach(rt) => {
+                // An unattach that overtook the attach leaves nothing to drive.
+                if !sh.lock().psocks.contains_key(&rt.id) {
+                    return;
+                }
+                let token = psock_token(rt.id);
+                self.conns.insert(
+                    token,
+                    Conn {
+                        rt,
+                        recv_armed: false,
+                        recv_cancelled: false,
+                        held: VecDeque::new(),
+                        eof: None,
+                        rx_stopped: false,
+                        sending: None,
+                        released: false,
+                    },
+                );
+                self.to_arm.push(token);
+            }
+            Command::Resume(p) => {
+                let token = psock_token(p);
+                let Some(conn) = self.conns.get_mut(&token) else { return };
+                if conn.released || conn.rx_stopped {
+                    return;
+                }
+                let mut core = sh.lock();
+                pump(&mut core, ring, conn, sh.now(), &mut self.events);
+                drop(core);
+                self.to_arm.push(token);
+            }
+            Command::StopRx(p) => {
+                let token = psock_token(p);
+                let Some(conn) = self.conns.get_mut(&token) else { return };
+                stop_rx(ring, conn, token);
+            }
+            Command::Flush(p) => {
+                let token = psock_token(p);
+                if let Some(conn) = self.conns.get(&token) {
+                    if !conn.released && !conn.rt.flush_queued.swap(true, Ordering::AcqRel) {
+                        self.dirty.push(conn.rt.clone());
+                    }
+                }
+            }
+            Command::Release(rt) => {
+                let token = psock_token(rt.id);
+                let Some(conn) = self.conns.get_mut(&token) else { return };
+                conn.released = true;
+                for h in conn.held.drain(..) {
+                    ring.recycle(h.buf);
+                }
+                if conn.idle() {
+                    self.conns.remove(&token);
+                } else {
+                    // Every operation on the descriptor ends (cancelled) before the
+                    // handle, and with it the descriptor, is dropped.
+                    let _ = ring.cancel_fd(conn.rt.fd());
+                }
+            }
+        }
+    }
+
+    /// Write each dirty psock: one `sendmsg` with the core's whole chunk for the
+    /// psocks this worker drives, a direct write for others' (their worker
+    /// takes over if it would block).
+    fn flush_dirty(&mut self, ring: &mut WRing) {
+        let sh = self.sh;
+        let dirty = std::mem::take(&mut self.dirty);
+        for rt in dirty {
+            rt.flush_queued.store(false, Ordering::Release);
+            let token = psock_token(rt.id);
+            match self.conns.get_mut(&token) {
+                Some(conn) if !conn.released => {
+                    if conn.sending.is_some() {
+                        continue; // its completion flushes again
+                    }
+                    let chunk = {
+                        let mut core = sh.lock();
+                        let c = core.mux.tx_begin(rt.id);
+                        core.drain_events(&mut self.events);
+                        c
+                    };
+                    let Some(chunk) = chunk else { continue };
+                    let len = chunk.len();
+                    match ring.send(rt.fd(), token, chunk.slices) {
+                        Ok(()) => conn.sending = Some(len),
+                        Err(e) => {
+                            let mut core = sh.lock();
+                            core.mux.tx_complete(rt.id, 0);
+                            core.mux.tx_failed(rt.id, e.raw_os_error().unwrap_or(libc::EIO));
+                            core.drain_events(&mut self.events);
+                        }
+                    }
+                }
+                Some(_) => {}
+                None => sh.flush(&rt, &mut self.events),
+            }
+        }
+    }
+
+    /// (Re)arm the receives that should run, while there are free buffers.
+    fn arm(&mut self, ring: &mut WRing) {
+        if self.to_arm.is_empty() {
+            return;
+        }
+        let mut keep = Vec::new();
+        for token in std::mem::take(&mut self.to_arm) {
+            let Some(conn) = self.conns.get_mut(&token) else { continue };
+            if conn.released || conn.rx_stopped || conn.recv_armed || conn.eof.is_some() || !conn.held.is_empty() {
+                continue;
+            }
+            if ring.buffers_held() >= ring.buf_count() {
+                // Every buffer is held (by paused psocks): try again later.
+                keep.push(token);
+                continue;
+            }
+            if ring.recv_multishot(conn.rt.fd(), token).is_ok() {
+                conn.recv_armed = true;
+            } else {
+                keep.push(token);
+            }
+        }
+        keep.sort_unstable();
+        keep.dedup();
+        self.to_arm = keep;
+    }
+}
+
+/// Stop receiving from a failed psock for good: its held bytes are dropped.
+fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64) {
+    conn.rx_stopped = true;
+    conn.eof = None;
+    for h in conn.held.drain(..) {
+        ring.recycle(h.buf);
+    }
+    if conn.recv_armed && !conn.recv_cancelled {
+        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+    }
+}
+
+/// Feed the held bytes of one psock to the core, no more than it takes. When it
+/// takes nothing (paused), keep the rest and cancel the receive; when all is fed,
+/// report an end of stream that came after it.
+fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, events: &mut Vec<Event>) {
+    let id: PsockId = conn.rt.id;
+    let token = psock_token(id);
+    // Bounded: each round feeds at least one byte, or stops.
+    while let Some(h) = conn.held.front_mut() {
+        let cap = core.mux.rx_capacity(id);
+        let data = ring.buffer(h.buf).unwrap_or(&[]);
+        if h.off < data.len() && cap == 0 {
+            // Backpressure: close the window as epoll would (stop reading).
+            if conn.recv_armed && !conn.recv_cancelled {
+                conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+            }
+            core.drain_events(events);
+            return;
+        }
+        let end = (h.off + cap).min(data.len());
+        let fed = core.mux.feed(id, &data[h.off..end], now);
+        h.off = end;
+        let done = h.off >= data.len();
+        if done {
+            let buf = h.buf;
+            conn.held.pop_front();
+            ring.recycle(buf);
+        }
+        if fed.is_err() {
+            // Gone from the core, or over its hard cap (cannot happen within
+            // rx_capacity): stop receiving from it.
+            core.drain_events(events);
+            stop_rx(ring, conn, token);
+            return;
+        }
+    }
+    if let Some(errno) = conn.eof.take() {
+        let _ = core.mux.rx_closed(id, errno);
+        conn.rx_stopped = true;
+    }
+    core.drain_events(events);
+}
