@@ -1,0 +1,441 @@
+//! Concurrency models of connmux's cross-thread protocols, checked with loom.
+//!
+//! The runtime (`crates/connmux/src/shared.rs`, `worker.rs`, `socket.rs`)
+//! shares three things between threads; each is modelled here line for line
+//! with loom's primitives in place of std's, so loom can run every
+//! interleaving (up to a preemption bound):
+//!
+//! - [`Ready`]: a KCM socket's readiness, an eventfd plus an `AtomicBool`
+//!   mirror (`signaled`) so `set` makes the syscall only on a transition. The
+//!   eventfd is modelled as a counter under a mutex with a condition variable
+//!   (`notify` adds, `drain` zeroes, `poll` waits for non-zero), so a lost
+//!   wake-up shows up as loom's deadlock report. Both orders of `clear` are
+//!   here: [`ClearOrder::DrainThenMark`] (the runtime's) and
+//!   [`ClearOrder::MarkThenDrain`] (before commit 3f5c7fc), which loses a
+//!   wake-up.
+//! - [`Runtime`]: the **real** `connmux_core::mux::Mux` behind a loom mutex
+//!   (the core lock), with the runtime's `flush` (tx_begin → writev outside the
+//!   lock → tx_complete), the worker's deferred-flush hand-off
+//!   (`flush_queued`) and the epoll write interest, over a modelled TCP socket
+//!   with a bounded send buffer ([`Wire`]).
+//! - The event dispatch of `Shared::dispatch` for the events these models
+//!   raise (transmit kicks, writability, readability, release).
+//!
+//! What it does not model: the kernel (epoll is a flag and a level check,
+//! the socket a byte budget), blocking with timeouts, or more than one
+//! worker's epoll.
+
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use loom::sync::{Condvar, Mutex};
+
+use connmux_core::mux::{Event, Mux as CoreMux, MuxConfig, PsockConfig, PsockId, SockId, SockType};
+
+/// The eventfd of a readiness: a counter, `poll` blocks while it is zero.
+pub struct EventFd {
+    count: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Default for EventFd {
+    fn default() -> Self {
+        EventFd {
+            count: Mutex::new(0),
+            cv: Condvar::new(),
+        }
+    }
+}
+
+impl EventFd {
+    /// `write(fd, 1)`.
+    pub fn notify(&self) {
+        *self.count.lock().unwrap() += 1;
+        self.cv.notify_all();
+    }
+    /// `read(fd)` in non-blocking mode: the counter goes to zero.
+    pub fn drain(&self) {
+        *self.count.lock().unwrap() = 0;
+    }
+    /// `poll(fd, POLLIN, -1)`: wait until the counter is non-zero.
+    pub fn poll(&self) {
+        let mut c = self.count.lock().unwrap();
+        while *c == 0 {
+            c = self.cv.wait(c).unwrap();
+        }
+    }
+    pub fn count(&self) -> u64 {
+        *self.count.lock().unwrap()
+    }
+}
+
+/// The two orders of `Ready::clear`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClearOrder {
+    /// The runtime's: `if signaled { drain(); signaled = false }`.
+    DrainThenMark,
+    /// Before 3f5c7fc: `if signaled.swap(false) { drain() }`. A `set` between
+    /// the two raises the counter, the drain eats it, `signaled` stays true
+    /// over an empty counter, and every later `set` is skipped.
+    MarkThenDrain,
+}
+
+/// `shared::Ready`.
+pub struct Ready {
+    pub fd: EventFd,
+    signaled: AtomicBool,
+    order: ClearOrder,
+}
+
+impl Ready {
+    pub fn new(order: ClearOrder) -> Ready {
+        Ready {
+            fd: EventFd::default(),
+            signaled: AtomicBool::new(false),
+            order,
+        }
+    }
+    pub fn set(&self) {
+        if !self.signaled.swap(true, Ordering::AcqRel) {
+            self.fd.notify();
+        }
+    }
+    pub fn clear(&self) {
+        match self.order {
+            ClearOrder::DrainThenMark => {
+                if self.signaled.load(Ordering::Acquire) {
+                    self.fd.drain();
+                    // The runtime has `store(false, Release)`. loom 0.7.3 lets
+                    // a later `swap` read around a plain store that happens
+                    // before it (C11 forbids it), which shows up as false
+                    // deadlocks; an RMW writing the same value is modelled
+                    // exactly and stores the same thing.
+                    self.signaled.swap(false, Ordering::AcqRel);
+                }
+            }
+            ClearOrder::MarkThenDrain => {
+                if self.signaled.swap(false, Ordering::AcqRel) {
+                    self.fd.drain();
+                }
+            }
+        }
+    }
+    pub fn signaled(&self) -> bool {
+        self.signaled.load(Ordering::Acquire)
+    }
+}
+
+/// A TCP socket's send side: bytes the peer has received, and the room left
+/// in the kernel's buffers (`writev` takes at most that, `WouldBlock` at 0).
+pub struct Wire {
+    state: Mutex<WireState>,
+}
+
+struct WireState {
+    delivered: Vec<u8>,
+    room: usize,
+    writes: usize,
+}
+
+/// The result of a modelled `writev`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WriteResult {
+    Wrote(usize),
+    WouldBlock,
+}
+
+impl Wire {
+    pub fn new(room: usize) -> Wire {
+        Wire {
+            state: Mutex::new(WireState {
+                delivered: Vec::new(),
+                room,
+                writes: 0,
+            }),
+        }
+    }
+    /// `writev`: as many bytes as there is room for, in slice order.
+    pub fn writev(&self, slices: &[connmux_core::Bytes]) -> WriteResult {
+        let mut st = self.state.lock().unwrap();
+        if st.room == 0 {
+            return WriteResult::WouldBlock;
+        }
+        st.writes += 1;
+        let mut n = 0;
+        for s in slices {
+            let k = s.len().min(st.room);
+            st.delivered.extend_from_slice(&s[..k]);
+            st.room -= k;
+            n += k;
+            if k < s.len() {
+                break;
+            }
+        }
+        WriteResult::Wrote(n)
+    }
+    /// The peer reads: `n` more bytes of room.
+    pub fn peer_reads(&self, n: usize) {
+        self.state.lock().unwrap().room += n;
+    }
+    /// EPOLLOUT: there is room.
+    pub fn writable(&self) -> bool {
+        self.state.lock().unwrap().room > 0
+    }
+    pub fn delivered(&self) -> Vec<u8> {
+        self.state.lock().unwrap().delivered.clone()
+    }
+}
+
+/// Who dispatches: the worker defers flushes to the end of its pass, other
+/// threads write at once (`shared::Ctx`).
+pub enum Ctx<'a> {
+    App,
+    Worker(&'a mut Vec<PsockId>),
+}
+
+/// The runtime around the real core, for one psock on one worker.
+pub struct Runtime {
+    /// The core lock (`Shared::core`).
+    pub core: Mutex<CoreMux>,
+    pub psock: PsockId,
+    pub wire: Wire,
+    /// `PsockInterest::write` (the worker's epoll write interest).
+    pub write_interest: Mutex<bool>,
+    /// `PsockRt::flush_queued`.
+    pub flush_queued: AtomicBool,
+    /// Chunks out with a writer right now, and the most ever seen.
+    pub inflight: AtomicUsize,
+    pub max_inflight: AtomicUsize,
+    /// `PsockReleased` events seen.
+    pub released: AtomicUsize,
+    /// Readiness of the sockets the model created (SockWritable/SockReadable).
+    pub tx_ready: Ready,
+    pub rx_ready: Ready,
+    /// Old runtime: the flush bound exits without handing over (before 3f5c7fc).
+    pub drop_unfinished_flush: bool,
+    /// Rounds of one `flush` (the runtime uses 1024; loom needs few).
+    pub flush_rounds: usize,
+}
+
+impl Runtime {
+    /// A core with one attached psock (`room` bytes of socket buffer) and the
+    /// given configuration.
+    pub fn new(cfg: MuxConfig, room: usize) -> Runtime {
+        let mut core = CoreMux::new(cfg);
+        let psock = core.attach(
+            connmux_core::parsers::from_spec("l4").unwrap(),
+            PsockConfig::default(),
+        );
+        while core.poll_event().is_some() {}
+        Runtime {
+            core: Mutex::new(core),
+            psock,
+            wire: Wire::new(room),
+            write_interest: Mutex::new(false),
+            flush_queued: AtomicBool::new(false),
+            inflight: AtomicUsize::new(0),
+            max_inflight: AtomicUsize::new(0),
+            released: AtomicUsize::new(0),
+            tx_ready: Ready::new(ClearOrder::DrainThenMark),
+            rx_ready: Ready::new(ClearOrder::DrainThenMark),
+            drop_unfinished_flush: false,
+            flush_rounds: 4,
+        }
+    }
+
+    pub fn socket(&self, ty: SockType) -> SockId {
+        let mut core = self.core.lock().unwrap();
+        let s = core.socket(ty);
+        while core.poll_event().is_some() {}
+        s
+    }
+
+    /// Run `f` on the core under the lock, then dispatch its events outside it
+    /// (`KcmSocket::with_core` / `send_loop`).
+    pub fn with_core<T>(&self, ctx: &mut Ctx<'_>, f: impl FnOnce(&mut CoreMux) -> T) -> T {
+        let mut events = Vec::new();
+        let r = {
+            let mut core = self.core.lock().unwrap();
+            let r = f(&mut core);
+            while let Some(e) = core.poll_event() {
+                events.push(e);
+            }
+            r
+        };
+        self.dispatch(&mut events, ctx);
+        r
+    }
+
+    /// `Shared::dispatch`, for this model's one psock and its sockets.
+    pub fn dispatch(&self, events: &mut Vec<Event>, ctx: &mut Ctx<'_>) {
+        let mut i = 0;
+        // Bounded: flush appends at most a few events per round.
+        while i < events.len() && i < 256 {
+            let ev = events[i].clone();
+            i += 1;
+            match ev {
+                Event::SockReadable(_) => self.rx_ready.set(),
+                Event::SockWritable(_) => self.tx_ready.set(),
+                Event::PsockTransmit(p) => {
+                    if p != self.psock {
+                        continue;
+                    }
+                    match ctx {
+                        Ctx::Worker(list) => {
+                            if !self.flush_queued.swap(true, Ordering::AcqRel) {
+                                list.push(p);
+                            }
+                        }
+                        Ctx::App => self.flush(events),
+                    }
+                }
+                Event::PsockRxResume(_) | Event::PsockFailed(..) => {}
+                Event::PsockReleased(_) => {
+                    self.released.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }
+        events.clear();
+    }
+
+    /// `Shared::flush`: write what the core has until it has nothing or the
+    /// socket would block; the write itself is outside the core lock.
+    pub fn flush(&self, events: &mut Vec<Event>) {
+        let p = self.psock;
+        for _ in 0..self.flush_rounds {
+            let chunk = {
+                let mut core = self.core.lock().unwrap();
+                match core.tx_begin(p) {
+                    Some(c) => c,
+                    None => {
+                        while let Some(e) = core.poll_event() {
+                            events.push(e);
+                        }
+                        return;
+                    }
+                }
+            };
+            // The invariant the core's tx_busy gives: one chunk out per psock.
+            let now = self.inflight.fetch_add(1, Ordering::AcqRel) + 1;
+            self.max_inflight.fetch_max(now, Ordering::AcqRel);
+            assert!(
+                chunk.slices.iter().all(|s| !s.is_empty()),
+                "tx_begin handed out an empty message"
+            );
+            let want = chunk.len();
+            let res = self.wire.writev(&chunk.slices);
+            self.inflight.fetch_sub(1, Ordering::AcqRel);
+            let mut core = self.core.lock().unwrap();
+            match res {
+                WriteResult::Wrote(w) => {
+                    core.tx_complete(p, w);
+                    while let Some(e) = core.poll_event() {
+                        events.push(e);
+                    }
+                    if w < want {
+                        drop(core);
+                        *self.write_interest.lock().unwrap() = true;
+                        return;
+                    }
+                }
+                WriteResult::WouldBlock => {
+                    core.tx_complete(p, 0);
+                    while let Some(e) = core.poll_event() {
+                        events.push(e);
+                    }
+                    drop(core);
+                    *self.write_interest.lock().unwrap() = true;
+                    return;
+                }
+            }
+        }
+        if !self.drop_unfinished_flush {
+            *self.write_interest.lock().unwrap() = true;
+        }
+    }
+
+    /// One worker pass for the psock (`worker::run`): a writable event clears
+    /// the write interest and queues a flush (once, `flush_queued`); then
+    /// `events` are dispatched in worker context; then every queued psock is
+    /// flushed, and what that raised is dispatched in app context.
+    pub fn worker_pass(&self, mut events: Vec<Event>) {
+        let mut dirty: Vec<PsockId> = Vec::new();
+        let writable_event = {
+            let mut wi = self.write_interest.lock().unwrap();
+            // Level-triggered EPOLLOUT with write interest.
+            if *wi && self.wire.writable() {
+                *wi = false;
+                true
+            } else {
+                false
+            }
+        };
+        if writable_event && !self.flush_queued.swap(true, Ordering::AcqRel) {
+            dirty.push(self.psock);
+        }
+        self.dispatch(&mut events, &mut Ctx::Worker(&mut dirty));
+        let mut out = Vec::new();
+        for _p in dirty.drain(..) {
+            self.flush_queued.store(false, Ordering::Release);
+            self.flush(&mut out);
+        }
+        if !out.is_empty() {
+            self.dispatch(&mut out, &mut Ctx::App);
+        }
+    }
+
+    /// After every thread is done: the peer reads everything and the worker
+    /// runs until nothing changes (bounded). What is still queued then has
+    /// nobody to send it: a lost transmit.
+    pub fn settle(&self) {
+        for _ in 0..64 {
+            self.wire.peer_reads(1 << 20);
+            self.worker_pass(Vec::new());
+        }
+    }
+
+    /// Every byte the core holds (`Mux::memory_used`).
+    pub fn memory_used(&self) -> usize {
+        self.core.lock().unwrap().memory_used()
+    }
+}
+
+/// An L4-framed message (4-byte big-endian body length, then the body).
+pub fn framed(body: &[u8]) -> Vec<u8> {
+    let mut v = (body.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+/// Cut an L4 stream into its messages; panics on a torn one.
+pub fn unframe(mut wire: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while !wire.is_empty() {
+        assert!(wire.len() >= 4, "torn header: {wire:?}");
+        let n = u32::from_be_bytes(wire[..4].try_into().unwrap()) as usize;
+        assert!(
+            wire.len() >= 4 + n,
+            "torn message: want {n}, have {}",
+            wire.len() - 4
+        );
+        out.push(wire[4..4 + n].to_vec());
+        wire = &wire[4 + n..];
+    }
+    out
+}
+
+/// A small configuration for models: a send buffer of `sndbuf` bytes.
+pub fn small_config(sndbuf: usize) -> MuxConfig {
+    MuxConfig {
+        sock_sndbuf: sndbuf,
+        sock_rcvbuf: 1 << 10,
+        max_msg_size: 1 << 10,
+        psock_rx_buf: 1 << 10,
+        ..Default::default()
+    }
+}
+
+/// A loom model builder with the given preemption bound.
+pub fn builder(preemptions: usize) -> loom::model::Builder {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(preemptions);
+    b
+}
