@@ -163,8 +163,13 @@ fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>
     let cap = sh.lock().mux.rx_capacity(rt.id);
     if cap == 0 {
         // Paused by backpressure or stopped: stop polling for input until the
-        // core says PsockRxResume.
+        // core says PsockRxResume. That resume may come from another thread
+        // between the check above and this change (its `read = true` then finds
+        // read already on and does nothing): check again after turning it off.
         sh.set_interest(rt, |i| i.read = false);
+        if sh.lock().mux.rx_capacity(rt.id) > 0 {
+            sh.set_interest(rt, |i| i.read = true);
+        }
         return;
     }
     let want = cap.min(buf.len());
