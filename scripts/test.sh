@@ -7,3 +7,8 @@ export CARGO_TERM_COLOR=never
 # One build profile for everything: the loopback and load tests need release speed.
 cargo build --release --workspace --all-targets
 cargo test --release --workspace -- --test-threads=2
+
+# ---- AddressSanitizer over the unsafe code (connmux-sys), when nightly is installed ----
+# The full run (connmux-sys + the connmux runtime tests, about 3 minutes) is
+# `bash scripts/asan.sh`; CI runs the fast part. Skipped without nightly.
+bash scripts/asan.sh -p connmux-sys
