@@ -36,6 +36,9 @@ pub struct Args {
     /// generator, e.g. "0" (default) or "0,1".
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub cpus: Vec<usize>,
+    /// I/O driver of the connmux server: auto, epoll or uring.
+    #[arg(long, default_value = "auto")]
+    pub driver: String,
     /// Only the connmux server (no thread-per-connection baseline).
     #[arg(long)]
     pub no_baseline: bool,
@@ -144,6 +147,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let mut config = Config::default();
     config.workers = a.cpus.len();
     config.placement = Placement::Cpus(a.cpus.clone());
+    config.driver = crate::cmd::server::parse_driver(&a.driver)?;
     let listen: SocketAddr = "127.0.0.1:0".parse().expect("literal");
     let svc = start_rpc_service(config, listen, registry(&[])?)?;
     let base = if a.no_baseline {
@@ -156,9 +160,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         servers.push(("thread-per-conn", b.local));
     }
     println!(
-        "connmux demo: ONC RPC NULL calls (NFS v3) over loopback; rpc-server with {} worker(s) on CPU {:?}; \
+        "connmux demo: ONC RPC NULL calls (NFS v3) over loopback; rpc-server with {} worker(s) ({:?} driver) on CPU {:?}; \
          {} round(s) of {}s per server and setting, interleaved; figures are medians over rounds",
         a.cpus.len(),
+        svc.mux().driver(),
         a.cpus,
         a.rounds,
         a.seconds

@@ -45,6 +45,10 @@ pub struct Common {
     /// connection, the baseline with no framework).
     #[arg(long, default_value = "connmux")]
     pub engine: String,
+    /// I/O driver of the workers: auto (io_uring where the kernel has it, else
+    /// epoll), epoll or uring.
+    #[arg(long, default_value = "auto")]
+    pub driver: String,
     /// Unix socket where `connmux stat` reads this server's statistics
     /// [default: <server>-<pid>.sock in $XDG_RUNTIME_DIR/connmux or /tmp/connmux-<uid>].
     #[arg(long, value_name = "PATH")]
@@ -87,6 +91,7 @@ impl Common {
             "key" => Steering::Key,
             other => anyhow::bail!("unknown steering {other:?} (affinity, rr, key)"),
         };
+        c.driver = parse_driver(&self.driver)?;
         c.core.max_msg_size = self.max_msg;
         c.core.assembly_timeout =
             (self.assembly_timeout_ms > 0).then(|| Duration::from_millis(self.assembly_timeout_ms));
@@ -238,6 +243,16 @@ fn service_snapshot(what: &str, svc: &Service, started: Instant) -> String {
     )
 }
 
+/// `--driver` values.
+pub fn parse_driver(s: &str) -> anyhow::Result<connmux::Driver> {
+    Ok(match s {
+        "auto" => connmux::Driver::Auto,
+        "epoll" => connmux::Driver::Epoll,
+        "uring" | "io_uring" => connmux::Driver::Uring,
+        other => anyhow::bail!("unknown driver {other:?} (auto, epoll, uring)"),
+    })
+}
+
 /// Every (program, version) a registry serves.
 pub fn rpcbind_entries(reg: &connmux_oncrpc::Registry) -> Vec<(u32, u32)> {
     reg.programs().iter().flat_map(|v| (v.low..=v.high).map(move |vers| (v.prog.0, vers))).collect()
@@ -298,9 +313,10 @@ fn run_service(
     let endpoint = common.stats_endpoint(what, snap)?;
     let registration = register_rpcbind(rpcbind, svc.local_addr())?;
     println!(
-        "{what} listening on {} ({} workers){}",
+        "{what} listening on {} ({} workers, {:?} driver){}",
         svc.local_addr(),
         common.workers.max(1),
+        svc.mux().driver(),
         endpoint
             .as_ref()
             .map(|e| format!("; statistics: connmux stat {}", e.path().display()))
