@@ -659,3 +659,130 @@ on_both_drivers!(
     case_25_closing_a_socket_moves_its_unread_messages,
     case_26_small_rcvbuf_still_takes_a_bigger_message,
 );
+
+// ---- transmit and lifecycle on real sockets (§7 cases 27, 28, 33, 36, 42) ----
+
+fn case_27_dgram_more_makes_one_message() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    let (ours, mut peer) = pair();
+    let p = mux.attach(&ours, l4()).unwrap();
+    let more = connmux::SendFlags { more: true, ..Default::default() };
+    sock.send_flags(&[&4u32.to_be_bytes()[..], b"ab"].concat(), more).unwrap();
+    sock.send_flags(b"cd", Default::default()).unwrap();
+    assert_eq!(read_framed(&mut peer), b"abcd", "case 27 on {:?}", driver());
+    assert_eq!(eventually(|| mux.psock_stats(p).ok().filter(|s| s.tx_msgs > 0)).tx_msgs, 1);
+}
+
+fn case_28_seqpacket_message_ends_on_eor() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::SeqPacket).unwrap();
+    let (ours, mut peer) = pair();
+    mux.attach(&ours, l4()).unwrap();
+    let open = connmux::SendFlags::default();
+    sock.send_flags(&9u32.to_be_bytes(), open).unwrap();
+    sock.send_flags(b"one", open).unwrap();
+    sock.send_flags(b"two", open).unwrap();
+    sock.send_flags(b"333", connmux::SendFlags { eor: true, ..Default::default() }).unwrap();
+    // Each write() is its own message.
+    sock.send(&framed(b"w1")).unwrap();
+    sock.send(&framed(b"w2")).unwrap();
+    assert_eq!(read_framed(&mut peer), b"onetwo333", "case 28 on {:?}", driver());
+    assert_eq!(read_framed(&mut peer), b"w1");
+    assert_eq!(read_framed(&mut peer), b"w2");
+}
+
+fn case_33_batch_holds_until_a_send_without_it_and_goes_on_one_connection() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    let (o1, mut p1) = pair();
+    let (o2, mut p2) = pair();
+    mux.attach(&o1, l4()).unwrap();
+    mux.attach(&o2, l4()).unwrap();
+    let batch = connmux::SendFlags { batch: true, ..Default::default() };
+    for i in 0..3u8 {
+        sock.send_flags(&framed(&[i; 4]), batch).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    for p in [&mut p1, &mut p2] {
+        p.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(p.read(&mut b).unwrap_err().kind(), ErrorKind::WouldBlock, "case 33 on {:?}: batched bytes on the wire", driver());
+        p.set_nonblocking(false).unwrap();
+    }
+    sock.send(&framed(&[3; 4])).unwrap();
+    for i in 0..4u8 {
+        assert_eq!(read_framed(&mut p1), [i; 4], "case 33 on {:?}", driver());
+    }
+    // sendmmsg of 16: all on one connection (the other, least recently used), contiguous.
+    let msgs: Vec<Vec<u8>> = (0..16u8).map(|i| framed(&[i; 8])).collect();
+    let refs: Vec<&[u8]> = msgs.iter().map(|m| &m[..]).collect();
+    assert_eq!(sock.send_batch(&refs).unwrap(), 16);
+    for i in 0..16u8 {
+        assert_eq!(read_framed(&mut p2), [i; 8], "case 33 on {:?}", driver());
+    }
+    drop((o1, o2));
+}
+
+fn case_36_reset_mid_message_resends_it_whole_elsewhere() {
+    use std::os::fd::AsRawFd;
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_write_timeout(Some(WAIT));
+    let (o1, p1) = pair();
+    let (o2, mut p2) = pair();
+    socket2::SockRef::from(&o1).set_send_buffer_size(32 << 10).unwrap();
+    socket2::SockRef::from(&p1).set_recv_buffer_size(32 << 10).unwrap();
+    let t1 = mux.attach(&o1, l4()).unwrap();
+    mux.attach(&o2, l4()).unwrap();
+    let body: Vec<u8> = (0..(800 << 10)).map(|i| (i % 253) as u8).collect();
+    let msg = framed(&body);
+    sock.send(&msg).unwrap(); // T1 first (least recently used); its peer does not read
+    p1.set_nonblocking(true).unwrap();
+    eventually(|| {
+        let mut b = [0u8; 1];
+        matches!(p1.peek(&mut b), Ok(1)).then_some(())
+    });
+    // Reset T1 from the peer: the write in progress fails.
+    connmux_sys::socket::abort(p1.as_raw_fd()).unwrap();
+    drop(p1);
+    let got = read_framed(&mut p2);
+    assert!(got[..] == body[..], "case 36 on {:?}: the message must arrive whole on T2", driver());
+    let ev = mux.events().recv_timeout(WAIT).unwrap();
+    assert_eq!(ev.psock, t1, "case 36 on {:?}", driver());
+    let st = mux.stats();
+    assert_eq!(st.tx_retries, 1, "case 36 on {:?}: {st:?}", driver());
+    assert_eq!(mux.psock_stats(t1).unwrap().tx_aborts, 1);
+    drop((o1, sock));
+}
+
+fn case_42_closing_the_last_socket_releases_every_connection() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (o1, mut p1) = pair();
+    let (o2, mut p2) = pair();
+    mux.attach(&o1, l4()).unwrap();
+    mux.attach(&o2, l4()).unwrap();
+    drop((o1, o2));
+    sock.send(&framed(b"x")).unwrap();
+    write_all(&mut p2, &framed(b"y"));
+    assert_eq!(&sock.recv_msg().unwrap().data[..], &framed(b"y")[..]);
+    drop(sock);
+    let s = mux.stats();
+    assert_eq!((s.kcms, s.psocks, s.psock_unattach), (0, 0, 2), "case 42 on {:?}: {s:?}", driver());
+    assert_eq!((s.tx_msgs, s.rx_msgs), (1, 1), "case 42 on {:?}: counters kept", driver());
+    for p in [&mut p1, &mut p2] {
+        let mut rest = Vec::new();
+        p.read_to_end(&mut rest).unwrap(); // EOF: the connection closed
+        assert!(rest.len() <= 5, "case 42 on {:?}", driver());
+    }
+}
+
+on_both_drivers!(
+    case_27_dgram_more_makes_one_message,
+    case_28_seqpacket_message_ends_on_eor,
+    case_33_batch_holds_until_a_send_without_it_and_goes_on_one_connection,
+    case_36_reset_mid_message_resends_it_whole_elsewhere,
+    case_42_closing_the_last_socket_releases_every_connection,
+);
