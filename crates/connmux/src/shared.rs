@@ -40,24 +40,44 @@ pub(crate) fn token_psock(t: u64) -> PsockId {
 pub(crate) struct Ready {
     pub fd: EventFd,
     signaled: AtomicBool,
+    /// Serializes set/clear transitions (rare: once per empty↔non-empty change).
+    transition: Mutex<()>,
 }
 
 impl Ready {
     pub fn new() -> io::Result<Ready> {
-        Ok(Ready { fd: EventFd::new()?, signaled: AtomicBool::new(false) })
+        Ok(Ready { fd: EventFd::new()?, signaled: AtomicBool::new(false), transition: Mutex::new(()) })
     }
+    /// The condition became true: make the fd readable (once).
     pub fn set(&self) {
-        if !self.signaled.swap(true, Ordering::AcqRel) {
+        // Fast path: already signaled. A `clear` in progress is followed by
+        // its caller's re-check of the condition, which this set's condition
+        // (established before the call) passes.
+        if self.signaled.load(Ordering::Acquire) {
+            return;
+        }
+        let _t = self.transition.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.signaled.load(Ordering::Relaxed) {
             let _ = self.fd.notify();
+            self.signaled.store(true, Ordering::Release);
         }
     }
-    /// Clear before checking the condition again. Drain first, then mark clear:
-    /// the other order lets a `set` land between the two (counter raised, then
-    /// drained) and leaves `signaled` true over an empty counter, so every later
-    /// `set` would be skipped and a waiter would sleep forever. A `set` dropped
-    /// in this order is covered by the caller's re-check of the condition.
+    /// Clear before checking the condition again.
+    ///
+    /// Flag and counter change together under `transition`, so "signaled iff
+    /// the eventfd counter is non-zero" always holds between transitions.
+    /// Without the lock, either order of the two steps is wrong: swap-then-
+    /// drain lets a `set` land in between and leaves the flag up over an empty
+    /// counter (every later `set` is skipped: a waiter sleeps forever);
+    /// drain-then-store lets a `set`'s write land after the store and leaves a
+    /// count behind a lowered flag (poll keeps returning at once: a blocked
+    /// `recv` spins).
     pub fn clear(&self) {
-        if self.signaled.load(Ordering::Acquire) {
+        if !self.signaled.load(Ordering::Acquire) {
+            return;
+        }
+        let _t = self.transition.lock().unwrap_or_else(|e| e.into_inner());
+        if self.signaled.load(Ordering::Relaxed) {
             let _ = self.fd.drain();
             self.signaled.store(false, Ordering::Release);
         }
