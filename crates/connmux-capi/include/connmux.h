@@ -19,9 +19,10 @@
  *
  * ERRORS. Calls return 0 or a count on success and a negative errno on
  * failure (-EAGAIN, -EINVAL, -ENOENT, ...; -EFAULT for a required pointer that
- * is NULL, -EBADF for a handle that is not live, -EIO for an internal error).
- * errno itself is not set. connmux_last_error() gives the failed call's
- * message, per thread.
+ * is NULL, -EBADF for a pointer that is not a handle of the expected kind, as
+ * far as that can be seen, -EIO for an internal error). errno itself is not
+ * set. connmux_last_error() gives the failed call's message, per thread.
+ * Using a handle after releasing it is undefined behaviour, as with free().
  *
  * OWNERSHIP. Every handle is an opaque pointer owned by the caller until
  * passed to its release function, exactly once:
@@ -554,9 +555,10 @@ int connmux_socket(const connmux_mux *mux, int sock_type, connmux_sock **out_soc
 int connmux_sock_clone(const connmux_sock *sock, connmux_sock **out_sock);
 
 /**
- * `close()`: messages queued on this socket go to the mux's other sockets;
- * when the last socket of a mux closes, its connections are released. NULL is
- * ignored. Must not race with other calls on the same handle.
+ * `close()`: messages received but not yet read move to the mux's other
+ * sockets; messages not yet written are dropped (a connection reserved
+ * mid-message is aborted); closing the last socket of a mux unattaches every
+ * connection. NULL is ignored. Must not race with other calls on the same handle.
  *
  * # Safety
  * `sock` is NULL or a live handle, not used again after this call.
@@ -593,7 +595,8 @@ int connmux_set_timeouts(const connmux_sock *sock, uint64_t recv_ms, uint64_t se
 
 /**
  * KCM_RECV_DISABLE: with `disable` non-zero the socket is offered no new
- * messages and the ones queued on it move to other sockets; 0 enables it again.
+ * messages and the ones queued on it move to other sockets that can take
+ * them; 0 enables it again.
  *
  * # Safety
  * `sock` is a live handle.

@@ -1046,9 +1046,10 @@ pub unsafe extern "C" fn connmux_sock_clone(
     })
 }
 
-/// `close()`: messages queued on this socket go to the mux's other sockets;
-/// when the last socket of a mux closes, its connections are released. NULL is
-/// ignored. Must not race with other calls on the same handle.
+/// `close()`: messages received but not yet read move to the mux's other
+/// sockets; messages not yet written are dropped (a connection reserved
+/// mid-message is aborted); closing the last socket of a mux unattaches every
+/// connection. NULL is ignored. Must not race with other calls on the same handle.
 ///
 /// # Safety
 /// `sock` is NULL or a live handle, not used again after this call.
@@ -1125,7 +1126,8 @@ pub unsafe extern "C" fn connmux_set_timeouts(
 }
 
 /// KCM_RECV_DISABLE: with `disable` non-zero the socket is offered no new
-/// messages and the ones queued on it move to other sockets; 0 enables it again.
+/// messages and the ones queued on it move to other sockets that can take
+/// them; 0 enables it again.
 ///
 /// # Safety
 /// `sock` is a live handle.
