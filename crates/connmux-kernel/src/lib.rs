@@ -233,7 +233,12 @@ impl KernelMux {
     /// Checks that AF_KCM works here: [`KernelError::Unsupported`] otherwise.
     pub fn new() -> Result<KernelMux, KernelError> {
         drop(kcm::kcm_socket(false).map_err(KernelError::Unsupported)?);
-        Ok(KernelMux { inner: Arc::new(Inner { st: Mutex::new(State::default()), errors: Epoll::new()? }) })
+        Ok(KernelMux {
+            inner: Arc::new(Inner {
+                st: Mutex::new(State::default()),
+                errors: Epoll::new()?,
+            }),
+        })
     }
 
     /// Whether this kernel has AF_KCM.
@@ -253,7 +258,10 @@ impl KernelMux {
         let fd = match st.socks.first() {
             Some(s) => {
                 if st.ty != Some(ty) {
-                    return Err(io::Error::new(io::ErrorKind::InvalidInput, "a kernel KCM mux has one socket type (SIOCKCMCLONE copies it)"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "a kernel KCM mux has one socket type (SIOCKCMCLONE copies it)",
+                    ));
                 }
                 kcm::kcm_clone(s.fd)?
             }
@@ -271,13 +279,28 @@ impl KernelMux {
         let index = lowest_unused(st.socks.iter().map(|s| s.index));
         st.next_key += 1;
         let key = st.next_key;
-        st.socks.push(SockSlot { key, index, fd: fd.as_raw_fd() });
-        KernelSocket { mux: self.clone(), fd, ty, key, nonblocking: std::sync::atomic::AtomicBool::new(false) }
+        st.socks.push(SockSlot {
+            key,
+            index,
+            fd: fd.as_raw_fd(),
+        });
+        KernelSocket {
+            mux: self.clone(),
+            fd,
+            ty,
+            key,
+            nonblocking: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     /// SIOCKCMATTACH through any open socket of this mux.
     pub fn attach(&self, conn: &impl AsFd, parser: &KernelParser) -> io::Result<PsockId> {
-        let fd = self.lock().socks.first().map(|s| s.fd).ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "no KCM socket open on this mux"))?;
+        let fd = self
+            .lock()
+            .socks
+            .first()
+            .map(|s| s.fd)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "no KCM socket open on this mux"))?;
         self.attach_via(fd, conn.as_fd(), parser)
     }
 
@@ -298,9 +321,27 @@ impl KernelMux {
         let tcp = conn.try_clone_to_owned()?;
         let index = lowest_unused(st.psocks.iter().map(|p| p.index));
         st.next_generation = st.next_generation.wrapping_add(1);
-        let id = PsockId { index, generation: st.next_generation };
-        let _ = self.inner.errors.add(tcp.as_raw_fd(), token(id), Interest { readable: false, writable: false, edge: false });
-        st.psocks.push(PsockSlot { id, index, ino, tcp, error: None, parser: parser.name() });
+        let id = PsockId {
+            index,
+            generation: st.next_generation,
+        };
+        let _ = self.inner.errors.add(
+            tcp.as_raw_fd(),
+            token(id),
+            Interest {
+                readable: false,
+                writable: false,
+                edge: false,
+            },
+        );
+        st.psocks.push(PsockSlot {
+            id,
+            index,
+            ino,
+            tcp,
+            error: None,
+            parser: parser.name(),
+        });
         Ok(id)
     }
 
@@ -324,8 +365,16 @@ impl KernelMux {
     /// SIOCKCMUNATTACH by psock id.
     pub fn unattach_id(&self, p: PsockId) -> io::Result<()> {
         let mut st = self.lock();
-        let at = st.psocks.iter().position(|s| s.id == p).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
-        let k = st.socks.first().map(|s| s.fd).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let at = st
+            .psocks
+            .iter()
+            .position(|s| s.id == p)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let k = st
+            .socks
+            .first()
+            .map(|s| s.fd)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         kcm::kcm_unattach(k, st.psocks[at].tcp.as_raw_fd())?;
         let slot = st.psocks.remove(at);
         let _ = self.inner.errors.delete(slot.tcp.as_raw_fd());
@@ -380,7 +429,9 @@ impl KernelMux {
         let mut st = self.lock();
         let mut new_failures = 0;
         for ev in events.iter() {
-            let Some(slot) = st.psocks.iter_mut().find(|s| token(s.id) == ev.token) else { continue };
+            let Some(slot) = st.psocks.iter_mut().find(|s| token(s.id) == ev.token) else {
+                continue;
+            };
             if slot.error.is_none() {
                 match connmux_sys::socket::take_error(slot.tcp.as_raw_fd()) {
                     Ok(Some(e)) => slot.error = Some((classify(e), e)),
@@ -389,7 +440,11 @@ impl KernelMux {
                 }
                 new_failures += 1;
                 let (error, errno) = slot.error.clone().expect("just set");
-                out.push(PsockEvent { psock: slot.id, error, errno });
+                out.push(PsockEvent {
+                    psock: slot.id,
+                    error,
+                    errno,
+                });
             }
             // Reported once: stop watching it.
             let _ = self.inner.errors.delete(slot.tcp.as_raw_fd());
@@ -408,7 +463,8 @@ impl KernelMux {
     /// per-mux totals), with this mux's live socket and psock counts.
     pub fn stats(&self) -> io::Result<MuxStats> {
         let text = std::fs::read_to_string("/proc/net/kcm_stats")?;
-        let mut s = proc::parse_kcm_stats(&text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unexpected /proc/net/kcm_stats layout"))?;
+        let mut s = proc::parse_kcm_stats(&text)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unexpected /proc/net/kcm_stats layout"))?;
         let st = self.lock();
         s.kcms = st.socks.len();
         s.psocks = st.psocks.len();
@@ -430,16 +486,29 @@ impl KernelMux {
         match found.len() {
             1 => Ok(found.remove(0)),
             0 => Err(io::Error::new(io::ErrorKind::NotFound, "this mux is not in /proc/net/kcm")),
-            n => Err(io::Error::new(io::ErrorKind::NotFound, format!("{n} muxes in /proc/net/kcm look like this one"))),
+            n => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{n} muxes in /proc/net/kcm look like this one"),
+            )),
         }
     }
 
     /// One psock's counters from its `/proc/net/kcm` line (messages and bytes;
     /// the kernel keeps the rest per namespace only).
     pub fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
-        let index = self.lock().psocks.iter().find(|s| s.id == p).map(|s| s.index).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let index = self
+            .lock()
+            .psocks
+            .iter()
+            .find(|s| s.id == p)
+            .map(|s| s.index)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         let m = self.proc_mux()?;
-        m.psock_lines.into_iter().find(|l| l.0 == index).map(|l| l.1).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+        m.psock_lines
+            .into_iter()
+            .find(|l| l.0 == index)
+            .map(|l| l.1)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
     }
 
     /// `/proc/net/kcm` as the kernel prints it.
@@ -554,7 +623,11 @@ impl KernelSocket {
     pub fn recv_flags(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<RecvInfo> {
         let f = self.dontwait() | if flags.peek { libc::MSG_PEEK } else { 0 };
         let (len, fl) = kcm::recvmsg(self.fd.as_raw_fd(), buf, f)?;
-        Ok(RecvInfo { len, eor: fl & libc::MSG_EOR != 0, trunc: fl & libc::MSG_TRUNC != 0 })
+        Ok(RecvInfo {
+            len,
+            eor: fl & libc::MSG_EOR != 0,
+            trunc: fl & libc::MSG_TRUNC != 0,
+        })
     }
     /// One message (or its first `buf.len()` bytes); returns the bytes copied.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
@@ -582,7 +655,13 @@ impl KernelSocket {
     }
     /// One complete message (`write()` semantics: EOR on SEQPACKET).
     pub fn send(&self, data: &[u8]) -> io::Result<usize> {
-        self.send_flags(data, SendFlags { eor: true, ..Default::default() })
+        self.send_flags(
+            data,
+            SendFlags {
+                eor: true,
+                ..Default::default()
+            },
+        )
     }
     /// sendmmsg of whole messages (the kernel batches all but the last);
     /// returns how many were sent.
@@ -593,9 +672,16 @@ impl KernelSocket {
 
     /// This socket's `/proc/net/kcm` line.
     pub fn stats(&self) -> io::Result<SockStats> {
-        let index = self.mux.sock_index(self.key).ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let index = self
+            .mux
+            .sock_index(self.key)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
         let m = self.mux.proc_mux()?;
-        m.socks.into_iter().find(|s| s.0 == index).map(|s| s.1).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+        m.socks
+            .into_iter()
+            .find(|s| s.0 == index)
+            .map(|s| s.1)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
     }
 
     /// This socket's index in `/proc/net/kcm` (`kcm-N`).
@@ -661,15 +747,38 @@ mod tests {
         use connmux_bpf::asm;
         use connmux_bpf::insn::{alu, size};
         // SAFETY-free check of root: BPF_PROG_LOAD of a socket filter needs CAP_BPF here.
-        assert_eq!(std::fs::read_to_string("/proc/self/status").unwrap().lines().find(|l| l.starts_with("Uid:")).unwrap().split_whitespace().nth(1), Some("0"), "needs root");
-        let textbook: Vec<u8> = [asm::mov64_reg(6, 1), asm::ld_abs(size::W, 0), asm::alu64_imm(alu::ADD, 0, 4), asm::exit()]
-            .iter()
-            .flat_map(|i| i.to_bytes())
-            .collect();
-        let parsers = ["l4", "9p", "thrift", "kafka", "len:width=8", "len:width=3,endian=le,adjust=-5,includes_header=true", "len:offset=6,width=2"]
-            .iter()
-            .map(|s| KernelParser::spec(s))
-            .chain([KernelParser::Bytecode(textbook)]);
+        assert_eq!(
+            std::fs::read_to_string("/proc/self/status")
+                .unwrap()
+                .lines()
+                .find(|l| l.starts_with("Uid:"))
+                .unwrap()
+                .split_whitespace()
+                .nth(1),
+            Some("0"),
+            "needs root"
+        );
+        let textbook: Vec<u8> = [
+            asm::mov64_reg(6, 1),
+            asm::ld_abs(size::W, 0),
+            asm::alu64_imm(alu::ADD, 0, 4),
+            asm::exit(),
+        ]
+        .iter()
+        .flat_map(|i| i.to_bytes())
+        .collect();
+        let parsers = [
+            "l4",
+            "9p",
+            "thrift",
+            "kafka",
+            "len:width=8",
+            "len:width=3,endian=le,adjust=-5,includes_header=true",
+            "len:offset=6,width=2",
+        ]
+        .iter()
+        .map(|s| KernelParser::spec(s))
+        .chain([KernelParser::Bytecode(textbook)]);
         for p in parsers {
             let map = aya::maps::Array::<aya::maps::MapData, u64>::create(1, 0).unwrap();
             let fd = aya::maps::IterableMap::<u32, u64>::map(&map).fd().as_fd().as_raw_fd();

@@ -65,8 +65,7 @@ impl FieldSpec {
     /// Specs whose framing is not a single length field (ONC RPC record
     /// marking, HTTP/2's preface, memcached's magic check) are refused.
     pub fn from_spec(spec: &str) -> Result<FieldSpec, KernelError> {
-        let parser = connmux_core::parsers::from_spec(spec)
-            .map_err(|e| KernelError::Spec(e.to_string()))?;
+        let parser = connmux_core::parsers::from_spec(spec).map_err(|e| KernelError::Spec(e.to_string()))?;
         let name = parser.name().to_owned();
         let fixed = |offset, width, little_endian, includes_header, min_len, signed| FieldSpec {
             offset,
@@ -120,7 +119,11 @@ struct Asm {
 
 impl Asm {
     fn new() -> Asm {
-        Asm { insns: Vec::new(), fixups: Vec::new(), labels: Vec::new() }
+        Asm {
+            insns: Vec::new(),
+            fixups: Vec::new(),
+            labels: Vec::new(),
+        }
     }
     fn label(&mut self) -> usize {
         self.labels.push(None);
@@ -421,7 +424,10 @@ mod tests {
         let f = FieldSpec::from_spec("l4").unwrap();
         assert_eq!((f.offset, f.width, f.little_endian, f.includes_header), (0, 4, false, false));
         let f = FieldSpec::from_spec("len:offset=2,width=3,endian=le,adjust=-1,includes_header=true").unwrap();
-        assert_eq!((f.offset, f.width, f.little_endian, f.adjust, f.includes_header, f.min_len), (2, 3, true, -1, true, 5));
+        assert_eq!(
+            (f.offset, f.width, f.little_endian, f.adjust, f.includes_header, f.min_len),
+            (2, 3, true, -1, true, 5)
+        );
         assert!(FieldSpec::from_spec("9p").unwrap().little_endian);
         assert!(matches!(FieldSpec::from_spec("oncrpc"), Err(KernelError::UnsupportedParser(_))));
         assert!(matches!(FieldSpec::from_spec("http2"), Err(KernelError::UnsupportedParser(_))));
@@ -451,9 +457,18 @@ mod tests {
         let reads_len = [asm::ldx(size::W, 0, 1, 0), asm::exit()];
         assert!(matches!(rewrite_program(&reads_len, 3), Err(KernelError::NotOffsetSafe(_))));
         // The textbook parser: ld_abs_w[0] + 4 becomes ld_ind_w[r9 + 0] + 4.
-        let textbook = [asm::mov64_reg(6, 1), asm::ld_abs(size::W, 0), asm::alu64_imm(alu::ADD, 0, 4), asm::exit()];
+        let textbook = [
+            asm::mov64_reg(6, 1),
+            asm::ld_abs(size::W, 0),
+            asm::alu64_imm(alu::ADD, 0, 4),
+            asm::exit(),
+        ];
         let p = rewrite_program(&textbook, 3).unwrap();
-        assert!(p.iter().any(|i| i.code == class::LD | mode::IND | size::W && i.src == 9 && i.imm == 0));
-        assert!(!p.iter().any(|i| i.code & 0xe0 == mode::ABS && i.imm == 0 && i.code & 0x07 == class::LD));
+        assert!(p
+            .iter()
+            .any(|i| i.code == class::LD | mode::IND | size::W && i.src == 9 && i.imm == 0));
+        assert!(!p
+            .iter()
+            .any(|i| i.code & 0xe0 == mode::ABS && i.imm == 0 && i.code & 0x07 == class::LD));
     }
 }

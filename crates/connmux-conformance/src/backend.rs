@@ -1,0 +1,305 @@
+//! The two backends behind one small interface, so that every case is written
+//! once: `connmux` (the userspace runtime) and `connmux-kernel` (AF_KCM).
+
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use connmux::{Config, Driver, Mux, Placement, PsockError, PsockId, RecvFlags, SendFlags, SockType, Steering};
+use connmux_core::stats::{MuxStats, PsockStats, SockStats};
+use connmux_kernel::{KernelMux, KernelParser, KernelSocket};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    User,
+    Kernel,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::User => "userspace",
+            Kind::Kernel => "kernel",
+        }
+    }
+}
+
+/// Per-mux options a case may need.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Opts {
+    /// Assembly timeout (userspace: MuxConfig; kernel: the TCP socket's SO_RCVTIMEO).
+    pub timeout: Option<Duration>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Got {
+    pub len: usize,
+    pub eor: bool,
+    pub trunc: bool,
+}
+
+pub trait Ep: Send + Sync {
+    fn send(&self, data: &[u8], flags: SendFlags) -> io::Result<usize>;
+    fn recv(&self, buf: &mut [u8], peek: bool) -> io::Result<Got>;
+    fn send_batch(&self, msgs: &[&[u8]]) -> io::Result<usize>;
+    fn try_clone(&self) -> io::Result<Box<dyn Ep>>;
+    fn set_recv_disable(&self, d: bool) -> io::Result<()>;
+    fn recv_disabled(&self) -> io::Result<bool>;
+    fn set_nonblocking(&self, nb: bool);
+    fn set_timeout(&self, t: Option<Duration>);
+    fn set_rcvbuf(&self, b: usize) -> io::Result<()>;
+    fn set_sndbuf(&self, b: usize) -> io::Result<()>;
+    fn stats(&self) -> io::Result<SockStats>;
+    /// The AF_KCM fd (kernel only).
+    fn raw(&self) -> Option<BorrowedFd<'_>>;
+}
+
+pub trait Mx {
+    fn kind(&self) -> Kind;
+    fn socket(&self, ty: SockType) -> io::Result<Box<dyn Ep>>;
+    fn attach(&self, conn: BorrowedFd<'_>, spec: &str) -> io::Result<PsockId>;
+    fn unattach(&self, conn: BorrowedFd<'_>) -> io::Result<()>;
+    /// The first error of psock `p` within `timeout`: (errno, typed error).
+    fn wait_error(&self, p: PsockId, timeout: Duration) -> Option<(i32, PsockError)>;
+    /// Psock counters: this mux's (userspace) or the namespace's (kernel); cases use deltas.
+    fn psock_totals(&self) -> PsockStats;
+    fn mux_stats(&self) -> MuxStats;
+    /// Live KCM sockets on this mux as the backend reports them.
+    fn kcms(&self) -> io::Result<usize>;
+    fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats>;
+}
+
+pub fn new_mux(kind: Kind, opts: Opts) -> io::Result<Box<dyn Mx>> {
+    match kind {
+        Kind::User => {
+            let mut cfg = Config {
+                workers: 1,
+                placement: Placement::Unpinned,
+                driver: Driver::Epoll,
+                ..Config::default()
+            };
+            cfg.core.steering = Steering::RoundRobin;
+            cfg.core.assembly_timeout = opts.timeout;
+            Ok(Box::new(UserMx(Mux::new(cfg)?)))
+        }
+        Kind::Kernel => Ok(Box::new(KernMx(KernelMux::new().map_err(io::Error::from)?, opts))),
+    }
+}
+
+// ------------------------------------------------------------- userspace
+
+struct UserMx(Mux);
+struct UserEp(connmux::KcmSocket);
+
+fn errno_of(e: &PsockError) -> i32 {
+    match e {
+        PsockError::Rx(rx) => rx.errno(),
+        PsockError::Tx(e) => *e,
+        PsockError::Closed => libc::EPIPE,
+    }
+}
+
+impl Mx for UserMx {
+    fn kind(&self) -> Kind {
+        Kind::User
+    }
+    fn socket(&self, ty: SockType) -> io::Result<Box<dyn Ep>> {
+        Ok(Box::new(UserEp(self.0.socket(ty)?)))
+    }
+    fn attach(&self, conn: BorrowedFd<'_>, spec: &str) -> io::Result<PsockId> {
+        let p = connmux::parsers::from_spec(spec).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        self.0.attach(&conn, p)
+    }
+    fn unattach(&self, conn: BorrowedFd<'_>) -> io::Result<()> {
+        self.0.unattach(&conn)
+    }
+    fn wait_error(&self, p: PsockId, timeout: Duration) -> Option<(i32, PsockError)> {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Some(e) = self.0.psock_error(p) {
+                return Some((errno_of(&e), e));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+    fn psock_totals(&self) -> PsockStats {
+        self.0.stats().psock
+    }
+    fn mux_stats(&self) -> MuxStats {
+        self.0.stats()
+    }
+    fn kcms(&self) -> io::Result<usize> {
+        Ok(self.0.stats().kcms)
+    }
+    fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
+        self.0.psock_stats(p)
+    }
+}
+
+impl Ep for UserEp {
+    fn send(&self, data: &[u8], flags: SendFlags) -> io::Result<usize> {
+        self.0.send_flags(data, flags)
+    }
+    fn recv(&self, buf: &mut [u8], peek: bool) -> io::Result<Got> {
+        let i = self.0.recv_flags(buf, RecvFlags { peek })?;
+        Ok(Got {
+            len: i.len,
+            eor: i.eor,
+            trunc: i.trunc,
+        })
+    }
+    fn send_batch(&self, msgs: &[&[u8]]) -> io::Result<usize> {
+        self.0.send_batch(msgs)
+    }
+    fn try_clone(&self) -> io::Result<Box<dyn Ep>> {
+        Ok(Box::new(UserEp(self.0.try_clone()?)))
+    }
+    fn set_recv_disable(&self, d: bool) -> io::Result<()> {
+        self.0.set_recv_disable(d)
+    }
+    fn recv_disabled(&self) -> io::Result<bool> {
+        self.0.recv_disabled()
+    }
+    fn set_nonblocking(&self, nb: bool) {
+        self.0.set_nonblocking(nb)
+    }
+    fn set_timeout(&self, t: Option<Duration>) {
+        self.0.set_read_timeout(t);
+        self.0.set_write_timeout(t);
+    }
+    fn set_rcvbuf(&self, b: usize) -> io::Result<()> {
+        self.0.set_rcvbuf(b)
+    }
+    fn set_sndbuf(&self, b: usize) -> io::Result<()> {
+        self.0.set_sndbuf(b)
+    }
+    fn stats(&self) -> io::Result<SockStats> {
+        self.0.stats()
+    }
+    fn raw(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+}
+
+// ------------------------------------------------------------- kernel
+
+struct KernMx(KernelMux, Opts);
+struct KernEp(KernelSocket);
+
+impl Mx for KernMx {
+    fn kind(&self) -> Kind {
+        Kind::Kernel
+    }
+    fn socket(&self, ty: SockType) -> io::Result<Box<dyn Ep>> {
+        let s = self.0.socket(ty)?;
+        // Messages on DGRAM sockets are charged a whole skb's truesize each
+        // (kcmvm caveat 3): give the sockets room, as a real user must.
+        Ok(Box::new(KernEp(s)))
+    }
+    fn attach(&self, conn: BorrowedFd<'_>, spec: &str) -> io::Result<PsockId> {
+        if let Some(t) = self.1.timeout {
+            connmux_sys::socket::set_rcvtimeo(std::os::fd::AsRawFd::as_raw_fd(&conn), Some(t))?;
+        }
+        self.0.attach(&conn, &KernelParser::spec(spec))
+    }
+    fn unattach(&self, conn: BorrowedFd<'_>) -> io::Result<()> {
+        self.0.unattach(&conn)
+    }
+    fn wait_error(&self, p: PsockId, timeout: Duration) -> Option<(i32, PsockError)> {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.0.psock_error(p) {
+                return Some((errno_of_kernel(&e), e));
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            if let Ok(evs) = self.0.wait_events(left.min(Duration::from_millis(50))) {
+                if let Some(ev) = evs.into_iter().find(|e| e.psock == p) {
+                    return Some((ev.errno, ev.error));
+                }
+            }
+        }
+    }
+    fn psock_totals(&self) -> PsockStats {
+        self.0.stats().map(|s| s.psock).unwrap_or_default()
+    }
+    fn mux_stats(&self) -> MuxStats {
+        self.0.stats().unwrap_or_default()
+    }
+    fn kcms(&self) -> io::Result<usize> {
+        self.0.proc_mux().map(|m| m.kcms)
+    }
+    fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
+        self.0.psock_stats(p)
+    }
+}
+
+fn errno_of_kernel(e: &PsockError) -> i32 {
+    errno_of(e)
+}
+
+impl Ep for KernEp {
+    fn send(&self, data: &[u8], flags: SendFlags) -> io::Result<usize> {
+        self.0.send_flags(data, flags)
+    }
+    fn recv(&self, buf: &mut [u8], peek: bool) -> io::Result<Got> {
+        let i = self.0.recv_flags(buf, RecvFlags { peek })?;
+        Ok(Got {
+            len: i.len,
+            eor: i.eor,
+            trunc: i.trunc,
+        })
+    }
+    fn send_batch(&self, msgs: &[&[u8]]) -> io::Result<usize> {
+        self.0.send_batch(msgs)
+    }
+    fn try_clone(&self) -> io::Result<Box<dyn Ep>> {
+        Ok(Box::new(KernEp(self.0.try_clone()?)))
+    }
+    fn set_recv_disable(&self, d: bool) -> io::Result<()> {
+        self.0.set_recv_disable(d)
+    }
+    fn recv_disabled(&self) -> io::Result<bool> {
+        self.0.recv_disabled()
+    }
+    fn set_nonblocking(&self, nb: bool) {
+        self.0.set_nonblocking(nb)
+    }
+    fn set_timeout(&self, t: Option<Duration>) {
+        let _ = self.0.set_read_timeout(t);
+        let _ = self.0.set_write_timeout(t);
+    }
+    fn set_rcvbuf(&self, b: usize) -> io::Result<()> {
+        self.0.set_rcvbuf(b)
+    }
+    fn set_sndbuf(&self, b: usize) -> io::Result<()> {
+        self.0.set_sndbuf(b)
+    }
+    fn stats(&self) -> io::Result<SockStats> {
+        self.0.stats()
+    }
+    fn raw(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.0.as_fd())
+    }
+}
+
+/// A connected loopback pair: (peer, the side to attach), TCP_NODELAY on both.
+pub fn tcp_pair() -> io::Result<(TcpStream, TcpStream)> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let c = TcpStream::connect(l.local_addr()?)?;
+    let (s, _) = l.accept()?;
+    c.set_nodelay(true)?;
+    s.set_nodelay(true)?;
+    Ok((c, s))
+}
+
+/// 4-byte big-endian length, then the body (the `l4` framing).
+pub fn frame(body: &[u8]) -> Vec<u8> {
+    let mut m = (body.len() as u32).to_be_bytes().to_vec();
+    m.extend_from_slice(body);
+    m
+}
