@@ -24,7 +24,11 @@ fn long_first_fragment() -> Vec<u8> {
 }
 
 fn stream(max: usize) -> StreamParser {
-    let limits = StreamLimits { max_msg_size: max, assembly_timeout: None, read_ahead: 0 };
+    let limits = StreamLimits {
+        max_msg_size: max,
+        assembly_timeout: None,
+        read_ahead: 0,
+    };
     StreamParser::new(from_spec("oncrpc").unwrap(), limits)
 }
 
@@ -53,7 +57,10 @@ fn header_past_the_limit_is_refused_however_the_bytes_arrive() {
     let whole = outcome(&wire[..104], 104, 64);
     assert!(matches!(whole, Err(RxError::TooBig { max: 64, .. })), "{whole:?}");
     let bytewise = outcome(&wire[..104], 1, 64);
-    assert!(matches!(bytewise, Err(RxError::TooBig { max: 64, .. })), "byte by byte: {bytewise:?}");
+    assert!(
+        matches!(bytewise, Err(RxError::TooBig { max: 64, .. })),
+        "byte by byte: {bytewise:?}"
+    );
 }
 
 /// In the mux the same stream, read as `rx_capacity` allows, stalls the
@@ -62,7 +69,11 @@ fn header_past_the_limit_is_refused_however_the_bytes_arrive() {
 #[test]
 #[ignore = "connmux-core stream parser: a need-more hint reaching past max_msg_size stalls the psock instead of failing it (EMSGSIZE)"]
 fn psock_with_header_past_the_limit_fails_instead_of_stalling() {
-    let cfg = MuxConfig { max_msg_size: 64, psock_rx_buf: 16, ..MuxConfig::default() };
+    let cfg = MuxConfig {
+        max_msg_size: 64,
+        psock_rx_buf: 16,
+        ..MuxConfig::default()
+    };
     let mut m = Mux::new(cfg);
     let _s = m.socket(SockType::SeqPacket);
     let p = m.attach(from_spec("oncrpc").unwrap(), PsockConfig::default());
@@ -90,4 +101,62 @@ fn psock_with_header_past_the_limit_fails_instead_of_stalling() {
         "after {fed} bytes (capacity now {}): psock failure {failed:?}",
         m.rx_capacity(p)
     );
+}
+
+fn regression(target: &str, name: &str) -> Vec<u8> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/regressions")
+        .join(target)
+        .join(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// A program returning 0x80000000 gives `ParseError::Program(i32::MIN)`
+/// (`parse_result` has no positive errno for it); the stream parser's
+/// ESTRPIPE check takes `v.abs()` of it, which overflows: a panic where
+/// overflow checks are on (debug builds), found by fuzz target `bpf_program`.
+#[test]
+#[ignore = "connmux-core stream parser: `v.abs()` overflows on ParseError::Program(i32::MIN) (stream.rs, ESTRPIPE check)"]
+fn program_returning_i32_min_is_refused_without_overflow() {
+    // r0 = 0x80000000 (mov32: the immediate as it is); exit
+    let code = [0xb4, 0x00, 0, 0, 0x00, 0x00, 0x00, 0x80, 0x95, 0, 0, 0, 0, 0, 0, 0];
+    let parser = connmux_bpf::BpfParser::from_raw(&code).unwrap();
+    let limits = StreamLimits {
+        max_msg_size: 64,
+        assembly_timeout: None,
+        read_ahead: 0,
+    };
+    let mut sp = StreamParser::new(Box::new(parser), limits);
+    sp.feed(b"x");
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sp.next_msg(Timestamp::ZERO)));
+    match r {
+        Ok(Err(RxError::Parser(e))) => assert_eq!(e, connmux_core::ParseError::Program(i32::MIN)),
+        Ok(other) => panic!("expected a refusal, got {other:?}"),
+        Err(_) => panic!("next_msg panicked on ParseError::Program(i32::MIN)"),
+    }
+    // The fuzzer's input (raw program, then data) fails the same way.
+    let input = regression("bpf_program", "program-returns-i32-min");
+    let n = usize::from(u16::from_le_bytes([input[2], input[3]]));
+    assert!(connmux_bpf::BpfParser::from_raw(&input[4..4 + 8 * n]).is_ok());
+}
+
+/// An object whose function symbol has an address and size summing past
+/// u64::MAX: choosing that function panics in the ELF loader
+/// (`sym.address() + sym.size()`) where overflow checks are on, instead of
+/// refusing the object; found by fuzz target `bpf_program`.
+#[test]
+#[ignore = "connmux-bpf ELF loader: symbol address + size overflows (elf.rs load_program) instead of an ElfError"]
+fn object_with_overflowing_function_symbol_is_refused() {
+    let input = regression("bpf_program", "elf-function-end-overflow");
+    let object = &input[2..];
+    let list = connmux_bpf::elf::list_programs(object).expect("the object lists its programs");
+    let mut tried = 0;
+    for info in &list {
+        for name in std::iter::once(&info.section).chain(&info.functions) {
+            tried += 1;
+            let r = std::panic::catch_unwind(|| connmux_bpf::elf::load_program(object, Some(name)).map(|_| ()));
+            assert!(r.is_ok(), "load_program(Some({name:?})) panicked");
+        }
+    }
+    assert!(tried > 1);
 }
