@@ -10,7 +10,8 @@
 //!   eventfd is modelled as a counter under a mutex with a condition variable
 //!   (`notify` adds, `drain` zeroes, `poll` waits for non-zero), so a lost
 //!   wake-up shows up as loom's deadlock report. Both orders of `clear` are
-//!   here: [`ClearOrder::DrainThenMark`] (the runtime's) and
+//!   here: [`ClearOrder::Locked`] (the runtime's), [`ClearOrder::DrainThenMark`]
+//!   (which leaves a stale count: a blocked recv spins) and
 //!   [`ClearOrder::MarkThenDrain`] (before commit 3f5c7fc), which loses a
 //!   wake-up.
 //! - [`Runtime`]: the **real** `connmux_core::mux::Mux` behind a loom mutex
@@ -70,7 +71,11 @@ impl EventFd {
 /// The two orders of `Ready::clear`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClearOrder {
-    /// The runtime's: `if signaled { drain(); signaled = false }`.
+    /// The runtime's: flag and counter change together under a lock, with a
+    /// lock-free fast path when the flag already says so.
+    Locked,
+    /// `if signaled { drain(); signaled = false }` without the lock: a `set`
+    /// whose write lands after the store leaves a count behind a lowered flag.
     DrainThenMark,
     /// Before 3f5c7fc: `if signaled.swap(false) { drain() }`. A `set` between
     /// the two raises the counter, the drain eats it, `signaled` stays true
@@ -83,6 +88,7 @@ pub struct Ready {
     pub fd: EventFd,
     signaled: AtomicBool,
     order: ClearOrder,
+    transition: Mutex<()>,
 }
 
 impl Ready {
@@ -91,15 +97,40 @@ impl Ready {
             fd: EventFd::default(),
             signaled: AtomicBool::new(false),
             order,
+            transition: Mutex::new(()),
         }
     }
     pub fn set(&self) {
+        if self.order == ClearOrder::Locked {
+            if self.signaled.load(Ordering::Acquire) {
+                return;
+            }
+            let _t = self.transition.lock().unwrap();
+            if !self.signaled.load(Ordering::Acquire) {
+                // Flag first: a `clear` that sees it waits on the lock for
+                // the write instead of skipping a count about to appear.
+                // (See the note in `clear` on modelling a plain store.)
+                self.signaled.swap(true, Ordering::AcqRel);
+                self.fd.notify();
+            }
+            return;
+        }
         if !self.signaled.swap(true, Ordering::AcqRel) {
             self.fd.notify();
         }
     }
     pub fn clear(&self) {
         match self.order {
+            ClearOrder::Locked => {
+                if !self.signaled.load(Ordering::Acquire) {
+                    return;
+                }
+                let _t = self.transition.lock().unwrap();
+                if self.signaled.load(Ordering::Acquire) {
+                    self.fd.drain();
+                    self.signaled.swap(false, Ordering::AcqRel);
+                }
+            }
             ClearOrder::DrainThenMark => {
                 if self.signaled.load(Ordering::Acquire) {
                     self.fd.drain();
@@ -234,8 +265,8 @@ impl Runtime {
             inflight: AtomicUsize::new(0),
             max_inflight: AtomicUsize::new(0),
             released: AtomicUsize::new(0),
-            tx_ready: Ready::new(ClearOrder::DrainThenMark),
-            rx_ready: Ready::new(ClearOrder::DrainThenMark),
+            tx_ready: Ready::new(ClearOrder::Locked),
+            rx_ready: Ready::new(ClearOrder::Locked),
             drop_unfinished_flush: false,
             flush_rounds: 4,
         }

@@ -110,6 +110,21 @@ fn check(order: ClearOrder, consumer: fn(&Runtime, SockId) -> Vec<Vec<u8>>) {
 }
 
 #[test]
+fn ready_locked_wakes_an_event_loop() {
+    check(ClearOrder::Locked, poll_then_recv);
+}
+
+#[test]
+fn ready_locked_wakes_serve() {
+    check(ClearOrder::Locked, serve);
+}
+
+#[test]
+fn ready_locked_recv_loop_neither_sleeps_nor_spins() {
+    check(ClearOrder::Locked, recv_loop);
+}
+
+#[test]
 fn ready_drain_then_mark_wakes_an_event_loop() {
     check(ClearOrder::DrainThenMark, poll_then_recv);
 }
@@ -153,7 +168,15 @@ fn clear_races_set(order: ClearOrder) {
             !r.signaled() || r.fd.count() > 0,
             "signaled over an empty eventfd: later sets are skipped"
         );
+        if order == ClearOrder::Locked {
+            assert!(r.signaled() || r.fd.count() == 0, "a count behind a lowered flag: pollers spin");
+        }
     });
+}
+
+#[test]
+fn ready_locked_keeps_signaled_iff_counter() {
+    clear_races_set(ClearOrder::Locked);
 }
 
 #[test]

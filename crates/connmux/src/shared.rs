@@ -58,8 +58,11 @@ impl Ready {
         }
         let _t = self.transition.lock().unwrap_or_else(|e| e.into_inner());
         if !self.signaled.load(Ordering::Relaxed) {
-            let _ = self.fd.notify();
+            // Flag first: a `clear` that sees it takes the lock and so waits
+            // for the write, instead of skipping a count about to appear
+            // (which would make pollers spin until this thread runs again).
             self.signaled.store(true, Ordering::Release);
+            let _ = self.fd.notify();
         }
     }
     /// Clear before checking the condition again.
