@@ -20,3 +20,25 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 command -v cargo >/dev/null || { echo "setup: cargo (Rust stable) is required" >&2; exit 1; }
+
+# ---- KCM conformance (scripts/conformance.sh): qemu and the tools the kcmvm
+# harness uses to boot Debian's 6.1 kernel, and glibc's static libraries for the
+# static runner the guest needs.
+vm_need=()
+command -v qemu-system-x86_64 >/dev/null || vm_need+=(qemu-system-x86)
+command -v cpio >/dev/null || vm_need+=(cpio)
+command -v modinfo >/dev/null || vm_need+=(kmod)
+command -v zstd >/dev/null || vm_need+=(zstd)
+command -v xz >/dev/null || vm_need+=(xz-utils)
+command -v readelf >/dev/null || vm_need+=(binutils)
+[ -e /bin/busybox ] || vm_need+=(busybox-static)
+[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || vm_need+=(libc6-dev)
+if [ ${#vm_need[@]} -gt 0 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "setup: missing ${vm_need[*]}; run as root or install them" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${vm_need[@]}" >/dev/null
+fi

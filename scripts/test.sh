@@ -12,3 +12,9 @@ cargo test --release --workspace -- --test-threads=2
 # The full run (connmux-sys + the connmux runtime tests, about 3 minutes) is
 # `bash scripts/asan.sh`; CI runs the fast part. Skipped without nightly.
 bash scripts/asan.sh -p connmux-sys
+
+# ---- KCM conformance (connmux-conformance): the §7 acceptance cases against the
+# userspace runtime here and against the kernel's AF_KCM in the kcmvm VM (one
+# boot, Debian 6.1 under qemu), plus the side-by-side benchmark; fails on any
+# FAIL. About 1-3 minutes (static build, emulated VM).
+bash scripts/conformance.sh

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use connmux::{Config, Driver, Mux, Placement, PsockError, PsockId, RecvFlags, SendFlags, SockType, Steering};
-use connmux_core::stats::{MuxStats, PsockStats, SockStats};
+use connmux_core::stats::{PsockStats, SockStats};
 use connmux_kernel::{KernelMux, KernelParser, KernelSocket};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +56,6 @@ pub trait Ep: Send + Sync {
 }
 
 pub trait Mx {
-    fn kind(&self) -> Kind;
     fn socket(&self, ty: SockType) -> io::Result<Box<dyn Ep>>;
     fn attach(&self, conn: BorrowedFd<'_>, spec: &str) -> io::Result<PsockId>;
     fn unattach(&self, conn: BorrowedFd<'_>) -> io::Result<()>;
@@ -64,7 +63,6 @@ pub trait Mx {
     fn wait_error(&self, p: PsockId, timeout: Duration) -> Option<(i32, PsockError)>;
     /// Psock counters: this mux's (userspace) or the namespace's (kernel); cases use deltas.
     fn psock_totals(&self) -> PsockStats;
-    fn mux_stats(&self) -> MuxStats;
     /// Live KCM sockets on this mux as the backend reports them.
     fn kcms(&self) -> io::Result<usize>;
     fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats>;
@@ -101,9 +99,6 @@ fn errno_of(e: &PsockError) -> i32 {
 }
 
 impl Mx for UserMx {
-    fn kind(&self) -> Kind {
-        Kind::User
-    }
     fn socket(&self, ty: SockType) -> io::Result<Box<dyn Ep>> {
         Ok(Box::new(UserEp(self.0.socket(ty)?)))
     }
@@ -126,9 +121,6 @@ impl Mx for UserMx {
     }
     fn psock_totals(&self) -> PsockStats {
         self.0.stats().psock
-    }
-    fn mux_stats(&self) -> MuxStats {
-        self.0.stats()
     }
     fn kcms(&self) -> io::Result<usize> {
         Ok(self.0.stats().kcms)
@@ -189,9 +181,6 @@ struct KernMx(KernelMux, Opts);
 struct KernEp(KernelSocket);
 
 impl Mx for KernMx {
-    fn kind(&self) -> Kind {
-        Kind::Kernel
-    }
     fn socket(&self, ty: SockType) -> io::Result<Box<dyn Ep>> {
         let s = self.0.socket(ty)?;
         // Messages on DGRAM sockets are charged a whole skb's truesize each
@@ -226,9 +215,6 @@ impl Mx for KernMx {
     }
     fn psock_totals(&self) -> PsockStats {
         self.0.stats().map(|s| s.psock).unwrap_or_default()
-    }
-    fn mux_stats(&self) -> MuxStats {
-        self.0.stats().unwrap_or_default()
     }
     fn kcms(&self) -> io::Result<usize> {
         self.0.proc_mux().map(|m| m.kcms)

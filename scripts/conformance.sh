@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The KCM conformance run: the acceptance cases of kcm-semantics §7 against the
+# userspace runtime on this machine, then against the kernel's AF_KCM (and the
+# userspace runtime again) inside the kcmvm VM, which boots once; then the
+# side-by-side receive benchmark in the same boot. Prints one table, exits
+# non-zero if any case FAILed or the VM gave no result.
+#
+#   scripts/conformance.sh            # everything
+#   CONFORMANCE_NO_VM=1 scripts/conformance.sh   # this machine only
+#   CONFORMANCE_BENCH="20000 3"       # messages and repetitions of the benchmark
+#
+# The guest has no libc: the runner is linked statically (glibc, +crt-static;
+# musl does not build yet, see docs/kcm-compat.md).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+harness=${KCMVM_RUN:-}
+if [ -z "$harness" ]; then
+    for h in "$root/../shared/kcmvm/run.sh" /work/shared/kcmvm/run.sh; do
+        [ -x "$h" ] && { harness=$h; break; }
+    done
+fi
+target=${CONFORMANCE_TARGET_DIR:-${CARGO_TARGET_DIR:-$root/target}/static}
+bench=${CONFORMANCE_BENCH:-20000 3}
+t0=$(date +%s)
+
+echo "conformance: building the static runner (target dir $target)" >&2
+RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$target" \
+    cargo build --release --target x86_64-unknown-linux-gnu -p connmux-conformance >&2
+bin="$target/x86_64-unknown-linux-gnu/release/connmux-conformance"
+t1=$(date +%s)
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+rc=0
+echo "conformance: this machine ($(uname -r))" >&2
+"$bin" --backend all >"$work/host.txt" || rc=1
+t2=$(date +%s)
+
+vm_rc=skipped
+if [ "${CONFORMANCE_NO_VM:-0}" != 1 ] && [ -n "$harness" ]; then
+    cat >"$work/driver.sh" <<DRIVER
+#!/bin/sh
+/test/connmux-conformance --backend all; rc=\$?
+/test/connmux-conformance --bench $bench || rc=1
+exit \$rc
+DRIVER
+    echo "conformance: kcmvm ($harness)" >&2
+    vm_rc=0
+    "$harness" -t 240 -a "$bin" "$work/driver.sh" >"$work/vm.txt" || vm_rc=$?
+    [ "$vm_rc" = 0 ] || rc=1
+elif [ "${CONFORMANCE_NO_VM:-0}" != 1 ]; then
+    echo "conformance: no kcmvm harness found (set KCMVM_RUN): kernel backend not run" >&2
+    rc=1
+fi
+t3=$(date +%s)
+touch "$work/vm.txt"
+
+# The table: one row per case, the three runs side by side, the kernel's note.
+awk -v H="$work/host.txt" -v V="$work/vm.txt" '
+function load(file, tag,   line, f, n, note) {
+    while ((getline line < file) > 0) {
+        if (line !~ /^CASE /) continue
+        n = split(line, f, " ")
+        c = f[2] + 0; res[c, tag f[3]] = f[4]
+        note = line; sub(/^CASE +[0-9]+ +[a-z]+ +[A-Z]+ +/, "", note); sub(/ \[[^]]*\]$/, "", note)
+        notes[c, tag f[3]] = note
+        if (line ~ /\[/) { t = line; sub(/.*\[/, "", t); sub(/;.*/, "", t); title[c] = t }
+        if (c > max) max = c
+    }
+}
+BEGIN {
+    load(H, "host-"); load(V, "vm-")
+    printf "%-4s %-44s %-15s %-15s %-15s %s\n", "case", "title", "userspace/host", "userspace/vm", "kernel/vm", "kernel note"
+    for (c = 1; c <= max; c++) {
+        k = ("vm-kernel" in notes) ? "" : ""
+        printf "%-4s %-44s %-15s %-15s %-15s %s\n", c, substr(title[c], 1, 44), \
+            (((c, "host-userspace") in res) ? res[c, "host-userspace"] : "-"), \
+            (((c, "vm-userspace") in res) ? res[c, "vm-userspace"] : "-"), \
+            (((c, "vm-kernel") in res) ? res[c, "vm-kernel"] : "-"), \
+            notes[c, "vm-kernel"]
+    }
+}'
+echo
+grep -h '^SKIP\|^INFO\|^SUMMARY' "$work/host.txt" | sed 's/^/host: /'
+grep -h '^SKIP\|^INFO\|^SUMMARY\|^BENCH' "$work/vm.txt" | sed 's/^/vm:   /' || true
+if grep -qh '^CASE .* FAIL ' "$work/host.txt" "$work/vm.txt"; then
+    echo; echo "FAILED cases:"; grep -h '^CASE .* FAIL ' "$work/host.txt" "$work/vm.txt"
+    rc=1
+fi
+[ "$vm_rc" = 0 ] || [ "$vm_rc" = skipped ] || { echo "kcmvm exit $vm_rc; its output:"; cat "$work/vm.txt"; }
+echo "conformance: build $((t1 - t0)) s, host run $((t2 - t1)) s, VM boot+run $((t3 - t2)) s (vm rc $vm_rc), total $((t3 - t0)) s"
+exit $rc
