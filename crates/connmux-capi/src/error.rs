@@ -69,12 +69,14 @@ fn set_last(msg: &str) {
     // An interior NUL cannot reach C: cut the message there.
     let cut = msg.split('\0').next().unwrap_or("");
     let c = CString::new(cut).unwrap_or_default();
-    LAST.with(|l| *l.borrow_mut() = Some(c));
+    // try_with: during thread exit the slot may be gone; the message is then lost.
+    let _ = LAST.try_with(|l| *l.borrow_mut() = Some(c));
 }
 
 /// The thread's last message, or null if no call on this thread failed.
 pub(crate) fn last_ptr() -> *const c_char {
-    LAST.with(|l| l.borrow().as_ref().map_or(std::ptr::null(), |c| c.as_ptr()))
+    LAST.try_with(|l| l.borrow().as_ref().map_or(std::ptr::null(), |c| c.as_ptr()))
+        .unwrap_or(std::ptr::null())
 }
 
 /// Run the body of an exported function: `Ok(n)` returns `n`, `Err` returns
