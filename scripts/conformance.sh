@@ -83,7 +83,7 @@ BEGIN {
 }'
 echo
 grep -h '^SKIP\|^INFO\|^SUMMARY' "$work/host.txt" | sed 's/^/host: /'
-grep -h '^SKIP\|^INFO\|^SUMMARY\|^BENCH' "$work/vm.txt" | sed 's/^/vm:   /' || true
+grep -h '^SKIP\|^INFO\|^SUMMARY\|^BENCH\|^FAILED' "$work/vm.txt" | sed 's/^/vm:   /' || true
 if grep -qh '^CASE .* FAIL ' "$work/host.txt" "$work/vm.txt"; then
     echo; echo "FAILED cases:"; grep -h '^CASE .* FAIL ' "$work/host.txt" "$work/vm.txt"
     rc=1

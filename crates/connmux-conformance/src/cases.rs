@@ -1068,3 +1068,37 @@ fn c43(kind: Kind) -> Outcome {
         Ok(Pass("endpoint 3/30 both ways, psock TX-Msgs 3".into()))
     })
 }
+
+/// Kernel only, not a §7 case: the textbook parser `ld_abs_w[0] + 4` given as
+/// bytecode is rewritten to read from the message start; two messages in one
+/// segment must come out framed. Returns a line for the report.
+pub fn rewritten_textbook_parser() -> String {
+    let r = (|| -> Result<String, String> {
+        use connmux_kernel::{KernelMux, KernelParser};
+        let code: Vec<u8> = [
+            [0xbf, 0x16, 0, 0, 0, 0, 0, 0],
+            [0x20, 0, 0, 0, 0, 0, 0, 0],
+            [0x07, 0, 0, 0, 4, 0, 0, 0],
+            [0x95, 0, 0, 0, 0, 0, 0, 0],
+        ]
+        .concat();
+        let m = KernelMux::new().map_err(|e| e.to_string())?;
+        let s = m.socket(SockType::Dgram).ctx("socket")?;
+        s.set_read_timeout(Some(WAIT)).ctx("timeout")?;
+        let (mut peer, low) = tcp_pair().ctx("tcp")?;
+        s.attach(&low, &KernelParser::Bytecode(code)).ctx("attach")?;
+        let mut w = msg(0, 2);
+        w.extend(msg(1, 10));
+        peer.write_all(&w).ctx("write")?;
+        let mut b = [0u8; 64];
+        let a = s.recv(&mut b).ctx("recv")?;
+        let first = b[..a].to_vec();
+        let n = s.recv(&mut b).ctx("recv")?;
+        ensure!(first == msg(0, 2) && b[..n] == msg(1, 10)[..], "got {} B then {n} B", first.len());
+        Ok("6 B then 14 B, framed correctly".into())
+    })();
+    match r {
+        Ok(s) => format!("INFO rewritten textbook parser (ld_abs_w[0]+4 as bytecode), two messages in one write: {s}"),
+        Err(e) => format!("FAILED rewritten textbook parser: {e}"),
+    }
+}
