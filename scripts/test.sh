@@ -18,3 +18,6 @@ bash scripts/asan.sh -p connmux-sys
 # boot, Debian 6.1 under qemu), plus the side-by-side benchmark; fails on any
 # FAIL. About 1-3 minutes (static build, emulated VM).
 bash scripts/conformance.sh
+
+# ---- fuzzing: every target in fuzz/ for a short run (FUZZ_SECONDS each, default 20) ----
+bash scripts/fuzz.sh
