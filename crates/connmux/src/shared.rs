@@ -172,6 +172,24 @@ pub(crate) struct Shared {
     pub clock_origin: std::time::Instant,
 }
 
+thread_local! {
+    /// On a worker that serves in place: its serving socket.
+    static OWN_SERVE: std::cell::Cell<Option<SockId>> = const { std::cell::Cell::new(None) };
+    /// That socket became readable in a worker dispatch and nobody has looked
+    /// since (the worker serves, or raises the eventfd at the end of its pass).
+    static OWN_PENDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// This thread (a worker) serves socket `s` in place.
+pub(crate) fn set_own_serve(s: SockId) {
+    OWN_SERVE.set(Some(s));
+}
+
+/// Whether the own serving socket became readable since the last call.
+pub(crate) fn take_own_pending() -> bool {
+    OWN_PENDING.replace(false)
+}
+
 /// Who is dispatching: a worker defers writes to the end of its pass so that
 /// replies to one read go out in one `writev`; other threads write at once.
 pub(crate) enum Ctx<'a> {
@@ -198,7 +216,11 @@ impl Shared {
             i += 1;
             match ev {
                 Event::SockReadable(s) => {
-                    if let Some(rt) = self.sock_rt(s) {
+                    // The worker serving `s` in place looks at its queue after
+                    // this pass anyway: no eventfd round trip to itself.
+                    if matches!(ctx, Ctx::Worker(_)) && OWN_SERVE.get() == Some(s) {
+                        OWN_PENDING.set(true);
+                    } else if let Some(rt) = self.sock_rt(s) {
                         rt.rx.set();
                     }
                 }

@@ -168,6 +168,7 @@ impl Worker<'_> {
             for c in cmds {
                 match c {
                     Command::Serve { sock, handler } => {
+                        crate::shared::set_own_serve(sock.id);
                         serving = Some(Serving { sock, handler });
                         serve_ready = true;
                     }
@@ -198,6 +199,12 @@ impl Worker<'_> {
                     break;
                 }
                 self.flush_dirty(ring);
+            }
+            if crate::shared::take_own_pending() {
+                // Messages reached our socket after we served: wake ourselves.
+                if let Some(sv) = &serving {
+                    sv.sock.rx.set();
+                }
             }
             self.arm(ring);
         }

@@ -103,6 +103,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                             match c {
                                 Command::Serve { sock, handler } => {
                                     let _ = epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ);
+                                    crate::shared::set_own_serve(sock.id);
                                     serving = Some(Serving { sock, handler });
                                     serve_ready = true;
                                 }
@@ -154,6 +155,12 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
             // Writes can release psocks or wake senders; anything to write now
             // is written by the app path.
             sh.dispatch(&mut core_events, &mut Ctx::App);
+        }
+        if crate::shared::take_own_pending() {
+            // Messages reached our socket after we served: wake ourselves.
+            if let Some(sv) = &serving {
+                sv.sock.rx.set();
+            }
         }
     }
 }
@@ -207,6 +214,8 @@ pub(crate) fn serve(
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
 ) {
+    // Everything queued so far is looked at below.
+    let _ = crate::shared::take_own_pending();
     // Bounded: SERVE_BATCH × 64 messages per pass, then back to I/O.
     for _ in 0..64 {
         sv.sock.rx.clear();
