@@ -29,7 +29,7 @@ use libfuzzer_sys::fuzz_target;
 /// `fuzz/regressions/bpf_program/elf-function-end-overflow` and the ignored test
 /// in `crates/connmux-cli/tests/fuzz_regressions.rs`; set to true once the
 /// loader checks that sum.
-const SELECT_BY_FUNCTION: bool = false;
+const SELECT_BY_FUNCTION: bool = true;
 
 /// Known defect of the stream parser: a parser error `Program(i32::MIN)` (a
 /// program returning 0x80000000) panics in `StreamParser::next_msg` on
@@ -37,7 +37,7 @@ const SELECT_BY_FUNCTION: bool = false;
 /// `fuzz/regressions/bpf_program/program-returns-i32-min` and the ignored
 /// test in `crates/connmux-cli/tests/fuzz_regressions.rs`; set to false once
 /// the stream parser compares without `abs`.
-const AVOID_PROGRAM_I32_MIN: bool = true;
+const AVOID_PROGRAM_I32_MIN: bool = false;
 
 /// [`BpfParser`] with the answer of [`AVOID_PROGRAM_I32_MIN`] replaced.
 struct Guarded(BpfParser);

@@ -31,7 +31,7 @@ use libfuzzer_sys::fuzz_target;
 /// piece are refused as too big. Reproduced by the ignored tests in
 /// `crates/connmux-cli/tests/fuzz_regressions.rs`; set to false once
 /// `StreamParser::next_msg` refuses `have + hint > max_msg_size`.
-const TOLERATE_GATHERING_PAST_MAX: bool = true;
+const TOLERATE_GATHERING_PAST_MAX: bool = false;
 
 const SPECS: &[&str] = &[
     "l4",

@@ -126,7 +126,10 @@ pub fn load_program(bytes: &[u8], select: Option<&str>) -> Result<ElfProgram, El
                 let idx = sym.section_index().ok_or(ElfError::NoProgram)?;
                 let s = file.section_by_index(idx).map_err(|e| ElfError::Parse(e.to_string()))?;
                 // In a relocatable object a symbol's address is its offset in its section.
-                (s, sym.address(), sym.address() + sym.size())
+                let end = sym.address().checked_add(sym.size()).ok_or_else(|| {
+                    ElfError::Parse(format!("symbol {name}: address {:#x} + size {:#x} overflows", sym.address(), sym.size()))
+                })?;
+                (s, sym.address(), end)
             } else {
                 return Err(ElfError::NotFound { name: name.to_owned(), available: names() });
             }

@@ -51,7 +51,6 @@ fn outcome(wire: &[u8], piece: usize, max: usize) -> Result<usize, RxError> {
 /// not asked again until the hinted bytes are in, and nothing checks the
 /// limit meanwhile (fuzz target `stream_split`).
 #[test]
-#[ignore = "connmux-core stream parser: a need-more hint reaching past max_msg_size is not refused (gathers past the limit)"]
 fn header_past_the_limit_is_refused_however_the_bytes_arrive() {
     let wire = long_first_fragment();
     let whole = outcome(&wire[..104], 104, 64);
@@ -67,7 +66,6 @@ fn header_past_the_limit_is_refused_however_the_bytes_arrive() {
 /// psock: once it holds `max_msg_size + psock_rx_buf` bytes its capacity is 0
 /// and, with no assembly timeout, it never fails and never reads again.
 #[test]
-#[ignore = "connmux-core stream parser: a need-more hint reaching past max_msg_size stalls the psock instead of failing it (EMSGSIZE)"]
 fn psock_with_header_past_the_limit_fails_instead_of_stalling() {
     let cfg = MuxConfig {
         max_msg_size: 64,
@@ -116,7 +114,6 @@ fn regression(target: &str, name: &str) -> Vec<u8> {
 /// ESTRPIPE check takes `v.abs()` of it, which overflows: a panic where
 /// overflow checks are on (debug builds), found by fuzz target `bpf_program`.
 #[test]
-#[ignore = "connmux-core stream parser: `v.abs()` overflows on ParseError::Program(i32::MIN) (stream.rs, ESTRPIPE check)"]
 fn program_returning_i32_min_is_refused_without_overflow() {
     // r0 = 0x80000000 (mov32: the immediate as it is); exit
     let code = [0xb4, 0x00, 0, 0, 0x00, 0x00, 0x00, 0x80, 0x95, 0, 0, 0, 0, 0, 0, 0];
@@ -145,7 +142,6 @@ fn program_returning_i32_min_is_refused_without_overflow() {
 /// (`sym.address() + sym.size()`) where overflow checks are on, instead of
 /// refusing the object; found by fuzz target `bpf_program`.
 #[test]
-#[ignore = "connmux-bpf ELF loader: symbol address + size overflows (elf.rs load_program) instead of an ElfError"]
 fn object_with_overflowing_function_symbol_is_refused() {
     let input = regression("bpf_program", "elf-function-end-overflow");
     let object = &input[2..];

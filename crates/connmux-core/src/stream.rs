@@ -242,9 +242,10 @@ impl StreamParser {
                         self.stats.need_more_hdr += 1;
                         let have = self.buf.len();
                         let hint = n.max(1);
-                        if have >= self.limits.max_msg_size {
-                            // The header alone would not fit in a message of the
-                            // largest size: refuse instead of gathering forever.
+                        if have.saturating_add(hint) > self.limits.max_msg_size {
+                            // The parser already says the message is longer than
+                            // the largest size: refuse now, however the bytes
+                            // arrive, instead of gathering (or stalling) first.
                             let len = have.saturating_add(hint);
                             return Err(self.abort(RxError::TooBig { len, max: self.limits.max_msg_size }));
                         }
@@ -263,7 +264,7 @@ impl StreamParser {
                     }
                     Parse::Invalid(e) => {
                         let e = match e {
-                            ParseError::Program(v) if v.abs() == ESTRPIPE && asked > 0 => {
+                            ParseError::Program(v) if v.unsigned_abs() == ESTRPIPE.unsigned_abs() && asked > 0 => {
                                 // strparser: ESTRPIPE mid-message is unrecoverable (ENODATA).
                                 self.stats.unrecov_intr += 1;
                                 ParseError::Program(ENODATA)
