@@ -123,6 +123,7 @@ fuzz_target!(|input: Input| {
         psock_rx_buf: c.rx_buf as usize % 8192,
         steering: [Steering::RoundRobin, Steering::Affinity, Steering::Key][c.steering as usize % 3],
         imbalance: c.imbalance as usize % 8,
+        psock_sndbuf: 4 << 20,
     };
     let mut m = Mux::new(cfg);
     let mut socks: Vec<(SockId, SockType)> = Vec::new();

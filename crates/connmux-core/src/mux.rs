@@ -163,6 +163,13 @@ pub struct MuxConfig {
     pub sock_sndbuf: usize,
     /// Bytes a psock buffers beyond the message being assembled (read-ahead).
     pub psock_rx_buf: usize,
+    /// Bytes of addressed messages (`send_to`) waiting to be written on one
+    /// psock. At half of it the psock is no longer read (a peer that does not
+    /// read its replies stops being served, as TCP would push back); at the
+    /// whole of it addressed sends to it are refused (`WouldBlock`, counted in
+    /// `tx_backlog_refusals`). This, not the socket's SO_SNDBUF alone, keeps one
+    /// peer from using up a shared socket's send budget.
+    pub psock_sndbuf: usize,
     /// Steering policy.
     pub steering: Steering,
     /// For `Steering::Affinity`: queue length beyond which messages go elsewhere.
@@ -177,6 +184,7 @@ impl Default for MuxConfig {
             sock_rcvbuf: 4 << 20,
             sock_sndbuf: 4 << 20,
             psock_rx_buf: 256 << 10,
+            psock_sndbuf: 4 << 20,
             steering: Steering::default(),
             imbalance: 64,
         }
@@ -430,6 +438,8 @@ struct Psock {
     tx_kcm: Option<SockId>,
     /// Messages of `tx_kcm` on the queue.
     tx_rsvd_msgs: usize,
+    /// Bytes of addressed messages on the queue not yet fully written.
+    tx_addr_bytes: usize,
     in_avail: bool,
     stats: PsockStats,
 }
@@ -608,15 +618,29 @@ impl Mux {
             }
             let inflight = ps.tx_inflight;
             let mut i = 0;
+            let mut addr_dropped = 0;
             ps.tx_queue.retain(|m| {
                 let keep = i < inflight || m.owner != s;
                 i += 1;
+                if !keep && m.addressed {
+                    addr_dropped += m.data.len();
+                }
                 keep
             });
-            if ps.tx_kcm == Some(s) {
+            let before = ps.tx_addr_bytes;
+            ps.tx_addr_bytes -= addr_dropped;
+            let after = ps.tx_addr_bytes;
+            let reserved_by_s = ps.tx_kcm == Some(s);
+            if reserved_by_s {
                 ps.tx_rsvd_msgs = 0;
                 ps.tx_kcm = None;
                 ps.stats.unreserved += 1;
+            }
+            let half = self.config.psock_sndbuf / 2;
+            if before >= half && after < half {
+                self.events.push_back(Event::PsockRxResume(p));
+            }
+            if reserved_by_s {
                 self.psock_now_avail(p);
             }
         }
@@ -736,6 +760,7 @@ impl Mux {
             tx_stopped: false,
             tx_kcm: None,
             tx_rsvd_msgs: 0,
+            tx_addr_bytes: 0,
             in_avail: false,
             stats: PsockStats::default(),
         }));
@@ -790,6 +815,11 @@ impl Mux {
     pub fn rx_capacity(&self, p: PsockId) -> usize {
         match self.psock(p) {
             Ok(ps) if !ps.paused && !ps.rx_eof && !ps.stream.is_stopped() => {
+                if ps.tx_addr_bytes >= self.config.psock_sndbuf / 2 {
+                    // Its peer is not reading our replies: stop reading it
+                    // (PsockRxResume when the backlog drains).
+                    return 0;
+                }
                 ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held()))
             }
             _ => 0,
@@ -1146,6 +1176,12 @@ impl Mux {
     }
 
     fn send_addressed(&mut self, s: SockId, p: PsockId, msg: Bytes, batch: bool) -> Result<(), MuxError> {
+        let limit = self.config.psock_sndbuf;
+        let ps = self.psocks.get_mut(p.index, p.generation).expect("checked");
+        if ps.tx_addr_bytes >= limit {
+            ps.stats.tx_backlog_refusals += 1;
+            return Err(self.would_block(s));
+        }
         let sock = self.socks.get_mut(s.index, s.generation).expect("live");
         if sock.tx_mem >= sock.sndbuf {
             return Err(self.would_block(s));
@@ -1163,6 +1199,7 @@ impl Mux {
             sock.wait_more = true;
         }
         let ps = self.psocks.get_mut(p.index, p.generation).expect("checked");
+        ps.tx_addr_bytes += len;
         ps.tx_queue.push_back(TxMsg { data: msg, sent: 0, owner: s, addressed: true });
         if !batch {
             let sock = self.socks.get_mut(s.index, s.generation).expect("live");
@@ -1348,6 +1385,7 @@ impl Mux {
             return;
         }
         ps.tx_busy = false;
+        let backlog_before = ps.tx_addr_bytes;
         let mut left = n;
         let mut done: Vec<(SockId, usize)> = Vec::new();
         for _ in 0..ps.tx_inflight {
@@ -1364,11 +1402,18 @@ impl Mux {
                 ps.stats.tx_msgs += 1;
                 if !m.addressed {
                     ps.tx_rsvd_msgs -= 1;
+                } else {
+                    ps.tx_addr_bytes -= m.data.len();
                 }
                 done.push((m.owner, m.data.len()));
             }
         }
         ps.tx_inflight = 0;
+        let half = self.config.psock_sndbuf / 2;
+        if backlog_before >= half && ps.tx_addr_bytes < half {
+            // The peer read its replies: read it again.
+            self.events.push_back(Event::PsockRxResume(p));
+        }
         let release = match ps.tx_kcm {
             Some(s) if ps.tx_rsvd_msgs == 0 => {
                 self.socks.get(s.index, s.generation).map_or(true, |sock| sock.tx_queue.is_empty())
@@ -1432,6 +1477,7 @@ impl Mux {
                 if m.addressed {
                     let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
                     ps.stats.tx_addressed_drops += 1;
+                    ps.tx_addr_bytes -= m.data.len();
                 }
                 dropped.push((m.owner, m.data.len()));
             }
@@ -1526,13 +1572,17 @@ impl Mux {
     /// The most [`Mux::memory_used`] can be, from configuration and the
     /// options set (formula in the module documentation).
     pub fn memory_bound(&self) -> usize {
-        let psocks: usize = self.psocks.iter().map(|(_, _, ps)| ps.rx_limit).sum();
+        // Saturating: a socket may set an effectively unlimited SO_SNDBUF
+        // (the in-place service does; its replies are bounded per psock).
+        let psocks: usize = self.psocks.iter().map(|(_, _, ps)| ps.rx_limit).fold(0, usize::saturating_add);
         let socks: usize = self
             .socks
             .iter()
-            .map(|(_, _, s)| s.rcvbuf_peak + self.max_msg_peak + s.sndbuf_peak + s.tx_msg_peak)
-            .sum();
-        psocks + socks + self.hold_budget
+            .map(|(_, _, s)| {
+                (s.rcvbuf_peak + self.max_msg_peak).saturating_add(s.sndbuf_peak).saturating_add(s.tx_msg_peak)
+            })
+            .fold(0, usize::saturating_add);
+        psocks.saturating_add(socks).saturating_add(self.hold_budget)
     }
 
     /// The `/proc/net/kcm`-style live view of this mux.
@@ -1788,4 +1838,5 @@ fn add_psock_stats(a: &mut PsockStats, b: &PsockStats) {
     a.rx_msg_timeouts += b.rx_msg_timeouts;
     a.tx_aborts += b.tx_aborts;
     a.tx_addressed_drops += b.tx_addressed_drops;
+    a.tx_backlog_refusals += b.tx_backlog_refusals;
 }

@@ -90,4 +90,7 @@ pub struct PsockStats {
     pub tx_aborts: u64,
     /// Addressed messages dropped because their psock failed or was unattached.
     pub tx_addressed_drops: u64,
+    /// Addressed sends refused because the psock's reply backlog was full
+    /// (`MuxConfig::psock_sndbuf`): its peer does not read.
+    pub tx_backlog_refusals: u64,
 }

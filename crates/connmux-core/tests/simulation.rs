@@ -58,6 +58,7 @@ fn run(seed: u64) -> Run {
         psock_rx_buf: rng.gen_range(1..2000),
         steering,
         imbalance: rng.gen_range(0..5),
+        psock_sndbuf: 4 << 20,
     };
     let mut m = Mux::new(cfg);
     let mut socks: Vec<(SockId, SockType)> = Vec::new();

@@ -115,6 +115,7 @@ pub fn parse_kcm_stats(text: &str) -> Option<MuxStats> {
         rx_msg_timeouts: p[13],
         tx_aborts: p[14],
         tx_addressed_drops: 0,
+        tx_backlog_refusals: 0,
     };
     Some(MuxStats {
         rx_msgs: m[0],

@@ -72,6 +72,9 @@ impl Mux {
         let sh = self.shared();
         for (i, s) in socks.iter().enumerate() {
             s.set_affinity(Some(i as u32))?;
+            // Replies are bounded per connection (MuxConfig::psock_sndbuf), not
+            // by one budget that a single non-reading peer could use up.
+            s.set_sndbuf(usize::MAX / 4)?;
             let rt = sh.sock_rt(s.id()).expect("socket just created");
             sh.workers[i].commands.lock().unwrap().push(Command::Serve { sock: rt, handler: handler.clone() });
             sh.workers[i].waker.notify()?;

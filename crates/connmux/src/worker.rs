@@ -246,8 +246,14 @@ pub(crate) fn serve(
                 match v {
                     crate::service::Verdict::Reply(b) => {
                         // A reply to a connection that went away is dropped, as
-                        // a send on a closed socket would be.
-                        let _ = core.mux.send_msg(sv.sock.id, Some(psock), b, false);
+                        // a send on a closed socket would be. A refused one
+                        // means its peer has not read `psock_sndbuf` bytes of
+                        // replies while still sending: that connection is
+                        // aborted (counted in tx_backlog_refusals), nobody
+                        // else waits for it.
+                        if let Err(MuxError::WouldBlock) = core.mux.send_msg(sv.sock.id, Some(psock), b, false) {
+                            aborts.push(psock);
+                        }
                     }
                     crate::service::Verdict::NoReply => {}
                     crate::service::Verdict::Close => aborts.push(psock),

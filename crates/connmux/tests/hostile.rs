@@ -753,7 +753,7 @@ fn idle_10k_connections_cost_bookkeeping_only() {
 /// Replies to every other connection must still go out (today they are
 /// dropped: `serve` discards a reply refused with WouldBlock).
 #[test]
-#[ignore = "runtime: replies for other connections are dropped once a non-reading peer fills the serving socket's SO_SNDBUF"]
+
 fn service_non_reading_peer_does_not_drop_others_replies() {
     let _g = serial();
     let server = Server::start(hostile_config());

@@ -132,7 +132,7 @@ pub fn format_mux_stats(st: &MuxStats) -> String {
         st.psock_unattach_rsvd,
         st.rx_ready_drops
     ));
-    let pairs: [(&str, u64); 21] = [
+    let pairs: [(&str, u64); 22] = [
         ("rx_msgs", st.rx_msgs),
         ("rx_bytes", st.rx_bytes),
         ("tx_msgs", st.tx_msgs),
@@ -154,6 +154,7 @@ pub fn format_mux_stats(st: &MuxStats) -> String {
         ("rx_msg_timeouts", p.rx_msg_timeouts),
         ("tx_aborts", p.tx_aborts),
         ("tx_addressed_drops", p.tx_addressed_drops),
+        ("tx_backlog_refusals", p.tx_backlog_refusals),
     ];
     for (k, v) in pairs {
         out.push_str(&format!("{k}={v}\n"));
