@@ -31,10 +31,10 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "connmux,raw,yardstick")]
     pub servers: Vec<String>,
     /// How long each server runs under callgrind (all calls must fit in it).
-    #[arg(long, default_value_t = 8.0)]
+    #[arg(long, default_value_t = 15.0)]
     pub server_seconds: f64,
-    /// Print this many top functions (callgrind_annotate, inclusive of
-    /// nothing: self cost) of the larger -a1 run of connmux and the yardstick.
+    /// At -a1, also print instructions per call by component and the top this
+    /// many functions (self cost from callgrind_annotate, 2N run minus N run).
     #[arg(long, default_value_t = 0)]
     pub annotate: usize,
     /// Directory for the callgrind output files [default: a temporary one].
@@ -60,6 +60,68 @@ fn total_ir(path: &Path) -> anyhow::Result<u64> {
         .with_context(|| format!("no summary line in {}", path.display()))
 }
 
+/// Self cost per function (`file:function` as callgrind_annotate names it).
+fn self_costs(path: &Path) -> anyhow::Result<Vec<(String, u64)>> {
+    let out = Command::new("callgrind_annotate")
+        .args(["--inclusive=no", "--threshold=100"])
+        .arg(path)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut v = Vec::new();
+    let mut in_table = false;
+    for l in text.lines() {
+        if l.contains("file:function") {
+            in_table = true;
+            continue;
+        }
+        if !in_table || l.starts_with("--") {
+            continue;
+        }
+        if l.trim().is_empty() {
+            if !v.is_empty() {
+                break;
+            }
+            continue;
+        }
+        // "  8,880,962 ( 4.07%)  file:function [object]"
+        let t = l.trim_start();
+        let Some((num, rest)) = t.split_once(' ') else {
+            continue;
+        };
+        let Ok(ir) = num.replace(',', "").parse::<u64>() else {
+            continue;
+        };
+        let name = rest.split_once(')').map_or(rest, |x| x.1).trim();
+        let name = name.rsplit_once(" [").map_or(name, |x| x.0).to_string();
+        v.push((name, ir));
+    }
+    Ok(v)
+}
+
+/// The component a `file:function` belongs to, for the summary.
+fn group(name: &str) -> &'static str {
+    let func = name.split_once(':').map_or(name, |x| x.1);
+    if name.contains("hash") || name.contains("sip.rs") {
+        "hashing (std HashMap, SipHash)"
+    } else if name.contains("malloc") || func == "free" || func.starts_with("cfree") {
+        "allocator (malloc/free)"
+    } else if name.contains("sysdeps/") || name.contains("nptl") || name.contains("libc") {
+        "libc (syscall wrappers)"
+    } else if func.contains("connmux_core::") {
+        "connmux-core (parser, mux queues, transmit)"
+    } else if func.contains("connmux_oncrpc::") {
+        "connmux-oncrpc (call decode, reply encode)"
+    } else if func.contains("connmux::") {
+        "connmux runtime (worker loop, dispatch, flush)"
+    } else if func.contains("bytes::") {
+        "bytes"
+    } else if name.contains("limit_server.c") {
+        "limit_server.c"
+    } else {
+        "other"
+    }
+}
+
 fn one_run(
     a: &Args,
     kind: &str,
@@ -78,9 +140,10 @@ fn one_run(
     let secs = a.server_seconds.to_string();
     match kind {
         "connmux" => {
+            // io_uring does not run under valgrind: the epoll driver.
             cmd.arg(exe()?)
-                .args(["rpc-server", "-l", &listen, "--workers", "1", "--cpus", "0"]);
-            cmd.args(["--no-stats-socket", "--duration", &secs]);
+                .args(["bench", "mux-server", "-l", &listen, "--cpus", "0"]);
+            cmd.args(["--driver", "epoll", "--duration", &secs]);
         }
         "raw" => {
             cmd.arg(exe()?).args([
@@ -102,7 +165,12 @@ fn one_run(
         }
         o => bail!("unknown server {o}"),
     }
-    let mut p = Proc::spawn(&format!("{kind} under callgrind"), cmd, port)?;
+    let mut p = Proc::spawn_within(
+        &format!("{kind} under callgrind"),
+        cmd,
+        port,
+        Duration::from_secs(90),
+    )?;
     let args: Vec<String> = vec![
         "-j".into(),
         "1".into(),
@@ -158,7 +226,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         print!(" {:>12}", format!("{s}/call"));
     }
     println!(" {:>10}", "vs_yard");
-    let mut big_a1 = Vec::new();
+    let mut pairs = Vec::new();
     for &inflight in &a.inflight {
         let n = if inflight <= 1 {
             a.calls
@@ -172,7 +240,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             let (i1, i2) = (total_ir(&f1)?, total_ir(&f2)?);
             per.push((i2 as f64 - i1 as f64) / n as f64);
             if inflight <= 1 {
-                big_a1.push((s, f2));
+                pairs.push((s, f1, f2, n));
             }
         }
         print!("{:<8} {:>8}", format!("-a{inflight}"), n);
@@ -187,35 +255,40 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         }
     }
     if a.annotate > 0 && on_path("callgrind_annotate") {
-        for (s, f) in big_a1 {
-            if s == "raw" {
-                continue;
+        for (s, f1, f2, n) in pairs {
+            let (t1, t2) = (self_costs(&f1)?, self_costs(&f2)?);
+            let mut per_fn: Vec<(String, f64)> = t2
+                .iter()
+                .map(|(name, ir2)| {
+                    let ir1 = t1.iter().find(|(m, _)| m == name).map_or(0, |x| x.1);
+                    (name.clone(), (*ir2 as f64 - ir1 as f64) / n as f64)
+                })
+                .collect();
+            per_fn.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let mut groups: Vec<(&str, f64)> = Vec::new();
+            for (name, x) in &per_fn {
+                let g = group(name);
+                match groups.iter_mut().find(|e| e.0 == g) {
+                    Some(e) => e.1 += x,
+                    None => groups.push((g, *x)),
+                }
             }
+            groups.sort_by(|a, b| b.1.total_cmp(&a.1));
             println!();
             println!(
-                "top {} functions by self Ir, {s}, -a1, {} calls (start-up included):",
-                a.annotate,
-                2 * a.calls
+                "{s}, -a1: instructions per call by component (self cost, 2N run minus N run):"
             );
-            let out = Command::new("callgrind_annotate")
-                .arg("--inclusive=no")
-                .arg(&f)
-                .output()?;
-            let text = String::from_utf8_lossy(&out.stdout);
-            let mut in_table = false;
-            let mut shown = 0;
-            for l in text.lines() {
-                if l.contains("file:function") {
-                    in_table = true;
-                    continue;
+            for (g, x) in &groups {
+                if x.abs() >= 1.0 {
+                    println!("  {x:>8.0}  {g}");
                 }
-                if in_table && !l.trim().is_empty() && !l.starts_with("--") {
-                    println!("  {}", l.chars().take(150).collect::<String>());
-                    shown += 1;
-                    if shown >= a.annotate {
-                        break;
-                    }
-                }
+            }
+            println!(
+                "{s}, -a1: top {} functions, instructions per call:",
+                a.annotate
+            );
+            for (name, x) in per_fn.iter().take(a.annotate) {
+                println!("  {x:>8.1}  {}", name.chars().take(140).collect::<String>());
             }
         }
     }

@@ -55,6 +55,9 @@ pub enum Mode {
     Instructions(instr::Args),
     /// Every benchmark with its defaults.
     All(AllArgs),
+    /// The rpc-server's service (same handler, same parser) with a chosen I/O driver.
+    #[command(hide = true)]
+    MuxServer(MuxServerArgs),
     /// The minimal raw-epoll ONC RPC NULL server (no framework).
     #[command(hide = true)]
     RawServer(rawepoll::Args),
@@ -97,11 +100,54 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             rc |= instr::run(defaults(q))?;
             Ok(rc)
         }
+        Mode::MuxServer(a) => run_mux_server(a),
         Mode::RawServer(a) => rawepoll::run(a),
         Mode::UnevenServer(a) => uneven::run_server(a),
         Mode::UnevenLoad(a) => uneven::run_load(a),
         Mode::ScaleLoad(a) => scale::run_load(a),
     }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct MuxServerArgs {
+    #[arg(short, long)]
+    pub listen: std::net::SocketAddr,
+    /// One worker per CPU, pinned.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub cpus: Vec<usize>,
+    /// auto, epoll or uring.
+    #[arg(long, default_value = "auto")]
+    pub driver: String,
+    /// Stop after this many seconds (default: until killed).
+    #[arg(long)]
+    pub duration: Option<f64>,
+}
+
+/// `connmux rpc-server` as `crate::cmd::server` builds it, but with the
+/// driver chosen here (rpc-server always takes the default, `auto`).
+fn run_mux_server(a: MuxServerArgs) -> anyhow::Result<i32> {
+    let mut c = connmux::Config::default();
+    c.workers = a.cpus.len().max(1);
+    c.placement = connmux::Placement::Cpus(a.cpus.clone());
+    c.driver = match a.driver.as_str() {
+        "auto" => connmux::Driver::Auto,
+        "epoll" => connmux::Driver::Epoll,
+        "uring" => connmux::Driver::Uring,
+        o => bail!("--driver {o}: auto, epoll or uring"),
+    };
+    let svc =
+        crate::cmd::server::start_rpc_service(c, a.listen, crate::cmd::server::registry(&[])?)?;
+    println!(
+        "mux-server listening on {} (driver {:?})",
+        svc.local_addr(),
+        svc.mux().driver()
+    );
+    let start = Instant::now();
+    while a.duration.is_none_or(|d| start.elapsed().as_secs_f64() < d) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    svc.shutdown();
+    Ok(0)
 }
 
 /// A mode's arguments as parsed from `argv` (its defaults plus `--quick`).
@@ -165,7 +211,17 @@ pub struct Proc {
 impl Proc {
     /// Spawn `cmd` (stdout discarded, stderr inherited) and wait until `port`
     /// accepts connections.
-    pub fn spawn(name: &str, mut cmd: Command, port: u16) -> anyhow::Result<Proc> {
+    pub fn spawn(name: &str, cmd: Command, port: u16) -> anyhow::Result<Proc> {
+        Self::spawn_within(name, cmd, port, Duration::from_secs(20))
+    }
+
+    /// [`Proc::spawn`] with a limit on the wait for the listener.
+    pub fn spawn_within(
+        name: &str,
+        mut cmd: Command,
+        port: u16,
+        limit: Duration,
+    ) -> anyhow::Result<Proc> {
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -181,7 +237,7 @@ impl Proc {
             client_prefix: Vec::new(),
             on_drop: None,
         };
-        p.wait_listening(Duration::from_secs(20))?;
+        p.wait_listening(limit)?;
         Ok(p)
     }
 

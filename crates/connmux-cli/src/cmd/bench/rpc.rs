@@ -108,6 +108,21 @@ pub fn start_server(
             ]);
             c
         }
+        "connmux-epoll" | "connmux-uring" => {
+            let driver = kind.trim_start_matches("connmux-");
+            let mut c = taskset(&p.cpus, &exe);
+            c.args([
+                "bench",
+                "mux-server",
+                "-l",
+                &listen,
+                "--cpus",
+                &cpus,
+                "--driver",
+                driver,
+            ]);
+            c
+        }
         "raw" => {
             let mut c = taskset(&p.cpus, &exe);
             c.args([
