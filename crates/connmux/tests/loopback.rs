@@ -786,3 +786,314 @@ on_both_drivers!(
     case_36_reset_mid_message_resends_it_whole_elsewhere,
     case_42_closing_the_last_socket_releases_every_connection,
 );
+
+// ---- the rest of §7 on real sockets (cases 6, 14, 29, 31, 35, 37, 41) ----
+
+/// A pair whose transmit stalls after a few tens of KiB while its peer does not
+/// read (small send buffer on our side, small receive buffer at the peer): a
+/// big message sent on it stays partly written until the peer reads.
+fn stalling_pair() -> (TcpStream, TcpStream) {
+    let (ours, peer) = pair();
+    socket2::SockRef::from(&ours).set_send_buffer_size(32 << 10).unwrap();
+    socket2::SockRef::from(&peer).set_recv_buffer_size(32 << 10).unwrap();
+    (ours, peer)
+}
+
+/// A message far larger than what a [`stalling_pair`] can hold in flight.
+fn big_body() -> Vec<u8> {
+    (0..(800 << 10)).map(|i| (i % 253) as u8).collect()
+}
+
+/// Wait until the peer has received the first byte of something.
+fn wait_first_byte(peer: &TcpStream) {
+    peer.set_nonblocking(true).unwrap();
+    eventually(|| {
+        let mut b = [0u8; 1];
+        matches!(peer.peek(&mut b), Ok(1)).then_some(())
+    });
+    peer.set_nonblocking(false).unwrap();
+}
+
+/// Nothing arrives at `peer` within 50 ms.
+fn assert_silent(peer: &mut TcpStream, what: &str) {
+    std::thread::sleep(Duration::from_millis(50));
+    peer.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    let r = peer.read(&mut b);
+    peer.set_nonblocking(false).unwrap();
+    assert!(
+        matches!(&r, Err(e) if e.kind() == ErrorKind::WouldBlock),
+        "{what} on {:?}: {r:?}",
+        driver()
+    );
+}
+
+/// Bytes `peer` can read now, until it has been quiet for 200 ms (at most WAIT).
+fn drain_quiet(peer: &mut TcpStream) -> usize {
+    peer.set_nonblocking(true).unwrap();
+    let end = Instant::now() + WAIT;
+    let mut quiet_since = Instant::now();
+    let mut total = 0;
+    let mut buf = vec![0u8; 64 << 10];
+    while Instant::now() < end && quiet_since.elapsed() < Duration::from_millis(200) {
+        match peer.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                total += n;
+                quiet_since = Instant::now();
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(_) => break,
+        }
+    }
+    peer.set_nonblocking(false).unwrap();
+    total
+}
+
+/// Case 6. KCM_RECV_DISABLE is `set_recv_disable(bool)` / `recv_disabled()`:
+/// there is no option length or level to get wrong (`docs/kcm-compat.md`), so
+/// what remains is that get after set(1) returns 1 and that the option acts
+/// on real traffic.
+fn case_06_recv_disable_reads_back_and_takes_effect() {
+    let mux = mux_with(|_| {});
+    let k1 = mux.socket(SockType::Dgram).unwrap();
+    let k2 = k1.try_clone().unwrap();
+    assert!(!k1.recv_disabled().unwrap(), "case 6 on {:?}: enabled by default", driver());
+    k1.set_recv_disable(true).unwrap();
+    assert!(k1.recv_disabled().unwrap(), "case 6 on {:?}: get after set(1) returns 1", driver());
+    k1.set_recv_disable(true).unwrap();
+    assert!(k1.recv_disabled().unwrap(), "case 6 on {:?}: setting it twice keeps it", driver());
+    assert!(!k2.recv_disabled().unwrap(), "case 6 on {:?}: the option is per socket", driver());
+    let (ours, mut peer) = pair();
+    mux.attach(&ours, l4()).unwrap();
+    for i in 0..3u8 {
+        write_all(&mut peer, &framed(&[i; 4]));
+    }
+    wait_queued(&k2, 3);
+    assert_eq!(k1.queued(), 0, "case 6 on {:?}: a disabled socket is offered nothing", driver());
+    k1.set_recv_disable(false).unwrap();
+    assert!(!k1.recv_disabled().unwrap(), "case 6 on {:?}: get after set(0) returns 0", driver());
+    k2.set_recv_disable(true).unwrap();
+    write_all(&mut peer, &framed(b"to k1"));
+    k1.set_read_timeout(Some(WAIT));
+    // K2's three moved to K1 when K2 was disabled; the new one follows them.
+    for i in 0..3u8 {
+        assert_eq!(&k1.recv_msg().unwrap().data[..], &framed(&[i; 4])[..], "case 6 on {:?}", driver());
+    }
+    assert_eq!(&k1.recv_msg().unwrap().data[..], &framed(b"to k1")[..], "case 6 on {:?}", driver());
+}
+
+/// Answers "need more" until 6 bytes are there, then a length of 1: a length
+/// inside the bytes it already declined (case 14).
+struct LengthInsideGathered;
+
+impl connmux::Parser for LengthInsideGathered {
+    fn parse(&mut self, buf: &[u8]) -> connmux::Parse {
+        if buf.len() < 6 {
+            connmux::Parse::NeedMore(6 - buf.len())
+        } else {
+            connmux::Parse::Length(1)
+        }
+    }
+    fn name(&self) -> &str {
+        "length-inside-gathered"
+    }
+}
+
+fn case_14_length_inside_gathered_bytes_is_eproto() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    let (ours, mut peer) = pair();
+    let p = mux.attach(&ours, Box::new(LengthInsideGathered)).unwrap();
+    write_all(&mut peer, b"abcd");
+    eventually(|| (mux.psock_stats(p).unwrap().rx_need_more_hdr >= 1).then_some(()));
+    write_all(&mut peer, b"efgh");
+    let ev = mux.events().recv_timeout(WAIT).unwrap();
+    assert_eq!(ev.psock, p, "case 14 on {:?}", driver());
+    match &ev.error {
+        PsockError::Rx(e @ RxError::BadLength { len: 1, .. }) => assert_eq!(e.errno(), libc::EPROTO),
+        other => panic!("case 14 on {:?}: {other:?}", driver()),
+    }
+    let st = mux.psock_stats(p).unwrap();
+    assert_eq!(st.rx_bad_hdr_len, 1, "case 14 on {:?}", driver());
+    assert_eq!(st.rx_msgs, 0, "case 14 on {:?}", driver());
+    assert_eq!(mux.psock_error(p), Some(ev.error.clone()));
+    // Nothing was delivered and the socket has no error.
+    sock.set_nonblocking(true);
+    assert_eq!(sock.recv_msg().unwrap_err().kind(), ErrorKind::WouldBlock);
+    sock.set_nonblocking(false);
+    sock.set_read_timeout(Some(WAIT));
+    let _ = good_neighbour(&mux, &sock);
+}
+
+fn case_29_zero_length_sends() {
+    let mux = mux_with(|_| {});
+    let d = mux.socket(SockType::Dgram).unwrap();
+    let s = mux.socket(SockType::SeqPacket).unwrap();
+    let (ours, mut peer) = pair();
+    let p = mux.attach(&ours, l4()).unwrap();
+    // No open message: an empty send makes no message, on either type.
+    assert_eq!(d.send(&[]).unwrap(), 0);
+    assert_eq!(s.send(&[]).unwrap(), 0);
+    assert_eq!(s.send_flags(&[], connmux::SendFlags::default()).unwrap(), 0);
+    assert_silent(&mut peer, "case 29: an empty send put bytes on the wire");
+    assert_eq!((d.stats().unwrap().tx_msgs, s.stats().unwrap().tx_msgs), (0, 0), "case 29 on {:?}", driver());
+    // SEQPACKET: an empty EOR send completes the open message.
+    s.send_flags(&[&5u32.to_be_bytes()[..], b"abc"].concat(), connmux::SendFlags::default()).unwrap();
+    s.send_flags(b"de", connmux::SendFlags::default()).unwrap();
+    assert_silent(&mut peer, "case 29: an open SEQPACKET message went out");
+    assert_eq!(s.send_flags(&[], connmux::SendFlags { eor: true, ..Default::default() }).unwrap(), 0);
+    assert_eq!(read_framed(&mut peer), b"abcde", "case 29 on {:?}", driver());
+    assert_eq!(s.stats().unwrap().tx_msgs, 1);
+    let st = eventually(|| mux.psock_stats(p).ok().filter(|st| st.tx_msgs == 1));
+    assert_eq!(st.tx_bytes, 9, "case 29 on {:?}", driver());
+}
+
+fn case_31_messages_queued_while_one_is_written_follow_it_on_the_same_connection() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    let (o1, mut p1) = stalling_pair();
+    let (o2, mut p2) = pair();
+    mux.attach(&o1, l4()).unwrap();
+    mux.attach(&o2, l4()).unwrap();
+    let body = big_body();
+    sock.send(&framed(&body)).unwrap(); // T1 (least recently used), stalls
+    wait_first_byte(&p1);
+    for i in 0..3u8 {
+        sock.send(&framed(&[i; 10])).unwrap();
+    }
+    // T2 is idle, yet nothing goes there: the socket keeps its connection
+    // until its queue is written out.
+    assert_silent(&mut p2, "case 31: a queued message went to the idle connection");
+    assert!(read_framed(&mut p1) == body, "case 31 on {:?}: the first message", driver());
+    for i in 0..3u8 {
+        assert_eq!(read_framed(&mut p1), [i; 10], "case 31 on {:?}: order", driver());
+    }
+    assert_silent(&mut p2, "case 31");
+    drop((o1, o2));
+}
+
+fn case_35_one_message_larger_than_sndbuf_is_accepted() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_sndbuf(4096).unwrap();
+    sock.set_nonblocking(true);
+    // Empty queue, no connection yet: a 100,004-byte message is accepted whole.
+    let body: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let msg = framed(&body);
+    assert_eq!(sock.send(&msg).unwrap(), msg.len(), "case 35 on {:?}", driver());
+    // The limit applies when a new message starts: the next one must wait.
+    assert_eq!(sock.send(&framed(b"next")).unwrap_err().kind(), ErrorKind::WouldBlock);
+    let (ours, mut peer) = pair();
+    let p = mux.attach(&ours, l4()).unwrap();
+    assert!(read_framed(&mut peer) == body, "case 35 on {:?}: delivered whole", driver());
+    // Written out: a new message can start again.
+    sock.set_nonblocking(false);
+    sock.set_write_timeout(Some(WAIT));
+    sock.send(&framed(b"next")).unwrap();
+    assert_eq!(read_framed(&mut peer), b"next");
+    // A message that is already open continues past SO_SNDBUF (DGRAM MORE).
+    let more = connmux::SendFlags { more: true, ..Default::default() };
+    let part = vec![7u8; 3000];
+    sock.send_flags(&[&9000u32.to_be_bytes()[..], &part].concat(), more).unwrap();
+    sock.send_flags(&part, more).unwrap(); // 6,004 bytes open, over 4,096
+    assert_eq!(sock.send_flags(&part, Default::default()).unwrap(), 3000, "case 35 on {:?}", driver());
+    assert_eq!(read_framed(&mut peer), vec![7u8; 9000], "case 35 on {:?}", driver());
+    let st = sock.stats().unwrap();
+    assert_eq!((st.tx_msgs, st.tx_bytes), (3, (msg.len() + 8 + 9004) as u64), "case 35 on {:?}", driver());
+    let ps = eventually(|| mux.psock_stats(p).ok().filter(|s| s.tx_msgs == 3));
+    assert_eq!(ps.tx_bytes, st.tx_bytes);
+}
+
+fn case_37_unattach_mid_message_resends_it_whole_elsewhere() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    let (o1, mut p1) = stalling_pair();
+    let (o2, mut p2) = pair();
+    let t1 = mux.attach(&o1, l4()).unwrap();
+    let t2 = mux.attach(&o2, l4()).unwrap();
+    let body = big_body();
+    let msg = framed(&body);
+    sock.send(&msg).unwrap(); // T1 first (least recently used); its peer does not read
+    wait_first_byte(&p1);
+    mux.unattach(&o1).unwrap();
+    let got = read_framed(&mut p2);
+    assert!(got == body, "case 37 on {:?}: the message must arrive whole on T2", driver());
+    let st = mux.stats();
+    assert_eq!(
+        (st.psock_unattach, st.psock_unattach_rsvd, st.tx_retries, st.psock.tx_aborts),
+        (1, 1, 1, 1),
+        "case 37 on {:?}: {st:?}",
+        driver()
+    );
+    assert_eq!(mux.psocks(), vec![t2]);
+    assert_eq!(errno(mux.psock_stats(t1).unwrap_err()), libc::ENOENT);
+    // T1's peer holds only a truncated message: nothing more is written there.
+    let on_t1 = drain_quiet(&mut p1);
+    assert!(on_t1 > 0 && on_t1 < msg.len(), "case 37 on {:?}: {on_t1} of {} bytes on T1", driver(), msg.len());
+    // The application has T1 back (it may attach it again).
+    let t1 = mux.attach(&o1, l4()).unwrap();
+    assert_ne!(t1, t2);
+    drop(sock);
+}
+
+fn case_41_close_drops_unsent_messages() {
+    let mux = mux_with(|_| {});
+    let k1 = mux.socket(SockType::Dgram).unwrap();
+    let k2 = k1.try_clone().unwrap();
+    k1.set_nonblocking(true);
+    for i in 0..3u8 {
+        k1.send(&framed(&[i; 8])).unwrap(); // no connection yet: queued
+    }
+    assert_eq!(k1.stats().unwrap().tx_queued, 3);
+    drop(k1);
+    let (ours, mut peer) = pair();
+    let p = mux.attach(&ours, l4()).unwrap();
+    k2.send(&framed(b"marker")).unwrap();
+    assert_eq!(read_framed(&mut peer), b"marker", "case 41 on {:?}: the closed socket's messages went out", driver());
+    assert_silent(&mut peer, "case 41");
+    assert_eq!(eventually(|| mux.psock_stats(p).ok().filter(|s| s.tx_msgs > 0)).tx_msgs, 1);
+    assert_eq!(mux.stats().tx_retries, 0);
+}
+
+fn case_41_close_mid_message_aborts_that_connection() {
+    let mux = mux_with(|_| {});
+    let k1 = mux.socket(SockType::Dgram).unwrap();
+    let k2 = k1.try_clone().unwrap();
+    k2.set_write_timeout(Some(WAIT));
+    let (o1, p1) = stalling_pair();
+    let (o2, mut p2) = pair();
+    let t1 = mux.attach(&o1, l4()).unwrap();
+    mux.attach(&o2, l4()).unwrap();
+    k1.send(&framed(&big_body())).unwrap(); // on T1, stalls
+    wait_first_byte(&p1);
+    drop(k1);
+    let ev = mux.events().recv_timeout(WAIT).unwrap();
+    assert_eq!(
+        ev,
+        connmux::PsockEvent { psock: t1, error: PsockError::Tx(libc::EPIPE) },
+        "case 41 on {:?}: T1 is aborted with EPIPE",
+        driver()
+    );
+    assert_eq!(mux.psock_error(t1), Some(PsockError::Tx(libc::EPIPE)));
+    assert_eq!(mux.psock_stats(t1).unwrap().tx_aborts, 1);
+    assert_eq!(mux.stats().tx_retries, 0, "case 41 on {:?}: nothing is resent for a closed socket", driver());
+    // T1 carries nothing more: the other socket's messages all go on T2
+    // (with T1 usable they would alternate, case 32).
+    for i in 0..2u8 {
+        k2.send(&framed(&[i; 6])).unwrap();
+        assert_eq!(read_framed(&mut p2), [i; 6], "case 41 on {:?}", driver());
+    }
+    drop((o1, p1));
+}
+
+on_both_drivers!(
+    case_06_recv_disable_reads_back_and_takes_effect,
+    case_14_length_inside_gathered_bytes_is_eproto,
+    case_29_zero_length_sends,
+    case_31_messages_queued_while_one_is_written_follow_it_on_the_same_connection,
+    case_35_one_message_larger_than_sndbuf_is_accepted,
+    case_37_unattach_mid_message_resends_it_whole_elsewhere,
+    case_41_close_drops_unsent_messages,
+    case_41_close_mid_message_aborts_that_connection,
+);
