@@ -505,6 +505,8 @@ pub struct Mux {
     /// Counters of unattached psocks, so totals never drop.
     folded: PsockStats,
     max_msg_peak: usize,
+    /// `tx_complete`'s list of finished messages, kept to reuse its memory.
+    tx_done: Vec<(SockId, usize)>,
 }
 
 impl std::fmt::Debug for Mux {
@@ -548,6 +550,7 @@ impl Mux {
             counters: MuxCounters::default(),
             folded: PsockStats::default(),
             max_msg_peak,
+            tx_done: Vec::new(),
         }
     }
     pub fn config(&self) -> &MuxConfig {
@@ -1359,11 +1362,19 @@ impl Mux {
     /// short write and whatever was queued meanwhile. `PsockTransmit` is raised
     /// only for a psock with no chunk out.
     pub fn tx_begin(&mut self, p: PsockId) -> Option<TxChunk> {
-        let ps = self.psocks.get_mut(p.index, p.generation)?;
+        let mut slices = Vec::new();
+        self.tx_begin_into(p, &mut slices).then_some(TxChunk { slices })
+    }
+
+    /// [`Mux::tx_begin`] into the caller's vector (cleared first), so a driver
+    /// that writes many times reuses one allocation. Returns whether there is
+    /// a chunk to write.
+    pub fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
+        slices.clear();
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return false };
         if ps.tx_busy || ps.tx_stopped || ps.tx_queue.is_empty() {
-            return None;
+            return false;
         }
-        let mut slices = Vec::with_capacity(ps.tx_queue.len().min(TX_CHUNK_SLICES));
         let mut bytes = 0;
         for m in ps.tx_queue.iter() {
             if slices.len() == TX_CHUNK_SLICES || (bytes >= TX_CHUNK_BYTES && !slices.is_empty()) {
@@ -1376,7 +1387,7 @@ impl Mux {
         ps.tx_inflight = slices.len();
         ps.tx_busy = true;
         ps.tx_kicked = false;
-        Some(TxChunk { slices })
+        true
     }
     /// `n` bytes of the chunk were written (a short write keeps the rest first).
     pub fn tx_complete(&mut self, p: PsockId, n: usize) {
@@ -1387,7 +1398,7 @@ impl Mux {
         ps.tx_busy = false;
         let backlog_before = ps.tx_addr_bytes;
         let mut left = n;
-        let mut done: Vec<(SockId, usize)> = Vec::new();
+        let mut done = std::mem::take(&mut self.tx_done);
         for _ in 0..ps.tx_inflight {
             if left == 0 {
                 break;
@@ -1420,9 +1431,11 @@ impl Mux {
             }
             _ => false,
         };
-        for (owner, len) in done {
+        for &(owner, len) in &done {
             self.uncharge(owner, len);
         }
+        done.clear();
+        self.tx_done = done;
         if release {
             self.unreserve(p);
         }

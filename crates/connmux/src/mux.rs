@@ -1,6 +1,5 @@
 //! The public mux: creation, attach/unattach, errors, statistics.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd};
@@ -100,8 +99,8 @@ impl Mux {
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 mux: CoreMux::new(config.core.clone()),
-                psocks: HashMap::new(),
-                socks: HashMap::new(),
+                psocks: Default::default(),
+                socks: Default::default(),
             }),
             workers: refs,
             stop: AtomicBool::new(false),

@@ -5,7 +5,7 @@
 //! syscall is made while it is held except the eventfd/epoll_ctl calls of event
 //! dispatch, which never block (they run after the lock is released).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::io::{self, IoSlice};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use connmux_core::mux::{Event, Mux as CoreMux, PsockError, PsockId, SockId};
-use connmux_core::Timestamp;
+use connmux_core::{Bytes, Timestamp};
 use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
@@ -126,8 +126,8 @@ impl PsockRt {
 /// Everything under the core lock.
 pub(crate) struct Core {
     pub mux: CoreMux,
-    pub psocks: HashMap<PsockId, Arc<PsockRt>>,
-    pub socks: HashMap<SockId, Arc<SockRt>>,
+    pub psocks: FxHashMap<PsockId, Arc<PsockRt>>,
+    pub socks: FxHashMap<SockId, Arc<SockRt>>,
 }
 
 impl Core {
@@ -173,6 +173,9 @@ pub(crate) struct Shared {
 }
 
 thread_local! {
+    /// The slices of the chunk being written by this thread (`Shared::flush`),
+    /// kept so a flush does not allocate.
+    static FLUSH_SLICES: std::cell::RefCell<Vec<Bytes>> = const { std::cell::RefCell::new(Vec::new()) };
     /// On a worker that serves in place: its serving socket.
     static OWN_SERVE: std::cell::Cell<Option<SockId>> = const { std::cell::Cell::new(None) };
     /// That socket became readable in a worker dispatch and nobody has looked
@@ -321,25 +324,28 @@ impl Shared {
     /// Write what the core has for this psock until it has nothing or the
     /// connection would block. Events produced on the way are appended.
     pub fn flush(&self, rt: &PsockRt, events: &mut Vec<Event>) {
+        FLUSH_SLICES.with_borrow_mut(|slices| self.flush_with(rt, events, slices));
+    }
+
+    fn flush_with(&self, rt: &PsockRt, events: &mut Vec<Event>, slices: &mut Vec<Bytes>) {
         // Bounded: each round either writes bytes, or stops.
         for _ in 0..1024 {
-            let chunk = {
+            {
                 let mut core = self.lock();
-                match core.mux.tx_begin(rt.id) {
-                    Some(c) => c,
-                    None => {
-                        core.drain_events(events);
-                        return;
-                    }
+                if !core.mux.tx_begin_into(rt.id, slices) {
+                    core.drain_events(events);
+                    return;
                 }
-            };
-            let n = chunk.slices.len().min(MAX_IOV);
+            }
+            let n = slices.len().min(MAX_IOV);
             let mut iov: [IoSlice<'_>; MAX_IOV] = [IoSlice::new(&[]); MAX_IOV];
-            for (slot, b) in iov.iter_mut().zip(chunk.slices.iter()) {
+            for (slot, b) in iov.iter_mut().zip(slices.iter()) {
                 *slot = IoSlice::new(b);
             }
-            let want: usize = chunk.slices[..n].iter().map(|b| b.len()).sum();
+            let want: usize = slices[..n].iter().map(|b| b.len()).sum();
             let res = connmux_sys::socket::writev(rt.fd(), &iov[..n]);
+            // Written or not, the core still holds the messages: let go of them.
+            slices.clear();
             let mut core = self.lock();
             match res {
                 Ok(w) => {

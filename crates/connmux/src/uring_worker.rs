@@ -17,7 +17,8 @@
 //! - release: a psock's operations are cancelled and their completions reaped
 //!   before the worker drops its handle (and so the descriptor).
 
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -91,7 +92,7 @@ impl Conn {
 struct Worker<'a> {
     sh: &'a Shared,
     index: usize,
-    conns: HashMap<u64, Conn>,
+    conns: FxHashMap<u64, Conn>,
     /// Psocks whose receive should be (re)armed when buffers allow.
     to_arm: Vec<u64>,
     events: Vec<Event>,
@@ -113,7 +114,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
         }
     };
     drop(init);
-    let mut w = Worker { sh: &sh, index, conns: HashMap::new(), to_arm: Vec::new(), events: Vec::new(), dirty: Vec::new() };
+    let mut w = Worker { sh: &sh, index, conns: FxHashMap::default(), to_arm: Vec::new(), events: Vec::new(), dirty: Vec::new() };
     w.run(&mut ring);
     // Dropping the ring cancels what is still in flight and waits for it, before
     // the connections (and their descriptors) go.

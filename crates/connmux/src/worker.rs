@@ -24,6 +24,12 @@ pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
 
 /// Messages a worker takes from its socket per lock acquisition.
 const SERVE_BATCH: usize = 256;
+/// Replies are cut out of `scratch` in chunks of this size: a handler's small
+/// `extend_from_slice` would otherwise allocate a fresh buffer (and a shared
+/// header on `split`) for every reply, two allocations per message.
+const SCRATCH_CHUNK: usize = 64 * 1024;
+/// Below this much spare room a new chunk is started before a handler runs.
+const SCRATCH_LOW: usize = 4 * 1024;
 
 /// Requests from other threads, delivered through the worker's waker. The
 /// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
@@ -236,6 +242,9 @@ pub(crate) fn serve(
             break;
         }
         for (data, psock) in msgs.drain(..) {
+            if scratch.capacity() - scratch.len() < SCRATCH_LOW {
+                scratch.reserve(SCRATCH_CHUNK);
+            }
             let v = sv.handler.handle(data, psock, scratch);
             replies.push((psock, v));
         }
