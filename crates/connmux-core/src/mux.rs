@@ -73,7 +73,9 @@ use crate::stats::{MuxStats, PsockStats, SockStats};
 use crate::stream::{StreamLimits, StreamParser};
 use crate::time::Timestamp;
 
+mod deadlines;
 mod slab;
+use deadlines::{Armed, Deadlines};
 use slab::Slab;
 
 /// KCM socket type (`socket(AF_KCM, type, 0)`).
@@ -441,6 +443,9 @@ struct Psock {
     /// Bytes of addressed messages on the queue not yet fully written.
     tx_addr_bytes: usize,
     in_avail: bool,
+    /// The assembly deadline armed in the mux's [`Deadlines`], if any (it
+    /// mirrors `stream.deadline()` after every call).
+    timer: Option<Armed>,
     stats: PsockStats,
 }
 
@@ -499,6 +504,8 @@ pub struct Mux {
     /// Sockets waiting for a psock, FIFO (`kcm_tx_waiters`).
     tx_waiters: VecDeque<SockId>,
     events: VecDeque<Event>,
+    /// Assembly deadlines of the psocks, earliest first.
+    deadlines: Deadlines,
     /// The latest time any call told us.
     now: Timestamp,
     counters: MuxCounters,
@@ -546,6 +553,7 @@ impl Mux {
             psocks_avail: VecDeque::new(),
             tx_waiters: VecDeque::new(),
             events: VecDeque::new(),
+            deadlines: Deadlines::default(),
             now: Timestamp::ZERO,
             counters: MuxCounters::default(),
             folded: PsockStats::default(),
@@ -765,6 +773,7 @@ impl Mux {
             tx_rsvd_msgs: 0,
             tx_addr_bytes: 0,
             in_avail: false,
+            timer: None,
             stats: PsockStats::default(),
         }));
         self.counters.psock_attach += 1;
@@ -801,6 +810,9 @@ impl Mux {
         // Give back what it was to send: reserved messages go elsewhere whole.
         self.tx_evacuate(p);
         let ps = self.psocks.remove(p.index, p.generation).expect("psock present");
+        if self.deadlines.forget(ps.timer) {
+            self.clean_deadlines();
+        }
         add_psock_stats(&mut self.folded, &ps.full_stats());
         self.events.push_back(Event::PsockReleased(p));
         Ok(())
@@ -866,7 +878,9 @@ impl Mux {
         ps.rx_eof = true;
         if !ps.paused {
             ps.stream.stop();
+            self.sync_deadline(p);
         }
+        let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
         if !ps.rx_failed {
             ps.rx_failed = true;
             self.events.push_back(Event::PsockFailed(p, PsockError::Closed));
@@ -924,6 +938,26 @@ impl Mux {
                 }
             }
         }
+        // A message left partial starts (or keeps) its deadline; a completed
+        // or aborted one clears it.
+        self.sync_deadline(p);
+    }
+
+    /// Make psock `p`'s armed deadline what its stream says (after any call
+    /// that may have started, finished or stopped a message).
+    #[inline]
+    fn sync_deadline(&mut self, p: PsockId) {
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        let want = ps.stream.deadline();
+        if self.deadlines.sync(p.index, p.generation, &mut ps.timer, want) {
+            self.clean_deadlines();
+        }
+    }
+
+    /// Drop deadline entries that no longer match their psock.
+    fn clean_deadlines(&mut self) {
+        let psocks = &self.psocks;
+        self.deadlines.clean(|i, g| psocks.get(i, g).and_then(|ps| ps.timer));
     }
 
     /// Queue a message on a socket (which must be able).
@@ -1514,26 +1548,37 @@ impl Mux {
 
     // ---- time ----
 
+    /// The earliest assembly deadline of any psock (O(1)).
     pub fn poll_timeout(&self) -> Option<Timestamp> {
-        self.psocks.iter().filter_map(|(_, _, ps)| ps.stream.deadline()).min()
+        self.deadlines.next()
     }
+    /// Abort, with ETIMEDOUT, every psock whose message's deadline is at or
+    /// before `now`, earliest deadline first. Costs O(log n) per deadline that
+    /// expires (plus stale entries dropped on the way), not a walk of every
+    /// psock.
     pub fn handle_timeout(&mut self, now: Timestamp) {
         self.note_time(now);
-        let due: Vec<PsockId> = self
-            .psocks
-            .iter()
-            .filter(|(_, _, ps)| ps.stream.deadline().is_some_and(|d| d <= now))
-            .map(|(i, g, _)| pid((i, g)))
-            .collect();
-        for p in due {
-            let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
+        while let Some((index, generation, armed)) = self.deadlines.pop_due(now) {
+            let p = pid((index, generation));
+            let Some(ps) = self.psocks.get_mut(index, generation) else { continue };
+            if ps.timer != Some(armed) {
+                continue; // stale: cleared, re-armed, or another psock in the slot
+            }
+            self.deadlines.fired(&mut ps.timer);
             if let Err(e) = ps.stream.check_timeout(now) {
                 if !ps.rx_failed {
                     ps.rx_failed = true;
                     self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
                 }
             }
+            self.sync_deadline(p);
         }
+        self.clean_deadlines();
+    }
+    /// Deadline entries held (live and stale): at most 2 × armed + 64.
+    #[doc(hidden)]
+    pub fn deadline_entries(&self) -> usize {
+        self.deadlines.len()
     }
 
     // ---- events and statistics ----
