@@ -172,6 +172,24 @@ pub(crate) struct Shared {
     pub clock_origin: std::time::Instant,
 }
 
+/// `writev` of up to [`MAX_IOV`] buffers, with an iovec array sized for
+/// the common small case (filling a 64-entry array costs more than the
+/// rest of a one-reply flush).
+fn writev_bytes(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
+    fn go<const N: usize>(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
+        let mut iov: [IoSlice<'_>; N] = [IoSlice::new(&[]); N];
+        for (slot, b) in iov.iter_mut().zip(bufs) {
+            *slot = IoSlice::new(b);
+        }
+        connmux_sys::socket::writev(fd, &iov[..bufs.len().min(N)])
+    }
+    match bufs.len() {
+        0..=4 => go::<4>(fd, bufs),
+        5..=16 => go::<16>(fd, bufs),
+        _ => go::<MAX_IOV>(fd, bufs),
+    }
+}
+
 thread_local! {
     /// The slices of the chunk being written by this thread (`Shared::flush`),
     /// kept so a flush does not allocate.
@@ -338,12 +356,8 @@ impl Shared {
                 }
             }
             let n = slices.len().min(MAX_IOV);
-            let mut iov: [IoSlice<'_>; MAX_IOV] = [IoSlice::new(&[]); MAX_IOV];
-            for (slot, b) in iov.iter_mut().zip(slices.iter()) {
-                *slot = IoSlice::new(b);
-            }
             let want: usize = slices[..n].iter().map(|b| b.len()).sum();
-            let res = connmux_sys::socket::writev(rt.fd(), &iov[..n]);
+            let res = writev_bytes(rt.fd(), &slices[..n]);
             // Written or not, the core still holds the messages: let go of them.
             slices.clear();
             let mut core = self.lock();

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use connmux_core::mux::{Event, MuxError, PsockId};
+use connmux_core::Timestamp;
 use connmux_sys::epoll::{Events, Interest};
 
 use crate::config::Placement;
@@ -84,14 +85,15 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     let mut replies = Vec::with_capacity(SERVE_BATCH);
     let mut scratch = bytes::BytesMut::new();
 
+    // The earliest assembly deadline as of the end of the last pass. Deadlines
+    // start only when this worker feeds its own psocks (in the pass), so the
+    // value read at the end of a pass is still right when the next one waits.
+    let mut next_deadline: Option<Timestamp> = sh.lock().mux.poll_timeout();
     while !sh.stop.load(Ordering::Acquire) {
-        let timeout = {
-            let core = sh.lock();
-            core.mux.poll_timeout().map(|t| {
-                let now = sh.now();
-                Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())) + Duration::from_micros(100)
-            })
-        };
+        let timeout = next_deadline.map(|t| {
+            let now = sh.now();
+            Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())) + Duration::from_micros(100)
+        });
         // Wake at least every second to notice `stop` even if a waker was lost.
         let timeout = Some(timeout.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1)));
         let n = match epoll.wait(&mut evs, timeout) {
@@ -138,11 +140,13 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
         // Deadlines (assembly timeouts).
         {
             let mut core = sh.lock();
-            if let Some(t) = core.mux.poll_timeout() {
+            next_deadline = core.mux.poll_timeout();
+            if let Some(t) = next_deadline {
                 let now = sh.now();
                 if t <= now {
                     core.mux.handle_timeout(now);
                     core.drain_events(&mut core_events);
+                    next_deadline = core.mux.poll_timeout();
                 }
             }
         }
