@@ -44,7 +44,7 @@
 //! departures (docs/kcm-compat.md) apply unchanged.
 //!
 //! What this crate does not do: `unsafe` (the system calls are in
-//! connmux-sys; the state map comes from `aya`), threads, or anything on a
+//! connmux-sys, the state map included), threads, or anything on a
 //! kernel without AF_KCM beyond saying so.
 #![forbid(unsafe_code)]
 
@@ -306,9 +306,11 @@ impl KernelMux {
 
     fn attach_via(&self, kfd: RawFd, conn: BorrowedFd<'_>, parser: &KernelParser) -> io::Result<PsockId> {
         // The state map lives as long as the program that references it.
-        let map = aya::maps::Array::<aya::maps::MapData, u64>::create(1, 0)
-            .map_err(|e| io::Error::from(KernelError::Load(format!("BPF_MAP_CREATE: {e}"))))?;
-        let map_fd = aya::maps::IterableMap::<u32, u64>::map(&map).fd().as_fd().as_raw_fd();
+        let map = connmux_sys::bpf::map_create_array(prog::STATE_SIZE, 1).map_err(|e| match e.raw_os_error() {
+            Some(libc::EPERM) => e,
+            _ => io::Error::from(KernelError::Load(format!("BPF_MAP_CREATE: {e}"))),
+        })?;
+        let map_fd = map.as_raw_fd();
         let insns = parser.program(map_fd)?;
         let prog = connmux_sys::bpf::prog_load_socket_filter(&insns, "GPL").map_err(|e| match e.raw_os_error() {
             Some(libc::EPERM) => e,
@@ -780,8 +782,8 @@ mod tests {
         .map(|s| KernelParser::spec(s))
         .chain([KernelParser::Bytecode(textbook)]);
         for p in parsers {
-            let map = aya::maps::Array::<aya::maps::MapData, u64>::create(1, 0).unwrap();
-            let fd = aya::maps::IterableMap::<u32, u64>::map(&map).fd().as_fd().as_raw_fd();
+            let map = connmux_sys::bpf::map_create_array(prog::STATE_SIZE, 1).unwrap();
+            let fd = map.as_raw_fd();
             let insns = p.program(fd).unwrap();
             if let Err(e) = connmux_sys::bpf::prog_load_socket_filter(&insns, "GPL") {
                 panic!("{p:?}: {e}");

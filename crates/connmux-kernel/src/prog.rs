@@ -29,6 +29,8 @@ use connmux_bpf::Insn;
 
 use crate::KernelError;
 
+/// Bytes of the one-entry state map's value: `{ u32 next; u32 valid; }`.
+pub const STATE_SIZE: u32 = 8;
 /// `SKF_NET_OFF`: `LD_ABS`/`LD_IND` offsets from here read the network header.
 const SKF_NET_OFF: i32 = -0x100000;
 /// `BPF_PSEUDO_MAP_FD` in `src` of an `ld_imm64`.

@@ -1,19 +1,23 @@
-//! bpf(2): load a `BPF_PROG_TYPE_SOCKET_FILTER` program and run it once on some
-//! bytes with `BPF_PROG_TEST_RUN`.
+//! bpf(2): load a `BPF_PROG_TYPE_SOCKET_FILTER` program, run it once on some
+//! bytes with `BPF_PROG_TEST_RUN`, and create the array maps such programs keep
+//! state in.
 //!
 //! The kernel backend attaches programs loaded here as KCM parsers; the BPF
 //! interpreter's tests use [`prog_test_run`] as the oracle for its semantics.
 //!
-//! What this does not do: maps, BTF, pinning, attaching, or any program type other
-//! than socket filters.
+//! What this does not do: map types other than arrays, map element calls from
+//! userspace, BTF, pinning, attaching, or any program type other than socket
+//! filters.
 
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
+const BPF_MAP_CREATE: libc::c_int = 0;
 const BPF_PROG_LOAD: libc::c_int = 5;
 const BPF_PROG_TEST_RUN: libc::c_int = 10;
 const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
 
 /// Bytes of the verifier's log fetched when a load is refused.
 const LOG_SIZE: usize = 1 << 16;
@@ -35,6 +39,18 @@ struct ProgLoadAttr {
     prog_name: [u8; 16],
     prog_ifindex: u32,
     expected_attach_type: u32,
+}
+
+/// The `BPF_MAP_CREATE` part of `union bpf_attr`, up to `map_flags`. The
+/// kernel accepts a shorter attr and treats the missing tail as zero.
+#[repr(C)]
+#[derive(Default)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
 }
 
 /// The `BPF_PROG_TEST_RUN` part of `union bpf_attr`.
@@ -71,6 +87,28 @@ fn sys_bpf<T>(cmd: libc::c_int, attr: &mut T) -> libc::c_long {
             std::mem::size_of::<T>() as libc::c_uint,
         )
     }
+}
+
+/// Create a `BPF_MAP_TYPE_ARRAY` map of `max_entries` values of `value_size`
+/// bytes each (4-byte keys, zero-filled), as the fd programs reference through
+/// `BPF_PSEUDO_MAP_FD`. The map lives as long as the fd or a program that uses it.
+///
+/// Errors as bpf(2) gives them: `EPERM` without `CAP_BPF`, `EINVAL` for a zero
+/// size or count, `E2BIG`/`ENOMEM` for a map too large.
+pub fn map_create_array(value_size: u32, max_entries: u32) -> io::Result<OwnedFd> {
+    let mut attr = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size,
+        max_entries,
+        map_flags: 0,
+    };
+    let fd = sys_bpf(BPF_MAP_CREATE, &mut attr);
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this new fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
 /// Load `insns` (each one `struct bpf_insn` as its 8 bytes in host order, as
@@ -180,6 +218,32 @@ mod tests {
         // exit without setting r0: the verifier refuses "R0 !read_ok".
         let err = prog_load_socket_filter(&[insn(0x95, 0, 0, 0, 0)], "GPL").unwrap_err();
         assert!(err.to_string().contains("R0"), "{err}");
+    }
+
+    #[test]
+    fn array_map_create() {
+        assert!(is_root(), "this test needs root: BPF_MAP_CREATE requires CAP_BPF");
+        let m = map_create_array(8, 1).expect("BPF_MAP_CREATE as root");
+        assert!(m.as_raw_fd() >= 0);
+        // A zero-sized value is refused.
+        assert_eq!(map_create_array(0, 1).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+        // A program that looks up element 0 of the map passes the verifier
+        // (the map fd resolves), and answers 1 when the element exists.
+        let fd = m.as_raw_fd();
+        let prog = [
+            insn(0x62, 10, 0, -4, 0),                   // *(u32 *)(r10 - 4) = 0
+            insn(0x18, 1, 1, 0, fd),                    // r1 = map (ld_imm64, pseudo map fd)
+            insn(0x00, 0, 0, 0, 0),
+            insn(0xbf, 2, 10, 0, 0),                    // r2 = r10
+            insn(0x07, 2, 0, 0, -4),                    // r2 -= 4
+            insn(0x85, 0, 0, 0, 1),                     // call bpf_map_lookup_elem
+            insn(0xb7, 1, 0, 0, 1),                     // r1 = 1
+            insn(0x15, 0, 0, 1, 0),                     // if r0 == 0 skip
+            insn(0xbf, 0, 1, 0, 0),                     // r0 = r1
+            insn(0x95, 0, 0, 0, 0),                     // exit
+        ];
+        let p = prog_load_socket_filter(&prog, "GPL").expect("program using the map loads");
+        assert_eq!(prog_test_run(p.as_fd(), &[0u8; 20]).unwrap(), 1);
     }
 
     fn is_root() -> bool {

@@ -79,7 +79,7 @@ pub fn kcm_socket_raw(ty: libc::c_int, protocol: libc::c_int) -> io::Result<Owne
 pub fn kcm_attach(kcm: RawFd, tcp: RawFd, bpf_prog: RawFd) -> io::Result<()> {
     let mut info = KcmAttach { fd: tcp, bpf_fd: bpf_prog };
     // SAFETY: SIOCKCMATTACH reads one struct kcm_attach from a live local.
-    cvt(unsafe { libc::ioctl(kcm, SIOCKCMATTACH, &mut info) })?;
+    cvt(unsafe { libc::ioctl(kcm, SIOCKCMATTACH as _, &mut info) })?;
     Ok(())
 }
 
@@ -88,7 +88,7 @@ pub fn kcm_attach(kcm: RawFd, tcp: RawFd, bpf_prog: RawFd) -> io::Result<()> {
 pub fn kcm_unattach(kcm: RawFd, tcp: RawFd) -> io::Result<()> {
     let mut info = KcmFd { fd: tcp };
     // SAFETY: SIOCKCMUNATTACH reads one struct kcm_unattach from a live local.
-    cvt(unsafe { libc::ioctl(kcm, SIOCKCMUNATTACH, &mut info) })?;
+    cvt(unsafe { libc::ioctl(kcm, SIOCKCMUNATTACH as _, &mut info) })?;
     Ok(())
 }
 
@@ -97,7 +97,7 @@ pub fn kcm_unattach(kcm: RawFd, tcp: RawFd) -> io::Result<()> {
 pub fn kcm_clone(kcm: RawFd) -> io::Result<OwnedFd> {
     let mut info = KcmFd { fd: -1 };
     // SAFETY: SIOCKCMCLONE reads and writes one struct kcm_clone in a live local.
-    cvt(unsafe { libc::ioctl(kcm, SIOCKCMCLONE, &mut info) })?;
+    cvt(unsafe { libc::ioctl(kcm, SIOCKCMCLONE as _, &mut info) })?;
     // SAFETY: on success the kernel installed a new fd in `info.fd`, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(info.fd) })
 }
@@ -160,7 +160,7 @@ pub fn sendmmsg_flags(fd: RawFd, msgs: &[(&[u8], libc::c_int)], flags: libc::c_i
     // SAFETY: `hdrs` holds `hdrs.len()` headers, each pointing at one iovec in `iovs`
     // that covers a borrowed message; all live for the call. The kernel only reads the
     // payloads and writes `msg_len`.
-    let n = cvt(unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as libc::c_uint, flags) })?;
+    let n = cvt(unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as libc::c_uint, flags as _) })?;
     Ok(n as usize)
 }
 
@@ -192,7 +192,7 @@ pub fn recvmmsg(fd: RawFd, bufs: &mut [&mut [u8]], meta: &mut [RecvMeta], flags:
     // SAFETY: `hdrs` holds `count` headers, each pointing at one iovec that covers a
     // distinct, exclusively borrowed buffer; all live for the call; no timeout pointer.
     let n = cvt(unsafe {
-        libc::recvmmsg(fd, hdrs.as_mut_ptr(), count as libc::c_uint, flags, std::ptr::null_mut())
+        libc::recvmmsg(fd, hdrs.as_mut_ptr(), count as libc::c_uint, flags as _, std::ptr::null_mut())
     })? as usize;
     for (m, h) in meta.iter_mut().zip(&hdrs[..n]) {
         *m = RecvMeta { len: h.msg_len as usize, flags: h.msg_hdr.msg_flags };

@@ -27,7 +27,8 @@ pub fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
             Some(Some(d)) => Some(d.saturating_duration_since(Instant::now())),
         };
         let ts = left.map(|d| libc::timespec {
-            tv_sec: d.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+            // 64-bit on x86_64 with glibc and musl alike.
+            tv_sec: d.as_secs().min(i64::MAX as u64) as _,
             tv_nsec: d.subsec_nanos() as libc::c_long,
         });
         let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);

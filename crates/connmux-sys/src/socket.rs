@@ -143,13 +143,14 @@ fn set_timeout(fd: RawFd, name: libc::c_int, timeout: Option<Duration>) -> io::R
         None => libc::timeval { tv_sec: 0, tv_usec: 0 },
         Some(d) => {
             // Round a sub-microsecond timeout up, so it does not become "forever".
-            let mut usec = d.subsec_nanos().div_ceil(1000) as libc::suseconds_t;
-            let mut sec = d.as_secs().min(libc::time_t::MAX as u64 - 1) as libc::time_t;
+            // time_t and suseconds_t are 64-bit on x86_64 with glibc and musl alike.
+            let mut usec = i64::from(d.subsec_nanos().div_ceil(1000));
+            let mut sec = d.as_secs().min(i64::MAX as u64 - 1) as i64;
             if usec == 1_000_000 {
                 sec += 1;
                 usec = 0;
             }
-            libc::timeval { tv_sec: sec, tv_usec: usec }
+            libc::timeval { tv_sec: sec as _, tv_usec: usec as _ }
         }
     };
     // SAFETY: timeval is plain data; the kernel only reads these bytes.
