@@ -9,8 +9,11 @@
 #   CONFORMANCE_NO_VM=1 scripts/conformance.sh   # this machine only
 #   CONFORMANCE_BENCH="20000 3"       # messages and repetitions of the benchmark
 #
-# The guest has no libc: the runner is linked statically (glibc, +crt-static;
-# musl does not build yet, see docs/kcm-compat.md).
+# Both backends are driven through connmux's public API (Mux/KcmSocket with
+# Backend::Userspace and Backend::Kernel); cases 44-46 check the backend choice,
+# the calls the kernel backend refuses, and bad input reported alike.
+# The guest has no libc: the runner is linked statically (glibc, +crt-static,
+# no extra Rust target needed; x86_64-unknown-linux-musl builds it too).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

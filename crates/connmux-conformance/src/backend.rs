@@ -1,14 +1,15 @@
 //! The two backends behind one small interface, so that every case is written
-//! once: `connmux` (the userspace runtime) and `connmux-kernel` (AF_KCM).
+//! once. Both are driven through connmux's public API (`Mux`, `KcmSocket`):
+//! `Backend::Userspace` (the userspace runtime) and `Backend::Kernel` (AF_KCM,
+//! `connmux-kernel` underneath).
 
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
-use connmux::{Config, Driver, Mux, Placement, PsockError, PsockId, RecvFlags, SendFlags, SockType, Steering};
+use connmux::{Backend, Config, Driver, Mux, Placement, PsockError, PsockId, RecvFlags, SendFlags, SockType, Steering};
 use connmux_core::stats::{PsockStats, SockStats};
-use connmux_kernel::{KernelMux, KernelParser, KernelSocket};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -28,7 +29,8 @@ impl Kind {
 /// Per-mux options a case may need.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Opts {
-    /// Assembly timeout (userspace: MuxConfig; kernel: the TCP socket's SO_RCVTIMEO).
+    /// Assembly timeout (`MuxConfig::assembly_timeout`; the kernel backend
+    /// makes it the TCP socket's SO_RCVTIMEO).
     pub timeout: Option<Duration>,
 }
 
@@ -68,24 +70,30 @@ pub trait Mx {
     fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats>;
 }
 
-pub fn new_mux(kind: Kind, opts: Opts) -> io::Result<Box<dyn Mx>> {
-    match kind {
-        Kind::User => {
-            let mut cfg = Config {
-                workers: 1,
-                placement: Placement::Unpinned,
-                driver: Driver::Epoll,
-                ..Config::default()
-            };
-            cfg.core.steering = Steering::RoundRobin;
-            cfg.core.assembly_timeout = opts.timeout;
-            Ok(Box::new(UserMx(Mux::new(cfg)?)))
-        }
-        Kind::Kernel => Ok(Box::new(KernMx(KernelMux::new().map_err(io::Error::from)?, opts))),
-    }
+/// The public API's configuration for a backend.
+pub fn config(kind: Kind, opts: Opts) -> Config {
+    let mut cfg = Config {
+        workers: 1,
+        placement: Placement::Unpinned,
+        driver: Driver::Epoll,
+        backend: match kind {
+            Kind::User => Backend::Userspace,
+            Kind::Kernel => Backend::Kernel,
+        },
+        ..Config::default()
+    };
+    cfg.core.steering = Steering::RoundRobin;
+    cfg.core.assembly_timeout = opts.timeout;
+    cfg
 }
 
-// ------------------------------------------------------------- userspace
+pub fn new_mux(kind: Kind, opts: Opts) -> io::Result<Box<dyn Mx>> {
+    let m = Mux::new(config(kind, opts))?;
+    if m.backend() != config(kind, opts).backend {
+        return Err(io::Error::other(format!("asked for {kind:?}, got {:?}", m.backend())));
+    }
+    Ok(Box::new(UserMx(m)))
+}
 
 struct UserMx(Mux);
 struct UserEp(connmux::KcmSocket);
@@ -123,7 +131,11 @@ impl Mx for UserMx {
         self.0.stats().psock
     }
     fn kcms(&self) -> io::Result<usize> {
-        Ok(self.0.stats().kcms)
+        match self.0.kernel() {
+            // The kernel's own count, from its /proc/net/kcm block.
+            Some(k) => k.proc_mux().map(|m| m.kcms),
+            None => Ok(self.0.stats().kcms),
+        }
     }
     fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
         self.0.psock_stats(p)
@@ -171,105 +183,7 @@ impl Ep for UserEp {
         self.0.stats()
     }
     fn raw(&self) -> Option<BorrowedFd<'_>> {
-        None
-    }
-}
-
-// ------------------------------------------------------------- kernel
-
-struct KernMx(KernelMux, Opts);
-struct KernEp(KernelSocket);
-
-impl Mx for KernMx {
-    fn socket(&self, ty: SockType) -> io::Result<Box<dyn Ep>> {
-        let s = self.0.socket(ty)?;
-        // Messages on DGRAM sockets are charged a whole skb's truesize each
-        // (kcmvm caveat 3): give the sockets room, as a real user must.
-        Ok(Box::new(KernEp(s)))
-    }
-    fn attach(&self, conn: BorrowedFd<'_>, spec: &str) -> io::Result<PsockId> {
-        if let Some(t) = self.1.timeout {
-            connmux_sys::socket::set_rcvtimeo(std::os::fd::AsRawFd::as_raw_fd(&conn), Some(t))?;
-        }
-        self.0.attach(&conn, &KernelParser::spec(spec))
-    }
-    fn unattach(&self, conn: BorrowedFd<'_>) -> io::Result<()> {
-        self.0.unattach(&conn)
-    }
-    fn wait_error(&self, p: PsockId, timeout: Duration) -> Option<(i32, PsockError)> {
-        let end = Instant::now() + timeout;
-        loop {
-            if let Some(e) = self.0.psock_error(p) {
-                return Some((errno_of_kernel(&e), e));
-            }
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            if let Ok(evs) = self.0.wait_events(left.min(Duration::from_millis(50))) {
-                if let Some(ev) = evs.into_iter().find(|e| e.psock == p) {
-                    return Some((ev.errno, ev.error));
-                }
-            }
-        }
-    }
-    fn psock_totals(&self) -> PsockStats {
-        self.0.stats().map(|s| s.psock).unwrap_or_default()
-    }
-    fn kcms(&self) -> io::Result<usize> {
-        self.0.proc_mux().map(|m| m.kcms)
-    }
-    fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
-        self.0.psock_stats(p)
-    }
-}
-
-fn errno_of_kernel(e: &PsockError) -> i32 {
-    errno_of(e)
-}
-
-impl Ep for KernEp {
-    fn send(&self, data: &[u8], flags: SendFlags) -> io::Result<usize> {
-        self.0.send_flags(data, flags)
-    }
-    fn recv(&self, buf: &mut [u8], peek: bool) -> io::Result<Got> {
-        let i = self.0.recv_flags(buf, RecvFlags { peek })?;
-        Ok(Got {
-            len: i.len,
-            eor: i.eor,
-            trunc: i.trunc,
-        })
-    }
-    fn send_batch(&self, msgs: &[&[u8]]) -> io::Result<usize> {
-        self.0.send_batch(msgs)
-    }
-    fn try_clone(&self) -> io::Result<Box<dyn Ep>> {
-        Ok(Box::new(KernEp(self.0.try_clone()?)))
-    }
-    fn set_recv_disable(&self, d: bool) -> io::Result<()> {
-        self.0.set_recv_disable(d)
-    }
-    fn recv_disabled(&self) -> io::Result<bool> {
-        self.0.recv_disabled()
-    }
-    fn set_nonblocking(&self, nb: bool) {
-        self.0.set_nonblocking(nb)
-    }
-    fn set_timeout(&self, t: Option<Duration>) {
-        let _ = self.0.set_read_timeout(t);
-        let _ = self.0.set_write_timeout(t);
-    }
-    fn set_rcvbuf(&self, b: usize) -> io::Result<()> {
-        self.0.set_rcvbuf(b)
-    }
-    fn set_sndbuf(&self, b: usize) -> io::Result<()> {
-        self.0.set_sndbuf(b)
-    }
-    fn stats(&self) -> io::Result<SockStats> {
-        self.0.stats()
-    }
-    fn raw(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.0.as_fd())
+        self.0.kernel().map(|k| k.as_fd())
     }
 }
 

@@ -167,6 +167,10 @@ pub const ALL: &[Case] = &[
     (41, "close with unsent messages", c41),
     (42, "last close releases", c42),
     (43, "statistics", c43),
+    // Not §7: the public API's backends.
+    (44, "backend choice (Auto, Kernel)", crate::api::c44),
+    (45, "calls without a kernel form", crate::api::c45),
+    (46, "bad input via the public API", crate::api::c46),
 ];
 
 fn c1(kind: Kind) -> Outcome {
@@ -1074,7 +1078,6 @@ fn c43(kind: Kind) -> Outcome {
 /// segment must come out framed. Returns a line for the report.
 pub fn rewritten_textbook_parser() -> String {
     let r = (|| -> Result<String, String> {
-        use connmux_kernel::{KernelMux, KernelParser};
         let code: Vec<u8> = [
             [0xbf, 0x16, 0, 0, 0, 0, 0, 0],
             [0x20, 0, 0, 0, 0, 0, 0, 0],
@@ -1082,11 +1085,11 @@ pub fn rewritten_textbook_parser() -> String {
             [0x95, 0, 0, 0, 0, 0, 0, 0],
         ]
         .concat();
-        let m = KernelMux::new().map_err(|e| e.to_string())?;
+        let m = connmux::Mux::new(crate::backend::config(Kind::Kernel, Default::default())).ctx("mux")?;
         let s = m.socket(SockType::Dgram).ctx("socket")?;
-        s.set_read_timeout(Some(WAIT)).ctx("timeout")?;
+        s.set_read_timeout(Some(WAIT));
         let (mut peer, low) = tcp_pair().ctx("tcp")?;
-        s.attach(&low, &KernelParser::Bytecode(code)).ctx("attach")?;
+        s.attach_bpf(&low, &connmux::BpfProgram::Bytecode(code)).ctx("attach_bpf")?;
         let mut w = msg(0, 2);
         w.extend(msg(1, 10));
         peer.write_all(&w).ctx("write")?;

@@ -12,6 +12,7 @@
 //! automate (the note says why). Exit status 1 if any case FAILed.
 //! `--backend all` skips the kernel (with a line saying so) where AF_KCM is absent.
 
+mod api;
 mod backend;
 mod bench;
 mod cases;

@@ -127,18 +127,31 @@ impl KernelParser {
     }
     /// The instructions to load, given the state map's fd.
     pub fn program(&self, map_fd: RawFd) -> Result<Vec<[u8; 8]>, KernelError> {
+        self.program_limited(map_fd, None)
+    }
+    /// [`KernelParser::program`], refusing (EMSGSIZE) a message longer than
+    /// `max` bytes, as the userspace runtime's `max_msg_size` does.
+    pub fn program_limited(&self, map_fd: RawFd, max: Option<u32>) -> Result<Vec<[u8; 8]>, KernelError> {
         let insns = match self {
-            KernelParser::Spec(s) => prog::field_program(&prog::FieldSpec::from_spec(s)?, map_fd),
+            KernelParser::Spec(s) => prog::field_program_limited(&prog::FieldSpec::from_spec(s)?, map_fd, max),
             KernelParser::Elf { object, section } => {
                 let p = connmux_bpf::elf::load_program(object, section.as_deref()).map_err(connmux_bpf::LoadError::from)?;
-                prog::rewrite_program(&p.insns, map_fd)?
+                prog::rewrite_program_limited(&p.insns, map_fd, max)?
             }
             KernelParser::Bytecode(code) => {
                 let p = connmux_bpf::Program::from_bytes(code)?;
-                prog::rewrite_program(p.insns(), map_fd)?
+                prog::rewrite_program_limited(p.insns(), map_fd, max)?
             }
         };
         Ok(insns.into_iter().map(|i| i.to_bytes()).collect())
+    }
+    /// The header length of a generated length-field program (`None` for a
+    /// user's program).
+    fn field_header(&self) -> Option<usize> {
+        match self {
+            KernelParser::Spec(s) => prog::FieldSpec::from_spec(s).ok().map(|f| f.offset + f.width),
+            _ => None,
+        }
     }
     fn name(&self) -> String {
         match self {
@@ -162,6 +175,35 @@ pub struct PsockEvent {
     pub error: PsockError,
     /// The raw errno the kernel posted.
     pub errno: i32,
+}
+
+/// Map the errno on an attached TCP socket to the userspace runtime's error,
+/// knowing which program was attached: a generated length-field program
+/// returns `-EPROTO` only for a length below its header (the userspace
+/// parsers' [`ParseError::LengthBelowHeader`]; strparser's own EPROTO, a
+/// length inside bytes already gathered, cannot follow from such a program);
+/// for a user's program EPROTO is ambiguous and read as strparser's.
+/// Values the kernel does not report (the length, the limit) are 0.
+pub fn classify_for(errno: i32, field_header: Option<usize>) -> PsockError {
+    match (errno, field_header) {
+        (EPROTO, Some(header)) => PsockError::Rx(RxError::Parser(ParseError::LengthBelowHeader { length: 0, header })),
+        _ => classify(errno),
+    }
+}
+
+/// The psock counters the userspace runtime keeps for an error that stopped
+/// receive, derived from the error the kernel posted (the kernel keeps these
+/// counters per network namespace only): RX-Aborts and the matching one of
+/// RX-TooBig, RX-BadLen, RX-Timeout, RX-Intr.
+pub fn error_counters(s: &mut PsockStats, e: &PsockError) {
+    let PsockError::Rx(rx) = e else { return };
+    s.rx_aborts = 1;
+    match rx {
+        RxError::TooBig { .. } => s.rx_msg_too_big += 1,
+        RxError::BadLength { .. } => s.rx_bad_hdr_len += 1,
+        RxError::Timeout => s.rx_msg_timeouts += 1,
+        RxError::Parser(_) => s.rx_interrupted += 1,
+    }
 }
 
 /// Map the errno on an attached TCP socket to the userspace runtime's error.
@@ -191,6 +233,26 @@ struct PsockSlot {
     tcp: OwnedFd,
     error: Option<(PsockError, i32)>,
     parser: String,
+    /// The header length of a generated program (see [`classify_for`]).
+    field_header: Option<usize>,
+}
+
+impl PsockSlot {
+    fn classify(&self, errno: i32) -> PsockError {
+        classify_for(errno, self.field_header)
+    }
+}
+
+/// Limits applied to every connection attached to a [`KernelMux`], as the
+/// userspace runtime's `MuxConfig` applies them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest message: the parser program answers EMSGSIZE above it (the
+    /// kernel also refuses anything above the TCP socket's SO_RCVBUF).
+    pub max_msg_size: Option<usize>,
+    /// Assembly timeout: set as the TCP socket's SO_RCVTIMEO before attach,
+    /// which strparser uses as its message timer (ETIMEDOUT).
+    pub assembly_timeout: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -209,6 +271,7 @@ struct State {
 struct Inner {
     st: Mutex<State>,
     errors: Epoll,
+    limits: Limits,
 }
 
 /// A kernel multiplexor. A kernel mux exists while at least one of its KCM
@@ -232,13 +295,24 @@ fn inode(fd: BorrowedFd<'_>) -> io::Result<u64> {
 impl KernelMux {
     /// Checks that AF_KCM works here: [`KernelError::Unsupported`] otherwise.
     pub fn new() -> Result<KernelMux, KernelError> {
+        Self::with_limits(Limits::default())
+    }
+
+    /// [`KernelMux::new`] with limits for every connection attached.
+    pub fn with_limits(limits: Limits) -> Result<KernelMux, KernelError> {
         drop(kcm::kcm_socket(false).map_err(KernelError::Unsupported)?);
         Ok(KernelMux {
             inner: Arc::new(Inner {
                 st: Mutex::new(State::default()),
                 errors: Epoll::new()?,
+                limits,
             }),
         })
+    }
+
+    /// The limits given at creation.
+    pub fn limits(&self) -> Limits {
+        self.inner.limits
     }
 
     /// Whether this kernel has AF_KCM.
@@ -311,7 +385,12 @@ impl KernelMux {
             _ => io::Error::from(KernelError::Load(format!("BPF_MAP_CREATE: {e}"))),
         })?;
         let map_fd = map.as_raw_fd();
-        let insns = parser.program(map_fd)?;
+        let limits = self.inner.limits;
+        let max = limits.max_msg_size.map(|m| u32::try_from(m).unwrap_or(u32::MAX));
+        let insns = parser.program_limited(map_fd, max)?;
+        if let Some(t) = limits.assembly_timeout {
+            connmux_sys::socket::set_rcvtimeo(conn.as_raw_fd(), Some(t))?;
+        }
         let prog = connmux_sys::bpf::prog_load_socket_filter(&insns, "GPL").map_err(|e| match e.raw_os_error() {
             Some(libc::EPERM) => e,
             _ => io::Error::from(KernelError::Load(e.to_string())),
@@ -343,6 +422,7 @@ impl KernelMux {
             tcp,
             error: None,
             parser: parser.name(),
+            field_header: parser.field_header(),
         });
         Ok(id)
     }
@@ -397,6 +477,11 @@ impl KernelMux {
         r
     }
 
+    /// KCM sockets open on this mux.
+    pub fn sockets(&self) -> usize {
+        self.lock().socks.len()
+    }
+
     /// The attached psocks.
     pub fn psocks(&self) -> Vec<PsockId> {
         self.lock().psocks.iter().map(|p| p.id).collect()
@@ -413,7 +498,7 @@ impl KernelMux {
         let slot = st.psocks.iter_mut().find(|s| s.id == p)?;
         if slot.error.is_none() {
             if let Ok(Some(e)) = connmux_sys::socket::take_error(slot.tcp.as_raw_fd()) {
-                slot.error = Some((classify(e), e));
+                slot.error = Some((slot.classify(e), e));
                 st.failures += 1;
                 let slot = st.psocks.iter().find(|s| s.id == p)?;
                 return slot.error.as_ref().map(|e| e.0.clone());
@@ -436,7 +521,7 @@ impl KernelMux {
             };
             if slot.error.is_none() {
                 match connmux_sys::socket::take_error(slot.tcp.as_raw_fd()) {
-                    Ok(Some(e)) => slot.error = Some((classify(e), e)),
+                    Ok(Some(e)) => slot.error = Some((slot.classify(e), e)),
                     _ if ev.hup => slot.error = Some((PsockError::Closed, EPIPE)),
                     _ => continue,
                 }
@@ -467,9 +552,11 @@ impl KernelMux {
         let text = std::fs::read_to_string("/proc/net/kcm_stats")?;
         let mut s = proc::parse_kcm_stats(&text)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unexpected /proc/net/kcm_stats layout"))?;
-        let st = self.lock();
-        s.kcms = st.socks.len();
-        s.psocks = st.psocks.len();
+        {
+            let st = self.lock();
+            s.kcms = st.socks.len();
+            s.psocks = st.psocks.len();
+        }
         Ok(s)
     }
 
@@ -495,8 +582,9 @@ impl KernelMux {
         }
     }
 
-    /// One psock's counters from its `/proc/net/kcm` line (messages and bytes;
-    /// the kernel keeps the rest per namespace only).
+    /// One psock's counters: messages and bytes from its `/proc/net/kcm`
+    /// line; the receive-abort counters from the error the kernel posted on
+    /// it ([`error_counters`]; the kernel keeps those per namespace only).
     pub fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
         let index = self
             .lock()
@@ -506,11 +594,16 @@ impl KernelMux {
             .map(|s| s.index)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         let m = self.proc_mux()?;
-        m.psock_lines
+        let mut s = m
+            .psock_lines
             .into_iter()
             .find(|l| l.0 == index)
             .map(|l| l.1)
-            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        if let Some(e) = self.psock_error(p) {
+            error_counters(&mut s, &e);
+        }
+        Ok(s)
     }
 
     /// `/proc/net/kcm` as the kernel prints it.
@@ -686,6 +779,12 @@ impl KernelSocket {
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
     }
 
+    /// A number that tells this socket from every other one this mux made
+    /// (indexes are reused, as the kernel reuses them).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
     /// This socket's index in `/proc/net/kcm` (`kcm-N`).
     pub fn index(&self) -> Option<u32> {
         self.mux.sock_index(self.key)
@@ -727,6 +826,27 @@ mod tests {
             }
             Err(e) => panic!("unexpected {e}"),
         }
+    }
+
+    #[test]
+    fn a_generated_program_refusing_a_short_length_is_a_parser_error() {
+        // EPROTO from a generated length-field program: the userspace parsers'
+        // LengthBelowHeader; from a user's program: strparser's BadLength.
+        assert_eq!(
+            classify_for(EPROTO, Some(4)),
+            PsockError::Rx(RxError::Parser(ParseError::LengthBelowHeader { length: 0, header: 4 }))
+        );
+        assert_eq!(classify_for(EPROTO, None), PsockError::Rx(RxError::BadLength { len: 0, gathered: 0 }));
+        assert_eq!(classify_for(EMSGSIZE, Some(4)), classify(EMSGSIZE));
+        let mut s = PsockStats::default();
+        error_counters(&mut s, &classify(EMSGSIZE));
+        assert_eq!((s.rx_aborts, s.rx_msg_too_big, s.rx_interrupted), (1, 1, 0));
+        let mut s = PsockStats::default();
+        error_counters(&mut s, &classify_for(EPROTO, Some(4)));
+        assert_eq!((s.rx_aborts, s.rx_interrupted, s.rx_bad_hdr_len), (1, 1, 0));
+        let mut s = PsockStats::default();
+        error_counters(&mut s, &PsockError::Closed);
+        assert_eq!(s, PsockStats::default());
     }
 
     #[test]
@@ -784,9 +904,11 @@ mod tests {
         for p in parsers {
             let map = connmux_sys::bpf::map_create_array(prog::STATE_SIZE, 1).unwrap();
             let fd = map.as_raw_fd();
-            let insns = p.program(fd).unwrap();
-            if let Err(e) = connmux_sys::bpf::prog_load_socket_filter(&insns, "GPL") {
-                panic!("{p:?}: {e}");
+            for max in [None, Some(1 << 20)] {
+                let insns = p.program_limited(fd, max).unwrap();
+                if let Err(e) = connmux_sys::bpf::prog_load_socket_filter(&insns, "GPL") {
+                    panic!("{p:?} (limit {max:?}): {e}");
+                }
             }
         }
     }

@@ -220,12 +220,20 @@ fn prelude(a: &mut Asm, map_fd: i32, ret0: usize) {
     a.emit(alu64_x(alu::MOV, 1, 6)); // the body starts with r1 = ctx, as a program does
 }
 
-/// Epilogue at `epi`: r0 is the body's answer; a positive length advances the state.
-fn epilogue(a: &mut Asm, map_fd: i32, epi: usize, ret0: usize) {
+/// Epilogue at `epi`: r0 is the body's answer; a positive length advances the
+/// state. A length above `max` (when given) becomes [`TOO_BIG`], which the
+/// kernel refuses with EMSGSIZE and counts in RX-TooBig, as it does a length
+/// above the TCP socket's receive buffer.
+fn epilogue(a: &mut Asm, map_fd: i32, epi: usize, ret0: usize, max: Option<u32>) {
     let out = a.label();
     a.bind(epi);
     // The kernel reads the answer as an int: compare as 32-bit signed.
     a.jump(Insn::new(class::JMP32 | jmp::JSLE | src::K, 0, 0, 0, 0), out);
+    if let Some(max) = max.filter(|&m| m < TOO_BIG as u32) {
+        // r0 is positive here: an unsigned 32-bit compare is the signed one.
+        a.emit(Insn::new(class::JMP32 | jmp::JLE | src::K, 0, 0, 1, max as i32));
+        a.emit(alu64_k(alu::MOV, 0, TOO_BIG));
+    }
     a.emit(alu64_x(alu::MOV, 9, 0)); // r9 = length
     a.emit(st(size::W, 10, -4, 0));
     a.ld_map_fd(1, map_fd);
@@ -249,6 +257,11 @@ fn epilogue(a: &mut Asm, map_fd: i32, epi: usize, ret0: usize) {
 
 /// The offset-correct program for a length-field spec.
 pub fn field_program(f: &FieldSpec, map_fd: i32) -> Vec<Insn> {
+    field_program_limited(f, map_fd, None)
+}
+
+/// [`field_program`] refusing (EMSGSIZE) a message longer than `max` bytes.
+pub fn field_program_limited(f: &FieldSpec, map_fd: i32, max: Option<u32>) -> Vec<Insn> {
     let mut a = Asm::new();
     let ret0 = a.label();
     let epi = a.label();
@@ -311,7 +324,7 @@ pub fn field_program(f: &FieldSpec, map_fd: i32) -> Vec<Insn> {
     a.bind(bad_len);
     a.emit(alu64_k(alu::MOV, 0, -EPROTO));
     a.jump(Insn::new(class::JMP | jmp::JA, 0, 0, 0, 0), epi);
-    epilogue(&mut a, map_fd, epi, ret0);
+    epilogue(&mut a, map_fd, epi, ret0, max);
     a.finish()
 }
 
@@ -324,6 +337,11 @@ pub fn field_program(f: &FieldSpec, map_fd: i32) -> Vec<Insn> {
 /// is refused with [`KernelError::NotOffsetSafe`]: such a program would
 /// mis-frame messages that share a TCP segment.
 pub fn rewrite_program(user: &[Insn], map_fd: i32) -> Result<Vec<Insn>, KernelError> {
+    rewrite_program_limited(user, map_fd, None)
+}
+
+/// [`rewrite_program`] refusing (EMSGSIZE) a message longer than `max` bytes.
+pub fn rewrite_program_limited(user: &[Insn], map_fd: i32, max: Option<u32>) -> Result<Vec<Insn>, KernelError> {
     let refuse = |at: usize, why: &str| KernelError::NotOffsetSafe(format!("instruction {at}: {why}"));
     // Check first.
     let mut i = 0;
@@ -413,7 +431,7 @@ pub fn rewrite_program(user: &[Insn], map_fd: i32) -> Result<Vec<Insn>, KernelEr
     for ins in out {
         a.emit(ins);
     }
-    epilogue(&mut a, map_fd, epi, ret0);
+    epilogue(&mut a, map_fd, epi, ret0, max);
     Ok(a.finish())
 }
 
@@ -449,6 +467,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_limit_turns_longer_lengths_into_too_big() {
+        let f = FieldSpec::from_spec("l4").unwrap();
+        let limited = field_program_limited(&f, 3, Some(4096));
+        let cmp = Insn::new(class::JMP32 | jmp::JLE | src::K, 0, 0, 1, 4096);
+        assert!(limited.contains(&cmp));
+        assert_eq!(limited[limited.iter().position(|i| *i == cmp).unwrap() + 1], alu64_k(alu::MOV, 0, TOO_BIG));
+        assert!(!field_program(&f, 3).contains(&cmp));
+        // A limit at or above what the kernel already refuses adds nothing.
+        assert_eq!(field_program_limited(&f, 3, Some(u32::MAX)), field_program(&f, 3));
     }
 
     #[test]

@@ -28,6 +28,68 @@ pub enum Driver {
     Uring,
 }
 
+/// Which implementation of KCM a [`crate::Mux`] runs on.
+///
+/// - **`Userspace`** (the default): connmux's own runtime: worker threads read
+///   the attached connections, the core parses from each message's start.
+///   Works on any Linux.
+/// - **`Kernel`**: Linux's AF_KCM (`connmux-kernel`): a [`crate::KcmSocket`] is
+///   an AF_KCM socket, an attach loads a BPF parser program into the kernel and
+///   calls `SIOCKCMATTACH`; no worker threads. [`crate::Mux::new`] fails with
+///   an [`std::io::ErrorKind::Unsupported`] error holding
+///   [`crate::BackendError::KernelUnavailable`] where AF_KCM cannot be created.
+/// - **`Auto`**: `Kernel` where an AF_KCM socket can be created, else
+///   `Userspace`; [`crate::Mux::backend`] says which was chosen.
+///
+/// The default is `Userspace`, not `Auto`: the userspace backend does every
+/// call below, so a program written against it behaves the same on every
+/// kernel. With `Auto` the same program would lose the addressed calls where
+/// the kernel has AF_KCM and keep them where it has not. Choose `Auto` (or
+/// `Kernel`) knowing the table.
+///
+/// # What each call does on the kernel backend
+///
+/// "same": the call has the same meaning on both backends (the kernel's own
+/// behaviour, as `docs/kcm-compat.md` records it, applies). A refusal is an
+/// `io::Error` of kind `Unsupported` holding a [`crate::BackendError`]
+/// ([`crate::BackendError::of`] gets it back).
+///
+/// | call | kernel backend |
+/// |---|---|
+/// | `Mux::new`, `socket`, `KcmSocket::try_clone` | same (`socket(AF_KCM)`, `SIOCKCMCLONE`); one kernel mux has one socket type: asking for the other is `InvalidInput` |
+/// | `Mux::attach`, `attach_on`, `KcmSocket::attach` | same for the length-field parsers (`l4`, `len:…`, `9p`, `thrift`, `kafka`): an offset-correct BPF program is generated; others are refused, naming the parser (`BackendError::Parser`); the worker of `attach_on` is ignored |
+/// | `Mux::attach_bpf` | same: the program is rewritten to read from the message start, or refused (`BackendError::Parser`) when that cannot be done |
+/// | `unattach`, `unattach_id`, `abort` | same (`SIOCKCMUNATTACH`; abort also resets the connection) |
+/// | `events`, `psock_error`, `events_dropped` | same: the error the kernel posts on the TCP socket, as the same [`crate::PsockError`] kinds (values the kernel does not report, such as a refused length, are 0) |
+/// | `psocks`, `psock_stats` | same (`/proc/net/kcm`; the receive-abort counters come from the error posted) |
+/// | `stats` | the network namespace's totals (`/proc/net/kcm_stats`: the kernel keeps no per-mux counters), with this mux's socket and psock counts |
+/// | `proc_kcm` | the kernel's `/proc/net/kcm` |
+/// | `workers` | 0 (no worker threads); `driver` is `Driver::Auto` |
+/// | `serve` | refused (`BackendError::Unsupported`): no workers to serve on |
+/// | `recv`, `recv_flags` (PEEK), `send`, `send_flags` (MORE, EOR, BATCH), `send_batch` | same (`recvmsg`, `sendmsg`, `sendmmsg`); `RecvInfo::psock` is [`crate::UNKNOWN_PSOCK`] |
+/// | `recv_msg`, `recv_from`, `recv_batch`, `send_to`, `send_msg` to a psock | refused (`BackendError::Unsupported`): AF_KCM does not say which connection a message came from, nor take one to send on; `send_msg(msg, None)` is a send |
+/// | `set_nonblocking`, `set_read_timeout`, `set_write_timeout`, `set_recv_disable`, `recv_disabled`, `set_rcvbuf`, `set_sndbuf` | same (`MSG_DONTWAIT`, `SO_RCVTIMEO`, `SO_SNDTIMEO`, `KCM_RECV_DISABLE`, `SO_RCVBUF`, `SO_SNDBUF`: the kernel doubles the buffer sizes) |
+/// | `set_affinity` | refused (`BackendError::Unsupported`): the kernel steers messages itself |
+/// | `KcmSocket::stats`, `queued` | same (the socket's `/proc/net/kcm` line) |
+/// | `KcmSocket::as_raw_fd` | the AF_KCM socket itself (readable while a message is queued) |
+///
+/// `Config` on the kernel backend: `core.max_msg_size` and
+/// `core.assembly_timeout` apply (the parser program refuses longer messages
+/// with EMSGSIZE; the timeout becomes the TCP socket's SO_RCVTIMEO, strparser's
+/// timer); the kernel also refuses a message above the TCP socket's SO_RCVBUF.
+/// The other core limits, steering, workers, placement, read chunk and driver
+/// belong to the userspace runtime and are not used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// connmux's own runtime (any Linux).
+    #[default]
+    Userspace,
+    /// Linux's AF_KCM; [`crate::Mux::new`] fails where it cannot be created.
+    Kernel,
+    /// `Kernel` where AF_KCM can be created, else `Userspace`.
+    Auto,
+}
+
 /// Mux configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -45,6 +107,9 @@ pub struct Config {
     pub event_queue: usize,
     /// The I/O driver. Default `Auto`; [`crate::Mux::driver`] says which one runs.
     pub driver: Driver,
+    /// Userspace runtime or the kernel's AF_KCM. Default `Userspace`;
+    /// [`crate::Mux::backend`] says which one runs.
+    pub backend: Backend,
 }
 
 impl Default for Config {
@@ -56,6 +121,7 @@ impl Default for Config {
             read_chunk: 64 << 10,
             event_queue: 4096,
             driver: Driver::Auto,
+            backend: Backend::Userspace,
         }
     }
 }

@@ -28,12 +28,20 @@
 //! Application threads call `recv`/`send` on cloned sockets; [`Mux::serve`] instead runs a handler in
 //! place on the workers (see `docs/architecture.md`, "who owns what").
 //!
+//! Backends: [`Config::backend`] chooses connmux's userspace runtime (the
+//! default, any Linux) or the kernel's own AF_KCM (`connmux-kernel`: KCM
+//! sockets are AF_KCM sockets, parsers are offset-correct BPF programs), or
+//! `Auto`, the kernel where AF_KCM exists. The same [`Mux`] and [`KcmSocket`]
+//! calls work on both; the few that AF_KCM cannot do with the same meaning
+//! (addressed receive and send, serving in place, affinity) return an
+//! `Unsupported` error holding a [`BackendError`]. [`Backend`] has the table.
+//!
 //! What this crate does **not** do: it has no `unsafe` of its own (that is in
-//! `connmux-sys`), it does not listen or accept (see [`service`]), and it does
-//! not drive the kernel's AF_KCM.
+//! `connmux-sys`), and it does not listen or accept (see [`service`]).
 #![forbid(unsafe_code)]
 
 mod config;
+mod kernel;
 mod mux;
 mod shared;
 mod socket;
@@ -41,7 +49,9 @@ mod uring_worker;
 mod worker;
 pub mod service;
 
-pub use config::{Config, Driver, Placement};
+pub use config::{Backend, Config, Driver, Placement};
+pub use connmux_kernel::{KernelError, KernelMux, KernelSocket};
+pub use kernel::{BackendError, UNKNOWN_PSOCK};
 pub use connmux_core::mux::{
     Event as CoreEvent, PsockError, PsockId, RecvFlags, RecvInfo, RxError, SendFlags, SockId,
     SockType, Steering,
@@ -50,5 +60,5 @@ pub use connmux_core::parser::{Parse, ParseError, Parser};
 pub use connmux_core::parsers;
 pub use connmux_core::stats::{MuxStats, PsockStats, SockStats};
 pub use connmux_core::Bytes;
-pub use mux::{Mux, PsockEvent};
+pub use mux::{BpfProgram, Mux, PsockEvent};
 pub use socket::{KcmSocket, Message};

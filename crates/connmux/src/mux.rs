@@ -14,7 +14,8 @@ use connmux_core::stats::{MuxStats, PsockStats};
 use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
-use crate::config::{Config, Driver};
+use crate::config::{Backend, Config, Driver};
+use crate::kernel::{self, KMux};
 use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerIo, WorkerRef};
 use crate::socket::KcmSocket;
 use crate::worker::{self, Command};
@@ -59,15 +60,64 @@ impl Drop for MuxInner {
 /// A multiplexor: attached connections on one side, KCM sockets on the other.
 /// Cheap to clone (a handle); the workers stop when the last handle and the
 /// last socket are gone.
+///
+/// It runs on the backend [`Config::backend`] chose ([`Mux::backend`]): the
+/// userspace runtime, or the kernel's AF_KCM (see [`Backend`] for what each
+/// call does there).
 #[derive(Clone)]
 pub struct Mux {
-    pub(crate) inner: Arc<MuxInner>,
+    pub(crate) imp: MuxImp,
 }
 
+#[derive(Clone)]
+pub(crate) enum MuxImp {
+    User(Arc<MuxInner>),
+    Kernel(Arc<KMux>),
+}
+
+/// Why `Mux::serve` is refused on the kernel backend.
+const NO_WORKERS: &str = "AF_KCM has no worker threads to serve on (use recv/send on KCM sockets, or Backend::Userspace)";
+
 impl Mux {
-    /// Start a mux and its worker threads, with the driver `config.driver`
-    /// picks (`Auto`: io_uring where it works here, else epoll).
+    /// Start a mux on the backend `config.backend` picks (see [`Backend`]).
+    /// Userspace: its worker threads, with the driver `config.driver` picks
+    /// (`Auto`: io_uring where it works here, else epoll). Kernel: an
+    /// `Unsupported` error holding [`kernel::BackendError::KernelUnavailable`]
+    /// where AF_KCM cannot be created; `Auto` then takes the userspace runtime.
     pub fn new(config: Config) -> io::Result<Mux> {
+        match config.backend {
+            Backend::Userspace => Self::new_user(config),
+            Backend::Kernel => match KMux::new(&config)? {
+                Ok(k) => Ok(Mux { imp: MuxImp::Kernel(Arc::new(k)) }),
+                Err(why) => Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    kernel::BackendError::KernelUnavailable(why),
+                )),
+            },
+            Backend::Auto => match KMux::new(&config)? {
+                Ok(k) => Ok(Mux { imp: MuxImp::Kernel(Arc::new(k)) }),
+                Err(_) => Self::new_user(config),
+            },
+        }
+    }
+
+    /// The backend this mux runs on (never `Auto`).
+    pub fn backend(&self) -> Backend {
+        match self.imp {
+            MuxImp::User(_) => Backend::Userspace,
+            MuxImp::Kernel(_) => Backend::Kernel,
+        }
+    }
+
+    /// The userspace runtime's state, if this mux runs on it.
+    pub(crate) fn user(&self) -> Option<&Arc<MuxInner>> {
+        match &self.imp {
+            MuxImp::User(u) => Some(u),
+            MuxImp::Kernel(_) => None,
+        }
+    }
+
+    fn new_user(config: Config) -> io::Result<Mux> {
         match config.driver {
             Driver::Epoll => Self::start(&config, Driver::Epoll),
             Driver::Uring => Self::start(&config, Driver::Uring),
@@ -151,20 +201,27 @@ impl Mux {
         match failed {
             // Dropping `inner` stops and joins the workers that did start.
             Some(e) => Err(e),
-            None => Ok(Mux { inner: Arc::new(inner) }),
+            None => Ok(Mux { imp: MuxImp::User(Arc::new(inner)) }),
         }
     }
 
-    /// The I/O driver the workers run (never `Auto`).
+    /// The I/O driver the workers run (never `Auto` on the userspace backend;
+    /// `Auto` on the kernel backend, which has no workers).
     pub fn driver(&self) -> Driver {
-        match self.shared().workers[0].io {
+        let Some(u) = self.user() else { return Driver::Auto };
+        match u.shared.workers[0].io {
             WorkerIo::Epoll(_) => Driver::Epoll,
             WorkerIo::Uring => Driver::Uring,
         }
     }
 
+    /// The userspace runtime's shared state. Only for paths that have already
+    /// dispatched on the backend (or that only a userspace mux reaches).
     pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.inner.shared
+        match &self.imp {
+            MuxImp::User(u) => &u.shared,
+            MuxImp::Kernel(_) => unreachable!("a userspace-only path reached on the kernel backend"),
+        }
     }
 
     /// Create a KCM socket on this mux (`socket(AF_KCM, type, 0)`).
@@ -172,9 +229,12 @@ impl Mux {
         KcmSocket::create(self.clone(), ty)
     }
 
-    /// Number of I/O workers.
+    /// Number of I/O workers (0 on the kernel backend).
     pub fn workers(&self) -> usize {
-        self.shared().workers.len()
+        match &self.imp {
+            MuxImp::User(u) => u.shared.workers.len(),
+            MuxImp::Kernel(_) => 0,
+        }
     }
 
     /// SIOCKCMATTACH: attach a connected TCP socket with a parser. connmux keeps
@@ -183,13 +243,58 @@ impl Mux {
     ///
     /// Errors as AF_KCM: `EOPNOTSUPP` for anything but a connected TCP socket,
     /// `ENOENT` for a bad descriptor, `EALREADY` if already attached to a mux.
+    ///
+    /// On the kernel backend the parser's kernel form is chosen by its name
+    /// ([`Parser::name`], the spec of a built-in parser): the length-field
+    /// parsers become generated BPF programs; any other parser is refused
+    /// with an `Unsupported` error naming it ([`kernel::BackendError::Parser`]).
     pub fn attach(&self, conn: &impl AsFd, parser: Box<dyn Parser>) -> io::Result<PsockId> {
-        let w = (self.inner.next_worker.fetch_add(1, Ordering::Relaxed) as usize) % self.workers();
-        self.attach_on(conn, parser, w)
+        match &self.imp {
+            MuxImp::User(u) => {
+                let w = (u.next_worker.fetch_add(1, Ordering::Relaxed) as usize) % u.shared.workers.len();
+                self.attach_on(conn, parser, w)
+            }
+            MuxImp::Kernel(k) => k.k.attach(conn, &kernel::kernel_parser_for(parser.name())?),
+        }
     }
 
-    /// [`Mux::attach`] on a chosen worker.
+    /// Attach with a parser given as a BPF program (an ELF object from
+    /// `clang -target bpf -O2 -c`, or raw bytecode). Userspace: it runs in
+    /// connmux's interpreter (`connmux-bpf`) on each message from its first
+    /// byte. Kernel: it is rewritten to read from the message start and
+    /// loaded; a program that cannot be rewritten is refused
+    /// ([`kernel::BackendError::Parser`]), never attached to mis-frame.
+    pub fn attach_bpf(&self, conn: &impl AsFd, program: &BpfProgram) -> io::Result<PsockId> {
+        match &self.imp {
+            MuxImp::User(_) => {
+                let parser = match program {
+                    BpfProgram::Elf { object, section } => {
+                        connmux_bpf::BpfParser::from_elf_bytes(object, section.as_deref())
+                    }
+                    BpfProgram::Bytecode(code) => connmux_bpf::BpfParser::from_raw(code),
+                }
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                self.attach(conn, Box::new(parser))
+            }
+            MuxImp::Kernel(k) => {
+                let (p, name) = match program {
+                    BpfProgram::Elf { object, section } => (
+                        connmux_kernel::KernelParser::Elf { object: object.clone(), section: section.clone() },
+                        format!("bpf:{}", section.as_deref().unwrap_or("elf")),
+                    ),
+                    BpfProgram::Bytecode(code) => (connmux_kernel::KernelParser::Bytecode(code.clone()), "bpf:raw".to_owned()),
+                };
+                kernel::check_program(&p, &name)?;
+                k.k.attach(conn, &p)
+            }
+        }
+    }
+
+    /// [`Mux::attach`] on a chosen worker (the worker is ignored on the kernel backend).
     pub fn attach_on(&self, conn: &impl AsFd, parser: Box<dyn Parser>, worker: usize) -> io::Result<PsockId> {
+        if self.user().is_none() {
+            return self.attach(conn, parser);
+        }
         let sh = self.shared();
         let worker = worker % sh.workers.len();
         let raw = conn.as_fd().as_raw_fd();
@@ -236,6 +341,9 @@ impl Mux {
 
     /// SIOCKCMUNATTACH by connection. `ENOENT` if it is not attached to this mux.
     pub fn unattach(&self, conn: &impl AsFd) -> io::Result<()> {
+        if let MuxImp::Kernel(k) = &self.imp {
+            return k.k.unattach(conn);
+        }
         let ino = std::fs::File::from(conn.as_fd().try_clone_to_owned().map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?)
             .metadata()?
             .ino();
@@ -251,6 +359,9 @@ impl Mux {
 
     /// SIOCKCMUNATTACH by psock id.
     pub fn unattach_id(&self, p: PsockId) -> io::Result<()> {
+        if let MuxImp::Kernel(k) = &self.imp {
+            return k.k.unattach_id(p);
+        }
         let sh = self.shared();
         let mut events = Vec::new();
         {
@@ -265,6 +376,9 @@ impl Mux {
     /// Unattach and reset the connection (the peer sees RST): what a server does
     /// with a connection whose peer misbehaved.
     pub fn abort(&self, p: PsockId) -> io::Result<()> {
+        if let MuxImp::Kernel(k) = &self.imp {
+            return k.k.abort(p);
+        }
         if let Some(rt) = self.shared().psock_rt(p) {
             let _ = connmux_sys::socket::abort(rt.fd());
         }
@@ -273,38 +387,91 @@ impl Mux {
 
     /// The psock failures reported so far (KCM: POLLERR on each TCP socket).
     pub fn events(&self) -> &crossbeam::channel::Receiver<PsockEvent> {
-        &self.inner.events_rx
+        match &self.imp {
+            MuxImp::User(u) => &u.events_rx,
+            MuxImp::Kernel(k) => &k.events_rx,
+        }
     }
 
     /// The first error a psock reported, if any (KCM: SO_ERROR on the TCP socket).
     pub fn psock_error(&self, p: PsockId) -> Option<PsockError> {
-        self.shared().psock_rt(p).and_then(|rt| rt.error.lock().unwrap().clone())
+        match &self.imp {
+            MuxImp::User(u) => u.shared.psock_rt(p).and_then(|rt| rt.error.lock().unwrap().clone()),
+            MuxImp::Kernel(k) => k.k.psock_error(p),
+        }
     }
 
     /// The attached psocks.
     pub fn psocks(&self) -> Vec<PsockId> {
-        self.shared().lock().mux.psocks()
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lock().mux.psocks(),
+            MuxImp::Kernel(k) => k.k.psocks(),
+        }
     }
 
-    /// Mux-wide statistics (`/proc/net/kcm_stats`).
+    /// Mux-wide statistics (`/proc/net/kcm_stats`). On the kernel backend the
+    /// counters are the network namespace's (the kernel has no per-mux
+    /// totals; compare deltas), `kcms` and `psocks` this mux's; if the file
+    /// cannot be read, only those two are set.
     pub fn stats(&self) -> MuxStats {
-        self.shared().lock().mux.stats()
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lock().mux.stats(),
+            MuxImp::Kernel(k) => k.k.stats().unwrap_or_else(|_| MuxStats {
+                psocks: k.k.psocks().len(),
+                kcms: k.k.sockets(),
+                ..MuxStats::default()
+            }),
+        }
     }
 
     /// One psock's statistics.
     pub fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
-        self.shared().lock().mux.psock_stats(p).map_err(io_err)
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lock().mux.psock_stats(p).map_err(io_err),
+            MuxImp::Kernel(k) => k.k.psock_stats(p),
+        }
     }
 
-    /// The `/proc/net/kcm`-style live view.
+    /// The `/proc/net/kcm`-style live view (the kernel's own file on the
+    /// kernel backend; empty if it cannot be read).
     pub fn proc_kcm(&self) -> String {
-        self.shared().lock().mux.proc_kcm()
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lock().mux.proc_kcm(),
+            MuxImp::Kernel(k) => k.k.proc_kcm().unwrap_or_default(),
+        }
     }
 
     /// Events dropped because [`Mux::events`] was full.
     pub fn events_dropped(&self) -> u64 {
-        self.shared().events_dropped.load(Ordering::Relaxed)
+        match &self.imp {
+            MuxImp::User(u) => u.shared.events_dropped.load(Ordering::Relaxed),
+            MuxImp::Kernel(k) => k.dropped.load(Ordering::Relaxed),
+        }
     }
+
+    /// The kernel mux behind this one (kernel backend), for what only the
+    /// kernel has (its `/proc/net/kcm` block, the raw errno of a failure).
+    pub fn kernel(&self) -> Option<&connmux_kernel::KernelMux> {
+        match &self.imp {
+            MuxImp::User(_) => None,
+            MuxImp::Kernel(k) => Some(&k.k),
+        }
+    }
+
+    pub(crate) fn no_workers() -> io::Error {
+        kernel::unsupported("Mux::serve", NO_WORKERS)
+    }
+}
+
+/// A parser given as a BPF socket-filter program, for [`Mux::attach_bpf`]:
+/// it returns the message's length, 0 for "need more", or a negative errno.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BpfProgram {
+    /// An ELF object (`clang -target bpf -O2 -c`) and the section or function
+    /// to take (needed when it has several).
+    Elf { object: Vec<u8>, section: Option<String> },
+    /// Raw bytecode: 8-byte instructions as the kernel takes them.
+    Bytecode(Vec<u8>),
 }
 
 /// Sockets attached to any mux in this process, by inode: KCM refuses a socket

@@ -60,7 +60,7 @@ impl Mux {
     /// they were read, and move to another worker only when this one falls
     /// behind (`MuxConfig::imbalance`).
     pub fn serve(&self, ty: SockType, handler: Arc<dyn Handler>) -> io::Result<Serving> {
-        if self.inner.serving.swap(true, Ordering::AcqRel) {
+        if self.user().ok_or_else(Mux::no_workers)?.serving.swap(true, Ordering::AcqRel) {
             return Err(io::Error::new(io::ErrorKind::AlreadyExists, "this mux already serves a handler"));
         }
         let first = self.socket(ty)?;

@@ -11,7 +11,10 @@ use connmux_core::parser::Parser;
 use connmux_core::stats::SockStats;
 use connmux_core::Bytes;
 
-use crate::mux::{io_err, Mux};
+use connmux_kernel::KernelSocket;
+
+use crate::kernel::{self, NO_ADDRESS, UNKNOWN_PSOCK};
+use crate::mux::{io_err, Mux, MuxImp};
 use crate::shared::{Ctx, Ready, SockRt};
 
 /// One received message and the connection it came from (addressed mode).
@@ -28,14 +31,26 @@ pub struct Message {
 /// [`KcmSocket::set_nonblocking`] makes calls return `WouldBlock` instead.
 /// [`KcmSocket::as_raw_fd`] is an eventfd that is readable while messages are
 /// queued, so the socket fits into any event loop.
+///
+/// On the kernel backend it is an AF_KCM socket ([`crate::Backend`] lists
+/// what each call does there).
 pub struct KcmSocket {
     mux: Mux,
-    rt: Arc<SockRt>,
+    imp: SockImp,
     ty: SockType,
+}
+
+enum SockImp {
+    User(Arc<SockRt>),
+    Kernel(KernelSocket),
 }
 
 impl KcmSocket {
     pub(crate) fn create(mux: Mux, ty: SockType) -> io::Result<KcmSocket> {
+        if let MuxImp::Kernel(k) = &mux.imp {
+            let sock = k.k.socket(ty)?;
+            return Ok(KcmSocket { mux: mux.clone(), imp: SockImp::Kernel(sock), ty });
+        }
         let sh = mux.shared().clone();
         let mut core = sh.lock();
         let id = core.mux.socket(ty);
@@ -54,14 +69,20 @@ impl KcmSocket {
         // A new socket can always start a message until it fills its buffer.
         rt.tx.set();
         core.socks.insert(id, rt.clone());
-        Ok(KcmSocket { mux: mux.clone(), rt, ty })
+        Ok(KcmSocket { mux: mux.clone(), imp: SockImp::User(rt), ty })
     }
 
     /// SIOCKCMCLONE: another socket on the same mux, same type, default options.
     pub fn try_clone(&self) -> io::Result<KcmSocket> {
+        let rt = match &self.imp {
+            SockImp::User(rt) => rt,
+            SockImp::Kernel(k) => {
+                return Ok(KcmSocket { mux: self.mux.clone(), imp: SockImp::Kernel(k.try_clone()?), ty: self.ty })
+            }
+        };
         let sh = self.mux.shared().clone();
         let mut core = sh.lock();
-        let id = core.mux.clone_sock(self.rt.id).map_err(io_err)?;
+        let id = core.mux.clone_sock(rt.id).map_err(io_err)?;
         let mut events = Vec::new();
         core.drain_events(&mut events);
         let s = Self::register(&self.mux, &mut core, id, self.ty);
@@ -70,8 +91,13 @@ impl KcmSocket {
         s
     }
 
+    /// This socket's id (kernel backend: its `/proc/net/kcm` index, and a
+    /// number that tells it from earlier sockets with the same index).
     pub fn id(&self) -> SockId {
-        self.rt.id
+        match &self.imp {
+            SockImp::User(rt) => rt.id,
+            SockImp::Kernel(k) => SockId { index: k.index().unwrap_or(u32::MAX), generation: k.key() as u32 },
+        }
     }
     pub fn sock_type(&self) -> SockType {
         self.ty
@@ -84,48 +110,92 @@ impl KcmSocket {
     pub fn attach(&self, conn: &impl std::os::fd::AsFd, parser: Box<dyn Parser>) -> io::Result<PsockId> {
         self.mux.attach(conn, parser)
     }
+    /// Attach a connection with a BPF parser (see [`Mux::attach_bpf`]).
+    pub fn attach_bpf(&self, conn: &impl std::os::fd::AsFd, program: &crate::BpfProgram) -> io::Result<PsockId> {
+        self.mux.attach_bpf(conn, program)
+    }
     /// Unattach a connection (see [`Mux::unattach`]).
     pub fn unattach(&self, conn: &impl std::os::fd::AsFd) -> io::Result<()> {
         self.mux.unattach(conn)
     }
 
+    /// The kernel backend's socket, if this is one (for what only AF_KCM
+    /// has: its fd's other socket options, `recvmmsg` into buffers).
+    pub fn kernel(&self) -> Option<&KernelSocket> {
+        match &self.imp {
+            SockImp::User(_) => None,
+            SockImp::Kernel(k) => Some(k),
+        }
+    }
+
     pub fn set_nonblocking(&self, nb: bool) {
-        self.rt.nonblocking.store(nb, Ordering::Relaxed);
+        match &self.imp {
+            SockImp::User(rt) => rt.nonblocking.store(nb, Ordering::Relaxed),
+            SockImp::Kernel(k) => k.set_nonblocking(nb),
+        }
     }
     /// SO_RCVTIMEO for blocking receives (`None`: wait forever).
     pub fn set_read_timeout(&self, t: Option<Duration>) {
-        *self.rt.rcvtimeo.lock().unwrap() = t;
+        match &self.imp {
+            SockImp::User(rt) => *rt.rcvtimeo.lock().unwrap() = t,
+            // setsockopt(SO_RCVTIMEO) on an open socket does not fail.
+            SockImp::Kernel(k) => drop(k.set_read_timeout(t)),
+        }
     }
     /// SO_SNDTIMEO for blocking sends (`None`: wait forever).
     pub fn set_write_timeout(&self, t: Option<Duration>) {
-        *self.rt.sndtimeo.lock().unwrap() = t;
+        match &self.imp {
+            SockImp::User(rt) => *rt.sndtimeo.lock().unwrap() = t,
+            SockImp::Kernel(k) => drop(k.set_write_timeout(t)),
+        }
     }
     /// KCM_RECV_DISABLE.
     pub fn set_recv_disable(&self, disable: bool) -> io::Result<()> {
-        self.with_core(|m, id| m.set_recv_disable(id, disable))
+        match &self.imp {
+            SockImp::User(rt) => self.with_core(rt, |m, id| m.set_recv_disable(id, disable)),
+            SockImp::Kernel(k) => k.set_recv_disable(disable),
+        }
     }
     pub fn recv_disabled(&self) -> io::Result<bool> {
-        self.mux.shared().lock().mux.recv_disabled(self.rt.id).map_err(io_err)
+        match &self.imp {
+            SockImp::User(rt) => self.mux.shared().lock().mux.recv_disabled(rt.id).map_err(io_err),
+            SockImp::Kernel(k) => k.recv_disabled(),
+        }
     }
-    /// SO_RCVBUF of this socket (bytes of queued messages before it is skipped).
+    /// SO_RCVBUF of this socket (bytes of queued messages before it is
+    /// skipped; the kernel doubles the value).
     pub fn set_rcvbuf(&self, bytes: usize) -> io::Result<()> {
-        self.with_core(|m, id| m.set_rcvbuf(id, bytes))
+        match &self.imp {
+            SockImp::User(rt) => self.with_core(rt, |m, id| m.set_rcvbuf(id, bytes)),
+            SockImp::Kernel(k) => k.set_rcvbuf(bytes),
+        }
     }
-    /// SO_SNDBUF of this socket (checked when a new message starts).
+    /// SO_SNDBUF of this socket (checked when a new message starts; the
+    /// kernel doubles the value).
     pub fn set_sndbuf(&self, bytes: usize) -> io::Result<()> {
-        self.with_core(|m, id| m.set_sndbuf(id, bytes))
+        match &self.imp {
+            SockImp::User(rt) => self.with_core(rt, |m, id| m.set_sndbuf(id, bytes)),
+            SockImp::Kernel(k) => k.set_sndbuf(bytes),
+        }
     }
     /// Affinity tag for the affinity steering policy (a worker index).
+    /// Refused on the kernel backend, which steers messages itself.
     pub fn set_affinity(&self, tag: Option<u32>) -> io::Result<()> {
-        self.with_core(|m, id| m.set_affinity(id, tag))
+        match &self.imp {
+            SockImp::User(rt) => self.with_core(rt, |m, id| m.set_affinity(id, tag)),
+            SockImp::Kernel(_) => Err(kernel::unsupported(
+                "KcmSocket::set_affinity",
+                "the kernel steers messages itself and has no workers",
+            )),
+        }
     }
 
-    fn with_core<T>(&self, f: impl FnOnce(&mut connmux_core::mux::Mux, SockId) -> Result<T, MuxError>) -> io::Result<T> {
+    fn with_core<T>(&self, rt: &SockRt, f: impl FnOnce(&mut connmux_core::mux::Mux, SockId) -> Result<T, MuxError>) -> io::Result<T> {
         let sh = self.mux.shared();
         let mut events = Vec::new();
         let r = {
             let mut core = sh.lock();
-            let r = f(&mut core.mux, self.rt.id).map_err(io_err);
+            let r = f(&mut core.mux, rt.id).map_err(io_err);
             core.drain_events(&mut events);
             r
         };
@@ -134,8 +204,8 @@ impl KcmSocket {
     }
 
     /// Wait until `ready` is set, honouring non-blocking mode and the timeout.
-    fn wait(&self, ready: &Ready, deadline: Option<Instant>) -> io::Result<()> {
-        if self.rt.nonblocking.load(Ordering::Relaxed) {
+    fn wait(rt: &SockRt, ready: &Ready, deadline: Option<Instant>) -> io::Result<()> {
+        if rt.nonblocking.load(Ordering::Relaxed) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         let timeout = match deadline {
@@ -157,18 +227,18 @@ impl KcmSocket {
     }
 
     /// Receive loop shared by the recv forms: clear readiness, try, wait.
-    fn recv_loop<T>(&self, mut attempt: impl FnMut(&mut crate::shared::Core) -> Result<T, MuxError>) -> io::Result<T> {
+    fn recv_loop<T>(&self, rt: &SockRt, mut attempt: impl FnMut(&mut crate::shared::Core) -> Result<T, MuxError>) -> io::Result<T> {
         let sh = self.mux.shared();
-        let deadline = Self::deadline(&self.rt.rcvtimeo);
+        let deadline = Self::deadline(&rt.rcvtimeo);
         let mut events = Vec::new();
         loop {
-            self.rt.rx.clear();
+            rt.rx.clear();
             let r = {
                 let mut core = sh.lock();
                 let r = attempt(&mut core);
                 // Re-arm readiness if messages remain (we cleared it above).
-                if core.mux.rx_queued(self.rt.id).unwrap_or(0) > 0 {
-                    self.rt.rx.set();
+                if core.mux.rx_queued(rt.id).unwrap_or(0) > 0 {
+                    rt.rx.set();
                 }
                 core.drain_events(&mut events);
                 r
@@ -177,7 +247,7 @@ impl KcmSocket {
                 sh.dispatch(&mut events, &mut Ctx::App);
             }
             match r {
-                Err(MuxError::WouldBlock) => self.wait(&self.rt.rx, deadline)?,
+                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.rx, deadline)?,
                 other => return other.map_err(io_err),
             }
         }
@@ -185,9 +255,19 @@ impl KcmSocket {
 
     /// recvmsg: copy one message (or the next part of it, SEQPACKET) into `buf`.
     /// DGRAM: a short buffer truncates (`trunc`), the rest is discarded.
+    /// Kernel backend: `recvmsg` on the AF_KCM socket; `psock` is
+    /// [`UNKNOWN_PSOCK`].
     pub fn recv_flags(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<RecvInfo> {
-        let id = self.rt.id;
-        self.recv_loop(|core| core.mux.recv(id, buf, flags))
+        match &self.imp {
+            SockImp::User(rt) => {
+                let id = rt.id;
+                self.recv_loop(rt, |core| core.mux.recv(id, buf, flags))
+            }
+            SockImp::Kernel(k) => {
+                let i = k.recv_flags(buf, flags)?;
+                Ok(RecvInfo { len: i.len, eor: i.eor, trunc: i.trunc, psock: UNKNOWN_PSOCK })
+            }
+        }
     }
 
     /// `recv_flags` with no flags; returns the bytes copied.
@@ -195,23 +275,37 @@ impl KcmSocket {
         self.recv_flags(buf, RecvFlags::default()).map(|i| i.len)
     }
 
+    /// The userspace socket state, or the refusal of an addressed call.
+    fn addressed(&self, call: &'static str) -> io::Result<&Arc<SockRt>> {
+        match &self.imp {
+            SockImp::User(rt) => Ok(rt),
+            SockImp::Kernel(_) => Err(kernel::unsupported(call, NO_ADDRESS)),
+        }
+    }
+
     /// Receive one whole message without copying, with the psock it came from.
+    /// Refused on the kernel backend (the psock is unknown there).
     pub fn recv_msg(&self) -> io::Result<Message> {
-        let id = self.rt.id;
-        self.recv_loop(|core| core.mux.recv_msg(id)).map(|(data, psock)| Message { data, psock })
+        let rt = self.addressed("KcmSocket::recv_msg")?;
+        let id = rt.id;
+        self.recv_loop(rt, |core| core.mux.recv_msg(id)).map(|(data, psock)| Message { data, psock })
     }
 
     /// Addressed receive: the message and where to send the answer.
+    /// Refused on the kernel backend.
     pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<RecvInfo> {
+        self.addressed("KcmSocket::recv_from")?;
         self.recv_flags(buf, RecvFlags::default())
     }
 
     /// recvmmsg: up to `max` whole messages; blocks (per the socket's mode) only
-    /// for the first.
+    /// for the first. Refused on the kernel backend (each [`Message`] names
+    /// its psock; [`KcmSocket::kernel`] has `recv_batch` into buffers).
     pub fn recv_batch(&self, out: &mut Vec<Message>, max: usize) -> io::Result<usize> {
-        let id = self.rt.id;
+        let rt = self.addressed("KcmSocket::recv_batch")?;
+        let id = rt.id;
         let start = out.len();
-        self.recv_loop(|core| {
+        self.recv_loop(rt, |core| {
             let mut n = 0;
             while n < max {
                 match core.mux.recv_msg(id) {
@@ -228,17 +322,17 @@ impl KcmSocket {
         Ok(out.len() - start)
     }
 
-    fn send_loop(&self, mut attempt: impl FnMut(&mut connmux_core::mux::Mux) -> Result<usize, MuxError>) -> io::Result<usize> {
+    fn send_loop(&self, rt: &SockRt, mut attempt: impl FnMut(&mut connmux_core::mux::Mux) -> Result<usize, MuxError>) -> io::Result<usize> {
         let sh = self.mux.shared();
-        let deadline = Self::deadline(&self.rt.sndtimeo);
+        let deadline = Self::deadline(&rt.sndtimeo);
         let mut events = Vec::new();
         loop {
-            self.rt.tx.clear();
+            rt.tx.clear();
             let r = {
                 let mut core = sh.lock();
                 let r = attempt(&mut core.mux);
-                if !matches!(r, Err(MuxError::WouldBlock)) || core.mux.writable(self.rt.id).unwrap_or(false) {
-                    self.rt.tx.set();
+                if !matches!(r, Err(MuxError::WouldBlock)) || core.mux.writable(rt.id).unwrap_or(false) {
+                    rt.tx.set();
                 }
                 core.drain_events(&mut events);
                 r
@@ -247,7 +341,7 @@ impl KcmSocket {
                 sh.dispatch(&mut events, &mut Ctx::App);
             }
             match r {
-                Err(MuxError::WouldBlock) => self.wait(&self.rt.tx, deadline)?,
+                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.tx, deadline)?,
                 other => return other.map_err(io_err),
             }
         }
@@ -255,8 +349,13 @@ impl KcmSocket {
 
     /// sendmsg with KCM flags (MORE on DGRAM, EOR on SEQPACKET, BATCH).
     pub fn send_flags(&self, data: &[u8], flags: SendFlags) -> io::Result<usize> {
-        let id = self.rt.id;
-        self.send_loop(|m| m.send(id, data, flags))
+        match &self.imp {
+            SockImp::User(rt) => {
+                let id = rt.id;
+                self.send_loop(rt, |m| m.send(id, data, flags))
+            }
+            SockImp::Kernel(k) => k.send_flags(data, flags),
+        }
     }
 
     /// Send one complete message (`write()` semantics: EOR on SEQPACKET).
@@ -265,21 +364,32 @@ impl KcmSocket {
     }
 
     /// Addressed send: one whole message on the connection `psock`.
+    /// Refused on the kernel backend.
     pub fn send_to(&self, data: &[u8], psock: PsockId) -> io::Result<usize> {
-        let id = self.rt.id;
-        self.send_loop(|m| m.send_to(id, psock, data, SendFlags { eor: true, ..Default::default() }))
+        let rt = self.addressed("KcmSocket::send_to")?;
+        let id = rt.id;
+        self.send_loop(rt, |m| m.send_to(id, psock, data, SendFlags { eor: true, ..Default::default() }))
     }
 
-    /// Addressed send of a message already in a `Bytes` (no copy).
+    /// Addressed send of a message already in a `Bytes` (no copy). On the
+    /// kernel backend `psock` must be `None` (a plain send, copied).
     pub fn send_msg(&self, msg: Bytes, psock: Option<PsockId>) -> io::Result<()> {
-        let id = self.rt.id;
+        let rt = match (&self.imp, psock) {
+            (SockImp::User(rt), _) => rt,
+            (SockImp::Kernel(k), None) => return k.send(&msg).map(drop),
+            (SockImp::Kernel(_), Some(_)) => return Err(kernel::unsupported("KcmSocket::send_msg to a psock", NO_ADDRESS)),
+        };
+        let id = rt.id;
         let len = msg.len();
-        self.send_loop(|m| m.send_msg(id, psock, msg.clone(), false).map(|_| len)).map(|_| ())
+        self.send_loop(rt, |m| m.send_msg(id, psock, msg.clone(), false).map(|_| len)).map(|_| ())
     }
 
     /// sendmmsg: every message but the last carries BATCH, so the batch goes out
     /// together on one connection. Returns the number of messages sent.
     pub fn send_batch(&self, msgs: &[&[u8]]) -> io::Result<usize> {
+        if let SockImp::Kernel(k) = &self.imp {
+            return k.send_batch(msgs);
+        }
         for (i, m) in msgs.iter().enumerate() {
             let last = i + 1 == msgs.len();
             let r = self.send_flags(m, SendFlags { eor: true, batch: !last, more: false });
@@ -297,30 +407,43 @@ impl KcmSocket {
 
     /// This socket's counters (`/proc/net/kcm` kcm-N line).
     pub fn stats(&self) -> io::Result<SockStats> {
-        self.mux.shared().lock().mux.sock_stats(self.rt.id).map_err(io_err)
+        match &self.imp {
+            SockImp::User(rt) => self.mux.shared().lock().mux.sock_stats(rt.id).map_err(io_err),
+            SockImp::Kernel(k) => k.stats(),
+        }
     }
 
-    /// Messages waiting to be received.
+    /// Messages waiting to be received (kernel backend: the socket's
+    /// `/proc/net/kcm` Recv-Q; 0 if it cannot be read).
     pub fn queued(&self) -> usize {
-        self.mux.shared().lock().mux.rx_queued(self.rt.id).unwrap_or(0)
+        match &self.imp {
+            SockImp::User(rt) => self.mux.shared().lock().mux.rx_queued(rt.id).unwrap_or(0),
+            SockImp::Kernel(k) => k.stats().map(|s| s.rx_queued).unwrap_or(0),
+        }
     }
 }
 
 impl AsRawFd for KcmSocket {
-    /// Readable while messages are queued (an eventfd).
+    /// Readable while messages are queued (an eventfd; on the kernel backend
+    /// the AF_KCM socket itself).
     fn as_raw_fd(&self) -> RawFd {
-        self.rt.rx.fd.as_raw_fd()
+        match &self.imp {
+            SockImp::User(rt) => rt.rx.fd.as_raw_fd(),
+            SockImp::Kernel(k) => k.as_raw_fd(),
+        }
     }
 }
 
 impl Drop for KcmSocket {
     fn drop(&mut self) {
+        // A kernel socket closes when its `KernelSocket` drops.
+        let SockImp::User(rt) = &self.imp else { return };
         let sh = self.mux.shared().clone();
         let mut events = Vec::new();
         {
             let mut core = sh.lock();
-            let _ = core.mux.close(self.rt.id);
-            core.socks.remove(&self.rt.id);
+            let _ = core.mux.close(rt.id);
+            core.socks.remove(&rt.id);
             core.drain_events(&mut events);
         }
         sh.dispatch(&mut events, &mut Ctx::App);
