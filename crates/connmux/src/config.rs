@@ -40,6 +40,9 @@ pub enum Driver {
 ///   [`crate::BackendError::KernelUnavailable`] where AF_KCM cannot be created.
 /// - **`Auto`**: `Kernel` where an AF_KCM socket can be created, else
 ///   `Userspace`; [`crate::Mux::backend`] says which was chosen.
+///   It does not check that this process may load BPF programs (`CAP_BPF`,
+///   or `CAP_SYS_ADMIN`); without that, an attach on the kernel backend
+///   fails with `EPERM`.
 ///
 /// The default is `Userspace`, not `Auto`: the userspace backend does every
 /// call below, so a program written against it behaves the same on every
