@@ -7,6 +7,7 @@
 //! | `uneven` | one connection's requests burn CPU, the others are light: connmux's default steering, KCM's round robin, thread per connection |
 //! | `scale` | 8, 1 000 and 10 000 connections with one call in flight each; RSS per idle connection |
 //! | `size` | message echo from 64 B to 1 MiB against a plain read/write echo of the same bytes |
+//! | `recv` | messages/s and median one-way delay of whole messages read through connmux (epoll, io_uring) vs a plain blocking read loop on the same socket, 64 B, 1 KiB, 64 KiB |
 //! | `instructions` | user-space instructions per NULL call under callgrind (fixed call counts) |
 //! | `all` | all of the above with their defaults |
 //!
@@ -19,6 +20,7 @@
 pub mod instr;
 #[path = "../rawepoll.rs"]
 pub mod rawepoll;
+pub mod recv;
 pub mod rpc;
 pub mod scale;
 pub mod size;
@@ -51,6 +53,8 @@ pub enum Mode {
     Scale(scale::Args),
     /// Message echo by size vs a plain read/write echo.
     Size(size::Args),
+    /// Receiving through connmux (epoll, io_uring) vs a blocking read loop on the same socket.
+    Recv(recv::Args),
     /// User-space instructions per NULL call (callgrind).
     Instructions(instr::Args),
     /// Every benchmark with its defaults.
@@ -85,6 +89,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::Uneven(a) => uneven::run(a),
         Mode::Scale(a) => scale::run(a),
         Mode::Size(a) => size::run(a),
+        Mode::Recv(a) => recv::run(a),
         Mode::Instructions(a) => instr::run(a),
         Mode::All(a) => {
             let q: &[&str] = if a.quick {
@@ -97,6 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             rc |= uneven::run(defaults(q))?;
             rc |= scale::run(defaults(q))?;
             rc |= size::run(defaults(q))?;
+            rc |= recv::run(defaults(q))?;
             rc |= instr::run(defaults(q))?;
             Ok(rc)
         }
