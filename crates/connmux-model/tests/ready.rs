@@ -6,7 +6,8 @@
 //! - the external event loop the socket's `as_raw_fd` promises ("readable
 //!   while messages are queued"): poll the fd, then one non-blocking receive;
 //! - the worker's in-place `serve` loop (clear, take, re-arm, until empty);
-//! - the blocking `recv_loop` (clear, try, wait).
+//! - the blocking `recv_loop`: clear, try, wait (its earlier shape), and as it
+//!   is now: try, then set or clear under the core lock, wait.
 //!
 //! A consumer asleep on an empty eventfd with a message queued, after the
 //! producer has finished, is a lost wake-up: loom reports it as a deadlock.
@@ -95,6 +96,36 @@ fn recv_loop(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
     got
 }
 
+/// One `recv_loop` attempt as the runtime makes it: take one under the lock,
+/// then, still under the lock, set if more remain, else clear (no eventfd
+/// call unless readiness changes).
+fn try_recv_decided_under_lock(rt: &Runtime, s: SockId) -> Result<Vec<u8>, MuxError> {
+    let mut core = rt.core.lock().unwrap();
+    let r = core.recv_msg(s).map(|(b, _)| b.to_vec());
+    if core.rx_queued(s).unwrap() > 0 {
+        rt.rx_ready.set();
+    } else {
+        rt.rx_ready.clear();
+    }
+    r
+}
+
+/// `KcmSocket::recv_loop`, blocking, readiness decided under the core lock.
+fn recv_loop_decided_under_lock(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    for _ in 0..4 * MSGS {
+        if got.len() == MSGS {
+            break;
+        }
+        match try_recv_decided_under_lock(rt, s) {
+            Ok(m) => got.push(m),
+            Err(MuxError::WouldBlock) => rt.rx_ready.fd.poll(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    got
+}
+
 fn check(order: ClearOrder, consumer: fn(&Runtime, SockId) -> Vec<Vec<u8>>) {
     builder(3).check(move || {
         let (rt, s) = runtime(order);
@@ -122,6 +153,11 @@ fn ready_locked_wakes_serve() {
 #[test]
 fn ready_locked_recv_loop_neither_sleeps_nor_spins() {
     check(ClearOrder::Locked, recv_loop);
+}
+
+#[test]
+fn ready_locked_recv_loop_decided_under_the_core_lock_neither_sleeps_nor_spins() {
+    check(ClearOrder::Locked, recv_loop_decided_under_lock);
 }
 
 #[test]

@@ -232,13 +232,15 @@ impl KcmSocket {
         let deadline = Self::deadline(&rt.rcvtimeo);
         let mut events = Vec::new();
         loop {
-            rt.rx.clear();
             let r = {
                 let mut core = sh.lock();
                 let r = attempt(&mut core);
-                // Re-arm readiness if messages remain (we cleared it above).
+                // Readiness follows the queue, decided under the lock that
+                // every enqueue takes: no eventfd call unless it changes.
                 if core.mux.rx_queued(rt.id).unwrap_or(0) > 0 {
                     rt.rx.set();
+                } else {
+                    rt.rx.clear();
                 }
                 core.drain_events(&mut events);
                 r
@@ -327,12 +329,13 @@ impl KcmSocket {
         let deadline = Self::deadline(&rt.sndtimeo);
         let mut events = Vec::new();
         loop {
-            rt.tx.clear();
             let r = {
                 let mut core = sh.lock();
                 let r = attempt(&mut core.mux);
                 if !matches!(r, Err(MuxError::WouldBlock)) || core.mux.writable(rt.id).unwrap_or(false) {
                     rt.tx.set();
+                } else {
+                    rt.tx.clear();
                 }
                 core.drain_events(&mut events);
                 r
