@@ -404,6 +404,36 @@ fn addressed_send_to_a_failed_psock_is_refused_and_queued_ones_are_dropped() {
 }
 
 #[test]
+fn coalesced_replies_go_in_order_and_count_one_by_one() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    events(&mut m);
+    m.send_to(k, t1, &l4_total(10, 1), NONE).unwrap();
+    let mut three = l4_total(10, 2);
+    three.extend(l4_total(11, 3));
+    three.extend(l4_total(12, 4));
+    m.send_msgs_to(k, t1, Bytes::from(three), 3).unwrap();
+    assert_eq!(m.sock_stats(k).unwrap().tx_queued, 4, "four messages queued");
+    assert_eq!(
+        split_l4(&flush(&mut m, t1)),
+        vec![l4_total(10, 1), l4_total(10, 2), l4_total(11, 3), l4_total(12, 4)]
+    );
+    let st = m.sock_stats(k).unwrap();
+    assert_eq!((st.tx_msgs, st.tx_bytes, st.tx_queued, st.tx_mem), (4, 43, 0, 0));
+    assert_eq!(m.psock_stats(t1).unwrap().tx_msgs, 4);
+    // Dropped on a failed psock: each message of the run is one drop.
+    let mut two = l4_total(10, 5);
+    two.extend(l4_total(10, 6));
+    m.send_msgs_to(k, t1, Bytes::from(two), 2).unwrap();
+    let _c = m.tx_begin(t1).unwrap();
+    m.tx_failed(t1, 32);
+    assert_eq!(m.psock_stats(t1).unwrap().tx_addressed_drops, 2);
+    let st = m.sock_stats(k).unwrap();
+    assert_eq!((st.tx_queued, st.tx_mem), (0, 0));
+    assert_eq!(m.send_msgs_to(k, t1, Bytes::from(l4_total(10, 7)), 1), Err(MuxError::Pipe));
+}
+
+#[test]
 fn addressed_batch_defers_the_transmit_event() {
     let (mut m, k) = dgram_mux(rr_config());
     let t1 = attach_l4(&mut m);

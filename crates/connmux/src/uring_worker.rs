@@ -130,9 +130,7 @@ impl Worker<'_> {
         let mut serving: Option<Serving> = None;
         let mut serve_armed = false;
         let mut comps: Vec<Completion> = Vec::with_capacity(1024);
-        let mut msgs = Vec::with_capacity(256);
-        let mut replies = Vec::with_capacity(256);
-        let mut scratch = bytes::BytesMut::new();
+        let mut bufs = crate::worker::ServeBufs::default();
 
         while !sh.stop.load(Ordering::Acquire) {
             if !waker_armed {
@@ -193,7 +191,7 @@ impl Worker<'_> {
                 sh.dispatch(&mut self.events, &mut Ctx::Worker(&mut self.dirty));
                 if let Some(sv) = &serving {
                     if round == 0 && (serve_ready || !comps.is_empty()) {
-                        serve(sh, sv, &mut msgs, &mut replies, &mut scratch, &mut self.events, &mut self.dirty);
+                        serve(sh, sv, &mut bufs, &mut self.events, &mut self.dirty);
                     }
                 }
                 if self.dirty.is_empty() && self.events.is_empty() {

@@ -81,9 +81,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     let mut core_events: Vec<Event> = Vec::new();
     let mut dirty: Vec<Arc<PsockRt>> = Vec::new();
     let mut serving: Option<Serving> = None;
-    let mut msgs = Vec::with_capacity(SERVE_BATCH);
-    let mut replies = Vec::with_capacity(SERVE_BATCH);
-    let mut scratch = bytes::BytesMut::new();
+    let mut bufs = ServeBufs::default();
 
     // The earliest assembly deadline as of the end of the last pass. Deadlines
     // start only when this worker feeds its own psocks (in the pass), so the
@@ -154,7 +152,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
         if let Some(sv) = &serving {
             // Serve whenever this pass may have steered messages to us.
             if serve_ready || n > 0 {
-                serve(&sh, sv, &mut msgs, &mut replies, &mut scratch, &mut core_events, &mut dirty);
+                serve(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
             }
         }
         for rt in dirty.drain(..) {
@@ -214,13 +212,73 @@ fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>
     }
 }
 
+/// What a served request turned into, in the order the requests came.
+pub(crate) enum Out {
+    /// `count` whole replies, back to back, for one connection.
+    Replies(PsockId, connmux_core::Bytes, u32),
+    /// Reset and unattach this connection.
+    Close(PsockId),
+}
+
+/// Replies up to this size are copied into the worker's run buffer so that
+/// consecutive replies to one connection enter its transmit queue as one
+/// entry (one queue operation instead of one per reply); larger ones are
+/// queued as they are.
+const COALESCE_MAX: usize = 512;
+
+/// A worker's buffers for in-place serving, kept across passes.
+#[derive(Default)]
+pub(crate) struct ServeBufs {
+    msgs: Vec<(connmux_core::Bytes, PsockId)>,
+    outs: Vec<Out>,
+    /// Where handlers build replies.
+    scratch: bytes::BytesMut,
+    /// Small replies to the current run's connection, back to back.
+    run_buf: bytes::BytesMut,
+    run: Option<(PsockId, u32)>,
+}
+
+impl ServeBufs {
+    /// Close the current run of coalesced replies, if any.
+    fn end_run(&mut self) {
+        if let Some((p, n)) = self.run.take() {
+            self.outs.push(Out::Replies(p, self.run_buf.split().freeze(), n));
+        }
+    }
+
+    fn push(&mut self, psock: PsockId, v: crate::service::Verdict) {
+        match v {
+            crate::service::Verdict::Reply(b) if b.len() <= COALESCE_MAX => {
+                match self.run {
+                    Some((p, ref mut n)) if p == psock => *n += 1,
+                    _ => {
+                        self.end_run();
+                        if self.run_buf.capacity() - self.run_buf.len() < SCRATCH_LOW {
+                            self.run_buf.reserve(SCRATCH_CHUNK);
+                        }
+                        self.run = Some((psock, 1));
+                    }
+                }
+                self.run_buf.extend_from_slice(&b);
+            }
+            crate::service::Verdict::Reply(b) => {
+                self.end_run();
+                self.outs.push(Out::Replies(psock, b, 1));
+            }
+            crate::service::Verdict::NoReply => {}
+            crate::service::Verdict::Close => {
+                self.end_run();
+                self.outs.push(Out::Close(psock));
+            }
+        }
+    }
+}
+
 /// Run the handler on every message queued on this worker's socket.
 pub(crate) fn serve(
     sh: &Shared,
     sv: &Serving,
-    msgs: &mut Vec<(connmux_core::Bytes, PsockId)>,
-    replies: &mut Vec<(PsockId, crate::service::Verdict)>,
-    scratch: &mut bytes::BytesMut,
+    bufs: &mut ServeBufs,
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
 ) {
@@ -231,9 +289,9 @@ pub(crate) fn serve(
         sv.sock.rx.clear();
         {
             let mut core = sh.lock();
-            while msgs.len() < SERVE_BATCH {
+            while bufs.msgs.len() < SERVE_BATCH {
                 match core.mux.recv_msg(sv.sock.id) {
-                    Ok(m) => msgs.push(m),
+                    Ok(m) => bufs.msgs.push(m),
                     Err(MuxError::WouldBlock) | Err(_) => break,
                 }
             }
@@ -242,34 +300,41 @@ pub(crate) fn serve(
             }
             core.drain_events(events);
         }
-        if msgs.is_empty() {
+        if bufs.msgs.is_empty() {
             break;
         }
+        let mut msgs = std::mem::take(&mut bufs.msgs);
         for (data, psock) in msgs.drain(..) {
-            if scratch.capacity() - scratch.len() < SCRATCH_LOW {
-                scratch.reserve(SCRATCH_CHUNK);
+            if bufs.scratch.capacity() - bufs.scratch.len() < SCRATCH_LOW {
+                bufs.scratch.reserve(SCRATCH_CHUNK);
             }
-            let v = sv.handler.handle(data, psock, scratch);
-            replies.push((psock, v));
+            let v = sv.handler.handle(data, psock, &mut bufs.scratch);
+            bufs.push(psock, v);
         }
+        bufs.msgs = msgs;
+        bufs.end_run();
         let mut aborts = Vec::new();
         {
             let mut core = sh.lock();
-            for (psock, v) in replies.drain(..) {
-                match v {
-                    crate::service::Verdict::Reply(b) => {
+            for out in bufs.outs.drain(..) {
+                match out {
+                    Out::Replies(psock, b, n) => {
                         // A reply to a connection that went away is dropped, as
                         // a send on a closed socket would be. A refused one
                         // means its peer has not read `psock_sndbuf` bytes of
                         // replies while still sending: that connection is
                         // aborted (counted in tx_backlog_refusals), nobody
                         // else waits for it.
-                        if let Err(MuxError::WouldBlock) = core.mux.send_msg(sv.sock.id, Some(psock), b, false) {
+                        let r = if n == 1 {
+                            core.mux.send_msg(sv.sock.id, Some(psock), b, false)
+                        } else {
+                            core.mux.send_msgs_to(sv.sock.id, psock, b, n)
+                        };
+                        if let Err(MuxError::WouldBlock) = r {
                             aborts.push(psock);
                         }
                     }
-                    crate::service::Verdict::NoReply => {}
-                    crate::service::Verdict::Close => aborts.push(psock),
+                    Out::Close(psock) => aborts.push(psock),
                 }
             }
             core.drain_events(events);
