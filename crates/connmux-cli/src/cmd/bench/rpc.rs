@@ -158,7 +158,7 @@ pub fn start_server(
             }
             c
         }
-        "ganesha" => return start_ganesha(p, yard),
+        "ganesha" => anyhow::bail!("nfs-ganesha is started per placement by the rpc benchmark"),
         other => anyhow::bail!("unknown server {other:?}"),
     };
     Proc::spawn(&format!("{kind}@{}", p.name), cmd, port).map(Some)
@@ -166,16 +166,12 @@ pub fn start_server(
 
 /// nfs-ganesha via the yardstick's `ganesha/run.sh` (its own network
 /// namespace); its threads are then moved onto the placement's CPUs.
-fn start_ganesha(p: &Placement, yard: Option<&PathBuf>) -> anyhow::Result<Option<Proc>> {
-    let Some(yard) = yard else { return Ok(None) };
-    let run_sh = yard.parent().map(|d| d.join("ganesha/run.sh"));
-    let run_sh = match run_sh {
-        Some(r) if r.exists() && super::on_path("ganesha.nfsd") => r,
-        _ => {
-            eprintln!("bench: nfs-ganesha is not installed (ganesha.nfsd); skipped");
-            return Ok(None);
-        }
-    };
+fn start_ganesha(p: &Placement, yardstick_dir: &std::path::Path) -> anyhow::Result<Option<Proc>> {
+    let run_sh = yardstick_dir.join("ganesha/run.sh");
+    if !run_sh.exists() || !super::on_path("ganesha.nfsd") {
+        eprintln!("bench: nfs-ganesha is not installed (ganesha.nfsd), or no {}; skipped", run_sh.display());
+        return Ok(None);
+    }
     let st = std::process::Command::new("bash")
         .arg(&run_sh)
         .arg("start")
@@ -295,7 +291,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     for round in 0..a.rounds {
         for (pi, p) in placements.iter().enumerate() {
             let ganesha = if want_ganesha {
-                start_server("ganesha", p, yard.as_ref())?
+                start_ganesha(p, &a.yardstick)?
             } else {
                 None
             };
