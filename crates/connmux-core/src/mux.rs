@@ -242,7 +242,15 @@ pub enum RxError {
     Parser(crate::parser::ParseError),
     #[error("message not complete within the assembly timeout (ETIMEDOUT)")]
     Timeout,
+    /// The TLS layer below the parser failed (bad record, alert, handshake
+    /// failure, close in the middle of a message); the text is the TLS
+    /// library's. kTLS reports a record that fails to authenticate as EBADMSG.
+    #[error("TLS: {0} (EBADMSG)")]
+    Tls(String),
 }
+
+/// EBADMSG: what kTLS returns for a record that fails to authenticate.
+pub const EBADMSG: i32 = 74;
 
 impl RxError {
     pub fn errno(&self) -> i32 {
@@ -251,6 +259,7 @@ impl RxError {
             RxError::BadLength { .. } => crate::parser::EPROTO,
             RxError::Parser(e) => e.errno(),
             RxError::Timeout => crate::parser::ETIMEDOUT,
+            RxError::Tls(_) => EBADMSG,
         }
     }
 }
@@ -887,6 +896,28 @@ impl Mux {
         if !ps.rx_failed {
             ps.rx_failed = true;
             self.events.push_back(Event::PsockFailed(p, PsockError::Closed));
+        }
+        Ok(())
+    }
+
+    /// The driver found the byte stream below the parser unusable (a TLS
+    /// record that fails to authenticate, an alert, a failed handshake).
+    ///
+    /// Receive stops as after `rx_closed` (messages already parsed whole are
+    /// still delivered, the partial one is dropped) but the error is raised:
+    /// `PsockFailed(p, Rx(err))`, once. Transmit goes on until a write fails.
+    pub fn rx_abort(&mut self, p: PsockId, err: RxError) -> Result<(), MuxError> {
+        let ps = self.psock_mut(p)?;
+        if ps.rx_eof {
+            return Ok(());
+        }
+        ps.rx_eof = true;
+        if !ps.paused {
+            ps.stream.stop();
+        }
+        if !ps.rx_failed {
+            ps.rx_failed = true;
+            self.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
         }
         Ok(())
     }

@@ -48,6 +48,7 @@ mod socket;
 mod uring_worker;
 mod worker;
 pub mod service;
+pub mod tls;
 
 pub use config::{Backend, Config, Driver, Placement};
 pub use connmux_kernel::{KernelError, KernelMux, KernelSocket};

@@ -158,6 +158,7 @@ impl Mux {
             events_tx,
             events_dropped: AtomicU64::new(0),
             clock_origin: std::time::Instant::now(),
+            tls: Default::default(),
         });
         let cpus = worker::cpus_for(&config.placement, workers);
         let mut threads = Vec::with_capacity(workers);
@@ -295,6 +296,11 @@ impl Mux {
         if self.user().is_none() {
             return self.attach(conn, parser);
         }
+        self.attach_inner(conn, parser, worker, None)
+    }
+
+    /// The userspace attach, with the TLS state of a TLS psock.
+    pub(crate) fn attach_inner(&self, conn: &impl AsFd, parser: Box<dyn Parser>, worker: usize, tls: Option<crate::tls::PsockTls>) -> io::Result<PsockId> {
         let sh = self.shared();
         let worker = worker % sh.workers.len();
         let raw = conn.as_fd().as_raw_fd();
@@ -320,6 +326,7 @@ impl Mux {
                 interest: Mutex::new(PsockInterest { read: true, write: false, registered: true }),
                 error: Mutex::new(None),
                 flush_queued: AtomicBool::new(false),
+                tls: tls.map(Mutex::new),
             });
             core.psocks.insert(id, rt.clone());
             ATTACHED.lock().unwrap().insert(ino);

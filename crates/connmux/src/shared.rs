@@ -108,6 +108,8 @@ pub(crate) struct PsockRt {
     pub error: Mutex<Option<PsockError>>,
     /// Set while the psock sits in a worker's deferred-flush list.
     pub flush_queued: AtomicBool,
+    /// TLS state of a psock attached with `Mux::attach_tls`.
+    pub tls: Option<Mutex<crate::tls::PsockTls>>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -170,6 +172,7 @@ pub(crate) struct Shared {
     pub events_tx: crossbeam::channel::Sender<PsockEvent>,
     pub events_dropped: AtomicU64,
     pub clock_origin: std::time::Instant,
+    pub tls: crate::tls::TlsCounters,
 }
 
 /// `writev` of up to [`MAX_IOV`] buffers, with an iovec array sized for
@@ -267,6 +270,10 @@ impl Shared {
                             WorkerIo::Epoll(_) => self.set_interest(&rt, |i| i.read = true),
                             WorkerIo::Uring => self.workers[rt.worker].command(Command::Resume(p)),
                         }
+                        if rt.tls.is_some() && matches!(self.workers[rt.worker].io, WorkerIo::Epoll(_)) {
+                            // Decrypted bytes held back announce no readiness.
+                            self.workers[rt.worker].command(Command::Resume(p));
+                        }
                     }
                 }
                 Event::PsockFailed(p, err) => {
@@ -342,6 +349,9 @@ impl Shared {
     /// Write what the core has for this psock until it has nothing or the
     /// connection would block. Events produced on the way are appended.
     pub fn flush(&self, rt: &PsockRt, events: &mut Vec<Event>) {
+        if let Some(tls) = &rt.tls {
+            return crate::tls::flush(self, rt, tls, events);
+        }
         FLUSH_SLICES.with_borrow_mut(|slices| self.flush_with(rt, events, slices));
     }
 

@@ -81,6 +81,8 @@ struct Conn {
     sending: Option<usize>,
     /// The core released it: waiting for its operations to end.
     released: bool,
+    /// TLS: the records of the send in flight, or what a short send left.
+    tls_out: Option<Bytes>,
 }
 
 impl Conn {
@@ -244,6 +246,10 @@ impl Worker<'_> {
                     }
                     if conn.released || conn.rx_stopped {
                         ring.recycle(buf_id);
+                    } else if conn.rt.tls.is_some() {
+                        conn.held.push_back(Held { buf: buf_id, off: 0 });
+                        core = None; // TLS lock before the core lock
+                        pump_tls(sh, ring, conn, &mut self.events);
                     } else {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         let core = core.get_or_insert_with(|| sh.lock());
@@ -261,15 +267,34 @@ impl Worker<'_> {
                         } else if res != -libc::ENOBUFS && res != -libc::ECANCELED {
                             conn.eof = Some(Some(-res));
                         }
-                        let core = core.get_or_insert_with(|| sh.lock());
-                        pump(core, ring, conn, now, &mut self.events);
+                        if conn.rt.tls.is_some() {
+                            core = None;
+                            pump_tls(sh, ring, conn, &mut self.events);
+                        } else {
+                            let core = core.get_or_insert_with(|| sh.lock());
+                            pump(core, ring, conn, now, &mut self.events);
+                        }
                     }
                     self.after_recv(token);
                 }
                 Completion::Send { token, res } => {
                     let Some(conn) = self.conns.get_mut(&token) else { continue };
                     let want = conn.sending.take().unwrap_or(0);
-                    if !conn.released {
+                    if !conn.released && conn.rt.tls.is_some() {
+                        // The core took the messages when they became records:
+                        // here only the records' own progress matters.
+                        let sent = conn.tls_out.take().unwrap_or_default();
+                        if res < 0 || (res == 0 && want > 0) {
+                            core = None;
+                            let errno = if res < 0 { -res } else { libc::EPIPE };
+                            crate::tls::tx_failed(sh, &conn.rt, errno, &mut self.events);
+                        } else if (res as usize) < sent.len() {
+                            conn.tls_out = Some(sent.slice(res as usize..));
+                        }
+                        if !conn.rt.flush_queued.swap(true, Ordering::AcqRel) {
+                            self.dirty.push(conn.rt.clone());
+                        }
+                    } else if !conn.released {
                         let core = core.get_or_insert_with(|| sh.lock());
                         let id = conn.rt.id;
                         if res > 0 || (res == 0 && want == 0) {
@@ -330,6 +355,7 @@ impl Worker<'_> {
                         rx_stopped: false,
                         sending: None,
                         released: false,
+                        tls_out: None,
                     },
                 );
                 self.to_arm.push(token);
@@ -337,6 +363,12 @@ impl Worker<'_> {
             Command::Resume(p) => {
                 let token = psock_token(p);
                 let Some(conn) = self.conns.get_mut(&token) else { return };
+                if conn.rt.tls.is_some() && !conn.released {
+                    // Decrypted bytes may wait in TLS after the receive ended.
+                    pump_tls(sh, ring, conn, &mut self.events);
+                    self.to_arm.push(token);
+                    return;
+                }
                 if conn.released || conn.rx_stopped {
                     return;
                 }
@@ -389,6 +421,25 @@ impl Worker<'_> {
                 Some(conn) if !conn.released => {
                     if conn.sending.is_some() {
                         continue; // its completion flushes again
+                    }
+                    if let Some(tls) = &rt.tls {
+                        // Records in order: what a short send left, else new ones.
+                        let out = match conn.tls_out.take() {
+                            Some(rest) => rest,
+                            None => crate::tls::take_records(sh, &rt, tls, &mut self.events),
+                        };
+                        if out.is_empty() {
+                            continue;
+                        }
+                        let len = out.len();
+                        match ring.send(rt.fd(), token, vec![out.clone()]) {
+                            Ok(()) => {
+                                conn.sending = Some(len);
+                                conn.tls_out = Some(out);
+                            }
+                            Err(e) => crate::tls::tx_failed(sh, &rt, e.raw_os_error().unwrap_or(libc::EIO), &mut self.events),
+                        }
+                        continue;
                     }
                     let chunk = {
                         let mut core = sh.lock();
@@ -451,6 +502,55 @@ fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64) {
     }
     if conn.recv_armed && !conn.recv_cancelled {
         conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+    }
+}
+
+/// [`pump`] for a TLS psock: the held ciphertext through TLS into the core,
+/// no more than it takes; called without the core lock (TLS lock first).
+fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Event>) {
+    let rt = conn.rt.clone();
+    let Some(tls) = &rt.tls else { return };
+    let token = psock_token(rt.id);
+    let mut st = tls.lock().unwrap();
+    let mut full = false;
+    // Bounded: each round takes a whole buffer, or stops.
+    while let Some(h) = conn.held.front_mut() {
+        let (took, r, len) = {
+            let data = ring.buffer(h.buf).unwrap_or(&[]);
+            let (took, r) = crate::tls::rx(sh, &rt, &mut st, &data[h.off.min(data.len())..], events);
+            (took, r, data.len())
+        };
+        h.off += took;
+        if h.off >= len {
+            let buf = h.buf;
+            conn.held.pop_front();
+            ring.recycle(buf);
+        }
+        if r == crate::tls::Rx::Full {
+            full = true;
+            break;
+        }
+    }
+    if !full && conn.held.is_empty() {
+        // Decrypted bytes kept from an earlier pass.
+        full = crate::tls::rx(sh, &rt, &mut st, &[], events).1 == crate::tls::Rx::Full;
+    }
+    if full {
+        // Backpressure: close the window as epoll would (stop reading).
+        if conn.recv_armed && !conn.recv_cancelled {
+            conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+        }
+        return;
+    }
+    if st.done() {
+        drop(st);
+        stop_rx(ring, conn, token);
+        return;
+    }
+    if let Some(errno) = conn.eof.take() {
+        // No receive after this; a resume still drains what TLS holds.
+        conn.rx_stopped = true;
+        crate::tls::rx_eof(sh, &rt, &mut st, errno, events);
     }
 }
 

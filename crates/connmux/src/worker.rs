@@ -113,6 +113,12 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                                     serving = Some(Serving { sock, handler });
                                     serve_ready = true;
                                 }
+                                // A TLS psock may take bytes again (see `tls::epoll_read`).
+                                Command::Resume(p) => {
+                                    if let Some(rt) = sh.psock_rt(p) {
+                                        read_psock(&sh, &rt, &mut buf, &mut core_events);
+                                    }
+                                }
                                 // Other threads reach epoll psocks through epoll_ctl.
                                 _ => {}
                             }
@@ -175,6 +181,9 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
 
 /// One read from a readable psock, bounded by what the core will accept.
 fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>) {
+    if let Some(tls) = &rt.tls {
+        return crate::tls::epoll_read(sh, rt, tls, buf, events);
+    }
     let cap = sh.lock().mux.rx_capacity(rt.id);
     if cap == 0 {
         // Paused by backpressure or stopped: stop polling for input until the

@@ -184,6 +184,7 @@ fn rx_kind(e: &RxError) -> &'static str {
         RxError::BadLength { .. } => "bad-length",
         RxError::Parser(_) => "parser",
         RxError::Timeout => "timeout",
+        RxError::Tls(_) => "tls",
     }
 }
 

@@ -1,0 +1,432 @@
+//! TLS psocks (`Mux::attach_tls`) over loopback TCP against real rustls peers
+//! running on blocking sockets in other threads: framing of the decrypted
+//! stream both ways, records carrying many messages and messages spread over
+//! records, messages that wait for the handshake, client mode, bad peers
+//! (not TLS, a refused certificate, a forged record, a close in the middle of
+//! a message) counted and failed alone, and backpressure. Every test runs on
+//! both drivers.
+
+#[macro_use]
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use connmux::tls::rustls;
+use connmux::{PsockError, RxError, SockType};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+
+/// A CA and a server certificate it signed, for "localhost" and 127.0.0.1.
+struct Pki {
+    ca: CertificateDer<'static>,
+    cert: CertificateDer<'static>,
+    key: Vec<u8>,
+}
+
+fn pki() -> Pki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "connmux test CA");
+    ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &ca).unwrap();
+    Pki { ca: ca.der().clone(), cert: cert.der().clone(), key: key.serialize_der() }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn server_config(p: &Pki) -> Arc<rustls::ServerConfig> {
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(p.key.clone()));
+    Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![p.cert.clone()], key)
+            .unwrap(),
+    )
+}
+
+fn client_config(ca: &CertificateDer<'static>) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+fn server_conn(p: &Pki) -> rustls::ServerConnection {
+    rustls::ServerConnection::new(server_config(p)).unwrap()
+}
+
+type Client = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+/// A blocking rustls client on the peer side of a loopback pair.
+fn client(p: &Pki, peer: TcpStream) -> Client {
+    let conn = rustls::ClientConnection::new(client_config(&p.ca), ServerName::try_from("localhost").unwrap()).unwrap();
+    rustls::StreamOwned::new(conn, peer)
+}
+
+fn read_msg(r: &mut impl Read) -> Vec<u8> {
+    let mut hdr = [0u8; 4];
+    r.read_exact(&mut hdr).unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(hdr) as usize];
+    r.read_exact(&mut body).unwrap();
+    body
+}
+
+fn body(i: u32, len: usize) -> Vec<u8> {
+    let mut b: Vec<u8> = (0..len).map(|k| (k as u32).wrapping_mul(31).wrapping_add(i) as u8).collect();
+    if len >= 4 {
+        b[..4].copy_from_slice(&i.to_be_bytes());
+    }
+    b
+}
+
+/// The next psock failure, within WAIT.
+fn next_error(mux: &connmux::Mux) -> connmux::PsockEvent {
+    mux.events().recv_timeout(WAIT).expect("a psock error within the wait")
+}
+
+fn tls_error(e: &PsockError) -> Option<&str> {
+    match e {
+        PsockError::Rx(RxError::Tls(why)) => Some(why),
+        _ => None,
+    }
+}
+
+/// Server psock, rustls client: many messages in one record, a message split
+/// over several records, a big message over many records; replies framed back.
+fn server_frames_decrypted_messages_both_ways() {
+    let p = pki();
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (ours, peer) = pair();
+    let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    let mut c = client(&p, peer);
+
+    // 50 messages in one write: one TLS record.
+    let mut batch = Vec::new();
+    for i in 0..50 {
+        batch.extend_from_slice(&framed(&body(i, 20)));
+    }
+    c.write_all(&batch).unwrap();
+    // One message in three records (header split from the body too).
+    let m = framed(&body(50, 300));
+    c.write_all(&m[..2]).unwrap();
+    c.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    c.write_all(&m[2..100]).unwrap();
+    c.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    c.write_all(&m[100..]).unwrap();
+    // A 100 KiB message: at least seven 16 KiB records.
+    c.write_all(&framed(&body(51, 100 << 10))).unwrap();
+    c.flush().unwrap();
+
+    for i in 0..50 {
+        let got = sock.recv_msg().unwrap();
+        assert_eq!(got.psock, psock);
+        assert_eq!(&got.data[..], &framed(&body(i, 20))[..], "message {i} on {:?}", driver());
+    }
+    assert_eq!(&sock.recv_msg().unwrap().data[..], &m[..]);
+    assert_eq!(&sock.recv_msg().unwrap().data[..], &framed(&body(51, 100 << 10))[..]);
+
+    // Replies: 200 small ones sent back to back (records carry several) and a
+    // big one, framed by the client as it reads the decrypted stream.
+    for i in 0..200 {
+        sock.send_to(&framed(&body(1000 + i, 40)), psock).unwrap();
+    }
+    sock.send_to(&framed(&body(2000, 70 << 10)), psock).unwrap();
+    c.sock.set_read_timeout(Some(WAIT)).unwrap();
+    for i in 0..200 {
+        assert_eq!(read_msg(&mut c), body(1000 + i, 40), "reply {i} on {:?}", driver());
+    }
+    assert_eq!(read_msg(&mut c), body(2000, 70 << 10));
+    let st = mux.psock_stats(psock).unwrap();
+    assert_eq!(st.rx_msgs, 52);
+    assert_eq!(st.tx_msgs, 201);
+    let t = mux.tls_stats();
+    assert_eq!((t.attached, t.handshakes, t.handshake_failures, t.errors), (1, 1, 0, 0));
+    // Records, not plaintext, went over the wire: the client's TLS decoded them.
+    assert!(c.conn.negotiated_cipher_suite().is_some());
+}
+
+/// Messages sent to a TLS psock before its handshake completes wait, and go
+/// out (as records) once it has.
+fn messages_wait_for_the_handshake() {
+    let p = pki();
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    let (ours, mut peer) = pair();
+    let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    for i in 0..5 {
+        sock.send_to(&framed(&body(i, 64)), psock).unwrap();
+    }
+    // Nothing may reach the wire before the handshake (the client has not
+    // even sent its hello).
+    peer.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let mut b = [0u8; 16];
+    match peer.read(&mut b) {
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+        other => panic!("bytes before the handshake on {:?}: {other:?}", driver()),
+    }
+    peer.set_read_timeout(Some(WAIT)).unwrap();
+    let mut c = client(&p, peer);
+    for i in 0..5 {
+        assert_eq!(read_msg(&mut c), body(i, 64), "on {:?}", driver());
+    }
+    assert_eq!(mux.tls_stats().handshakes, 1);
+}
+
+/// A client psock: the mux speaks first (ClientHello) to a rustls server that
+/// echoes what it decrypts.
+fn client_psock_to_a_rustls_server() {
+    let p = pki();
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let cfg = server_config(&p);
+    let server = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut tls = rustls::StreamOwned::new(rustls::ServerConnection::new(cfg).unwrap(), s);
+        let mut buf = vec![0u8; 64 << 10];
+        let mut echoed = 0usize;
+        // Echo until the client's 20 messages (20 × 1028 bytes) are back.
+        while echoed < 20 * 1028 {
+            let n = tls.read(&mut buf).unwrap();
+            assert!(n > 0);
+            tls.write_all(&buf[..n]).unwrap();
+            tls.flush().unwrap();
+            echoed += n;
+        }
+    });
+    let conn = TcpStream::connect(addr).unwrap();
+    let cc = rustls::ClientConnection::new(client_config(&p.ca), ServerName::try_from("localhost").unwrap()).unwrap();
+    let psock = mux.attach_tls(conn, cc, l4()).unwrap();
+    for i in 0..20 {
+        sock.send_to(&framed(&body(i, 1024)), psock).unwrap();
+    }
+    for i in 0..20 {
+        let m = sock.recv_msg().unwrap();
+        assert_eq!(&m.data[..], &framed(&body(i, 1024))[..], "echo {i} on {:?}", driver());
+    }
+    server.join().unwrap();
+    assert_eq!(mux.tls_stats().handshakes, 1);
+}
+
+/// A good client exchanging messages while bad peers come and go: garbage
+/// instead of a ClientHello, and a client that does not trust the server's
+/// certificate. Each bad one fails alone (typed error, counted); the good
+/// client loses nothing.
+fn bad_peers_fail_alone() {
+    let p = pki();
+    let other = pki(); // a CA that did not sign the server's certificate
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (ours, peer) = pair();
+    let good = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    let mut c = client(&p, peer);
+    const N: u32 = 300;
+    let writer = std::thread::spawn(move || {
+        for i in 0..N {
+            c.write_all(&framed(&body(i, 100))).unwrap();
+            if i % 50 == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        c.flush().unwrap();
+        c
+    });
+
+    // Garbage instead of a ClientHello.
+    let (ours, mut bad1) = pair();
+    let b1 = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    bad1.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let ev = next_error(&mux);
+    assert_eq!(ev.psock, b1);
+    let why = tls_error(&ev.error).unwrap_or_else(|| panic!("not a TLS error: {:?}", ev.error)).to_string();
+    assert!(!why.is_empty());
+    assert_eq!(mux.psock_error(b1), Some(ev.error.clone()));
+    // The peer got a TLS alert record (content type 21) before we drop it.
+    let mut rec = [0u8; 1];
+    if bad1.read(&mut rec).unwrap_or(0) == 1 {
+        assert_eq!(rec[0], 21, "an alert record");
+    }
+    mux.abort(b1).unwrap();
+
+    // A client that refuses the server's certificate (alert during the handshake).
+    let (ours, peer) = pair();
+    let b2 = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    let refused = std::thread::spawn(move || {
+        let mut c = client(&other, peer);
+        let e = c.write_all(b"\0\0\0\x01x").and_then(|_| c.flush()).and_then(|_| {
+            let mut b = [0u8; 1];
+            c.read(&mut b).map(|_| ())
+        });
+        assert!(e.is_err(), "the client must refuse the certificate");
+    });
+    let ev = next_error(&mux);
+    assert_eq!(ev.psock, b2);
+    assert!(tls_error(&ev.error).is_some(), "{:?}", ev.error);
+    refused.join().unwrap();
+    mux.abort(b2).unwrap();
+
+    // The good client: every message, in order.
+    for i in 0..N {
+        let m = sock.recv_msg().unwrap();
+        assert_eq!(m.psock, good);
+        assert_eq!(&m.data[..], &framed(&body(i, 100))[..], "good message {i} on {:?}", driver());
+    }
+    let mut c = writer.join().unwrap();
+    sock.send_to(&framed(b"still fine"), good).unwrap();
+    c.sock.set_read_timeout(Some(WAIT)).unwrap();
+    assert_eq!(read_msg(&mut c), b"still fine");
+    let t = mux.tls_stats();
+    assert_eq!((t.attached, t.handshakes, t.handshake_failures, t.errors), (3, 1, 2, 0), "on {:?}", driver());
+    assert!(mux.psock_error(good).is_none());
+}
+
+/// After the handshake: a record that fails to authenticate is a TLS error
+/// (counted as such), and the messages before it were delivered.
+fn forged_record_after_the_handshake() {
+    let p = pki();
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (ours, peer) = pair();
+    let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    let mut raw = peer.try_clone().unwrap();
+    let mut c = client(&p, peer);
+    c.write_all(&framed(b"before")).unwrap();
+    c.flush().unwrap();
+    assert_eq!(&sock.recv_msg().unwrap().data[..], &framed(b"before")[..]);
+    // An application-data record of the right shape whose tag cannot verify.
+    let mut rec = vec![23u8, 3, 3, 0, 64];
+    rec.extend((0..64u8).map(|i| i.wrapping_mul(7)));
+    raw.write_all(&rec).unwrap();
+    let ev = next_error(&mux);
+    assert_eq!(ev.psock, psock);
+    assert!(tls_error(&ev.error).is_some(), "{:?}", ev.error);
+    let t = mux.tls_stats();
+    assert_eq!((t.handshakes, t.handshake_failures, t.errors), (1, 0, 1), "on {:?}", driver());
+}
+
+/// close_notify between messages ends the psock as a FIN does; in the middle
+/// of a message it is a TLS error.
+fn close_notify_between_and_inside_messages() {
+    let p = pki();
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+
+    let (ours, peer) = pair();
+    let clean = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    let mut c = client(&p, peer);
+    c.write_all(&framed(b"last words")).unwrap();
+    c.conn.send_close_notify();
+    c.flush().unwrap();
+    assert_eq!(&sock.recv_msg().unwrap().data[..], &framed(b"last words")[..]);
+    let ev = next_error(&mux);
+    assert_eq!((ev.psock, ev.error), (clean, PsockError::Closed));
+
+    let (ours, peer) = pair();
+    let cut = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    let mut c = client(&p, peer);
+    let m = framed(&body(7, 500));
+    c.write_all(&m[..200]).unwrap();
+    c.conn.send_close_notify();
+    c.flush().unwrap();
+    let ev = next_error(&mux);
+    assert_eq!(ev.psock, cut);
+    assert!(tls_error(&ev.error).is_some_and(|w| w.contains("close_notify")), "{:?}", ev.error);
+    let t = mux.tls_stats();
+    assert_eq!((t.handshakes, t.errors), (2, 1), "on {:?}", driver());
+    drop(c);
+}
+
+/// Backpressure: nobody receives, so the core fills and TLS stops taking
+/// ciphertext (the TCP window closes); then every message arrives in order.
+fn backpressure_loses_nothing() {
+    let p = pki();
+    let mux = mux_with(|c| {
+        c.core.psock_rx_buf = 16 << 10;
+        c.core.max_msg_size = 16 << 10;
+    });
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_recv_disable(true).unwrap();
+    let (ours, peer) = pair();
+    socket2::SockRef::from(&ours).set_recv_buffer_size(32 << 10).unwrap();
+    socket2::SockRef::from(&peer).set_send_buffer_size(32 << 10).unwrap();
+    let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    const N: u32 = 2000; // 2 MB: far more than the core, rustls and both kernels hold
+    let writer = std::thread::spawn(move || {
+        let mut c = client(&p, peer);
+        for i in 0..N {
+            c.write_all(&framed(&body(i, 1020))).unwrap();
+        }
+        c.flush().unwrap();
+        c
+    });
+    // The writer must be stuck well before the end.
+    std::thread::sleep(Duration::from_millis(300));
+    let parsed = mux.psock_stats(psock).unwrap().rx_msgs;
+    assert!(parsed < 100, "{parsed} messages parsed while nobody can take them, on {:?}", driver());
+    sock.set_recv_disable(false).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let end = Instant::now() + Duration::from_secs(60);
+    for i in 0..N {
+        assert!(Instant::now() < end);
+        let m = sock.recv_msg().unwrap();
+        assert_eq!(&m.data[..], &framed(&body(i, 1020))[..], "message {i} on {:?}", driver());
+    }
+    let _client = writer.join().unwrap(); // still open: no end reported
+    assert!(mux.psock_error(psock).is_none(), "{:?} on {:?}", mux.psock_error(psock), driver());
+}
+
+/// The mux owns a TLS psock's connection: unattaching closes it.
+fn unattach_closes_the_connection() {
+    let p = pki();
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (ours, peer) = pair();
+    let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    let mut c = client(&p, peer);
+    c.write_all(&framed(b"hi")).unwrap();
+    c.flush().unwrap();
+    assert_eq!(&sock.recv_msg().unwrap().data[..], &framed(b"hi")[..]);
+    mux.unattach_id(psock).unwrap();
+    let mut b = [0u8; 8];
+    // The client sees the end (as an unexpected EOF: no close_notify).
+    let r = c.read(&mut b);
+    assert!(matches!(&r, Ok(0)) || r.as_ref().is_err_and(|e| e.kind() == ErrorKind::UnexpectedEof), "{r:?}");
+}
+
+on_both_drivers!(
+    server_frames_decrypted_messages_both_ways,
+    messages_wait_for_the_handshake,
+    client_psock_to_a_rustls_server,
+    bad_peers_fail_alone,
+    forged_record_after_the_handshake,
+    close_notify_between_and_inside_messages,
+    backpressure_loses_nothing,
+    unattach_closes_the_connection,
+);
