@@ -113,6 +113,26 @@ pub struct Service {
 impl Service {
     /// Bind, start accepting and serving.
     pub fn start(mux: Mux, cfg: ServiceConfig, handler: Arc<dyn Handler>) -> io::Result<Service> {
+        Self::start_inner(mux, cfg, handler, None)
+    }
+
+    /// [`Service::start`] for TLS clients: every accepted connection is
+    /// attached with a server connection of `tls` ([`Mux::attach_tls`]).
+    pub fn start_tls(
+        mux: Mux,
+        cfg: ServiceConfig,
+        handler: Arc<dyn Handler>,
+        tls: Arc<crate::tls::rustls::ServerConfig>,
+    ) -> io::Result<Service> {
+        Self::start_inner(mux, cfg, handler, Some(tls))
+    }
+
+    fn start_inner(
+        mux: Mux,
+        cfg: ServiceConfig,
+        handler: Arc<dyn Handler>,
+        tls: Option<Arc<crate::tls::rustls::ServerConfig>>,
+    ) -> io::Result<Service> {
         let listener = TcpListener::bind(cfg.listen)?;
         let local = listener.local_addr()?;
         listener.set_nonblocking(true)?;
@@ -123,7 +143,7 @@ impl Service {
         {
             let (mux, stop, stats, parser) = (mux.clone(), stop.clone(), stats.clone(), cfg.parser.clone());
             threads.push(std::thread::Builder::new().name("connmux-accept".into()).spawn(move || {
-                accept_loop(&mux, &listener, &stop, &stats, &*parser)
+                accept_loop(&mux, &listener, &stop, &stats, &*parser, tls.as_ref())
             })?);
         }
         {
@@ -179,13 +199,20 @@ fn accept_loop(
     stop: &AtomicBool,
     stats: &ServiceStats,
     parser: &(dyn Fn() -> Box<dyn Parser> + Send + Sync),
+    tls: Option<&Arc<crate::tls::rustls::ServerConfig>>,
 ) {
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((conn, _)) => {
                 stats.accepted.fetch_add(1, Ordering::Relaxed);
                 // The mux keeps its own descriptor; ours closes at the end of scope.
-                if mux.attach(&conn, parser()).is_err() {
+                let attached = match tls {
+                    None => mux.attach(&conn, parser()).map(drop),
+                    Some(cfg) => crate::tls::rustls::ServerConnection::new(cfg.clone())
+                        .map_err(io::Error::other)
+                        .and_then(|tc| mux.attach_tls(conn, tc, parser()).map(drop)),
+                };
+                if attached.is_err() {
                     stats.attach_errors.fetch_add(1, Ordering::Relaxed);
                 }
             }

@@ -420,7 +420,40 @@ fn unattach_closes_the_connection() {
     assert!(matches!(&r, Ok(0)) || r.as_ref().is_err_and(|e| e.kind() == ErrorKind::UnexpectedEof), "{r:?}");
 }
 
+/// `Service::start_tls`: accepted connections are TLS psocks served in place.
+fn service_over_tls() {
+    use connmux::service::{Service, ServiceConfig, Verdict};
+    let p = pki();
+    let mux = mux_with(|_| {});
+    let cfg = ServiceConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        sock_type: SockType::Dgram,
+        parser: Arc::new(l4),
+    };
+    let echo = |req: connmux::Bytes, _: connmux::PsockId, _: &mut bytes::BytesMut| Verdict::Reply(req);
+    let svc = Service::start_tls(mux, cfg, Arc::new(echo), server_config(&p)).unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let s = TcpStream::connect(svc.local_addr()).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        clients.push(client(&p, s));
+    }
+    for (k, c) in clients.iter_mut().enumerate() {
+        for i in 0..10 {
+            c.write_all(&framed(&body(100 * k as u32 + i, 50))).unwrap();
+        }
+        c.flush().unwrap();
+    }
+    for (k, c) in clients.iter_mut().enumerate() {
+        for i in 0..10 {
+            assert_eq!(read_msg(c), body(100 * k as u32 + i, 50), "on {:?}", driver());
+        }
+    }
+    assert_eq!(svc.mux().tls_stats().handshakes, 3);
+}
+
 on_both_drivers!(
+    service_over_tls,
     server_frames_decrypted_messages_both_ways,
     messages_wait_for_the_handshake,
     client_psock_to_a_rustls_server,
