@@ -787,7 +787,7 @@ on_both_drivers!(
     case_42_closing_the_last_socket_releases_every_connection,
 );
 
-// ---- the rest of §7 on real sockets (cases 6, 14, 29, 31, 35, 37, 41) ----
+// ---- the rest of §7 on real sockets (cases 6, 13, 14, 29, 31, 35, 37, 41) ----
 
 /// A pair whose transmit stalls after a few tens of KiB while its peer does not
 /// read (small send buffer on our side, small receive buffer at the peer): a
@@ -881,6 +881,49 @@ fn case_06_recv_disable_reads_back_and_takes_effect() {
         assert_eq!(&k1.recv_msg().unwrap().data[..], &framed(&[i; 4])[..], "case 6 on {:?}", driver());
     }
     assert_eq!(&k1.recv_msg().unwrap().data[..], &framed(b"to k1")[..], "case 6 on {:?}", driver());
+}
+
+/// L4, except that a message whose first payload byte is 0xEE makes it answer
+/// -EINVAL, as a BPF parser returning -22 would (case 13).
+struct RefusesEe;
+
+impl connmux::Parser for RefusesEe {
+    fn parse(&mut self, buf: &[u8]) -> connmux::Parse {
+        match buf.get(..5) {
+            Some(h) if h[4] == 0xEE => connmux::Parse::Invalid(connmux::ParseError::Program(libc::EINVAL)),
+            Some(h) => connmux::Parse::Length(u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize + 4),
+            None => connmux::Parse::NeedMore(5 - buf.len()),
+        }
+    }
+    fn name(&self) -> &str {
+        "refuses-ee"
+    }
+}
+
+fn case_13_parser_error_is_posted_with_its_errno() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (ours, mut peer) = pair();
+    let p = mux.attach(&ours, Box::new(RefusesEe)).unwrap();
+    // One good message, the refused one, then more that must not be parsed.
+    let stream = [framed(b"\x01good"), framed(b"\xEEbad"), framed(b"\x02after")].concat();
+    write_all(&mut peer, &stream);
+    let ev = mux.events().recv_timeout(WAIT).unwrap();
+    assert_eq!(ev.psock, p, "case 13 on {:?}", driver());
+    match &ev.error {
+        PsockError::Rx(e @ RxError::Parser(connmux::ParseError::Program(22))) => assert_eq!(e.errno(), libc::EINVAL),
+        other => panic!("case 13 on {:?}: {other:?}", driver()),
+    }
+    assert_eq!(&sock.recv_msg().unwrap().data[..], &framed(b"\x01good")[..], "case 13 on {:?}", driver());
+    let st = mux.psock_stats(p).unwrap();
+    assert_eq!((st.rx_interrupted, st.rx_msgs), (1, 1), "case 13 on {:?}: RX-Intr", driver());
+    // Receive stopped on that connection; the socket has no error.
+    write_all(&mut peer, &framed(b"\x03later"));
+    let _ = good_neighbour(&mux, &sock);
+    sock.set_nonblocking(true);
+    assert_eq!(sock.recv_msg().unwrap_err().kind(), ErrorKind::WouldBlock, "case 13 on {:?}", driver());
+    assert_eq!(mux.psock_stats(p).unwrap().rx_msgs, 1);
 }
 
 /// Answers "need more" until 6 bytes are there, then a length of 1: a length
@@ -1089,6 +1132,7 @@ fn case_41_close_mid_message_aborts_that_connection() {
 
 on_both_drivers!(
     case_06_recv_disable_reads_back_and_takes_effect,
+    case_13_parser_error_is_posted_with_its_errno,
     case_14_length_inside_gathered_bytes_is_eproto,
     case_29_zero_length_sends,
     case_31_messages_queued_while_one_is_written_follow_it_on_the_same_connection,
