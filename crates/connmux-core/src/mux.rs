@@ -747,6 +747,13 @@ impl Mux {
         Ok(())
     }
     /// Affinity tag for `Steering::Affinity` (the runtime: worker index).
+    /// Change a psock's affinity tag: its next messages are steered to the
+    /// socket with that tag (the runtime moves a connection between workers).
+    pub fn set_psock_affinity(&mut self, p: PsockId, tag: Option<u32>) -> Result<(), MuxError> {
+        let ps = self.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
+        ps.affinity = tag;
+        Ok(())
+    }
     pub fn set_affinity(&mut self, s: SockId, tag: Option<u32>) -> Result<(), MuxError> {
         self.sock_mut(s)?.affinity = tag;
         Ok(())

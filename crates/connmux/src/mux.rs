@@ -4,7 +4,7 @@ use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -143,7 +143,7 @@ impl Mux {
                     WorkerIo::Epoll(epoll)
                 }
             };
-            refs.push(WorkerRef { io, waker, commands: Mutex::new(Vec::new()) });
+            refs.push(WorkerRef { io, waker, commands: Mutex::new(Vec::new()), slow_psocks: AtomicUsize::new(0) });
         }
         let (events_tx, events_rx) = crossbeam::channel::bounded(config.event_queue.max(1));
         let shared = Arc::new(Shared {
@@ -159,6 +159,7 @@ impl Mux {
             events_dropped: AtomicU64::new(0),
             clock_origin: std::time::Instant::now(),
             tls: Default::default(),
+            psock_moves: AtomicU64::new(0),
         });
         let cpus = worker::cpus_for(&config.placement, workers);
         let mut threads = Vec::with_capacity(workers);
@@ -321,7 +322,8 @@ impl Mux {
             let rt = Arc::new(PsockRt {
                 id,
                 stream,
-                worker,
+                worker: AtomicUsize::new(worker),
+                slow: AtomicBool::new(false),
                 ino,
                 interest: Mutex::new(PsockInterest { read: true, write: false, registered: true }),
                 error: Mutex::new(None),
@@ -445,6 +447,17 @@ impl Mux {
         match &self.imp {
             MuxImp::User(u) => u.shared.lock().mux.proc_kcm(),
             MuxImp::Kernel(k) => k.k.proc_kcm().unwrap_or_default(),
+        }
+    }
+
+    /// Connections moved from a worker busy with heavy requests (a handler
+    /// that runs long on several messages in a row) to another worker, so
+    /// that light requests are not read behind heavy work (epoll driver,
+    /// in-place serving). Always 0 on the kernel backend.
+    pub fn psock_moves(&self) -> u64 {
+        match &self.imp {
+            MuxImp::User(u) => u.shared.psock_moves.load(Ordering::Relaxed),
+            MuxImp::Kernel(_) => 0,
         }
     }
 

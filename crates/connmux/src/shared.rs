@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 use std::io::{self, IoSlice};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -101,7 +101,12 @@ pub(crate) struct SockRt {
 pub(crate) struct PsockRt {
     pub id: PsockId,
     pub stream: TcpStream,
-    pub worker: usize,
+    /// The worker that reads it. Changes only when a worker busy with a heavy
+    /// connection hands its other psocks to another (`worker::rebalance`),
+    /// and then under `interest`, so read it under that lock to act on it.
+    pub worker: AtomicUsize,
+    /// A handler ran long on one of its messages: a heavy connection.
+    pub slow: AtomicBool,
     /// Socket inode: the identity used for EALREADY/ENOENT, as KCM uses the sock.
     pub ino: u64,
     pub interest: Mutex<PsockInterest>,
@@ -122,6 +127,9 @@ pub(crate) struct PsockInterest {
 impl PsockRt {
     pub fn fd(&self) -> RawFd {
         self.stream.as_raw_fd()
+    }
+    pub fn worker(&self) -> usize {
+        self.worker.load(Ordering::Acquire)
     }
 }
 
@@ -154,6 +162,8 @@ pub(crate) struct WorkerRef {
     pub io: WorkerIo,
     pub waker: EventFd,
     pub commands: Mutex<Vec<Command>>,
+    /// How many of its psocks are marked slow (heavy handlers).
+    pub slow_psocks: AtomicUsize,
 }
 
 impl WorkerRef {
@@ -173,6 +183,8 @@ pub(crate) struct Shared {
     pub events_dropped: AtomicU64,
     pub clock_origin: std::time::Instant,
     pub tls: crate::tls::TlsCounters,
+    /// Psocks moved from a busy worker to another.
+    pub psock_moves: AtomicU64,
 }
 
 /// `writev` of up to [`MAX_IOV`] buffers, with an iovec array sized for
@@ -266,21 +278,21 @@ impl Shared {
                 }
                 Event::PsockRxResume(p) => {
                     if let Some(rt) = self.psock_rt(p) {
-                        match self.workers[rt.worker].io {
+                        match self.workers[rt.worker()].io {
                             WorkerIo::Epoll(_) => self.set_interest(&rt, |i| i.read = true),
-                            WorkerIo::Uring => self.workers[rt.worker].command(Command::Resume(p)),
+                            WorkerIo::Uring => self.workers[rt.worker()].command(Command::Resume(p)),
                         }
-                        if rt.tls.is_some() && matches!(self.workers[rt.worker].io, WorkerIo::Epoll(_)) {
+                        if rt.tls.is_some() && matches!(self.workers[rt.worker()].io, WorkerIo::Epoll(_)) {
                             // Decrypted bytes held back announce no readiness.
-                            self.workers[rt.worker].command(Command::Resume(p));
+                            self.workers[rt.worker()].command(Command::Resume(p));
                         }
                     }
                 }
                 Event::PsockFailed(p, err) => {
                     if let Some(rt) = self.psock_rt(p) {
-                        match self.workers[rt.worker].io {
+                        match self.workers[rt.worker()].io {
                             WorkerIo::Epoll(_) => self.set_interest(&rt, |i| i.read = false),
-                            WorkerIo::Uring => self.workers[rt.worker].command(Command::StopRx(p)),
+                            WorkerIo::Uring => self.workers[rt.worker()].command(Command::StopRx(p)),
                         }
                         let mut slot = rt.error.lock().unwrap();
                         if slot.is_none() {
@@ -296,15 +308,18 @@ impl Shared {
                     if let Some(rt) = rt {
                         crate::mux::ATTACHED.lock().unwrap().remove(&rt.ino);
                         let mut int = rt.interest.lock().unwrap();
+                        if rt.slow.load(Ordering::Acquire) {
+                            self.workers[rt.worker()].slow_psocks.fetch_sub(1, Ordering::AcqRel);
+                        }
                         if int.registered {
                             int.registered = false;
-                            match &self.workers[rt.worker].io {
+                            match &self.workers[rt.worker()].io {
                                 WorkerIo::Epoll(ep) => {
                                     let _ = ep.delete(rt.fd());
                                 }
                                 // The worker cancels the connection's operations
                                 // and drops its handle once they have ended.
-                                WorkerIo::Uring => self.workers[rt.worker].command(Command::Release(rt.clone())),
+                                WorkerIo::Uring => self.workers[rt.worker()].command(Command::Release(rt.clone())),
                             }
                         }
                         // The connection closes when the last Arc drops.
@@ -325,8 +340,10 @@ impl Shared {
     /// Change a psock's epoll interest (from any thread: epoll_ctl is thread-safe).
     /// Nothing for an io_uring worker (see [`Shared::want_write`] and the commands).
     pub fn set_interest(&self, rt: &PsockRt, f: impl FnOnce(&mut PsockInterest)) {
-        let WorkerIo::Epoll(epoll) = &self.workers[rt.worker].io else { return };
+        // The owning worker is read under the interest lock: a psock that
+        // moves between workers moves under it.
         let mut int = rt.interest.lock().unwrap();
+        let WorkerIo::Epoll(epoll) = &self.workers[rt.worker()].io else { return };
         let before = *int;
         f(&mut int);
         if !int.registered || (before.read == int.read && before.write == int.write) {
@@ -340,9 +357,9 @@ impl Shared {
     /// its worker (epoll: wait for writability; io_uring: a `sendmsg` that the
     /// kernel completes when there is room).
     pub fn want_write(&self, rt: &PsockRt) {
-        match self.workers[rt.worker].io {
+        match self.workers[rt.worker()].io {
             WorkerIo::Epoll(_) => self.set_interest(rt, |i| i.write = true),
-            WorkerIo::Uring => self.workers[rt.worker].command(Command::Flush(rt.id)),
+            WorkerIo::Uring => self.workers[rt.worker()].command(Command::Flush(rt.id)),
         }
     }
 

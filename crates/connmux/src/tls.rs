@@ -437,7 +437,7 @@ pub(crate) fn epoll_read(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, buf: 
 /// block. With io_uring the worker writes its TLS psocks itself (its sends
 /// must stay in order): other threads hand them over.
 pub(crate) fn flush(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, events: &mut Vec<Event>) {
-    if let WorkerIo::Uring = sh.workers[rt.worker].io {
+    if let WorkerIo::Uring = sh.workers[rt.worker()].io {
         sh.want_write(rt);
         return;
     }

@@ -10,7 +10,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use connmux_core::mux::{Event, MuxError, PsockId};
 use connmux_core::Timestamp;
@@ -18,7 +18,7 @@ use connmux_sys::epoll::{Events, Interest};
 
 use crate::config::Placement;
 use crate::service::Handler;
-use crate::shared::{token_psock, Ctx, PsockRt, Shared, SockRt, WorkerIo};
+use crate::shared::{psock_token, token_psock, Ctx, PsockRt, Shared, SockRt, WorkerIo};
 
 pub(crate) const WAKER_TOKEN: u64 = u64::MAX;
 pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
@@ -82,6 +82,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     let mut dirty: Vec<Arc<PsockRt>> = Vec::new();
     let mut serving: Option<Serving> = None;
     let mut bufs = ServeBufs::default();
+    let mut last_rebalance = Instant::now();
 
     // The earliest assembly deadline as of the end of the last pass. Deadlines
     // start only when this worker feeds its own psocks (in the pass), so the
@@ -160,6 +161,13 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
             if serve_ready || n > 0 {
                 serve(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
             }
+            if let Some(p) = bufs.slow.take() {
+                mark_slow(&sh, p);
+            }
+            if me.slow_psocks.load(Ordering::Relaxed) > 0 && last_rebalance.elapsed() >= REBALANCE_EVERY {
+                last_rebalance = Instant::now();
+                rebalance(&sh, index);
+            }
         }
         for rt in dirty.drain(..) {
             rt.flush_queued.store(false, Ordering::Release);
@@ -235,6 +243,15 @@ pub(crate) enum Out {
 /// queued as they are.
 const COALESCE_MAX: usize = 512;
 
+/// A handler run at least this long on one message counts as slow, and
+/// [`SLOW_HITS`] slow runs in a row make its connection heavy: the worker then
+/// hands its other connections to a worker without heavy ones
+/// ([`rebalance`]), so light requests are not read behind heavy work.
+const SLOW_HANDLER: Duration = Duration::from_micros(50);
+const SLOW_HITS: u32 = 3;
+/// At most one rebalance per worker per this interval.
+const REBALANCE_EVERY: Duration = Duration::from_millis(10);
+
 /// A worker's buffers for in-place serving, kept across passes.
 #[derive(Default)]
 pub(crate) struct ServeBufs {
@@ -245,6 +262,10 @@ pub(crate) struct ServeBufs {
     /// Small replies to the current run's connection, back to back.
     run_buf: bytes::BytesMut,
     run: Option<(PsockId, u32)>,
+    /// Consecutive long handler runs per psock (only psocks with one).
+    slow_hits: rustc_hash::FxHashMap<PsockId, u32>,
+    /// A psock that has just turned out heavy (for `rebalance`).
+    pub slow: Option<PsockId>,
 }
 
 impl ServeBufs {
@@ -313,11 +334,30 @@ pub(crate) fn serve(
             break;
         }
         let mut msgs = std::mem::take(&mut bufs.msgs);
+        let mut t = Instant::now();
+        let mut slow_batch = false;
         for (data, psock) in msgs.drain(..) {
             if bufs.scratch.capacity() - bufs.scratch.len() < SCRATCH_LOW {
                 bufs.scratch.reserve(SCRATCH_CHUNK);
             }
             let v = sv.handler.handle(data, psock, &mut bufs.scratch);
+            let done = Instant::now();
+            if done - t >= SLOW_HANDLER {
+                slow_batch = true;
+                if bufs.slow_hits.len() >= 4096 {
+                    bufs.slow_hits.clear();
+                }
+                // One long run can be a preemption; several in a row are
+                // a heavy connection.
+                let hits = bufs.slow_hits.entry(psock).or_insert(0);
+                *hits += 1;
+                if *hits == SLOW_HITS {
+                    bufs.slow.get_or_insert(psock);
+                }
+            } else if !bufs.slow_hits.is_empty() {
+                bufs.slow_hits.remove(&psock);
+            }
+            t = done;
             bufs.push(psock, v);
         }
         bufs.msgs = msgs;
@@ -361,5 +401,85 @@ pub(crate) fn serve(
             drop(core);
             sh.dispatch(events, &mut Ctx::Worker(dirty));
         }
+        if slow_batch {
+            // Back to I/O: read the other connections before more heavy work
+            // (the socket's readiness is still raised if messages wait).
+            break;
+        }
     }
+}
+
+/// Mark a psock heavy (its handler runs long) and count it on its worker.
+fn mark_slow(sh: &Shared, p: PsockId) {
+    let Some(rt) = sh.psock_rt(p) else { return };
+    let _int = rt.interest.lock().unwrap();
+    if !rt.slow.swap(true, Ordering::AcqRel) {
+        sh.workers[rt.worker()].slow_psocks.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// A worker with heavy psocks hands its light ones to the worker with the
+/// fewest heavy psocks when that one has none, and one heavy psock when it
+/// has two fewer: light connections are then read by a worker that is not
+/// stuck in long handlers (KCM balances per message, which costs every
+/// message a cross-CPU hand-off; this moves a connection once).
+fn rebalance(sh: &Shared, me: usize) {
+    let n = sh.workers.len();
+    let mine_slow = sh.workers[me].slow_psocks.load(Ordering::Acquire);
+    if n < 2 || mine_slow == 0 {
+        return;
+    }
+    let Some((to, to_slow)) = (0..n)
+        .filter(|&j| j != me)
+        .map(|j| (j, sh.workers[j].slow_psocks.load(Ordering::Acquire)))
+        .min_by_key(|&(_, k)| k)
+    else {
+        return;
+    };
+    let mine: Vec<Arc<PsockRt>> = sh.lock().psocks.values().filter(|rt| rt.worker() == me).cloned().collect();
+    let mut moved_heavy = false;
+    for rt in mine {
+        let heavy = rt.slow.load(Ordering::Acquire);
+        let go = if heavy {
+            !moved_heavy && mine_slow >= to_slow + 2
+        } else {
+            to_slow == 0
+        };
+        if go && move_psock(sh, &rt, me, to) {
+            moved_heavy |= heavy;
+        }
+    }
+}
+
+/// Move a psock's reading from worker `from` to `to` (epoll workers).
+fn move_psock(sh: &Shared, rt: &PsockRt, from: usize, to: usize) -> bool {
+    let (WorkerIo::Epoll(src), WorkerIo::Epoll(dst)) = (&sh.workers[from].io, &sh.workers[to].io) else {
+        return false;
+    };
+    {
+        let int = rt.interest.lock().unwrap();
+        if rt.worker() != from {
+            return false;
+        }
+        if int.registered {
+            // Not yet (or no longer) in `from`'s epoll set: leave it alone.
+            if src.delete(rt.fd()).is_err() {
+                return false;
+            }
+            let interest = Interest { readable: int.read, writable: int.write, edge: false };
+            if dst.add(rt.fd(), psock_token(rt.id), interest).is_err() {
+                let _ = src.add(rt.fd(), psock_token(rt.id), interest);
+                return false;
+            }
+        }
+        rt.worker.store(to, Ordering::Release);
+        if rt.slow.load(Ordering::Acquire) {
+            sh.workers[from].slow_psocks.fetch_sub(1, Ordering::AcqRel);
+            sh.workers[to].slow_psocks.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+    // Its next messages are steered to the new worker's socket.
+    let _ = sh.lock().mux.set_psock_affinity(rt.id, Some(to as u32));
+    sh.psock_moves.fetch_add(1, Ordering::Relaxed);
+    true
 }

@@ -107,3 +107,43 @@ on_both_drivers!(
     echo_service_many_clients_pipelined_complete,
     bad_client_is_aborted_while_good_client_continues,
 );
+
+/// A connection whose requests take long (300 µs of CPU each) makes its
+/// worker hand its other connections to the other worker; every client still
+/// gets every reply, once, for its own requests.
+#[test]
+fn heavy_connection_moves_light_ones_to_another_worker() {
+    let mux = mux_with(|c| {
+        c.workers = 2;
+        c.driver = connmux::Driver::Epoll;
+        c.core.steering = Steering::Affinity;
+    });
+    let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
+        if req.get(4) == Some(&b'H') {
+            let t = std::time::Instant::now();
+            while t.elapsed() < Duration::from_micros(300) {
+                std::hint::spin_loop();
+            }
+        }
+        Verdict::Reply(req)
+    });
+    let svc = Service::start(
+        mux,
+        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
+        handler,
+    )
+    .unwrap();
+    let addr = svc.local_addr();
+    // The heavy client's id starts with 'H'; the light ones' with 0.
+    let heavy_id = u32::from_be_bytes([b'H', 0, 0, 1]);
+    let heavy = std::thread::spawn(move || client_round_trips(addr, heavy_id, 300, 2, false));
+    let light: Vec<_> =
+        (1..=6).map(|id| std::thread::spawn(move || client_round_trips(addr, id, 3000, 4, false))).collect();
+    for c in light {
+        c.join().unwrap();
+    }
+    heavy.join().unwrap();
+    assert!(svc.mux().psock_moves() >= 1, "no connection moved off the heavy one's worker");
+    assert_eq!(svc.mux().stats().psock.rx_msgs, 300 + 6 * 3000);
+    svc.shutdown();
+}

@@ -58,6 +58,11 @@ pub struct Args {
     /// CPUs: one server worker per CPU; the load's threads take them in turn.
     #[arg(long, value_delimiter = ',', default_value = "0,1")]
     pub cpus: Vec<usize>,
+    /// connmux's I/O driver: epoll (the default here: moving light
+    /// connections off a worker busy with heavy ones is done by the epoll
+    /// driver only), uring or auto.
+    #[arg(long, default_value = "epoll")]
+    pub driver: String,
     /// A smoke run: one round of 0.5 s.
     #[arg(long)]
     pub quick: bool,
@@ -73,6 +78,9 @@ pub struct ServerArgs {
     /// affinity or rr (connmux only).
     #[arg(long, default_value = "affinity")]
     pub steering: String,
+    /// auto, epoll or uring (connmux only).
+    #[arg(long, default_value = "epoll")]
+    pub driver: String,
     /// Worker CPUs (connmux: one worker each).
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub cpus: Vec<usize>,
@@ -142,6 +150,12 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             let mut c = Config::default();
             c.workers = a.cpus.len().max(1);
             c.placement = Placement::Cpus(a.cpus.clone());
+            c.driver = match a.driver.as_str() {
+                "auto" => connmux::Driver::Auto,
+                "epoll" => connmux::Driver::Epoll,
+                "uring" => connmux::Driver::Uring,
+                o => bail!("--driver {o}: auto, epoll or uring"),
+            };
             c.core.steering = match a.steering.as_str() {
                 "affinity" => Steering::Affinity,
                 "rr" => Steering::RoundRobin,
@@ -409,18 +423,21 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 steering,
                 "--cpus",
                 &cpu_list(&a.cpus),
+                "--driver",
+                &a.driver,
             ])
             .args(["--heavy-us", &a.heavy_us.to_string()]);
         servers.push(Proc::spawn(name, cmd, port)?);
     }
     println!(
         "connmux bench uneven: {} heavy connection(s) ({} us of CPU per request) and {} light ones, -a{} each; \
-         servers with one worker per CPU {:?}; {} round(s) of {} s, interleaved; medians; load avg {}",
+         servers with one worker per CPU {:?} (connmux driver {}); {} round(s) of {} s, interleaved; medians; load avg {}",
         a.heavy_conns,
         a.heavy_us,
         a.light_conns,
         a.inflight,
         a.cpus,
+        a.driver,
         a.rounds,
         a.seconds,
         loadavg()
