@@ -38,7 +38,7 @@ fn outcome(wire: &[u8], piece: usize, max: usize) -> Result<usize, RxError> {
     let mut sp = stream(max);
     for chunk in wire.chunks(piece) {
         sp.feed(chunk);
-        while let Some(m) = sp.next_msg(Timestamp::ZERO)? {
+        if let Some(m) = sp.next_msg(Timestamp::ZERO)? {
             panic!("no message fits in {max} bytes, got {} bytes", m.len());
         }
     }
