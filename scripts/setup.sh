@@ -21,6 +21,21 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 command -v cargo >/dev/null || { echo "setup: cargo (Rust stable) is required" >&2; exit 1; }
 
+# ---- TLS (crates/connmux-cli/tests/tls.rs): `openssl` for s_client and for a
+# certificate made outside connmux; python3's ssl module is the other peer.
+tls_need=()
+command -v openssl >/dev/null || tls_need+=(openssl)
+command -v python3 >/dev/null || tls_need+=(python3)
+if [ ${#tls_need[@]} -gt 0 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "setup: missing ${tls_need[*]}; run as root or install them" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${tls_need[@]}" >/dev/null
+fi
+
 # ---- KCM conformance (scripts/conformance.sh): qemu and the tools the kcmvm
 # harness uses to boot Debian's 6.1 kernel, and glibc's static libraries for the
 # static runner the guest needs.

@@ -10,3 +10,4 @@ pub mod rpcbind;
 pub mod rpctest;
 pub mod server;
 pub mod stat;
+pub mod tls;

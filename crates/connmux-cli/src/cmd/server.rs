@@ -56,6 +56,8 @@ pub struct Common {
     /// Do not open a statistics socket.
     #[arg(long, conflicts_with = "stats_socket")]
     pub no_stats_socket: bool,
+    #[command(flatten)]
+    pub tls: crate::cmd::tls::ServerTls,
 }
 
 impl Common {
@@ -224,6 +226,13 @@ fn print_stats(svc: &Service, started: Instant) {
         s.psock.rx_interrupted,
         s.psock.rx_msg_timeouts,
     );
+    let t = svc.mux().tls_stats();
+    if t.attached > 0 {
+        println!(
+            "tls: attached={} handshakes={} handshake_failures={} errors={}",
+            t.attached, t.handshakes, t.handshake_failures, t.errors
+        );
+    }
 }
 
 /// What `connmux stat` prints for a connmux server.
@@ -287,16 +296,18 @@ fn run_service(
     what: &str,
 ) -> anyhow::Result<i32> {
     let mux = Mux::new(common.mux_config()?)?;
+    let cfg = ServiceConfig {
+        listen,
+        sock_type: SockType::Dgram,
+        parser,
+    };
+    let tls = common.tls.config(listen, what)?;
     let svc = Arc::new(
-        Service::start(
-            mux,
-            ServiceConfig {
-                listen,
-                sock_type: SockType::Dgram,
-                parser,
-            },
-            handler,
-        )
+        match &tls {
+            None => Service::start(mux, cfg, handler),
+            // TLS psocks: the handshake and the records run in the workers.
+            Some((config, _)) => Service::start_tls(mux, cfg, handler, config.clone()),
+        }
         .with_context(|| format!("starting {what} on {listen}"))?,
     );
     let started = Instant::now();
@@ -322,6 +333,11 @@ fn run_service(
             .map(|e| format!("; statistics: connmux stat {}", e.path().display()))
             .unwrap_or_default()
     );
+    if let Some((_, note)) = &tls {
+        println!("{note}");
+    }
+    // Line by line even into a pipe: a script waits for these two lines.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
     wait_and_report(common, || print_stats(&svc, started));
     print_stats(&svc, started);
     drop(registration);
@@ -360,6 +376,9 @@ pub fn wait_and_report(common: &Common, mut report: impl FnMut()) {
 }
 
 pub fn run_echo(a: EchoArgs) -> anyhow::Result<i32> {
+    if a.common.engine == "thread" && a.common.tls.wanted() {
+        anyhow::bail!("--tls runs in the connmux runtime: not with --engine thread");
+    }
     if a.common.engine == "thread" {
         return baseline::run_echo(&a);
     }
@@ -386,6 +405,9 @@ pub fn run_echo(a: EchoArgs) -> anyhow::Result<i32> {
 
 pub fn run_rpc(a: RpcArgs) -> anyhow::Result<i32> {
     let reg = registry(&a.register)?;
+    if a.common.engine == "thread" && a.common.tls.wanted() {
+        anyhow::bail!("--tls runs in the connmux runtime: not with --engine thread");
+    }
     if a.common.engine == "thread" {
         return baseline::run_rpc(&a, reg);
     }

@@ -9,6 +9,7 @@
 //! | `size` | message echo from 64 B to 1 MiB against a plain read/write echo of the same bytes |
 //! | `recv` | messages/s and median one-way delay of whole messages read through connmux (epoll, io_uring) vs a plain blocking read loop on the same socket, 64 B, 1 KiB, 64 KiB |
 //! | `instructions` | user-space instructions per NULL call under callgrind (fixed call counts) |
+//! | `tls` | NULL calls to the rpc-server with and without `--tls`: RPC/s, median RTT, ratio |
 //! | `all` | all of the above with their defaults |
 //!
 //! Every server runs as its own process under `taskset`, and every load
@@ -24,6 +25,7 @@ pub mod recv;
 pub mod rpc;
 pub mod scale;
 pub mod size;
+pub mod tls;
 pub mod uneven;
 
 use std::net::{SocketAddr, TcpStream};
@@ -57,6 +59,8 @@ pub enum Mode {
     Recv(recv::Args),
     /// User-space instructions per NULL call (callgrind).
     Instructions(instr::Args),
+    /// The cost of TLS: RPC/s and median RTT of rpc-server with and without --tls.
+    Tls(tls::Args),
     /// Every benchmark with its defaults.
     All(AllArgs),
     /// The rpc-server's service (same handler, same parser) with a chosen I/O driver.
@@ -91,6 +95,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::Size(a) => size::run(a),
         Mode::Recv(a) => recv::run(a),
         Mode::Instructions(a) => instr::run(a),
+        Mode::Tls(a) => tls::run(a),
         Mode::All(a) => {
             let q: &[&str] = if a.quick {
                 &["bench", "--quick"]

@@ -306,6 +306,7 @@ pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
         limit: d + Duration::from_secs(30),
         io_timeout: Duration::from_secs(10),
         cpus: (!a.cpus.is_empty()).then(|| a.cpus.clone()),
+        tls: None,
     };
     let out = engine::run_round(
         &Load {

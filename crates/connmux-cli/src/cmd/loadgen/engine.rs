@@ -27,13 +27,15 @@
 //! down so that their threads return at once.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::ErrorKind;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+
+use super::conn::Conn;
 
 /// Largest blocking send made while nothing is in flight (see step 4 above);
 /// small enough that a byte-echo peer's answer fits the receive buffer.
@@ -78,6 +80,8 @@ pub struct RoundPlan {
     pub io_timeout: Duration,
     /// Pin connection thread `i` to `cpus[i % len]`.
     pub cpus: Option<Vec<usize>>,
+    /// Speak TLS (handshake at connect, before the clock starts).
+    pub tls: Option<crate::cmd::tls::ClientSetup>,
 }
 
 /// What one connection did in one round.
@@ -297,7 +301,13 @@ fn conn_thread<C: Client>(
                 if let Ok(c) = s.try_clone() {
                     sh.socks.lock().unwrap_or_else(|p| p.into_inner()).push(c);
                 }
-                sock = Some(s);
+                match &plan.tls {
+                    None => sock = Some(Conn::plain(s)),
+                    Some(t) => match Conn::tls(s, t, plan.io_timeout) {
+                        Ok(c) => sock = Some(c),
+                        Err(e) => st.error = Some(e),
+                    },
+                }
             }
             Err(e) => st.error = Some(e),
         }
@@ -305,8 +315,8 @@ fn conn_thread<C: Client>(
     sh.ready.wait();
     sh.go.wait();
     let t0 = sh.t0_ns.load(Relaxed);
-    if let Some(s) = sock {
-        if let Err(e) = drive(i, &mut client, &s, plan, sh, t0, &mut st) {
+    if let Some(mut s) = sock {
+        if let Err(e) = drive(i, &mut client, &mut s, plan, sh, t0, &mut st) {
             // Once the round is being stopped, a failure here is only its echo.
             if e != ABORTED && !sh.abort.load(Relaxed) {
                 st.error = Some(e);
@@ -331,7 +341,7 @@ struct Slot {
 fn drive<C: Client>(
     i: usize,
     client: &mut C,
-    s: &TcpStream,
+    s: &mut Conn,
     plan: &RoundPlan,
     sh: &Shared,
     t0: u64,
@@ -358,7 +368,6 @@ fn drive<C: Client>(
     let mut stopping = false;
     let mut last_reply = t0;
     let deadline = plan.duration.map(|d| t0 + d.as_nanos() as u64);
-    let sock = socket2::SockRef::from(s);
     let io_secs = plan.io_timeout.as_secs_f64();
 
     let result = loop {
@@ -388,7 +397,7 @@ fn drive<C: Client>(
             inflight += n as usize;
         }
         if off < pending.len() {
-            match sock.send_with_flags(&pending[off..], libc::MSG_DONTWAIT) {
+            match s.send_nowait(&pending[off..]) {
                 Ok(k) => {
                     off += k;
                     sent_total += k as u64;
@@ -404,7 +413,7 @@ fn drive<C: Client>(
         }
         let awaiting = inflight - unsent_ends.len();
         if awaiting > 0 {
-            let k = match (&*s).read(&mut rbuf) {
+            let k = match s.read(&mut rbuf) {
                 Ok(0) => break Err(format!("server closed the connection ({inflight} requests in flight)")),
                 Ok(k) => k,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -433,7 +442,7 @@ fn drive<C: Client>(
             let mut drained = Ok(());
             // Bounded: at most 64 reads of what is already queued.
             for _ in 0..64 {
-                match (&*s).read(&mut rbuf) {
+                match s.read(&mut rbuf) {
                     Ok(0) => {
                         drained = Err(format!("server closed the connection ({inflight} requests in flight)"));
                         break;
@@ -466,7 +475,7 @@ fn drive<C: Client>(
                 break Err(e);
             }
             let end = pending.len().min(off + SEND_CHUNK);
-            match (&*s).write(&pending[off..end]) {
+            match s.write(&pending[off..end]) {
                 Ok(k) => {
                     off += k;
                     sent_total += k as u64;

@@ -75,6 +75,7 @@
 //! - Requests of one batch go out in one `send`, not one `send` per request.
 //! - Not done: UDP (`-u`), `-m` running averages and `-x` columns.
 
+pub mod conn;
 pub mod engine;
 pub mod plot;
 pub mod report;
@@ -157,6 +158,8 @@ pub struct CommonArgs {
     /// Also print per-connection figures on stderr after each round.
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
     pub verbose: u8,
+    #[command(flatten)]
+    pub tls: crate::cmd::tls::ClientTls,
 }
 
 impl CommonArgs {
@@ -193,6 +196,7 @@ impl CommonArgs {
             limit: duration.unwrap_or(Duration::ZERO) + Duration::from_secs_f64(self.timeout),
             io_timeout: Duration::from_secs_f64(self.io_timeout),
             cpus: self.cpus.as_ref().map(|c| c.0.clone()),
+            tls: None,
         })
     }
 }
@@ -257,7 +261,9 @@ pub fn run_load<W: Workload, C: Serialize>(
     w: &W,
     config: C,
 ) -> anyhow::Result<i32> {
-    let plan = args.plan()?;
+    let mut plan = args.plan()?;
+    let host = target::split_host_port(&target.name, 0).ok().map(|(h, _)| h);
+    plan.tls = args.tls.setup(host.as_deref(), target.addrs.first().map(|a| a.ip()))?;
     if let Some(p) = &args.plot {
         plot::check_path(p)?;
     }
