@@ -270,3 +270,19 @@ fn rpctest_and_echotest_with_tls() {
     assert!(!ok, "a client that does not trust the server's CA must fail");
     assert!(err.contains("certificate") || err.contains("UnknownIssuer"), "{err}");
 }
+
+/// `connmux bench tls --quick` prints its table: both servers' rates, median
+/// RTTs and the ratios, for each setting.
+#[test]
+fn bench_tls_quick_prints_plain_and_tls_figures() {
+    let out = run_connmux(&["bench", "tls", "--quick"], Duration::from_secs(60));
+    assert!(out.lines().any(|l| l.starts_with("setting") && l.contains("TLS RPC/s") && l.contains("TLS/plain")), "{out}");
+    for setting in ["-j1 -a1", "-j1 -a32"] {
+        let row = out.lines().find(|l| l.starts_with(setting)).unwrap_or_else(|| panic!("no {setting} row in\n{out}"));
+        let cols: Vec<&str> = row[setting.len()..].split_whitespace().collect();
+        let plain: f64 = cols[0].parse().unwrap();
+        let tls: f64 = cols[1].parse().unwrap();
+        assert!(plain > 100.0 && tls > 100.0, "{row}");
+        assert!(cols[2].ends_with('x') && cols[5].ends_with('x'), "{row}");
+    }
+}
