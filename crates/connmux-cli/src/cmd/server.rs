@@ -239,8 +239,17 @@ fn print_stats(svc: &Service, started: Instant) {
 fn service_snapshot(what: &str, svc: &Service, started: Instant) -> String {
     use std::sync::atomic::Ordering::Relaxed;
     let st = svc.stats();
+    let t = svc.mux().tls_stats();
+    let tls = if t.attached > 0 {
+        format!(
+            "tls_attached={}\ntls_handshakes={}\ntls_handshake_failures={}\ntls_errors={}\n",
+            t.attached, t.handshakes, t.handshake_failures, t.errors
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{what} pid={} listen={} uptime_s={:.1}\naccepted={}\nattach_errors={}\nclosed={}\n\n{}\n{}",
+        "{what} pid={} listen={} uptime_s={:.1}\naccepted={}\nattach_errors={}\nclosed={}\n{tls}\n{}\n{}",
         std::process::id(),
         svc.local_addr(),
         started.elapsed().as_secs_f64(),
