@@ -88,8 +88,25 @@ impl Mux {
 pub struct ServiceStats {
     pub accepted: AtomicU64,
     pub attach_errors: AtomicU64,
-    /// Connections closed because the peer failed (framing error, reset, FIN).
+    /// Connections closed because the peer failed (framing error, reset, FIN)
+    /// or because the handler answered [`Verdict::Close`].
     pub closed: AtomicU64,
+}
+
+/// The service's handler, counting the connections it closes.
+struct CountCloses {
+    inner: Arc<dyn Handler>,
+    stats: Arc<ServiceStats>,
+}
+
+impl Handler for CountCloses {
+    fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict {
+        let v = self.inner.handle(request, from, scratch);
+        if matches!(v, Verdict::Close) {
+            self.stats.closed.fetch_add(1, Ordering::Relaxed);
+        }
+        v
+    }
 }
 
 /// Configuration of a service.
@@ -136,9 +153,10 @@ impl Service {
         let listener = TcpListener::bind(cfg.listen)?;
         let local = listener.local_addr()?;
         listener.set_nonblocking(true)?;
+        let stats = Arc::new(ServiceStats::default());
+        let handler: Arc<dyn Handler> = Arc::new(CountCloses { inner: handler, stats: stats.clone() });
         let serving = mux.serve(cfg.sock_type, handler)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let stats = Arc::new(ServiceStats::default());
         let mut threads = Vec::new();
         {
             let (mux, stop, stats, parser) = (mux.clone(), stop.clone(), stats.clone(), cfg.parser.clone());
