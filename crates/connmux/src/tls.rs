@@ -117,6 +117,8 @@ pub(crate) struct PsockTls {
     /// The connection's stream ended (None: FIN; Some: read error); reported
     /// to the core once the plaintext before it has been taken.
     eof: Option<Option<i32>>,
+    /// rustls was told of that end (it refuses while its plaintext is full).
+    eof_told: bool,
     /// Ciphertext read from the connection that rustls could not take yet
     /// because the core was full (epoll driver; at most one read).
     held: Vec<u8>,
@@ -126,7 +128,7 @@ impl PsockTls {
     pub(crate) fn new(conn: TlsConn) -> PsockTls {
         let mut conn = conn.0;
         conn.set_buffer_limit(Some(TLS_BUFFER_LIMIT));
-        PsockTls { conn, established: false, done: false, failed: false, eof: None, held: Vec::new() }
+        PsockTls { conn, established: false, done: false, failed: false, eof: None, eof_told: false, held: Vec::new() }
     }
 
     /// Whether receive is over for good.
@@ -267,9 +269,18 @@ pub(crate) fn rx(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], even
             Plain::Empty => {}
         }
         if off == data.len() {
-            if let Some(Some(_)) = st.eof {
+            match st.eof {
                 // A read error (rustls saw no end: its reader still waits).
-                end(sh, rt, st, None, events);
+                Some(Some(_)) => end(sh, rt, st, None, events),
+                // A FIN rustls refused to take while its plaintext was full:
+                // now that it is empty, tell it (once), and look again.
+                Some(None) if !st.eof_told => {
+                    st.eof_told = st.conn.read_tls(&mut io::empty()).is_ok();
+                    if st.eof_told {
+                        continue;
+                    }
+                }
+                _ => {}
             }
             return (off, Rx::Done);
         }
@@ -309,7 +320,7 @@ pub(crate) fn rx_eof(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, errno: Option
     if errno.is_none() {
         // An empty read tells rustls the stream ended, so that its reader
         // tells a close_notify from a truncation.
-        let _ = st.conn.read_tls(&mut io::empty());
+        st.eof_told = st.conn.read_tls(&mut io::empty()).is_ok();
     }
     rx(sh, rt, st, &[], events).1
 }

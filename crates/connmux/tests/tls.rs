@@ -401,6 +401,49 @@ fn backpressure_loses_nothing() {
     assert!(mux.psock_error(psock).is_none(), "{:?} on {:?}", mux.psock_error(psock), driver());
 }
 
+/// The peer sends everything and closes (no close_notify, as many clients
+/// do) while the psock is held back: every message still arrives, in order,
+/// and then the end is reported as a plain close (it fell between messages).
+fn end_after_backpressure_comes_after_the_last_message() {
+    let p = pki();
+    let mux = mux_with(|c| {
+        c.core.psock_rx_buf = 16 << 10;
+        c.core.max_msg_size = 16 << 10;
+    });
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (ours, peer) = pair();
+    socket2::SockRef::from(&ours).set_recv_buffer_size(32 << 10).unwrap();
+    let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    const N: u32 = 400;
+    const HOLD_AT: u32 = 340; // the last 60 KiB fit in the buffers on the way
+    let writer = std::thread::spawn(move || {
+        let mut c = client(&p, peer);
+        for i in 0..N {
+            c.write_all(&framed(&body(i, 1020))).unwrap();
+        }
+        c.flush().unwrap();
+        // FIN without close_notify. The socket stays open: closing it with
+        // the server's session tickets unread would send a reset instead.
+        c.sock.shutdown(std::net::Shutdown::Write).unwrap();
+        c
+    });
+    for i in 0..N {
+        if i == HOLD_AT {
+            // Nobody takes messages while the writer finishes and closes.
+            sock.set_recv_disable(true).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            sock.set_recv_disable(false).unwrap();
+        }
+        let m = sock.recv_msg().unwrap_or_else(|e| panic!("message {i} on {:?}: {e}; {:?} {:?}", driver(), mux.psock_stats(psock), mux.psock_error(psock)));
+        assert_eq!(&m.data[..], &framed(&body(i, 1020))[..], "message {i} on {:?}", driver());
+    }
+    let _client = writer.join().unwrap();
+    let ev = next_error(&mux);
+    assert_eq!((ev.psock, ev.error), (psock, PsockError::Closed), "on {:?}", driver());
+    assert_eq!(mux.tls_stats().errors, 0);
+}
+
 /// The mux owns a TLS psock's connection: unattaching closes it.
 fn unattach_closes_the_connection() {
     let p = pki();
@@ -461,5 +504,6 @@ on_both_drivers!(
     forged_record_after_the_handshake,
     close_notify_between_and_inside_messages,
     backpressure_loses_nothing,
+    end_after_backpressure_comes_after_the_last_message,
     unattach_closes_the_connection,
 );
