@@ -15,8 +15,8 @@
 //! its transmit limits).
 //!
 //! This module is the TLS logic both drivers call (`worker.rs`: epoll,
-//! `uring_worker.rs`: io_uring): [`rx`] moves ciphertext in and plaintext to
-//! the core, [`flush`] (epoll) and [`take_records`] (io_uring) move the core's
+//! `uring_worker.rs`: io_uring): `rx` moves ciphertext in and plaintext to
+//! the core, `flush` (epoll) and `take_records` (io_uring) move the core's
 //! messages out as records. Lock order: a psock's TLS lock, then the core lock;
 //! never the TLS lock while holding the core lock, and no event is dispatched
 //! while a TLS lock is held (dispatch may flush another psock).
@@ -31,7 +31,7 @@
 //!
 //! Errors (a bad handshake, an alert, a record that fails to authenticate, the
 //! peer closing in the middle of a message) stop the psock's receive with
-//! [`RxError::Tls`](connmux_core::mux::RxError::Tls), counted in [`TlsStats`];
+//! [`crate::RxError::Tls`], counted in [`TlsStats`];
 //! the psock is reported on [`Mux::events`] like any failed psock, and the
 //! other psocks are not affected.
 
