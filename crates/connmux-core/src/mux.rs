@@ -332,6 +332,13 @@ impl RxMsg {
     }
 }
 
+/// Where [`Mux::feed_direct`] hands messages for the caller's own socket.
+pub struct Direct<'a> {
+    pub sock: SockId,
+    pub out: &'a mut Vec<(Bytes, PsockId)>,
+    pub limit: usize,
+}
+
 /// A message on a psock's transmit queue.
 #[derive(Debug)]
 struct TxMsg {
@@ -869,6 +876,20 @@ impl Mux {
     /// are refused with `Invalid` and nothing is taken; bytes fed to a psock
     /// whose receive side stopped are dropped (`Ok`).
     pub fn feed(&mut self, p: PsockId, data: &[u8], now: Timestamp) -> Result<(), MuxError> {
+        self.feed_inner(p, data, now, None)
+    }
+
+    /// [`Mux::feed`] for a driver that serves socket `direct.sock` itself: a
+    /// message steered to that socket while its queue is empty is handed to
+    /// the caller in `direct.out` (counted as received by the socket, as
+    /// `recv_msg` would) instead of being queued and taken back, up to
+    /// `direct.limit` messages in the list. Order is kept: once the queue holds
+    /// a message, later ones queue behind it.
+    pub fn feed_direct(&mut self, p: PsockId, data: &[u8], now: Timestamp, direct: &mut Direct<'_>) -> Result<(), MuxError> {
+        self.feed_inner(p, data, now, Some(direct))
+    }
+
+    fn feed_inner(&mut self, p: PsockId, data: &[u8], now: Timestamp, direct: Option<&mut Direct<'_>>) -> Result<(), MuxError> {
         self.note_time(now);
         let ps = self.psock_mut(p)?;
         if ps.stream.is_stopped() || ps.rx_eof || data.is_empty() {
@@ -879,7 +900,7 @@ impl Mux {
         }
         ps.stream.feed(data);
         if !ps.paused {
-            self.rx_pass(p, now);
+            self.rx_pass(p, now, direct);
         }
         Ok(())
     }
@@ -931,7 +952,7 @@ impl Mux {
 
     /// One receive pass of psock `p` (KCM: one `tcp_read_sock` run): cut every
     /// complete message and steer it; stop when none is left or nobody can take one.
-    fn rx_pass(&mut self, p: PsockId, now: Timestamp) {
+    fn rx_pass(&mut self, p: PsockId, now: Timestamp, mut direct: Option<&mut Direct<'_>>) {
         // Disjoint borrows of the mux's parts: this loop runs once per message.
         let Mux { psocks, socks, rx_waiters, events, psocks_ready, config, .. } = self;
         let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
@@ -960,7 +981,19 @@ impl Mux {
             };
             let msg = RxMsg { data, off: 0, psock: p };
             match steer(config, socks, rx_waiters, ps.affinity, key, &mut target) {
-                Some(s) => enqueue_rx(socks, rx_waiters, events, s, msg),
+                Some(s) => match direct.as_deref_mut() {
+                    Some(d) if d.sock == s && d.out.len() < d.limit => {
+                        let sock = socks.get_mut(s.index, s.generation).expect("steered to a live socket");
+                        if sock.rx_queue.is_empty() {
+                            sock.stats.rx_msgs += 1;
+                            sock.stats.rx_bytes += msg.data.len() as u64;
+                            d.out.push((msg.data, p));
+                        } else {
+                            enqueue_rx(socks, rx_waiters, events, s, msg);
+                        }
+                    }
+                    _ => enqueue_rx(socks, rx_waiters, events, s, msg),
+                },
                 None => {
                     // Nobody can take it: keep it, pause (TCP pushes back).
                     ps.ready = Some(msg);
@@ -1062,7 +1095,7 @@ impl Mux {
         // Resumed psocks parse what they had buffered, then read again.
         let now = self.now;
         for p in resumed {
-            self.rx_pass(p, now);
+            self.rx_pass(p, now, None);
             if self.rx_capacity(p) > 0 {
                 self.events.push_back(Event::PsockRxResume(p));
             }

@@ -501,3 +501,34 @@ fn feeding_past_the_psock_cap_is_refused() {
     assert_eq!(m.feed(p, &[0u8; 151], T0), Err(MuxError::Invalid));
     assert_eq!(m.feed(p, &[0u8; 150], T0), Ok(()), "exactly the cap");
 }
+
+/// `feed_direct`: a message steered to the caller's own socket while its
+/// queue is empty is handed over at once, counted as received; once a message
+/// waits in the queue, later ones queue behind it; the list is bounded.
+#[test]
+fn feed_direct_hands_over_only_ahead_of_an_empty_queue() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let p = attach_l4(&mut m);
+    events(&mut m);
+    let mut out = Vec::new();
+    let mut wire = l4_total(10, 1);
+    wire.extend(l4_total(11, 2));
+    {
+        let mut d = connmux_core::mux::Direct { sock: k, out: &mut out, limit: 1 };
+        m.feed_direct(p, &wire, T0, &mut d).unwrap();
+    }
+    // The limit is 1: the first is handed over, the second queued.
+    assert_eq!(out.len(), 1);
+    assert_eq!((&out[0].0[..], out[0].1), (&l4_total(10, 1)[..], p));
+    assert_eq!(m.rx_queued(k).unwrap(), 1);
+    // With a message queued, nothing more is handed over: order is kept.
+    {
+        let mut d = connmux_core::mux::Direct { sock: k, out: &mut out, limit: 64 };
+        m.feed_direct(p, &l4_total(12, 3), T0, &mut d).unwrap();
+    }
+    assert_eq!(out.len(), 1);
+    assert_eq!(recv_all(&mut m, k), vec![l4_total(11, 2), l4_total(12, 3)]);
+    let st = m.sock_stats(k).unwrap();
+    assert_eq!((st.rx_msgs, st.rx_bytes), (3, 33));
+    assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 3);
+}

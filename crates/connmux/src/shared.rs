@@ -214,11 +214,39 @@ thread_local! {
     /// That socket became readable in a worker dispatch and nobody has looked
     /// since (the worker serves, or raises the eventfd at the end of its pass).
     static OWN_PENDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// See [`feed_read`].
+    static DIRECT: std::cell::RefCell<Vec<(Bytes, PsockId)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// This thread (a worker) serves socket `s` in place.
 pub(crate) fn set_own_serve(s: SockId) {
     OWN_SERVE.set(Some(s));
+}
+
+/// Messages this worker read for its own serving socket while that socket's
+/// queue was empty: handed straight to its next `serve` (no queue round trip).
+pub(crate) const DIRECT_LIMIT: usize = 256;
+
+/// Feed bytes read from a psock: straight to this worker's own serving socket
+/// where steering sends them there and its queue is empty, else queued.
+pub(crate) fn feed_read(
+    core: &mut Core,
+    p: PsockId,
+    data: &[u8],
+    now: Timestamp,
+) -> Result<(), connmux_core::mux::MuxError> {
+    match OWN_SERVE.get() {
+        Some(sock) => DIRECT.with_borrow_mut(|out| {
+            let mut d = connmux_core::mux::Direct { sock, out, limit: DIRECT_LIMIT };
+            core.mux.feed_direct(p, data, now, &mut d)
+        }),
+        None => core.mux.feed(p, data, now),
+    }
+}
+
+/// Take the messages read for this worker's serving socket (see [`feed_read`]).
+pub(crate) fn take_direct(into: &mut Vec<(Bytes, PsockId)>) {
+    DIRECT.with_borrow_mut(|d| into.append(d));
 }
 
 /// Whether the own serving socket became readable since the last call.

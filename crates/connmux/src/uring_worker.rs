@@ -573,7 +573,7 @@ fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, even
             return;
         }
         let end = (h.off + cap).min(data.len());
-        let fed = core.mux.feed(id, &data[h.off..end], now);
+        let fed = crate::shared::feed_read(core, id, &data[h.off..end], now);
         h.off = end;
         let done = h.off >= data.len();
         if done {
