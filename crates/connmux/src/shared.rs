@@ -244,6 +244,12 @@ pub(crate) fn feed_read(
     }
 }
 
+/// Whether reads handed messages to this worker's serving socket that its
+/// `serve` has not taken yet.
+pub(crate) fn has_direct() -> bool {
+    DIRECT.with_borrow(|d| !d.is_empty())
+}
+
 /// Take the messages read for this worker's serving socket (see [`feed_read`]).
 pub(crate) fn take_direct(into: &mut Vec<(Bytes, PsockId)>) {
     DIRECT.with_borrow_mut(|d| into.append(d));

@@ -192,7 +192,9 @@ impl Worker<'_> {
             for round in 0..ROUNDS {
                 sh.dispatch(&mut self.events, &mut Ctx::Worker(&mut self.dirty));
                 if let Some(sv) = &serving {
-                    if round == 0 && (serve_ready || !comps.is_empty()) {
+                    // (A command may have read messages for our socket in a
+                    // pass with no completion: `has_direct`.)
+                    if round == 0 && (serve_ready || !comps.is_empty() || crate::shared::has_direct()) {
                         serve(sh, sv, &mut bufs, &mut self.events, &mut self.dirty);
                     }
                 }

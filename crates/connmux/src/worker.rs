@@ -158,7 +158,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
         sh.dispatch(&mut core_events, &mut Ctx::Worker(&mut dirty));
         if let Some(sv) = &serving {
             // Serve whenever this pass may have steered messages to us.
-            if serve_ready || n > 0 {
+            if serve_ready || n > 0 || crate::shared::has_direct() {
                 serve(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
             }
             if let Some(p) = bufs.slow.take() {
