@@ -223,12 +223,9 @@ pub(crate) fn set_own_serve(s: SockId) {
     OWN_SERVE.set(Some(s));
 }
 
-/// Messages this worker read for its own serving socket while that socket's
-/// queue was empty: handed straight to its next `serve` (no queue round trip).
-pub(crate) const DIRECT_LIMIT: usize = 256;
-
 /// Feed bytes read from a psock: straight to this worker's own serving socket
-/// where steering sends them there and its queue is empty, else queued.
+/// where steering sends them there and its queue is empty (held for its next
+/// `serve`, at most one serve batch), else queued.
 pub(crate) fn feed_read(
     core: &mut Core,
     p: PsockId,
@@ -237,7 +234,7 @@ pub(crate) fn feed_read(
 ) -> Result<(), connmux_core::mux::MuxError> {
     match OWN_SERVE.get() {
         Some(sock) => DIRECT.with_borrow_mut(|out| {
-            let mut d = connmux_core::mux::Direct { sock, out, limit: DIRECT_LIMIT };
+            let mut d = connmux_core::mux::Direct { sock, out, limit: crate::worker::SERVE_BATCH };
             core.mux.feed_direct(p, data, now, &mut d)
         }),
         None => core.mux.feed(p, data, now),

@@ -24,7 +24,7 @@ pub(crate) const WAKER_TOKEN: u64 = u64::MAX;
 pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
 
 /// Messages a worker takes from its socket per lock acquisition.
-const SERVE_BATCH: usize = 256;
+pub(crate) const SERVE_BATCH: usize = 256;
 /// Replies are cut out of `scratch` in chunks of this size: a handler's small
 /// `extend_from_slice` would otherwise allocate a fresh buffer (and a shared
 /// header on `split`) for every reply, two allocations per message.
@@ -441,6 +441,10 @@ fn rebalance(sh: &Shared, me: usize) {
     else {
         return;
     };
+    if to_slow > 0 && mine_slow < to_slow + 2 {
+        // Nothing would move: spare the walk over every psock.
+        return;
+    }
     let mine: Vec<Arc<PsockRt>> = sh.lock().psocks.values().filter(|rt| rt.worker() == me).cloned().collect();
     let mut moved_heavy = false;
     for rt in mine {
