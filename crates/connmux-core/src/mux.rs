@@ -550,6 +550,19 @@ fn pid(i: (u32, u32)) -> PsockId {
     PsockId { index: i.0, generation: i.1 }
 }
 
+/// The reply backlog (`tx_addr_bytes`) at which a psock stops being read.
+#[inline]
+fn backlog_pause(config: &MuxConfig) -> usize {
+    config.psock_sndbuf / 2
+}
+
+/// A psock's reply backlog went from at or over the pause mark to under it:
+/// it is read again (`PsockRxResume`).
+#[inline]
+fn backlog_drained(config: &MuxConfig, before: usize, after: usize) -> bool {
+    before >= backlog_pause(config) && after < backlog_pause(config)
+}
+
 /// splitmix64 finaliser: spreads steering keys evenly.
 fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
@@ -666,8 +679,7 @@ impl Mux {
                 ps.tx_kcm = None;
                 ps.stats.unreserved += 1;
             }
-            let half = self.config.psock_sndbuf / 2;
-            if before >= half && after < half {
+            if backlog_drained(&self.config, before, after) {
                 self.events.push_back(Event::PsockRxResume(p));
             }
             if reserved_by_s {
@@ -856,7 +868,7 @@ impl Mux {
     pub fn rx_capacity(&self, p: PsockId) -> usize {
         match self.psock(p) {
             Ok(ps) if !ps.paused && !ps.rx_eof && !ps.stream.is_stopped() => {
-                if ps.tx_addr_bytes >= self.config.psock_sndbuf / 2 {
+                if ps.tx_addr_bytes >= backlog_pause(&self.config) {
                     // Its peer is not reading our replies: stop reading it
                     // (PsockRxResume when the backlog drains).
                     return 0;
@@ -1542,8 +1554,7 @@ impl Mux {
             }
         }
         ps.tx_inflight = 0;
-        let half = self.config.psock_sndbuf / 2;
-        if backlog_before >= half && ps.tx_addr_bytes < half {
+        if backlog_drained(&self.config, backlog_before, ps.tx_addr_bytes) {
             // The peer read its replies: read it again.
             self.events.push_back(Event::PsockRxResume(p));
         }
