@@ -33,7 +33,7 @@ pub struct Args {
     /// How long each server runs under callgrind (all calls must fit in it).
     #[arg(long, default_value_t = 15.0)]
     pub server_seconds: f64,
-    /// At -a1, also print instructions per call by component and the top this
+    /// Also print instructions per call by component and the top this
     /// many functions (self cost from callgrind_annotate, 2N run minus N run).
     #[arg(long, default_value_t = 0)]
     pub annotate: usize,
@@ -239,9 +239,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             let f2 = one_run(&a, s, inflight, 2 * n, &dir, yard.as_ref())?;
             let (i1, i2) = (total_ir(&f1)?, total_ir(&f2)?);
             per.push((i2 as f64 - i1 as f64) / n as f64);
-            if inflight <= 1 {
-                pairs.push((s, f1, f2, n));
-            }
+            pairs.push((s, inflight, f1, f2, n));
         }
         print!("{:<8} {:>8}", format!("-a{inflight}"), n);
         for x in &per {
@@ -255,7 +253,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         }
     }
     if a.annotate > 0 && on_path("callgrind_annotate") {
-        for (s, f1, f2, n) in pairs {
+        for (s, inflight, f1, f2, n) in pairs {
             let (t1, t2) = (self_costs(&f1)?, self_costs(&f2)?);
             let mut per_fn: Vec<(String, f64)> = t2
                 .iter()
@@ -276,7 +274,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             groups.sort_by(|a, b| b.1.total_cmp(&a.1));
             println!();
             println!(
-                "{s}, -a1: instructions per call by component (self cost, 2N run minus N run):"
+                "{s}, -a{inflight}: instructions per call by component (self cost, 2N run minus N run):"
             );
             for (g, x) in &groups {
                 if x.abs() >= 1.0 {
@@ -284,7 +282,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 }
             }
             println!(
-                "{s}, -a1: top {} functions, instructions per call:",
+                "{s}, -a{inflight}: top {} functions, instructions per call:",
                 a.annotate
             );
             for (name, x) in per_fn.iter().take(a.annotate) {
