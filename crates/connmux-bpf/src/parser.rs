@@ -85,6 +85,11 @@ pub fn parse_result(ret: u32) -> Parse {
 }
 
 impl Parser for BpfParser {
+    // Stateless: the same bytes always get the same answer.
+    fn frames_in_place(&self) -> bool {
+        true
+    }
+
     fn parse(&mut self, buf: &[u8]) -> Parse {
         match self.program.run(&mut self.vm, buf) {
             Ok(r0) => parse_result(r0 as u32),

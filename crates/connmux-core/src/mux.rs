@@ -901,6 +901,62 @@ impl Mux {
         self.feed_inner(p, data, now, Some(direct))
     }
 
+    /// [`Mux::feed_direct`] for a driver that can also run its handler on
+    /// messages where they lie in `data`: while psock `p`'s messages would be
+    /// steered to `direct.sock` (affinity steering, the socket able and its
+    /// queue empty, nothing of `p` buffered or held back), complete messages
+    /// at the front of `data` are framed in place
+    /// ([`StreamParser::frame_in_place`], up to `limit`; 0 turns it off) and
+    /// their ranges pushed onto `out`, counted as received by the socket as
+    /// `recv_msg` would; the rest of `data` is fed as by `feed_direct`. The
+    /// caller must hand the messages of `out` to the socket's reader before
+    /// anything it takes from its queue or `direct.out` later (they are older).
+    pub fn feed_in_place(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        now: Timestamp,
+        direct: &mut Direct<'_>,
+        limit: usize,
+        out: &mut Vec<std::ops::Range<usize>>,
+    ) -> Result<(), MuxError> {
+        let first = out.len();
+        let sock = direct.sock;
+        let taken = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { 0 };
+        if out.len() > first {
+            self.note_time(now);
+            let s = self.socks.get_mut(sock.index, sock.generation).expect("checked live");
+            s.stats.rx_msgs += (out.len() - first) as u64;
+            s.stats.rx_bytes += out[first..].iter().map(|r| r.len() as u64).sum::<u64>();
+        }
+        self.feed_inner(p, &data[taken..], now, Some(direct))
+    }
+
+    /// The in-place part of [`Mux::feed_in_place`]: bytes of `data` taken.
+    fn frame_in_place(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        sock: SockId,
+        limit: usize,
+        out: &mut Vec<std::ops::Range<usize>>,
+    ) -> Result<usize, MuxError> {
+        let Mux { psocks, socks, config, .. } = self;
+        let ps = psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
+        let Some(s) = socks.get(sock.index, sock.generation) else { return Ok(0) };
+        // Exactly where `steer` sends this psock's next message: its own
+        // socket, able, with a queue short enough (empty: order is kept).
+        let steered_here = config.steering == Steering::Affinity
+            && ps.affinity.is_some()
+            && s.affinity == ps.affinity
+            && s.on_waiters
+            && s.rx_queue.is_empty();
+        if !steered_here || ps.paused || ps.ready.is_some() || ps.rx_eof {
+            return Ok(0);
+        }
+        Ok(ps.stream.frame_in_place(data, limit, out))
+    }
+
     fn feed_inner(&mut self, p: PsockId, data: &[u8], now: Timestamp, direct: Option<&mut Direct<'_>>) -> Result<(), MuxError> {
         self.note_time(now);
         let ps = self.psock_mut(p)?;

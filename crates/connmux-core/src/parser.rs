@@ -5,6 +5,8 @@
 //! KCM's BPF program returns > 0 (length), 0 (need more), < 0 (error); the BPF
 //! parser in `connmux-bpf` maps onto this trait.
 
+use std::ops::Range;
+
 use bytes::Bytes;
 
 /// A parser's answer for the bytes of the current message gathered so far.
@@ -85,6 +87,23 @@ pub trait Parser: Send {
         None
     }
 
+    /// Whether messages may be framed where they lie in the driver's read
+    /// buffer (the in-place path, [`crate::stream::StreamParser::frame_in_place`]):
+    /// `parse` is then also asked about bytes outside the stream's own buffer,
+    /// and may be asked again about the same bytes (it must answer alike, as
+    /// a stateless parser does). Off unless a parser says so.
+    fn frames_in_place(&self) -> bool {
+        false
+    }
+
+    /// For a complete message (exactly `Length` bytes) framed in place: the
+    /// part the application receives when that is a plain sub-slice of it (what
+    /// `finish` would return, without a copy). `None` sends the message down
+    /// the ordinary path instead.
+    fn finish_in_place(&self, msg: &[u8]) -> Option<Range<usize>> {
+        Some(0..msg.len())
+    }
+
     /// A short name for statistics and errors ("len4be", "oncrpc", "bpf:prog").
     fn name(&self) -> &str;
 }
@@ -98,6 +117,12 @@ impl<P: Parser + ?Sized> Parser for Box<P> {
     }
     fn steering_key(&self, msg: &[u8]) -> Option<u64> {
         (**self).steering_key(msg)
+    }
+    fn frames_in_place(&self) -> bool {
+        (**self).frames_in_place()
+    }
+    fn finish_in_place(&self, msg: &[u8]) -> Option<Range<usize>> {
+        (**self).finish_in_place(msg)
     }
     fn name(&self) -> &str {
         (**self).name()

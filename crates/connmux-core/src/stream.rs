@@ -30,6 +30,7 @@
 //! What it does not do: read sockets, keep time (the caller passes
 //! [`Timestamp`]s), or decide who receives a message.
 
+use std::ops::Range;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -291,6 +292,41 @@ impl StreamParser {
         self.stats.msgs += 1;
         self.stats.bytes += full_len as u64;
         Ok(Some(self.parser.finish(raw)))
+    }
+
+    /// Frame complete messages where they lie in `data` (bytes just read, not
+    /// fed), for a driver that hands them to their handler at once instead of
+    /// cutting a [`Bytes`] per message. Only when nothing is buffered and the
+    /// parser allows it ([`Parser::frames_in_place`]); stops at the first
+    /// message that is not whole in `data`, that the parser does not frame
+    /// cleanly (any error is left for [`StreamParser::feed`] and
+    /// [`StreamParser::next_msg`] to find and count on the same bytes), or that
+    /// `finish_in_place` declines, and after `limit` messages in `out`.
+    ///
+    /// Pushes what the application receives of each message (ranges of
+    /// `data`) onto `out`, counts them as `next_msg` would, and returns how many
+    /// bytes of `data` they took: the rest must be fed as usual.
+    pub fn frame_in_place(&mut self, data: &[u8], limit: usize, out: &mut Vec<Range<usize>>) -> usize {
+        if self.stopped || !self.buf.is_empty() || !self.parser.frames_in_place() {
+            return 0;
+        }
+        let mut at = 0;
+        while at < data.len() && out.len() < limit {
+            let rest = &data[at..];
+            let len = match self.parser.parse(rest) {
+                Parse::Length(len) if len > 0 && len <= rest.len() && len <= self.limits.max_msg_size => len,
+                _ => break,
+            };
+            let r = match self.parser.finish_in_place(&rest[..len]) {
+                Some(r) if r.start <= r.end && r.end <= len => r,
+                _ => break,
+            };
+            out.push(at + r.start..at + r.end);
+            self.stats.msgs += 1;
+            self.stats.bytes += len as u64;
+            at += len;
+        }
+        at
     }
 
     fn abort(&mut self, e: RxError) -> RxError {

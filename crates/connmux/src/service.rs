@@ -31,6 +31,9 @@ pub enum Verdict {
     /// The peer misbehaved: reset and unattach its connection (after the
     /// replies already produced for it are written).
     Close,
+    /// The reply, one whole message, was appended to the `out` buffer of
+    /// [`Handler::handle_in_place`] (only that method may answer this).
+    Appended,
 }
 
 /// Turns a request into a verdict. Runs on I/O workers: keep it short and
@@ -38,6 +41,19 @@ pub enum Verdict {
 /// (`scratch.split().freeze()` hands one out without a copy).
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict;
+
+    /// [`Handler::handle`] for a request that still lies in the worker's
+    /// receive buffer, valid only during the call (a read's whole messages
+    /// are served where they lie: nothing is cut or copied for them). `out`
+    /// holds the replies to the same connection built so far: a handler that
+    /// writes its reply there (exactly one whole message, appended) returns
+    /// [`Verdict::Appended`], and the replies of one read leave in one write
+    /// without another copy. A handler that answers anything else must leave
+    /// `out` as it found it. The default copies the request and calls `handle`.
+    fn handle_in_place(&self, request: &[u8], from: PsockId, scratch: &mut BytesMut, out: &mut BytesMut) -> Verdict {
+        let _ = out;
+        self.handle(Bytes::copy_from_slice(request), from, scratch)
+    }
 }
 
 impl<F> Handler for F
@@ -101,7 +117,16 @@ struct CountCloses {
 
 impl Handler for CountCloses {
     fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict {
-        let v = self.inner.handle(request, from, scratch);
+        self.count(self.inner.handle(request, from, scratch))
+    }
+    fn handle_in_place(&self, request: &[u8], from: PsockId, scratch: &mut BytesMut, out: &mut BytesMut) -> Verdict {
+        self.count(self.inner.handle_in_place(request, from, scratch, out))
+    }
+}
+
+impl CountCloses {
+    #[inline]
+    fn count(&self, v: Verdict) -> Verdict {
         if matches!(v, Verdict::Close) {
             self.stats.closed.fetch_add(1, Ordering::Relaxed);
         }

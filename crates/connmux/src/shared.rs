@@ -241,6 +241,27 @@ pub(crate) fn feed_read(
     }
 }
 
+/// [`feed_read`] that also frames whole messages where they lie in `data`
+/// (`Mux::feed_in_place`) for the caller to serve at once: their ranges go to
+/// `ranges`. Not while messages of this psock wait in the direct list (they
+/// are older and are served first, by `serve`).
+pub(crate) fn feed_read_in_place(
+    core: &mut Core,
+    p: PsockId,
+    data: &[u8],
+    now: Timestamp,
+    ranges: &mut Vec<std::ops::Range<usize>>,
+) -> Result<(), connmux_core::mux::MuxError> {
+    match OWN_SERVE.get() {
+        Some(sock) => DIRECT.with_borrow_mut(|out| {
+            let limit = if out.iter().any(|(_, q)| *q == p) { 0 } else { crate::worker::SERVE_BATCH };
+            let mut d = connmux_core::mux::Direct { sock, out, limit: crate::worker::SERVE_BATCH };
+            core.mux.feed_in_place(p, data, now, &mut d, limit, ranges)
+        }),
+        None => core.mux.feed(p, data, now),
+    }
+}
+
 /// Whether reads handed messages to this worker's serving socket that its
 /// `serve` has not taken yet.
 pub(crate) fn has_direct() -> bool {

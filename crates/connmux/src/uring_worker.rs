@@ -91,9 +91,34 @@ impl Conn {
     }
 }
 
+/// Messages framed in place in provided buffers during a pass over the
+/// ring's completions (under the core lock), served once the lock is dropped;
+/// their buffers go back to the ring only after that.
+#[derive(Default)]
+struct Lent {
+    /// Where the messages lie in their buffers.
+    ranges: Vec<std::ops::Range<usize>>,
+    /// One per fed piece that framed messages: psock, buffer, `ranges[a..b]`.
+    batches: Vec<(PsockId, u16, usize, usize)>,
+    /// Buffers fully fed whose messages are still to be served.
+    recycle: Vec<u16>,
+}
+
+impl Lent {
+    /// Give a fully fed buffer back to the ring, after its messages are served.
+    fn give_back(&mut self, ring: &mut WRing, buf: u16) {
+        if self.batches.iter().any(|b| b.1 == buf) {
+            self.recycle.push(buf);
+        } else {
+            ring.recycle(buf);
+        }
+    }
+}
+
 struct Worker<'a> {
     sh: &'a Shared,
     index: usize,
+    lent: Lent,
     conns: FxHashMap<u64, Conn>,
     /// Psocks whose receive should be (re)armed when buffers allow.
     to_arm: Vec<u64>,
@@ -116,7 +141,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
         }
     };
     drop(init);
-    let mut w = Worker { sh: &sh, index, conns: FxHashMap::default(), to_arm: Vec::new(), events: Vec::new(), dirty: Vec::new() };
+    let mut w = Worker { sh: &sh, index, lent: Lent::default(), conns: FxHashMap::default(), to_arm: Vec::new(), events: Vec::new(), dirty: Vec::new() };
     w.run(&mut ring);
     // Dropping the ring cancels what is still in flight and waits for it, before
     // the connections (and their descriptors) go.
@@ -159,6 +184,7 @@ impl Worker<'_> {
             let mut serve_ready = false;
             let mut commands = false;
             self.completions(ring, &comps, &mut waker_armed, &mut serve_armed, &mut serve_ready, &mut commands);
+            self.serve_lent(ring, serving.as_ref(), &mut bufs);
             // Commands: taken every pass (the waker only ends the wait). Drain the
             // eventfd before taking them, so a command posted in between leaves it
             // readable for the next wait rather than being slept through.
@@ -176,6 +202,7 @@ impl Worker<'_> {
                     c => self.command(ring, c),
                 }
             }
+            self.serve_lent(ring, serving.as_ref(), &mut bufs);
             // Deadlines (assembly timeouts).
             {
                 let mut core = sh.lock();
@@ -255,7 +282,7 @@ impl Worker<'_> {
                     } else {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         let core = core.get_or_insert_with(|| sh.lock());
-                        pump(core, ring, conn, now, &mut self.events);
+                        pump(core, ring, conn, now, &mut self.events, &mut self.lent);
                     }
                     self.after_recv(token);
                 }
@@ -274,7 +301,7 @@ impl Worker<'_> {
                             pump_tls(sh, ring, conn, &mut self.events);
                         } else {
                             let core = core.get_or_insert_with(|| sh.lock());
-                            pump(core, ring, conn, now, &mut self.events);
+                            pump(core, ring, conn, now, &mut self.events, &mut self.lent);
                         }
                     }
                     self.after_recv(token);
@@ -321,6 +348,23 @@ impl Worker<'_> {
                     }
                 }
             }
+        }
+    }
+
+    /// Serve the messages framed in place in provided buffers, then give
+    /// those buffers back to the ring.
+    fn serve_lent(&mut self, ring: &mut WRing, serving: Option<&Serving>, bufs: &mut crate::worker::ServeBufs) {
+        let lent = &mut self.lent;
+        if let Some(sv) = serving {
+            for &(p, buf, a, b) in &lent.batches {
+                let data = ring.buffer(buf).unwrap_or(&[]);
+                crate::worker::serve_in_place(self.sh, sv, bufs, data, &lent.ranges[a..b], p, &mut self.events, &mut self.dirty);
+            }
+        }
+        lent.batches.clear();
+        lent.ranges.clear();
+        for buf in lent.recycle.drain(..) {
+            ring.recycle(buf);
         }
     }
 
@@ -375,14 +419,14 @@ impl Worker<'_> {
                     return;
                 }
                 let mut core = sh.lock();
-                pump(&mut core, ring, conn, sh.now(), &mut self.events);
+                pump(&mut core, ring, conn, sh.now(), &mut self.events, &mut self.lent);
                 drop(core);
                 self.to_arm.push(token);
             }
             Command::StopRx(p) => {
                 let token = psock_token(p);
                 let Some(conn) = self.conns.get_mut(&token) else { return };
-                stop_rx(ring, conn, token);
+                stop_rx(ring, conn, token, &mut self.lent);
             }
             Command::Flush(p) => {
                 let token = psock_token(p);
@@ -397,7 +441,7 @@ impl Worker<'_> {
                 let Some(conn) = self.conns.get_mut(&token) else { return };
                 conn.released = true;
                 for h in conn.held.drain(..) {
-                    ring.recycle(h.buf);
+                    self.lent.give_back(ring, h.buf);
                 }
                 if conn.idle() {
                     self.conns.remove(&token);
@@ -496,11 +540,11 @@ impl Worker<'_> {
 }
 
 /// Stop receiving from a failed psock for good: its held bytes are dropped.
-fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64) {
+fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
     conn.rx_stopped = true;
     conn.eof = None;
     for h in conn.held.drain(..) {
-        ring.recycle(h.buf);
+        lent.give_back(ring, h.buf);
     }
     if conn.recv_armed && !conn.recv_cancelled {
         conn.recv_cancelled = ring.cancel_recv(token).is_ok();
@@ -546,7 +590,7 @@ fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Eve
     }
     if st.done() {
         drop(st);
-        stop_rx(ring, conn, token);
+        stop_rx(ring, conn, token, &mut Lent::default()); // TLS buffers are never lent
         return;
     }
     if let Some(errno) = conn.eof.take() {
@@ -559,7 +603,7 @@ fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Eve
 /// Feed the held bytes of one psock to the core, no more than it takes. When it
 /// takes nothing (paused), keep the rest and cancel the receive; when all is fed,
 /// report an end of stream that came after it.
-fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, events: &mut Vec<Event>) {
+fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, events: &mut Vec<Event>, lent: &mut Lent) {
     let id: PsockId = conn.rt.id;
     let token = psock_token(id);
     // Bounded: each round feeds at least one byte, or stops.
@@ -575,19 +619,28 @@ fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, even
             return;
         }
         let end = (h.off + cap).min(data.len());
-        let fed = crate::shared::feed_read(core, id, &data[h.off..end], now);
+        // Whole messages for this worker's own socket are framed where they
+        // lie and served after the pass (`Worker::serve_lent`).
+        let a = lent.ranges.len();
+        let fed = crate::shared::feed_read_in_place(core, id, &data[h.off..end], now, &mut lent.ranges);
+        if lent.ranges.len() > a {
+            for r in &mut lent.ranges[a..] {
+                *r = r.start + h.off..r.end + h.off;
+            }
+            lent.batches.push((id, h.buf, a, lent.ranges.len()));
+        }
         h.off = end;
         let done = h.off >= data.len();
         if done {
             let buf = h.buf;
             conn.held.pop_front();
-            ring.recycle(buf);
+            lent.give_back(ring, buf);
         }
         if fed.is_err() {
             // Gone from the core, or over its hard cap (cannot happen within
             // rx_capacity): stop receiving from it.
             core.drain_events(events);
-            stop_rx(ring, conn, token);
+            stop_rx(ring, conn, token, lent);
             return;
         }
     }

@@ -117,7 +117,8 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                                 // A TLS psock may take bytes again (see `tls::epoll_read`).
                                 Command::Resume(p) => {
                                     if let Some(rt) = sh.psock_rt(p) {
-                                        read_psock(&sh, &rt, &mut buf, &mut core_events);
+                                        let ip = serving.as_ref().map(|sv| InPlace { sv, bufs: &mut bufs, dirty: &mut dirty });
+                                        read_psock(&sh, &rt, &mut buf, &mut core_events, ip);
                                     }
                                 }
                                 // Other threads reach epoll psocks through epoll_ctl.
@@ -136,7 +137,8 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                             }
                         }
                         if ev.readable || ev.hup || ev.error {
-                            read_psock(&sh, &rt, &mut buf, &mut core_events);
+                            let ip = serving.as_ref().map(|sv| InPlace { sv, bufs: &mut bufs, dirty: &mut dirty });
+                            read_psock(&sh, &rt, &mut buf, &mut core_events, ip);
                         }
                     }
                 }
@@ -187,8 +189,18 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     }
 }
 
+/// What a worker that serves in place needs to run its handler on a read's
+/// messages where they lie.
+pub(crate) struct InPlace<'a> {
+    pub sv: &'a Serving,
+    pub bufs: &'a mut ServeBufs,
+    pub dirty: &'a mut Vec<Arc<PsockRt>>,
+}
+
 /// One read from a readable psock, bounded by what the core will accept.
-fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>) {
+/// On a serving worker, the read's whole messages for its own socket are
+/// served at once, where they lie in `buf`.
+fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>, in_place: Option<InPlace<'_>>) {
     if let Some(tls) = &rt.tls {
         return crate::tls::epoll_read(sh, rt, tls, buf, events);
     }
@@ -215,10 +227,23 @@ fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>
             drop(core);
             sh.set_interest(rt, |i| i.read = false);
         }
-        Ok(n) => {
-            let _ = crate::shared::feed_read(&mut core, rt.id, &buf[..n], now);
-            core.drain_events(events);
-        }
+        Ok(n) => match in_place {
+            Some(ip) => {
+                let mut ranges = std::mem::take(&mut ip.bufs.ranges);
+                let _ = crate::shared::feed_read_in_place(&mut core, rt.id, &buf[..n], now, &mut ranges);
+                core.drain_events(events);
+                drop(core);
+                if !ranges.is_empty() {
+                    serve_in_place(sh, ip.sv, ip.bufs, &buf[..n], &ranges, rt.id, events, ip.dirty);
+                    ranges.clear();
+                }
+                ip.bufs.ranges = ranges;
+            }
+            None => {
+                let _ = crate::shared::feed_read(&mut core, rt.id, &buf[..n], now);
+                core.drain_events(events);
+            }
+        },
         Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
         Err(e) => {
             let _ = core.mux.rx_closed(rt.id, Some(e.raw_os_error().unwrap_or(libc::EIO)));
@@ -266,13 +291,54 @@ pub(crate) struct ServeBufs {
     slow_hits: rustc_hash::FxHashMap<PsockId, u32>,
     /// A psock that has just turned out heavy (for `rebalance`).
     pub slow: Option<PsockId>,
+    /// Where a read's messages lie in the read buffer (in-place serving).
+    ranges: Vec<std::ops::Range<usize>>,
+    /// Connections a handler closed in the batch being served: their later
+    /// requests are not handled (nothing after the close is answered).
+    closed: Vec<PsockId>,
 }
 
 impl ServeBufs {
     /// Close the current run of coalesced replies, if any.
     fn end_run(&mut self) {
-        if let Some((p, n)) = self.run.take() {
-            self.outs.push(Out::Replies(p, self.run_buf.split().freeze(), n));
+        match self.run.take() {
+            Some((p, n)) if n > 0 => self.outs.push(Out::Replies(p, self.run_buf.split().freeze(), n)),
+            _ => {}
+        }
+    }
+
+    /// Make the current run one of replies to `psock`, with room to grow.
+    fn open_run(&mut self, psock: PsockId) {
+        if !matches!(self.run, Some((p, _)) if p == psock) {
+            self.end_run();
+            self.run = Some((psock, 0));
+        }
+        if self.run_buf.capacity() - self.run_buf.len() < SCRATCH_LOW {
+            self.run_buf.reserve(SCRATCH_CHUNK);
+        }
+    }
+
+    /// Note how long a handler ran on a message of `psock` (if timed): whether
+    /// it counts as slow.
+    fn timed(&mut self, psock: PsockId, t0: Option<Instant>) -> bool {
+        let Some(t0) = t0 else { return false };
+        if t0.elapsed() >= SLOW_HANDLER {
+            if self.slow_hits.len() >= 4096 {
+                self.slow_hits.clear();
+            }
+            // One long run can be a preemption; several in a row are a heavy
+            // connection.
+            let hits = self.slow_hits.entry(psock).or_insert(0);
+            *hits += 1;
+            if *hits == SLOW_HITS {
+                self.slow.get_or_insert(psock);
+            }
+            true
+        } else {
+            if !self.slow_hits.is_empty() {
+                self.slow_hits.remove(&psock);
+            }
+            false
         }
     }
 
@@ -295,9 +361,11 @@ impl ServeBufs {
                 self.end_run();
                 self.outs.push(Out::Replies(psock, b, 1));
             }
-            crate::service::Verdict::NoReply => {}
+            // `Appended` from `handle` (it has no `out`): nothing to send.
+            crate::service::Verdict::NoReply | crate::service::Verdict::Appended => {}
             crate::service::Verdict::Close => {
                 self.end_run();
+                self.closed.push(psock);
                 self.outs.push(Out::Close(psock));
             }
         }
@@ -338,79 +406,125 @@ pub(crate) fn serve(
         let mut msgs = std::mem::take(&mut bufs.msgs);
         let mut slow_batch = false;
         for (i, (data, psock)) in msgs.drain(..).enumerate() {
+            if !bufs.closed.is_empty() && bufs.closed.contains(&psock) {
+                continue;
+            }
             if bufs.scratch.capacity() - bufs.scratch.len() < SCRATCH_LOW {
                 bufs.scratch.reserve(SCRATCH_CHUNK);
             }
-            // Handler time is sampled (the first messages of a batch, then one
-            // in 16): reading the clock for every message costs more than a
-            // light handler. A heavy connection is caught all the same.
-            let t0 = (i < 4 || i % 16 == 0).then(Instant::now);
+            let t0 = sampled(i).then(Instant::now);
             let v = sv.handler.handle(data, psock, &mut bufs.scratch);
-            if let Some(t0) = t0 {
-                if t0.elapsed() >= SLOW_HANDLER {
-                    slow_batch = true;
-                    if bufs.slow_hits.len() >= 4096 {
-                        bufs.slow_hits.clear();
-                    }
-                    // One long run can be a preemption; several in a row are
-                    // a heavy connection.
-                    let hits = bufs.slow_hits.entry(psock).or_insert(0);
-                    *hits += 1;
-                    if *hits == SLOW_HITS {
-                        bufs.slow.get_or_insert(psock);
-                    }
-                } else if !bufs.slow_hits.is_empty() {
-                    bufs.slow_hits.remove(&psock);
-                }
-            }
+            slow_batch |= bufs.timed(psock, t0);
             bufs.push(psock, v);
         }
         bufs.msgs = msgs;
-        bufs.end_run();
-        let mut aborts = Vec::new();
-        {
-            let mut core = sh.lock();
-            for out in bufs.outs.drain(..) {
-                match out {
-                    Out::Replies(psock, b, n) => {
-                        // A reply to a connection that went away is dropped, as
-                        // a send on a closed socket would be. A refused one
-                        // means its peer has not read `psock_sndbuf` bytes of
-                        // replies while still sending: that connection is
-                        // aborted (counted in tx_backlog_refusals), nobody
-                        // else waits for it.
-                        let r = if n == 1 {
-                            core.mux.send_msg(sv.sock.id, Some(psock), b, false)
-                        } else {
-                            core.mux.send_msgs_to(sv.sock.id, psock, b, n)
-                        };
-                        if let Err(MuxError::WouldBlock) = r {
-                            aborts.push(psock);
-                        }
-                    }
-                    Out::Close(psock) => aborts.push(psock),
-                }
-            }
-            core.drain_events(events);
-        }
-        sh.dispatch(events, &mut Ctx::Worker(dirty));
-        for p in aborts {
-            if let Some(rt) = sh.psock_rt(p) {
-                // Answer the good calls that came before the bad one first.
-                sh.flush(&rt, events);
-                let _ = connmux_sys::socket::abort(rt.fd());
-            }
-            let mut core = sh.lock();
-            let _ = core.mux.unattach(p);
-            core.drain_events(events);
-            drop(core);
-            sh.dispatch(events, &mut Ctx::Worker(dirty));
-        }
+        send_outs(sh, sv, bufs, events, dirty);
         if slow_batch {
             // Back to I/O: read the other connections before more heavy work
             // (the socket's readiness is still raised if messages wait).
             break;
         }
+    }
+}
+
+/// Whether the handler's time is taken on the `i`th message of a batch: the
+/// first few, then one in 16 (reading the clock for every message costs more
+/// than a light handler; a heavy connection is caught all the same).
+#[inline]
+fn sampled(i: usize) -> bool {
+    i < 4 || i % 16 == 0
+}
+
+/// Run the handler on the messages of one read of psock `p` where they lie
+/// in `data` (`ranges`, framed in place by the core), then queue the replies.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn serve_in_place(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    data: &[u8],
+    ranges: &[std::ops::Range<usize>],
+    p: PsockId,
+    events: &mut Vec<Event>,
+    dirty: &mut Vec<Arc<PsockRt>>,
+) {
+    for (i, r) in ranges.iter().enumerate() {
+        if bufs.scratch.capacity() - bufs.scratch.len() < SCRATCH_LOW {
+            bufs.scratch.reserve(SCRATCH_CHUNK);
+        }
+        bufs.open_run(p);
+        let mark = bufs.run_buf.len();
+        let t0 = sampled(i).then(Instant::now);
+        let v = sv.handler.handle_in_place(&data[r.clone()], p, &mut bufs.scratch, &mut bufs.run_buf);
+        bufs.timed(p, t0);
+        match v {
+            crate::service::Verdict::Appended if bufs.run_buf.len() > mark => {
+                if let Some((_, n)) = &mut bufs.run {
+                    *n += 1;
+                }
+            }
+            v => {
+                // Only an appended reply may stay in the run.
+                bufs.run_buf.truncate(mark);
+                let close = matches!(v, crate::service::Verdict::Close);
+                if !matches!(v, crate::service::Verdict::Appended) {
+                    bufs.push(p, v);
+                }
+                if close {
+                    // Nothing after the close is answered.
+                    break;
+                }
+            }
+        }
+    }
+    send_outs(sh, sv, bufs, events, dirty);
+}
+
+/// Queue the replies of served messages on their connections (in the order
+/// they were produced) and abort the connections whose handler asked for it.
+fn send_outs(sh: &Shared, sv: &Serving, bufs: &mut ServeBufs, events: &mut Vec<Event>, dirty: &mut Vec<Arc<PsockRt>>) {
+    bufs.end_run();
+    bufs.closed.clear();
+    if bufs.outs.is_empty() {
+        return;
+    }
+    let mut aborts = Vec::new();
+    {
+        let mut core = sh.lock();
+        for out in bufs.outs.drain(..) {
+            match out {
+                Out::Replies(psock, b, n) => {
+                    // A reply to a connection that went away is dropped, as a
+                    // send on a closed socket would be. A refused one means its
+                    // peer has not read `psock_sndbuf` bytes of replies while
+                    // still sending: that connection is aborted (counted in
+                    // tx_backlog_refusals), nobody else waits for it.
+                    let r = if n == 1 {
+                        core.mux.send_msg(sv.sock.id, Some(psock), b, false)
+                    } else {
+                        core.mux.send_msgs_to(sv.sock.id, psock, b, n)
+                    };
+                    if let Err(MuxError::WouldBlock) = r {
+                        aborts.push(psock);
+                    }
+                }
+                Out::Close(psock) => aborts.push(psock),
+            }
+        }
+        core.drain_events(events);
+    }
+    sh.dispatch(events, &mut Ctx::Worker(dirty));
+    for p in aborts {
+        if let Some(rt) = sh.psock_rt(p) {
+            // Answer the good calls that came before the bad one first.
+            sh.flush(&rt, events);
+            let _ = connmux_sys::socket::abort(rt.fd());
+        }
+        let mut core = sh.lock();
+        let _ = core.mux.unattach(p);
+        core.drain_events(events);
+        drop(core);
+        sh.dispatch(events, &mut Ctx::Worker(dirty));
     }
 }
 

@@ -103,9 +103,78 @@ fn bad_client_is_aborted_while_good_client_continues() {
     std::thread::sleep(Duration::from_millis(10));
 }
 
+/// A handler that answers in place: the request's first body byte says how
+/// (`A` append the echo to `out`, `R` reply with a buffer of its own, `N` no
+/// reply, `C` close the connection).
+struct Verdicts;
+impl connmux::service::Handler for Verdicts {
+    fn handle(&self, req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut) -> Verdict {
+        Verdict::Reply(req)
+    }
+    fn handle_in_place(&self, req: &[u8], _from: PsockId, _s: &mut bytes::BytesMut, out: &mut bytes::BytesMut) -> Verdict {
+        match req.get(4) {
+            Some(b'A') => {
+                out.extend_from_slice(req);
+                Verdict::Appended
+            }
+            Some(b'N') => Verdict::NoReply,
+            Some(b'C') => Verdict::Close,
+            _ => Verdict::Reply(Bytes::copy_from_slice(req)),
+        }
+    }
+}
+
+/// Calls sent back to back in one write, the last one cut in two: every
+/// verdict of an in-place handler comes back in request order (appended and
+/// own-buffer replies mixed), the completed call after them; a close after
+/// good calls answers them first, then resets the connection.
+fn in_place_verdicts_keep_request_order() {
+    let mux = mux_with(|c| c.core.steering = Steering::Affinity);
+    let svc = Service::start(
+        mux,
+        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
+        Arc::new(Verdicts),
+    )
+    .unwrap();
+    let mut c = TcpStream::connect(svc.local_addr()).unwrap();
+    c.set_nodelay(true).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    let call = |kind: u8, n: u8| framed(&[kind, n, n, n]);
+    for round in 0..50u8 {
+        let kinds = [b'A', b'R', b'N', b'A', b'A', b'R', b'N', b'R', b'A'];
+        let mut wire: Vec<u8> = kinds.iter().enumerate().flat_map(|(i, &k)| call(k, i as u8)).collect();
+        let last = call(b'A', round);
+        wire.extend_from_slice(&last[..3]);
+        c.write_all(&wire).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+        c.write_all(&last[3..]).unwrap();
+        for (i, &k) in kinds.iter().enumerate() {
+            if k != b'N' {
+                assert_eq!(read_framed(&mut c), vec![k, i as u8, i as u8, i as u8], "round {round}");
+            }
+        }
+        assert_eq!(read_framed(&mut c), vec![b'A', round, round, round], "round {round}: the call cut in two");
+    }
+    let mut wire = call(b'A', 1);
+    wire.extend(call(b'R', 2));
+    wire.extend(call(b'C', 3));
+    wire.extend(call(b'A', 4));
+    c.write_all(&wire).unwrap();
+    assert_eq!(read_framed(&mut c), vec![b'A', 1, 1, 1]);
+    assert_eq!(read_framed(&mut c), vec![b'R', 2, 2, 2]);
+    let mut b = [0u8; 16];
+    let r = c.read(&mut b);
+    assert!(matches!(r, Ok(0) | Err(_)), "the closed connection answered more: {r:?}");
+    assert!(svc.stats().closed.load(Ordering::Relaxed) >= 1);
+    let st = svc.mux().stats();
+    assert!(st.rx_msgs >= 50 * 10 + 3, "{st:?}");
+    svc.shutdown();
+}
+
 on_both_drivers!(
     echo_service_many_clients_pipelined_complete,
     bad_client_is_aborted_while_good_client_continues,
+    in_place_verdicts_keep_request_order,
 );
 
 /// A connection whose requests take long (300 µs of CPU each) makes its

@@ -154,6 +154,22 @@ impl Handler for Echo {
     fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
         Verdict::Reply(request)
     }
+    fn handle_in_place(
+        &self,
+        request: &[u8],
+        _from: PsockId,
+        _scratch: &mut BytesMut,
+        out: &mut BytesMut,
+    ) -> Verdict {
+        // Small replies join the run of replies to the connection; a large
+        // one is its own buffer (one copy either way).
+        if request.len() <= 4096 {
+            out.extend_from_slice(request);
+            Verdict::Appended
+        } else {
+            Verdict::Reply(Bytes::copy_from_slice(request))
+        }
+    }
 }
 
 /// The ONC RPC NULL service as a handler: one record in, one record out.
@@ -172,26 +188,50 @@ impl RpcHandler {
     }
 }
 
-impl Handler for RpcHandler {
-    fn handle(&self, request: Bytes, _from: PsockId, scratch: &mut BytesMut) -> Verdict {
+impl RpcHandler {
+    /// Answer one record, appending the reply record to `out`.
+    fn answer(&self, request: &[u8], out: &mut BytesMut) -> bool {
         // The registry writes into a Vec; reuse one per worker thread so the
-        // hot path does not allocate, and hand the reply out of `scratch`.
+        // hot path does not allocate.
         thread_local!(static OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) });
-        OUT.with(|out| {
-            let mut out = out.borrow_mut();
-            out.clear();
-            match self.registry.handle_marked(&request, &mut out) {
+        OUT.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.clear();
+            match self.registry.handle_marked(request, &mut buf) {
                 connmux_oncrpc::Outcome::Replied { .. } => {
-                    scratch.extend_from_slice(&out);
-                    Verdict::Reply(scratch.split().freeze())
+                    out.extend_from_slice(&buf);
+                    true
                 }
                 connmux_oncrpc::Outcome::CloseConnection(_) => {
                     self.bad_calls
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    Verdict::Close
+                    false
                 }
             }
         })
+    }
+}
+
+impl Handler for RpcHandler {
+    fn handle(&self, request: Bytes, _from: PsockId, scratch: &mut BytesMut) -> Verdict {
+        if self.answer(&request, scratch) {
+            Verdict::Reply(scratch.split().freeze())
+        } else {
+            Verdict::Close
+        }
+    }
+    fn handle_in_place(
+        &self,
+        request: &[u8],
+        _from: PsockId,
+        _scratch: &mut BytesMut,
+        out: &mut BytesMut,
+    ) -> Verdict {
+        if self.answer(request, out) {
+            Verdict::Appended
+        } else {
+            Verdict::Close
+        }
     }
 }
 

@@ -22,6 +22,11 @@ impl Kafka {
 }
 
 impl Parser for Kafka {
+    // Stateless: the same bytes always get the same answer.
+    fn frames_in_place(&self) -> bool {
+        true
+    }
+
     #[inline]
     fn parse(&mut self, buf: &[u8]) -> Parse {
         parse_be_i32_size(buf, "kafka size (negative)")

@@ -122,6 +122,11 @@ pub(crate) fn checked_total(value: u64, base: usize, adjust: i64, header: usize)
 }
 
 impl Parser for LengthField {
+    // Stateless: the same bytes always get the same answer.
+    fn frames_in_place(&self) -> bool {
+        true
+    }
+
     #[inline]
     fn parse(&mut self, buf: &[u8]) -> Parse {
         let Some(field) = buf.get(self.offset..self.header_len) else {

@@ -40,6 +40,11 @@ impl Memcached {
 }
 
 impl Parser for Memcached {
+    // Stateless: the same bytes always get the same answer.
+    fn frames_in_place(&self) -> bool {
+        true
+    }
+
     #[inline]
     fn parse(&mut self, buf: &[u8]) -> Parse {
         match buf.first() {

@@ -26,6 +26,11 @@ impl NineP {
 }
 
 impl Parser for NineP {
+    // Stateless: the same bytes always get the same answer.
+    fn frames_in_place(&self) -> bool {
+        true
+    }
+
     #[inline]
     fn parse(&mut self, buf: &[u8]) -> Parse {
         let Some(b) = buf.get(..4) else {

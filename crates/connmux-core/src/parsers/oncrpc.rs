@@ -86,6 +86,16 @@ fn mark_at(buf: &[u8], at: usize) -> Option<[u8; MARK_LEN]> {
 
 impl Parser for OncRpc {
     fn parse(&mut self, buf: &[u8]) -> Parse {
+        // The common record, one fragment whose mark is in: no state to keep.
+        if self.next_mark == 0 && self.max_fragments >= 1 {
+            if let Some(mark) = mark_at(buf, 0) {
+                let word = u32::from_be_bytes(mark);
+                if word & LAST_FRAGMENT != 0 {
+                    // Fits: a 31-bit length plus the mark.
+                    return Parse::Length(MARK_LEN + (word & !LAST_FRAGMENT) as usize);
+                }
+            }
+        }
         // Resume only if this is the message we were framing (it only grows).
         if self.next_mark != 0
             && (buf.len() < self.next_mark
@@ -123,6 +133,21 @@ impl Parser for OncRpc {
             self.last = mark;
             self.next_mark = end;
         }
+    }
+
+    // Its framing state is only a resumption aid: `parse` restarts when the
+    // bytes it is shown are not the message it was framing.
+    fn frames_in_place(&self) -> bool {
+        true
+    }
+
+    fn finish_in_place(&self, msg: &[u8]) -> Option<std::ops::Range<usize>> {
+        if !self.strip {
+            return Some(0..msg.len());
+        }
+        // One fragment: the body after its mark; several need a copy.
+        let w = u32::from_be_bytes(mark_at(msg, 0)?);
+        (w & LAST_FRAGMENT != 0 && (w & !LAST_FRAGMENT) as usize == msg.len() - MARK_LEN).then_some(MARK_LEN..msg.len())
     }
 
     fn finish(&mut self, msg: Bytes) -> Bytes {

@@ -38,6 +38,11 @@ pub(crate) fn parse_be_i32_size(buf: &[u8], what: &'static str) -> Parse {
 }
 
 impl Parser for Thrift {
+    // Stateless: the same bytes always get the same answer.
+    fn frames_in_place(&self) -> bool {
+        true
+    }
+
     #[inline]
     fn parse(&mut self, buf: &[u8]) -> Parse {
         parse_be_i32_size(buf, "thrift frame size (negative)")

@@ -16,11 +16,13 @@ pub struct L4 {
     pub strip: bool,
     /// Use the first payload byte as steering key.
     pub keyed: bool,
+    /// Allow framing in place (it is stateless).
+    pub in_place: bool,
 }
 
 impl L4 {
     pub fn new() -> L4 {
-        L4 { adjust: 4, refuse: None, strip: false, keyed: false }
+        L4 { adjust: 4, refuse: None, strip: false, keyed: false, in_place: true }
     }
     pub fn boxed() -> Box<dyn Parser> {
         Box::new(L4::new())
@@ -51,6 +53,12 @@ impl Parser for L4 {
         } else {
             None
         }
+    }
+    fn frames_in_place(&self) -> bool {
+        self.in_place
+    }
+    fn finish_in_place(&self, msg: &[u8]) -> Option<std::ops::Range<usize>> {
+        Some(if self.strip { 4 } else { 0 }..msg.len())
     }
     fn name(&self) -> &str {
         "l4"

@@ -1,0 +1,196 @@
+//! `Mux::feed_in_place`: messages framed where they lie in the read bytes
+//! must be exactly the messages, order, counters and errors that `feed` and
+//! `recv_msg` give for the same bytes; and nothing is framed in place where
+//! steering would not send the message to the caller's socket.
+
+mod common;
+
+use std::ops::Range;
+use std::time::Duration;
+
+use common::*;
+use connmux_core::mux::{Direct, Event, Mux, MuxConfig, PsockConfig, PsockId, SockId, SockType, Steering};
+use connmux_core::Bytes;
+use connmux_core::Timestamp;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const T0: Timestamp = Timestamp::ZERO;
+
+fn affinity_mux(cfg: MuxConfig, parser: L4) -> (Mux, SockId, PsockId) {
+    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, ..cfg });
+    let s = m.socket(SockType::Dgram);
+    m.set_affinity(s, Some(0)).unwrap();
+    let p = m.attach(Box::new(parser), PsockConfig::default());
+    m.set_psock_affinity(p, Some(0)).unwrap();
+    (m, s, p)
+}
+
+/// Feed `data` in place; return what the socket's reader sees, in order: the
+/// messages framed in place, then whatever the queue holds.
+/// Messages completed from buffered bytes are handed over in `direct` (as by
+/// `feed_direct`), which comes after the in-place ones and before the queue.
+fn feed_and_read(m: &mut Mux, s: SockId, p: PsockId, data: &[u8], now: Timestamp, limit: usize) -> (usize, Vec<Vec<u8>>) {
+    let (mut out, mut direct): (Vec<Range<usize>>, Vec<(Bytes, PsockId)>) = (Vec::new(), Vec::new());
+    let mut d = Direct { sock: s, out: &mut direct, limit: 2 };
+    m.feed_in_place(p, data, now, &mut d, limit, &mut out).unwrap();
+    let n = out.len();
+    let mut got: Vec<Vec<u8>> = out.into_iter().map(|r| data[r].to_vec()).collect();
+    got.extend(direct.into_iter().map(|(b, _)| b.to_vec()));
+    got.extend(recv_all(m, s));
+    (n, got)
+}
+
+fn in_place(m: &mut Mux, s: SockId, p: PsockId, data: &[u8], limit: usize, out: &mut Vec<Range<usize>>) {
+    let mut direct = Vec::new();
+    let mut d = Direct { sock: s, out: &mut direct, limit: 0 };
+    m.feed_in_place(p, data, T0, &mut d, limit, out).unwrap();
+}
+
+/// The same stream, cut at the same random points, through `feed` and through
+/// `feed_in_place`: same messages in the same order, same counters, same
+/// failure; and most messages framed in place.
+#[test]
+fn in_place_matches_feed_for_random_splits() {
+    for seed in 0..300u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let strip = rng.gen_bool(0.3);
+        let max = 300;
+        let cfg = MuxConfig { max_msg_size: max, ..MuxConfig::default() };
+        let mk = || L4 { strip, refuse: Some(77), ..L4::new() };
+        let (mut a, sa, pa) = affinity_mux(cfg.clone(), mk());
+        let (mut b, sb, pb) = affinity_mux(cfg, mk());
+        // Messages of 4..=200 bytes; now and then one too big or refused, to
+        // check that an error is found and counted the same way.
+        let mut wire = Vec::new();
+        for i in 0..rng.gen_range(1..60) {
+            let total = rng.gen_range(4..=200);
+            wire.extend(l4_total(total, i as u8));
+            if rng.gen_bool(0.01) {
+                wire.extend(l4_total(max + 1 + rng.gen_range(0..10), 0xee));
+            } else if rng.gen_bool(0.01) {
+                wire.extend(l4_total(77 + 4, 0xdd));
+            }
+        }
+        let (mut want, mut got, mut in_place) = (Vec::new(), Vec::new(), 0);
+        let mut at = 0;
+        let mut t = 0u64;
+        while at < wire.len() {
+            let n = rng.gen_range(1..=wire.len() - at).min(rng.gen_range(1..600));
+            let now = Timestamp::from_nanos(t);
+            a.feed(pa, &wire[at..at + n], now).unwrap();
+            want.extend(recv_all(&mut a, sa));
+            let (k, g) = feed_and_read(&mut b, sb, pb, &wire[at..at + n], now, rng.gen_range(1..64));
+            in_place += k;
+            got.extend(g);
+            at += n;
+            t += 1_000;
+        }
+        assert_eq!(got, want, "seed {seed}: messages");
+        assert_eq!(b.sock_stats(sb).unwrap(), a.sock_stats(sa).unwrap(), "seed {seed}: socket counters");
+        assert_eq!(b.psock_stats(pb).unwrap(), a.psock_stats(pa).unwrap(), "seed {seed}: psock counters");
+        let fails = |m: &mut Mux| events(m).into_iter().filter(|e| matches!(e, Event::PsockFailed(..))).collect::<Vec<_>>();
+        let (fa, fb) = (fails(&mut a), fails(&mut b));
+        assert_eq!(fb.len(), fa.len(), "seed {seed}: failures");
+        if let (Some(Event::PsockFailed(_, ea)), Some(Event::PsockFailed(_, eb))) = (fa.first(), fb.first()) {
+            assert_eq!(eb, ea, "seed {seed}: failure reason");
+        }
+        if seed == 0 {
+            assert!(in_place > 0, "nothing was framed in place");
+        }
+    }
+}
+
+#[test]
+fn whole_messages_are_framed_in_place_and_a_partial_tail_is_buffered() {
+    let (mut m, s, p) = affinity_mux(MuxConfig::default(), L4::new());
+    let mut wire = l4_total(10, 1);
+    wire.extend(l4_total(12, 2));
+    let third = l4_total(20, 3);
+    wire.extend(&third[..7]);
+    let mut out = Vec::new();
+    in_place(&mut m, s, p, &wire, 64, &mut out);
+    assert_eq!(out, vec![0..10, 10..22]);
+    assert_eq!(m.rx_queued(s).unwrap(), 0);
+    assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 2);
+    // With the partial third message buffered nothing more is framed in place: the rest
+    // completes it in the stream and goes to the queue.
+    out.clear();
+    in_place(&mut m, s, p, &third[7..], 64, &mut out);
+    assert!(out.is_empty());
+    assert_eq!(recv_all(&mut m, s), vec![third]);
+    let st = m.sock_stats(s).unwrap();
+    assert_eq!((st.rx_msgs, st.rx_bytes), (3, 42));
+}
+
+#[test]
+fn the_limit_bounds_what_is_framed_in_place() {
+    let (mut m, s, p) = affinity_mux(MuxConfig::default(), L4::new());
+    let wire: Vec<u8> = (0..5).flat_map(|i| l4_total(8, i)).collect();
+    let (n, got) = feed_and_read(&mut m, s, p, &wire, T0, 2);
+    assert_eq!(n, 2);
+    assert_eq!(got, (0..5).map(|i| l4_total(8, i)).collect::<Vec<_>>());
+}
+
+/// Wherever steering would not hand the next message to the caller's socket
+/// straight away, nothing is framed in place (the bytes are fed as usual).
+#[test]
+fn nothing_is_framed_in_place_unless_steered_to_the_callers_empty_socket() {
+    let msg = l4_total(10, 1);
+    let frames = |m: &mut Mux, s: SockId, p: PsockId| {
+        let mut out = Vec::new();
+        in_place(m, s, p, &msg, 64, &mut out);
+        out.len()
+    };
+    // Round robin.
+    {
+        let mut m = Mux::new(rr_config());
+        let s = m.socket(SockType::Dgram);
+        let p = m.attach(L4::boxed(), PsockConfig::default());
+        assert_eq!(frames(&mut m, s, p), 0);
+        assert_eq!(m.rx_queued(s).unwrap(), 1);
+    }
+    // Another worker's psock.
+    {
+        let (mut m, s, p) = affinity_mux(MuxConfig::default(), L4::new());
+        m.set_psock_affinity(p, Some(1)).unwrap();
+        assert_eq!(frames(&mut m, s, p), 0);
+    }
+    // A message already waits in the socket's queue: order is kept.
+    {
+        let (mut m, s, p) = affinity_mux(MuxConfig::default(), L4::new());
+        m.feed(p, &l4_total(9, 0), T0).unwrap();
+        assert_eq!(frames(&mut m, s, p), 0);
+        assert_eq!(recv_all(&mut m, s), vec![l4_total(9, 0), msg.clone()]);
+    }
+    // The socket does not take messages (receive disabled).
+    {
+        let (mut m, s, p) = affinity_mux(MuxConfig::default(), L4::new());
+        m.set_recv_disable(s, true).unwrap();
+        assert_eq!(frames(&mut m, s, p), 0);
+    }
+    // A parser that does not allow it.
+    {
+        let (mut m, s, p) = affinity_mux(MuxConfig::default(), L4 { in_place: false, ..L4::new() });
+        assert_eq!(frames(&mut m, s, p), 0);
+        assert_eq!(recv_all(&mut m, s), vec![msg.clone()]);
+    }
+}
+
+/// A bad message in the middle: the good ones before it are framed in place,
+/// the bad one fails the psock exactly as `feed` would, nothing after it is
+/// delivered.
+#[test]
+fn an_error_after_good_messages_fails_the_psock_once() {
+    let cfg = MuxConfig { max_msg_size: 64, assembly_timeout: Some(Duration::from_millis(5)), ..MuxConfig::default() };
+    let (mut m, s, p) = affinity_mux(cfg, L4::new());
+    events(&mut m);
+    let mut wire = l4_total(10, 1);
+    wire.extend(l4_total(100, 2));
+    wire.extend(l4_total(10, 3));
+    let (n, got) = feed_and_read(&mut m, s, p, &wire, T0, 64);
+    assert_eq!((n, got), (1, vec![l4_total(10, 1)]));
+    let fails: Vec<Event> = events(&mut m).into_iter().filter(|e| matches!(e, Event::PsockFailed(..))).collect();
+    assert_eq!(fails.len(), 1);
+    assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 1);
+}
