@@ -104,6 +104,33 @@ pub trait Parser: Send {
         Some(0..msg.len())
     }
 
+    /// Frame up to `limit` complete messages of at most `max_len` bytes each
+    /// at the front of `data` (in place: only called when
+    /// [`Parser::frames_in_place`] says so), pushing what the application
+    /// receives of each ([`Parser::finish_in_place`], as ranges of `data`) onto
+    /// `out`; stop at the first message that is not whole, not cleanly framed
+    /// or declined. Returns the bytes of `data` taken. Rarely overridden: the
+    /// default is compiled for each parser, so its `parse` is called directly
+    /// (no dynamic call per message).
+    fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Range<usize>>) -> usize {
+        let mut at = 0;
+        let mut n = 0;
+        while at < data.len() && n < limit {
+            let rest = &data[at..];
+            let len = match self.parse(rest) {
+                Parse::Length(len) if len > 0 && len <= rest.len() && len <= max_len => len,
+                _ => break,
+            };
+            match self.finish_in_place(&rest[..len]) {
+                Some(r) if r.start <= r.end && r.end <= len => out.push(at + r.start..at + r.end),
+                _ => break,
+            }
+            at += len;
+            n += 1;
+        }
+        at
+    }
+
     /// A short name for statistics and errors ("len4be", "oncrpc", "bpf:prog").
     fn name(&self) -> &str;
 }
@@ -123,6 +150,9 @@ impl<P: Parser + ?Sized> Parser for Box<P> {
     }
     fn finish_in_place(&self, msg: &[u8]) -> Option<Range<usize>> {
         (**self).finish_in_place(msg)
+    }
+    fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Range<usize>>) -> usize {
+        (**self).frame_batch(data, max_len, limit, out)
     }
     fn name(&self) -> &str {
         (**self).name()

@@ -301,7 +301,7 @@ impl StreamParser {
     /// message that is not whole in `data`, that the parser does not frame
     /// cleanly (any error is left for [`StreamParser::feed`] and
     /// [`StreamParser::next_msg`] to find and count on the same bytes), or that
-    /// `finish_in_place` declines, and after `limit` messages in `out`.
+    /// `finish_in_place` declines, and after `limit` messages.
     ///
     /// Pushes what the application receives of each message (ranges of
     /// `data`) onto `out`, counts them as `next_msg` would, and returns how many
@@ -310,23 +310,11 @@ impl StreamParser {
         if self.stopped || !self.buf.is_empty() || !self.parser.frames_in_place() {
             return 0;
         }
-        let mut at = 0;
-        while at < data.len() && out.len() < limit {
-            let rest = &data[at..];
-            let len = match self.parser.parse(rest) {
-                Parse::Length(len) if len > 0 && len <= rest.len() && len <= self.limits.max_msg_size => len,
-                _ => break,
-            };
-            let r = match self.parser.finish_in_place(&rest[..len]) {
-                Some(r) if r.start <= r.end && r.end <= len => r,
-                _ => break,
-            };
-            out.push(at + r.start..at + r.end);
-            self.stats.msgs += 1;
-            self.stats.bytes += len as u64;
-            at += len;
-        }
-        at
+        let first = out.len();
+        let taken = self.parser.frame_batch(data, self.limits.max_msg_size, limit, out);
+        self.stats.msgs += (out.len() - first) as u64;
+        self.stats.bytes += taken as u64;
+        taken
     }
 
     fn abort(&mut self, e: RxError) -> RxError {

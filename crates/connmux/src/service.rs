@@ -76,6 +76,17 @@ impl Mux {
     /// they were read, and move to another worker only when this one falls
     /// behind (`MuxConfig::imbalance`).
     pub fn serve(&self, ty: SockType, handler: Arc<dyn Handler>) -> io::Result<Serving> {
+        self.serve_counting(ty, handler, None)
+    }
+
+    /// [`Mux::serve`], counting the connections the handler closes in
+    /// `stats.closed` (the workers count them as they act on the verdict).
+    pub(crate) fn serve_counting(
+        &self,
+        ty: SockType,
+        handler: Arc<dyn Handler>,
+        stats: Option<Arc<ServiceStats>>,
+    ) -> io::Result<Serving> {
         if self.user().ok_or_else(Mux::no_workers)?.serving.swap(true, Ordering::AcqRel) {
             return Err(io::Error::new(io::ErrorKind::AlreadyExists, "this mux already serves a handler"));
         }
@@ -92,7 +103,7 @@ impl Mux {
             // by one budget that a single non-reading peer could use up.
             s.set_sndbuf(usize::MAX / 4)?;
             let rt = sh.sock_rt(s.id()).expect("socket just created");
-            sh.workers[i].commands.lock().unwrap().push(Command::Serve { sock: rt, handler: handler.clone() });
+            sh.workers[i].commands.lock().unwrap().push(Command::Serve { sock: rt, handler: handler.clone(), stats: stats.clone() });
             sh.workers[i].waker.notify()?;
         }
         Ok(Serving { _sockets: socks })
@@ -107,31 +118,6 @@ pub struct ServiceStats {
     /// Connections closed because the peer failed (framing error, reset, FIN)
     /// or because the handler answered [`Verdict::Close`].
     pub closed: AtomicU64,
-}
-
-/// The service's handler, counting the connections it closes.
-struct CountCloses {
-    inner: Arc<dyn Handler>,
-    stats: Arc<ServiceStats>,
-}
-
-impl Handler for CountCloses {
-    fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict {
-        self.count(self.inner.handle(request, from, scratch))
-    }
-    fn handle_in_place(&self, request: &[u8], from: PsockId, scratch: &mut BytesMut, out: &mut BytesMut) -> Verdict {
-        self.count(self.inner.handle_in_place(request, from, scratch, out))
-    }
-}
-
-impl CountCloses {
-    #[inline]
-    fn count(&self, v: Verdict) -> Verdict {
-        if matches!(v, Verdict::Close) {
-            self.stats.closed.fetch_add(1, Ordering::Relaxed);
-        }
-        v
-    }
 }
 
 /// Configuration of a service.
@@ -179,8 +165,7 @@ impl Service {
         let local = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let stats = Arc::new(ServiceStats::default());
-        let handler: Arc<dyn Handler> = Arc::new(CountCloses { inner: handler, stats: stats.clone() });
-        let serving = mux.serve(cfg.sock_type, handler)?;
+        let serving = mux.serve_counting(cfg.sock_type, handler, Some(stats.clone()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         {

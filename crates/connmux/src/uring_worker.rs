@@ -194,9 +194,9 @@ impl Worker<'_> {
             let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
             for c in cmds {
                 match c {
-                    Command::Serve { sock, handler } => {
+                    Command::Serve { sock, handler, stats } => {
                         crate::shared::set_own_serve(sock.id);
-                        serving = Some(Serving { sock, handler });
+                        serving = Some(Serving { sock, handler, stats });
                         serve_ready = true;
                     }
                     c => self.command(ring, c),

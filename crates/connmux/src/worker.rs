@@ -17,7 +17,7 @@ use connmux_core::Timestamp;
 use connmux_sys::epoll::{Events, Interest};
 
 use crate::config::Placement;
-use crate::service::Handler;
+use crate::service::{Handler, ServiceStats};
 use crate::shared::{psock_token, token_psock, Ctx, PsockRt, Shared, SockRt, WorkerIo};
 
 pub(crate) const WAKER_TOKEN: u64 = u64::MAX;
@@ -37,7 +37,7 @@ const SCRATCH_LOW: usize = 4 * 1024;
 /// io_uring worker gets all of them, as its ring is its own.
 pub(crate) enum Command {
     /// Run `handler` in place on messages steered to socket `sock`.
-    Serve { sock: Arc<SockRt>, handler: Arc<dyn Handler> },
+    Serve { sock: Arc<SockRt>, handler: Arc<dyn Handler>, stats: Option<Arc<ServiceStats>> },
     /// A psock was attached to this worker: start receiving.
     Attach(Arc<PsockRt>),
     /// The core takes bytes from this psock again (`PsockRxResume`).
@@ -68,6 +68,8 @@ pub(crate) fn cpus_for(placement: &Placement, workers: usize) -> Vec<Option<usiz
 pub(crate) struct Serving {
     pub sock: Arc<SockRt>,
     pub handler: Arc<dyn Handler>,
+    /// Where connections closed by the handler are counted (a service's).
+    pub stats: Option<Arc<ServiceStats>>,
 }
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
@@ -108,10 +110,10 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                         let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
                         for c in cmds {
                             match c {
-                                Command::Serve { sock, handler } => {
+                                Command::Serve { sock, handler, stats } => {
                                     let _ = epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ);
                                     crate::shared::set_own_serve(sock.id);
-                                    serving = Some(Serving { sock, handler });
+                                    serving = Some(Serving { sock, handler, stats });
                                     serve_ready = true;
                                 }
                                 // A TLS psock may take bytes again (see `tls::epoll_read`).
@@ -308,6 +310,7 @@ impl ServeBufs {
     }
 
     /// Make the current run one of replies to `psock`, with room to grow.
+    #[inline]
     fn open_run(&mut self, psock: PsockId) {
         if !matches!(self.run, Some((p, _)) if p == psock) {
             self.end_run();
@@ -320,8 +323,13 @@ impl ServeBufs {
 
     /// Note how long a handler ran on a message of `psock` (if timed): whether
     /// it counts as slow.
+    #[inline]
     fn timed(&mut self, psock: PsockId, t0: Option<Instant>) -> bool {
         let Some(t0) = t0 else { return false };
+        self.timed_slow(psock, t0)
+    }
+
+    fn timed_slow(&mut self, psock: PsockId, t0: Instant) -> bool {
         if t0.elapsed() >= SLOW_HANDLER {
             if self.slow_hits.len() >= 4096 {
                 self.slow_hits.clear();
@@ -448,14 +456,16 @@ pub(crate) fn serve_in_place(
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
 ) {
+    let handler = &*sv.handler;
     for (i, r) in ranges.iter().enumerate() {
+        let Some(request) = data.get(r.clone()) else { break };
         if bufs.scratch.capacity() - bufs.scratch.len() < SCRATCH_LOW {
             bufs.scratch.reserve(SCRATCH_CHUNK);
         }
         bufs.open_run(p);
         let mark = bufs.run_buf.len();
         let t0 = sampled(i).then(Instant::now);
-        let v = sv.handler.handle_in_place(&data[r.clone()], p, &mut bufs.scratch, &mut bufs.run_buf);
+        let v = handler.handle_in_place(request, p, &mut bufs.scratch, &mut bufs.run_buf);
         bufs.timed(p, t0);
         match v {
             crate::service::Verdict::Appended if bufs.run_buf.len() > mark => {
@@ -508,7 +518,12 @@ fn send_outs(sh: &Shared, sv: &Serving, bufs: &mut ServeBufs, events: &mut Vec<E
                         aborts.push(psock);
                     }
                 }
-                Out::Close(psock) => aborts.push(psock),
+                Out::Close(psock) => {
+                    if let Some(st) = &sv.stats {
+                        st.closed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    aborts.push(psock)
+                }
             }
         }
         core.drain_events(events);

@@ -76,26 +76,11 @@ impl OncRpc {
         self.next_mark = 0;
         self.frags = 0;
     }
-}
 
-#[inline]
-fn mark_at(buf: &[u8], at: usize) -> Option<[u8; MARK_LEN]> {
-    let b = buf.get(at..at.checked_add(MARK_LEN)?)?;
-    Some([b[0], b[1], b[2], b[3]])
-}
-
-impl Parser for OncRpc {
-    fn parse(&mut self, buf: &[u8]) -> Parse {
-        // The common record, one fragment whose mark is in: no state to keep.
-        if self.next_mark == 0 && self.max_fragments >= 1 {
-            if let Some(mark) = mark_at(buf, 0) {
-                let word = u32::from_be_bytes(mark);
-                if word & LAST_FRAGMENT != 0 {
-                    // Fits: a 31-bit length plus the mark.
-                    return Parse::Length(MARK_LEN + (word & !LAST_FRAGMENT) as usize);
-                }
-            }
-        }
+    /// Records of several fragments, or a mark not yet whole: framed one
+    /// mark per pass, resuming where the last call stopped.
+    #[inline(never)]
+    fn parse_fragments(&mut self, buf: &[u8]) -> Parse {
         // Resume only if this is the message we were framing (it only grows).
         if self.next_mark != 0
             && (buf.len() < self.next_mark
@@ -134,6 +119,29 @@ impl Parser for OncRpc {
             self.next_mark = end;
         }
     }
+}
+
+#[inline]
+fn mark_at(buf: &[u8], at: usize) -> Option<[u8; MARK_LEN]> {
+    let b = buf.get(at..at.checked_add(MARK_LEN)?)?;
+    Some([b[0], b[1], b[2], b[3]])
+}
+
+impl Parser for OncRpc {
+    #[inline]
+    fn parse(&mut self, buf: &[u8]) -> Parse {
+        // The common record, one fragment whose mark is in: no state to keep.
+        if self.next_mark == 0 && self.max_fragments >= 1 {
+            if let Some(mark) = mark_at(buf, 0) {
+                let word = u32::from_be_bytes(mark);
+                if word & LAST_FRAGMENT != 0 {
+                    // Fits: a 31-bit length plus the mark.
+                    return Parse::Length(MARK_LEN + (word & !LAST_FRAGMENT) as usize);
+                }
+            }
+        }
+        self.parse_fragments(buf)
+    }
 
     // Its framing state is only a resumption aid: `parse` restarts when the
     // bytes it is shown are not the message it was framing.
@@ -141,6 +149,7 @@ impl Parser for OncRpc {
         true
     }
 
+    #[inline]
     fn finish_in_place(&self, msg: &[u8]) -> Option<std::ops::Range<usize>> {
         if !self.strip {
             return Some(0..msg.len());
