@@ -12,6 +12,9 @@
 //! - every message is 1..=max_msg bytes, is the next slice of the stream, and
 //!   is delivered as it is on the wire (or, for `oncrpc:strip`, with its marks
 //!   stripped exactly as `connmux_oncrpc::record::strip_marks` does);
+//! - framing whole messages where they lie in each piece
+//!   (`StreamParser::frame_in_place`, the rest fed as usual) gives the same
+//!   messages and the same end as feeding every piece;
 //! - ONC RPC framing agrees with `connmux_oncrpc::RecordReader` on the same stream;
 //! - a spec that parses names a parser whose name parses to the same name;
 //! - nothing panics.
@@ -82,17 +85,35 @@ struct Run {
     end: End,
 }
 
-fn run(parser: Box<dyn Parser>, max_msg: usize, stream: &[u8], cuts: &[usize]) -> Run {
+fn run(parser: Box<dyn Parser>, max_msg: usize, stream: &[u8], cuts: &[usize], in_place: bool) -> Run {
     let limits = StreamLimits { max_msg_size: max_msg, assembly_timeout: None, read_ahead: 0 };
     let mut sp = StreamParser::new(parser, limits);
     let mut msgs = Vec::new();
     let mut at = 0;
     let mut i = 0;
+    let mut ranges = Vec::new();
     while at < stream.len() {
         let n = if cuts.is_empty() { stream.len() } else { cuts[i % cuts.len()] };
         i += 1;
         let end = (at + n).min(stream.len());
-        sp.feed(&stream[at..end]);
+        let mut piece = &stream[at..end];
+        if in_place {
+            ranges.clear();
+            let before = sp.stats().bytes;
+            let taken = sp.frame_in_place(piece, 1 + i % 7, &mut ranges);
+            // Every built-in parser delivers a suffix of its message's bytes:
+            // each message's wire bytes end where its delivered part does.
+            let mut wire_at = 0;
+            for r in &ranges {
+                assert!(r.start >= wire_at && r.end > wire_at && r.end <= taken, "range {r:?} of {taken}");
+                msgs.push((r.end - wire_at, Bytes::copy_from_slice(&piece[r.clone()])));
+                wire_at = r.end;
+            }
+            assert_eq!(wire_at, taken, "the messages framed in place are what was taken");
+            assert_eq!((sp.stats().bytes - before) as usize, taken);
+            piece = &piece[taken..];
+        }
+        sp.feed(piece);
         at = end;
         loop {
             let before = sp.stats().bytes;
@@ -142,8 +163,10 @@ fuzz_target!(|data: &[u8]| {
     let again = from_spec(&name).unwrap_or_else(|e| panic!("{spec:?} names {name:?}, which does not parse: {e}"));
     assert_eq!(again.name(), name, "canonical name of {spec:?}");
 
-    let whole = run(from_spec(&spec).unwrap(), max_msg, stream, &[]);
-    let split = run(from_spec(&spec).unwrap(), max_msg, stream, &cuts);
+    let whole = run(from_spec(&spec).unwrap(), max_msg, stream, &[], false);
+    let split = run(from_spec(&spec).unwrap(), max_msg, stream, &cuts, false);
+    let in_place = run(from_spec(&spec).unwrap(), max_msg, stream, &cuts, true);
+    assert_eq!(in_place, split, "in place: spec {spec:?}, max_msg {max_msg}, cuts {cuts:?}");
     if TOLERATE_GATHERING_PAST_MAX
         && whole.msgs == split.msgs
         && matches!(whole.end, End::Refused(Refusal::TooBig { .. }))
