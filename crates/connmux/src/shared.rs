@@ -425,15 +425,16 @@ impl Shared {
     }
 
     fn flush_with(&self, rt: &PsockRt, events: &mut Vec<Event>, slices: &mut Vec<Bytes>) {
-        // Bounded: each round either writes bytes, or stops.
-        for _ in 0..1024 {
-            {
-                let mut core = self.lock();
-                if !core.mux.tx_begin_into(rt.id, slices) {
-                    core.drain_events(events);
-                    return;
-                }
+        {
+            let mut core = self.lock();
+            if !core.mux.tx_begin_into(rt.id, slices) {
+                core.drain_events(events);
+                return;
             }
+        }
+        // Bounded: each round either writes bytes, or stops. The next chunk is
+        // taken under the same lock that completes this one.
+        for _ in 0..1024 {
             let n = slices.len().min(MAX_IOV);
             let want: usize = slices[..n].iter().map(|b| b.len()).sum();
             let res = writev_bytes(rt.fd(), &slices[..n]);
@@ -443,8 +444,8 @@ impl Shared {
             match res {
                 Ok(w) => {
                     core.mux.tx_complete(rt.id, w);
-                    core.drain_events(events);
                     if w < want {
+                        core.drain_events(events);
                         drop(core);
                         self.want_write(rt);
                         return;
@@ -465,6 +466,11 @@ impl Shared {
                     core.drain_events(events);
                     return;
                 }
+            }
+            let more = core.mux.tx_begin_into(rt.id, slices);
+            core.drain_events(events);
+            if !more {
+                return;
             }
         }
         // Still more to write after the bound: hand the rest to the worker's
