@@ -70,7 +70,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::parser::Parser;
 use crate::stats::{MuxStats, PsockStats, SockStats};
-use crate::stream::{StreamLimits, StreamParser};
+use crate::stream::{Loan, StreamLimits, StreamParser, Unlend};
 use crate::time::Timestamp;
 
 mod deadlines;
@@ -337,6 +337,35 @@ pub struct Direct<'a> {
     pub sock: SockId,
     pub out: &'a mut Vec<(Bytes, PsockId)>,
     pub limit: usize,
+}
+
+/// A psock's assembly buffer lent to the driver ([`Mux::rx_lend`]): read at
+/// most [`RxLoan::limit`] bytes from the connection onto the end of
+/// [`RxLoan::buf`], then give it back with [`Mux::rx_commit`] (also when
+/// nothing was read).
+#[derive(Debug)]
+pub struct RxLoan {
+    psock: PsockId,
+    loan: Loan,
+}
+
+impl RxLoan {
+    /// The psock whose buffer this is.
+    pub fn psock(&self) -> PsockId {
+        self.psock
+    }
+    /// The most bytes that may be appended (the buffer has room for them).
+    pub fn limit(&self) -> usize {
+        self.loan.limit()
+    }
+    /// The buffer: append to it, change nothing before its end.
+    pub fn buf(&mut self) -> &mut BytesMut {
+        self.loan.buf()
+    }
+    /// Bytes appended so far.
+    pub fn appended(&self) -> usize {
+        self.loan.appended()
+    }
 }
 
 /// A message on a psock's transmit queue.
@@ -963,7 +992,7 @@ impl Mux {
         if ps.stream.is_stopped() || ps.rx_eof || data.is_empty() {
             return Ok(());
         }
-        if ps.rx_held() + data.len() > ps.rx_limit {
+        if ps.rx_held() + data.len() > ps.rx_limit || ps.stream.is_lent() {
             return Err(MuxError::Invalid);
         }
         ps.stream.feed(data);
@@ -972,6 +1001,61 @@ impl Mux {
         }
         Ok(())
     }
+    /// Lend psock `p`'s assembly buffer for one read straight into it: a large
+    /// message's body (at least [`crate::stream::LEND_MIN`] bytes), or the
+    /// next message after a large one, is then read where it will be cut from
+    /// instead of into the driver's buffer and copied by `feed`. The loan's
+    /// limit is within `rx_capacity` and what the message still needs, so
+    /// reads stop at message boundaries and every receive limit holds.
+    ///
+    /// `None`: read and `feed` as usual (small messages, backpressure, a
+    /// stopped receive side). While the loan is out the psock takes no other
+    /// bytes (`rx_capacity` is 0, `feed` is refused); its limit counts as held.
+    pub fn rx_lend(&mut self, p: PsockId) -> Option<RxLoan> {
+        let cap = self.rx_capacity(p);
+        if cap == 0 {
+            return None;
+        }
+        let ps = self.psocks.get_mut(p.index, p.generation)?;
+        ps.stream.lend(cap).map(|loan| RxLoan { psock: p, loan })
+    }
+
+    /// Whether [`Mux::rx_lend`] would lend now (without lending).
+    pub fn rx_would_lend(&self, p: PsockId) -> bool {
+        self.rx_capacity(p) > 0 && self.psock(p).is_ok_and(|ps| ps.stream.would_lend())
+    }
+
+    /// Give back a loan of [`Mux::rx_lend`]: the bytes appended to it are
+    /// taken as [`Mux::feed`] takes bytes (complete messages are steered).
+    ///
+    /// Nothing appended: just the buffer back. The psock's receive stopped
+    /// while the buffer was out (assembly timeout, close): the bytes are
+    /// dropped (`Ok`). More than the limit appended: `Invalid`, nothing
+    /// taken. The psock is gone: `NoPsock`.
+    pub fn rx_commit(&mut self, loan: RxLoan, now: Timestamp) -> Result<(), MuxError> {
+        self.commit_inner(loan, now, None)
+    }
+
+    /// [`Mux::rx_commit`] with the hand-over of [`Mux::feed_direct`].
+    pub fn rx_commit_direct(&mut self, loan: RxLoan, now: Timestamp, direct: &mut Direct<'_>) -> Result<(), MuxError> {
+        self.commit_inner(loan, now, Some(direct))
+    }
+
+    fn commit_inner(&mut self, loan: RxLoan, now: Timestamp, direct: Option<&mut Direct<'_>>) -> Result<(), MuxError> {
+        self.note_time(now);
+        let p = loan.psock;
+        let ps = self.psock_mut(p)?;
+        match ps.stream.unlend(loan.loan) {
+            Unlend::Took(0) | Unlend::Stale => return Ok(()),
+            Unlend::Refused => return Err(MuxError::Invalid),
+            Unlend::Took(_) => {}
+        }
+        if !ps.paused {
+            self.rx_pass(p, now, direct);
+        }
+        Ok(())
+    }
+
     /// The peer closed its side (FIN) or the connection failed on read.
     ///
     /// Receive stops: messages already buffered whole are still delivered, the

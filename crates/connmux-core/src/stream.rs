@@ -27,6 +27,15 @@
 //! - a finished message is one contiguous [`Bytes`] cut out of the read buffer
 //!   without copying (no skb chain).
 //!
+//! Large messages need not be copied at all: once the parser knows a
+//! message of at least [`LEND_MIN`] bytes (or, between messages, while the
+//! last one was that large), [`StreamParser::lend`] hands the driver the
+//! assembly buffer itself, with room reserved for the rest of the message,
+//! and [`StreamParser::unlend`] takes it back with the bytes the driver read
+//! into it. Reads then end at message boundaries (a lent read asks for what
+//! the message still needs; between messages, for as much as the last one)
+//! and every message is read once, where it will be cut from.
+//!
 //! What it does not do: read sockets, keep time (the caller passes
 //! [`Timestamp`]s), or decide who receives a message.
 
@@ -47,6 +56,58 @@ pub const ENODATA: i32 = 61;
 /// Smallest buffer growth: reading into a nearly full buffer would otherwise
 /// reallocate for every few bytes.
 const MIN_GROW: usize = 16 << 10;
+
+/// Messages of at least this many bytes are read straight into the assembly
+/// buffer ([`StreamParser::lend`]): below it, a read into the driver's buffer
+/// and a copy cost less than the extra syscalls of reads that stop at each
+/// message's end.
+pub const LEND_MIN: usize = 16 << 10;
+
+/// A lent read asks for whole messages up to about this many bytes when
+/// messages are smaller (several per read, as a plain read of a chunk would).
+pub const LEND_CHUNK: usize = 64 << 10;
+
+/// The assembly buffer while it is lent ([`StreamParser::lend`]): the driver
+/// appends at most [`Loan::limit`] bytes read from the connection to
+/// [`Loan::buf`], then gives it back with [`StreamParser::unlend`].
+#[derive(Debug)]
+pub struct Loan {
+    buf: BytesMut,
+    /// Bytes the buffer held when lent (the driver appends after them).
+    start: usize,
+    limit: usize,
+    id: u64,
+}
+
+impl Loan {
+    /// The most bytes the driver may append (the buffer has room for them).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+    /// The assembly buffer: append to it, change nothing before its end.
+    pub fn buf(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+    /// Bytes appended so far.
+    pub fn appended(&self) -> usize {
+        self.buf.len().saturating_sub(self.start)
+    }
+}
+
+/// What [`StreamParser::unlend`] did with a loan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unlend {
+    /// The bytes appended (maybe none) are the stream's now.
+    Took(usize),
+    /// The stream stopped or was reset while the buffer was out (an assembly
+    /// timeout, an unattach): the loan is dropped with its bytes, as bytes fed
+    /// to a stopped stream are.
+    Stale,
+    /// More than [`Loan::limit`] bytes were appended, or bytes before the
+    /// append point were removed: nothing appended is taken (as `feed` takes
+    /// nothing beyond the psock's cap).
+    Refused,
+}
 
 /// The limits of one stream parser.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,6 +163,11 @@ pub struct StreamParser {
     started: Option<Timestamp>,
     stopped: bool,
     stats: StreamStats,
+    /// Length of the last complete message (predicts the next one's).
+    last_len: usize,
+    /// The loan out, if any: its id, the bytes it started with, its limit.
+    lent: Option<(u64, usize, usize)>,
+    loans: u64,
 }
 
 impl std::fmt::Debug for StreamParser {
@@ -125,6 +191,9 @@ impl StreamParser {
             started: None,
             stopped: false,
             stats: StreamStats::default(),
+            last_len: 0,
+            lent: None,
+            loans: 0,
         }
     }
 
@@ -141,9 +210,17 @@ impl StreamParser {
     pub fn is_stopped(&self) -> bool {
         self.stopped
     }
-    /// Bytes held: the partial current message plus read-ahead.
+    /// Bytes held: the partial current message plus read-ahead (while the
+    /// buffer is lent: what it held plus all the loan may add).
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        match self.lent {
+            Some((_, start, limit)) => start + limit,
+            None => self.buf.len(),
+        }
+    }
+    /// True while the assembly buffer is lent ([`StreamParser::lend`]).
+    pub fn is_lent(&self) -> bool {
+        self.lent.is_some()
     }
 
     /// Append bytes read from the connection. A stopped stream drops them.
@@ -159,8 +236,9 @@ impl StreamParser {
 
     /// How many more bytes the stream wants buffered now: the rest of the
     /// current message (as far as known) plus the read-ahead allowance.
+    /// Nothing while the buffer is lent.
     pub fn want(&self) -> usize {
-        if self.stopped {
+        if self.stopped || self.lent.is_some() {
             return 0;
         }
         let target = match self.frame {
@@ -169,6 +247,92 @@ impl StreamParser {
             Frame::Body { full_len } => full_len,
         };
         (target + self.limits.read_ahead).saturating_sub(self.buf.len())
+    }
+
+    /// Whether the next read should go straight into the assembly buffer
+    /// ([`StreamParser::lend`]): a message whose length is known and at least
+    /// [`LEND_MIN`] still needs bytes, or the length is not known yet and the
+    /// last message was at least [`LEND_MIN`] (the next is likely as large).
+    /// `None` where the stream reads through `feed` (small messages, a
+    /// stopped stream, a loan already out).
+    ///
+    /// The answer is `(base, per)`: `base` bytes complete the current message
+    /// (as far as predicted), `per` is the predicted size of the ones after.
+    fn lend_plan(&self) -> Option<(usize, usize)> {
+        if self.stopped || self.lent.is_some() {
+            return None;
+        }
+        let have = self.buf.len();
+        match self.frame {
+            Frame::Body { full_len } if full_len >= LEND_MIN && full_len > have => Some((full_len - have, full_len)),
+            Frame::Idle | Frame::Header { .. } if self.last_len >= LEND_MIN => {
+                let per = self.last_len.min(self.limits.max_msg_size);
+                let base = per.saturating_sub(have);
+                Some((if base == 0 { per } else { base }, per))
+            }
+            _ => None,
+        }
+    }
+
+    /// True when [`StreamParser::lend`] would lend (given room to read).
+    pub fn would_lend(&self) -> bool {
+        self.lend_plan().is_some()
+    }
+
+    /// Lend the assembly buffer for a read of at most `max` bytes straight
+    /// into it (`max` is the caller's bound: what the psock may still hold).
+    /// `None` when the stream reads through `feed` or `max` is 0.
+    ///
+    /// The loan's limit ends the read on a message boundary as far as lengths
+    /// are known or predicted: the rest of the current message, then whole
+    /// messages of the predicted size, up to [`LEND_CHUNK`] or the room the
+    /// buffer already has. Room for the rest of the current message is
+    /// reserved first, so a message is read into one allocation however many
+    /// reads it takes (bytes already buffered move only when that room has to
+    /// be made).
+    ///
+    /// Until [`StreamParser::unlend`], the stream holds nothing: `feed` must
+    /// not be called, `want` is 0, `buffered` counts the loan's limit.
+    pub fn lend(&mut self, max: usize) -> Option<Loan> {
+        let (base, per) = self.lend_plan()?;
+        if max == 0 {
+            return None;
+        }
+        // Whole predicted messages after the current one, up to about LEND_CHUNK.
+        let more = LEND_CHUNK.saturating_sub(base) / per;
+        let spare = self.buf.capacity() - self.buf.len();
+        let room = if spare >= base {
+            base + per * more.min((spare - base) / per)
+        } else {
+            // A message cut from the old allocation keeps it; the bytes
+            // already here (a header, part of the body) move once.
+            let room = base + per * more;
+            self.buf.reserve(room);
+            room
+        };
+        let limit = room.min(max);
+        self.loans += 1;
+        let start = self.buf.len();
+        self.lent = Some((self.loans, start, limit));
+        Some(Loan { buf: std::mem::take(&mut self.buf), start, limit, id: self.loans })
+    }
+
+    /// Take the assembly buffer back with what was read into it; the new
+    /// bytes are then the stream's, as if fed (cut them with `next_msg`).
+    pub fn unlend(&mut self, mut loan: Loan) -> Unlend {
+        match self.lent {
+            Some((id, start, limit)) if id == loan.id && start == loan.start && limit == loan.limit => {}
+            _ => return Unlend::Stale,
+        }
+        self.lent = None;
+        let len = loan.buf.len();
+        if len < loan.start || len - loan.start > loan.limit {
+            loan.buf.truncate(loan.start);
+            self.buf = loan.buf;
+            return Unlend::Refused;
+        }
+        self.buf = loan.buf;
+        Unlend::Took(len - loan.start)
     }
 
     /// The need-bytes hint: bytes still missing from the current message, if
@@ -216,6 +380,8 @@ impl StreamParser {
         self.buf = BytesMut::new();
         self.frame = Frame::Idle;
         self.started = None;
+        // A loan out is dropped when it comes back (`Unlend::Stale`).
+        self.lent = None;
     }
 
     /// Cut the next complete message out of the buffer, if there is one.
@@ -291,6 +457,7 @@ impl StreamParser {
         self.started = None;
         self.stats.msgs += 1;
         self.stats.bytes += full_len as u64;
+        self.last_len = full_len;
         Ok(Some(self.parser.finish(raw)))
     }
 

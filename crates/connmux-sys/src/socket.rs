@@ -25,6 +25,27 @@ pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     })
 }
 
+/// Reads at most `max` bytes onto the end of `buf` (`read(2)` into its spare
+/// capacity, which grows to `max` first if smaller): the bytes land where they
+/// will be used, with no copy and no zeroing. Returns the bytes read (0: end of
+/// stream, or `max == 0`); `buf` is unchanged on error.
+pub fn read_into(fd: RawFd, buf: &mut bytes::BytesMut, max: usize) -> io::Result<usize> {
+    if buf.capacity() - buf.len() < max {
+        buf.reserve(max);
+    }
+    let spare = buf.spare_capacity_mut();
+    let want = max.min(spare.len());
+    let n = retry_eintr(|| {
+        // SAFETY: the kernel writes at most `want` bytes, all within the spare
+        // capacity (`want <= spare.len()`); it never reads them.
+        cvt_size(unsafe { libc::read(fd, spare.as_mut_ptr().cast(), want) })
+    })?;
+    let n = n.min(want);
+    // SAFETY: the first `n` bytes of the spare capacity were written by `read`.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
 /// Sends the bytes of `bufs` in order with one `sendmsg(MSG_NOSIGNAL | MSG_DONTWAIT)`:
 /// never blocks, never raises `SIGPIPE` (a closed peer is `EPIPE`). Returns how many
 /// bytes the kernel took, which may be fewer than offered (then the caller keeps the

@@ -84,6 +84,10 @@ pub enum Completion {
     /// A send finished: `res` is the number of bytes sent (all of them unless the
     /// connection failed part way) or `-errno` (`-EPIPE`, `-ECONNRESET`, `-ECANCELED`).
     Send { token: u64, res: i32 },
+    /// A receive into a caller's buffer ([`Ring::recv_into`]) finished: `res` bytes
+    /// were appended (0: end of stream) or `-errno` (`-ECANCELED`, a socket error).
+    /// The buffer is waiting in [`Ring::take_filled`].
+    RecvInto { token: u64, res: i32 },
     /// A readiness poll finished: `res` is the `poll(2)` event mask (`POLLIN`, …) or
     /// `-errno` (`-ECANCELED`).
     Poll { token: u64, res: i32 },
@@ -251,6 +255,8 @@ enum Op<B> {
     Recv { token: u64 },
     Send { token: u64, _state: Box<SendState<B>> },
     Poll { token: u64 },
+    /// A receive into `buf`'s spare capacity, at most `max` bytes.
+    RecvInto { token: u64, buf: bytes::BytesMut, max: usize },
     Cancel,
 }
 
@@ -271,6 +277,8 @@ struct Slots<B> {
     ops: Vec<Op<B>>,
     free: usize,
     in_flight: usize,
+    /// Buffers of finished [`Op::RecvInto`]s, until the caller takes them.
+    filled: Vec<(u64, bytes::BytesMut)>,
 }
 
 impl<B> Slots<B> {
@@ -300,7 +308,7 @@ impl<B> Slots<B> {
     fn complete(&mut self, bufs: &mut BufRing, slot: usize, res: i32, flags: u32) -> Option<Completion> {
         let more = cqueue::more(flags);
         let token = match self.ops.get(slot)? {
-            Op::Recv { token } | Op::Send { token, .. } | Op::Poll { token } => *token,
+            Op::Recv { token } | Op::Send { token, .. } | Op::Poll { token } | Op::RecvInto { token, .. } => *token,
             Op::Cancel => 0,
             Op::Free { .. } => return None,
         };
@@ -322,6 +330,16 @@ impl<B> Slots<B> {
             },
             Op::Send { .. } => Some(Completion::Send { token, res }),
             Op::Poll { .. } => Some(Completion::Poll { token, res }),
+            Op::RecvInto { mut buf, max, .. } => {
+                if res > 0 {
+                    let n = (res as usize).min(max).min(buf.capacity() - buf.len());
+                    // SAFETY: the kernel wrote `res` bytes (at most `max`, which fits the
+                    // spare capacity, checked in `recv_into`) at the buffer's end.
+                    unsafe { buf.set_len(buf.len() + n) };
+                }
+                self.filled.push((token, buf));
+                Some(Completion::RecvInto { token, res })
+            }
             Op::Cancel | Op::Free { .. } => None,
         }
     }
@@ -358,7 +376,7 @@ impl<B: AsRef<[u8]>> Ring<B> {
         unsafe {
             uring.submitter().register_buf_ring_with_flags(bufs.ring.ptr as u64, config.buf_count, BGID, 0)?;
         }
-        Ok(Ring { uring, bufs, slots: Slots { ops: Vec::new(), free: NONE, in_flight: 0 } })
+        Ok(Ring { uring, bufs, slots: Slots { ops: Vec::new(), free: NONE, in_flight: 0, filled: Vec::new() } })
     }
 
     /// Bytes per provided buffer.
@@ -389,6 +407,37 @@ impl<B: AsRef<[u8]>> Ring<B> {
         let slot = self.slots.alloc(Op::Recv { token });
         let entry = opcode::RecvMulti::new(types::Fd(fd), BGID).build().user_data(slot as u64);
         self.push(slot, entry)
+    }
+
+    /// Queues one receive of at most `max` bytes from `fd` onto the end of `buf`
+    /// (into its spare capacity, grown to `max` first if smaller): for a caller that
+    /// knows where the bytes should land, with no provided buffer and no copy. The
+    /// ring owns `buf` until the completion ([`Completion::RecvInto`]), then hands it
+    /// back through [`take_filled`](Ring::take_filled) with the bytes appended. On
+    /// failure to queue, `buf` comes back with the error, unchanged.
+    pub fn recv_into(&mut self, fd: RawFd, token: u64, mut buf: bytes::BytesMut, max: usize) -> Result<(), (io::Error, bytes::BytesMut)> {
+        let max = max.min(u32::MAX as usize);
+        if buf.capacity() - buf.len() < max {
+            buf.reserve(max);
+        }
+        // The heap block does not move when `buf` moves into the slot.
+        let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+        let slot = self.slots.alloc(Op::RecvInto { token, buf, max });
+        let entry = opcode::Recv::new(types::Fd(fd), ptr, max as u32).build().user_data(slot as u64);
+        match self.try_push(&entry) {
+            Ok(()) => Ok(()),
+            Err(e) => match self.slots.release(slot) {
+                Op::RecvInto { buf, .. } => Err((e, buf)),
+                _ => unreachable!("the slot just filled"),
+            },
+        }
+    }
+
+    /// The buffer of a finished [`recv_into`](Ring::recv_into) with `token`, with the
+    /// bytes received appended; `None` if there is none (taken already).
+    pub fn take_filled(&mut self, token: u64) -> Option<bytes::BytesMut> {
+        let i = self.slots.filled.iter().position(|(t, _)| *t == token)?;
+        Some(self.slots.filled.swap_remove(i).1)
     }
 
     /// Queues one `sendmsg(MSG_NOSIGNAL | MSG_WAITALL)` of all of `bufs` in order on
@@ -435,7 +484,7 @@ impl<B: AsRef<[u8]>> Ring<B> {
         self.push(slot, entry)
     }
 
-    /// Queues cancellation of the multishot receive(s) submitted with `token`, leaving
+    /// Queues cancellation of the receive(s) (multishot or `recv_into`) submitted with `token`, leaving
     /// other operations on the same fd (a send) alone. Returns how many were found;
     /// each then ends with its last completion (`-ECANCELED` unless it ended first).
     pub fn cancel_recv(&mut self, token: u64) -> io::Result<usize> {
@@ -444,7 +493,7 @@ impl<B: AsRef<[u8]>> Ring<B> {
             .ops
             .iter()
             .enumerate()
-            .filter(|(_, op)| matches!(op, Op::Recv { token: t } if *t == token))
+            .filter(|(_, op)| matches!(op, Op::Recv { token: t } | Op::RecvInto { token: t, .. } if *t == token))
             .map(|(i, _)| i)
             .collect();
         for &target in &targets {
@@ -513,22 +562,27 @@ impl<B: AsRef<[u8]>> Ring<B> {
 
     /// Pushes an entry whose memory is owned by `slot`; frees the slot on failure.
     fn push(&mut self, slot: usize, entry: squeue::Entry) -> io::Result<()> {
+        let r = self.try_push(&entry);
+        if r.is_err() {
+            self.slots.release(slot);
+        }
+        r
+    }
+
+    /// Pushes an entry whose memory is owned by a slot, which the caller frees on failure.
+    fn try_push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
         for attempt in 0..2 {
-            // SAFETY: every pointer in `entry` refers to memory owned by `self.slots.ops[slot]`
-            // or `self.bufs`, which stays alive and in place until the slot's last
-            // completion is reaped (or is leaked by Drop).
-            if unsafe { self.uring.submission().push(&entry) }.is_ok() {
+            // SAFETY: every pointer in `entry` refers to memory owned by the slot in its
+            // `user_data` or by `self.bufs`, which stays alive and in place until the
+            // slot's last completion is reaped (or is leaked by Drop).
+            if unsafe { self.uring.submission().push(entry) }.is_ok() {
                 return Ok(());
             }
             if attempt == 0 {
                 // The submission queue is full: hand it to the kernel, then retry once.
-                if let Err(e) = self.uring.submit() {
-                    self.slots.release(slot);
-                    return Err(e);
-                }
+                self.uring.submit()?;
             }
         }
-        self.slots.release(slot);
         Err(io::Error::from_raw_os_error(libc::EBUSY))
     }
 }

@@ -262,6 +262,22 @@ pub(crate) fn feed_read_in_place(
     }
 }
 
+/// [`feed_read`] for bytes read straight into a psock's assembly buffer
+/// (`Mux::rx_lend`): the loan goes back, its bytes taken the same way.
+pub(crate) fn commit_read(
+    core: &mut Core,
+    loan: connmux_core::mux::RxLoan,
+    now: Timestamp,
+) -> Result<(), connmux_core::mux::MuxError> {
+    match OWN_SERVE.get() {
+        Some(sock) => DIRECT.with_borrow_mut(|out| {
+            let mut d = connmux_core::mux::Direct { sock, out, limit: crate::worker::SERVE_BATCH };
+            core.mux.rx_commit_direct(loan, now, &mut d)
+        }),
+        None => core.mux.rx_commit(loan, now),
+    }
+}
+
 /// Whether reads handed messages to this worker's serving socket that its
 /// `serve` has not taken yet.
 pub(crate) fn has_direct() -> bool {

@@ -26,7 +26,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
-use connmux_core::mux::{Event, PsockId};
+use connmux_core::mux::{Event, PsockId, RxLoan};
 use connmux_core::{Bytes, Timestamp};
 use connmux_sys::uring::{Completion, Ring, RingConfig};
 
@@ -83,6 +83,10 @@ struct Conn {
     released: bool,
     /// TLS: the records of the send in flight, or what a short send left.
     tls_out: Option<Bytes>,
+    /// The psock's assembly buffer, lent by the core for the receive in
+    /// flight into it (a large message: `Ring::recv_into`, not the multishot
+    /// receive); the ring holds the bytes until the completion.
+    loan: Option<RxLoan>,
 }
 
 impl Conn {
@@ -306,6 +310,30 @@ impl Worker<'_> {
                     }
                     self.after_recv(token);
                 }
+                Completion::RecvInto { token, res } => {
+                    let buf = ring.take_filled(token);
+                    let Some(conn) = self.conns.get_mut(&token) else { continue };
+                    conn.recv_armed = false;
+                    conn.recv_cancelled = false;
+                    let core = core.get_or_insert_with(|| sh.lock());
+                    if let (Some(mut loan), Some(buf)) = (conn.loan.take(), buf) {
+                        // The buffer goes back whatever happened (the core drops
+                        // the bytes of a psock that stopped meanwhile).
+                        *loan.buf() = buf;
+                        if crate::shared::commit_read(core, loan, now).is_err() && !conn.released {
+                            stop_rx(ring, conn, token);
+                        }
+                    }
+                    if !conn.released && !conn.rx_stopped {
+                        if res == 0 {
+                            conn.eof = Some(None);
+                        } else if res < 0 && res != -libc::ECANCELED {
+                            conn.eof = Some(Some(-res));
+                        }
+                        pump(core, ring, conn, now, &mut self.events);
+                    }
+                    self.after_recv(token);
+                }
                 Completion::Send { token, res } => {
                     let Some(conn) = self.conns.get_mut(&token) else { continue };
                     let want = conn.sending.take().unwrap_or(0);
@@ -402,6 +430,7 @@ impl Worker<'_> {
                         sending: None,
                         released: false,
                         tls_out: None,
+                        loan: None,
                     },
                 );
                 self.to_arm.push(token);
@@ -521,6 +550,27 @@ impl Worker<'_> {
             let Some(conn) = self.conns.get_mut(&token) else { continue };
             if conn.released || conn.rx_stopped || conn.recv_armed || conn.eof.is_some() || !conn.held.is_empty() {
                 continue;
+            }
+            if conn.rt.tls.is_none() {
+                // A large message: one receive straight into the psock's
+                // assembly buffer, no more than the message needs.
+                let loan = self.sh.lock().mux.rx_lend(conn.rt.id);
+                if let Some(mut loan) = loan {
+                    let buf = std::mem::take(loan.buf());
+                    let limit = loan.limit();
+                    match ring.recv_into(conn.rt.fd(), token, buf, limit) {
+                        Ok(()) => {
+                            conn.loan = Some(loan);
+                            conn.recv_armed = true;
+                        }
+                        Err((_, buf)) => {
+                            *loan.buf() = buf;
+                            let _ = self.sh.lock().mux.rx_commit(loan, self.sh.now());
+                            keep.push(token);
+                        }
+                    }
+                    continue;
+                }
             }
             if ring.buffers_held() >= ring.buf_count() {
                 // Every buffer is held (by paused psocks): try again later.
@@ -647,6 +697,11 @@ fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, even
     if let Some(errno) = conn.eof.take() {
         let _ = core.mux.rx_closed(id, errno);
         conn.rx_stopped = true;
+    } else if conn.recv_armed && !conn.recv_cancelled && conn.loan.is_none() && core.mux.rx_would_lend(id) {
+        // A large message began: end the multishot receive (what it still
+        // delivers is fed first) so that the next one goes straight into the
+        // psock's assembly buffer.
+        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
     }
     core.drain_events(events);
 }

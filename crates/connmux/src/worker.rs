@@ -206,7 +206,13 @@ fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>
     if let Some(tls) = &rt.tls {
         return crate::tls::epoll_read(sh, rt, tls, buf, events);
     }
-    let cap = sh.lock().mux.rx_capacity(rt.id);
+    let (cap, loan) = {
+        let mut core = sh.lock();
+        (core.mux.rx_capacity(rt.id), core.mux.rx_lend(rt.id))
+    };
+    if let Some(loan) = loan {
+        return read_lent(sh, rt, loan, events);
+    }
     if cap == 0 {
         // Paused by backpressure or stopped: stop polling for input until the
         // core says PsockRxResume. That resume may come from another thread
@@ -246,6 +252,33 @@ fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>
                 core.drain_events(events);
             }
         },
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+        Err(e) => {
+            let _ = core.mux.rx_closed(rt.id, Some(e.raw_os_error().unwrap_or(libc::EIO)));
+            core.drain_events(events);
+            drop(core);
+            sh.set_interest(rt, |i| i.read = false);
+        }
+    }
+}
+
+/// [`read_psock`] for a large message: one read straight into the psock's
+/// assembly buffer (`Mux::rx_lend`), no more than the message still needs.
+fn read_lent(sh: &Shared, rt: &PsockRt, mut loan: connmux_core::mux::RxLoan, events: &mut Vec<Event>) {
+    let limit = loan.limit();
+    let res = connmux_sys::socket::read_into(rt.fd(), loan.buf(), limit);
+    let now = sh.now();
+    let mut core = sh.lock();
+    // The buffer goes back whatever happened (with nothing new on error).
+    let _ = crate::shared::commit_read(&mut core, loan, now);
+    match res {
+        Ok(0) => {
+            let _ = core.mux.rx_closed(rt.id, None);
+            core.drain_events(events);
+            drop(core);
+            sh.set_interest(rt, |i| i.read = false);
+        }
+        Ok(_) => core.drain_events(events),
         Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
         Err(e) => {
             let _ = core.mux.rx_closed(rt.id, Some(e.raw_os_error().unwrap_or(libc::EIO)));

@@ -30,6 +30,9 @@ pub struct Args {
     pub rounds: usize,
     #[arg(short = 'd', long, default_value_t = 1.0)]
     pub seconds: f64,
+    /// I/O driver of the connmux server: auto, epoll or uring.
+    #[arg(long, default_value = "auto")]
+    pub driver: String,
     /// Placement: cpu0 or spread.
     #[arg(long, default_value = "cpu0")]
     pub placement: String,
@@ -64,7 +67,8 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 "--max-msg",
                 &max.to_string(),
             ])
-            .args(["--workers", &n, "--cpus", &cpu_list(&p.cpus)]);
+            .args(["--workers", &n, "--cpus", &cpu_list(&p.cpus)])
+            .args(["--driver", &a.driver]);
         } else {
             c.args(["--engine", "thread"]);
         }
@@ -72,9 +76,10 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     };
     let servers = [start("connmux")?, start("raw-tcp")?];
     println!(
-        "connmux bench size: message echo (l4 framing), one connection, -a{}; servers and load on {:?}; \
+        "connmux bench size: message echo (l4 framing), one connection, -a{}, {} driver; servers and load on {:?}; \
          {} round(s) of {} s, interleaved; medians; load avg {}",
         a.inflight,
+        a.driver,
         p.cpus,
         a.rounds,
         a.seconds,
