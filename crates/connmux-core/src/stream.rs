@@ -32,9 +32,10 @@
 //! last one was that large), [`StreamParser::lend`] hands the driver the
 //! assembly buffer itself, with room reserved for the rest of the message,
 //! and [`StreamParser::unlend`] takes it back with the bytes the driver read
-//! into it. Reads then end at message boundaries (a lent read asks for what
-//! the message still needs; between messages, for as much as the last one)
-//! and every message is read once, where it will be cut from.
+//! into it. Reads then end at message boundaries as far as lengths are known
+//! or predicted (a lent read asks for what the message still needs, then for
+//! whole messages as large as the last one) and every message is read once,
+//! where it will be cut from.
 //!
 //! What it does not do: read sockets, keep time (the caller passes
 //! [`Timestamp`]s), or decide who receives a message.

@@ -346,6 +346,25 @@ mod tests {
     }
 
     #[test]
+    fn read_into_appends_at_most_max_to_the_buffer() {
+        let (mut a, b) = pair();
+        set_nonblocking(b.as_raw_fd(), true).unwrap();
+        let mut buf = bytes::BytesMut::new();
+        buf.extend_from_slice(b"ab");
+        assert_eq!(read_into(b.as_raw_fd(), &mut buf, 10).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(&buf[..], b"ab", "unchanged on error");
+        a.write_all(b"0123456789abcdef").unwrap();
+        assert!(crate::poll::poll_readable(b.as_raw_fd(), Some(Duration::from_secs(5))).unwrap());
+        assert_eq!(read_into(b.as_raw_fd(), &mut buf, 10).unwrap(), 10);
+        assert_eq!(&buf[..], b"ab0123456789");
+        assert_eq!(read_into(b.as_raw_fd(), &mut buf, 0).unwrap(), 0);
+        assert_eq!(read_into(b.as_raw_fd(), &mut buf, 100).unwrap(), 6);
+        assert_eq!(&buf[..], b"ab0123456789abcdef");
+        drop(a);
+        assert_eq!(read_into(b.as_raw_fd(), &mut buf, 100).unwrap(), 0, "end of stream");
+    }
+
+    #[test]
     fn read_and_writev_move_bytes_in_order() {
         let (a, b) = pair();
         set_nonblocking(b.as_raw_fd(), true).unwrap();

@@ -1,5 +1,5 @@
 //! io_uring for the runtime's io_uring driver: multishot receives into a ring of
-//! provided buffers, vectored sends, one-shot readiness polls and cancellation, with
+//! provided buffers, single receives into a caller's buffer, vectored sends, one-shot readiness polls and cancellation, with
 //! completions reported as a safe enum.
 //!
 //! A [`Ring`] owns one io_uring instance and one provided-buffer ring ("buffer group
@@ -16,6 +16,8 @@
 //!   only held buffers can be read, only held buffers can be recycled (once);
 //! - the bytes of a send are moved into the ring and dropped when its completion is
 //!   reaped, so they outlive the kernel's use;
+//! - the buffer of a [`Ring::recv_into`] is moved into the ring too, and handed back
+//!   ([`Ring::take_filled`]) only once its completion is reaped;
 //! - dropping a `Ring` with operations in flight cancels them and waits for them (at
 //!   most [`DROP_WAIT`]); if some still do not finish, their memory is leaked rather
 //!   than freed under the kernel.
@@ -913,6 +915,45 @@ mod tests {
         let mut buf = [0u8; 16];
         let n = (&b).read(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"after");
+    }
+
+    #[test]
+    fn recv_into_appends_to_the_callers_buffer_and_can_be_cancelled() {
+        let (mut a, b) = pair();
+        let mut ring: Ring = Ring::new(RingConfig { defer_taskrun: true, ..RingConfig::default() }).unwrap();
+        let mut buf = bytes::BytesMut::with_capacity(8);
+        buf.extend_from_slice(b"kept:");
+        // Room for 100 000 bytes is made; at most 70 000 may come.
+        ring.recv_into(b.as_raw_fd(), 5, buf, 70_000).unwrap();
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        a.write_all(&data).unwrap();
+        let mut out = Vec::new();
+        reap_until(&mut ring, &mut out, |c| !c.is_empty());
+        let Completion::RecvInto { token: 5, res } = out[0] else { panic!("{out:?}") };
+        assert!(res > 0 && res <= 70_000, "{res}");
+        let got = ring.take_filled(5).expect("the buffer comes back");
+        assert_eq!(ring.take_filled(5), None, "once");
+        assert_eq!(&got[..5], b"kept:", "bytes before the append point are untouched");
+        assert_eq!(&got[5..], &data[..res as usize]);
+        // A receive with nothing to read waits; cancelled, its buffer comes back
+        // unchanged.
+        let mut rest = vec![0u8; data.len() - res as usize];
+        (&b).read_exact(&mut rest).unwrap();
+        ring.recv_into(b.as_raw_fd(), 6, got, 1000).unwrap();
+        assert_eq!(ring.cancel_recv(6).unwrap(), 1);
+        out.clear();
+        reap_until(&mut ring, &mut out, |c| !c.is_empty());
+        assert_eq!(out, vec![Completion::RecvInto { token: 6, res: -libc::ECANCELED }]);
+        let back = ring.take_filled(6).unwrap();
+        assert_eq!(back.len(), 5 + res as usize);
+        assert_eq!(ring.in_flight(), 0);
+        // End of stream.
+        drop(a);
+        ring.recv_into(b.as_raw_fd(), 7, back, 1000).unwrap();
+        out.clear();
+        reap_until(&mut ring, &mut out, |c| !c.is_empty());
+        assert_eq!(out, vec![Completion::RecvInto { token: 7, res: 0 }]);
+        assert_eq!(ring.take_filled(7).unwrap().len(), 5 + res as usize);
     }
 
     #[test]
