@@ -8,7 +8,8 @@
 //! Checked:
 //! - the messages (wire length and delivered bytes) and how the stream ends
 //!   (refusal, or the bytes left and the need hint) are the same whether the
-//!   stream came in one piece or cut at the chosen points;
+//!   stream came in one piece or cut at the chosen points, fed or (where the
+//!   stream lends its buffer for a large message) read into a loan;
 //! - every message is 1..=max_msg bytes, is the next slice of the stream, and
 //!   is delivered as it is on the wire (or, for `oncrpc:strip`, with its marks
 //!   stripped exactly as `connmux_oncrpc::record::strip_marks` does);
@@ -22,7 +23,7 @@
 
 use connmux_core::mux::RxError;
 use connmux_core::parsers::from_spec;
-use connmux_core::stream::{StreamLimits, StreamParser};
+use connmux_core::stream::{StreamLimits, StreamParser, Unlend};
 use connmux_core::{Bytes, Parser, Timestamp};
 use connmux_oncrpc::record::{strip_marks, RecordLimits, RecordReader};
 use libfuzzer_sys::fuzz_target;
@@ -85,7 +86,10 @@ struct Run {
     end: End,
 }
 
-fn run(parser: Box<dyn Parser>, max_msg: usize, stream: &[u8], cuts: &[usize], in_place: bool) -> Run {
+/// `in_place`: each piece's whole messages are framed where they lie first.
+/// `lend`: each piece goes into a loan of the assembly buffer where the
+/// stream offers one (as much of the piece as the loan's limit takes).
+fn run(parser: Box<dyn Parser>, max_msg: usize, stream: &[u8], cuts: &[usize], in_place: bool, lend: bool) -> Run {
     let limits = StreamLimits { max_msg_size: max_msg, assembly_timeout: None, read_ahead: 0 };
     let mut sp = StreamParser::new(parser, limits);
     let mut msgs = Vec::new();
@@ -96,25 +100,33 @@ fn run(parser: Box<dyn Parser>, max_msg: usize, stream: &[u8], cuts: &[usize], i
         let n = if cuts.is_empty() { stream.len() } else { cuts[i % cuts.len()] };
         i += 1;
         let end = (at + n).min(stream.len());
-        let mut piece = &stream[at..end];
-        if in_place {
-            ranges.clear();
-            let before = sp.stats().bytes;
-            let taken = sp.frame_in_place(piece, 1 + i % 7, &mut ranges);
-            // Every built-in parser delivers a suffix of its message's bytes:
-            // each message's wire bytes end where its delivered part does.
-            let mut wire_at = 0;
-            for r in &ranges {
-                assert!(r.start >= wire_at && r.end > wire_at && r.end <= taken, "range {r:?} of {taken}");
-                msgs.push((r.end - wire_at, Bytes::copy_from_slice(&piece[r.clone()])));
-                wire_at = r.end;
+        if let Some(mut loan) = lend.then(|| sp.lend(end - at)).flatten() {
+            let k = loan.limit();
+            assert!(k >= 1 && k <= end - at);
+            loan.buf().extend_from_slice(&stream[at..at + k]);
+            assert_eq!(sp.unlend(loan), Unlend::Took(k));
+            at += k;
+        } else {
+            let mut piece = &stream[at..end];
+            if in_place {
+                ranges.clear();
+                let before = sp.stats().bytes;
+                let taken = sp.frame_in_place(piece, 1 + i % 7, &mut ranges);
+                // Every built-in parser delivers a suffix of its message's bytes:
+                // each message's wire bytes end where its delivered part does.
+                let mut wire_at = 0;
+                for r in &ranges {
+                    assert!(r.start >= wire_at && r.end > wire_at && r.end <= taken, "range {r:?} of {taken}");
+                    msgs.push((r.end - wire_at, Bytes::copy_from_slice(&piece[r.clone()])));
+                    wire_at = r.end;
+                }
+                assert_eq!(wire_at, taken, "the messages framed in place are what was taken");
+                assert_eq!((sp.stats().bytes - before) as usize, taken);
+                piece = &piece[taken..];
             }
-            assert_eq!(wire_at, taken, "the messages framed in place are what was taken");
-            assert_eq!((sp.stats().bytes - before) as usize, taken);
-            piece = &piece[taken..];
+            sp.feed(piece);
+            at = end;
         }
-        sp.feed(piece);
-        at = end;
         loop {
             let before = sp.stats().bytes;
             match sp.next_msg(Timestamp::ZERO) {
@@ -163,25 +175,28 @@ fuzz_target!(|data: &[u8]| {
     let again = from_spec(&name).unwrap_or_else(|e| panic!("{spec:?} names {name:?}, which does not parse: {e}"));
     assert_eq!(again.name(), name, "canonical name of {spec:?}");
 
-    let whole = run(from_spec(&spec).unwrap(), max_msg, stream, &[], false);
-    let split = run(from_spec(&spec).unwrap(), max_msg, stream, &cuts, false);
-    let in_place = run(from_spec(&spec).unwrap(), max_msg, stream, &cuts, true);
+    let whole = run(from_spec(&spec).unwrap(), max_msg, stream, &[], false, false);
+    let split = run(from_spec(&spec).unwrap(), max_msg, stream, &cuts, false, false);
+    let in_place = run(from_spec(&spec).unwrap(), max_msg, stream, &cuts, true, false);
     assert_eq!(in_place, split, "in place: spec {spec:?}, max_msg {max_msg}, cuts {cuts:?}");
-    if TOLERATE_GATHERING_PAST_MAX
-        && whole.msgs == split.msgs
-        && matches!(whole.end, End::Refused(Refusal::TooBig { .. }))
-        && matches!(split.end, End::Open { buffered, .. } if buffered >= max_msg)
-    {
-        // Known defect, see TOLERATE_GATHERING_PAST_MAX.
-    } else if whole.msgs == split.msgs
-        && matches!((&whole.end, &split.end), (End::Refused(a), End::Refused(b))
-            if matches!(a, Refusal::TooBig { .. }) || matches!(b, Refusal::TooBig { .. }))
-    {
-        // A message both longer than the limit and malformed: which of the two
-        // is reported depends on how much of it the parser saw when the limit
-        // was reached. Refused either way, after the same messages.
-    } else {
-        assert_eq!(whole, split, "spec {spec:?}, max_msg {max_msg}, cuts {cuts:?}");
+    let lent = run(from_spec(&spec).unwrap(), max_msg, stream, &cuts, false, true);
+    for (split, lend) in [(split, false), (lent, true)] {
+        if TOLERATE_GATHERING_PAST_MAX
+            && whole.msgs == split.msgs
+            && matches!(whole.end, End::Refused(Refusal::TooBig { .. }))
+            && matches!(split.end, End::Open { buffered, .. } if buffered >= max_msg)
+        {
+            // Known defect, see TOLERATE_GATHERING_PAST_MAX.
+        } else if whole.msgs == split.msgs
+            && matches!((&whole.end, &split.end), (End::Refused(a), End::Refused(b))
+                if matches!(a, Refusal::TooBig { .. }) || matches!(b, Refusal::TooBig { .. }))
+        {
+            // A message both longer than the limit and malformed: which of the two
+            // is reported depends on how much of it the parser saw when the limit
+            // was reached. Refused either way, after the same messages.
+        } else {
+            assert_eq!(whole, split, "spec {spec:?}, max_msg {max_msg}, cuts {cuts:?}, lend {lend}");
+        }
     }
 
     let strip = name.starts_with("oncrpc:strip");
