@@ -475,13 +475,19 @@ impl StreamParser {
     /// `data`) onto `out`, counts them as `next_msg` would, and returns how many
     /// bytes of `data` they took: the rest must be fed as usual.
     pub fn frame_in_place(&mut self, data: &[u8], limit: usize, out: &mut Vec<Range<usize>>) -> usize {
-        if self.stopped || !self.buf.is_empty() || !self.parser.frames_in_place() {
+        if self.stopped || self.lent.is_some() || !self.buf.is_empty() || !self.parser.frames_in_place() {
             return 0;
         }
         let first = out.len();
         let taken = self.parser.frame_batch(data, self.limits.max_msg_size, limit, out);
         self.stats.msgs += (out.len() - first) as u64;
         self.stats.bytes += taken as u64;
+        if let Some(last) = out.len().checked_sub(1).filter(|&l| l >= first) {
+            // The last message's wire length (each one's wire bytes end where
+            // its delivered part does): what `lend` predicts from.
+            let start = if last > first { out[last - 1].end } else { 0 };
+            self.last_len = out[last].end - start;
+        }
         taken
     }
 
