@@ -543,3 +543,26 @@ fn simulation_lent_and_fed_reads_with_random_splits_pressure_and_timeouts() {
         assert!(timeouts > 0, "the runs include assembly timeouts");
     }
 }
+
+#[test]
+fn framing_in_place_sets_the_prediction_and_never_runs_while_lent() {
+    let limits = StreamLimits { max_msg_size: 1 << 20, assembly_timeout: None, read_ahead: 4096 };
+    let mut st = StreamParser::new(connmux_core::parsers::from_spec("l4").unwrap(), limits);
+    let mut ranges = Vec::new();
+    // A whole large message framed where it lies: the next read is lent.
+    let big = l4_total(LEND_MIN + 10, 1);
+    assert_eq!(st.frame_in_place(&big, 8, &mut ranges), big.len());
+    assert!(st.would_lend());
+    let loan = st.lend(usize::MAX).unwrap();
+    assert_eq!(loan.limit(), big.len() * (LEND_CHUNK / big.len()), "whole messages of the last one's size");
+    ranges.clear();
+    assert_eq!(st.frame_in_place(&l4_total(10, 2), 8, &mut ranges), 0, "not while the buffer is lent");
+    assert!(ranges.is_empty());
+    assert_eq!(st.unlend(loan), Unlend::Took(0));
+    // Small messages after it: the prediction ends with the last one framed.
+    let mut two = l4_total(LEND_MIN + 10, 3);
+    two.extend(l4_total(12, 4));
+    assert_eq!(st.frame_in_place(&two, 8, &mut ranges), two.len());
+    assert!(!st.would_lend());
+    assert_eq!((st.stats().msgs, st.stats().bytes), (3, (big.len() + two.len()) as u64));
+}

@@ -321,7 +321,7 @@ impl Worker<'_> {
                         // the bytes of a psock that stopped meanwhile).
                         *loan.buf() = buf;
                         if crate::shared::commit_read(core, loan, now).is_err() && !conn.released {
-                            stop_rx(ring, conn, token);
+                            stop_rx(ring, conn, token, &mut self.lent);
                         }
                     }
                     if !conn.released && !conn.rx_stopped {
@@ -330,7 +330,7 @@ impl Worker<'_> {
                         } else if res < 0 && res != -libc::ECANCELED {
                             conn.eof = Some(Some(-res));
                         }
-                        pump(core, ring, conn, now, &mut self.events);
+                        pump(core, ring, conn, now, &mut self.events, &mut self.lent);
                     }
                     self.after_recv(token);
                 }
