@@ -451,3 +451,61 @@ fn random_bytes_never_panic() {
         }
     }
 }
+
+/// The fast path answers the common NULL call with the bytes of ksf.md §2.4,
+/// and anything it answers is answered alike by the decoding path (`handle`
+/// on the record without its mark never takes the fast path).
+#[test]
+fn null_fast_matches_the_decoding_path() {
+    let reg = Registry::default();
+    assert_eq!(reg.null_fast(&capture_null_call(0x0102_0304)).map(|r| r.to_vec()), Some(capture_reply(0x0102_0304)));
+    // Version 4 is served, 5 is not; program 100005 is not registered.
+    assert!(reg.null_fast(&words(&[0x8000_0028, 9, 0, 2, 100003, 4, 0, 0, 0, 0, 0])).is_some());
+    for declined in [
+        words(&[0x8000_0028, 9, 0, 2, 100003, 5, 0, 0, 0, 0, 0]), // PROG_MISMATCH
+        words(&[0x8000_0028, 9, 0, 2, 100005, 3, 0, 0, 0, 0, 0]), // PROG_UNAVAIL
+        words(&[0x8000_0028, 9, 0, 2, 100003, 3, 1, 0, 0, 0, 0]), // PROC_UNAVAIL
+        words(&[0x8000_0028, 9, 0, 3, 100003, 3, 0, 0, 0, 0, 0]), // RPC_MISMATCH
+        words(&[0x8000_0028, 9, 1, 2, 100003, 3, 0, 0, 0, 0, 0]), // a reply
+        words(&[0x0000_0028, 9, 0, 2, 100003, 3, 0, 0, 0, 0, 0]), // not the last fragment
+        words(&[0x8000_002c, 9, 0, 2, 100003, 3, 0, 1, 0, 0, 0]), // AUTH_SYS: decoded the long way
+        words(&[0x8000_0024, 9, 0, 2, 100003, 3, 0, 0, 0, 0]),    // truncated
+    ] {
+        assert_eq!(reg.null_fast(&declined), None, "{declined:02x?}");
+    }
+    // Arguments: answered SUCCESS unless strict, as the decoding path does.
+    let with_args = words(&[0x8000_002c, 9, 0, 2, 100003, 3, 0, 0, 0, 0, 0, 7]);
+    assert!(reg.null_fast(&with_args).is_some());
+    let mut strict = Registry::default();
+    strict.set_strict_null_args(true);
+    assert_eq!(strict.null_fast(&with_args), None);
+    assert!(Registry::any_program().null_fast(&words(&[0x8000_0028, 9, 0, 2, 7, 99, 0, 0, 0, 0, 0])).is_some());
+
+    // Random single-word changes to a call: whenever the fast path answers,
+    // the decoding path answers SUCCESS with the same bytes.
+    let mut rng = Rng(99);
+    let mut answered = 0;
+    for _ in 0..20_000 {
+        let mut b = capture_null_call(rng.next() as u32);
+        if rng.below(4) != 0 {
+            let at = 4 * rng.below(b.len() / 4);
+            let v: u32 = [0, 1, 2, 3, 4, 100003, 0x8000_0028, rng.next() as u32][rng.below(8)];
+            b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+        }
+        let mut slow = Vec::new();
+        let slow_outcome = reg.handle(&b[4..], &mut slow);
+        if let Some(fast) = reg.null_fast(&b) {
+            answered += 1;
+            assert!(matches!(slow_outcome, Outcome::Replied { reply: Reply::Success, .. }), "{b:02x?}");
+            assert_eq!(&fast[..], &slow[..], "{b:02x?}");
+        }
+        // Where the mark is intact, handle_marked (which tries the fast path
+        // first) says and writes what the decoding path does.
+        if b[..4] == 0x8000_0028u32.to_be_bytes() {
+            let mut marked = Vec::new();
+            assert_eq!(reg.handle_marked(&b, &mut marked), slow_outcome.clone());
+            assert_eq!(marked, slow);
+        }
+    }
+    assert!(answered > 1000, "the fast path answered only {answered} calls");
+}
