@@ -6,6 +6,7 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use connmux_core::Bytes;
 
 use crate::mux::Mux;
 use crate::socket::KcmSocket;
-use crate::worker::Command;
+use crate::worker::{Command, SCRATCH_CHUNK, SCRATCH_LOW};
 
 /// What a handler decided for one request.
 #[derive(Debug)]
@@ -54,7 +55,63 @@ pub trait Handler: Send + Sync + 'static {
         let _ = out;
         self.handle(Bytes::copy_from_slice(request), from, scratch)
     }
+
+    /// [`Handler::handle_in_place`] over a run of requests: `ranges` of `data`
+    /// are whole messages of connection `from`, in order (the messages of one
+    /// read). Replies answered by appending go to `out`, back to back; at the
+    /// first request answered any other way (a `Reply` of its own buffer, or
+    /// `Close`) the run stops and that verdict is returned with it.
+    ///
+    /// Why a run: one call per read lets a handler with a common case (a NULL
+    /// call, an echo) answer it in a tight loop, without a dynamic call and
+    /// the worker's bookkeeping per message. The default calls
+    /// `handle_in_place` for each request; an override must answer exactly
+    /// as that would.
+    fn handle_run_in_place(
+        &self,
+        data: &[u8],
+        ranges: &[Range<usize>],
+        from: PsockId,
+        scratch: &mut BytesMut,
+        out: &mut BytesMut,
+    ) -> RunServed {
+        let mut appended = 0;
+        for (i, r) in ranges.iter().enumerate() {
+            let Some(request) = data.get(r.clone()) else {
+                return RunServed { handled: i, appended, stop: None };
+            };
+            if scratch.capacity() - scratch.len() < SCRATCH_LOW {
+                scratch.reserve(SCRATCH_CHUNK);
+            }
+            let mark = out.len();
+            match self.handle_in_place(request, from, scratch, out) {
+                Verdict::Appended if out.len() > mark => appended += 1,
+                // Appended with nothing appended is no reply.
+                Verdict::Appended | Verdict::NoReply => out.truncate(mark),
+                v => {
+                    // Only an appended reply may stay in `out`.
+                    out.truncate(mark);
+                    return RunServed { handled: i + 1, appended, stop: Some(v) };
+                }
+            }
+        }
+        RunServed { handled: ranges.len(), appended, stop: None }
+    }
 }
+
+/// What [`Handler::handle_run_in_place`] did with a run of requests.
+#[derive(Debug)]
+pub struct RunServed {
+    /// Requests handled, from the start of the run.
+    pub handled: usize,
+    /// Replies appended to `out` for them, each one whole message.
+    pub appended: u32,
+    /// The verdict of the last request handled when it was not answered by
+    /// appending (`Reply` or `Close`): the run stopped there. `None` when
+    /// every request handled was answered by appending or not at all.
+    pub stop: Option<Verdict>,
+}
+
 
 impl<F> Handler for F
 where

@@ -28,9 +28,9 @@ pub(crate) const SERVE_BATCH: usize = 256;
 /// Replies are cut out of `scratch` in chunks of this size: a handler's small
 /// `extend_from_slice` would otherwise allocate a fresh buffer (and a shared
 /// header on `split`) for every reply, two allocations per message.
-const SCRATCH_CHUNK: usize = 64 * 1024;
+pub(crate) const SCRATCH_CHUNK: usize = 64 * 1024;
 /// Below this much spare room a new chunk is started before a handler runs.
-const SCRATCH_LOW: usize = 4 * 1024;
+pub(crate) const SCRATCH_LOW: usize = 4 * 1024;
 
 /// Requests from other threads, delivered through the worker's waker. The
 /// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
@@ -362,8 +362,20 @@ impl ServeBufs {
         self.timed_slow(psock, t0)
     }
 
+    /// Note how long a run of `n` requests of `psock` took: slow when their
+    /// mean is (one clock reading per run, not per request).
+    #[inline]
+    fn timed_run(&mut self, psock: PsockId, t0: Instant, n: usize) -> bool {
+        let each = t0.elapsed() / n.max(1) as u32;
+        self.note_time(psock, each)
+    }
+
     fn timed_slow(&mut self, psock: PsockId, t0: Instant) -> bool {
-        if t0.elapsed() >= SLOW_HANDLER {
+        self.note_time(psock, t0.elapsed())
+    }
+
+    fn note_time(&mut self, psock: PsockId, took: Duration) -> bool {
+        if took >= SLOW_HANDLER {
             if self.slow_hits.len() >= 4096 {
                 self.slow_hits.clear();
             }
@@ -490,34 +502,34 @@ pub(crate) fn serve_in_place(
     dirty: &mut Vec<Arc<PsockRt>>,
 ) {
     let handler = &*sv.handler;
-    for (i, r) in ranges.iter().enumerate() {
-        let Some(request) = data.get(r.clone()) else { break };
+    let mut rest = ranges;
+    // Bounded: each turn handles at least one request.
+    while !rest.is_empty() {
         if bufs.scratch.capacity() - bufs.scratch.len() < SCRATCH_LOW {
             bufs.scratch.reserve(SCRATCH_CHUNK);
         }
         bufs.open_run(p);
-        let mark = bufs.run_buf.len();
-        let t0 = sampled(i).then(Instant::now);
-        let v = handler.handle_in_place(request, p, &mut bufs.scratch, &mut bufs.run_buf);
-        bufs.timed(p, t0);
-        match v {
-            crate::service::Verdict::Appended if bufs.run_buf.len() > mark => {
-                if let Some((_, n)) = &mut bufs.run {
-                    *n += 1;
-                }
-            }
-            v => {
-                // Only an appended reply may stay in the run.
-                bufs.run_buf.truncate(mark);
+        let t0 = Instant::now();
+        let served = handler.handle_run_in_place(data, rest, p, &mut bufs.scratch, &mut bufs.run_buf);
+        // A handler that says it handled none (or more than it was given)
+        // still moves the run on, so this loop ends.
+        let handled = served.handled.clamp(1, rest.len());
+        bufs.timed_run(p, t0, handled);
+        if let Some((_, n)) = &mut bufs.run {
+            *n += served.appended;
+        }
+        rest = &rest[handled..];
+        match served.stop {
+            Some(v) => {
                 let close = matches!(v, crate::service::Verdict::Close);
-                if !matches!(v, crate::service::Verdict::Appended) {
-                    bufs.push(p, v);
-                }
+                bufs.push(p, v);
                 if close {
                     // Nothing after the close is answered.
                     break;
                 }
             }
+            None if served.handled == 0 => break,
+            None => {}
         }
     }
     send_outs(sh, sv, bufs, events, dirty);

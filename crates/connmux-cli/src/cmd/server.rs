@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bytes::BytesMut;
-use connmux::service::{Handler, Service, ServiceConfig, Verdict};
+use connmux::service::{Handler, RunServed, Service, ServiceConfig, Verdict};
 use connmux::{Bytes, Config, Mux, Placement, PsockId, SockType, Steering};
 
 use crate::cmd::baseline;
@@ -237,6 +237,30 @@ impl Handler for RpcHandler {
         } else {
             Verdict::Close
         }
+    }
+    fn handle_run_in_place(
+        &self,
+        data: &[u8],
+        ranges: &[std::ops::Range<usize>],
+        _from: PsockId,
+        _scratch: &mut BytesMut,
+        out: &mut BytesMut,
+    ) -> RunServed {
+        // NULL calls answered from the template in a tight loop; any other
+        // record takes `answer` (which closes on a record that is no call).
+        let mut appended = 0;
+        for (i, r) in ranges.iter().enumerate() {
+            let Some(request) = data.get(r.clone()) else {
+                return RunServed { handled: i, appended, stop: None };
+            };
+            if let Some(reply) = self.registry.null_fast(request) {
+                out.extend_from_slice(&reply);
+            } else if !self.answer(request, out) {
+                return RunServed { handled: i + 1, appended, stop: Some(Verdict::Close) };
+            }
+            appended += 1;
+        }
+        RunServed { handled: ranges.len(), appended, stop: None }
     }
 }
 
