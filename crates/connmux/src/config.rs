@@ -113,6 +113,15 @@ pub struct Config {
     /// Userspace runtime or the kernel's AF_KCM. Default `Userspace`;
     /// [`crate::Mux::backend`] says which one runs.
     pub backend: Backend,
+    /// [`crate::Mux::attach`] gives a connection to the worker pinned on the
+    /// CPU where the kernel processes its packets (`SO_INCOMING_CPU`), so that
+    /// reading a request and waking for the next one never cross CPUs (on a
+    /// small virtual machine a cross-CPU wake-up costs more than a NULL RPC).
+    /// That worker is passed over for the one with the fewest connections
+    /// when it already holds more than twice as many plus 8 (all clients on
+    /// one CPU still spread). With `false`, or when no worker is pinned on
+    /// that CPU, connections go to the workers in turn. Default `true`.
+    pub incoming_cpu: bool,
 }
 
 impl Default for Config {
@@ -125,6 +134,7 @@ impl Default for Config {
             event_queue: 4096,
             driver: Driver::Auto,
             backend: Backend::Userspace,
+            incoming_cpu: true,
         }
     }
 }

@@ -41,8 +41,33 @@ pub(crate) struct MuxInner {
     pub shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     next_worker: AtomicU64,
+    /// `Config::incoming_cpu`.
+    incoming_cpu: bool,
     pub events_rx: crossbeam::channel::Receiver<PsockEvent>,
     pub serving: AtomicBool,
+}
+
+impl MuxInner {
+    /// The worker a new connection is attached to (see `Config::incoming_cpu`).
+    pub(crate) fn pick_worker(&self, conn: std::os::fd::BorrowedFd<'_>) -> usize {
+        let workers = &self.shared.workers;
+        let in_turn = || (self.next_worker.fetch_add(1, Ordering::Relaxed) as usize) % workers.len();
+        if !self.incoming_cpu || workers.len() == 1 {
+            return in_turn();
+        }
+        let Ok(cpu) = socket2::SockRef::from(&conn).cpu_affinity() else { return in_turn() };
+        let count = |i: usize| workers[i].psocks.load(Ordering::Acquire);
+        // Of the workers on that CPU, the one with the fewest connections.
+        let Some(here) = (0..workers.len()).filter(|&i| workers[i].cpu == Some(cpu)).min_by_key(|&i| count(i)) else {
+            return in_turn();
+        };
+        let least = (0..workers.len()).min_by_key(|&i| count(i)).unwrap_or(here);
+        if count(here) > 2 * count(least) + 8 {
+            least
+        } else {
+            here
+        }
+    }
 }
 
 impl Drop for MuxInner {
@@ -132,8 +157,9 @@ impl Mux {
 
     fn start(config: &Config, driver: Driver) -> io::Result<Mux> {
         let workers = config.workers.max(1);
+        let cpus = worker::cpus_for(&config.placement, workers);
         let mut refs = Vec::with_capacity(workers);
-        for _ in 0..workers {
+        for &cpu in &cpus {
             let waker = EventFd::new()?;
             let io = match driver {
                 Driver::Uring => WorkerIo::Uring,
@@ -143,7 +169,14 @@ impl Mux {
                     WorkerIo::Epoll(epoll)
                 }
             };
-            refs.push(WorkerRef { io, waker, commands: Mutex::new(Vec::new()), slow_psocks: AtomicUsize::new(0) });
+            refs.push(WorkerRef {
+                io,
+                waker,
+                commands: Mutex::new(Vec::new()),
+                slow_psocks: AtomicUsize::new(0),
+                psocks: AtomicUsize::new(0),
+                cpu,
+            });
         }
         let (events_tx, events_rx) = crossbeam::channel::bounded(config.event_queue.max(1));
         let shared = Arc::new(Shared {
@@ -161,7 +194,6 @@ impl Mux {
             tls: Default::default(),
             psock_moves: AtomicU64::new(0),
         });
-        let cpus = worker::cpus_for(&config.placement, workers);
         let mut threads = Vec::with_capacity(workers);
         let (init_tx, init_rx) = std::sync::mpsc::channel();
         let mut failed = None;
@@ -197,6 +229,7 @@ impl Mux {
             shared,
             threads: Mutex::new(threads),
             next_worker: AtomicU64::new(0),
+            incoming_cpu: config.incoming_cpu,
             events_rx,
             serving: AtomicBool::new(false),
         };
@@ -243,6 +276,10 @@ impl Mux {
     /// its own descriptor for the connection (as KCM keeps a file reference), so
     /// closing the caller's descriptor neither detaches nor closes it.
     ///
+    /// Userspace: the connection is read by the worker pinned on the CPU where
+    /// its packets arrive (`Config::incoming_cpu`), else by the workers in
+    /// turn; [`Mux::attach_on`] chooses the worker.
+    ///
     /// Errors as AF_KCM: `EOPNOTSUPP` for anything but a connected TCP socket,
     /// `ENOENT` for a bad descriptor, `EALREADY` if already attached to a mux.
     ///
@@ -253,7 +290,7 @@ impl Mux {
     pub fn attach(&self, conn: &impl AsFd, parser: Box<dyn Parser>) -> io::Result<PsockId> {
         match &self.imp {
             MuxImp::User(u) => {
-                let w = (u.next_worker.fetch_add(1, Ordering::Relaxed) as usize) % u.shared.workers.len();
+                let w = u.pick_worker(conn.as_fd());
                 self.attach_on(conn, parser, w)
             }
             MuxImp::Kernel(k) => k.k.attach(conn, &kernel::kernel_parser_for(parser.name())?),
@@ -319,6 +356,7 @@ impl Mux {
             }
             let cfg = PsockConfig { affinity: Some(worker as u32), ..Default::default() };
             let id = core.mux.attach(parser, cfg);
+            sh.workers[worker].psocks.fetch_add(1, Ordering::AcqRel);
             let rt = Arc::new(PsockRt {
                 id,
                 stream,
@@ -458,6 +496,16 @@ impl Mux {
         match &self.imp {
             MuxImp::User(u) => u.shared.psock_moves.load(Ordering::Relaxed),
             MuxImp::Kernel(_) => 0,
+        }
+    }
+
+    /// The worker that reads psock `p` now (it changes only when a worker
+    /// busy with heavy requests hands its connections over). `None` for a
+    /// psock not attached here, and on the kernel backend (no workers).
+    pub fn psock_worker(&self, p: PsockId) -> Option<usize> {
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lock().psocks.get(&p).map(|rt| rt.worker()),
+            MuxImp::Kernel(_) => None,
         }
     }
 

@@ -164,6 +164,10 @@ pub(crate) struct WorkerRef {
     pub commands: Mutex<Vec<Command>>,
     /// How many of its psocks are marked slow (heavy handlers).
     pub slow_psocks: AtomicUsize,
+    /// Psocks it reads (attached, not yet released).
+    pub psocks: AtomicUsize,
+    /// The CPU it is pinned to, if any.
+    pub cpu: Option<usize>,
 }
 
 impl WorkerRef {
@@ -376,6 +380,7 @@ impl Shared {
                     if let Some(rt) = rt {
                         crate::mux::ATTACHED.lock().unwrap().remove(&rt.ino);
                         let mut int = rt.interest.lock().unwrap();
+                        self.workers[rt.worker()].psocks.fetch_sub(1, Ordering::AcqRel);
                         if rt.slow.load(Ordering::Acquire) {
                             self.workers[rt.worker()].slow_psocks.fetch_sub(1, Ordering::AcqRel);
                         }

@@ -177,11 +177,11 @@ impl Mux {
     /// The kernel backend refuses it (`BackendError::Unsupported`): AF_KCM
     /// would need kTLS under it, which connmux does not set up.
     pub fn attach_tls(&self, conn: TcpStream, tls: impl Into<TlsConn>, parser: Box<dyn Parser>) -> io::Result<PsockId> {
-        if self.user().is_none() {
+        let Some(u) = self.user() else {
             return Err(refused());
-        }
-        // Round robin over the workers, counted among the TLS psocks.
-        let w = self.shared().tls.attached.load(Ordering::Relaxed) as usize % self.workers();
+        };
+        // The same choice as a plain attach (`Config::incoming_cpu`).
+        let w = u.pick_worker(std::os::fd::AsFd::as_fd(&conn));
         self.attach_tls_on(conn, tls, parser, w)
     }
 

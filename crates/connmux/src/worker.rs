@@ -656,6 +656,8 @@ fn move_psock(sh: &Shared, rt: &PsockRt, from: usize, to: usize) -> bool {
             }
         }
         rt.worker.store(to, Ordering::Release);
+        sh.workers[from].psocks.fetch_sub(1, Ordering::AcqRel);
+        sh.workers[to].psocks.fetch_add(1, Ordering::AcqRel);
         if rt.slow.load(Ordering::Acquire) {
             sh.workers[from].slow_psocks.fetch_sub(1, Ordering::AcqRel);
             sh.workers[to].slow_psocks.fetch_add(1, Ordering::AcqRel);
