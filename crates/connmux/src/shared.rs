@@ -65,6 +65,11 @@ impl Ready {
             let _ = self.fd.notify();
         }
     }
+    /// Whether the condition was last seen true (no syscall).
+    pub fn is_set(&self) -> bool {
+        self.signaled.load(Ordering::Acquire)
+    }
+
     /// Clear before checking the condition again.
     ///
     /// Flag and counter change together under `transition`, so "signaled iff
@@ -183,6 +188,8 @@ pub(crate) struct Shared {
     pub workers: Vec<WorkerRef>,
     pub stop: AtomicBool,
     pub read_chunk: usize,
+    /// `Config::recv_spin`.
+    pub recv_spin: Duration,
     pub events_tx: crossbeam::channel::Sender<PsockEvent>,
     pub events_dropped: AtomicU64,
     pub clock_origin: std::time::Instant,

@@ -204,9 +204,25 @@ impl KcmSocket {
     }
 
     /// Wait until `ready` is set, honouring non-blocking mode and the timeout.
-    fn wait(rt: &SockRt, ready: &Ready, deadline: Option<Instant>) -> io::Result<()> {
+    fn wait(rt: &SockRt, ready: &Ready, deadline: Option<Instant>, spin: Duration) -> io::Result<()> {
         if rt.nonblocking.load(Ordering::Relaxed) {
             return Err(io::ErrorKind::WouldBlock.into());
+        }
+        if !spin.is_zero() {
+            // Spin briefly, then sleep: a message that comes within `spin`
+            // is taken without the wake-up (see `Config::recv_spin`).
+            let until = Instant::now() + spin;
+            let until = deadline.map_or(until, |d| d.min(until));
+            // Bounded by the clock, and by a count in case it stands still.
+            for _ in 0..100_000 {
+                if ready.is_set() {
+                    return Ok(());
+                }
+                if Instant::now() >= until {
+                    break;
+                }
+                std::thread::yield_now();
+            }
         }
         let timeout = match deadline {
             Some(d) => {
@@ -249,7 +265,7 @@ impl KcmSocket {
                 sh.dispatch(&mut events, &mut Ctx::App);
             }
             match r {
-                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.rx, deadline)?,
+                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.rx, deadline, sh.recv_spin)?,
                 other => return other.map_err(io_err),
             }
         }
@@ -344,7 +360,7 @@ impl KcmSocket {
                 sh.dispatch(&mut events, &mut Ctx::App);
             }
             match r {
-                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.tx, deadline)?,
+                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.tx, deadline, Duration::ZERO)?,
                 other => return other.map_err(io_err),
             }
         }
