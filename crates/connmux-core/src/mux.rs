@@ -393,6 +393,9 @@ struct Sock {
     rcvbuf_peak: usize,
     sndbuf_peak: usize,
     affinity: Option<u32>,
+    /// Takes only the messages of psocks with its affinity tag: never chosen
+    /// by round robin, spill-over or key hashing (`Mux::set_tag_only`).
+    tag_only: bool,
     // ---- receive ----
     rx_queue: VecDeque<RxMsg>,
     /// Bytes of the receive queue not yet read (`sk_rmem_alloc`).
@@ -436,6 +439,7 @@ impl Sock {
             rcvbuf_peak: rcvbuf,
             sndbuf_peak: sndbuf,
             affinity: None,
+            tag_only: false,
             rx_queue: VecDeque::new(),
             rx_mem: 0,
             on_waiters: false,
@@ -804,6 +808,15 @@ impl Mux {
     }
     pub fn set_affinity(&mut self, s: SockId, tag: Option<u32>) -> Result<(), MuxError> {
         self.sock_mut(s)?.affinity = tag;
+        Ok(())
+    }
+    /// With `Steering::Affinity`, socket `s` takes only the messages of psocks
+    /// whose affinity tag is its own, and no other psock's messages spill
+    /// over to it (the runtime's heavy lanes: a psock steered there is
+    /// answered by one thread, in order, and nothing else waits behind it).
+    /// Under the other steering policies it is never chosen.
+    pub fn set_tag_only(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
+        self.sock_mut(s)?.tag_only = on;
         Ok(())
     }
     pub fn sock_count(&self) -> usize {
@@ -1318,6 +1331,13 @@ impl Mux {
     /// Messages waiting in a socket's receive queue.
     pub fn rx_queued(&self, s: SockId) -> Result<usize, MuxError> {
         Ok(self.sock(s)?.rx_queue.len())
+    }
+
+    /// Messages of psock `p` waiting on socket `s` (a walk of the queue:
+    /// for rare decisions, such as whether a psock may be steered elsewhere
+    /// without its messages being answered out of order).
+    pub fn rx_queued_from(&self, s: SockId, p: PsockId) -> Result<usize, MuxError> {
+        Ok(self.sock(s)?.rx_queue.iter().filter(|m| m.psock == p).count())
     }
 
     // ---- transmit path ----
@@ -2046,6 +2066,8 @@ target: &mut Option<SockId>,
 ) -> Option<SockId> {
 let steering = config.steering;
     let mut avoid = None;
+    // Sockets any psock's messages may go to (not tag-only ones).
+    let open = |w: &SockId| socks.get(w.index, w.generation).is_some_and(|s| !s.tag_only);
     match steering {
         Steering::RoundRobin => {}
         Steering::Affinity => {
@@ -2055,12 +2077,15 @@ let steering = config.steering;
                 let own = rx_waiters.iter().copied().find(|w| {
                     socks.get(w.index, w.generation).is_some_and(|s| s.affinity == Some(tag))
                 });
-                if let Some(w) = own {
-                    let sock = socks.get(w.index, w.generation).expect("waiter present");
-                    if sock.rx_queue.len() <= config.imbalance {
-                        return Some(w);
-                    }
-                    avoid = Some(w);
+                match own.map(|w| (w, socks.get(w.index, w.generation).expect("waiter present"))) {
+                    // A tag-only socket keeps its psocks however long its
+                    // queue: one reader answers them, in order.
+                    Some((w, sock)) if sock.tag_only || sock.rx_queue.len() <= config.imbalance => return Some(w),
+                    Some((w, _)) => avoid = Some(w),
+                    // Its tag-only socket cannot take more now: the message
+                    // waits for it rather than go to another reader.
+                    None if socks.iter().any(|(_, _, s)| s.tag_only && s.affinity == Some(tag)) => return None,
+                    None => {}
                 }
             }
         }
@@ -2068,12 +2093,12 @@ let steering = config.steering;
             if let Some(k) = key {
                 // Hash over the able sockets in index order (stable while
                 // the set of able sockets is).
-                let n = rx_waiters.len();
+                let n = rx_waiters.iter().filter(|w| open(w)).count();
                 if n > 0 {
                     let pick = (mix(k) % n as u64) as usize;
                     return socks
                         .iter()
-                        .filter(|(_, _, s)| s.on_waiters)
+                        .filter(|(_, _, s)| s.on_waiters && !s.tag_only)
                         .nth(pick)
                         .map(|(i, g, _)| sid((i, g)));
                 }
@@ -2083,13 +2108,14 @@ let steering = config.steering;
     }
     // Round robin with per-pass batching.
     if let Some(t) = *target {
-        if avoid != Some(t) && socks.get(t.index, t.generation).is_some_and(|s| s.on_waiters) {
+        if avoid != Some(t) && socks.get(t.index, t.generation).is_some_and(|s| s.on_waiters && !s.tag_only) {
             return Some(t);
         }
     }
     let next = match avoid {
-        Some(a) if rx_waiters.len() > 1 => rx_waiters.iter().copied().find(|w| *w != a),
-        _ => rx_waiters.front().copied(),
+        // Uneven: another socket, else the psock's own after all.
+        Some(a) => rx_waiters.iter().copied().find(|w| *w != a && open(w)).or(Some(a)),
+        None => rx_waiters.iter().copied().find(|w| open(w)),
     };
     *target = next;
     next

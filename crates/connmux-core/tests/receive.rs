@@ -464,6 +464,55 @@ fn steering_affinity_keeps_a_psock_on_its_socket_until_uneven() {
 }
 
 #[test]
+fn a_tag_only_socket_takes_its_own_psocks_and_nothing_spills_to_it() {
+    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, imbalance: 2, ..MuxConfig::default() });
+    let k0 = m.socket(SockType::Dgram);
+    let lane = m.clone_sock(k0).unwrap();
+    m.set_affinity(k0, Some(0)).unwrap();
+    m.set_affinity(lane, Some(1)).unwrap();
+    m.set_tag_only(lane, true).unwrap();
+    let light = m.attach(L4::boxed(), PsockConfig { affinity: Some(0), ..PsockConfig::default() });
+    let heavy = m.attach(L4::boxed(), PsockConfig { affinity: Some(1), ..PsockConfig::default() });
+    // Far past the imbalance: the light psock's messages stay on k0.
+    for i in 0..10 {
+        m.feed(light, &l4_total(10, i), T0).unwrap();
+    }
+    assert_eq!(m.rx_queued(k0).unwrap(), 10);
+    assert_eq!(m.rx_queued(lane).unwrap(), 0, "nothing spills over to a tag-only socket");
+    // Its own psock's messages stay on it, past the imbalance too.
+    for i in 0..5 {
+        m.feed(heavy, &l4_total(10, 100 + i), T0).unwrap();
+    }
+    assert_eq!(m.rx_queued(lane).unwrap(), 5);
+    assert_eq!(m.rx_queued_from(lane, heavy).unwrap(), 5);
+    assert_eq!(m.rx_queued_from(k0, heavy).unwrap(), 0);
+    assert_eq!(m.rx_queued_from(k0, light).unwrap(), 10);
+    let got: Vec<u8> = recv_all(&mut m, lane).iter().map(|b| b[4]).collect();
+    assert_eq!(got, vec![100, 101, 102, 103, 104], "in order");
+    // While the tag-only socket cannot take more (receive disabled), its
+    // psock's messages wait rather than go to k0.
+    m.set_recv_disable(lane, true).unwrap();
+    m.feed(heavy, &l4_total(10, 105), T0).unwrap();
+    assert_eq!(m.rx_queued_from(k0, heavy).unwrap(), 0);
+    m.set_recv_disable(lane, false).unwrap();
+    assert_eq!(recv_all(&mut m, lane).iter().map(|b| b[4]).collect::<Vec<_>>(), vec![105]);
+}
+
+#[test]
+fn round_robin_never_chooses_a_tag_only_socket() {
+    let mut m = Mux::new(rr_config());
+    let k0 = m.socket(SockType::Dgram);
+    let lane = m.clone_sock(k0).unwrap();
+    m.set_tag_only(lane, true).unwrap();
+    let p = attach_l4(&mut m);
+    for i in 0..20 {
+        m.feed(p, &l4_total(10, i), T0).unwrap();
+    }
+    assert_eq!(m.rx_queued(k0).unwrap(), 20);
+    assert_eq!(m.rx_queued(lane).unwrap(), 0);
+}
+
+#[test]
 fn steering_key_keeps_one_key_on_one_socket() {
     let mut m = Mux::new(MuxConfig { steering: Steering::Key, ..MuxConfig::default() });
     let ks: Vec<_> = (0..4).map(|_| m.socket(SockType::Dgram)).collect();

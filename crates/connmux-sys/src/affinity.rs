@@ -23,6 +23,26 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets the calling thread's nice value (`setpriority(PRIO_PROCESS, tid, nice)`:
+/// on Linux the nice value is per thread). Raising it needs no privilege;
+/// lowering it below the current value needs `CAP_SYS_NICE`.
+pub fn set_current_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: plain integer arguments; `tid` is this thread's id.
+    cvt(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) })?;
+    Ok(())
+}
+
+/// Puts the calling thread in `SCHED_IDLE` (it runs only when nothing else
+/// on its CPU wants to, and is preempted at once by any other woken thread).
+pub fn set_current_thread_idle() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a live sched_param; pid 0 is the calling thread.
+    cvt(unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) })?;
+    Ok(())
+}
+
 /// The CPUs the calling thread may run on (`sched_getaffinity(0, …)`), ascending.
 /// Call it before pinning anything: a pinned thread sees only its own CPU.
 pub fn available_cpus() -> io::Result<Vec<usize>> {

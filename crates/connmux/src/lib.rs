@@ -42,6 +42,7 @@
 
 mod config;
 mod kernel;
+mod lane;
 mod mux;
 mod shared;
 mod socket;

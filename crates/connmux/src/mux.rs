@@ -173,7 +173,6 @@ impl Mux {
                 io,
                 waker,
                 commands: Mutex::new(Vec::new()),
-                slow_psocks: AtomicUsize::new(0),
                 psocks: AtomicUsize::new(0),
                 cpu,
             });
@@ -193,7 +192,7 @@ impl Mux {
             events_dropped: AtomicU64::new(0),
             clock_origin: std::time::Instant::now(),
             tls: Default::default(),
-            psock_moves: AtomicU64::new(0),
+            lane_moves: AtomicU64::new(0),
         });
         let mut threads = Vec::with_capacity(workers);
         let (init_tx, init_rx) = std::sync::mpsc::channel();
@@ -362,7 +361,6 @@ impl Mux {
                 id,
                 stream,
                 worker: AtomicUsize::new(worker),
-                slow: AtomicBool::new(false),
                 ino,
                 interest: Mutex::new(PsockInterest { read: true, write: false, registered: true }),
                 error: Mutex::new(None),
@@ -489,24 +487,22 @@ impl Mux {
         }
     }
 
-    /// Connections moved from a worker busy with heavy requests (a handler
-    /// that runs long on several messages in a row) to another worker, so
-    /// that light requests are not read behind heavy work (epoll driver,
-    /// in-place serving). Always 0 on the kernel backend.
-    pub fn psock_moves(&self) -> u64 {
-        match &self.imp {
-            MuxImp::User(u) => u.shared.psock_moves.load(Ordering::Relaxed),
-            MuxImp::Kernel(_) => 0,
-        }
-    }
-
-    /// The worker that reads psock `p` now (it changes only when a worker
-    /// busy with heavy requests hands its connections over). `None` for a
-    /// psock not attached here, and on the kernel backend (no workers).
+    /// The worker that reads psock `p`. `None` for a psock not attached
+    /// here, and on the kernel backend (no workers).
     pub fn psock_worker(&self, p: PsockId) -> Option<usize> {
         match &self.imp {
             MuxImp::User(u) => u.shared.lock().psocks.get(&p).map(|rt| rt.worker()),
             MuxImp::Kernel(_) => None,
+        }
+    }
+
+    /// Connections whose requests were handed to a worker's heavy lane
+    /// because the handler ran long on them ([`Mux::serve`]). Always 0 on the
+    /// kernel backend.
+    pub fn lane_moves(&self) -> u64 {
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lane_moves.load(Ordering::Relaxed),
+            MuxImp::Kernel(_) => 0,
         }
     }
 

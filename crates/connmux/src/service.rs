@@ -122,9 +122,21 @@ where
     }
 }
 
-/// Handle on in-place serving: the per-worker sockets live as long as it does.
+/// Handle on in-place serving: the per-worker sockets and heavy lanes live
+/// as long as it does.
 pub struct Serving {
     _sockets: Vec<KcmSocket>,
+    lanes: Vec<JoinHandle<()>>,
+    stop_lanes: Arc<AtomicBool>,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.stop_lanes.store(true, Ordering::Release);
+        for t in self.lanes.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Mux {
@@ -132,6 +144,12 @@ impl Mux {
     /// that worker's affinity, so a connection's requests are handled where
     /// they were read, and move to another worker only when this one falls
     /// behind (`MuxConfig::imbalance`).
+    ///
+    /// Each worker also has a heavy lane: a socket and a thread on the
+    /// worker's CPU that take the requests of a connection whose handler runs
+    /// long (50 µs or more, three times in a row), so the worker's other
+    /// connections are not answered behind them (`Mux::lane_moves` counts
+    /// such connections).
     pub fn serve(&self, ty: SockType, handler: Arc<dyn Handler>) -> io::Result<Serving> {
         self.serve_counting(ty, handler, None)
     }
@@ -154,16 +172,41 @@ impl Mux {
             socks.push(s);
         }
         let sh = self.shared();
+        let workers = sh.workers.len();
+        let stop_lanes = Arc::new(AtomicBool::new(false));
+        let mut lanes = Vec::with_capacity(workers);
+        for i in 0..workers {
+            let lane = socks[0].try_clone()?;
+            lane.set_affinity(Some(crate::lane::lane_tag(workers, i)))?;
+            // Only the psocks a worker sends there: nothing else waits behind
+            // heavy requests, and a heavy psock has one reader (replies in order).
+            let _ = sh.lock().mux.set_tag_only(lane.id(), true);
+            lane.set_sndbuf(usize::MAX / 4)?;
+            lane.set_nonblocking(true);
+            let (mux, handler, stats, stop, cpu) =
+                (self.clone(), handler.clone(), stats.clone(), stop_lanes.clone(), sh.workers[i].cpu);
+            let t = std::thread::Builder::new()
+                .name(format!("connmux-lane{i}"))
+                .spawn(move || crate::lane::run(mux, lane, handler, stats, cpu, stop));
+            match t {
+                Ok(t) => lanes.push(t),
+                Err(e) => {
+                    stop_lanes.store(true, Ordering::Release);
+                    return Err(e);
+                }
+            }
+        }
         for (i, s) in socks.iter().enumerate() {
             s.set_affinity(Some(i as u32))?;
             // Replies are bounded per connection (MuxConfig::psock_sndbuf), not
             // by one budget that a single non-reading peer could use up.
             s.set_sndbuf(usize::MAX / 4)?;
             let rt = sh.sock_rt(s.id()).expect("socket just created");
-            sh.workers[i].commands.lock().unwrap().push(Command::Serve { sock: rt, handler: handler.clone(), stats: stats.clone() });
+            let lane = crate::lane::lane_tag(workers, i);
+            sh.workers[i].commands.lock().unwrap().push(Command::Serve { sock: rt, handler: handler.clone(), stats: stats.clone(), lane });
             sh.workers[i].waker.notify()?;
         }
-        Ok(Serving { _sockets: socks })
+        Ok(Serving { _sockets: socks, lanes, stop_lanes })
     }
 }
 

@@ -106,12 +106,8 @@ pub(crate) struct SockRt {
 pub(crate) struct PsockRt {
     pub id: PsockId,
     pub stream: TcpStream,
-    /// The worker that reads it. Changes only when a worker busy with a heavy
-    /// connection hands its other psocks to another (`worker::rebalance`),
-    /// and then under `interest`, so read it under that lock to act on it.
+    /// The worker that reads it (chosen at attach; see `MuxInner::pick_worker`).
     pub worker: AtomicUsize,
-    /// A handler ran long on one of its messages: a heavy connection.
-    pub slow: AtomicBool,
     /// Socket inode: the identity used for EALREADY/ENOENT, as KCM uses the sock.
     pub ino: u64,
     pub interest: Mutex<PsockInterest>,
@@ -167,8 +163,6 @@ pub(crate) struct WorkerRef {
     pub io: WorkerIo,
     pub waker: EventFd,
     pub commands: Mutex<Vec<Command>>,
-    /// How many of its psocks are marked slow (heavy handlers).
-    pub slow_psocks: AtomicUsize,
     /// Psocks it reads (attached, not yet released).
     pub psocks: AtomicUsize,
     /// The CPU it is pinned to, if any.
@@ -194,8 +188,8 @@ pub(crate) struct Shared {
     pub events_dropped: AtomicU64,
     pub clock_origin: std::time::Instant,
     pub tls: crate::tls::TlsCounters,
-    /// Psocks moved from a busy worker to another.
-    pub psock_moves: AtomicU64,
+    /// Psocks steered to a worker's heavy lane.
+    pub lane_moves: AtomicU64,
 }
 
 /// `writev` of up to [`MAX_IOV`] buffers, with an iovec array sized for
@@ -295,6 +289,11 @@ pub(crate) fn has_direct() -> bool {
     DIRECT.with_borrow(|d| !d.is_empty())
 }
 
+/// Whether messages of psock `p` wait in this worker's direct list.
+pub(crate) fn has_direct_from(p: PsockId) -> bool {
+    DIRECT.with_borrow(|d| d.iter().any(|(_, q)| *q == p))
+}
+
 /// Take the messages read for this worker's serving socket (see [`feed_read`]).
 pub(crate) fn take_direct(into: &mut Vec<(Bytes, PsockId)>) {
     DIRECT.with_borrow_mut(|d| into.append(d));
@@ -388,9 +387,6 @@ impl Shared {
                         crate::mux::ATTACHED.lock().unwrap().remove(&rt.ino);
                         let mut int = rt.interest.lock().unwrap();
                         self.workers[rt.worker()].psocks.fetch_sub(1, Ordering::AcqRel);
-                        if rt.slow.load(Ordering::Acquire) {
-                            self.workers[rt.worker()].slow_psocks.fetch_sub(1, Ordering::AcqRel);
-                        }
                         if int.registered {
                             int.registered = false;
                             match &self.workers[rt.worker()].io {

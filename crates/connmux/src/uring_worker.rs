@@ -198,9 +198,9 @@ impl Worker<'_> {
             let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
             for c in cmds {
                 match c {
-                    Command::Serve { sock, handler, stats } => {
+                    Command::Serve { sock, handler, stats, lane } => {
                         crate::shared::set_own_serve(sock.id);
-                        serving = Some(Serving { sock, handler, stats });
+                        serving = Some(Serving { sock, handler, stats, lane });
                         serve_ready = true;
                     }
                     c => self.command(ring, c),
@@ -233,6 +233,11 @@ impl Worker<'_> {
                     break;
                 }
                 self.flush_dirty(ring);
+            }
+            if let Some(sv) = &serving {
+                if let Some(p) = bufs.slow.take() {
+                    crate::worker::to_lane(sh, sv, &mut bufs, p);
+                }
             }
             if crate::shared::take_own_pending() {
                 // Messages reached our socket after we served: wake ourselves.

@@ -18,7 +18,7 @@ use connmux_sys::epoll::{Events, Interest};
 
 use crate::config::Placement;
 use crate::service::{Handler, ServiceStats};
-use crate::shared::{psock_token, token_psock, Ctx, PsockRt, Shared, SockRt, WorkerIo};
+use crate::shared::{token_psock, Ctx, PsockRt, Shared, SockRt, WorkerIo};
 
 pub(crate) const WAKER_TOKEN: u64 = u64::MAX;
 pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
@@ -37,7 +37,8 @@ pub(crate) const SCRATCH_LOW: usize = 4 * 1024;
 /// io_uring worker gets all of them, as its ring is its own.
 pub(crate) enum Command {
     /// Run `handler` in place on messages steered to socket `sock`.
-    Serve { sock: Arc<SockRt>, handler: Arc<dyn Handler>, stats: Option<Arc<ServiceStats>> },
+    /// `lane`: the affinity tag of the worker's heavy lane (`crate::lane`).
+    Serve { sock: Arc<SockRt>, handler: Arc<dyn Handler>, stats: Option<Arc<ServiceStats>>, lane: u32 },
     /// A psock was attached to this worker: start receiving.
     Attach(Arc<PsockRt>),
     /// The core takes bytes from this psock again (`PsockRxResume`).
@@ -70,6 +71,8 @@ pub(crate) struct Serving {
     pub handler: Arc<dyn Handler>,
     /// Where connections closed by the handler are counted (a service's).
     pub stats: Option<Arc<ServiceStats>>,
+    /// The affinity tag of this worker's heavy lane.
+    pub lane: u32,
 }
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
@@ -84,7 +87,6 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     let mut dirty: Vec<Arc<PsockRt>> = Vec::new();
     let mut serving: Option<Serving> = None;
     let mut bufs = ServeBufs::default();
-    let mut last_rebalance = Instant::now();
 
     // The earliest assembly deadline as of the end of the last pass. Deadlines
     // start only when this worker feeds its own psocks (in the pass), so the
@@ -110,10 +112,10 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                         let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
                         for c in cmds {
                             match c {
-                                Command::Serve { sock, handler, stats } => {
+                                Command::Serve { sock, handler, stats, lane } => {
                                     let _ = epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ);
                                     crate::shared::set_own_serve(sock.id);
-                                    serving = Some(Serving { sock, handler, stats });
+                                    serving = Some(Serving { sock, handler, stats, lane });
                                     serve_ready = true;
                                 }
                                 // A TLS psock may take bytes again (see `tls::epoll_read`).
@@ -166,11 +168,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                 serve(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
             }
             if let Some(p) = bufs.slow.take() {
-                mark_slow(&sh, p);
-            }
-            if me.slow_psocks.load(Ordering::Relaxed) > 0 && last_rebalance.elapsed() >= REBALANCE_EVERY {
-                last_rebalance = Instant::now();
-                rebalance(&sh, index);
+                to_lane(&sh, sv, &mut bufs, p);
             }
         }
         for rt in dirty.drain(..) {
@@ -305,12 +303,10 @@ const COALESCE_MAX: usize = 512;
 
 /// A handler run at least this long on one message counts as slow, and
 /// [`SLOW_HITS`] slow runs in a row make its connection heavy: the worker then
-/// hands its other connections to a worker without heavy ones
-/// ([`rebalance`]), so light requests are not read behind heavy work.
+/// steers its messages to the worker's heavy lane ([`to_lane`]), so light
+/// requests are not read behind heavy work.
 const SLOW_HANDLER: Duration = Duration::from_micros(50);
 const SLOW_HITS: u32 = 3;
-/// At most one rebalance per worker per this interval.
-const REBALANCE_EVERY: Duration = Duration::from_millis(10);
 
 /// A worker's buffers for in-place serving, kept across passes.
 #[derive(Default)]
@@ -324,7 +320,7 @@ pub(crate) struct ServeBufs {
     run: Option<(PsockId, u32)>,
     /// Consecutive long handler runs per psock (only psocks with one).
     slow_hits: rustc_hash::FxHashMap<PsockId, u32>,
-    /// A psock that has just turned out heavy (for `rebalance`).
+    /// A psock that has just turned out heavy (for [`to_lane`]).
     pub slow: Option<PsockId>,
     /// Where a read's messages lie in the read buffer (in-place serving).
     ranges: Vec<std::ops::Range<usize>>,
@@ -588,83 +584,25 @@ fn send_outs(sh: &Shared, sv: &Serving, bufs: &mut ServeBufs, events: &mut Vec<E
     }
 }
 
-/// Mark a psock heavy (its handler runs long) and count it on its worker.
-fn mark_slow(sh: &Shared, p: PsockId) {
-    let Some(rt) = sh.psock_rt(p) else { return };
-    let _int = rt.interest.lock().unwrap();
-    if !rt.slow.swap(true, Ordering::AcqRel) {
-        sh.workers[rt.worker()].slow_psocks.fetch_add(1, Ordering::AcqRel);
-    }
-}
-
-/// A worker with heavy psocks hands its light ones to the worker with the
-/// fewest heavy psocks when that one has none, and one heavy psock when it
-/// has two fewer: light connections are then read by a worker that is not
-/// stuck in long handlers (KCM balances per message, which costs every
-/// message a cross-CPU hand-off; this moves a connection once).
-fn rebalance(sh: &Shared, me: usize) {
-    let n = sh.workers.len();
-    let mine_slow = sh.workers[me].slow_psocks.load(Ordering::Acquire);
-    if n < 2 || mine_slow == 0 {
+/// Steer heavy psock `p`'s next messages to this worker's lane (`crate::lane`).
+/// Not while messages of `p` still wait for this worker (the lane would answer
+/// newer ones first): then it is tried again after the next pass.
+pub(crate) fn to_lane(sh: &Shared, sv: &Serving, bufs: &mut ServeBufs, p: PsockId) {
+    if crate::shared::has_direct_from(p) {
+        bufs.slow = Some(p);
         return;
     }
-    let Some((to, to_slow)) = (0..n)
-        .filter(|&j| j != me)
-        .map(|j| (j, sh.workers[j].slow_psocks.load(Ordering::Acquire)))
-        .min_by_key(|&(_, k)| k)
-    else {
-        return;
-    };
-    if to_slow > 0 && mine_slow < to_slow + 2 {
-        // Nothing would move: spare the walk over every psock.
-        return;
-    }
-    let mine: Vec<Arc<PsockRt>> = sh.lock().psocks.values().filter(|rt| rt.worker() == me).cloned().collect();
-    let mut moved_heavy = false;
-    for rt in mine {
-        let heavy = rt.slow.load(Ordering::Acquire);
-        let go = if heavy {
-            !moved_heavy && mine_slow >= to_slow + 2
-        } else {
-            to_slow == 0
-        };
-        if go && move_psock(sh, &rt, me, to) {
-            moved_heavy |= heavy;
-        }
-    }
-}
-
-/// Move a psock's reading from worker `from` to `to` (epoll workers).
-fn move_psock(sh: &Shared, rt: &PsockRt, from: usize, to: usize) -> bool {
-    let (WorkerIo::Epoll(src), WorkerIo::Epoll(dst)) = (&sh.workers[from].io, &sh.workers[to].io) else {
-        return false;
-    };
-    {
-        let int = rt.interest.lock().unwrap();
-        if rt.worker() != from {
-            return false;
-        }
-        if int.registered {
-            // Not yet (or no longer) in `from`'s epoll set: leave it alone.
-            if src.delete(rt.fd()).is_err() {
-                return false;
-            }
-            let interest = Interest { readable: int.read, writable: int.write, edge: false };
-            if dst.add(rt.fd(), psock_token(rt.id), interest).is_err() {
-                let _ = src.add(rt.fd(), psock_token(rt.id), interest);
-                return false;
+    let mut core = sh.lock();
+    match core.mux.rx_queued_from(sv.sock.id, p) {
+        Ok(0) => {
+            if core.mux.set_psock_affinity(p, Some(sv.lane)).is_ok() {
+                drop(core);
+                bufs.slow_hits.remove(&p);
+                sh.lane_moves.fetch_add(1, Ordering::Relaxed);
             }
         }
-        rt.worker.store(to, Ordering::Release);
-        sh.workers[from].psocks.fetch_sub(1, Ordering::AcqRel);
-        sh.workers[to].psocks.fetch_add(1, Ordering::AcqRel);
-        if rt.slow.load(Ordering::Acquire) {
-            sh.workers[from].slow_psocks.fetch_sub(1, Ordering::AcqRel);
-            sh.workers[to].slow_psocks.fetch_add(1, Ordering::AcqRel);
-        }
+        Ok(_) => bufs.slow = Some(p),
+        // The socket is gone: nothing to steer to.
+        Err(_) => {}
     }
-    // Its next messages are steered to the new worker's socket.
-    let _ = sh.lock().mux.set_psock_affinity(rt.id, Some(to as u32));
-    sh.psock_moves.fetch_add(1, Ordering::Relaxed);
-    true
 }

@@ -177,14 +177,12 @@ on_both_drivers!(
     in_place_verdicts_keep_request_order,
 );
 
-/// A connection whose requests take long (300 µs of CPU each) makes its
-/// worker hand its other connections to the other worker; every client still
-/// gets every reply, once, for its own requests.
-#[test]
-fn heavy_connection_moves_light_ones_to_another_worker() {
+/// A connection whose requests take long (300 µs of CPU each) is handed to
+/// its worker's heavy lane, the others stay; every client still gets every
+/// reply, once, in order, for its own requests.
+fn heavy_connection_goes_to_the_lane() {
     let mux = mux_with(|c| {
         c.workers = 2;
-        c.driver = connmux::Driver::Epoll;
         c.core.steering = Steering::Affinity;
     });
     let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
@@ -205,14 +203,80 @@ fn heavy_connection_moves_light_ones_to_another_worker() {
     let addr = svc.local_addr();
     // The heavy client's id starts with 'H'; the light ones' with 0.
     let heavy_id = u32::from_be_bytes([b'H', 0, 0, 1]);
-    let heavy = std::thread::spawn(move || client_round_trips(addr, heavy_id, 300, 2, false));
+    let heavy = std::thread::spawn(move || client_round_trips(addr, heavy_id, 300, 2, true));
     let light: Vec<_> =
-        (1..=6).map(|id| std::thread::spawn(move || client_round_trips(addr, id, 3000, 4, false))).collect();
+        (1..=6).map(|id| std::thread::spawn(move || client_round_trips(addr, id, 3000, 4, true))).collect();
     for c in light {
         c.join().unwrap();
     }
     heavy.join().unwrap();
-    assert!(svc.mux().psock_moves() >= 1, "no connection moved off the heavy one's worker");
+    assert_eq!(svc.mux().lane_moves(), 1, "only the heavy connection goes to a lane");
     assert_eq!(svc.mux().stats().psock.rx_msgs, 300 + 6 * 3000);
     svc.shutdown();
 }
+
+/// With one worker, a light connection is answered while heavy requests
+/// (100 ms of CPU each) run in the lane: no light round trip waits for a
+/// heavy request to finish.
+fn light_requests_are_not_answered_behind_heavy_ones() {
+    let mux = mux_with(|c| c.workers = 1);
+    let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
+        if req.get(4) == Some(&b'H') {
+            let t = std::time::Instant::now();
+            while t.elapsed() < Duration::from_millis(100) {
+                std::hint::spin_loop();
+            }
+        }
+        Verdict::Reply(req)
+    });
+    let svc = Service::start(
+        mux,
+        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
+        handler,
+    )
+    .unwrap();
+    let addr = svc.local_addr();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let heavy = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(WAIT)).unwrap();
+            // Two in flight, bounded: at most 60 requests (6 s of CPU).
+            let req = framed(&[b'H', 0, 0, 0]);
+            c.write_all(&req).unwrap();
+            for _ in 0..60 {
+                c.write_all(&req).unwrap();
+                assert_eq!(read_framed(&mut c), vec![b'H', 0, 0, 0]);
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
+            }
+            assert_eq!(read_framed(&mut c), vec![b'H', 0, 0, 0]);
+        })
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    while svc.mux().lane_moves() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the heavy connection never went to the lane");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_nodelay(true).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    let mut slowest = Duration::ZERO;
+    for i in 0..20u8 {
+        let t = std::time::Instant::now();
+        c.write_all(&framed(&[b'L', i])).unwrap();
+        assert_eq!(read_framed(&mut c), vec![b'L', i]);
+        slowest = slowest.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(7));
+    }
+    stop.store(true, Ordering::Release);
+    heavy.join().unwrap();
+    // A heavy request takes 100 ms: a light one that waited for one would
+    // take 50 ms on average; the lane shares the CPU in time slices.
+    assert!(slowest < Duration::from_millis(50), "a light round trip took {slowest:?}");
+    svc.shutdown();
+}
+
+on_both_drivers!(heavy_connection_goes_to_the_lane, light_requests_are_not_answered_behind_heavy_ones);

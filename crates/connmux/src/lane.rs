@@ -1,0 +1,83 @@
+//! The heavy lane: where a serving worker sends a connection whose requests
+//! run long.
+//!
+//! A worker that serves in place runs the handler on its own thread, so one
+//! connection whose requests burn the CPU would keep the worker's other
+//! connections waiting behind each request. When the worker finds such a
+//! connection (`worker::SLOW_HANDLER`, several times in a row), it steers that
+//! connection's messages to its lane: a KCM socket with a tag of its own and
+//! one thread, pinned on the worker's CPU, that takes them with `recv_batch`
+//! and runs the same handler. The kernel's scheduler then shares the CPU
+//! between the worker and the lane as between any two threads, so a light
+//! request waits for a time slice, not for a heavy request to finish, and the
+//! light connections stay on the worker that reads them (no cross-CPU
+//! hand-off per message, as KCM's round robin has).
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+
+use crate::mux::Mux;
+use crate::service::{Handler, ServiceStats, Verdict};
+use crate::socket::{KcmSocket, Message};
+use crate::worker::{SCRATCH_CHUNK, SCRATCH_LOW};
+
+/// Messages a lane takes per receive.
+const LANE_BATCH: usize = 16;
+/// How often a lane with nothing to do looks at its stop flag.
+const LANE_IDLE: Duration = Duration::from_millis(100);
+
+/// The affinity tag of worker `i`'s lane (worker sockets use `0..workers`).
+pub(crate) fn lane_tag(workers: usize, i: usize) -> u32 {
+    (workers + i) as u32
+}
+
+/// A lane's thread: take the lane socket's messages and answer them, until
+/// `stop`. The socket is non-blocking: a reply refused because its peer does
+/// not read (`MuxConfig::psock_sndbuf`) aborts that connection, as on a worker.
+pub(crate) fn run(
+    mux: Mux,
+    sock: KcmSocket,
+    handler: Arc<dyn Handler>,
+    stats: Option<Arc<ServiceStats>>,
+    cpu: Option<usize>,
+    stop: Arc<AtomicBool>,
+) {
+    if let Some(cpu) = cpu {
+        let _ = connmux_sys::affinity::pin_current_thread(cpu);
+    }
+    let mut msgs: Vec<Message> = Vec::with_capacity(LANE_BATCH);
+    let mut scratch = BytesMut::new();
+    while !stop.load(Ordering::Acquire) {
+        match sock.recv_batch(&mut msgs, LANE_BATCH) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let _ = connmux_sys::poll::poll_readable(sock.as_raw_fd(), Some(LANE_IDLE));
+                continue;
+            }
+            // The socket is gone (the mux is shutting down).
+            Err(_) => return,
+        }
+        for m in msgs.drain(..) {
+            if scratch.capacity() - scratch.len() < SCRATCH_LOW {
+                scratch.reserve(SCRATCH_CHUNK);
+            }
+            let psock = m.psock;
+            let close = match handler.handle(m.data, psock, &mut scratch) {
+                Verdict::Reply(b) => sock.send_msg(b, Some(psock)).is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock),
+                Verdict::Close => true,
+                Verdict::NoReply | Verdict::Appended => false,
+            };
+            if close {
+                if let Some(st) = &stats {
+                    st.closed.fetch_add(1, Ordering::Relaxed);
+                }
+                let _ = mux.abort(psock);
+            }
+        }
+    }
+}
