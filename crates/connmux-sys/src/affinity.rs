@@ -23,24 +23,23 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Sets the calling thread's nice value (`setpriority(PRIO_PROCESS, tid, nice)`:
-/// on Linux the nice value is per thread). Raising it needs no privilege;
-/// lowering it below the current value needs `CAP_SYS_NICE`.
-pub fn set_current_thread_nice(nice: i32) -> io::Result<()> {
+/// Raises the calling thread's nice value by `delta` (lowers its priority),
+/// up to 19: `setpriority(PRIO_PROCESS, tid, …)`, which on Linux sets one
+/// thread. Returns the new value. A negative `delta` needs `CAP_SYS_NICE`.
+pub fn renice_current_thread(delta: i32) -> io::Result<i32> {
     // SAFETY: gettid has no arguments and cannot fail.
-    let tid = unsafe { libc::gettid() };
+    let tid = unsafe { libc::gettid() } as libc::id_t;
+    // getpriority returns the nice value, and -1 both as a value and on error.
+    crate::util::clear_errno();
     // SAFETY: plain integer arguments; `tid` is this thread's id.
-    cvt(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) })?;
-    Ok(())
-}
-
-/// Puts the calling thread in `SCHED_IDLE` (it runs only when nothing else
-/// on its CPU wants to, and is preempted at once by any other woken thread).
-pub fn set_current_thread_idle() -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `param` is a live sched_param; pid 0 is the calling thread.
-    cvt(unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) })?;
-    Ok(())
+    let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+    if now == -1 && crate::util::errno() != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let nice = (now + delta).clamp(-20, 19);
+    // SAFETY: plain integer arguments; `tid` is this thread's id.
+    cvt(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) })?;
+    Ok(nice)
 }
 
 /// The CPUs the calling thread may run on (`sched_getaffinity(0, …)`), ascending.
@@ -96,5 +95,33 @@ mod tests {
             assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
             assert_eq!(after, available_cpus().unwrap());
         }
+    }
+
+    /// The thread's own nice value, read from /proc (not through the call
+    /// under test).
+    fn proc_nice() -> i32 {
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        // Field 19 is the nice value; fields after the ")" of the name start at 3.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        after.split_whitespace().nth(16).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn renices_only_the_calling_thread() {
+        let before = proc_nice();
+        let (got, seen) = std::thread::spawn(move || {
+            let got = renice_current_thread(3).unwrap();
+            (got, proc_nice())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(got, (before + 3).min(19));
+        assert_eq!(seen, got);
+        assert_eq!(proc_nice(), before, "the calling thread only");
+        // Clamped at 19.
+        let top = std::thread::spawn(|| renice_current_thread(100).unwrap()).join().unwrap();
+        assert_eq!(top, 19);
     }
 }

@@ -48,3 +48,16 @@ pub(crate) fn timeout_ms(timeout: Option<std::time::Duration>) -> libc::c_int {
         }
     }
 }
+
+/// Sets this thread's `errno` to 0 (before a call whose error return is also
+/// a valid value, such as `getpriority`).
+pub(crate) fn clear_errno() {
+    // SAFETY: __errno_location returns this thread's errno slot (glibc and musl).
+    unsafe { *libc::__errno_location() = 0 };
+}
+
+/// This thread's `errno`.
+pub(crate) fn errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot (glibc and musl).
+    unsafe { *libc::__errno_location() }
+}

@@ -130,6 +130,15 @@ pub struct Config {
     /// Costs at most this much CPU per receive that finds nothing.
     /// `Duration::ZERO` sleeps at once. Default 50 µs.
     pub recv_spin: std::time::Duration,
+    /// How much lower than its worker a heavy lane's thread runs, in nice
+    /// steps (see [`crate::Mux::serve`]): a connection whose requests run
+    /// long is answered by its worker's lane, and when the lane and the
+    /// worker both want the CPU the kernel gives the worker's light requests
+    /// the larger share. At 3 the lane gets about a third of a contended CPU
+    /// (all of an idle one); 0 shares it evenly. Raising a thread's nice
+    /// value (lowering its priority) needs no privilege; a negative value
+    /// needs `CAP_SYS_NICE` and is left at the worker's without it. Default 3.
+    pub lane_nice: i32,
 }
 
 impl Default for Config {
@@ -144,6 +153,7 @@ impl Default for Config {
             backend: Backend::Userspace,
             incoming_cpu: true,
             recv_spin: std::time::Duration::from_micros(50),
+            lane_nice: 3,
         }
     }
 }

@@ -45,10 +45,15 @@ pub(crate) fn run(
     handler: Arc<dyn Handler>,
     stats: Option<Arc<ServiceStats>>,
     cpu: Option<usize>,
+    nice: i32,
     stop: Arc<AtomicBool>,
 ) {
     if let Some(cpu) = cpu {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
+    }
+    if nice != 0 {
+        // Best effort: a lane at the worker's priority still works.
+        let _ = connmux_sys::affinity::renice_current_thread(nice);
     }
     let mut msgs: Vec<Message> = Vec::with_capacity(LANE_BATCH);
     let mut scratch = BytesMut::new();

@@ -188,6 +188,7 @@ impl Mux {
             stop: AtomicBool::new(false),
             read_chunk: config.read_chunk.max(512),
             recv_spin: config.recv_spin,
+            lane_nice: config.lane_nice,
             events_tx,
             events_dropped: AtomicU64::new(0),
             clock_origin: std::time::Instant::now(),

@@ -185,9 +185,10 @@ impl Mux {
             lane.set_nonblocking(true);
             let (mux, handler, stats, stop, cpu) =
                 (self.clone(), handler.clone(), stats.clone(), stop_lanes.clone(), sh.workers[i].cpu);
+            let nice = sh.lane_nice;
             let t = std::thread::Builder::new()
                 .name(format!("connmux-lane{i}"))
-                .spawn(move || crate::lane::run(mux, lane, handler, stats, cpu, stop));
+                .spawn(move || crate::lane::run(mux, lane, handler, stats, cpu, nice, stop));
             match t {
                 Ok(t) => lanes.push(t),
                 Err(e) => {

@@ -184,6 +184,8 @@ pub(crate) struct Shared {
     pub read_chunk: usize,
     /// `Config::recv_spin`.
     pub recv_spin: Duration,
+    /// `Config::lane_nice`.
+    pub lane_nice: i32,
     pub events_tx: crossbeam::channel::Sender<PsockEvent>,
     pub events_dropped: AtomicU64,
     pub clock_origin: std::time::Instant,
