@@ -64,8 +64,13 @@ pub(crate) fn run(
                 let _ = connmux_sys::poll::poll_readable(sock.as_raw_fd(), Some(LANE_IDLE));
                 continue;
             }
-            // The socket is gone (the mux is shutting down).
-            Err(_) => return,
+            // The socket is gone while the mux shuts down: wait and look at
+            // `stop` again. The lane never ends on its own, or the psocks
+            // steered to it would wait forever.
+            Err(_) => {
+                std::thread::sleep(LANE_IDLE);
+                continue;
+            }
         }
         for m in msgs.drain(..) {
             if scratch.capacity() - scratch.len() < SCRATCH_LOW {
