@@ -301,6 +301,12 @@ pub(crate) fn take_direct(into: &mut Vec<(Bytes, PsockId)>) {
     DIRECT.with_borrow_mut(|d| into.append(d));
 }
 
+/// Whether the own serving socket became readable in a worker dispatch
+/// since the last [`take_own_pending`] (without clearing it).
+pub(crate) fn own_pending() -> bool {
+    OWN_PENDING.get()
+}
+
 /// Whether the own serving socket became readable since the last call.
 pub(crate) fn take_own_pending() -> bool {
     OWN_PENDING.replace(false)
@@ -321,7 +327,12 @@ impl Shared {
     }
 
     pub fn now(&self) -> Timestamp {
-        Timestamp::from_nanos(self.clock_origin.elapsed().as_nanos() as u64)
+        self.timestamp(std::time::Instant::now())
+    }
+
+    /// The core's timestamp of a clock reading already taken.
+    pub fn timestamp(&self, at: std::time::Instant) -> Timestamp {
+        Timestamp::from_nanos(at.saturating_duration_since(self.clock_origin).as_nanos() as u64)
     }
 
     /// Act on core events. Must be called without the core lock held.
@@ -346,6 +357,13 @@ impl Shared {
                     }
                 }
                 Event::PsockTransmit(p) => {
+                    // Just listed for the end of the pass by the read that
+                    // produced these replies: no look-up.
+                    if let Ctx::Worker(list) = ctx {
+                        if list.last().is_some_and(|rt| rt.id == p) {
+                            continue;
+                        }
+                    }
                     let Some(rt) = self.psock_rt(p) else { continue };
                     match ctx {
                         Ctx::Worker(list) => {

@@ -225,7 +225,10 @@ impl Worker<'_> {
                 if let Some(sv) = &serving {
                     // (A command may have read messages for our socket in a
                     // pass with no completion: `has_direct`.)
-                    if round == 0 && (serve_ready || !comps.is_empty() || crate::shared::has_direct()) {
+                    // (Not on every completion: a read's messages for our
+                    // socket were served in place, and a queue left non-empty
+                    // keeps the socket's eventfd, so `serve_ready`, up.)
+                    if round == 0 && (serve_ready || crate::shared::own_pending() || crate::shared::has_direct()) {
                         serve(sh, sv, &mut bufs, &mut self.events, &mut self.dirty);
                     }
                 }
@@ -391,7 +394,7 @@ impl Worker<'_> {
         if let Some(sv) = serving {
             for &(p, buf, a, b) in &lent.batches {
                 let data = ring.buffer(buf).unwrap_or(&[]);
-                crate::worker::serve_in_place(self.sh, sv, bufs, data, &lent.ranges[a..b], p, &mut self.events, &mut self.dirty);
+                crate::worker::serve_in_place(self.sh, sv, bufs, data, &lent.ranges[a..b], p, std::time::Instant::now(), &mut self.events, &mut self.dirty);
             }
         }
         lent.batches.clear();

@@ -122,7 +122,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                                 Command::Resume(p) => {
                                     if let Some(rt) = sh.psock_rt(p) {
                                         let ip = serving.as_ref().map(|sv| InPlace { sv, bufs: &mut bufs, dirty: &mut dirty });
-                                        read_psock(&sh, &rt, &mut buf, &mut core_events, ip);
+                                        read_psock(&sh, &rt, None, &mut buf, &mut core_events, ip);
                                     }
                                 }
                                 // Other threads reach epoll psocks through epoll_ctl.
@@ -133,16 +133,25 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                     SERVE_TOKEN => serve_ready = true,
                     t => {
                         let p = token_psock(t);
-                        let Some(rt) = sh.psock_rt(p) else { continue };
+                        let readable = ev.readable || ev.hup || ev.error;
+                        // The psock and, for a plain read, what the core will
+                        // take: one lock hold.
+                        let (rt, rx) = {
+                            let mut core = sh.lock();
+                            let Some(rt) = core.psocks.get(&p).cloned() else { continue };
+                            let rx = (readable && rt.tls.is_none())
+                                .then(|| RxRoom { cap: core.mux.rx_capacity(p), loan: core.mux.rx_lend(p) });
+                            (rt, rx)
+                        };
                         if ev.writable {
                             sh.set_interest(&rt, |i| i.write = false);
                             if !rt.flush_queued.swap(true, Ordering::AcqRel) {
                                 dirty.push(rt.clone());
                             }
                         }
-                        if ev.readable || ev.hup || ev.error {
+                        if readable {
                             let ip = serving.as_ref().map(|sv| InPlace { sv, bufs: &mut bufs, dirty: &mut dirty });
-                            read_psock(&sh, &rt, &mut buf, &mut core_events, ip);
+                            read_psock(&sh, &rt, rx, &mut buf, &mut core_events, ip);
                         }
                     }
                 }
@@ -164,7 +173,10 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
         sh.dispatch(&mut core_events, &mut Ctx::Worker(&mut dirty));
         if let Some(sv) = &serving {
             // Serve whenever this pass may have steered messages to us.
-            if serve_ready || n > 0 || crate::shared::has_direct() {
+            // (Not on every readable event: a read's messages for our socket
+            // were served in place, and a queue left non-empty keeps the
+            // socket's eventfd, so `serve_ready`, up.)
+            if serve_ready || crate::shared::own_pending() || crate::shared::has_direct() {
                 serve(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
             }
             if let Some(p) = bufs.slow.take() {
@@ -197,17 +209,32 @@ pub(crate) struct InPlace<'a> {
     pub dirty: &'a mut Vec<Arc<PsockRt>>,
 }
 
-/// One read from a readable psock, bounded by what the core will accept.
-/// On a serving worker, the read's whole messages for its own socket are
-/// served at once, where they lie in `buf`.
-fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>, in_place: Option<InPlace<'_>>) {
+/// What the core takes from a psock now: bytes into the worker's buffer, or
+/// a loan of the psock's own assembly buffer (`Mux::rx_lend`).
+struct RxRoom {
+    cap: usize,
+    loan: Option<connmux_core::mux::RxLoan>,
+}
+
+/// One read from a readable psock, bounded by what the core will accept
+/// (`rx`, when the caller has already asked the core). On a serving worker,
+/// the read's whole messages for its own socket are served at once, where
+/// they lie in `buf`.
+fn read_psock(
+    sh: &Shared,
+    rt: &Arc<PsockRt>,
+    rx: Option<RxRoom>,
+    buf: &mut [u8],
+    events: &mut Vec<Event>,
+    in_place: Option<InPlace<'_>>,
+) {
     if let Some(tls) = &rt.tls {
         return crate::tls::epoll_read(sh, rt, tls, buf, events);
     }
-    let (cap, loan) = {
+    let RxRoom { cap, loan } = rx.unwrap_or_else(|| {
         let mut core = sh.lock();
-        (core.mux.rx_capacity(rt.id), core.mux.rx_lend(rt.id))
-    };
+        RxRoom { cap: core.mux.rx_capacity(rt.id), loan: core.mux.rx_lend(rt.id) }
+    });
     if let Some(loan) = loan {
         return read_lent(sh, rt, loan, events);
     }
@@ -224,7 +251,9 @@ fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>
     }
     let want = cap.min(buf.len());
     let res = connmux_sys::socket::read(rt.fd(), &mut buf[..want]);
-    let now = sh.now();
+    // One clock reading: the core's timestamp and the handlers' start.
+    let read_at = Instant::now();
+    let now = sh.timestamp(read_at);
     let mut core = sh.lock();
     match res {
         Ok(0) => {
@@ -240,7 +269,12 @@ fn read_psock(sh: &Shared, rt: &PsockRt, buf: &mut [u8], events: &mut Vec<Event>
                 core.drain_events(events);
                 drop(core);
                 if !ranges.is_empty() {
-                    serve_in_place(sh, ip.sv, ip.bufs, &buf[..n], &ranges, rt.id, events, ip.dirty);
+                    // Its replies are written at the end of the pass: listed now,
+                    // so the transmit event needs no look-up of the psock.
+                    if !rt.flush_queued.swap(true, Ordering::AcqRel) {
+                        ip.dirty.push(rt.clone());
+                    }
+                    serve_in_place(sh, ip.sv, ip.bufs, &buf[..n], &ranges, rt.id, read_at, events, ip.dirty);
                     ranges.clear();
                 }
                 ip.bufs.ranges = ranges;
@@ -494,6 +528,7 @@ pub(crate) fn serve_in_place(
     data: &[u8],
     ranges: &[std::ops::Range<usize>],
     p: PsockId,
+    started: Instant,
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
 ) {
@@ -505,7 +540,9 @@ pub(crate) fn serve_in_place(
             bufs.scratch.reserve(SCRATCH_CHUNK);
         }
         bufs.open_run(p);
-        let t0 = Instant::now();
+        // The first run is timed from `started` (when its bytes were read:
+        // framing them is part of its time, and a clock reading is saved).
+        let t0 = if rest.len() == ranges.len() { started } else { Instant::now() };
         let served = handler.handle_run_in_place(data, rest, p, &mut bufs.scratch, &mut bufs.run_buf);
         // A handler that says it handled none (or more than it was given)
         // still moves the run on, so this loop ends.
