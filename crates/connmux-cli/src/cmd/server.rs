@@ -56,8 +56,25 @@ pub struct Common {
     /// Do not open a statistics socket.
     #[arg(long, conflicts_with = "stats_socket")]
     pub no_stats_socket: bool,
+    /// Which worker reads a new connection: "incoming-cpu" (the one on the
+    /// CPU its packets arrive on) or "in-turn" (round robin).
+    #[arg(long, default_value = "incoming-cpu")]
+    pub attach: String,
+    /// Nice steps below its worker at which a heavy lane runs (a connection
+    /// whose requests run long is answered there).
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
+    pub lane_nice: i32,
     #[command(flatten)]
     pub tls: crate::cmd::tls::ServerTls,
+}
+
+/// `--attach`: whether connections go to the worker on their incoming CPU.
+pub fn parse_attach(s: &str) -> anyhow::Result<bool> {
+    match s {
+        "incoming-cpu" => Ok(true),
+        "in-turn" => Ok(false),
+        other => anyhow::bail!("unknown --attach {other:?} (incoming-cpu, in-turn)"),
+    }
 }
 
 impl Common {
@@ -94,6 +111,8 @@ impl Common {
             other => anyhow::bail!("unknown steering {other:?} (affinity, rr, key)"),
         };
         c.driver = parse_driver(&self.driver)?;
+        c.incoming_cpu = parse_attach(&self.attach)?;
+        c.lane_nice = self.lane_nice;
         c.core.max_msg_size = self.max_msg;
         c.core.assembly_timeout =
             (self.assembly_timeout_ms > 0).then(|| Duration::from_millis(self.assembly_timeout_ms));

@@ -43,7 +43,9 @@ pub struct Args {
     /// Placements: cpu0 (everything on CPU 0), spread (one worker per CPU 0 and 1).
     #[arg(long, value_delimiter = ',', default_value = "cpu0,spread")]
     pub placements: Vec<String>,
-    /// Servers to measure (those missing are skipped): connmux, raw, thread, yardstick, ganesha.
+    /// Servers to measure (those missing are skipped): connmux, raw, thread, yardstick, ganesha;
+    /// also connmux-epoll, connmux-uring (one driver) and connmux-in-turn
+    /// (connections to the workers in turn, not by incoming CPU).
     #[arg(
         long,
         value_delimiter = ',',
@@ -94,7 +96,7 @@ pub fn start_server(
     let cpus = cpu_list(&p.cpus);
     let exe = exe()?;
     let cmd = match kind {
-        "connmux" => {
+        "connmux" | "connmux-in-turn" => {
             let mut c = taskset(&p.cpus, &exe);
             c.args([
                 "rpc-server",
@@ -106,6 +108,10 @@ pub fn start_server(
                 &cpus,
                 "--no-stats-socket",
             ]);
+            if kind == "connmux-in-turn" {
+                // Connections to the workers in turn, not by incoming CPU.
+                c.args(["--attach", "in-turn"]);
+            }
             c
         }
         "connmux-epoll" | "connmux-uring" => {
@@ -333,7 +339,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
 
     println!();
     println!(
-        "{:<7} {:<12} {:<10} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "{:<7} {:<12} {:<15} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "place", "setting", "server", "RPC/s", "p50_us", "p99_us", "vs_yard", "vs_raw", "vs_thread"
     );
     let mut table = Vec::new();
@@ -351,7 +357,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 let Some(m) = m else { continue };
                 let r = |b: Option<Figures>| b.map_or("-".into(), |b| ratio(m.rate, b.rate));
                 println!(
-                    "{:<7} {:<12} {:<10} {:>11.0} {:>9.1} {:>9.1} {:>9} {:>9} {:>9}",
+                    "{:<7} {:<12} {:<15} {:>11.0} {:>9.1} {:>9.1} {:>9} {:>9} {:>9}",
                     p.name,
                     s.to_string(),
                     nm[vi],

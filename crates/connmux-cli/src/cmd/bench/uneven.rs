@@ -63,6 +63,9 @@ pub struct Args {
     /// driver only), uring or auto.
     #[arg(long, default_value = "epoll")]
     pub driver: String,
+    /// Nice steps below its worker at which connmux's heavy lane runs.
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
+    pub lane_nice: i32,
     /// A smoke run: one round of 0.5 s.
     #[arg(long)]
     pub quick: bool,
@@ -86,6 +89,9 @@ pub struct ServerArgs {
     pub cpus: Vec<usize>,
     #[arg(long, default_value_t = 200)]
     pub heavy_us: u64,
+    /// Nice steps below its worker at which the heavy lane runs (connmux only).
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
+    pub lane_nice: i32,
     /// Stop after this many seconds (default: until killed).
     #[arg(long)]
     pub duration: Option<f64>,
@@ -150,6 +156,7 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             let mut c = Config::default();
             c.workers = a.cpus.len().max(1);
             c.placement = Placement::Cpus(a.cpus.clone());
+            c.lane_nice = a.lane_nice;
             c.driver = match a.driver.as_str() {
                 "auto" => connmux::Driver::Auto,
                 "epoll" => connmux::Driver::Epoll,
@@ -427,18 +434,20 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 "--driver",
                 &a.driver,
             ])
-            .args(["--heavy-us", &a.heavy_us.to_string()]);
+            .args(["--heavy-us", &a.heavy_us.to_string()])
+            .args(["--lane-nice", &a.lane_nice.to_string()]);
         servers.push(Proc::spawn(name, cmd, port)?);
     }
     println!(
         "connmux bench uneven: {} heavy connection(s) ({} us of CPU per request) and {} light ones, -a{} each; \
-         servers with one worker per CPU {:?} (connmux driver {}); {} round(s) of {} s, interleaved; medians; load avg {}",
+         servers with one worker per CPU {:?} (connmux driver {}, lane nice +{}); {} round(s) of {} s, interleaved; medians; load avg {}",
         a.heavy_conns,
         a.heavy_us,
         a.light_conns,
         a.inflight,
         a.cpus,
         a.driver,
+        a.lane_nice,
         a.rounds,
         a.seconds,
         loadavg()
