@@ -177,6 +177,25 @@ on_both_drivers!(
     in_place_verdicts_keep_request_order,
 );
 
+/// An echo service whose requests starting with `H` first burn `burn` of CPU.
+fn heavy_echo(mux: connmux::Mux, burn: Duration) -> Service {
+    let handler = Arc::new(move |req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
+        if req.get(4) == Some(&b'H') {
+            let t = std::time::Instant::now();
+            while t.elapsed() < burn {
+                std::hint::spin_loop();
+            }
+        }
+        Verdict::Reply(req)
+    });
+    Service::start(
+        mux,
+        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
+        handler,
+    )
+    .unwrap()
+}
+
 /// A connection whose requests take long (300 µs of CPU each) is handed to
 /// its worker's heavy lane, the others stay; every client still gets every
 /// reply, once, in order, for its own requests.
@@ -185,21 +204,7 @@ fn heavy_connection_goes_to_the_lane() {
         c.workers = 2;
         c.core.steering = Steering::Affinity;
     });
-    let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
-        if req.get(4) == Some(&b'H') {
-            let t = std::time::Instant::now();
-            while t.elapsed() < Duration::from_micros(300) {
-                std::hint::spin_loop();
-            }
-        }
-        Verdict::Reply(req)
-    });
-    let svc = Service::start(
-        mux,
-        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
-        handler,
-    )
-    .unwrap();
+    let svc = heavy_echo(mux, Duration::from_micros(300));
     let addr = svc.local_addr();
     // The heavy client's id starts with 'H'; the light ones' with 0.
     let heavy_id = u32::from_be_bytes([b'H', 0, 0, 1]);
@@ -220,21 +225,7 @@ fn heavy_connection_goes_to_the_lane() {
 /// heavy request to finish.
 fn light_requests_are_not_answered_behind_heavy_ones() {
     let mux = mux_with(|c| c.workers = 1);
-    let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
-        if req.get(4) == Some(&b'H') {
-            let t = std::time::Instant::now();
-            while t.elapsed() < Duration::from_millis(100) {
-                std::hint::spin_loop();
-            }
-        }
-        Verdict::Reply(req)
-    });
-    let svc = Service::start(
-        mux,
-        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
-        handler,
-    )
-    .unwrap();
+    let svc = heavy_echo(mux, Duration::from_millis(100));
     let addr = svc.local_addr();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let heavy = {
