@@ -113,26 +113,39 @@ pub trait Parser: Send {
     /// default is compiled for each parser, so its `parse` is called directly
     /// (no dynamic call per message).
     fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Range<usize>>) -> usize {
-        let mut at = 0;
-        let mut n = 0;
-        while at < data.len() && n < limit {
-            let rest = &data[at..];
-            let len = match self.parse(rest) {
-                Parse::Length(len) if len > 0 && len <= rest.len() && len <= max_len => len,
-                _ => break,
-            };
-            match self.finish_in_place(&rest[..len]) {
-                Some(r) if r.start <= r.end && r.end <= len => out.push(at + r.start..at + r.end),
-                _ => break,
-            }
-            at += len;
-            n += 1;
-        }
-        at
+        frame_batch_with(self, data, 0, max_len, limit, out)
     }
 
     /// A short name for statistics and errors ("len4be", "oncrpc", "bpf:prog").
     fn name(&self) -> &str;
+}
+
+/// [`Parser::frame_batch`]'s loop, from offset `at` of `data` (ranges are
+/// pushed as offsets into the whole of `data`): for a parser whose own
+/// `frame_batch` takes a common case itself and leaves the rest to this.
+pub fn frame_batch_with<P: Parser + ?Sized>(
+    p: &mut P,
+    data: &[u8],
+    mut at: usize,
+    max_len: usize,
+    limit: usize,
+    out: &mut Vec<Range<usize>>,
+) -> usize {
+    let mut n = 0;
+    while at < data.len() && n < limit {
+        let rest = &data[at..];
+        let len = match p.parse(rest) {
+            Parse::Length(len) if len > 0 && len <= rest.len() && len <= max_len => len,
+            _ => break,
+        };
+        match p.finish_in_place(&rest[..len]) {
+            Some(r) if r.start <= r.end && r.end <= len => out.push(at + r.start..at + r.end),
+            _ => break,
+        }
+        at += len;
+        n += 1;
+    }
+    at
 }
 
 impl<P: Parser + ?Sized> Parser for Box<P> {
