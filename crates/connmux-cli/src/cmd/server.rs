@@ -215,6 +215,11 @@ impl RpcHandler {
             out.extend_from_slice(&reply);
             return true;
         }
+        self.answer_general(request, out)
+    }
+
+    /// [`RpcHandler::answer`] for a record that is not the common NULL call.
+    fn answer_general(&self, request: &[u8], out: &mut BytesMut) -> bool {
         // The registry writes into a Vec; reuse one per worker thread so the
         // hot path does not allocate.
         thread_local!(static OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) });
@@ -274,7 +279,7 @@ impl Handler for RpcHandler {
             };
             if let Some(reply) = self.registry.null_fast(request) {
                 out.extend_from_slice(&reply);
-            } else if !self.answer(request, out) {
+            } else if !self.answer_general(request, out) {
                 return RunServed { handled: i + 1, appended, stop: Some(Verdict::Close) };
             }
             appended += 1;
