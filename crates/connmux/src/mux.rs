@@ -361,7 +361,7 @@ impl Mux {
             let rt = Arc::new(PsockRt {
                 id,
                 stream,
-                worker: AtomicUsize::new(worker),
+                worker,
                 ino,
                 interest: Mutex::new(PsockInterest { read: true, write: false, registered: true }),
                 error: Mutex::new(None),

@@ -106,8 +106,9 @@ pub(crate) struct SockRt {
 pub(crate) struct PsockRt {
     pub id: PsockId,
     pub stream: TcpStream,
-    /// The worker that reads it (chosen at attach; see `MuxInner::pick_worker`).
-    pub worker: AtomicUsize,
+    /// The worker that reads it (chosen at attach, never changes; see
+    /// `MuxInner::pick_worker`).
+    pub worker: usize,
     /// Socket inode: the identity used for EALREADY/ENOENT, as KCM uses the sock.
     pub ino: u64,
     pub interest: Mutex<PsockInterest>,
@@ -130,7 +131,7 @@ impl PsockRt {
         self.stream.as_raw_fd()
     }
     pub fn worker(&self) -> usize {
-        self.worker.load(Ordering::Acquire)
+        self.worker
     }
 }
 
@@ -436,8 +437,6 @@ impl Shared {
     /// Change a psock's epoll interest (from any thread: epoll_ctl is thread-safe).
     /// Nothing for an io_uring worker (see [`Shared::want_write`] and the commands).
     pub fn set_interest(&self, rt: &PsockRt, f: impl FnOnce(&mut PsockInterest)) {
-        // The owning worker is read under the interest lock: a psock that
-        // moves between workers moves under it.
         let mut int = rt.interest.lock().unwrap();
         let WorkerIo::Epoll(epoll) = &self.workers[rt.worker()].io else { return };
         let before = *int;
