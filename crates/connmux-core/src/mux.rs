@@ -1465,6 +1465,35 @@ impl Mux {
         self.send_addressed(s, p, data, false, count)
     }
 
+    /// [`Mux::send_msgs_to`] that also hands out psock `p`'s next chunk to
+    /// write ([`Mux::tx_begin_into`]) when none is out: for a driver that
+    /// writes a served read's replies at once, with no `PsockTransmit` round
+    /// trip. Returns whether `slices` holds a chunk (then the caller must
+    /// `tx_complete` it); when another writer has a chunk out, the messages
+    /// wait on the queue for that writer's next `tx_begin`, as after a
+    /// `send_msgs_to`.
+    pub fn send_msgs_to_begin(
+        &mut self,
+        s: SockId,
+        p: PsockId,
+        data: Bytes,
+        count: u32,
+        slices: &mut Vec<Bytes>,
+    ) -> Result<bool, MuxError> {
+        slices.clear();
+        self.sock_mut(s)?;
+        self.check_addressed(p)?;
+        if data.is_empty() || count == 0 {
+            return Ok(false);
+        }
+        self.send_addressed_kick(s, p, data, false, count, false)?;
+        if self.tx_begin_into(p, slices) {
+            return Ok(true);
+        }
+        self.kick(p);
+        Ok(false)
+    }
+
     fn check_addressed(&self, p: PsockId) -> Result<(), MuxError> {
         if self.psock(p)?.tx_stopped {
             return Err(MuxError::Pipe);
@@ -1473,6 +1502,20 @@ impl Mux {
     }
 
     fn send_addressed(&mut self, s: SockId, p: PsockId, msg: Bytes, batch: bool, msgs: u32) -> Result<(), MuxError> {
+        self.send_addressed_kick(s, p, msg, batch, msgs, true)
+    }
+
+    /// `kick`: raise `PsockTransmit` for `p` (a caller that takes the chunk
+    /// itself at once does not need it).
+    fn send_addressed_kick(
+        &mut self,
+        s: SockId,
+        p: PsockId,
+        msg: Bytes,
+        batch: bool,
+        msgs: u32,
+        kick: bool,
+    ) -> Result<(), MuxError> {
         let limit = self.config.psock_sndbuf;
         let ps = self.psocks.get_mut(p.index, p.generation).expect("checked");
         if ps.tx_addr_bytes >= limit {
@@ -1501,7 +1544,9 @@ impl Mux {
         if !batch {
             let sock = self.socks.get_mut(s.index, s.generation).expect("live");
             sock.wait_more = false;
-            self.kick(p);
+            if kick {
+                self.kick(p);
+            }
             self.tx_push(s);
             self.kick_held(s);
         }

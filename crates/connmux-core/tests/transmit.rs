@@ -434,6 +434,42 @@ fn coalesced_replies_go_in_order_and_count_one_by_one() {
 }
 
 #[test]
+fn send_msgs_to_begin_hands_out_the_chunk_or_leaves_it_to_the_writer() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    events(&mut m);
+    let mut slices = Vec::new();
+    // Idle psock: the caller gets the chunk, and no transmit event is raised.
+    let mut two = l4_total(10, 1);
+    two.extend(l4_total(10, 2));
+    assert_eq!(m.send_msgs_to_begin(k, t1, Bytes::from(two.clone()), 2, &mut slices), Ok(true));
+    assert!(transmit_events(&events(&mut m)).is_empty());
+    assert_eq!(slices.concat(), two);
+    assert!(m.tx_begin(t1).is_none(), "the caller is the writer until tx_complete");
+    // Sent while that chunk is out: queued behind it, for the writer's next
+    // tx_begin; no transmit event (the writer comes back) and no chunk.
+    let mut later = Vec::new();
+    let third = l4_total(11, 3);
+    assert_eq!(m.send_msgs_to_begin(k, t1, Bytes::from(third.clone()), 1, &mut later), Ok(false));
+    assert!(later.is_empty());
+    assert!(transmit_events(&events(&mut m)).is_empty());
+    // A short write keeps the rest first, then the later message follows.
+    m.tx_complete(t1, 5);
+    let mut rest = two[5..].to_vec();
+    rest.extend(&third);
+    assert_eq!(flush(&mut m, t1), rest);
+    let st = m.sock_stats(k).unwrap();
+    assert_eq!((st.tx_msgs, st.tx_queued, st.tx_mem), (3, 0, 0));
+    assert_eq!(m.psock_stats(t1).unwrap().tx_msgs, 3);
+    // Nothing to send: no chunk. A failed psock: EPIPE, as for send_msgs_to.
+    assert_eq!(m.send_msgs_to_begin(k, t1, Bytes::new(), 0, &mut slices), Ok(false));
+    m.send_msgs_to(k, t1, Bytes::from(l4_total(10, 4)), 1).unwrap();
+    let _c = m.tx_begin(t1).unwrap();
+    m.tx_failed(t1, 32);
+    assert_eq!(m.send_msgs_to_begin(k, t1, Bytes::from(l4_total(10, 5)), 1, &mut slices), Err(MuxError::Pipe));
+}
+
+#[test]
 fn addressed_batch_defers_the_transmit_event() {
     let (mut m, k) = dgram_mux(rr_config());
     let t1 = attach_l4(&mut m);

@@ -469,6 +469,9 @@ fn null_fast_matches_the_decoding_path() {
         words(&[0x8000_0028, 9, 1, 2, 100003, 3, 0, 0, 0, 0, 0]), // a reply
         words(&[0x0000_0028, 9, 0, 2, 100003, 3, 0, 0, 0, 0, 0]), // not the last fragment
         words(&[0x8000_002c, 9, 0, 2, 100003, 3, 0, 1, 0, 0, 0]), // AUTH_SYS: decoded the long way
+        words(&[0x8000_0028, 9, 0, 2, 100003, 3, 0, 0, 4, 0, 0]), // a credential body
+        words(&[0x8000_0028, 9, 0, 2, 100003, 3, 0, 0, 0, 6, 0]), // a verifier flavor
+        words(&[0x8000_0028, 9, 0, 2, 100003, 3, 0, 0, 0, 0, 8]), // a verifier body
         words(&[0x8000_0024, 9, 0, 2, 100003, 3, 0, 0, 0, 0]),    // truncated
     ] {
         assert_eq!(reg.null_fast(&declined), None, "{declined:02x?}");
@@ -508,4 +511,33 @@ fn null_fast_matches_the_decoding_path() {
         }
     }
     assert!(answered > 1000, "the fast path answered only {answered} calls");
+}
+
+/// `null_fast_run` answers the leading NULL calls of a run exactly as
+/// `null_fast` does one by one, and stops at the first record it declines.
+#[test]
+fn null_fast_run_answers_the_leading_null_calls() {
+    let reg = Registry::default();
+    let mut data = Vec::new();
+    let mut ranges = Vec::new();
+    let mut push = |rec: Vec<u8>, data: &mut Vec<u8>| {
+        ranges.push(data.len()..data.len() + rec.len());
+        data.extend(rec);
+    };
+    for xid in 1..=3 {
+        push(capture_null_call(xid), &mut data);
+    }
+    push(words(&[0x8000_0028, 9, 0, 2, 100003, 3, 1, 0, 0, 0, 0]), &mut data); // PROC_UNAVAIL
+    push(capture_null_call(5), &mut data);
+    let mut out = bytes::BytesMut::new();
+    assert_eq!(reg.null_fast_run(&data, &ranges, &mut out), 3);
+    let want: Vec<u8> = (1..=3).flat_map(capture_reply).collect();
+    assert_eq!(&out[..], &want[..]);
+    // From the declined record on: nothing; after it, the next call.
+    assert_eq!(reg.null_fast_run(&data, &ranges[3..], &mut out), 0);
+    assert_eq!(reg.null_fast_run(&data, &ranges[4..], &mut out), 1);
+    assert_eq!(&out[want.len()..], &capture_reply(5)[..]);
+    // A range outside the data ends the run too.
+    assert_eq!(reg.null_fast_run(&data, &[0..data.len() + 1], &mut out), 0);
+    assert_eq!(reg.null_fast_run(&data, &[], &mut out), 0);
 }

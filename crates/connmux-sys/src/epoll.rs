@@ -175,9 +175,19 @@ impl Epoll {
         events.buf.clear();
         let max = events.buf.capacity().min(libc::c_int::MAX as usize) as libc::c_int;
         // SAFETY: the kernel writes at most `max` events into the Vec's spare capacity,
-        // which is at least `max` elements long.
+        // which is at least `max` elements long. `epoll_pwait` with no signal mask
+        // is `epoll_wait` (which some architectures lack), called through
+        // `syscall(2)` rather than libc's cancellable wrapper (see `socket::read`).
         let n = unsafe {
-            libc::epoll_wait(self.fd.as_raw_fd(), events.buf.as_mut_ptr(), max, timeout_ms(timeout))
+            libc::syscall(
+                libc::SYS_epoll_pwait,
+                self.fd.as_raw_fd() as libc::c_long,
+                events.buf.as_mut_ptr(),
+                max as libc::c_long,
+                timeout_ms(timeout) as libc::c_long,
+                std::ptr::null::<libc::sigset_t>(),
+                8usize,
+            ) as libc::c_int
         };
         match cvt(n) {
             Ok(n) => {

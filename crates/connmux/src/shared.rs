@@ -475,6 +475,13 @@ impl Shared {
                 return;
             }
         }
+        self.write_begun(rt, events, slices);
+    }
+
+    /// Write the chunk in `slices`, handed out by the core to this thread
+    /// (`tx_begin_into`, `send_msgs_to_begin`), and whatever the core has for
+    /// the psock after it, until it has nothing or the connection would block.
+    pub fn write_begun(&self, rt: &PsockRt, events: &mut Vec<Event>, slices: &mut Vec<Bytes>) {
         // Bounded: each round either writes bytes, or stops. The next chunk is
         // taken under the same lock that completes this one.
         for _ in 0..1024 {

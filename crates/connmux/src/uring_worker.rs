@@ -394,7 +394,7 @@ impl Worker<'_> {
         if let Some(sv) = serving {
             for &(p, buf, a, b) in &lent.batches {
                 let data = ring.buffer(buf).unwrap_or(&[]);
-                crate::worker::serve_in_place(self.sh, sv, bufs, data, &lent.ranges[a..b], p, std::time::Instant::now(), &mut self.events, &mut self.dirty);
+                crate::worker::serve_in_place(self.sh, sv, bufs, data, &lent.ranges[a..b], p, std::time::Instant::now(), &mut self.events, &mut self.dirty, None);
             }
         }
         lent.batches.clear();

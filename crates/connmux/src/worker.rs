@@ -269,12 +269,8 @@ fn read_psock(
                 core.drain_events(events);
                 drop(core);
                 if !ranges.is_empty() {
-                    // Its replies are written at the end of the pass: listed now,
-                    // so the transmit event needs no look-up of the psock.
-                    if !rt.flush_queued.swap(true, Ordering::AcqRel) {
-                        ip.dirty.push(rt.clone());
-                    }
-                    serve_in_place(sh, ip.sv, ip.bufs, &buf[..n], &ranges, rt.id, read_at, events, ip.dirty);
+                    // Its replies are written at once (`send_outs`).
+                    serve_in_place(sh, ip.sv, ip.bufs, &buf[..n], &ranges, rt.id, read_at, events, ip.dirty, Some(rt));
                     ranges.clear();
                 }
                 ip.bufs.ranges = ranges;
@@ -361,6 +357,8 @@ pub(crate) struct ServeBufs {
     /// Connections a handler closed in the batch being served: their later
     /// requests are not handled (nothing after the close is answered).
     closed: Vec<PsockId>,
+    /// The chunk of replies written at once by `send_outs`.
+    slices: Vec<connmux_core::Bytes>,
 }
 
 impl ServeBufs {
@@ -501,7 +499,7 @@ pub(crate) fn serve(
             bufs.push(psock, v);
         }
         bufs.msgs = msgs;
-        send_outs(sh, sv, bufs, events, dirty);
+        send_outs(sh, sv, bufs, events, dirty, None);
         if slow_batch {
             // Back to I/O: read the other connections before more heavy work
             // (the socket's readiness is still raised if messages wait).
@@ -519,7 +517,8 @@ fn sampled(i: usize) -> bool {
 }
 
 /// Run the handler on the messages of one read of psock `p` where they lie
-/// in `data` (`ranges`, framed in place by the core), then queue the replies.
+/// in `data` (`ranges`, framed in place by the core), then queue the replies
+/// (and write them at once when `write_now` is `p`'s runtime: see [`send_outs`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve_in_place(
     sh: &Shared,
@@ -531,6 +530,7 @@ pub(crate) fn serve_in_place(
     started: Instant,
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
+    write_now: Option<&Arc<PsockRt>>,
 ) {
     let handler = &*sv.handler;
     let mut rest = ranges;
@@ -565,21 +565,36 @@ pub(crate) fn serve_in_place(
             None => {}
         }
     }
-    send_outs(sh, sv, bufs, events, dirty);
+    send_outs(sh, sv, bufs, events, dirty, write_now);
 }
 
 /// Queue the replies of served messages on their connections (in the order
 /// they were produced) and abort the connections whose handler asked for it.
-fn send_outs(sh: &Shared, sv: &Serving, bufs: &mut ServeBufs, events: &mut Vec<Event>, dirty: &mut Vec<Arc<PsockRt>>) {
+///
+/// `write_now`: the connection whose read was just served (epoll driver):
+/// the core hands its chunk over with the last reply run (`send_msgs_to_begin`)
+/// and it is written here, saving the transmit event, the deferred-flush list
+/// and one lock hold per read. Its replies still go through the core's
+/// transmit queue, so a send of another thread is never interleaved.
+fn send_outs(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    events: &mut Vec<Event>,
+    dirty: &mut Vec<Arc<PsockRt>>,
+    write_now: Option<&Arc<PsockRt>>,
+) {
     bufs.end_run();
     bufs.closed.clear();
     if bufs.outs.is_empty() {
         return;
     }
     let mut aborts = Vec::new();
+    let mut begun = false;
     {
         let mut core = sh.lock();
-        for out in bufs.outs.drain(..) {
+        let last = bufs.outs.len() - 1;
+        for (i, out) in bufs.outs.drain(..).enumerate() {
             match out {
                 Out::Replies(psock, b, n) => {
                     // A reply to a connection that went away is dropped, as a
@@ -587,10 +602,12 @@ fn send_outs(sh: &Shared, sv: &Serving, bufs: &mut ServeBufs, events: &mut Vec<E
                     // peer has not read `psock_sndbuf` bytes of replies while
                     // still sending: that connection is aborted (counted in
                     // tx_backlog_refusals), nobody else waits for it.
-                    let r = if n == 1 {
-                        core.mux.send_msg(sv.sock.id, Some(psock), b, false)
-                    } else {
-                        core.mux.send_msgs_to(sv.sock.id, psock, b, n)
+                    let r = match write_now {
+                        Some(rt) if i == last && rt.id == psock && rt.tls.is_none() => {
+                            core.mux.send_msgs_to_begin(sv.sock.id, psock, b, n, &mut bufs.slices).map(|b| begun = b)
+                        }
+                        _ if n == 1 => core.mux.send_msg(sv.sock.id, Some(psock), b, false),
+                        _ => core.mux.send_msgs_to(sv.sock.id, psock, b, n),
                     };
                     if let Err(MuxError::WouldBlock) = r {
                         aborts.push(psock);
@@ -605,6 +622,9 @@ fn send_outs(sh: &Shared, sv: &Serving, bufs: &mut ServeBufs, events: &mut Vec<E
             }
         }
         core.drain_events(events);
+    }
+    if let (true, Some(rt)) = (begun, write_now) {
+        sh.write_begun(rt, events, &mut bufs.slices);
     }
     sh.dispatch(events, &mut Ctx::Worker(dirty));
     for p in aborts {

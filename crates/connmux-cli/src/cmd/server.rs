@@ -271,20 +271,23 @@ impl Handler for RpcHandler {
         out: &mut BytesMut,
     ) -> RunServed {
         // NULL calls answered from the template in a tight loop; any other
-        // record takes `answer` (which closes on a record that is no call).
-        let mut appended = 0;
-        for (i, r) in ranges.iter().enumerate() {
+        // record takes the general answer (which closes on a record that is
+        // no call), then the loop goes on after it. Every record handled is
+        // one reply appended, until a close.
+        let mut i = 0;
+        // Bounded: each turn handles at least one record or returns.
+        while i < ranges.len() {
+            i += self.registry.null_fast_run(data, &ranges[i..], out);
+            let Some(r) = ranges.get(i) else { break };
             let Some(request) = data.get(r.clone()) else {
-                return RunServed { handled: i, appended, stop: None };
+                return RunServed { handled: i, appended: i as u32, stop: None };
             };
-            if let Some(reply) = self.registry.null_fast(request) {
-                out.extend_from_slice(&reply);
-            } else if !self.answer_general(request, out) {
-                return RunServed { handled: i + 1, appended, stop: Some(Verdict::Close) };
+            if !self.answer_general(request, out) {
+                return RunServed { handled: i + 1, appended: i as u32, stop: Some(Verdict::Close) };
             }
-            appended += 1;
+            i += 1;
         }
-        RunServed { handled: ranges.len(), appended, stop: None }
+        RunServed { handled: ranges.len(), appended: ranges.len() as u32, stop: None }
     }
 }
 
