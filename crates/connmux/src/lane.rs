@@ -12,12 +12,18 @@
 //! request waits for a time slice, not for a heavy request to finish, and the
 //! light connections stay on the worker that reads them (no cross-CPU
 //! hand-off per message, as KCM's round robin has).
+//!
+//! A connection is heavy for a while, not for ever: once its requests have
+//! run short [`RETURN_AFTER`] times in a row in the lane, and none of its
+//! messages wait there, it is steered back to its worker.
 
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use connmux_core::mux::PsockId;
 
 use bytes::BytesMut;
 
@@ -30,6 +36,21 @@ use crate::worker::{SCRATCH_CHUNK, SCRATCH_LOW};
 const LANE_BATCH: usize = 16;
 /// How often a lane with nothing to do looks at its stop flag.
 const LANE_IDLE: Duration = Duration::from_millis(100);
+/// Short handler runs in a row (under `worker::SLOW_HANDLER`) after which a
+/// connection leaves the lane: many more than the slow runs that sent it
+/// there, so a connection mixing heavy and light requests does not go back
+/// and forth.
+pub(crate) const RETURN_AFTER: u32 = 64;
+
+/// Where a lane runs and where its connections go back to.
+pub(crate) struct LaneCtx {
+    /// The affinity tag of its worker's socket.
+    pub home: u32,
+    /// The worker's CPU.
+    pub cpu: Option<usize>,
+    /// `Config::lane_nice`.
+    pub nice: i32,
+}
 
 /// The affinity tag of worker `i`'s lane (worker sockets use `0..workers`).
 pub(crate) fn lane_tag(workers: usize, i: usize) -> u32 {
@@ -44,19 +65,20 @@ pub(crate) fn run(
     sock: KcmSocket,
     handler: Arc<dyn Handler>,
     stats: Option<Arc<ServiceStats>>,
-    cpu: Option<usize>,
-    nice: i32,
+    ctx: LaneCtx,
     stop: Arc<AtomicBool>,
 ) {
-    if let Some(cpu) = cpu {
+    if let Some(cpu) = ctx.cpu {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
     }
-    if nice != 0 {
+    if ctx.nice != 0 {
         // Best effort: a lane at the worker's priority still works.
-        let _ = connmux_sys::affinity::renice_current_thread(nice);
+        let _ = connmux_sys::affinity::renice_current_thread(ctx.nice);
     }
     let mut msgs: Vec<Message> = Vec::with_capacity(LANE_BATCH);
     let mut scratch = BytesMut::new();
+    // Short runs in a row of each connection in the lane.
+    let mut short: rustc_hash::FxHashMap<PsockId, u32> = Default::default();
     while !stop.load(Ordering::Acquire) {
         match sock.recv_batch(&mut msgs, LANE_BATCH) {
             Ok(_) => {}
@@ -77,7 +99,18 @@ pub(crate) fn run(
                 scratch.reserve(SCRATCH_CHUNK);
             }
             let psock = m.psock;
-            let close = match handler.handle(m.data, psock, &mut scratch) {
+            let t0 = Instant::now();
+            let verdict = handler.handle(m.data, psock, &mut scratch);
+            if t0.elapsed() < crate::worker::SLOW_HANDLER {
+                if short.len() >= 4096 && !short.contains_key(&psock) {
+                    // Bounded: connections that left long ago are forgotten.
+                    short.clear();
+                }
+                *short.entry(psock).or_insert(0) += 1;
+            } else {
+                short.remove(&psock);
+            }
+            let close = match verdict {
                 Verdict::Reply(b) => sock.send_msg(b, Some(psock)).is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock),
                 Verdict::Close => true,
                 Verdict::NoReply | Verdict::Appended => false,
@@ -86,8 +119,13 @@ pub(crate) fn run(
                 if let Some(st) = &stats {
                     st.closed.fetch_add(1, Ordering::Relaxed);
                 }
+                short.remove(&psock);
                 let _ = mux.abort(psock);
             }
         }
+        // Every message taken has been answered: a connection light again
+        // goes home once none of its messages wait here (else after the
+        // next batch).
+        short.retain(|&p, n| *n < RETURN_AFTER || !mux.lane_return(sock.id(), p, ctx.home));
     }
 }

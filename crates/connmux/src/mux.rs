@@ -194,6 +194,7 @@ impl Mux {
             clock_origin: std::time::Instant::now(),
             tls: Default::default(),
             lane_moves: AtomicU64::new(0),
+            lane_returns: AtomicU64::new(0),
         });
         let mut threads = Vec::with_capacity(workers);
         let (init_tx, init_rx) = std::sync::mpsc::channel();
@@ -505,6 +506,31 @@ impl Mux {
             MuxImp::User(u) => u.shared.lane_moves.load(Ordering::Relaxed),
             MuxImp::Kernel(_) => 0,
         }
+    }
+
+    /// Connections steered back from a heavy lane to their worker after
+    /// their requests ran short again (`lane::RETURN_AFTER` in a row).
+    /// Always 0 on the kernel backend.
+    pub fn lane_returns(&self) -> u64 {
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lane_returns.load(Ordering::Relaxed),
+            MuxImp::Kernel(_) => 0,
+        }
+    }
+
+    /// Steer psock `p` from lane socket `lane` back to its worker's socket
+    /// (affinity tag `home`), when none of its messages wait on the lane
+    /// (checked under the same lock, so its replies stay in order). Returns
+    /// whether it did.
+    pub(crate) fn lane_return(&self, lane: connmux_core::mux::SockId, p: PsockId, home: u32) -> bool {
+        let MuxImp::User(u) = &self.imp else { return false };
+        let mut core = u.shared.lock();
+        if core.mux.rx_queued_from(lane, p) != Ok(0) || core.mux.set_psock_affinity(p, Some(home)).is_err() {
+            return false;
+        }
+        drop(core);
+        u.shared.lane_returns.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Events dropped because [`Mux::events`] was full.

@@ -149,7 +149,8 @@ impl Mux {
     /// worker's CPU that take the requests of a connection whose handler runs
     /// long (50 µs or more, three times in a row), so the worker's other
     /// connections are not answered behind them (`Mux::lane_moves` counts
-    /// such connections).
+    /// such connections). A connection whose requests run short again
+    /// (`Mux::lane_returns`) goes back to its worker.
     pub fn serve(&self, ty: SockType, handler: Arc<dyn Handler>) -> io::Result<Serving> {
         self.serve_counting(ty, handler, None)
     }
@@ -185,10 +186,10 @@ impl Mux {
             lane.set_nonblocking(true);
             let (mux, handler, stats, stop, cpu) =
                 (self.clone(), handler.clone(), stats.clone(), stop_lanes.clone(), sh.workers[i].cpu);
-            let nice = sh.lane_nice;
+            let ctx = crate::lane::LaneCtx { home: i as u32, cpu, nice: sh.lane_nice };
             let t = std::thread::Builder::new()
                 .name(format!("connmux-lane{i}"))
-                .spawn(move || crate::lane::run(mux, lane, handler, stats, cpu, nice, stop));
+                .spawn(move || crate::lane::run(mux, lane, handler, stats, ctx, stop));
             match t {
                 Ok(t) => lanes.push(t),
                 Err(e) => {

@@ -193,6 +193,8 @@ pub(crate) struct Shared {
     pub tls: crate::tls::TlsCounters,
     /// Psocks steered to a worker's heavy lane.
     pub lane_moves: AtomicU64,
+    /// Psocks steered back from a lane to their worker.
+    pub lane_returns: AtomicU64,
 }
 
 /// `writev` of up to [`MAX_IOV`] buffers, with an iovec array sized for

@@ -335,7 +335,7 @@ const COALESCE_MAX: usize = 512;
 /// [`SLOW_HITS`] slow runs in a row make its connection heavy: the worker then
 /// steers its messages to the worker's heavy lane ([`to_lane`]), so light
 /// requests are not read behind heavy work.
-const SLOW_HANDLER: Duration = Duration::from_micros(50);
+pub(crate) const SLOW_HANDLER: Duration = Duration::from_micros(50);
 const SLOW_HITS: u32 = 3;
 
 /// A worker's buffers for in-place serving, kept across passes.

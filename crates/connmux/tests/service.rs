@@ -272,4 +272,54 @@ fn light_requests_are_not_answered_behind_heavy_ones() {
     svc.shutdown();
 }
 
-on_both_drivers!(heavy_connection_goes_to_the_lane, light_requests_are_not_answered_behind_heavy_ones);
+/// A connection heavy for a while goes to the lane, and back to its worker
+/// once its requests run short again; every reply comes back, in order,
+/// through both moves (two in flight, so a request is always waiting).
+fn connection_light_again_leaves_the_lane() {
+    let mux = mux_with(|c| c.workers = 1);
+    let svc = heavy_echo(mux, Duration::from_micros(300));
+    let addr = svc.local_addr();
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_nodelay(true).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    // 20 heavy requests, then up to 2,000 light ones until it has returned.
+    let req = |i: u32| {
+        let mut body = vec![if i < 20 { b'H' } else { b'L' }];
+        body.extend_from_slice(&i.to_be_bytes());
+        body
+    };
+    let total = 2_000u32;
+    c.write_all(&framed(&req(0))).unwrap();
+    let mut sent = 1;
+    let mut got = 0;
+    while got < total {
+        if sent < total {
+            c.write_all(&framed(&req(sent))).unwrap();
+            sent += 1;
+        }
+        assert_eq!(read_framed(&mut c), req(got), "reply {got} out of order");
+        got += 1;
+        if got == 20 {
+            assert!(svc.mux().lane_moves() >= 1, "the heavy requests never went to the lane");
+        }
+        if svc.mux().lane_returns() >= 1 {
+            break;
+        }
+    }
+    // The requests still in flight are answered too.
+    while got < sent {
+        assert_eq!(read_framed(&mut c), req(got), "reply {got} out of order");
+        got += 1;
+    }
+    // (A light request preempted three times in a row on a loaded machine
+    // may send it to the lane again: at least one move and one return.)
+    assert!(svc.mux().lane_returns() >= 1, "the connection never left the lane");
+    assert!(got > 20, "returned before its light requests");
+    svc.shutdown();
+}
+
+on_both_drivers!(
+    heavy_connection_goes_to_the_lane,
+    light_requests_are_not_answered_behind_heavy_ones,
+    connection_light_again_leaves_the_lane
+);
