@@ -53,6 +53,26 @@ const NULL_REPLY_TEMPLATE: [u8; NULL_REPLY_LEN] = {
     r
 };
 
+/// The big-endian word at byte `i` of `b`.
+#[inline]
+fn be32(b: &[u8], i: usize) -> u32 {
+    u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// The program and version words of a call header (with its mark).
+#[inline]
+fn prog_vers(head: &[u8; NULL_CALL_LEN]) -> [u8; 8] {
+    head[16..24].try_into().expect("8 bytes")
+}
+
+/// The SUCCESS reply to the NULL call `head`: the template with its xid.
+#[inline]
+fn null_reply(head: &[u8; NULL_CALL_LEN]) -> [u8; NULL_REPLY_LEN] {
+    let mut reply = NULL_REPLY_TEMPLATE;
+    reply[4..8].copy_from_slice(&head[4..8]);
+    reply
+}
+
 /// One registered program and its supported versions `low..=high`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Versions {
@@ -222,35 +242,8 @@ impl Registry {
     /// dispatch, reply encoder) costs several times the framing itself.
     #[inline]
     pub fn null_fast(&self, marked: &[u8]) -> Option<[u8; NULL_REPLY_LEN]> {
-        let head: &[u8; NULL_CALL_LEN] = marked.get(..NULL_CALL_LEN)?.try_into().ok()?;
-        // Words: mark, xid, msg_type, rpcvers, prog, vers, proc, cred (flavor,
-        // len), verf (flavor, len). Compared a few words at a time, in wire
-        // order (this runs once per request: a word-by-word decode costs as
-        // much as the rest of the reply).
-        let be32 = |i: usize| u32::from_be_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
-        let ne64 = |i: usize| u64::from_ne_bytes(head[i..i + 8].try_into().expect("8 bytes"));
-        // msg_type CALL and rpcvers 2, as on the wire.
-        const CALL_V2: [u8; 8] = {
-            let (t, v) = (MsgType::CALL.0.to_be_bytes(), RPC_VERSION.to_be_bytes());
-            [t[0], t[1], t[2], t[3], v[0], v[1], v[2], v[3]]
-        };
-        let args = marked.len() - NULL_CALL_LEN;
-        // One fragment covering the whole record, a version 2 call of
-        // procedure 0 with empty AUTH_NONE credential and verifier.
-        if be32(0) != LAST_FRAGMENT | (marked.len() - MARK_LEN) as u32
-            || ne64(8) != u64::from_ne_bytes(CALL_V2)
-            || (ne64(24) | ne64(32) | u64::from(be32(40))) != 0
-            || (self.strict_null_args && args != 0)
-        {
-            return None;
-        }
-        if !self.any_program {
-            let (prog, vers) = (Program(be32(16)), be32(20));
-            self.programs.iter().find(|e| e.prog == prog && (e.low..=e.high).contains(&vers))?;
-        }
-        let mut reply = NULL_REPLY_TEMPLATE;
-        reply[4..8].copy_from_slice(&head[4..8]);
-        Some(reply)
+        let head = self.null_shape(marked)?;
+        self.serves(prog_vers(head)).then(|| null_reply(head))
     }
 
     /// [`null_fast`](Self::null_fast) over a run of records, each given with
@@ -260,13 +253,58 @@ impl Registry {
     /// caller answers it the general way and goes on after it.
     pub fn null_fast_run(&self, data: &[u8], ranges: &[std::ops::Range<usize>], out: &mut bytes::BytesMut) -> usize {
         out.reserve(ranges.len() * NULL_REPLY_LEN);
+        // The program and version of the last call answered: a run's calls
+        // are nearly always to one of them, looked up once.
+        let mut served = None;
         let mut n = 0;
         for r in ranges {
-            let Some(reply) = data.get(r.clone()).and_then(|m| self.null_fast(m)) else { break };
-            out.extend_from_slice(&reply);
+            let Some(head) = data.get(r.clone()).and_then(|m| self.null_shape(m)) else { break };
+            let pv = prog_vers(head);
+            if served != Some(pv) {
+                if !self.serves(pv) {
+                    break;
+                }
+                served = Some(pv);
+            }
+            out.extend_from_slice(&null_reply(head));
             n += 1;
         }
         n
+    }
+
+    /// The first [`NULL_CALL_LEN`] bytes of `marked` when it is a
+    /// one-fragment record holding a version 2 call of procedure 0 with
+    /// empty AUTH_NONE credential and verifier (and no arguments, when
+    /// strict), whatever its program.
+    #[inline]
+    fn null_shape<'a>(&self, marked: &'a [u8]) -> Option<&'a [u8; NULL_CALL_LEN]> {
+        let head: &[u8; NULL_CALL_LEN] = marked.get(..NULL_CALL_LEN)?.try_into().ok()?;
+        // Words: mark, xid, msg_type, rpcvers, prog, vers, proc, cred (flavor,
+        // len), verf (flavor, len). Compared a few words at a time, in wire
+        // order (this runs once per request: a word-by-word decode costs as
+        // much as the rest of the reply).
+        let ne64 = |i: usize| u64::from_ne_bytes(head[i..i + 8].try_into().expect("8 bytes"));
+        // msg_type CALL and rpcvers 2, as on the wire.
+        const CALL_V2: [u8; 8] = {
+            let (t, v) = (MsgType::CALL.0.to_be_bytes(), RPC_VERSION.to_be_bytes());
+            [t[0], t[1], t[2], t[3], v[0], v[1], v[2], v[3]]
+        };
+        let args = marked.len() - NULL_CALL_LEN;
+        (be32(head, 0) == LAST_FRAGMENT | (marked.len() - MARK_LEN) as u32
+            && ne64(8) == u64::from_ne_bytes(CALL_V2)
+            && (ne64(24) | ne64(32) | u64::from(be32(head, 40))) == 0
+            && !(self.strict_null_args && args != 0))
+            .then_some(head)
+    }
+
+    /// Whether calls to this program and version (two wire words) are served.
+    #[inline]
+    fn serves(&self, prog_vers: [u8; 8]) -> bool {
+        if self.any_program {
+            return true;
+        }
+        let (prog, vers) = (Program(be32(&prog_vers, 0)), be32(&prog_vers, 4));
+        self.programs.iter().any(|e| e.prog == prog && (e.low..=e.high).contains(&vers))
     }
 
     /// Answers one call record given *without* record marks (as

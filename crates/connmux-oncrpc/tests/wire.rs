@@ -537,6 +537,20 @@ fn null_fast_run_answers_the_leading_null_calls() {
     assert_eq!(reg.null_fast_run(&data, &ranges[3..], &mut out), 0);
     assert_eq!(reg.null_fast_run(&data, &ranges[4..], &mut out), 1);
     assert_eq!(&out[want.len()..], &capture_reply(5)[..]);
+    // The program and version are checked on every change within a run:
+    // v3, v4 (served), then v5 (not).
+    let mut d2 = Vec::new();
+    let mut r2 = Vec::new();
+    for vers in [3, 3, 4, 4, 5, 3] {
+        let rec = words(&[0x8000_0028, vers, 0, 2, 100003, vers, 0, 0, 0, 0, 0]);
+        r2.push(d2.len()..d2.len() + rec.len());
+        d2.extend(rec);
+    }
+    let mut o2 = bytes::BytesMut::new();
+    assert_eq!(reg.null_fast_run(&d2, &r2, &mut o2), 4);
+    let each: Vec<u8> = r2[..4].iter().flat_map(|r| reg.null_fast(&d2[r.clone()]).unwrap()).collect();
+    assert_eq!(&o2[..], &each[..]);
+    assert_eq!(reg.null_fast_run(&d2, &r2[5..], &mut o2), 1);
     // A range outside the data ends the run too.
     assert_eq!(reg.null_fast_run(&data, &[0..data.len() + 1], &mut out), 0);
     assert_eq!(reg.null_fast_run(&data, &[], &mut out), 0);
