@@ -191,7 +191,7 @@ impl Mux {
             lane_nice: config.lane_nice,
             events_tx,
             events_dropped: AtomicU64::new(0),
-            clock_origin: std::time::Instant::now(),
+            clock_origin: connmux_sys::clock::now_nanos(),
             tls: Default::default(),
             lane_moves: AtomicU64::new(0),
             lane_returns: AtomicU64::new(0),

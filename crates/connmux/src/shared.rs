@@ -189,7 +189,8 @@ pub(crate) struct Shared {
     pub lane_nice: i32,
     pub events_tx: crossbeam::channel::Sender<PsockEvent>,
     pub events_dropped: AtomicU64,
-    pub clock_origin: std::time::Instant,
+    /// `connmux_sys::clock::now_nanos` when the mux started: the core's time 0.
+    pub clock_origin: u64,
     pub tls: crate::tls::TlsCounters,
     /// Psocks steered to a worker's heavy lane.
     pub lane_moves: AtomicU64,
@@ -330,12 +331,14 @@ impl Shared {
     }
 
     pub fn now(&self) -> Timestamp {
-        self.timestamp(std::time::Instant::now())
+        self.timestamp(connmux_sys::clock::now_nanos())
     }
 
-    /// The core's timestamp of a clock reading already taken.
-    pub fn timestamp(&self, at: std::time::Instant) -> Timestamp {
-        Timestamp::from_nanos(at.saturating_duration_since(self.clock_origin).as_nanos() as u64)
+    /// The core's timestamp of a clock reading already taken
+    /// (`connmux_sys::clock::now_nanos`: one subtraction, where an `Instant`
+    /// costs a `timespec` subtraction and a `Duration` per reading).
+    pub fn timestamp(&self, at_nanos: u64) -> Timestamp {
+        Timestamp::from_nanos(at_nanos.saturating_sub(self.clock_origin))
     }
 
     /// Act on core events. Must be called without the core lock held.

@@ -406,7 +406,7 @@ impl Worker<'_> {
                     true => self.conns.get(&psock_token(p)).filter(|c| !c.released && c.sending.is_none()).map(|c| c.rt.clone()),
                     false => None,
                 };
-                crate::worker::serve_in_place(self.sh, sv, bufs, data, &lent.ranges[a..b], p, std::time::Instant::now(), &mut self.events, &mut self.dirty, rt.as_ref());
+                crate::worker::serve_in_place(self.sh, sv, bufs, data, &lent.ranges[a..b], p, connmux_sys::clock::now_nanos(), &mut self.events, &mut self.dirty, rt.as_ref());
             }
         }
         lent.batches.clear();

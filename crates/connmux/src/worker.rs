@@ -10,7 +10,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use connmux_core::mux::{Event, MuxError, PsockId};
 use connmux_core::Timestamp;
@@ -252,7 +252,7 @@ fn read_psock(
     let want = cap.min(buf.len());
     let res = connmux_sys::socket::read(rt.fd(), &mut buf[..want]);
     // One clock reading: the core's timestamp and the handlers' start.
-    let read_at = Instant::now();
+    let read_at = connmux_sys::clock::now_nanos();
     let now = sh.timestamp(read_at);
     let mut core = sh.lock();
     match res {
@@ -385,7 +385,7 @@ impl ServeBufs {
     /// Note how long a handler ran on a message of `psock` (if timed): whether
     /// it counts as slow.
     #[inline]
-    fn timed(&mut self, psock: PsockId, t0: Option<Instant>) -> bool {
+    fn timed(&mut self, psock: PsockId, t0: Option<u64>) -> bool {
         let Some(t0) = t0 else { return false };
         self.timed_slow(psock, t0)
     }
@@ -393,13 +393,13 @@ impl ServeBufs {
     /// Note how long a run of `n` requests of `psock` took: slow when their
     /// mean is (one clock reading per run, not per request).
     #[inline]
-    fn timed_run(&mut self, psock: PsockId, t0: Instant, n: usize) -> bool {
-        let each = t0.elapsed() / n.max(1) as u32;
-        self.note_time(psock, each)
+    fn timed_run(&mut self, psock: PsockId, t0: u64, n: usize) -> bool {
+        let each = since(t0) / n.max(1) as u64;
+        self.note_time(psock, Duration::from_nanos(each))
     }
 
-    fn timed_slow(&mut self, psock: PsockId, t0: Instant) -> bool {
-        self.note_time(psock, t0.elapsed())
+    fn timed_slow(&mut self, psock: PsockId, t0: u64) -> bool {
+        self.note_time(psock, Duration::from_nanos(since(t0)))
     }
 
     fn note_time(&mut self, psock: PsockId, took: Duration) -> bool {
@@ -493,7 +493,7 @@ pub(crate) fn serve(
             if bufs.scratch.capacity() - bufs.scratch.len() < SCRATCH_LOW {
                 bufs.scratch.reserve(SCRATCH_CHUNK);
             }
-            let t0 = sampled(i).then(Instant::now);
+            let t0 = sampled(i).then(connmux_sys::clock::now_nanos);
             let v = sv.handler.handle(data, psock, &mut bufs.scratch);
             slow_batch |= bufs.timed(psock, t0);
             bufs.push(psock, v);
@@ -506,6 +506,13 @@ pub(crate) fn serve(
             break;
         }
     }
+}
+
+/// Nanoseconds since `t0`, a `connmux_sys::clock::now_nanos` reading (handler
+/// times: cheaper than an `Instant` and a `Duration` per reading).
+#[inline]
+fn since(t0: u64) -> u64 {
+    connmux_sys::clock::now_nanos().saturating_sub(t0)
 }
 
 /// Whether the handler's time is taken on the `i`th message of a batch: the
@@ -527,7 +534,7 @@ pub(crate) fn serve_in_place(
     data: &[u8],
     ranges: &[std::ops::Range<usize>],
     p: PsockId,
-    started: Instant,
+    started: u64,
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
     write_now: Option<&Arc<PsockRt>>,
@@ -542,7 +549,7 @@ pub(crate) fn serve_in_place(
         bufs.open_run(p);
         // The first run is timed from `started` (when its bytes were read:
         // framing them is part of its time, and a clock reading is saved).
-        let t0 = if rest.len() == ranges.len() { started } else { Instant::now() };
+        let t0 = if rest.len() == ranges.len() { started } else { connmux_sys::clock::now_nanos() };
         let served = handler.handle_run_in_place(data, rest, p, &mut bufs.scratch, &mut bufs.run_buf);
         // A handler that says it handled none (or more than it was given)
         // still moves the run on, so this loop ends.
