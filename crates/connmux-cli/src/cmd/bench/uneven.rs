@@ -58,9 +58,8 @@ pub struct Args {
     /// CPUs: one server worker per CPU; the load's threads take them in turn.
     #[arg(long, value_delimiter = ',', default_value = "0,1")]
     pub cpus: Vec<usize>,
-    /// connmux's I/O driver: epoll (the default here: moving light
-    /// connections off a worker busy with heavy ones is done by the epoll
-    /// driver only), uring or auto.
+    /// connmux's I/O driver: epoll (the default here, as in the figures of
+    /// `docs/performance.md`), uring or auto. Heavy lanes work on both.
     #[arg(long, default_value = "epoll")]
     pub driver: String,
     /// Nice steps below its worker at which connmux's heavy lane runs.
