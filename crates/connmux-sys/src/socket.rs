@@ -16,8 +16,6 @@ use crate::util::{cvt, cvt_size, retry_eintr};
 const TCP_CLOSE: u8 = 7;
 const TCP_LISTEN: u8 = 10;
 
-/// Reads into `buf` (`read(2)`); 0 means end of stream (or an empty `buf`). On a
-/// non-blocking fd with nothing to read the error kind is `WouldBlock`.
 /// `read(2)` through `syscall(2)`, not libc's wrapper: the wrapper is a
 /// thread-cancellation point and brackets every call with two libc calls
 /// that switch asynchronous cancellation on and off (about 90 instructions
@@ -30,6 +28,8 @@ unsafe fn raw_read(fd: RawFd, buf: *mut libc::c_void, len: usize) -> libc::ssize
     unsafe { libc::syscall(libc::SYS_read, fd as libc::c_long, buf, len) as libc::ssize_t }
 }
 
+/// Reads into `buf` (`read(2)`); 0 means end of stream (or an empty `buf`). On a
+/// non-blocking fd with nothing to read the error kind is `WouldBlock`.
 pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     retry_eintr(|| {
         // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
