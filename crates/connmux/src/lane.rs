@@ -34,8 +34,13 @@ use crate::worker::{SCRATCH_CHUNK, SCRATCH_LOW};
 
 /// Messages a lane takes per receive.
 const LANE_BATCH: usize = 16;
-/// How often a lane with nothing to do looks at its stop flag.
-const LANE_IDLE: Duration = Duration::from_millis(100);
+/// How long a lane with nothing to do sleeps before it looks at its stop
+/// flag anyway (shutdown wakes it through its socket's readiness at once;
+/// this only bounds a wake-up that went missing).
+const LANE_IDLE: Duration = Duration::from_secs(1);
+/// How long a lane waits after its socket failed (the mux shutting down)
+/// before it looks at its stop flag again.
+const LANE_RETRY: Duration = Duration::from_millis(100);
 /// Short handler runs in a row (under `worker::SLOW_HANDLER`) after which a
 /// connection leaves the lane: many more than the slow runs that sent it
 /// there, so a connection mixing heavy and light requests does not go back
@@ -83,6 +88,11 @@ pub(crate) fn run(
         match sock.recv_batch(&mut msgs, LANE_BATCH) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Looked at again after the receive lowered the readiness: a
+                // shutdown that raised it before that has set `stop` too.
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
                 let _ = connmux_sys::poll::poll_readable(sock.as_raw_fd(), Some(LANE_IDLE));
                 continue;
             }
@@ -90,7 +100,7 @@ pub(crate) fn run(
             // `stop` again. The lane never ends on its own, or the psocks
             // steered to it would wait forever.
             Err(_) => {
-                std::thread::sleep(LANE_IDLE);
+                std::thread::sleep(LANE_RETRY);
                 continue;
             }
         }

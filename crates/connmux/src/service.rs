@@ -128,14 +128,25 @@ pub struct Serving {
     _sockets: Vec<KcmSocket>,
     lanes: Vec<JoinHandle<()>>,
     stop_lanes: Arc<AtomicBool>,
+    /// The lanes' sockets: raising their readiness wakes an idle lane to
+    /// see `stop_lanes` (an idle lane sleeps until then or until work comes).
+    lane_socks: Vec<Arc<crate::shared::SockRt>>,
 }
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        self.stop_lanes.store(true, Ordering::Release);
+        stop_lanes(&self.stop_lanes, &self.lane_socks);
         for t in self.lanes.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+/// Tell the lanes to end, and wake those asleep on an empty socket.
+fn stop_lanes(stop: &AtomicBool, socks: &[Arc<crate::shared::SockRt>]) {
+    stop.store(true, Ordering::Release);
+    for rt in socks {
+        rt.rx.set();
     }
 }
 
@@ -174,10 +185,12 @@ impl Mux {
         }
         let sh = self.shared();
         let workers = sh.workers.len();
-        let stop_lanes = Arc::new(AtomicBool::new(false));
+        let stop_all = Arc::new(AtomicBool::new(false));
         let mut lanes = Vec::with_capacity(workers);
+        let mut lane_socks = Vec::with_capacity(workers);
         for i in 0..workers {
             let lane = socks[0].try_clone()?;
+            lane_socks.push(sh.sock_rt(lane.id()).expect("socket just created"));
             lane.set_affinity(Some(crate::lane::lane_tag(workers, i)))?;
             // Only the psocks a worker sends there: nothing else waits behind
             // heavy requests, and a heavy psock has one reader (replies in order).
@@ -185,7 +198,7 @@ impl Mux {
             lane.set_sndbuf(usize::MAX / 4)?;
             lane.set_nonblocking(true);
             let (mux, handler, stats, stop, cpu) =
-                (self.clone(), handler.clone(), stats.clone(), stop_lanes.clone(), sh.workers[i].cpu);
+                (self.clone(), handler.clone(), stats.clone(), stop_all.clone(), sh.workers[i].cpu);
             let ctx = crate::lane::LaneCtx { home: i as u32, cpu, nice: sh.lane_nice };
             let t = std::thread::Builder::new()
                 .name(format!("connmux-lane{i}"))
@@ -193,7 +206,7 @@ impl Mux {
             match t {
                 Ok(t) => lanes.push(t),
                 Err(e) => {
-                    stop_lanes.store(true, Ordering::Release);
+                    stop_lanes(&stop_all, &lane_socks);
                     return Err(e);
                 }
             }
@@ -208,7 +221,7 @@ impl Mux {
             sh.workers[i].commands.lock().unwrap().push(Command::Serve { sock: rt, handler: handler.clone(), stats: stats.clone(), lane });
             sh.workers[i].waker.notify()?;
         }
-        Ok(Serving { _sockets: socks, lanes, stop_lanes })
+        Ok(Serving { _sockets: socks, lanes, stop_lanes: stop_all, lane_socks })
     }
 }
 

@@ -215,6 +215,23 @@ fn slow_reader_gets_every_large_reply_in_order() {
 
 on_both_drivers!(slow_reader_gets_every_large_reply_in_order);
 
+/// Idle lanes sleep on their sockets (a second at a time) and shutdown wakes
+/// them: stopping a service whose lanes never had work does not wait for
+/// their sleep to run out.
+fn shutdown_wakes_idle_lanes() {
+    for _ in 0..3 {
+        let svc = echo_service(2, Steering::Affinity, 1 << 16);
+        // Let the lanes reach their sleep.
+        std::thread::sleep(Duration::from_millis(50));
+        let t = std::time::Instant::now();
+        svc.shutdown();
+        let took = t.elapsed();
+        assert!(took < Duration::from_millis(900), "shutdown took {took:?}: an idle lane slept through it");
+    }
+}
+
+on_both_drivers!(shutdown_wakes_idle_lanes);
+
 /// An echo service whose requests starting with `H` first burn `burn` of CPU.
 fn heavy_echo(mux: connmux::Mux, burn: Duration) -> Service {
     let handler = Arc::new(move |req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
