@@ -185,12 +185,17 @@ impl Mux {
         }
         let sh = self.shared();
         let workers = sh.workers.len();
-        let stop_all = Arc::new(AtomicBool::new(false));
-        let mut lanes = Vec::with_capacity(workers);
-        let mut lane_socks = Vec::with_capacity(workers);
+        // Built first: an error below drops it, which stops and joins the
+        // lanes already started (they hold a clone of the mux).
+        let mut serving = Serving {
+            _sockets: Vec::new(),
+            lanes: Vec::with_capacity(workers),
+            stop_lanes: Arc::new(AtomicBool::new(false)),
+            lane_socks: Vec::with_capacity(workers),
+        };
         for i in 0..workers {
             let lane = socks[0].try_clone()?;
-            lane_socks.push(sh.sock_rt(lane.id()).expect("socket just created"));
+            serving.lane_socks.push(sh.sock_rt(lane.id()).expect("socket just created"));
             lane.set_affinity(Some(crate::lane::lane_tag(workers, i)))?;
             // Only the psocks a worker sends there: nothing else waits behind
             // heavy requests, and a heavy psock has one reader (replies in order).
@@ -198,18 +203,12 @@ impl Mux {
             lane.set_sndbuf(usize::MAX / 4)?;
             lane.set_nonblocking(true);
             let (mux, handler, stats, stop, cpu) =
-                (self.clone(), handler.clone(), stats.clone(), stop_all.clone(), sh.workers[i].cpu);
+                (self.clone(), handler.clone(), stats.clone(), serving.stop_lanes.clone(), sh.workers[i].cpu);
             let ctx = crate::lane::LaneCtx { home: i as u32, cpu, nice: sh.lane_nice };
             let t = std::thread::Builder::new()
                 .name(format!("connmux-lane{i}"))
-                .spawn(move || crate::lane::run(mux, lane, handler, stats, ctx, stop));
-            match t {
-                Ok(t) => lanes.push(t),
-                Err(e) => {
-                    stop_lanes(&stop_all, &lane_socks);
-                    return Err(e);
-                }
-            }
+                .spawn(move || crate::lane::run(mux, lane, handler, stats, ctx, stop))?;
+            serving.lanes.push(t);
         }
         for (i, s) in socks.iter().enumerate() {
             s.set_affinity(Some(i as u32))?;
@@ -221,7 +220,8 @@ impl Mux {
             sh.workers[i].commands.lock().unwrap().push(Command::Serve { sock: rt, handler: handler.clone(), stats: stats.clone(), lane });
             sh.workers[i].waker.notify()?;
         }
-        Ok(Serving { _sockets: socks, lanes, stop_lanes: stop_all, lane_socks })
+        serving._sockets = socks;
+        Ok(serving)
     }
 }
 
