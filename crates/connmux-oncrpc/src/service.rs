@@ -325,6 +325,13 @@ impl Registry {
             let xid = u32::from_be_bytes([reply[4], reply[5], reply[6], reply[7]]);
             return Outcome::Replied { xid, reply: Reply::Success };
         }
+        self.handle_marked_decoded(marked, out)
+    }
+
+    /// [`handle_marked`](Self::handle_marked) without its fast path, for a
+    /// caller whose [`null_fast`](Self::null_fast) (or `null_fast_run`) has
+    /// already declined this record: the same outcome and bytes, decoded.
+    pub fn handle_marked_decoded(&self, marked: &[u8], out: &mut Vec<u8>) -> Outcome {
         // One fragment covering the whole record: no reassembly.
         if let Some(m) = RecordMark::parse(marked) {
             if m.last && marked.len() - MARK_LEN == m.len as usize {

@@ -508,6 +508,10 @@ fn null_fast_matches_the_decoding_path() {
             let mut marked = Vec::new();
             assert_eq!(reg.handle_marked(&b, &mut marked), slow_outcome.clone());
             assert_eq!(marked, slow);
+            // And so does the variant without the fast path.
+            let mut decoded = Vec::new();
+            assert_eq!(reg.handle_marked_decoded(&b, &mut decoded), slow_outcome.clone());
+            assert_eq!(decoded, slow);
         }
     }
     assert!(answered > 1000, "the fast path answered only {answered} calls");

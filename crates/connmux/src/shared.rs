@@ -363,8 +363,9 @@ impl Shared {
                     }
                 }
                 Event::PsockTransmit(p) => {
-                    // Just listed for the end of the pass by the read that
-                    // produced these replies: no look-up.
+                    // Already the last one listed for the end of the pass (an
+                    // earlier read of this psock in the same pass, or its send
+                    // completion, listed it): no look-up.
                     if let Ctx::Worker(list) = ctx {
                         if list.last().is_some_and(|rt| rt.id == p) {
                             continue;

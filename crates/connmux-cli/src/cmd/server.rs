@@ -226,7 +226,8 @@ impl RpcHandler {
         OUT.with(|buf| {
             let mut buf = buf.borrow_mut();
             buf.clear();
-            match self.registry.handle_marked(request, &mut buf) {
+            // Only records the fast path declined come here.
+            match self.registry.handle_marked_decoded(request, &mut buf) {
                 connmux_oncrpc::Outcome::Replied { .. } => {
                     out.extend_from_slice(&buf);
                     true
