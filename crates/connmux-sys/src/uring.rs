@@ -255,7 +255,7 @@ impl BufRing {
 enum Op<B> {
     Free { next: usize },
     Recv { token: u64 },
-    Send { token: u64, _state: Box<SendState<B>> },
+    Send { token: u64, state: Box<SendState<B>> },
     Poll { token: u64 },
     /// A receive into `buf`'s spare capacity, at most `max` bytes.
     RecvInto { token: u64, buf: bytes::BytesMut, max: usize },
@@ -266,8 +266,8 @@ enum Op<B> {
 struct SendState<B> {
     msg: libc::msghdr,
     iovs: Vec<libc::iovec>,
-    /// Never read here: owned so the payload lives until the kernel is done with it.
-    _bufs: Vec<B>,
+    /// Owned so the payload lives until the kernel is done with it.
+    bufs: Vec<B>,
 }
 
 /// Marks the end of the free list.
@@ -281,7 +281,14 @@ struct Slots<B> {
     in_flight: usize,
     /// Buffers of finished [`Op::RecvInto`]s, until the caller takes them.
     filled: Vec<(u64, bytes::BytesMut)>,
+    /// Send states of finished sends, emptied, for the next sends: a send in
+    /// steady state allocates nothing.
+    spare: Vec<Box<SendState<B>>>,
 }
+
+/// Send states kept for reuse (more than this many sends in flight at once
+/// allocate the rest).
+const SPARE_SENDS: usize = 64;
 
 impl<B> Slots<B> {
     fn alloc(&mut self, op: Op<B>) -> usize {
@@ -296,6 +303,15 @@ impl<B> Slots<B> {
         } else {
             self.ops.push(op);
             self.ops.len() - 1
+        }
+    }
+
+    /// Keeps a finished send's state for reuse; its payloads are dropped now.
+    fn spare_send(&mut self, mut state: Box<SendState<B>>) {
+        state.iovs.clear();
+        state.bufs.clear();
+        if self.spare.len() < SPARE_SENDS {
+            self.spare.push(state);
         }
     }
 
@@ -330,7 +346,10 @@ impl<B> Slots<B> {
                 }
                 None => (!more).then_some(Completion::RecvEnd { token, res }),
             },
-            Op::Send { .. } => Some(Completion::Send { token, res }),
+            Op::Send { state, .. } => {
+                self.spare_send(state);
+                Some(Completion::Send { token, res })
+            }
             Op::Poll { .. } => Some(Completion::Poll { token, res }),
             Op::RecvInto { mut buf, max, .. } => {
                 if res > 0 {
@@ -378,7 +397,7 @@ impl<B: AsRef<[u8]>> Ring<B> {
         unsafe {
             uring.submitter().register_buf_ring_with_flags(bufs.ring.ptr as u64, config.buf_count, BGID, 0)?;
         }
-        Ok(Ring { uring, bufs, slots: Slots { ops: Vec::new(), free: NONE, in_flight: 0, filled: Vec::new() } })
+        Ok(Ring { uring, bufs, slots: Slots { ops: Vec::new(), free: NONE, in_flight: 0, filled: Vec::new(), spare: Vec::new() } })
     }
 
     /// Bytes per provided buffer.
@@ -445,29 +464,49 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// Queues one `sendmsg(MSG_NOSIGNAL | MSG_WAITALL)` of all of `bufs` in order on
     /// `fd`; the kernel retries short writes itself, so the completion reports all
     /// bytes or an error. The payloads are dropped when the completion is reaped.
-    pub fn send(&mut self, fd: RawFd, token: u64, bufs: Vec<B>) -> io::Result<()> {
-        let iovs: Vec<libc::iovec> = bufs
-            .iter()
-            .map(|b| {
-                let s = b.as_ref();
-                libc::iovec { iov_base: s.as_ptr() as *mut _, iov_len: s.len() }
-            })
-            .collect();
-        if iovs.len() > libc::UIO_MAXIOV as usize {
+    pub fn send(&mut self, fd: RawFd, token: u64, mut bufs: Vec<B>) -> io::Result<()> {
+        self.send_drain(fd, token, &mut bufs)
+    }
+
+    /// [`send`](Ring::send) of the payloads moved out of `bufs`, which is left
+    /// empty with its capacity: with the ring's own reuse of send states, a
+    /// caller that sends from one vector again and again allocates nothing.
+    /// On error `bufs` is left as it was.
+    pub fn send_drain(&mut self, fd: RawFd, token: u64, bufs: &mut Vec<B>) -> io::Result<()> {
+        if bufs.len() > libc::UIO_MAXIOV as usize {
             return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
         }
-        // SAFETY: msghdr is plain data; all-zero is "no name, no iov, no control".
-        let msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        let mut state = Box::new(SendState { msg, iovs, _bufs: bufs });
+        let mut state = match self.slots.spare.pop() {
+            Some(s) => s,
+            // SAFETY: msghdr is plain data; all-zero is "no name, no iov, no control".
+            None => Box::new(SendState { msg: unsafe { std::mem::zeroed() }, iovs: Vec::new(), bufs: Vec::new() }),
+        };
+        // The iovecs point into the payloads where the state holds them (a
+        // payload with its bytes inline would move with it).
+        state.bufs.append(bufs);
+        let SendState { iovs, bufs: held, .. } = &mut *state;
+        iovs.extend(held.iter().map(|b| {
+            let s = b.as_ref();
+            libc::iovec { iov_base: s.as_ptr() as *mut _, iov_len: s.len() }
+        }));
         state.msg.msg_iov = state.iovs.as_mut_ptr();
         state.msg.msg_iovlen = state.iovs.len() as _;
         let msg_ptr: *const libc::msghdr = &state.msg;
-        let slot = self.slots.alloc(Op::Send { token, _state: state });
+        let slot = self.slots.alloc(Op::Send { token, state });
         let entry = opcode::SendMsg::new(types::Fd(fd), msg_ptr)
             .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
             .build()
             .user_data(slot as u64);
-        self.push(slot, entry)
+        match self.try_push(&entry) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if let Op::Send { mut state, .. } = self.slots.release(slot) {
+                    bufs.append(&mut state.bufs);
+                    self.slots.spare_send(state);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Queues a one-shot wait for `fd` to become readable (such as an eventfd that
@@ -783,6 +822,43 @@ mod tests {
             assert!(got[..1000].iter().all(|&x| x == i as u8) && got[1000..].iter().all(|&x| x == 0xEE));
         }
         assert_eq!(ring.in_flight(), 0);
+    }
+
+    #[test]
+    fn sends_from_one_vector_reuse_state_and_point_at_the_moved_payloads() {
+        let (a, mut b) = pair();
+        // Payloads with their bytes inline: an iovec taken before the move into
+        // the ring would point at the caller's vector, whose next contents differ.
+        let mut ring: Ring<[u8; 4]> = Ring::new(RingConfig::default()).unwrap();
+        let mut v: Vec<[u8; 4]> = Vec::with_capacity(8);
+        let mut want = Vec::new();
+        let mut out = Vec::new();
+        for i in 0..60u32 {
+            for k in 0..(i % 5 + 1) {
+                let p = (i * 8 + k).to_be_bytes();
+                want.extend_from_slice(&p);
+                v.push(p);
+            }
+            let n = v.len() * 4;
+            ring.send_drain(a.as_raw_fd(), i as u64, &mut v).unwrap();
+            assert!(v.is_empty() && v.capacity() >= 8, "emptied, room kept");
+            // Overwrite the caller's memory before the kernel runs the send.
+            v.extend_from_slice(&[[0xAA; 4]; 8]);
+            v.clear();
+            out.clear();
+            reap_until(&mut ring, &mut out, |c| !c.is_empty());
+            assert_eq!(out, vec![Completion::Send { token: i as u64, res: n as i32 }]);
+        }
+        assert_eq!(ring.slots.spare.len(), 1, "one state serves every send in turn");
+        let mut got = vec![0u8; want.len()];
+        b.read_exact(&mut got).unwrap();
+        assert!(got == want, "bytes in order, none stale");
+
+        let too_many = vec![[0u8; 4]; libc::UIO_MAXIOV as usize + 1];
+        let mut v = too_many.clone();
+        let e = ring.send_drain(a.as_raw_fd(), 99, &mut v).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EMSGSIZE));
+        assert_eq!(v.len(), too_many.len(), "left as it was");
     }
 
     #[test]

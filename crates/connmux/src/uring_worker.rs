@@ -128,6 +128,9 @@ struct Worker<'a> {
     to_arm: Vec<u64>,
     events: Vec<Event>,
     dirty: Vec<Arc<PsockRt>>,
+    /// The chunk of the send being queued (its payloads move into the ring;
+    /// the vector stays, so a send allocates nothing here).
+    tx_slices: Vec<Bytes>,
 }
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sender<io::Result<()>>) {
@@ -145,7 +148,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
         }
     };
     drop(init);
-    let mut w = Worker { sh: &sh, index, lent: Lent::default(), conns: FxHashMap::default(), to_arm: Vec::new(), events: Vec::new(), dirty: Vec::new() };
+    let mut w = Worker { sh: &sh, index, lent: Lent::default(), conns: FxHashMap::default(), to_arm: Vec::new(), events: Vec::new(), dirty: Vec::new(), tx_slices: Vec::new() };
     w.run(&mut ring);
     // Dropping the ring cancels what is still in flight and waits for it, before
     // the connections (and their descriptors) go.
@@ -508,8 +511,8 @@ impl Worker<'_> {
     /// takes over if it would block).
     fn flush_dirty(&mut self, ring: &mut WRing) {
         let sh = self.sh;
-        let dirty = std::mem::take(&mut self.dirty);
-        for rt in dirty {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for rt in dirty.drain(..) {
             rt.flush_queued.store(false, Ordering::Release);
             let token = psock_token(rt.id);
             match self.conns.get_mut(&token) {
@@ -527,26 +530,33 @@ impl Worker<'_> {
                             continue;
                         }
                         let len = out.len();
-                        match ring.send(rt.fd(), token, vec![out.clone()]) {
+                        self.tx_slices.push(out.clone());
+                        match ring.send_drain(rt.fd(), token, &mut self.tx_slices) {
                             Ok(()) => {
                                 conn.sending = Some(len);
                                 conn.tls_out = Some(out);
                             }
-                            Err(e) => crate::tls::tx_failed(sh, &rt, e.raw_os_error().unwrap_or(libc::EIO), &mut self.events),
+                            Err(e) => {
+                                self.tx_slices.clear();
+                                crate::tls::tx_failed(sh, &rt, e.raw_os_error().unwrap_or(libc::EIO), &mut self.events)
+                            }
                         }
                         continue;
                     }
-                    let chunk = {
+                    let begun = {
                         let mut core = sh.lock();
-                        let c = core.mux.tx_begin(rt.id);
+                        let b = core.mux.tx_begin_into(rt.id, &mut self.tx_slices);
                         core.drain_events(&mut self.events);
-                        c
+                        b
                     };
-                    let Some(chunk) = chunk else { continue };
-                    let len = chunk.len();
-                    match ring.send(rt.fd(), token, chunk.slices) {
+                    if !begun {
+                        continue;
+                    }
+                    let len = self.tx_slices.iter().map(|b| b.len()).sum();
+                    match ring.send_drain(rt.fd(), token, &mut self.tx_slices) {
                         Ok(()) => conn.sending = Some(len),
                         Err(e) => {
+                            self.tx_slices.clear();
                             let mut core = sh.lock();
                             core.mux.tx_complete(rt.id, 0);
                             core.mux.tx_failed(rt.id, e.raw_os_error().unwrap_or(libc::EIO));
@@ -557,6 +567,10 @@ impl Worker<'_> {
                 Some(_) => {}
                 None => sh.flush(&rt, &mut self.events),
             }
+        }
+        // Keep the vector's room for the next pass.
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
         }
     }
 
