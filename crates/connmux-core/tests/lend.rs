@@ -18,7 +18,7 @@ use connmux_core::mux::{
     Direct, Event, Mux, MuxConfig, MuxError, PsockConfig, PsockError, PsockId, RxError, RxLoan, SockId, SockType,
     Steering,
 };
-use connmux_core::stream::{StreamLimits, StreamParser, Unlend, LEND_CHUNK, LEND_MIN};
+use connmux_core::stream::{StreamLimits, StreamParser, Unlend, LEND_CHUNK, LEND_MIN, LEND_PAGE_OFFSET};
 use connmux_core::Timestamp;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -136,6 +136,58 @@ fn after_a_large_message_the_next_read_is_lent_for_whole_messages_of_that_size()
     let got = recv_all(&mut m, s);
     assert_eq!(got.len(), 1 + (n - (len - 8)) / len, "reads end on message boundaries");
     assert_eq!(m.psock_stats(p).unwrap().rx_bytes, (got.len() * len) as u64);
+}
+
+#[test]
+fn a_predicted_message_larger_than_the_read_ahead_is_read_in_one_loan() {
+    // 300 KiB messages, 256 KiB of read-ahead: between messages the loan
+    // still covers the whole predicted message (not the read-ahead and then
+    // a few bytes more in a second read).
+    let (mut m, s, p) = setup(big_cfg());
+    let len = 300 << 10;
+    let a = l4_total(len, 1);
+    m.feed(p, &a[..100], t(0)).unwrap();
+    let mut loan = m.rx_lend(p).unwrap();
+    read_into(&mut loan, &a[100..]);
+    m.rx_commit(loan, t(0)).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![a]);
+    for tag in 2..5 {
+        let b = l4_total(len, tag);
+        let mut loan = m.rx_lend(p).expect("lent between large messages");
+        assert_eq!(loan.limit(), len, "one read for the whole predicted message");
+        read_into(&mut loan, &b);
+        m.rx_commit(loan, t(0)).unwrap();
+        assert_eq!(recv_all(&mut m, s), vec![b]);
+    }
+    assert!(m.memory_used() <= m.memory_bound());
+}
+
+#[test]
+fn a_new_lent_buffer_takes_its_bytes_half_a_page_in() {
+    // Where the kernel's copy lands decides its speed (4K aliasing with the
+    // source): a buffer made for a loan puts its append point at
+    // LEND_PAGE_OFFSET within a page, with the bytes already read kept.
+    let (mut m, s, p) = setup(big_cfg());
+    let msg = l4_total(BIG, 3);
+    for kept in [10usize, 4] {
+        m.feed(p, &msg[..kept], t(0)).unwrap();
+        let mut loan = m.rx_lend(p).unwrap();
+        let at = loan.buf().as_ptr() as usize + kept;
+        assert_eq!(at % 4096, LEND_PAGE_OFFSET, "append point after {kept} kept bytes");
+        assert_eq!(&loan.buf()[..], &msg[..kept], "kept bytes moved with the buffer");
+        read_into(&mut loan, &msg[kept..]);
+        m.rx_commit(loan, t(0)).unwrap();
+        let (got, _) = m.recv_msg(s).unwrap();
+        assert_eq!(&got[..], &msg[..]);
+        assert_eq!(got.as_ptr() as usize + kept, at, "and the message is cut from it");
+    }
+    // Between messages (nothing kept): the message itself starts there.
+    let mut loan = m.rx_lend(p).unwrap();
+    assert_eq!((loan.buf().as_ptr() as usize + loan.buf().len()) % 4096, LEND_PAGE_OFFSET);
+    read_into(&mut loan, &msg);
+    m.rx_commit(loan, t(0)).unwrap();
+    let (got, _) = m.recv_msg(s).unwrap();
+    assert_eq!(got.as_ptr() as usize % 4096, LEND_PAGE_OFFSET);
 }
 
 #[test]
