@@ -26,9 +26,12 @@ pub struct Args {
     /// Messages in flight on the one connection.
     #[arg(short = 'a', long, default_value_t = 2)]
     pub inflight: u64,
-    #[arg(short = 'i', long, default_value_t = 3)]
+    /// Rounds, each on new connections. The kernel's copy speed for large
+    /// messages differs from one connection to the next (see
+    /// docs/performance.md, "Message size"), so many short rounds.
+    #[arg(short = 'i', long, default_value_t = 7)]
     pub rounds: usize,
-    #[arg(short = 'd', long, default_value_t = 1.0)]
+    #[arg(short = 'd', long, default_value_t = 0.5)]
     pub seconds: f64,
     /// I/O driver of the connmux server: auto, epoll or uring.
     #[arg(long, default_value = "auto")]
