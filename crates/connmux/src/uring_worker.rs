@@ -398,7 +398,7 @@ impl Worker<'_> {
             // One read served in this pass: its replies are written at once,
             // with a plain `sendmsg`, when no ring send of the psock is in
             // flight (as the epoll worker does: one lock hold and no transmit
-            // event, and no allocations for the ring's copy of the slices).
+            // event).
             // Several: ring sends, all submitted with the next wait (one
             // system call for all of them; at -j8 -a128 on one CPU that is
             // 6% more calls/s than a `sendmsg` each).
