@@ -65,12 +65,12 @@ const MIN_GROW: usize = 16 << 10;
 pub const LEND_MIN: usize = 16 << 10;
 
 /// Where in its page a new lent buffer's first read byte lands. The kernel
-/// copies socket bytes into the buffer with `rep movsb`, which runs at half
-/// speed on some CPUs (measured on AMD EPYC) when the destination sits a few
-/// bytes after the source's offset within a page (4K aliasing). A loopback
-/// sender's page fragments start near a page's start, and a large
-/// allocation from the allocator starts 16 bytes into a page: the worst
-/// place. Half a page from both.
+/// copies socket bytes into the buffer with `rep movsb`, which on some CPUs
+/// (measured on AMD EPYC: several times slower) crawls when the destination
+/// sits a few bytes after the source's offset within a page (4K aliasing).
+/// A loopback sender's page fragments start near a page's start, and a
+/// large allocation from the allocator starts 16 bytes into a page: the
+/// worst place. Half a page from both.
 pub const LEND_PAGE_OFFSET: usize = 2048;
 
 const PAGE: usize = 4096;
