@@ -471,6 +471,14 @@ pub fn verdict(ok: bool) -> &'static str {
 }
 
 /// The 1-minute load average, to print beside results.
+/// The system's TCP congestion control (it decides, with BBR, how the load
+/// paces large messages: see docs/performance.md, "Message size").
+pub fn congestion_control() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()

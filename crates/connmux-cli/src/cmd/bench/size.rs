@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use super::rpc::placement;
-use super::{cpu_list, exe, free_port, loadavg, loadgen, ratio, taskset, verdict, Figures, Proc};
+use super::{congestion_control, cpu_list, exe, free_port, loadavg, loadgen, ratio, taskset, verdict, Figures, Proc};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -80,12 +80,13 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     let servers = [start("connmux")?, start("raw-tcp")?];
     println!(
         "connmux bench size: message echo (l4 framing), one connection, -a{}, {} driver; servers and load on {:?}; \
-         {} round(s) of {} s, interleaved; medians; load avg {}",
+         {} round(s) of {} s, interleaved; medians; TCP congestion control {}; load avg {}",
         a.inflight,
         a.driver,
         p.cpus,
         a.rounds,
         a.seconds,
+        congestion_control(),
         loadavg()
     );
     let mut res = vec![vec![Vec::<Figures>::new(); servers.len()]; a.sizes.len()];
