@@ -330,8 +330,19 @@ impl StreamParser {
         // Whole predicted messages after the current one, up to about LEND_CHUNK.
         let more = LEND_CHUNK.saturating_sub(base) / per;
         let spare = self.buf.capacity() - self.buf.len();
-        let room = if spare >= base {
+        let room = if spare >= base + per * more || (spare >= base && !self.buf.is_empty()) {
+            // The room left after the last messages, or after the bytes of
+            // this one (which would have to move to go elsewhere).
             base + per * more.min((spare - base) / per)
+        } else if self.buf.is_empty() {
+            // Between messages with too little room left for all the
+            // planned ones: a new buffer rather than a shorter read, which
+            // would leave whole messages in the socket for another wake-up
+            // and read (16 KiB echo: every other read took one message of
+            // two).
+            let room = base + per * more;
+            self.buf = lend_buffer(&[], room);
+            room
         } else {
             // A message cut from the old allocation keeps it; the bytes
             // already here (a header, part of the body) move once.

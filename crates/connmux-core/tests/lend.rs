@@ -163,6 +163,37 @@ fn a_predicted_message_larger_than_the_read_ahead_is_read_in_one_loan() {
 }
 
 #[test]
+fn between_messages_a_loan_plans_a_whole_chunk_even_when_the_last_buffer_has_a_little_room() {
+    // 20,000-byte messages: a loan plans three (about LEND_CHUNK). When a
+    // read brings two, the buffer keeps room for one more; the next loan
+    // must still ask for three, or a read would leave whole messages in the
+    // socket for another wake-up.
+    let (mut m, s, p) = setup(big_cfg());
+    let len = 20_000;
+    let plan = LEND_CHUNK / len * len;
+    let first = l4_total(len, 1);
+    m.feed(p, &first[..100], t(0)).unwrap();
+    let mut loan = m.rx_lend(p).unwrap();
+    read_into(&mut loan, &first[100..]);
+    m.rx_commit(loan, t(0)).unwrap();
+    assert_eq!(recv_all(&mut m, s).len(), 1);
+    let mut tag = 2;
+    for round in 0..6 {
+        let mut loan = m.rx_lend(p).unwrap();
+        assert_eq!(loan.limit(), plan, "round {round}: a whole chunk of predicted messages");
+        let mut wire = Vec::new();
+        for _ in 0..2 {
+            wire.extend(l4_total(len, tag));
+            tag += 1;
+        }
+        read_into(&mut loan, &wire);
+        m.rx_commit(loan, t(0)).unwrap();
+        assert_eq!(recv_all(&mut m, s).len(), 2);
+    }
+    assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 13);
+}
+
+#[test]
 fn a_new_lent_buffer_takes_its_bytes_half_a_page_in() {
     // Where the kernel's copy lands decides its speed (4K aliasing with the
     // source): a buffer made for a loan puts its append point at
