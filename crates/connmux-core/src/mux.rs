@@ -1033,6 +1033,17 @@ impl Mux {
         ps.stream.lend(cap).map(|loan| RxLoan { psock: p, loan })
     }
 
+    /// [`Mux::rx_capacity`] and [`Mux::rx_lend`] together, the capacity
+    /// worked out once (a driver asks both before every read).
+    pub fn rx_room(&mut self, p: PsockId) -> (usize, Option<RxLoan>) {
+        let cap = self.rx_capacity(p);
+        if cap == 0 {
+            return (0, None);
+        }
+        let loan = self.psocks.get_mut(p.index, p.generation).and_then(|ps| ps.stream.lend(cap));
+        (cap, loan.map(|loan| RxLoan { psock: p, loan }))
+    }
+
     /// Whether [`Mux::rx_lend`] would lend now (without lending).
     pub fn rx_would_lend(&self, p: PsockId) -> bool {
         self.rx_capacity(p) > 0 && self.psock(p).is_ok_and(|ps| ps.stream.would_lend())

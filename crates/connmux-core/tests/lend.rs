@@ -194,6 +194,27 @@ fn between_messages_a_loan_plans_a_whole_chunk_even_when_the_last_buffer_has_a_l
 }
 
 #[test]
+fn rx_room_is_the_capacity_and_the_loan_in_one_call() {
+    let (mut m, s, p) = setup(big_cfg());
+    // Nothing known yet: the capacity, no loan.
+    let cap = m.rx_capacity(p);
+    let (room, loan) = m.rx_room(p);
+    assert_eq!((room, loan.is_none()), (cap, true));
+    let msg = l4_total(BIG, 5);
+    m.feed(p, &msg[..8], t(0)).unwrap();
+    let cap = m.rx_capacity(p);
+    let (room, loan) = m.rx_room(p);
+    let mut loan = loan.expect("a large body is lent");
+    assert_eq!(room, cap);
+    assert_eq!(loan.limit(), BIG - 8);
+    assert_eq!(m.rx_room(p).0, 0, "nothing more while lent");
+    assert!(m.rx_room(p).1.is_none());
+    read_into(&mut loan, &msg[8..]);
+    m.rx_commit(loan, t(0)).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![msg]);
+}
+
+#[test]
 fn a_new_lent_buffer_takes_its_bytes_half_a_page_in() {
     // Where the kernel's copy lands decides its speed (4K aliasing with the
     // source): a buffer made for a loan puts its append point at

@@ -140,7 +140,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                             let mut core = sh.lock();
                             let Some(rt) = core.psocks.get(&p).cloned() else { continue };
                             let rx = (readable && rt.tls.is_none())
-                                .then(|| RxRoom { cap: core.mux.rx_capacity(p), loan: core.mux.rx_lend(p) });
+                                .then(|| RxRoom::of(core.mux.rx_room(p)));
                             (rt, rx)
                         };
                         if ev.writable {
@@ -183,9 +183,13 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                 to_lane(&sh, sv, &mut bufs, p);
             }
         }
-        for rt in dirty.drain(..) {
-            rt.flush_queued.store(false, Ordering::Release);
-            sh.flush(&rt, &mut core_events);
+        // (Looked at first: an empty drain still costs a few dozen
+        // instructions, every pass.)
+        if !dirty.is_empty() {
+            for rt in dirty.drain(..) {
+                rt.flush_queued.store(false, Ordering::Release);
+                sh.flush(&rt, &mut core_events);
+            }
         }
         if !core_events.is_empty() {
             // Writes can release psocks or wake senders; anything to write now
@@ -216,6 +220,12 @@ struct RxRoom {
     loan: Option<connmux_core::mux::RxLoan>,
 }
 
+impl RxRoom {
+    fn of((cap, loan): (usize, Option<connmux_core::mux::RxLoan>)) -> RxRoom {
+        RxRoom { cap, loan }
+    }
+}
+
 /// One read from a readable psock, bounded by what the core will accept
 /// (`rx`, when the caller has already asked the core). On a serving worker,
 /// the read's whole messages for its own socket are served at once, where
@@ -233,7 +243,7 @@ fn read_psock(
     }
     let RxRoom { cap, loan } = rx.unwrap_or_else(|| {
         let mut core = sh.lock();
-        RxRoom { cap: core.mux.rx_capacity(rt.id), loan: core.mux.rx_lend(rt.id) }
+        RxRoom::of(core.mux.rx_room(rt.id))
     });
     if let Some(loan) = loan {
         return read_lent(sh, rt, loan, events);
