@@ -750,7 +750,7 @@ fn idle_10k_connections_cost_bookkeeping_only() {
 
 /// A peer that sends requests but never reads the replies, to the in-place
 /// service: the serving socket's SO_SNDBUF fills with replies nobody takes.
-/// Replies to every other connection must still go out (today they are
+/// Replies to every other connection must still go out (they are
 /// dropped: `serve` discards a reply refused with WouldBlock).
 #[test]
 
