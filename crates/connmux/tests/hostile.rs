@@ -750,8 +750,8 @@ fn idle_10k_connections_cost_bookkeeping_only() {
 
 /// A peer that sends requests but never reads the replies, to the in-place
 /// service: the serving socket's SO_SNDBUF fills with replies nobody takes.
-/// Replies to every other connection must still go out (they are
-/// dropped: `serve` discards a reply refused with WouldBlock).
+/// Replies to every other connection must still go out (an earlier `serve`
+/// dropped them: it discarded a reply refused with WouldBlock).
 #[test]
 
 fn service_non_reading_peer_does_not_drop_others_replies() {
