@@ -470,7 +470,6 @@ pub fn verdict(ok: bool) -> &'static str {
     }
 }
 
-/// The 1-minute load average, to print beside results.
 /// The system's TCP congestion control (it decides, with BBR, how the load
 /// paces large messages: see docs/performance.md, "Message size").
 pub fn congestion_control() -> String {
@@ -479,6 +478,7 @@ pub fn congestion_control() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// The 1-minute load average, to print beside results.
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()

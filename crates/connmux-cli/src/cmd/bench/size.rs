@@ -26,8 +26,8 @@ pub struct Args {
     /// Messages in flight on the one connection.
     #[arg(short = 'a', long, default_value_t = 2)]
     pub inflight: u64,
-    /// Rounds, each on new connections. The kernel's copy speed for large
-    /// messages differs from one connection to the next (see
+    /// Rounds, each on new connections. With BBR the load's pacing of large
+    /// messages can differ from one connection to the next (see
     /// docs/performance.md, "Message size"), so many short rounds.
     #[arg(short = 'i', long, default_value_t = 7)]
     pub rounds: usize,
