@@ -1025,12 +1025,7 @@ impl Mux {
     /// stopped receive side). While the loan is out the psock takes no other
     /// bytes (`rx_capacity` is 0, `feed` is refused); its limit counts as held.
     pub fn rx_lend(&mut self, p: PsockId) -> Option<RxLoan> {
-        let cap = self.rx_capacity(p);
-        if cap == 0 {
-            return None;
-        }
-        let ps = self.psocks.get_mut(p.index, p.generation)?;
-        ps.stream.lend(cap).map(|loan| RxLoan { psock: p, loan })
+        self.rx_room(p).1
     }
 
     /// [`Mux::rx_capacity`] and [`Mux::rx_lend`] together, the capacity

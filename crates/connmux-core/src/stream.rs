@@ -269,7 +269,7 @@ impl StreamParser {
         // Between large messages the next one is predicted as large as the
         // last (what `lend` reads): a read-ahead smaller than that would split
         // every message over two reads.
-        let predicted = if self.last_len >= LEND_MIN { self.last_len.min(self.limits.max_msg_size) } else { 0 };
+        let predicted = self.predicted_len().unwrap_or(0);
         let target = match self.frame {
             Frame::Idle => predicted,
             Frame::Header { asked, hint } => (asked + hint).min(self.limits.max_msg_size).max(predicted),
@@ -294,13 +294,19 @@ impl StreamParser {
         let have = self.buf.len();
         match self.frame {
             Frame::Body { full_len } if full_len >= LEND_MIN && full_len > have => Some((full_len - have, full_len)),
-            Frame::Idle | Frame::Header { .. } if self.last_len >= LEND_MIN => {
-                let per = self.last_len.min(self.limits.max_msg_size);
+            Frame::Idle | Frame::Header { .. } => {
+                let per = self.predicted_len()?;
                 let base = per.saturating_sub(have);
                 Some((if base == 0 { per } else { base }, per))
             }
             _ => None,
         }
+    }
+
+    /// The length the next message is predicted to have when the last one
+    /// was large (at least [`LEND_MIN`]): the same again.
+    fn predicted_len(&self) -> Option<usize> {
+        (self.last_len >= LEND_MIN).then(|| self.last_len.min(self.limits.max_msg_size))
     }
 
     /// True when [`StreamParser::lend`] would lend (given room to read).
@@ -330,25 +336,20 @@ impl StreamParser {
         // Whole predicted messages after the current one, up to about LEND_CHUNK.
         let more = LEND_CHUNK.saturating_sub(base) / per;
         let spare = self.buf.capacity() - self.buf.len();
-        let room = if spare >= base + per * more || (spare >= base && !self.buf.is_empty()) {
+        let planned = base + per * more;
+        let room = if spare >= planned || (spare >= base && !self.buf.is_empty()) {
             // The room left after the last messages, or after the bytes of
             // this one (which would have to move to go elsewhere).
             base + per * more.min((spare - base) / per)
-        } else if self.buf.is_empty() {
-            // Between messages with too little room left for all the
-            // planned ones: a new buffer rather than a shorter read, which
-            // would leave whole messages in the socket for another wake-up
-            // and read (16 KiB echo: every other read took one message of
-            // two).
-            let room = base + per * more;
-            self.buf = lend_buffer(&[], room);
-            room
         } else {
-            // A message cut from the old allocation keeps it; the bytes
-            // already here (a header, part of the body) move once.
-            let room = base + per * more;
-            self.buf = lend_buffer(&self.buf, room);
-            room
+            // A new buffer for the whole plan. Between messages, rather than
+            // a shorter read into the room left, which would leave whole
+            // messages in the socket for another wake-up and read (16 KiB
+            // echo: every other read took one message of two). A message cut
+            // from the old allocation keeps it; the bytes already here (a
+            // header, part of the body) move once.
+            self.buf = lend_buffer(&self.buf, planned);
+            planned
         };
         let limit = room.min(max);
         self.loans += 1;
