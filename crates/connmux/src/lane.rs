@@ -21,7 +21,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use connmux_core::mux::PsockId;
 
@@ -109,9 +109,9 @@ pub(crate) fn run(
                 scratch.reserve(SCRATCH_CHUNK);
             }
             let psock = m.psock;
-            let t0 = Instant::now();
+            let t0 = connmux_sys::clock::now_nanos();
             let verdict = handler.handle(m.data, psock, &mut scratch);
-            if t0.elapsed() < crate::worker::SLOW_HANDLER {
+            if Duration::from_nanos(crate::worker::since(t0)) < crate::worker::SLOW_HANDLER {
                 if short.len() >= 4096 && !short.contains_key(&psock) {
                     // Bounded: connections that left long ago are forgotten.
                     short.clear();
