@@ -8,7 +8,9 @@
 //! CPU by default. On a small machine a wake-up on the other CPU costs tens of
 //! microseconds, so an unpinned run measures the scheduler, not the servers
 //! (`docs/performance.md`). `--cpus 0,1` gives the servers one worker per CPU
-//! and lets the load generator run on both.
+//! and lets the load generator run on both. The server's worker count is set
+//! here from `--cpus`, not left to `rpc-server`'s default (one per CPU), so
+//! the demo measures the placement it prints.
 
 use std::net::SocketAddr;
 use std::process::Command;

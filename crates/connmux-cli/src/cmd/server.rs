@@ -16,9 +16,10 @@ use crate::cmd::stat::{self, StatsEndpoint};
 /// Options every server shares.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Common {
-    /// I/O worker threads (each pinned to a CPU).
-    #[arg(short = 'w', long, default_value_t = 1)]
-    pub workers: usize,
+    /// I/O worker threads, each pinned to a CPU [default: one per CPU: one per
+    /// --cpus entry, else one per CPU this process may run on].
+    #[arg(short = 'w', long, value_name = "N")]
+    pub workers: Option<usize>,
     /// CPUs to pin workers to, e.g. "0" or "0,1" (default: all available, in order).
     #[arg(long, value_delimiter = ',')]
     pub cpus: Vec<usize>,
@@ -78,6 +79,23 @@ pub fn parse_attach(s: &str) -> anyhow::Result<bool> {
 }
 
 impl Common {
+    /// `--workers`, or one per CPU: the `--cpus` list, else the CPUs in this
+    /// process's affinity mask (a server should use the machine it is given).
+    pub fn worker_count(&self) -> usize {
+        if let Some(n) = self.workers {
+            return n.max(1);
+        }
+        if !self.cpus.is_empty() {
+            return self.cpus.len();
+        }
+        connmux_sys::affinity::available_cpus()
+            .map(|c| c.len())
+            .ok()
+            .filter(|&n| n > 0)
+            .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+            .unwrap_or(1)
+    }
+
     /// Serve `snapshot` on the statistics socket unless disabled.
     pub fn stats_endpoint(
         &self,
@@ -96,7 +114,7 @@ impl Common {
 
     pub fn mux_config(&self) -> anyhow::Result<Config> {
         let mut c = Config::default();
-        c.workers = self.workers.max(1);
+        c.workers = self.worker_count();
         c.placement = if self.no_pin {
             Placement::Unpinned
         } else if self.cpus.is_empty() {
@@ -432,7 +450,7 @@ fn run_service(
     println!(
         "{what} listening on {} ({} workers, {:?} driver){}",
         svc.local_addr(),
-        common.workers.max(1),
+        common.worker_count(),
         svc.mux().driver(),
         endpoint
             .as_ref()

@@ -10,7 +10,10 @@
 //! Placements: `cpu0` puts every server (one worker) and the load generator on
 //! CPU 0; `spread` gives each server one worker per CPU (0 and 1) and pins the
 //! load generator's connection threads to CPUs 0 and 1 in turn. Each server
-//! process runs under `taskset -c` of its placement's CPUs.
+//! process runs under `taskset -c` of its placement's CPUs and is given its
+//! worker count and CPUs explicitly (`--workers`, `--cpus`), never the
+//! server's default, so a row means the same placement whatever the default
+//! becomes; `connmux-default` is the one exception, there to measure it.
 //!
 //! Rounds are interleaved: every round runs every placement, setting and
 //! server once (servers in a rotating order), and the table shows the median
@@ -44,8 +47,10 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "cpu0,spread")]
     pub placements: Vec<String>,
     /// Servers to measure (those missing are skipped): connmux, raw, thread, yardstick, ganesha;
-    /// also connmux-epoll, connmux-uring (one driver) and connmux-in-turn
-    /// (connections to the workers in turn, not by incoming CPU).
+    /// also connmux-epoll, connmux-uring (one driver), connmux-in-turn
+    /// (connections to the workers in turn, not by incoming CPU) and
+    /// connmux-default (rpc-server with its default flags: one worker per CPU
+    /// of the placement's affinity mask).
     #[arg(
         long,
         value_delimiter = ',',
@@ -112,6 +117,13 @@ pub fn start_server(
                 // Connections to the workers in turn, not by incoming CPU.
                 c.args(["--attach", "in-turn"]);
             }
+            c
+        }
+        "connmux-default" => {
+            // No --workers or --cpus: the server's own default (one worker
+            // per CPU it may run on) under the placement's taskset.
+            let mut c = taskset(&p.cpus, &exe);
+            c.args(["rpc-server", "-l", &listen, "--no-stats-socket"]);
             c
         }
         "connmux-epoll" | "connmux-uring" => {
