@@ -263,11 +263,20 @@ fn ok(run: &Run) {
     assert_eq!(run.code, 0, "stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
 }
 
+/// A failed run: exit status 1, its error on stderr and in a FAILED row on
+/// stdout, and no figures for the failed round: no median row, a summary
+/// with `result=FAILED` and no rate or latency keys.
 fn failed_with(run: &Run, words: &str) {
     assert_eq!(run.code, 1, "expected failure; stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
     assert!(run.stderr.contains(words), "stderr lacks {words:?}:\n{}", run.stderr);
-    if run.stdout.contains("summary ") {
-        assert_eq!(summary(run, "result"), "FAILED");
+    let failed: Vec<&str> = run.stdout.lines().filter(|l| l.split_whitespace().nth(1) == Some("FAILED")).collect();
+    assert_eq!(failed.len(), 1, "one FAILED row:\n{}", run.stdout);
+    assert!(failed[0].contains(words), "FAILED row lacks {words:?}: {}", failed[0]);
+    assert!(!run.stdout.lines().any(|l| l.starts_with("median")), "a median row:\n{}", run.stdout);
+    assert_eq!(summary(run, "result"), "FAILED");
+    let line = run.stdout.lines().find(|l| l.starts_with("summary ")).unwrap();
+    for key in ["rpc_per_s=", "msg_per_s=", "rtt_us_p50=", "calls=", "mbps="] {
+        assert!(!line.contains(key), "figure {key} in a failed summary: {line}");
     }
 }
 
@@ -390,8 +399,84 @@ fn rpctest_fails_when_nothing_listens() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let run = connmux(&["rpctest", "-c10", "-i1", &format!("127.0.0.1:{port}")], LIMIT);
+    let run = connmux(&["rpctest", "-c10", "-i3", &format!("127.0.0.1:{port}")], LIMIT);
     failed_with(&run, "connect to 127.0.0.1");
+    // Failing in its first round, the run prints no header and no figures:
+    // the FAILED row and the summary only.
+    assert_eq!(run.stdout.lines().count(), 2, "{}", run.stdout);
+    let run = connmux(&["echotest", "-c10", "-i1", &format!("127.0.0.1:{port}")], LIMIT);
+    failed_with(&run, "Connection refused");
+    // --json: ok false, the error, and no median or pooled figures.
+    let run = connmux(&["rpctest", "--json", "-c10", "-i1", &format!("127.0.0.1:{port}")], LIMIT);
+    assert_eq!(run.code, 1);
+    let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert!(v["error"].as_str().unwrap().contains("connect to 127.0.0.1"), "{v}");
+    assert!(v["median"].is_null() && v["all"].is_null(), "{v}");
+    assert!(v["rounds"][0]["error"].is_string(), "the round is marked failed: {v}");
+}
+
+/// A real `connmux` server started with `--tls` (and a plain one), killed on
+/// drop; its address comes from its first line.
+struct ConnmuxServer {
+    child: std::process::Child,
+    addr: SocketAddr,
+    /// Kept open so the server's later lines never meet a closed pipe.
+    _stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl ConnmuxServer {
+    fn start(args: &[&str]) -> ConnmuxServer {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_connmux"))
+            .args(args)
+            .args(["-l", "127.0.0.1:0", "--duration", "60", "--no-stats-socket", "--workers", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        let addr = line
+            .split_whitespace()
+            .find_map(|w| w.parse::<SocketAddr>().ok())
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        ConnmuxServer { child, addr, _stdout: stdout }
+    }
+}
+
+impl Drop for ConnmuxServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain load generator at a server that speaks TLS is told so (the
+/// server's first byte, 0x15, is a TLS alert), prints no figures and fails;
+/// the same load with --tls against the same server succeeds.
+#[test]
+fn plain_load_at_a_tls_server_says_the_server_speaks_tls() {
+    let rpc = ConnmuxServer::start(&["rpc-server", "--tls"]);
+    let target = rpc.addr.to_string();
+    let run = connmux(&["rpctest", "-a4", "-c10", "-i2", "--io-timeout", "5", &target], LIMIT);
+    failed_with(&run, "the server speaks TLS (try --tls)");
+    let run = connmux(&["rpctest", "--tls", "--tls-insecure", "-a4", "-c10", "-i2", &target], LIMIT);
+    ok(&run);
+    assert_eq!(summary(&run, "calls"), "20");
+
+    let echo = ConnmuxServer::start(&["echo-server", "--tls"]);
+    let target = echo.addr.to_string();
+    for mode in ["msg", "bytes"] {
+        let run = connmux(&["echotest", "--mode", mode, "-a4", "-c10", "-i1", "--io-timeout", "5", &target], LIMIT);
+        failed_with(&run, "the server speaks TLS (try --tls)");
+    }
+    // A plain server answers plainly: no TLS hint on a plain failure.
+    let plain = ConnmuxServer::start(&["rpc-server"]);
+    let run = connmux(&["rpctest", "--vers", "2", "-c10", "-i1", &plain.addr.to_string()], LIMIT);
+    failed_with(&run, "PROG_MISMATCH");
+    assert!(!run.stderr.contains("TLS"), "{}", run.stderr);
 }
 
 #[test]

@@ -426,7 +426,7 @@ fn drive<C: Client>(
             st.reads += 1;
             st.rx_bytes += k as u64;
             if let Err(e) = take_replies(client, &rbuf[..k], &mut done, &mut slots, &mut free, slot_mask, now, st) {
-                break Err(e);
+                break Err(tls_hint(plan, st, &rbuf[..k], e));
             }
             inflight -= done.len();
             if !done.is_empty() {
@@ -454,7 +454,7 @@ fn drive<C: Client>(
                         if let Err(e) =
                             take_replies(client, &rbuf[..k], &mut done, &mut slots, &mut free, slot_mask, now, st)
                         {
-                            drained = Err(e);
+                            drained = Err(tls_hint(plan, st, &rbuf[..k], e));
                             break;
                         }
                         inflight -= done.len();
@@ -503,6 +503,31 @@ fn drive<C: Client>(
     result
 }
 
+/// The error for a reply that failed its check. When a plain client's first
+/// bytes from the peer are a TLS record (0x15 an alert, 0x16 a handshake),
+/// the server wants TLS, which the reply check alone would not say.
+fn tls_hint(plan: &RoundPlan, st: &ConnStats, first_read: &[u8], e: String) -> String {
+    if plan.tls.is_some() || st.rx_bytes != first_read.len() as u64 {
+        return e;
+    }
+    match tls_record_kind(first_read) {
+        Some(kind) => format!(
+            "the server speaks TLS (try --tls): its first byte {:#04x} starts a TLS {kind} record ({e})",
+            first_read[0]
+        ),
+        None => e,
+    }
+}
+
+/// What a TLS record starting `bytes` is, if its content type says TLS.
+fn tls_record_kind(bytes: &[u8]) -> Option<&'static str> {
+    match bytes.first() {
+        Some(0x15) => Some("alert"),
+        Some(0x16) => Some("handshake"),
+        _ => None,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn take_replies<C: Client>(
     client: &mut C,
@@ -548,5 +573,15 @@ mod tests {
         }
         assert_eq!(slot_bits(1), 0);
         assert_eq!(slot_bits(MAX_INFLIGHT), 16);
+    }
+
+    #[test]
+    fn tls_records_are_told_from_replies() {
+        assert_eq!(tls_record_kind(&[0x15, 3, 3, 0, 2]), Some("alert"));
+        assert_eq!(tls_record_kind(&[0x16, 3, 1]), Some("handshake"));
+        // A record mark (rpctest) and an l4 header (echotest) start otherwise.
+        assert_eq!(tls_record_kind(&[0x80, 0, 0, 0x18]), None);
+        assert_eq!(tls_record_kind(&[0, 0, 0, 64]), None);
+        assert_eq!(tls_record_kind(&[]), None);
     }
 }

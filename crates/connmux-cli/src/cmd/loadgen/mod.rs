@@ -18,12 +18,21 @@
 //! stall longer than `--io-timeout` fails that connection; the other
 //! connections of the round are then shut down, no further round runs, the
 //! error is printed on stderr and the exit status is 1. A round that does not
-//! end within its `-d` plus `--timeout` is stopped the same way. So the tool
-//! always ends, and it ends with 0 only when every request got the right reply.
+//! end within its `-d` plus `--timeout` is stopped the same way, and so is one
+//! that got no reply at all. So the tool always ends, and it ends with 0 only
+//! when every request got the right reply.
+//!
+//! A failed round prints no figures: its row is `N FAILED <error>`, no
+//! `median` row follows, and the summary line carries no figures, only
+//! `errors=N result=FAILED` (rounds finished before it keep their rows).
+//! With `--json`, a failed run has `"ok": false`, its `error`, and `null`
+//! for `median` and `all`. When a plain client's first bytes from the server
+//! are a TLS record (0x15 alert, 0x16 handshake) and fail the reply check,
+//! the error says "the server speaks TLS (try --tls)".
 //!
 //! # Output
 //!
-//! One row per round, then a `median` row, then one `summary` line:
+//! A header, one row per round, then a `median` row, then one `summary` line:
 //!
 //! ```text
 //!  round  TD   INF      calls    secs      RPC/s    min_us    p50_us    p99_us  p99.9_us    max_us     Mbps errs
@@ -295,10 +304,9 @@ pub fn run_load<W: Workload, C: Serialize>(
             plan.limit.as_secs_f64()
         );
     }
-    if !args.json && !args.no_header {
-        writeln!(out, "{}", report::header(&units, quantiles))?;
-        out.flush()?;
-    }
+    // The header goes out with the first row of figures: a run that fails in
+    // its first round prints none.
+    let mut header_due = !args.json && !args.no_header;
     let mut rows: Vec<report::Row> = Vec::new();
     let mut hists = Vec::new();
     let mut all = engine::new_histogram();
@@ -319,6 +327,11 @@ pub fn run_load<W: Workload, C: Serialize>(
             plan.limit.as_secs_f64(),
             cpu_s,
         );
+        let mut row = row;
+        if row.errors == 0 && row.calls == 0 {
+            row.errors = 1;
+            row.error = Some("no request was answered (is -d too short?)".into());
+        }
         if args.verbose > 0 {
             for (i, c) in row.conns.iter().enumerate() {
                 eprintln!(
@@ -331,7 +344,14 @@ pub fn run_load<W: Workload, C: Serialize>(
             }
         }
         if !args.json {
-            writeln!(out, "{}", report::line(&row, &r.to_string()))?;
+            if row.errors > 0 {
+                writeln!(out, "{}", report::failed_line(&row, &r.to_string()))?;
+            } else {
+                if std::mem::take(&mut header_due) {
+                    writeln!(out, "{}", report::header(&units, quantiles))?;
+                }
+                writeln!(out, "{}", report::line(&row, &r.to_string()))?;
+            }
             out.flush()?;
         }
         all.add(&h).expect("histograms share bounds");
@@ -344,30 +364,31 @@ pub fn run_load<W: Workload, C: Serialize>(
     }
     let med = report::Row::median(&rows);
     let total_calls: u64 = rows.iter().map(|r| r.calls).sum();
-    let mut errors: usize = rows.iter().map(|r| r.errors).sum();
-    let mut error = rows.iter().find_map(|r| r.error.as_ref().map(|e| format!("round {}: {e}", r.round)));
-    if errors == 0 && total_calls == 0 {
-        errors = 1;
-        error = Some("no request was answered (is -d too short?)".into());
-    }
+    let errors: usize = rows.iter().map(|r| r.errors).sum();
+    let error = rows.iter().find_map(|r| r.error.as_ref().map(|e| format!("round {}: {e}", r.round)));
+    let ok = errors == 0;
     if args.json {
+        // A failed run has no median and no pooled figures; its rounds keep
+        // theirs, each with its `errors` and `error`.
         let rep = report::Report {
             tool: units.tool,
             target: target.name.clone(),
             addrs: target.addrs.iter().map(|a| a.to_string()).collect(),
             config,
-            median: med.clone(),
-            all: report::Pooled::new(&all, quantiles),
+            median: ok.then(|| med.clone()),
+            all: ok.then(|| report::Pooled::new(&all, quantiles)),
             rounds: rows,
             errors,
-            ok: errors == 0,
+            ok,
             error: error.clone(),
         };
         serde_json::to_writer_pretty(&mut out, &rep)?;
         writeln!(out)?;
-    } else {
+    } else if ok {
         writeln!(out, "{}", report::line(&med, "median"))?;
         writeln!(out, "{}", report::summary_line(&units, &target.name, &med, hists.len(), total_calls, &all, errors))?;
+    } else {
+        writeln!(out, "{}", report::failed_summary_line(&units, &target.name, &med, hists.len(), errors))?;
     }
     out.flush()?;
     if let Some(path) = &args.plot {

@@ -260,6 +260,24 @@ pub fn line(row: &Row, label: &str) -> String {
     s
 }
 
+/// The table's line for a round that failed: its error, no figures (what a
+/// failed round counted is not a measurement).
+pub fn failed_line(row: &Row, label: &str) -> String {
+    format!(
+        "{label:>6} FAILED {}",
+        row.error.as_deref().unwrap_or("failed")
+    )
+}
+
+/// The summary line of a failed run: what was asked for, `result=FAILED`,
+/// and no figures.
+pub fn failed_summary_line(units: &Units, target: &str, med: &Row, rounds: usize, errors: usize) -> String {
+    format!(
+        "summary tool={} target={} j={} a={} rounds={} errors={} result=FAILED",
+        units.tool, target, med.threads, med.inflight, rounds, errors
+    )
+}
+
 /// The one-line `key=value` summary printed last (grep for `^summary `).
 #[allow(clippy::too_many_arguments)]
 pub fn summary_line(
@@ -335,9 +353,10 @@ pub struct Report<C: Serialize> {
     pub addrs: Vec<String>,
     pub config: C,
     pub rounds: Vec<Row>,
-    pub median: Row,
-    /// All rounds' RTTs in one histogram.
-    pub all: Pooled,
+    /// `null` when the run failed.
+    pub median: Option<Row>,
+    /// All rounds' RTTs in one histogram; `null` when the run failed.
+    pub all: Option<Pooled>,
     pub errors: usize,
     pub ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
