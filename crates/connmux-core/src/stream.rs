@@ -66,7 +66,7 @@ pub const LEND_MIN: usize = 16 << 10;
 
 /// Where in its page a new lent buffer's first read byte lands. The kernel
 /// copies socket bytes into the buffer with `rep movsb`, which on some CPUs
-/// (measured on AMD EPYC: several times slower) crawls when the destination
+/// crawls when the destination
 /// sits a few bytes after the source's offset within a page (4K aliasing).
 /// A loopback sender's page fragments start near a page's start, and a
 /// large allocation from the allocator starts 16 bytes into a page: the

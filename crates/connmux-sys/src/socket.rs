@@ -18,8 +18,8 @@ const TCP_LISTEN: u8 = 10;
 
 /// `read(2)` through `syscall(2)`, not libc's wrapper: the wrapper is a
 /// thread-cancellation point and brackets every call with two libc calls
-/// that switch asynchronous cancellation on and off (about 90 instructions
-/// per call on the hot path); nothing here uses `pthread_cancel`.
+/// that switch asynchronous cancellation on and off (`docs/performance.md`
+/// counts them); nothing here uses `pthread_cancel`.
 ///
 /// # Safety
 /// As `read(2)`: `buf` must be valid for writes of `len` bytes.

@@ -125,8 +125,8 @@ pub struct Config {
     /// How long a blocking receive on a [`crate::KcmSocket`] whose queue is
     /// empty keeps looking (yielding the CPU between looks) before it sleeps
     /// on the socket's readiness. A message that arrives meanwhile is taken
-    /// without a wake-up, which on a virtual machine costs 20-45 µs when it
-    /// crosses CPUs; on the worker's own CPU the yield lets the worker run.
+    /// without a wake-up, which on a virtual machine costs more than a short
+    /// request when it crosses CPUs (`docs/performance.md`); on the worker's own CPU the yield lets the worker run.
     /// Costs at most this much CPU per receive that finds nothing.
     /// `Duration::ZERO` sleeps at once. Default 50 µs.
     pub recv_spin: std::time::Duration,

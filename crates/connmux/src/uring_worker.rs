@@ -400,8 +400,7 @@ impl Worker<'_> {
             // flight (as the epoll worker does: one lock hold and no transmit
             // event).
             // Several: ring sends, all submitted with the next wait (one
-            // system call for all of them; at -j8 -a128 on one CPU that is
-            // 6% more calls/s than a `sendmsg` each).
+            // system call for all of them, not one `sendmsg` each).
             let one = lent.batches.len() == 1;
             for &(p, buf, a, b) in &lent.batches {
                 let data = ring.buffer(buf).unwrap_or(&[]);
