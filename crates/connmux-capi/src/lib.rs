@@ -667,10 +667,10 @@ pub unsafe extern "C" fn connmux_parser_from_bpf_file(
         *slot = std::ptr::null_mut();
         // SAFETY: forwarded contract of this function.
         let path = unsafe { c_str(path, "path") }?;
-        // SAFETY: forwarded contract of this function.
         let section = if section.is_null() {
             None
         } else {
+            // SAFETY: not NULL here, and the caller promises a NUL-terminated string.
             Some(unsafe { c_str(section, "section") }?)
         };
         let p = BpfParser::from_elf_file(path, section).map_err(bpf_fail)?;
@@ -705,10 +705,10 @@ pub unsafe extern "C" fn connmux_parser_from_bpf_mem(
         *slot = std::ptr::null_mut();
         // SAFETY: forwarded contract of this function.
         let data = unsafe { bytes(data, len, "data") }?;
-        // SAFETY: forwarded contract of this function.
         let section = if section.is_null() {
             None
         } else {
+            // SAFETY: not NULL here, and the caller promises a NUL-terminated string.
             Some(unsafe { c_str(section, "section") }?)
         };
         let p = BpfParser::from_elf_bytes(data, section).map_err(bpf_fail)?;
