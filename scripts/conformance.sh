@@ -17,11 +17,10 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# The VM harness sits beside the checkout (../shared/kcmvm), or KCMVM_RUN names it.
 harness=${KCMVM_RUN:-}
-if [ -z "$harness" ]; then
-    for h in "$root/../shared/kcmvm/run.sh" /work/shared/kcmvm/run.sh; do
-        [ -x "$h" ] && { harness=$h; break; }
-    done
+if [ -z "$harness" ] && [ -x "$root/../shared/kcmvm/run.sh" ]; then
+    harness=$root/../shared/kcmvm/run.sh
 fi
 target=${CONFORMANCE_TARGET_DIR:-${CARGO_TARGET_DIR:-$root/target}/static}
 bench=${CONFORMANCE_BENCH:-20000 3}
@@ -53,7 +52,7 @@ DRIVER
     "$harness" -t 240 -a "$bin" "$work/driver.sh" >"$work/vm.txt" || vm_rc=$?
     [ "$vm_rc" = 0 ] || rc=1
 elif [ "${CONFORMANCE_NO_VM:-0}" != 1 ]; then
-    echo "conformance: no kcmvm harness found (set KCMVM_RUN): kernel backend not run" >&2
+    echo "conformance: no kcmvm harness at ../shared/kcmvm beside the checkout (set KCMVM_RUN): kernel backend not run" >&2
     rc=1
 fi
 t3=$(date +%s)
@@ -74,14 +73,13 @@ function load(file, tag,   line, f, n, note) {
 }
 BEGIN {
     load(H, "host-"); load(V, "vm-")
-    printf "%-4s %-44s %-15s %-15s %-15s %s\n", "case", "title", "userspace/host", "userspace/vm", "kernel/vm", "kernel note"
+    printf "%-4s %-14s %-12s %-9s  %-80s %s\n", "case", "userspace/host", "userspace/vm", "kernel/vm", "name", "kernel note"
     for (c = 1; c <= max; c++) {
-        k = ("vm-kernel" in notes) ? "" : ""
-        printf "%-4s %-44s %-15s %-15s %-15s %s\n", c, substr(title[c], 1, 44), \
+        printf "%-4s %-14s %-12s %-9s  %-80s %s\n", c, \
             (((c, "host-userspace") in res) ? res[c, "host-userspace"] : "-"), \
             (((c, "vm-userspace") in res) ? res[c, "vm-userspace"] : "-"), \
             (((c, "vm-kernel") in res) ? res[c, "vm-kernel"] : "-"), \
-            notes[c, "vm-kernel"]
+            title[c], notes[c, "vm-kernel"]
     }
 }'
 echo

@@ -37,7 +37,7 @@ fn mux(kind: Kind) -> Result<Mux, String> {
 }
 
 /// 44: what `Auto` and `Kernel` give on this kernel, and that the mux works.
-pub fn c44(kind: Kind) -> Outcome {
+pub fn case_44_backend_choice_auto_and_kernel(kind: Kind) -> Outcome {
     run(|| {
         let have = connmux::KernelMux::supported();
         ensure!(Config::default().backend == Backend::Userspace, "default backend {:?}", Config::default().backend);
@@ -90,7 +90,7 @@ fn refused(r: io::Result<impl Sized>, call: &str) -> Result<(), String> {
 /// 45: the calls the kernel backend cannot do with the same meaning are
 /// refused with a typed error naming them; a parser with no kernel form is
 /// refused naming the parser; the mux keeps working. Userspace: they work.
-pub fn c45(kind: Kind) -> Outcome {
+pub fn case_45_calls_without_a_kernel_form_are_refused(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let s = ctx(m.socket(SockType::Dgram), "socket")?;
@@ -214,7 +214,7 @@ fn bad(kind: Kind, spec: &str, bytes: &[u8], want: &str, good: fn(&[u8]) -> Vec<
 
 /// 46: bad input (oversize message, parser error) through the public API:
 /// the same typed event, counters, stopped connection and reset on both backends.
-pub fn c46(kind: Kind) -> Outcome {
+pub fn case_46_bad_input_via_the_public_api_is_reported_alike(kind: Kind) -> Outcome {
     run(|| {
         // A 64 MiB length: above max_msg_size (1 MiB) on both backends.
         let big = bad(kind, "l4", &[0x04, 0, 0, 0, 1, 2, 3], "TooBig", frame)?;

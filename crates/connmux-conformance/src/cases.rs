@@ -123,57 +123,69 @@ fn user_only_departure(kind: Kind, note: &str) -> Option<Outcome> {
     (kind == Kind::User).then(|| Depart(note.to_owned()))
 }
 
+/// A case's entry: its number, its name as the tests name it, its function.
+macro_rules! case {
+    ($n:expr, $f:ident) => {
+        ($n, stringify!($f), $f)
+    };
+}
+
+use crate::api::{
+    case_44_backend_choice_auto_and_kernel, case_45_calls_without_a_kernel_form_are_refused,
+    case_46_bad_input_via_the_public_api_is_reported_alike,
+};
+
 pub const ALL: &[Case] = &[
-    (1, "create types and protocol", c1),
-    (2, "clone", c2),
-    (3, "attach non-TCP/listening/unconnected/bad fd", c3),
-    (4, "attach twice", c4),
-    (5, "unattach not attached / twice", c5),
-    (6, "KCM_RECV_DISABLE option checks", c6),
-    (7, "bind/connect/listen/accept/getsockname/shutdown", c7),
-    (8, "two messages in one segment", c8),
-    (9, "one message over three segments", c9),
-    (10, "header split 2+2", c10),
-    (11, "bytes queued before attach", c11),
-    (12, "oversize length", c12),
-    (13, "parser error", c13),
-    (14, "length inside gathered bytes (EPROTO)", c14),
-    (15, "assembly timeout", c15),
-    (16, "message of 60% of the limit", c16),
-    (17, "DGRAM short read truncates", c17),
-    (18, "DGRAM zero-length read", c18),
-    (19, "SEQPACKET partial reads", c19),
-    (20, "MSG_PEEK", c20),
-    (21, "EOR on DGRAM", c21),
-    (22, "steering batch round robin", c22),
-    (23, "recv disable requeues", c23),
-    (24, "backpressure", c24),
-    (25, "close requeues", c25),
-    (26, "small rcvbuf, big message", c26),
-    (27, "DGRAM MSG_MORE", c27),
-    (28, "SEQPACKET EOR", c28),
-    (29, "zero-length sends", c29),
-    (30, "atomicity under concurrency", c30),
-    (31, "order per endpoint", c31),
-    (32, "transmit rotation", c32),
-    (33, "sendmmsg and MSG_BATCH", c33),
-    (34, "sends with no connection, then attach", c34),
-    (35, "message larger than SO_SNDBUF", c35),
-    (36, "failover after reset mid-message", c36),
-    (37, "unattach mid-message", c37),
-    (38, "fault during send", c38),
-    (39, "peer FIN", c39),
-    (40, "app closes its TCP fd", c40),
-    (41, "close with unsent messages", c41),
-    (42, "last close releases", c42),
-    (43, "statistics", c43),
+    case!(1, case_01_create_dgram_and_seqpacket),
+    case!(2, case_02_clone_same_mux_same_type),
+    case!(3, case_03_attach_non_tcp_is_eopnotsupp),
+    case!(4, case_04_attach_twice_is_ealready_and_first_still_works),
+    case!(5, case_05_unattach_not_attached_or_twice_is_enoent),
+    case!(6, case_06_recv_disable_reads_back_and_takes_effect),
+    case!(7, case_07_socket_calls_on_an_endpoint_are_eopnotsupp),
+    case!(8, case_08_two_messages_in_one_segment_are_framed_apart),
+    case!(9, case_09_message_over_three_segments_is_delivered_once_whole),
+    case!(10, case_10_header_split_two_plus_two_needs_more_once),
+    case!(11, case_11_bytes_queued_before_attach_are_delivered),
+    case!(12, case_12_oversize_length_aborts_that_psock_only),
+    case!(13, case_13_parser_error_is_posted_with_its_errno),
+    case!(14, case_14_length_inside_gathered_bytes_is_eproto),
+    case!(15, case_15_assembly_timeout_from_first_byte),
+    case!(16, case_16_message_of_60_percent_of_the_limit_does_not_stall),
+    case!(17, case_17_dgram_short_read_truncates_and_discards_the_rest),
+    case!(18, case_18_dgram_zero_byte_read_consumes_one_message),
+    case!(19, case_19_seqpacket_short_read_keeps_the_rest),
+    case!(20, case_20_peek_changes_nothing_and_sets_no_flags),
+    case!(21, case_21_complete_read_sets_eor_on_dgram),
+    case!(22, case_22_one_read_pass_goes_to_one_socket),
+    case!(23, case_23_recv_disable_moves_queued_messages),
+    case!(24, case_24_backpressure_closes_the_window_and_loses_nothing),
+    case!(25, case_25_closing_a_socket_moves_its_unread_messages),
+    case!(26, case_26_small_rcvbuf_still_takes_a_bigger_message),
+    case!(27, case_27_dgram_more_makes_one_message),
+    case!(28, case_28_seqpacket_message_ends_on_eor),
+    case!(29, case_29_zero_length_sends),
+    case!(30, case_30_interleaved_senders_never_interleave_within_a_message),
+    case!(31, case_31_messages_queued_while_one_is_written_follow_it_on_the_same_connection),
+    case!(32, case_32_idle_psocks_rotate_in_lru_order),
+    case!(33, case_33_sendmmsg_of_16_goes_contiguous_on_one_psock),
+    case!(34, case_34_sends_queue_without_psock_then_flush_on_attach),
+    case!(35, case_35_one_message_larger_than_sndbuf_is_accepted),
+    case!(36, case_36_reset_mid_message_resends_it_whole_elsewhere),
+    case!(37, case_37_unattach_mid_message_resends_it_whole_elsewhere),
+    case!(38, case_38_fault_during_send_discards_or_keeps_the_message),
+    case!(39, case_39_peer_fin_reports_error_and_keeps_delivered_messages),
+    case!(40, case_40_closing_app_fd_keeps_attachment_until_last_socket_closes),
+    case!(41, case_41_close_drops_unsent_messages),
+    case!(42, case_42_closing_the_last_socket_releases_every_connection),
+    case!(43, case_43_statistics_over_real_tcp),
     // Not §7: the public API's backends.
-    (44, "backend choice (Auto, Kernel)", crate::api::c44),
-    (45, "calls without a kernel form", crate::api::c45),
-    (46, "bad input via the public API", crate::api::c46),
+    case!(44, case_44_backend_choice_auto_and_kernel),
+    case!(45, case_45_calls_without_a_kernel_form_are_refused),
+    case!(46, case_46_bad_input_via_the_public_api_is_reported_alike),
 ];
 
-fn c1(kind: Kind) -> Outcome {
+fn case_01_create_dgram_and_seqpacket(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         m.socket(SockType::Dgram).ctx("DGRAM")?;
@@ -197,7 +209,7 @@ fn c1(kind: Kind) -> Outcome {
     })
 }
 
-fn c2(kind: Kind) -> Outcome {
+fn case_02_clone_same_mux_same_type(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let a = sock(&*m, SockType::Dgram)?;
@@ -210,7 +222,7 @@ fn c2(kind: Kind) -> Outcome {
     })
 }
 
-fn c3(kind: Kind) -> Outcome {
+fn case_03_attach_non_tcp_is_eopnotsupp(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let _s = sock(&*m, SockType::Dgram)?;
@@ -235,7 +247,7 @@ fn c3(kind: Kind) -> Outcome {
     })
 }
 
-fn c4(kind: Kind) -> Outcome {
+fn case_04_attach_twice_is_ealready_and_first_still_works(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let s = sock(&*m, SockType::Dgram)?;
@@ -256,7 +268,7 @@ fn c4(kind: Kind) -> Outcome {
     })
 }
 
-fn c5(kind: Kind) -> Outcome {
+fn case_05_unattach_not_attached_or_twice_is_enoent(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let _s = sock(&*m, SockType::Dgram)?;
@@ -273,7 +285,7 @@ fn c5(kind: Kind) -> Outcome {
     })
 }
 
-fn c6(kind: Kind) -> Outcome {
+fn case_06_recv_disable_reads_back_and_takes_effect(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let s = sock(&*m, SockType::Dgram)?;
@@ -295,7 +307,7 @@ fn c6(kind: Kind) -> Outcome {
     })
 }
 
-fn c7(kind: Kind) -> Outcome {
+fn case_07_socket_calls_on_an_endpoint_are_eopnotsupp(kind: Kind) -> Outcome {
     run(|| {
         if let Some(d) = user_only_departure(kind, "an endpoint has no bind/connect/listen/accept/getsockname/shutdown calls") {
             return Ok(d);
@@ -326,7 +338,7 @@ fn setup(kind: Kind, ty: SockType, spec: &str) -> Result<(Box<dyn Mx>, Box<dyn E
     Ok((m, s, peer, low, p))
 }
 
-fn c8(kind: Kind) -> Outcome {
+fn case_08_two_messages_in_one_segment_are_framed_apart(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         let mut w = msg(0, 6);
@@ -344,7 +356,7 @@ fn c8(kind: Kind) -> Outcome {
     })
 }
 
-fn c9(kind: Kind) -> Outcome {
+fn case_09_message_over_three_segments_is_delivered_once_whole(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         let w = msg(2, 96);
@@ -366,7 +378,7 @@ fn wait_gone(ep: &dyn Ep) -> bool {
     empty(ep)
 }
 
-fn c10(kind: Kind) -> Outcome {
+fn case_10_header_split_two_plus_two_needs_more_once(kind: Kind) -> Outcome {
     run(|| {
         let (m, s, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         let before = m.psock_totals();
@@ -382,7 +394,7 @@ fn c10(kind: Kind) -> Outcome {
     })
 }
 
-fn c11(kind: Kind) -> Outcome {
+fn case_11_bytes_queued_before_attach_are_delivered(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let s = sock(&*m, SockType::Dgram)?;
@@ -415,7 +427,7 @@ fn bad_input(kind: Kind, spec: &str, bytes: &[u8], want: i32, counter: fn(&connm
     )))
 }
 
-fn c12(kind: Kind) -> Outcome {
+fn case_12_oversize_length_aborts_that_psock_only(kind: Kind) -> Outcome {
     run(|| {
         bad_input(
             kind,
@@ -428,7 +440,7 @@ fn c12(kind: Kind) -> Outcome {
     })
 }
 
-fn c13(kind: Kind) -> Outcome {
+fn case_13_parser_error_is_posted_with_its_errno(kind: Kind) -> Outcome {
     run(|| {
         // A length below its own header: the parser refuses the stream (EPROTO).
         bad_input(
@@ -442,11 +454,11 @@ fn c13(kind: Kind) -> Outcome {
     })
 }
 
-fn c14(_kind: Kind) -> Outcome {
+fn case_14_length_inside_gathered_bytes_is_eproto(_kind: Kind) -> Outcome {
     NotRun("needs a parser that answers a length inside bytes it already refused; no length-field spec can (a BPF parser could)".into())
 }
 
-fn c15(kind: Kind) -> Outcome {
+fn case_15_assembly_timeout_from_first_byte(kind: Kind) -> Outcome {
     run(|| {
         let m = new_mux(
             kind,
@@ -471,7 +483,7 @@ fn c15(kind: Kind) -> Outcome {
     })
 }
 
-fn c16(kind: Kind) -> Outcome {
+fn case_16_message_of_60_percent_of_the_limit_does_not_stall(kind: Kind) -> Outcome {
     run(|| {
         let (m, s, mut peer, low, _) = setup(kind, SockType::Dgram, "l4")?;
         let limit = match kind {
@@ -489,7 +501,7 @@ fn c16(kind: Kind) -> Outcome {
     })
 }
 
-fn c17(kind: Kind) -> Outcome {
+fn case_17_dgram_short_read_truncates_and_discards_the_rest(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         peer.write_all(&msg(7, 6)).ctx("write")?;
@@ -507,7 +519,7 @@ fn c17(kind: Kind) -> Outcome {
     })
 }
 
-fn c18(kind: Kind) -> Outcome {
+fn case_18_dgram_zero_byte_read_consumes_one_message(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         peer.write_all(&msg(9, 6)).ctx("write")?;
@@ -520,7 +532,7 @@ fn c18(kind: Kind) -> Outcome {
     })
 }
 
-fn c19(kind: Kind) -> Outcome {
+fn case_19_seqpacket_short_read_keeps_the_rest(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::SeqPacket, "l4")?;
         peer.write_all(&msg(11, 6)).ctx("write")?;
@@ -543,7 +555,7 @@ fn c19(kind: Kind) -> Outcome {
     })
 }
 
-fn c20(kind: Kind) -> Outcome {
+fn case_20_peek_changes_nothing_and_sets_no_flags(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         peer.write_all(&msg(12, 6)).ctx("write")?;
@@ -565,7 +577,7 @@ fn c20(kind: Kind) -> Outcome {
     })
 }
 
-fn c21(kind: Kind) -> Outcome {
+fn case_21_complete_read_sets_eor_on_dgram(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         peer.write_all(&msg(13, 6)).ctx("write")?;
@@ -576,7 +588,7 @@ fn c21(kind: Kind) -> Outcome {
     })
 }
 
-fn c22(kind: Kind) -> Outcome {
+fn case_22_one_read_pass_goes_to_one_socket(kind: Kind) -> Outcome {
     run(|| {
         let (m, k1, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         let k2 = k1.try_clone().ctx("clone")?;
@@ -600,7 +612,7 @@ fn c22(kind: Kind) -> Outcome {
     })
 }
 
-fn c23(kind: Kind) -> Outcome {
+fn case_23_recv_disable_moves_queued_messages(kind: Kind) -> Outcome {
     run(|| {
         let (_m, k1, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         let k2 = k1.try_clone().ctx("clone")?;
@@ -632,7 +644,7 @@ fn c23(kind: Kind) -> Outcome {
     })
 }
 
-fn c24(kind: Kind) -> Outcome {
+fn case_24_backpressure_closes_the_window_and_loses_nothing(kind: Kind) -> Outcome {
     run(|| {
         let (_m, k1, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         k1.set_recv_disable(true).ctx("disable")?;
@@ -657,7 +669,7 @@ fn c24(kind: Kind) -> Outcome {
     })
 }
 
-fn c25(kind: Kind) -> Outcome {
+fn case_25_closing_a_socket_moves_its_unread_messages(kind: Kind) -> Outcome {
     run(|| {
         let (_m, k1, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         let k2 = k1.try_clone().ctx("clone")?;
@@ -672,7 +684,7 @@ fn c25(kind: Kind) -> Outcome {
     })
 }
 
-fn c26(kind: Kind) -> Outcome {
+fn case_26_small_rcvbuf_still_takes_a_bigger_message(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         s.set_rcvbuf(1024).ctx("rcvbuf")?;
@@ -684,7 +696,7 @@ fn c26(kind: Kind) -> Outcome {
     })
 }
 
-fn c27(kind: Kind) -> Outcome {
+fn case_27_dgram_more_makes_one_message(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         s.send(
@@ -703,7 +715,7 @@ fn c27(kind: Kind) -> Outcome {
     })
 }
 
-fn c28(kind: Kind) -> Outcome {
+fn case_28_seqpacket_message_ends_on_eor(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::SeqPacket, "l4")?;
         for p in [&b"ab"[..], b"cd", b"ef"] {
@@ -724,7 +736,7 @@ fn c28(kind: Kind) -> Outcome {
     })
 }
 
-fn c29(kind: Kind) -> Outcome {
+fn case_29_zero_length_sends(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::SeqPacket, "l4")?;
         s.send(
@@ -751,7 +763,7 @@ fn c29(kind: Kind) -> Outcome {
     })
 }
 
-fn c30(kind: Kind) -> Outcome {
+fn case_30_interleaved_senders_never_interleave_within_a_message(kind: Kind) -> Outcome {
     run(|| {
         // Scaled down for an emulated VM: 4 endpoints x 200 messages of 1 B..16 KiB.
         let m = mux(kind)?;
@@ -819,11 +831,11 @@ fn c30(kind: Kind) -> Outcome {
     })
 }
 
-fn c31(_kind: Kind) -> Outcome {
+fn case_31_messages_queued_while_one_is_written_follow_it_on_the_same_connection(_kind: Kind) -> Outcome {
     NotRun("needs the first message to be still in flight while the next are queued; not reproducible on demand over loopback".into())
 }
 
-fn c32(kind: Kind) -> Outcome {
+fn case_32_idle_psocks_rotate_in_lru_order(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let s = sock(&*m, SockType::Dgram)?;
@@ -855,7 +867,7 @@ fn peer_quiet_short(peer: &mut TcpStream) -> bool {
     !matches!(peer.read(&mut b), Ok(n) if n > 0)
 }
 
-fn c33(kind: Kind) -> Outcome {
+fn case_33_sendmmsg_of_16_goes_contiguous_on_one_psock(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let s = sock(&*m, SockType::Dgram)?;
@@ -913,7 +925,7 @@ fn c33(kind: Kind) -> Outcome {
     })
 }
 
-fn c34(kind: Kind) -> Outcome {
+fn case_34_sends_queue_without_psock_then_flush_on_attach(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let s = sock(&*m, SockType::Dgram)?;
@@ -941,7 +953,7 @@ fn c34(kind: Kind) -> Outcome {
     })
 }
 
-fn c35(kind: Kind) -> Outcome {
+fn case_35_one_message_larger_than_sndbuf_is_accepted(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let s = sock(&*m, SockType::Dgram)?;
@@ -953,17 +965,154 @@ fn c35(kind: Kind) -> Outcome {
     })
 }
 
-fn c36(_kind: Kind) -> Outcome {
-    NotRun("needs a reset while a message is partly written; not reproducible on demand over loopback".into())
+/// A connection whose send side stalls early: small buffers at both ends, so
+/// a large message is partly written and then waits for a peer that does not
+/// read.
+fn stalling_pair() -> Result<(TcpStream, TcpStream), String> {
+    let (peer, ours) = tcp_pair().ctx("tcp")?;
+    socket2::SockRef::from(&ours).set_send_buffer_size(32 << 10).ctx("sndbuf")?;
+    socket2::SockRef::from(&peer).set_recv_buffer_size(32 << 10).ctx("rcvbuf")?;
+    Ok((peer, ours))
 }
-fn c37(_kind: Kind) -> Outcome {
-    NotRun("needs an unattach while a message is partly written; not reproducible on demand over loopback".into())
+
+/// Bytes waiting at `peer` (without taking them), after a bounded wait for
+/// the first.
+fn wait_bytes(peer: &TcpStream) -> bool {
+    let _ = peer.set_nonblocking(true);
+    let end = Instant::now() + WAIT;
+    let mut b = [0u8; 1];
+    let mut seen = false;
+    while !seen && Instant::now() < end {
+        seen = matches!(peer.peek(&mut b), Ok(1));
+        if !seen {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let _ = peer.set_nonblocking(false);
+    seen
 }
-fn c38(_kind: Kind) -> Outcome {
+
+/// Everything `peer` receives until it has been quiet for QUIET (bounded by WAIT).
+fn read_until_quiet(peer: &mut TcpStream) -> usize {
+    let _ = peer.set_read_timeout(Some(QUIET));
+    let end = Instant::now() + WAIT;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut total = 0;
+    while Instant::now() < end {
+        match peer.read(&mut buf) {
+            Ok(n) if n > 0 => total += n,
+            _ => break,
+        }
+    }
+    total
+}
+
+/// Which of two peers gets the first byte of something (1 or 2), bounded by WAIT.
+fn first_to_receive(p1: &TcpStream, p2: &TcpStream) -> Result<u8, String> {
+    let end = Instant::now() + WAIT;
+    let mut b = [0u8; 1];
+    let _ = (p1.set_nonblocking(true), p2.set_nonblocking(true));
+    let mut first = None;
+    while first.is_none() && Instant::now() < end {
+        if matches!(p1.peek(&mut b), Ok(1)) {
+            first = Some(1);
+        } else if matches!(p2.peek(&mut b), Ok(1)) {
+            first = Some(2);
+        } else {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let _ = (p1.set_nonblocking(false), p2.set_nonblocking(false));
+    first.ok_or_else(|| "the message reached neither connection".to_string())
+}
+
+fn case_36_reset_mid_message_resends_it_whole_elsewhere(kind: Kind) -> Outcome {
+    run(|| {
+        let m = mux(kind)?;
+        let s = sock(&*m, SockType::Dgram)?;
+        let (p1, l1) = stalling_pair()?;
+        let (p2, l2) = stalling_pair()?;
+        let t1 = m.attach(l1.as_fd(), "l4").ctx("attach T1")?;
+        let t2 = m.attach(l2.as_fd(), "l4").ctx("attach T2")?;
+        let before = m.psock_totals();
+        let body: Vec<u8> = (0..(800u32 << 10)).map(|i| (i % 253) as u8).collect();
+        let message = frame(&body);
+        std::thread::scope(|t| {
+            let sender = t.spawn(|| s.send(&message, SendFlags::default()));
+            let first = first_to_receive(&p1, &p2)?;
+            let (first_peer, mut other_peer, first_psock) = match first {
+                1 => (p1, p2, t1),
+                _ => (p2, p1, t2),
+            };
+            // The peer resets the connection the message is partly written on.
+            socket2::SockRef::from(&first_peer).set_linger(Some(Duration::ZERO)).ctx("linger 0")?;
+            drop(first_peer);
+            let got = read_peer(&mut other_peer, message.len())?;
+            ensure!(got == message, "the message did not arrive whole on the other connection");
+            let sent = sender.join().map_err(|_| "sender panicked".to_string())?;
+            ensure!(matches!(sent, Ok(n) if n == message.len()), "send: {sent:?}");
+            let err = m.wait_error(first_psock, WAIT);
+            ensure!(err.is_some(), "no error posted for the reset connection");
+            let aborts = m.psock_totals().tx_aborts - before.tx_aborts;
+            ensure!(aborts == 1, "tx_aborts +{aborts}, want +1");
+            Ok(Pass(format!(
+                "T{first} reset mid-message (errno {}); whole message on the other; tx_aborts +1",
+                err.map_or(0, |e| e.0)
+            )))
+        })
+    })
+}
+
+fn case_37_unattach_mid_message_resends_it_whole_elsewhere(kind: Kind) -> Outcome {
+    run(|| {
+        let m = mux(kind)?;
+        let s = sock(&*m, SockType::Dgram)?;
+        let (mut p1, l1) = stalling_pair()?;
+        let (mut p2, l2) = stalling_pair()?;
+        m.attach(l1.as_fd(), "l4").ctx("attach T1")?;
+        m.attach(l2.as_fd(), "l4").ctx("attach T2")?;
+        let before = m.psock_totals();
+        // Far more than a stalled connection holds in flight.
+        let body: Vec<u8> = (0..(800u32 << 10)).map(|i| (i % 253) as u8).collect();
+        let message = frame(&body);
+        std::thread::scope(|t| {
+            // The send may block until the message is written (the kernel's
+            // does); the unattach below lets it finish on T2.
+            let sender = t.spawn(|| s.send(&message, SendFlags::default()));
+            // The message starts on one connection; its peer does not read.
+            let first = first_to_receive(&p1, &p2)?;
+            let (first_peer, first_ours, other_peer) = match first {
+                1 => (&mut p1, &l1, &mut p2),
+                _ => (&mut p2, &l2, &mut p1),
+            };
+            ensure!(wait_bytes(first_peer), "no byte on T{first}");
+            m.unattach(first_ours.as_fd()).ctx("unattach mid-message")?;
+            // The other connection carries the message whole, from its first byte.
+            let got = read_peer(other_peer, message.len())?;
+            ensure!(got == message, "the message did not arrive whole on the other connection");
+            let sent = sender.join().map_err(|_| "sender panicked".to_string())?;
+            ensure!(matches!(sent, Ok(n) if n == message.len()), "send: {sent:?}");
+            // The unattached connection's peer holds only a truncated copy.
+            let on_first = read_until_quiet(first_peer);
+            ensure!(
+                on_first > 0 && on_first < message.len(),
+                "{on_first} of {} bytes on T{first}",
+                message.len()
+            );
+            let aborts = m.psock_totals().tx_aborts - before.tx_aborts;
+            ensure!(aborts == 1, "tx_aborts +{aborts}, want +1");
+            Ok(Pass(format!(
+                "unattached T{first} after {on_first} of {} B; whole message on the other; tx_aborts +1",
+                message.len()
+            )))
+        })
+    })
+}
+fn case_38_fault_during_send_discards_or_keeps_the_message(_kind: Kind) -> Outcome {
     NotRun("needs a faulting user buffer, which safe Rust cannot pass".into())
 }
 
-fn c39(kind: Kind) -> Outcome {
+fn case_39_peer_fin_reports_error_and_keeps_delivered_messages(kind: Kind) -> Outcome {
     run(|| {
         let (m, s, mut peer, _low, p) = setup(kind, SockType::Dgram, "l4")?;
         peer.write_all(&msg(1, 5)).ctx("write")?;
@@ -977,7 +1126,7 @@ fn c39(kind: Kind) -> Outcome {
     })
 }
 
-fn c40(kind: Kind) -> Outcome {
+fn case_40_closing_app_fd_keeps_attachment_until_last_socket_closes(kind: Kind) -> Outcome {
     run(|| {
         let (m, s, mut peer, low, _) = setup(kind, SockType::Dgram, "l4")?;
         drop(low);
@@ -1002,7 +1151,7 @@ fn c40(kind: Kind) -> Outcome {
     })
 }
 
-fn c41(kind: Kind) -> Outcome {
+fn case_41_close_drops_unsent_messages(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let k1 = sock(&*m, SockType::Dgram)?;
@@ -1022,7 +1171,7 @@ fn c41(kind: Kind) -> Outcome {
     })
 }
 
-fn c42(kind: Kind) -> Outcome {
+fn case_42_closing_the_last_socket_releases_every_connection(kind: Kind) -> Outcome {
     run(|| {
         let muxes = || {
             std::fs::read_to_string("/proc/net/kcm")
@@ -1050,7 +1199,7 @@ fn c42(kind: Kind) -> Outcome {
     })
 }
 
-fn c43(kind: Kind) -> Outcome {
+fn case_43_statistics_over_real_tcp(kind: Kind) -> Outcome {
     run(|| {
         let (m, s, mut peer, _low, p) = setup(kind, SockType::Dgram, "l4")?;
         for i in 0..3u8 {

@@ -5,7 +5,10 @@
 //! connmux-conformance [--backend userspace|kernel|all] [--cases 1,8,19] [--bench N REPS]
 //! ```
 //!
-//! One line per case and backend: `CASE <n> <backend> <PASS|D|FAIL|NOTRUN> <note>`.
+//! One line per case and backend:
+//! `CASE <n> <backend> <PASS|D|FAIL|NOTRUN> <note> [<name>; <ms> ms]`, where
+//! the name is the case's as the tests name it (`case_37_unattach_mid_...`).
+//! `--cases` takes numbers or names.
 //! PASS: the behaviour §7 asks for. D: a documented departure (the kernel's
 //! behaviour that kcm-semantics records, observed as recorded; the note shows
 //! what was seen). FAIL: anything else. NOTRUN: a case this runner does not
@@ -38,11 +41,15 @@ fn main() {
                 i += 2;
             }
             "--cases" => {
-                only = Some(
-                    args.get(i + 1)
-                        .map(|s| s.split(',').filter_map(|c| c.trim().parse().ok()).collect())
-                        .unwrap_or_default(),
-                );
+                let mut picked = Vec::new();
+                for c in args.get(i + 1).map(String::as_str).unwrap_or("").split(',') {
+                    let c = c.trim();
+                    match c.parse::<u32>().ok().or_else(|| cases::ALL.iter().find(|k| k.1 == c).map(|k| k.0)) {
+                        Some(n) => picked.push(n),
+                        None => usage(&format!("--cases: no case {c:?}")),
+                    }
+                }
+                only = Some(picked);
                 i += 2;
             }
             "--bench" => {
