@@ -97,19 +97,42 @@ fn case_09_message_over_three_segments_is_delivered_once_whole() {
     sock.set_nonblocking(true);
     let (ours, mut peer) = pair();
     mux.attach(&ours, l4()).unwrap();
+    let (fence_ours, mut fence) = pair();
+    mux.attach(&fence_ours, l4()).unwrap();
     let body: Vec<u8> = (0..96u8).collect();
     let msg = framed(&body);
-    let mut buf = [0u8; 200];
     for part in [&msg[..30], &msg[30..70]] {
         write_all(&mut peer, part);
-        std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(sock.recv(&mut buf).unwrap_err().kind(), ErrorKind::WouldBlock);
+        assert_eq!(settled_rx(&sock, &ours, &mut fence), Vec::<Vec<u8>>::new(), "a part came out as a message");
     }
     write_all(&mut peer, &msg[70..]);
-    let n = eventually(|| sock.recv(&mut buf).ok());
-    assert_eq!(&buf[..n], &msg[..]);
-    std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(sock.recv(&mut buf).unwrap_err().kind(), ErrorKind::WouldBlock);
+    // The positive twin: the same wait sees the message once it is whole.
+    assert_eq!(settled_rx(&sock, &ours, &mut fence), vec![msg.clone()]);
+    // Delivered once.
+    assert_eq!(settled_rx(&sock, &ours, &mut fence), Vec::<Vec<u8>>::new());
+}
+
+/// The messages `sock` gets from what arrived on `ours` so far, waited for
+/// without a sleep: once the worker has taken every byte of `ours` (its
+/// receive queue is empty), a fence message goes through `fence`, another
+/// connection on the same single worker, which reads and frames it after
+/// `ours`'s bytes. Returns the messages received before the fence (leaves
+/// `sock` non-blocking).
+fn settled_rx(sock: &connmux::KcmSocket, ours: &TcpStream, fence: &mut TcpStream) -> Vec<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    eventually(|| (connmux_sys::socket::inq(ours.as_raw_fd()).unwrap() == 0).then_some(()));
+    write_all(fence, &framed(b"fence"));
+    sock.set_nonblocking(true);
+    let mut before = Vec::new();
+    // Bounded: each turn takes one message, and `eventually` gives up after WAIT.
+    loop {
+        let m = eventually(|| sock.recv_msg().ok());
+        if m.data[..] == framed(b"fence")[..] {
+            return before;
+        }
+        before.push(m.data.to_vec());
+        assert!(before.len() < 1000, "no fence among {} messages", before.len());
+    }
 }
 
 fn case_11_bytes_queued_before_attach_are_delivered() {
@@ -118,7 +141,11 @@ fn case_11_bytes_queued_before_attach_are_delivered() {
     sock.set_read_timeout(Some(WAIT));
     let (ours, mut peer) = pair();
     write_all(&mut peer, &framed(b"early"));
-    std::thread::sleep(Duration::from_millis(20));
+    // The bytes are in the connection's receive queue before the attach.
+    eventually(|| {
+        use std::os::fd::AsRawFd;
+        (connmux_sys::socket::inq(ours.as_raw_fd()).unwrap() == framed(b"early").len()).then_some(())
+    });
     mux.attach(&ours, l4()).unwrap();
     let mut buf = [0u8; 64];
     let n = sock.recv(&mut buf).unwrap();
@@ -177,17 +204,30 @@ fn case_15_assembly_timeout_from_first_byte() {
 }
 
 fn case_15_no_timeout_waits_indefinitely() {
-    let mux = mux_with(|c| c.core.assembly_timeout = None);
-    let sock = mux.socket(SockType::Dgram).unwrap();
-    let (ours, mut peer) = pair();
-    mux.attach(&ours, l4()).unwrap();
-    let msg = framed(&[3u8; 40]);
-    write_all(&mut peer, &msg[..10]);
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(mux.events().try_recv().is_err());
-    write_all(&mut peer, &msg[10..]);
-    sock.set_read_timeout(Some(WAIT));
-    assert_eq!(&sock.recv_msg().unwrap().data[..], &msg[..]);
+    // The positive twin first: with a 100 ms timeout the same wait (ten
+    // times that) sees the abort; without one it sees nothing, and the
+    // message completes whenever its bytes come.
+    for timeout in [Some(Duration::from_millis(100)), None] {
+        let mux = mux_with(|c| c.core.assembly_timeout = timeout);
+        let sock = mux.socket(SockType::Dgram).unwrap();
+        let (ours, mut peer) = pair();
+        let p = mux.attach(&ours, l4()).unwrap();
+        let msg = framed(&[3u8; 40]);
+        write_all(&mut peer, &msg[..10]);
+        let ev = mux.events().recv_timeout(Duration::from_secs(1)).ok();
+        match timeout {
+            Some(_) => {
+                let ev = ev.expect("the timeout fired within ten times its length");
+                assert_eq!((ev.psock, ev.error), (p, PsockError::Rx(RxError::Timeout)));
+            }
+            None => {
+                assert!(ev.is_none(), "{ev:?} with no assembly timeout");
+                write_all(&mut peer, &msg[10..]);
+                sock.set_read_timeout(Some(WAIT));
+                assert_eq!(&sock.recv_msg().unwrap().data[..], &msg[..]);
+            }
+        }
+    }
 }
 
 fn case_16_big_message_without_stall() {
@@ -700,16 +740,14 @@ fn case_33_batch_holds_until_a_send_without_it_and_goes_on_one_connection() {
     mux.attach(&o1, l4()).unwrap();
     mux.attach(&o2, l4()).unwrap();
     let batch = connmux::SendFlags { batch: true, ..Default::default() };
+    // A second socket's markers, one per idle connection (they rotate, T1
+    // first), show each connection's bytes so far.
+    let marker = mux.socket(SockType::Dgram).unwrap();
     for i in 0..3u8 {
         sock.send_flags(&framed(&[i; 4]), batch).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(50));
-    for p in [&mut p1, &mut p2] {
-        p.set_nonblocking(true).unwrap();
-        let mut b = [0u8; 1];
-        assert_eq!(p.read(&mut b).unwrap_err().kind(), ErrorKind::WouldBlock, "case 33 on {:?}: batched bytes on the wire", driver());
-        p.set_nonblocking(false).unwrap();
-    }
+    let seen = frames_before_markers(&marker, &mut [&mut p1, &mut p2]);
+    assert_eq!(seen, Vec::<Vec<u8>>::new(), "case 33 on {:?}: batched bytes on the wire", driver());
     sock.send(&framed(&[3; 4])).unwrap();
     for i in 0..4u8 {
         assert_eq!(read_framed(&mut p1), [i; 4], "case 33 on {:?}", driver());
@@ -721,6 +759,10 @@ fn case_33_batch_holds_until_a_send_without_it_and_goes_on_one_connection() {
     for i in 0..16u8 {
         assert_eq!(read_framed(&mut p2), [i; 8], "case 33 on {:?}", driver());
     }
+    // The positive twin: the same wait sees an unbatched message.
+    sock.send(&framed(b"plain")).unwrap();
+    let seen = frames_before_markers(&marker, &mut [&mut p1, &mut p2]);
+    assert_eq!(seen, vec![b"plain".to_vec()], "case 33 on {:?}: an unbatched send", driver());
     drop((o1, o2));
 }
 
@@ -814,18 +856,29 @@ fn wait_first_byte(peer: &TcpStream) {
     peer.set_nonblocking(false).unwrap();
 }
 
-/// Nothing arrives at `peer` within 50 ms.
-fn assert_silent(peer: &mut TcpStream, what: &str) {
-    std::thread::sleep(Duration::from_millis(50));
-    peer.set_nonblocking(true).unwrap();
-    let mut b = [0u8; 1];
-    let r = peer.read(&mut b);
-    peer.set_nonblocking(false).unwrap();
-    assert!(
-        matches!(&r, Err(e) if e.kind() == ErrorKind::WouldBlock),
-        "{what} on {:?}: {r:?}",
-        driver()
-    );
+/// The messages that reach `peers` before markers sent now through `marker`
+/// (a socket with no open message), one per connection, waited for without
+/// a sleep: a connection's bytes keep their order, so whatever was written
+/// there before its marker comes first. Idle connections take the markers
+/// in turn, one each; with one connection it takes the one marker.
+fn frames_before_markers(marker: &connmux::KcmSocket, peers: &mut [&mut TcpStream]) -> Vec<Vec<u8>> {
+    for _ in 0..peers.len() {
+        marker.send(&framed(b"marker")).unwrap();
+    }
+    let mut before = Vec::new();
+    for peer in peers.iter_mut() {
+        peer.set_read_timeout(Some(WAIT)).unwrap();
+        // Bounded: each turn reads one message (or fails after WAIT).
+        loop {
+            let m = read_framed(peer);
+            if m == b"marker" {
+                break;
+            }
+            before.push(m);
+            assert!(before.len() < 1000, "no marker among {} messages", before.len());
+        }
+    }
+    before
 }
 
 /// Bytes `peer` can read now, until it has been quiet for 200 ms (at most WAIT).
@@ -975,21 +1028,29 @@ fn case_29_zero_length_sends() {
     let s = mux.socket(SockType::SeqPacket).unwrap();
     let (ours, mut peer) = pair();
     let p = mux.attach(&ours, l4()).unwrap();
+    // Markers from a third socket show what reached the wire; the positive
+    // twin: a message sent before them is seen.
+    let mk = mux.socket(SockType::Dgram).unwrap();
+    mk.send(&framed(b"first")).unwrap();
+    assert_eq!(frames_before_markers(&mk, &mut [&mut peer]), vec![b"first".to_vec()]);
     // No open message: an empty send makes no message, on either type.
     assert_eq!(d.send(&[]).unwrap(), 0);
     assert_eq!(s.send(&[]).unwrap(), 0);
     assert_eq!(s.send_flags(&[], connmux::SendFlags::default()).unwrap(), 0);
-    assert_silent(&mut peer, "case 29: an empty send put bytes on the wire");
+    let seen = frames_before_markers(&mk, &mut [&mut peer]);
+    assert_eq!(seen, Vec::<Vec<u8>>::new(), "case 29 on {:?}: an empty send put bytes on the wire", driver());
     assert_eq!((d.stats().unwrap().tx_msgs, s.stats().unwrap().tx_msgs), (0, 0), "case 29 on {:?}", driver());
     // SEQPACKET: an empty EOR send completes the open message.
     s.send_flags(&[&5u32.to_be_bytes()[..], b"abc"].concat(), connmux::SendFlags::default()).unwrap();
     s.send_flags(b"de", connmux::SendFlags::default()).unwrap();
-    assert_silent(&mut peer, "case 29: an open SEQPACKET message went out");
+    let seen = frames_before_markers(&mk, &mut [&mut peer]);
+    assert_eq!(seen, Vec::<Vec<u8>>::new(), "case 29 on {:?}: an open SEQPACKET message went out", driver());
     assert_eq!(s.send_flags(&[], connmux::SendFlags { eor: true, ..Default::default() }).unwrap(), 0);
     assert_eq!(read_framed(&mut peer), b"abcde", "case 29 on {:?}", driver());
     assert_eq!(s.stats().unwrap().tx_msgs, 1);
-    let st = eventually(|| mux.psock_stats(p).ok().filter(|st| st.tx_msgs == 1));
-    assert_eq!(st.tx_bytes, 9, "case 29 on {:?}", driver());
+    // On the wire: "first" (9 bytes), three markers (10 each) and s's message (9).
+    let st = eventually(|| mux.psock_stats(p).ok().filter(|st| st.tx_msgs == 5));
+    assert_eq!(st.tx_bytes, 9 + 3 * 10 + 9, "case 29 on {:?}", driver());
 }
 
 fn case_31_messages_queued_while_one_is_written_follow_it_on_the_same_connection() {
@@ -1006,13 +1067,18 @@ fn case_31_messages_queued_while_one_is_written_follow_it_on_the_same_connection
         sock.send(&framed(&[i; 10])).unwrap();
     }
     // T2 is idle, yet nothing goes there: the socket keeps its connection
-    // until its queue is written out.
-    assert_silent(&mut p2, "case 31: a queued message went to the idle connection");
+    // until its queue is written out. Another socket's marker goes to T2,
+    // the one connection free, behind anything the queue put there.
+    let mk = mux.socket(SockType::Dgram).unwrap();
+    let seen = frames_before_markers(&mk, &mut [&mut p2]);
+    assert_eq!(seen, Vec::<Vec<u8>>::new(), "case 31 on {:?}: a queued message went to the idle connection", driver());
     assert!(read_framed(&mut p1) == body, "case 31 on {:?}: the first message", driver());
     for i in 0..3u8 {
         assert_eq!(read_framed(&mut p1), [i; 10], "case 31 on {:?}: order", driver());
     }
-    assert_silent(&mut p2, "case 31");
+    // Both idle now, T2 the less recently used: the marker goes there.
+    let seen = frames_before_markers(&mk, &mut [&mut p2]);
+    assert_eq!(seen, Vec::<Vec<u8>>::new(), "case 31 on {:?}", driver());
     drop((o1, o2));
 }
 
@@ -1094,8 +1160,10 @@ fn case_41_close_drops_unsent_messages() {
     let p = mux.attach(&ours, l4()).unwrap();
     k2.send(&framed(b"marker")).unwrap();
     assert_eq!(read_framed(&mut peer), b"marker", "case 41 on {:?}: the closed socket's messages went out", driver());
-    assert_silent(&mut peer, "case 41");
-    assert_eq!(eventually(|| mux.psock_stats(p).ok().filter(|s| s.tx_msgs > 0)).tx_msgs, 1);
+    // A second marker: nothing of the closed socket's went out between them.
+    let seen = frames_before_markers(&k2, &mut [&mut peer]);
+    assert_eq!(seen, Vec::<Vec<u8>>::new(), "case 41 on {:?}", driver());
+    assert_eq!(eventually(|| mux.psock_stats(p).ok().filter(|s| s.tx_msgs > 1)).tx_msgs, 2);
     assert_eq!(mux.stats().tx_retries, 0);
 }
 

@@ -234,12 +234,19 @@ on_both_drivers!(shutdown_wakes_idle_lanes);
 
 /// An echo service whose requests starting with `H` first burn `burn` of CPU.
 fn heavy_echo(mux: connmux::Mux, burn: Duration) -> Service {
+    heavy_echo_counted(mux, burn, Default::default())
+}
+
+/// [`heavy_echo`], counting the heavy requests it has finished in `done`
+/// (before their replies go out).
+fn heavy_echo_counted(mux: connmux::Mux, burn: Duration, done: Arc<std::sync::atomic::AtomicU64>) -> Service {
     let handler = Arc::new(move |req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
         if req.get(4) == Some(&b'H') {
             let t = std::time::Instant::now();
             while t.elapsed() < burn {
                 std::hint::spin_loop();
             }
+            done.fetch_add(1, Ordering::AcqRel);
         }
         Verdict::Reply(req)
     });
@@ -278,11 +285,15 @@ fn heavy_connection_goes_to_the_lane() {
 }
 
 /// With one worker, a light connection is answered while heavy requests
-/// (100 ms of CPU each) run in the lane: no light round trip waits for a
-/// heavy request to finish.
+/// (100 ms of CPU each) run in the lane: light round trips complete while a
+/// heavy request is running, not only between heavy replies. (How long a
+/// light round trip takes beside heavy ones is `connmux bench uneven`'s to
+/// measure, not a test's.)
 fn light_requests_are_not_answered_behind_heavy_ones() {
     let mux = mux_with(|c| c.workers = 1);
-    let svc = heavy_echo(mux, Duration::from_millis(100));
+    // Heavy requests finished by the handler so far.
+    let heavy_done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let svc = heavy_echo_counted(mux, Duration::from_millis(100), heavy_done.clone());
     let addr = svc.local_addr();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let heavy = {
@@ -311,19 +322,25 @@ fn light_requests_are_not_answered_behind_heavy_ones() {
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_nodelay(true).unwrap();
     c.set_read_timeout(Some(WAIT)).unwrap();
-    let mut slowest = Duration::ZERO;
+    // A light request answered behind a heavy one is handled after that
+    // heavy request finishes (two are always in flight, so one is always
+    // running): its round trip spans a heavy finish. One answered beside it
+    // spans none unless a heavy request happens to end meanwhile. Counted,
+    // not timed.
+    let mut beside = 0;
     for i in 0..20u8 {
-        let t = std::time::Instant::now();
+        let before = heavy_done.load(Ordering::Acquire);
         c.write_all(&framed(&[b'L', i])).unwrap();
         assert_eq!(read_framed(&mut c), vec![b'L', i]);
-        slowest = slowest.max(t.elapsed());
+        if heavy_done.load(Ordering::Acquire) == before {
+            beside += 1;
+        }
+        // Spread the light requests over several heavy ones.
         std::thread::sleep(Duration::from_millis(7));
     }
     stop.store(true, Ordering::Release);
     heavy.join().unwrap();
-    // A heavy request takes 100 ms: a light one that waited for one would
-    // take 50 ms on average; the lane shares the CPU in time slices.
-    assert!(slowest < Duration::from_millis(50), "a light round trip took {slowest:?}");
+    assert!(beside >= 10, "only {beside} of 20 light round trips completed while no heavy request finished");
     svc.shutdown();
 }
 
