@@ -138,8 +138,13 @@ fn large_messages_wait_under_backpressure_and_lose_nothing() {
     let msgs: Vec<Vec<u8>> = (0..12).map(|i| framed(&body(i, [150 << 10, 70 << 10, 500][i as usize % 3]))).collect();
     let wire = msgs.concat();
     let w = std::thread::spawn(move || write_in_pieces(peer, wire, 11));
-    // Nobody reads for a while: the core must not hold more than its limits.
-    std::thread::sleep(Duration::from_millis(300));
+    // Nobody reads: the core must not hold more than its limits. Once it
+    // is full the worker stops reading and the bytes pile up in the
+    // connection's receive queue (waited for, not slept on).
+    eventually(|| {
+        use std::os::fd::AsRawFd;
+        (connmux_sys::socket::inq(ours.as_raw_fd()).unwrap() >= 16 << 10).then_some(())
+    });
     let held = mux.proc_kcm();
     assert!(mux.stats().rx_msgs <= 3, "on {:?}: messages parsed while nobody takes them:\n{held}", driver());
     for (i, want) in msgs.iter().enumerate() {
