@@ -68,6 +68,8 @@ pub trait Mx {
     /// Live KCM sockets on this mux as the backend reports them.
     fn kcms(&self) -> io::Result<usize>;
     fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats>;
+    /// The mux's counters (`Mux::stats`: the kernel's from /proc on that backend).
+    fn mux_stats(&self) -> connmux_core::stats::MuxStats;
 }
 
 /// The public API's configuration for a backend.
@@ -139,6 +141,9 @@ impl Mx for UserMx {
     }
     fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
         self.0.psock_stats(p)
+    }
+    fn mux_stats(&self) -> connmux_core::stats::MuxStats {
+        self.0.stats()
     }
 }
 
