@@ -14,7 +14,10 @@
 //!
 //! Every server runs as its own process under `taskset`, and every load
 //! generator too (`connmux rpctest`/`echotest --json`, or a hidden `bench`
-//! load mode), so placement is the same for everything compared. See
+//! load mode), so placement is the same for everything compared. The
+//! servers are given their worker count and CPUs explicitly (`--workers`,
+//! `--cpus`, one worker per CPU of the placement), not left to the servers'
+//! default of one per CPU, so that a row means the placement it names. See
 //! `docs/performance.md` for the figures and why placement matters so much
 //! on a small machine.
 
