@@ -7,7 +7,8 @@
 #   crates/connmux-sys/scripts/kcmvm-test.sh ''         # every test of the crate
 set -eu
 root=$(cd "$(dirname "$0")/../../.." && pwd)
-harness=${KCMVM_RUN:-/work/shared/kcmvm/run.sh}
+# The VM harness sits beside the checkout (../shared/kcmvm), or KCMVM_RUN names it.
+harness=${KCMVM_RUN:-$root/../shared/kcmvm/run.sh}
 target=${CARGO_TARGET_DIR:-$root/target}-static
 cd "$root"
 # The guest has no libc: link the test binary statically.

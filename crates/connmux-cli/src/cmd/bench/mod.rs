@@ -416,8 +416,9 @@ pub fn loadgen(
     })
 }
 
-/// Where the yardstick's sources are looked for (`--yardstick` overrides).
-pub const YARDSTICK_DIR: &str = "/work/shared/yardstick";
+/// Where the yardstick's sources are looked for (`--yardstick` overrides):
+/// `shared/yardstick` beside the checkout this binary was built from.
+pub const YARDSTICK_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/yardstick");
 
 /// Build the yardstick's `limit_server` from `dir` into a scratch directory
 /// (gcc -O2, as its Makefile does). `None` (with the reason printed) when the
