@@ -155,3 +155,40 @@ impl Program {
         Ok(Program::new(&elf::load_program(bytes, select)?.insns)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The message and its sources, as `anyhow`'s `{:#}` prints them.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            s.push_str(": ");
+            s.push_str(&c.to_string());
+            cur = c.source();
+        }
+        s
+    }
+
+    #[test]
+    fn load_errors_say_their_reason_once() {
+        let e = Program::from_bytes(&[0x52, 0, 0, 0, 0, 0, 0, 0]).unwrap_err();
+        let text = chain(&e);
+        assert_eq!(text.matches("unknown opcode 0x52").count(), 1, "{text}");
+        let e = read_object(std::path::Path::new("/nonexistent/connmux.o")).unwrap_err();
+        let text = chain(&e);
+        assert_eq!(text.matches("No such file or directory").count(), 1, "{text}");
+        assert!(text.contains("/nonexistent/connmux.o"), "{text}");
+    }
+
+    #[test]
+    fn read_object_checks_the_magic_before_reading_on() {
+        // An endless device: refused on its first bytes.
+        let e = read_object(std::path::Path::new("/dev/zero")).unwrap_err();
+        assert!(matches!(e, LoadError::NotElf { .. }), "{e}");
+        let e = read_object(std::path::Path::new("/dev/null")).unwrap_err();
+        assert!(matches!(e, LoadError::NotElf { .. }), "{e}");
+    }
+}
