@@ -167,7 +167,8 @@ pub fn format_mux_stats(st: &MuxStats) -> String {
     out
 }
 
-fn read_one(path: &Path) -> anyhow::Result<String> {
+/// One server's snapshot.
+pub fn read_one(path: &Path) -> anyhow::Result<String> {
     let mut c =
         UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
     c.set_read_timeout(Some(Duration::from_secs(5)))?;
