@@ -530,9 +530,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     for t in attackers {
         let _ = t.join();
     }
-    let peak_hwm = hwm_kib(pid);
     stop_rss.store(true, Relaxed);
     let during = rss.join().unwrap_or((0, 0, 0));
+    let peak_hwm = hwm_kib(pid);
     // The attackers' connections are closed: what the server keeps after.
     std::thread::sleep(Duration::from_secs(1));
     let after_kib = rss_kib(pid).unwrap_or(0);
