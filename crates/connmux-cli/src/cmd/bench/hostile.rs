@@ -1,7 +1,8 @@
 //! `connmux bench hostile`: good clients beside hostile ones.
 //!
-//! Starts an `rpc-server` process (its driver chosen by `--driver`, any other
-//! server flag after `--`), measures the good clients alone for a moment
+//! Starts an `rpc-server` process (or with `--server echo` an `echo-server`
+//! framing messages with the `l4` parser; its driver chosen by `--driver`,
+//! any other server flag after `--`), measures the good clients alone for a moment
 //! (the baseline of this run), then runs them again for `--seconds` beside a
 //! mix of attacks, each on its own threads:
 //!
@@ -40,8 +41,69 @@ use super::{exe, free_port, loadavg, ratio, rss_kib, Proc};
 /// Every attack, in the order they are printed.
 const ATTACKS: [&str; 6] = ["non-readers", "half-close", "partial", "slowloris", "garbage", "rst"];
 
-/// Length of a NULL reply record with its mark.
-const REPLY_LEN: usize = 28;
+/// The server attacked, and what its requests look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// `rpc-server`: NULL calls in marked records.
+    Rpc,
+    /// `echo-server --mode message --parser l4`: 4-byte big-endian length,
+    /// then the body; the message comes back.
+    Echo,
+}
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Target::Rpc => "rpc-server",
+            Target::Echo => "echo-server",
+        }
+    }
+
+    fn server_args(self) -> &'static [&'static str] {
+        match self {
+            Target::Rpc => &["rpc-server"],
+            Target::Echo => &["echo-server", "--mode", "message", "--parser", "l4"],
+        }
+    }
+
+    /// One request carrying `xid` at bytes 4..8 of its reply too.
+    fn request(self, xid: u32) -> Vec<u8> {
+        match self {
+            Target::Rpc => null_call(xid).to_vec(),
+            Target::Echo => [4u32.to_be_bytes(), xid.to_be_bytes()].concat(),
+        }
+    }
+
+    /// Length of one reply.
+    fn reply_len(self) -> usize {
+        match self {
+            Target::Rpc => 28,
+            Target::Echo => 8,
+        }
+    }
+
+    /// The header of a message of `total` bytes, header included.
+    fn header(self, total: usize) -> [u8; 4] {
+        match self {
+            Target::Rpc => (0x8000_0000u32 | (total - 4) as u32).to_be_bytes(),
+            Target::Echo => ((total - 4) as u32).to_be_bytes(),
+        }
+    }
+
+    /// A request the server must refuse by its content, not its framing.
+    fn not_a_request(self) -> Option<Vec<u8>> {
+        match self {
+            // A record whose message type is REPLY.
+            Target::Rpc => {
+                let mut c = null_call(7).to_vec();
+                c[8..12].copy_from_slice(&1u32.to_be_bytes());
+                Some(c)
+            }
+            // Echo takes any message.
+            Target::Echo => None,
+        }
+    }
+}
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -73,10 +135,13 @@ pub struct Args {
     /// Slowloris connections.
     #[arg(long, default_value_t = 50)]
     pub slowloris: usize,
+    /// The server attacked.
+    #[arg(long, value_enum, default_value = "rpc")]
+    pub server: Target,
     /// One JSON object instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Extra rpc-server flags, after `--` (e.g. `-- --workers 2`).
+    /// Extra server flags, after `--` (e.g. `-- --workers 2`).
     #[arg(last = true)]
     pub server_args: Vec<String>,
 }
@@ -104,7 +169,7 @@ struct Good {
 }
 
 /// Good clients calling one at a time until `end`.
-fn good_clients(addr: SocketAddr, n: usize, end: Instant) -> Good {
+fn good_clients(t: Target, addr: SocketAddr, n: usize, end: Instant) -> Good {
     let good = Arc::new(Good {
         hist: Mutex::new(Some(Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"))),
         ..Good::default()
@@ -116,7 +181,7 @@ fn good_clients(addr: SocketAddr, n: usize, end: Instant) -> Good {
                 let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
                 let mut conn: Option<TcpStream> = None;
                 let mut xid = (k as u32) << 24;
-                let mut reply = [0u8; REPLY_LEN];
+                let mut reply = vec![0u8; t.reply_len()];
                 while Instant::now() < end {
                     let c = match &mut conn {
                         Some(c) => c,
@@ -134,13 +199,13 @@ fn good_clients(addr: SocketAddr, n: usize, end: Instant) -> Good {
                         },
                     };
                     xid = xid.wrapping_add(1);
-                    let t = Instant::now();
-                    let ok = c.write_all(&null_call(xid)).is_ok()
+                    let sent = Instant::now();
+                    let ok = c.write_all(&t.request(xid)).is_ok()
                         && c.read_exact(&mut reply).is_ok()
                         && reply[4..8] == xid.to_be_bytes();
                     if ok {
                         good.calls.fetch_add(1, Relaxed);
-                        let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+                        let _ = h.record(sent.elapsed().as_micros().max(1) as u64);
                     } else {
                         good.errors.fetch_add(1, Relaxed);
                         good.reconnects.fetch_add(1, Relaxed);
@@ -207,7 +272,7 @@ fn closed_within(c: &mut TcpStream, limit: Duration) -> bool {
 }
 
 /// Connections pipelining calls and never reading, open until `end`.
-fn non_readers(addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
+fn non_readers(t: Target, addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
     let mut conns: Vec<TcpStream> = (0..n)
         .filter_map(|_| connect_with(addr, Some(4096)).ok())
         .inspect(|c| {
@@ -215,7 +280,7 @@ fn non_readers(addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
         })
         .collect();
     seen.add("connections", conns.len() as u64);
-    let batch: Vec<u8> = (0..64u32).flat_map(null_call).collect();
+    let batch: Vec<u8> = (0..64u32).flat_map(|x| t.request(x)).collect();
     let mut pos = vec![0usize; conns.len()];
     let mut dead = vec![false; conns.len()];
     while Instant::now() < end {
@@ -241,12 +306,12 @@ fn non_readers(addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    seen.add("calls_sent", seen.get("bytes_sent") / 44);
+    seen.add("calls_sent", seen.get("bytes_sent") / t.request(0).len() as u64);
 }
 
 /// Rounds of `calls` pipelined calls, half-close, read to the end.
-fn half_close(addr: SocketAddr, calls: usize, end: Instant, seen: &Seen) {
-    let all: Vec<u8> = (0..calls as u32).flat_map(null_call).collect();
+fn half_close(t: Target, addr: SocketAddr, calls: usize, end: Instant, seen: &Seen) {
+    let all: Vec<u8> = (0..calls as u32).flat_map(|x| t.request(x)).collect();
     while Instant::now() < end {
         let Ok(mut c) = connect_with(addr, None) else {
             seen.add("connect_errors", 1);
@@ -281,7 +346,7 @@ fn half_close(addr: SocketAddr, calls: usize, end: Instant, seen: &Seen) {
         let sent_all = writer.join().unwrap_or(false);
         seen.add("rounds", 1);
         seen.add("calls_sent", calls as u64);
-        seen.add("replies_read", (got / REPLY_LEN) as u64);
+        seen.add("replies_read", (got / t.reply_len()) as u64);
         seen.add(
             match ending {
                 "fin" => "ended_fin",
@@ -298,9 +363,9 @@ fn half_close(addr: SocketAddr, calls: usize, end: Instant, seen: &Seen) {
 }
 
 /// Connections each holding all but the last byte of one record of about 1 MiB.
-fn partials(addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
+fn partials(t: Target, addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
     const RECORD: usize = (1 << 20) - 16;
-    let mut rec = (0x8000_0000u32 | (RECORD - 4) as u32).to_be_bytes().to_vec();
+    let mut rec = t.header(RECORD).to_vec();
     rec.resize(RECORD - 1, 0);
     let mut conns: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     while Instant::now() < end {
@@ -337,8 +402,8 @@ fn partials(addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
 }
 
 /// Connections sending one byte of a call every 100 ms each.
-fn slowloris(addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
-    let call = null_call(1);
+fn slowloris(t: Target, addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
+    let call = t.request(1);
     let mut conns: Vec<(TcpStream, usize)> = (0..n).filter_map(|_| connect_with(addr, None).ok().map(|c| (c, 0))).collect();
     seen.add("connections", conns.len() as u64);
     while Instant::now() < end && !conns.is_empty() {
@@ -359,22 +424,18 @@ fn slowloris(addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
 }
 
 /// Bad inputs in turn; each connection should be closed by the server.
-fn garbage(addr: SocketAddr, end: Instant, seen: &Seen) {
+fn garbage(t: Target, addr: SocketAddr, end: Instant, seen: &Seen) {
     let mut x: u32 = 0x9e37_79b9;
     let mut k = 0u64;
     while Instant::now() < end {
         k += 1;
-        let bytes: Vec<u8> = match k % 4 {
-            // A last fragment of 2 GiB - 1.
-            0 => vec![0xff, 0xff, 0xff, 0xff],
-            // A non-last fragment of 2 GiB - 1.
-            1 => vec![0x7f, 0xff, 0xff, 0xff],
-            // A call whose message type is REPLY (not a call).
-            2 => {
-                let mut c = null_call(7).to_vec();
-                c[8..12].copy_from_slice(&1u32.to_be_bytes());
-                c
-            }
+        let bytes: Vec<u8> = match (k % 4, t.not_a_request()) {
+            // RPC: a last fragment of 2 GiB - 1; l4: a 4 GiB message.
+            (0, _) => vec![0xff, 0xff, 0xff, 0xff],
+            // RPC: a non-last fragment of 2 GiB - 1; l4: a 2 GiB message.
+            (1, _) => vec![0x7f, 0xff, 0xff, 0xff],
+            // Well framed, but not a request.
+            (2, Some(bad)) => bad,
             // Random bytes.
             _ => (0..256)
                 .map(|_| {
@@ -400,8 +461,9 @@ fn garbage(addr: SocketAddr, end: Instant, seen: &Seen) {
 }
 
 /// Connect, half a call, RST.
-fn rst_flood(addr: SocketAddr, end: Instant, seen: &Seen) {
-    let half = &null_call(3)[..20];
+fn rst_flood(t: Target, addr: SocketAddr, end: Instant, seen: &Seen) {
+    let call = t.request(3);
+    let half = &call[..call.len() / 2];
     while Instant::now() < end {
         match Socket::new(Domain::IPV4, Type::STREAM, None).and_then(|s| {
             s.connect_timeout(&addr.into(), Duration::from_secs(1))?;
@@ -482,18 +544,21 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let on = |name: &str| a.attacks.iter().any(|x| x == name);
     let dir = std::env::temp_dir().join(format!("connmux-bench-hostile-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let sock: PathBuf = dir.join("rpc-server.sock");
+    let t = a.server;
+    let sock: PathBuf = dir.join(format!("{}.sock", t.name()));
     let port = free_port()?;
     let mut cmd = std::process::Command::new(exe()?);
-    cmd.args(["rpc-server", "-l", &format!("127.0.0.1:{port}"), "--driver", &a.driver, "--stats-socket"])
+    cmd.args(t.server_args())
+        .args(["-l", &format!("127.0.0.1:{port}"), "--driver", &a.driver, "--stats-socket"])
         .arg(&sock)
         .args(&a.server_args);
-    let mut server = Proc::spawn("rpc-server", cmd, port)?;
+    let mut server = Proc::spawn(t.name(), cmd, port)?;
     let pid = server.pid;
     let addr = server.addr;
     if !a.json {
         println!(
-            "connmux bench hostile: rpc-server (driver {}{}{}), {} good client(s) alone for {} s, then beside {} for {} s; load avg {}",
+            "connmux bench hostile: {} (driver {}{}{}), {} good client(s) alone for {} s, then beside {} for {} s; load avg {}",
+            t.name(),
             a.driver,
             if a.server_args.is_empty() { "" } else { ", " },
             a.server_args.join(" "),
@@ -508,7 +573,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let stop_rss = Arc::new(AtomicBool::new(false));
     let rss = sample_rss(pid, stop_rss.clone());
 
-    let alone = good_clients(addr, a.good, Instant::now() + Duration::from_secs_f64(a.baseline_seconds));
+    let alone = good_clients(t, addr, a.good, Instant::now() + Duration::from_secs_f64(a.baseline_seconds));
 
     let end = Instant::now() + Duration::from_secs_f64(a.seconds);
     let seen: Vec<(&'static str, Arc<Seen>)> = ATTACKS.iter().filter(|n| on(n)).map(|n| (*n, Arc::new(Seen::default()))).collect();
@@ -518,15 +583,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         let (non_readers_n, calls, partials_n, slow_n) = (a.non_readers, a.half_close_calls, a.partials, a.slowloris);
         let name = *name;
         attackers.push(std::thread::spawn(move || match name {
-            "non-readers" => non_readers(addr, non_readers_n, end, &s),
-            "half-close" => half_close(addr, calls, end, &s),
-            "partial" => partials(addr, partials_n, end, &s),
-            "slowloris" => slowloris(addr, slow_n, end, &s),
-            "garbage" => garbage(addr, end, &s),
-            _ => rst_flood(addr, end, &s),
+            "non-readers" => non_readers(t, addr, non_readers_n, end, &s),
+            "half-close" => half_close(t, addr, calls, end, &s),
+            "partial" => partials(t, addr, partials_n, end, &s),
+            "slowloris" => slowloris(t, addr, slow_n, end, &s),
+            "garbage" => garbage(t, addr, end, &s),
+            _ => rst_flood(t, addr, end, &s),
         }));
     }
-    let under = good_clients(addr, a.good, end);
+    let under = good_clients(t, addr, a.good, end);
     for t in attackers {
         let _ = t.join();
     }
@@ -550,7 +615,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 
     let base_secs = a.baseline_seconds;
     let doc = json!({
-        "server": "rpc-server",
+        "server": t.name(),
         "driver": a.driver,
         "server_args": a.server_args,
         "seconds": a.seconds,
