@@ -31,6 +31,7 @@ fn hostile_on_epoll_good_clients_are_answered() {
     eprintln!("{doc:#}");
     assert!(doc["good_alone"]["calls"].as_u64().unwrap() > 0, "{doc}");
     assert!(doc["good_under_attack"]["calls"].as_u64().unwrap() > 0, "{doc}");
+    assert!(doc["newcomers"]["tried"].as_u64().unwrap() > 0, "{doc}");
     for attack in ["non-readers", "half-close", "partial", "slowloris", "garbage", "rst"] {
         assert!(doc["attacks"][attack].is_object(), "{attack}: {doc}");
     }
@@ -47,7 +48,7 @@ fn hostile_on_uring_prints_its_findings() {
     let (st, stdout, stderr) = hostile(&["--driver", "uring"]);
     assert!(st.success(), "{st:?}\n{stdout}\n{stderr}");
     eprintln!("{stdout}");
-    for line in ["good clients", "non-readers", "half-close", "server RSS", "server counters", "server stop"] {
+    for line in ["good clients", "newcomers", "non-readers", "half-close", "server RSS", "server counters", "server stop"] {
         assert!(stdout.lines().any(|l| l.starts_with(line)), "no {line:?} line:\n{stdout}");
     }
 }

@@ -16,7 +16,8 @@
 //! | `rst` | connect, half a call, then close with RST, as fast as one thread can |
 //!
 //! It prints the good clients' calls/s alone and under attack (and the
-//! ratio), their errors and reply times, what each attack saw, the server's
+//! ratio), their errors and reply times, how many new connections (one every
+//! 250 ms, one call each) were answered within 1 s, what each attack saw, the server's
 //! RSS (start, peak, end, after the attackers left) from `/proc`, the
 //! server's counters from its statistics socket, and how it stopped on
 //! SIGTERM. Findings are printed, not judged: the exit status is 0 when the
@@ -222,6 +223,28 @@ fn good_clients(t: Target, addr: SocketAddr, n: usize, end: Instant) -> Good {
         let _ = t.join();
     }
     Arc::try_unwrap(good).unwrap_or_default()
+}
+
+/// New connections during the attacks, one every 250 ms, each making one
+/// call with a 1 s deadline: (answered, tried, slowest answer in µs).
+fn newcomers(t: Target, addr: SocketAddr, end: Instant) -> (u64, u64, u64) {
+    let (mut answered, mut tried, mut slowest) = (0, 0, 0);
+    let mut reply = vec![0u8; t.reply_len()];
+    while Instant::now() < end {
+        let next = Instant::now() + Duration::from_millis(250);
+        tried += 1;
+        let start = Instant::now();
+        let ok = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok_and(|mut c| {
+            let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+            c.write_all(&t.request(tried as u32)).is_ok() && c.read_exact(&mut reply).is_ok()
+        });
+        if ok {
+            answered += 1;
+            slowest = slowest.max(start.elapsed().as_micros() as u64);
+        }
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    (answered, tried, slowest)
 }
 
 /// What one attack saw: named counters.
@@ -591,7 +614,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             _ => rst_flood(t, addr, end, &s),
         }));
     }
+    let probe = std::thread::spawn(move || newcomers(t, addr, end));
     let under = good_clients(t, addr, a.good, end);
+    let (new_answered, new_tried, new_slowest_us) = probe.join().unwrap_or((0, 0, 0));
     for t in attackers {
         let _ = t.join();
     }
@@ -621,6 +646,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         "seconds": a.seconds,
         "good_alone": good_json(&alone, base_secs),
         "good_under_attack": good_json(&under, a.seconds),
+        "newcomers": { "tried": new_tried, "answered": new_answered, "slowest_us": new_slowest_us },
         "attacks": seen.iter().map(|(n, s)| (n.to_string(), Value::Object(s.pairs().into_iter().map(|(k, v)| (k.to_string(), Value::from(v))).collect()))).collect::<serde_json::Map<_, _>>(),
         "rss_kib": { "start": during.0, "peak_sampled": during.1, "peak_hwm": peak_hwm, "end_of_attacks": during.2, "after_1s": after_kib },
         "server_counters": server_counters,
@@ -644,6 +670,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         g1["max_us"],
         g1["errors"],
         g1["reconnects"],
+    );
+    println!(
+        "newcomers      {new_answered} of {new_tried} new connections answered within 1 s (one call each, every 250 ms), slowest {:.1} ms",
+        new_slowest_us as f64 / 1000.0
     );
     for (name, s) in &seen {
         let pairs = s.pairs().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
