@@ -247,8 +247,16 @@ fn sigterm_under_load(args: &[&str], service: Service, name: &str) {
     assert_eq!(st.code(), Some(0), "{name}: {st:?}");
     // Bounded by the grace time (plus the stop's own work: joining threads).
     assert!(took < Duration::from_millis(grace_ms + 3000), "{name}: took {took:?}");
-    let out = s.output_with("accepted=");
+    let out = s.output_with("ms after SIGTERM");
     assert!(out.contains("grace time over"), "{name}: {out}");
+    // By the server's own clock, from taking the signal to its last line.
+    let exit = out.lines().find(|l| l.contains("ms after SIGTERM")).unwrap();
+    let ms: u64 = exit
+        .split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{name}: {exit}"));
+    assert!(exit.contains("exit 0,"), "{name}: {exit}");
+    assert!(ms <= grace_ms, "{name}: {exit}");
     let totals = out.lines().rev().find(|l| l.contains("accepted=")).unwrap();
     assert!(totals.starts_with("after "), "{name}: {totals}");
     assert!(!s.socket.exists(), "{name}: statistics socket left behind");
@@ -291,8 +299,10 @@ fn a_second_signal_stops_at_once() {
     let st = s.wait_exit(Duration::from_secs(10));
     assert_eq!(st.code(), Some(128 + libc::SIGINT), "{st:?}");
     assert!(second.elapsed() < Duration::from_secs(10));
-    let out = s.output_with("accepted=");
+    let out = s.output_with("ms after SIGTERM");
     assert!(out.contains("SIGINT: stopping at once"), "{out}");
+    assert!(out.contains("accepted="), "{out}");
+    assert!(out.contains(&format!("exit {},", 128 + libc::SIGINT)), "{out}");
     assert!(!s.socket.exists(), "statistics socket left behind");
     drop(load);
 }

@@ -191,16 +191,16 @@ pub fn run_rpc(a: &RpcArgs, reg: connmux_oncrpc::Registry) -> anyhow::Result<i32
     let registration = crate::cmd::server::register_rpcbind(rpcbind, b.local)?;
     stop::flush();
     let ending = wait_and_report(&a.common, || report(&b, started));
-    let drained = drain(&b, "rpc-server", ending, &a.common.stop);
+    let stopped = drain(&b, "rpc-server", ending, &a.common.stop);
     drop(registration);
     drop(endpoint);
     report(&b, started);
-    Ok(drained.exit_code())
+    Ok(stopped.finish())
 }
 
 /// The graceful stop of a baseline server ([`stop::drain`]); bytes moved are
 /// not counted here, so its calls stand for them.
-fn drain(b: &Baseline, what: &str, ending: stop::Ending, args: &stop::StopArgs) -> stop::Drained {
+fn drain(b: &Baseline, what: &str, ending: stop::Ending, args: &stop::StopArgs) -> stop::Stop {
     stop::drain(what, ending, args, || b.stop_accepting(), || stop::Progress {
         open: b.stats.open.load(Ordering::Relaxed),
         moved: b.stats.calls.load(Ordering::Relaxed),
@@ -230,8 +230,8 @@ pub fn run_echo(a: &EchoArgs) -> anyhow::Result<i32> {
     );
     stop::flush();
     let ending = wait_and_report(&a.common, || report(&b, started));
-    let drained = drain(&b, "echo-server", ending, &a.common.stop);
+    let stopped = drain(&b, "echo-server", ending, &a.common.stop);
     drop(endpoint);
     report(&b, started);
-    Ok(drained.exit_code())
+    Ok(stopped.finish())
 }

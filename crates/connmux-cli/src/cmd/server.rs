@@ -448,21 +448,20 @@ fn run_service(
     // Line by line even into a pipe: a script waits for these two lines.
     let _ = std::io::Write::flush(&mut std::io::stdout());
     let ending = wait_and_report(common, || print_stats(&svc, started));
-    let drained = stop::drain(what, ending, &common.stop, || svc.stop_accepting(), || {
+    let stopped = stop::drain(what, ending, &common.stop, || svc.stop_accepting(), || {
         let s = svc.mux().stats();
         stop::Progress { open: s.psocks as u64, moved: s.rx_bytes + s.tx_bytes }
     });
     print_stats(&svc, started);
     drop(registration);
     drop(endpoint);
-    if let stop::Drained::Forced(_) = drained {
-        stop::flush();
-        std::process::exit(drained.exit_code());
+    if stopped.forced() {
+        std::process::exit(stopped.finish());
     }
     if let Ok(svc) = Arc::try_unwrap(svc) {
         svc.shutdown();
     }
-    Ok(drained.exit_code())
+    Ok(stopped.finish())
 }
 
 /// Sleep until --duration elapses or a stop signal comes, printing stats every

@@ -5,12 +5,13 @@
 //! `sigtimedwait` while it waits for `--duration` or the next statistics line:
 //! no handler runs in signal context.
 //!
-//! On the first signal the server stops accepting, then waits up to
-//! `--grace-ms` for what is in flight: it goes on once every connection has
-//! closed, or once no byte has moved for [`QUIET`] (every request received has
-//! been answered and written, as far as the peers read), or when the grace
-//! time is over. Then it prints its totals, removes its statistics socket,
-//! closes the connections left and exits with status 0. A second signal
+//! On the first signal the server stops accepting, then waits for what is in
+//! flight: it goes on once every connection has closed, or once no byte has
+//! moved for [`QUIET`] (every request received has been answered and written,
+//! as far as the peers read), or when the grace time is nearly over (the last
+//! tenth of `--grace-ms`, at most 250 ms, is kept for the rest). Then it
+//! prints its totals, removes its statistics socket, closes the connections
+//! left and exits with status 0, within `--grace-ms` of the signal. A second signal
 //! during the wait stops it at once: totals, statistics socket removed, exit
 //! status 128 + the signal's number.
 //!
@@ -47,10 +48,10 @@ static BLOCKED: OnceLock<SigSet> = OnceLock::new();
 /// The server flags of a graceful stop.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StopArgs {
-    /// On SIGTERM, SIGINT or SIGHUP: stop accepting, then wait at most this
-    /// many milliseconds for the connections to close or go quiet (every
-    /// request answered) before closing them; print the totals, remove the
-    /// statistics socket, exit 0. A second signal stops at once (exit
+    /// On SIGTERM, SIGINT or SIGHUP: stop accepting, wait for the
+    /// connections to close or go quiet (every request answered), close the
+    /// rest, print the totals, remove the statistics socket and exit 0, all
+    /// within this many milliseconds. A second signal stops at once (exit
     /// 128+signal).
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     pub grace_ms: u64,
@@ -124,6 +125,42 @@ impl Drained {
     }
 }
 
+/// A stop under way: how the drain ended, and since when.
+#[derive(Debug)]
+pub struct Stop {
+    pub how: Drained,
+    what: String,
+    /// When the first signal was taken.
+    signalled: Option<(i32, Instant)>,
+}
+
+impl Stop {
+    pub fn forced(&self) -> bool {
+        matches!(self.how, Drained::Forced(_))
+    }
+
+    /// Say how long the stop took (after a signal) and give the exit status.
+    pub fn finish(self) -> i32 {
+        let code = self.how.exit_code();
+        if let Some((sig, at)) = self.signalled {
+            println!(
+                "{}: exit {code}, {} ms after {}",
+                self.what,
+                at.elapsed().as_millis(),
+                name(sig)
+            );
+        }
+        flush();
+        code
+    }
+}
+
+/// The part of the grace time kept for closing, printing and removing the
+/// socket after the drain.
+fn reserve(grace: Duration) -> Duration {
+    (grace / 10).min(Duration::from_millis(250))
+}
+
 /// The signal's name for messages.
 pub fn name(sig: i32) -> &'static str {
     match sig {
@@ -143,11 +180,13 @@ pub fn drain(
     args: &StopArgs,
     stop_accepting: impl FnOnce(),
     mut progress: impl FnMut() -> Progress,
-) -> Drained {
+) -> Stop {
     let Ending::Signal(sig) = ending else {
-        return Drained::NotNeeded;
+        return Stop { how: Drained::NotNeeded, what: what.into(), signalled: None };
     };
-    let grace = Duration::from_millis(args.grace_ms);
+    let signalled = Some((sig, Instant::now()));
+    let full = Duration::from_millis(args.grace_ms);
+    let grace = full - reserve(full);
     println!(
         "{what}: {}: stopping (no new connections; up to {} ms for those open; a second signal stops at once)",
         name(sig),
@@ -191,7 +230,7 @@ pub fn drain(
         "{what}: stopped after {} ms: {how}",
         start.elapsed().as_millis()
     );
-    end
+    Stop { how: end, what: what.into(), signalled }
 }
 
 /// Flush standard output (a script may wait for a line).
@@ -215,7 +254,7 @@ mod tests {
         let args = StopArgs { grace_ms: 1000 };
         let mut stopped = false;
         let d = drain("t", Ending::Duration, &args, || stopped = true, || unreachable!());
-        assert_eq!(d, Drained::NotNeeded);
+        assert_eq!(d.how, Drained::NotNeeded);
         assert!(!stopped);
     }
 
@@ -224,10 +263,10 @@ mod tests {
         let args = StopArgs { grace_ms: 10_000 };
         let t = Instant::now();
         let d = drain("t", Ending::Signal(libc::SIGTERM), &args, || {}, || Progress { open: 2, moved: 7 });
-        assert_eq!(d, Drained::Quiet { open: 2 });
+        assert_eq!(d.how, Drained::Quiet { open: 2 });
         assert!(t.elapsed() < Duration::from_secs(5));
         let d = drain("t", Ending::Signal(libc::SIGTERM), &args, || {}, || Progress { open: 0, moved: 0 });
-        assert_eq!(d, Drained::AllClosed);
+        assert_eq!(d.how, Drained::AllClosed);
     }
 
     #[test]
@@ -240,7 +279,9 @@ mod tests {
             n += 1;
             Progress { open: 1, moved: n }
         });
-        assert_eq!(d, Drained::GraceOver { open: 1 });
-        assert!(t.elapsed() >= Duration::from_millis(200));
+        assert_eq!(d.how, Drained::GraceOver { open: 1 });
+        // The last tenth is kept for what follows the drain.
+        assert!(t.elapsed() >= Duration::from_millis(180), "{:?}", t.elapsed());
+        assert_eq!(d.finish(), 0);
     }
 }
