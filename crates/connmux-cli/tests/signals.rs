@@ -224,7 +224,8 @@ fn wait_refused(addr: SocketAddr, limit: Duration) {
 /// prints its totals, removes its statistics socket and exits 0.
 fn sigterm_under_load(args: &[&str], service: Service, name: &str) {
     let dir = Scratch::new(name);
-    let grace_ms = 1500u64;
+    // Its last tenth (250 ms here) is what the server keeps for closing.
+    let grace_ms = 3000u64;
     let mut a = args.to_vec();
     let grace = grace_ms.to_string();
     a.extend(["--grace-ms", &grace]);
