@@ -14,6 +14,9 @@ fn hostile(args: &[&str]) -> (std::process::ExitStatus, String, String) {
     let out = Command::new(BIN)
         .args(["bench", "hostile", "--seconds", "3", "--baseline-seconds", "0.5"])
         .args(args)
+        // Unpinned: the tests run side by side; servers all pinned to CPU 0
+        // would measure each other.
+        .args(["--", "--no-pin"])
         .output()
         .expect("run connmux bench hostile");
     (
