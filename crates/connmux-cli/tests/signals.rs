@@ -424,12 +424,18 @@ fn a_closed_stdout_ends_the_command_quietly() {
 }
 
 /// `connmux parse --bpf FILE`, with its exit, stderr, time and peak RSS.
+fn parse_bpf(file: &str) -> (signal::Exit, String, Duration) {
+    parse_measured(&["--bpf", file])
+}
+
+/// `connmux parse ARGS`, with its exit, stderr, time and peak RSS.
 // The child is reaped by wait4 (try_wait_rusage), which clippy does not see.
 #[allow(clippy::zombie_processes)]
-fn parse_bpf(file: &str) -> (signal::Exit, String, Duration) {
+fn parse_measured(args: &[&str]) -> (signal::Exit, String, Duration) {
     let start = Instant::now();
     let mut child = Command::new(BIN)
-        .args(["parse", "--bpf", file])
+        .arg("parse")
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -447,7 +453,7 @@ fn parse_bpf(file: &str) -> (signal::Exit, String, Duration) {
         }
         if start.elapsed() > Duration::from_secs(20) {
             let _ = child.kill();
-            panic!("parse --bpf {file} still running after 20 s");
+            panic!("parse {args:?} still running after 20 s");
         }
         std::thread::sleep(Duration::from_millis(5));
     };
@@ -493,5 +499,15 @@ fn parse_bpf_errors_say_their_reason_once() {
     let (exit, stderr, _) = parse_bpf(&big.to_string_lossy());
     assert_eq!(exit.code, Some(1));
     assert_eq!(stderr.matches("larger than").count(), 1, "{stderr}");
+    assert!(exit.max_rss_kib <= 50 * 1024, "peak RSS {} KiB", exit.max_rss_kib);
+}
+
+/// The input side: an endless random stream is read a chunk at a time and
+/// refused at its first impossible length, in little memory.
+#[test]
+fn parse_of_an_endless_random_input_is_bounded() {
+    let (exit, stderr, _) = parse_measured(&["--quiet", "--parser", "l4", "/dev/urandom"]);
+    // 4: refused (a 4-byte length of random bytes is almost always over 1 MiB).
+    assert_eq!(exit.code, Some(4), "{exit:?} {stderr}");
     assert!(exit.max_rss_kib <= 50 * 1024, "peak RSS {} KiB", exit.max_rss_kib);
 }
