@@ -86,10 +86,62 @@ pub enum LoadError {
     NotWholeInstructions { len: usize },
     #[error(transparent)]
     Elf(#[from] ElfError),
+    // The reason is in the message, so it is not also a `source`: a report
+    // that prints the chain says it once.
     #[error("program refused: {0}")]
-    Check(#[from] CheckError),
-    #[error("reading {path}: {source}")]
+    Check(CheckError),
+    /// The file could not be read; the OS error is the `source` (not repeated
+    /// in the message).
+    #[error("reading {path}")]
     Io { path: PathBuf, source: std::io::Error },
+    /// The file does not start with the ELF magic (`\x7fELF`).
+    #[error("{path} is not an ELF object (it does not start with \\x7fELF)")]
+    NotElf { path: PathBuf },
+    /// The file is larger than [`MAX_OBJECT_SIZE`].
+    #[error("{path} is larger than {max} bytes, the most an object may be")]
+    TooLarge { path: PathBuf, max: usize },
+}
+
+impl From<CheckError> for LoadError {
+    fn from(e: CheckError) -> LoadError {
+        LoadError::Check(e)
+    }
+}
+
+/// The largest ELF object [`BpfParser::from_elf_file`] reads: a program has at
+/// most [`Limits::max_insns`] (65,536) instructions, 512 KiB of code, and the
+/// rest of a `clang -g` object (BTF, DWARF, symbols) is a few times that;
+/// 16 MiB leaves room and bounds the memory a bad path (a device, a pipe, a
+/// huge file) can cost.
+pub const MAX_OBJECT_SIZE: usize = 16 << 20;
+
+/// Read an ELF object file: the magic is checked on the first bytes, and at
+/// most [`MAX_OBJECT_SIZE`] bytes are read, so an endless or random input
+/// (`/dev/urandom`) is refused at once.
+pub fn read_object(path: &std::path::Path) -> Result<Vec<u8>, LoadError> {
+    use std::io::Read;
+    let io = |source| LoadError::Io { path: path.to_owned(), source };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut magic = [0u8; 4];
+    let mut got = 0;
+    // Bounded: each turn reads at least one byte or returns.
+    while got < magic.len() {
+        match f.read(&mut magic[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io(e)),
+        }
+    }
+    if magic[..got] != b"\x7fELF"[..] {
+        return Err(LoadError::NotElf { path: path.to_owned() });
+    }
+    let mut bytes = magic.to_vec();
+    f.take(MAX_OBJECT_SIZE as u64 + 1 - 4).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() > MAX_OBJECT_SIZE {
+        return Err(LoadError::TooLarge { path: path.to_owned(), max: MAX_OBJECT_SIZE });
+    }
+    Ok(bytes)
 }
 
 impl Program {
@@ -101,5 +153,42 @@ impl Program {
     /// Take one program out of an ELF object (see [`elf::load_program`]) and check it.
     pub fn from_elf(bytes: &[u8], select: Option<&str>) -> Result<Program, LoadError> {
         Ok(Program::new(&elf::load_program(bytes, select)?.insns)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The message and its sources, as `anyhow`'s `{:#}` prints them.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            s.push_str(": ");
+            s.push_str(&c.to_string());
+            cur = c.source();
+        }
+        s
+    }
+
+    #[test]
+    fn load_errors_say_their_reason_once() {
+        let e = Program::from_bytes(&[0x52, 0, 0, 0, 0, 0, 0, 0]).unwrap_err();
+        let text = chain(&e);
+        assert_eq!(text.matches("unknown opcode 0x52").count(), 1, "{text}");
+        let e = read_object(std::path::Path::new("/nonexistent/connmux.o")).unwrap_err();
+        let text = chain(&e);
+        assert_eq!(text.matches("No such file or directory").count(), 1, "{text}");
+        assert!(text.contains("/nonexistent/connmux.o"), "{text}");
+    }
+
+    #[test]
+    fn read_object_checks_the_magic_before_reading_on() {
+        // An endless device: refused on its first bytes.
+        let e = read_object(std::path::Path::new("/dev/zero")).unwrap_err();
+        assert!(matches!(e, LoadError::NotElf { .. }), "{e}");
+        let e = read_object(std::path::Path::new("/dev/null")).unwrap_err();
+        assert!(matches!(e, LoadError::NotElf { .. }), "{e}");
     }
 }

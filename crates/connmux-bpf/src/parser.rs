@@ -54,10 +54,11 @@ impl BpfParser {
         Ok(BpfParser::new(Arc::new(prog), &name))
     }
 
-    /// [`from_elf_bytes`](Self::from_elf_bytes) on a file's contents.
+    /// [`from_elf_bytes`](Self::from_elf_bytes) on a file's contents, read by
+    /// [`read_object`](crate::read_object): the ELF magic first, then at most
+    /// [`MAX_OBJECT_SIZE`](crate::MAX_OBJECT_SIZE) bytes.
     pub fn from_elf_file(path: impl AsRef<Path>, section: Option<&str>) -> Result<BpfParser, LoadError> {
-        let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Io { path: path.to_owned(), source })?;
+        let bytes = crate::read_object(path.as_ref())?;
         BpfParser::from_elf_bytes(&bytes, section)
     }
 

@@ -17,9 +17,11 @@ enum Command {
     /// The main job: the RPC server driven by rpctest on loopback, beside a
     /// thread-per-connection baseline; prints RPC/s, median RTT and ratios.
     Demo(cmd::demo::Args),
-    /// Run the echo server (byte echo or message echo).
+    /// Run the echo server (byte echo or message echo). SIGTERM, SIGINT and
+    /// SIGHUP stop it gracefully (see --grace-ms).
     EchoServer(cmd::server::EchoArgs),
     /// Run the ONC RPC server answering NULL calls (NFS v3/v4 by default).
+    /// SIGTERM, SIGINT and SIGHUP stop it gracefully (see --grace-ms).
     RpcServer(cmd::server::RpcArgs),
     /// Load generator for the echo server: median RTT and messages/s.
     Echotest(cmd::echotest::Args),
@@ -33,7 +35,15 @@ enum Command {
 }
 
 fn main() {
+    cmd::pipe::install();
     let cli = Cli::parse();
+    if matches!(cli.command, Command::EchoServer(_) | Command::RpcServer(_)) {
+        // Before any thread starts: every thread inherits the mask, and the
+        // main thread takes the stop signals (see cmd::stop).
+        if let Err(e) = cmd::stop::block() {
+            eprintln!("connmux: stop signals not handled: {e:#}");
+        }
+    }
     let r = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::EchoServer(a) => cmd::server::run_echo(a),
@@ -47,6 +57,9 @@ fn main() {
     match r {
         Ok(code) => std::process::exit(code),
         Err(e) => {
+            if cmd::pipe::is_broken_pipe(&e) && cmd::pipe::closed() {
+                cmd::pipe::die();
+            }
             eprintln!("connmux: {e:#}");
             std::process::exit(1);
         }

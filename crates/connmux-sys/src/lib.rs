@@ -7,7 +7,9 @@
 //! Map of the crate:
 //! - [`epoll`]: readiness notification (`epoll_create1`/`epoll_ctl`/`epoll_wait`);
 //! - [`eventfd`]: a counter fd used to wake a thread blocked in `epoll_wait`;
-//! - [`poll`]: wait for one fd to become readable, with a timeout;
+//! - [`poll`]: wait for one fd to become readable, with a timeout; whether a pipe's reader left;
+//! - [`signal`]: block signals and take them synchronously (`sigtimedwait`), `kill`,
+//!   dying of a signal's default action, reaping a child with its peak RSS (`wait4`);
 //! - [`affinity`]: pin the calling thread to a CPU, list the CPUs we may run on;
 //! - [`socket`]: reads, vectored non-blocking sends without `SIGPIPE`, socket options,
 //!   the checks AF_KCM makes before attaching a TCP socket, aborting a connection;
@@ -32,6 +34,7 @@ pub mod epoll;
 pub mod kcm;
 pub mod eventfd;
 pub mod poll;
+pub mod signal;
 pub mod socket;
 pub mod uring;
 

@@ -51,6 +51,22 @@ pub fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
     }
 }
 
+/// Whether `fd`, the writing end of a pipe or a socket, has no reader any more
+/// (`POLLERR`/`POLLHUP` on a poll that does not wait): a write would fail with
+/// `EPIPE`. A file or a terminal is never closed this way.
+pub fn write_end_closed(fd: RawFd) -> io::Result<bool> {
+    let mut pfd = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+    // SAFETY: `pfd` is one valid pollfd; a zero timeout does not wait.
+    let r = crate::util::retry_eintr(|| cvt(unsafe { libc::poll(&mut pfd, 1, 0) }))?;
+    if r == 0 {
+        return Ok(false);
+    }
+    if pfd.revents & libc::POLLNVAL != 0 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    Ok(pfd.revents & (libc::POLLERR | libc::POLLHUP) != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

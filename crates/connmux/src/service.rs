@@ -248,6 +248,8 @@ pub struct Service {
     mux: Mux,
     local: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// Set to stop the accept thread alone ([`Service::stop_accepting`]).
+    stop_accept: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     stats: Arc<ServiceStats>,
     _serving: Serving,
@@ -282,9 +284,10 @@ impl Service {
         let stats = Arc::new(ServiceStats::default());
         let serving = mux.serve_counting(cfg.sock_type, handler, Some(stats.clone()))?;
         let stop = Arc::new(AtomicBool::new(false));
+        let stop_accept = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         {
-            let (mux, stop, stats, parser) = (mux.clone(), stop.clone(), stats.clone(), cfg.parser.clone());
+            let (mux, stop, stats, parser) = (mux.clone(), stop_accept.clone(), stats.clone(), cfg.parser.clone());
             threads.push(std::thread::Builder::new().name("connmux-accept".into()).spawn(move || {
                 accept_loop(&mux, &listener, &stop, &stats, &*parser, tls.as_ref())
             })?);
@@ -301,7 +304,7 @@ impl Service {
                 }
             })?);
         }
-        Ok(Service { mux, local, stop, threads, stats, _serving: serving })
+        Ok(Service { mux, local, stop, stop_accept, threads, stats, _serving: serving })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -314,6 +317,13 @@ impl Service {
         &self.stats
     }
 
+    /// Stop accepting new connections (the listener closes within 100 ms, as
+    /// the accept thread ends); those attached go on being served. The first
+    /// step of a graceful stop.
+    pub fn stop_accepting(&self) {
+        self.stop_accept.store(true, Ordering::Release);
+    }
+
     /// Stop accepting, unattach every connection, stop the threads.
     pub fn shutdown(mut self) {
         self.stop_threads();
@@ -321,6 +331,7 @@ impl Service {
 
     fn stop_threads(&mut self) {
         self.stop.store(true, Ordering::Release);
+        self.stop_accept.store(true, Ordering::Release);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

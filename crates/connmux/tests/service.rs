@@ -394,3 +394,29 @@ on_both_drivers!(
     light_requests_are_not_answered_behind_heavy_ones,
     connection_light_again_leaves_the_lane
 );
+
+/// `stop_accepting`: new connections are refused, the attached ones are
+/// still served.
+#[test]
+fn stop_accepting_refuses_new_connections_and_serves_the_others() {
+    let svc = echo_service(1, Steering::Affinity, 1 << 20);
+    let addr = svc.local_addr();
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    c.write_all(&framed(b"before")).unwrap();
+    assert_eq!(read_framed(&mut c), b"before");
+
+    svc.stop_accepting();
+    let start = std::time::Instant::now();
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            _ => {}
+        }
+        assert!(start.elapsed() < WAIT, "{addr} still accepts after {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    c.write_all(&framed(b"after")).unwrap();
+    assert_eq!(read_framed(&mut c), b"after");
+    svc.shutdown();
+}

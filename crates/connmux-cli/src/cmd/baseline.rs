@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cmd::server::{wait_and_report, EchoArgs, RpcArgs};
+use crate::cmd::stop;
 
 /// Counters of a baseline server.
 #[derive(Default, Debug)]
@@ -15,6 +16,8 @@ pub struct BaselineStats {
     pub accepted: AtomicU64,
     pub calls: AtomicU64,
     pub closed_bad: AtomicU64,
+    /// Connections open now.
+    pub open: AtomicU64,
 }
 
 /// A running thread-per-connection server.
@@ -73,9 +76,16 @@ impl Baseline {
                             let _ = conn.set_nonblocking(false);
                             let _ = conn.set_nodelay(true);
                             let (serve, stats) = (serve.clone(), stats2.clone());
-                            let _ = std::thread::Builder::new()
+                            stats.open.fetch_add(1, Ordering::Relaxed);
+                            let spawned = std::thread::Builder::new()
                                 .name("baseline-conn".into())
-                                .spawn(move || serve(conn, &stats));
+                                .spawn(move || {
+                                    serve(conn, &stats);
+                                    stats.open.fetch_sub(1, Ordering::Relaxed);
+                                });
+                            if spawned.is_err() {
+                                stats2.open.fetch_sub(1, Ordering::Relaxed);
+                            }
                         }
                         Err(_) => std::thread::sleep(Duration::from_millis(2)),
                     }
@@ -87,6 +97,14 @@ impl Baseline {
             stop,
             accept: Some(accept),
         })
+    }
+}
+
+impl Baseline {
+    /// Stop accepting (the listener closes within a few milliseconds); the
+    /// connections' threads go on.
+    pub fn stop_accepting(&self) {
+        self.stop.store(true, Ordering::Release);
     }
 }
 
@@ -171,11 +189,22 @@ pub fn run_rpc(a: &RpcArgs, reg: connmux_oncrpc::Registry) -> anyhow::Result<i32
         b.local
     );
     let registration = crate::cmd::server::register_rpcbind(rpcbind, b.local)?;
-    wait_and_report(&a.common, || report(&b, started));
+    stop::flush();
+    let ending = wait_and_report(&a.common, || report(&b, started));
+    let stopped = drain(&b, "rpc-server", ending, &a.common.stop);
     drop(registration);
     drop(endpoint);
     report(&b, started);
-    Ok(0)
+    Ok(stopped.finish())
+}
+
+/// The graceful stop of a baseline server ([`stop::drain`]); bytes moved are
+/// not counted here, so its calls stand for them.
+fn drain(b: &Baseline, what: &str, ending: stop::Ending, args: &stop::StopArgs) -> stop::Stop {
+    stop::drain(what, ending, args, || b.stop_accepting(), || stop::Progress {
+        open: b.stats.open.load(Ordering::Relaxed),
+        moved: b.stats.calls.load(Ordering::Relaxed),
+    })
 }
 
 pub fn run_echo(a: &EchoArgs) -> anyhow::Result<i32> {
@@ -199,8 +228,10 @@ pub fn run_echo(a: &EchoArgs) -> anyhow::Result<i32> {
         "echo-server (thread per connection) listening on {}",
         b.local
     );
-    wait_and_report(&a.common, || report(&b, started));
+    stop::flush();
+    let ending = wait_and_report(&a.common, || report(&b, started));
+    let stopped = drain(&b, "echo-server", ending, &a.common.stop);
     drop(endpoint);
     report(&b, started);
-    Ok(0)
+    Ok(stopped.finish())
 }

@@ -61,7 +61,8 @@ pub struct Args {
     /// oncrpc[:strip][,max_fragments=N], 9p, thrift, http2, kafka, memcached.
     #[arg(long, value_name = "SPEC", default_value = "l4", conflicts_with = "bpf")]
     pub parser: String,
-    /// A BPF parser program: an ELF object from `clang -target bpf -O2 -c`.
+    /// A BPF parser program: an ELF object from `clang -target bpf -O2 -c`
+    /// (its ELF magic is checked first; at most 16 MiB is read).
     #[arg(long, value_name = "FILE.o")]
     pub bpf: Option<PathBuf>,
     /// The program's section or function in the object (needed when it holds several).

@@ -12,6 +12,7 @@ use connmux::{Bytes, Config, Mux, Placement, PsockId, SockType, Steering};
 use crate::cmd::baseline;
 use crate::cmd::rpcbind::Registration;
 use crate::cmd::stat::{self, StatsEndpoint};
+use crate::cmd::stop;
 
 /// Options every server shares.
 #[derive(clap::Args, Debug, Clone)]
@@ -67,6 +68,8 @@ pub struct Common {
     pub lane_nice: i32,
     #[command(flatten)]
     pub tls: crate::cmd::tls::ServerTls,
+    #[command(flatten)]
+    pub stop: crate::cmd::stop::StopArgs,
 }
 
 /// `--attach`: whether connections go to the worker on their incoming CPU.
@@ -462,18 +465,26 @@ fn run_service(
     }
     // Line by line even into a pipe: a script waits for these two lines.
     let _ = std::io::Write::flush(&mut std::io::stdout());
-    wait_and_report(common, || print_stats(&svc, started));
+    let ending = wait_and_report(common, || print_stats(&svc, started));
+    let stopped = stop::drain(what, ending, &common.stop, || svc.stop_accepting(), || {
+        let s = svc.mux().stats();
+        stop::Progress { open: s.psocks as u64, moved: s.rx_bytes + s.tx_bytes }
+    });
     print_stats(&svc, started);
     drop(registration);
     drop(endpoint);
+    if stopped.forced() {
+        std::process::exit(stopped.finish());
+    }
     if let Ok(svc) = Arc::try_unwrap(svc) {
         svc.shutdown();
     }
-    Ok(0)
+    Ok(stopped.finish())
 }
 
-/// Sleep until --duration elapses (or forever), printing stats every --stats-every.
-pub fn wait_and_report(common: &Common, mut report: impl FnMut()) {
+/// Sleep until --duration elapses or a stop signal comes, printing stats every
+/// --stats-every.
+pub fn wait_and_report(common: &Common, mut report: impl FnMut()) -> stop::Ending {
     let start = Instant::now();
     let end = common.duration.map(|d| start + Duration::from_secs_f64(d));
     let every = (common.stats_every > 0.0).then(|| Duration::from_secs_f64(common.stats_every));
@@ -481,7 +492,7 @@ pub fn wait_and_report(common: &Common, mut report: impl FnMut()) {
     loop {
         let now = Instant::now();
         if end.is_some_and(|e| now >= e) {
-            return;
+            return stop::Ending::Duration;
         }
         let mut wake = now + Duration::from_secs(3600);
         if let Some(e) = end {
@@ -495,7 +506,9 @@ pub fn wait_and_report(common: &Common, mut report: impl FnMut()) {
             }
             wake = wake.min(n);
         }
-        std::thread::sleep(wake - now);
+        if let Some(sig) = stop::pause(wake - now) {
+            return stop::Ending::Signal(sig);
+        }
     }
 }
 

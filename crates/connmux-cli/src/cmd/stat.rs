@@ -18,6 +18,11 @@ use anyhow::Context;
 use connmux::MuxStats;
 
 #[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Exit status:
+  0  every server listed answered
+  1  a server listed could not be reached (each is named on standard error),
+     or none was found")]
 pub struct Args {
     /// Statistics sockets of running servers (default: every one in the
     /// default directory).
@@ -162,7 +167,8 @@ pub fn format_mux_stats(st: &MuxStats) -> String {
     out
 }
 
-fn read_one(path: &Path) -> anyhow::Result<String> {
+/// One server's snapshot.
+pub fn read_one(path: &Path) -> anyhow::Result<String> {
     let mut c =
         UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
     c.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -188,13 +194,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 "connmux stat: no running connmux server found in {}",
                 dir.display()
             );
-            return Ok(1);
+            return Ok(EXIT_UNREACHABLE);
         }
         v
     } else {
         a.sockets
     };
-    let mut failed = 0;
+    let mut unreachable = Vec::new();
     for p in &paths {
         match read_one(p) {
             Ok(text) => {
@@ -204,9 +210,23 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             }
             Err(e) => {
                 eprintln!("connmux stat: {e:#}");
-                failed += 1;
+                unreachable.push(p);
             }
         }
     }
-    Ok(if failed == paths.len() { 1 } else { 0 })
+    if unreachable.is_empty() {
+        return Ok(0);
+    }
+    // Named again at the end, where a long listing does not hide them.
+    eprintln!(
+        "connmux stat: {} of {} server(s) could not be reached (not running? a socket left by a \
+         server that was killed): {}",
+        unreachable.len(),
+        paths.len(),
+        unreachable.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    );
+    Ok(EXIT_UNREACHABLE)
 }
+
+/// Exit status when a server could not be reached (or none was found).
+pub const EXIT_UNREACHABLE: i32 = 1;

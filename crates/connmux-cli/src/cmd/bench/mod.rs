@@ -10,6 +10,7 @@
 //! | `recv` | messages/s and median one-way delay of whole messages read through connmux (epoll, io_uring) vs a plain blocking read loop on the same socket, 64 B, 1 KiB, 64 KiB |
 //! | `instructions` | user-space instructions per NULL call under callgrind (fixed call counts) |
 //! | `tls` | NULL calls to the rpc-server with and without `--tls`: RPC/s, median RTT, ratio |
+//! | `hostile` | good clients beside attacks (non-readers, half-close, partial records, slowloris, garbage, RST floods): their rate, errors, replies lost, the server's RSS and counters (not in `all`) |
 //! | `all` | all of the above with their defaults |
 //!
 //! Every server runs as its own process under `taskset`, and every load
@@ -21,6 +22,7 @@
 //! `docs/performance.md` for the figures and why placement matters so much
 //! on a small machine.
 
+pub mod hostile;
 pub mod instr;
 #[path = "../rawepoll.rs"]
 pub mod rawepoll;
@@ -64,6 +66,10 @@ pub enum Mode {
     Instructions(instr::Args),
     /// The cost of TLS: RPC/s and median RTT of rpc-server with and without --tls.
     Tls(tls::Args),
+    /// Good clients beside hostile ones (non-readers, half-close, partial
+    /// records, slowloris, garbage, RST floods): their rate, errors, replies
+    /// lost, the server's RSS and counters. Not part of `all`.
+    Hostile(hostile::Args),
     /// Every benchmark with its defaults.
     All(AllArgs),
     /// The rpc-server's service (same handler, same parser) with a chosen I/O driver.
@@ -99,6 +105,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::Recv(a) => recv::run(a),
         Mode::Instructions(a) => instr::run(a),
         Mode::Tls(a) => tls::run(a),
+        Mode::Hostile(a) => hostile::run(a),
         Mode::All(a) => {
             let q: &[&str] = if a.quick {
                 &["bench", "--quick"]
