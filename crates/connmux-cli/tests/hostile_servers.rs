@@ -166,6 +166,8 @@ fn non_reader(addr: SocketAddr, service: Service, blocked: Arc<AtomicU64>, stop:
     std::thread::spawn(move || {
         let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         sock.set_recv_buffer_size(4096).unwrap();
+        // Plenty in flight towards the server when it stops reading.
+        sock.set_send_buffer_size(4 << 20).unwrap();
         sock.connect(&addr.into()).unwrap();
         // A blocked write sleeps in the kernel, waking every 200 ms.
         sock.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
@@ -219,17 +221,19 @@ fn non_readers_do_not_starve_others(service: Service, driver: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
     // Pipelining on while a new client arrives: it is answered within 1 s.
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(1000));
     let mut fresh = TcpStream::connect(s.addr).unwrap();
     fresh.set_nodelay(true).unwrap();
     let t = Instant::now();
     let r = one_call(&mut fresh, service, 7, Duration::from_secs(1));
     assert!(r.is_ok(), "{service:?}/{driver}: a new client beside 20 non-readers: {r:?} after {:?}", t.elapsed());
 
-    // The good client keeps at least half of its rate: the best of five
-    // windows (a functional bound: a starved client gets none).
+    // The good client keeps at least half of its rate: the best of up to
+    // twelve windows, as the unloaded rate was the best of three (a
+    // functional bound that a starved client fails however long it is
+    // watched; the windows absorb the noise of a shared 2-CPU machine).
     let mut loaded = 0.0f64;
-    for _ in 0..5 {
+    for _ in 0..12 {
         loaded = loaded.max(rate(&done, Duration::from_millis(250)));
         if loaded >= 0.5 * unloaded {
             break;
