@@ -556,9 +556,11 @@ int connmux_sock_clone(const connmux_sock *sock, connmux_sock **out_sock);
 
 /**
  * `close()`: messages received but not yet read move to the mux's other
- * sockets; messages not yet written are dropped (a connection reserved
- * mid-message is aborted); closing the last socket of a mux unattaches every
- * connection. NULL is ignored. Must not race with other calls on the same handle.
+ * sockets; messages not yet written are dropped, silently, as KCM's close
+ * drops them (a connection reserved mid-message is aborted): call
+ * `connmux_sock_flush` first to wait for them. Closing the last socket of a
+ * mux unattaches every connection. NULL is ignored. Must not race with other
+ * calls on the same handle.
  *
  * # Safety
  * `sock` is NULL or a live handle, not used again after this call.
@@ -707,6 +709,19 @@ ptrdiff_t connmux_send_to(const connmux_sock *sock,
  * `buf` readable for its `len` bytes.
  */
 ptrdiff_t connmux_send_batch(const connmux_sock *sock, connmux_msg *msgs, size_t count, int flags);
+
+/**
+ * Wait, at most `timeout_ms` milliseconds, until every message this socket
+ * accepted with a send call has been written to its connection, so that
+ * `connmux_sock_close` then drops nothing. 0 when all are written;
+ * -ETIMEDOUT when some are still unsent at the deadline (nothing is dropped
+ * by this call); -EOPNOTSUPP on the kernel backend; another negative errno
+ * on error. Any thread may call this.
+ *
+ * # Safety
+ * `sock` is a live handle.
+ */
+int connmux_sock_flush(const connmux_sock *sock, uint64_t timeout_ms);
 
 /**
  * Messages waiting on this socket (0 or more), or a negative errno.

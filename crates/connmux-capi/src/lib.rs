@@ -1047,9 +1047,11 @@ pub unsafe extern "C" fn connmux_sock_clone(
 }
 
 /// `close()`: messages received but not yet read move to the mux's other
-/// sockets; messages not yet written are dropped (a connection reserved
-/// mid-message is aborted); closing the last socket of a mux unattaches every
-/// connection. NULL is ignored. Must not race with other calls on the same handle.
+/// sockets; messages not yet written are dropped, silently, as KCM's close
+/// drops them (a connection reserved mid-message is aborted): call
+/// `connmux_sock_flush` first to wait for them. Closing the last socket of a
+/// mux unattaches every connection. NULL is ignored. Must not race with other
+/// calls on the same handle.
 ///
 /// # Safety
 /// `sock` is NULL or a live handle, not used again after this call.
@@ -1486,6 +1488,25 @@ pub unsafe extern "C" fn connmux_send_batch(
             m.n = d.len();
         }
         ok(sent)
+    })
+}
+
+/// Wait, at most `timeout_ms` milliseconds, until every message this socket
+/// accepted with a send call has been written to its connection, so that
+/// `connmux_sock_close` then drops nothing. 0 when all are written;
+/// -ETIMEDOUT when some are still unsent at the deadline (nothing is dropped
+/// by this call); -EOPNOTSUPP on the kernel backend; another negative errno
+/// on error. Any thread may call this.
+///
+/// # Safety
+/// `sock` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn connmux_sock_flush(sock: *const connmux_sock, timeout_ms: u64) -> c_int {
+    guard_int(|| {
+        // SAFETY: forwarded contract of this function.
+        let s = unsafe { sock_ref(sock) }?;
+        s.sock.flush(std::time::Duration::from_millis(timeout_ms))?;
+        Ok(0)
     })
 }
 

@@ -291,6 +291,11 @@ pub enum Event {
     /// The psock is fully released (after unattach or last-socket close): the
     /// driver may close or hand back its connection.
     PsockReleased(PsockId),
+    /// The psock's peer closed its write side (FIN) and everything it sent
+    /// has been delivered, answered (no hold left, [`Mux::rx_settle`]) and
+    /// written: the driver may close the connection in order (FIN). Raised
+    /// once, after `PsockFailed(p, Closed)`.
+    PsockDrained(PsockId),
 }
 
 /// A view of the bytes a psock should write next: one or more whole-message
@@ -396,6 +401,8 @@ struct Sock {
     /// Takes only the messages of psocks with its affinity tag: never chosen
     /// by round robin, spill-over or key hashing (`Mux::set_tag_only`).
     tag_only: bool,
+    /// Messages its reader takes are held until settled (`Mux::set_holds`).
+    holds: bool,
     // ---- receive ----
     rx_queue: VecDeque<RxMsg>,
     /// Bytes of the receive queue not yet read (`sk_rmem_alloc`).
@@ -440,6 +447,7 @@ impl Sock {
             sndbuf_peak: sndbuf,
             affinity: None,
             tag_only: false,
+            holds: false,
             rx_queue: VecDeque::new(),
             rx_mem: 0,
             on_waiters: false,
@@ -463,6 +471,39 @@ impl Sock {
     }
 }
 
+/// A psock's lifecycle (receive side and close), as the core decides it:
+///
+/// ```text
+///            rx_closed(p, None): FIN             nothing to deliver, no hold,
+///   Open ───────────────────────────► PeerClosed ────────────────────────────► Drained
+///    │      PsockFailed(Closed)          │       nothing to write               PsockDrained
+///    │                                   │                                      (close with FIN)
+///    │ parse error, oversize, timeout,   │ tx_failed, rx_abort
+///    │ rx_abort, rx_closed(p, Some(e))   │
+///    ▼                                   ▼
+///  Failed ◄──────────────────────────────┘
+///  PsockFailed(Rx | Tx | Closed): the driver aborts the connection (RST)
+/// ```
+///
+/// In `PeerClosed` the whole messages already buffered are still cut and
+/// delivered (the partial one is dropped) and the transmit queue is still
+/// written; only `Open` takes new bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Life {
+    Open,
+    PeerClosed,
+    Drained,
+    Failed,
+}
+
+impl Life {
+    /// Receive is over (no new bytes are taken).
+    #[inline]
+    fn rx_over(self) -> bool {
+        self != Life::Open
+    }
+}
+
 /// An attached connection.
 #[derive(Debug)]
 struct Psock {
@@ -475,10 +516,11 @@ struct Psock {
     ready: Option<RxMsg>,
     /// Paused by backpressure, on the mux's ready list (`strp.paused`).
     paused: bool,
-    /// A receive failure (error or close) was reported.
-    rx_failed: bool,
-    /// The peer closed: what is buffered is parsed, then the rest dropped.
-    rx_eof: bool,
+    /// Where it is in its life (see [`Life`]).
+    life: Life,
+    /// Messages handed to holding sockets' readers and not yet settled
+    /// ([`Mux::set_holds`], [`Mux::rx_settle`]): requests still being answered.
+    holds: u64,
     // ---- transmit ----
     tx_queue: VecDeque<TxMsg>,
     /// A chunk is out with the driver (one writer at a time).
@@ -842,8 +884,8 @@ impl Mux {
             rx_limit: max_msg_size + read_ahead,
             ready: None,
             paused: false,
-            rx_failed: false,
-            rx_eof: false,
+            life: Life::Open,
+            holds: 0,
             tx_queue: VecDeque::new(),
             tx_busy: false,
             tx_inflight: 0,
@@ -909,7 +951,7 @@ impl Mux {
     /// Bytes the psock will accept now (0 = paused or stopped).
     pub fn rx_capacity(&self, p: PsockId) -> usize {
         match self.psock(p) {
-            Ok(ps) if !ps.paused && !ps.rx_eof && !ps.stream.is_stopped() => {
+            Ok(ps) if !ps.paused && !ps.life.rx_over() && !ps.stream.is_stopped() => {
                 if ps.tx_addr_bytes >= backlog_pause(&self.config) {
                     // Its peer is not reading our replies: stop reading it
                     // (PsockRxResume when the backlog drains).
@@ -970,6 +1012,9 @@ impl Mux {
             let s = self.socks.get_mut(sock.index, sock.generation).expect("checked live");
             s.stats.rx_msgs += (out.len() - first) as u64;
             s.stats.rx_bytes += out[first..].iter().map(|r| r.len() as u64).sum::<u64>();
+            if s.holds {
+                self.psocks.get_mut(p.index, p.generation).expect("framed above").holds += (out.len() - first) as u64;
+            }
         }
         self.feed_inner(p, &data[taken..], now, Some(direct))
     }
@@ -993,7 +1038,7 @@ impl Mux {
             && s.affinity == ps.affinity
             && s.on_waiters
             && s.rx_queue.is_empty();
-        if !steered_here || ps.paused || ps.ready.is_some() || ps.rx_eof {
+        if !steered_here || ps.paused || ps.ready.is_some() || ps.life.rx_over() {
             return Ok(0);
         }
         Ok(ps.stream.frame_in_place(data, limit, out))
@@ -1002,7 +1047,7 @@ impl Mux {
     fn feed_inner(&mut self, p: PsockId, data: &[u8], now: Timestamp, direct: Option<&mut Direct<'_>>) -> Result<(), MuxError> {
         self.note_time(now);
         let ps = self.psock_mut(p)?;
-        if ps.stream.is_stopped() || ps.rx_eof || data.is_empty() {
+        if ps.stream.is_stopped() || ps.life.rx_over() || data.is_empty() {
             return Ok(());
         }
         if ps.rx_held() + data.len() > ps.rx_limit || ps.stream.is_lent() {
@@ -1075,28 +1120,79 @@ impl Mux {
         Ok(())
     }
 
-    /// The peer closed its side (FIN) or the connection failed on read.
+    /// The peer closed its side (FIN: `errno` None) or the connection failed
+    /// on read (`Some(errno)`).
     ///
     /// Receive stops: messages already buffered whole are still delivered, the
-    /// partial one is dropped, `PsockFailed(p, Closed)` is raised once.
-    /// Transmit goes on until a write fails.
+    /// partial one is dropped, `PsockFailed(p, Closed)` is raised once (KCM
+    /// reports EPIPE whatever the cause). After a FIN the psock is
+    /// `PeerClosed`: transmit goes on, and once every message it sent has been
+    /// delivered and settled and its queue written, `PsockDrained(p)` says it
+    /// may be closed in order. After a read error it has failed.
     pub fn rx_closed(&mut self, p: PsockId, errno: Option<i32>) -> Result<(), MuxError> {
-        let _ = errno; // KCM reports EPIPE whatever the cause; so do we.
         let ps = self.psock_mut(p)?;
-        if ps.rx_eof {
+        if ps.life.rx_over() {
             return Ok(());
         }
-        ps.rx_eof = true;
+        ps.life = if errno.is_none() { Life::PeerClosed } else { Life::Failed };
         if !ps.paused {
             ps.stream.stop();
             self.sync_deadline(p);
         }
-        let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
-        if !ps.rx_failed {
-            ps.rx_failed = true;
-            self.events.push_back(Event::PsockFailed(p, PsockError::Closed));
-        }
+        self.events.push_back(Event::PsockFailed(p, PsockError::Closed));
+        self.check_drained(p);
         Ok(())
+    }
+
+    /// Whether psock `p`'s peer closed its write side in order (FIN) and the
+    /// psock has not failed since: it is being drained, or is drained.
+    pub fn peer_closed(&self, p: PsockId) -> bool {
+        self.psock(p).is_ok_and(|ps| matches!(ps.life, Life::PeerClosed | Life::Drained))
+    }
+
+    /// Mark socket `s` as *holding*: every message its reader takes (`recv`,
+    /// `recv_msg`, direct and in-place hand-outs) is a request its psock
+    /// still owes an answer for, until the reader calls [`Mux::rx_settle`].
+    /// A psock whose peer closed is not drained while it has holds, so the
+    /// answers to its last requests are still written before it closes.
+    pub fn set_holds(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
+        self.sock_mut(s)?.holds = on;
+        Ok(())
+    }
+
+    /// `n` messages of psock `p` taken from a holding socket have been
+    /// answered (their replies queued) or dropped. Unknown psocks are ignored.
+    pub fn rx_settle(&mut self, p: PsockId, n: u64) {
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        ps.holds = ps.holds.saturating_sub(n);
+        self.check_drained(p);
+    }
+
+    /// Messages of psock `p` taken from holding sockets and not yet settled.
+    pub fn rx_holds(&self, p: PsockId) -> u64 {
+        self.psock(p).map_or(0, |ps| ps.holds)
+    }
+
+    /// `PeerClosed` → `Drained` when nothing of psock `p` is left to deliver,
+    /// answer or write.
+    fn check_drained(&mut self, p: PsockId) {
+        let Some(ps) = self.psocks.get(p.index, p.generation) else { return };
+        if ps.life != Life::PeerClosed
+            || ps.holds > 0
+            || ps.ready.is_some()
+            || !ps.stream.is_stopped()
+            || ps.tx_busy
+            || !ps.tx_queue.is_empty()
+        {
+            return;
+        }
+        let queued = self.socks.iter().any(|(_, _, s)| s.rx_queue.iter().any(|m| m.psock == p))
+            || self.hold.iter().any(|m| m.psock == p);
+        if queued {
+            return;
+        }
+        self.psocks.get_mut(p.index, p.generation).expect("live").life = Life::Drained;
+        self.events.push_back(Event::PsockDrained(p));
     }
 
     /// The driver found the byte stream below the parser unusable (a TLS
@@ -1107,17 +1203,14 @@ impl Mux {
     /// `PsockFailed(p, Rx(err))`, once. Transmit goes on until a write fails.
     pub fn rx_abort(&mut self, p: PsockId, err: RxError) -> Result<(), MuxError> {
         let ps = self.psock_mut(p)?;
-        if ps.rx_eof {
+        if ps.life.rx_over() {
             return Ok(());
         }
-        ps.rx_eof = true;
+        ps.life = Life::Failed;
         if !ps.paused {
             ps.stream.stop();
         }
-        if !ps.rx_failed {
-            ps.rx_failed = true;
-            self.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
-        }
+        self.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
         Ok(())
     }
 
@@ -1133,14 +1226,16 @@ impl Mux {
             let data = match ps.stream.next_msg(now) {
                 Ok(Some(m)) => m,
                 Ok(None) => {
-                    if ps.rx_eof {
+                    if ps.life.rx_over() {
                         ps.stream.stop();
                     }
                     break;
                 }
                 Err(e) => {
-                    if !ps.rx_failed {
-                        ps.rx_failed = true;
+                    // Bad bytes before a FIN fail the psock all the same
+                    // (reported again: it is no longer closing in order).
+                    if matches!(ps.life, Life::Open | Life::PeerClosed) {
+                        ps.life = Life::Failed;
                         events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
                     }
                     break;
@@ -1158,6 +1253,9 @@ impl Mux {
                         if sock.rx_queue.is_empty() {
                             sock.stats.rx_msgs += 1;
                             sock.stats.rx_bytes += msg.data.len() as u64;
+                            if sock.holds {
+                                ps.holds += 1;
+                            }
                             d.out.push((msg.data, p));
                         } else {
                             enqueue_rx(socks, rx_waiters, events, s, msg);
@@ -1186,6 +1284,7 @@ impl Mux {
         // A message left partial starts (or keeps) its deadline; a completed
         // or aborted one clears it.
         self.sync_deadline(p);
+        self.check_drained(p);
     }
 
     /// Make psock `p`'s armed deadline what its stream says (after any call
@@ -1315,6 +1414,8 @@ impl Mux {
         if eor {
             sock.rx_queue.pop_front();
             sock.stats.rx_msgs += 1;
+            let holds = sock.holds;
+            self.taken(psock, holds);
         }
         self.after_read(s);
         Ok(RecvInfo { len: n, eor, trunc, psock })
@@ -1328,12 +1429,32 @@ impl Mux {
         sock.stats.rx_msgs += 1;
         sock.stats.rx_bytes += len as u64;
         let rejoin = !sock.on_waiters && sock.able();
+        let holds = sock.holds;
         let data = if msg.off == 0 { msg.data } else { msg.data.slice(msg.off..) };
+        self.taken(msg.psock, holds);
         if rejoin {
             self.rcv_ready(s);
         }
         Ok((data, msg.psock))
     }
+    /// A reader took a whole message of psock `p`: a hold if its socket
+    /// holds; the last one of a closing psock may drain it.
+    #[inline]
+    fn taken(&mut self, p: PsockId, holds: bool) {
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        if holds {
+            ps.holds += 1;
+        } else if ps.life == Life::PeerClosed {
+            self.check_drained(p);
+        }
+    }
+
+    /// Whole messages socket `s` accepted (`send`) that are not yet fully
+    /// written to a connection (its Send-Q). Closing the socket drops them.
+    pub fn tx_unsent(&self, s: SockId) -> Result<usize, MuxError> {
+        Ok(self.sock(s)?.tx_msgs)
+    }
+
     /// Messages waiting in a socket's receive queue.
     pub fn rx_queued(&self, s: SockId) -> Result<usize, MuxError> {
         Ok(self.sock(s)?.rx_queue.len())
@@ -1783,6 +1904,7 @@ impl Mux {
         if release {
             self.unreserve(p);
         }
+        self.check_drained(p);
     }
     /// The write failed with a hard error: abort the psock's transmit, resend the
     /// message in progress whole on another psock (tx_retries, tx_aborts).
@@ -1798,6 +1920,7 @@ impl Mux {
     fn tx_abort(&mut self, p: PsockId, errno: i32) {
         let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
         ps.tx_stopped = true;
+        ps.life = Life::Failed;
         ps.stats.tx_aborts += 1;
         if std::mem::replace(&mut ps.in_avail, false) {
             self.psocks_avail.retain(|x| *x != p);
@@ -1876,8 +1999,8 @@ impl Mux {
             }
             self.deadlines.fired(&mut ps.timer);
             if let Err(e) = ps.stream.check_timeout(now) {
-                if !ps.rx_failed {
-                    ps.rx_failed = true;
+                if matches!(ps.life, Life::Open | Life::PeerClosed) {
+                    ps.life = Life::Failed;
                     self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
                 }
             }

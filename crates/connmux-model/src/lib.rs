@@ -318,7 +318,7 @@ impl Runtime {
                         Ctx::App => self.flush(events),
                     }
                 }
-                Event::PsockRxResume(_) | Event::PsockFailed(..) => {}
+                Event::PsockRxResume(_) | Event::PsockFailed(..) | Event::PsockDrained(_) => {}
                 Event::PsockReleased(_) => {
                     self.released.fetch_add(1, Ordering::AcqRel);
                 }

@@ -131,6 +131,9 @@ pub(crate) fn run(
                 }
                 short.remove(&psock);
                 let _ = mux.abort(psock);
+            } else {
+                // Answered (or nothing to answer): a closing psock may close.
+                mux.rx_settle(psock, 1);
             }
         }
         // Every message taken has been answered: a connection light again

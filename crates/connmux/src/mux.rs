@@ -433,6 +433,36 @@ impl Mux {
         self.unattach_id(p)
     }
 
+    /// Whether psock `p`'s peer closed its write side in order (FIN) and the
+    /// mux closes the connection itself, with FIN, once every message it sent
+    /// has been answered and every reply written (then it is unattached).
+    /// A `PsockEvent` with `PsockError::Closed` for such a psock needs no
+    /// action: unattaching or aborting it now would drop the replies still
+    /// queued for it (counted in `tx_addressed_drops`). False for TLS psocks
+    /// and on the kernel backend.
+    pub fn closes_in_order(&self, p: PsockId) -> bool {
+        match &self.imp {
+            MuxImp::User(u) => {
+                let core = u.shared.lock();
+                core.mux.peer_closed(p) && core.psocks.get(&p).is_some_and(|rt| rt.tls.is_none())
+            }
+            MuxImp::Kernel(_) => false,
+        }
+    }
+
+    /// `n` requests of psock `p` taken from a holding socket (a service's)
+    /// have been answered: see `connmux_core::mux::Mux::rx_settle`.
+    pub(crate) fn rx_settle(&self, p: PsockId, n: u64) {
+        let sh = self.shared();
+        let mut events = Vec::new();
+        {
+            let mut core = sh.lock();
+            core.mux.rx_settle(p, n);
+            core.drain_events(&mut events);
+        }
+        sh.dispatch(&mut events, &mut Ctx::App);
+    }
+
     /// The psock failures reported so far (KCM: POLLERR on each TCP socket).
     pub fn events(&self) -> &crossbeam::channel::Receiver<PsockEvent> {
         match &self.imp {

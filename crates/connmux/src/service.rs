@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use connmux_core::mux::{PsockId, SockType};
+use connmux_core::mux::{PsockError, PsockId, SockType};
 use connmux_core::parser::Parser;
 use connmux_core::Bytes;
 
@@ -202,6 +202,8 @@ impl Mux {
             let _ = sh.lock().mux.set_tag_only(lane.id(), true);
             lane.set_sndbuf(usize::MAX / 4)?;
             lane.set_nonblocking(true);
+            // Requests taken are answered before a closing psock closes.
+            let _ = sh.lock().mux.set_holds(lane.id(), true);
             let (mux, handler, stats, stop, cpu) =
                 (self.clone(), handler.clone(), stats.clone(), serving.stop_lanes.clone(), sh.workers[i].cpu);
             let ctx = crate::lane::LaneCtx { home: i as u32, cpu, nice: sh.lane_nice };
@@ -215,6 +217,7 @@ impl Mux {
             // Replies are bounded per connection (MuxConfig::psock_sndbuf), not
             // by one budget that a single non-reading peer could use up.
             s.set_sndbuf(usize::MAX / 4)?;
+            let _ = sh.lock().mux.set_holds(s.id(), true);
             let rt = sh.sock_rt(s.id()).expect("socket just created");
             let lane = crate::lane::lane_tag(workers, i);
             sh.workers[i].commands.lock().unwrap().push(Command::Serve { sock: rt, handler: handler.clone(), stats: stats.clone(), lane });
@@ -293,12 +296,17 @@ impl Service {
             })?);
         }
         {
-            // Reaper: a failed connection is unattached (its descriptor closes).
+            // Reaper: a failed connection is reset and unattached (its
+            // descriptor closes). One whose peer only closed its write side
+            // is answered, then closed in order by the mux itself.
             let (mux, stop, stats) = (mux.clone(), stop.clone(), stats.clone());
             threads.push(std::thread::Builder::new().name("connmux-reaper".into()).spawn(move || {
                 while !stop.load(Ordering::Acquire) {
                     if let Ok(ev) = mux.events().recv_timeout(Duration::from_millis(100)) {
                         stats.closed.fetch_add(1, Ordering::Relaxed);
+                        if ev.error == PsockError::Closed && mux.closes_in_order(ev.psock) {
+                            continue;
+                        }
                         let _ = mux.abort(ev.psock);
                     }
                 }

@@ -408,6 +408,21 @@ impl Shared {
                         self.events_dropped.fetch_add(1, Ordering::Relaxed);
                     }
                 }
+                Event::PsockDrained(p) => {
+                    // The peer closed its write side and has every answer:
+                    // close in order (FIN), then let the psock go. A TLS
+                    // psock's records may still wait in TLS: its owner
+                    // decides (the service aborts it as before).
+                    let Some(rt) = self.psock_rt(p) else { continue };
+                    if rt.tls.is_some() {
+                        continue;
+                    }
+                    let _ = rt.stream.shutdown(std::net::Shutdown::Write);
+                    let mut core = self.lock();
+                    if core.mux.unattach(p).is_ok() {
+                        core.drain_events(events);
+                    }
+                }
                 Event::PsockReleased(p) => {
                     let rt = self.lock().psocks.remove(&p);
                     if let Some(rt) = rt {

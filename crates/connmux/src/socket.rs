@@ -27,6 +27,13 @@ pub struct Message {
 /// A KCM socket: `recv` returns one whole message, `send` writes one message
 /// atomically on one attached connection. Dropping it is `close()`.
 ///
+/// **Closing drops what is not yet written**: `send` returns once the message
+/// is queued, and dropping the socket (as KCM's `close()` does) discards
+/// every message it accepted that has not yet been written to a connection
+/// (its clones keep only their own queues). To end without losing any, call
+/// [`KcmSocket::close_wait`] (or [`KcmSocket::flush`], then drop) with a
+/// bound on how long to wait.
+///
 /// Blocking by default (with optional timeouts, like SO_RCVTIMEO/SO_SNDTIMEO);
 /// [`KcmSocket::set_nonblocking`] makes calls return `WouldBlock` instead.
 /// [`KcmSocket::as_raw_fd`] is an eventfd that is readable while messages are
@@ -432,6 +439,54 @@ impl KcmSocket {
         }
     }
 
+    /// Messages this socket accepted (`send`) and has not yet written to a
+    /// connection; dropping the socket now would discard them.
+    pub fn unsent(&self) -> io::Result<usize> {
+        match &self.imp {
+            SockImp::User(rt) => self.mux.shared().lock().mux.tx_unsent(rt.id).map_err(io_err),
+            SockImp::Kernel(_) => Err(kernel::unsupported(
+                "KcmSocket::unsent",
+                "AF_KCM does not report a socket's unsent messages",
+            )),
+        }
+    }
+
+    /// Wait, at most `timeout`, until every message this socket accepted has
+    /// been written to its connection (its kernel send buffer): then a drop
+    /// loses nothing. `TimedOut` if messages are still unsent at the
+    /// deadline (a connection whose peer does not read, or no connection
+    /// attached); nothing is dropped by the call itself. A message built with
+    /// MORE/without EOR and never ended is not waited for (it cannot be sent).
+    /// Unsupported on the kernel backend (AF_KCM's close drops them too).
+    pub fn flush(&self, timeout: Duration) -> io::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut nap = Duration::from_micros(50);
+        // Bounded by the deadline (and the count, should the clock stand still).
+        for _ in 0..1_000_000 {
+            let left = self.unsent()?;
+            if left == 0 {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{left} messages still unsent")));
+            }
+            // The workers write; nothing signals "all written": look again soon.
+            std::thread::sleep(nap.min(deadline - now));
+            nap = (nap * 2).min(Duration::from_millis(5));
+        }
+        Err(io::Error::new(io::ErrorKind::TimedOut, "messages still unsent"))
+    }
+
+    /// `close()` that waits, at most `timeout`, for the messages this socket
+    /// accepted to be written first ([`KcmSocket::flush`]); the socket is
+    /// closed either way, and the result says whether anything was dropped
+    /// (`TimedOut`: messages were still unsent and are discarded). On the
+    /// kernel backend it closes at once and returns `Unsupported`.
+    pub fn close_wait(self, timeout: Duration) -> io::Result<()> {
+        self.flush(timeout)
+    }
+
     /// Messages waiting to be received (kernel backend: the socket's
     /// `/proc/net/kcm` Recv-Q; 0 if it cannot be read).
     pub fn queued(&self) -> usize {
@@ -453,6 +508,9 @@ impl AsRawFd for KcmSocket {
     }
 }
 
+/// `close()`: messages received and not yet read move to the mux's other
+/// sockets; messages accepted by `send` and not yet written are dropped (as
+/// with KCM). [`KcmSocket::close_wait`] waits for them first.
 impl Drop for KcmSocket {
     fn drop(&mut self) {
         // A kernel socket closes when its `KernelSocket` drops.

@@ -6,9 +6,14 @@
 //!   each buffer is fed to the core no faster than `rx_capacity` allows. When the
 //!   core takes nothing (backpressure) the rest of the buffer is held, the receive
 //!   is cancelled (so the TCP window closes, as with epoll) and receiving resumes
-//!   on `PsockRxResume`. Held buffers are ring buffers: receive memory is the
-//!   ring's, fixed by configuration; with DEFER_TASKRUN nothing is delivered
-//!   between two waits, so a paused psock holds at most what one wait delivered.
+//!   on `PsockRxResume`. A paused psock keeps no ring buffer: what it was
+//!   delivered and the core has not taken is copied out to the psock's own
+//!   spill buffer and the ring buffers go back at once, so one connection's
+//!   pause (a peer that never reads its replies) never leaves the others
+//!   without buffers to receive into. With DEFER_TASKRUN nothing is delivered
+//!   between two waits, so a spill holds at most what one wait delivered (at
+//!   most the ring, `BUF_COUNT × BUF_SIZE`), and it is fed to the core before
+//!   the psock's receive is armed again.
 //! - transmit: the psocks that have something to write after a pass get one
 //!   `sendmsg` each (all of the core's chunk: the replies of the pass), all
 //!   submitted with the next wait; the kernel completes each one whole.
@@ -71,7 +76,13 @@ struct Conn {
     /// Its cancellation was queued (paused, stopped or released).
     recv_cancelled: bool,
     /// Buffers delivered but not yet (fully) taken by the core, in order.
+    /// Empty after every pass but while the core takes bytes (a paused
+    /// psock's rest goes to `spill`).
     held: VecDeque<Held>,
+    /// Bytes copied out of ring buffers when the core paused the psock; fed
+    /// before anything held (they came first), from `spill_off`.
+    spill: Vec<u8>,
+    spill_off: usize,
     /// The receive ended with end of stream (None) or an error: reported to the
     /// core once the held bytes before it have been fed.
     eof: Option<Option<i32>>,
@@ -92,6 +103,33 @@ struct Conn {
 impl Conn {
     fn idle(&self) -> bool {
         !self.recv_armed && self.sending.is_none()
+    }
+
+    /// Bytes delivered and not yet taken by the core: wait for them to be
+    /// fed before receiving more.
+    fn holds_bytes(&self) -> bool {
+        !self.held.is_empty() || self.spill_off < self.spill.len()
+    }
+
+    /// The core paused the psock: copy what its ring buffers still hold to
+    /// the spill and give the buffers back (after the messages framed in
+    /// them are served).
+    fn spill_held(&mut self, ring: &mut WRing, lent: &mut Lent) {
+        for h in self.held.drain(..) {
+            if let Some(data) = ring.buffer(h.buf) {
+                self.spill.extend_from_slice(&data[h.off.min(data.len())..]);
+            }
+            lent.give_back(ring, h.buf);
+        }
+    }
+
+    /// Forget the bytes delivered and not taken (receive is over).
+    fn drop_held(&mut self, ring: &mut WRing, lent: &mut Lent) {
+        for h in self.held.drain(..) {
+            lent.give_back(ring, h.buf);
+        }
+        self.spill = Vec::new();
+        self.spill_off = 0;
     }
 }
 
@@ -447,6 +485,8 @@ impl Worker<'_> {
                         recv_armed: false,
                         recv_cancelled: false,
                         held: VecDeque::new(),
+                        spill: Vec::new(),
+                        spill_off: 0,
                         eof: None,
                         rx_stopped: false,
                         sending: None,
@@ -491,9 +531,7 @@ impl Worker<'_> {
                 let token = psock_token(rt.id);
                 let Some(conn) = self.conns.get_mut(&token) else { return };
                 conn.released = true;
-                for h in conn.held.drain(..) {
-                    self.lent.give_back(ring, h.buf);
-                }
+                conn.drop_held(ring, &mut self.lent);
                 if conn.idle() {
                     self.conns.remove(&token);
                 } else {
@@ -581,7 +619,7 @@ impl Worker<'_> {
         let mut keep = Vec::new();
         for token in std::mem::take(&mut self.to_arm) {
             let Some(conn) = self.conns.get_mut(&token) else { continue };
-            if conn.released || conn.rx_stopped || conn.recv_armed || conn.eof.is_some() || !conn.held.is_empty() {
+            if conn.released || conn.rx_stopped || conn.recv_armed || conn.eof.is_some() || conn.holds_bytes() {
                 continue;
             }
             if conn.rt.tls.is_none() {
@@ -606,7 +644,8 @@ impl Worker<'_> {
                 }
             }
             if ring.buffers_held() >= ring.buf_count() {
-                // Every buffer is held (by paused psocks): try again later.
+                // Every buffer is held (delivered in this pass, not yet
+                // served): try again after the next pass.
                 keep.push(token);
                 continue;
             }
@@ -626,9 +665,7 @@ impl Worker<'_> {
 fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
     conn.rx_stopped = true;
     conn.eof = None;
-    for h in conn.held.drain(..) {
-        lent.give_back(ring, h.buf);
-    }
+    conn.drop_held(ring, lent);
     if conn.recv_armed && !conn.recv_cancelled {
         conn.recv_cancelled = ring.cancel_recv(token).is_ok();
     }
@@ -642,8 +679,23 @@ fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Eve
     let token = psock_token(rt.id);
     let mut st = tls.lock().unwrap();
     let mut full = false;
+    // What was spilled while paused comes first; TLS takes all of it unless
+    // it is full.
+    if conn.spill_off < conn.spill.len() {
+        let (took, _) = crate::tls::rx(sh, &rt, &mut st, &conn.spill[conn.spill_off..], events);
+        conn.spill_off += took;
+        if conn.spill_off < conn.spill.len() {
+            full = true;
+        } else {
+            conn.spill = Vec::new();
+            conn.spill_off = 0;
+        }
+    }
     // Bounded: each round takes a whole buffer, or stops.
     while let Some(h) = conn.held.front_mut() {
+        if full {
+            break;
+        }
         let (took, r, len) = {
             let data = ring.buffer(h.buf).unwrap_or(&[]);
             let (took, r) = crate::tls::rx(sh, &rt, &mut st, &data[h.off.min(data.len())..], events);
@@ -665,10 +717,12 @@ fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Eve
         full = crate::tls::rx(sh, &rt, &mut st, &[], events).1 == crate::tls::Rx::Full;
     }
     if full {
-        // Backpressure: close the window as epoll would (stop reading).
+        // Backpressure: close the window as epoll would (stop reading), and
+        // keep no ring buffer meanwhile.
         if conn.recv_armed && !conn.recv_cancelled {
             conn.recv_cancelled = ring.cancel_recv(token).is_ok();
         }
+        conn.spill_held(ring, &mut Lent::default()); // TLS buffers are never lent
         return;
     }
     if st.done() {
@@ -689,15 +743,35 @@ fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Eve
 fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, events: &mut Vec<Event>, lent: &mut Lent) {
     let id: PsockId = conn.rt.id;
     let token = psock_token(id);
+    // What was spilled while paused comes first. Bounded: each round feeds
+    // at least one byte, or stops.
+    while conn.spill_off < conn.spill.len() {
+        let cap = core.mux.rx_capacity(id);
+        if cap == 0 {
+            pause(ring, conn, token, lent);
+            core.drain_events(events);
+            return;
+        }
+        let end = (conn.spill_off + cap).min(conn.spill.len());
+        let fed = crate::shared::feed_read(core, id, &conn.spill[conn.spill_off..end], now);
+        conn.spill_off = end;
+        if fed.is_err() {
+            core.drain_events(events);
+            stop_rx(ring, conn, token, lent);
+            return;
+        }
+    }
+    if !conn.spill.is_empty() {
+        // All fed: its memory goes back.
+        conn.spill = Vec::new();
+        conn.spill_off = 0;
+    }
     // Bounded: each round feeds at least one byte, or stops.
     while let Some(h) = conn.held.front_mut() {
         let cap = core.mux.rx_capacity(id);
         let data = ring.buffer(h.buf).unwrap_or(&[]);
         if h.off < data.len() && cap == 0 {
-            // Backpressure: close the window as epoll would (stop reading).
-            if conn.recv_armed && !conn.recv_cancelled {
-                conn.recv_cancelled = ring.cancel_recv(token).is_ok();
-            }
+            pause(ring, conn, token, lent);
             core.drain_events(events);
             return;
         }
@@ -737,4 +811,13 @@ fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, even
         conn.recv_cancelled = ring.cancel_recv(token).is_ok();
     }
     core.drain_events(events);
+}
+
+/// Backpressure on a psock: close the window as epoll would (stop reading),
+/// and give its ring buffers back (their rest is spilled).
+fn pause(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
+    if conn.recv_armed && !conn.recv_cancelled {
+        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+    }
+    conn.spill_held(ring, lent);
 }

@@ -369,9 +369,21 @@ pub(crate) struct ServeBufs {
     closed: Vec<PsockId>,
     /// The chunk of replies written at once by `send_outs`.
     slices: Vec<connmux_core::Bytes>,
+    /// Requests handled per psock since the last `send_outs`, settled with
+    /// the core once their replies are queued (`Mux::rx_settle`).
+    settle: Vec<(PsockId, u64)>,
 }
 
 impl ServeBufs {
+    /// `n` requests of `p` were handled (answered or not).
+    #[inline]
+    fn handled(&mut self, p: PsockId, n: u64) {
+        match self.settle.last_mut() {
+            Some((q, k)) if *q == p => *k += n,
+            _ => self.settle.push((p, n)),
+        }
+    }
+
     /// Close the current run of coalesced replies, if any.
     fn end_run(&mut self) {
         match self.run.take() {
@@ -497,6 +509,7 @@ pub(crate) fn serve(
         let mut msgs = std::mem::take(&mut bufs.msgs);
         let mut slow_batch = false;
         for (i, (data, psock)) in msgs.drain(..).enumerate() {
+            bufs.handled(psock, 1);
             if !bufs.closed.is_empty() && bufs.closed.contains(&psock) {
                 continue;
             }
@@ -551,6 +564,7 @@ pub(crate) fn serve_in_place(
     write_now: Option<&Arc<PsockRt>>,
 ) {
     let handler = &*sv.handler;
+    bufs.handled(p, ranges.len() as u64);
     let mut rest = ranges;
     // Bounded: each turn handles at least one request.
     while !rest.is_empty() {
@@ -605,6 +619,15 @@ fn send_outs(
     bufs.end_run();
     bufs.closed.clear();
     if bufs.outs.is_empty() {
+        if !bufs.settle.is_empty() {
+            let mut core = sh.lock();
+            for (p, n) in bufs.settle.drain(..) {
+                core.mux.rx_settle(p, n);
+            }
+            core.drain_events(events);
+            drop(core);
+            sh.dispatch(events, &mut Ctx::Worker(dirty));
+        }
         return;
     }
     let mut aborts = Vec::new();
@@ -638,6 +661,10 @@ fn send_outs(
                     aborts.push(psock)
                 }
             }
+        }
+        // Their replies are queued: a closing psock may close once written.
+        for (p, n) in bufs.settle.drain(..) {
+            core.mux.rx_settle(p, n);
         }
         core.drain_events(events);
     }

@@ -559,6 +559,37 @@ static void test_bpf(const char *obj)
 	close(peer);
 }
 
+/* connmux_sock_flush: with no connection the messages stay unsent and the
+ * wait ends at its bound with -ETIMEDOUT; once one is attached they are
+ * written and the flush returns 0, so the close drops nothing. */
+static void test_flush(void)
+{
+	connmux_mux *m = new_mux();
+	connmux_sock *s, *keeper;
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &keeper));
+	MUST(connmux_set_recv_disable(keeper, 1));
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &s));
+	MUST(connmux_set_nonblocking(s, 1));
+	uint8_t f[64];
+	size_t n = frame(f, "flushed");
+	EQ(connmux_send(s, f, n, 0), (ptrdiff_t)n);
+	EQ(connmux_send(s, f, n, 0), (ptrdiff_t)n);
+	int64_t t0 = now_ms();
+	EQ(connmux_sock_flush(s, 50), -ETIMEDOUT);
+	CHECK(now_ms() - t0 >= 40);
+	int peer, near;
+	tcp_pair(&peer, &near);
+	MUST(connmux_attach_spec(m, near, "l4", NULL));
+	close(near);
+	EQ(connmux_sock_flush(s, 5000), 0);
+	connmux_sock_close(s);
+	CHECK(peer_gets(peer, "flushed"));
+	CHECK(peer_gets(peer, "flushed"));
+	close(peer);
+	connmux_sock_close(keeper);
+	connmux_mux_free(m);
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(strlen(connmux_version()) > 0);
@@ -567,6 +598,7 @@ int main(int argc, char **argv)
 	test_batch_and_addressed();
 	test_recv_disable_and_poll();
 	test_events();
+	test_flush();
 	if (argc > 1)
 		test_bpf(argv[1]);
 	printf("%d passed, %d failed\n", passed, failed);

@@ -176,6 +176,8 @@ impl<'a> Rx<'a> {
     /// Give the connection back (unattach; the mux and its workers go).
     fn close(self) -> anyhow::Result<()> {
         if let Rx::Mux { _mux: mux, sock, conn, .. } = self {
+            // The last acks may still be queued: unattaching drops them.
+            sock.flush(Duration::from_secs(5)).context("acks still unsent after 5 s")?;
             mux.unattach(conn)?;
             drop(sock);
             drop(mux); // joins the workers: nothing of theirs reads the socket after this

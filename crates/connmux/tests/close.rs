@@ -1,0 +1,98 @@
+//! A close that waits: messages `send` accepted are written before the
+//! socket goes (`KcmSocket::close_wait`), where a plain drop would discard
+//! those still queued. Real TCP on loopback, both drivers.
+
+#[macro_use]
+mod common;
+use common::*;
+
+use std::io::{ErrorKind, Read};
+use std::time::{Duration, Instant};
+
+use connmux::SockType;
+
+/// Four threads send 200 messages each on clones of one socket and end with
+/// `close_wait`: the peer receives all 800.
+fn close_wait_delivers_every_accepted_message() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    let (ours, mut peer) = pair();
+    // Small TCP buffers and a peer that starts reading late: messages wait
+    // in the socket's queues when the senders end.
+    socket2::SockRef::from(&ours).set_send_buffer_size(64 << 10).unwrap();
+    socket2::SockRef::from(&peer).set_recv_buffer_size(64 << 10).unwrap();
+    mux.attach(&ours, l4()).unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let reader = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        // Count whole L4 messages until 800, bounded in time.
+        let mut buf = vec![0u8; 64 << 10];
+        let mut pending = Vec::new();
+        let mut got = 0u32;
+        let t0 = Instant::now();
+        while got < 800 && t0.elapsed() < Duration::from_secs(20) {
+            let n = match peer.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                // Nothing more within the read timeout: count what came.
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
+                Err(e) => panic!("peer read: {e}"),
+            };
+            pending.extend_from_slice(&buf[..n]);
+            let mut at = 0;
+            while pending.len() - at >= 4 {
+                let len = u32::from_be_bytes(pending[at..at + 4].try_into().unwrap()) as usize;
+                if pending.len() - at < 4 + len {
+                    break;
+                }
+                at += 4 + len;
+                got += 1;
+            }
+            pending.drain(..at);
+        }
+        got
+    });
+    let senders: Vec<_> = (0..4u8)
+        .map(|t| {
+            let s = sock.try_clone().unwrap();
+            std::thread::spawn(move || {
+                for i in 0..200u32 {
+                    let mut body = vec![t; 1024];
+                    body[..4].copy_from_slice(&i.to_be_bytes());
+                    s.send(&framed(&body)).unwrap();
+                }
+                s.close_wait(Duration::from_secs(10))
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap().expect("close_wait: every message written within the bound");
+    }
+    assert_eq!(reader.join().unwrap(), 800, "on {:?}", driver());
+    drop(sock);
+}
+
+/// With no connection to write to, `flush` waits out its bound and says how
+/// many messages are still unsent; the same wait succeeds once one is attached.
+fn flush_reports_unsent_messages_at_its_deadline() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_nonblocking(true);
+    for i in 0..3u8 {
+        sock.send(&framed(&[i; 16])).unwrap();
+    }
+    assert_eq!(sock.unsent().unwrap(), 3);
+    let e = sock.flush(Duration::from_millis(100)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+    assert_eq!(sock.unsent().unwrap(), 3);
+    let (ours, mut peer) = pair();
+    mux.attach(&ours, l4()).unwrap();
+    sock.flush(Duration::from_secs(10)).expect("written once a connection is attached");
+    assert_eq!(sock.unsent().unwrap(), 0);
+    for i in 0..3u8 {
+        assert_eq!(read_framed(&mut peer), vec![i; 16]);
+    }
+}
+
+on_both_drivers!(close_wait_delivers_every_accepted_message, flush_reports_unsent_messages_at_its_deadline);
