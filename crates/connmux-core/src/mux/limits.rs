@@ -1,0 +1,324 @@
+//! Limits no single peer can outgrow: the mux-wide memory budget, the idle
+//! timeout and the handshake deadline of the layer below the parser.
+//!
+//! # Memory budget
+//!
+//! The per-psock bounds (`max_msg_size + psock_rx_buf` received,
+//! `psock_sndbuf` of replies) hold per connection; N connections may hold N
+//! times them. `MuxConfig::mem_limit` bounds the sum, [`Mux::memory_used`]:
+//!
+//! ```text
+//!             over the limit, among the largest holders
+//!   Reading ──────────────────────────────────────────► Paused { since, held }
+//!      ▲                                                  │          │
+//!      └──────── total at or below the low mark ──────────┘          │
+//!                                                                    │ still over the low mark
+//!                                                                    │ after mem_grace, holding
+//!                                                                    ▼ no less than `held`
+//!                                                     aborted: RxError::MemLimit
+//! ```
+//!
+//! - Over the limit, the largest holders (received bytes held plus replies
+//!   queued for them) are paused, largest first, until the paused ones hold
+//!   at least the excess over the low mark (half the limit). A paused psock
+//!   is not read (`rx_capacity` 0), so TCP pushes back on its peer; the
+//!   others, which hold little, go on being read and answered.
+//! - A paused psock that still holds as much after `mem_grace`, while the
+//!   total is still over the low mark, is stuck (its message cannot complete
+//!   unread, its peer does not read its replies): the largest of those are
+//!   aborted until the total is at the low mark (`mem_aborts`,
+//!   `PsockFailed(Rx(MemLimit))`, which the runtime turns into a reset). Its
+//!   assembly buffer is freed at once.
+//! - At or below the low mark every paused psock is read again
+//!   (`PsockRxResume`).
+//!
+//! The check costs O(sockets) per read while under the limit; a pass over
+//! the psocks happens only when the paused ones no longer cover the excess,
+//! or when a grace period ends.
+//!
+//! # Idle and handshake deadlines
+//!
+//! Rare deadlines, looked for by one pass over the psocks when the earliest
+//! may have passed (`scan_next`); an idle psock is looked at again no sooner
+//! than a sixteenth of the idle timeout later, so active psocks cost no
+//! pass per read.
+
+use std::time::Duration;
+
+use super::{Event, Mux, PsockError, PsockId, RxError};
+use crate::time::Timestamp;
+
+/// Whether the memory budget lets a psock be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MemState {
+    Reading,
+    /// Paused at `since`, holding `held` bytes then.
+    Paused { since: Timestamp, held: usize },
+}
+
+/// Pass over the psocks for handshake deadlines at most this often.
+const SCAN_FLOOR: Duration = Duration::from_millis(10);
+
+impl Mux {
+    /// The budget's low mark: paused psocks read again at or below it.
+    #[inline]
+    fn mem_low(&self) -> usize {
+        self.config.mem_limit / 2
+    }
+
+    /// [`Mux::memory_used`] in O(sockets): the psocks' part is kept as a sum.
+    #[inline]
+    fn mem_total(&self) -> usize {
+        let socks: usize = self.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
+        self.rx_held_sum + socks + self.hold_mem
+    }
+
+    /// Bring psock `p`'s share of `rx_held_sum` up to date.
+    #[inline]
+    pub(super) fn recount_only(&mut self, p: PsockId) {
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        let held = ps.rx_held();
+        self.rx_held_sum = self.rx_held_sum + held - ps.counted;
+        ps.counted = held;
+    }
+
+    /// [`Mux::recount_only`], then the budget's check when it may be needed.
+    #[inline]
+    pub(super) fn recount(&mut self, p: PsockId, now: Timestamp) {
+        self.recount_only(p);
+        let total = self.mem_total();
+        if total > self.config.mem_limit || (self.mem_paused_bytes > 0 && total <= self.mem_low()) {
+            self.mem_check(now);
+        }
+    }
+
+    /// What psock `p` holds for the budget's ranking: received bytes and the
+    /// replies queued for it.
+    #[inline]
+    fn holding(ps: &super::Psock) -> usize {
+        ps.rx_held() + ps.tx_addr_bytes
+    }
+
+    /// The budget's decision (module documentation): pause, abort, resume.
+    pub(super) fn mem_check(&mut self, now: Timestamp) {
+        self.note_time(now);
+        let limit = self.config.mem_limit;
+        let low = self.mem_low();
+        let mut total = self.mem_total();
+        if total <= low {
+            if self.mem_paused_bytes > 0 || self.mem_next.is_some() {
+                self.mem_resume_all();
+            }
+            return;
+        }
+        let grace_due = self.mem_next.is_some_and(|t| t <= now);
+        if total <= limit && !grace_due {
+            return;
+        }
+        if !grace_due && total - low <= self.mem_paused_bytes {
+            // The paused psocks already cover the excess: nothing to decide.
+            return;
+        }
+        // Every live psock with what it holds, largest first (ties: oldest id
+        // first, so the decision is deterministic).
+        let mut ranked: Vec<(usize, PsockId, MemState)> = self
+            .psocks
+            .iter()
+            .filter(|(_, _, ps)| !ps.rx_failed)
+            .map(|(i, g, ps)| (Self::holding(ps), PsockId { index: i, generation: g }, ps.mem))
+            .collect();
+        ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        // 1. Abort the stuck: paused past their grace, holding no less.
+        if grace_due {
+            for &(held_now, p, state) in &ranked {
+                if total <= low {
+                    break;
+                }
+                let MemState::Paused { since, held } = state else { continue };
+                if now < since.add(self.config.mem_grace) || held_now < held || held_now == 0 {
+                    continue;
+                }
+                total -= self.mem_abort(p, held_now).min(total);
+            }
+        }
+        // 2. Pause the largest readers until the paused cover the excess.
+        let mut paused_bytes = 0;
+        for &(held_now, p, state) in &ranked {
+            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+            if ps.rx_failed {
+                continue; // aborted above (or failed): no longer counts
+            }
+            if matches!(state, MemState::Paused { .. }) {
+                paused_bytes += held_now;
+            }
+        }
+        if total > limit {
+            for &(held_now, p, state) in &ranked {
+                if paused_bytes >= total - low || held_now == 0 {
+                    break;
+                }
+                if state != MemState::Reading {
+                    continue;
+                }
+                let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+                if ps.rx_failed {
+                    continue;
+                }
+                ps.mem = MemState::Paused { since: now, held: held_now };
+                self.counters.mem_pauses += 1;
+                paused_bytes += held_now;
+            }
+        }
+        self.mem_paused_bytes = paused_bytes;
+        if total <= low {
+            self.mem_resume_all();
+            return;
+        }
+        self.mem_next = self
+            .psocks
+            .iter()
+            .filter_map(|(_, _, ps)| match ps.mem {
+                MemState::Paused { since, .. } if !ps.rx_failed => Some(since.add(self.config.mem_grace)),
+                _ => None,
+            })
+            .min()
+            // A grace that ran out without an abort (the total fell between
+            // the marks) is looked at again one grace later.
+            .map(|t| if t <= now { now.add(self.config.mem_grace) } else { t });
+    }
+
+    /// Abort psock `p` for the budget: its receive stops and its buffer is
+    /// freed; returns the bytes freed.
+    fn mem_abort(&mut self, p: PsockId, held: usize) -> usize {
+        let limit = self.config.mem_limit;
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return 0 };
+        let before = ps.rx_held();
+        ps.stream.stop();
+        ps.rx_eof = true;
+        ps.mem = MemState::Reading;
+        if !ps.rx_failed {
+            ps.rx_failed = true;
+            self.events.push_back(Event::PsockFailed(p, PsockError::Rx(RxError::MemLimit { held, limit })));
+        }
+        self.counters.mem_aborts += 1;
+        self.sync_deadline(p);
+        self.recount_only(p);
+        let after = self.psocks.get(p.index, p.generation).map_or(0, |ps| ps.rx_held());
+        before - after
+    }
+
+    /// Every psock paused by the budget is read again.
+    fn mem_resume_all(&mut self) {
+        let mut resumed = Vec::new();
+        for (i, g, ps) in self.psocks.iter_mut() {
+            if let MemState::Paused { .. } = ps.mem {
+                ps.mem = MemState::Reading;
+                resumed.push(PsockId { index: i, generation: g });
+            }
+        }
+        self.mem_paused_bytes = 0;
+        self.mem_next = None;
+        for p in resumed {
+            if self.rx_capacity(p) > 0 {
+                self.events.push_back(Event::PsockRxResume(p));
+            }
+        }
+    }
+
+    /// [`Mux::memory_used`] as the budget counts it (kept as reads go);
+    /// the two are equal at all times.
+    #[doc(hidden)]
+    pub fn memory_counted(&self) -> usize {
+        self.mem_total()
+    }
+
+    /// After a socket's queue was read: paused psocks may read again.
+    #[inline]
+    pub(super) fn mem_after_read(&mut self) {
+        if self.mem_paused_bytes > 0 && self.mem_total() <= self.mem_low() {
+            self.mem_check(self.now);
+        }
+    }
+
+    /// Whether psock `p` is paused by the memory budget now.
+    pub fn mem_paused(&self, p: PsockId) -> bool {
+        self.psock(p).is_ok_and(|ps| ps.mem != MemState::Reading)
+    }
+
+    // ---- idle and handshake deadlines ----
+
+    /// Make sure the next scan comes no later than an idle period from `now`.
+    pub(super) fn arm_idle(&mut self, now: Timestamp) {
+        if let Some(d) = self.config.idle_timeout {
+            self.scan_at(now.add(d));
+        }
+    }
+
+    fn scan_at(&mut self, t: Timestamp) {
+        if self.scan_next.is_none_or(|n| t < n) {
+            self.scan_next = Some(t);
+        }
+    }
+
+    /// The layer below psock `p`'s parser (TLS) started (`Some(deadline)`)
+    /// or finished (`None`) its handshake: past the deadline the psock fails
+    /// with `RxError::HandshakeTimeout`. The runtime arms it at attach with
+    /// `now + MuxConfig::handshake_timeout`.
+    pub fn set_handshake_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), super::MuxError> {
+        let ps = self.psock_mut(p)?;
+        ps.handshake_deadline = deadline;
+        if let Some(t) = deadline {
+            self.scan_at(t);
+        }
+        Ok(())
+    }
+
+    /// One pass over the psocks: fail those past their handshake deadline or
+    /// idle for the idle timeout; set when to look again.
+    pub(super) fn scan_psock_deadlines(&mut self, now: Timestamp) {
+        self.note_time(now);
+        let idle = self.config.idle_timeout;
+        let mut next: Option<Timestamp> = None;
+        let mut failed: Vec<(PsockId, RxError)> = Vec::new();
+        for (i, g, ps) in self.psocks.iter_mut() {
+            if ps.rx_failed {
+                continue;
+            }
+            let p = PsockId { index: i, generation: g };
+            if let Some(t) = ps.handshake_deadline {
+                if t <= now {
+                    ps.handshake_deadline = None;
+                    failed.push((p, RxError::HandshakeTimeout));
+                    continue;
+                }
+                let t = t.max(now.add(SCAN_FLOOR));
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+            if let Some(d) = idle {
+                let due = ps.last_active.add(d);
+                // Writing counts as activity only when it moved bytes; a
+                // chunk out with the driver is activity in progress.
+                if due <= now && !ps.tx_busy {
+                    failed.push((p, RxError::IdleTimeout));
+                    continue;
+                }
+                let t = due.max(now.add(d / 16));
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        self.scan_next = next;
+        for (p, e) in failed {
+            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+            match e {
+                RxError::HandshakeTimeout => self.counters.handshake_timeouts += 1,
+                _ => self.counters.idle_timeouts += 1,
+            }
+            ps.stream.stop();
+            ps.rx_eof = true;
+            ps.rx_failed = true;
+            self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
+            self.sync_deadline(p);
+            self.recount_only(p);
+        }
+    }
+}
