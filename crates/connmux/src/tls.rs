@@ -300,6 +300,7 @@ pub(crate) fn rx(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], even
         if !st.established && !st.conn.is_handshaking() {
             st.established = true;
             sh.tls.handshakes.fetch_add(1, Ordering::Relaxed);
+            let _ = sh.lock().mux.set_handshake_deadline(rt.id, None);
             // Messages that waited for the handshake can go now.
             events.push(Event::PsockTransmit(rt.id));
         }

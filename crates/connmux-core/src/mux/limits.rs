@@ -247,6 +247,13 @@ impl Mux {
 
     // ---- idle and handshake deadlines ----
 
+    /// Tell the core the time without anything else happening (before an
+    /// attach, so that the new psock's idle time and deadlines count from
+    /// now rather than from the last call that carried a time).
+    pub fn note_now(&mut self, now: Timestamp) {
+        self.note_time(now);
+    }
+
     /// Make sure the next scan comes no later than an idle period from `now`.
     pub(super) fn arm_idle(&mut self, now: Timestamp) {
         if let Some(d) = self.config.idle_timeout {
