@@ -631,8 +631,8 @@ pub struct Mux {
     tx_done: Vec<(SockId, usize, u32)>,
     /// Σ psocks `rx_held`, kept as they change (the budget's hot-path term).
     rx_held_sum: usize,
-    /// Bytes the psocks paused by the budget held when the budget last looked.
-    mem_paused_bytes: usize,
+    /// Past the memory budget's limit and not yet back at its low mark.
+    mem_over: bool,
     /// When the earliest budget pause runs out of grace.
     mem_next: Option<Timestamp>,
     /// When the next idle or handshake deadline may have passed.
@@ -696,7 +696,7 @@ impl Mux {
             max_msg_peak,
             tx_done: Vec::new(),
             rx_held_sum: 0,
-            mem_paused_bytes: 0,
+            mem_over: false,
             mem_next: None,
             scan_next: None,
         }
@@ -977,7 +977,7 @@ impl Mux {
         add_psock_stats(&mut self.folded, &ps.full_stats());
         self.events.push_back(Event::PsockReleased(p));
         // What it held is free: psocks paused by the budget may read again.
-        if self.mem_paused_bytes > 0 {
+        if self.mem_over {
             self.mem_check(self.now);
         }
         Ok(())
@@ -1000,7 +1000,7 @@ impl Mux {
                     // (PsockRxResume when the backlog drains).
                     return 0;
                 }
-                ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held()))
+                ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held())).min(self.mem_room())
             }
             _ => 0,
         }
@@ -1993,7 +1993,7 @@ impl Mux {
         if self.scan_next.is_some_and(|t| t <= now) {
             self.scan_psock_deadlines(now);
         }
-        if self.mem_next.is_some_and(|t| t <= now) || self.mem_paused_bytes > 0 {
+        if self.mem_next.is_some_and(|t| t <= now) {
             self.mem_check(now);
         }
     }

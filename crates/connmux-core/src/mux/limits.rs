@@ -18,11 +18,14 @@
 //!                                                     aborted: RxError::MemLimit
 //! ```
 //!
-//! - Over the limit, the largest holders (received bytes held plus replies
-//!   queued for them) are paused, largest first, until the paused ones hold
-//!   at least the excess over the low mark (half the limit). A paused psock
-//!   is not read (`rx_capacity` 0), so TCP pushes back on its peer; the
-//!   others, which hold little, go on being read and answered.
+//! - Over the limit, the holders (received bytes held plus replies queued
+//!   for them) of at least [`MEM_FLOOR`] are paused, largest first; a
+//!   psock that reaches it while the mux is still over is paused when it is
+//!   fed. A paused psock is not read (`rx_capacity` 0), so TCP pushes back
+//!   on its peer; the others, which hold little (a request that is answered
+//!   at once holds nothing), go on being read and answered. (Pausing only
+//!   enough of the largest to cover the excess lets every other psock grow
+//!   until it is the largest: the total then reaches the sum of them all.)
 //! - A paused psock that still holds as much after `mem_grace`, while the
 //!   total is still over the low mark, is stuck (its message cannot complete
 //!   unread, its peer does not read its replies): the largest of those are
@@ -32,7 +35,10 @@
 //! - At or below the low mark every paused psock is read again
 //!   (`PsockRxResume`).
 //!
-//! The check costs O(sockets) per read while under the limit; a pass over
+//! A read is never larger than what is left of the budget (at least
+//! [`MEM_FLOOR`]), so the total passes the limit by at most that per psock
+//! read before the largest are paused. The check costs O(sockets) per read
+//! while under the limit; a pass over
 //! the psocks happens only when the paused ones no longer cover the excess,
 //! or when a grace period ends.
 //!
@@ -56,6 +62,9 @@ pub(crate) enum MemState {
     Paused { since: Timestamp, held: usize },
 }
 
+/// The read a psock is always allowed while the budget is used up.
+pub(crate) const MEM_FLOOR: usize = 16 << 10;
+
 /// Pass over the psocks for handshake deadlines at most this often.
 const SCAN_FLOOR: Duration = Duration::from_millis(10);
 
@@ -73,6 +82,15 @@ impl Mux {
         self.rx_held_sum + socks + self.hold_mem
     }
 
+    /// The most one read may take under the budget: what is left of it, but
+    /// never less than [`MEM_FLOOR`], so that psocks holding little are
+    /// still read and answered while the largest are paused (a read counts
+    /// the whole of it as held, a lent buffer from the moment it is lent).
+    #[inline]
+    pub(super) fn mem_room(&self) -> usize {
+        self.config.mem_limit.saturating_sub(self.mem_total()).max(MEM_FLOOR)
+    }
+
     /// Bring psock `p`'s share of `rx_held_sum` up to date.
     #[inline]
     pub(super) fn recount_only(&mut self, p: PsockId) {
@@ -86,9 +104,27 @@ impl Mux {
     #[inline]
     pub(super) fn recount(&mut self, p: PsockId, now: Timestamp) {
         self.recount_only(p);
+        if !self.mem_over {
+            if self.mem_total() > self.config.mem_limit {
+                self.mem_check(now);
+            }
+            return;
+        }
         let total = self.mem_total();
-        if total > self.config.mem_limit || (self.mem_paused_bytes > 0 && total <= self.mem_low()) {
+        if total <= self.mem_low() {
             self.mem_check(now);
+        } else if total > self.config.mem_limit {
+            // Over the limit, every other reader holding much was paused
+            // when it was last fed: only this one can have grown.
+            if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+                let held = Self::holding(ps);
+                if ps.mem == MemState::Reading && !ps.rx_failed && held >= MEM_FLOOR {
+                    ps.mem = MemState::Paused { since: now, held };
+                    self.counters.mem_pauses += 1;
+                    let t = now.add(self.config.mem_grace);
+                    self.mem_next = Some(self.mem_next.map_or(t, |n| n.min(t)));
+                }
+            }
         }
     }
 
@@ -99,28 +135,21 @@ impl Mux {
         ps.rx_held() + ps.tx_addr_bytes
     }
 
-    /// The budget's decision (module documentation): pause, abort, resume.
+    /// The budget's decision (module documentation): abort, pause, resume.
     pub(super) fn mem_check(&mut self, now: Timestamp) {
         self.note_time(now);
         let limit = self.config.mem_limit;
         let low = self.mem_low();
         let mut total = self.mem_total();
-        if total <= low {
-            if self.mem_paused_bytes > 0 || self.mem_next.is_some() {
+        let grace_due = self.mem_next.is_some_and(|t| t <= now);
+        if total <= low || (total <= limit && !grace_due) {
+            if total <= low && self.mem_over {
                 self.mem_resume_all();
             }
             return;
         }
-        let grace_due = self.mem_next.is_some_and(|t| t <= now);
-        if total <= limit && !grace_due {
-            return;
-        }
-        if !grace_due && total - low <= self.mem_paused_bytes {
-            // The paused psocks already cover the excess: nothing to decide.
-            return;
-        }
-        // Every live psock with what it holds, largest first (ties: oldest id
-        // first, so the decision is deterministic).
+        // Every live psock with what it holds, largest first (ties: lowest
+        // id first, so the decision is deterministic).
         let mut ranked: Vec<(usize, PsockId, MemState)> = self
             .psocks
             .iter()
@@ -141,20 +170,15 @@ impl Mux {
                 total -= self.mem_abort(p, held_now).min(total);
             }
         }
-        // 2. Pause the largest readers until the paused cover the excess.
-        let mut paused_bytes = 0;
-        for &(held_now, p, state) in &ranked {
-            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
-            if ps.rx_failed {
-                continue; // aborted above (or failed): no longer counts
-            }
-            if matches!(state, MemState::Paused { .. }) {
-                paused_bytes += held_now;
-            }
+        if total <= low {
+            self.mem_resume_all();
+            return;
         }
+        // 2. Over the limit: pause every reader holding much, largest first.
         if total > limit {
+            self.mem_over = true;
             for &(held_now, p, state) in &ranked {
-                if paused_bytes >= total - low || held_now == 0 {
+                if held_now < MEM_FLOOR {
                     break;
                 }
                 if state != MemState::Reading {
@@ -162,17 +186,11 @@ impl Mux {
                 }
                 let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
                 if ps.rx_failed {
-                    continue;
+                    continue; // aborted above
                 }
                 ps.mem = MemState::Paused { since: now, held: held_now };
                 self.counters.mem_pauses += 1;
-                paused_bytes += held_now;
             }
-        }
-        self.mem_paused_bytes = paused_bytes;
-        if total <= low {
-            self.mem_resume_all();
-            return;
         }
         self.mem_next = self
             .psocks
@@ -216,7 +234,7 @@ impl Mux {
                 resumed.push(PsockId { index: i, generation: g });
             }
         }
-        self.mem_paused_bytes = 0;
+        self.mem_over = false;
         self.mem_next = None;
         for p in resumed {
             if self.rx_capacity(p) > 0 {
@@ -235,7 +253,7 @@ impl Mux {
     /// After a socket's queue was read: paused psocks may read again.
     #[inline]
     pub(super) fn mem_after_read(&mut self) {
-        if self.mem_paused_bytes > 0 && self.mem_total() <= self.mem_low() {
+        if self.mem_over && self.mem_total() <= self.mem_low() {
             self.mem_check(self.now);
         }
     }
