@@ -395,3 +395,50 @@ fn the_default_assembly_timeout_closes_a_slowloris_connection() {
     assert!(wait_for(Duration::from_secs(5), || counter(&stat(&s), "rx_msg_timeouts") == 1));
     assert!(good.finish() > 0);
 }
+
+/// After the handshake, a TLS client sends the first bytes of a record and
+/// nothing more: rustls holds them below the parser, and the assembly
+/// timeout still closes the connection (counted in `rx_msg_timeouts`).
+#[test]
+fn a_partial_tls_record_is_closed_by_the_assembly_timeout() {
+    let dir = std::env::temp_dir().join(format!("connmux-limits-tlsrec-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let ca = dir.join("ca.pem");
+    let s = start("tlsrec", &["rpc-server", "--tls", "--tls-ca-out", ca.to_str().unwrap(), "--assembly-timeout-ms", "1000"]);
+    let script = r#"
+import os, socket, ssl, struct, sys, time
+port, cafile = int(sys.argv[1]), sys.argv[2]
+ctx = ssl.create_default_context(cafile=cafile)
+raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+body = struct.pack(">10I", 1, 0, 2, 100003, 3, 0, 0, 0, 0, 0)
+s.sendall(struct.pack(">I", 0x80000000 | len(body)) + body)
+buf = b""
+while len(buf) < 4 or len(buf) < 4 + (struct.unpack(">I", buf[:4])[0] & 0x7fffffff):
+    chunk = s.recv(4096)
+    if not chunk: raise SystemExit("closed before the reply")
+    buf += chunk
+# The record layer itself: a header for 256 bytes, then 20 of them.
+r = socket.socket(fileno=os.dup(s.fileno()))
+t0 = time.monotonic()
+r.sendall(b"\x17\x03\x03\x01\x00" + b"\x00" * 20)
+r.settimeout(10)
+try:
+    while r.recv(4096):
+        pass
+except ConnectionResetError:
+    pass
+print("closed after %.3f" % (time.monotonic() - t0))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &s.addr.port().to_string(), ca.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let took: f64 = text.trim().strip_prefix("closed after ").expect("closed").parse().unwrap();
+    eprintln!("partial TLS record closed after {took:.3} s");
+    assert!(took >= 0.9 && took < 9.0, "closed by the 1 s assembly timeout, after {took} s");
+    assert!(wait_for(Duration::from_secs(5), || counter(&stat(&s), "rx_msg_timeouts") == 1));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -557,6 +557,11 @@ struct Psock {
     last_active: Timestamp,
     /// The handshake of the layer below the parser must end by then.
     handshake_deadline: Option<Timestamp>,
+    /// The partial record the layer below the parser holds must end by then.
+    record_deadline: Option<Timestamp>,
+    /// Records below the parser that did not end in time (they count as
+    /// assembly timeouts: they are the start of a message the parser never saw).
+    record_timeouts: u64,
     stats: PsockStats,
 }
 
@@ -577,12 +582,12 @@ impl Psock {
         s.rx_need_more_hdr = st.need_more_hdr;
         s.rx_bad_hdr_len = st.bad_hdr_len;
         s.rx_msg_too_big = st.msg_too_big;
-        s.rx_msg_timeouts = st.msg_timeouts;
+        s.rx_msg_timeouts = st.msg_timeouts + self.record_timeouts;
         s.rx_interrupted = st.interrupted;
         s.rx_unrecov_intr = st.unrecov_intr;
         // A per-psock flag, as in the 2017 kernel (current kernels print 0).
         s.rx_aborts =
-            u64::from(st.bad_hdr_len + st.msg_too_big + st.msg_timeouts + st.interrupted + st.unrecov_intr > 0);
+            u64::from(st.bad_hdr_len + st.msg_too_big + s.rx_msg_timeouts + st.interrupted + st.unrecov_intr > 0);
         s
     }
 }
@@ -933,6 +938,8 @@ impl Mux {
             counted: 0,
             last_active: self.now,
             handshake_deadline: None,
+            record_deadline: None,
+            record_timeouts: 0,
             stats: PsockStats::default(),
         }));
         self.counters.psock_attach += 1;

@@ -237,3 +237,21 @@ fn many_psocks_reading_large_messages_stay_within_the_budget() {
     assert!(m.memory_used() <= 32 << 20);
     assert!(ps.iter().all(|&p| !m.mem_paused(p)));
 }
+
+#[test]
+fn a_partial_record_below_the_parser_past_its_deadline_is_an_assembly_timeout() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let stalled = attach_l4(&mut m);
+    let done = attach_l4(&mut m);
+    m.set_record_deadline(stalled, Some(ms(500))).unwrap();
+    m.set_record_deadline(done, Some(ms(500))).unwrap();
+    m.set_record_deadline(done, None).unwrap();
+    m.handle_timeout(ms(499));
+    assert!(failures(&events(&mut m)).is_empty());
+    m.handle_timeout(ms(500));
+    assert_eq!(failures(&events(&mut m)), vec![(stalled, PsockError::Rx(RxError::Timeout))]);
+    let st = m.psock_stats(stalled).unwrap();
+    assert_eq!((st.rx_msg_timeouts, st.rx_aborts), (1, 1));
+    m.feed(done, &l4(b"fine"), ms(600)).unwrap();
+    assert_eq!(recv_all(&mut m, k), vec![l4(b"fine")]);
+}

@@ -42,7 +42,7 @@
 //! the psocks happens only when the paused ones no longer cover the excess,
 //! or when a grace period ends.
 //!
-//! # Idle and handshake deadlines
+//! # Idle, handshake and record deadlines
 //!
 //! Rare deadlines, looked for by one pass over the psocks when the earliest
 //! may have passed (`scan_next`); an idle psock is looked at again no sooner
@@ -298,6 +298,21 @@ impl Mux {
         Ok(())
     }
 
+    /// The layer below psock `p`'s parser (TLS) holds the first bytes of a
+    /// record (`Some(deadline)`, from its first byte plus the assembly
+    /// timeout) or none (`None`). A partial record is the start of a message
+    /// the parser has not seen yet, so the assembly timeout covers it: past
+    /// the deadline the psock fails with `RxError::Timeout`, counted in
+    /// `rx_msg_timeouts`.
+    pub fn set_record_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), super::MuxError> {
+        let ps = self.psock_mut(p)?;
+        ps.record_deadline = deadline;
+        if let Some(t) = deadline {
+            self.scan_at(t);
+        }
+        Ok(())
+    }
+
     /// One pass over the psocks: fail those past their handshake deadline or
     /// idle for the idle timeout; set when to look again.
     pub(super) fn scan_psock_deadlines(&mut self, now: Timestamp) {
@@ -314,6 +329,15 @@ impl Mux {
                 if t <= now {
                     ps.handshake_deadline = None;
                     failed.push((p, RxError::HandshakeTimeout));
+                    continue;
+                }
+                let t = t.max(now.add(SCAN_FLOOR));
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+            if let Some(t) = ps.record_deadline {
+                if t <= now {
+                    ps.record_deadline = None;
+                    failed.push((p, RxError::Timeout));
                     continue;
                 }
                 let t = t.max(now.add(SCAN_FLOOR));
@@ -336,6 +360,7 @@ impl Mux {
             let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
             match e {
                 RxError::HandshakeTimeout => self.counters.handshake_timeouts += 1,
+                RxError::Timeout => ps.record_timeouts += 1,
                 _ => self.counters.idle_timeouts += 1,
             }
             ps.stream.stop();
