@@ -124,6 +124,7 @@ fuzz_target!(|input: Input| {
         steering: [Steering::RoundRobin, Steering::Affinity, Steering::Key][c.steering as usize % 3],
         imbalance: c.imbalance as usize % 8,
         psock_sndbuf: 4 << 20,
+        ..MuxConfig::default()
     };
     let mut m = Mux::new(cfg);
     let mut socks: Vec<(SockId, SockType)> = Vec::new();

@@ -74,7 +74,9 @@ use crate::stream::{Loan, StreamLimits, StreamParser, Unlend};
 use crate::time::Timestamp;
 
 mod deadlines;
+mod limits;
 mod slab;
+use limits::MemState;
 use deadlines::{Armed, Deadlines};
 use slab::Slab;
 
@@ -176,7 +178,36 @@ pub struct MuxConfig {
     pub steering: Steering,
     /// For `Steering::Affinity`: queue length beyond which messages go elsewhere.
     pub imbalance: usize,
+    /// Budget in bytes for everything the core holds for all psocks together
+    /// ([`Mux::memory_used`]: assembly buffers, ready messages, socket receive
+    /// and send queues). The per-psock limits alone let N peers hold N times
+    /// them; past this budget the largest holders stop being read, and those
+    /// still stuck after `mem_grace` are aborted (`RxError::MemLimit`,
+    /// counted in `mem_aborts`). AF_KCM has no such knob: the kernel's
+    /// `tcp_mem`/`net.core.rmem_max` pressure plays that part.
+    pub mem_limit: usize,
+    /// How long a psock paused by the memory budget may stay paused, holding
+    /// what it holds, while the mux is still over the budget's low mark
+    /// (half of it), before it is aborted.
+    pub mem_grace: Duration,
+    /// Close a psock with no bytes received or written for this long
+    /// (`RxError::IdleTimeout`, counted in `idle_timeouts`). `None` (the
+    /// default) keeps idle connections forever, as AF_KCM does (its nearest
+    /// knob is TCP keepalive on the attached socket).
+    pub idle_timeout: Option<Duration>,
+    /// How long the layer below the parser (TLS) may take to finish its
+    /// handshake after attach ([`Mux::set_handshake_deadline`]); past it the
+    /// psock fails with `RxError::HandshakeTimeout` (counted in
+    /// `handshake_timeouts`). A peer that stalls before Finished would
+    /// otherwise hold its connection forever, since nothing is framed before
+    /// the handshake and no assembly deadline runs. AF_KCM has none (kTLS is
+    /// set up after a handshake done elsewhere). `None` waits forever.
+    pub handshake_timeout: Option<Duration>,
 }
+
+/// The default [`MuxConfig::mem_limit`]: 1 GiB, room for a thousand
+/// largest messages at the default `max_msg_size`.
+pub const DEFAULT_MEM_LIMIT: usize = 1 << 30;
 
 impl Default for MuxConfig {
     fn default() -> Self {
@@ -189,6 +220,10 @@ impl Default for MuxConfig {
             psock_sndbuf: 4 << 20,
             steering: Steering::default(),
             imbalance: 64,
+            mem_limit: DEFAULT_MEM_LIMIT,
+            mem_grace: Duration::from_secs(1),
+            idle_timeout: None,
+            handshake_timeout: Some(Duration::from_secs(5)),
         }
     }
 }
@@ -247,10 +282,24 @@ pub enum RxError {
     /// library's. kTLS reports a record that fails to authenticate as EBADMSG.
     #[error("TLS: {0} (EBADMSG)")]
     Tls(String),
+    /// The mux was over its memory budget (`MuxConfig::mem_limit`) and this
+    /// psock, among the largest holders, stayed paused holding `held` bytes
+    /// past `mem_grace`.
+    #[error("memory budget of {limit} bytes exceeded; this connection held {held} (ENOBUFS)")]
+    MemLimit { held: usize, limit: usize },
+    /// No bytes received or written for `MuxConfig::idle_timeout`.
+    #[error("idle for longer than the idle timeout (ETIMEDOUT)")]
+    IdleTimeout,
+    /// The layer below the parser did not finish its handshake by the
+    /// deadline (`MuxConfig::handshake_timeout`).
+    #[error("handshake not finished within the handshake timeout (ETIMEDOUT)")]
+    HandshakeTimeout,
 }
 
 /// EBADMSG: what kTLS returns for a record that fails to authenticate.
 pub const EBADMSG: i32 = 74;
+/// ENOBUFS: a psock aborted by the memory budget.
+pub const ENOBUFS: i32 = 105;
 
 impl RxError {
     pub fn errno(&self) -> i32 {
@@ -260,6 +309,8 @@ impl RxError {
             RxError::Parser(e) => e.errno(),
             RxError::Timeout => crate::parser::ETIMEDOUT,
             RxError::Tls(_) => EBADMSG,
+            RxError::MemLimit { .. } => ENOBUFS,
+            RxError::IdleTimeout | RxError::HandshakeTimeout => crate::parser::ETIMEDOUT,
         }
     }
 }
@@ -540,6 +591,19 @@ struct Psock {
     /// The assembly deadline armed in the mux's [`Deadlines`], if any (it
     /// mirrors `stream.deadline()` after every call).
     timer: Option<Armed>,
+    /// Whether the memory budget lets it be read (see [`limits`]).
+    mem: MemState,
+    /// Its `rx_held` as last added to `Mux::rx_held_sum`.
+    counted: usize,
+    /// Last time bytes were received or written (idle timeout).
+    last_active: Timestamp,
+    /// The handshake of the layer below the parser must end by then.
+    handshake_deadline: Option<Timestamp>,
+    /// The partial record the layer below the parser holds must end by then.
+    record_deadline: Option<Timestamp>,
+    /// Records below the parser that did not end in time (they count as
+    /// assembly timeouts: they are the start of a message the parser never saw).
+    record_timeouts: u64,
     stats: PsockStats,
 }
 
@@ -560,12 +624,12 @@ impl Psock {
         s.rx_need_more_hdr = st.need_more_hdr;
         s.rx_bad_hdr_len = st.bad_hdr_len;
         s.rx_msg_too_big = st.msg_too_big;
-        s.rx_msg_timeouts = st.msg_timeouts;
+        s.rx_msg_timeouts = st.msg_timeouts + self.record_timeouts;
         s.rx_interrupted = st.interrupted;
         s.rx_unrecov_intr = st.unrecov_intr;
         // A per-psock flag, as in the 2017 kernel (current kernels print 0).
         s.rx_aborts =
-            u64::from(st.bad_hdr_len + st.msg_too_big + st.msg_timeouts + st.interrupted + st.unrecov_intr > 0);
+            u64::from(st.bad_hdr_len + st.msg_too_big + s.rx_msg_timeouts + st.interrupted + st.unrecov_intr > 0);
         s
     }
 }
@@ -578,6 +642,10 @@ struct MuxCounters {
     psock_unattach: u64,
     psock_unattach_rsvd: u64,
     rx_ready_drops: u64,
+    mem_pauses: u64,
+    mem_aborts: u64,
+    idle_timeouts: u64,
+    handshake_timeouts: u64,
 }
 
 /// The multiplexor.
@@ -608,6 +676,14 @@ pub struct Mux {
     max_msg_peak: usize,
     /// `tx_complete`'s list of finished messages, kept to reuse its memory.
     tx_done: Vec<(SockId, usize, u32)>,
+    /// Σ psocks `rx_held`, kept as they change (the budget's hot-path term).
+    rx_held_sum: usize,
+    /// Past the memory budget's limit and not yet back at its low mark.
+    mem_over: bool,
+    /// When the earliest budget pause runs out of grace.
+    mem_next: Option<Timestamp>,
+    /// When the next idle or handshake deadline may have passed.
+    scan_next: Option<Timestamp>,
 }
 
 impl std::fmt::Debug for Mux {
@@ -666,6 +742,10 @@ impl Mux {
             folded: PsockStats::default(),
             max_msg_peak,
             tx_done: Vec::new(),
+            rx_held_sum: 0,
+            mem_over: false,
+            mem_next: None,
+            scan_next: None,
         }
     }
     pub fn config(&self) -> &MuxConfig {
@@ -896,9 +976,16 @@ impl Mux {
             tx_addr_bytes: 0,
             in_avail: false,
             timer: None,
+            mem: MemState::Reading,
+            counted: 0,
+            last_active: self.now,
+            handshake_deadline: None,
+            record_deadline: None,
+            record_timeouts: 0,
             stats: PsockStats::default(),
         }));
         self.counters.psock_attach += 1;
+        self.arm_idle(self.now);
         // To the first socket waiting to transmit, else the tail of the LRU list.
         self.psock_now_avail(p);
         p
@@ -935,8 +1022,13 @@ impl Mux {
         if self.deadlines.forget(ps.timer) {
             self.clean_deadlines();
         }
+        self.rx_held_sum -= ps.counted;
         add_psock_stats(&mut self.folded, &ps.full_stats());
         self.events.push_back(Event::PsockReleased(p));
+        // What it held is free: psocks paused by the budget may read again.
+        if self.mem_over {
+            self.mem_check(self.now);
+        }
         Ok(())
     }
     pub fn psock_count(&self) -> usize {
@@ -951,13 +1043,13 @@ impl Mux {
     /// Bytes the psock will accept now (0 = paused or stopped).
     pub fn rx_capacity(&self, p: PsockId) -> usize {
         match self.psock(p) {
-            Ok(ps) if !ps.paused && !ps.life.rx_over() && !ps.stream.is_stopped() => {
+            Ok(ps) if !ps.paused && !ps.life.rx_over() && !ps.stream.is_stopped() && ps.mem == MemState::Reading => {
                 if ps.tx_addr_bytes >= backlog_pause(&self.config) {
                     // Its peer is not reading our replies: stop reading it
                     // (PsockRxResume when the backlog drains).
                     return 0;
                 }
-                ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held()))
+                ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held())).min(self.mem_room())
             }
             _ => 0,
         }
@@ -1054,9 +1146,11 @@ impl Mux {
             return Err(MuxError::Invalid);
         }
         ps.stream.feed(data);
+        ps.last_active = now;
         if !ps.paused {
             self.rx_pass(p, now, direct);
         }
+        self.recount(p, now);
         Ok(())
     }
     /// Lend psock `p`'s assembly buffer for one read straight into it: a large
@@ -1081,6 +1175,10 @@ impl Mux {
             return (0, None);
         }
         let loan = self.psocks.get_mut(p.index, p.generation).and_then(|ps| ps.stream.lend(cap));
+        if loan.is_some() {
+            // The loan's limit counts as held from now.
+            self.recount(p, self.now);
+        }
         (cap, loan.map(|loan| RxLoan { psock: p, loan }))
     }
 
@@ -1110,13 +1208,18 @@ impl Mux {
         let p = loan.psock;
         let ps = self.psock_mut(p)?;
         match ps.stream.unlend(loan.loan) {
-            Unlend::Took(0) | Unlend::Stale => return Ok(()),
+            Unlend::Took(0) | Unlend::Stale => {
+                self.recount(p, now);
+                return Ok(());
+            }
             Unlend::Refused => return Err(MuxError::Invalid),
             Unlend::Took(_) => {}
         }
+        ps.last_active = now;
         if !ps.paused {
             self.rx_pass(p, now, direct);
         }
+        self.recount(p, now);
         Ok(())
     }
 
@@ -1140,6 +1243,7 @@ impl Mux {
             self.sync_deadline(p);
         }
         self.events.push_back(Event::PsockFailed(p, PsockError::Closed));
+        self.recount(p, self.now);
         self.check_drained(p);
         Ok(())
     }
@@ -1211,6 +1315,7 @@ impl Mux {
             ps.stream.stop();
         }
         self.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
+        self.recount(p, self.now);
         Ok(())
     }
 
@@ -1366,6 +1471,7 @@ impl Mux {
         let now = self.now;
         for p in resumed {
             self.rx_pass(p, now, None);
+            self.recount_only(p);
             if self.rx_capacity(p) > 0 {
                 self.events.push_back(Event::PsockRxResume(p));
             }
@@ -1382,6 +1488,7 @@ impl Mux {
                 self.rcv_ready(s);
             }
         }
+        self.mem_after_read();
     }
 
     /// recvmsg on a KCM socket (WouldBlock when empty).
@@ -1435,6 +1542,7 @@ impl Mux {
         if rejoin {
             self.rcv_ready(s);
         }
+        self.mem_after_read();
         Ok((data, msg.psock))
     }
     /// A reader took a whole message of psock `p`: a hold if its socket
@@ -1862,6 +1970,9 @@ impl Mux {
             return;
         }
         ps.tx_busy = false;
+        if n > 0 {
+            ps.last_active = self.now;
+        }
         let backlog_before = ps.tx_addr_bytes;
         let mut left = n;
         let mut done = std::mem::take(&mut self.tx_done);
@@ -1981,9 +2092,10 @@ impl Mux {
 
     // ---- time ----
 
-    /// The earliest assembly deadline of any psock (O(1)).
+    /// The earliest assembly deadline of any psock (O(1)), or the time the
+    /// memory budget, an idle or a handshake deadline wants a look.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
-        self.deadlines.next()
+        [self.deadlines.next(), self.mem_next, self.scan_next].into_iter().flatten().min()
     }
     /// Abort, with ETIMEDOUT, every psock whose message's deadline is at or
     /// before `now`, earliest deadline first. Costs O(log n) per deadline that
@@ -2005,8 +2117,15 @@ impl Mux {
                 }
             }
             self.sync_deadline(p);
+            self.recount_only(p);
         }
         self.clean_deadlines();
+        if self.scan_next.is_some_and(|t| t <= now) {
+            self.scan_psock_deadlines(now);
+        }
+        if self.mem_next.is_some_and(|t| t <= now) {
+            self.mem_check(now);
+        }
     }
     /// Deadline entries held (live and stale): at most 2 × armed + 64.
     #[doc(hidden)]
@@ -2035,6 +2154,11 @@ impl Mux {
             psock_unattach: self.counters.psock_unattach,
             psock_unattach_rsvd: self.counters.psock_unattach_rsvd,
             rx_ready_drops: self.counters.rx_ready_drops,
+            mem_used: self.memory_used(),
+            mem_pauses: self.counters.mem_pauses,
+            mem_aborts: self.counters.mem_aborts,
+            idle_timeouts: self.counters.idle_timeouts,
+            handshake_timeouts: self.counters.handshake_timeouts,
             kcms: self.socks.len(),
             psocks: self.psocks.len(),
             psock: agg,

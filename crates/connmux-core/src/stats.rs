@@ -26,6 +26,16 @@ pub struct MuxStats {
     pub psock_unattach_rsvd: u64,
     /// Parsed messages dropped at unattach (`ready_rx_msg`).
     pub rx_ready_drops: u64,
+    /// Bytes the core holds now (`Mux::memory_used`), against `mem_limit`.
+    pub mem_used: usize,
+    /// Psocks paused because the mux was over its memory budget (new).
+    pub mem_pauses: u64,
+    /// Psocks aborted by the memory budget (`RxError::MemLimit`, new).
+    pub mem_aborts: u64,
+    /// Psocks closed by the idle timeout (new).
+    pub idle_timeouts: u64,
+    /// Psocks whose TLS handshake did not finish in time (new).
+    pub handshake_timeouts: u64,
     /// Live KCM sockets.
     pub kcms: usize,
     /// Live psocks.

@@ -537,8 +537,9 @@ impl StreamParser {
             RxError::BadLength { .. } => self.stats.bad_hdr_len += 1,
             RxError::Timeout => self.stats.msg_timeouts += 1,
             RxError::Parser(_) => self.stats.interrupted += 1,
-            // Raised below the stream (the driver's TLS), never here.
-            RxError::Tls(_) => {}
+            // Raised below the stream (the driver's TLS) or by the mux's
+            // limits, never here.
+            RxError::Tls(_) | RxError::MemLimit { .. } | RxError::IdleTimeout | RxError::HandshakeTimeout => {}
         }
         self.stopped = true;
         self.reset();

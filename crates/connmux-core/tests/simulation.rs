@@ -59,6 +59,7 @@ fn run(seed: u64) -> Run {
         steering,
         imbalance: rng.gen_range(0..5),
         psock_sndbuf: 4 << 20,
+        ..MuxConfig::default()
     };
     let mut m = Mux::new(cfg);
     let mut socks: Vec<(SockId, SockType)> = Vec::new();
@@ -102,6 +103,8 @@ fn run(seed: u64) -> Run {
             m.memory_used(),
             m.memory_bound()
         );
+        // The memory budget's running count never drifts from the real sum.
+        assert_eq!(m.memory_counted(), m.memory_used(), "seed {seed} step {step}: budget count drifted");
     };
     let total_msgs = sent.len();
     let mut received = 0;

@@ -203,8 +203,8 @@ pub fn error_counters(s: &mut PsockStats, e: &PsockError) {
         RxError::BadLength { .. } => s.rx_bad_hdr_len += 1,
         RxError::Timeout => s.rx_msg_timeouts += 1,
         RxError::Parser(_) => s.rx_interrupted += 1,
-        // TLS runs only on userspace psocks.
-        RxError::Tls(_) => {}
+        // TLS and the mux-wide limits run only on userspace psocks.
+        RxError::Tls(_) | RxError::MemLimit { .. } | RxError::IdleTimeout | RxError::HandshakeTimeout => {}
     }
 }
 

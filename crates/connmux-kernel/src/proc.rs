@@ -131,6 +131,8 @@ pub fn parse_kcm_stats(text: &str) -> Option<MuxStats> {
         kcms: 0,
         psocks: 0,
         psock,
+        // The kernel has no mux-wide budget, idle or handshake limits.
+        ..MuxStats::default()
     })
 }
 

@@ -18,7 +18,9 @@
 //!   and the message calls (`sendmsg`, `recvmsg`, `sendmmsg`, `recvmmsg`);
 //! - [`uring`]: io_uring with a provided-buffer ring: multishot receives, sends, polls,
 //!   cancellation, completions as a safe enum;
-//! - [`bpf`]: the bpf(2) system call (program load, test run).
+//! - [`bpf`]: the bpf(2) system call (program load, test run);
+//! - [`malloc`]: glibc's `mallopt` mmap threshold and `malloc_trim`, so freed buffers go
+//!   back to the system.
 //!
 //! What it does **not** do: own any policy. It does not decide what to read, when to
 //! retry or how to react to an error (beyond retrying `EINTR` where a call says so);
@@ -32,6 +34,7 @@ pub mod bpf;
 pub mod clock;
 pub mod epoll;
 pub mod kcm;
+pub mod malloc;
 pub mod eventfd;
 pub mod poll;
 pub mod signal;

@@ -357,7 +357,16 @@ impl Mux {
                 return Err(io::Error::from_raw_os_error(libc::EALREADY));
             }
             let cfg = PsockConfig { affinity: Some(worker as u32), ..Default::default() };
+            let now = sh.now();
+            core.mux.note_now(now);
             let id = core.mux.attach(parser, cfg);
+            if tls.is_some() {
+                // A handshake that never ends must not hold the connection
+                // (nothing is framed before it, so no assembly deadline runs).
+                if let Some(d) = core.mux.config().handshake_timeout {
+                    let _ = core.mux.set_handshake_deadline(id, Some(now.add(d)));
+                }
+            }
             sh.workers[worker].psocks.fetch_add(1, Ordering::AcqRel);
             let rt = Arc::new(PsockRt {
                 id,
@@ -379,6 +388,10 @@ impl Mux {
                 if let Err(e) = epoll.add(rt.fd(), psock_token(rt.id), Interest::READ) {
                     let _ = self.unattach_id(rt.id);
                     return Err(e);
+                }
+                if rt.tls.is_some() {
+                    // Its worker waits for the new handshake deadline.
+                    let _ = sh.workers[worker].waker.notify();
                 }
             }
             WorkerIo::Uring => sh.workers[worker].command(Command::Attach(rt.clone())),
@@ -499,6 +512,14 @@ impl Mux {
                 kcms: k.k.sockets(),
                 ..MuxStats::default()
             }),
+        }
+    }
+
+    /// How many psocks are attached now (without listing them).
+    pub fn psock_count(&self) -> usize {
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lock().mux.psock_count(),
+            MuxImp::Kernel(k) => k.k.psocks().len(),
         }
     }
 

@@ -8,7 +8,7 @@ use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -236,6 +236,9 @@ pub struct ServiceStats {
     /// Connections closed because the peer failed (framing error, reset, FIN)
     /// or because the handler answered [`Verdict::Close`].
     pub closed: AtomicU64,
+    /// Connections refused at accept (closed with a reset at once) because
+    /// the service already had [`Service::set_max_conns`] attached.
+    pub refused: AtomicU64,
 }
 
 /// Configuration of a service.
@@ -253,6 +256,8 @@ pub struct Service {
     stop: Arc<AtomicBool>,
     /// Set to stop the accept thread alone ([`Service::stop_accepting`]).
     stop_accept: Arc<AtomicBool>,
+    /// Most connections attached at once (0: no cap).
+    max_conns: Arc<AtomicUsize>,
     threads: Vec<JoinHandle<()>>,
     stats: Arc<ServiceStats>,
     _serving: Serving,
@@ -288,11 +293,13 @@ impl Service {
         let serving = mux.serve_counting(cfg.sock_type, handler, Some(stats.clone()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop_accept = Arc::new(AtomicBool::new(false));
+        let max_conns = Arc::new(AtomicUsize::new(0));
         let mut threads = Vec::new();
         {
             let (mux, stop, stats, parser) = (mux.clone(), stop_accept.clone(), stats.clone(), cfg.parser.clone());
+            let limit = Accept { max_conns: max_conns.clone() };
             threads.push(std::thread::Builder::new().name("connmux-accept".into()).spawn(move || {
-                accept_loop(&mux, &listener, &stop, &stats, &*parser, tls.as_ref())
+                accept_loop(&mux, &listener, &stop, &stats, &*parser, tls.as_ref(), &limit)
             })?);
         }
         {
@@ -312,7 +319,18 @@ impl Service {
                 }
             })?);
         }
-        Ok(Service { mux, local, stop, stop_accept, threads, stats, _serving: serving })
+        Ok(Service { mux, local, stop, stop_accept, max_conns, threads, stats, _serving: serving })
+    }
+
+    /// Cap the connections attached at once: past `max` a new connection is
+    /// closed with a reset as soon as it is accepted, and counted in
+    /// [`ServiceStats::refused`] (`None`: no cap, the default). Why: every
+    /// connection costs a descriptor and its buffers; without a cap a peer
+    /// that opens connections faster than they fail uses them all. AF_KCM has
+    /// no such knob (the listener's backlog and `RLIMIT_NOFILE` are the
+    /// nearest).
+    pub fn set_max_conns(&self, max: Option<usize>) {
+        self.max_conns.store(max.unwrap_or(0), Ordering::Release);
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -355,6 +373,11 @@ impl Drop for Service {
     }
 }
 
+/// What the accept loop checks before attaching.
+struct Accept {
+    max_conns: Arc<AtomicUsize>,
+}
+
 fn accept_loop(
     mux: &Mux,
     listener: &TcpListener,
@@ -362,11 +385,18 @@ fn accept_loop(
     stats: &ServiceStats,
     parser: &(dyn Fn() -> Box<dyn Parser> + Send + Sync),
     tls: Option<&Arc<crate::tls::rustls::ServerConfig>>,
+    limit: &Accept,
 ) {
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((conn, _)) => {
                 stats.accepted.fetch_add(1, Ordering::Relaxed);
+                let max = limit.max_conns.load(Ordering::Acquire);
+                if max > 0 && mux.psock_count() >= max {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    let _ = connmux_sys::socket::abort(conn.as_raw_fd());
+                    continue;
+                }
                 // The mux keeps its own descriptor; ours closes at the end of scope.
                 let attached = match tls {
                     None => mux.attach(&conn, parser()).map(drop),

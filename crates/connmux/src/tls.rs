@@ -122,13 +122,71 @@ pub(crate) struct PsockTls {
     /// Ciphertext read from the connection that rustls could not take yet
     /// because the core was full (epoll driver; at most one read).
     held: Vec<u8>,
+    /// Where the ciphertext given to rustls is in its record framing.
+    records: RecordEdge,
+    /// A record deadline is armed in the core (`Mux::set_record_deadline`).
+    record_armed: bool,
+}
+
+/// Where a TLS byte stream is relative to its records (5-byte header with
+/// the body length in its last two bytes, then the body): whether the bytes
+/// seen so far end inside a record. rustls holds such a partial record
+/// below the parser, where the core's assembly deadline does not see it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecordEdge {
+    /// Header bytes seen of the current record (0..5).
+    hdr: u8,
+    /// The length field's bytes so far.
+    len: u16,
+    /// Body bytes still to come.
+    left: usize,
+}
+
+impl RecordEdge {
+    /// Account for `data`, the next bytes of the stream.
+    pub(crate) fn advance(&mut self, mut data: &[u8]) {
+        // Bounded: each turn consumes at least one byte.
+        while !data.is_empty() {
+            if self.left > 0 {
+                let k = self.left.min(data.len());
+                self.left -= k;
+                data = &data[k..];
+                continue;
+            }
+            match self.hdr {
+                3 | 4 => self.len = (self.len << 8) | u16::from(data[0]),
+                _ => {}
+            }
+            self.hdr += 1;
+            data = &data[1..];
+            if self.hdr == 5 {
+                self.left = usize::from(self.len);
+                self.hdr = 0;
+                self.len = 0;
+            }
+        }
+    }
+    /// The bytes seen end inside a record (a header or a body not finished).
+    pub(crate) fn inside(&self) -> bool {
+        self.hdr > 0 || self.left > 0
+    }
 }
 
 impl PsockTls {
     pub(crate) fn new(conn: TlsConn) -> PsockTls {
         let mut conn = conn.0;
         conn.set_buffer_limit(Some(TLS_BUFFER_LIMIT));
-        PsockTls { conn, established: false, done: false, failed: false, eof: None, eof_told: false, held: Vec::new() }
+        PsockTls {
+            conn,
+            established: false,
+            done: false,
+            failed: false,
+            eof: None,
+            eof_told: false,
+            held: Vec::new(),
+            records: RecordEdge::default(),
+            record_armed: false,
+        }
     }
 
     /// Whether receive is over for good.
@@ -254,6 +312,21 @@ enum Plain {
 /// it; returns how many bytes of `data` were taken, and whether the core is
 /// full. Called with the psock's TLS lock held, without the core lock.
 pub(crate) fn rx(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events: &mut Vec<Event>) -> (usize, Rx) {
+    let r = rx_records(sh, rt, st, data, events);
+    // A partial record after the handshake is the start of a message the
+    // parser has not seen: the assembly timeout covers it from here.
+    let inside = st.established && !st.done && st.records.inside();
+    if inside != st.record_armed {
+        st.record_armed = inside;
+        let now = sh.now();
+        let mut core = sh.lock();
+        let deadline = if inside { core.mux.config().assembly_timeout.map(|d| now.add(d)) } else { None };
+        let _ = core.mux.set_record_deadline(rt.id, deadline);
+    }
+    r
+}
+
+fn rx_records(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events: &mut Vec<Event>) -> (usize, Rx) {
     let mut off = 0;
     // Bounded: each round takes input bytes, or ends.
     loop {
@@ -287,7 +360,10 @@ pub(crate) fn rx(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], even
         match st.conn.read_tls(&mut &data[off..]) {
             // After a close_notify nothing more is read: the rest is dropped.
             Ok(0) => off = data.len(),
-            Ok(n) => off += n,
+            Ok(n) => {
+                st.records.advance(&data[off..off + n]);
+                off += n;
+            }
             Err(e) => {
                 fail(sh, rt, st, e.to_string(), events);
                 return (data.len(), Rx::Done);
@@ -300,6 +376,7 @@ pub(crate) fn rx(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], even
         if !st.established && !st.conn.is_handshaking() {
             st.established = true;
             sh.tls.handshakes.fetch_add(1, Ordering::Relaxed);
+            let _ = sh.lock().mux.set_handshake_deadline(rt.id, None);
             // Messages that waited for the handshake can go now.
             events.push(Event::PsockTransmit(rt.id));
         }
@@ -544,4 +621,33 @@ pub(crate) fn tx_failed(sh: &Shared, rt: &PsockRt, errno: i32, events: &mut Vec<
     let mut core = sh.lock();
     core.mux.tx_failed(rt.id, errno);
     core.drain_events(events);
+}
+
+#[cfg(test)]
+mod record_edge_tests {
+    use super::RecordEdge;
+
+    #[test]
+    fn tells_whether_the_bytes_end_inside_a_record() {
+        // Two records: 3 bytes of body, then 0x0102 = 258 bytes.
+        let mut wire = vec![0x17, 0x03, 0x03, 0x00, 0x03, 1, 2, 3];
+        wire.extend_from_slice(&[0x17, 0x03, 0x03, 0x01, 0x02]);
+        wire.extend(std::iter::repeat_n(9u8, 258));
+        // Fed whole, and fed byte by byte: inside exactly while a record is open.
+        let mut e = RecordEdge::default();
+        e.advance(&wire);
+        assert!(!e.inside());
+        let mut e = RecordEdge::default();
+        let ends = [8, wire.len()];
+        for (i, b) in wire.iter().enumerate() {
+            e.advance(std::slice::from_ref(b));
+            assert_eq!(e.inside(), !ends.contains(&(i + 1)), "after {} bytes", i + 1);
+        }
+        // A header cut after its length's first byte.
+        let mut e = RecordEdge::default();
+        e.advance(&[0x17, 0x03, 0x03, 0x00]);
+        assert!(e.inside());
+        e.advance(&[0x00]);
+        assert!(!e.inside(), "an empty record ends with its header");
+    }
 }

@@ -186,6 +186,9 @@ fn rx_kind(e: &RxError) -> &'static str {
         RxError::Parser(_) => "parser",
         RxError::Timeout => "timeout",
         RxError::Tls(_) => "tls",
+        RxError::MemLimit { .. } => "mem-limit",
+        RxError::IdleTimeout => "idle-timeout",
+        RxError::HandshakeTimeout => "handshake-timeout",
     }
 }
 

@@ -35,8 +35,29 @@ pub struct Common {
     #[arg(long, default_value_t = 1 << 20)]
     pub max_msg: usize,
     /// Assembly timeout in milliseconds from a message's first byte (0 = none).
-    #[arg(long, default_value_t = 0)]
+    /// On by default: a peer that sends a message's first bytes and then
+    /// nothing (slowloris) would otherwise hold its connection and buffer
+    /// forever. Counted in `rx_msg_timeouts`.
+    #[arg(long, default_value_t = 10_000)]
     pub assembly_timeout_ms: u64,
+    /// Memory budget for all connections together: assembly buffers, queued
+    /// requests and replies (e.g. 64M, 1G, or bytes). Past it the largest
+    /// holders stop being read; those still stuck a second later are reset
+    /// (counted in `mem_pauses`, `mem_aborts`).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    pub mem_limit: usize,
+    /// Most connections attached at once; past it a new connection is reset
+    /// as soon as it is accepted (counted in `refused`; 0 = no cap).
+    #[arg(long, default_value_t = 10_000)]
+    pub max_conns: usize,
+    /// TLS handshake timeout in milliseconds: a handshake not finished by
+    /// then resets the connection (counted in `handshake_timeouts`; 0 = none).
+    #[arg(long, default_value_t = 5_000)]
+    pub handshake_timeout_ms: u64,
+    /// Close a connection with no bytes received or sent for this many
+    /// milliseconds (counted in `idle_timeouts`; 0 = never, the default).
+    #[arg(long, default_value_t = 0)]
+    pub idle_timeout_ms: u64,
     /// Stop after this many seconds (default: run until killed).
     #[arg(long)]
     pub duration: Option<f64>,
@@ -70,6 +91,28 @@ pub struct Common {
     pub tls: crate::cmd::tls::ServerTls,
     #[command(flatten)]
     pub stop: crate::cmd::stop::StopArgs,
+}
+
+/// A size in bytes: a number with an optional K, M or G (powers of 1024).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mul) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let mul: usize = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("{s:?}: want bytes or a number with K, M or G")),
+            };
+            (&t[..i], mul)
+        }
+        _ => (t, 1),
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{s:?}: want bytes or a number with K, M or G"))
 }
 
 /// `--attach`: whether connections go to the worker on their incoming CPU.
@@ -137,6 +180,10 @@ impl Common {
         c.core.max_msg_size = self.max_msg;
         c.core.assembly_timeout =
             (self.assembly_timeout_ms > 0).then(|| Duration::from_millis(self.assembly_timeout_ms));
+        c.core.mem_limit = self.mem_limit;
+        c.core.handshake_timeout =
+            (self.handshake_timeout_ms > 0).then(|| Duration::from_millis(self.handshake_timeout_ms));
+        c.core.idle_timeout = (self.idle_timeout_ms > 0).then(|| Duration::from_millis(self.idle_timeout_ms));
         Ok(c)
     }
 }
@@ -331,10 +378,11 @@ fn print_stats(svc: &Service, started: Instant) {
     let st = svc.stats();
     use std::sync::atomic::Ordering::Relaxed;
     println!(
-        "after {:.1}s: accepted={} closed={} rx_msgs={} tx_msgs={} rx_bytes={} tx_bytes={} too_big={} bad_len={} parser_errors={} timeouts={}",
+        "after {:.1}s: accepted={} closed={} refused={} rx_msgs={} tx_msgs={} rx_bytes={} tx_bytes={} too_big={} bad_len={} parser_errors={} timeouts={} mem_aborts={} idle_timeouts={} handshake_timeouts={}",
         started.elapsed().as_secs_f64(),
         st.accepted.load(Relaxed),
         st.closed.load(Relaxed),
+        st.refused.load(Relaxed),
         s.rx_msgs,
         s.tx_msgs,
         s.rx_bytes,
@@ -343,6 +391,9 @@ fn print_stats(svc: &Service, started: Instant) {
         s.psock.rx_bad_hdr_len,
         s.psock.rx_interrupted,
         s.psock.rx_msg_timeouts,
+        s.mem_aborts,
+        s.idle_timeouts,
+        s.handshake_timeouts,
     );
     let t = svc.mux().tls_stats();
     if t.attached > 0 {
@@ -367,13 +418,14 @@ fn service_snapshot(what: &str, svc: &Service, started: Instant) -> String {
         String::new()
     };
     format!(
-        "{what} pid={} listen={} uptime_s={:.1}\naccepted={}\nattach_errors={}\nclosed={}\n{tls}\n{}\n{}",
+        "{what} pid={} listen={} uptime_s={:.1}\naccepted={}\nattach_errors={}\nclosed={}\nrefused={}\n{tls}\n{}\n{}",
         std::process::id(),
         svc.local_addr(),
         started.elapsed().as_secs_f64(),
         st.accepted.load(Relaxed),
         st.attach_errors.load(Relaxed),
         st.closed.load(Relaxed),
+        st.refused.load(Relaxed),
         svc.mux().proc_kcm(),
         stat::format_mux_stats(&svc.mux().stats()),
     )
@@ -422,6 +474,9 @@ fn run_service(
     rpcbind: Option<(SocketAddr, Vec<(u32, u32)>)>,
     what: &str,
 ) -> anyhow::Result<i32> {
+    // Large buffers in their own mappings, so that what peers held goes
+    // back to the system when they leave (see connmux_sys::malloc).
+    connmux_sys::malloc::set_mmap_threshold(128 << 10);
     let mux = Mux::new(common.mux_config()?)?;
     let cfg = ServiceConfig {
         listen,
@@ -437,6 +492,8 @@ fn run_service(
         }
         .with_context(|| format!("starting {what} on {listen}"))?,
     );
+    svc.set_max_conns((common.max_conns > 0).then_some(common.max_conns));
+    let trimmer = Trimmer::start(svc.clone());
     let started = Instant::now();
     let snap = {
         let (svc, what) = (svc.clone(), what.to_string());
@@ -473,6 +530,7 @@ fn run_service(
     print_stats(&svc, started);
     drop(registration);
     drop(endpoint);
+    drop(trimmer);
     if stopped.forced() {
         std::process::exit(stopped.finish());
     }
@@ -480,6 +538,50 @@ fn run_service(
         svc.shutdown();
     }
     Ok(stopped.finish())
+}
+
+/// Gives free allocator pages back to the system after connections leave
+/// (glibc keeps freed heap pages otherwise): once a second at most, when
+/// connections closed since the last look.
+struct Trimmer {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Trimmer {
+    fn start(svc: Arc<Service>) -> Trimmer {
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("connmux-trim".into())
+            .spawn(move || {
+                let mut seen = 0;
+                while !s.load(Acquire) {
+                    std::thread::sleep(Duration::from_millis(250));
+                    let st = svc.stats();
+                    let closed = st.closed.load(Relaxed) + st.refused.load(Relaxed);
+                    if closed != seen {
+                        seen = closed;
+                        connmux_sys::malloc::trim();
+                        // A second look a moment later: the reaper may still
+                        // be unattaching the rest of a burst.
+                        std::thread::sleep(Duration::from_millis(750));
+                    }
+                }
+            })
+            .ok();
+        Trimmer { stop, thread }
+    }
+}
+
+impl Drop for Trimmer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Sleep until --duration elapses or a stop signal comes, printing stats every

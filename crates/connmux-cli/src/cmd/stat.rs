@@ -137,7 +137,7 @@ pub fn format_mux_stats(st: &MuxStats) -> String {
         st.psock_unattach_rsvd,
         st.rx_ready_drops
     ));
-    let pairs: [(&str, u64); 22] = [
+    let pairs: [(&str, u64); 27] = [
         ("rx_msgs", st.rx_msgs),
         ("rx_bytes", st.rx_bytes),
         ("tx_msgs", st.tx_msgs),
@@ -160,6 +160,11 @@ pub fn format_mux_stats(st: &MuxStats) -> String {
         ("tx_aborts", p.tx_aborts),
         ("tx_addressed_drops", p.tx_addressed_drops),
         ("tx_backlog_refusals", p.tx_backlog_refusals),
+        ("mem_used", st.mem_used as u64),
+        ("mem_pauses", st.mem_pauses),
+        ("mem_aborts", st.mem_aborts),
+        ("idle_timeouts", st.idle_timeouts),
+        ("handshake_timeouts", st.handshake_timeouts),
     ];
     for (k, v) in pairs {
         out.push_str(&format!("{k}={v}\n"));

@@ -75,6 +75,14 @@ impl<T> Slab<T> {
             .enumerate()
             .filter_map(|(i, s)| s.value.as_ref().map(|v| (i as u32, s.generation, v)))
     }
+
+    /// [`Slab::iter`] with the values mutable.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (u32, u32, &mut T)> {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, s)| s.value.as_mut().map(|v| (i as u32, s.generation, v)))
+    }
 }
 
 #[cfg(test)]

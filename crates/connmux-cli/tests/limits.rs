@@ -1,0 +1,444 @@
+//! Limits no peer can outgrow, on the `connmux` binary over loopback: the
+//! memory budget (`--mem-limit`), the connection cap (`--max-conns`), the
+//! TLS handshake timeout, the idle timeout and the assembly timeout that is
+//! on by default; each with a good client served beside the attack and its
+//! counter read through `connmux stat`.
+
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_connmux");
+
+/// A server subprocess with a statistics socket, killed on drop.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    sock: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.sock);
+    }
+}
+
+/// Start `connmux <args> -l 127.0.0.1:0` with a statistics socket named
+/// after `name`; the address is on its first line.
+fn start(name: &str, args: &[&str]) -> Server {
+    let sock = std::env::temp_dir().join(format!("connmux-limits-{name}-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&sock);
+    let mut child = Command::new(BIN)
+        .args(args)
+        .args(["-l", "127.0.0.1:0", "--duration", "120"])
+        .arg("--stats-socket")
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn connmux");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.parse::<SocketAddr>().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    // Keep reading its output so that it never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = out.read_to_end(&mut sink);
+    });
+    Server { child, addr, sock }
+}
+
+/// `connmux stat` on the server's statistics socket.
+fn stat(s: &Server) -> String {
+    let out = Command::new(BIN).arg("stat").arg(&s.sock).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn counter(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+        .parse()
+        .unwrap()
+}
+
+/// Wait, up to `limit`, until `f` holds; returns whether it did.
+fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A line of /proc/PID/status in bytes (VmRSS, VmHWM).
+fn vm(pid: u32, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key}"))
+        .trim()
+        .trim_end_matches(" kB")
+        .parse()
+        .unwrap();
+    kb * 1024
+}
+
+/// One NULL call record (NFS v3, AUTH_NONE) with the last-fragment mark.
+fn null_call(xid: u32) -> Vec<u8> {
+    let mut body = Vec::new();
+    for w in [xid, 0, 2, 100_003, 3, 0, 0, 0, 0, 0] {
+        body.extend_from_slice(&w.to_be_bytes());
+    }
+    let mut rec = (0x8000_0000u32 | body.len() as u32).to_be_bytes().to_vec();
+    rec.extend_from_slice(&body);
+    rec
+}
+
+/// One NULL call and its reply; the reply's xid must match.
+fn call(c: &mut TcpStream, xid: u32) -> std::io::Result<()> {
+    c.write_all(&null_call(xid))?;
+    let mut mark = [0u8; 4];
+    c.read_exact(&mut mark)?;
+    let len = (u32::from_be_bytes(mark) & 0x7fff_ffff) as usize;
+    let mut body = vec![0u8; len];
+    c.read_exact(&mut body)?;
+    assert_eq!(u32::from_be_bytes(body[..4].try_into().unwrap()), xid, "reply to our call");
+    Ok(())
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    c
+}
+
+/// Whether the server closed `c` (EOF or reset) within `limit`; `c` must
+/// have nothing to read before the close.
+fn closed_within(c: &mut TcpStream, limit: Duration) -> bool {
+    c.set_read_timeout(Some(limit)).unwrap();
+    let mut b = [0u8; 64];
+    match c.read(&mut b) {
+        Ok(0) => true,
+        Ok(n) => panic!("unexpected {n} bytes"),
+        Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => false,
+        Err(_) => true, // reset
+    }
+}
+
+/// A good client calling the whole time, one call in flight; counts replies,
+/// fails on any error.
+struct Good {
+    stop: Arc<AtomicBool>,
+    answered: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+}
+
+impl Good {
+    fn start(addr: SocketAddr) -> Good {
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicU64::new(0));
+        let (s, a) = (stop.clone(), answered.clone());
+        let thread = std::thread::spawn(move || {
+            let mut c = connect(addr);
+            let end = Instant::now() + Duration::from_secs(90);
+            let mut xid = 0;
+            while !s.load(Ordering::Acquire) && Instant::now() < end {
+                xid += 1;
+                call(&mut c, xid).map_err(|e| format!("call {xid}: {e}"))?;
+                a.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Ok(())
+        });
+        Good { stop, answered, thread: Some(thread) }
+    }
+    fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+    fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Release);
+        let r = self.thread.take().unwrap().join().unwrap();
+        assert_eq!(r, Ok(()), "the good client saw an error");
+        self.answered()
+    }
+}
+
+const MIB: usize = 1 << 20;
+
+/// `n` connections each send `wire` (never a whole record), non-blocking,
+/// until every one has sent it all or was reset, or 20 s passed; returns
+/// them with the bytes each sent, and how many were reset.
+fn wave(addr: SocketAddr, n: usize, wire: &[u8]) -> (Vec<(TcpStream, usize)>, usize) {
+    let mut conns: Vec<(TcpStream, usize)> = (0..n)
+        .map(|_| {
+            let c = TcpStream::connect(addr).unwrap();
+            c.set_nonblocking(true).unwrap();
+            (c, 0)
+        })
+        .collect();
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut reset = 0;
+    while Instant::now() < end {
+        let mut busy = 0;
+        for (c, sent) in conns.iter_mut() {
+            if *sent >= wire.len() {
+                continue;
+            }
+            match c.write(&wire[*sent..]) {
+                Ok(n) => *sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => busy += 1,
+                Err(_) => {
+                    *sent = usize::MAX;
+                    reset += 1;
+                }
+            }
+        }
+        if busy == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (conns, reset)
+}
+
+/// 300 connections each send 1 MiB − 16 bytes of one ONC RPC record (the
+/// record needs 1 MiB − 4: it never completes) under `--mem-limit 64M`.
+fn memory_budget_holds(driver: &str) {
+    let s = start(&format!("mem-{driver}"), &["rpc-server", "--driver", driver, "-w", "2", "--no-pin", "--mem-limit", "64M"]);
+    let pid = s.child.id();
+    let good = Good::start(s.addr);
+    assert!(wait_for(Duration::from_secs(10), || good.answered() >= 10), "the good client is answered");
+    // The record: mark for 1 MiB − 8 bytes of body, then body bytes.
+    let mut wire = (0x8000_0000u32 | (MIB as u32 - 8)).to_be_bytes().to_vec();
+    wire.resize(MIB - 16, 0x5a);
+    // The start is the server after a first wave within the budget has come
+    // and gone: the io_uring driver's provided buffers (256 × 16 KiB per
+    // worker, fixed by configuration) count in RSS once they have been used.
+    let warm = wave(s.addr, 24, &wire);
+    drop(warm);
+    assert!(wait_for(Duration::from_secs(15), || counter(&stat(&s), "psocks") == 1), "the first wave left");
+    let rss_start = vm(pid, "VmRSS");
+
+    let answered_before = good.answered();
+    let (attackers, reset) = wave(s.addr, 300, &wire);
+    // The paused ones are stuck (their records cannot complete unread):
+    // after the grace the largest are reset.
+    let mut st = String::new();
+    wait_for(Duration::from_secs(10), || {
+        st = stat(&s);
+        counter(&st, "mem_aborts") > 0
+    });
+    let (pauses, aborts) = (counter(&st, "mem_pauses"), counter(&st, "mem_aborts"));
+    let peak = vm(pid, "VmHWM");
+    let answered_during = good.answered() - answered_before;
+    let held: usize = attackers.iter().map(|(_, n)| (*n).min(wire.len())).sum();
+    eprintln!(
+        "{driver}: RSS start {} MB, peak {} MB; attackers sent {} MB, {reset} reset; mem_pauses={pauses} mem_aborts={aborts}; good client answered {answered_during} calls meanwhile",
+        rss_start >> 20,
+        peak >> 20,
+        held >> 20
+    );
+    assert!(pauses > 0, "the budget paused the largest holders: {st}");
+    assert!(aborts > 0, "the budget reset the stuck holders: {st}");
+    assert!(peak <= 160_000_000, "{driver}: RSS peak {peak} bytes over 160 MB");
+    assert!(answered_during > 0, "{driver}: the good client was answered during the attack");
+
+    // They leave: the memory goes back.
+    drop(attackers);
+    let mut rss = 0;
+    let back = wait_for(Duration::from_secs(15), || {
+        rss = vm(pid, "VmRSS");
+        rss <= 2 * rss_start
+    });
+    eprintln!("{driver}: RSS {} MB after they left", rss >> 20);
+    assert!(back, "{driver}: RSS {} MB after they left, started at {} MB", rss >> 20, rss_start >> 20);
+    let n = good.finish();
+    assert!(n > answered_before, "{driver}: the good client was served throughout");
+}
+
+#[test]
+fn memory_budget_bounds_rss_and_memory_returns_epoll() {
+    memory_budget_holds("epoll");
+}
+
+#[test]
+fn memory_budget_bounds_rss_and_memory_returns_uring() {
+    memory_budget_holds("uring");
+}
+
+#[test]
+fn connections_past_max_conns_are_refused_and_counted() {
+    let s = start("maxconns", &["rpc-server", "--max-conns", "5"]);
+    let mut held: Vec<TcpStream> = (0..5).map(|_| connect(s.addr)).collect();
+    for (i, c) in held.iter_mut().enumerate() {
+        call(c, i as u32 + 1).unwrap();
+    }
+    // The sixth is reset at once, and counted.
+    let mut extra = connect(s.addr);
+    assert!(closed_within(&mut extra, Duration::from_secs(5)), "the connection past the cap is closed");
+    assert_eq!(counter(&stat(&s), "refused"), 1);
+    // The five are still served.
+    for (i, c) in held.iter_mut().enumerate() {
+        call(c, 100 + i as u32).unwrap();
+    }
+    // One leaves: once the server has let it go, a new one is served.
+    drop(held.pop());
+    assert!(wait_for(Duration::from_secs(5), || counter(&stat(&s), "psocks") == 4));
+    let mut again = connect(s.addr);
+    call(&mut again, 7).unwrap();
+    assert_eq!(counter(&stat(&s), "refused"), 1);
+}
+
+#[test]
+fn a_tls_handshake_stalled_before_finished_is_closed_and_a_good_client_served() {
+    let dir = std::env::temp_dir().join(format!("connmux-limits-tls-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let ca = dir.join("ca.pem");
+    let s = start("tls", &["rpc-server", "--tls", "--tls-ca-out", ca.to_str().unwrap(), "--handshake-timeout-ms", "1000"]);
+    // One sends part of a ClientHello record, one sends nothing at all.
+    let t0 = Instant::now();
+    let mut partial = connect(s.addr);
+    partial.write_all(&[0x16, 0x03, 0x01, 0x00, 0xc8, 0x01, 0x00, 0x00, 0xc4, 0x03, 0x03]).unwrap();
+    let mut silent = connect(s.addr);
+    // A good TLS client is served meanwhile.
+    let out = Command::new(BIN)
+        .args(["rpctest", "--tls", "--tls-ca", ca.to_str().unwrap(), "-j1", "-a4", "-c200", "-i1", "--no-progress"])
+        .arg(s.addr.to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("result=ok"), "{text}");
+    for c in [&mut partial, &mut silent] {
+        assert!(closed_within(c, Duration::from_secs(10)), "a stalled handshake is closed");
+    }
+    let took = t0.elapsed();
+    // Closed by the handshake timeout (1 s), not by anything sooner.
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}");
+    eprintln!("stalled handshakes closed after {took:?}");
+    assert!(wait_for(Duration::from_secs(5), || counter(&stat(&s), "handshake_timeouts") == 2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_idle_connection_is_closed_and_a_busy_one_is_not() {
+    let s = start("idle", &["rpc-server", "--idle-timeout-ms", "1000"]);
+    let mut idle = connect(s.addr);
+    call(&mut idle, 1).unwrap();
+    let t0 = Instant::now();
+    let mut busy = connect(s.addr);
+    // The busy one calls every 100 ms for 2.5 s: longer than the timeout.
+    let mut xid = 10;
+    while t0.elapsed() < Duration::from_millis(2500) {
+        xid += 1;
+        call(&mut busy, xid).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(closed_within(&mut idle, Duration::from_secs(5)), "the idle connection is closed");
+    assert!(t0.elapsed() >= Duration::from_millis(900));
+    assert_eq!(counter(&stat(&s), "idle_timeouts"), 1, "only the idle one");
+    call(&mut busy, 1000).unwrap();
+}
+
+#[test]
+fn the_default_assembly_timeout_closes_a_slowloris_connection() {
+    // No --assembly-timeout-ms: the default (10 s) applies.
+    let s = start("slowloris", &["rpc-server"]);
+    let good = Good::start(s.addr);
+    let mut slow = connect(s.addr);
+    // A record of 1,000 bytes announced, then one byte every 200 ms.
+    slow.write_all(&(0x8000_0000u32 | 1000).to_be_bytes()).unwrap();
+    let t0 = Instant::now();
+    let mut closed = false;
+    slow.set_nonblocking(true).unwrap();
+    for _ in 0..150 {
+        if slow.write_all(&[0]).is_err() {
+            closed = true;
+            break;
+        }
+        let mut b = [0u8; 16];
+        match slow.read(&mut b) {
+            Ok(0) => {
+                closed = true;
+                break;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Ok(_) => panic!("no reply expected"),
+            Err(_) => {
+                closed = true;
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let took = t0.elapsed();
+    assert!(closed, "the slowloris connection is closed");
+    assert!(took >= Duration::from_secs(9), "closed by the 10 s default, after {took:?}");
+    assert!(wait_for(Duration::from_secs(5), || counter(&stat(&s), "rx_msg_timeouts") == 1));
+    assert!(good.finish() > 0);
+}
+
+/// After the handshake, a TLS client sends the first bytes of a record and
+/// nothing more: rustls holds them below the parser, and the assembly
+/// timeout still closes the connection (counted in `rx_msg_timeouts`).
+#[test]
+fn a_partial_tls_record_is_closed_by_the_assembly_timeout() {
+    let dir = std::env::temp_dir().join(format!("connmux-limits-tlsrec-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let ca = dir.join("ca.pem");
+    let s = start("tlsrec", &["rpc-server", "--tls", "--tls-ca-out", ca.to_str().unwrap(), "--assembly-timeout-ms", "1000"]);
+    let script = r#"
+import os, socket, ssl, struct, sys, time
+port, cafile = int(sys.argv[1]), sys.argv[2]
+ctx = ssl.create_default_context(cafile=cafile)
+raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+body = struct.pack(">10I", 1, 0, 2, 100003, 3, 0, 0, 0, 0, 0)
+s.sendall(struct.pack(">I", 0x80000000 | len(body)) + body)
+buf = b""
+while len(buf) < 4 or len(buf) < 4 + (struct.unpack(">I", buf[:4])[0] & 0x7fffffff):
+    chunk = s.recv(4096)
+    if not chunk: raise SystemExit("closed before the reply")
+    buf += chunk
+# The record layer itself: a header for 256 bytes, then 20 of them.
+r = socket.socket(fileno=os.dup(s.fileno()))
+t0 = time.monotonic()
+r.sendall(b"\x17\x03\x03\x01\x00" + b"\x00" * 20)
+r.settimeout(10)
+try:
+    while r.recv(4096):
+        pass
+except ConnectionResetError:
+    pass
+print("closed after %.3f" % (time.monotonic() - t0))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &s.addr.port().to_string(), ca.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let took: f64 = text.trim().strip_prefix("closed after ").expect("closed").parse().unwrap();
+    eprintln!("partial TLS record closed after {took:.3} s");
+    assert!((0.9..9.0).contains(&took), "closed by the 1 s assembly timeout, after {took} s");
+    assert!(wait_for(Duration::from_secs(5), || counter(&stat(&s), "rx_msg_timeouts") == 1));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,373 @@
+//! Limits no single peer can outgrow: the mux-wide memory budget, the idle
+//! timeout and the handshake deadline of the layer below the parser.
+//!
+//! # Memory budget
+//!
+//! The per-psock bounds (`max_msg_size + psock_rx_buf` received,
+//! `psock_sndbuf` of replies) hold per connection; N connections may hold N
+//! times them. `MuxConfig::mem_limit` bounds the sum, [`Mux::memory_used`]:
+//!
+//! ```text
+//!             over the limit, among the largest holders
+//!   Reading ──────────────────────────────────────────► Paused { since, held }
+//!      ▲                                                  │          │
+//!      └──────── total at or below the low mark ──────────┘          │
+//!                                                                    │ still over the low mark
+//!                                                                    │ after mem_grace, holding
+//!                                                                    ▼ no less than `held`
+//!                                                     aborted: RxError::MemLimit
+//! ```
+//!
+//! - Over the limit, the holders (received bytes held plus replies queued
+//!   for them) of at least [`MEM_FLOOR`] are paused, largest first; a
+//!   psock that reaches it while the mux is still over is paused when it is
+//!   fed. A paused psock is not read (`rx_capacity` 0), so TCP pushes back
+//!   on its peer; the others, which hold little (a request that is answered
+//!   at once holds nothing), go on being read and answered. (Pausing only
+//!   enough of the largest to cover the excess lets every other psock grow
+//!   until it is the largest: the total then reaches the sum of them all.)
+//! - A paused psock that still holds as much after `mem_grace`, while the
+//!   total is still over the low mark, is stuck (its message cannot complete
+//!   unread, its peer does not read its replies): the largest of those are
+//!   aborted until the total is at the low mark (`mem_aborts`,
+//!   `PsockFailed(Rx(MemLimit))`, which the runtime turns into a reset). Its
+//!   assembly buffer is freed at once.
+//! - At or below the low mark every paused psock is read again
+//!   (`PsockRxResume`).
+//!
+//! A read is never larger than what is left of the budget (at least
+//! [`MEM_FLOOR`]), so the total passes the limit by at most that per psock
+//! read before the largest are paused. The check costs O(sockets) per read
+//! while under the limit; a pass over
+//! the psocks happens only when the paused ones no longer cover the excess,
+//! or when a grace period ends.
+//!
+//! # Idle, handshake and record deadlines
+//!
+//! Rare deadlines, looked for by one pass over the psocks when the earliest
+//! may have passed (`scan_next`); an idle psock is looked at again no sooner
+//! than a sixteenth of the idle timeout later, so active psocks cost no
+//! pass per read.
+
+use std::time::Duration;
+
+use super::{Event, Mux, PsockError, PsockId, RxError};
+use crate::time::Timestamp;
+
+/// Whether the memory budget lets a psock be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MemState {
+    Reading,
+    /// Paused at `since`, holding `held` bytes then.
+    Paused { since: Timestamp, held: usize },
+}
+
+/// The read a psock is always allowed while the budget is used up.
+pub(crate) const MEM_FLOOR: usize = 16 << 10;
+
+/// Pass over the psocks for handshake deadlines at most this often.
+const SCAN_FLOOR: Duration = Duration::from_millis(10);
+
+impl Mux {
+    /// The budget's low mark: paused psocks read again at or below it.
+    #[inline]
+    fn mem_low(&self) -> usize {
+        self.config.mem_limit / 2
+    }
+
+    /// [`Mux::memory_used`] in O(sockets): the psocks' part is kept as a sum.
+    #[inline]
+    fn mem_total(&self) -> usize {
+        let socks: usize = self.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
+        self.rx_held_sum + socks + self.hold_mem
+    }
+
+    /// The most one read may take under the budget: what is left of it, but
+    /// never less than [`MEM_FLOOR`], so that psocks holding little are
+    /// still read and answered while the largest are paused (a read counts
+    /// the whole of it as held, a lent buffer from the moment it is lent).
+    #[inline]
+    pub(super) fn mem_room(&self) -> usize {
+        self.config.mem_limit.saturating_sub(self.mem_total()).max(MEM_FLOOR)
+    }
+
+    /// Bring psock `p`'s share of `rx_held_sum` up to date.
+    #[inline]
+    pub(super) fn recount_only(&mut self, p: PsockId) {
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        let held = ps.rx_held();
+        self.rx_held_sum = self.rx_held_sum + held - ps.counted;
+        ps.counted = held;
+    }
+
+    /// [`Mux::recount_only`], then the budget's check when it may be needed.
+    #[inline]
+    pub(super) fn recount(&mut self, p: PsockId, now: Timestamp) {
+        self.recount_only(p);
+        if !self.mem_over {
+            if self.mem_total() > self.config.mem_limit {
+                self.mem_check(now);
+            }
+            return;
+        }
+        let total = self.mem_total();
+        if total <= self.mem_low() {
+            self.mem_check(now);
+        } else if total > self.config.mem_limit {
+            // Over the limit, every other reader holding much was paused
+            // when it was last fed: only this one can have grown.
+            if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+                let held = Self::holding(ps);
+                if ps.mem == MemState::Reading && !ps.life.rx_over() && held >= MEM_FLOOR {
+                    ps.mem = MemState::Paused { since: now, held };
+                    self.counters.mem_pauses += 1;
+                    let t = now.add(self.config.mem_grace);
+                    self.mem_next = Some(self.mem_next.map_or(t, |n| n.min(t)));
+                }
+            }
+        }
+    }
+
+    /// What psock `p` holds for the budget's ranking: received bytes and the
+    /// replies queued for it.
+    #[inline]
+    fn holding(ps: &super::Psock) -> usize {
+        ps.rx_held() + ps.tx_addr_bytes
+    }
+
+    /// The budget's decision (module documentation): abort, pause, resume.
+    pub(super) fn mem_check(&mut self, now: Timestamp) {
+        self.note_time(now);
+        let limit = self.config.mem_limit;
+        let low = self.mem_low();
+        let mut total = self.mem_total();
+        let grace_due = self.mem_next.is_some_and(|t| t <= now);
+        if total <= low || (total <= limit && !grace_due) {
+            if total <= low && self.mem_over {
+                self.mem_resume_all();
+            }
+            return;
+        }
+        // Every live psock with what it holds, largest first (ties: lowest
+        // id first, so the decision is deterministic).
+        let mut ranked: Vec<(usize, PsockId, MemState)> = self
+            .psocks
+            .iter()
+            .filter(|(_, _, ps)| !ps.life.rx_over())
+            .map(|(i, g, ps)| (Self::holding(ps), PsockId { index: i, generation: g }, ps.mem))
+            .collect();
+        ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        // 1. Abort the stuck: paused past their grace, holding no less.
+        if grace_due {
+            for &(held_now, p, state) in &ranked {
+                if total <= low {
+                    break;
+                }
+                let MemState::Paused { since, held } = state else { continue };
+                if now < since.add(self.config.mem_grace) || held_now < held || held_now == 0 {
+                    continue;
+                }
+                total -= self.mem_abort(p, held_now).min(total);
+            }
+        }
+        if total <= low {
+            self.mem_resume_all();
+            return;
+        }
+        // 2. Over the limit: pause every reader holding much, largest first.
+        if total > limit {
+            self.mem_over = true;
+            for &(held_now, p, state) in &ranked {
+                if held_now < MEM_FLOOR {
+                    break;
+                }
+                if state != MemState::Reading {
+                    continue;
+                }
+                let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+                if ps.life.rx_over() {
+                    continue; // aborted above
+                }
+                ps.mem = MemState::Paused { since: now, held: held_now };
+                self.counters.mem_pauses += 1;
+            }
+        }
+        self.mem_next = self
+            .psocks
+            .iter()
+            .filter_map(|(_, _, ps)| match ps.mem {
+                MemState::Paused { since, .. } if !ps.life.rx_over() => Some(since.add(self.config.mem_grace)),
+                _ => None,
+            })
+            .min()
+            // A grace that ran out without an abort (the total fell between
+            // the marks) is looked at again one grace later.
+            .map(|t| if t <= now { now.add(self.config.mem_grace) } else { t });
+    }
+
+    /// Abort psock `p` for the budget: its receive stops and its buffer is
+    /// freed; returns the bytes freed.
+    fn mem_abort(&mut self, p: PsockId, held: usize) -> usize {
+        let limit = self.config.mem_limit;
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return 0 };
+        let before = ps.rx_held();
+        ps.stream.stop();
+        let reported = ps.life.rx_over();
+        ps.life = Life::Failed;
+        ps.mem = MemState::Reading;
+        if !reported {
+            self.events.push_back(Event::PsockFailed(p, PsockError::Rx(RxError::MemLimit { held, limit })));
+        }
+        self.counters.mem_aborts += 1;
+        self.sync_deadline(p);
+        self.recount_only(p);
+        let after = self.psocks.get(p.index, p.generation).map_or(0, |ps| ps.rx_held());
+        before - after
+    }
+
+    /// Every psock paused by the budget is read again.
+    fn mem_resume_all(&mut self) {
+        let mut resumed = Vec::new();
+        for (i, g, ps) in self.psocks.iter_mut() {
+            if let MemState::Paused { .. } = ps.mem {
+                ps.mem = MemState::Reading;
+                resumed.push(PsockId { index: i, generation: g });
+            }
+        }
+        self.mem_over = false;
+        self.mem_next = None;
+        for p in resumed {
+            if self.rx_capacity(p) > 0 {
+                self.events.push_back(Event::PsockRxResume(p));
+            }
+        }
+    }
+
+    /// [`Mux::memory_used`] as the budget counts it (kept as reads go);
+    /// the two are equal at all times.
+    #[doc(hidden)]
+    pub fn memory_counted(&self) -> usize {
+        self.mem_total()
+    }
+
+    /// After a socket's queue was read: paused psocks may read again.
+    #[inline]
+    pub(super) fn mem_after_read(&mut self) {
+        if self.mem_over && self.mem_total() <= self.mem_low() {
+            self.mem_check(self.now);
+        }
+    }
+
+    /// Whether psock `p` is paused by the memory budget now.
+    pub fn mem_paused(&self, p: PsockId) -> bool {
+        self.psock(p).is_ok_and(|ps| ps.mem != MemState::Reading)
+    }
+
+    // ---- idle and handshake deadlines ----
+
+    /// Tell the core the time without anything else happening (before an
+    /// attach, so that the new psock's idle time and deadlines count from
+    /// now rather than from the last call that carried a time).
+    pub fn note_now(&mut self, now: Timestamp) {
+        self.note_time(now);
+    }
+
+    /// Make sure the next scan comes no later than an idle period from `now`.
+    pub(super) fn arm_idle(&mut self, now: Timestamp) {
+        if let Some(d) = self.config.idle_timeout {
+            self.scan_at(now.add(d));
+        }
+    }
+
+    fn scan_at(&mut self, t: Timestamp) {
+        if self.scan_next.is_none_or(|n| t < n) {
+            self.scan_next = Some(t);
+        }
+    }
+
+    /// The layer below psock `p`'s parser (TLS) started (`Some(deadline)`)
+    /// or finished (`None`) its handshake: past the deadline the psock fails
+    /// with `RxError::HandshakeTimeout`. The runtime arms it at attach with
+    /// `now + MuxConfig::handshake_timeout`.
+    pub fn set_handshake_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), super::MuxError> {
+        let ps = self.psock_mut(p)?;
+        ps.handshake_deadline = deadline;
+        if let Some(t) = deadline {
+            self.scan_at(t);
+        }
+        Ok(())
+    }
+
+    /// The layer below psock `p`'s parser (TLS) holds the first bytes of a
+    /// record (`Some(deadline)`, from its first byte plus the assembly
+    /// timeout) or none (`None`). A partial record is the start of a message
+    /// the parser has not seen yet, so the assembly timeout covers it: past
+    /// the deadline the psock fails with `RxError::Timeout`, counted in
+    /// `rx_msg_timeouts`.
+    pub fn set_record_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), super::MuxError> {
+        let ps = self.psock_mut(p)?;
+        ps.record_deadline = deadline;
+        if let Some(t) = deadline {
+            self.scan_at(t);
+        }
+        Ok(())
+    }
+
+    /// One pass over the psocks: fail those past their handshake deadline or
+    /// idle for the idle timeout; set when to look again.
+    pub(super) fn scan_psock_deadlines(&mut self, now: Timestamp) {
+        self.note_time(now);
+        let idle = self.config.idle_timeout;
+        let mut next: Option<Timestamp> = None;
+        let mut failed: Vec<(PsockId, RxError)> = Vec::new();
+        for (i, g, ps) in self.psocks.iter_mut() {
+            if ps.life.rx_over() {
+                continue;
+            }
+            let p = PsockId { index: i, generation: g };
+            if let Some(t) = ps.handshake_deadline {
+                if t <= now {
+                    ps.handshake_deadline = None;
+                    failed.push((p, RxError::HandshakeTimeout));
+                    continue;
+                }
+                let t = t.max(now.add(SCAN_FLOOR));
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+            if let Some(t) = ps.record_deadline {
+                if t <= now {
+                    ps.record_deadline = None;
+                    failed.push((p, RxError::Timeout));
+                    continue;
+                }
+                let t = t.max(now.add(SCAN_FLOOR));
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+            if let Some(d) = idle {
+                let due = ps.last_active.add(d);
+                // Writing counts as activity only when it moved bytes; a
+                // chunk out with the driver is activity in progress.
+                if due <= now && !ps.tx_busy {
+                    failed.push((p, RxError::IdleTimeout));
+                    continue;
+                }
+                let t = due.max(now.add(d / 16));
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        self.scan_next = next;
+        for (p, e) in failed {
+            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+            match e {
+                RxError::HandshakeTimeout => self.counters.handshake_timeouts += 1,
+                RxError::Timeout => ps.record_timeouts += 1,
+                _ => self.counters.idle_timeouts += 1,
+            }
+            ps.stream.stop();
+            ps.life = Life::Failed;
+            self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
+            self.sync_deadline(p);
+            self.recount_only(p);
+        }
+    }
+}

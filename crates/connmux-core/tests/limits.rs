@@ -1,0 +1,257 @@
+//! The mux-wide limits: the memory budget (largest holders paused first,
+//! the stuck ones aborted after the grace, counted; the rest read again
+//! below the low mark), the idle timeout and the handshake deadline.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use connmux_core::mux::{Event, MuxConfig, PsockError, PsockId, RxError};
+use connmux_core::Timestamp;
+
+fn ms(n: u64) -> Timestamp {
+    Timestamp::from_nanos(n * 1_000_000)
+}
+
+const LIMIT: usize = 100_000;
+
+fn budget_config() -> MuxConfig {
+    MuxConfig {
+        mem_limit: LIMIT,
+        mem_grace: Duration::from_secs(1),
+        max_msg_size: 64 << 10,
+        psock_rx_buf: 4 << 10,
+        ..rr_config()
+    }
+}
+
+/// The first `n` bytes of one 60,000-byte l4 message (never complete).
+fn partial(n: usize, tag: u8) -> Vec<u8> {
+    l4_total(60_000, tag)[..n].to_vec()
+}
+
+fn failures(ev: &[Event]) -> Vec<(PsockId, PsockError)> {
+    ev.iter()
+        .filter_map(|e| match e {
+            Event::PsockFailed(p, err) => Some((*p, err.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn over_budget_pauses_largest_first_then_aborts_the_stuck() {
+    let (mut m, k) = dgram_mux(budget_config());
+    let a = attach_l4(&mut m);
+    let b = attach_l4(&mut m);
+    let c = attach_l4(&mut m);
+    let good = attach_l4(&mut m);
+    // 90,000 bytes held in three partial messages: under the limit.
+    m.feed(a, &partial(40_000, 0xa), ms(0)).unwrap();
+    m.feed(b, &partial(30_000, 0xb), ms(0)).unwrap();
+    m.feed(c, &partial(20_000, 0xc), ms(0)).unwrap();
+    assert_eq!(m.memory_counted(), 90_000);
+    assert_eq!(m.stats().mem_pauses, 0);
+    assert!([a, b, c].iter().all(|&p| m.rx_capacity(p) > 0));
+    // c grows to 35,000: 105,000 > 100,000. Every psock holding 16 KiB or
+    // more is paused; the good one, holding nothing, is not.
+    m.feed(c, &partial(35_000, 0xc)[20_000..], ms(100)).unwrap();
+    assert_eq!(m.memory_used(), 105_000);
+    assert!(m.mem_paused(a) && m.mem_paused(b) && m.mem_paused(c) && !m.mem_paused(good));
+    assert_eq!((m.rx_capacity(a), m.rx_capacity(b), m.rx_capacity(c)), (0, 0, 0));
+    // Over the budget, a read is no larger than the floor (16 KiB).
+    assert!(m.rx_capacity(good) > 0 && m.rx_capacity(good) <= 16 << 10);
+    assert_eq!(m.stats().mem_pauses, 3);
+    assert!(failures(&events(&mut m)).is_empty(), "a pause is not an abort");
+    // A well-behaved psock is still read and its messages delivered.
+    let msgs: Vec<u8> = (0..10).flat_map(|i| l4_total(100, i)).collect();
+    m.feed(good, &msgs, ms(200)).unwrap();
+    assert_eq!(recv_all(&mut m, k).len(), 10);
+    // The grace ends one second after the pauses.
+    assert_eq!(m.poll_timeout(), Some(ms(1100)));
+    m.handle_timeout(ms(1099));
+    assert!(failures(&events(&mut m)).is_empty(), "not before the grace ends");
+    m.handle_timeout(ms(1100));
+    let ev = events(&mut m);
+    // Largest first until the total is at the low mark: a (→ 65,000), then
+    // c (→ 30,000); b is spared and read again.
+    let f = failures(&ev);
+    assert_eq!(
+        f,
+        vec![
+            (a, PsockError::Rx(RxError::MemLimit { held: 40_000, limit: LIMIT })),
+            (c, PsockError::Rx(RxError::MemLimit { held: 35_000, limit: LIMIT })),
+        ]
+    );
+    assert_eq!(m.stats().mem_aborts, 2);
+    assert!(!m.mem_paused(b) && m.rx_capacity(b) > 0);
+    assert!(ev.contains(&Event::PsockRxResume(b)));
+    assert_eq!(m.memory_used(), 30_000, "the aborted psocks' buffers are freed");
+    assert_eq!(m.memory_counted(), m.memory_used());
+    // b was never paused: it completes its message.
+    m.feed(b, &l4_total(60_000, 0xb)[30_000..], ms(1200)).unwrap();
+    let got = recv_all(&mut m, k);
+    assert_eq!(got, vec![l4_total(60_000, 0xb)]);
+    assert_eq!(m.poll_timeout(), None, "nothing left to look at");
+}
+
+#[test]
+fn paused_psocks_read_again_below_the_low_mark() {
+    let (mut m, k) = dgram_mux(MuxConfig { sock_rcvbuf: 1 << 20, ..budget_config() });
+    let a = attach_l4(&mut m);
+    let b = attach_l4(&mut m);
+    m.feed(a, &partial(40_000, 0xa), ms(0)).unwrap();
+    // b's complete messages queue on the socket (the application is slow):
+    // 40,000 + 70,000 > 100,000; a holds the most and is paused. b, whose
+    // own holding is nothing (its messages are the socket's), is not.
+    for i in 0..7 {
+        m.feed(b, &l4_total(10_000, i), ms(10)).unwrap();
+    }
+    assert!(m.mem_paused(a) && !m.mem_paused(b));
+    assert_eq!(m.rx_capacity(a), 0);
+    events(&mut m);
+    // The application reads: 40,000 ≤ 50,000, a is read again at once.
+    assert_eq!(recv_all(&mut m, k).len(), 7);
+    assert!(!m.mem_paused(a));
+    assert!(events(&mut m).contains(&Event::PsockRxResume(a)));
+    assert!(m.rx_capacity(a) > 0);
+    // Past the old grace nothing is aborted, and a completes its message.
+    m.handle_timeout(ms(5000));
+    assert!(failures(&events(&mut m)).is_empty());
+    m.feed(a, &l4_total(60_000, 0xa)[40_000..], ms(5000)).unwrap();
+    assert_eq!(recv_all(&mut m, k), vec![l4_total(60_000, 0xa)]);
+    assert_eq!((m.stats().mem_pauses, m.stats().mem_aborts), (1, 0));
+}
+
+#[test]
+fn a_paused_psock_that_shrinks_is_not_aborted() {
+    // Replies queued for a psock count as its holding; one whose peer reads
+    // them during the grace is not stuck.
+    let (mut m, k) = dgram_mux(budget_config());
+    let a = attach_l4(&mut m);
+    let b = attach_l4(&mut m);
+    for _ in 0..2 {
+        m.send_msg(k, Some(a), vec![7u8; 30_000].into(), false).unwrap();
+    }
+    m.feed(b, &partial(45_000, 0xb), ms(0)).unwrap();
+    // 105,000: both are paused (b is not read, a's peer is not read for).
+    assert!(m.mem_paused(a) && m.mem_paused(b));
+    // Its peer reads one of them before the grace ends.
+    let chunk = m.tx_begin(a).expect("a reply to write");
+    assert!(chunk.len() >= 30_000);
+    m.tx_complete(a, 30_000);
+    m.handle_timeout(ms(1000));
+    // a shrank (60,000 → 30,000): not aborted; b is stuck: aborted, which
+    // brings the total (75,000) to the low mark, and a is read again.
+    let f = failures(&events(&mut m));
+    assert_eq!(f, vec![(b, PsockError::Rx(RxError::MemLimit { held: 45_000, limit: LIMIT }))]);
+    assert_eq!(m.stats().mem_aborts, 1);
+    assert!(!m.mem_paused(a));
+}
+
+#[test]
+fn idle_psocks_are_closed_after_the_idle_timeout() {
+    let cfg = MuxConfig { idle_timeout: Some(Duration::from_secs(10)), ..rr_config() };
+    let (mut m, k) = dgram_mux(cfg);
+    m.handle_timeout(ms(0));
+    let quiet = attach_l4(&mut m);
+    let busy = attach_l4(&mut m);
+    assert_eq!(m.poll_timeout(), Some(ms(10_000)));
+    m.feed(busy, &l4(b"hi"), ms(6000)).unwrap();
+    assert_eq!(recv_all(&mut m, k).len(), 1);
+    m.handle_timeout(ms(9999));
+    assert!(failures(&events(&mut m)).is_empty(), "not before the timeout");
+    m.handle_timeout(ms(10_000));
+    assert_eq!(failures(&events(&mut m)), vec![(quiet, PsockError::Rx(RxError::IdleTimeout))]);
+    assert_eq!(m.rx_capacity(quiet), 0);
+    assert_eq!(m.stats().idle_timeouts, 1);
+    // busy's last traffic was at 6 s: it goes at 16 s, looked at by then.
+    let next = m.poll_timeout().expect("busy still watched");
+    assert!(next <= ms(16_000), "{next:?}");
+    for _ in 0..64 {
+        match m.poll_timeout() {
+            Some(t) if t <= ms(16_000) => m.handle_timeout(t),
+            _ => break,
+        }
+    }
+    assert_eq!(failures(&events(&mut m)), vec![(busy, PsockError::Rx(RxError::IdleTimeout))]);
+    assert_eq!(m.stats().idle_timeouts, 2);
+}
+
+#[test]
+fn a_handshake_not_finished_by_its_deadline_fails_the_psock() {
+    let (mut m, _k) = dgram_mux(rr_config());
+    let slow = attach_l4(&mut m);
+    let done = attach_l4(&mut m);
+    m.set_handshake_deadline(slow, Some(ms(3000))).unwrap();
+    m.set_handshake_deadline(done, Some(ms(3000))).unwrap();
+    // done's handshake finishes in time.
+    m.set_handshake_deadline(done, None).unwrap();
+    assert_eq!(m.poll_timeout(), Some(ms(3000)));
+    m.handle_timeout(ms(2999));
+    assert!(failures(&events(&mut m)).is_empty());
+    m.handle_timeout(ms(3000));
+    assert_eq!(failures(&events(&mut m)), vec![(slow, PsockError::Rx(RxError::HandshakeTimeout))]);
+    assert_eq!(m.stats().handshake_timeouts, 1);
+    assert!(m.rx_capacity(done) > 0);
+    assert_eq!(m.poll_timeout(), None);
+}
+
+/// 300 psocks each read, as a driver would (lent buffers and fed reads),
+/// 1 MiB − 16 bytes of a 1 MiB message under a 64 MiB budget: at every step
+/// the total stays within the limit plus two floors per psock, the count
+/// kept as reads go equals the real sum, and the budget pauses and aborts.
+#[test]
+fn many_psocks_reading_large_messages_stay_within_the_budget() {
+    let cfg = MuxConfig { mem_limit: 64 << 20, max_msg_size: 1 << 20, ..MuxConfig::default() };
+    let (mut m, _k) = dgram_mux(cfg);
+    let ps: Vec<PsockId> = (0..300).map(|_| attach_l4(&mut m)).collect();
+    let wire = l4_total((1 << 20) - 4, 1);
+    let wire = &wire[..(1 << 20) - 16];
+    let mut sent = vec![0usize; 300];
+    for round in 0..200 {
+        for (i, &p) in ps.iter().enumerate() {
+            if sent[i] >= wire.len() { continue; }
+            let (cap, loan) = m.rx_room(p);
+            if let Some(mut loan) = loan {
+                let n = loan.limit().min(wire.len() - sent[i]);
+                loan.buf().extend_from_slice(&wire[sent[i]..sent[i] + n]);
+                sent[i] += n;
+                m.rx_commit(loan, ms(round)).unwrap();
+            } else if cap > 0 {
+                let n = cap.min(wire.len() - sent[i]).min(64 << 10);
+                m.feed(p, &wire[sent[i]..sent[i] + n], ms(round)).unwrap();
+                sent[i] += n;
+            }
+            assert_eq!(m.memory_counted(), m.memory_used(), "round {round} psock {i}");
+            assert!(m.memory_used() <= (64 << 20) + 300 * (32 << 10), "round {round} psock {i}: {}", m.memory_used());
+        }
+    }
+    let st = m.stats();
+    assert!(st.mem_pauses >= 60 && st.mem_aborts == 0, "{st:?}");
+    // Every one is stuck: a second later the largest are aborted down to
+    // the low mark, and the rest read again.
+    m.handle_timeout(ms(1200));
+    assert!(m.stats().mem_aborts > 0);
+    assert!(m.memory_used() <= 32 << 20);
+    assert!(ps.iter().all(|&p| !m.mem_paused(p)));
+}
+
+#[test]
+fn a_partial_record_below_the_parser_past_its_deadline_is_an_assembly_timeout() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let stalled = attach_l4(&mut m);
+    let done = attach_l4(&mut m);
+    m.set_record_deadline(stalled, Some(ms(500))).unwrap();
+    m.set_record_deadline(done, Some(ms(500))).unwrap();
+    m.set_record_deadline(done, None).unwrap();
+    m.handle_timeout(ms(499));
+    assert!(failures(&events(&mut m)).is_empty());
+    m.handle_timeout(ms(500));
+    assert_eq!(failures(&events(&mut m)), vec![(stalled, PsockError::Rx(RxError::Timeout))]);
+    let st = m.psock_stats(stalled).unwrap();
+    assert_eq!((st.rx_msg_timeouts, st.rx_aborts), (1, 1));
+    m.feed(done, &l4(b"fine"), ms(600)).unwrap();
+    assert_eq!(recv_all(&mut m, k), vec![l4(b"fine")]);
+}
