@@ -51,7 +51,7 @@
 
 use std::time::Duration;
 
-use super::{Event, Mux, PsockError, PsockId, RxError};
+use super::{Event, Life, Mux, PsockError, PsockId, RxError};
 use crate::time::Timestamp;
 
 /// Whether the memory budget lets a psock be read.
