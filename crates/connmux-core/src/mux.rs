@@ -1254,6 +1254,11 @@ impl Mux {
         self.psock(p).is_ok_and(|ps| matches!(ps.life, Life::PeerClosed | Life::Drained))
     }
 
+    /// Whether psock `p` is `Drained` (its `PsockDrained` was raised).
+    pub fn drained(&self, p: PsockId) -> bool {
+        self.psock(p).is_ok_and(|ps| ps.life == Life::Drained)
+    }
+
     /// Mark socket `s` as *holding*: every message its reader takes (`recv`,
     /// `recv_msg`, direct and in-place hand-outs) is a request its psock
     /// still owes an answer for, until the reader calls [`Mux::rx_settle`].

@@ -195,6 +195,7 @@ impl Mux {
             tls: Default::default(),
             lane_moves: AtomicU64::new(0),
             lane_returns: AtomicU64::new(0),
+            unattach_drained: AtomicBool::new(false),
         });
         let mut threads = Vec::with_capacity(workers);
         let (init_tx, init_rx) = std::sync::mpsc::channel();
@@ -447,18 +448,33 @@ impl Mux {
     }
 
     /// Whether psock `p`'s peer closed its write side in order (FIN) and the
-    /// mux closes the connection itself, with FIN, once every message it sent
-    /// has been answered and every reply written (then it is unattached).
-    /// A `PsockEvent` with `PsockError::Closed` for such a psock needs no
-    /// action: unattaching or aborting it now would drop the replies still
-    /// queued for it (counted in `tx_addressed_drops`). False for TLS psocks
-    /// and on the kernel backend.
+    /// mux closes the connection in order itself: once every message it sent
+    /// has been delivered and answered and every reply written, the mux
+    /// shuts its write side down (FIN) — see [`Mux::psock_drained`]. A
+    /// `PsockEvent` with `PsockError::Closed` for such a psock needs no
+    /// action yet: unattaching or aborting it before it is drained drops the
+    /// replies still queued for it (counted in `tx_addressed_drops`). A
+    /// [`crate::service::Service`] also unattaches it then; otherwise it
+    /// stays attached until the application unattaches it (as with KCM).
+    /// False for TLS psocks and on the kernel backend.
     pub fn closes_in_order(&self, p: PsockId) -> bool {
         match &self.imp {
             MuxImp::User(u) => {
                 let core = u.shared.lock();
                 core.mux.peer_closed(p) && core.psocks.get(&p).is_some_and(|rt| rt.tls.is_none())
             }
+            MuxImp::Kernel(_) => false,
+        }
+    }
+
+    /// Whether psock `p` is drained: its peer closed its write side, every
+    /// message it sent has been delivered and answered, every reply written,
+    /// and the mux has shut the connection's write side down (FIN). Now it
+    /// can be unattached without losing anything. False for a psock that is
+    /// not attached (a service unattaches drained psocks itself).
+    pub fn psock_drained(&self, p: PsockId) -> bool {
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lock().mux.drained(p),
             MuxImp::Kernel(_) => false,
         }
     }

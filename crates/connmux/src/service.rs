@@ -290,6 +290,10 @@ impl Service {
         let local = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let stats = Arc::new(ServiceStats::default());
+        // The service owns its connections: a drained one is let go.
+        if let Some(u) = mux.user() {
+            u.shared.unattach_drained.store(true, Ordering::Release);
+        }
         let serving = mux.serve_counting(cfg.sock_type, handler, Some(stats.clone()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop_accept = Arc::new(AtomicBool::new(false));

@@ -196,6 +196,9 @@ pub(crate) struct Shared {
     pub lane_moves: AtomicU64,
     /// Psocks steered back from a lane to their worker.
     pub lane_returns: AtomicU64,
+    /// Unattach a psock once it is drained (`Event::PsockDrained`), not
+    /// only shut its write side down: a service's connections are its own.
+    pub unattach_drained: AtomicBool,
 }
 
 /// `writev` of up to [`MAX_IOV`] buffers, with an iovec array sized for
@@ -418,9 +421,11 @@ impl Shared {
                         continue;
                     }
                     let _ = rt.stream.shutdown(std::net::Shutdown::Write);
-                    let mut core = self.lock();
-                    if core.mux.unattach(p).is_ok() {
-                        core.drain_events(events);
+                    if self.unattach_drained.load(Ordering::Acquire) {
+                        let mut core = self.lock();
+                        if core.mux.unattach(p).is_ok() {
+                            core.drain_events(events);
+                        }
                     }
                 }
                 Event::PsockReleased(p) => {
