@@ -1099,6 +1099,12 @@ impl Mux {
         let first = out.len();
         let sock = direct.sock;
         let taken = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { 0 };
+        if taken > 0 {
+            // Bytes served in place are traffic too (idle timeout).
+            if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+                ps.last_active = now;
+            }
+        }
         if out.len() > first {
             self.note_time(now);
             let s = self.socks.get_mut(sock.index, sock.generation).expect("checked live");

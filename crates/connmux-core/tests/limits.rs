@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use connmux_core::mux::{Event, MuxConfig, PsockError, PsockId, RxError};
+use connmux_core::mux::{Direct, Event, Mux, MuxConfig, PsockConfig, PsockError, PsockId, RxError, SockType, Steering};
 use connmux_core::Timestamp;
 
 fn ms(n: u64) -> Timestamp {
@@ -177,6 +177,33 @@ fn idle_psocks_are_closed_after_the_idle_timeout() {
     }
     assert_eq!(failures(&events(&mut m)), vec![(busy, PsockError::Rx(RxError::IdleTimeout))]);
     assert_eq!(m.stats().idle_timeouts, 2);
+}
+
+/// Messages framed in place (never buffered, no reply) are traffic too.
+#[test]
+fn bytes_served_in_place_keep_a_psock_from_being_idle() {
+    let cfg = MuxConfig { idle_timeout: Some(Duration::from_secs(10)), steering: Steering::Affinity, ..MuxConfig::default() };
+    let mut m = Mux::new(cfg);
+    let s = m.socket(SockType::Dgram);
+    m.set_affinity(s, Some(0)).unwrap();
+    m.handle_timeout(ms(0));
+    let p = m.attach(L4::boxed(), PsockConfig::default());
+    m.set_psock_affinity(p, Some(0)).unwrap();
+    let data = l4(b"one way");
+    let (mut out, mut direct) = (Vec::new(), Vec::new());
+    let mut d = Direct { sock: s, out: &mut direct, limit: 0 };
+    m.feed_in_place(p, &data, ms(8000), &mut d, 16, &mut out).unwrap();
+    assert_eq!(out.len(), 1, "framed in place");
+    for _ in 0..64 {
+        match m.poll_timeout() {
+            Some(t) if t <= ms(17_999) => m.handle_timeout(t),
+            _ => break,
+        }
+    }
+    m.handle_timeout(ms(17_999));
+    assert!(failures(&events(&mut m)).is_empty(), "active at 8 s: not idle before 18 s");
+    m.handle_timeout(ms(18_000));
+    assert_eq!(failures(&events(&mut m)), vec![(p, PsockError::Rx(RxError::IdleTimeout))]);
 }
 
 #[test]

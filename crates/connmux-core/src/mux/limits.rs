@@ -1,5 +1,6 @@
 //! Limits no single peer can outgrow: the mux-wide memory budget, the idle
-//! timeout and the handshake deadline of the layer below the parser.
+//! timeout, and the handshake and partial-record deadlines of the layer below
+//! the parser.
 //!
 //! # Memory budget
 //!
@@ -8,7 +9,7 @@
 //! times them. `MuxConfig::mem_limit` bounds the sum, [`Mux::memory_used`]:
 //!
 //! ```text
-//!             over the limit, among the largest holders
+//!             over the limit, holding at least MEM_FLOOR
 //!   Reading ──────────────────────────────────────────► Paused { since, held }
 //!      ▲                                                  │          │
 //!      └──────── total at or below the low mark ──────────┘          │
@@ -36,11 +37,10 @@
 //!   (`PsockRxResume`).
 //!
 //! A read is never larger than what is left of the budget (at least
-//! [`MEM_FLOOR`]), so the total passes the limit by at most that per psock
-//! read before the largest are paused. The check costs O(sockets) per read
-//! while under the limit; a pass over
-//! the psocks happens only when the paused ones no longer cover the excess,
-//! or when a grace period ends.
+//! [`MEM_FLOOR`]), so the total passes the limit by less than two floors per
+//! psock still read. The check costs O(sockets) per read; a pass over the
+//! psocks happens when the total first passes the limit, when it is back at
+//! the low mark, and when a grace period ends.
 //!
 //! # Idle, handshake and record deadlines
 //!
@@ -115,7 +115,8 @@ impl Mux {
             self.mem_check(now);
         } else if total > self.config.mem_limit {
             // Over the limit, every other reader holding much was paused
-            // when it was last fed: only this one can have grown.
+            // when it was last fed (its replies grow with its requests):
+            // this one is the one to look at.
             if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
                 let held = Self::holding(ps);
                 if ps.mem == MemState::Reading && !ps.life.rx_over() && held >= MEM_FLOOR {
