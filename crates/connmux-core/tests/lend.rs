@@ -502,6 +502,7 @@ fn run(seed: u64) -> Run {
         steering: Steering::RoundRobin,
         imbalance: 4,
         psock_sndbuf: 4 << 20,
+        ..MuxConfig::default()
     };
     let mut m = Mux::new(cfg);
     let s = m.socket(SockType::Dgram);
