@@ -8,6 +8,7 @@ pub mod loadgen;
 pub mod parse;
 pub mod rpcbind;
 pub mod rpctest;
+pub mod rpctest_mux;
 pub mod server;
 pub mod stat;
 pub mod tls;
