@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
-use connmux_core::mux::{Mux, MuxConfig, PsockConfig, PsockId, RecvFlags, SendFlags, SockId, SockType, Steering};
+use connmux_core::mux::{Mux, MuxConfig, PsockConfig, PsockId, RecvFlags, SendFlags, SockId, SockType, Steering, TxPolicy};
 use connmux_core::parsers::from_spec;
 use connmux_core::Timestamp;
 use libfuzzer_sys::fuzz_target;
@@ -124,6 +124,7 @@ fuzz_target!(|input: Input| {
         steering: [Steering::RoundRobin, Steering::Affinity, Steering::Key][c.steering as usize % 3],
         imbalance: c.imbalance as usize % 8,
         psock_sndbuf: 4 << 20,
+        tx_policy: [TxPolicy::RoundRobin, TxPolicy::LeastOutstanding][(c.steering / 3) as usize % 2],
         ..MuxConfig::default()
     };
     let mut m = Mux::new(cfg);

@@ -123,6 +123,24 @@
 #define CONNMUX_STEER_KEY 2
 
 /**
+ * Transmit policy (default): a plain send takes the least recently used free
+ * connection, so sends rotate over the connections (KCM's policy).
+ */
+#define CONNMUX_TX_ROUND_ROBIN 0
+
+/**
+ * Transmit policy: each plain send goes to the connection with the fewest
+ * requests not yet answered (messages sent on it minus messages received
+ * from it), passing over connections whose peer closed or failed.
+ */
+#define CONNMUX_TX_LEAST_OUTSTANDING 1
+
+/**
+ * In `connmux_attach_opts`: use the mux's value.
+ */
+#define CONNMUX_ATTACH_MUX_DEFAULT -1
+
+/**
  * A psock failure: the receive side stopped (framing, size, timeout).
  */
 #define CONNMUX_PSOCK_ERR_RX 1
@@ -210,6 +228,11 @@ typedef struct {
    * For `CONNMUX_STEER_AFFINITY`: queue length beyond which messages go elsewhere. Default 64.
    */
   size_t imbalance;
+  /**
+   * `CONNMUX_TX_*`: which connection carries a plain send. Default
+   * `CONNMUX_TX_ROUND_ROBIN`.
+   */
+  int tx_policy;
 } connmux_config;
 
 /**
@@ -217,6 +240,35 @@ typedef struct {
  * (after unattach) is refused with `-ENOENT`, never confused with a new one.
  */
 typedef uint64_t connmux_psock_id;
+
+/**
+ * Options of one attach (`connmux_attach_with`). Fill it with
+ * `connmux_attach_opts_init`, then set `parser` and what differs from the
+ * mux. AF_KCM has these limits per attached TCP socket (its SO_RCVBUF and
+ * SO_RCVTIMEO); the mux's `connmux_config` values are the defaults.
+ */
+typedef struct {
+  /**
+   * The parser template (required); the connection gets a fresh parser from it.
+   */
+  const connmux_parser *parser;
+  /**
+   * Largest message this connection may send; a longer one fails it with
+   * EMSGSIZE. 0: the mux's `max_msg_size` (default).
+   */
+  size_t max_msg_size;
+  /**
+   * Assembly deadline of this connection's messages in milliseconds
+   * (ETIMEDOUT); 0: wait forever; `CONNMUX_ATTACH_MUX_DEFAULT`: the mux's
+   * `assembly_timeout_ms` (default).
+   */
+  int64_t assembly_timeout_ms;
+  /**
+   * The worker that reads the connection (taken modulo the number of
+   * workers); `CONNMUX_ATTACH_MUX_DEFAULT`: chosen as by `connmux_attach` (default).
+   */
+  int worker;
+} connmux_attach_opts;
 
 /**
  * A psock failure, as KCM reports it on the attached TCP socket (POLLERR + SO_ERROR).
@@ -466,6 +518,31 @@ int connmux_attach(const connmux_mux *mux,
  * As `connmux_attach`; `spec` is a NUL-terminated string.
  */
 int connmux_attach_spec(const connmux_mux *mux, int fd, const char *spec, connmux_psock_id *psock);
+
+/**
+ * Fill `*opts` with the defaults: no parser, every limit and the worker from
+ * the mux. Returns 0, or -EFAULT if `opts` is NULL.
+ *
+ * # Safety
+ * `opts` is NULL or points to writable memory for one `connmux_attach_opts`.
+ */
+int connmux_attach_opts_init(connmux_attach_opts *opts);
+
+/**
+ * [`connmux_attach`] with per-connection options: this connection's message
+ * size limit, assembly deadline and worker. Returns 0 and the connection's id
+ * in `*psock` (`psock` may be NULL); -EINVAL for a NULL parser or a negative
+ * value other than `CONNMUX_ATTACH_MUX_DEFAULT`; otherwise as `connmux_attach`.
+ *
+ * # Safety
+ * `mux` is a live handle; `opts` is a readable `connmux_attach_opts` whose
+ * `parser` is a live template; `fd` stays open during the call; `psock` is
+ * NULL or writable.
+ */
+int connmux_attach_with(const connmux_mux *mux,
+                        int fd,
+                        const connmux_attach_opts *opts,
+                        connmux_psock_id *psock);
 
 /**
  * SIOCKCMUNATTACH by descriptor: `fd` is the caller's descriptor of an

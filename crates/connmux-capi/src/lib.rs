@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use connmux_bpf::{BpfParser, Program};
 use connmux_rs::{
-    Config, KcmSocket, Mux, MuxStats, Parser, Placement, PsockError, PsockId, PsockStats,
-    RecvFlags, RecvInfo, SendFlags, SockStats, SockType, Steering,
+    AttachOptions, Config, KcmSocket, Mux, MuxStats, Parser, Placement, PsockError, PsockId,
+    PsockStats, RecvFlags, RecvInfo, SendFlags, SockStats, SockType, Steering, TxPolicy,
 };
 
 use error::{guard, guard_int, Fail};
@@ -67,6 +67,17 @@ pub const CONNMUX_STEER_ROUND_ROBIN: c_int = 0;
 pub const CONNMUX_STEER_AFFINITY: c_int = 1;
 /// Steering: the parser's steering key picks the socket.
 pub const CONNMUX_STEER_KEY: c_int = 2;
+
+/// Transmit policy (default): a plain send takes the least recently used free
+/// connection, so sends rotate over the connections (KCM's policy).
+pub const CONNMUX_TX_ROUND_ROBIN: c_int = 0;
+/// Transmit policy: each plain send goes to the connection with the fewest
+/// requests not yet answered (messages sent on it minus messages received
+/// from it), passing over connections whose peer closed or failed.
+pub const CONNMUX_TX_LEAST_OUTSTANDING: c_int = 1;
+
+/// In `connmux_attach_opts`: use the mux's value.
+pub const CONNMUX_ATTACH_MUX_DEFAULT: c_int = -1;
 
 /// A psock failure: the receive side stopped (framing, size, timeout).
 pub const CONNMUX_PSOCK_ERR_RX: c_int = 1;
@@ -179,6 +190,30 @@ pub struct connmux_config {
     pub steering: c_int,
     /// For `CONNMUX_STEER_AFFINITY`: queue length beyond which messages go elsewhere. Default 64.
     pub imbalance: usize,
+    /// `CONNMUX_TX_*`: which connection carries a plain send. Default
+    /// `CONNMUX_TX_ROUND_ROBIN`.
+    pub tx_policy: c_int,
+}
+
+/// Options of one attach (`connmux_attach_with`). Fill it with
+/// `connmux_attach_opts_init`, then set `parser` and what differs from the
+/// mux. AF_KCM has these limits per attached TCP socket (its SO_RCVBUF and
+/// SO_RCVTIMEO); the mux's `connmux_config` values are the defaults.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct connmux_attach_opts {
+    /// The parser template (required); the connection gets a fresh parser from it.
+    pub parser: *const connmux_parser,
+    /// Largest message this connection may send; a longer one fails it with
+    /// EMSGSIZE. 0: the mux's `max_msg_size` (default).
+    pub max_msg_size: usize,
+    /// Assembly deadline of this connection's messages in milliseconds
+    /// (ETIMEDOUT); 0: wait forever; `CONNMUX_ATTACH_MUX_DEFAULT`: the mux's
+    /// `assembly_timeout_ms` (default).
+    pub assembly_timeout_ms: i64,
+    /// The worker that reads the connection (taken modulo the number of
+    /// workers); `CONNMUX_ATTACH_MUX_DEFAULT`: chosen as by `connmux_attach` (default).
+    pub worker: c_int,
 }
 
 /// One message for the batch and `*msg` calls.
@@ -493,6 +528,7 @@ pub unsafe extern "C" fn connmux_config_init(cfg: *mut connmux_config) -> c_int 
             psock_rx_buf: d.core.psock_rx_buf,
             steering: CONNMUX_STEER_AFFINITY,
             imbalance: d.core.imbalance,
+            tx_policy: CONNMUX_TX_ROUND_ROBIN,
         };
         Ok(0)
     })
@@ -529,6 +565,11 @@ fn config_from_c(c: &connmux_config) -> Result<Config, Fail> {
         v => return Err(Fail::inval(format!("unknown steering policy {v}"))),
     };
     cfg.core.imbalance = c.imbalance;
+    cfg.core.tx_policy = match c.tx_policy {
+        CONNMUX_TX_ROUND_ROBIN => TxPolicy::RoundRobin,
+        CONNMUX_TX_LEAST_OUTSTANDING => TxPolicy::LeastOutstanding,
+        v => return Err(Fail::inval(format!("unknown transmit policy {v}"))),
+    };
     Ok(cfg)
 }
 
@@ -805,6 +846,78 @@ pub unsafe extern "C" fn connmux_attach_spec(
         // SAFETY: forwarded contract of this function.
         let conn = unsafe { borrow_fd(fd) }?;
         let id = m.mux.attach(&conn, parser)?;
+        if !psock.is_null() {
+            // SAFETY: non-null and writable by contract.
+            *unsafe { out(psock, "psock") }? = psock_to_c(id);
+        }
+        Ok(0)
+    })
+}
+
+/// Fill `*opts` with the defaults: no parser, every limit and the worker from
+/// the mux. Returns 0, or -EFAULT if `opts` is NULL.
+///
+/// # Safety
+/// `opts` is NULL or points to writable memory for one `connmux_attach_opts`.
+#[no_mangle]
+pub unsafe extern "C" fn connmux_attach_opts_init(opts: *mut connmux_attach_opts) -> c_int {
+    guard_int(|| {
+        // SAFETY: forwarded contract of this function.
+        let opts = unsafe { out(opts, "opts") }?;
+        *opts = connmux_attach_opts {
+            parser: std::ptr::null(),
+            max_msg_size: 0,
+            assembly_timeout_ms: CONNMUX_ATTACH_MUX_DEFAULT.into(),
+            worker: CONNMUX_ATTACH_MUX_DEFAULT,
+        };
+        Ok(0)
+    })
+}
+
+/// [`connmux_attach`] with per-connection options: this connection's message
+/// size limit, assembly deadline and worker. Returns 0 and the connection's id
+/// in `*psock` (`psock` may be NULL); -EINVAL for a NULL parser or a negative
+/// value other than `CONNMUX_ATTACH_MUX_DEFAULT`; otherwise as `connmux_attach`.
+///
+/// # Safety
+/// `mux` is a live handle; `opts` is a readable `connmux_attach_opts` whose
+/// `parser` is a live template; `fd` stays open during the call; `psock` is
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn connmux_attach_with(
+    mux: *const connmux_mux,
+    fd: c_int,
+    opts: *const connmux_attach_opts,
+    psock: *mut connmux_psock_id,
+) -> c_int {
+    guard_int(|| {
+        // SAFETY: forwarded contract of this function.
+        let m = unsafe { mux_ref(mux) }?;
+        // SAFETY: forwarded contract of this function.
+        let o = *unsafe { inp(opts, "opts") }?;
+        if o.parser.is_null() {
+            return Err(Fail::inval("opts->parser is NULL"));
+        }
+        // SAFETY: a live template by contract.
+        let p = unsafe { parser_ref(o.parser) }?;
+        let mut a = AttachOptions::new(p.kind.build()?);
+        if o.max_msg_size > 0 {
+            a = a.max_msg_size(o.max_msg_size);
+        }
+        a.assembly_timeout = match o.assembly_timeout_ms {
+            t if t == i64::from(CONNMUX_ATTACH_MUX_DEFAULT) => None,
+            0 => Some(None),
+            t if t > 0 => Some(Some(Duration::from_millis(t as u64))),
+            t => return Err(Fail::inval(format!("assembly_timeout_ms {t} is negative"))),
+        };
+        a.worker = match o.worker {
+            CONNMUX_ATTACH_MUX_DEFAULT => None,
+            w if w >= 0 => Some(w as usize),
+            w => return Err(Fail::inval(format!("worker {w} is negative"))),
+        };
+        // SAFETY: forwarded contract of this function.
+        let conn = unsafe { borrow_fd(fd) }?;
+        let id = m.mux.attach_with(&conn, a)?;
         if !psock.is_null() {
             // SAFETY: non-null and writable by contract.
             *unsafe { out(psock, "psock") }? = psock_to_c(id);

@@ -35,6 +35,11 @@
 //! `send_msg(Some(p))`) append one whole message to that psock's queue
 //! without reserving it.
 //!
+//! With [`TxPolicy::LeastOutstanding`] there is no reservation: each complete
+//! message goes to the psock with the fewest requests not yet answered
+//! (messages queued on it minus messages received from it), and a psock whose
+//! receive side fails gives its unstarted messages back to be placed again.
+//!
 //! # Memory bound
 //!
 //! Every byte the core holds is counted by [`Mux::memory_used`] and stays at
@@ -150,6 +155,29 @@ pub enum Steering {
     Key,
 }
 
+/// Transmit policy: which psock carries a plain send (one not addressed to a
+/// psock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TxPolicy {
+    /// KCM's: a socket reserves the least recently used free psock and keeps it
+    /// until its queue is written, so successive sends rotate over the psocks.
+    #[default]
+    RoundRobin,
+    /// Each message goes to the psock with the least outstanding work: the
+    /// messages queued on it over its life minus the messages received from it
+    /// ([`Mux::psock_outstanding`]); ties go to the psock after the last one
+    /// chosen. For a client mux whose psocks lead to servers that answer each
+    /// request with one reply, that is the requests a server has not answered
+    /// yet, whether they wait in our queue, in TCP's buffers or in the server:
+    /// a slow server keeps more of them and gets fewer new ones. (Queued
+    /// transmit bytes alone would not see it: a slow server's TCP window stays
+    /// open long after it fell behind.) Psocks whose receive side has failed or
+    /// closed are passed over, and their unstarted messages go to the others,
+    /// since no answer can come from them. Costs a walk of the psocks per
+    /// message.
+    LeastOutstanding,
+}
+
 /// Mux-wide configuration. Every limit has a default and names the AF_KCM knob
 /// it stands for.
 #[derive(Clone, Debug)]
@@ -203,6 +231,8 @@ pub struct MuxConfig {
     /// the handshake and no assembly deadline runs. AF_KCM has none (kTLS is
     /// set up after a handshake done elsewhere). `None` waits forever.
     pub handshake_timeout: Option<Duration>,
+    /// Which psock carries a plain send.
+    pub tx_policy: TxPolicy,
 }
 
 /// The default [`MuxConfig::mem_limit`]: 1 GiB, room for a thousand
@@ -224,6 +254,7 @@ impl Default for MuxConfig {
             mem_grace: Duration::from_secs(1),
             idle_timeout: None,
             handshake_timeout: Some(Duration::from_secs(5)),
+            tx_policy: TxPolicy::RoundRobin,
         }
     }
 }
@@ -434,6 +465,9 @@ struct TxMsg {
     owner: SockId,
     /// Appended by `send_to`/`send_msg(Some(p))`, not by a reservation.
     addressed: bool,
+    /// Placed here by `TxPolicy::LeastOutstanding`, not by a reservation: if
+    /// the psock fails first it goes back to its owner to be placed again.
+    balanced: bool,
     /// Whole messages in `data`, back to back (more than one only from
     /// `send_msgs_to`); counted one by one in the statistics.
     msgs: u32,
@@ -587,6 +621,8 @@ struct Psock {
     tx_rsvd_msgs: usize,
     /// Bytes of addressed messages on the queue not yet fully written.
     tx_addr_bytes: usize,
+    /// Messages ever queued on it (the first term of its outstanding work).
+    tx_placed: u64,
     in_avail: bool,
     /// The assembly deadline armed in the mux's [`Deadlines`], if any (it
     /// mirrors `stream.deadline()` after every call).
@@ -684,6 +720,9 @@ pub struct Mux {
     mem_next: Option<Timestamp>,
     /// When the next idle or handshake deadline may have passed.
     scan_next: Option<Timestamp>,
+    /// `TxPolicy::LeastOutstanding`: the index of the psock chosen last (ties
+    /// go to the next one).
+    tx_last: u32,
 }
 
 impl std::fmt::Debug for Mux {
@@ -712,6 +751,12 @@ fn backlog_pause(config: &MuxConfig) -> usize {
 #[inline]
 fn backlog_drained(config: &MuxConfig, before: usize, after: usize) -> bool {
     before >= backlog_pause(config) && after < backlog_pause(config)
+}
+
+/// Messages queued on a psock minus messages received from it.
+#[inline]
+fn outstanding(ps: &Psock) -> u64 {
+    ps.tx_placed.saturating_sub(ps.stream.stats().msgs)
 }
 
 /// splitmix64 finaliser: spreads steering keys evenly.
@@ -746,6 +791,7 @@ impl Mux {
             mem_over: false,
             mem_next: None,
             scan_next: None,
+            tx_last: u32::MAX,
         }
     }
     pub fn config(&self) -> &MuxConfig {
@@ -974,6 +1020,7 @@ impl Mux {
             tx_kcm: None,
             tx_rsvd_msgs: 0,
             tx_addr_bytes: 0,
+            tx_placed: 0,
             in_avail: false,
             timer: None,
             mem: MemState::Reading,
@@ -1249,6 +1296,7 @@ impl Mux {
             self.sync_deadline(p);
         }
         self.events.push_back(Event::PsockFailed(p, PsockError::Closed));
+        self.tx_take_back(p);
         self.recount(p, self.now);
         self.check_drained(p);
         Ok(())
@@ -1326,6 +1374,7 @@ impl Mux {
             ps.stream.stop();
         }
         self.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
+        self.tx_take_back(p);
         self.recount(p, self.now);
         Ok(())
     }
@@ -1338,6 +1387,7 @@ impl Mux {
         let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
         // Round robin: the socket reserved for this pass.
         let mut target: Option<SockId> = None;
+        let mut failed = false;
         loop {
             let data = match ps.stream.next_msg(now) {
                 Ok(Some(m)) => m,
@@ -1354,6 +1404,7 @@ impl Mux {
                         ps.life = Life::Failed;
                         events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
                     }
+                    failed = true;
                     break;
                 }
             };
@@ -1400,6 +1451,9 @@ impl Mux {
         // A message left partial starts (or keeps) its deadline; a completed
         // or aborted one clears it.
         self.sync_deadline(p);
+        if failed {
+            self.tx_take_back(p);
+        }
         self.check_drained(p);
     }
 
@@ -1786,7 +1840,8 @@ impl Mux {
         }
         let ps = self.psocks.get_mut(p.index, p.generation).expect("checked");
         ps.tx_addr_bytes += len;
-        ps.tx_queue.push_back(TxMsg { data: msg, sent: 0, owner: s, addressed: true, msgs });
+        ps.tx_placed += u64::from(msgs);
+        ps.tx_queue.push_back(TxMsg { data: msg, sent: 0, owner: s, addressed: true, balanced: false, msgs });
         if !batch {
             let sock = self.socks.get_mut(s.index, s.generation).expect("live");
             sock.wait_more = false;
@@ -1841,6 +1896,9 @@ impl Mux {
 
     /// Hand the socket's queued messages to its psock, reserving one if needed.
     fn tx_push(&mut self, s: SockId) {
+        if self.config.tx_policy == TxPolicy::LeastOutstanding {
+            return self.tx_push_balanced(s);
+        }
         let Some(sock) = self.socks.get_mut(s.index, s.generation) else { return };
         if sock.tx_queue.is_empty() {
             return;
@@ -1862,10 +1920,88 @@ impl Mux {
         let sock = self.socks.get_mut(s.index, s.generation).expect("live");
         let ps = self.psocks.get_mut(p.index, p.generation).expect("reserved psock is live");
         for data in sock.tx_queue.drain(..) {
-            ps.tx_queue.push_back(TxMsg { data, sent: 0, owner: s, addressed: false, msgs: 1 });
+            ps.tx_queue.push_back(TxMsg { data, sent: 0, owner: s, addressed: false, balanced: false, msgs: 1 });
             ps.tx_rsvd_msgs += 1;
+            ps.tx_placed += 1;
         }
         self.kick(p);
+    }
+
+    /// `TxPolicy::LeastOutstanding`: each queued message of `s` to the psock
+    /// with the least outstanding work at that moment; with no psock that can
+    /// answer, `s` waits as for a reservation.
+    fn tx_push_balanced(&mut self, s: SockId) {
+        loop {
+            let Some(sock) = self.socks.get(s.index, s.generation) else { return };
+            if sock.tx_queue.is_empty() {
+                return;
+            }
+            let Some(p) = self.least_outstanding() else {
+                let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+                if !sock.tx_waiting {
+                    sock.tx_waiting = true;
+                    self.tx_waiters.push_back(s);
+                }
+                return;
+            };
+            let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+            let data = sock.tx_queue.pop_front().expect("non-empty");
+            let ps = self.psocks.get_mut(p.index, p.generation).expect("chosen psock is live");
+            ps.tx_queue.push_back(TxMsg { data, sent: 0, owner: s, addressed: false, balanced: true, msgs: 1 });
+            ps.tx_placed += 1;
+            self.tx_last = p.index;
+            self.kick(p);
+        }
+    }
+
+    /// The psock that can still answer with the fewest outstanding messages;
+    /// among equals, the first after the one chosen last.
+    fn least_outstanding(&self) -> Option<PsockId> {
+        let after = self.tx_last;
+        self.psocks
+            .iter()
+            .filter(|(_, _, ps)| !ps.tx_stopped && !ps.life.rx_over() && !ps.stream.is_stopped())
+            .min_by_key(|(i, _, ps)| (outstanding(ps), i.wrapping_sub(after).wrapping_sub(1)))
+            .map(|(i, g, _)| pid((i, g)))
+    }
+
+    /// Messages queued on psock `p` over its life minus messages received
+    /// from it (never below 0): what `TxPolicy::LeastOutstanding` compares.
+    pub fn psock_outstanding(&self, p: PsockId) -> Result<u64, MuxError> {
+        Ok(outstanding(self.psock(p)?))
+    }
+
+    /// `TxPolicy::LeastOutstanding`: psock `p` can no longer answer (its
+    /// receive side failed or closed), so its messages not yet started go
+    /// back to their sockets, in order, to be placed on the others.
+    fn tx_take_back(&mut self, p: PsockId) {
+        if self.config.tx_policy != TxPolicy::LeastOutstanding {
+            return;
+        }
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        let keep = ps.tx_inflight;
+        let mut owners: Vec<SockId> = Vec::new();
+        let mut back: Vec<TxMsg> = Vec::new();
+        let mut i = 0;
+        while i < ps.tx_queue.len() {
+            let m = &ps.tx_queue[i];
+            if i >= keep && m.balanced && m.sent == 0 {
+                back.push(ps.tx_queue.remove(i).expect("in range"));
+            } else {
+                i += 1;
+            }
+        }
+        for m in back.into_iter().rev() {
+            if let Some(sock) = self.socks.get_mut(m.owner.index, m.owner.generation) {
+                sock.tx_queue.push_front(m.data);
+                if !owners.contains(&m.owner) {
+                    owners.push(m.owner);
+                }
+            }
+        }
+        for s in owners {
+            self.tx_push(s);
+        }
     }
 
     /// Reserve the least recently used free psock for `s`.
@@ -1887,6 +2023,16 @@ impl Mux {
     /// A psock is free: to the first socket waiting to transmit, else the tail
     /// of the LRU list (KCM `psock_now_avail`).
     fn psock_now_avail(&mut self, p: PsockId) {
+        if self.config.tx_policy == TxPolicy::LeastOutstanding {
+            // No reservations: every waiting socket places its messages anew.
+            for w in std::mem::take(&mut self.tx_waiters) {
+                if let Some(sock) = self.socks.get_mut(w.index, w.generation) {
+                    sock.tx_waiting = false;
+                    self.tx_push(w);
+                }
+            }
+            return;
+        }
         let Some(ps) = self.psocks.get(p.index, p.generation) else { return };
         if ps.tx_stopped || ps.tx_kcm.is_some() || ps.in_avail {
             return;
@@ -1999,10 +2145,10 @@ impl Mux {
             if m.sent == m.data.len() {
                 let m = ps.tx_queue.pop_front().expect("inflight message");
                 ps.stats.tx_msgs += u64::from(m.msgs);
-                if !m.addressed {
-                    ps.tx_rsvd_msgs -= 1;
-                } else {
+                if m.addressed {
                     ps.tx_addr_bytes -= m.data.len();
+                } else if !m.balanced {
+                    ps.tx_rsvd_msgs -= 1;
                 }
                 done.push((m.owner, m.data.len(), m.msgs));
             }
@@ -2067,10 +2213,16 @@ impl Mux {
         let msgs: Vec<TxMsg> = ps.tx_queue.drain(..).collect();
         let mut back = Vec::new();
         let mut dropped = Vec::new();
+        let mut rebalance: Vec<(SockId, Bytes)> = Vec::new();
         let mut retries = 0;
         for (i, m) in msgs.into_iter().enumerate() {
             let live_owner = self.socks.get(m.owner.index, m.owner.generation).is_some();
-            if !m.addressed && Some(m.owner) == kcm && live_owner {
+            if m.balanced && live_owner {
+                if i < inflight || m.sent > 0 {
+                    retries += 1;
+                }
+                rebalance.push((m.owner, m.data));
+            } else if !m.addressed && Some(m.owner) == kcm && live_owner {
                 if i < inflight || m.sent > 0 {
                     retries += 1;
                 }
@@ -2096,6 +2248,18 @@ impl Mux {
                 for data in back.into_iter().rev() {
                     sock.tx_queue.push_front(data);
                 }
+                self.tx_push(s);
+            }
+        }
+        if !rebalance.is_empty() {
+            let mut owners: Vec<SockId> = Vec::new();
+            for (s, data) in rebalance.into_iter().rev() {
+                self.socks.get_mut(s.index, s.generation).expect("live owner").tx_queue.push_front(data);
+                if !owners.contains(&s) {
+                    owners.push(s);
+                }
+            }
+            for s in owners {
                 self.tx_push(s);
             }
         }
@@ -2126,6 +2290,7 @@ impl Mux {
                     ps.life = Life::Failed;
                     self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
                 }
+                self.tx_take_back(p);
             }
             self.sync_deadline(p);
             self.recount_only(p);

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::*;
-use connmux_core::mux::{Event, Mux, MuxConfig, MuxError, PsockConfig, PsockId, RecvFlags, SockId, SockType, Steering};
+use connmux_core::mux::{Event, Mux, MuxConfig, MuxError, PsockConfig, PsockId, RecvFlags, SockId, SockType, Steering, TxPolicy};
 use connmux_core::Timestamp;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -59,6 +59,7 @@ fn run(seed: u64) -> Run {
         steering,
         imbalance: rng.gen_range(0..5),
         psock_sndbuf: 4 << 20,
+        tx_policy: TxPolicy::RoundRobin,
         ..MuxConfig::default()
     };
     let mut m = Mux::new(cfg);

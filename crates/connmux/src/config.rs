@@ -62,6 +62,7 @@ pub enum Driver {
 /// | `Mux::new`, `socket`, `KcmSocket::try_clone` | same (`socket(AF_KCM)`, `SIOCKCMCLONE`); one kernel mux has one socket type: asking for the other is `InvalidInput` |
 /// | `Mux::attach`, `attach_on`, `KcmSocket::attach` | same for the length-field parsers (`l4`, `len:…`, `9p`, `thrift`, `kafka`): an offset-correct BPF program is generated; others are refused, naming the parser (`BackendError::Parser`); the worker of `attach_on` is ignored |
 /// | `Mux::attach_bpf` | same: the program is rewritten to read from the message start, or refused (`BackendError::Parser`) when that cannot be done |
+/// | `Mux::attach_with` | as `attach`, with `AttachOptions::parser`; options that set a per-connection size limit or assembly timeout are refused (`BackendError::Unsupported`): the mux's apply |
 /// | `unattach`, `unattach_id`, `abort` | same (`SIOCKCMUNATTACH`; abort also resets the connection) |
 /// | `events`, `psock_error`, `events_dropped` | same: the error the kernel posts on the TCP socket, as the same [`crate::PsockError`] kinds (values the kernel does not report, such as a refused length, are 0) |
 /// | `psocks`, `psock_stats` | same (`/proc/net/kcm`; the receive-abort counters come from the error posted) |

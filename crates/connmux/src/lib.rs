@@ -55,12 +55,12 @@ pub use config::{Backend, Config, Driver, Placement};
 pub use connmux_kernel::{KernelError, KernelMux, KernelSocket};
 pub use kernel::{BackendError, UNKNOWN_PSOCK};
 pub use connmux_core::mux::{
-    Event as CoreEvent, PsockError, PsockId, RecvFlags, RecvInfo, RxError, SendFlags, SockId,
-    SockType, Steering,
+    Event as CoreEvent, MuxConfig, PsockError, PsockId, RecvFlags, RecvInfo, RxError, SendFlags, SockId,
+    SockType, Steering, TxPolicy,
 };
 pub use connmux_core::parser::{Parse, ParseError, Parser};
 pub use connmux_core::parsers;
 pub use connmux_core::stats::{MuxStats, PsockStats, SockStats};
 pub use connmux_core::Bytes;
-pub use mux::{BpfProgram, Mux, PsockEvent};
+pub use mux::{AttachOptions, BpfProgram, Mux, PsockEvent};
 pub use socket::{KcmSocket, Message};

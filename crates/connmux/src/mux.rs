@@ -21,6 +21,67 @@ use crate::socket::KcmSocket;
 use crate::worker::{self, Command};
 use crate::uring_worker;
 
+/// Options of one attach: the parser, and the limits of this connection where
+/// they differ from the mux's (`MuxConfig::max_msg_size`,
+/// `MuxConfig::assembly_timeout`, the defaults). AF_KCM has these per attached
+/// TCP socket: its SO_RCVBUF bounds a message, its SO_RCVTIMEO the assembly.
+///
+/// ```no_run
+/// # use connmux::{AttachOptions, Config, Mux};
+/// # use std::time::Duration;
+/// # let mux = Mux::new(Config::default())?;
+/// # let conn = std::net::TcpStream::connect("127.0.0.1:62049")?;
+/// let opts = AttachOptions::new(connmux::parsers::from_spec("l4").unwrap())
+///     .max_msg_size(64 << 10)
+///     .assembly_timeout(Some(Duration::from_secs(2)));
+/// mux.attach_with(&conn, opts)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct AttachOptions {
+    /// Finds message boundaries in the connection's byte stream.
+    pub parser: Box<dyn Parser>,
+    /// Largest message this connection may send us; `None`: the mux's.
+    pub max_msg_size: Option<usize>,
+    /// Assembly deadline of this connection's messages; `None`: the mux's,
+    /// `Some(None)`: none.
+    pub assembly_timeout: Option<Option<std::time::Duration>>,
+    /// The worker that reads it; `None`: as [`Mux::attach`] chooses.
+    pub worker: Option<usize>,
+}
+
+impl AttachOptions {
+    /// The parser, everything else from the mux.
+    pub fn new(parser: Box<dyn Parser>) -> AttachOptions {
+        AttachOptions { parser, max_msg_size: None, assembly_timeout: None, worker: None }
+    }
+    /// This connection's message size limit.
+    pub fn max_msg_size(mut self, bytes: usize) -> AttachOptions {
+        self.max_msg_size = Some(bytes);
+        self
+    }
+    /// This connection's assembly deadline (`None`: wait forever).
+    pub fn assembly_timeout(mut self, timeout: Option<std::time::Duration>) -> AttachOptions {
+        self.assembly_timeout = Some(timeout);
+        self
+    }
+    /// The worker that reads this connection.
+    pub fn worker(mut self, worker: usize) -> AttachOptions {
+        self.worker = Some(worker);
+        self
+    }
+}
+
+impl std::fmt::Debug for AttachOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachOptions")
+            .field("parser", &self.parser.name())
+            .field("max_msg_size", &self.max_msg_size)
+            .field("assembly_timeout", &self.assembly_timeout)
+            .field("worker", &self.worker)
+            .finish()
+    }
+}
+
 /// A psock failure, as KCM reports it on the attached TCP socket (POLLERR +
 /// SO_ERROR). The application should [`Mux::unattach`] the connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -340,8 +401,47 @@ impl Mux {
         self.attach_inner(conn, parser, worker, None)
     }
 
+    /// [`Mux::attach`] with per-connection options: the size limit and
+    /// assembly deadline of this psock (the mux's are the defaults), and
+    /// optionally its worker. On the kernel backend the limits are the mux's
+    /// (they are built into the parser program and the TCP socket's options
+    /// at attach), so options that set them are refused (`Unsupported`).
+    pub fn attach_with(&self, conn: &impl AsFd, opts: AttachOptions) -> io::Result<PsockId> {
+        if self.user().is_none() {
+            if opts.max_msg_size.is_some() || opts.assembly_timeout.is_some() {
+                return Err(kernel::unsupported(
+                    "Mux::attach_with with a size limit or assembly timeout",
+                    "the kernel backend applies the mux's limits to every attached socket",
+                ));
+            }
+            return self.attach(conn, opts.parser);
+        }
+        if opts.max_msg_size == Some(0) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "max_msg_size must be positive"));
+        }
+        let worker = match opts.worker {
+            Some(w) => w,
+            None => self.user().expect("userspace").pick_worker(conn.as_fd()),
+        };
+        let limits = PsockConfig { max_msg_size: opts.max_msg_size, assembly_timeout: opts.assembly_timeout, affinity: None };
+        self.attach_limited(conn, opts.parser, worker, None, limits)
+    }
+
     /// The userspace attach, with the TLS state of a TLS psock.
     pub(crate) fn attach_inner(&self, conn: &impl AsFd, parser: Box<dyn Parser>, worker: usize, tls: Option<crate::tls::PsockTls>) -> io::Result<PsockId> {
+        self.attach_limited(conn, parser, worker, tls, PsockConfig::default())
+    }
+
+    /// [`Mux::attach_inner`] with the psock's own limits (`limits.affinity`
+    /// is set here: the worker's index).
+    fn attach_limited(
+        &self,
+        conn: &impl AsFd,
+        parser: Box<dyn Parser>,
+        worker: usize,
+        tls: Option<crate::tls::PsockTls>,
+        limits: PsockConfig,
+    ) -> io::Result<PsockId> {
         let sh = self.shared();
         let worker = worker % sh.workers.len();
         let raw = conn.as_fd().as_raw_fd();
@@ -357,7 +457,7 @@ impl Mux {
             if ATTACHED.lock().unwrap().contains(&ino) {
                 return Err(io::Error::from_raw_os_error(libc::EALREADY));
             }
-            let cfg = PsockConfig { affinity: Some(worker as u32), ..Default::default() };
+            let cfg = PsockConfig { affinity: Some(worker as u32), ..limits };
             let now = sh.now();
             core.mux.note_now(now);
             let id = core.mux.attach(parser, cfg);

@@ -521,6 +521,127 @@ static void test_events(void)
 	close(nb);
 }
 
+/* Per-attach options: one connection's size limit and assembly timeout, the
+ * mux's defaults beside it; the least-outstanding transmit policy. */
+static void test_attach_opts(void)
+{
+	connmux_attach_opts o;
+	EQ(connmux_attach_opts_init(NULL), -EFAULT);
+	EQ(connmux_attach_opts_init(&o), 0);
+	CHECK(o.parser == NULL);
+	EQ(o.max_msg_size, 0);
+	EQ(o.assembly_timeout_ms, CONNMUX_ATTACH_MUX_DEFAULT);
+	EQ(o.worker, CONNMUX_ATTACH_MUX_DEFAULT);
+
+	connmux_mux *m = new_mux();
+	connmux_sock *s;
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &s));
+	connmux_parser *l4;
+	MUST(connmux_parser_from_spec("l4", &l4));
+	int ps, ns, pt, nt, pd, nd;
+	tcp_pair(&ps, &ns);
+	tcp_pair(&pt, &nt);
+	tcp_pair(&pd, &nd);
+	connmux_psock_id is, it, id;
+	EQ(connmux_attach_with(m, ns, &o, &is), -EINVAL); /* no parser */
+	o.parser = l4;
+	o.assembly_timeout_ms = -5;
+	EQ(connmux_attach_with(m, ns, &o, &is), -EINVAL);
+	o.assembly_timeout_ms = CONNMUX_ATTACH_MUX_DEFAULT;
+	o.max_msg_size = 16;
+	EQ(connmux_attach_with(m, ns, &o, &is), 0);
+	o.max_msg_size = 0;
+	o.assembly_timeout_ms = 100;
+	EQ(connmux_attach_with(m, nt, &o, &it), 0);
+	EQ(connmux_attach(m, nd, l4, &id), 0);
+
+	/* Over 16 bytes on the limited connection: RX, EMSGSIZE. */
+	send_frame(ps, "twenty bytes of body");
+	connmux_event ev = { 0 };
+	EQ(connmux_next_event(m, &ev, 5000), 1);
+	EQ(ev.psock, is);
+	EQ(ev.kind, CONNMUX_PSOCK_ERR_RX);
+	EQ(ev.err, EMSGSIZE);
+	/* The same message on the connection with the mux's limit arrives. */
+	send_frame(pd, "twenty bytes of body");
+	uint8_t buf[64];
+	connmux_msg msg = { .buf = buf, .len = sizeof buf };
+	EQ(connmux_recvmsg(s, &msg, 0), 24);
+	EQ(msg.psock, id);
+	/* Half a message on the connection with a 100 ms timeout: RX, ETIMEDOUT. */
+	uint8_t half[12];
+	frame(half, "abcdefgh");
+	EQ(write(pt, half, 6), 6);
+	EQ(connmux_next_event(m, &ev, 5000), 1);
+	EQ(ev.psock, it);
+	EQ(ev.kind, CONNMUX_PSOCK_ERR_RX);
+	EQ(ev.err, ETIMEDOUT);
+	connmux_psock_stats st;
+	MUST(connmux_psock_get_stats(m, is, &st));
+	EQ(st.rx_msg_too_big, 1);
+	MUST(connmux_psock_get_stats(m, it, &st));
+	EQ(st.rx_msg_timeouts, 1);
+	MUST(connmux_abort_psock(m, is));
+	MUST(connmux_abort_psock(m, it));
+	EQ(connmux_psock_error(m, id, NULL), 0);
+	connmux_sock_close(s);
+	connmux_mux_free(m);
+	close(ps);
+	close(pt);
+	close(pd);
+	close(ns);
+	close(nt);
+	close(nd);
+
+	/* Transmit policies. */
+	connmux_config cfg;
+	MUST(connmux_config_init(&cfg));
+	EQ(cfg.tx_policy, CONNMUX_TX_ROUND_ROBIN);
+	cfg.pin_workers = 0;
+	cfg.tx_policy = 7;
+	EQ(connmux_mux_new(&cfg, &m), -EINVAL);
+	cfg.tx_policy = CONNMUX_TX_LEAST_OUTSTANDING;
+	MUST(connmux_mux_new(&cfg, &m));
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &s));
+	int pa, na, pb, nb;
+	tcp_pair(&pa, &na);
+	tcp_pair(&pb, &nb);
+	connmux_psock_id ia, ib;
+	MUST(connmux_attach(m, na, l4, &ia));
+	MUST(connmux_attach(m, nb, l4, &ib));
+	/* Two calls: one on each connection (ties rotate). */
+	uint8_t call[16];
+	size_t n = frame(call, "call");
+	EQ(connmux_send(s, call, n, 0), (long long)n);
+	EQ(connmux_send(s, call, n, 0), (long long)n);
+	CHECK(peer_gets(pa, "call"));
+	CHECK(peer_gets(pb, "call"));
+	/* a answers, b does not: the next two calls both go to a. */
+	send_frame(pa, "reply");
+	msg.len = sizeof buf;
+	EQ(connmux_recvmsg(s, &msg, 0), 9);
+	EQ(msg.psock, ia);
+	EQ(connmux_send(s, call, n, 0), (long long)n);
+	CHECK(peer_gets(pa, "call"));
+	send_frame(pa, "reply");
+	msg.len = sizeof buf;
+	EQ(connmux_recvmsg(s, &msg, 0), 9);
+	EQ(connmux_send(s, call, n, 0), (long long)n);
+	CHECK(peer_gets(pa, "call"));
+	connmux_psock_stats sa, sb;
+	MUST(connmux_psock_get_stats(m, ia, &sa));
+	MUST(connmux_psock_get_stats(m, ib, &sb));
+	EQ(sa.tx_msgs, 3);
+	EQ(sb.tx_msgs, 1);
+	connmux_parser_free(l4);
+	connmux_sock_close(s);
+	connmux_mux_free(m);
+	close(pa);
+	close(pb);
+	close(na);
+	close(nb);
+}
+
 static void test_bpf(const char *obj)
 {
 	connmux_parser *p;
@@ -599,6 +720,7 @@ int main(int argc, char **argv)
 	test_recv_disable_and_poll();
 	test_events();
 	test_flush();
+	test_attach_opts();
 	if (argc > 1)
 		test_bpf(argv[1]);
 	printf("%d passed, %d failed\n", passed, failed);

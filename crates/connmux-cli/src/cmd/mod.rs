@@ -9,6 +9,7 @@ pub mod parse;
 pub mod pipe;
 pub mod rpcbind;
 pub mod rpctest;
+pub mod rpctest_mux;
 pub mod server;
 pub mod stat;
 pub mod stop;

@@ -61,9 +61,19 @@ pub struct Args {
     /// Credential: none (AUTH_NONE) or sys (AUTH_SYS; "unix" also works).
     #[arg(short = 'A', long = "auth", value_enum, default_value = "none")]
     pub auth: Auth,
-    /// RPC server, [user@]host[:port] (default port 62049); names are resolved.
-    #[arg(default_value = "127.0.0.1")]
-    pub target: String,
+    /// More RPC servers, [user@]host[:port] (repeat, or separate with commas).
+    /// With more than one server in all, the calls go through one client mux
+    /// with a connection to each (--tx-policy picks the server of each call;
+    /// -j x -a calls in flight from one thread, -j x -c per round) and the
+    /// output counts the calls each server answered.
+    #[arg(short = 's', long = "server", value_name = "HOST:PORT")]
+    pub servers: Vec<String>,
+    /// With several servers: which connection carries each call.
+    #[arg(long = "tx-policy", value_enum, default_value = "least-outstanding")]
+    pub tx_policy: super::rpctest_mux::Policy,
+    /// RPC server, [user@]host[:port] (default port 62049); names are resolved
+    /// [default: 127.0.0.1 unless -s is given].
+    pub target: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -265,7 +275,11 @@ impl loadgen::Client for RpcClient {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let target = Target::resolve(&a.target, DEFAULT_PORT)?;
+    let mut specs: Vec<&str> = a.target.iter().chain(&a.servers).flat_map(|s| s.split(',')).filter(|s| !s.is_empty()).collect();
+    if specs.is_empty() {
+        specs.push("127.0.0.1");
+    }
+    let target = Target::resolve(specs[0], DEFAULT_PORT)?;
     let fragments = match (a.fragments, a.three_fragments) {
         (Some(n), _) => n as usize,
         (None, true) => 3,
@@ -303,6 +317,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         io_timeout_s: c.io_timeout,
         cpus: c.cpus.as_ref().map(|l| l.0.clone()),
     };
+    if specs.len() > 1 {
+        let servers = specs.iter().map(|s| Target::resolve(s, DEFAULT_PORT)).collect::<anyhow::Result<Vec<_>>>()?;
+        return super::rpctest_mux::run(c, &servers, a.tx_policy, &|xid, out| rpc.call(xid, out));
+    }
     let units = Units { tool: "rpctest", rate_col: "RPC/s", rate_key: "rpc_per_s" };
     loadgen::run_load(c, units, &target, &rpc, config)
 }
