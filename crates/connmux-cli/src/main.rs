@@ -21,6 +21,9 @@ enum Command {
     EchoServer(cmd::server::EchoArgs),
     /// Run the ONC RPC server answering NULL calls (NFS v3/v4 by default).
     RpcServer(cmd::server::RpcArgs),
+    /// Run the 9P2000.L file server exporting one directory.
+    #[command(name = "9p-server")]
+    NinepServer(cmd::ninep::Args),
     /// Load generator for the echo server: median RTT and messages/s.
     Echotest(cmd::echotest::Args),
     /// Load generator for the RPC server: median RTT and RPC/s.
@@ -38,6 +41,7 @@ fn main() {
         Command::Demo(a) => cmd::demo::run(a),
         Command::EchoServer(a) => cmd::server::run_echo(a),
         Command::RpcServer(a) => cmd::server::run_rpc(a),
+        Command::NinepServer(a) => cmd::ninep::run(a),
         Command::Echotest(a) => cmd::echotest::run(a),
         Command::Rpctest(a) => cmd::rpctest::run(a),
         Command::Stat(a) => cmd::stat::run(a),
