@@ -38,7 +38,7 @@ pub struct Conn {
     fids: Mutex<HashMap<u32, Arc<Fid>>>,
     /// Tags handed to the pool, each with the tags of the Tflushes waiting
     /// for its reply.
-    in_flight: Mutex<HashMap<u16, Vec<u16>>>,
+    in_flight: Mutex<HashMap<u16, InFlight>>,
     msize: AtomicU32,
 }
 
@@ -66,6 +66,16 @@ impl Conn {
             }
         }
     }
+}
+
+/// The requests of one tag in the pool. A client may reuse a tag as soon as
+/// it has the reply, which can be before the pool thread that sent it has
+/// counted it done: so a tag counts its requests, and the Tflushes of that
+/// tag are answered once none is left.
+#[derive(Default)]
+struct InFlight {
+    requests: u32,
+    flushes: Vec<u16>,
 }
 
 /// Counters shown by `connmux stat`.
@@ -149,8 +159,8 @@ impl NinepHandler {
             Tmsg::Auth { .. } => Err(Errno::NOENT),
             Tmsg::Flush { oldtag } => {
                 self.stats.flushes.fetch_add(1, Relaxed);
-                if let Some(waiting) = conn.in_flight.lock().unwrap().get_mut(oldtag) {
-                    waiting.push(tag);
+                if let Some(f) = conn.in_flight.lock().unwrap().get_mut(oldtag) {
+                    f.flushes.push(tag);
                     self.stats.flushes_deferred.fetch_add(1, Relaxed);
                     return Some(Ok(()));
                 }
@@ -202,16 +212,7 @@ impl Handler for NinepHandler {
                 Verdict::Reply(scratch.split().freeze())
             }
             None => {
-                {
-                    let mut inf = conn.in_flight.lock().unwrap();
-                    if inf.contains_key(&tag) {
-                        // A tag reused while its request is in flight breaks
-                        // the protocol: the replies could not be told apart.
-                        self.stats.bad_messages.fetch_add(1, Relaxed);
-                        return Verdict::Close;
-                    }
-                    inf.insert(tag, Vec::new());
-                }
+                conn.in_flight.lock().unwrap().entry(tag).or_default().requests += 1;
                 self.stats.to_pool.fetch_add(1, Relaxed);
                 let _ = self.jobs.send(Job { conn, psock: from, tag, msg: request });
                 Verdict::NoReply
@@ -239,7 +240,16 @@ impl Pool {
                 reply_error(&mut out, tag, e);
             }
             let mut ok = sock.send_to(&out, job.psock).is_ok();
-            let waiting = job.conn.in_flight.lock().unwrap().remove(&job.tag).unwrap_or_default();
+            let waiting = {
+                let mut inf = job.conn.in_flight.lock().unwrap();
+                match inf.get_mut(&job.tag) {
+                    Some(f) if f.requests > 1 => {
+                        f.requests -= 1;
+                        Vec::new()
+                    }
+                    _ => inf.remove(&job.tag).map(|f| f.flushes).unwrap_or_default(),
+                }
+            };
             for ftag in waiting {
                 out.clear();
                 rmsg::empty(&mut out, MsgType::RFLUSH, ftag);
