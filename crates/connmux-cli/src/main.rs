@@ -24,6 +24,9 @@ enum Command {
     /// Run the 9P2000.L file server exporting one directory.
     #[command(name = "9p-server")]
     NinepServer(cmd::ninep::Args),
+    /// Load generator for 9P2000.L servers: getattr, walk+clunk, reads.
+    #[command(name = "9ptest")]
+    Ninetest(cmd::ninep::loadtest::Args),
     /// Load generator for the echo server: median RTT and messages/s.
     Echotest(cmd::echotest::Args),
     /// Load generator for the RPC server: median RTT and RPC/s.
@@ -42,6 +45,7 @@ fn main() {
         Command::EchoServer(a) => cmd::server::run_echo(a),
         Command::RpcServer(a) => cmd::server::run_rpc(a),
         Command::NinepServer(a) => cmd::ninep::run(a),
+        Command::Ninetest(a) => cmd::ninep::loadtest::run(a),
         Command::Echotest(a) => cmd::echotest::run(a),
         Command::Rpctest(a) => cmd::rpctest::run(a),
         Command::Stat(a) => cmd::stat::run(a),

@@ -77,7 +77,7 @@ fn qid_of(st: &rfs::Stat) -> Qid {
     // The version changes with the contents (mtime), so a client's cache
     // notices a change made by another client or locally.
     let version = (st.st_mtime as u32) ^ (st.st_mtime_nsec as u32) ^ (st.st_size as u32);
-    Qid { ty, version, path: st.st_ino as u64 }
+    Qid { ty, version, path: st.st_ino }
 }
 
 impl Export {

@@ -4,6 +4,7 @@
 //! the file-system threads; this module starts them on a connmux service.
 
 pub mod fs;
+pub mod loadtest;
 pub mod serve;
 
 use std::net::SocketAddr;
