@@ -7,8 +7,9 @@
 //! - `getattr`: Tgetattr of the file (one message each way);
 //! - `walk`: Twalk from the root to the file on a fresh fid, then, on its
 //!   reply, Tclunk of that fid (one operation is both round trips);
-//! - `read`: Tread of `--size` bytes at offset 0 (`--size` at most msize−24);
-//!   every reply must carry exactly that many bytes.
+//! - `read`: `--size` bytes from offset 0, in Treads of at most msize−24
+//!   bytes one after another (diod negotiates 64 KiB, connmux up to its
+//!   `--max-msg`); every reply must carry exactly the bytes asked for.
 //!
 //! Every reply is checked against the request in flight under its tag: the
 //! expected type, the walk's one qid, the read's byte count. An Rlerror, a
@@ -107,6 +108,10 @@ pub struct NinepClient {
     load: Load,
     /// In flight: 9P tag → (engine tag, what its reply must be).
     inflight: HashMap<u16, (u32, Phase)>,
+    /// Bytes per Tread (msize − 24).
+    chunk: u32,
+    /// Reads: bytes already received and bytes asked in the Tread in flight, by tag.
+    reads: HashMap<u16, (u32, u32)>,
     /// The first bytes of the message being received (up to 11: the header and
     /// the count or errno), and how many bytes of it are still to skip.
     head: Vec<u8>,
@@ -121,6 +126,8 @@ impl loadgen::Workload for Load {
         NinepClient {
             load: Load { names: self.names.clone(), aname: self.aname.clone(), ..*self },
             inflight: HashMap::new(),
+            chunk: self.size.max(1),
+            reads: HashMap::new(),
             head: Vec::with_capacity(11),
             size: 0,
             skip: 0,
@@ -167,10 +174,19 @@ impl NinepClient {
         match phase {
             Phase::Getattr if ty == MsgType::RGETATTR => done.push(etag),
             Phase::Read if ty == MsgType::RREAD => {
-                if word != Some(self.load.size) || self.size != KEEP + self.load.size as usize {
-                    return Err(format!("short read: {word:?} bytes of {}", self.load.size));
+                let (got, asked) = self.reads.remove(&t).unwrap_or((0, 0));
+                if word != Some(asked) || self.size != KEEP + asked as usize {
+                    return Err(format!("short read: {word:?} bytes of {asked} at offset {got}"));
                 }
-                done.push(etag);
+                let got = got + asked;
+                if got < self.load.size {
+                    let n = self.chunk.min(self.load.size - got);
+                    self.inflight.insert(t, (etag, Phase::Read));
+                    self.reads.insert(t, (got, n));
+                    Tmsg::Read { fid: FILE_FID, offset: got as u64, count: n }.encode(t, &mut self.follow);
+                } else {
+                    done.push(etag);
+                }
             }
             Phase::Walk if ty == MsgType::RWALK => {
                 // nwqid[2] then one 13-byte qid: the walk reached the file.
@@ -221,18 +237,19 @@ fn expect_ok(b: &[u8], what: &str) -> Result<(), String> {
 
 impl loadgen::Client for NinepClient {
     fn setup(&mut self, exchange: &mut Exchange<'_>) -> Result<(), String> {
-        let l = &self.load;
         let mut req = Vec::new();
-        Tmsg::Version { msize: l.msize, version: connmux_9p::VERSION_L }.encode(NOTAG, &mut req);
+        Tmsg::Version { msize: self.load.msize, version: connmux_9p::VERSION_L }.encode(NOTAG, &mut req);
         let b = exchange_msg(exchange, &req)?;
         match Rmsg::decode(&b) {
             Ok((_, Rmsg::Version { msize, version })) if version == connmux_9p::VERSION_L => {
-                if l.op == Op::Read && (l.size as usize) + connmux_9p::IOHDRSZ > msize as usize {
-                    return Err(format!("--size {} does not fit the negotiated msize {msize} (at most msize-24)", l.size));
+                if (msize as usize) <= connmux_9p::IOHDRSZ {
+                    return Err(format!("msize {msize} too small"));
                 }
+                self.chunk = msize - connmux_9p::IOHDRSZ as u32;
             }
             other => return Err(format!("version: {other:?}")),
         }
+        let l = &self.load;
         req.clear();
         Tmsg::Attach { fid: 0, afid: NOFID, uname: "", aname: &l.aname, n_uname: l.uid }.encode(1, &mut req);
         expect_ok(&exchange_msg(exchange, &req)?, "attach")?;
@@ -263,7 +280,9 @@ impl loadgen::Client for NinepClient {
                 Phase::Getattr
             }
             Op::Read => {
-                Tmsg::Read { fid: FILE_FID, offset: 0, count: l.size }.encode(t, out);
+                let n = self.chunk.min(l.size);
+                Tmsg::Read { fid: FILE_FID, offset: 0, count: n }.encode(t, out);
+                self.reads.insert(t, (0, n));
                 Phase::Read
             }
             Op::Walk => {
