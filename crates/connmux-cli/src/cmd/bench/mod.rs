@@ -10,6 +10,7 @@
 //! | `recv` | messages/s and median one-way delay of whole messages read through connmux (epoll, io_uring) vs a plain blocking read loop on the same socket, 64 B, 1 KiB, 64 KiB |
 //! | `instructions` | user-space instructions per NULL call under callgrind (fixed call counts) |
 //! | `tls` | NULL calls to the rpc-server with and without `--tls`: RPC/s, median RTT, ratio |
+//! | `9p` | the 9p-server beside diod: getattr, walk+clunk, 1 MiB reads, an uneven mix |
 //! | `all` | all of the above with their defaults |
 //!
 //! Every server runs as its own process under `taskset`, and every load
@@ -19,6 +20,7 @@
 //! on a small machine.
 
 pub mod instr;
+pub mod ninep;
 #[path = "../rawepoll.rs"]
 pub mod rawepoll;
 pub mod recv;
@@ -61,6 +63,9 @@ pub enum Mode {
     Instructions(instr::Args),
     /// The cost of TLS: RPC/s and median RTT of rpc-server with and without --tls.
     Tls(tls::Args),
+    /// The 9p-server beside diod: small operations, 1 MiB reads, an uneven mix.
+    #[command(name = "9p")]
+    Ninep(ninep::Args),
     /// Every benchmark with its defaults.
     All(AllArgs),
     /// The rpc-server's service (same handler, same parser) with a chosen I/O driver.
@@ -96,6 +101,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::Recv(a) => recv::run(a),
         Mode::Instructions(a) => instr::run(a),
         Mode::Tls(a) => tls::run(a),
+        Mode::Ninep(a) => ninep::run(a),
         Mode::All(a) => {
             let q: &[&str] = if a.quick {
                 &["bench", "--quick"]
