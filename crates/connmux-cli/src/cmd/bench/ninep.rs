@@ -195,8 +195,8 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     let _ = std::fs::remove_dir_all(&dir);
     println!();
     println!(
-        "{:<30} {:>14} {:>14} {:>7} {:>10} {:>10} {:>7}  {}",
-        "load", "connmux", "diod", "ratio", "cm p99", "diod p99", "ratio", "target"
+        "{:<30} {:>14} {:>14} {:>7} {:>10} {:>10} {:>7}  target",
+        "load", "connmux", "diod", "ratio", "cm p99", "diod p99", "ratio"
     );
     let mut all_ok = true;
     for (li, l) in loads.iter().enumerate() {
