@@ -62,7 +62,7 @@ exit \$rc
 DRIVER
     echo "conformance: kcmvm ($harness)" >&2
     vm_rc=0
-    "$harness" -t 300 "${vm_files[@]}" "$work/driver.sh" >"$work/vm.txt" || vm_rc=$?
+    "$harness" -t 600 "${vm_files[@]}" "$work/driver.sh" >"$work/vm.txt" || vm_rc=$?
     [ "$vm_rc" = 0 ] || rc=1
 elif [ "${CONFORMANCE_NO_VM:-0}" != 1 ]; then
     echo "conformance: no kcmvm harness found (set KCMVM_RUN): kernel backend not run" >&2

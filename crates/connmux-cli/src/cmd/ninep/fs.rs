@@ -232,23 +232,28 @@ impl Export {
             return Err(Errno::BADF);
         };
         let start = out.len();
-        out.resize(start + count, 0);
-        let mut got = 0;
-        // A short read before the end is retried: a reply shorter than asked
-        // means the end of the file to a client.
-        while got < count {
-            match f.read_at(&mut out[start + got..], offset + got as u64) {
+        out.reserve_exact(count);
+        // Read into the spare capacity: no zeroing of a buffer about to be
+        // overwritten. A short read before the end is retried: a reply
+        // shorter than asked means the end of the file to a client.
+        while out.len() - start < count {
+            let got = out.len() - start;
+            // Keep the read within `count` even if the allocation is larger.
+            if out.capacity() > start + count {
+                out.shrink_to(start + count);
+            }
+            match rustix::io::pread(f, rustix::buffer::spare_capacity(out), offset + got as u64) {
                 Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Ok(_) => {}
+                Err(Errno::INTR) => continue,
                 Err(e) => {
                     out.truncate(start);
-                    return Err(errno_of(&e));
+                    return Err(e);
                 }
             }
         }
-        out.truncate(start + got);
-        Ok(got)
+        out.truncate(start + count);
+        Ok(out.len() - start)
     }
 
     /// Twrite.

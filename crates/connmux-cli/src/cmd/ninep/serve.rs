@@ -230,16 +230,17 @@ impl Pool {
     pub fn run(&self, i: usize, mux: connmux::Mux) {
         let sock = &self.senders.get().expect("senders set before the service starts")[i];
         sock.set_write_timeout(Some(SEND_TIMEOUT));
-        let mut out = Vec::new();
         while let Ok(job) = self.jobs.recv() {
-            out.clear();
+            // Each reply is its own buffer, handed to the mux without a copy
+            // (a copy of a large read would be made under the mux's lock).
+            let mut out = Vec::with_capacity(128);
             let Ok((tag, m)) = Tmsg::decode(&job.msg) else { continue };
             if let Err(e) = self.answer(&job.conn, tag, &m, &mut out) {
                 out.clear();
                 self.stats.errors.fetch_add(1, Relaxed);
                 reply_error(&mut out, tag, e);
             }
-            let mut ok = sock.send_to(&out, job.psock).is_ok();
+            let mut ok = sock.send_msg(Bytes::from(out), Some(job.psock)).is_ok();
             let waiting = {
                 let mut inf = job.conn.in_flight.lock().unwrap();
                 match inf.get_mut(&job.tag) {
@@ -251,9 +252,9 @@ impl Pool {
                 }
             };
             for ftag in waiting {
-                out.clear();
+                let mut out = Vec::with_capacity(7);
                 rmsg::empty(&mut out, MsgType::RFLUSH, ftag);
-                ok &= sock.send_to(&out, job.psock).is_ok();
+                ok &= sock.send_msg(Bytes::from(out), Some(job.psock)).is_ok();
             }
             if !ok {
                 self.stats.send_failures.fetch_add(1, Relaxed);
@@ -315,6 +316,7 @@ impl Pool {
             Tmsg::Read { fid, offset, count } => {
                 let f = conn.fid(*fid)?;
                 let count = (*count as usize).min(msize - connmux_9p::IO_HEADER);
+                out.reserve_exact(connmux_9p::IO_HEADER + count);
                 let mut e = Encoder::begin(out, MsgType::RREAD, tag);
                 e.u32(0);
                 let n = x.read(&f, *offset, count, e.buf())?;
