@@ -436,3 +436,43 @@ fn a_flushed_request_gets_no_reply_after_rflush() {
     eprintln!("flush rounds: read answered first {after_read}, read dropped {before_read}");
     let _ = std::fs::remove_dir_all(&ex);
 }
+
+#[test]
+fn ninep_test_loads_every_operation_and_checks_the_replies() {
+    let ex = scratch("load");
+    std::fs::create_dir(ex.join("d")).unwrap();
+    std::fs::write(ex.join("d/f"), pattern(300_000, 5)).unwrap();
+    let s = start(&ex, &[]);
+    let run = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new(BIN)
+            .args(["9ptest", "--json", "--no-progress", "-i", "1", "-c", "300", "--io-timeout", "20"])
+            .args(args)
+            .arg(s.addr.to_string())
+            .output()
+            .unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+        assert!(out.status.success() && doc["ok"] == true, "{args:?}: {doc}");
+        doc
+    };
+    for args in [
+        &["--op", "getattr", "--file", "d/f", "-j", "2", "-a", "8"][..],
+        &["--op", "walk", "--file", "d/f", "-j", "2", "-a", "8"][..],
+        // 300,000 bytes at msize 64 KiB: five Treads per operation.
+        &["--op", "read", "--file", "d/f", "--size", "300000", "--msize", "65536", "-j", "1", "-a", "4"][..],
+    ] {
+        let doc = run(args);
+        let calls = doc["median"]["calls"].as_f64().unwrap_or(0.0);
+        let j: f64 = args[args.iter().position(|a| *a == "-j").unwrap() + 1].parse().unwrap();
+        assert_eq!(calls, 300.0 * j, "{args:?}: {doc}");
+    }
+    // A read past the end of the file is short: the run fails, saying so.
+    let out = Command::new(BIN)
+        .args(["9ptest", "--no-progress", "-i", "1", "-c", "10", "--op", "read", "--file", "d/f", "--size", "400000"])
+        .arg(s.addr.to_string())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("short read"), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&ex);
+}
