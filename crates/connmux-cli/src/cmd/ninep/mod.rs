@@ -35,6 +35,10 @@ pub struct Args {
     /// (default: 4 per worker, at least 8).
     #[arg(long)]
     pub fs_threads: Option<usize>,
+    /// Nice steps of the file-system threads below the workers: under CPU
+    /// contention the small requests answered on the workers go first.
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
+    pub fs_nice: i32,
     #[command(flatten)]
     pub common: Common,
 }
@@ -59,8 +63,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     let _ = pool.senders.set(senders);
     for i in 0..threads {
-        let (pool, mux) = (pool.clone(), mux.clone());
-        std::thread::Builder::new().name(format!("connmux-9p-fs{i}")).spawn(move || pool.run(i, mux))?;
+        let (pool, mux, nice) = (pool.clone(), mux.clone(), a.fs_nice);
+        std::thread::Builder::new().name(format!("connmux-9p-fs{i}")).spawn(move || pool.run(i, mux, nice))?;
     }
     let cfg = ServiceConfig {
         listen: a.listen,

@@ -226,8 +226,13 @@ impl Handler for NinepHandler {
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Pool {
-    /// Runs pool thread `i` until the handler (and its sender) is gone.
-    pub fn run(&self, i: usize, mux: connmux::Mux) {
+    /// Runs pool thread `i` until the handler (and its sender) is gone,
+    /// `nice` steps below the workers: a light request answered on a worker
+    /// is not kept waiting for a CPU behind a large read's copy.
+    pub fn run(&self, i: usize, mux: connmux::Mux, nice: i32) {
+        if nice != 0 {
+            let _ = connmux_sys::affinity::renice_current_thread(nice);
+        }
         let sock = &self.senders.get().expect("senders set before the service starts")[i];
         sock.set_write_timeout(Some(SEND_TIMEOUT));
         while let Ok(job) = self.jobs.recv() {
