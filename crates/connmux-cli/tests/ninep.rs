@@ -476,3 +476,21 @@ fn ninep_test_loads_every_operation_and_checks_the_replies() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("short read"), "{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&ex);
 }
+
+#[test]
+fn bench_9p_quick_prints_the_9p_server_beside_diod() {
+    if !std::path::Path::new("/usr/sbin/diod").exists() {
+        eprintln!("SKIP: diod not installed (Debian package diod; scripts/setup.sh installs it)");
+        return;
+    }
+    let out = Command::new(BIN).args(["bench", "9p", "--quick"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for row in ["getattr -j1 -a1", "getattr -j8 -a16", "walk+clunk -j8 -a16", "read 1 MiB -j1 -a1", "uneven: 7 getattr"] {
+        let line = text.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no row {row:?}:\n{text}"));
+        // Both servers measured: two positive rates and a ratio.
+        let rates: Vec<f64> = line[30..].split_whitespace().filter_map(|w| w.parse().ok()).collect();
+        assert!(rates.len() >= 2 && rates[0] > 0.0 && rates[1] > 0.0, "{line}");
+        assert!(line.contains('x'), "{line}");
+    }
+}
