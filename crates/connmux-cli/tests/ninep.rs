@@ -494,3 +494,30 @@ fn bench_9p_quick_prints_the_9p_server_beside_diod() {
         assert!(line.contains('x'), "{line}");
     }
 }
+
+#[test]
+fn a_connection_holds_a_bounded_number_of_fids() {
+    let ex = scratch("fids");
+    let s = start(&ex, &["--max-fids", "100"]);
+    let (mut c, _) = Client::session(s.addr, &ex);
+    // 100 fids at most, the root's included: clone it 120 times.
+    let (mut ok, mut emfile) = (0u32, 0u32);
+    for i in 0..120 {
+        let b = c.call(&Tmsg::Walk { fid: 0, newfid: 1 + i, names: vec![] });
+        match Rmsg::decode(&b).unwrap().1 {
+            Rmsg::Walk { .. } => ok += 1,
+            Rmsg::Lerror { errno: 24 } => emfile += 1,
+            other => panic!("walk {i}: {other:?}"),
+        }
+    }
+    assert_eq!((ok, emfile), (99, 21));
+    // Another connection has its own allowance.
+    let (mut d, _) = Client::session(s.addr, &ex);
+    d.walk(0, 1, &[]).unwrap();
+    // Clunking one makes room for one.
+    c.ok(&Tmsg::Clunk { fid: 1 });
+    c.walk(0, 1, &[]).unwrap();
+    assert_eq!(c.errno(&Tmsg::Walk { fid: 0, newfid: 500, names: vec![] }), 24);
+    assert_eq!(c.getattr(0).mode & 0o170000, 0o040000);
+    let _ = std::fs::remove_dir_all(&ex);
+}

@@ -35,6 +35,14 @@ pub struct Args {
     /// (default: 4 per worker, at least 8).
     #[arg(long)]
     pub fs_threads: Option<usize>,
+    /// Requests waiting for a file-system thread, at most (bounds the memory
+    /// they hold to this many times the message size limit).
+    #[arg(long, default_value_t = 256)]
+    pub fs_queue: usize,
+    /// Most fids one connection may hold (each holds a descriptor: the
+    /// process's descriptor limit must cover connections × this).
+    #[arg(long, default_value_t = 16_384)]
+    pub max_fids: usize,
     /// Nice steps of the file-system threads below the workers: under CPU
     /// contention the small requests answered on the workers go first.
     #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
@@ -52,7 +60,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let threads = a.fs_threads.unwrap_or((a.common.workers.max(1) * 4).max(8)).max(1);
     // msize is capped by the largest message the parser accepts.
     let max_msize = a.common.max_msg.min(u32::MAX as usize) as u32;
-    let (handler, pool) = serve::NinepHandler::new(export.clone(), max_msize);
+    let (handler, pool) = serve::NinepHandler::new(export.clone(), max_msize, a.fs_queue, a.max_fids);
     let mut senders = Vec::with_capacity(threads);
     for _ in 0..threads {
         let s = mux.socket(SockType::Dgram)?;

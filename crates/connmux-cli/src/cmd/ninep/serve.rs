@@ -33,13 +33,20 @@ use rustix::io::Errno;
 use super::fs::{Export, Fid, R};
 
 /// Per-connection state: fids and requests in flight.
-#[derive(Default)]
 pub struct Conn {
     fids: Mutex<HashMap<u32, Arc<Fid>>>,
+    /// Most fids this connection may hold (each holds a descriptor).
+    max_fids: usize,
     /// Tags handed to the pool, each with the tags of the Tflushes waiting
     /// for its reply.
     in_flight: Mutex<HashMap<u16, InFlight>>,
     msize: AtomicU32,
+}
+
+impl Conn {
+    fn new(max_fids: usize) -> Conn {
+        Conn { fids: Mutex::default(), max_fids, in_flight: Mutex::default(), msize: AtomicU32::new(0) }
+    }
 }
 
 impl Conn {
@@ -51,11 +58,19 @@ impl Conn {
         if fids.contains_key(&fid) {
             return Err(Errno::BADF);
         }
+        if fids.len() >= self.max_fids {
+            return Err(Errno::MFILE);
+        }
         fids.insert(fid, Arc::new(f));
         Ok(())
     }
-    fn replace(&self, fid: u32, f: Fid) {
-        self.fids.lock().unwrap().insert(fid, Arc::new(f));
+    fn replace(&self, fid: u32, f: Fid) -> R<()> {
+        let mut fids = self.fids.lock().unwrap();
+        if fids.len() >= self.max_fids && !fids.contains_key(&fid) {
+            return Err(Errno::MFILE);
+        }
+        fids.insert(fid, Arc::new(f));
+        Ok(())
     }
     /// After a rename: the fids at or below `old` now lie below `new`.
     fn moved(&self, old: &Path, new: &Path) {
@@ -106,6 +121,7 @@ pub struct NinepHandler {
     jobs: crossbeam::channel::Sender<Job>,
     pub stats: Arc<NinepStats>,
     max_msize: u32,
+    max_fids: usize,
 }
 
 /// The file-system threads' shared part.
@@ -118,15 +134,19 @@ pub struct Pool {
 }
 
 impl NinepHandler {
-    pub fn new(export: Arc<Export>, max_msize: u32) -> (Arc<NinepHandler>, Arc<Pool>) {
-        let (tx, rx) = crossbeam::channel::unbounded();
+    /// `queue`: requests waiting for a file-system thread, at most. A worker
+    /// that finds the queue full waits for room (its connections' TCP windows
+    /// close meanwhile), so the memory held is bounded by `queue` × msize,
+    /// whatever clients send.
+    pub fn new(export: Arc<Export>, max_msize: u32, queue: usize, max_fids: usize) -> (Arc<NinepHandler>, Arc<Pool>) {
+        let (tx, rx) = crossbeam::channel::bounded(queue.max(1));
         let stats = Arc::new(NinepStats::default());
-        let h = NinepHandler { export: export.clone(), conns: Mutex::default(), jobs: tx, stats: stats.clone(), max_msize };
+        let h = NinepHandler { export: export.clone(), conns: Mutex::default(), jobs: tx, stats: stats.clone(), max_msize, max_fids };
         (Arc::new(h), Arc::new(Pool { jobs: rx, export, stats, senders: OnceLock::new() }))
     }
 
     fn conn(&self, p: PsockId) -> Arc<Conn> {
-        self.conns.lock().unwrap().entry(p).or_default().clone()
+        self.conns.lock().unwrap().entry(p).or_insert_with(|| Arc::new(Conn::new(self.max_fids))).clone()
     }
 
     /// Forget the connections that are gone (`live`: those attached now).
@@ -288,7 +308,7 @@ impl Pool {
                 }
                 let (qids, new) = x.walk(&from, names)?;
                 if let Some(f) = new {
-                    conn.replace(*newfid, f);
+                    conn.replace(*newfid, f)?;
                 }
                 let mut e = Encoder::begin(out, MsgType::RWALK, tag);
                 e.u16(qids.len() as u16);
@@ -305,7 +325,7 @@ impl Pool {
                 let (open, q) = x.lopen(&f, *flags)?;
                 let node = f.node.try_clone().map_err(|_| Errno::MFILE)?;
                 let path = f.path.lock().unwrap().clone();
-                conn.replace(*fid, Fid { path: Mutex::new(path), node, qid: q, open: Some(open) });
+                conn.replace(*fid, Fid { path: Mutex::new(path), node, qid: q, open: Some(open) })?;
                 let mut e = Encoder::begin(out, MsgType::RLOPEN, tag);
                 e.qid(&q).u32(0);
                 e.finish();
@@ -313,7 +333,7 @@ impl Pool {
             Tmsg::Lcreate { fid, name, flags, mode, gid: _ } => {
                 let dir = conn.fid(*fid)?;
                 let (nf, q) = x.lcreate(&dir, name, *flags, *mode)?;
-                conn.replace(*fid, nf);
+                conn.replace(*fid, nf)?;
                 let mut e = Encoder::begin(out, MsgType::RLCREATE, tag);
                 e.qid(&q).u32(0);
                 e.finish();
