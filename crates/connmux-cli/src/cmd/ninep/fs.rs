@@ -31,6 +31,8 @@ pub struct Export {
     root: OwnedFd,
     /// The path clients name in Tattach (canonical).
     pub path: PathBuf,
+    /// The path as given on the command line (also accepted in Tattach).
+    given: PathBuf,
     /// Refuse every change.
     pub read_only: bool,
 }
@@ -86,12 +88,15 @@ impl Export {
         let path = std::fs::canonicalize(dir).map_err(|e| anyhow::anyhow!("--export {}: {e}", dir.display()))?;
         let root = rfs::open(&path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| anyhow::anyhow!("--export {}: {e}", path.display()))?;
-        Ok(Export { root, path, read_only })
+        Ok(Export { root, path, given: dir.to_path_buf(), read_only })
     }
 
-    /// Whether `aname` (Tattach's attach name) names this export.
+    /// Whether `aname` (Tattach's attach name) names this export: empty, or
+    /// its path (canonical or as given; compared by components, so a
+    /// trailing `/` does not matter). The name is never looked up: a client
+    /// learns nothing of paths outside the export from the answer.
     pub fn accepts_aname(&self, aname: &str) -> bool {
-        aname.is_empty() || Path::new(aname) == self.path || std::fs::canonicalize(aname).is_ok_and(|p| p == self.path)
+        aname.is_empty() || Path::new(aname) == self.path || Path::new(aname) == self.given
     }
 
     fn rel(p: &Path) -> &Path {
