@@ -2,12 +2,14 @@
 # The KCM conformance run: the acceptance cases of kcm-semantics §7 against the
 # userspace runtime on this machine, then against the kernel's AF_KCM (and the
 # userspace runtime again) inside the kcmvm VM, which boots once; then the
-# side-by-side receive benchmark in the same boot. Prints one table, exits
-# non-zero if any case FAILed or the VM gave no result.
+# side-by-side receive benchmark in the same boot, then the kernel's own 9P
+# client mounting `connmux 9p-server` (scripts/ninep-vm.sh). Prints one table,
+# exits non-zero if any case or 9P check FAILed or the VM gave no result.
 #
 #   scripts/conformance.sh            # everything
 #   CONFORMANCE_NO_VM=1 scripts/conformance.sh   # this machine only
 #   CONFORMANCE_BENCH="20000 3"       # messages and repetitions of the benchmark
+#   CONFORMANCE_NO_9P=1               # leave out the 9P mount in the VM
 #
 # Both backends are driven through connmux's public API (Mux/KcmSocket with
 # Backend::Userspace and Backend::Kernel); cases 44-46 check the backend choice,
@@ -30,6 +32,15 @@ echo "conformance: building the static runner (target dir $target)" >&2
 RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$target" \
     cargo build --release --target x86_64-unknown-linux-gnu -p connmux-conformance >&2
 bin="$target/x86_64-unknown-linux-gnu/release/connmux-conformance"
+ninep=${CONFORMANCE_NO_9P:-0}
+vm_files=(-a "$bin")
+if [ "$ninep" != 1 ]; then
+    RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$target" \
+        cargo build --release --target x86_64-unknown-linux-gnu -p connmux-cli --bin connmux >&2
+    vm_files+=(-a "$target/x86_64-unknown-linux-gnu/release/connmux" -a "$root/scripts/ninep-vm.sh")
+    # The kernel's 9P client: the fd (TCP) transport and the file system.
+    export KCMVM_MODULES="${KCMVM_MODULES:-kcm 9pnet 9pnet_fd 9p}"
+fi
 t1=$(date +%s)
 
 work=$(mktemp -d)
@@ -45,11 +56,12 @@ if [ "${CONFORMANCE_NO_VM:-0}" != 1 ] && [ -n "$harness" ]; then
 #!/bin/sh
 /test/connmux-conformance --backend all; rc=\$?
 /test/connmux-conformance --bench $bench || rc=1
+if [ -x /test/ninep-vm.sh ]; then sh /test/ninep-vm.sh || rc=1; fi
 exit \$rc
 DRIVER
     echo "conformance: kcmvm ($harness)" >&2
     vm_rc=0
-    "$harness" -t 240 -a "$bin" "$work/driver.sh" >"$work/vm.txt" || vm_rc=$?
+    "$harness" -t 600 "${vm_files[@]}" "$work/driver.sh" >"$work/vm.txt" || vm_rc=$?
     [ "$vm_rc" = 0 ] || rc=1
 elif [ "${CONFORMANCE_NO_VM:-0}" != 1 ]; then
     echo "conformance: no kcmvm harness at ../shared/kcmvm beside the checkout (set KCMVM_RUN): kernel backend not run" >&2
@@ -84,7 +96,10 @@ BEGIN {
 }'
 echo
 grep -h '^SKIP\|^INFO\|^SUMMARY' "$work/host.txt" | sed 's/^/host: /'
-grep -h '^SKIP\|^INFO\|^SUMMARY\|^BENCH\|^FAILED' "$work/vm.txt" | sed 's/^/vm:   /' || true
+grep -h '^SKIP\|^INFO\|^SUMMARY\|^BENCH\|^FAILED\|^NINEP' "$work/vm.txt" | sed 's/^/vm:   /' || true
+if [ "$ninep" != 1 ] && [ "$vm_rc" != skipped ] && ! grep -q '^NINEP SUMMARY .* failed=0$' "$work/vm.txt"; then
+    echo "9P in the VM did not pass"; rc=1
+fi
 if grep -qh '^CASE .* FAIL ' "$work/host.txt" "$work/vm.txt"; then
     echo; echo "FAILED cases:"; grep -h '^CASE .* FAIL ' "$work/host.txt" "$work/vm.txt"
     rc=1

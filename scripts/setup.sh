@@ -36,6 +36,18 @@ if [ ${#tls_need[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${tls_need[@]}" >/dev/null
 fi
 
+# ---- 9P (crates/connmux-cli/tests/ninep.rs, `connmux bench 9p`): diod's
+# clients (diodcat, diodls) read the 9p-server, and diod is the baseline server.
+if ! command -v diodcat >/dev/null || ! command -v diod >/dev/null; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "setup: missing diod; run as root or install it" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends diod >/dev/null
+fi
+
 # ---- KCM conformance (scripts/conformance.sh): qemu and the tools the kcmvm
 # harness uses to boot Debian's 6.1 kernel, and glibc's static libraries for the
 # static runner the guest needs.

@@ -23,6 +23,12 @@ enum Command {
     /// Run the ONC RPC server answering NULL calls (NFS v3/v4 by default).
     /// SIGTERM, SIGINT and SIGHUP stop it gracefully (see --grace-ms).
     RpcServer(cmd::server::RpcArgs),
+    /// Run the 9P2000.L file server exporting one directory.
+    #[command(name = "9p-server")]
+    NinepServer(cmd::ninep::Args),
+    /// Load generator for 9P2000.L servers: getattr, walk+clunk, reads.
+    #[command(name = "9ptest")]
+    Ninetest(cmd::ninep::loadtest::Args),
     /// Load generator for the echo server: median RTT and messages/s.
     Echotest(cmd::echotest::Args),
     /// Load generator for the RPC server: median RTT and RPC/s.
@@ -48,6 +54,8 @@ fn main() {
         Command::Demo(a) => cmd::demo::run(a),
         Command::EchoServer(a) => cmd::server::run_echo(a),
         Command::RpcServer(a) => cmd::server::run_rpc(a),
+        Command::NinepServer(a) => cmd::ninep::run(a),
+        Command::Ninetest(a) => cmd::ninep::loadtest::run(a),
         Command::Echotest(a) => cmd::echotest::run(a),
         Command::Rpctest(a) => cmd::rpctest::run(a),
         Command::Stat(a) => cmd::stat::run(a),

@@ -11,6 +11,7 @@
 //! | `instructions` | user-space instructions per NULL call under callgrind (fixed call counts) |
 //! | `tls` | NULL calls to the rpc-server with and without `--tls`: RPC/s, median RTT, ratio |
 //! | `hostile` | good clients beside attacks (non-readers, half-close, partial records, slowloris, garbage, RST floods): their rate, errors, replies lost, the server's RSS and counters (not in `all`) |
+//! | `9p` | the 9p-server beside diod: getattr, walk+clunk, 1 MiB reads, an uneven mix |
 //! | `all` | all of the above with their defaults |
 //!
 //! Every server runs as its own process under `taskset`, and every load
@@ -24,6 +25,7 @@
 
 pub mod hostile;
 pub mod instr;
+pub mod ninep;
 #[path = "../rawepoll.rs"]
 pub mod rawepoll;
 pub mod recv;
@@ -70,6 +72,9 @@ pub enum Mode {
     /// records, slowloris, garbage, RST floods): their rate, errors, replies
     /// lost, the server's RSS and counters. Not part of `all`.
     Hostile(hostile::Args),
+    /// The 9p-server beside diod: small operations, 1 MiB reads, an uneven mix.
+    #[command(name = "9p")]
+    Ninep(ninep::Args),
     /// Every benchmark with its defaults.
     All(AllArgs),
     /// The rpc-server's service (same handler, same parser) with a chosen I/O driver.
@@ -106,6 +111,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::Instructions(a) => instr::run(a),
         Mode::Tls(a) => tls::run(a),
         Mode::Hostile(a) => hostile::run(a),
+        Mode::Ninep(a) => ninep::run(a),
         Mode::All(a) => {
             let q: &[&str] = if a.quick {
                 &["bench", "--quick"]

@@ -48,6 +48,10 @@ const HIST_MAX_NS: u64 = 3_600_000_000_000;
 /// Most requests in flight per connection: the tag keeps the slot in its low bits.
 pub const MAX_INFLIGHT: usize = 65_536;
 
+/// `Client::setup`'s way to the server: send the bytes (unless empty), then
+/// append the bytes of one read.
+pub type Exchange<'a> = dyn FnMut(&[u8], &mut Vec<u8>) -> Result<(), String> + 'a;
+
 /// One connection's protocol: how to write a request and check the replies.
 pub trait Client: Send {
     /// Appends one request to `out`. `tag` identifies it among those in flight
@@ -58,6 +62,20 @@ pub trait Client: Send {
     /// it completes, in arrival order. Any reply that is not the one expected
     /// is an error, described in words.
     fn decode(&mut self, input: &[u8], done: &mut Vec<u32>) -> Result<(), String>;
+
+    /// Opens the session before the clock starts (9P's version and attach).
+    /// `exchange(request, reply)` sends `request` (unless empty), then appends
+    /// the bytes of one read to `reply`. The default does nothing.
+    fn setup(&mut self, exchange: &mut Exchange<'_>) -> Result<(), String> {
+        let _ = exchange;
+        Ok(())
+    }
+
+    /// Appends requests that replies just decoded call for, within requests
+    /// still in flight (9P's clunk after a walk's reply). The default has none.
+    fn follow_up(&mut self, out: &mut Vec<u8>) {
+        let _ = out;
+    }
 }
 
 /// Makes one [`Client`] per connection.
@@ -308,6 +326,28 @@ fn conn_thread<C: Client>(
                         Err(e) => st.error = Some(e),
                     },
                 }
+                if let Some(c) = sock.as_mut() {
+                    let mut rbuf = vec![0u8; 64 * 1024];
+                    let mut exchange = |req: &[u8], reply: &mut Vec<u8>| -> Result<(), String> {
+                        let mut off = 0;
+                        // Bounded: each write takes bytes or fails (write timeout).
+                        while off < req.len() {
+                            off += c.write(&req[off..]).map_err(|e| format!("setup send: {e}"))?;
+                        }
+                        match c.read(&mut rbuf) {
+                            Ok(0) => Err("server closed the connection during setup".to_string()),
+                            Ok(k) => {
+                                reply.extend_from_slice(&rbuf[..k]);
+                                Ok(())
+                            }
+                            Err(e) => Err(format!("setup read: {e}")),
+                        }
+                    };
+                    if let Err(e) = client.setup(&mut exchange) {
+                        st.error = Some(e);
+                        sock = None;
+                    }
+                }
             }
             Err(e) => st.error = Some(e),
         }
@@ -433,6 +473,9 @@ fn drive<C: Client>(
                 last_reply = now;
             }
             done.clear();
+            let before = pending.len();
+            client.follow_up(&mut pending);
+            queued_total += (pending.len() - before) as u64;
             sh.calls[i].0.store(st.calls, Relaxed);
         } else if off < pending.len() {
             // Nothing more can be answered until this request is sent whole.
@@ -462,6 +505,9 @@ fn drive<C: Client>(
                             last_reply = now;
                         }
                         done.clear();
+                        let before = pending.len();
+                        client.follow_up(&mut pending);
+                        queued_total += (pending.len() - before) as u64;
                     }
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}

@@ -1,0 +1,249 @@
+//! `connmux bench 9p`: `connmux 9p-server` beside diod (Debian's threaded
+//! 9P2000.L server) under the same loads from `connmux 9ptest`, in
+//! interleaved rounds: small operations (getattr at -j1 -a1 and -j8 -a16,
+//! walk+clunk at -j8 -a16), 1 MiB reads (bytes/s), and an uneven mix (one
+//! connection streaming 1 MiB reads beside 7 doing getattr: the light
+//! connections' p99).
+//!
+//! diod serves only its own uid: as root it is started as `nobody` (uid
+//! 65534, with `setpriv`) and the load attaches as that uid; otherwise it runs
+//! as the caller. Both export the same directory, attached by its path.
+//! diod negotiates an msize of 64 KiB, so a 1 MiB read is 17 Treads there and
+//! one here (msize 1 MiB): the same bytes asked of both, each as its server
+//! allows.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+
+use super::rpc::placement;
+use super::{cpu_list, exe, free_port, loadavg, loadgen, ratio, taskset, verdict, Figures, Proc};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Rounds (each measures every load on both servers, order alternating).
+    #[arg(short = 'i', long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Seconds per measurement.
+    #[arg(short = 'd', long, default_value_t = 1.0)]
+    pub seconds: f64,
+    /// CPUs of the servers and the load generator: cpu0, spread (0 and 1), or a list.
+    #[arg(long, default_value = "spread")]
+    pub placement: String,
+    /// I/O driver of the 9p-server: auto, epoll or uring.
+    #[arg(long, default_value = "auto")]
+    pub driver: String,
+    /// A smoke run: two rounds of 0.3 s.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A load: 9ptest arguments, and whether it is the uneven mix.
+struct Load {
+    name: &'static str,
+    args: Vec<String>,
+    uneven: bool,
+    /// Bytes per operation (reads), for bytes/s.
+    bytes: u64,
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+fn loads() -> Vec<Load> {
+    vec![
+        Load { name: "getattr -j1 -a1", args: s(&["--op", "getattr", "--file", "small", "-j", "1", "-a", "1"]), uneven: false, bytes: 0 },
+        Load { name: "getattr -j8 -a16", args: s(&["--op", "getattr", "--file", "small", "-j", "8", "-a", "16"]), uneven: false, bytes: 0 },
+        Load { name: "walk+clunk -j8 -a16", args: s(&["--op", "walk", "--file", "small", "-j", "8", "-a", "16"]), uneven: false, bytes: 0 },
+        Load { name: "read 1 MiB -j1 -a1", args: s(&["--op", "read", "--file", "big", "--size", "1m", "-j", "1", "-a", "1"]), uneven: false, bytes: MIB },
+        Load { name: "read 1 MiB -j4 -a2", args: s(&["--op", "read", "--file", "big", "--size", "1m", "-j", "4", "-a", "2"]), uneven: false, bytes: MIB },
+        Load { name: "uneven: 7 getattr + 1 reader", args: s(&["--op", "getattr", "--file", "small", "-j", "7", "-a", "1"]), uneven: true, bytes: 0 },
+    ]
+}
+
+/// The uid diod runs as and the command prefix that makes it so.
+fn diod_user() -> (u32, Vec<String>) {
+    let euid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0u32);
+    if euid == 0 {
+        (65534, s(&["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]))
+    } else {
+        (euid, Vec::new())
+    }
+}
+
+fn diod_path() -> Option<PathBuf> {
+    ["/usr/sbin/diod", "/usr/bin/diod", "/usr/local/sbin/diod"].iter().map(PathBuf::from).find(|p| p.is_file())
+}
+
+/// The export: a small file, a 2 MiB file, readable by everyone.
+fn make_export() -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("connmux-bench-9p-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(dir.join("small"), b"small file\n")?;
+    let mut x: u32 = 0x9e37_79b9;
+    let big: Vec<u8> = (0..2 * MIB)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    std::fs::write(dir.join("big"), big)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    for f in ["small", "big"] {
+        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o644))?;
+    }
+    Ok(dir)
+}
+
+struct Server {
+    proc: Proc,
+    /// 9ptest arguments to reach it.
+    attach: Vec<String>,
+}
+
+fn start_connmux(p: &super::rpc::Placement, driver: &str, dir: &Path) -> anyhow::Result<Server> {
+    let port = free_port()?;
+    let mut c = taskset(&p.cpus, exe()?);
+    c.args(["9p-server", "--export"]).arg(dir);
+    c.args(["-l", &format!("127.0.0.1:{port}"), "--workers", &p.cpus.len().to_string()])
+        .args(["--cpus", &cpu_list(&p.cpus), "--driver", driver, "--no-stats-socket"]);
+    let attach = vec!["--aname".into(), dir.display().to_string()];
+    Ok(Server { proc: Proc::spawn("9p-server", c, port)?, attach })
+}
+
+fn start_diod(p: &super::rpc::Placement, diod: &Path, dir: &Path) -> anyhow::Result<Server> {
+    let port = free_port()?;
+    let (uid, prefix) = diod_user();
+    let mut c = Command::new("taskset");
+    c.arg("-c").arg(cpu_list(&p.cpus)).args(&prefix).arg(diod);
+    c.args(["-f", "-n", "-L", "/dev/null", "-e"]).arg(dir).args(["-l", &format!("127.0.0.1:{port}")]);
+    let attach = vec!["--aname".into(), dir.display().to_string(), "--uid".into(), uid.to_string(), "--msize".into(), "65536".into()];
+    Ok(Server { proc: Proc::spawn("diod", c, port)?, attach })
+}
+
+/// One measurement of `load` against `srv`: (rate or bytes/s, p99 of the light connections).
+fn measure(load: &Load, srv: &Server, cpus: &[usize], seconds: f64) -> anyhow::Result<Figures> {
+    let mut args = load.args.clone();
+    args.extend(["-d".into(), seconds.to_string()]);
+    args.extend(srv.attach.iter().cloned());
+    if !load.uneven {
+        return loadgen("9ptest", &[], cpus, &args, srv.proc.addr);
+    }
+    // The heavy connection streams 1 MiB reads for the whole measurement
+    // (started first, and given a little longer so it outlasts the light ones).
+    let mut heavy = s(&["--op", "read", "--file", "big", "--size", "1m", "-j", "1", "-a", "1", "-d"]);
+    heavy.push((seconds + 0.5).to_string());
+    heavy.extend(srv.attach.iter().cloned());
+    let addr = srv.proc.addr;
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| loadgen("9ptest", &[], cpus, &heavy, addr));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let light = loadgen("9ptest", &[], cpus, &args, addr);
+        let heavy = h.join().map_err(|_| anyhow::anyhow!("heavy load thread panicked"))?;
+        heavy?;
+        light
+    })
+}
+
+pub fn run(mut a: Args) -> anyhow::Result<i32> {
+    if a.quick {
+        a.rounds = 2;
+        a.seconds = 0.3;
+    }
+    anyhow::ensure!(a.rounds > 0 && a.seconds > 0.0, "--rounds and --seconds must be positive");
+    let Some(diod) = diod_path() else {
+        println!("connmux bench 9p: diod is not installed (Debian package diod; scripts/setup.sh installs it): skipped");
+        return Ok(0);
+    };
+    let p = placement(&a.placement)?;
+    let dir = make_export()?;
+    let loads = loads();
+    let servers = [start_connmux(&p, &a.driver, &dir)?, start_diod(&p, &diod, &dir)?];
+    println!(
+        "connmux bench 9p: 9p-server vs diod over loopback, CPUs {} for servers and load, driver {}; {} round(s) of {} s, \
+         interleaved; medians over rounds; load avg {}",
+        cpu_list(&p.cpus),
+        a.driver,
+        a.rounds,
+        a.seconds,
+        loadavg()
+    );
+    // results[load][0 = connmux, 1 = diod]
+    let mut results: Vec<[Vec<Figures>; 2]> = (0..loads.len()).map(|_| [Vec::new(), Vec::new()]).collect();
+    for round in 0..a.rounds {
+        for (li, l) in loads.iter().enumerate() {
+            for k in 0..2 {
+                let which = (k + round + li) % 2;
+                let f = measure(l, &servers[which], &p.cpus, a.seconds)
+                    .with_context(|| format!("round {} {} against {}", round + 1, l.name, servers[which].proc.name))?;
+                results[li][which].push(f);
+            }
+        }
+        eprintln!("bench 9p: round {}/{} done (load avg {})", round + 1, a.rounds, loadavg());
+    }
+    drop(servers);
+    let _ = std::fs::remove_dir_all(&dir);
+    println!();
+    println!(
+        "{:<30} {:>14} {:>14} {:>7} {:>10} {:>10} {:>7}  target",
+        "load", "connmux", "diod", "ratio", "cm p99", "diod p99", "ratio"
+    );
+    let mut all_ok = true;
+    for (li, l) in loads.iter().enumerate() {
+        let c = Figures::median_of(&results[li][0]);
+        let d = Figures::median_of(&results[li][1]);
+        let (cr, dr, unit) = if l.bytes > 0 {
+            (c.rate * l.bytes as f64 / MIB as f64, d.rate * l.bytes as f64 / MIB as f64, "MiB/s")
+        } else {
+            (c.rate, d.rate, "ops/s")
+        };
+        let target = match l.name {
+            "getattr -j8 -a16" | "walk+clunk -j8 -a16" => {
+                let ok = cr >= 2.0 * dr;
+                all_ok &= ok;
+                format!("ops/s >= 2x diod: {}", verdict(ok))
+            }
+            "read 1 MiB -j1 -a1" => {
+                let ok = cr >= dr;
+                all_ok &= ok;
+                format!("bytes/s >= 1.0x diod: {}", verdict(ok))
+            }
+            _ if l.uneven => {
+                let ok = c.p99_us <= 0.5 * d.p99_us;
+                all_ok &= ok;
+                format!("light p99 <= 0.5x diod: {}", verdict(ok))
+            }
+            _ => String::new(),
+        };
+        println!(
+            "{:<30} {:>8.0} {:<5} {:>8.0} {:<5} {:>7} {:>10.1} {:>10.1} {:>7}  {}",
+            l.name,
+            cr,
+            unit,
+            dr,
+            unit,
+            ratio(cr, dr),
+            c.p99_us,
+            d.p99_us,
+            ratio(c.p99_us, d.p99_us),
+            target
+        );
+    }
+    println!(
+        "(rates and p99 RTT in µs are medians over {} rounds; the uneven row's figures are the 7 light connections'; \
+         the machine is shared and noisy: compare ratios, not absolutes){}",
+        a.rounds,
+        if all_ok { "" } else { "; a MISS is a target not met in this run" }
+    );
+    Ok(0)
+}

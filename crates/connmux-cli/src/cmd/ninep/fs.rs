@@ -1,0 +1,516 @@
+//! The exported directory: every path a client names is resolved beneath it.
+//!
+//! A fid's path is kept relative to the export, normalised lexically (`..`
+//! pops a component and stops at the export's root, as 9P asks of the root),
+//! and every open goes through `openat2` from the export's directory with
+//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`: no symlink
+//! is ever followed by the server (clients read links with Treadlink and walk
+//! the target themselves), and the kernel refuses any resolution that would
+//! leave the export, whatever a local user renames meanwhile. Creations,
+//! removals and renames are `*at` calls of one checked name in a directory
+//! opened that way.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use connmux_9p::types::{getattr as gmask, setattr as smask};
+use connmux_9p::{Attr, Qid, QidType, SetAttr, StatFs};
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+
+/// A result whose error is the errno the client gets in Rlerror.
+pub type R<T> = Result<T, Errno>;
+
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS).union(ResolveFlags::NO_MAGICLINKS);
+
+/// The exported directory.
+pub struct Export {
+    root: OwnedFd,
+    /// The path clients name in Tattach (canonical).
+    pub path: PathBuf,
+    /// The path as given on the command line (also accepted in Tattach).
+    given: PathBuf,
+    /// Refuse every change.
+    pub read_only: bool,
+}
+
+/// What a fid refers to once opened.
+pub enum Open {
+    /// A file opened with Tlopen/Tlcreate.
+    File(File),
+    /// A directory opened for Treaddir: the position is the descriptor's, so
+    /// a seek and the read after it go together under the lock.
+    Dir(Mutex<OwnedFd>),
+}
+
+/// One fid of a connection.
+pub struct Fid {
+    /// Path beneath the export ("" is the root); changes when a rename moves it.
+    pub path: Mutex<PathBuf>,
+    /// `O_PATH | O_NOFOLLOW` descriptor of the file: attributes and links are
+    /// read through it, without reopening by name.
+    pub node: OwnedFd,
+    /// The qid it was walked to.
+    pub qid: Qid,
+    /// After Tlopen/Tlcreate.
+    pub open: Option<Open>,
+}
+
+/// A checked single name: not empty, no `/`, not `.` or `..`, no NUL.
+pub fn check_name(name: &str) -> R<&str> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(Errno::INVAL);
+    }
+    if name.len() > 255 {
+        return Err(Errno::NAMETOOLONG);
+    }
+    Ok(name)
+}
+
+fn qid_of(st: &rfs::Stat) -> Qid {
+    let ty = match rfs::FileType::from_raw_mode(st.st_mode as _) {
+        rfs::FileType::Directory => QidType::DIR,
+        rfs::FileType::Symlink => QidType::SYMLINK,
+        _ => QidType::FILE,
+    };
+    // The version changes with the contents (mtime), so a client's cache
+    // notices a change made by another client or locally.
+    let version = (st.st_mtime as u32) ^ (st.st_mtime_nsec as u32) ^ (st.st_size as u32);
+    Qid { ty, version, path: st.st_ino }
+}
+
+impl Export {
+    /// Opens `dir` as the export.
+    pub fn open(dir: &Path, read_only: bool) -> anyhow::Result<Export> {
+        let path = std::fs::canonicalize(dir).map_err(|e| anyhow::anyhow!("--export {}: {e}", dir.display()))?;
+        let root = rfs::open(&path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| anyhow::anyhow!("--export {}: {e}", path.display()))?;
+        Ok(Export { root, path, given: dir.to_path_buf(), read_only })
+    }
+
+    /// Whether `aname` (Tattach's attach name) names this export: empty, or
+    /// its path (canonical or as given; compared by components, so a
+    /// trailing `/` does not matter). The name is never looked up: a client
+    /// learns nothing of paths outside the export from the answer.
+    pub fn accepts_aname(&self, aname: &str) -> bool {
+        aname.is_empty() || Path::new(aname) == self.path || Path::new(aname) == self.given
+    }
+
+    fn rel(p: &Path) -> &Path {
+        if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        }
+    }
+
+    /// `openat2` beneath the export, following no symlink.
+    pub fn open_beneath(&self, p: &Path, flags: OFlags, mode: Mode) -> R<OwnedFd> {
+        rfs::openat2(&self.root, Self::rel(p), flags | OFlags::CLOEXEC | OFlags::NOFOLLOW, mode, RESOLVE)
+    }
+
+    fn node(&self, p: &Path) -> R<(OwnedFd, Qid)> {
+        let fd = self.open_beneath(p, OFlags::PATH, Mode::empty())?;
+        let st = rfs::fstat(&fd)?;
+        Ok((fd, qid_of(&st)))
+    }
+
+    fn dir(&self, p: &Path) -> R<OwnedFd> {
+        self.open_beneath(p, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
+    }
+
+    fn writable(&self) -> R<()> {
+        if self.read_only {
+            Err(Errno::ROFS)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The root's fid (Tattach).
+    pub fn attach(&self) -> R<Fid> {
+        self.fid_at(PathBuf::new())
+    }
+
+    fn fid_at(&self, path: PathBuf) -> R<Fid> {
+        let (node, qid) = self.node(&path)?;
+        Ok(Fid { path: Mutex::new(path), node, qid, open: None })
+    }
+
+    /// Twalk from `from` through `names`: the qids walked and, when every
+    /// name was walked, the new fid. An error on the first name is the
+    /// walk's error.
+    pub fn walk(&self, from: &Fid, names: &[&str]) -> R<(Vec<Qid>, Option<Fid>)> {
+        let mut path = from.path.lock().unwrap().clone();
+        if names.is_empty() {
+            let node = from.node.try_clone().map_err(|_| Errno::MFILE)?;
+            return Ok((Vec::new(), Some(Fid { path: Mutex::new(path), node, qid: from.qid, open: None })));
+        }
+        let mut qids = Vec::with_capacity(names.len());
+        let mut last = None;
+        for (i, name) in names.iter().enumerate() {
+            let step = match *name {
+                // Lexically: the parent of the root is the root.
+                ".." => {
+                    path.pop();
+                    Ok(())
+                }
+                "." => Ok(()),
+                n => check_name(n).map(|n| path.push(n)),
+            }
+            .and_then(|()| self.node(&path));
+            match step {
+                Ok((fd, q)) => {
+                    qids.push(q);
+                    last = Some(fd);
+                }
+                Err(e) if i == 0 => return Err(e),
+                Err(_) => return Ok((qids, None)),
+            }
+        }
+        let node = last.expect("at least one name");
+        let qid = *qids.last().expect("at least one qid");
+        Ok((qids, Some(Fid { path: Mutex::new(path), node, qid, open: None })))
+    }
+
+    /// Tgetattr.
+    pub fn getattr(&self, fid: &Fid) -> R<(u64, Qid, Attr)> {
+        let st = rfs::fstat(&fid.node)?;
+        let a = Attr {
+            mode: st.st_mode,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            nlink: st.st_nlink,
+            rdev: st.st_rdev,
+            size: st.st_size as u64,
+            blksize: st.st_blksize as u64,
+            blocks: st.st_blocks as u64,
+            atime_sec: st.st_atime as u64,
+            atime_nsec: st.st_atime_nsec as u64,
+            mtime_sec: st.st_mtime as u64,
+            mtime_nsec: st.st_mtime_nsec as u64,
+            ctime_sec: st.st_ctime as u64,
+            ctime_nsec: st.st_ctime_nsec as u64,
+            ..Attr::default()
+        };
+        Ok((gmask::BASIC, qid_of(&st), a))
+    }
+
+    /// Tlopen: the open file or directory and its qid.
+    pub fn lopen(&self, fid: &Fid, flags: u32) -> R<(Open, Qid)> {
+        let path = fid.path.lock().unwrap().clone();
+        let fl = open_flags(flags);
+        if fl.intersects(OFlags::WRONLY | OFlags::RDWR | OFlags::TRUNC | OFlags::APPEND) {
+            self.writable()?;
+        }
+        if fid.qid.ty == QidType::DIR {
+            let fd = self.open_beneath(&path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+            return Ok((Open::Dir(Mutex::new(fd)), fid.qid));
+        }
+        let fd = self.open_beneath(&path, fl, Mode::empty())?;
+        let st = rfs::fstat(&fd)?;
+        Ok((Open::File(File::from(fd)), qid_of(&st)))
+    }
+
+    /// Tlcreate: creates `name` in directory `dir` and opens it; the fid
+    /// becomes the new file.
+    pub fn lcreate(&self, dir: &Fid, name: &str, flags: u32, mode: u32) -> R<(Fid, Qid)> {
+        self.writable()?;
+        let name = check_name(name)?;
+        let mut path = dir.path.lock().unwrap().clone();
+        let dfd = self.dir(&path)?;
+        let fl = open_flags(flags) | OFlags::CREATE | OFlags::EXCL;
+        let fd = rfs::openat2(&dfd, name, fl | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::from_raw_mode(mode & 0o7777), RESOLVE)?;
+        path.push(name);
+        let st = rfs::fstat(&fd)?;
+        let qid = qid_of(&st);
+        let node = self.open_beneath(&path, OFlags::PATH, Mode::empty())?;
+        Ok((Fid { path: Mutex::new(path), node, qid, open: Some(Open::File(File::from(fd))) }, qid))
+    }
+
+    /// Tread on an opened file: appends up to `count` bytes at `offset` to `out`.
+    pub fn read(&self, fid: &Fid, offset: u64, count: usize, out: &mut Vec<u8>) -> R<usize> {
+        let Some(Open::File(f)) = &fid.open else {
+            return Err(Errno::BADF);
+        };
+        let start = out.len();
+        out.reserve_exact(count);
+        // Read into the spare capacity: no zeroing of a buffer about to be
+        // overwritten. A short read before the end is retried: a reply
+        // shorter than asked means the end of the file to a client.
+        while out.len() - start < count {
+            let got = out.len() - start;
+            // Keep the read within `count` even if the allocation is larger.
+            if out.capacity() > start + count {
+                out.shrink_to(start + count);
+            }
+            match rustix::io::pread(f, rustix::buffer::spare_capacity(out), offset + got as u64) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(Errno::INTR) => continue,
+                Err(e) => {
+                    out.truncate(start);
+                    return Err(e);
+                }
+            }
+        }
+        out.truncate(start + count);
+        Ok(out.len() - start)
+    }
+
+    /// Twrite.
+    pub fn write(&self, fid: &Fid, offset: u64, data: &[u8]) -> R<u32> {
+        self.writable()?;
+        let Some(Open::File(f)) = &fid.open else {
+            return Err(Errno::BADF);
+        };
+        f.write_at(data, offset).map(|n| n as u32).map_err(|e| errno_of(&e))
+    }
+
+    /// Treaddir: appends entries from `offset` (a cookie from an earlier
+    /// entry, or 0) while they fit in `count` bytes.
+    pub fn readdir(&self, fid: &Fid, offset: u64, count: usize, out: &mut Vec<u8>) -> R<()> {
+        let Some(Open::Dir(d)) = &fid.open else {
+            return Err(Errno::BADF);
+        };
+        let fd = d.lock().unwrap();
+        rfs::seek(&*fd, rfs::SeekFrom::Start(offset))?;
+        let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); count.clamp(512, 64 * 1024)];
+        let mut dir = rfs::RawDir::new(&*fd, &mut buf);
+        let start = out.len();
+        // Bounded by the directory's entries and by `count`.
+        while let Some(ent) = dir.next() {
+            let ent = ent?;
+            let Ok(name) = ent.file_name().to_str() else { continue };
+            if out.len() - start + connmux_9p::Dirent::wire_len(name) > count {
+                break;
+            }
+            let (ty, dtype) = match ent.file_type() {
+                rfs::FileType::Directory => (QidType::DIR, 4),
+                rfs::FileType::Symlink => (QidType::SYMLINK, 10),
+                rfs::FileType::RegularFile => (QidType::FILE, 8),
+                rfs::FileType::Fifo => (QidType::FILE, 1),
+                rfs::FileType::Socket => (QidType::FILE, 12),
+                rfs::FileType::CharacterDevice => (QidType::FILE, 2),
+                rfs::FileType::BlockDevice => (QidType::FILE, 6),
+                _ => (QidType::FILE, 0),
+            };
+            connmux_9p::Dirent {
+                qid: Qid { ty, version: 0, path: ent.ino() },
+                offset: ent.next_entry_cookie(),
+                dtype,
+                name,
+            }
+            .put(out);
+        }
+        Ok(())
+    }
+
+    /// Tsetattr.
+    pub fn setattr(&self, fid: &Fid, a: &SetAttr) -> R<()> {
+        self.writable()?;
+        let path = fid.path.lock().unwrap().clone();
+        if a.valid & smask::SIZE != 0 {
+            let fd = self.open_beneath(&path, OFlags::WRONLY, Mode::empty())?;
+            rfs::ftruncate(&fd, a.size)?;
+        }
+        if a.valid & (smask::MODE | smask::UID | smask::GID) != 0 {
+            // On the O_PATH descriptor with an empty path: no name is looked up again.
+            if a.valid & smask::MODE != 0 {
+                if fid.qid.ty == QidType::SYMLINK {
+                    return Err(Errno::OPNOTSUPP);
+                }
+                let fd = self.open_beneath(&path, OFlags::RDONLY, Mode::empty())?;
+                rfs::fchmod(&fd, Mode::from_raw_mode(a.mode & 0o7777))?;
+            }
+            if a.valid & (smask::UID | smask::GID) != 0 {
+                let uid = (a.valid & smask::UID != 0).then(|| rustix::fs::Uid::from_raw(a.uid));
+                let gid = (a.valid & smask::GID != 0).then(|| rustix::fs::Gid::from_raw(a.gid));
+                rfs::chownat(&fid.node, "", uid, gid, AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW)?;
+            }
+        }
+        if a.valid & (smask::ATIME | smask::MTIME) != 0 && fid.qid.ty != QidType::SYMLINK {
+            let t = |set: u32, on: u32, sec: u64, nsec: u64| rfs::Timespec {
+                tv_sec: if a.valid & set != 0 { sec as i64 } else { 0 },
+                tv_nsec: if a.valid & on == 0 {
+                    rfs::UTIME_OMIT
+                } else if a.valid & set != 0 {
+                    nsec as _
+                } else {
+                    rfs::UTIME_NOW
+                },
+            };
+            let times = rfs::Timestamps {
+                last_access: t(smask::ATIME_SET, smask::ATIME, a.atime_sec, a.atime_nsec),
+                last_modification: t(smask::MTIME_SET, smask::MTIME, a.mtime_sec, a.mtime_nsec),
+            };
+            let fd = self.open_beneath(&path, OFlags::RDONLY, Mode::empty())?;
+            rfs::futimens(&fd, &times)?;
+        }
+        Ok(())
+    }
+
+    /// The directory holding a fid's file, and its name there.
+    fn parent_of(&self, fid: &Fid) -> R<(OwnedFd, String)> {
+        let path = fid.path.lock().unwrap().clone();
+        let name = path.file_name().and_then(|n| n.to_str()).ok_or(Errno::BUSY)?.to_string();
+        let parent = path.parent().unwrap_or(Path::new(""));
+        Ok((self.dir(parent)?, name))
+    }
+
+    /// Tremove: the fid's file goes (the caller clunks the fid either way).
+    pub fn remove(&self, fid: &Fid) -> R<()> {
+        self.writable()?;
+        let (dfd, name) = self.parent_of(fid)?;
+        let flags = if fid.qid.ty == QidType::DIR { AtFlags::REMOVEDIR } else { AtFlags::empty() };
+        rfs::unlinkat(&dfd, name.as_str(), flags)
+    }
+
+    /// Tunlinkat.
+    pub fn unlinkat(&self, dir: &Fid, name: &str, flags: u32) -> R<()> {
+        self.writable()?;
+        let name = check_name(name)?;
+        let dfd = self.dir(&dir.path.lock().unwrap())?;
+        let f = if flags & 0x200 != 0 { AtFlags::REMOVEDIR } else { AtFlags::empty() };
+        rfs::unlinkat(&dfd, name, f)
+    }
+
+    /// Tmkdir.
+    pub fn mkdir(&self, dir: &Fid, name: &str, mode: u32) -> R<Qid> {
+        self.writable()?;
+        let name = check_name(name)?;
+        let dfd = self.dir(&dir.path.lock().unwrap())?;
+        rfs::mkdirat(&dfd, name, Mode::from_raw_mode(mode & 0o7777))?;
+        Ok(qid_of(&rfs::statat(&dfd, name, AtFlags::SYMLINK_NOFOLLOW)?))
+    }
+
+    /// Tsymlink: the target is stored as given and never followed here.
+    pub fn symlink(&self, dir: &Fid, name: &str, target: &str) -> R<Qid> {
+        self.writable()?;
+        let name = check_name(name)?;
+        let dfd = self.dir(&dir.path.lock().unwrap())?;
+        rfs::symlinkat(target, &dfd, name)?;
+        Ok(qid_of(&rfs::statat(&dfd, name, AtFlags::SYMLINK_NOFOLLOW)?))
+    }
+
+    /// Tmknod: FIFOs, sockets and regular files; no device nodes.
+    pub fn mknod(&self, dir: &Fid, name: &str, mode: u32) -> R<Qid> {
+        self.writable()?;
+        let name = check_name(name)?;
+        let ft = rfs::FileType::from_raw_mode(mode as _);
+        if !matches!(ft, rfs::FileType::Fifo | rfs::FileType::Socket | rfs::FileType::RegularFile) {
+            return Err(Errno::PERM);
+        }
+        let dfd = self.dir(&dir.path.lock().unwrap())?;
+        rfs::mknodat(&dfd, name, ft, Mode::from_raw_mode(mode & 0o7777), 0)?;
+        Ok(qid_of(&rfs::statat(&dfd, name, AtFlags::SYMLINK_NOFOLLOW)?))
+    }
+
+    /// Treadlink.
+    pub fn readlink(&self, fid: &Fid) -> R<String> {
+        let t = rfs::readlinkat(&fid.node, "", Vec::new())?;
+        t.into_string().map_err(|_| Errno::ILSEQ)
+    }
+
+    /// Tlink: a hard link to `fid`'s file named `name` in `dir`.
+    pub fn link(&self, dir: &Fid, fid: &Fid, name: &str) -> R<()> {
+        self.writable()?;
+        let name = check_name(name)?;
+        let (ofd, oname) = self.parent_of(fid)?;
+        let dfd = self.dir(&dir.path.lock().unwrap())?;
+        rfs::linkat(&ofd, oname.as_str(), &dfd, name, AtFlags::empty())
+    }
+
+    /// Trenameat: returns the old and new paths (for the fids to follow).
+    pub fn renameat(&self, odir: &Fid, oname: &str, ndir: &Fid, nname: &str) -> R<(PathBuf, PathBuf)> {
+        self.writable()?;
+        let (oname, nname) = (check_name(oname)?, check_name(nname)?);
+        let (op, np) = (odir.path.lock().unwrap().clone(), ndir.path.lock().unwrap().clone());
+        let (ofd, nfd) = (self.dir(&op)?, self.dir(&np)?);
+        rfs::renameat(&ofd, oname, &nfd, nname)?;
+        Ok((op.join(oname), np.join(nname)))
+    }
+
+    /// Trename: `fid`'s file moves into `dir` as `name`.
+    pub fn rename(&self, fid: &Fid, dir: &Fid, name: &str) -> R<(PathBuf, PathBuf)> {
+        self.writable()?;
+        let name = check_name(name)?;
+        let old = fid.path.lock().unwrap().clone();
+        let (ofd, oname) = self.parent_of(fid)?;
+        let np = dir.path.lock().unwrap().clone();
+        let nfd = self.dir(&np)?;
+        rfs::renameat(&ofd, oname.as_str(), &nfd, name)?;
+        Ok((old, np.join(name)))
+    }
+
+    /// Tstatfs.
+    pub fn statfs(&self, fid: &Fid) -> R<StatFs> {
+        let s = rfs::fstatfs(&fid.node)?;
+        let v = rfs::fstatvfs(&fid.node)?;
+        Ok(StatFs {
+            fs_type: s.f_type as u32,
+            bsize: v.f_bsize as u32,
+            blocks: v.f_blocks,
+            bfree: v.f_bfree,
+            bavail: v.f_bavail,
+            files: v.f_files,
+            ffree: v.f_ffree,
+            fsid: v.f_fsid,
+            namelen: v.f_namemax as u32,
+        })
+    }
+
+    /// Tfsync.
+    pub fn fsync(&self, fid: &Fid, datasync: bool) -> R<()> {
+        let Some(Open::File(f)) = &fid.open else {
+            return Ok(());
+        };
+        if datasync {
+            rfs::fdatasync(f)
+        } else {
+            rfs::fsync(f)
+        }
+    }
+
+    /// Tlock as `flock` without waiting: 0 success, 1 blocked.
+    pub fn lock(&self, fid: &Fid, lock_type: u8) -> R<u8> {
+        let Some(Open::File(f)) = &fid.open else {
+            return Err(Errno::BADF);
+        };
+        let op = match lock_type {
+            0 => rfs::FlockOperation::NonBlockingLockShared,
+            1 => rfs::FlockOperation::NonBlockingLockExclusive,
+            2 => rfs::FlockOperation::Unlock,
+            _ => return Err(Errno::INVAL),
+        };
+        match rfs::flock(f.as_fd(), op) {
+            Ok(()) => Ok(0),
+            Err(Errno::WOULDBLOCK) => Ok(1),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Linux open flags from Tlopen/Tlcreate, less those a client may not ask
+/// of the server (creation is Tlcreate's, no controlling terminal, and the
+/// server never follows a link).
+fn open_flags(flags: u32) -> OFlags {
+    let keep = OFlags::ACCMODE
+        | OFlags::APPEND
+        | OFlags::TRUNC
+        | OFlags::NONBLOCK
+        | OFlags::DSYNC
+        | OFlags::SYNC
+        | OFlags::DIRECT
+        | OFlags::NOATIME
+        | OFlags::LARGEFILE;
+    OFlags::from_bits_retain(flags) & keep
+}
+
+/// The errno of an I/O error (EIO when it has none).
+pub fn errno_of(e: &std::io::Error) -> Errno {
+    Errno::from_io_error(e).unwrap_or(Errno::IO)
+}

@@ -1,0 +1,157 @@
+//! `connmux 9p-server`: a 9P2000.L file server exporting one directory.
+//!
+//! [`fs`] resolves and operates on the export; [`serve`] is the handler and
+//! the file-system threads; this module starts them on a connmux service.
+
+pub mod fs;
+pub mod loadtest;
+pub mod serve;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use connmux::service::{Service, ServiceConfig};
+use connmux::{Mux, SockType};
+
+use crate::cmd::server::{wait_and_report, Common};
+use crate::cmd::stat;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The directory to export.
+    #[arg(long)]
+    pub export: PathBuf,
+    /// Address to listen on.
+    #[arg(short, long, default_value = "127.0.0.1:5640")]
+    pub listen: SocketAddr,
+    /// Refuse every change (EROFS).
+    #[arg(long)]
+    pub read_only: bool,
+    /// File-system threads: requests that may wait on the disk run there
+    /// (default: 4 per worker, at least 8).
+    #[arg(long)]
+    pub fs_threads: Option<usize>,
+    /// Requests waiting for a file-system thread, at most (bounds the memory
+    /// they hold to this many times the message size limit).
+    #[arg(long, default_value_t = 256)]
+    pub fs_queue: usize,
+    /// Most fids one connection may hold (each holds a descriptor: the
+    /// process's descriptor limit must cover connections × this).
+    #[arg(long, default_value_t = 16_384)]
+    pub max_fids: usize,
+    /// Nice steps of the file-system threads below the workers: under CPU
+    /// contention the small requests answered on the workers go first.
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
+    pub fs_nice: i32,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    if a.common.engine != "connmux" {
+        anyhow::bail!("9p-server runs on the connmux runtime only (--engine connmux)");
+    }
+    let export = Arc::new(fs::Export::open(&a.export, a.read_only)?);
+    let mux = Mux::new(a.common.mux_config()?)?;
+    let threads = a.fs_threads.unwrap_or((a.common.workers.max(1) * 4).max(8)).max(1);
+    // msize is capped by the largest message the parser accepts.
+    let max_msize = a.common.max_msg.min(u32::MAX as usize) as u32;
+    let (handler, pool) = serve::NinepHandler::new(export.clone(), max_msize, a.fs_queue, a.max_fids);
+    let mut senders = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        let s = mux.socket(SockType::Dgram)?;
+        // Only for sending: no request is steered here.
+        s.set_recv_disable(true)?;
+        s.set_sndbuf(usize::MAX / 4)?;
+        senders.push(s);
+    }
+    let _ = pool.senders.set(senders);
+    for i in 0..threads {
+        let (pool, mux, nice) = (pool.clone(), mux.clone(), a.fs_nice);
+        std::thread::Builder::new().name(format!("connmux-9p-fs{i}")).spawn(move || pool.run(i, mux, nice))?;
+    }
+    let cfg = ServiceConfig {
+        listen: a.listen,
+        sock_type: SockType::Dgram,
+        parser: Arc::new(|| connmux::parsers::from_spec("9p").expect("built-in")),
+    };
+    let what = "9p-server";
+    let tls = a.common.tls.config(a.listen, what)?;
+    let svc = Arc::new(
+        match &tls {
+            None => Service::start(mux, cfg, handler.clone()),
+            Some((config, _)) => Service::start_tls(mux, cfg, handler.clone(), config.clone()),
+        }
+        .with_context(|| format!("starting {what} on {}", a.listen))?,
+    );
+    {
+        // Forget the state of connections that are gone.
+        let (svc, h) = (Arc::downgrade(&svc), handler.clone());
+        std::thread::Builder::new().name("connmux-9p-sweep".into()).spawn(move || {
+            while let Some(svc) = svc.upgrade() {
+                h.sweep(&svc.mux().psocks());
+                drop(svc);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })?;
+    }
+    let started = Instant::now();
+    let snap = {
+        let (svc, h) = (svc.clone(), handler.clone());
+        Arc::new(move || snapshot(&svc, &h, started)) as Arc<dyn Fn() -> String + Send + Sync>
+    };
+    let endpoint = a.common.stats_endpoint(what, snap)?;
+    println!(
+        "{what} listening on {} exporting {} ({} workers, {threads} fs threads, {:?} driver){}",
+        svc.local_addr(),
+        export.path.display(),
+        a.common.workers.max(1),
+        svc.mux().driver(),
+        endpoint
+            .as_ref()
+            .map(|e| format!("; statistics: connmux stat {}", e.path().display()))
+            .unwrap_or_default()
+    );
+    if let Some((_, note)) = &tls {
+        println!("{note}");
+    }
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    let report = || print!("{}", counters(&svc, &handler));
+    wait_and_report(&a.common, report);
+    print!("{}", counters(&svc, &handler));
+    drop(endpoint);
+    Ok(0)
+}
+
+fn counters(svc: &Service, h: &serve::NinepHandler) -> String {
+    let (st, n) = (svc.stats(), &h.stats);
+    format!(
+        "accepted={}\nclosed={}\nconnections={}\nrequests={}\nfs_thread_requests={}\nerrors={}\nflushes={}\nflushes_deferred={}\nbad_messages={}\nsend_failures={}\n",
+        st.accepted.load(Relaxed),
+        st.closed.load(Relaxed),
+        h.conns(),
+        n.requests.load(Relaxed),
+        n.to_pool.load(Relaxed),
+        n.errors.load(Relaxed),
+        n.flushes.load(Relaxed),
+        n.flushes_deferred.load(Relaxed),
+        n.bad_messages.load(Relaxed),
+        n.send_failures.load(Relaxed),
+    )
+}
+
+fn snapshot(svc: &Service, h: &serve::NinepHandler, started: Instant) -> String {
+    format!(
+        "9p-server pid={} listen={} uptime_s={:.1}\n{}\n{}\n{}",
+        std::process::id(),
+        svc.local_addr(),
+        started.elapsed().as_secs_f64(),
+        counters(svc, h),
+        svc.mux().proc_kcm(),
+        stat::format_mux_stats(&svc.mux().stats()),
+    )
+}

@@ -1,0 +1,101 @@
+#!/bin/sh
+# The Linux kernel's own 9P client against `connmux 9p-server`, inside the
+# kcmvm guest (busybox tools; run by scripts/conformance.sh in the same boot
+# as the KCM conformance cases). Needs the modules 9pnet 9pnet_fd 9p and the
+# static connmux binary beside this script in /test. Prints one line
+# "NINEP PASS|FAIL <check>" per check and "NINEP SUMMARY ..." at the end;
+# exits non-zero if any check failed.
+P=${NINEP_PORT:-5640}
+EX=/tmp/export
+M=/mnt/9p
+SRC=/tmp/src
+fails=0
+checks=0
+up() { cut -d" " -f1 /proc/uptime; }
+pass() { checks=$((checks + 1)); echo "NINEP PASS $1 (at $(up) s)"; }
+fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "NINEP FAIL $1 (at $(up) s)"; }
+check() { name=$1; shift; if "$@"; then pass "$name"; else fail "$name"; fi; }
+same_sums() { # $1, $2: directories whose files must have the same sha256
+    (cd "$1" && find . -type f | sort | xargs sha256sum) >/tmp/sums.a
+    (cd "$2" && find . -type f | sort | xargs sha256sum) >/tmp/sums.b
+    cmp -s /tmp/sums.a /tmp/sums.b
+}
+
+mkdir -p $EX $M $SRC/sub/deeper
+/test/connmux 9p-server --export $EX --listen 127.0.0.1:$P --stats-socket /tmp/9p.sock --no-pin -w 2 >/tmp/9p.log 2>&1 &
+srv=$!
+i=0
+while ! grep -q listening /tmp/9p.log 2>/dev/null; do
+    i=$((i + 1)); [ $i -gt 200 ] && break; sleep 0.1
+done
+if ! mount -t 9p -o trans=tcp,port=$P,version=9p2000.L 127.0.0.1 $M; then
+    fail mount; cat /tmp/9p.log; echo "NINEP SUMMARY checks=$checks failed=$fails"; exit 1
+fi
+pass mount
+
+# A tree of files from 0 B to 8 MiB, in and out.
+: >$SRC/empty
+printf x >$SRC/one
+dd if=/dev/urandom of=$SRC/f4095 bs=4095 count=1 2>/dev/null
+dd if=/dev/urandom of=$SRC/sub/f65537 bs=65537 count=1 2>/dev/null
+dd if=/dev/urandom of=$SRC/sub/f1m bs=1048576 count=1 2>/dev/null
+dd if=/dev/urandom of=$SRC/sub/deeper/f8m bs=1048576 count=8 2>/dev/null
+cp -r $SRC $M/tree
+check "copy in: sha256 through the mount" same_sums $SRC $M/tree
+check "copy in: sha256 on the server's disk" same_sums $SRC $EX/tree
+cp -r $M/tree /tmp/back
+check "copy out: sha256" same_sums $SRC /tmp/back
+check "ls -lR lists every file" test "$(ls -lR $M/tree | grep -c '^-')" = 6
+check "ls -l sizes" test "$(ls -l $M/tree/sub/deeper/f8m | awk '{print $5}')" = 8388608
+
+# Directories: mkdir, rename with contents, rm -r.
+mkdir -p $M/d1/d2 && echo hi >$M/d1/d2/file
+mv $M/d1 $M/d3
+check "rename of a directory" test -f $EX/d3/d2/file -a ! -e $EX/d1
+check "read after rename" test "$(cat $M/d3/d2/file)" = hi
+mv $M/d3/d2/file $M/d3/moved
+check "rename of a file" test -f $EX/d3/moved -a ! -e $EX/d3/d2/file
+rm -r $M/d3 $M/tree
+check "rm -r" test ! -e $EX/d3 -a ! -e $EX/tree
+
+# Symlinks.
+ln -s some/target $M/sl
+check "symlink made on the server" test "$(readlink $EX/sl)" = some/target
+check "readlink through the mount" test "$(readlink $M/sl)" = some/target
+
+# Append and truncate.
+echo a >$M/app
+echo b >>$M/app
+check "append" test "$(cat $EX/app | tr '\n' ,)" = "a,b,"
+cp $SRC/sub/deeper/f8m $M/t
+truncate -s 3 $M/t
+check "truncate down" test "$(stat -c %s $EX/t)" = 3
+truncate -s 100000 $M/t
+check "truncate up" test "$(stat -c %s $M/t)" = 100000
+head -c 3 $SRC/sub/deeper/f8m >/tmp/t3
+check "truncated contents" test "$(head -c 3 $M/t | sha256sum)" = "$(sha256sum </tmp/t3)"
+
+# df.
+check "df" sh -c "df $M | grep -q $M"
+
+# 8 readers at once (each bounded: a hang is a failure, not a stuck run).
+cp $SRC/sub/f1m $M/big
+want=$(sha256sum <$SRC/sub/f1m)
+pids=
+for r in 1 2 3 4 5 6 7 8; do (timeout 60 sha256sum <$M/big >/tmp/r$r) & pids="$pids $!"; done
+# Only the readers: a bare `wait` would wait for the server too.
+for p in $pids; do wait $p; done
+ok=1
+for r in 1 2 3 4 5 6 7 8; do [ "$(cat /tmp/r$r)" = "$want" ] || ok=0; done
+check "8 parallel readers" test $ok = 1
+if [ $ok != 1 ]; then
+    /test/connmux stat /tmp/9p.sock 2>&1 | head -40
+    for t in /proc/$srv/task/*; do echo "thread $(cat $t/comm) $(cat $t/wchan 2>/dev/null) $(cut -d' ' -f3 $t/stat)"; done
+fi
+
+umount $M
+check "umount" test $? = 0
+kill $srv 2>/dev/null
+wait $srv 2>/dev/null
+echo "NINEP SUMMARY checks=$checks failed=$fails"
+[ $fails = 0 ]
