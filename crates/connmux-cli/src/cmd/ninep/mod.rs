@@ -18,7 +18,7 @@ use connmux::service::{Service, ServiceConfig};
 use connmux::{Mux, SockType};
 
 use crate::cmd::server::{wait_and_report, Common};
-use crate::cmd::stat;
+use crate::cmd::{stat, stop};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -57,7 +57,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     let export = Arc::new(fs::Export::open(&a.export, a.read_only)?);
     let mux = Mux::new(a.common.mux_config()?)?;
-    let threads = a.fs_threads.unwrap_or((a.common.workers.max(1) * 4).max(8)).max(1);
+    let threads = a.fs_threads.unwrap_or((a.common.worker_count() * 4).max(8)).max(1);
     // msize is capped by the largest message the parser accepts.
     let max_msize = a.common.max_msg.min(u32::MAX as usize) as u32;
     let (handler, pool) = serve::NinepHandler::new(export.clone(), max_msize, a.fs_queue, a.max_fids);
@@ -88,6 +88,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
         .with_context(|| format!("starting {what} on {}", a.listen))?,
     );
+    svc.set_max_conns((a.common.max_conns > 0).then_some(a.common.max_conns));
     {
         // Forget the state of connections that are gone.
         let (svc, h) = (Arc::downgrade(&svc), handler.clone());
@@ -109,7 +110,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         "{what} listening on {} exporting {} ({} workers, {threads} fs threads, {:?} driver){}",
         svc.local_addr(),
         export.path.display(),
-        a.common.workers.max(1),
+        a.common.worker_count(),
         svc.mux().driver(),
         endpoint
             .as_ref()
@@ -121,10 +122,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     let _ = std::io::Write::flush(&mut std::io::stdout());
     let report = || print!("{}", counters(&svc, &handler));
-    wait_and_report(&a.common, report);
+    let ending = wait_and_report(&a.common, report);
+    let stopped = stop::drain(what, ending, &a.common.stop, || svc.stop_accepting(), || {
+        let s = svc.mux().stats();
+        stop::Progress { open: s.psocks as u64, moved: s.rx_bytes + s.tx_bytes }
+    });
     print!("{}", counters(&svc, &handler));
     drop(endpoint);
-    Ok(0)
+    if stopped.forced() {
+        std::process::exit(stopped.finish());
+    }
+    Ok(stopped.finish())
 }
 
 fn counters(svc: &Service, h: &serve::NinepHandler) -> String {
