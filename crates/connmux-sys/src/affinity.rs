@@ -42,6 +42,14 @@ pub fn renice_current_thread(delta: i32) -> io::Result<i32> {
     Ok(nice)
 }
 
+/// The CPU the calling thread runs on now (`sched_getcpu`); `None` where
+/// the kernel cannot tell.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes no arguments; it returns -1 on failure.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
 /// The CPUs the calling thread may run on (`sched_getaffinity(0, …)`), ascending.
 /// Call it before pinning anything: a pinned thread sees only its own CPU.
 pub fn available_cpus() -> io::Result<Vec<usize>> {
@@ -68,14 +76,12 @@ mod tests {
             // A fresh thread, so the test thread keeps its own affinity.
             let (mask, running_on) = std::thread::spawn(move || {
                 pin_current_thread(cpu).unwrap();
-                // SAFETY: sched_getcpu takes no arguments.
-                let on = unsafe { libc::sched_getcpu() };
-                (available_cpus().unwrap(), on)
+                (available_cpus().unwrap(), current_cpu())
             })
             .join()
             .unwrap();
             assert_eq!(mask, vec![cpu]);
-            assert_eq!(running_on, cpu as i32);
+            assert_eq!(running_on, Some(cpu));
         }
     }
 

@@ -1,20 +1,28 @@
-//! The heavy lane: where a serving worker sends a connection whose requests
+//! The heavy lanes: where serving workers send a connection whose requests
 //! run long.
 //!
 //! A worker that serves in place runs the handler on its own thread, so one
 //! connection whose requests burn the CPU would keep the worker's other
 //! connections waiting behind each request. When the worker finds such a
 //! connection (`worker::SLOW_HANDLER`, several times in a row), it steers that
-//! connection's messages to its lane: a KCM socket with a tag of its own and
-//! one thread, pinned on the worker's CPU, that takes them with `recv_batch`
-//! and runs the same handler. The kernel's scheduler then shares the CPU
-//! between the worker and the lane as between any two threads, so a light
-//! request waits for a time slice, not for a heavy request to finish, and the
-//! light connections stay on the worker that reads them (no cross-CPU
-//! hand-off per message, as KCM's round robin has).
+//! connection's messages to the heavy lanes: one KCM socket, tag-only in the
+//! core, with the heavy tag, and one lane thread pinned on each worker's CPU,
+//! all taking from that one queue, a message at a time. A heavy connection's
+//! requests are then answered on every serving CPU at once (KCM's point:
+//! messages, not connections, are spread), and whichever lane is free takes
+//! the next one. Each lane runs a few nice steps below its worker, so the
+//! kernel's scheduler shares the CPU between the worker and the lane as
+//! between any two threads: a light request waits for a time slice, not for a
+//! heavy request to finish, and the light connections stay on the worker that
+//! reads them.
+//!
+//! Replies go back with `send_msg` to the psock (atomic per message), so
+//! those of one heavy connection may leave in another order than its
+//! requests came, as under KCM. `Config::lane_in_order` gives each worker a
+//! lane of its own instead (its tag, one thread): in order, on one CPU.
 //!
 //! A connection is heavy for a while, not for ever: once its requests have
-//! run short [`RETURN_AFTER`] times in a row in the lane, and none of its
+//! run short [`RETURN_AFTER`] times in a row on a lane, and none of its
 //! messages wait there, it is steered back to its worker.
 
 use std::io;
@@ -32,8 +40,11 @@ use crate::service::{Handler, ServiceStats, Verdict};
 use crate::socket::{KcmSocket, Message};
 use crate::worker::{SCRATCH_CHUNK, SCRATCH_LOW};
 
-/// Messages a lane takes per receive.
+/// Messages a lane of its own takes per receive (`Config::lane_in_order`).
 const LANE_BATCH: usize = 16;
+/// Messages a lane that shares its queue takes per receive: one, so that
+/// every message still waiting can go to the next lane free.
+const SHARED_BATCH: usize = 1;
 /// How long a lane with nothing to do sleeps before it looks at its stop
 /// flag anyway (shutdown wakes it through its socket's readiness at once;
 /// this only bounds a wake-up that went missing).
@@ -47,27 +58,33 @@ const LANE_RETRY: Duration = Duration::from_millis(100);
 /// and forth.
 pub(crate) const RETURN_AFTER: u32 = 64;
 
-/// Where a lane runs and where its connections go back to.
+/// Where a lane runs and how it takes its messages.
 pub(crate) struct LaneCtx {
-    /// The affinity tag of its worker's socket.
-    pub home: u32,
-    /// The worker's CPU.
+    /// Whether other lanes take from the same socket.
+    pub shared: bool,
+    /// The CPU of the worker it sits beside.
     pub cpu: Option<usize>,
     /// `Config::lane_nice`.
     pub nice: i32,
 }
 
-/// The affinity tag of worker `i`'s lane (worker sockets use `0..workers`).
-pub(crate) fn lane_tag(workers: usize, i: usize) -> u32 {
-    (workers + i) as u32
+/// The affinity tag of worker `i`'s lane (worker sockets use `0..workers`):
+/// with `in_order`, one per worker; else the one heavy tag all lanes share.
+pub(crate) fn lane_tag(workers: usize, i: usize, in_order: bool) -> u32 {
+    if in_order {
+        (workers + i) as u32
+    } else {
+        workers as u32
+    }
 }
 
 /// A lane's thread: take the lane socket's messages and answer them, until
-/// `stop`. The socket is non-blocking: a reply refused because its peer does
+/// `stop` (the socket is shared with the other lanes unless
+/// `Config::lane_in_order`). The socket is non-blocking: a reply refused because its peer does
 /// not read (`MuxConfig::psock_sndbuf`) aborts that connection, as on a worker.
 pub(crate) fn run(
     mux: Mux,
-    sock: KcmSocket,
+    sock: Arc<KcmSocket>,
     handler: Arc<dyn Handler>,
     stats: Option<Arc<ServiceStats>>,
     ctx: LaneCtx,
@@ -80,12 +97,13 @@ pub(crate) fn run(
         // Best effort: a lane at the worker's priority still works.
         let _ = connmux_sys::affinity::renice_current_thread(ctx.nice);
     }
-    let mut msgs: Vec<Message> = Vec::with_capacity(LANE_BATCH);
+    let batch = if ctx.shared { SHARED_BATCH } else { LANE_BATCH };
+    let mut msgs: Vec<Message> = Vec::with_capacity(batch);
     let mut scratch = BytesMut::new();
     // Short runs in a row of each connection in the lane.
     let mut short: rustc_hash::FxHashMap<PsockId, u32> = Default::default();
     while !stop.load(Ordering::Acquire) {
-        match sock.recv_batch(&mut msgs, LANE_BATCH) {
+        match sock.recv_batch(&mut msgs, batch) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // Looked at again after the receive lowered the readiness: a
@@ -135,7 +153,8 @@ pub(crate) fn run(
         }
         // Every message taken has been answered: a connection light again
         // goes home once none of its messages wait here (else after the
-        // next batch).
-        short.retain(|&p, n| *n < RETURN_AFTER || !mux.lane_return(sock.id(), p, ctx.home));
+        // next batch). Another lane may still be answering one of them, so
+        // with shared lanes a reply may pass that one.
+        short.retain(|&p, n| *n < RETURN_AFTER || !mux.lane_return(sock.id(), p));
     }
 }
