@@ -42,6 +42,16 @@ pub fn renice_current_thread(delta: i32) -> io::Result<i32> {
     Ok(nice)
 }
 
+/// Moves the calling thread to `SCHED_IDLE` (`sched_setscheduler(0, …)`, one
+/// thread on Linux): it runs only when its CPU has nothing else to run, and
+/// any other thread that wakes there preempts it at once. Needs no privilege.
+pub fn idle_current_thread() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a live sched_param.
+    cvt(unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) })?;
+    Ok(())
+}
+
 /// The CPU the calling thread runs on now (`sched_getcpu`); `None` where
 /// the kernel cannot tell.
 pub fn current_cpu() -> Option<usize> {
@@ -129,5 +139,20 @@ mod tests {
         // Clamped at 19.
         let top = std::thread::spawn(|| renice_current_thread(100).unwrap()).join().unwrap();
         assert_eq!(top, 19);
+    }
+
+    #[test]
+    fn idles_only_the_calling_thread() {
+        // SAFETY: pid 0 is the calling thread.
+        let policy = || unsafe { libc::sched_getscheduler(0) };
+        let before = policy();
+        let inside = std::thread::spawn(move || {
+            idle_current_thread().unwrap();
+            policy()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside, libc::SCHED_IDLE);
+        assert_eq!(policy(), before);
     }
 }

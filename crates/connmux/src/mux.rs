@@ -523,8 +523,8 @@ impl Mux {
 
     /// Steer psock `p` from lane socket `lane` back to the socket of the
     /// worker that reads it (affinity tag: the worker's index), when none of
-    /// its messages wait on the lane (checked under the same lock). Returns
-    /// whether it did.
+    /// its messages wait on the lane (checked under the same lock, so its
+    /// lane's replies stay in order). Returns whether it did.
     pub(crate) fn lane_return(&self, lane: connmux_core::mux::SockId, p: PsockId) -> bool {
         let MuxImp::User(u) = &self.imp else { return false };
         let mut core = u.shared.lock();

@@ -380,7 +380,7 @@ struct LaneRuns {
     /// Heavy requests running now, and the most seen at once.
     running: std::sync::atomic::AtomicUsize,
     most: std::sync::atomic::AtomicUsize,
-    /// (lane thread's name, CPU) of each run.
+    /// (lane or helper thread's name, CPU) of each run.
     seen: std::sync::Mutex<std::collections::BTreeSet<(String, usize)>>,
 }
 
@@ -409,7 +409,8 @@ fn recording_heavy_echo(burn: Duration, in_order: bool, runs: Arc<LaneRuns>) -> 
     });
     let handler = Arc::new(move |req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
         let name = std::thread::current().name().unwrap_or("").to_owned();
-        if req.get(4) == Some(&b'H') && name.starts_with("connmux-lane") {
+        let on_lane = name.starts_with("connmux-lane") || name.starts_with("connmux-help");
+        if req.get(4) == Some(&b'H') && on_lane {
             let now = runs.running.fetch_add(1, Ordering::AcqRel) + 1;
             runs.most.fetch_max(now, Ordering::AcqRel);
             let cpu = connmux_sys::affinity::current_cpu().expect("sched_getcpu");
@@ -439,8 +440,8 @@ fn recording_heavy_echo(burn: Duration, in_order: bool, runs: Arc<LaneRuns>) -> 
 }
 
 /// The feature KCM is for: one connection's heavy requests (1 ms of CPU
-/// each, 16 in flight) are answered on both workers' CPUs at once, by the
-/// lanes pinned there. Every reply comes back once (in any order) for its
+/// each, 16 in flight) are answered on both workers' CPUs at once, by its
+/// worker's lane and the other CPU's helper. Every reply comes back once (in any order) for its
 /// own request.
 fn one_heavy_connection_runs_on_two_cpus_at_once() {
     let runs = Arc::new(LaneRuns::default());
