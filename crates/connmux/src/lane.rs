@@ -39,11 +39,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use connmux_core::mux::PsockId;
+use connmux_core::mux::{Event, MuxError, PsockId};
+use connmux_core::Bytes;
 
 use bytes::BytesMut;
 
 use crate::mux::Mux;
+use crate::shared::Ctx;
 use crate::service::{Handler, ServiceStats, Verdict};
 use crate::socket::{KcmSocket, Message};
 use crate::worker::{SCRATCH_CHUNK, SCRATCH_LOW};
@@ -169,6 +171,9 @@ pub(crate) fn run(
                 }
             }
             let close = match verdict {
+                Verdict::Reply(b) if ctx.role == Role::Helper => {
+                    send_for_worker(&mux, &socks[i], b, psock) == Err(MuxError::WouldBlock)
+                }
                 Verdict::Reply(b) => socks[i].send_msg(b, Some(psock)).is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock),
                 Verdict::Close => true,
                 Verdict::NoReply | Verdict::Appended => false,
@@ -189,4 +194,32 @@ pub(crate) fn run(
             short.retain(|&p, n| *n < RETURN_AFTER || !mux.lane_return(home.id(), p));
         }
     }
+}
+
+/// A helper's reply: queued on the psock like [`KcmSocket::send_msg`], but
+/// written by the psock's worker, not here. A helper may be preempted at any
+/// moment (`SCHED_IDLE`), and a write it had begun would hold every later
+/// reply of that connection until its CPU had time to spare again.
+fn send_for_worker(mux: &Mux, sock: &KcmSocket, msg: Bytes, psock: PsockId) -> Result<(), MuxError> {
+    let sh = mux.shared();
+    let mut events = Vec::new();
+    let sent = {
+        let mut core = sh.lock();
+        let sent = core.mux.send_msg(sock.id(), Some(psock), msg, false);
+        core.drain_events(&mut events);
+        sent
+    };
+    events.retain(|ev| match ev {
+        Event::PsockTransmit(p) => {
+            if let Some(rt) = sh.psock_rt(*p) {
+                sh.want_write(&rt);
+            }
+            false
+        }
+        _ => true,
+    });
+    if !events.is_empty() {
+        sh.dispatch(&mut events, &mut Ctx::App);
+    }
+    sent
 }
