@@ -63,6 +63,9 @@ const LANE_IDLE: Duration = Duration::from_secs(1);
 /// How long a lane waits after its socket failed (the mux shutting down)
 /// before it looks at its stop flag again.
 const LANE_RETRY: Duration = Duration::from_millis(100);
+/// How long a helper waits when a lane socket still looks readable but has
+/// nothing for it (its lane takes the last messages and lowers readiness).
+const HELP_BACKOFF: Duration = Duration::from_micros(200);
 /// Short handler runs in a row (under `worker::SLOW_HANDLER`) after which a
 /// connection leaves the lane: many more than the slow runs that sent it
 /// there, so a connection mixing heavy and light requests does not go back
@@ -124,12 +127,18 @@ pub(crate) fn run(
     let mut short: rustc_hash::FxHashMap<PsockId, u32> = Default::default();
     // The socket a helper looks at first (in turn, so none is left behind).
     let mut first = 0;
+    // A helper's last wait ended with a socket readable.
+    let mut woken = false;
     while !stop.load(Ordering::Acquire) {
         let mut failed = false;
         let mut from = None;
         for k in 0..socks.len() {
             let i = (first + k) % socks.len();
-            match socks[i].recv_batch(&mut msgs, batch) {
+            let got = match ctx.role {
+                Role::Helper => take_one(&mux, &socks[i], &mut msgs),
+                Role::Home { .. } => socks[i].recv_batch(&mut msgs, batch),
+            };
+            match got {
                 Ok(_) => {
                     from = Some(i);
                     break;
@@ -144,14 +153,20 @@ pub(crate) fn run(
                 // `stop` again. A lane never ends on its own, or the psocks
                 // steered to it would wait forever.
                 std::thread::sleep(LANE_RETRY);
+            } else if ctx.role == Role::Helper && woken {
+                // The lane socket still says readable but its lane has not
+                // yet seen it empty (a helper leaves readiness to the lane).
+                woken = false;
+                std::thread::sleep(HELP_BACKOFF);
             } else if !stop.load(Ordering::Acquire) {
                 // Looked at again after the receives lowered the readiness: a
                 // shutdown that raised it before that has set `stop` too.
-                let _ = connmux_sys::poll::poll_any_readable(&fds, Some(LANE_IDLE));
+                woken = connmux_sys::poll::poll_any_readable(&fds, Some(LANE_IDLE)).unwrap_or(false);
             }
             continue;
         };
         first = i + 1;
+        woken = false;
         for m in msgs.drain(..) {
             if scratch.capacity() - scratch.len() < SCRATCH_LOW {
                 scratch.reserve(SCRATCH_CHUNK);
@@ -222,4 +237,29 @@ fn send_for_worker(mux: &Mux, sock: &KcmSocket, msg: Bytes, psock: PsockId) -> R
         sh.dispatch(&mut events, &mut Ctx::App);
     }
     sent
+}
+
+/// A helper's receive: one message from `sock`, leaving the socket's
+/// readiness to its lane. A helper may be preempted at any moment
+/// (`SCHED_IDLE`); one preempted while raising or lowering readiness would
+/// keep the lane asleep on a socket with messages.
+fn take_one(mux: &Mux, sock: &KcmSocket, out: &mut Vec<Message>) -> io::Result<usize> {
+    let sh = mux.shared();
+    let mut events = Vec::new();
+    let got = {
+        let mut core = sh.lock();
+        let got = core.mux.recv_msg(sock.id());
+        core.drain_events(&mut events);
+        got
+    };
+    if !events.is_empty() {
+        sh.dispatch(&mut events, &mut Ctx::App);
+    }
+    match got {
+        Ok((data, psock)) => {
+            out.push(Message { data, psock });
+            Ok(1)
+        }
+        Err(e) => Err(crate::mux::io_err(e)),
+    }
 }
