@@ -23,6 +23,11 @@
 //! connections read on that CPU keep it; and the light connections stay on
 //! the worker that reads them.
 //!
+//! A helper may be preempted anywhere for as long as its CPU is busy, so it
+//! holds nothing that others wait on beyond the core lock: it takes messages
+//! straight from the core, leaving the socket's readiness to the lane, and
+//! leaves the writing of its replies to the psock's worker.
+//!
 //! Replies go back with `send_msg` to the psock (atomic per message), so
 //! those of one heavy connection may leave in another order than its
 //! requests came, as under KCM. `Config::lane_in_order` starts no helpers:
