@@ -17,10 +17,11 @@ pub fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
 }
 
 /// [`poll_readable`] over several fds: returns `Ok(true)` as soon as any of
-/// them is readable (at most 16 fds).
+/// them is readable. `EINVAL` for no fds.
 pub fn poll_any_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<bool> {
-    const MAX: usize = 16;
-    if fds.is_empty() || fds.len() > MAX {
+    // Up to this many fds need no allocation.
+    const ON_STACK: usize = 16;
+    if fds.is_empty() {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     if fds.iter().any(|&fd| fd < 0) {
@@ -28,7 +29,15 @@ pub fn poll_any_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result
         return Err(io::Error::from_raw_os_error(libc::EBADF));
     }
     let deadline = timeout.map(|t| Instant::now().checked_add(t));
-    let mut pfds = [libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 }; MAX];
+    let idle = libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 };
+    let mut stack = [idle; ON_STACK];
+    let mut heap = Vec::new();
+    let pfds: &mut [libc::pollfd] = if fds.len() <= ON_STACK {
+        &mut stack[..fds.len()]
+    } else {
+        heap.resize(fds.len(), idle);
+        &mut heap
+    };
     loop {
         for (p, &fd) in pfds.iter_mut().zip(fds) {
             *p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
@@ -45,13 +54,13 @@ pub fn poll_any_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result
             tv_nsec: d.subsec_nanos() as libc::c_long,
         });
         let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: `pfds` holds at least `fds.len()` valid pollfds; `ts_ptr` is null or
+        // SAFETY: `pfds` holds exactly `fds.len()` valid pollfds; `ts_ptr` is null or
         // points to a live timespec; a null sigmask leaves the signal mask unchanged.
         let r = unsafe { libc::ppoll(pfds.as_mut_ptr(), fds.len() as libc::nfds_t, ts_ptr, std::ptr::null()) };
         match cvt(r) {
             Ok(0) => return Ok(false),
             Ok(_) => {
-                let seen = &pfds[..fds.len()];
+                let seen = &pfds[..];
                 if seen.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
                     return Err(io::Error::from_raw_os_error(libc::EBADF));
                 }

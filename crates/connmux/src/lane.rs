@@ -166,7 +166,11 @@ pub(crate) fn run(
             } else if !stop.load(Ordering::Acquire) {
                 // Looked at again after the receives lowered the readiness: a
                 // shutdown that raised it before that has set `stop` too.
-                woken = connmux_sys::poll::poll_any_readable(&fds, Some(LANE_IDLE)).unwrap_or(false);
+                match connmux_sys::poll::poll_any_readable(&fds, Some(LANE_IDLE)) {
+                    Ok(r) => woken = r,
+                    // Not expected (the fds live as long as `socks`): no spin.
+                    Err(_) => std::thread::sleep(LANE_RETRY),
+                }
             }
             continue;
         };
