@@ -71,6 +71,8 @@ const LANE_RETRY: Duration = Duration::from_millis(100);
 /// How long a helper waits when a lane socket still looks readable but has
 /// nothing for it (its lane takes the last messages and lowers readiness).
 const HELP_BACKOFF: Duration = Duration::from_micros(200);
+/// Messages a lane socket must hold for a helper to take one.
+const STEAL_FROM: usize = 2;
 /// Short handler runs in a row (under `worker::SLOW_HANDLER`) after which a
 /// connection leaves the lane: many more than the slow runs that sent it
 /// there, so a connection mixing heavy and light requests does not go back
@@ -248,8 +250,8 @@ fn send_for_worker(mux: &Mux, sock: &KcmSocket, msg: Bytes, psock: PsockId) -> R
     sent
 }
 
-/// A helper's receive: one message from `sock`, leaving the socket's
-/// readiness to its lane. A helper may be preempted at any moment
+/// A helper's receive: one message from `sock` when at least
+/// [`STEAL_FROM`] wait there, leaving the socket's readiness to its lane. A helper may be preempted at any moment
 /// (`SCHED_IDLE`); one preempted while raising or lowering readiness would
 /// keep the lane asleep on a socket with messages.
 fn take_one(mux: &Mux, sock: &KcmSocket, out: &mut Vec<Message>) -> io::Result<usize> {
@@ -257,7 +259,14 @@ fn take_one(mux: &Mux, sock: &KcmSocket, out: &mut Vec<Message>) -> io::Result<u
     let mut events = Vec::new();
     let got = {
         let mut core = sh.lock();
-        let got = core.mux.recv_msg(sock.id());
+        // Only from a lane that is behind: the head stays for the lane, so a
+        // connection's lone request never waits on a helper whose CPU has
+        // no time to spare.
+        let got = match core.mux.rx_queued(sock.id()) {
+            Ok(n) if n >= STEAL_FROM => core.mux.recv_msg(sock.id()),
+            Ok(_) => Err(MuxError::WouldBlock),
+            Err(e) => Err(e),
+        };
         core.drain_events(&mut events);
         got
     };
