@@ -980,8 +980,9 @@ impl Mux {
     }
     /// With `Steering::Affinity`, socket `s` takes only the messages of psocks
     /// whose affinity tag is its own, and no other psock's messages spill
-    /// over to it (the runtime's heavy lanes: a psock steered there is
-    /// answered by one thread, in order, and nothing else waits behind it).
+    /// over to it (the runtime's heavy lanes: nothing else waits behind a
+    /// psock steered there; its messages are taken in arrival order by the
+    /// lane's thread and by helpers on other CPUs).
     /// Under the other steering policies it is never chosen.
     pub fn set_tag_only(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
         self.sock_mut(s)?.tag_only = on;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::*;
 use connmux_core::mux::{Event, Mux, MuxConfig, MuxError, PsockConfig, PsockError, RecvFlags, RxError, SockType, Steering};
 use connmux_core::parser::ParseError;
-use connmux_core::Timestamp;
+use connmux_core::{Bytes, Timestamp};
 
 const T0: Timestamp = Timestamp::ZERO;
 
@@ -496,6 +496,77 @@ fn a_tag_only_socket_takes_its_own_psocks_and_nothing_spills_to_it() {
     assert_eq!(m.rx_queued_from(k0, heavy).unwrap(), 0);
     m.set_recv_disable(lane, false).unwrap();
     assert_eq!(recv_all(&mut m, lane).iter().map(|b| b[4]).collect::<Vec<_>>(), vec![105]);
+}
+
+/// The runtime's heavy lanes: each worker's heavy psocks carry the tag of
+/// its lane socket (tag-only), so their messages wait there in arrival order,
+/// and the lane's thread and the helpers of other CPUs take them one at a
+/// time, each receive the head (stealing is just another reader of the
+/// socket); replies go back addressed, each to its own psock, in whatever
+/// order the threads finish them. Light psocks never go to a lane, even past
+/// the imbalance, and a heavy psock given its worker's tag again is steered
+/// home.
+#[test]
+fn heavy_lanes_hold_their_workers_heavy_psocks_and_any_reader_takes_the_head() {
+    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, imbalance: 2, ..MuxConfig::default() });
+    let k0 = m.socket(SockType::Dgram);
+    let k1 = m.clone_sock(k0).unwrap();
+    let lane0 = m.clone_sock(k0).unwrap();
+    let lane1 = m.clone_sock(k0).unwrap();
+    m.set_affinity(k0, Some(0)).unwrap();
+    m.set_affinity(k1, Some(1)).unwrap();
+    for (lane, tag) in [(lane0, 2), (lane1, 3)] {
+        m.set_affinity(lane, Some(tag)).unwrap();
+        m.set_tag_only(lane, true).unwrap();
+    }
+    let light = m.attach(L4::boxed(), PsockConfig { affinity: Some(0), ..PsockConfig::default() });
+    let h0 = m.attach(L4::boxed(), PsockConfig { affinity: Some(0), ..PsockConfig::default() });
+    let h1 = m.attach(L4::boxed(), PsockConfig { affinity: Some(1), ..PsockConfig::default() });
+    // Both turn heavy: each to its worker's lane.
+    m.set_psock_affinity(h0, Some(2)).unwrap();
+    m.set_psock_affinity(h1, Some(3)).unwrap();
+    for i in 0..5u8 {
+        m.feed(h0, &l4_total(10, i), T0).unwrap();
+        m.feed(h1, &l4_total(10, 100 + i), T0).unwrap();
+    }
+    for i in 0..6u8 {
+        m.feed(light, &l4_total(10, 200 + i), T0).unwrap();
+    }
+    assert_eq!(m.rx_queued(lane0).unwrap(), 5, "past the imbalance, nothing spills");
+    assert_eq!(m.rx_queued_from(lane0, h0).unwrap(), 5);
+    assert_eq!(m.rx_queued_from(lane1, h1).unwrap(), 5);
+    assert_eq!(m.rx_queued_from(lane0, light).unwrap() + m.rx_queued_from(lane1, light).unwrap(), 0, "a light psock never goes to a lane");
+    assert_eq!(m.rx_queued_from(k0, light).unwrap() + m.rx_queued_from(k1, light).unwrap(), 6);
+    // Lane 0's thread and worker 1's helper take from lane 0 in turn (and
+    // the other way round on lane 1): each receive is the head.
+    let mut taken = Vec::new();
+    for _ in 0..5 {
+        for lane in [lane0, lane1] {
+            let (b, from) = m.recv_msg(lane).unwrap();
+            taken.push((b[4], from));
+        }
+    }
+    let want: Vec<_> = (0..5u8).flat_map(|i| [(i, h0), (100 + i, h1)]).collect();
+    assert_eq!(taken, want);
+    // Replies in another order than the requests, from either lane socket:
+    // each goes to its psock, whole.
+    for (n, &(tag, from)) in taken.iter().rev().enumerate() {
+        let via = if n % 2 == 0 { lane0 } else { lane1 };
+        m.send_msg(via, Some(from), Bytes::from(l4_total(12, tag)), false).unwrap();
+    }
+    let wire0 = split_l4(&flush(&mut m, h0));
+    let wire1 = split_l4(&flush(&mut m, h1));
+    assert_eq!(wire0.iter().map(|w| w[4]).collect::<Vec<_>>(), vec![4, 3, 2, 1, 0]);
+    assert_eq!(wire1.iter().map(|w| w[4]).collect::<Vec<_>>(), vec![104, 103, 102, 101, 100]);
+    // h1 light again, nothing of it waiting in its lane: home to worker 1.
+    assert_eq!(m.rx_queued_from(lane1, h1).unwrap(), 0);
+    m.set_psock_affinity(h1, Some(1)).unwrap();
+    recv_all(&mut m, k1);
+    m.feed(h1, &l4_total(10, 110), T0).unwrap();
+    m.feed(h0, &l4_total(10, 10), T0).unwrap();
+    assert_eq!(m.rx_queued_from(k1, h1).unwrap(), 1);
+    assert_eq!(m.rx_queued_from(lane1, h1).unwrap(), 0);
+    assert_eq!(m.rx_queued_from(lane0, h0).unwrap(), 1, "h0 still heavy");
 }
 
 #[test]

@@ -42,6 +42,24 @@ pub fn renice_current_thread(delta: i32) -> io::Result<i32> {
     Ok(nice)
 }
 
+/// Moves the calling thread to `SCHED_IDLE` (`sched_setscheduler(0, …)`, one
+/// thread on Linux): it runs only when its CPU has nothing else to run, and
+/// any other thread that wakes there preempts it at once. Needs no privilege.
+pub fn idle_current_thread() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a live sched_param.
+    cvt(unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) })?;
+    Ok(())
+}
+
+/// The CPU the calling thread runs on now (`sched_getcpu`); `None` where
+/// the kernel cannot tell.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes no arguments; it returns -1 on failure.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
 /// The CPUs the calling thread may run on (`sched_getaffinity(0, …)`), ascending.
 /// Call it before pinning anything: a pinned thread sees only its own CPU.
 pub fn available_cpus() -> io::Result<Vec<usize>> {
@@ -68,14 +86,12 @@ mod tests {
             // A fresh thread, so the test thread keeps its own affinity.
             let (mask, running_on) = std::thread::spawn(move || {
                 pin_current_thread(cpu).unwrap();
-                // SAFETY: sched_getcpu takes no arguments.
-                let on = unsafe { libc::sched_getcpu() };
-                (available_cpus().unwrap(), on)
+                (available_cpus().unwrap(), current_cpu())
             })
             .join()
             .unwrap();
             assert_eq!(mask, vec![cpu]);
-            assert_eq!(running_on, cpu as i32);
+            assert_eq!(running_on, Some(cpu));
         }
     }
 
@@ -123,5 +139,20 @@ mod tests {
         // Clamped at 19.
         let top = std::thread::spawn(|| renice_current_thread(100).unwrap()).join().unwrap();
         assert_eq!(top, 19);
+    }
+
+    #[test]
+    fn idles_only_the_calling_thread() {
+        // SAFETY: pid 0 is the calling thread.
+        let policy = || unsafe { libc::sched_getscheduler(0) };
+        let before = policy();
+        let inside = std::thread::spawn(move || {
+            idle_current_thread().unwrap();
+            policy()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside, libc::SCHED_IDLE);
+        assert_eq!(policy(), before);
     }
 }

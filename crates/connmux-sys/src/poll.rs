@@ -1,4 +1,4 @@
-//! Wait for one fd to become readable, with a timeout (for blocking receives on an
+//! Wait for an fd (or one of a few) to become readable, with a timeout (for blocking receives on an
 //! fd that is itself non-blocking, such as a KCM socket's eventfd).
 
 use std::io;
@@ -13,13 +13,35 @@ use crate::util::cvt;
 /// error). A signal does not end the wait early: it resumes with the time left.
 /// An invalid `fd` (negative or not open) is `EBADF`.
 pub fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
-    if fd < 0 {
+    poll_any_readable(&[fd], timeout)
+}
+
+/// [`poll_readable`] over several fds: returns `Ok(true)` as soon as any of
+/// them is readable. `EINVAL` for no fds.
+pub fn poll_any_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<bool> {
+    // Up to this many fds need no allocation.
+    const ON_STACK: usize = 16;
+    if fds.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    if fds.iter().any(|&fd| fd < 0) {
         // ppoll skips negative fds, which would turn this into a plain sleep.
         return Err(io::Error::from_raw_os_error(libc::EBADF));
     }
     let deadline = timeout.map(|t| Instant::now().checked_add(t));
+    let idle = libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 };
+    let mut stack = [idle; ON_STACK];
+    let mut heap = Vec::new();
+    let pfds: &mut [libc::pollfd] = if fds.len() <= ON_STACK {
+        &mut stack[..fds.len()]
+    } else {
+        heap.resize(fds.len(), idle);
+        &mut heap
+    };
     loop {
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        for (p, &fd) in pfds.iter_mut().zip(fds) {
+            *p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        }
         let left = match deadline {
             None => None,
             // A deadline too far to represent is the same as no deadline.
@@ -32,16 +54,17 @@ pub fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
             tv_nsec: d.subsec_nanos() as libc::c_long,
         });
         let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: `pfd` is one valid pollfd; `ts_ptr` is null or points to a live timespec;
-        // a null sigmask leaves the signal mask unchanged.
-        let r = unsafe { libc::ppoll(&mut pfd, 1, ts_ptr, std::ptr::null()) };
+        // SAFETY: `pfds` holds exactly `fds.len()` valid pollfds; `ts_ptr` is null or
+        // points to a live timespec; a null sigmask leaves the signal mask unchanged.
+        let r = unsafe { libc::ppoll(pfds.as_mut_ptr(), fds.len() as libc::nfds_t, ts_ptr, std::ptr::null()) };
         match cvt(r) {
             Ok(0) => return Ok(false),
             Ok(_) => {
-                if pfd.revents & libc::POLLNVAL != 0 {
+                let seen = &pfds[..];
+                if seen.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
                     return Err(io::Error::from_raw_os_error(libc::EBADF));
                 }
-                return Ok(pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0);
+                return Ok(seen.iter().any(|p| p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0));
             }
             // Each retry uses the time left, so signals cannot stretch the wait; a
             // deadline that has passed makes the next ppoll return 0 at once.
@@ -107,5 +130,20 @@ mod tests {
         // An fd number above any open file limit can never be open: POLLNVAL.
         let err = poll_readable(1 << 30, Some(Duration::ZERO)).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+    }
+
+    #[test]
+    fn any_of_several_fds_wakes_the_wait() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _c0 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s0, _) = l.accept().unwrap();
+        let mut c1 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s1, _) = l.accept().unwrap();
+        let fds = [s0.as_raw_fd(), s1.as_raw_fd()];
+        assert!(!poll_any_readable(&fds, Some(Duration::from_millis(20))).unwrap());
+        c1.write_all(b"x").unwrap();
+        assert!(poll_any_readable(&fds, Some(Duration::from_secs(10))).unwrap());
+        assert_eq!(poll_any_readable(&[], None).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(poll_any_readable(&[fds[0], -1], None).unwrap_err().raw_os_error(), Some(libc::EBADF));
     }
 }

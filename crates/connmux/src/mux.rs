@@ -104,6 +104,8 @@ pub(crate) struct MuxInner {
     next_worker: AtomicU64,
     /// `Config::incoming_cpu`.
     incoming_cpu: bool,
+    /// `Config::lane_in_order`.
+    pub lane_in_order: bool,
     pub events_rx: crossbeam::channel::Receiver<PsockEvent>,
     pub serving: AtomicBool,
 }
@@ -294,6 +296,7 @@ impl Mux {
             threads: Mutex::new(threads),
             next_worker: AtomicU64::new(0),
             incoming_cpu: config.incoming_cpu,
+            lane_in_order: config.lane_in_order,
             events_rx,
             serving: AtomicBool::new(false),
         };
@@ -685,13 +688,14 @@ impl Mux {
         }
     }
 
-    /// Steer psock `p` from lane socket `lane` back to its worker's socket
-    /// (affinity tag `home`), when none of its messages wait on the lane
-    /// (checked under the same lock, so its replies stay in order). Returns
-    /// whether it did.
-    pub(crate) fn lane_return(&self, lane: connmux_core::mux::SockId, p: PsockId, home: u32) -> bool {
+    /// Steer psock `p` from lane socket `lane` back to the socket of the
+    /// worker that reads it (affinity tag: the worker's index), when none of
+    /// its messages wait on the lane (checked under the same lock, so its
+    /// lane's replies stay in order). Returns whether it did.
+    pub(crate) fn lane_return(&self, lane: connmux_core::mux::SockId, p: PsockId) -> bool {
         let MuxImp::User(u) = &self.imp else { return false };
         let mut core = u.shared.lock();
+        let Some(home) = core.psocks.get(&p).map(|rt| rt.worker() as u32) else { return false };
         if core.mux.rx_queued_from(lane, p) != Ok(0) || core.mux.set_psock_affinity(p, Some(home)).is_err() {
             return false;
         }

@@ -157,11 +157,16 @@ impl Mux {
     /// behind (`MuxConfig::imbalance`).
     ///
     /// Each worker also has a heavy lane: a socket and a thread on the
-    /// worker's CPU that take the requests of a connection whose handler runs
-    /// long (50 µs or more, three times in a row), so the worker's other
-    /// connections are not answered behind them (`Mux::lane_moves` counts
-    /// such connections). A connection whose requests run short again
-    /// (`Mux::lane_returns`) goes back to its worker.
+    /// worker's CPU, a few nice steps lower, that take the requests of a
+    /// connection whose handler runs long (50 µs or more, three times in a
+    /// row), so the worker's other connections are not answered behind them
+    /// (`Mux::lane_moves` counts such connections). A helper thread on every
+    /// other worker's CPU, which runs only in that CPU's spare time
+    /// (`SCHED_IDLE`), takes from that lane too, so one
+    /// heavy connection's requests are answered on every CPU at once and its
+    /// replies may leave out of request order (`Config::lane_in_order`: no
+    /// helpers, in order, one CPU). A connection whose requests run short
+    /// again (`Mux::lane_returns`) goes back to its worker.
     pub fn serve(&self, ty: SockType, handler: Arc<dyn Handler>) -> io::Result<Serving> {
         self.serve_counting(ty, handler, None)
     }
@@ -193,24 +198,38 @@ impl Mux {
             stop_lanes: Arc::new(AtomicBool::new(false)),
             lane_socks: Vec::with_capacity(workers),
         };
+        let in_order = self.user().is_some_and(|u| u.lane_in_order);
+        let helpers = !in_order && workers > 1;
+        let mut lanes = Vec::with_capacity(workers);
         for i in 0..workers {
             let lane = socks[0].try_clone()?;
             serving.lane_socks.push(sh.sock_rt(lane.id()).expect("socket just created"));
             lane.set_affinity(Some(crate::lane::lane_tag(workers, i)))?;
             // Only the psocks a worker sends there: nothing else waits behind
-            // heavy requests, and a heavy psock has one reader (replies in order).
+            // heavy requests.
             let _ = sh.lock().mux.set_tag_only(lane.id(), true);
             lane.set_sndbuf(usize::MAX / 4)?;
             lane.set_nonblocking(true);
             // Requests taken are answered before a closing psock closes.
             let _ = sh.lock().mux.set_holds(lane.id(), true);
-            let (mux, handler, stats, stop, cpu) =
-                (self.clone(), handler.clone(), stats.clone(), serving.stop_lanes.clone(), sh.workers[i].cpu);
-            let ctx = crate::lane::LaneCtx { home: i as u32, cpu, nice: sh.lane_nice };
-            let t = std::thread::Builder::new()
-                .name(format!("connmux-lane{i}"))
-                .spawn(move || crate::lane::run(mux, lane, handler, stats, ctx, stop))?;
-            serving.lanes.push(t);
+            lanes.push(Arc::new(lane));
+        }
+        for i in 0..workers {
+            let cpu = sh.workers[i].cpu;
+            let home = crate::lane::LaneCtx { role: crate::lane::Role::Home { shared: helpers }, cpu, nice: sh.lane_nice };
+            let mut threads = vec![(format!("connmux-lane{i}"), vec![lanes[i].clone()], home)];
+            if helpers {
+                let others = (0..workers).filter(|&j| j != i).map(|j| lanes[j].clone()).collect();
+                let help = crate::lane::LaneCtx { role: crate::lane::Role::Helper, cpu, nice: 0 };
+                threads.push((format!("connmux-help{i}"), others, help));
+            }
+            for (name, from, ctx) in threads {
+                let (mux, handler, stats, stop) = (self.clone(), handler.clone(), stats.clone(), serving.stop_lanes.clone());
+                let t = std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || crate::lane::run(mux, from, handler, stats, ctx, stop))?;
+                serving.lanes.push(t);
+            }
         }
         for (i, s) in socks.iter().enumerate() {
             s.set_affinity(Some(i as u32))?;

@@ -258,8 +258,8 @@ fn heavy_echo_counted(mux: connmux::Mux, burn: Duration, done: Arc<std::sync::at
 }
 
 /// A connection whose requests take long (300 µs of CPU each) is handed to
-/// its worker's heavy lane, the others stay; every client still gets every
-/// reply, once, in order, for its own requests.
+/// the heavy lanes, the others stay; every client still gets every reply,
+/// once, for its own requests (the light ones in order).
 fn heavy_connection_goes_to_the_lane() {
     let mux = mux_with(|c| {
         c.workers = 2;
@@ -269,7 +269,8 @@ fn heavy_connection_goes_to_the_lane() {
     let addr = svc.local_addr();
     // The heavy client's id starts with 'H'; the light ones' with 0.
     let heavy_id = u32::from_be_bytes([b'H', 0, 0, 1]);
-    let heavy = std::thread::spawn(move || client_round_trips(addr, heavy_id, 300, 2, true));
+    // Its replies may pass each other: both workers' lanes answer it.
+    let heavy = std::thread::spawn(move || client_round_trips(addr, heavy_id, 300, 2, false));
     let light: Vec<_> =
         (1..=6).map(|id| std::thread::spawn(move || client_round_trips(addr, id, 3000, 4, true))).collect();
     for c in light {
@@ -389,7 +390,131 @@ fn connection_light_again_leaves_the_lane() {
     svc.shutdown();
 }
 
+/// What the handler saw of the heavy requests that ran on a lane.
+#[derive(Default)]
+struct LaneRuns {
+    /// Heavy requests running now, and the most seen at once.
+    running: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    /// (lane or helper thread's name, CPU) of each run.
+    seen: std::sync::Mutex<std::collections::BTreeSet<(String, usize)>>,
+}
+
+impl LaneRuns {
+    fn threads(&self) -> usize {
+        self.seen.lock().unwrap().iter().map(|(t, _)| t).collect::<std::collections::BTreeSet<_>>().len()
+    }
+    fn cpus(&self) -> usize {
+        self.seen.lock().unwrap().iter().map(|(_, c)| c).collect::<std::collections::BTreeSet<_>>().len()
+    }
+}
+
+/// An echo service on two workers pinned on CPUs 0 and 1 whose requests
+/// starting with `H` burn `burn` of CPU, noting in `runs` those run on a lane.
+/// `None` where CPUs 0 and 1 are not both available.
+fn recording_heavy_echo(burn: Duration, in_order: bool, runs: Arc<LaneRuns>) -> Option<Service> {
+    let avail = connmux_sys::affinity::available_cpus().unwrap();
+    if !(avail.contains(&0) && avail.contains(&1)) {
+        eprintln!("SKIPPED: CPUs 0 and 1 are not both available here ({avail:?})");
+        return None;
+    }
+    let mux = mux_with(|c| {
+        c.workers = 2;
+        c.placement = connmux::Placement::Cpus(vec![0, 1]);
+        c.lane_in_order = in_order;
+    });
+    let handler = Arc::new(move |req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
+        let name = std::thread::current().name().unwrap_or("").to_owned();
+        let on_lane = name.starts_with("connmux-lane") || name.starts_with("connmux-help");
+        if req.get(4) == Some(&b'H') && on_lane {
+            let now = runs.running.fetch_add(1, Ordering::AcqRel) + 1;
+            runs.most.fetch_max(now, Ordering::AcqRel);
+            let cpu = connmux_sys::affinity::current_cpu().expect("sched_getcpu");
+            runs.seen.lock().unwrap().insert((name, cpu));
+            let t = std::time::Instant::now();
+            while t.elapsed() < burn {
+                std::hint::spin_loop();
+            }
+            runs.running.fetch_sub(1, Ordering::AcqRel);
+        } else if req.get(4) == Some(&b'H') {
+            // On a worker, before the connection turned heavy.
+            let t = std::time::Instant::now();
+            while t.elapsed() < burn {
+                std::hint::spin_loop();
+            }
+        }
+        Verdict::Reply(req)
+    });
+    Some(
+        Service::start(
+            mux,
+            ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
+            handler,
+        )
+        .unwrap(),
+    )
+}
+
+/// The feature KCM is for: one connection's heavy requests (1 ms of CPU
+/// each, 16 in flight) are answered on both workers' CPUs at once, by its
+/// worker's lane and the other CPU's helper. Every reply comes back once (in any order) for its
+/// own request.
+fn one_heavy_connection_runs_on_two_cpus_at_once() {
+    let runs = Arc::new(LaneRuns::default());
+    let Some(svc) = recording_heavy_echo(Duration::from_millis(1), false, runs.clone()) else { return };
+    let mut c = TcpStream::connect(svc.local_addr()).unwrap();
+    c.set_nodelay(true).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    let req = |i: u32| {
+        let mut body = vec![b'H'];
+        body.extend_from_slice(&i.to_be_bytes());
+        body
+    };
+    const MAX: u32 = 5_000;
+    let mut answered = vec![false; MAX as usize];
+    let deadline = std::time::Instant::now() + WAIT;
+    let spread = || runs.most.load(Ordering::Acquire) >= 2 && runs.cpus() >= 2 && runs.threads() >= 2;
+    let (mut sent, mut got) = (0u32, 0u32);
+    while sent < MAX && !spread() {
+        assert!(std::time::Instant::now() < deadline, "never ran on two CPUs at once: {:?}", runs.seen.lock().unwrap());
+        let mut batch = Vec::new();
+        while sent < MAX && sent - got < 16 {
+            batch.extend_from_slice(&framed(&req(sent)));
+            sent += 1;
+        }
+        c.write_all(&batch).unwrap();
+        let body = read_framed(&mut c);
+        let i = u32::from_be_bytes(body[1..5].try_into().unwrap());
+        assert!(i < sent && !std::mem::replace(&mut answered[i as usize], true), "reply {i} unexpected or twice");
+        got += 1;
+    }
+    while got < sent {
+        let body = read_framed(&mut c);
+        let i = u32::from_be_bytes(body[1..5].try_into().unwrap());
+        assert!(i < sent && !std::mem::replace(&mut answered[i as usize], true), "reply {i} unexpected or twice");
+        got += 1;
+    }
+    assert!(spread(), "{sent} requests and never on two CPUs at once: {:?}", runs.seen.lock().unwrap());
+    assert_eq!(svc.mux().lane_moves(), 1);
+    svc.shutdown();
+}
+
+/// With `Config::lane_in_order` a heavy connection is answered by its own
+/// worker's lane alone, and its replies come back in request order.
+fn lane_in_order_keeps_a_heavy_connections_replies_in_order() {
+    let runs = Arc::new(LaneRuns::default());
+    let Some(svc) = recording_heavy_echo(Duration::from_micros(300), true, runs.clone()) else { return };
+    let heavy_id = u32::from_be_bytes([b'H', 0, 0, 1]);
+    client_round_trips(svc.local_addr(), heavy_id, 300, 8, true);
+    assert!(svc.mux().lane_moves() >= 1, "the heavy connection never went to a lane");
+    assert_eq!(runs.threads(), 1, "ran on more than its own lane: {:?}", runs.seen.lock().unwrap());
+    assert_eq!(runs.most.load(Ordering::Acquire), 1);
+    svc.shutdown();
+}
+
 on_both_drivers!(
+    one_heavy_connection_runs_on_two_cpus_at_once,
+    lane_in_order_keeps_a_heavy_connections_replies_in_order,
     heavy_connection_goes_to_the_lane,
     light_requests_are_not_answered_behind_heavy_ones,
     connection_light_again_leaves_the_lane

@@ -65,6 +65,10 @@ pub struct Args {
     /// Nice steps below its worker at which connmux's heavy lane runs.
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
+    /// Keep each heavy connection's replies in request order in connmux (no
+    /// helpers: a heavy connection is answered on one CPU).
+    #[arg(long)]
+    pub lane_in_order: bool,
     /// A smoke run: one round of 0.5 s.
     #[arg(long)]
     pub quick: bool,
@@ -91,6 +95,10 @@ pub struct ServerArgs {
     /// Nice steps below its worker at which the heavy lane runs (connmux only).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
+    /// Keep each heavy connection's replies in request order (connmux only:
+    /// no helpers, a heavy connection is answered on one CPU).
+    #[arg(long)]
+    pub lane_in_order: bool,
     /// Stop after this many seconds (default: until killed).
     #[arg(long)]
     pub duration: Option<f64>,
@@ -156,6 +164,7 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             c.workers = a.cpus.len().max(1);
             c.placement = Placement::Cpus(a.cpus.clone());
             c.lane_nice = a.lane_nice;
+            c.lane_in_order = a.lane_in_order;
             c.driver = match a.driver.as_str() {
                 "auto" => connmux::Driver::Auto,
                 "epoll" => connmux::Driver::Epoll,
@@ -434,12 +443,13 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 &a.driver,
             ])
             .args(["--heavy-us", &a.heavy_us.to_string()])
-            .args(["--lane-nice", &a.lane_nice.to_string()]);
+            .args(["--lane-nice", &a.lane_nice.to_string()])
+            .args(a.lane_in_order.then_some("--lane-in-order"));
         servers.push(Proc::spawn(name, cmd, port)?);
     }
     println!(
         "connmux bench uneven: {} heavy connection(s) ({} us of CPU per request) and {} light ones, -a{} each; \
-         servers with one worker per CPU {:?} (connmux driver {}, lane nice +{}); {} round(s) of {} s, interleaved; medians; load avg {}",
+         servers with one worker per CPU {:?} (connmux driver {}, lane nice +{}{}); {} round(s) of {} s, interleaved; medians; load avg {}",
         a.heavy_conns,
         a.heavy_us,
         a.light_conns,
@@ -447,6 +457,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.cpus,
         a.driver,
         a.lane_nice,
+        if a.lane_in_order { ", lanes in order" } else { "" },
         a.rounds,
         a.seconds,
         loadavg()
