@@ -140,16 +140,18 @@ pub struct Config {
     /// value (lowering its priority) needs no privilege; a negative value
     /// needs `CAP_SYS_NICE` and is left at the worker's without it. Default 3.
     pub lane_nice: i32,
-    /// Whether a heavy connection's replies keep its requests' order. By
-    /// default (`false`) a helper thread on every other worker's CPU, which
-    /// runs only in that CPU's spare time (`SCHED_IDLE`), takes messages from
-    /// each worker's heavy lane too, so the requests of one
-    /// heavy connection are answered on every CPU at once, and its replies
-    /// may leave in another order than its requests came (as under KCM;
-    /// protocols that match replies by tag or xid, such as ONC RPC and 9P,
-    /// need no order). `true` starts no helpers: each lane has one thread,
-    /// which answers its heavy connections in order; the price is that a
-    /// heavy connection is answered on one CPU.
+    /// Whether a heavy connection's replies keep its requests' order.
+    /// `true` (the default) starts no helpers: each lane has one thread,
+    /// which answers its heavy connections in order, so a heavy connection
+    /// is answered on one CPU. `false` adds a helper thread on every other
+    /// worker's CPU, which runs only in that CPU's spare time
+    /// (`SCHED_IDLE`) and takes messages from each worker's heavy lane too,
+    /// so the requests of one heavy connection are answered on every CPU at
+    /// once, and its replies may leave in another order than its requests
+    /// came (as under KCM; protocols that match replies by tag or xid, such
+    /// as ONC RPC and 9P, need no order). Not the default yet: a helper
+    /// preempted while it holds the mux's shared lock stalls the workers
+    /// until its CPU is idle again (`docs/performance.md`, "Uneven work").
     pub lane_in_order: bool,
 }
 
@@ -166,7 +168,7 @@ impl Default for Config {
             incoming_cpu: true,
             recv_spin: std::time::Duration::from_micros(50),
             lane_nice: 3,
-            lane_in_order: false,
+            lane_in_order: true,
         }
     }
 }

@@ -87,10 +87,11 @@ pub struct Common {
     /// whose requests run long is answered there).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
-    /// Keep each heavy connection's replies in request order (no helpers:
-    /// a heavy connection is answered on one CPU).
+    /// Let a helper on every other worker's CPU (in its spare time) answer
+    /// a heavy connection's requests too: one heavy connection is answered
+    /// on all CPUs, and its replies may leave out of request order.
     #[arg(long)]
-    pub lane_in_order: bool,
+    pub lane_helpers: bool,
     #[command(flatten)]
     pub tls: crate::cmd::tls::ServerTls,
     #[command(flatten)]
@@ -181,7 +182,7 @@ impl Common {
         c.driver = parse_driver(&self.driver)?;
         c.incoming_cpu = parse_attach(&self.attach)?;
         c.lane_nice = self.lane_nice;
-        c.lane_in_order = self.lane_in_order;
+        c.lane_in_order = !self.lane_helpers;
         c.core.max_msg_size = self.max_msg;
         c.core.assembly_timeout =
             (self.assembly_timeout_ms > 0).then(|| Duration::from_millis(self.assembly_timeout_ms));

@@ -65,10 +65,10 @@ pub struct Args {
     /// Nice steps below its worker at which connmux's heavy lane runs.
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
-    /// Keep each heavy connection's replies in request order in connmux (no
-    /// helpers: a heavy connection is answered on one CPU).
+    /// connmux with lane helpers (`--lane-helpers`): a heavy connection's
+    /// requests answered on every CPU, replies possibly out of order.
     #[arg(long)]
-    pub lane_in_order: bool,
+    pub lane_helpers: bool,
     /// A smoke run: one round of 0.5 s.
     #[arg(long)]
     pub quick: bool,
@@ -95,10 +95,10 @@ pub struct ServerArgs {
     /// Nice steps below its worker at which the heavy lane runs (connmux only).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
-    /// Keep each heavy connection's replies in request order (connmux only:
-    /// no helpers, a heavy connection is answered on one CPU).
+    /// Lane helpers (connmux only): a heavy connection's requests answered
+    /// on every CPU, replies possibly out of order.
     #[arg(long)]
-    pub lane_in_order: bool,
+    pub lane_helpers: bool,
     /// Stop after this many seconds (default: until killed).
     #[arg(long)]
     pub duration: Option<f64>,
@@ -164,7 +164,7 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             c.workers = a.cpus.len().max(1);
             c.placement = Placement::Cpus(a.cpus.clone());
             c.lane_nice = a.lane_nice;
-            c.lane_in_order = a.lane_in_order;
+            c.lane_in_order = !a.lane_helpers;
             c.driver = match a.driver.as_str() {
                 "auto" => connmux::Driver::Auto,
                 "epoll" => connmux::Driver::Epoll,
@@ -444,7 +444,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             ])
             .args(["--heavy-us", &a.heavy_us.to_string()])
             .args(["--lane-nice", &a.lane_nice.to_string()])
-            .args(a.lane_in_order.then_some("--lane-in-order"));
+            .args(a.lane_helpers.then_some("--lane-helpers"));
         servers.push(Proc::spawn(name, cmd, port)?);
     }
     println!(
@@ -457,7 +457,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.cpus,
         a.driver,
         a.lane_nice,
-        if a.lane_in_order { ", lanes in order" } else { "" },
+        if a.lane_helpers { ", lane helpers" } else { "" },
         a.rounds,
         a.seconds,
         loadavg()
