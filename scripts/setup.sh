@@ -20,6 +20,12 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 command -v cargo >/dev/null || { echo "setup: cargo (Rust stable) is required" >&2; exit 1; }
+# rustfmt and clippy: CI checks formatting and lints.
+for c in rustfmt clippy; do
+    cargo "$([ $c = rustfmt ] && echo fmt || echo clippy)" --version >/dev/null 2>&1 \
+        || rustup component add "$c" >/dev/null 2>&1 \
+        || { echo "setup: the Rust component $c is required (rustup component add $c)" >&2; exit 1; }
+done
 
 # ---- TLS (crates/connmux-cli/tests/tls.rs): `openssl` for s_client and for a
 # certificate made outside connmux; python3's ssl module is the other peer.

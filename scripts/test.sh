@@ -4,6 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export CARGO_TERM_COLOR=never
+# ---- formatting and lints: an unformatted file or a clippy warning fails CI ----
+cargo fmt --all --check
+(cd fuzz && cargo fmt --check)
+cargo clippy --release --workspace --all-targets -- -D warnings
 # One build profile for everything: the loopback and load tests need release speed.
 cargo build --release --workspace --all-targets
 cargo test --release --workspace -- --test-threads=2

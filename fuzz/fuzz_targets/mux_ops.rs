@@ -19,7 +19,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
-use connmux_core::mux::{Mux, MuxConfig, PsockConfig, PsockId, RecvFlags, SendFlags, SockId, SockType, Steering, TxPolicy};
+use connmux_core::mux::{
+    Mux, MuxConfig, PsockConfig, PsockId, RecvFlags, SendFlags, SockId, SockType, Steering, TxPolicy,
+};
 use connmux_core::parsers::from_spec;
 use connmux_core::Timestamp;
 use libfuzzer_sys::fuzz_target;
@@ -37,34 +39,102 @@ struct Config {
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Socket { seqpacket: bool },
-    Clone { s: u8 },
-    Close { s: u8 },
+    Socket {
+        seqpacket: bool,
+    },
+    Clone {
+        s: u8,
+    },
+    Close {
+        s: u8,
+    },
     /// A length-prefixed (l4) psock, or (other) one with another parser.
-    Attach { other: Option<u8>, max_msg: Option<u16>, timeout_ms: Option<Option<u16>>, affinity: Option<u8> },
-    Unattach { p: u8 },
+    Attach {
+        other: Option<u8>,
+        max_msg: Option<u16>,
+        timeout_ms: Option<Option<u16>>,
+        affinity: Option<u8>,
+    },
+    Unattach {
+        p: u8,
+    },
     /// Queue `count` well-formed messages of `len` payload bytes on the psock's wire.
-    Queue { p: u8, count: u8, len: u16 },
+    Queue {
+        p: u8,
+        count: u8,
+        len: u16,
+    },
     /// Queue arbitrary bytes (the psock's content is then no longer checked).
-    Garbage { p: u8, bytes: Vec<u8> },
+    Garbage {
+        p: u8,
+        bytes: Vec<u8>,
+    },
     /// Read up to `n` queued wire bytes into the psock (at most its capacity).
-    Feed { p: u8, n: u16 },
+    Feed {
+        p: u8,
+        n: u16,
+    },
     /// Feed ignoring the capacity (the mux refuses what is over its hard cap).
-    Overfeed { p: u8, n: u16 },
-    RxClosed { p: u8 },
-    Recv { s: u8, len: u16, peek: bool },
-    RecvMsg { s: u8 },
-    Send { s: u8, len: u16, more: bool, eor: bool, batch: bool },
-    SendTo { s: u8, p: u8, len: u16, batch: bool },
-    SendAbort { s: u8 },
-    Disable { s: u8, on: bool },
-    Rcvbuf { s: u8, v: u16 },
-    Sndbuf { s: u8, v: u16 },
-    Affinity { s: u8, tag: Option<u8> },
-    TxBegin { p: u8 },
-    TxComplete { p: u8, n: u16 },
-    TxFailed { p: u8 },
-    Advance { ms: u16 },
+    Overfeed {
+        p: u8,
+        n: u16,
+    },
+    RxClosed {
+        p: u8,
+    },
+    Recv {
+        s: u8,
+        len: u16,
+        peek: bool,
+    },
+    RecvMsg {
+        s: u8,
+    },
+    Send {
+        s: u8,
+        len: u16,
+        more: bool,
+        eor: bool,
+        batch: bool,
+    },
+    SendTo {
+        s: u8,
+        p: u8,
+        len: u16,
+        batch: bool,
+    },
+    SendAbort {
+        s: u8,
+    },
+    Disable {
+        s: u8,
+        on: bool,
+    },
+    Rcvbuf {
+        s: u8,
+        v: u16,
+    },
+    Sndbuf {
+        s: u8,
+        v: u16,
+    },
+    Affinity {
+        s: u8,
+        tag: Option<u8>,
+    },
+    TxBegin {
+        p: u8,
+    },
+    TxComplete {
+        p: u8,
+        n: u16,
+    },
+    TxFailed {
+        p: u8,
+    },
+    Advance {
+        ms: u16,
+    },
 }
 
 #[derive(Arbitrary, Debug)]

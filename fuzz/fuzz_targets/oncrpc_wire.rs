@@ -19,7 +19,7 @@
 
 use connmux_oncrpc::call::AuthSysParams;
 use connmux_oncrpc::msg::AuthStat;
-use connmux_oncrpc::record::{encode_record, RecordError, RecordLimits, RecordReader, RecordMark};
+use connmux_oncrpc::record::{encode_record, RecordError, RecordLimits, RecordMark, RecordReader};
 use connmux_oncrpc::{check_reply, decode_reply, encode_reply, CallHeader, Outcome, Registry, Reply};
 use libfuzzer_sys::fuzz_target;
 

@@ -57,7 +57,10 @@ const SPECS: &[&str] = &[
 #[derive(Debug, PartialEq)]
 enum End {
     /// Bytes left of an unfinished message, and the need hint.
-    Open { buffered: usize, need: Option<usize> },
+    Open {
+        buffered: usize,
+        need: Option<usize>,
+    },
     Refused(Refusal),
 }
 

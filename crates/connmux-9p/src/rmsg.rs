@@ -136,24 +136,61 @@ pub fn statfs(out: &mut Vec<u8>, tag: u16, s: &StatFs) {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[allow(missing_docs)]
 pub enum Rmsg<'a> {
-    Lerror { errno: u32 },
-    Version { msize: u32, version: &'a str },
+    Lerror {
+        errno: u32,
+    },
+    Version {
+        msize: u32,
+        version: &'a str,
+    },
     /// Rattach, Rmkdir, Rsymlink, Rmknod.
-    Qid { ty: MsgType, qid: Qid },
-    Walk { qids: Vec<Qid> },
+    Qid {
+        ty: MsgType,
+        qid: Qid,
+    },
+    Walk {
+        qids: Vec<Qid>,
+    },
     /// Rread and Rreaddir.
-    Data { ty: MsgType, data: &'a [u8] },
-    Write { count: u32 },
+    Data {
+        ty: MsgType,
+        data: &'a [u8],
+    },
+    Write {
+        count: u32,
+    },
     /// Rlopen and Rlcreate.
-    Open { ty: MsgType, qid: Qid, iounit: u32 },
-    Getattr { valid: u64, qid: Qid, attr: Attr },
+    Open {
+        ty: MsgType,
+        qid: Qid,
+        iounit: u32,
+    },
+    Getattr {
+        valid: u64,
+        qid: Qid,
+        attr: Attr,
+    },
     Statfs(StatFs),
-    Readlink { target: &'a str },
-    Xattrwalk { size: u64 },
-    Lock { status: u8 },
-    Getlock { lock_type: u8, start: u64, length: u64, proc_id: u32, client_id: &'a str },
+    Readlink {
+        target: &'a str,
+    },
+    Xattrwalk {
+        size: u64,
+    },
+    Lock {
+        status: u8,
+    },
+    Getlock {
+        lock_type: u8,
+        start: u64,
+        length: u64,
+        proc_id: u32,
+        client_id: &'a str,
+    },
     /// A reply with no body.
-    Empty { ty: MsgType },
+    Empty {
+        ty: MsgType,
+    },
 }
 
 impl<'a> Rmsg<'a> {

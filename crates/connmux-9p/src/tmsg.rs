@@ -107,13 +107,9 @@ impl<'a> Tmsg<'a> {
         Ok(match ty {
             MsgType::TVERSION => Tmsg::Version { msize: r.u32()?, version: r.str()? },
             MsgType::TAUTH => Tmsg::Auth { afid: r.u32()?, uname: r.str()?, aname: r.str()?, n_uname: r.u32()? },
-            MsgType::TATTACH => Tmsg::Attach {
-                fid: r.u32()?,
-                afid: r.u32()?,
-                uname: r.str()?,
-                aname: r.str()?,
-                n_uname: r.u32()?,
-            },
+            MsgType::TATTACH => {
+                Tmsg::Attach { fid: r.u32()?, afid: r.u32()?, uname: r.str()?, aname: r.str()?, n_uname: r.u32()? }
+            }
             MsgType::TFLUSH => Tmsg::Flush { oldtag: r.u16()? },
             MsgType::TWALK => {
                 let (fid, newfid, n) = (r.u32()?, r.u32()?, r.u16()?);
@@ -132,13 +128,9 @@ impl<'a> Tmsg<'a> {
             MsgType::TREMOVE => Tmsg::Remove { fid: r.u32()? },
             MsgType::TSTATFS => Tmsg::Statfs { fid: r.u32()? },
             MsgType::TLOPEN => Tmsg::Lopen { fid: r.u32()?, flags: r.u32()? },
-            MsgType::TLCREATE => Tmsg::Lcreate {
-                fid: r.u32()?,
-                name: r.str()?,
-                flags: r.u32()?,
-                mode: r.u32()?,
-                gid: r.u32()?,
-            },
+            MsgType::TLCREATE => {
+                Tmsg::Lcreate { fid: r.u32()?, name: r.str()?, flags: r.u32()?, mode: r.u32()?, gid: r.u32()? }
+            }
             MsgType::TSYMLINK => Tmsg::Symlink { fid: r.u32()?, name: r.str()?, target: r.str()?, gid: r.u32()? },
             MsgType::TMKNOD => Tmsg::Mknod {
                 dfid: r.u32()?,
@@ -182,12 +174,9 @@ impl<'a> Tmsg<'a> {
             }),
             MsgType::TLINK => Tmsg::Link { dfid: r.u32()?, fid: r.u32()?, name: r.str()? },
             MsgType::TMKDIR => Tmsg::Mkdir { dfid: r.u32()?, name: r.str()?, mode: r.u32()?, gid: r.u32()? },
-            MsgType::TRENAMEAT => Tmsg::Renameat {
-                olddirfid: r.u32()?,
-                oldname: r.str()?,
-                newdirfid: r.u32()?,
-                newname: r.str()?,
-            },
+            MsgType::TRENAMEAT => {
+                Tmsg::Renameat { olddirfid: r.u32()?, oldname: r.str()?, newdirfid: r.u32()?, newname: r.str()? }
+            }
             MsgType::TUNLINKAT => Tmsg::Unlinkat { dirfid: r.u32()?, name: r.str()?, flags: r.u32()? },
             other => return Err(WireError::UnknownType(other.0)),
         })
@@ -248,10 +237,7 @@ impl<'a> Tmsg<'a> {
                 e.u32(*fid).u64(*offset).u32(*count)
             }
             Tmsg::Write { fid, offset, data } => e.u32(*fid).u64(*offset).data(data),
-            Tmsg::Clunk { fid }
-            | Tmsg::Remove { fid }
-            | Tmsg::Statfs { fid }
-            | Tmsg::Readlink { fid } => e.u32(*fid),
+            Tmsg::Clunk { fid } | Tmsg::Remove { fid } | Tmsg::Statfs { fid } | Tmsg::Readlink { fid } => e.u32(*fid),
             Tmsg::Lopen { fid, flags } => e.u32(*fid).u32(*flags),
             Tmsg::Lcreate { fid, name, flags, mode, gid } => e.u32(*fid).str(name).u32(*flags).u32(*mode).u32(*gid),
             Tmsg::Symlink { fid, name, target, gid } => e.u32(*fid).str(name).str(target).u32(*gid),
@@ -268,17 +254,10 @@ impl<'a> Tmsg<'a> {
             Tmsg::Xattrwalk { fid, newfid, name } => e.u32(*fid).u32(*newfid).str(name),
             Tmsg::Xattrcreate { fid, name, size, flags } => e.u32(*fid).str(name).u64(*size).u32(*flags),
             Tmsg::Fsync { fid, datasync } => e.u32(*fid).u32(*datasync),
-            Tmsg::Lock(l) => e
-                .u32(l.fid)
-                .u8(l.lock_type)
-                .u32(l.flags)
-                .u64(l.start)
-                .u64(l.length)
-                .u32(l.proc_id)
-                .str(l.client_id),
-            Tmsg::Getlock(l) => {
-                e.u32(l.fid).u8(l.lock_type).u64(l.start).u64(l.length).u32(l.proc_id).str(l.client_id)
+            Tmsg::Lock(l) => {
+                e.u32(l.fid).u8(l.lock_type).u32(l.flags).u64(l.start).u64(l.length).u32(l.proc_id).str(l.client_id)
             }
+            Tmsg::Getlock(l) => e.u32(l.fid).u8(l.lock_type).u64(l.start).u64(l.length).u32(l.proc_id).str(l.client_id),
             Tmsg::Link { dfid, fid, name } => e.u32(*dfid).u32(*fid).str(name),
             Tmsg::Mkdir { dfid, name, mode, gid } => e.u32(*dfid).str(name).u32(*mode).u32(*gid),
             Tmsg::Renameat { olddirfid, oldname, newdirfid, newname } => {

@@ -30,7 +30,17 @@ fn every_request() -> Vec<Tmsg<'static>> {
         Tmsg::Getattr { fid: 1, mask: getattr::BASIC },
         Tmsg::Setattr {
             fid: 1,
-            attr: SetAttr { valid: 8, mode: 1, uid: 2, gid: 3, size: 4, atime_sec: 5, atime_nsec: 6, mtime_sec: 7, mtime_nsec: 8 },
+            attr: SetAttr {
+                valid: 8,
+                mode: 1,
+                uid: 2,
+                gid: 3,
+                size: 4,
+                atime_sec: 5,
+                atime_nsec: 6,
+                mtime_sec: 7,
+                mtime_nsec: 8,
+            },
         },
         Tmsg::Xattrwalk { fid: 1, newfid: 2, name: "user.x" },
         Tmsg::Xattrcreate { fid: 1, name: "user.x", size: 3, flags: 0 },
@@ -77,7 +87,13 @@ fn every_truncation_is_a_typed_error() {
             }
             let err = Tmsg::decode(&short).expect_err("short message decoded");
             assert!(
-                matches!(err, WireError::Truncated { .. } | WireError::Count { .. } | WireError::Size { .. } | WireError::Trailing { .. }),
+                matches!(
+                    err,
+                    WireError::Truncated { .. }
+                        | WireError::Count { .. }
+                        | WireError::Size { .. }
+                        | WireError::Trailing { .. }
+                ),
                 "{m:?} cut at {cut}: {err:?}"
             );
         }
@@ -143,8 +159,19 @@ fn fsync_without_datasync_is_accepted() {
 #[test]
 fn replies_round_trip() {
     let q = Qid { ty: QidType::DIR, version: 3, path: 0x1234_5678_9abc };
-    let attr = Attr { mode: 0o40755, uid: 1, gid: 2, nlink: 3, size: 4096, mtime_sec: 99, data_version: 7, ..Attr::default() };
-    let sf = StatFs { fs_type: 0x01021997, bsize: 4096, blocks: 10, bfree: 5, bavail: 4, files: 100, ffree: 50, fsid: 8, namelen: 255 };
+    let attr =
+        Attr { mode: 0o40755, uid: 1, gid: 2, nlink: 3, size: 4096, mtime_sec: 99, data_version: 7, ..Attr::default() };
+    let sf = StatFs {
+        fs_type: 0x01021997,
+        bsize: 4096,
+        blocks: 10,
+        bfree: 5,
+        bavail: 4,
+        files: 100,
+        ffree: 50,
+        fsid: 8,
+        namelen: 255,
+    };
     let mut buf = Vec::new();
     rmsg::rlerror(&mut buf, 1, 2);
     rmsg::qid(&mut buf, MsgType::RATTACH, 2, &q);
@@ -192,10 +219,8 @@ fn replies_round_trip() {
 #[test]
 fn dirents_round_trip_and_short_ones_fail() {
     let q = Qid { ty: QidType::FILE, version: 0, path: 42 };
-    let ents = [
-        Dirent { qid: q, offset: 1, dtype: 8, name: "a" },
-        Dirent { qid: q, offset: 2, dtype: 4, name: "directory" },
-    ];
+    let ents =
+        [Dirent { qid: q, offset: 1, dtype: 8, name: "a" }, Dirent { qid: q, offset: 2, dtype: 4, name: "directory" }];
     let mut data = Vec::new();
     for d in &ents {
         d.put(&mut data);

@@ -251,12 +251,7 @@ fn stack_access(pc: usize, base: u8, off: i16, n: usize, depth: &mut usize) -> R
     Ok(())
 }
 
-fn check_one(
-    pc: usize,
-    insn: Insn,
-    next: Option<Insn>,
-    depth: &mut usize,
-) -> Result<(Op, Effects), CheckError> {
+fn check_one(pc: usize, insn: Insn, next: Option<Insn>, depth: &mut usize) -> Result<(Op, Effects), CheckError> {
     let Insn { code, dst, src: s, off, imm } = insn;
     let reserved = || CheckError::ReservedField { pc, code };
     let unknown = || CheckError::UnknownOpcode { pc, code };
@@ -271,8 +266,17 @@ fn check_one(
             let d = wreg(pc, dst)?;
             e.writes = bit(d);
             match o {
-                alu::ADD | alu::SUB | alu::MUL | alu::OR | alu::AND | alu::XOR | alu::LSH
-                | alu::RSH | alu::ARSH | alu::DIV | alu::MOD => {
+                alu::ADD
+                | alu::SUB
+                | alu::MUL
+                | alu::OR
+                | alu::AND
+                | alu::XOR
+                | alu::LSH
+                | alu::RSH
+                | alu::ARSH
+                | alu::DIV
+                | alu::MOD => {
                     // DIV/MOD take off = 1 for the signed form (BPF v4).
                     let signed_ok = matches!(o, alu::DIV | alu::MOD);
                     if off != 0 && !(signed_ok && off == 1) {
@@ -352,7 +356,9 @@ fn check_one(
                     match s {
                         0 => {}
                         pseudo::CALL => return Err(CheckError::UnsupportedCall { pc, what: "BPF-to-BPF function" }),
-                        pseudo::KFUNC_CALL => return Err(CheckError::UnsupportedCall { pc, what: "kernel function (kfunc)" }),
+                        pseudo::KFUNC_CALL => {
+                            return Err(CheckError::UnsupportedCall { pc, what: "kernel function (kfunc)" })
+                        }
                         _ => return Err(reserved()),
                     }
                     if imm != helper::SKB_LOAD_BYTES {
@@ -369,8 +375,17 @@ fn check_one(
                     e.reads = bit(0);
                     e.falls_through = false;
                 }
-                jmp::JEQ | jmp::JGT | jmp::JGE | jmp::JSET | jmp::JNE | jmp::JSGT | jmp::JSGE
-                | jmp::JLT | jmp::JLE | jmp::JSLT | jmp::JSLE => {
+                jmp::JEQ
+                | jmp::JGT
+                | jmp::JGE
+                | jmp::JSET
+                | jmp::JNE
+                | jmp::JSGT
+                | jmp::JSGE
+                | jmp::JLT
+                | jmp::JLE
+                | jmp::JSLT
+                | jmp::JSLE => {
                     e.reads = bit(reg(pc, dst)?);
                     if x {
                         if imm != 0 {
@@ -467,24 +482,22 @@ fn check_one(
                         return Err(reserved());
                     }
                 }
-                mode::ATOMIC if sz == size::W || sz == size::DW => {
-                    match imm {
-                        atomic::ADD | atomic::OR | atomic::AND | atomic::XOR => {}
-                        _ if imm == atomic::ADD | atomic::FETCH
-                            || imm == atomic::OR | atomic::FETCH
-                            || imm == atomic::AND | atomic::FETCH
-                            || imm == atomic::XOR | atomic::FETCH
-                            || imm == atomic::XCHG =>
-                        {
-                            e.writes = bit(wreg(pc, v)?);
-                        }
-                        atomic::CMPXCHG => {
-                            e.reads |= bit(0);
-                            e.writes = bit(0);
-                        }
-                        _ => return Err(CheckError::BadAtomic { pc, op: imm }),
+                mode::ATOMIC if sz == size::W || sz == size::DW => match imm {
+                    atomic::ADD | atomic::OR | atomic::AND | atomic::XOR => {}
+                    _ if imm == atomic::ADD | atomic::FETCH
+                        || imm == atomic::OR | atomic::FETCH
+                        || imm == atomic::AND | atomic::FETCH
+                        || imm == atomic::XOR | atomic::FETCH
+                        || imm == atomic::XCHG =>
+                    {
+                        e.writes = bit(wreg(pc, v)?);
                     }
-                }
+                    atomic::CMPXCHG => {
+                        e.reads |= bit(0);
+                        e.writes = bit(0);
+                    }
+                    _ => return Err(CheckError::BadAtomic { pc, op: imm }),
+                },
                 _ => return Err(unknown()),
             }
             stack_access(pc, b, off, bytes_of(sz), depth)?;

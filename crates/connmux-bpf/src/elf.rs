@@ -119,15 +119,18 @@ pub fn load_program(bytes: &[u8], select: Option<&str>) -> Result<ElfProgram, El
             if let Some(s) = program_sections(&file).find(|s| s.name() == Ok(name)) {
                 let n = s.size();
                 (s, 0, n)
-            } else if let Some(sym) = file
-                .symbols()
-                .find(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.name() == Ok(name))
+            } else if let Some(sym) =
+                file.symbols().find(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.name() == Ok(name))
             {
                 let idx = sym.section_index().ok_or(ElfError::NoProgram)?;
                 let s = file.section_by_index(idx).map_err(|e| ElfError::Parse(e.to_string()))?;
                 // In a relocatable object a symbol's address is its offset in its section.
                 let end = sym.address().checked_add(sym.size()).ok_or_else(|| {
-                    ElfError::Parse(format!("symbol {name}: address {:#x} + size {:#x} overflows", sym.address(), sym.size()))
+                    ElfError::Parse(format!(
+                        "symbol {name}: address {:#x} + size {:#x} overflows",
+                        sym.address(),
+                        sym.size()
+                    ))
                 })?;
                 (s, sym.address(), end)
             } else {

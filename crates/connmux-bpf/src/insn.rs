@@ -157,13 +157,10 @@ impl Insn {
 
 /// Decode raw bytecode (a whole number of 8-byte slots).
 pub fn decode(code: &[u8]) -> Result<Vec<Insn>, crate::LoadError> {
-    if code.len() % 8 != 0 {
+    if !code.len().is_multiple_of(8) {
         return Err(crate::LoadError::NotWholeInstructions { len: code.len() });
     }
-    Ok(code
-        .chunks_exact(8)
-        .map(|c| Insn::from_bytes(c.try_into().expect("chunks of 8")))
-        .collect())
+    Ok(code.chunks_exact(8).map(|c| Insn::from_bytes(c.try_into().expect("chunks of 8"))).collect())
 }
 
 /// Encode instructions to the byte slots `BPF_PROG_LOAD` takes.
@@ -185,10 +182,7 @@ mod tests {
 
     #[test]
     fn decode_refuses_partial_slots() {
-        assert!(matches!(
-            decode(&[0u8; 12]),
-            Err(crate::LoadError::NotWholeInstructions { len: 12 })
-        ));
+        assert!(matches!(decode(&[0u8; 12]), Err(crate::LoadError::NotWholeInstructions { len: 12 })));
         assert_eq!(decode(&[0x95, 0, 0, 0, 0, 0, 0, 0]).unwrap().len(), 1);
     }
 }

@@ -56,12 +56,7 @@ impl Program {
 
     pub fn with_limits(insns: &[Insn], limits: &Limits) -> Result<Program, CheckError> {
         let c = check::check(insns, limits)?;
-        Ok(Program {
-            ops: c.ops,
-            insns: insns.into(),
-            stack_depth: c.stack_depth,
-            budget: limits.budget,
-        })
+        Ok(Program { ops: c.ops, insns: insns.into(), stack_depth: c.stack_depth, budget: limits.budget })
     }
 
     /// The instructions as loaded (for `BPF_PROG_LOAD`, or to print).
@@ -181,7 +176,15 @@ impl Vm {
 
     /// `BPF_STX | BPF_ATOMIC`, on the stack only (as the kernel: not on the context).
     #[cold]
-    fn atomic(&mut self, pc: usize, addr: u64, n: usize, op: i64, val: u64, r0: &mut u64) -> Result<Option<u64>, Fault> {
+    fn atomic(
+        &mut self,
+        pc: usize,
+        addr: u64,
+        n: usize,
+        op: i64,
+        val: u64,
+        r0: &mut u64,
+    ) -> Result<Option<u64>, Fault> {
         let i = stack_index(addr, n).ok_or(Fault::Memory { pc: pc - 1, addr, size: n })?;
         let mask = if n == 8 { u64::MAX } else { u32::MAX as u64 };
         let old = le_read(&self.stack[i..i + n]);
@@ -216,13 +219,11 @@ impl Vm {
         if n == 0 || n > STACK_SIZE {
             return Err(Fault::Helper { pc: pc - 1, what: "length is 0 or larger than the stack" });
         }
-        let i = stack_index(r[3], n)
-            .ok_or(Fault::Helper { pc: pc - 1, what: "destination is not inside the stack" })?;
+        let i =
+            stack_index(r[3], n).ok_or(Fault::Helper { pc: pc - 1, what: "destination is not inside the stack" })?;
         let to = &mut self.stack[i..i + n];
         // The kernel takes the offset as an int: above INT_MAX is out of range.
-        let src = (off <= i32::MAX as u32)
-            .then(|| data.get(off as usize..off as usize + n))
-            .flatten();
+        let src = (off <= i32::MAX as u32).then(|| data.get(off as usize..off as usize + n)).flatten();
         match src {
             Some(src) => {
                 to.copy_from_slice(src);

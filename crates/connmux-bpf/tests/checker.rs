@@ -40,10 +40,7 @@ fn structure() {
         CheckError::JumpOutOfRange { pc: 1, target: 3, len: 3 }
     );
     assert_eq!(refuse(&[mov64_imm(0, 0), exit(), exit()]), CheckError::Unreachable { pc: 2 });
-    assert_eq!(
-        refuse(&[mov64_imm(0, 0), ja(-3), exit()]),
-        CheckError::JumpOutOfRange { pc: 1, target: -1, len: 3 }
-    );
+    assert_eq!(refuse(&[mov64_imm(0, 0), ja(-3), exit()]), CheckError::JumpOutOfRange { pc: 1, target: -1, len: 3 });
     let [lo, hi] = Insn::ld_imm64(0, 5);
     assert_eq!(refuse(&[ja(1), lo, hi, exit()]), CheckError::JumpIntoLdImm64 { pc: 0, target: 2 });
     assert_eq!(refuse(&[mov64_imm(0, 0), lo]), CheckError::IncompleteLdImm64 { pc: 1 });
@@ -56,10 +53,7 @@ fn structure() {
 fn opcodes_and_fields() {
     for code in [0xe7, 0xf4, 0x8e, 0x96, 0xe5, 0xf6, 0x01, 0x19, 0x60, 0xa3, 0x38] {
         let e = refuse(&with_ret0(&[Insn::new(code, 0, 0, 0, 0)]));
-        assert!(
-            matches!(e, CheckError::UnknownOpcode { pc: 0, code: c } if c == code),
-            "{code:#x}: {e:?}"
-        );
+        assert!(matches!(e, CheckError::UnknownOpcode { pc: 0, code: c } if c == code), "{code:#x}: {e:?}");
     }
     // Reserved fields: src in a K form, imm in an X form, off where none is taken.
     for insn in [
@@ -70,7 +64,8 @@ fn opcodes_and_fields() {
         Insn::new(class::ALU64 | alu::MOV | src::X, 0, 1, 7, 0),
         Insn::new(class::ALU | alu::MOV | src::X, 0, 1, 32, 0),
         Insn::new(class::JMP | jmp::JEQ | src::X, 0, 1, 0, 9),
-        Insn::new(class::LD | mode::ABS | 0, 3, 0, 0, 0),
+        #[allow(clippy::identity_op)] // the encoding spelled out: LD is class 0
+        Insn::new(class::LD | mode::ABS, 3, 0, 0, 0),
         Insn::new(class::LDX | mode::MEM, 0, 10, -8, 4),
     ] {
         let mut p = vec![mov64_imm(0, 0), mov64_imm(1, 0), mov64_reg(6, 1)];
@@ -113,22 +108,10 @@ fn registers() {
 
 #[test]
 fn stack_bounds_and_alignment() {
-    assert_eq!(
-        refuse(&with_ret0(&[st(DW, 10, -520, 0)])),
-        CheckError::StackOutOfBounds { pc: 0, off: -520, size: 8 }
-    );
-    assert_eq!(
-        refuse(&with_ret0(&[st(W, 10, -2, 0)])),
-        CheckError::StackOutOfBounds { pc: 0, off: -2, size: 4 }
-    );
-    assert_eq!(
-        refuse(&with_ret0(&[st(B, 10, 0, 0)])),
-        CheckError::StackOutOfBounds { pc: 0, off: 0, size: 1 }
-    );
-    assert_eq!(
-        refuse(&with_ret0(&[st(W, 10, -6, 0)])),
-        CheckError::MisalignedStack { pc: 0, off: -6, size: 4 }
-    );
+    assert_eq!(refuse(&with_ret0(&[st(DW, 10, -520, 0)])), CheckError::StackOutOfBounds { pc: 0, off: -520, size: 8 });
+    assert_eq!(refuse(&with_ret0(&[st(W, 10, -2, 0)])), CheckError::StackOutOfBounds { pc: 0, off: -2, size: 4 });
+    assert_eq!(refuse(&with_ret0(&[st(B, 10, 0, 0)])), CheckError::StackOutOfBounds { pc: 0, off: 0, size: 1 });
+    assert_eq!(refuse(&with_ret0(&[st(W, 10, -6, 0)])), CheckError::MisalignedStack { pc: 0, off: -6, size: 4 });
     // The whole stack is usable.
     let p = [st(DW, 10, -512, 7), st(B, 10, -1, 1), ldx(DW, 0, 10, -512), exit()];
     assert_eq!(run(&p, b""), Ok(7));
@@ -142,17 +125,20 @@ fn calls_and_constants() {
     assert!(matches!(refuse(&with_ret0(&[bpf2bpf])), CheckError::UnsupportedCall { pc: 0, .. }));
     let kfunc = Insn::new(class::JMP | jmp::CALL, 0, pseudo::KFUNC_CALL, 0, 1);
     assert!(matches!(refuse(&with_ret0(&[kfunc])), CheckError::UnsupportedCall { pc: 0, .. }));
+    assert_eq!(refuse(&[mov64_imm(0, 1), alu64_imm(alu::DIV, 0, 0), exit()]), CheckError::DivisionByZero { pc: 1 });
+    assert_eq!(refuse(&[mov64_imm(0, 1), alu32_imm(alu::MOD, 0, 0), exit()]), CheckError::DivisionByZero { pc: 1 });
     assert_eq!(
-        refuse(&[mov64_imm(0, 1), alu64_imm(alu::DIV, 0, 0), exit()]),
-        CheckError::DivisionByZero { pc: 1 }
+        refuse(&[mov64_imm(0, 1), alu64_imm(alu::LSH, 0, 64), exit()]),
+        CheckError::BadShift { pc: 1, amount: 64 }
     );
     assert_eq!(
-        refuse(&[mov64_imm(0, 1), alu32_imm(alu::MOD, 0, 0), exit()]),
-        CheckError::DivisionByZero { pc: 1 }
+        refuse(&[mov64_imm(0, 1), alu32_imm(alu::ARSH, 0, 32), exit()]),
+        CheckError::BadShift { pc: 1, amount: 32 }
     );
-    assert_eq!(refuse(&[mov64_imm(0, 1), alu64_imm(alu::LSH, 0, 64), exit()]), CheckError::BadShift { pc: 1, amount: 64 });
-    assert_eq!(refuse(&[mov64_imm(0, 1), alu32_imm(alu::ARSH, 0, 32), exit()]), CheckError::BadShift { pc: 1, amount: 32 });
-    assert_eq!(refuse(&[mov64_imm(0, 1), alu64_imm(alu::RSH, 0, -1), exit()]), CheckError::BadShift { pc: 1, amount: -1 });
+    assert_eq!(
+        refuse(&[mov64_imm(0, 1), alu64_imm(alu::RSH, 0, -1), exit()]),
+        CheckError::BadShift { pc: 1, amount: -1 }
+    );
     assert_eq!(refuse(&[mov64_imm(0, 1), endian(true, 0, 8), exit()]), CheckError::BadByteSwap { pc: 1, width: 8 });
     assert_eq!(refuse(&[mov64_imm(0, 1), bswap(0, 48), exit()]), CheckError::BadByteSwap { pc: 1, width: 48 });
     let bad_atomic = Insn::new(class::STX | mode::ATOMIC | DW, 10, 0, -8, 0x10);
@@ -257,9 +243,21 @@ fn alu_corner_cases() {
     let mod0_32 = [mov64_imm(0, -9), mov64_imm(1, 0), alu32_reg(alu::MOD, 0, 1), exit()];
     assert_eq!(run(&mod0_32, b""), Ok(-9i32 as u32 as u64), "32-bit: the dividend, zero-extended");
     // Only the low 32 bits of the divisor count for 32-bit division.
-    let div_hi = [mov64_imm(0, 9), Insn::ld_imm64(1, 1 << 32)[0], Insn::ld_imm64(1, 1 << 32)[1], alu32_reg(alu::DIV, 0, 1), exit()];
+    let div_hi = [
+        mov64_imm(0, 9),
+        Insn::ld_imm64(1, 1 << 32)[0],
+        Insn::ld_imm64(1, 1 << 32)[1],
+        alu32_reg(alu::DIV, 0, 1),
+        exit(),
+    ];
     assert_eq!(run(&div_hi, b""), Ok(0));
-    let sdiv_min = [Insn::ld_imm64(0, i64::MIN as u64)[0], Insn::ld_imm64(0, i64::MIN as u64)[1], mov64_imm(1, -1), Insn::new(class::ALU64 | alu::DIV | src::X, 0, 1, 1, 0), exit()];
+    let sdiv_min = [
+        Insn::ld_imm64(0, i64::MIN as u64)[0],
+        Insn::ld_imm64(0, i64::MIN as u64)[1],
+        mov64_imm(1, -1),
+        Insn::new(class::ALU64 | alu::DIV | src::X, 0, 1, 1, 0),
+        exit(),
+    ];
     assert_eq!(run(&sdiv_min, b""), Ok(i64::MIN as u64));
     let shift = [mov64_imm(0, 1), mov64_imm(1, 65), alu64_reg(alu::LSH, 0, 1), exit()];
     assert_eq!(run(&shift, b""), Ok(2), "register shifts are modulo the width");
@@ -267,11 +265,26 @@ fn alu_corner_cases() {
     assert_eq!(run(&shift32, b""), Ok(2));
     let arsh32 = [mov64_imm(0, -16), alu32_imm(alu::ARSH, 0, 2), exit()];
     assert_eq!(run(&arsh32, b""), Ok(0xffff_fffc), "32-bit result zero-extended");
-    let to_be = [Insn::ld_imm64(0, 0x1122_3344_5566_7788)[0], Insn::ld_imm64(0, 0x1122_3344_5566_7788)[1], endian(true, 0, 32), exit()];
+    let to_be = [
+        Insn::ld_imm64(0, 0x1122_3344_5566_7788)[0],
+        Insn::ld_imm64(0, 0x1122_3344_5566_7788)[1],
+        endian(true, 0, 32),
+        exit(),
+    ];
     assert_eq!(run(&to_be, b""), Ok(0x8877_6655));
-    let to_le = [Insn::ld_imm64(0, 0x1122_3344_5566_7788)[0], Insn::ld_imm64(0, 0x1122_3344_5566_7788)[1], endian(false, 0, 16), exit()];
+    let to_le = [
+        Insn::ld_imm64(0, 0x1122_3344_5566_7788)[0],
+        Insn::ld_imm64(0, 0x1122_3344_5566_7788)[1],
+        endian(false, 0, 16),
+        exit(),
+    ];
     assert_eq!(run(&to_le, b""), Ok(0x7788));
-    let sw = [Insn::ld_imm64(0, 0x1122_3344_5566_7788)[0], Insn::ld_imm64(0, 0x1122_3344_5566_7788)[1], bswap(0, 64), exit()];
+    let sw = [
+        Insn::ld_imm64(0, 0x1122_3344_5566_7788)[0],
+        Insn::ld_imm64(0, 0x1122_3344_5566_7788)[1],
+        bswap(0, 64),
+        exit(),
+    ];
     assert_eq!(run(&sw, b""), Ok(0x8877_6655_4433_2211));
 }
 
@@ -283,7 +296,8 @@ fn stack_is_cleared_between_runs() {
     assert_eq!(p.run(&mut vm, b""), Ok(0));
     assert_eq!(p.run(&mut vm, b""), Ok(0));
     // Same when the frame pointer escapes into another register.
-    let q = Program::new(&[mov64_reg(2, 10), ldx(DW, 0, 2, -504), mov64_imm(1, 42), stx(DW, 2, 1, -504), exit()]).unwrap();
+    let q =
+        Program::new(&[mov64_reg(2, 10), ldx(DW, 0, 2, -504), mov64_imm(1, 42), stx(DW, 2, 1, -504), exit()]).unwrap();
     assert_eq!(q.run(&mut vm, b""), Ok(0));
     assert_eq!(q.run(&mut vm, b""), Ok(0));
 }
@@ -302,7 +316,8 @@ fn parser_mapping() {
     let mut p = BpfParser::from_raw(&code).unwrap();
     assert_eq!(p.parse(b""), Parse::Length(5));
     assert_eq!(p.name(), "bpf:raw");
-    let spin: Vec<u8> = [mov64_imm(0, 0), jmp_imm(jmp::JEQ, 0, 0, -1), exit()].iter().flat_map(|i| i.to_bytes()).collect();
+    let spin: Vec<u8> =
+        [mov64_imm(0, 0), jmp_imm(jmp::JEQ, 0, 0, -1), exit()].iter().flat_map(|i| i.to_bytes()).collect();
     let mut p = BpfParser::from_raw(&spin).unwrap();
     assert!(matches!(p.parse(b"x"), Parse::Invalid(ParseError::ProgramFault(why)) if why.contains("budget")));
     assert!(matches!(BpfParser::from_raw(&code[..12]), Err(LoadError::NotWholeInstructions { len: 12 })));

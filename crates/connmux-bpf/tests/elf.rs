@@ -59,7 +59,10 @@ fn several_programs_choose_by_section_or_function() {
     assert_eq!(listed[1].functions, ["magic_len32le"]);
     match load_program(&bytes, None) {
         Err(ElfError::Ambiguous(names)) => {
-            assert!(names.contains(&"socket/len64be".to_string()) && names.contains(&"len16le".to_string()), "{names:?}")
+            assert!(
+                names.contains(&"socket/len64be".to_string()) && names.contains(&"len16le".to_string()),
+                "{names:?}"
+            )
         }
         other => panic!("{other:?}"),
     }

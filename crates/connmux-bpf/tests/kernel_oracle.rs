@@ -36,9 +36,9 @@ fn kernel_load(insns: &[Insn], what: &str) -> OwnedFd {
     let raw = connmux_bpf::insn::encode(insns);
     match prog_load_socket_filter(&raw, "GPL") {
         Ok(fd) => fd,
-        Err(e) if e.raw_os_error() == Some(1) => panic!(
-            "BPF_PROG_LOAD: permission denied: the kernel oracle tests need root (CAP_BPF, CAP_PERFMON)"
-        ),
+        Err(e) if e.raw_os_error() == Some(1) => {
+            panic!("BPF_PROG_LOAD: permission denied: the kernel oracle tests need root (CAP_BPF, CAP_PERFMON)")
+        }
         Err(e) => {
             // The verifier's log ends with why.
             let text = e.to_string();
@@ -456,7 +456,21 @@ impl Gen<'_> {
     }
 
     fn alu(&mut self) -> Vec<Insn> {
-        let ops = [alu::ADD, alu::SUB, alu::MUL, alu::DIV, alu::OR, alu::AND, alu::LSH, alu::RSH, alu::NEG, alu::MOD, alu::XOR, alu::MOV, alu::ARSH];
+        let ops = [
+            alu::ADD,
+            alu::SUB,
+            alu::MUL,
+            alu::DIV,
+            alu::OR,
+            alu::AND,
+            alu::LSH,
+            alu::RSH,
+            alu::NEG,
+            alu::MOD,
+            alu::XOR,
+            alu::MOV,
+            alu::ARSH,
+        ];
         let op = self.rng.pick(&ops);
         let is64 = self.rng.chance(50);
         let cls = if is64 { class::ALU64 } else { class::ALU };
@@ -513,7 +527,12 @@ impl Gen<'_> {
             10..=11 => {
                 // A store into a slot, at any aligned place inside it.
                 let sz = self.rng.pick(&[B, H, W, DW]);
-                let n = match sz { B => 1, H => 2, W => 4, _ => 8 };
+                let n = match sz {
+                    B => 1,
+                    H => 2,
+                    W => 4,
+                    _ => 8,
+                };
                 let off = self.slot() + (self.rng.below(8 / n) * n) as i16;
                 if self.rng.chance(50) {
                     vec![stx(sz, 10, s, off)]
@@ -523,7 +542,12 @@ impl Gen<'_> {
             }
             12..=13 => {
                 let sz = self.rng.pick(&[B, H, W, DW]);
-                let n = match sz { B => 1, H => 2, W => 4, _ => 8 };
+                let n = match sz {
+                    B => 1,
+                    H => 2,
+                    W => 4,
+                    _ => 8,
+                };
                 let off = self.slot() + (self.rng.below(8 / n) * n) as i16;
                 if sz != DW && self.rng.chance(40) {
                     vec![Insn::new(class::LDX | mode::MEMSX | sz, d, 10, off, 0)]
@@ -536,10 +560,16 @@ impl Gen<'_> {
                 let sz = if wide { DW } else { W };
                 let off = self.slot() + if wide { 0 } else { 4 * self.rng.below(2) as i16 };
                 let op = self.rng.pick(&[
-                    atomic::ADD, atomic::OR, atomic::AND, atomic::XOR,
-                    atomic::ADD | atomic::FETCH, atomic::OR | atomic::FETCH,
-                    atomic::AND | atomic::FETCH, atomic::XOR | atomic::FETCH,
-                    atomic::XCHG, atomic::CMPXCHG,
+                    atomic::ADD,
+                    atomic::OR,
+                    atomic::AND,
+                    atomic::XOR,
+                    atomic::ADD | atomic::FETCH,
+                    atomic::OR | atomic::FETCH,
+                    atomic::AND | atomic::FETCH,
+                    atomic::XOR | atomic::FETCH,
+                    atomic::XCHG,
+                    atomic::CMPXCHG,
                 ]);
                 vec![Insn::new(class::STX | mode::ATOMIC | sz, 10, s, off, op)]
             }
@@ -562,12 +592,30 @@ impl Gen<'_> {
                 } else {
                     vec![mov64_imm(2, self.rng.below(200) as i32)]
                 };
-                v.extend([mov64_reg(1, 6), mov64_reg(3, 10), alu64_imm(alu::ADD, 3, base), mov64_imm(4, len), call(26)]);
+                v.extend([
+                    mov64_reg(1, 6),
+                    mov64_reg(3, 10),
+                    alu64_imm(alu::ADD, 3, base),
+                    mov64_imm(4, len),
+                    call(26),
+                ]);
                 self.reload(&mut v);
                 v
             }
             _ => {
-                let ops = [jmp::JEQ, jmp::JGT, jmp::JGE, jmp::JSET, jmp::JNE, jmp::JSGT, jmp::JSGE, jmp::JLT, jmp::JLE, jmp::JSLT, jmp::JSLE];
+                let ops = [
+                    jmp::JEQ,
+                    jmp::JGT,
+                    jmp::JGE,
+                    jmp::JSET,
+                    jmp::JNE,
+                    jmp::JSGT,
+                    jmp::JSGE,
+                    jmp::JLT,
+                    jmp::JLE,
+                    jmp::JSLT,
+                    jmp::JSLE,
+                ];
                 let op = self.rng.pick(&ops);
                 let cls = if self.rng.chance(50) { class::JMP } else { class::JMP32 };
                 let cond = if self.rng.chance(50) {
@@ -662,7 +710,8 @@ fn random_programs_agree_with_kernel() {
     for n in 0..programs {
         let prog_insns = Gen { rng: &mut rng }.program();
         insns += prog_insns.len();
-        let prog = Program::new(&prog_insns).unwrap_or_else(|e| panic!("random program {n} refused here: {e}\n{prog_insns:?}"));
+        let prog = Program::new(&prog_insns)
+            .unwrap_or_else(|e| panic!("random program {n} refused here: {e}\n{prog_insns:?}"));
         let fd = kernel_load(&prog_insns, &format!("random program {n}"));
         let mut vm = Vm::new();
         for _ in 0..per {

@@ -12,7 +12,9 @@ use common::{program_cases, Rng};
 use connmux_bpf::asm::*;
 use connmux_bpf::insn::{alu, jmp};
 use connmux_bpf::{BpfParser, Program};
-use connmux_core::mux::{Event, Mux, MuxConfig, MuxError, PsockConfig, PsockError, PsockId, RxError, SockId, SockType, Steering};
+use connmux_core::mux::{
+    Event, Mux, MuxConfig, MuxError, PsockConfig, PsockError, PsockId, RxError, SockId, SockType, Steering,
+};
 use connmux_core::parser::{ParseError, Parser};
 use connmux_core::parsers::from_spec;
 use connmux_core::Timestamp;
@@ -133,10 +135,7 @@ fn case_12_length_over_the_limit_stops_that_psock_only() {
     let q = attach(&mut m, len_prefix());
     events(&mut m);
     m.feed(p, &l4_total(2000, 0)[..100], T0).unwrap();
-    assert_eq!(
-        events(&mut m),
-        vec![Event::PsockFailed(p, PsockError::Rx(RxError::TooBig { len: 2000, max: 1000 }))]
-    );
+    assert_eq!(events(&mut m), vec![Event::PsockFailed(p, PsockError::Rx(RxError::TooBig { len: 2000, max: 1000 }))]);
     assert_eq!(m.psock_stats(p).unwrap().rx_msg_too_big, 1);
     assert_eq!(m.recv_msg(k).unwrap_err(), MuxError::WouldBlock);
     m.feed(q, &l4_total(10, 5), T0).unwrap();
@@ -336,5 +335,8 @@ fn seeded_split_simulation_bpf_equals_builtin() {
             total_msgs += sent.len();
         }
     }
-    println!("{} programs × {runs_per_case} seeded runs ({total_runs} runs, {total_msgs} messages): bpf = built-in = sent", cases.len());
+    println!(
+        "{} programs × {runs_per_case} seeded runs ({total_runs} runs, {total_msgs} messages): bpf = built-in = sent",
+        cases.len()
+    );
 }

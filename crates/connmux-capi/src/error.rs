@@ -16,10 +16,7 @@ pub(crate) struct Fail {
 
 impl Fail {
     pub fn new(errno: i32, msg: impl Into<String>) -> Fail {
-        Fail {
-            errno,
-            msg: msg.into(),
-        }
+        Fail { errno, msg: msg.into() }
     }
 
     /// A null pointer where one is required.
@@ -34,10 +31,7 @@ impl Fail {
 
 impl From<io::Error> for Fail {
     fn from(e: io::Error) -> Fail {
-        Fail {
-            errno: errno_of(&e),
-            msg: e.to_string(),
-        }
+        Fail { errno: errno_of(&e), msg: e.to_string() }
     }
 }
 
@@ -75,8 +69,7 @@ fn set_last(msg: &str) {
 
 /// The thread's last message, or null if no call on this thread failed.
 pub(crate) fn last_ptr() -> *const c_char {
-    LAST.try_with(|l| l.borrow().as_ref().map_or(std::ptr::null(), |c| c.as_ptr()))
-        .unwrap_or(std::ptr::null())
+    LAST.try_with(|l| l.borrow().as_ref().map_or(std::ptr::null(), |c| c.as_ptr())).unwrap_or(std::ptr::null())
 }
 
 /// Run the body of an exported function: `Ok(n)` returns `n`, `Err` returns

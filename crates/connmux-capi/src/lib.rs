@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use connmux_bpf::{BpfParser, Program};
 use connmux_rs::{
-    AttachOptions, Config, KcmSocket, Mux, MuxStats, Parser, Placement, PsockError, PsockId,
-    PsockStats, RecvFlags, RecvInfo, SendFlags, SockStats, SockType, Steering, TxPolicy,
+    AttachOptions, Config, KcmSocket, Mux, MuxStats, Parser, Placement, PsockError, PsockId, PsockStats, RecvFlags,
+    RecvInfo, SendFlags, SockStats, SockType, Steering, TxPolicy,
 };
 
 use error::{guard, guard_int, Fail};
@@ -103,10 +103,7 @@ fn psock_to_c(p: PsockId) -> connmux_psock_id {
 
 fn psock_from_c(v: connmux_psock_id) -> Option<PsockId> {
     let x = v.checked_sub(1)?;
-    Some(PsockId {
-        index: x as u32,
-        generation: (x >> 32) as u32,
-    })
+    Some(PsockId { index: x as u32, generation: (x >> 32) as u32 })
 }
 
 fn psock_required(v: connmux_psock_id) -> Result<PsockId, Fail> {
@@ -151,12 +148,8 @@ enum ParserKind {
 impl ParserKind {
     fn build(&self) -> Result<Box<dyn Parser>, Fail> {
         match self {
-            ParserKind::Spec(s) => {
-                connmux_rs::parsers::from_spec(s).map_err(|e| Fail::inval(e.to_string()))
-            }
-            ParserKind::Bpf { program, name } => {
-                Ok(Box::new(BpfParser::new(program.clone(), name)))
-            }
+            ParserKind::Spec(s) => connmux_rs::parsers::from_spec(s).map_err(|e| Fail::inval(e.to_string())),
+            ParserKind::Bpf { program, name } => Ok(Box::new(BpfParser::new(program.clone(), name))),
         }
     }
 }
@@ -470,8 +463,7 @@ unsafe fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, Fail> {
     }
     // SAFETY: non-null and NUL-terminated by contract.
     let s = unsafe { CStr::from_ptr(p) };
-    s.to_str()
-        .map_err(|_| Fail::inval(format!("{what} is not UTF-8")))
+    s.to_str().map_err(|_| Fail::inval(format!("{what} is not UTF-8")))
 }
 
 /// # Safety
@@ -540,9 +532,7 @@ fn config_from_c(c: &connmux_config) -> Result<Config, Fail> {
         return Err(Fail::inval("workers must be at least 1"));
     }
     if c.max_msg_size == 0 || c.read_chunk == 0 || c.event_queue == 0 {
-        return Err(Fail::inval(
-            "max_msg_size, read_chunk and event_queue must be positive",
-        ));
+        return Err(Fail::inval("max_msg_size, read_chunk and event_queue must be positive"));
     }
     cfg.workers = c.workers as usize;
     cfg.placement = match c.pin_workers {
@@ -553,8 +543,7 @@ fn config_from_c(c: &connmux_config) -> Result<Config, Fail> {
     cfg.read_chunk = c.read_chunk;
     cfg.event_queue = c.event_queue;
     cfg.core.max_msg_size = c.max_msg_size;
-    cfg.core.assembly_timeout =
-        (c.assembly_timeout_ms > 0).then(|| Duration::from_millis(c.assembly_timeout_ms));
+    cfg.core.assembly_timeout = (c.assembly_timeout_ms > 0).then(|| Duration::from_millis(c.assembly_timeout_ms));
     cfg.core.sock_rcvbuf = c.sock_rcvbuf;
     cfg.core.sock_sndbuf = c.sock_sndbuf;
     cfg.core.psock_rx_buf = c.psock_rx_buf;
@@ -585,10 +574,7 @@ fn config_from_c(c: &connmux_config) -> Result<Config, Fail> {
 /// # Safety
 /// `cfg` is NULL or a readable `connmux_config`; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_mux_new(
-    cfg: *const connmux_config,
-    out_mux: *mut *mut connmux_mux,
-) -> c_int {
+pub unsafe extern "C" fn connmux_mux_new(cfg: *const connmux_config, out_mux: *mut *mut connmux_mux) -> c_int {
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let slot = unsafe { out(out_mux, "out") }?;
@@ -600,10 +586,7 @@ pub unsafe extern "C" fn connmux_mux_new(
             config_from_c(unsafe { inp(cfg, "cfg") }?)?
         };
         let mux = Mux::new(config)?;
-        *slot = Box::into_raw(Box::new(connmux_mux {
-            magic: MUX_MAGIC,
-            mux,
-        }));
+        *slot = Box::into_raw(Box::new(connmux_mux { magic: MUX_MAGIC, mux }));
         Ok(0)
     })
 }
@@ -648,10 +631,7 @@ pub unsafe extern "C" fn connmux_mux_workers(mux: *const connmux_mux) -> c_int {
 // ---------------------------------------------------------------------------
 
 fn new_parser(kind: ParserKind, out_p: &mut *mut connmux_parser) {
-    *out_p = Box::into_raw(Box::new(connmux_parser {
-        magic: PARSER_MAGIC,
-        kind,
-    }));
+    *out_p = Box::into_raw(Box::new(connmux_parser { magic: PARSER_MAGIC, kind }));
 }
 
 /// A built-in parser from a spec string: `l4`, `len:offset=N,width=1..8,
@@ -663,10 +643,7 @@ fn new_parser(kind: ParserKind, out_p: &mut *mut connmux_parser) {
 /// # Safety
 /// `spec` is a NUL-terminated string; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_parser_from_spec(
-    spec: *const c_char,
-    out_parser: *mut *mut connmux_parser,
-) -> c_int {
+pub unsafe extern "C" fn connmux_parser_from_spec(spec: *const c_char, out_parser: *mut *mut connmux_parser) -> c_int {
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let slot = unsafe { out(out_parser, "out") }?;
@@ -716,13 +693,7 @@ pub unsafe extern "C" fn connmux_parser_from_bpf_file(
         };
         let p = BpfParser::from_elf_file(path, section).map_err(bpf_fail)?;
         let name = p.name().trim_start_matches("bpf:").to_owned();
-        new_parser(
-            ParserKind::Bpf {
-                program: p.program().clone(),
-                name,
-            },
-            slot,
-        );
+        new_parser(ParserKind::Bpf { program: p.program().clone(), name }, slot);
         Ok(0)
     })
 }
@@ -754,13 +725,7 @@ pub unsafe extern "C" fn connmux_parser_from_bpf_mem(
         };
         let p = BpfParser::from_elf_bytes(data, section).map_err(bpf_fail)?;
         let name = p.name().trim_start_matches("bpf:").to_owned();
-        new_parser(
-            ParserKind::Bpf {
-                program: p.program().clone(),
-                name,
-            },
-            slot,
-        );
+        new_parser(ParserKind::Bpf { program: p.program().clone(), name }, slot);
         Ok(0)
     })
 }
@@ -841,8 +806,7 @@ pub unsafe extern "C" fn connmux_attach_spec(
         let m = unsafe { mux_ref(mux) }?;
         // SAFETY: forwarded contract of this function.
         let spec = unsafe { c_str(spec, "spec") }?;
-        let parser =
-            connmux_rs::parsers::from_spec(spec).map_err(|e| Fail::inval(e.to_string()))?;
+        let parser = connmux_rs::parsers::from_spec(spec).map_err(|e| Fail::inval(e.to_string()))?;
         // SAFETY: forwarded contract of this function.
         let conn = unsafe { borrow_fd(fd) }?;
         let id = m.mux.attach(&conn, parser)?;
@@ -951,10 +915,7 @@ pub unsafe extern "C" fn connmux_unattach(mux: *const connmux_mux, fd: c_int) ->
 /// # Safety
 /// `mux` is a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_unattach_psock(
-    mux: *const connmux_mux,
-    psock: connmux_psock_id,
-) -> c_int {
+pub unsafe extern "C" fn connmux_unattach_psock(mux: *const connmux_mux, psock: connmux_psock_id) -> c_int {
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let m = unsafe { mux_ref(mux) }?;
@@ -969,10 +930,7 @@ pub unsafe extern "C" fn connmux_unattach_psock(
 /// # Safety
 /// `mux` is a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_abort_psock(
-    mux: *const connmux_mux,
-    psock: connmux_psock_id,
-) -> c_int {
+pub unsafe extern "C" fn connmux_abort_psock(mux: *const connmux_mux, psock: connmux_psock_id) -> c_int {
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let m = unsafe { mux_ref(mux) }?;
@@ -1017,11 +975,7 @@ pub unsafe extern "C" fn connmux_next_event(
         match got {
             Some(e) => {
                 let (kind, err) = psock_error_to_c(&e.error);
-                *ev = connmux_event {
-                    psock: psock_to_c(e.psock),
-                    kind,
-                    err,
-                };
+                *ev = connmux_event { psock: psock_to_c(e.psock), kind, err };
                 Ok(1)
             }
             None => Ok(0),
@@ -1060,10 +1014,7 @@ pub unsafe extern "C" fn connmux_psock_error(
 /// # Safety
 /// `mux` is a live handle; `st` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_mux_get_stats(
-    mux: *const connmux_mux,
-    st: *mut connmux_mux_stats,
-) -> c_int {
+pub unsafe extern "C" fn connmux_mux_get_stats(mux: *const connmux_mux, st: *mut connmux_mux_stats) -> c_int {
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let m = unsafe { mux_ref(mux) }?;
@@ -1099,11 +1050,7 @@ pub unsafe extern "C" fn connmux_psock_get_stats(
 // ---------------------------------------------------------------------------
 
 fn new_sock(sock: KcmSocket) -> *mut connmux_sock {
-    Box::into_raw(Box::new(connmux_sock {
-        magic: SOCK_MAGIC,
-        sock,
-        nonblocking: AtomicBool::new(false),
-    }))
+    Box::into_raw(Box::new(connmux_sock { magic: SOCK_MAGIC, sock, nonblocking: AtomicBool::new(false) }))
 }
 
 /// `socket(AF_KCM, type, 0)`: a new socket on `mux`, blocking, type
@@ -1127,11 +1074,7 @@ pub unsafe extern "C" fn connmux_socket(
         let ty = match sock_type {
             CONNMUX_SOCK_DGRAM => SockType::Dgram,
             CONNMUX_SOCK_SEQPACKET => SockType::SeqPacket,
-            t => {
-                return Err(Fail::inval(format!(
-                    "socket type {t} is neither DGRAM (2) nor SEQPACKET (5)"
-                )))
-            }
+            t => return Err(Fail::inval(format!("socket type {t} is neither DGRAM (2) nor SEQPACKET (5)"))),
         };
         *slot = new_sock(m.mux.socket(ty)?);
         Ok(0)
@@ -1144,10 +1087,7 @@ pub unsafe extern "C" fn connmux_socket(
 /// # Safety
 /// `sock` is a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_sock_clone(
-    sock: *const connmux_sock,
-    out_sock: *mut *mut connmux_sock,
-) -> c_int {
+pub unsafe extern "C" fn connmux_sock_clone(sock: *const connmux_sock, out_sock: *mut *mut connmux_sock) -> c_int {
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let slot = unsafe { out(out_sock, "out") }?;
@@ -1205,10 +1145,7 @@ pub unsafe extern "C" fn connmux_sock_fd(sock: *const connmux_sock) -> c_int {
 /// # Safety
 /// `sock` is a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_set_nonblocking(
-    sock: *const connmux_sock,
-    nonblocking: c_int,
-) -> c_int {
+pub unsafe extern "C" fn connmux_set_nonblocking(sock: *const connmux_sock, nonblocking: c_int) -> c_int {
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let s = unsafe { sock_ref(sock) }?;
@@ -1224,18 +1161,12 @@ pub unsafe extern "C" fn connmux_set_nonblocking(
 /// # Safety
 /// `sock` is a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_set_timeouts(
-    sock: *const connmux_sock,
-    recv_ms: u64,
-    send_ms: u64,
-) -> c_int {
+pub unsafe extern "C" fn connmux_set_timeouts(sock: *const connmux_sock, recv_ms: u64, send_ms: u64) -> c_int {
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let s = unsafe { sock_ref(sock) }?;
-        s.sock
-            .set_read_timeout((recv_ms > 0).then(|| Duration::from_millis(recv_ms)));
-        s.sock
-            .set_write_timeout((send_ms > 0).then(|| Duration::from_millis(send_ms)));
+        s.sock.set_read_timeout((recv_ms > 0).then(|| Duration::from_millis(recv_ms)));
+        s.sock.set_write_timeout((send_ms > 0).then(|| Duration::from_millis(send_ms)));
         Ok(0)
     })
 }
@@ -1247,10 +1178,7 @@ pub unsafe extern "C" fn connmux_set_timeouts(
 /// # Safety
 /// `sock` is a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_set_recv_disable(
-    sock: *const connmux_sock,
-    disable: c_int,
-) -> c_int {
+pub unsafe extern "C" fn connmux_set_recv_disable(sock: *const connmux_sock, disable: c_int) -> c_int {
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let s = unsafe { sock_ref(sock) }?;
@@ -1293,10 +1221,7 @@ pub unsafe extern "C" fn connmux_set_sndbuf(sock: *const connmux_sock, bytes: us
 /// # Safety
 /// `sock` is a live handle; `st` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_sock_get_stats(
-    sock: *const connmux_sock,
-    st: *mut connmux_sock_stats,
-) -> c_int {
+pub unsafe extern "C" fn connmux_sock_get_stats(sock: *const connmux_sock, st: *mut connmux_sock_stats) -> c_int {
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let s = unsafe { sock_ref(sock) }?;
@@ -1331,10 +1256,7 @@ fn with_mode<T>(s: &connmux_sock, dontwait: bool, f: impl FnOnce(&KcmSocket) -> 
 
 fn check_flags(flags: c_int, allowed: c_int, call: &str) -> Result<(), Fail> {
     if flags & !allowed != 0 {
-        return Err(Fail::inval(format!(
-            "{call}: unsupported flags {:#x}",
-            flags & !allowed
-        )));
+        return Err(Fail::inval(format!("{call}: unsupported flags {:#x}", flags & !allowed)));
     }
     Ok(())
 }
@@ -1345,12 +1267,8 @@ fn info_flags(i: &RecvInfo) -> c_int {
 
 fn recv_one(s: &connmux_sock, buf: &mut [u8], flags: c_int) -> Result<RecvInfo, Fail> {
     check_flags(flags, CONNMUX_MSG_PEEK | CONNMUX_MSG_DONTWAIT, "recv")?;
-    let rf = RecvFlags {
-        peek: flags & CONNMUX_MSG_PEEK != 0,
-    };
-    Ok(with_mode(s, flags & CONNMUX_MSG_DONTWAIT != 0, |k| {
-        k.recv_flags(buf, rf)
-    })?)
+    let rf = RecvFlags { peek: flags & CONNMUX_MSG_PEEK != 0 };
+    Ok(with_mode(s, flags & CONNMUX_MSG_DONTWAIT != 0, |k| k.recv_flags(buf, rf))?)
 }
 
 /// recv(): copy one message (SEQPACKET: the next part of it) into `buf`.
@@ -1362,12 +1280,7 @@ fn recv_one(s: &connmux_sock, buf: &mut [u8], flags: c_int) -> Result<RecvInfo, 
 /// # Safety
 /// `sock` is a live handle; `buf` is writable for `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_recv(
-    sock: *const connmux_sock,
-    buf: *mut c_void,
-    len: usize,
-    flags: c_int,
-) -> isize {
+pub unsafe extern "C" fn connmux_recv(sock: *const connmux_sock, buf: *mut c_void, len: usize, flags: c_int) -> isize {
     guard(|| {
         // SAFETY: forwarded contract of this function.
         let s = unsafe { sock_ref(sock) }?;
@@ -1386,11 +1299,7 @@ pub unsafe extern "C" fn connmux_recv(
 /// # Safety
 /// `sock` is a live handle; `msg` is writable and `msg->buf` writable for `msg->len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn connmux_recvmsg(
-    sock: *const connmux_sock,
-    msg: *mut connmux_msg,
-    flags: c_int,
-) -> isize {
+pub unsafe extern "C" fn connmux_recvmsg(sock: *const connmux_sock, msg: *mut connmux_msg, flags: c_int) -> isize {
     guard(|| {
         // SAFETY: forwarded contract of this function.
         let s = unsafe { sock_ref(sock) }?;
@@ -1453,11 +1362,7 @@ pub unsafe extern "C" fn connmux_recv_batch(
 fn send_flags_of(flags: c_int) -> Result<SendFlags, Fail> {
     check_flags(
         flags,
-        CONNMUX_MSG_MORE
-            | CONNMUX_MSG_EOR
-            | CONNMUX_MSG_BATCH
-            | CONNMUX_MSG_DONTWAIT
-            | CONNMUX_MSG_NOSIGNAL,
+        CONNMUX_MSG_MORE | CONNMUX_MSG_EOR | CONNMUX_MSG_BATCH | CONNMUX_MSG_DONTWAIT | CONNMUX_MSG_NOSIGNAL,
         "send",
     )?;
     Ok(SendFlags {
@@ -1490,27 +1395,14 @@ pub unsafe extern "C" fn connmux_send(
         // SAFETY: forwarded contract of this function.
         let data = unsafe { bytes(buf, len, "buf") }?;
         let sf = send_flags_of(flags)?;
-        ok(with_mode(s, flags & CONNMUX_MSG_DONTWAIT != 0, |k| {
-            k.send_flags(data, sf)
-        })?)
+        ok(with_mode(s, flags & CONNMUX_MSG_DONTWAIT != 0, |k| k.send_flags(data, sf))?)
     })
 }
 
-fn send_to_one(
-    s: &connmux_sock,
-    data: &[u8],
-    psock: connmux_psock_id,
-    flags: c_int,
-) -> Result<usize, Fail> {
-    check_flags(
-        flags,
-        CONNMUX_MSG_EOR | CONNMUX_MSG_DONTWAIT | CONNMUX_MSG_NOSIGNAL,
-        "send_to",
-    )?;
+fn send_to_one(s: &connmux_sock, data: &[u8], psock: connmux_psock_id, flags: c_int) -> Result<usize, Fail> {
+    check_flags(flags, CONNMUX_MSG_EOR | CONNMUX_MSG_DONTWAIT | CONNMUX_MSG_NOSIGNAL, "send_to")?;
     let p = psock_required(psock)?;
-    Ok(with_mode(s, flags & CONNMUX_MSG_DONTWAIT != 0, |k| {
-        k.send_to(data, p)
-    })?)
+    Ok(with_mode(s, flags & CONNMUX_MSG_DONTWAIT != 0, |k| k.send_to(data, p))?)
 }
 
 /// Addressed send: `len` bytes at `buf` as one whole message on connection
@@ -1558,11 +1450,7 @@ pub unsafe extern "C" fn connmux_send_batch(
     guard(|| {
         // SAFETY: forwarded contract of this function.
         let s = unsafe { sock_ref(sock) }?;
-        check_flags(
-            flags,
-            CONNMUX_MSG_DONTWAIT | CONNMUX_MSG_NOSIGNAL,
-            "send_batch",
-        )?;
+        check_flags(flags, CONNMUX_MSG_DONTWAIT | CONNMUX_MSG_NOSIGNAL, "send_batch")?;
         // SAFETY: forwarded contract of this function.
         let msgs = unsafe { msgs_mut(msgs, count) }?;
         let dontwait = flags & CONNMUX_MSG_DONTWAIT != 0;
@@ -1577,16 +1465,10 @@ pub unsafe extern "C" fn connmux_send_batch(
             let mut n = 0;
             for (m, d) in msgs.iter().zip(&datas) {
                 let r = match m.psock {
-                    CONNMUX_PSOCK_NONE => with_mode(s, dontwait, |k| {
-                        k.send_flags(
-                            d,
-                            SendFlags {
-                                eor: true,
-                                ..Default::default()
-                            },
-                        )
-                    })
-                    .map_err(Fail::from),
+                    CONNMUX_PSOCK_NONE => {
+                        with_mode(s, dontwait, |k| k.send_flags(d, SendFlags { eor: true, ..Default::default() }))
+                            .map_err(Fail::from)
+                    }
                     p => send_to_one(s, d, p, flags),
                 };
                 match r {
@@ -1654,14 +1536,8 @@ mod tests {
 
     #[test]
     fn io_errors_map_to_errno() {
-        assert_eq!(
-            error::errno_of(&io::Error::from(io::ErrorKind::WouldBlock)),
-            libc::EAGAIN
-        );
-        assert_eq!(
-            error::errno_of(&io::Error::from_raw_os_error(libc::EALREADY)),
-            libc::EALREADY
-        );
+        assert_eq!(error::errno_of(&io::Error::from(io::ErrorKind::WouldBlock)), libc::EAGAIN);
+        assert_eq!(error::errno_of(&io::Error::from_raw_os_error(libc::EALREADY)), libc::EALREADY);
         assert_eq!(error::errno_of(&io::Error::other("x")), libc::EIO);
     }
 
@@ -1670,9 +1546,7 @@ mod tests {
         let r = guard(|| panic!("boom"));
         assert_eq!(r, -(libc::EIO as isize));
         // SAFETY: last_ptr is a NUL-terminated string owned by this thread.
-        let msg = unsafe { CStr::from_ptr(error::last_ptr()) }
-            .to_str()
-            .unwrap();
+        let msg = unsafe { CStr::from_ptr(error::last_ptr()) }.to_str().unwrap();
         assert!(msg.contains("boom"), "{msg}");
     }
 }

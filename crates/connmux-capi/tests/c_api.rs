@@ -11,11 +11,7 @@ use std::time::Duration;
 #[test]
 fn c_unit_checks_pass() {
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let bin = common::compile(
-        "unit",
-        &[manifest.join("tests/c/unit.c")],
-        common::Link::Static,
-    );
+    let bin = common::compile("unit", &[manifest.join("tests/c/unit.c")], common::Link::Static);
     let obj = common::bpf_object("len_prefix");
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg(&obj);
@@ -28,10 +24,6 @@ fn c_unit_checks_pass() {
         "C checks failed ({}):\n{stdout}{stderr}",
         out.status
     );
-    let passed: usize = summary
-        .split(' ')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .expect("a count");
+    let passed: usize = summary.split(' ').next().and_then(|n| n.parse().ok()).expect("a count");
     assert!(passed >= 100, "only {passed} C checks ran:\n{stdout}");
 }

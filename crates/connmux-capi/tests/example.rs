@@ -90,11 +90,7 @@ fn read_msg(r: &mut impl Read) -> std::io::Result<(u8, u16, Vec<u8>)> {
 fn check_body(ty: u8, body: &[u8]) {
     match ty {
         RVERSION => {
-            assert_eq!(
-                &body[..4],
-                &8192u32.to_le_bytes(),
-                "msize capped at the server's 8192"
-            );
+            assert_eq!(&body[..4], &8192u32.to_le_bytes(), "msize capped at the server's 8192");
             assert_eq!(&body[4..], &s9("9P2000")[..]);
         }
         RATTACH => {
@@ -105,10 +101,7 @@ fn check_body(ty: u8, body: &[u8]) {
         RERROR => {
             let n = u16::from_le_bytes([body[0], body[1]]) as usize;
             let ename = std::str::from_utf8(&body[2..2 + n]).unwrap();
-            assert!(
-                ename == "file not found" || ename == "operation not supported",
-                "{ename}"
-            );
+            assert!(ename == "file not found" || ename == "operation not supported", "{ename}");
         }
         RCLUNK | RFLUSH => assert!(body.is_empty()),
         other => panic!("unexpected reply type {other}"),
@@ -132,9 +125,7 @@ fn client(port: u16, n: usize, seed: usize) -> usize {
     let mut r = BufReader::new(c);
     for _ in 0..n {
         let (ty, tag, body) = read_msg(&mut r).expect("a reply within the timeout");
-        let expected = want
-            .remove(&tag)
-            .unwrap_or_else(|| panic!("reply with unknown or repeated tag {tag}"));
+        let expected = want.remove(&tag).unwrap_or_else(|| panic!("reply with unknown or repeated tag {tag}"));
         assert_eq!(ty, expected, "reply type for tag {tag}");
         check_body(ty, &body);
     }
@@ -168,19 +159,9 @@ impl Server {
                 }
             }
         });
-        let first = lines
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the server's first line");
-        let port = first
-            .strip_prefix("port ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("{first:?}"));
-        Server {
-            child,
-            stdin,
-            port,
-            lines,
-        }
+        let first = lines.recv_timeout(Duration::from_secs(30)).expect("the server's first line");
+        let port = first.strip_prefix("port ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{first:?}"));
+        Server { child, stdin, port, lines }
     }
 
     /// Close stdin (the stop signal) and collect the report lines.
@@ -190,9 +171,7 @@ impl Server {
         while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(30)) {
             report.push(l);
         }
-        let status = common::wait_output(self.child, Duration::from_secs(30))
-            .expect("server exit")
-            .status;
+        let status = common::wait_output(self.child, Duration::from_secs(30)).expect("server exit").status;
         (report, status)
     }
 }
@@ -227,30 +206,21 @@ fn ninep_server_answers_pipelined_clients_on_worker_threads() {
     let port = server.port;
     const CLIENTS: usize = 8;
     const PER_CLIENT: usize = 300;
-    let handles: Vec<_> = (0..CLIENTS)
-        .map(|i| std::thread::spawn(move || client(port, PER_CLIENT, i)))
-        .collect();
+    let handles: Vec<_> = (0..CLIENTS).map(|i| std::thread::spawn(move || client(port, PER_CLIENT, i))).collect();
     let answered: usize = handles.into_iter().map(|h| h.join().expect("client")).sum();
     assert_eq!(answered, CLIENTS * PER_CLIENT);
     let (report, status) = server.stop();
     assert!(status.success(), "server exit {status}, report {report:?}");
     let (sum, workers, totals) = parse_report(&report);
     assert_eq!(workers, 4, "{report:?}");
-    assert_eq!(
-        sum, answered as u64,
-        "every request handled by one worker: {report:?}"
-    );
+    assert_eq!(sum, answered as u64, "every request handled by one worker: {report:?}");
     assert_eq!(totals["rx_msgs"], answered as u64);
     assert_eq!(totals["tx_msgs"], answered as u64);
 }
 
 #[test]
 fn ninep_server_resets_a_peer_that_breaks_framing_and_serves_the_rest() {
-    let bin = common::compile(
-        "ninep_server_static",
-        &[example_source()],
-        common::Link::Static,
-    );
+    let bin = common::compile("ninep_server_static", &[example_source()], common::Link::Static);
     let server = Server::start(&bin, &["-w", "2", "-m", "1"]);
     let port = server.port;
     assert_eq!(client(port, 20, 0), 20);
@@ -268,10 +238,7 @@ fn ninep_server_resets_a_peer_that_breaks_framing_and_serves_the_rest() {
     let mut big = TcpStream::connect(("127.0.0.1", port)).unwrap();
     big.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     big.write_all(&msg(TVERSION, 1, &[0u8; 9000])).unwrap_or(());
-    assert!(
-        matches!(big.read(&mut buf), Ok(0) | Err(_)),
-        "oversized peer still served"
-    );
+    assert!(matches!(big.read(&mut buf), Ok(0) | Err(_)), "oversized peer still served");
     assert_eq!(client(port, 50, 3), 50);
     let (report, status) = server.stop();
     assert!(status.success(), "server exit {status}");
@@ -282,17 +249,11 @@ fn ninep_server_resets_a_peer_that_breaks_framing_and_serves_the_rest() {
 
 #[test]
 fn ninep_server_with_a_bpf_parser_program() {
-    let bin = common::compile(
-        "ninep_server_bpf",
-        &[example_source()],
-        common::Link::Shared,
-    );
+    let bin = common::compile("ninep_server_bpf", &[example_source()], common::Link::Shared);
     let obj = common::bpf_object("ninep");
     let server = Server::start(&bin, &["-w", "2", "-b", obj.to_str().unwrap()]);
     let port = server.port;
-    let handles: Vec<_> = (0..3)
-        .map(|i| std::thread::spawn(move || client(port, 100, i)))
-        .collect();
+    let handles: Vec<_> = (0..3).map(|i| std::thread::spawn(move || client(port, 100, i))).collect();
     let answered: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
     let (report, status) = server.stop();
     assert!(status.success());

@@ -7,8 +7,7 @@ use std::path::Path;
 #[test]
 fn committed_header_matches_the_source() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let config =
-        cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml");
+    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml");
     let bindings = cbindgen::Builder::new()
         .with_crate(crate_dir)
         .with_config(config)
@@ -28,13 +27,7 @@ fn committed_header_matches_the_source() {
         "include/connmux.h is out of date with src/: run crates/connmux-capi/scripts/gen-header.sh and commit it"
     );
     // The documented API is all there (a spot check that the generator read src/).
-    for f in [
-        "connmux_mux_new",
-        "connmux_recv_batch",
-        "connmux_send_to",
-        "connmux_last_error",
-        "CONNMUX_MSG_TRUNC",
-    ] {
+    for f in ["connmux_mux_new", "connmux_recv_batch", "connmux_send_to", "connmux_last_error", "CONNMUX_MSG_TRUNC"] {
         assert!(generated.contains(f), "{f} missing from the header");
     }
 }

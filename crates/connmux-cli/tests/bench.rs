@@ -22,24 +22,13 @@ impl Drop for Server {
 
 fn raw_server() -> Server {
     let mut child = Command::new(BIN)
-        .args([
-            "bench",
-            "raw-server",
-            "-l",
-            "127.0.0.1:0",
-            "--threads",
-            "2",
-            "--duration",
-            "60",
-        ])
+        .args(["bench", "raw-server", "-l", "127.0.0.1:0", "--threads", "2", "--duration", "60"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn connmux");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let addr = line
         .split_whitespace()
         .find_map(|w| w.parse::<SocketAddr>().ok())
@@ -49,57 +38,27 @@ fn raw_server() -> Server {
 
 fn rpctest(addr: SocketAddr, extra: &[&str]) -> (bool, String) {
     let out = Command::new(BIN)
-        .args([
-            "rpctest",
-            "-j2",
-            "-a8",
-            "-c2000",
-            "-i1",
-            "--io-timeout",
-            "5",
-        ])
+        .args(["rpctest", "-j2", "-a8", "-c2000", "-i1", "--io-timeout", "5"])
         .args(extra)
         .arg(addr.to_string())
         .output()
         .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
-    )
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
 }
 
 #[test]
 fn bench_rpc_quick_prints_a_table_with_every_server() {
     let t0 = Instant::now();
-    let out = Command::new(BIN)
-        .args(["bench", "rpc", "--quick", "--servers", "connmux,raw,thread"])
-        .output()
-        .unwrap();
+    let out = Command::new(BIN).args(["bench", "rpc", "--quick", "--servers", "connmux,raw,thread"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        t0.elapsed() < Duration::from_secs(20),
-        "took {:?}",
-        t0.elapsed()
-    );
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("place") && l.contains("RPC/s") && l.contains("p99_us")),
-        "{text}"
-    );
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(t0.elapsed() < Duration::from_secs(20), "took {:?}", t0.elapsed());
+    assert!(text.lines().any(|l| l.starts_with("place") && l.contains("RPC/s") && l.contains("p99_us")), "{text}");
     for setting in ["-j1 -a1", "-j1 -a32"] {
         for server in ["connmux", "raw", "thread"] {
             let row = text
                 .lines()
-                .find(|l| {
-                    l.starts_with("cpu0")
-                        && l.contains(setting)
-                        && l.split_whitespace().nth(3) == Some(server)
-                })
+                .find(|l| l.starts_with("cpu0") && l.contains(setting) && l.split_whitespace().nth(3) == Some(server))
                 .unwrap_or_else(|| panic!("no row for {server} {setting} in\n{text}"));
             let rate: f64 = row.split_whitespace().nth(4).unwrap().parse().unwrap();
             assert!(rate > 100.0, "{row}");
@@ -110,12 +69,7 @@ fn bench_rpc_quick_prints_a_table_with_every_server() {
 #[test]
 fn raw_server_answers_fragmented_and_auth_sys_calls() {
     let s = raw_server();
-    for extra in [
-        &[][..],
-        &["-f"][..],
-        &["--fragments", "40"][..],
-        &["-A", "sys"][..],
-    ] {
+    for extra in [&[][..], &["-f"][..], &["--fragments", "40"][..], &["-A", "sys"][..]] {
         let (ok, text) = rpctest(s.addr, extra);
         assert!(ok, "rpctest {extra:?} against raw-server: {text}");
     }
@@ -133,9 +87,7 @@ fn raw_server_answers_good_calls_then_closes_on_garbage_and_keeps_serving_others
     bad.write_all(&wire).unwrap();
     let mut got = Vec::new();
     // The good call's reply, then end of stream.
-    let n = bad
-        .read_to_end(&mut got)
-        .expect("server closes the connection");
+    let n = bad.read_to_end(&mut got).expect("server closes the connection");
     assert_eq!(n, 28, "one 28-byte reply, then close: {got:02x?}");
     assert_eq!(connmux_oncrpc::check_reply(&got[4..], Some(7)), Ok(7));
     let (ok, text) = rpctest(s.addr, &[]);

@@ -24,11 +24,7 @@ fn long_first_fragment() -> Vec<u8> {
 }
 
 fn stream(max: usize) -> StreamParser {
-    let limits = StreamLimits {
-        max_msg_size: max,
-        assembly_timeout: None,
-        read_ahead: 0,
-    };
+    let limits = StreamLimits { max_msg_size: max, assembly_timeout: None, read_ahead: 0 };
     StreamParser::new(from_spec("oncrpc").unwrap(), limits)
 }
 
@@ -56,10 +52,7 @@ fn header_past_the_limit_is_refused_however_the_bytes_arrive() {
     let whole = outcome(&wire[..104], 104, 64);
     assert!(matches!(whole, Err(RxError::TooBig { max: 64, .. })), "{whole:?}");
     let bytewise = outcome(&wire[..104], 1, 64);
-    assert!(
-        matches!(bytewise, Err(RxError::TooBig { max: 64, .. })),
-        "byte by byte: {bytewise:?}"
-    );
+    assert!(matches!(bytewise, Err(RxError::TooBig { max: 64, .. })), "byte by byte: {bytewise:?}");
 }
 
 /// In the mux the same stream, read as `rx_capacity` allows, stalls the
@@ -67,11 +60,7 @@ fn header_past_the_limit_is_refused_however_the_bytes_arrive() {
 /// and, with no assembly timeout, it never fails and never reads again.
 #[test]
 fn psock_with_header_past_the_limit_fails_instead_of_stalling() {
-    let cfg = MuxConfig {
-        max_msg_size: 64,
-        psock_rx_buf: 16,
-        ..MuxConfig::default()
-    };
+    let cfg = MuxConfig { max_msg_size: 64, psock_rx_buf: 16, ..MuxConfig::default() };
     let mut m = Mux::new(cfg);
     let _s = m.socket(SockType::SeqPacket);
     let p = m.attach(from_spec("oncrpc").unwrap(), PsockConfig::default());
@@ -102,10 +91,7 @@ fn psock_with_header_past_the_limit_fails_instead_of_stalling() {
 }
 
 fn regression(target: &str, name: &str) -> Vec<u8> {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/regressions")
-        .join(target)
-        .join(name);
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/regressions").join(target).join(name);
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -118,11 +104,7 @@ fn program_returning_i32_min_is_refused_without_overflow() {
     // r0 = 0x80000000 (mov32: the immediate as it is); exit
     let code = [0xb4, 0x00, 0, 0, 0x00, 0x00, 0x00, 0x80, 0x95, 0, 0, 0, 0, 0, 0, 0];
     let parser = connmux_bpf::BpfParser::from_raw(&code).unwrap();
-    let limits = StreamLimits {
-        max_msg_size: 64,
-        assembly_timeout: None,
-        read_ahead: 0,
-    };
+    let limits = StreamLimits { max_msg_size: 64, assembly_timeout: None, read_ahead: 0 };
     let mut sp = StreamParser::new(Box::new(parser), limits);
     sp.feed(b"x");
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sp.next_msg(Timestamp::ZERO)));

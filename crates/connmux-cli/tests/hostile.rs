@@ -19,11 +19,7 @@ fn hostile(args: &[&str]) -> (std::process::ExitStatus, String, String) {
         .args(["--", "--no-pin"])
         .output()
         .expect("run connmux bench hostile");
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status, String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 #[test]
@@ -51,7 +47,9 @@ fn hostile_on_uring_prints_its_findings() {
     let (st, stdout, stderr) = hostile(&["--driver", "uring"]);
     assert!(st.success(), "{st:?}\n{stdout}\n{stderr}");
     eprintln!("{stdout}");
-    for line in ["good clients", "newcomers", "non-readers", "half-close", "server RSS", "server counters", "server stop"] {
+    for line in
+        ["good clients", "newcomers", "non-readers", "half-close", "server RSS", "server counters", "server stop"]
+    {
         assert!(stdout.lines().any(|l| l.starts_with(line)), "no {line:?} line:\n{stdout}");
     }
 }

@@ -136,7 +136,12 @@ fn one_call(c: &mut TcpStream, service: Service, n: u32, limit: Duration) -> io:
 
 /// A good client: one call at a time, counting replies, until `stop`.
 /// Returns the calls answered; an error or a reply later than 5 s fails.
-fn good_client(addr: SocketAddr, service: Service, done: Arc<AtomicU64>, stop: Arc<AtomicBool>) -> JoinHandle<io::Result<()>> {
+fn good_client(
+    addr: SocketAddr,
+    service: Service,
+    done: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<io::Result<()>> {
     std::thread::spawn(move || {
         let mut c = TcpStream::connect(addr)?;
         c.set_nodelay(true)?;
@@ -212,12 +217,17 @@ fn non_readers_do_not_starve_others(service: Service, driver: &str) {
 
     let attack_stop = Arc::new(AtomicBool::new(false));
     let blocked = Arc::new(AtomicU64::new(0));
-    let attackers: Vec<_> = (0..20).map(|_| non_reader(s.addr, service, blocked.clone(), attack_stop.clone())).collect();
+    let attackers: Vec<_> =
+        (0..20).map(|_| non_reader(s.addr, service, blocked.clone(), attack_stop.clone())).collect();
     // Every attacker stalled (the server holds as much of each as it will)
     // or was aborted by the server.
     let t0 = Instant::now();
     while blocked.load(Ordering::Acquire) < 20 {
-        assert!(t0.elapsed() < Duration::from_secs(20), "{service:?}/{driver}: only {} attackers stalled or aborted", blocked.load(Ordering::Acquire));
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{service:?}/{driver}: only {} attackers stalled or aborted",
+            blocked.load(Ordering::Acquire)
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     // Pipelining on while a new client arrives: it is answered within 1 s.

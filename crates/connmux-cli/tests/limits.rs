@@ -223,7 +223,10 @@ fn wave(addr: SocketAddr, n: usize, wire: &[u8]) -> (Vec<(TcpStream, usize)>, us
 /// 300 connections each send 1 MiB − 16 bytes of one ONC RPC record (the
 /// record needs 1 MiB − 4: it never completes) under `--mem-limit 64M`.
 fn memory_budget_holds(driver: &str) {
-    let s = start(&format!("mem-{driver}"), &["rpc-server", "--driver", driver, "-w", "2", "--no-pin", "--mem-limit", "64M"]);
+    let s = start(
+        &format!("mem-{driver}"),
+        &["rpc-server", "--driver", driver, "-w", "2", "--no-pin", "--mem-limit", "64M"],
+    );
     let pid = s.child.id();
     let good = Good::start(s.addr);
     assert!(wait_for(Duration::from_secs(10), || good.answered() >= 10), "the good client is answered");
@@ -313,7 +316,8 @@ fn a_tls_handshake_stalled_before_finished_is_closed_and_a_good_client_served() 
     let dir = std::env::temp_dir().join(format!("connmux-limits-tls-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
     let ca = dir.join("ca.pem");
-    let s = start("tls", &["rpc-server", "--tls", "--tls-ca-out", ca.to_str().unwrap(), "--handshake-timeout-ms", "1000"]);
+    let s =
+        start("tls", &["rpc-server", "--tls", "--tls-ca-out", ca.to_str().unwrap(), "--handshake-timeout-ms", "1000"]);
     // One sends part of a ClientHello record, one sends nothing at all.
     let t0 = Instant::now();
     let mut partial = connect(s.addr);
@@ -404,7 +408,10 @@ fn a_partial_tls_record_is_closed_by_the_assembly_timeout() {
     let dir = std::env::temp_dir().join(format!("connmux-limits-tlsrec-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
     let ca = dir.join("ca.pem");
-    let s = start("tlsrec", &["rpc-server", "--tls", "--tls-ca-out", ca.to_str().unwrap(), "--assembly-timeout-ms", "1000"]);
+    let s = start(
+        "tlsrec",
+        &["rpc-server", "--tls", "--tls-ca-out", ca.to_str().unwrap(), "--assembly-timeout-ms", "1000"],
+    );
     let script = r#"
 import os, socket, ssl, struct, sys, time
 port, cafile = int(sys.argv[1]), sys.argv[2]

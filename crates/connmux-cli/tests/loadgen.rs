@@ -241,7 +241,12 @@ fn connmux(args: &[&str], limit: Duration) -> Run {
         }
         thread::sleep(Duration::from_millis(10));
     };
-    Run { code: status.code().unwrap_or(-1), stdout: ot.join().unwrap(), stderr: et.join().unwrap(), took: t0.elapsed() }
+    Run {
+        code: status.code().unwrap_or(-1),
+        stdout: ot.join().unwrap(),
+        stderr: et.join().unwrap(),
+        took: t0.elapsed(),
+    }
 }
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -302,7 +307,8 @@ fn rpctest_counts_every_call_and_prints_rows_median_and_summary() {
     assert_eq!(summary(&run, "errors"), "0");
     assert_eq!(summary(&run, "result"), "ok");
     assert!(summary(&run, "rpc_per_s").parse::<f64>().unwrap() > 0.0);
-    let (p50, p99): (f64, f64) = (summary(&run, "rtt_us_p50").parse().unwrap(), summary(&run, "rtt_us_p99").parse().unwrap());
+    let (p50, p99): (f64, f64) =
+        (summary(&run, "rtt_us_p50").parse().unwrap(), summary(&run, "rtt_us_p99").parse().unwrap());
     assert!(p50 > 0.0 && p99 >= p50);
     // Every call reached the server as one 44-byte record (ksf.md §2.4).
     assert_eq!(srv.calls(), 3000);

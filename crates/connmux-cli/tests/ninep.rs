@@ -99,10 +99,8 @@ fn diodcat_and_diodls_read_the_export() {
     let server = s.addr.to_string();
     let aname = ex.to_str().unwrap();
     for (i, n) in sizes.iter().enumerate() {
-        let out = Command::new("diodcat")
-            .args(["-s", &server, "-a", aname, "-t", "30", &format!("f{n}")])
-            .output()
-            .unwrap();
+        let out =
+            Command::new("diodcat").args(["-s", &server, "-a", aname, "-t", "30", &format!("f{n}")]).output().unwrap();
         assert!(out.status.success(), "diodcat f{n}: {}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(out.stdout.len(), *n, "diodcat f{n}: length");
         assert!(out.stdout == pattern(*n, i as u32 + 1), "diodcat f{n}: bytes differ");
@@ -428,7 +426,11 @@ fn a_flushed_request_gets_no_reply_after_rflush() {
         };
         assert_eq!(t, ftag, "round {round}: {m}");
         assert!(m.contains("RFLUSH") || m.contains("109"), "round {round}: {m}");
-        if seen_read { after_read += 1 } else { before_read += 1 }
+        if seen_read {
+            after_read += 1
+        } else {
+            before_read += 1
+        }
         // Nothing for the read follows: the next reply is the next request's.
         let b = c.call(&Tmsg::Getattr { fid: 1, mask: 1 });
         assert!(matches!(Rmsg::decode(&b).unwrap().1, Rmsg::Getattr { .. }));
@@ -486,7 +488,8 @@ fn bench_9p_quick_prints_the_9p_server_beside_diod() {
     let out = Command::new(BIN).args(["bench", "9p", "--quick"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    for row in ["getattr -j1 -a1", "getattr -j8 -a16", "walk+clunk -j8 -a16", "read 1 MiB -j1 -a1", "uneven: 7 getattr"] {
+    for row in ["getattr -j1 -a1", "getattr -j8 -a16", "walk+clunk -j8 -a16", "read 1 MiB -j1 -a1", "uneven: 7 getattr"]
+    {
         let line = text.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no row {row:?}:\n{text}"));
         // Both servers measured: two positive rates and a ratio.
         let rates: Vec<f64> = line[30..].split_whitespace().filter_map(|w| w.parse().ok()).collect();

@@ -43,10 +43,7 @@ impl Out {
     /// The final (`end`) object of a `--json` run.
     fn end(&self) -> Value {
         let all = self.json();
-        let last = all
-            .last()
-            .cloned()
-            .unwrap_or_else(|| panic!("no output; stderr: {}", self.stderr));
+        let last = all.last().cloned().unwrap_or_else(|| panic!("no output; stderr: {}", self.stderr));
         assert!(last.get("end").is_some(), "last line is not the end: {last}");
         assert_eq!(all.iter().filter(|v| v.get("end").is_some()).count(), 1);
         last
@@ -105,27 +102,16 @@ fn bpf_objects() -> Option<&'static Path> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
         let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
-        let found = Command::new("sh")
-            .arg("-c")
-            .arg(format!("command -v {clang}"))
-            .output()
-            .is_ok_and(|o| o.status.success());
+        let found =
+            Command::new("sh").arg("-c").arg(format!("command -v {clang}")).output().is_ok_and(|o| o.status.success());
         if !found {
             eprintln!("SKIPPED (BPF side): clang is not installed (Debian/Ubuntu: apt-get install clang)");
             return None;
         }
         let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("parse-bpf");
         let script = repo_root().join("bpf/build.sh");
-        let o = Command::new("sh")
-            .arg(&script)
-            .arg(&out)
-            .output()
-            .expect("run bpf/build.sh");
-        assert!(
-            o.status.success(),
-            "bpf/build.sh failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let o = Command::new("sh").arg(&script).arg(&out).output().expect("run bpf/build.sh");
+        assert!(o.status.success(), "bpf/build.sh failed: {}", String::from_utf8_lossy(&o.stderr));
         Some(out)
     })
     .as_deref()
@@ -143,11 +129,7 @@ fn objects_of(source: &str) -> Vec<PathBuf> {
         })
         .collect();
     v.sort();
-    assert!(
-        v.len() >= 2,
-        "expected v1 and v3 objects of {source} in {}",
-        dir.display()
-    );
+    assert!(v.len() >= 2, "expected v1 and v3 objects of {source} in {}", dir.display());
     v
 }
 
@@ -252,10 +234,7 @@ fn empty_input_is_a_boundary() {
     let o = parse(&["--json"], b"");
     assert_eq!(o.code, 0);
     assert_eq!(o.messages(), []);
-    assert_eq!(
-        o.end(),
-        serde_json::json!({"end": "boundary", "messages": 0, "bytes": 0})
-    );
+    assert_eq!(o.end(), serde_json::json!({"end": "boundary", "messages": 0, "bytes": 0}));
 }
 
 #[test]
@@ -278,19 +257,10 @@ fn ksf_rpc_capture_record_marking_builtin_and_bpf() {
     let o = parse(&["--json", "--parser", "oncrpc:strip"], &wire);
     assert_eq!(o.code, 0);
     assert_eq!(o.messages(), want);
-    let delivered: Vec<u64> = o
-        .json()
-        .iter()
-        .filter_map(|v| v.get("delivered").and_then(Value::as_u64))
-        .collect();
+    let delivered: Vec<u64> = o.json().iter().filter_map(|v| v.get("delivered").and_then(Value::as_u64)).collect();
     assert_eq!(delivered, bodies);
     let t = parse(&["--parser", "oncrpc:strip"], &wire);
-    assert!(
-        t.stdout
-            .starts_with("offset=0 len=44 delivered=40\noffset=44 len=52 delivered=40\n"),
-        "{}",
-        t.stdout
-    );
+    assert!(t.stdout.starts_with("offset=0 len=44 delivered=40\noffset=44 len=52 delivered=40\n"), "{}", t.stdout);
     // A record of more fragments than allowed is refused where it starts.
     let r = parse(&["--json", "--parser", "oncrpc:max_fragments=2"], &wire);
     assert_eq!(r.code, 4);
@@ -371,11 +341,7 @@ fn section_chooses_a_program_in_an_object_of_several() {
     let obj = obj.to_str().unwrap();
     let amb = parse(&["--bpf", obj], &wire);
     assert_eq!(amb.code, 1);
-    assert!(
-        amb.stderr.contains("len16le") && amb.stderr.contains("len64be"),
-        "{}",
-        amb.stderr
-    );
+    assert!(amb.stderr.contains("len16le") && amb.stderr.contains("len64be"), "{}", amb.stderr);
     for section in ["socket/len16le", "len16le"] {
         let b = parse(&["--json", "--bpf", obj, "--section", section], &wire);
         assert_eq!(b.code, 0, "{}", b.stderr);
@@ -431,10 +397,7 @@ fn message_larger_than_max_msg_is_refused() {
     assert_eq!(o.code, 4);
     assert_eq!(o.messages(), [(0, 100)]);
     let e = o.end();
-    assert_eq!(
-        (e["kind"].as_str(), e["errno"].as_i64(), e["offset"].as_u64()),
-        (Some("too-big"), Some(90), Some(100))
-    );
+    assert_eq!((e["kind"].as_str(), e["errno"].as_i64(), e["offset"].as_u64()), (Some("too-big"), Some(90), Some(100)));
     // The default limit is the mux's (1 MiB): a 2 MiB message is refused, and
     // a larger --max-msg accepts it.
     let big = l4(&vec![0; 2 << 20]);
@@ -482,20 +445,14 @@ fn bad_command_lines() {
     assert_eq!(parse(&["--max-msg", "0"], b"").code, 2);
     let missing = parse(&["/nonexistent/capture.bin"], b"");
     assert_eq!(missing.code, 1);
-    assert!(
-        missing.stderr.contains("/nonexistent/capture.bin"),
-        "{}",
-        missing.stderr
-    );
+    assert!(missing.stderr.contains("/nonexistent/capture.bin"), "{}", missing.stderr);
     let not_elf = capture("not-elf.o", b"not an object");
     assert_eq!(parse(&["--bpf", not_elf.to_str().unwrap()], b"").code, 1);
     let help = parse(&["--help"], b"");
     assert_eq!(help.code, 0);
-    for line in [
-        "0  the input ended on a message boundary",
-        "3  the input ended in the middle",
-        "4  the stream was refused",
-    ] {
+    for line in
+        ["0  the input ended on a message boundary", "3  the input ended in the middle", "4  the stream was refused"]
+    {
         assert!(help.stdout.contains(line), "--help lacks {line:?}");
     }
 }

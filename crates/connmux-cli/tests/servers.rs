@@ -33,9 +33,7 @@ fn start(args: &[&str]) -> Server {
         .spawn()
         .expect("spawn connmux");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let addr = line
         .split_whitespace()
         .find_map(|w| w.parse::<SocketAddr>().ok())
@@ -54,8 +52,7 @@ fn rpcinfo(a: SocketAddr, prog_vers: &[&str]) -> (bool, String) {
         .args(prog_vers)
         .output()
         .expect("rpcinfo is installed by scripts/setup.sh (Debian package rpcbind)");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
@@ -63,26 +60,17 @@ fn rpc_server_answers_rpcinfo(engine: &str) {
     let s = start(&["rpc-server", "--engine", engine, "--register", "100005:1-3"]);
     for v in ["3", "4"] {
         let (ok, text) = rpcinfo(s.addr, &["100003", v]);
-        assert!(
-            ok && text.contains(&format!("program 100003 version {v} ready and waiting")),
-            "{engine}: {text}"
-        );
+        assert!(ok && text.contains(&format!("program 100003 version {v} ready and waiting")), "{engine}: {text}");
     }
     // PROG_MISMATCH carries the supported range, which rpcinfo prints.
     let (ok, text) = rpcinfo(s.addr, &["100003", "2"]);
     assert!(!ok, "{engine}: {text}");
-    assert!(
-        text.contains("low version = 3, high version = 4"),
-        "{engine}: {text}"
-    );
+    assert!(text.contains("low version = 3, high version = 4"), "{engine}: {text}");
     // A registered program, and one that is not.
     let (ok, text) = rpcinfo(s.addr, &["100005", "2"]);
     assert!(ok && text.contains("ready and waiting"), "{engine}: {text}");
     let (ok, text) = rpcinfo(s.addr, &["100099", "1"]);
-    assert!(
-        !ok && text.contains("Program unavailable"),
-        "{engine}: {text}"
-    );
+    assert!(!ok && text.contains("Program unavailable"), "{engine}: {text}");
 }
 
 #[test]
@@ -122,8 +110,7 @@ fn read_reply(c: &mut TcpStream) -> (u32, u32, u32) {
 fn a_client_sending_a_reply_is_disconnected_and_a_good_client_is_not() {
     let s = start(&["rpc-server"]);
     let mut good = TcpStream::connect(s.addr).unwrap();
-    good.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    good.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     good.write_all(&null_call(1)).unwrap();
     assert_eq!(read_reply(&mut good), (1, 0, 0));
 
@@ -135,10 +122,7 @@ fn a_client_sending_a_reply_is_disconnected_and_a_good_client_is_not() {
     bad.write_all(&rec).unwrap();
     let mut b = [0u8; 64];
     let r = bad.read(&mut b);
-    assert!(
-        matches!(r, Ok(0) | Err(_)),
-        "the bad client must be disconnected, got {r:?}"
-    );
+    assert!(matches!(r, Ok(0) | Err(_)), "the bad client must be disconnected, got {r:?}");
 
     // The good connection goes on, pipelined.
     let batch: Vec<u8> = (2..102).flat_map(null_call).collect();
@@ -163,14 +147,7 @@ fn a_multi_fragment_call_is_answered_once() {
     let body = &rec[4..];
     // Three fragments: 4 bytes, the middle, 4 bytes (the last one marked last).
     let mut wire = Vec::new();
-    for (i, part) in [
-        &body[..4],
-        &body[4..body.len() - 4],
-        &body[body.len() - 4..],
-    ]
-    .iter()
-    .enumerate()
-    {
+    for (i, part) in [&body[..4], &body[4..body.len() - 4], &body[body.len() - 4..]].iter().enumerate() {
         let last = if i == 2 { 0x8000_0000 } else { 0 };
         wire.extend_from_slice(&(last | part.len() as u32).to_be_bytes());
         wire.extend_from_slice(part);
@@ -182,17 +159,9 @@ fn a_multi_fragment_call_is_answered_once() {
 fn run_ok(args: &[&str], limit: Duration) -> String {
     let start = Instant::now();
     let out = Command::new(BIN).args(args).output().expect("run connmux");
-    assert!(
-        start.elapsed() < limit + Duration::from_secs(60),
-        "took {:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < limit + Duration::from_secs(60), "took {:?}", start.elapsed());
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "connmux {args:?} failed: {text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "connmux {args:?} failed: {text}\n{}", String::from_utf8_lossy(&out.stderr));
     text
 }
 
@@ -200,68 +169,24 @@ fn run_ok(args: &[&str], limit: Duration) -> String {
 fn rpctest_and_echotest_drive_the_servers_without_errors() {
     let rpc = start(&["rpc-server", "--workers", "2"]);
     let a = rpc.addr.to_string();
-    let out = run_ok(
-        &[
-            "rpctest",
-            "-j2",
-            "-a8",
-            "-c2000",
-            "-i2",
-            "--no-progress",
-            &a,
-        ],
-        Duration::from_secs(30),
-    );
-    assert!(
-        out.lines()
-            .any(|l| l.starts_with("summary ") && l.contains("result=ok")),
-        "{out}"
-    );
-    let out = run_ok(
-        &[
-            "rpctest",
-            "-j1",
-            "-a4",
-            "-c500",
-            "-i1",
-            "-f",
-            "--no-progress",
-            &a,
-        ],
-        Duration::from_secs(30),
-    );
+    let out = run_ok(&["rpctest", "-j2", "-a8", "-c2000", "-i2", "--no-progress", &a], Duration::from_secs(30));
+    assert!(out.lines().any(|l| l.starts_with("summary ") && l.contains("result=ok")), "{out}");
+    let out = run_ok(&["rpctest", "-j1", "-a4", "-c500", "-i1", "-f", "--no-progress", &a], Duration::from_secs(30));
     assert!(out.contains("result=ok"), "{out}");
 
     for mode in ["message", "bytes"] {
         let echo = start(&["echo-server", "--mode", mode]);
         let e = echo.addr.to_string();
-        let out = run_ok(
-            &[
-                "echotest",
-                "-j2",
-                "-a4",
-                "-c2000",
-                "-i1",
-                "--no-progress",
-                &e,
-            ],
-            Duration::from_secs(30),
-        );
+        let out = run_ok(&["echotest", "-j2", "-a4", "-c2000", "-i1", "--no-progress", &e], Duration::from_secs(30));
         assert!(out.contains("result=ok"), "{mode}: {out}");
     }
 }
 
 #[test]
 fn demo_prints_rates_for_both_servers() {
-    let out = run_ok(
-        &["demo", "-i", "1", "-d", "0.3", "--settings", "1:1,1:8"],
-        Duration::from_secs(30),
-    );
+    let out = run_ok(&["demo", "-i", "1", "-d", "0.3", "--settings", "1:1,1:8"], Duration::from_secs(30));
     for server in ["connmux", "thread-per-conn"] {
-        let rows: Vec<&str> = out
-            .lines()
-            .filter(|l| l.split_whitespace().nth(2) == Some(server))
-            .collect();
+        let rows: Vec<&str> = out.lines().filter(|l| l.split_whitespace().nth(2) == Some(server)).collect();
         assert_eq!(rows.len(), 2, "{server}: {out}");
         for r in rows {
             let rate: f64 = r.split_whitespace().nth(3).unwrap().parse().unwrap();
@@ -274,11 +199,7 @@ fn demo_prints_rates_for_both_servers() {
 /// `connmux stat` on a server's statistics socket.
 fn stat(sock: &std::path::Path) -> String {
     let out = Command::new(BIN).arg("stat").arg(sock).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -294,28 +215,15 @@ fn counter(text: &str, name: &str) -> u64 {
 fn bad_clients_are_disconnected_and_counted_while_a_good_client_sees_no_error() {
     let sock = std::env::temp_dir().join(format!("connmux-test-{}.sock", std::process::id()));
     let mut child = Command::new(BIN)
-        .args([
-            "rpc-server",
-            "-l",
-            "127.0.0.1:0",
-            "--duration",
-            "60",
-            "--assembly-timeout-ms",
-            "300",
-        ])
+        .args(["rpc-server", "-l", "127.0.0.1:0", "--duration", "60", "--assembly-timeout-ms", "300"])
         .arg("--stats-socket")
         .arg(&sock)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr: SocketAddr = line
-        .split_whitespace()
-        .find_map(|w| w.parse().ok())
-        .unwrap();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr: SocketAddr = line.split_whitespace().find_map(|w| w.parse().ok()).unwrap();
     let s = Server { child, addr };
 
     // A good client keeps calling, pipelined, the whole time.
@@ -332,10 +240,7 @@ fn bad_clients_are_disconnected_and_counted_while_a_good_client_sees_no_error() 
                 c.write_all(&batch).unwrap();
                 for _ in 0..8 {
                     let (x, rs, acc) = read_reply(&mut c);
-                    assert!(
-                        (xid..xid + 8).contains(&x) && rs == 0 && acc == 0,
-                        "good client got {x} {rs} {acc}"
-                    );
+                    assert!((xid..xid + 8).contains(&x) && rs == 0 && acc == 0, "good client got {x} {rs} {acc}");
                 }
                 xid += 8;
             }
@@ -349,15 +254,11 @@ fn bad_clients_are_disconnected_and_counted_while_a_good_client_sees_no_error() 
     };
     // Garbage: a record mark then bytes that are not an RPC call.
     let mut garbage = TcpStream::connect(s.addr).unwrap();
-    garbage
-        .write_all(&[0x80, 0, 0, 8, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4])
-        .unwrap();
+    garbage.write_all(&[0x80, 0, 0, 8, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4]).unwrap();
     assert!(disconnected(&mut garbage), "garbage");
     // An oversize record mark (1 GiB, over the 1 MiB --max-msg default).
     let mut oversize = TcpStream::connect(s.addr).unwrap();
-    oversize
-        .write_all(&(0x8000_0000u32 | (1 << 30)).to_be_bytes())
-        .unwrap();
+    oversize.write_all(&(0x8000_0000u32 | (1 << 30)).to_be_bytes()).unwrap();
     assert!(disconnected(&mut oversize), "oversize");
     // A call split and abandoned: half of it, then nothing (assembly timeout).
     let mut abandoned = TcpStream::connect(s.addr).unwrap();

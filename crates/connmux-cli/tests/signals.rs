@@ -259,10 +259,7 @@ fn sigterm_under_load(args: &[&str], service: Service, name: &str) {
     assert!(out.contains("grace time over") || out.contains("quiet,"), "{name}: {out}");
     // By the server's own clock, from taking the signal to its last line.
     let exit = out.lines().find(|l| l.contains("ms after SIGTERM")).unwrap();
-    let ms: u64 = exit
-        .split_whitespace()
-        .find_map(|w| w.parse().ok())
-        .unwrap_or_else(|| panic!("{name}: {exit}"));
+    let ms: u64 = exit.split_whitespace().find_map(|w| w.parse().ok()).unwrap_or_else(|| panic!("{name}: {exit}"));
     assert!(exit.contains("exit 0,"), "{name}: {exit}");
     // The server ends its drain 250 ms early to close within the grace time;
     // a machine busy with other work can slow that closing down, hence the
@@ -410,10 +407,8 @@ fn a_closed_stdout_ends_the_command_quietly() {
     }
     std::fs::write(&input, &bytes).unwrap();
     let sock = live.socket.to_string_lossy().into_owned();
-    for (args, stdin) in [
-        (vec!["stat", sock.as_str()], None),
-        (vec!["parse", "--parser", "l4"], Some(input.as_path())),
-    ] {
+    for (args, stdin) in [(vec!["stat", sock.as_str()], None), (vec!["parse", "--parser", "l4"], Some(input.as_path()))]
+    {
         let (st, stderr) = into_closed_pipe(&args, stdin);
         assert_eq!(st.signal(), Some(libc::SIGPIPE), "{args:?}: {st:?} {stderr}");
         assert!(stderr.is_empty(), "{args:?}: {stderr}");

@@ -99,7 +99,8 @@ fn run(cmd: &mut Command, input: &[u8], limit: Duration) -> (bool, Vec<u8>, Stri
 }
 
 fn path_of(server: &Server, flag: &str) -> PathBuf {
-    let line = server.lines.iter().find(|l| l.contains(flag)).unwrap_or_else(|| panic!("no {flag} in {:?}", server.lines));
+    let line =
+        server.lines.iter().find(|l| l.contains(flag)).unwrap_or_else(|| panic!("no {flag} in {:?}", server.lines));
     PathBuf::from(line.split(flag).nth(1).unwrap().split_whitespace().next().unwrap())
 }
 
@@ -163,16 +164,39 @@ fn openssl_s_client_through_echo_server_tls_with_pem_files() {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let (ok, _, err) = run(
         Command::new("openssl").args([
-            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", key.to_str().unwrap(), "-out", cert.to_str().unwrap(), "-days", "2",
-            "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            key.to_str().unwrap(),
+            "-out",
+            cert.to_str().unwrap(),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
         ]),
         b"",
         Duration::from_secs(30),
     );
     assert!(ok, "openssl req (scripts/setup.sh installs openssl): {err}");
     let s = start(
-        &["echo-server", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap(), "--tls", "--parser", "l4"],
+        &[
+            "echo-server",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--tls",
+            "--parser",
+            "l4",
+        ],
         1,
     );
     // Three L4 messages; s_client sends what it reads on stdin as it comes.
@@ -226,7 +250,9 @@ fn run_connmux(args: &[&str], limit: Duration) -> String {
 
 fn summary<'a>(out: &'a str, key: &str) -> &'a str {
     let line = out.lines().find(|l| l.starts_with("summary ")).unwrap_or_else(|| panic!("no summary in {out}"));
-    line.split_whitespace().find_map(|kv| kv.strip_prefix(&format!("{key}="))).unwrap_or_else(|| panic!("no {key} in {line}"))
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
 }
 
 /// Our load generators with --tls against our servers with --tls: rpctest
@@ -237,7 +263,18 @@ fn rpctest_and_echotest_with_tls() {
     let ca = dir.join("ca.pem");
     let rpc = start(&["rpc-server", "--tls", "--tls-ca-out", ca.to_str().unwrap(), "-w", "2", "--no-pin"], 1);
     let out = run_connmux(
-        &["rpctest", "--tls", "--tls-ca", ca.to_str().unwrap(), "-j2", "-a8", "-c2000", "-i2", "--no-progress", &rpc.addr.to_string()],
+        &[
+            "rpctest",
+            "--tls",
+            "--tls-ca",
+            ca.to_str().unwrap(),
+            "-j2",
+            "-a8",
+            "-c2000",
+            "-i2",
+            "--no-progress",
+            &rpc.addr.to_string(),
+        ],
         Duration::from_secs(60),
     );
     assert_eq!(summary(&out, "result"), "ok", "{out}");
@@ -245,7 +282,17 @@ fn rpctest_and_echotest_with_tls() {
 
     let echo = start(&["echo-server", "--tls", "--tls-ca-out", dir.join("echo-ca.pem").to_str().unwrap()], 1);
     let out = run_connmux(
-        &["echotest", "--tls", "--tls-insecure", "-j2", "-a4", "-c1000", "-i2", "--no-progress", &echo.addr.to_string()],
+        &[
+            "echotest",
+            "--tls",
+            "--tls-insecure",
+            "-j2",
+            "-a4",
+            "-c1000",
+            "-i2",
+            "--no-progress",
+            &echo.addr.to_string(),
+        ],
         Duration::from_secs(60),
     );
     assert_eq!(summary(&out, "result"), "ok", "{out}");
@@ -253,7 +300,17 @@ fn rpctest_and_echotest_with_tls() {
     // A plain client at a TLS server gets no reply: its bytes are not a
     // ClientHello, so the server fails the handshake and drops it.
     let (ok, _, _) = run(
-        Command::new(BIN).args(["rpctest", "-j1", "-a1", "-c10", "-i1", "--io-timeout", "5", "--no-progress", &rpc.addr.to_string()]),
+        Command::new(BIN).args([
+            "rpctest",
+            "-j1",
+            "-a1",
+            "-c10",
+            "-i1",
+            "--io-timeout",
+            "5",
+            "--no-progress",
+            &rpc.addr.to_string(),
+        ]),
         b"",
         Duration::from_secs(60),
     );
@@ -261,8 +318,16 @@ fn rpctest_and_echotest_with_tls() {
     // And a TLS client that trusts another CA refuses the server.
     let (ok, _, err) = run(
         Command::new(BIN).args([
-            "rpctest", "--tls", "--tls-ca", dir.join("echo-ca.pem").to_str().unwrap(), "-j1", "-a1", "-c10", "-i1",
-            "--no-progress", &rpc.addr.to_string(),
+            "rpctest",
+            "--tls",
+            "--tls-ca",
+            dir.join("echo-ca.pem").to_str().unwrap(),
+            "-j1",
+            "-a1",
+            "-c10",
+            "-i1",
+            "--no-progress",
+            &rpc.addr.to_string(),
         ]),
         b"",
         Duration::from_secs(60),
@@ -276,7 +341,10 @@ fn rpctest_and_echotest_with_tls() {
 #[test]
 fn bench_tls_quick_prints_plain_and_tls_figures() {
     let out = run_connmux(&["bench", "tls", "--quick"], Duration::from_secs(60));
-    assert!(out.lines().any(|l| l.starts_with("setting") && l.contains("TLS RPC/s") && l.contains("TLS/plain")), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("setting") && l.contains("TLS RPC/s") && l.contains("TLS/plain")),
+        "{out}"
+    );
     for setting in ["-j1 -a1", "-j1 -a32"] {
         let row = out.lines().find(|l| l.starts_with(setting)).unwrap_or_else(|| panic!("no {setting} row in\n{out}"));
         let cols: Vec<&str> = row[setting.len()..].split_whitespace().collect();

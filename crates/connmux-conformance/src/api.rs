@@ -8,7 +8,9 @@ use std::io::{self, Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use connmux::{Backend, BackendError, BpfProgram, Config, KernelError, Mux, PsockError, RxError, SockType, UNKNOWN_PSOCK};
+use connmux::{
+    Backend, BackendError, BpfProgram, Config, KernelError, Mux, PsockError, RxError, SockType, UNKNOWN_PSOCK,
+};
 use connmux_core::parser::ParseError;
 use connmux_core::stats::PsockStats;
 
@@ -47,7 +49,12 @@ pub fn case_44_backend_choice_auto_and_kernel(kind: Kind) -> Outcome {
         let kernel_note = match Mux::new(Config { backend: Backend::Kernel, ..Config::default() }) {
             Ok(m) => {
                 ensure!(have, "Backend::Kernel without AF_KCM gave a mux");
-                ensure!(m.backend() == Backend::Kernel && m.workers() == 0, "{:?}, {} workers", m.backend(), m.workers());
+                ensure!(
+                    m.backend() == Backend::Kernel && m.workers() == 0,
+                    "{:?}, {} workers",
+                    m.backend(),
+                    m.workers()
+                );
                 "Kernel: AF_KCM mux, 0 workers".to_owned()
             }
             Err(e) => {
@@ -70,7 +77,12 @@ pub fn case_44_backend_choice_auto_and_kernel(kind: Kind) -> Outcome {
         let mut b = [0u8; 64];
         let n = ctx(s.recv(&mut b), "recv")?;
         ensure!(b[..n] == frame(b"hello")[..], "got {n} B");
-        Ok(Pass(format!("Auto -> {:?} (AF_KCM {}); {kernel_note}; {:?} mux carries a message", auto.backend(), if have { "yes" } else { "no" }, m.backend())))
+        Ok(Pass(format!(
+            "Auto -> {:?} (AF_KCM {}); {kernel_note}; {:?} mux carries a message",
+            auto.backend(),
+            if have { "yes" } else { "no" },
+            m.backend()
+        )))
     })
 }
 
@@ -118,7 +130,9 @@ pub fn case_45_calls_without_a_kernel_form_are_refused(kind: Kind) -> Outcome {
         refused(s.send_to(&frame(b"x"), p), "send_to")?;
         refused(s.send_msg(connmux::Bytes::from_static(b"\0\0\0\x01x"), Some(p)), "send_msg")?;
         refused(s.set_affinity(Some(0)), "set_affinity")?;
-        let h = Arc::new(|_: connmux::Bytes, _: connmux::PsockId, _: &mut bytes::BytesMut| connmux::service::Verdict::NoReply);
+        let h = Arc::new(|_: connmux::Bytes, _: connmux::PsockId, _: &mut bytes::BytesMut| {
+            connmux::service::Verdict::NoReply
+        });
         refused(m.serve(SockType::Dgram, h), "serve")?;
         // A parser with no kernel form, and a program that is not offset-safe.
         let (_p2, low2) = ctx(tcp_pair(), "tcp")?;
@@ -130,7 +144,8 @@ pub fn case_45_calls_without_a_kernel_form_are_refused(kind: Kind) -> Outcome {
         );
         ensure!(e.to_string().contains("oncrpc"), "message does not name the parser: {e}");
         // r9 = 1; r0 = 0; exit: uses a register the rewrite needs.
-        let uses_r9: Vec<u8> = [[0xb7, 0x09, 0, 0, 1, 0, 0, 0], [0xb7, 0, 0, 0, 0, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]].concat();
+        let uses_r9: Vec<u8> =
+            [[0xb7, 0x09, 0, 0, 1, 0, 0, 0], [0xb7, 0, 0, 0, 0, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]].concat();
         let e2 = m.attach_bpf(&low2, &BpfProgram::Bytecode(uses_r9)).err().ok_or("r9 program attached")?;
         ensure!(
             matches!(BackendError::of(&e2), Some(BackendError::Parser { source: KernelError::NotOffsetSafe(_), .. })),

@@ -153,11 +153,7 @@ impl Ep for UserEp {
     }
     fn recv(&self, buf: &mut [u8], peek: bool) -> io::Result<Got> {
         let i = self.0.recv_flags(buf, RecvFlags { peek })?;
-        Ok(Got {
-            len: i.len,
-            eor: i.eor,
-            trunc: i.trunc,
-        })
+        Ok(Got { len: i.len, eor: i.eor, trunc: i.trunc })
     }
     fn send_batch(&self, msgs: &[&[u8]]) -> io::Result<usize> {
         self.0.send_batch(msgs)

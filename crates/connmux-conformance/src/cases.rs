@@ -199,13 +199,8 @@ fn case_01_create_dgram_and_seqpacket(kind: Kind) -> Outcome {
         }
         let st = errno(connmux_sys::kcm::kcm_socket_raw(libc::SOCK_STREAM, 0));
         let pr = errno(connmux_sys::kcm::kcm_socket_raw(libc::SOCK_DGRAM, 1));
-        ensure!(
-            st == Some(libc::ESOCKTNOSUPPORT) && pr == Some(libc::EPROTONOSUPPORT),
-            "stream {st:?} proto {pr:?}"
-        );
-        Ok(Pass(
-            "both types created; stream ESOCKTNOSUPPORT, protocol 1 EPROTONOSUPPORT".into(),
-        ))
+        ensure!(st == Some(libc::ESOCKTNOSUPPORT) && pr == Some(libc::EPROTONOSUPPORT), "stream {st:?} proto {pr:?}");
+        Ok(Pass("both types created; stream ESOCKTNOSUPPORT, protocol 1 EPROTONOSUPPORT".into()))
     })
 }
 
@@ -229,7 +224,9 @@ fn case_03_attach_non_tcp_is_eopnotsupp(kind: Kind) -> Outcome {
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").ctx("udp")?;
         let (u1, _u2) = std::os::unix::net::UnixStream::pair().ctx("unix")?;
         let l = std::net::TcpListener::bind("127.0.0.1:0").ctx("listen")?;
-        let unconnected = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, Some(socket2::Protocol::TCP)).ctx("socket")?;
+        let unconnected =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
+                .ctx("socket")?;
         let file = std::fs::File::open("/proc/self/stat").ctx("file")?;
         let got = [
             errno(m.attach(udp.as_fd(), "l4")),
@@ -277,10 +274,7 @@ fn case_05_unattach_not_attached_or_twice_is_enoent(kind: Kind) -> Outcome {
         m.attach(low.as_fd(), "l4").ctx("attach")?;
         m.unattach(low.as_fd()).ctx("unattach")?;
         let twice = errno(m.unattach(low.as_fd()));
-        ensure!(
-            never == Some(libc::ENOENT) && twice == Some(libc::ENOENT),
-            "never {never:?}, twice {twice:?}"
-        );
+        ensure!(never == Some(libc::ENOENT) && twice == Some(libc::ENOENT), "never {never:?}, twice {twice:?}");
         Ok(Pass("ENOENT, ENOENT".into()))
     })
 }
@@ -291,7 +285,9 @@ fn case_06_recv_disable_reads_back_and_takes_effect(kind: Kind) -> Outcome {
         let s = sock(&*m, SockType::Dgram)?;
         s.set_recv_disable(true).ctx("set")?;
         ensure!(s.recv_disabled().ctx("get")?, "get after set(1) is 0");
-        if let Some(d) = user_only_departure(kind, "get after set(1) = 1; optlen and level are not expressible (typed setter)") {
+        if let Some(d) =
+            user_only_departure(kind, "get after set(1) = 1; optlen and level are not expressible (typed setter)")
+        {
             return Ok(d);
         }
         use std::os::fd::AsRawFd;
@@ -309,7 +305,9 @@ fn case_06_recv_disable_reads_back_and_takes_effect(kind: Kind) -> Outcome {
 
 fn case_07_socket_calls_on_an_endpoint_are_eopnotsupp(kind: Kind) -> Outcome {
     run(|| {
-        if let Some(d) = user_only_departure(kind, "an endpoint has no bind/connect/listen/accept/getsockname/shutdown calls") {
+        if let Some(d) =
+            user_only_departure(kind, "an endpoint has no bind/connect/listen/accept/getsockname/shutdown calls")
+        {
             return Ok(d);
         }
         let m = mux(kind)?;
@@ -329,8 +327,12 @@ fn case_07_socket_calls_on_an_endpoint_are_eopnotsupp(kind: Kind) -> Outcome {
     })
 }
 
+/// What [`setup`] makes: the mux, its endpoint, our end and the peer's end of
+/// the attached connection, and its psock.
+type Setup = (Box<dyn Mx>, Box<dyn Ep>, TcpStream, TcpStream, connmux::PsockId);
+
 /// A mux, one endpoint, one attached connection.
-fn setup(kind: Kind, ty: SockType, spec: &str) -> Result<(Box<dyn Mx>, Box<dyn Ep>, TcpStream, TcpStream, connmux::PsockId), String> {
+fn setup(kind: Kind, ty: SockType, spec: &str) -> Result<Setup, String> {
     let m = mux(kind)?;
     let s = sock(&*m, ty)?;
     let (peer, low) = tcp_pair().ctx("tcp")?;
@@ -346,12 +348,7 @@ fn case_08_two_messages_in_one_segment_are_framed_apart(kind: Kind) -> Outcome {
         peer.write_all(&w).ctx("write")?;
         let (a, _) = recv(&*s, 64)?;
         let (b, _) = recv(&*s, 64)?;
-        ensure!(
-            a == msg(0, 6) && b == msg(1, 6),
-            "got {} B then {} B: {a:?} {b:?}",
-            a.len(),
-            b.len()
-        );
+        ensure!(a == msg(0, 6) && b == msg(1, 6), "got {} B then {} B: {a:?} {b:?}", a.len(), b.len());
         Ok(Pass("two 10-byte messages, boundaries and contents intact".into()))
     })
 }
@@ -412,7 +409,14 @@ fn case_11_bytes_queued_before_attach_are_delivered(kind: Kind) -> Outcome {
 }
 
 /// A psock failure: errno, counter delta, nothing delivered, endpoint unaffected.
-fn bad_input(kind: Kind, spec: &str, bytes: &[u8], want: i32, counter: fn(&connmux_core::stats::PsockStats) -> u64, cname: &str) -> R {
+fn bad_input(
+    kind: Kind,
+    spec: &str,
+    bytes: &[u8],
+    want: i32,
+    counter: fn(&connmux_core::stats::PsockStats) -> u64,
+    cname: &str,
+) -> R {
     let (m, s, mut peer, _low, p) = setup(kind, SockType::Dgram, spec)?;
     let before = m.psock_totals();
     peer.write_all(bytes).ctx("write")?;
@@ -422,35 +426,17 @@ fn bad_input(kind: Kind, spec: &str, bytes: &[u8], want: i32, counter: fn(&connm
     ensure!(e == want, "psock error {e} ({err:?}), want {want}");
     ensure!(d == 1, "{cname} +{d}");
     ensure!(empty(&*s), "something was delivered");
-    Ok(Pass(format!(
-        "psock error {e} ({err:?}), {cname} +1, nothing delivered, endpoint unaffected"
-    )))
+    Ok(Pass(format!("psock error {e} ({err:?}), {cname} +1, nothing delivered, endpoint unaffected")))
 }
 
 fn case_12_oversize_length_aborts_that_psock_only(kind: Kind) -> Outcome {
-    run(|| {
-        bad_input(
-            kind,
-            "l4",
-            &[0x04, 0, 0, 0, 1, 2, 3],
-            libc::EMSGSIZE,
-            |p| p.rx_msg_too_big,
-            "msg_too_big",
-        )
-    })
+    run(|| bad_input(kind, "l4", &[0x04, 0, 0, 0, 1, 2, 3], libc::EMSGSIZE, |p| p.rx_msg_too_big, "msg_too_big"))
 }
 
 fn case_13_parser_error_is_posted_with_its_errno(kind: Kind) -> Outcome {
     run(|| {
         // A length below its own header: the parser refuses the stream (EPROTO).
-        bad_input(
-            kind,
-            "len:includes_header=true",
-            &[0, 0, 0, 2, 9, 9],
-            libc::EPROTO,
-            |p| p.rx_interrupted,
-            "RX-Intr",
-        )
+        bad_input(kind, "len:includes_header=true", &[0, 0, 0, 2, 9, 9], libc::EPROTO, |p| p.rx_interrupted, "RX-Intr")
     })
 }
 
@@ -460,13 +446,7 @@ fn case_14_length_inside_gathered_bytes_is_eproto(_kind: Kind) -> Outcome {
 
 fn case_15_assembly_timeout_from_first_byte(kind: Kind) -> Outcome {
     run(|| {
-        let m = new_mux(
-            kind,
-            Opts {
-                timeout: Some(Duration::from_millis(100)),
-            },
-        )
-        .ctx("mux")?;
+        let m = new_mux(kind, Opts { timeout: Some(Duration::from_millis(100)) }).ctx("mux")?;
         let s = sock(&*m, SockType::Dgram)?;
         let (mut peer, low) = tcp_pair().ctx("tcp")?;
         let p = m.attach(low.as_fd(), "l4").ctx("attach")?;
@@ -567,13 +547,8 @@ fn case_20_peek_changes_nothing_and_sets_no_flags(kind: Kind) -> Outcome {
         let (n, _) = recv(&*s, 64)?;
         ensure!(g.len == 10 && !g.eor && !g.trunc && b[..10] == msg(12, 6)[..], "peek {g:?}");
         ensure!(n == msg(12, 6), "read after peek {n:?}");
-        ensure!(
-            mid.rx_msgs == before.rx_msgs && mid.rx_bytes == before.rx_bytes,
-            "peek changed counters"
-        );
-        Ok(Pass(
-            "peek: bytes, no EOR/TRUNC, no counters; the read returns the same message".into(),
-        ))
+        ensure!(mid.rx_msgs == before.rx_msgs && mid.rx_bytes == before.rx_bytes, "peek changed counters");
+        Ok(Pass("peek: bytes, no EOR/TRUNC, no counters; the read returns the same message".into()))
     })
 }
 
@@ -604,10 +579,7 @@ fn case_22_one_read_pass_goes_to_one_socket(kind: Kind) -> Outcome {
         std::thread::sleep(Duration::from_millis(200));
         let (b1, b2) = (drain(&*k1).len(), drain(&*k2).len());
         let _ = &m;
-        ensure!(
-            (a1, a2, b1, b2) == (5, 0, 0, 5),
-            "first burst K1 {a1} K2 {a2}; second K1 {b1} K2 {b2}"
-        );
+        ensure!((a1, a2, b1, b2) == (5, 0, 0, 5), "first burst K1 {a1} K2 {a2}; second K1 {b1} K2 {b2}");
         Ok(Pass("5 to K1, then 5 to K2".into()))
     })
 }
@@ -699,14 +671,7 @@ fn case_26_small_rcvbuf_still_takes_a_bigger_message(kind: Kind) -> Outcome {
 fn case_27_dgram_more_makes_one_message(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
-        s.send(
-            b"ab",
-            SendFlags {
-                more: true,
-                ..Default::default()
-            },
-        )
-        .ctx("send")?;
+        s.send(b"ab", SendFlags { more: true, ..Default::default() }).ctx("send")?;
         let quiet = peer_quiet(&mut peer);
         s.send(b"cd", SendFlags::default()).ctx("send")?;
         let b = read_peer(&mut peer, 4)?;
@@ -722,14 +687,7 @@ fn case_28_seqpacket_message_ends_on_eor(kind: Kind) -> Outcome {
             s.send(p, SendFlags::default()).ctx("send")?;
         }
         let quiet = peer_quiet(&mut peer);
-        s.send(
-            b"gh",
-            SendFlags {
-                eor: true,
-                ..Default::default()
-            },
-        )
-        .ctx("send")?;
+        s.send(b"gh", SendFlags { eor: true, ..Default::default() }).ctx("send")?;
         let b = read_peer(&mut peer, 8)?;
         ensure!(quiet && b == b"abcdefgh", "quiet before EOR: {quiet}, got {b:?}");
         Ok(Pass("one message after the EOR send".into()))
@@ -739,24 +697,10 @@ fn case_28_seqpacket_message_ends_on_eor(kind: Kind) -> Outcome {
 fn case_29_zero_length_sends(kind: Kind) -> Outcome {
     run(|| {
         let (_m, s, mut peer, _low, _) = setup(kind, SockType::SeqPacket, "l4")?;
-        s.send(
-            b"",
-            SendFlags {
-                eor: true,
-                ..Default::default()
-            },
-        )
-        .ctx("send")?;
+        s.send(b"", SendFlags { eor: true, ..Default::default() }).ctx("send")?;
         let quiet = peer_quiet(&mut peer);
         s.send(b"xyz", SendFlags::default()).ctx("send")?;
-        s.send(
-            b"",
-            SendFlags {
-                eor: true,
-                ..Default::default()
-            },
-        )
-        .ctx("send")?;
+        s.send(b"", SendFlags { eor: true, ..Default::default() }).ctx("send")?;
         let b = read_peer(&mut peer, 3)?;
         ensure!(quiet && b == b"xyz", "quiet after empty send: {quiet}, got {b:?}");
         Ok(Pass("empty send: nothing; empty EOR send completes the open message".into()))
@@ -824,10 +768,7 @@ fn case_30_interleaved_senders_never_interleave_within_a_message(kind: Kind) -> 
         }
         let _ = (&mut p1, &mut p2);
         ensure!(ok == T * N && bad == 0, "{ok} intact, {bad} bad of {}", T * N);
-        Ok(Pass(format!(
-            "{} messages from {T} threads intact over 2 connections (scaled from 8x10,000)",
-            T * N
-        )))
+        Ok(Pass(format!("{} messages from {T} threads intact over 2 connections (scaled from 8x10,000)", T * N)))
     })
 }
 
@@ -901,26 +842,14 @@ fn case_33_sendmmsg_of_16_goes_contiguous_on_one_psock(kind: Kind) -> Outcome {
         );
         // BATCH on three sends holds them until a send without it.
         for i in 0..3u8 {
-            s.send(
-                &msg(i, 3),
-                SendFlags {
-                    batch: true,
-                    ..Default::default()
-                },
-            )
-            .ctx("send")?;
+            s.send(&msg(i, 3), SendFlags { batch: true, ..Default::default() }).ctx("send")?;
         }
         let held = peer_quiet(&mut p1) && peer_quiet(&mut p2);
         s.send(&msg(3, 3), SendFlags::default()).ctx("send")?;
         std::thread::sleep(Duration::from_millis(100));
         let (a, b) = (read_all(&mut p1), read_all(&mut p2));
         let four: Vec<u8> = (0..4u8).flat_map(|i| msg(i, 3)).collect();
-        ensure!(
-            held && (a == four || b == four),
-            "held: {held}; then T1 {} B T2 {} B",
-            a.len(),
-            b.len()
-        );
+        ensure!(held && (a == four || b == four), "held: {held}; then T1 {} B T2 {} B", a.len(), b.len());
         Ok(Pass("16 contiguous on one connection; BATCH x3 held until the 4th".into()))
     })
 }
@@ -1102,11 +1031,7 @@ fn case_37_unattach_mid_message_resends_it_whole_elsewhere(kind: Kind) -> Outcom
             ensure!(matches!(sent, Ok(n) if n == message.len()), "send: {sent:?}");
             // The unattached connection's peer holds only a truncated copy.
             let on_first = read_until_quiet(first_peer);
-            ensure!(
-                on_first > 0 && on_first < message.len(),
-                "{on_first} of {} bytes on T{first}",
-                message.len()
-            );
+            ensure!(on_first > 0 && on_first < message.len(), "{on_first} of {} bytes on T{first}", message.len());
             let rsvd = m.mux_stats().psock_unattach_rsvd - rsvd_before;
             ensure!(rsvd == 1, "psock_unattach_rsvd +{rsvd}, want +1");
             // The kernel's totals showed no abort here (6.1 under kcmvm):
@@ -1146,10 +1071,7 @@ fn case_40_closing_app_fd_keeps_attachment_until_last_socket_closes(kind: Kind) 
         let (b, _) = recv(&*s, 64)?;
         s.send(&msg(3, 5), SendFlags::default()).ctx("send")?;
         let back = read_peer(&mut peer, 9)?;
-        ensure!(
-            b == msg(2, 5) && back == msg(3, 5),
-            "after closing the fd: got {b:?}, peer {back:?}"
-        );
+        ensure!(b == msg(2, 5) && back == msg(3, 5), "after closing the fd: got {b:?}, peer {back:?}");
         drop(s);
         drop(m);
         peer.set_read_timeout(Some(WAIT)).ctx("timeout")?;
@@ -1177,19 +1099,14 @@ fn case_41_close_drops_unsent_messages(kind: Kind) -> Outcome {
         let quiet = peer_quiet(&mut peer);
         let _ = &k2;
         ensure!(quiet, "unsent messages of the closed endpoint went out");
-        Ok(Pass(
-            "3 unsent messages dropped with the endpoint (the mid-message abort half is not automated)".into(),
-        ))
+        Ok(Pass("3 unsent messages dropped with the endpoint (the mid-message abort half is not automated)".into()))
     })
 }
 
 fn case_42_closing_the_last_socket_releases_every_connection(kind: Kind) -> Outcome {
     run(|| {
-        let muxes = || {
-            std::fs::read_to_string("/proc/net/kcm")
-                .map(|t| connmux_kernel::proc::parse_kcm(&t).len())
-                .unwrap_or(0)
-        };
+        let muxes =
+            || std::fs::read_to_string("/proc/net/kcm").map(|t| connmux_kernel::proc::parse_kcm(&t).len()).unwrap_or(0);
         let before = muxes();
         let (m, s, mut peer, low, _) = setup(kind, SockType::Dgram, "l4")?;
         let during = muxes();
@@ -1202,10 +1119,7 @@ fn case_42_closing_the_last_socket_releases_every_connection(kind: Kind) -> Outc
         drop(m);
         ensure!(matches!(eof, Ok(0)), "connection after last close: {eof:?}");
         if kind == Kind::Kernel {
-            ensure!(
-                during == before + 1 && after == before,
-                "muxes in /proc/net/kcm: {before} -> {during} -> {after}"
-            );
+            ensure!(during == before + 1 && after == before, "muxes in /proc/net/kcm: {before} -> {during} -> {after}");
         }
         Ok(Pass("connection released and closed; mux gone from the live view".into()))
     })
@@ -1225,10 +1139,7 @@ fn case_43_statistics_over_real_tcp(kind: Kind) -> Outcome {
         }
         let st = s.stats().ctx("stats")?;
         let ps = m.psock_stats(p).ctx("psock stats")?;
-        ensure!(
-            (st.tx_msgs, st.tx_bytes, st.rx_msgs, st.rx_bytes) == (3, 30, 3, 30),
-            "endpoint {st:?}"
-        );
+        ensure!((st.tx_msgs, st.tx_bytes, st.rx_msgs, st.rx_bytes) == (3, 30, 3, 30), "endpoint {st:?}");
         ensure!(ps.tx_msgs == 3, "psock tx_msgs {}", ps.tx_msgs);
         Ok(Pass("endpoint 3/30 both ways, psock TX-Msgs 3".into()))
     })

@@ -85,7 +85,8 @@ fn main() {
                 continue;
             }
             let t = Instant::now();
-            let out = std::panic::catch_unwind(|| (case.2)(kind)).unwrap_or_else(|_| cases::Outcome::Fail("panicked".into()));
+            let out =
+                std::panic::catch_unwind(|| (case.2)(kind)).unwrap_or_else(|_| cases::Outcome::Fail("panicked".into()));
             let (word, note) = match &out {
                 cases::Outcome::Pass(n) => {
                     pass += 1;

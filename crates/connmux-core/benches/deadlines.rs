@@ -136,7 +136,8 @@ fn main() {
     println!("{:>8} {:>8} {:>14} {:>14} {:>16}", "psocks", "armed", "poll_timeout", "worker pass", "expire all armed");
     for (psocks, partial) in [(100, 0), (10_000, 0), (10_000, 100), (10_000, 10_000)] {
         let pt = median((0..RUNS).map(|_| poll_timeout_ns(psocks, partial)).collect());
-        let pass = if partial < psocks { median((0..RUNS).map(|_| pass_ns(psocks, partial)).collect()) } else { f64::NAN };
+        let pass =
+            if partial < psocks { median((0..RUNS).map(|_| pass_ns(psocks, partial)).collect()) } else { f64::NAN };
         let exp = median((0..RUNS).map(|_| expire_ns(psocks, partial)).collect());
         println!("{psocks:>8} {partial:>8} {pt:>14.1} {pass:>14.1} {exp:>16.0}");
     }

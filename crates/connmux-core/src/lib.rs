@@ -19,11 +19,11 @@
 //! - [`stats`]: counters named as in `/proc/net/kcm` and `/proc/net/kcm_stats`.
 #![forbid(unsafe_code)]
 
+pub mod mux;
 pub mod parser;
 pub mod parsers;
-pub mod stream;
-pub mod mux;
 pub mod stats;
+pub mod stream;
 pub mod time;
 
 pub use bytes::Bytes;

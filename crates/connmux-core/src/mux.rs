@@ -81,8 +81,8 @@ use crate::time::Timestamp;
 mod deadlines;
 mod limits;
 mod slab;
-use limits::MemState;
 use deadlines::{Armed, Deadlines};
+use limits::MemState;
 use slab::Slab;
 
 /// KCM socket type (`socket(AF_KCM, type, 0)`).
@@ -851,11 +851,8 @@ impl Mux {
         let ids: Vec<PsockId> = self.psocks.iter().map(|(i, g, _)| pid((i, g))).collect();
         for p in ids {
             let Ok(ps) = self.psock_mut(p) else { continue };
-            let mid_message = ps
-                .tx_queue
-                .iter()
-                .enumerate()
-                .any(|(i, m)| m.owner == s && (i < ps.tx_inflight || m.sent > 0));
+            let mid_message =
+                ps.tx_queue.iter().enumerate().any(|(i, m)| m.owner == s && (i < ps.tx_inflight || m.sent > 0));
             if mid_message && !ps.tx_stopped {
                 self.tx_abort(p, EPIPE);
                 continue;
@@ -1121,7 +1118,13 @@ impl Mux {
     /// `recv_msg` would) instead of being queued and taken back, up to
     /// `direct.limit` messages in the list. Order is kept: once the queue holds
     /// a message, later ones queue behind it.
-    pub fn feed_direct(&mut self, p: PsockId, data: &[u8], now: Timestamp, direct: &mut Direct<'_>) -> Result<(), MuxError> {
+    pub fn feed_direct(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        now: Timestamp,
+        direct: &mut Direct<'_>,
+    ) -> Result<(), MuxError> {
         self.feed_inner(p, data, now, Some(direct))
     }
 
@@ -1190,7 +1193,13 @@ impl Mux {
         Ok(ps.stream.frame_in_place(data, limit, out))
     }
 
-    fn feed_inner(&mut self, p: PsockId, data: &[u8], now: Timestamp, direct: Option<&mut Direct<'_>>) -> Result<(), MuxError> {
+    fn feed_inner(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        now: Timestamp,
+        direct: Option<&mut Direct<'_>>,
+    ) -> Result<(), MuxError> {
         self.note_time(now);
         let ps = self.psock_mut(p)?;
         if ps.stream.is_stopped() || ps.life.rx_over() || data.is_empty() {
@@ -2161,7 +2170,7 @@ impl Mux {
         }
         let release = match ps.tx_kcm {
             Some(s) if ps.tx_rsvd_msgs == 0 => {
-                self.socks.get(s.index, s.generation).map_or(true, |sock| sock.tx_queue.is_empty())
+                self.socks.get(s.index, s.generation).is_none_or(|sock| sock.tx_queue.is_empty())
             }
             _ => false,
         };
@@ -2483,7 +2492,16 @@ impl Mux {
         let _ = writeln!(
             out,
             "{:<8} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<10} {:<10}",
-            "MUX", "RX-Msgs", "RX-Bytes", "TX-Msgs", "TX-Bytes", "TX-Retries", "Attach", "Unattach", "UnattchRsvd", "RX-RdyDrops"
+            "MUX",
+            "RX-Msgs",
+            "RX-Bytes",
+            "TX-Msgs",
+            "TX-Bytes",
+            "TX-Retries",
+            "Attach",
+            "Unattach",
+            "UnattchRsvd",
+            "RX-RdyDrops"
         );
         let _ = writeln!(
             out,
@@ -2532,14 +2550,14 @@ impl Mux {
 
 /// The steering policy: which able socket takes a message.
 fn steer(
-config: &MuxConfig,
-socks: &Slab<Sock>,
-rx_waiters: &VecDeque<SockId>,
-affinity: Option<u32>,
-key: Option<u64>,
-target: &mut Option<SockId>,
+    config: &MuxConfig,
+    socks: &Slab<Sock>,
+    rx_waiters: &VecDeque<SockId>,
+    affinity: Option<u32>,
+    key: Option<u64>,
+    target: &mut Option<SockId>,
 ) -> Option<SockId> {
-let steering = config.steering;
+    let steering = config.steering;
     let mut avoid = None;
     // Sockets any psock's messages may go to (not tag-only ones).
     let open = |w: &SockId| socks.get(w.index, w.generation).is_some_and(|s| !s.tag_only);
@@ -2549,9 +2567,10 @@ let steering = config.steering;
             if let Some(tag) = affinity {
                 // Affinity until uneven: the socket with the psock's tag
                 // while its queue is short.
-                let own = rx_waiters.iter().copied().find(|w| {
-                    socks.get(w.index, w.generation).is_some_and(|s| s.affinity == Some(tag))
-                });
+                let own = rx_waiters
+                    .iter()
+                    .copied()
+                    .find(|w| socks.get(w.index, w.generation).is_some_and(|s| s.affinity == Some(tag)));
                 match own.map(|w| (w, socks.get(w.index, w.generation).expect("waiter present"))) {
                     // A tag-only socket keeps its psocks however long its
                     // queue: one reader answers them, in order.
@@ -2599,11 +2618,11 @@ let steering = config.steering;
 /// Queue a message on a socket (which must be able).
 #[inline]
 fn enqueue_rx(
-socks: &mut Slab<Sock>,
-rx_waiters: &mut VecDeque<SockId>,
-events: &mut VecDeque<Event>,
-s: SockId,
-msg: RxMsg,
+    socks: &mut Slab<Sock>,
+    rx_waiters: &mut VecDeque<SockId>,
+    events: &mut VecDeque<Event>,
+    s: SockId,
+    msg: RxMsg,
 ) {
     let sock = socks.get_mut(s.index, s.generation).expect("steered to a live socket");
     let was_empty = sock.rx_queue.is_empty();

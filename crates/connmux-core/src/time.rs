@@ -16,7 +16,8 @@ impl Timestamp {
     pub fn as_nanos(self) -> u64 {
         self.0
     }
-    /// `self + d`, saturating.
+    /// `self + d`, saturating (a method, not `+`: it never overflows).
+    #[allow(clippy::should_implement_trait)]
     pub fn add(self, d: Duration) -> Timestamp {
         Timestamp(self.0.saturating_add(d.as_nanos().min(u64::MAX as u128) as u64))
     }

@@ -84,7 +84,10 @@ fn oversize_length_aborts_only_that_psock() {
         m.feed(b, &l4_total(10, 0xb), ms(1)).unwrap();
         m.feed(b, &(1u32 << 20).to_be_bytes(), ms(1)).unwrap();
     });
-    assert_eq!(ev, vec![Event::PsockFailed(ev_psock(&ev), PsockError::Rx(RxError::TooBig { len: (1 << 20) + 4, max: 4096 }))]);
+    assert_eq!(
+        ev,
+        vec![Event::PsockFailed(ev_psock(&ev), PsockError::Rx(RxError::TooBig { len: (1 << 20) + 4, max: 4096 }))]
+    );
     assert_eq!((st.rx_msg_too_big, st.rx_aborts, st.rx_msgs), (1, 1, 1));
 }
 

@@ -77,7 +77,10 @@ fn unattached_closed_and_aborted_psocks_leave_no_deadline_behind() {
     m.unattach(p1).unwrap();
     assert_eq!(m.poll_timeout(), Some(ms(120)));
     // A new psock in p1's slot, with its own (later) deadline.
-    let p5 = m.attach(L4::boxed(), PsockConfig { assembly_timeout: Some(Some(Duration::from_millis(500))), ..Default::default() });
+    let p5 = m.attach(
+        L4::boxed(),
+        PsockConfig { assembly_timeout: Some(Some(Duration::from_millis(500))), ..Default::default() },
+    );
     assert_eq!(p5.index, p1.index);
     m.feed(p5, &l4_total(30, 5)[..5], ms(40)).unwrap();
     m.rx_closed(p2, None).unwrap(); // the peer closed: the partial message is dropped
@@ -232,7 +235,11 @@ fn next_deadline_and_expiries_match_a_walk_of_every_psock() {
             let want = models.values().filter_map(Model::deadline).min();
             assert_eq!(m.poll_timeout(), want, "seed {seed} step {step}: next deadline");
             let armed = models.values().filter(|md| md.deadline().is_some()).count();
-            assert!(m.deadline_entries() <= 2 * armed + 64, "seed {seed} step {step}: {} entries, {armed} armed", m.deadline_entries());
+            assert!(
+                m.deadline_entries() <= 2 * armed + 64,
+                "seed {seed} step {step}: {} entries, {armed} armed",
+                m.deadline_entries()
+            );
         }
         assert!(fired_total > 0, "seed {seed}: no deadline ever expired");
     }

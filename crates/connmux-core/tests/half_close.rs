@@ -86,7 +86,8 @@ fn direct_hand_outs_to_a_holding_socket_are_held() {
     let mut ranges = Vec::new();
     let mut out2 = Vec::new();
     let mut d = Direct { sock: k, out: &mut out2, limit: 64 };
-    m.feed_in_place(p, &[l4_total(10, 3), l4_total(10, 4), l4_total(10, 5)].concat(), T0, &mut d, 64, &mut ranges).unwrap();
+    m.feed_in_place(p, &[l4_total(10, 3), l4_total(10, 4), l4_total(10, 5)].concat(), T0, &mut d, 64, &mut ranges)
+        .unwrap();
     assert_eq!(ranges.len() + out2.len(), 3);
     assert_eq!(m.rx_holds(p), 5, "in place too");
     m.rx_closed(p, None).unwrap();
@@ -137,7 +138,10 @@ fn a_reset_bad_bytes_or_a_failed_write_end_in_failure_never_drained() {
     events(&mut m2);
     recv_all(&mut m2, k2);
     let ev = events(&mut m2);
-    assert!(ev.iter().any(|e| matches!(e, Event::PsockFailed(x, PsockError::Rx(RxError::TooBig { .. })) if *x == q)), "{ev:?}");
+    assert!(
+        ev.iter().any(|e| matches!(e, Event::PsockFailed(x, PsockError::Rx(RxError::TooBig { .. })) if *x == q)),
+        "{ev:?}"
+    );
     assert_eq!(drained(&ev), 0);
     assert!(!m2.peer_closed(q));
     // A write that fails after the FIN.

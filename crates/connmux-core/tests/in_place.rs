@@ -30,7 +30,14 @@ fn affinity_mux(cfg: MuxConfig, parser: L4) -> (Mux, SockId, PsockId) {
 /// messages framed in place, then whatever the queue holds.
 /// Messages completed from buffered bytes are handed over in `direct` (as by
 /// `feed_direct`), which comes after the in-place ones and before the queue.
-fn feed_and_read(m: &mut Mux, s: SockId, p: PsockId, data: &[u8], now: Timestamp, limit: usize) -> (usize, Vec<Vec<u8>>) {
+fn feed_and_read(
+    m: &mut Mux,
+    s: SockId,
+    p: PsockId,
+    data: &[u8],
+    now: Timestamp,
+    limit: usize,
+) -> (usize, Vec<Vec<u8>>) {
     let (mut out, mut direct): (Vec<Range<usize>>, Vec<(Bytes, PsockId)>) = (Vec::new(), Vec::new());
     let mut d = Direct { sock: s, out: &mut direct, limit: 2 };
     m.feed_in_place(p, data, now, &mut d, limit, &mut out).unwrap();
@@ -89,7 +96,8 @@ fn in_place_matches_feed_for_random_splits() {
         assert_eq!(got, want, "seed {seed}: messages");
         assert_eq!(b.sock_stats(sb).unwrap(), a.sock_stats(sa).unwrap(), "seed {seed}: socket counters");
         assert_eq!(b.psock_stats(pb).unwrap(), a.psock_stats(pa).unwrap(), "seed {seed}: psock counters");
-        let fails = |m: &mut Mux| events(m).into_iter().filter(|e| matches!(e, Event::PsockFailed(..))).collect::<Vec<_>>();
+        let fails =
+            |m: &mut Mux| events(m).into_iter().filter(|e| matches!(e, Event::PsockFailed(..))).collect::<Vec<_>>();
         let (fa, fb) = (fails(&mut a), fails(&mut b));
         assert_eq!(fb.len(), fa.len(), "seed {seed}: failures");
         if let (Some(Event::PsockFailed(_, ea)), Some(Event::PsockFailed(_, eb))) = (fa.first(), fb.first()) {

@@ -119,7 +119,7 @@ fn after_a_large_message_the_next_read_is_lent_for_whole_messages_of_that_size()
     let loan = m.rx_lend(p).expect("between large messages the read is lent");
     assert_eq!(loan.limit(), BIG, "one predicted message (larger than LEND_CHUNK: no second one)");
     m.rx_commit(loan, t(0)).unwrap(); // nothing read: only the buffer back
-    // Messages smaller than LEND_CHUNK: as many whole ones as fit in it.
+                                      // Messages smaller than LEND_CHUNK: as many whole ones as fit in it.
     let (mut m, s, p) = setup(big_cfg());
     let len = 20_000;
     let b = l4_total(len, 2);

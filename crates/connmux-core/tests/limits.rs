@@ -182,7 +182,8 @@ fn idle_psocks_are_closed_after_the_idle_timeout() {
 /// Messages framed in place (never buffered, no reply) are traffic too.
 #[test]
 fn bytes_served_in_place_keep_a_psock_from_being_idle() {
-    let cfg = MuxConfig { idle_timeout: Some(Duration::from_secs(10)), steering: Steering::Affinity, ..MuxConfig::default() };
+    let cfg =
+        MuxConfig { idle_timeout: Some(Duration::from_secs(10)), steering: Steering::Affinity, ..MuxConfig::default() };
     let mut m = Mux::new(cfg);
     let s = m.socket(SockType::Dgram);
     m.set_affinity(s, Some(0)).unwrap();
@@ -239,7 +240,9 @@ fn many_psocks_reading_large_messages_stay_within_the_budget() {
     let mut sent = vec![0usize; 300];
     for round in 0..200 {
         for (i, &p) in ps.iter().enumerate() {
-            if sent[i] >= wire.len() { continue; }
+            if sent[i] >= wire.len() {
+                continue;
+            }
             let (cap, loan) = m.rx_room(p);
             if let Some(mut loan) = loan {
                 let n = loan.limit().min(wire.len() - sent[i]);

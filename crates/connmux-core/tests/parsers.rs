@@ -298,14 +298,8 @@ fn ninep_version_exchange_frames() {
     assert_eq!(p.parse(&[19, 0]), Parse::NeedMore(2));
     // Smallest valid message (e.g. Rclunk: size, type, tag).
     assert_eq!(p.parse(&[7, 0, 0, 0, 121, 1, 0]), Parse::Length(7));
-    assert_eq!(
-        p.parse(&[6, 0, 0, 0]),
-        Parse::Invalid(ParseError::LengthBelowHeader { length: 6, header: 7 })
-    );
-    assert_eq!(
-        p.parse(&[0, 0, 0, 0]),
-        Parse::Invalid(ParseError::LengthBelowHeader { length: 0, header: 7 })
-    );
+    assert_eq!(p.parse(&[6, 0, 0, 0]), Parse::Invalid(ParseError::LengthBelowHeader { length: 6, header: 7 }));
+    assert_eq!(p.parse(&[0, 0, 0, 0]), Parse::Invalid(ParseError::LengthBelowHeader { length: 0, header: 7 }));
     assert_eq!(p.parse(&[0xff, 0xff, 0xff, 0xff]), Parse::Length(0xffff_ffff));
 }
 
@@ -319,10 +313,7 @@ fn memcached_get_frames() {
     assert_eq!(p.parse(&[]), Parse::NeedMore(24));
     assert_eq!(p.parse(&msgs[0][..23]), Parse::NeedMore(1));
     // The text protocol is refused on its first byte.
-    assert_eq!(
-        p.parse(b"g"),
-        Parse::Invalid(ParseError::BadField { what: "memcached magic", value: u64::from(b'g') })
-    );
+    assert_eq!(p.parse(b"g"), Parse::Invalid(ParseError::BadField { what: "memcached magic", value: u64::from(b'g') }));
     // Key + extras longer than the body.
     let mut bad = msgs[1].clone();
     bad[11] = 3;
@@ -370,10 +361,7 @@ fn length_field_configurations() {
     let m = vec![3, 7, 7, 7, 0xee, 0xee];
     check_splits("len:width=1,adjust=2", &[m.clone(), m.clone()], &[m.clone(), m]);
     // 3-byte big-endian field (HTTP/2's), read at offset 0.
-    assert_eq!(
-        LengthField::new(0, 3, Endian::Big, 6, false).unwrap().parse(&[0, 0, 18, 4]),
-        Parse::Length(3 + 18 + 6)
-    );
+    assert_eq!(LengthField::new(0, 3, Endian::Big, 6, false).unwrap().parse(&[0, 0, 18, 4]), Parse::Length(3 + 18 + 6));
     // Every width reads the right bytes in both orders.
     for w in 1..=8usize {
         let mut be = vec![0u8; w];
@@ -420,7 +408,10 @@ fn spec_strings_round_trip() {
         ),
         (" len: width=2 , endian=little ", "len:offset=0,width=2,endian=le,adjust=0,includes_header=false"),
         ("len:adjust=+5,includes_header=true", "len:offset=0,width=4,endian=be,adjust=5,includes_header=true"),
-        ("len:adjust=-9223372036854775808", "len:offset=0,width=4,endian=be,adjust=-9223372036854775808,includes_header=false"),
+        (
+            "len:adjust=-9223372036854775808",
+            "len:offset=0,width=4,endian=be,adjust=-9223372036854775808,includes_header=false",
+        ),
         ("oncrpc", "oncrpc"),
         ("oncrpc:strip", "oncrpc:strip"),
         ("oncrpc:max_fragments=8", "oncrpc:max_fragments=8"),
@@ -560,6 +551,10 @@ fn oncrpc_frame_batch_agrees_with_the_general_loop() {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         let ta = fast.frame_batch(data, max_len, limit, &mut a);
         let tb = connmux_core::parser::frame_batch_with(&mut general, data, 0, max_len, limit, &mut b);
-        assert_eq!((ta, &a), (tb, &b), "round {round}: strip {strip}, max_fragments {max_frags}, max_len {max_len}, limit {limit}");
+        assert_eq!(
+            (ta, &a),
+            (tb, &b),
+            "round {round}: strip {strip}, max_fragments {max_frags}, max_len {max_len}, limit {limit}"
+        );
     }
 }

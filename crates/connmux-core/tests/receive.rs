@@ -5,7 +5,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use connmux_core::mux::{Event, Mux, MuxConfig, MuxError, PsockConfig, PsockError, RecvFlags, RxError, SockType, Steering};
+use connmux_core::mux::{
+    Event, Mux, MuxConfig, MuxError, PsockConfig, PsockError, RecvFlags, RxError, SockType, Steering,
+};
 use connmux_core::parser::ParseError;
 use connmux_core::{Bytes, Timestamp};
 
@@ -73,10 +75,7 @@ fn case_12_length_over_the_limit_stops_that_psock_only() {
     let q = attach_l4(&mut m);
     events(&mut m);
     m.feed(p, &l4_total(2000, 0)[..100], T0).unwrap();
-    assert_eq!(
-        events(&mut m),
-        vec![Event::PsockFailed(p, PsockError::Rx(RxError::TooBig { len: 2000, max: 1000 }))]
-    );
+    assert_eq!(events(&mut m), vec![Event::PsockFailed(p, PsockError::Rx(RxError::TooBig { len: 2000, max: 1000 }))]);
     assert_eq!(RxError::TooBig { len: 2000, max: 1000 }.errno(), 90, "EMSGSIZE");
     assert_eq!(m.psock_stats(p).unwrap().rx_msg_too_big, 1);
     assert_eq!(m.rx_capacity(p), 0, "receive stopped on that connection");
@@ -535,7 +534,11 @@ fn heavy_lanes_hold_their_workers_heavy_psocks_and_any_reader_takes_the_head() {
     assert_eq!(m.rx_queued(lane0).unwrap(), 5, "past the imbalance, nothing spills");
     assert_eq!(m.rx_queued_from(lane0, h0).unwrap(), 5);
     assert_eq!(m.rx_queued_from(lane1, h1).unwrap(), 5);
-    assert_eq!(m.rx_queued_from(lane0, light).unwrap() + m.rx_queued_from(lane1, light).unwrap(), 0, "a light psock never goes to a lane");
+    assert_eq!(
+        m.rx_queued_from(lane0, light).unwrap() + m.rx_queued_from(lane1, light).unwrap(),
+        0,
+        "a light psock never goes to a lane"
+    );
     assert_eq!(m.rx_queued_from(k0, light).unwrap() + m.rx_queued_from(k1, light).unwrap(), 6);
     // Lane 0's thread and worker 1's helper take from lane 0 in turn (and
     // the other way round on lane 1): each receive is the head.

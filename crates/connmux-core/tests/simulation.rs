@@ -16,7 +16,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::*;
-use connmux_core::mux::{Event, Mux, MuxConfig, MuxError, PsockConfig, PsockId, RecvFlags, SockId, SockType, Steering, TxPolicy};
+use connmux_core::mux::{
+    Event, Mux, MuxConfig, MuxError, PsockConfig, PsockId, RecvFlags, SockId, SockType, Steering, TxPolicy,
+};
 use connmux_core::Timestamp;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

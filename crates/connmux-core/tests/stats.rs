@@ -88,8 +88,16 @@ fn proc_kcm_shows_objects_and_status_words() {
     assert_eq!(lines[0], "*** KCM statistics (1 MUX) ****");
     assert!(lines[1].starts_with("Object") && lines[1].ends_with("Status"));
     assert!(lines[2].starts_with("mux") && lines[2].ends_with("KCMs: 1, Psocks 1"));
-    assert!(lines[3].starts_with("   kcm-0") && lines[3].contains("Psck-0") && lines[3].contains("RxWait"), "{}", lines[3]);
-    assert!(lines[4].starts_with("   psock-0") && lines[4].contains("Rsvd-0") && lines[4].contains("RxWait=90"), "{}", lines[4]);
+    assert!(
+        lines[3].starts_with("   kcm-0") && lines[3].contains("Psck-0") && lines[3].contains("RxWait"),
+        "{}",
+        lines[3]
+    );
+    assert!(
+        lines[4].starts_with("   psock-0") && lines[4].contains("Rsvd-0") && lines[4].contains("RxWait=90"),
+        "{}",
+        lines[4]
+    );
 }
 
 #[test]

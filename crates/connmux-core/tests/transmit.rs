@@ -103,7 +103,7 @@ fn case_30_interleaved_senders_never_interleave_within_a_message() {
         .map(|s| (0..per_sock).map(|i| l4_total(4 + rng.gen_range(1..2000), (s * 31 + i) as u8)).collect())
         .collect();
     let mut want: Vec<Vec<u8>> = plan.iter().flatten().cloned().collect();
-    let mut cursor = vec![(0usize, 0usize); 8]; // (message, offset)
+    let mut cursor = [(0usize, 0usize); 8]; // (message, offset)
     let mut wires = [Vec::new(), Vec::new()];
     let mut busy: [Option<Vec<Bytes>>; 2] = [None, None];
     for _step in 0..2_000_000 {
@@ -414,10 +414,7 @@ fn coalesced_replies_go_in_order_and_count_one_by_one() {
     three.extend(l4_total(12, 4));
     m.send_msgs_to(k, t1, Bytes::from(three), 3).unwrap();
     assert_eq!(m.sock_stats(k).unwrap().tx_queued, 4, "four messages queued");
-    assert_eq!(
-        split_l4(&flush(&mut m, t1)),
-        vec![l4_total(10, 1), l4_total(10, 2), l4_total(11, 3), l4_total(12, 4)]
-    );
+    assert_eq!(split_l4(&flush(&mut m, t1)), vec![l4_total(10, 1), l4_total(10, 2), l4_total(11, 3), l4_total(12, 4)]);
     let st = m.sock_stats(k).unwrap();
     assert_eq!((st.tx_msgs, st.tx_bytes, st.tx_queued, st.tx_mem), (4, 43, 0, 0));
     assert_eq!(m.psock_stats(t1).unwrap().tx_msgs, 4);

@@ -99,7 +99,9 @@ impl From<KernelError> for io::Error {
     fn from(e: KernelError) -> io::Error {
         match e {
             KernelError::Io(e) => e,
-            KernelError::Unsupported(e) => io::Error::new(e.kind(), KernelError::Unsupported(io::Error::from(e.kind()))),
+            KernelError::Unsupported(e) => {
+                io::Error::new(e.kind(), KernelError::Unsupported(io::Error::from(e.kind())))
+            }
             other => io::Error::new(io::ErrorKind::InvalidInput, other),
         }
     }
@@ -135,7 +137,8 @@ impl KernelParser {
         let insns = match self {
             KernelParser::Spec(s) => prog::field_program_limited(&prog::FieldSpec::from_spec(s)?, map_fd, max),
             KernelParser::Elf { object, section } => {
-                let p = connmux_bpf::elf::load_program(object, section.as_deref()).map_err(connmux_bpf::LoadError::from)?;
+                let p =
+                    connmux_bpf::elf::load_program(object, section.as_deref()).map_err(connmux_bpf::LoadError::from)?;
                 prog::rewrite_program_limited(&p.insns, map_fd, max)?
             }
             KernelParser::Bytecode(code) => {
@@ -303,13 +306,7 @@ impl KernelMux {
     /// [`KernelMux::new`] with limits for every connection attached.
     pub fn with_limits(limits: Limits) -> Result<KernelMux, KernelError> {
         drop(kcm::kcm_socket(false).map_err(KernelError::Unsupported)?);
-        Ok(KernelMux {
-            inner: Arc::new(Inner {
-                st: Mutex::new(State::default()),
-                errors: Epoll::new()?,
-                limits,
-            }),
-        })
+        Ok(KernelMux { inner: Arc::new(Inner { st: Mutex::new(State::default()), errors: Epoll::new()?, limits }) })
     }
 
     /// The limits given at creation.
@@ -355,18 +352,8 @@ impl KernelMux {
         let index = lowest_unused(st.socks.iter().map(|s| s.index));
         st.next_key += 1;
         let key = st.next_key;
-        st.socks.push(SockSlot {
-            key,
-            index,
-            fd: fd.as_raw_fd(),
-        });
-        KernelSocket {
-            mux: self.clone(),
-            fd,
-            ty,
-            key,
-            nonblocking: std::sync::atomic::AtomicBool::new(false),
-        }
+        st.socks.push(SockSlot { key, index, fd: fd.as_raw_fd() });
+        KernelSocket { mux: self.clone(), fd, ty, key, nonblocking: std::sync::atomic::AtomicBool::new(false) }
     }
 
     /// SIOCKCMATTACH through any open socket of this mux.
@@ -404,18 +391,11 @@ impl KernelMux {
         let tcp = conn.try_clone_to_owned()?;
         let index = lowest_unused(st.psocks.iter().map(|p| p.index));
         st.next_generation = st.next_generation.wrapping_add(1);
-        let id = PsockId {
-            index,
-            generation: st.next_generation,
-        };
+        let id = PsockId { index, generation: st.next_generation };
         let _ = self.inner.errors.add(
             tcp.as_raw_fd(),
             token(id),
-            Interest {
-                readable: false,
-                writable: false,
-                edge: false,
-            },
+            Interest { readable: false, writable: false, edge: false },
         );
         st.psocks.push(PsockSlot {
             id,
@@ -449,16 +429,8 @@ impl KernelMux {
     /// SIOCKCMUNATTACH by psock id.
     pub fn unattach_id(&self, p: PsockId) -> io::Result<()> {
         let mut st = self.lock();
-        let at = st
-            .psocks
-            .iter()
-            .position(|s| s.id == p)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
-        let k = st
-            .socks
-            .first()
-            .map(|s| s.fd)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let at = st.psocks.iter().position(|s| s.id == p).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let k = st.socks.first().map(|s| s.fd).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         kcm::kcm_unattach(k, st.psocks[at].tcp.as_raw_fd())?;
         let slot = st.psocks.remove(at);
         let _ = self.inner.errors.delete(slot.tcp.as_raw_fd());
@@ -529,11 +501,7 @@ impl KernelMux {
                 }
                 new_failures += 1;
                 let (error, errno) = slot.error.clone().expect("just set");
-                out.push(PsockEvent {
-                    psock: slot.id,
-                    error,
-                    errno,
-                });
+                out.push(PsockEvent { psock: slot.id, error, errno });
             }
             // Reported once: stop watching it.
             let _ = self.inner.errors.delete(slot.tcp.as_raw_fd());
@@ -577,10 +545,7 @@ impl KernelMux {
         match found.len() {
             1 => Ok(found.remove(0)),
             0 => Err(io::Error::new(io::ErrorKind::NotFound, "this mux is not in /proc/net/kcm")),
-            n => Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("{n} muxes in /proc/net/kcm look like this one"),
-            )),
+            n => Err(io::Error::new(io::ErrorKind::NotFound, format!("{n} muxes in /proc/net/kcm look like this one"))),
         }
     }
 
@@ -720,11 +685,7 @@ impl KernelSocket {
     pub fn recv_flags(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<RecvInfo> {
         let f = self.dontwait() | if flags.peek { libc::MSG_PEEK } else { 0 };
         let (len, fl) = kcm::recvmsg(self.fd.as_raw_fd(), buf, f)?;
-        Ok(RecvInfo {
-            len,
-            eor: fl & libc::MSG_EOR != 0,
-            trunc: fl & libc::MSG_TRUNC != 0,
-        })
+        Ok(RecvInfo { len, eor: fl & libc::MSG_EOR != 0, trunc: fl & libc::MSG_TRUNC != 0 })
     }
     /// One message (or its first `buf.len()` bytes); returns the bytes copied.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
@@ -752,13 +713,7 @@ impl KernelSocket {
     }
     /// One complete message (`write()` semantics: EOR on SEQPACKET).
     pub fn send(&self, data: &[u8]) -> io::Result<usize> {
-        self.send_flags(
-            data,
-            SendFlags {
-                eor: true,
-                ..Default::default()
-            },
-        )
+        self.send_flags(data, SendFlags { eor: true, ..Default::default() })
     }
     /// sendmmsg of whole messages (the kernel batches all but the last);
     /// returns how many were sent.
@@ -769,16 +724,9 @@ impl KernelSocket {
 
     /// This socket's `/proc/net/kcm` line.
     pub fn stats(&self) -> io::Result<SockStats> {
-        let index = self
-            .mux
-            .sock_index(self.key)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let index = self.mux.sock_index(self.key).ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
         let m = self.mux.proc_mux()?;
-        m.socks
-            .into_iter()
-            .find(|s| s.0 == index)
-            .map(|s| s.1)
-            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+        m.socks.into_iter().find(|s| s.0 == index).map(|s| s.1).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
     }
 
     /// A number that tells this socket from every other one this mux made
@@ -882,15 +830,11 @@ mod tests {
             Some("0"),
             "needs root"
         );
-        let textbook: Vec<u8> = [
-            asm::mov64_reg(6, 1),
-            asm::ld_abs(size::W, 0),
-            asm::alu64_imm(alu::ADD, 0, 4),
-            asm::exit(),
-        ]
-        .iter()
-        .flat_map(|i| i.to_bytes())
-        .collect();
+        let textbook: Vec<u8> =
+            [asm::mov64_reg(6, 1), asm::ld_abs(size::W, 0), asm::alu64_imm(alu::ADD, 0, 4), asm::exit()]
+                .iter()
+                .flat_map(|i| i.to_bytes())
+                .collect();
         let parsers = [
             "l4",
             "9p",

@@ -75,13 +75,7 @@ pub fn parse_kcm(text: &str) -> Vec<ProcMux> {
                 continue;
             }
             let n = nums(&f[1..5]);
-            let p = PsockStats {
-                rx_msgs: n[0],
-                rx_bytes: n[1],
-                tx_msgs: n[2],
-                tx_bytes: n[3],
-                ..Default::default()
-            };
+            let p = PsockStats { rx_msgs: n[0], rx_bytes: n[1], tx_msgs: n[2], tx_bytes: n[3], ..Default::default() };
             m.psock_lines.push((idx.parse().unwrap_or(u32::MAX), p, f[9..].join(" ")));
         }
     }
@@ -162,9 +156,6 @@ Psock    RX-Msgs    RX-Bytes         TX-Msgs    TX-Bytes         Reserved   Unre
          5          50               6          60               6          6          0          1          0          0          2          0          1          0          0         \n";
         let s = parse_kcm_stats(stats).unwrap();
         assert_eq!((s.psock_attach, s.psock_unattach_rsvd, s.psock_unattach), (4, 1, 3));
-        assert_eq!(
-            (s.psock.rx_interrupted, s.psock.rx_need_more_hdr, s.psock.rx_msg_too_big),
-            (1, 2, 1)
-        );
+        assert_eq!((s.psock.rx_interrupted, s.psock.rx_need_more_hdr, s.psock.rx_msg_too_big), (1, 2, 1));
     }
 }

@@ -121,11 +121,7 @@ struct Asm {
 
 impl Asm {
     fn new() -> Asm {
-        Asm {
-            insns: Vec::new(),
-            fixups: Vec::new(),
-            labels: Vec::new(),
-        }
+        Asm { insns: Vec::new(), fixups: Vec::new(), labels: Vec::new() }
     }
     fn label(&mut self) -> usize {
         self.labels.push(None);
@@ -461,7 +457,10 @@ mod tests {
             assert_eq!(p.last().unwrap().code, class::JMP | jmp::EXIT, "{spec}");
             for (i, ins) in p.iter().enumerate() {
                 let c = ins.code & 0x07;
-                if (c == class::JMP || c == class::JMP32) && ins.code & 0xf0 != jmp::CALL && ins.code & 0xf0 != jmp::EXIT {
+                if (c == class::JMP || c == class::JMP32)
+                    && ins.code & 0xf0 != jmp::CALL
+                    && ins.code & 0xf0 != jmp::EXIT
+                {
                     let t = i as i64 + 1 + ins.off as i64;
                     assert!(t > i as i64 && (t as usize) < p.len(), "{spec}: jump at {i} to {t}");
                 }
@@ -489,18 +488,9 @@ mod tests {
         let reads_len = [asm::ldx(size::W, 0, 1, 0), asm::exit()];
         assert!(matches!(rewrite_program(&reads_len, 3), Err(KernelError::NotOffsetSafe(_))));
         // The textbook parser: ld_abs_w[0] + 4 becomes ld_ind_w[r9 + 0] + 4.
-        let textbook = [
-            asm::mov64_reg(6, 1),
-            asm::ld_abs(size::W, 0),
-            asm::alu64_imm(alu::ADD, 0, 4),
-            asm::exit(),
-        ];
+        let textbook = [asm::mov64_reg(6, 1), asm::ld_abs(size::W, 0), asm::alu64_imm(alu::ADD, 0, 4), asm::exit()];
         let p = rewrite_program(&textbook, 3).unwrap();
-        assert!(p
-            .iter()
-            .any(|i| i.code == class::LD | mode::IND | size::W && i.src == 9 && i.imm == 0));
-        assert!(!p
-            .iter()
-            .any(|i| i.code & 0xe0 == mode::ABS && i.imm == 0 && i.code & 0x07 == class::LD));
+        assert!(p.iter().any(|i| i.code == class::LD | mode::IND | size::W && i.src == 9 && i.imm == 0));
+        assert!(!p.iter().any(|i| i.code & 0xe0 == mode::ABS && i.imm == 0 && i.code & 0x07 == class::LD));
     }
 }

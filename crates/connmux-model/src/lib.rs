@@ -39,10 +39,7 @@ pub struct EventFd {
 
 impl Default for EventFd {
     fn default() -> Self {
-        EventFd {
-            count: Mutex::new(0),
-            cv: Condvar::new(),
-        }
+        EventFd { count: Mutex::new(0), cv: Condvar::new() }
     }
 }
 
@@ -93,12 +90,7 @@ pub struct Ready {
 
 impl Ready {
     pub fn new(order: ClearOrder) -> Ready {
-        Ready {
-            fd: EventFd::default(),
-            signaled: AtomicBool::new(false),
-            order,
-            transition: Mutex::new(()),
-        }
+        Ready { fd: EventFd::default(), signaled: AtomicBool::new(false), order, transition: Mutex::new(()) }
     }
     pub fn set(&self) {
         if self.order == ClearOrder::Locked {
@@ -175,13 +167,7 @@ pub enum WriteResult {
 
 impl Wire {
     pub fn new(room: usize) -> Wire {
-        Wire {
-            state: Mutex::new(WireState {
-                delivered: Vec::new(),
-                room,
-                writes: 0,
-            }),
-        }
+        Wire { state: Mutex::new(WireState { delivered: Vec::new(), room, writes: 0 }) }
     }
     /// `writev`: as many bytes as there is room for, in slice order.
     pub fn writev(&self, slices: &[connmux_core::Bytes]) -> WriteResult {
@@ -251,10 +237,7 @@ impl Runtime {
     /// given configuration.
     pub fn new(cfg: MuxConfig, room: usize) -> Runtime {
         let mut core = CoreMux::new(cfg);
-        let psock = core.attach(
-            connmux_core::parsers::from_spec("l4").unwrap(),
-            PsockConfig::default(),
-        );
+        let psock = core.attach(connmux_core::parsers::from_spec("l4").unwrap(), PsockConfig::default());
         while core.poll_event().is_some() {}
         Runtime {
             core: Mutex::new(core),
@@ -347,10 +330,7 @@ impl Runtime {
             // The invariant the core's tx_busy gives: one chunk out per psock.
             let now = self.inflight.fetch_add(1, Ordering::AcqRel) + 1;
             self.max_inflight.fetch_max(now, Ordering::AcqRel);
-            assert!(
-                chunk.slices.iter().all(|s| !s.is_empty()),
-                "tx_begin handed out an empty message"
-            );
+            assert!(chunk.slices.iter().all(|s| !s.is_empty()), "tx_begin handed out an empty message");
             let want = chunk.len();
             let res = self.wire.writev(&chunk.slices);
             self.inflight.fetch_sub(1, Ordering::AcqRel);
@@ -442,11 +422,7 @@ pub fn unframe(mut wire: &[u8]) -> Vec<Vec<u8>> {
     while !wire.is_empty() {
         assert!(wire.len() >= 4, "torn header: {wire:?}");
         let n = u32::from_be_bytes(wire[..4].try_into().unwrap()) as usize;
-        assert!(
-            wire.len() >= 4 + n,
-            "torn message: want {n}, have {}",
-            wire.len() - 4
-        );
+        assert!(wire.len() >= 4 + n, "torn message: want {n}, have {}", wire.len() - 4);
         out.push(wire[4..4 + n].to_vec());
         wire = &wire[4 + n..];
     }

@@ -15,21 +15,9 @@ use connmux_model::*;
 use loom::sync::Arc;
 use loom::thread;
 
-const MORE: SendFlags = SendFlags {
-    more: true,
-    eor: false,
-    batch: false,
-};
-const END: SendFlags = SendFlags {
-    more: false,
-    eor: true,
-    batch: false,
-};
-const PART: SendFlags = SendFlags {
-    more: false,
-    eor: false,
-    batch: false,
-};
+const MORE: SendFlags = SendFlags { more: true, eor: false, batch: false };
+const END: SendFlags = SendFlags { more: false, eor: true, batch: false };
+const PART: SendFlags = SendFlags { more: false, eor: false, batch: false };
 
 /// CVE-2024-44946: thread A builds a DGRAM MORE message and then fails (the
 /// copy error path: `send_abort`); thread B completes it on the same socket;
@@ -60,17 +48,11 @@ fn cve_2024_44946_concurrent_sendmsg_no_double_free() {
         rt.settle();
         assert_eq!(closed, Ok(()));
         let wire = rt.wire.delivered();
-        assert!(
-            wire.is_empty() || wire == b"cd" || wire == b"abcd",
-            "wire {wire:?}"
-        );
+        assert!(wire.is_empty() || wire == b"cd" || wire == b"abcd", "wire {wire:?}");
         assert_eq!(rt.memory_used(), 0, "every byte released exactly once");
         assert!(rt.max_inflight.load(loom::sync::atomic::Ordering::Acquire) <= 1);
         // The closed socket's id is refused, not reused.
-        assert_eq!(
-            rt.with_core(&mut Ctx::App, |m| m.send(s, b"x", END)),
-            Err(MuxError::BadSock)
-        );
+        assert_eq!(rt.with_core(&mut Ctx::App, |m| m.send(s, b"x", END)), Err(MuxError::BadSock));
     });
 }
 
@@ -86,8 +68,7 @@ fn cve_2025_38717_unattach_racing_close_stale_ids_harmless() {
         let rt = Arc::new(Runtime::new(small_config(1 << 10), 3));
         let x = rt.socket(SockType::Dgram);
         let p = rt.psock;
-        rt.with_core(&mut Ctx::App, |m| m.send(x, &framed(b"hello"), END))
-            .unwrap();
+        rt.with_core(&mut Ctx::App, |m| m.send(x, &framed(b"hello"), END)).unwrap();
         assert_eq!(rt.wire.delivered().len(), 3, "part of the message is out");
         let un = {
             let rt = rt.clone();
@@ -106,34 +87,21 @@ fn cve_2025_38717_unattach_racing_close_stale_ids_harmless() {
         assert!(u == Ok(()) || u == Err(MuxError::NoPsock), "{u:?}");
         assert_eq!(cl.join().unwrap(), Ok(()));
         rt.settle();
-        assert_eq!(
-            rt.released.load(loom::sync::atomic::Ordering::Acquire),
-            1,
-            "released exactly once"
-        );
+        assert_eq!(rt.released.load(loom::sync::atomic::Ordering::Acquire), 1, "released exactly once");
         assert_eq!(rt.memory_used(), 0);
         let mut core = rt.core.lock().unwrap();
         assert_eq!(core.unattach(p), Err(MuxError::NoPsock));
         assert_eq!(core.close(x), Err(MuxError::BadSock));
-        assert!(
-            core.tx_begin(p).is_none(),
-            "a stale psock id hands out nothing"
-        );
+        assert!(core.tx_begin(p).is_none(), "a stale psock id hands out nothing");
         core.tx_complete(p, 100);
         core.tx_failed(p, 32);
         // New objects in the freed slots answer to new ids only.
         let y = core.socket(SockType::Dgram);
-        let q = core.attach(
-            connmux_core::parsers::from_spec("l4").unwrap(),
-            Default::default(),
-        );
+        let q = core.attach(connmux_core::parsers::from_spec("l4").unwrap(), Default::default());
         assert_ne!(y, x);
         assert_ne!(q, p);
         assert_eq!(core.sock_stats(y).unwrap().tx_mem, 0);
-        assert!(
-            core.tx_begin(q).is_none(),
-            "nothing of X's reached the new psock"
-        );
+        assert!(core.tx_begin(q).is_none(), "nothing of X's reached the new psock");
     });
 }
 
@@ -154,11 +122,9 @@ fn cve_2026_43244_partial_send_error_never_queues_an_empty_message() {
             let rt = rt.clone();
             let msg = msg.clone();
             thread::spawn(move || {
-                rt.with_core(&mut Ctx::App, |m| m.send(s, &msg, PART))
-                    .unwrap();
+                rt.with_core(&mut Ctx::App, |m| m.send(s, &msg, PART)).unwrap();
                 rt.with_core(&mut Ctx::App, |m| m.send_abort(s)).unwrap();
-                rt.with_core(&mut Ctx::App, |m| m.send(s, &[], END))
-                    .unwrap();
+                rt.with_core(&mut Ctx::App, |m| m.send(s, &[], END)).unwrap();
             })
         };
         assert_eq!(rt.with_core(&mut Ctx::App, |m| m.send(s, &[], END)), Ok(0));

@@ -11,11 +11,7 @@ use loom::sync::atomic::Ordering;
 use loom::sync::Arc;
 use loom::thread;
 
-const END: SendFlags = SendFlags {
-    more: false,
-    eor: true,
-    batch: false,
-};
+const END: SendFlags = SendFlags { more: false, eor: true, batch: false };
 
 fn run(rounds: usize, drop_unfinished: bool, room: usize, same_sock: bool) {
     builder(2).check(move || {
@@ -24,23 +20,17 @@ fn run(rounds: usize, drop_unfinished: bool, room: usize, same_sock: bool) {
         rt.drop_unfinished_flush = drop_unfinished;
         let rt = Arc::new(rt);
         let s1 = rt.socket(SockType::Dgram);
-        let s2 = if same_sock {
-            s1
-        } else {
-            rt.socket(SockType::Dgram)
-        };
+        let s2 = if same_sock { s1 } else { rt.socket(SockType::Dgram) };
         let a = {
             let rt = rt.clone();
             thread::spawn(move || {
-                rt.with_core(&mut Ctx::App, |m| m.send(s1, &framed(b"a1"), END))
-                    .unwrap();
+                rt.with_core(&mut Ctx::App, |m| m.send(s1, &framed(b"a1"), END)).unwrap();
             })
         };
         let b = {
             let rt = rt.clone();
             thread::spawn(move || {
-                rt.with_core(&mut Ctx::App, |m| m.send(s2, &framed(b"b1"), END))
-                    .unwrap();
+                rt.with_core(&mut Ctx::App, |m| m.send(s2, &framed(b"b1"), END)).unwrap();
             })
         };
         // The worker: the peer reads some, EPOLLOUT if interested, flush.
@@ -50,21 +40,10 @@ fn run(rounds: usize, drop_unfinished: bool, room: usize, same_sock: bool) {
         b.join().unwrap();
         rt.settle();
         let msgs = unframe(&rt.wire.delivered());
-        assert_eq!(
-            rt.memory_used(),
-            0,
-            "stranded: bytes queued with nobody to write them"
-        );
+        assert_eq!(rt.memory_used(), 0, "stranded: bytes queued with nobody to write them");
         assert_eq!(msgs.len(), 2, "stranded: {msgs:?}");
-        assert!(
-            msgs.contains(&b"a1".to_vec()) && msgs.contains(&b"b1".to_vec()),
-            "{msgs:?}"
-        );
-        assert_eq!(
-            rt.max_inflight.load(Ordering::Acquire),
-            1,
-            "one chunk in flight per psock"
-        );
+        assert!(msgs.contains(&b"a1".to_vec()) && msgs.contains(&b"b1".to_vec()), "{msgs:?}");
+        assert_eq!(rt.max_inflight.load(Ordering::Acquire), 1, "one chunk in flight per psock");
     });
 }
 

@@ -29,10 +29,7 @@ fn runtime(order: ClearOrder) -> (Arc<Runtime>, SockId) {
 
 fn produce(rt: &Runtime) {
     for i in 0..MSGS {
-        rt.with_core(&mut Ctx::App, |m| {
-            m.feed(rt.psock, &framed(&[i as u8]), Timestamp::ZERO)
-                .unwrap()
-        });
+        rt.with_core(&mut Ctx::App, |m| m.feed(rt.psock, &framed(&[i as u8]), Timestamp::ZERO).unwrap());
     }
 }
 
@@ -200,10 +197,7 @@ fn clear_races_set(order: ClearOrder) {
         };
         r.set();
         c.join().unwrap();
-        assert!(
-            !r.signaled() || r.fd.count() > 0,
-            "signaled over an empty eventfd: later sets are skipped"
-        );
+        assert!(!r.signaled() || r.fd.count() > 0, "signaled over an empty eventfd: later sets are skipped");
         if order == ClearOrder::Locked {
             assert!(r.signaled() || r.fd.count() == 0, "a count behind a lowered flag: pollers spin");
         }

@@ -190,10 +190,7 @@ impl<'a> CallHeader<'a> {
 
     fn auth(&self, at: usize) -> OpaqueAuth<'a> {
         let len = self.word(at + 4) as usize;
-        OpaqueAuth {
-            flavor: AuthFlavor(self.word(at)),
-            body: self.buf.get(at + 8..at + 8 + len).unwrap_or(&[]),
-        }
+        OpaqueAuth { flavor: AuthFlavor(self.word(at)), body: self.buf.get(at + 8..at + 8 + len).unwrap_or(&[]) }
     }
     /// The credential.
     pub fn cred(&self) -> OpaqueAuth<'a> {

@@ -173,11 +173,7 @@ impl<'a> Iterator for Fragments<'a> {
         let len = mark.len as usize;
         let Some(body) = rest.get(MARK_LEN..MARK_LEN + len) else {
             self.done = true;
-            return Some(Err(MarkError::TruncatedFragment {
-                at: self.pos,
-                len: mark.len,
-                have: self.buf.len(),
-            }));
+            return Some(Err(MarkError::TruncatedFragment { at: self.pos, len: mark.len, have: self.buf.len() }));
         };
         self.pos += MARK_LEN + len;
         if mark.last {
@@ -222,10 +218,7 @@ pub struct RecordLimits {
 
 impl Default for RecordLimits {
     fn default() -> Self {
-        RecordLimits {
-            max_record_len: DEFAULT_MAX_RECORD_LEN,
-            max_fragments: DEFAULT_MAX_FRAGMENTS,
-        }
+        RecordLimits { max_record_len: DEFAULT_MAX_RECORD_LEN, max_fragments: DEFAULT_MAX_FRAGMENTS }
     }
 }
 

@@ -30,8 +30,8 @@
 //! gives krpc2's behaviour.
 
 use crate::call::{AuthField, AuthSysParams, CallHeader, HeaderError, MAX_CALL_HEADER_LEN};
-use crate::msg::{AuthFlavor, AuthStat, Program, NULLPROC, RPC_VERSION};
 use crate::msg::MsgType;
+use crate::msg::{AuthFlavor, AuthStat, Program, NULLPROC, RPC_VERSION};
 use crate::record::{fragments, MarkError, RecordMark, LAST_FRAGMENT, MARK_LEN};
 use crate::reply::{encode_reply, Reply};
 

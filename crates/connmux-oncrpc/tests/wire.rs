@@ -148,19 +148,10 @@ fn every_reply_kind_from_the_service() {
     assert_eq!(replied(serve(&reg, &ok).0), Reply::Success);
     assert_eq!(replied(serve(&reg, &call_body(1, 2, 100003, 4, 0, &none)).0), Reply::Success);
     assert_eq!(replied(serve(&reg, &call_body(1, 2, 100005, 3, 0, &none)).0), Reply::ProgUnavail);
-    assert_eq!(
-        replied(serve(&reg, &call_body(1, 2, 100003, 2, 0, &none)).0),
-        Reply::ProgMismatch { low: 3, high: 4 }
-    );
-    assert_eq!(
-        replied(serve(&reg, &call_body(1, 2, 100003, 5, 0, &none)).0),
-        Reply::ProgMismatch { low: 3, high: 4 }
-    );
+    assert_eq!(replied(serve(&reg, &call_body(1, 2, 100003, 2, 0, &none)).0), Reply::ProgMismatch { low: 3, high: 4 });
+    assert_eq!(replied(serve(&reg, &call_body(1, 2, 100003, 5, 0, &none)).0), Reply::ProgMismatch { low: 3, high: 4 });
     assert_eq!(replied(serve(&reg, &call_body(1, 2, 100003, 3, 1, &none)).0), Reply::ProcUnavail);
-    assert_eq!(
-        replied(serve(&reg, &call_body(9, 3, 100003, 3, 0, &none)).0),
-        Reply::RpcMismatch { low: 2, high: 2 }
-    );
+    assert_eq!(replied(serve(&reg, &call_body(9, 3, 100003, 3, 0, &none)).0), Reply::RpcMismatch { low: 2, high: 2 });
     // RPC_MISMATCH needs only xid, type and version: the rest may be absent.
     assert_eq!(replied(serve(&reg, &words(&[9, 0, 1])).0), Reply::RpcMismatch { low: 2, high: 2 });
 
@@ -262,10 +253,7 @@ fn garbage_closes_the_connection() {
     }
     // Credential length pointing past the end.
     let (o, _) = serve(&reg, &call_body(1, 2, 100003, 3, 0, &[0, 8, 0]));
-    assert_eq!(
-        o,
-        Outcome::CloseConnection(CloseReason::Header(HeaderError::Truncated { need: 40, have: 36 }))
-    );
+    assert_eq!(o, Outcome::CloseConnection(CloseReason::Header(HeaderError::Truncated { need: 40, have: 36 })));
     // Bad marks around a good call.
     let mut o = Vec::new();
     let bad_marks: [(&[u8], MarkError); 4] = [
@@ -302,10 +290,7 @@ fn registry_configuration() {
     assert_eq!(replied(serve(&reg, &call(100005, 2)).0), Reply::ProgUnavail);
     let any = Registry::any_program();
     assert_eq!(replied(serve(&any, &call(4242, 99)).0), Reply::Success);
-    assert_eq!(
-        replied(serve(&any, &call_body(1, 2, 4242, 1, 3, &[0, 0, 0, 0])).0),
-        Reply::ProcUnavail
-    );
+    assert_eq!(replied(serve(&any, &call_body(1, 2, 4242, 1, 3, &[0, 0, 0, 0])).0), Reply::ProcUnavail);
 }
 
 #[test]
@@ -346,7 +331,10 @@ fn header_errors_are_typed() {
     assert_eq!(e(&[1, 0]), HeaderError::Truncated { need: 12, have: 8 });
     assert_eq!(e(&[1, 0, 2, 3, 4, 5, 0]), HeaderError::Truncated { need: 32, have: 28 });
     assert_eq!(e(&[1, 0, 2, 3, 4, 5, 0, 500]), HeaderError::AuthTooLong { xid: 1, which: AuthField::Cred, len: 500 });
-    assert_eq!(e(&[1, 0, 2, 3, 4, 5, 0, 0, 0, 401]), HeaderError::AuthTooLong { xid: 1, which: AuthField::Verf, len: 401 });
+    assert_eq!(
+        e(&[1, 0, 2, 3, 4, 5, 0, 0, 0, 401]),
+        HeaderError::AuthTooLong { xid: 1, which: AuthField::Verf, len: 401 }
+    );
     assert_eq!(e(&[1, 7]), HeaderError::NotACall { xid: 1, msg_type: MsgType(7) });
 }
 

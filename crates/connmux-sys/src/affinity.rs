@@ -103,11 +103,10 @@ mod tests {
         // (and the thread keeps its old affinity).
         let last = SET_SIZE - 1;
         if !available_cpus().unwrap().contains(&last) {
-            let (err, after) = std::thread::spawn(move || {
-                (pin_current_thread(last).unwrap_err(), available_cpus().unwrap())
-            })
-            .join()
-            .unwrap();
+            let (err, after) =
+                std::thread::spawn(move || (pin_current_thread(last).unwrap_err(), available_cpus().unwrap()))
+                    .join()
+                    .unwrap();
             assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
             assert_eq!(after, available_cpus().unwrap());
         }

@@ -80,12 +80,7 @@ fn sys_bpf<T>(cmd: libc::c_int, attr: &mut T) -> libc::c_long {
     // for `cmd`, and its size is passed with it; every pointer inside it was set by
     // the caller from a borrow that outlives this call.
     unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut T as *mut libc::c_void,
-            std::mem::size_of::<T>() as libc::c_uint,
-        )
+        libc::syscall(libc::SYS_bpf, cmd, attr as *mut T as *mut libc::c_void, std::mem::size_of::<T>() as libc::c_uint)
     }
 }
 
@@ -96,13 +91,7 @@ fn sys_bpf<T>(cmd: libc::c_int, attr: &mut T) -> libc::c_long {
 /// Errors as bpf(2) gives them: `EPERM` without `CAP_BPF`, `EINVAL` for a zero
 /// size or count, `E2BIG`/`ENOMEM` for a map too large.
 pub fn map_create_array(value_size: u32, max_entries: u32) -> io::Result<OwnedFd> {
-    let mut attr = MapCreateAttr {
-        map_type: BPF_MAP_TYPE_ARRAY,
-        key_size: 4,
-        value_size,
-        max_entries,
-        map_flags: 0,
-    };
+    let mut attr = MapCreateAttr { map_type: BPF_MAP_TYPE_ARRAY, key_size: 4, value_size, max_entries, map_flags: 0 };
     let fd = sys_bpf(BPF_MAP_CREATE, &mut attr);
     if fd < 0 {
         return Err(io::Error::last_os_error());
@@ -116,10 +105,10 @@ pub fn map_create_array(value_size: u32, max_entries: u32) -> io::Result<OwnedFd
 ///
 /// On refusal the error carries the verifier's log in its message.
 pub fn prog_load_socket_filter(insns: &[[u8; 8]], license: &str) -> io::Result<OwnedFd> {
-    let license = CString::new(license)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "licence contains NUL"))?;
-    let insn_cnt = u32::try_from(insns.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many instructions"))?;
+    let license =
+        CString::new(license).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "licence contains NUL"))?;
+    let insn_cnt =
+        u32::try_from(insns.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many instructions"))?;
     let mut attr = ProgLoadAttr {
         prog_type: BPF_PROG_TYPE_SOCKET_FILTER,
         insn_cnt,
@@ -146,10 +135,7 @@ pub fn prog_load_socket_filter(insns: &[[u8; 8]], license: &str) -> io::Result<O
     }
     let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
     let text = String::from_utf8_lossy(&log[..end]);
-    Err(io::Error::new(
-        err.kind(),
-        format!("BPF_PROG_LOAD: {err}; verifier log:\n{}", text.trim_end()),
-    ))
+    Err(io::Error::new(err.kind(), format!("BPF_PROG_LOAD: {err}; verifier log:\n{}", text.trim_end())))
 }
 
 /// Run the program once on `data` with `BPF_PROG_TEST_RUN` and return its 32-bit
@@ -160,8 +146,8 @@ pub fn prog_load_socket_filter(insns: &[[u8; 8]], license: &str) -> io::Result<O
 /// message; fewer than 14 bytes are refused with `EINVAL`. The kernel also caps
 /// `data` at a little under a page.
 pub fn prog_test_run(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<u32> {
-    let data_size_in = u32::try_from(data.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "data too long"))?;
+    let data_size_in =
+        u32::try_from(data.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "data too long"))?;
     let mut attr = TestRunAttr {
         prog_fd: fd.as_raw_fd() as u32,
         data_size_in,
@@ -231,16 +217,16 @@ mod tests {
         // (the map fd resolves), and answers 1 when the element exists.
         let fd = m.as_raw_fd();
         let prog = [
-            insn(0x62, 10, 0, -4, 0),                   // *(u32 *)(r10 - 4) = 0
-            insn(0x18, 1, 1, 0, fd),                    // r1 = map (ld_imm64, pseudo map fd)
+            insn(0x62, 10, 0, -4, 0), // *(u32 *)(r10 - 4) = 0
+            insn(0x18, 1, 1, 0, fd),  // r1 = map (ld_imm64, pseudo map fd)
             insn(0x00, 0, 0, 0, 0),
-            insn(0xbf, 2, 10, 0, 0),                    // r2 = r10
-            insn(0x07, 2, 0, 0, -4),                    // r2 -= 4
-            insn(0x85, 0, 0, 0, 1),                     // call bpf_map_lookup_elem
-            insn(0xb7, 1, 0, 0, 1),                     // r1 = 1
-            insn(0x15, 0, 0, 1, 0),                     // if r0 == 0 skip
-            insn(0xbf, 0, 1, 0, 0),                     // r0 = r1
-            insn(0x95, 0, 0, 0, 0),                     // exit
+            insn(0xbf, 2, 10, 0, 0), // r2 = r10
+            insn(0x07, 2, 0, 0, -4), // r2 -= 4
+            insn(0x85, 0, 0, 0, 1),  // call bpf_map_lookup_elem
+            insn(0xb7, 1, 0, 0, 1),  // r1 = 1
+            insn(0x15, 0, 0, 1, 0),  // if r0 == 0 skip
+            insn(0xbf, 0, 1, 0, 0),  // r0 = r1
+            insn(0x95, 0, 0, 0, 0),  // exit
         ];
         let p = prog_load_socket_filter(&prog, "GPL").expect("program using the map loads");
         assert_eq!(prog_test_run(p.as_fd(), &[0u8; 20]).unwrap(), 1);

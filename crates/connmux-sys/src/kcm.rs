@@ -191,9 +191,9 @@ pub fn recvmmsg(fd: RawFd, bufs: &mut [&mut [u8]], meta: &mut [RecvMeta], flags:
     }
     // SAFETY: `hdrs` holds `count` headers, each pointing at one iovec that covers a
     // distinct, exclusively borrowed buffer; all live for the call; no timeout pointer.
-    let n = cvt(unsafe {
-        libc::recvmmsg(fd, hdrs.as_mut_ptr(), count as libc::c_uint, flags as _, std::ptr::null_mut())
-    })? as usize;
+    let n =
+        cvt(unsafe { libc::recvmmsg(fd, hdrs.as_mut_ptr(), count as libc::c_uint, flags as _, std::ptr::null_mut()) })?
+            as usize;
     for (m, h) in meta.iter_mut().zip(&hdrs[..n]) {
         *m = RecvMeta { len: h.msg_len as usize, flags: h.msg_hdr.msg_flags };
     }
@@ -262,7 +262,12 @@ mod tests {
     #[test]
     fn seqpacket_messages_keep_boundaries_eor_and_trunc() {
         let (a, b) = seqpacket_pair();
-        let sent = sendmsg(a.as_raw_fd(), &[IoSlice::new(b"hello "), IoSlice::new(b"world")], libc::MSG_EOR | libc::MSG_NOSIGNAL).unwrap();
+        let sent = sendmsg(
+            a.as_raw_fd(),
+            &[IoSlice::new(b"hello "), IoSlice::new(b"world")],
+            libc::MSG_EOR | libc::MSG_NOSIGNAL,
+        )
+        .unwrap();
         assert_eq!(sent, 11);
         sendmsg(a.as_raw_fd(), &[IoSlice::new(b"second")], libc::MSG_EOR).unwrap();
         let mut buf = [0u8; 64];
@@ -475,7 +480,11 @@ mod tests {
             // KCM -> peer: sendmsg with MSG_EOR, then a sendmmsg batch.
             c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let m = framed(b"reply");
-            assert_eq!(sendmsg(k, &[IoSlice::new(&m[..4]), IoSlice::new(&m[4..])], libc::MSG_EOR | libc::MSG_NOSIGNAL).unwrap(), m.len());
+            assert_eq!(
+                sendmsg(k, &[IoSlice::new(&m[..4]), IoSlice::new(&m[4..])], libc::MSG_EOR | libc::MSG_NOSIGNAL)
+                    .unwrap(),
+                m.len()
+            );
             let mut got = vec![0u8; m.len()];
             c.read_exact(&mut got).unwrap();
             assert_eq!(got, m);

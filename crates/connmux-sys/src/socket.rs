@@ -79,7 +79,10 @@ pub(crate) fn sendmsg_flags(fd: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int)
     retry_eintr(|| {
         // SAFETY: `msg` points at `iovlen` live iovecs borrowed from `bufs` for the call.
         // (Through `syscall(2)`, not libc's cancellable wrapper: see `raw_read`.)
-        cvt_size(unsafe { libc::syscall(libc::SYS_sendmsg, fd as libc::c_long, &msg as *const libc::msghdr, flags as libc::c_long) as libc::ssize_t })
+        cvt_size(unsafe {
+            libc::syscall(libc::SYS_sendmsg, fd as libc::c_long, &msg as *const libc::msghdr, flags as libc::c_long)
+                as libc::ssize_t
+        })
     })
 }
 
@@ -163,7 +166,10 @@ fn get_timeout(fd: RawFd, name: libc::c_int) -> io::Result<Option<Duration>> {
     let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
     // SAFETY: timeval is plain data; we view it as bytes only for the kernel to fill.
     let bytes = unsafe {
-        std::slice::from_raw_parts_mut((&mut tv as *mut libc::timeval).cast::<u8>(), std::mem::size_of::<libc::timeval>())
+        std::slice::from_raw_parts_mut(
+            (&mut tv as *mut libc::timeval).cast::<u8>(),
+            std::mem::size_of::<libc::timeval>(),
+        )
     };
     getsockopt_raw(fd, libc::SOL_SOCKET, name, bytes)?;
     if tv.tv_sec == 0 && tv.tv_usec == 0 {
@@ -487,7 +493,8 @@ mod tests {
         // A port nobody listens on: bind one, learn it, close it.
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         // SAFETY: plain socket() call; the result is checked and owned below.
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+        let fd =
+            unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
         assert!(fd >= 0);
         // SAFETY: fd is a fresh socket we own.
         let sock = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -499,7 +506,11 @@ mod tests {
         };
         // SAFETY: passes a live sockaddr_in and its size.
         let r = unsafe {
-            libc::connect(sock.as_raw_fd(), (&addr as *const libc::sockaddr_in).cast(), std::mem::size_of_val(&addr) as u32)
+            libc::connect(
+                sock.as_raw_fd(),
+                (&addr as *const libc::sockaddr_in).cast(),
+                std::mem::size_of_val(&addr) as u32,
+            )
         };
         assert!(r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EINPROGRESS));
         let ep = Epoll::new().unwrap();

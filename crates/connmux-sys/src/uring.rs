@@ -199,7 +199,8 @@ impl BufRing {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         let ring = Mmap::new(count as usize * std::mem::size_of::<RawBuf>())?;
-        let data_len = (count as usize).checked_mul(size as usize).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let data_len =
+            (count as usize).checked_mul(size as usize).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
         let data = Mmap::new(data_len)?;
         let mut bufs = BufRing { ring, data, count, size, tail: 0, held: vec![0; count as usize] };
         for bid in 0..count {
@@ -253,12 +254,25 @@ impl BufRing {
 
 /// What a slot of the ring's table holds: one operation in flight.
 enum Op<B> {
-    Free { next: usize },
-    Recv { token: u64 },
-    Send { token: u64, state: Box<SendState<B>> },
-    Poll { token: u64 },
+    Free {
+        next: usize,
+    },
+    Recv {
+        token: u64,
+    },
+    Send {
+        token: u64,
+        state: Box<SendState<B>>,
+    },
+    Poll {
+        token: u64,
+    },
     /// A receive into `buf`'s spare capacity, at most `max` bytes.
-    RecvInto { token: u64, buf: bytes::BytesMut, max: usize },
+    RecvInto {
+        token: u64,
+        buf: bytes::BytesMut,
+        max: usize,
+    },
     Cancel,
 }
 
@@ -283,6 +297,9 @@ struct Slots<B> {
     filled: Vec<(u64, bytes::BytesMut)>,
     /// Send states of finished sends, emptied, for the next sends: a send in
     /// steady state allocates nothing.
+    // Boxed: the kernel holds pointers into a state while its send is out,
+    // so a state must not move when the vector grows.
+    #[allow(clippy::vec_box)]
     spare: Vec<Box<SendState<B>>>,
 }
 
@@ -397,7 +414,11 @@ impl<B: AsRef<[u8]>> Ring<B> {
         unsafe {
             uring.submitter().register_buf_ring_with_flags(bufs.ring.ptr as u64, config.buf_count, BGID, 0)?;
         }
-        Ok(Ring { uring, bufs, slots: Slots { ops: Vec::new(), free: NONE, in_flight: 0, filled: Vec::new(), spare: Vec::new() } })
+        Ok(Ring {
+            uring,
+            bufs,
+            slots: Slots { ops: Vec::new(), free: NONE, in_flight: 0, filled: Vec::new(), spare: Vec::new() },
+        })
     }
 
     /// Bytes per provided buffer.
@@ -436,7 +457,13 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// ring owns `buf` until the completion ([`Completion::RecvInto`]), then hands it
     /// back through [`take_filled`](Ring::take_filled) with the bytes appended. On
     /// failure to queue, `buf` comes back with the error, unchanged.
-    pub fn recv_into(&mut self, fd: RawFd, token: u64, mut buf: bytes::BytesMut, max: usize) -> Result<(), (io::Error, bytes::BytesMut)> {
+    pub fn recv_into(
+        &mut self,
+        fd: RawFd,
+        token: u64,
+        mut buf: bytes::BytesMut,
+        max: usize,
+    ) -> Result<(), (io::Error, bytes::BytesMut)> {
         let max = max.min(u32::MAX as usize);
         if buf.capacity() - buf.len() < max {
             buf.reserve(max);
@@ -521,7 +548,8 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// `-ECANCELED` unless it finished first). Call it before closing the fd.
     pub fn cancel_fd(&mut self, fd: RawFd) -> io::Result<()> {
         let slot = self.slots.alloc(Op::Cancel);
-        let entry = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all()).build().user_data(slot as u64);
+        let entry =
+            opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all()).build().user_data(slot as u64);
         self.push(slot, entry)
     }
 
@@ -592,7 +620,9 @@ impl<B: AsRef<[u8]>> Ring<B> {
         // SAFETY: the buffer is held by the caller, so it is not in the kernel's ring and
         // nothing writes it until `recycle`, which needs `&mut self` and so cannot run
         // while this borrow lives; `len <= buf_size` came from the kernel's completion.
-        Some(unsafe { std::slice::from_raw_parts(self.bufs.data.ptr.add(buf_id as usize * self.bufs.size as usize), len as usize) })
+        Some(unsafe {
+            std::slice::from_raw_parts(self.bufs.data.ptr.add(buf_id as usize * self.bufs.size as usize), len as usize)
+        })
     }
 
     /// Gives buffer `buf_id` back to the kernel. Returns false (and does nothing) if the
@@ -690,7 +720,9 @@ mod tests {
     #[test]
     fn multishot_receives_several_messages_into_provided_buffers() {
         let (mut a, b) = pair();
-        let mut ring: Ring = Ring::new(RingConfig { entries: 8, cq_entries: 64, buf_count: 8, buf_size: 64, ..RingConfig::default() }).unwrap();
+        let mut ring: Ring =
+            Ring::new(RingConfig { entries: 8, cq_entries: 64, buf_count: 8, buf_size: 64, ..RingConfig::default() })
+                .unwrap();
         ring.recv_multishot(b.as_raw_fd(), 11).unwrap();
         ring.submit().unwrap();
         let mut got = Vec::new();
@@ -728,14 +760,18 @@ mod tests {
     #[test]
     fn large_data_splits_over_buffers_and_runs_out_with_enobufs() {
         let (mut a, b) = pair();
-        let mut ring: Ring = Ring::new(RingConfig { entries: 8, cq_entries: 64, buf_count: 4, buf_size: 100, ..RingConfig::default() }).unwrap();
+        let mut ring: Ring =
+            Ring::new(RingConfig { entries: 8, cq_entries: 64, buf_count: 4, buf_size: 100, ..RingConfig::default() })
+                .unwrap();
         ring.recv_multishot(b.as_raw_fd(), 3).unwrap();
         ring.submit().unwrap();
         // 1000 bytes, 4 buffers of 100, none recycled: 400 bytes arrive, then ENOBUFS.
         let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
         a.write_all(&data).unwrap();
         let mut out = Vec::new();
-        reap_until(&mut ring, &mut out, |c| c.iter().any(|c| matches!(c, Completion::RecvEnd { .. } | Completion::Recv { more: false, .. })));
+        reap_until(&mut ring, &mut out, |c| {
+            c.iter().any(|c| matches!(c, Completion::RecvEnd { .. } | Completion::Recv { more: false, .. }))
+        });
         let mut got = Vec::new();
         for c in &out {
             if let Completion::Recv { buf_id, len, .. } = *c {
@@ -942,7 +978,9 @@ mod tests {
 
     #[test]
     fn a_full_submission_queue_is_flushed_to_the_kernel() {
-        let mut ring: Ring = Ring::new(RingConfig { entries: 2, cq_entries: 16, buf_count: 2, buf_size: 64, ..RingConfig::default() }).unwrap();
+        let mut ring: Ring =
+            Ring::new(RingConfig { entries: 2, cq_entries: 16, buf_count: 2, buf_size: 64, ..RingConfig::default() })
+                .unwrap();
         let efds: Vec<_> = (0..6).map(|_| crate::eventfd::EventFd::new().unwrap()).collect();
         // Six polls queued without an explicit submit through a 2-entry queue.
         for (i, e) in efds.iter().enumerate() {
@@ -954,7 +992,8 @@ mod tests {
         }
         let mut out = Vec::new();
         reap_until(&mut ring, &mut out, |c| c.len() == 6);
-        let mut tokens: Vec<u64> = out.iter().map(|c| if let Completion::Poll { token, .. } = *c { token } else { u64::MAX }).collect();
+        let mut tokens: Vec<u64> =
+            out.iter().map(|c| if let Completion::Poll { token, .. } = *c { token } else { u64::MAX }).collect();
         tokens.sort_unstable();
         assert_eq!(tokens, (0..6).collect::<Vec<_>>());
         assert_eq!(ring.in_flight(), 0);

@@ -77,7 +77,13 @@ struct Run {
 /// `calls` calls with at most `window` unanswered over one client mux with
 /// `policy`. `stop` (a server index and a call count) stops that server once
 /// that many calls are answered.
-fn run(policy: TxPolicy, servers: &mut [Option<Service>], calls: usize, window: usize, stop: Option<(usize, usize)>) -> io::Result<Run> {
+fn run(
+    policy: TxPolicy,
+    servers: &mut [Option<Service>],
+    calls: usize,
+    window: usize,
+    stop: Option<(usize, usize)>,
+) -> io::Result<Run> {
     let mut cfg = Config { workers: 1, placement: Placement::Unpinned, ..Config::default() };
     cfg.core.tx_policy = policy;
     let mux = Mux::new(cfg)?;
@@ -115,7 +121,9 @@ fn run(policy: TxPolicy, servers: &mut [Option<Service>], calls: usize, window: 
                     }
                 }
             }
-            Ok(m) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("reply of {} bytes", m.data.len()))),
+            Ok(m) => {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("reply of {} bytes", m.data.len())))
+            }
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
             Err(e) => return Err(e),
         }
@@ -173,7 +181,10 @@ fn main() -> io::Result<()> {
     let mut servers: Vec<Option<Service>> =
         (0..3u8).map(|i| server(i, if i == 2 { burn } else { Duration::ZERO }).map(Some)).collect::<io::Result<_>>()?;
     println!("3 servers on loopback, server 2 burns {burn:?} per call; {calls} calls, at most {window} unanswered");
-    println!("{:<18} {:>5} {:>24} {:>12} {:>12}", "policy", "round", "calls answered per server", "slow share", "calls/s");
+    println!(
+        "{:<18} {:>5} {:>24} {:>12} {:>12}",
+        "policy", "round", "calls answered per server", "slow share", "calls/s"
+    );
     let mut rates = [Vec::new(), Vec::new()];
     for round in 1..=rounds {
         for (k, policy) in [TxPolicy::RoundRobin, TxPolicy::LeastOutstanding].into_iter().enumerate() {

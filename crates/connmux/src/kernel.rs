@@ -45,9 +45,11 @@ pub enum BackendError {
 
 fn parser_reason(e: &KernelError) -> String {
     match e {
-        KernelError::UnsupportedParser(_) => "it has no kernel program: only the length-field parsers (l4, len:…, 9p, thrift, kafka) \
+        KernelError::UnsupportedParser(_) => {
+            "it has no kernel program: only the length-field parsers (l4, len:…, 9p, thrift, kafka) \
              and BPF programs (Mux::attach_bpf) do; use Backend::Userspace"
-            .to_owned(),
+                .to_owned()
+        }
         other => other.to_string(),
     }
 }
@@ -80,7 +82,9 @@ pub(crate) fn parser_error(parser: String, source: KernelError) -> io::Error {
 pub(crate) fn kernel_parser_for(name: &str) -> io::Result<KernelParser> {
     match connmux_kernel::prog::FieldSpec::from_spec(name) {
         Ok(_) => Ok(KernelParser::spec(name)),
-        Err(KernelError::Spec(_)) => Err(parser_error(name.to_owned(), KernelError::UnsupportedParser(name.to_owned()))),
+        Err(KernelError::Spec(_)) => {
+            Err(parser_error(name.to_owned(), KernelError::UnsupportedParser(name.to_owned())))
+        }
         Err(e) => Err(parser_error(name.to_owned(), e)),
     }
 }
@@ -103,10 +107,8 @@ pub(crate) struct KMux {
 impl KMux {
     /// `Ok(Err(why))` where AF_KCM cannot be created (the caller decides).
     pub fn new(config: &Config) -> io::Result<Result<KMux, io::Error>> {
-        let limits = Limits {
-            max_msg_size: Some(config.core.max_msg_size),
-            assembly_timeout: config.core.assembly_timeout,
-        };
+        let limits =
+            Limits { max_msg_size: Some(config.core.max_msg_size), assembly_timeout: config.core.assembly_timeout };
         let k = match KernelMux::with_limits(limits) {
             Ok(k) => k,
             Err(KernelError::Unsupported(e)) => return Ok(Err(e)),

@@ -50,8 +50,8 @@ use connmux_core::Bytes;
 use bytes::BytesMut;
 
 use crate::mux::Mux;
-use crate::shared::Ctx;
 use crate::service::{Handler, ServiceStats, Verdict};
+use crate::shared::Ctx;
 use crate::socket::{KcmSocket, Message};
 use crate::worker::{SCRATCH_CHUNK, SCRATCH_LOW};
 
@@ -200,7 +200,9 @@ pub(crate) fn run(
                 Verdict::Reply(b) if ctx.role == Role::Helper => {
                     send_for_worker(&mux, &socks[i], b, psock) == Err(MuxError::WouldBlock)
                 }
-                Verdict::Reply(b) => socks[i].send_msg(b, Some(psock)).is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock),
+                Verdict::Reply(b) => {
+                    socks[i].send_msg(b, Some(psock)).is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock)
+                }
                 Verdict::Close => true,
                 Verdict::NoReply | Verdict::Appended => false,
             };

@@ -44,23 +44,23 @@ mod config;
 mod kernel;
 mod lane;
 mod mux;
+pub mod service;
 mod shared;
 mod socket;
+pub mod tls;
 mod uring_worker;
 mod worker;
-pub mod service;
-pub mod tls;
 
 pub use config::{Backend, Config, Driver, Placement};
-pub use connmux_kernel::{KernelError, KernelMux, KernelSocket};
-pub use kernel::{BackendError, UNKNOWN_PSOCK};
 pub use connmux_core::mux::{
-    Event as CoreEvent, MuxConfig, PsockError, PsockId, RecvFlags, RecvInfo, RxError, SendFlags, SockId,
-    SockType, Steering, TxPolicy,
+    Event as CoreEvent, MuxConfig, PsockError, PsockId, RecvFlags, RecvInfo, RxError, SendFlags, SockId, SockType,
+    Steering, TxPolicy,
 };
 pub use connmux_core::parser::{Parse, ParseError, Parser};
 pub use connmux_core::parsers;
 pub use connmux_core::stats::{MuxStats, PsockStats, SockStats};
 pub use connmux_core::Bytes;
+pub use connmux_kernel::{KernelError, KernelMux, KernelSocket};
+pub use kernel::{BackendError, UNKNOWN_PSOCK};
 pub use mux::{AttachOptions, BpfProgram, Mux, PsockEvent};
 pub use socket::{KcmSocket, Message};

@@ -18,8 +18,8 @@ use crate::config::{Backend, Config, Driver};
 use crate::kernel::{self, KMux};
 use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerIo, WorkerRef};
 use crate::socket::KcmSocket;
-use crate::worker::{self, Command};
 use crate::uring_worker;
+use crate::worker::{self, Command};
 
 /// Options of one attach: the parser, and the limits of this connection where
 /// they differ from the mux's (`MuxConfig::max_msg_size`,
@@ -164,7 +164,8 @@ pub(crate) enum MuxImp {
 }
 
 /// Why `Mux::serve` is refused on the kernel backend.
-const NO_WORKERS: &str = "AF_KCM has no worker threads to serve on (use recv/send on KCM sockets, or Backend::Userspace)";
+const NO_WORKERS: &str =
+    "AF_KCM has no worker threads to serve on (use recv/send on KCM sockets, or Backend::Userspace)";
 
 impl Mux {
     /// Start a mux on the backend `config.backend` picks (see [`Backend`]).
@@ -177,10 +178,9 @@ impl Mux {
             Backend::Userspace => Self::new_user(config),
             Backend::Kernel => match KMux::new(&config)? {
                 Ok(k) => Ok(Mux { imp: MuxImp::Kernel(Arc::new(k)) }),
-                Err(why) => Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    kernel::BackendError::KernelUnavailable(why),
-                )),
+                Err(why) => {
+                    Err(io::Error::new(io::ErrorKind::Unsupported, kernel::BackendError::KernelUnavailable(why)))
+                }
             },
             Backend::Auto => match KMux::new(&config)? {
                 Ok(k) => Ok(Mux { imp: MuxImp::Kernel(Arc::new(k)) }),
@@ -232,13 +232,7 @@ impl Mux {
                     WorkerIo::Epoll(epoll)
                 }
             };
-            refs.push(WorkerRef {
-                io,
-                waker,
-                commands: Mutex::new(Vec::new()),
-                psocks: AtomicUsize::new(0),
-                cpu,
-            });
+            refs.push(WorkerRef { io, waker, commands: Mutex::new(Vec::new()), psocks: AtomicUsize::new(0), cpu });
         }
         let (events_tx, events_rx) = crossbeam::channel::bounded(config.event_queue.max(1));
         let shared = Arc::new(Shared {
@@ -388,7 +382,9 @@ impl Mux {
                         connmux_kernel::KernelParser::Elf { object: object.clone(), section: section.clone() },
                         format!("bpf:{}", section.as_deref().unwrap_or("elf")),
                     ),
-                    BpfProgram::Bytecode(code) => (connmux_kernel::KernelParser::Bytecode(code.clone()), "bpf:raw".to_owned()),
+                    BpfProgram::Bytecode(code) => {
+                        (connmux_kernel::KernelParser::Bytecode(code.clone()), "bpf:raw".to_owned())
+                    }
                 };
                 kernel::check_program(&p, &name)?;
                 k.k.attach(conn, &p)
@@ -426,12 +422,19 @@ impl Mux {
             Some(w) => w,
             None => self.user().expect("userspace").pick_worker(conn.as_fd()),
         };
-        let limits = PsockConfig { max_msg_size: opts.max_msg_size, assembly_timeout: opts.assembly_timeout, affinity: None };
+        let limits =
+            PsockConfig { max_msg_size: opts.max_msg_size, assembly_timeout: opts.assembly_timeout, affinity: None };
         self.attach_limited(conn, opts.parser, worker, None, limits)
     }
 
     /// The userspace attach, with the TLS state of a TLS psock.
-    pub(crate) fn attach_inner(&self, conn: &impl AsFd, parser: Box<dyn Parser>, worker: usize, tls: Option<crate::tls::PsockTls>) -> io::Result<PsockId> {
+    pub(crate) fn attach_inner(
+        &self,
+        conn: &impl AsFd,
+        parser: Box<dyn Parser>,
+        worker: usize,
+        tls: Option<crate::tls::PsockTls>,
+    ) -> io::Result<PsockId> {
         self.attach_limited(conn, parser, worker, tls, PsockConfig::default())
     }
 
@@ -509,9 +512,11 @@ impl Mux {
         if let MuxImp::Kernel(k) = &self.imp {
             return k.k.unattach(conn);
         }
-        let ino = std::fs::File::from(conn.as_fd().try_clone_to_owned().map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?)
-            .metadata()?
-            .ino();
+        let ino = std::fs::File::from(
+            conn.as_fd().try_clone_to_owned().map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?,
+        )
+        .metadata()?
+        .ino();
         let id = {
             let core = self.shared().lock();
             core.psocks.values().find(|p| p.ino == ino).map(|p| p.id)

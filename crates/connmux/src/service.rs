@@ -112,7 +112,6 @@ pub struct RunServed {
     pub stop: Option<Verdict>,
 }
 
-
 impl<F> Handler for F
 where
     F: Fn(Bytes, PsockId, &mut BytesMut) -> Verdict + Send + Sync + 'static,
@@ -216,7 +215,8 @@ impl Mux {
         }
         for i in 0..workers {
             let cpu = sh.workers[i].cpu;
-            let home = crate::lane::LaneCtx { role: crate::lane::Role::Home { shared: helpers }, cpu, nice: sh.lane_nice };
+            let home =
+                crate::lane::LaneCtx { role: crate::lane::Role::Home { shared: helpers }, cpu, nice: sh.lane_nice };
             let mut threads = vec![(format!("connmux-lane{i}"), vec![lanes[i].clone()], home)];
             if helpers {
                 let others = (0..workers).filter(|&j| j != i).map(|j| lanes[j].clone()).collect();
@@ -224,7 +224,8 @@ impl Mux {
                 threads.push((format!("connmux-help{i}"), others, help));
             }
             for (name, from, ctx) in threads {
-                let (mux, handler, stats, stop) = (self.clone(), handler.clone(), stats.clone(), serving.stop_lanes.clone());
+                let (mux, handler, stats, stop) =
+                    (self.clone(), handler.clone(), stats.clone(), serving.stop_lanes.clone());
                 let t = std::thread::Builder::new()
                     .name(name)
                     .spawn(move || crate::lane::run(mux, from, handler, stats, ctx, stop))?;
@@ -239,7 +240,12 @@ impl Mux {
             let _ = sh.lock().mux.set_holds(s.id(), true);
             let rt = sh.sock_rt(s.id()).expect("socket just created");
             let lane = crate::lane::lane_tag(workers, i);
-            sh.workers[i].commands.lock().unwrap().push(Command::Serve { sock: rt, handler: handler.clone(), stats: stats.clone(), lane });
+            sh.workers[i].commands.lock().unwrap().push(Command::Serve {
+                sock: rt,
+                handler: handler.clone(),
+                stats: stats.clone(),
+                lane,
+            });
             sh.workers[i].waker.notify()?;
         }
         serving._sockets = socks;
@@ -321,9 +327,11 @@ impl Service {
         {
             let (mux, stop, stats, parser) = (mux.clone(), stop_accept.clone(), stats.clone(), cfg.parser.clone());
             let limit = Accept { max_conns: max_conns.clone() };
-            threads.push(std::thread::Builder::new().name("connmux-accept".into()).spawn(move || {
-                accept_loop(&mux, &listener, &stop, &stats, &*parser, tls.as_ref(), &limit)
-            })?);
+            threads.push(
+                std::thread::Builder::new()
+                    .name("connmux-accept".into())
+                    .spawn(move || accept_loop(&mux, &listener, &stop, &stats, &*parser, tls.as_ref(), &limit))?,
+            );
         }
         {
             // Reaper: a failed connection is reset and unattached (its

@@ -197,7 +197,11 @@ impl KcmSocket {
         }
     }
 
-    fn with_core<T>(&self, rt: &SockRt, f: impl FnOnce(&mut connmux_core::mux::Mux, SockId) -> Result<T, MuxError>) -> io::Result<T> {
+    fn with_core<T>(
+        &self,
+        rt: &SockRt,
+        f: impl FnOnce(&mut connmux_core::mux::Mux, SockId) -> Result<T, MuxError>,
+    ) -> io::Result<T> {
         let sh = self.mux.shared();
         let mut events = Vec::new();
         let r = {
@@ -250,7 +254,11 @@ impl KcmSocket {
     }
 
     /// Receive loop shared by the recv forms: clear readiness, try, wait.
-    fn recv_loop<T>(&self, rt: &SockRt, mut attempt: impl FnMut(&mut crate::shared::Core) -> Result<T, MuxError>) -> io::Result<T> {
+    fn recv_loop<T>(
+        &self,
+        rt: &SockRt,
+        mut attempt: impl FnMut(&mut crate::shared::Core) -> Result<T, MuxError>,
+    ) -> io::Result<T> {
         let sh = self.mux.shared();
         let deadline = Self::deadline(&rt.rcvtimeo);
         let mut events = Vec::new();
@@ -347,7 +355,11 @@ impl KcmSocket {
         Ok(out.len() - start)
     }
 
-    fn send_loop(&self, rt: &SockRt, mut attempt: impl FnMut(&mut connmux_core::mux::Mux) -> Result<usize, MuxError>) -> io::Result<usize> {
+    fn send_loop(
+        &self,
+        rt: &SockRt,
+        mut attempt: impl FnMut(&mut connmux_core::mux::Mux) -> Result<usize, MuxError>,
+    ) -> io::Result<usize> {
         let sh = self.mux.shared();
         let deadline = Self::deadline(&rt.sndtimeo);
         let mut events = Vec::new();
@@ -403,7 +415,9 @@ impl KcmSocket {
         let rt = match (&self.imp, psock) {
             (SockImp::User(rt), _) => rt,
             (SockImp::Kernel(k), None) => return k.send(&msg).map(drop),
-            (SockImp::Kernel(_), Some(_)) => return Err(kernel::unsupported("KcmSocket::send_msg to a psock", NO_ADDRESS)),
+            (SockImp::Kernel(_), Some(_)) => {
+                return Err(kernel::unsupported("KcmSocket::send_msg to a psock", NO_ADDRESS))
+            }
         };
         let id = rt.id;
         let len = msg.len();
@@ -444,10 +458,9 @@ impl KcmSocket {
     pub fn unsent(&self) -> io::Result<usize> {
         match &self.imp {
             SockImp::User(rt) => self.mux.shared().lock().mux.tx_unsent(rt.id).map_err(io_err),
-            SockImp::Kernel(_) => Err(kernel::unsupported(
-                "KcmSocket::unsent",
-                "AF_KCM does not report a socket's unsent messages",
-            )),
+            SockImp::Kernel(_) => {
+                Err(kernel::unsupported("KcmSocket::unsent", "AF_KCM does not report a socket's unsent messages"))
+            }
         }
     }
 

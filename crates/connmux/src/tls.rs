@@ -284,7 +284,10 @@ impl Mux {
 }
 
 fn refused() -> io::Error {
-    crate::kernel::unsupported("attach_tls", "TLS runs in the userspace workers; AF_KCM would need kTLS, which connmux does not set up")
+    crate::kernel::unsupported(
+        "attach_tls",
+        "TLS runs in the userspace workers; AF_KCM would need kTLS, which connmux does not set up",
+    )
 }
 
 /// What the core could not take.

@@ -54,7 +54,8 @@ type WRing = Ring<Bytes>;
 /// Creates the worker's ring: completion work deferred to its waits where the
 /// kernel can (6.1+), else the plain kind.
 fn new_ring() -> io::Result<WRing> {
-    let config = RingConfig { entries: 256, cq_entries: 4096, buf_count: BUF_COUNT, buf_size: BUF_SIZE, defer_taskrun: true };
+    let config =
+        RingConfig { entries: 256, cq_entries: 4096, buf_count: BUF_COUNT, buf_size: BUF_SIZE, defer_taskrun: true };
     match Ring::new(config) {
         Ok(r) => Ok(r),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ring::new(RingConfig { defer_taskrun: false, ..config }),
@@ -186,7 +187,16 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
         }
     };
     drop(init);
-    let mut w = Worker { sh: &sh, index, lent: Lent::default(), conns: FxHashMap::default(), to_arm: Vec::new(), events: Vec::new(), dirty: Vec::new(), tx_slices: Vec::new() };
+    let mut w = Worker {
+        sh: &sh,
+        index,
+        lent: Lent::default(),
+        conns: FxHashMap::default(),
+        to_arm: Vec::new(),
+        events: Vec::new(),
+        dirty: Vec::new(),
+        tx_slices: Vec::new(),
+    };
     w.run(&mut ring);
     // Dropping the ring cancels what is still in flight and waits for it, before
     // the connections (and their descriptors) go.
@@ -443,10 +453,25 @@ impl Worker<'_> {
             for &(p, buf, a, b) in &lent.batches {
                 let data = ring.buffer(buf).unwrap_or(&[]);
                 let rt = match one {
-                    true => self.conns.get(&psock_token(p)).filter(|c| !c.released && c.sending.is_none()).map(|c| c.rt.clone()),
+                    true => self
+                        .conns
+                        .get(&psock_token(p))
+                        .filter(|c| !c.released && c.sending.is_none())
+                        .map(|c| c.rt.clone()),
                     false => None,
                 };
-                crate::worker::serve_in_place(self.sh, sv, bufs, data, &lent.ranges[a..b], p, connmux_sys::clock::now_nanos(), &mut self.events, &mut self.dirty, rt.as_ref());
+                crate::worker::serve_in_place(
+                    self.sh,
+                    sv,
+                    bufs,
+                    data,
+                    &lent.ranges[a..b],
+                    p,
+                    connmux_sys::clock::now_nanos(),
+                    &mut self.events,
+                    &mut self.dirty,
+                    rt.as_ref(),
+                );
             }
         }
         lent.batches.clear();

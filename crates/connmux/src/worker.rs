@@ -121,7 +121,11 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                                 // A TLS psock may take bytes again (see `tls::epoll_read`).
                                 Command::Resume(p) => {
                                     if let Some(rt) = sh.psock_rt(p) {
-                                        let ip = serving.as_ref().map(|sv| InPlace { sv, bufs: &mut bufs, dirty: &mut dirty });
+                                        let ip = serving.as_ref().map(|sv| InPlace {
+                                            sv,
+                                            bufs: &mut bufs,
+                                            dirty: &mut dirty,
+                                        });
                                         read_psock(&sh, &rt, None, &mut buf, &mut core_events, ip);
                                     }
                                 }
@@ -139,8 +143,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                         let (rt, rx) = {
                             let mut core = sh.lock();
                             let Some(rt) = core.psocks.get(&p).cloned() else { continue };
-                            let rx = (readable && rt.tls.is_none())
-                                .then(|| RxRoom::of(core.mux.rx_room(p)));
+                            let rx = (readable && rt.tls.is_none()).then(|| RxRoom::of(core.mux.rx_room(p)));
                             (rt, rx)
                         };
                         if ev.writable {
@@ -544,7 +547,7 @@ pub(crate) fn since(t0: u64) -> u64 {
 /// than a light handler; a heavy connection is caught all the same).
 #[inline]
 fn sampled(i: usize) -> bool {
-    i < 4 || i % 16 == 0
+    i < 4 || i.is_multiple_of(16)
 }
 
 /// Run the handler on the messages of one read of psock `p` where they lie

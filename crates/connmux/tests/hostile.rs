@@ -59,10 +59,7 @@ struct Rss {
 impl Rss {
     fn start() -> Rss {
         let now = status_kib("VmRSS:");
-        Rss {
-            before: now,
-            peak: now,
-        }
+        Rss { before: now, peak: now }
     }
     fn sample(&mut self) {
         self.peak = self.peak.max(status_kib("VmRSS:"));
@@ -75,10 +72,7 @@ impl Rss {
             "[{case}] RSS before {} KiB, peak {} KiB, growth {} KiB; bound {} KiB (from config, with slack)",
             self.before, self.peak, grew, bound_kib
         );
-        assert!(
-            grew <= bound_kib,
-            "[{case}] RSS grew {grew} KiB > bound {bound_kib} KiB"
-        );
+        assert!(grew <= bound_kib, "[{case}] RSS grew {grew} KiB > bound {bound_kib} KiB");
     }
 }
 
@@ -125,21 +119,18 @@ struct Server {
 impl Server {
     fn start(cfg: Config) -> Server {
         let mux = Mux::new(cfg.clone()).unwrap();
-        let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
-            if req.len() > 4 {
-                Verdict::Reply(req)
-            } else {
-                Verdict::NoReply
-            }
-        });
+        let handler = Arc::new(
+            |req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
+                if req.len() > 4 {
+                    Verdict::Reply(req)
+                } else {
+                    Verdict::NoReply
+                }
+            },
+        );
         let serving = mux.serve(SockType::Dgram, handler).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        Server {
-            mux,
-            cfg,
-            _serving: serving,
-            listener,
-        }
+        Server { mux, cfg, _serving: serving, listener }
     }
 
     /// A new connection attached with `parser`: (psock, the peer's end).
@@ -156,11 +147,7 @@ impl Server {
 
     /// Wait for the error event of `p`. Any event for another psock fails.
     fn expect_failure(&self, p: PsockId) -> PsockError {
-        let ev = self
-            .mux
-            .events()
-            .recv_timeout(WAIT)
-            .expect("no psock event within WAIT");
+        let ev = self.mux.events().recv_timeout(WAIT).expect("no psock event within WAIT");
         assert_eq!(ev.psock, p, "an event for the wrong connection: {ev:?}");
         ev.error
     }
@@ -168,15 +155,8 @@ impl Server {
     /// The reaper's move: reset and unattach `p`; its peer sees the reset.
     fn abort_and_check(&self, p: PsockId, peer: &mut TcpStream, psocks_before: usize) {
         self.mux.abort(p).unwrap();
-        assert_eq!(
-            self.mux.stats().psocks,
-            psocks_before - 1,
-            "exactly one psock goes"
-        );
-        assert!(
-            self.mux.psock_stats(p).is_err(),
-            "the aborted psock is gone"
-        );
+        assert_eq!(self.mux.stats().psocks, psocks_before - 1, "exactly one psock goes");
+        assert!(self.mux.psock_stats(p).is_err(), "the aborted psock is gone");
         assert_peer_closed(peer);
     }
 }
@@ -220,10 +200,7 @@ fn good_client(server: &Server, count: u32) -> Good {
         let mut got = 0u32;
         let end = Instant::now() + Duration::from_secs(60);
         while got < count {
-            assert!(
-                Instant::now() < end,
-                "good client: no progress in time ({got}/{count})"
-            );
+            assert!(Instant::now() < end, "good client: no progress in time ({got}/{count})");
             let mut batch = Vec::new();
             while sent < count && sent - got < in_flight {
                 batch.extend_from_slice(&framed(&good_body(sent)));
@@ -231,22 +208,14 @@ fn good_client(server: &Server, count: u32) -> Good {
             }
             c.write_all(&batch).unwrap();
             let body = read_framed(&mut c);
-            assert_eq!(
-                body,
-                good_body(got),
-                "good client: reply {got} wrong or out of order"
-            );
+            assert_eq!(body, good_body(got), "good client: reply {got} wrong or out of order");
             got += 1;
             d.store(got as u64, Ordering::Relaxed);
         }
         // The connection stays open until the test has checked it.
         (got, c)
     });
-    Good {
-        handle,
-        psock,
-        done,
-    }
+    Good { handle, psock, done }
 }
 
 fn good_body(seq: u32) -> Vec<u8> {
@@ -292,9 +261,7 @@ fn oversize_length_is_emsgsize_and_buffers_nothing() {
     for _ in 0..256 {
         match peer.write(&chunk) {
             Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
             Err(_) => break,
         }
         rss.sample();
@@ -322,16 +289,9 @@ fn garbage_is_a_parser_error() {
     let good = good_client(&server, GOOD_ROUNDS);
     // A memcached-binary connection that receives an HTTP request.
     let (p, mut peer) = server.connect(connmux::parsers::from_spec("memcached").unwrap());
-    peer.write_all(b"GET / HTTP/1.1\r\nHost: example\r\n\r\n")
-        .unwrap();
+    peer.write_all(b"GET / HTTP/1.1\r\nHost: example\r\n\r\n").unwrap();
     let err = server.expect_failure(p);
-    assert!(
-        matches!(
-            err,
-            PsockError::Rx(RxError::Parser(ParseError::BadField { .. }))
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(err, PsockError::Rx(RxError::Parser(ParseError::BadField { .. }))), "{err:?}");
     let st = server.mux.psock_stats(p).unwrap();
     assert_eq!((st.rx_interrupted, st.rx_aborts, st.rx_msgs), (1, 1, 0));
     // More garbage after the refusal is dropped, not parsed or kept.
@@ -348,18 +308,11 @@ fn length_below_header_is_a_parser_error() {
     let _g = serial();
     let server = Server::start(hostile_config());
     let good = good_client(&server, GOOD_ROUNDS);
-    let (p, mut peer) =
-        server.connect(connmux::parsers::from_spec("len:includes_header=true").unwrap());
+    let (p, mut peer) = server.connect(connmux::parsers::from_spec("len:includes_header=true").unwrap());
     peer.write_all(&[0, 0, 0, 0, 1, 2, 3]).unwrap();
     let err = server.expect_failure(p);
     assert!(
-        matches!(
-            err,
-            PsockError::Rx(RxError::Parser(ParseError::LengthBelowHeader {
-                length: 0,
-                header: 4
-            }))
-        ),
+        matches!(err, PsockError::Rx(RxError::Parser(ParseError::LengthBelowHeader { length: 0, header: 4 }))),
         "{err:?}"
     );
     assert_eq!(server.mux.psock_stats(p).unwrap().rx_interrupted, 1);
@@ -390,20 +343,13 @@ fn slow_drip_hits_the_assembly_deadline() {
     }
     let ev = match failed {
         Some(ev) => ev,
-        None => server
-            .mux
-            .events()
-            .recv_timeout(WAIT)
-            .expect("no timeout event"),
+        None => server.mux.events().recv_timeout(WAIT).expect("no timeout event"),
     };
     let waited = started.elapsed();
     assert_eq!(ev.psock, p);
     assert_eq!(ev.error, PsockError::Rx(RxError::Timeout));
     // Not before the deadline (measured from the first byte).
-    assert!(
-        waited >= Duration::from_millis(300),
-        "deadline fired early: {waited:?}"
-    );
+    assert!(waited >= Duration::from_millis(300), "deadline fired early: {waited:?}");
     let st = server.mux.psock_stats(p).unwrap();
     assert_eq!((st.rx_msg_timeouts, st.rx_aborts, st.rx_msgs), (1, 1, 0));
     server.abort_and_check(p, &mut peer, 2);
@@ -426,9 +372,7 @@ fn reset_mid_message_drops_the_partial_message() {
     assert_eq!(read_framed(&mut peer), b"whole one");
     let half = framed(&[9u8; 1000]);
     peer.write_all(&half[..500]).unwrap();
-    socket2::SockRef::from(&peer)
-        .set_linger(Some(Duration::ZERO))
-        .unwrap();
+    socket2::SockRef::from(&peer).set_linger(Some(Duration::ZERO)).unwrap();
     drop(peer);
     let err = server.expect_failure(p);
     assert_eq!(err, PsockError::Closed);
@@ -513,44 +457,26 @@ fn peer_that_never_reads_backpressures_the_sender_only() {
     }
     assert!(blocked, "sender never saw WouldBlock");
     let st = push.stats().unwrap();
-    println!(
-        "[never reads] {sent} messages accepted; {} bytes queued in the core",
-        st.tx_mem
-    );
-    assert!(
-        st.tx_mem < server.cfg.core.sock_sndbuf + msg.len(),
-        "SO_SNDBUF bound broken: {}",
-        st.tx_mem
-    );
+    println!("[never reads] {sent} messages accepted; {} bytes queued in the core", st.tx_mem);
+    assert!(st.tx_mem < server.cfg.core.sock_sndbuf + msg.len(), "SO_SNDBUF bound broken: {}", st.tx_mem);
     // A blocking send with a timeout waits, then gives up.
     push.set_nonblocking(false);
     push.set_write_timeout(Some(Duration::from_millis(100)));
     let t = Instant::now();
     let e = push.send_to(&msg, p).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::WouldBlock);
-    assert!(
-        t.elapsed() >= Duration::from_millis(100),
-        "did not wait for the timeout"
-    );
+    assert!(t.elapsed() >= Duration::from_millis(100), "did not wait for the timeout");
     // The good client still makes progress while this connection is stuck.
     let seen = good.done.load(Ordering::Relaxed);
-    eventually(|| {
-        (good.done.load(Ordering::Relaxed) > seen || seen == GOOD_ROUNDS as u64).then_some(())
-    });
+    eventually(|| (good.done.load(Ordering::Relaxed) > seen || seen == GOOD_ROUNDS as u64).then_some(()));
     // Abort: whatever was queued for the peer is dropped and counted.
     let queued_msgs = st.tx_queued as u64;
     let before = server.mux.stats().psock.tx_addressed_drops;
     server.mux.abort(p).unwrap();
-    assert_eq!(
-        server.mux.stats().psock.tx_addressed_drops - before,
-        queued_msgs
-    );
+    assert_eq!(server.mux.stats().psock.tx_addressed_drops - before, queued_msgs);
     assert_eq!(push.stats().unwrap().tx_mem, 0);
     // The psock is gone: an addressed send to it is refused (ENOENT).
-    assert_eq!(
-        push.send_to(&msg, p).unwrap_err().raw_os_error(),
-        Some(libc::ENOENT)
-    );
+    assert_eq!(push.send_to(&msg, p).unwrap_err().raw_os_error(), Some(libc::ENOENT));
     assert_eq!(server.mux.stats().psocks, 1);
     let _ = peer.shutdown(Shutdown::Both);
     good.finish(&server);
@@ -592,14 +518,8 @@ fn flood_of_tiny_messages_is_counted_and_does_not_starve_others() {
     stop.store(true, Ordering::Relaxed);
     let mut peer = flood.join().unwrap();
     let st = server.mux.psock_stats(p).unwrap();
-    assert_eq!(
-        (st.rx_msgs, st.rx_bytes, st.tx_msgs, st.rx_aborts),
-        (FLOOD, 4 * FLOOD, 0, 0)
-    );
-    assert!(
-        server.mux.events().try_recv().is_err(),
-        "a flood is not an error"
-    );
+    assert_eq!((st.rx_msgs, st.rx_bytes, st.tx_msgs, st.rx_aborts), (FLOOD, 4 * FLOOD, 0, 0));
+    assert!(server.mux.events().try_recv().is_err(), "a flood is not an error");
     good.finish(&server);
     server.abort_and_check(p, &mut peer, 2);
     rss.check("flood", bound_kib(&server.cfg, 2, 1));
@@ -611,10 +531,7 @@ fn flood_of_tiny_messages_is_counted_and_does_not_starve_others() {
 fn nofile() -> u64 {
     let s = std::fs::read_to_string("/proc/self/limits").unwrap();
     let line = s.lines().find(|l| l.starts_with("Max open files")).unwrap();
-    line.split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .next()
-        .unwrap()
+    line.split_whitespace().filter_map(|w| w.parse().ok()).next().unwrap()
 }
 
 const IDLE_ENV: &str = "CONNMUX_HOSTILE_IDLE_PEERS";
@@ -659,23 +576,13 @@ fn idle_10k_connections_cost_bookkeeping_only() {
     let _g = serial();
     const N: usize = 10_000;
     let limit = nofile();
-    assert!(
-        limit as usize >= N + 1024,
-        "RLIMIT_NOFILE {limit} < {}: raise `ulimit -n`",
-        N + 1024
-    );
+    assert!(limit as usize >= N + 1024, "RLIMIT_NOFILE {limit} < {}: raise `ulimit -n`", N + 1024);
     let mut rss = Rss::start();
     let server = Server::start(hostile_config());
     let good = good_client(&server, GOOD_ROUNDS);
     let addr = server.listener.local_addr().unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "idle_peers_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", "idle_peers_child", "--ignored", "--nocapture", "--test-threads=1"])
         .env(IDLE_ENV, format!("{addr},{N}"))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -685,10 +592,7 @@ fn idle_10k_connections_cost_bookkeeping_only() {
     server.listener.set_nonblocking(true).unwrap();
     let mut attached = 0;
     while attached < N {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "only {attached}/{N} attached in 120 s"
-        );
+        assert!(started.elapsed() < Duration::from_secs(120), "only {attached}/{N} attached in 120 s");
         match server.listener.accept() {
             Ok((ours, _)) => {
                 server.mux.attach(&ours, l4()).unwrap();
@@ -697,16 +601,11 @@ fn idle_10k_connections_cost_bookkeeping_only() {
                     rss.sample();
                 }
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
             Err(e) => panic!("accept: {e}"),
         }
     }
-    println!(
-        "[idle] {N} connections accepted and attached in {:?}",
-        started.elapsed()
-    );
+    println!("[idle] {N} connections accepted and attached in {:?}", started.elapsed());
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     for _ in 0..64 {
@@ -719,20 +618,14 @@ fn idle_10k_connections_cost_bookkeeping_only() {
     rss.sample();
     assert_eq!(server.mux.stats().psocks, N + 1);
     let good_conn = good.finish(&server);
-    assert!(
-        server.mux.events().try_recv().is_err(),
-        "idle connections raised no error"
-    );
+    assert!(server.mux.events().try_recv().is_err(), "idle connections raised no error");
     rss.sample();
     let per_conn = rss.peak.saturating_sub(rss.before) * 1024 / N as u64;
     println!("[idle] {per_conn} bytes of RSS per idle connection (runtime + core bookkeeping)");
     // The core's bound would allow max_msg_size + psock_rx_buf per connection;
     // idle ones must hold none of it (no buffer before the first byte).
     let bookkeeping = N as u64 * PER_CONN_KIB + SLACK_KIB;
-    rss.check(
-        "idle 10k",
-        bookkeeping.min(bound_kib(&server.cfg, N as u64 + 1, 1)),
-    );
+    rss.check("idle 10k", bookkeeping.min(bound_kib(&server.cfg, N as u64 + 1, 1)));
     // The peers go: every connection is reported Closed, once.
     let t = Instant::now();
     drop(child.stdin.take());
@@ -772,17 +665,12 @@ fn service_non_reading_peer_does_not_drop_others_replies() {
     while written < 64 << 20 && Instant::now() < end {
         match peer.write(&req) {
             Ok(n) => written += n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
             Err(e) => panic!("{e}"),
         }
     }
     println!("[service never reads] {written} request bytes written");
     let good = good_client(&server, 200);
     let r = good.handle.join();
-    assert!(
-        r.is_ok(),
-        "good client lost replies while another peer never read"
-    );
+    assert!(r.is_ok(), "good client lost replies while another peer never read");
 }

@@ -68,7 +68,8 @@ fn large_and_small_messages_arrive_whole_in_order_and_counted_once() {
     let (ours, peer) = pair();
     let p = mux.attach(&ours, l4()).unwrap();
     let mut rng = StdRng::seed_from_u64(0x1a7e);
-    let msgs: Vec<Vec<u8>> = sizes(&mut rng, 60).into_iter().enumerate().map(|(i, n)| framed(&body(i as u32, n))).collect();
+    let msgs: Vec<Vec<u8>> =
+        sizes(&mut rng, 60).into_iter().enumerate().map(|(i, n)| framed(&body(i as u32, n))).collect();
     let wire: Vec<u8> = msgs.concat();
     let total = wire.len();
     let w = std::thread::spawn(move || write_in_pieces(peer, wire, 7));
@@ -169,7 +170,8 @@ fn echo_service_returns_large_messages_intact() {
     let mut c = TcpStream::connect(svc.local_addr()).unwrap();
     c.set_read_timeout(Some(WAIT)).unwrap();
     let mut rng = StdRng::seed_from_u64(0xec40);
-    let msgs: Vec<Vec<u8>> = sizes(&mut rng, 40).into_iter().enumerate().map(|(i, n)| framed(&body(i as u32, n))).collect();
+    let msgs: Vec<Vec<u8>> =
+        sizes(&mut rng, 40).into_iter().enumerate().map(|(i, n)| framed(&body(i as u32, n))).collect();
     // Two in flight, as `connmux bench size` runs it.
     let mut sent = 0;
     for (i, want) in msgs.iter().enumerate() {

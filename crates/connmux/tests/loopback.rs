@@ -635,7 +635,12 @@ fn case_24_backpressure_closes_the_window_and_loses_nothing() {
     }
     for &p in &ids {
         let st = mux.psock_stats(p).unwrap();
-        assert!(st.rx_msgs <= 1, "case 24 on {:?}: {} messages parsed while nobody can take them", driver(), st.rx_msgs);
+        assert!(
+            st.rx_msgs <= 1,
+            "case 24 on {:?}: {} messages parsed while nobody can take them",
+            driver(),
+            st.rx_msgs
+        );
     }
     assert_eq!(sock.queued(), 0);
     // Re-enable: every message, in per-connection order.

@@ -91,7 +91,14 @@ struct Run {
 /// unattached and every call still unanswered is sent again with its id (the
 /// calls written to a dead server are lost with it, as on any transport); a
 /// second answer to a call is not counted.
-fn run(mux: &Mux, sock: &KcmSocket, servers: usize, calls: usize, window: usize, mut kill: Option<(usize, &mut dyn FnMut())>) -> Run {
+fn run(
+    mux: &Mux,
+    sock: &KcmSocket,
+    servers: usize,
+    calls: usize,
+    window: usize,
+    mut kill: Option<(usize, &mut dyn FnMut())>,
+) -> Run {
     let mut r = Run { per_server: vec![0; servers], ..Run::default() };
     let mut answered = vec![false; calls];
     let mut unanswered: HashSet<u64> = HashSet::new();

@@ -23,11 +23,7 @@ fn echo_service(workers: usize, steering: Steering, max_msg: usize) -> Service {
     let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| Verdict::Reply(req));
     Service::start(
         mux,
-        ServiceConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            sock_type: SockType::Dgram,
-            parser: Arc::new(l4),
-        },
+        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
         handler,
     )
     .unwrap()
@@ -72,9 +68,8 @@ fn echo_service_many_clients_pipelined_complete() {
     {
         let svc = echo_service(workers, steering, 1 << 16);
         let addr = svc.local_addr();
-        let clients: Vec<_> = (0..8)
-            .map(|id| std::thread::spawn(move || client_round_trips(addr, id, 2000, 16, ordered)))
-            .collect();
+        let clients: Vec<_> =
+            (0..8).map(|id| std::thread::spawn(move || client_round_trips(addr, id, 2000, 16, ordered))).collect();
         for c in clients {
             c.join().unwrap();
         }
@@ -110,7 +105,13 @@ impl connmux::service::Handler for Verdicts {
     fn handle(&self, req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut) -> Verdict {
         Verdict::Reply(req)
     }
-    fn handle_in_place(&self, req: &[u8], _from: PsockId, _s: &mut bytes::BytesMut, out: &mut bytes::BytesMut) -> Verdict {
+    fn handle_in_place(
+        &self,
+        req: &[u8],
+        _from: PsockId,
+        _s: &mut bytes::BytesMut,
+        out: &mut bytes::BytesMut,
+    ) -> Verdict {
         match req.get(4) {
             Some(b'A') => {
                 out.extend_from_slice(req);

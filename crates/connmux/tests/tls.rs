@@ -441,7 +441,9 @@ fn end_after_backpressure_comes_after_the_last_message() {
             std::thread::sleep(Duration::from_millis(300));
             sock.set_recv_disable(false).unwrap();
         }
-        let m = sock.recv_msg().unwrap_or_else(|e| panic!("message {i} on {:?}: {e}; {:?} {:?}", driver(), mux.psock_stats(psock), mux.psock_error(psock)));
+        let m = sock.recv_msg().unwrap_or_else(|e| {
+            panic!("message {i} on {:?}: {e}; {:?} {:?}", driver(), mux.psock_stats(psock), mux.psock_error(psock))
+        });
         assert_eq!(&m.data[..], &framed(&body(i, 1020))[..], "message {i} on {:?}", driver());
     }
     let _client = writer.join().unwrap();
@@ -474,11 +476,8 @@ fn service_over_tls() {
     use connmux::service::{Service, ServiceConfig, Verdict};
     let p = pki();
     let mux = mux_with(|_| {});
-    let cfg = ServiceConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        sock_type: SockType::Dgram,
-        parser: Arc::new(l4),
-    };
+    let cfg =
+        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) };
     let echo = |req: connmux::Bytes, _: connmux::PsockId, _: &mut bytes::BytesMut| Verdict::Reply(req);
     let svc = Service::start_tls(mux, cfg, Arc::new(echo), server_config(&p)).unwrap();
     let mut clients = Vec::new();

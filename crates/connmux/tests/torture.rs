@@ -91,10 +91,9 @@ fn read_one(peer: &mut TcpStream, what: &str) -> Vec<u8> {
 
 fn torture() {
     let d = driver();
-    let seed: u64 = std::env::var("CONNMUX_TORTURE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
+    let seed: u64 = std::env::var("CONNMUX_TORTURE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
     println!("[torture {d:?}] seed {seed} (CONNMUX_TORTURE_SEED={seed} replays it)");
     let start = Instant::now();
     let deadline = start + DEADLINE;
@@ -136,7 +135,11 @@ fn torture() {
             let mut seen: Vec<Vec<u32>> = vec![Vec::new(); CONNS];
             let mut batch = Vec::new();
             while received.load(Ordering::Acquire) < MESSAGES as u64 {
-                assert!(Instant::now() < deadline, "[{d:?}] receiver {r}: deadline with {} received", received.load(Ordering::Relaxed));
+                assert!(
+                    Instant::now() < deadline,
+                    "[{d:?}] receiver {r}: deadline with {} received",
+                    received.load(Ordering::Relaxed)
+                );
                 batch.clear();
                 match s.recv_batch(&mut batch, 64) {
                     Ok(_) => {}
@@ -145,9 +148,16 @@ fn torture() {
                 }
                 for m in &batch {
                     let (conn, seq) = check(&m.data, &format!("[{d:?}] receiver {r}"));
-                    assert_eq!(psock_conn.get(&m.psock), Some(&conn), "[{d:?}] message of conn {conn} from another psock");
+                    assert_eq!(
+                        psock_conn.get(&m.psock),
+                        Some(&conn),
+                        "[{d:?}] message of conn {conn} from another psock"
+                    );
                     if let Some(prev) = last[conn as usize] {
-                        assert!(seq > prev, "[{d:?}] receiver {r}: conn {conn} seq {seq} after {prev} (reordered or duplicated)");
+                        assert!(
+                            seq > prev,
+                            "[{d:?}] receiver {r}: conn {conn} seq {seq} after {prev} (reordered or duplicated)"
+                        );
                     }
                     last[conn as usize] = Some(seq);
                     seen[conn as usize].push(seq);
@@ -265,7 +275,10 @@ fn torture() {
     for (c, v) in seen.iter_mut().enumerate() {
         v.sort_unstable();
         assert_eq!(v.len(), per_conn, "[{d:?}] conn {c}: {} messages received of {per_conn}", v.len());
-        assert!(v.iter().enumerate().all(|(i, &s)| s as usize == i), "[{d:?}] conn {c}: a message lost and another duplicated");
+        assert!(
+            v.iter().enumerate().all(|(i, &s)| s as usize == i),
+            "[{d:?}] conn {c}: a message lost and another duplicated"
+        );
     }
     assert_eq!(replies, per_conn * CONNS, "[{d:?}] replies");
     let st = mux.stats();

@@ -10,12 +10,61 @@ pub const MAX_INPUT: usize = 2048;
 
 /// 32-bit values where length arithmetic changes behaviour.
 pub const INTERESTING: &[u32] = &[
-    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 23, 24, 25, 0x7f, 0x80, 0xff, 0x100, 0x7fff, 0x8000,
-    0xffff, 0x1_0000, 0x4000, 0xff_ffff, 0x100_0000, 0x100_0001, 0x3fff_fff8, 0x3fff_fffb,
-    0x3fff_fffc, 0x3fff_fffd, 0x4000_0000, 0x4000_0001, 0x7fff_0000, 0x7fff_0001, 0x7fff_ffef,
-    0x7fff_fff0, 0x7fff_fff1, 0x7fff_fffb, 0x7fff_fffc, 0x7fff_ffff, 0x8000_0000, 0x8000_0001,
-    0x8000_0004, 0x8000_0008, 0xbfff_ffff, 0xc000_0000, 0xfa00_0000, 0xffff_fff0, 0xffff_fffb,
-    0xffff_fffc, 0xffff_ffff, 16_384_000, 16_384_001, 16_383_996, 0x50_5249,
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    23,
+    24,
+    25,
+    0x7f,
+    0x80,
+    0xff,
+    0x100,
+    0x7fff,
+    0x8000,
+    0xffff,
+    0x1_0000,
+    0x4000,
+    0xff_ffff,
+    0x100_0000,
+    0x100_0001,
+    0x3fff_fff8,
+    0x3fff_fffb,
+    0x3fff_fffc,
+    0x3fff_fffd,
+    0x4000_0000,
+    0x4000_0001,
+    0x7fff_0000,
+    0x7fff_0001,
+    0x7fff_ffef,
+    0x7fff_fff0,
+    0x7fff_fff1,
+    0x7fff_fffb,
+    0x7fff_fffc,
+    0x7fff_ffff,
+    0x8000_0000,
+    0x8000_0001,
+    0x8000_0004,
+    0x8000_0008,
+    0xbfff_ffff,
+    0xc000_0000,
+    0xfa00_0000,
+    0xffff_fff0,
+    0xffff_fffb,
+    0xffff_fffc,
+    0xffff_ffff,
+    16_384_000,
+    16_384_001,
+    16_383_996,
+    0x50_5249,
 ];
 
 fn put(buf: &mut Vec<u8>, at: usize, bytes: &[u8]) {
@@ -146,7 +195,14 @@ pub fn specific(source: &str, rng: &mut Rng, n: usize) -> Vec<Vec<u8>> {
             "thrift" => {
                 let l = body_len(rng);
                 let mut m = l.to_be_bytes().to_vec();
-                let proto: &[u8] = rng.pick(&[&[0x80u8, 0x01][..], &[0x80, 0x02], &[0x82, 0x21], &[0x81, 0x01], &[0x00, 0x00], &[0x82]]);
+                let proto: &[u8] = rng.pick(&[
+                    &[0x80u8, 0x01][..],
+                    &[0x80, 0x02],
+                    &[0x82, 0x21],
+                    &[0x81, 0x01],
+                    &[0x00, 0x00],
+                    &[0x82],
+                ]);
                 m.extend_from_slice(proto);
                 m.extend(body(rng, l.saturating_sub(2)));
                 cuts(&mut out, rng, &m, 12);
@@ -167,7 +223,11 @@ pub fn specific(source: &str, rng: &mut Rng, n: usize) -> Vec<Vec<u8>> {
             }
             "ninep" => {
                 let size = if rng.chance(60) { rng.below(80) as u32 } else { rng.pick(INTERESTING) };
-                let ty = if rng.chance(70) { rng.pick(&[6u8, 7, 8, 76, 77, 78, 99, 100, 101, 126, 127, 128, 5, 0, 255]) } else { rng.u64() as u8 };
+                let ty = if rng.chance(70) {
+                    rng.pick(&[6u8, 7, 8, 76, 77, 78, 99, 100, 101, 126, 127, 128, 5, 0, 255])
+                } else {
+                    rng.u64() as u8
+                };
                 let mut m = size.to_le_bytes().to_vec();
                 m.push(ty);
                 m.extend(body(rng, size.saturating_sub(5)));
@@ -210,7 +270,18 @@ pub fn specific(source: &str, rng: &mut Rng, n: usize) -> Vec<Vec<u8>> {
                         m.extend_from_slice(&body_len(rng).to_le_bytes());
                     }
                     _ => {
-                        let v: u64 = if rng.chance(50) { body_len(rng) as u64 } else { rng.pick(&[0x7fff_0000u64, 0x7fff_0001, 1 << 32, (1 << 32) + 5, u64::MAX, 0x1_0000_0000_0000]) };
+                        let v: u64 = if rng.chance(50) {
+                            body_len(rng) as u64
+                        } else {
+                            rng.pick(&[
+                                0x7fff_0000u64,
+                                0x7fff_0001,
+                                1 << 32,
+                                (1 << 32) + 5,
+                                u64::MAX,
+                                0x1_0000_0000_0000,
+                            ])
+                        };
                         m.extend_from_slice(&v.to_be_bytes());
                     }
                 }

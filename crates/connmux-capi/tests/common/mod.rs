@@ -26,10 +26,7 @@ pub struct Lib {
 }
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("repository root")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
 }
 
 /// Build (once per test binary) and locate the library.
@@ -40,11 +37,7 @@ pub fn lib() -> &'static Lib {
         let deps = exe.parent().expect("deps folder");
         let dir = deps.parent().expect("profile folder").to_path_buf();
         let target = dir.parent().expect("target folder").to_path_buf();
-        let profile = dir
-            .file_name()
-            .and_then(|s| s.to_str())
-            .expect("profile name")
-            .to_owned();
+        let profile = dir.file_name().and_then(|s| s.to_str()).expect("profile name").to_owned();
         let mut cmd = Command::new(env!("CARGO"));
         cmd.args(["build", "-p", "connmux-capi", "--lib"]);
         match profile.as_str() {
@@ -56,8 +49,7 @@ pub fn lib() -> &'static Lib {
                 cmd.args(["--profile", other]);
             }
         }
-        cmd.env("CARGO_TARGET_DIR", &target)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        cmd.env("CARGO_TARGET_DIR", &target).current_dir(env!("CARGO_MANIFEST_DIR"));
         match run(cmd, Duration::from_secs(900)) {
             Ok(out) if out.status.success() => {}
             Ok(out) => eprintln!(
@@ -65,10 +57,7 @@ pub fn lib() -> &'static Lib {
                 dir.display(),
                 String::from_utf8_lossy(&out.stderr)
             ),
-            Err(e) => eprintln!(
-                "cannot run cargo ({e}); using the library already in {}",
-                dir.display()
-            ),
+            Err(e) => eprintln!("cannot run cargo ({e}); using the library already in {}", dir.display()),
         }
         for f in ["libconnmux.so", "libconnmux.a"] {
             assert!(
@@ -79,11 +68,7 @@ pub fn lib() -> &'static Lib {
         }
         let scratch = dir.join("capi-tests");
         std::fs::create_dir_all(&scratch).expect("scratch folder");
-        Lib {
-            dir,
-            include: Path::new(env!("CARGO_MANIFEST_DIR")).join("include"),
-            scratch,
-        }
+        Lib { dir, include: Path::new(env!("CARGO_MANIFEST_DIR")).join("include"), scratch }
     })
 }
 
@@ -101,14 +86,12 @@ pub fn compile(name: &str, sources: &[PathBuf], link: Link) -> PathBuf {
     let out = lib.scratch.join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let mut cmd = Command::new(&cc);
-    cmd.args([
-        "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread",
-    ])
-    .arg("-I")
-    .arg(&lib.include)
-    .arg("-o")
-    .arg(&out)
-    .args(sources);
+    cmd.args(["-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
+        .arg("-I")
+        .arg(&lib.include)
+        .arg("-o")
+        .arg(&out)
+        .args(sources);
     match link {
         Link::Shared => {
             cmd.arg(format!("-L{}", lib.dir.display()))
@@ -116,8 +99,7 @@ pub fn compile(name: &str, sources: &[PathBuf], link: Link) -> PathBuf {
                 .arg(format!("-Wl,-rpath,{}", lib.dir.display()));
         }
         Link::Static => {
-            cmd.arg(lib.dir.join("libconnmux.a"))
-                .args(["-ldl", "-lm", "-lrt"]);
+            cmd.arg(lib.dir.join("libconnmux.a")).args(["-ldl", "-lm", "-lrt"]);
         }
     }
     let o = run(cmd, Duration::from_secs(120)).unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
@@ -132,11 +114,7 @@ pub fn compile(name: &str, sources: &[PathBuf], link: Link) -> PathBuf {
 
 /// Run a command to completion, killing it after `limit`.
 pub fn run(mut cmd: Command, limit: Duration) -> std::io::Result<Output> {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     wait_output(child, limit)
 }
 
@@ -169,11 +147,7 @@ pub fn wait_output(mut child: Child, limit: Duration) -> std::io::Result<Output>
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    Ok(Output {
-        status,
-        stdout: t1.join().unwrap_or_default(),
-        stderr: t2.join().unwrap_or_default(),
-    })
+    Ok(Output { status, stdout: t1.join().unwrap_or_default(), stderr: t2.join().unwrap_or_default() })
 }
 
 /// Build a BPF parser program from bpf/NAME.c with clang (installed by
@@ -188,13 +162,8 @@ pub fn bpf_object(name: &str) -> PathBuf {
         .arg(root.join(format!("bpf/{name}.c")))
         .arg("-o")
         .arg(&out);
-    let o = run(cmd, Duration::from_secs(120)).unwrap_or_else(|e| {
-        panic!("clang is needed for the BPF parser checks (scripts/setup.sh installs it): {e}")
-    });
-    assert!(
-        o.status.success(),
-        "clang failed on bpf/{name}.c:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = run(cmd, Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("clang is needed for the BPF parser checks (scripts/setup.sh installs it): {e}"));
+    assert!(o.status.success(), "clang failed on bpf/{name}.c:\n{}", String::from_utf8_lossy(&o.stderr));
     out
 }

@@ -30,10 +30,7 @@ pub struct Baseline {
 
 impl Baseline {
     /// ONC RPC NULL server, one thread per connection.
-    pub fn start_rpc(
-        listen: SocketAddr,
-        reg: connmux_oncrpc::Registry,
-    ) -> std::io::Result<Baseline> {
+    pub fn start_rpc(listen: SocketAddr, reg: connmux_oncrpc::Registry) -> std::io::Result<Baseline> {
         let reg = Arc::new(reg);
         Self::start(listen, move |conn, stats| serve_rpc(conn, &reg, stats))
     }
@@ -66,37 +63,28 @@ impl Baseline {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(BaselineStats::default());
         let (stop2, stats2) = (stop.clone(), stats.clone());
-        let accept = std::thread::Builder::new()
-            .name("baseline-accept".into())
-            .spawn(move || {
-                while !stop2.load(Ordering::Acquire) {
-                    match listener.accept() {
-                        Ok((conn, _)) => {
-                            stats2.accepted.fetch_add(1, Ordering::Relaxed);
-                            let _ = conn.set_nonblocking(false);
-                            let _ = conn.set_nodelay(true);
-                            let (serve, stats) = (serve.clone(), stats2.clone());
-                            stats.open.fetch_add(1, Ordering::Relaxed);
-                            let spawned = std::thread::Builder::new()
-                                .name("baseline-conn".into())
-                                .spawn(move || {
-                                    serve(conn, &stats);
-                                    stats.open.fetch_sub(1, Ordering::Relaxed);
-                                });
-                            if spawned.is_err() {
-                                stats2.open.fetch_sub(1, Ordering::Relaxed);
-                            }
+        let accept = std::thread::Builder::new().name("baseline-accept".into()).spawn(move || {
+            while !stop2.load(Ordering::Acquire) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        stats2.accepted.fetch_add(1, Ordering::Relaxed);
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.set_nodelay(true);
+                        let (serve, stats) = (serve.clone(), stats2.clone());
+                        stats.open.fetch_add(1, Ordering::Relaxed);
+                        let spawned = std::thread::Builder::new().name("baseline-conn".into()).spawn(move || {
+                            serve(conn, &stats);
+                            stats.open.fetch_sub(1, Ordering::Relaxed);
+                        });
+                        if spawned.is_err() {
+                            stats2.open.fetch_sub(1, Ordering::Relaxed);
                         }
-                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
                     }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
                 }
-            })?;
-        Ok(Baseline {
-            local,
-            stats,
-            stop,
-            accept: Some(accept),
-        })
+            }
+        })?;
+        Ok(Baseline { local, stats, stop, accept: Some(accept) })
     }
 }
 
@@ -184,10 +172,7 @@ pub fn run_rpc(a: &RpcArgs, reg: connmux_oncrpc::Registry) -> anyhow::Result<i32
         }) as Arc<dyn Fn() -> String + Send + Sync>
     };
     let endpoint = a.common.stats_endpoint("rpc-server", snap)?;
-    println!(
-        "rpc-server (thread per connection) listening on {}",
-        b.local
-    );
+    println!("rpc-server (thread per connection) listening on {}", b.local);
     let registration = crate::cmd::server::register_rpcbind(rpcbind, b.local)?;
     stop::flush();
     let ending = wait_and_report(&a.common, || report(&b, started));
@@ -201,10 +186,13 @@ pub fn run_rpc(a: &RpcArgs, reg: connmux_oncrpc::Registry) -> anyhow::Result<i32
 /// The graceful stop of a baseline server ([`stop::drain`]); bytes moved are
 /// not counted here, so its calls stand for them.
 fn drain(b: &Baseline, what: &str, ending: stop::Ending, args: &stop::StopArgs) -> stop::Stop {
-    stop::drain(what, ending, args, || b.stop_accepting(), || stop::Progress {
-        open: b.stats.open.load(Ordering::Relaxed),
-        moved: b.stats.calls.load(Ordering::Relaxed),
-    })
+    stop::drain(
+        what,
+        ending,
+        args,
+        || b.stop_accepting(),
+        || stop::Progress { open: b.stats.open.load(Ordering::Relaxed), moved: b.stats.calls.load(Ordering::Relaxed) },
+    )
 }
 
 pub fn run_echo(a: &EchoArgs) -> anyhow::Result<i32> {
@@ -224,10 +212,7 @@ pub fn run_echo(a: &EchoArgs) -> anyhow::Result<i32> {
         }) as Arc<dyn Fn() -> String + Send + Sync>
     };
     let endpoint = a.common.stats_endpoint("echo-server", snap)?;
-    println!(
-        "echo-server (thread per connection) listening on {}",
-        b.local
-    );
+    println!("echo-server (thread per connection) listening on {}", b.local);
     stop::flush();
     let ending = wait_and_report(&a.common, || report(&b, started));
     let stopped = drain(&b, "echo-server", ending, &a.common.stop);

@@ -54,13 +54,8 @@ struct Setting {
 }
 
 fn parse_setting(s: &str) -> anyhow::Result<Setting> {
-    let (j, a) = s
-        .split_once(':')
-        .with_context(|| format!("--settings {s}: want THREADS:IN_FLIGHT"))?;
-    let setting = Setting {
-        threads: j.trim().parse()?,
-        inflight: a.trim().parse()?,
-    };
+    let (j, a) = s.split_once(':').with_context(|| format!("--settings {s}: want THREADS:IN_FLIGHT"))?;
+    let setting = Setting { threads: j.trim().parse()?, inflight: a.trim().parse()? };
     if setting.threads == 0 || setting.inflight == 0 || setting.threads > 1024 {
         bail!("--settings {s}: threads must be 1..=1024 and in-flight at least 1");
     }
@@ -91,11 +86,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Run one round of rpctest against `addr` and read its JSON report.
 fn rpctest(addr: SocketAddr, s: Setting, seconds: f64, cpus: &[usize]) -> anyhow::Result<Figures> {
     let exe = std::env::current_exe().context("locating the connmux binary")?;
-    let cpu_list = cpus
-        .iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let cpu_list = cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
     let out = Command::new(exe)
         .args(["rpctest", "--json", "--no-progress", "-i", "1"])
         .args(["-j", &s.threads.to_string(), "-a", &s.inflight.to_string()])
@@ -111,32 +102,16 @@ fn rpctest(addr: SocketAddr, s: Setting, seconds: f64, cpus: &[usize]) -> anyhow
         )
     })?;
     if doc["ok"] != Value::Bool(true) || !out.status.success() {
-        bail!(
-            "rpctest against {addr} failed: {}",
-            doc["error"]
-                .as_str()
-                .unwrap_or("reply errors or mismatches")
-        );
+        bail!("rpctest against {addr} failed: {}", doc["error"].as_str().unwrap_or("reply errors or mismatches"));
     }
     let m = &doc["median"];
-    let f = |k: &str| {
-        m[k].as_f64()
-            .with_context(|| format!("rpctest report lacks median.{k}"))
-    };
-    Ok(Figures {
-        rate: f("rate")?,
-        p50_us: f("p50_us")?,
-        p99_us: f("p99_us")?,
-    })
+    let f = |k: &str| m[k].as_f64().with_context(|| format!("rpctest report lacks median.{k}"));
+    Ok(Figures { rate: f("rate")?, p50_us: f("p50_us")?, p99_us: f("p99_us")? })
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let settings = a
-        .settings
-        .iter()
-        .map(|s| parse_setting(s))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    if a.rounds == 0 || !(a.seconds > 0.0) {
+    let settings = a.settings.iter().map(|s| parse_setting(s)).collect::<anyhow::Result<Vec<_>>>()?;
+    if a.rounds == 0 || a.seconds.is_nan() || a.seconds <= 0.0 {
         bail!("--rounds and --seconds must be positive");
     }
     let avail = connmux_sys::affinity::available_cpus()?;
@@ -152,11 +127,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     config.driver = crate::cmd::server::parse_driver(&a.driver)?;
     let listen: SocketAddr = "127.0.0.1:0".parse().expect("literal");
     let svc = start_rpc_service(config, listen, registry(&[])?)?;
-    let base = if a.no_baseline {
-        None
-    } else {
-        Some(Baseline::start_rpc(listen, registry(&[])?)?)
-    };
+    let base = if a.no_baseline { None } else { Some(Baseline::start_rpc(listen, registry(&[])?)?) };
     let mut servers: Vec<(&str, SocketAddr)> = vec![("connmux", svc.local_addr())];
     if let Some(b) = &base {
         servers.push(("thread-per-conn", b.local));
@@ -176,14 +147,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     for round in 0..a.rounds {
         for (si, s) in settings.iter().enumerate() {
             for (vi, (name, addr)) in servers.iter().enumerate() {
-                let f = rpctest(*addr, *s, a.seconds, &a.cpus).with_context(|| {
-                    format!(
-                        "round {} -j{} -a{} against {name}",
-                        round + 1,
-                        s.threads,
-                        s.inflight
-                    )
-                })?;
+                let f = rpctest(*addr, *s, a.seconds, &a.cpus)
+                    .with_context(|| format!("round {} -j{} -a{} against {name}", round + 1, s.threads, s.inflight))?;
                 results[si][vi].push(f);
             }
         }

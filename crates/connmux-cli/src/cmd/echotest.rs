@@ -44,9 +44,11 @@ pub enum Mode {
 }
 
 #[derive(clap::Args, Debug)]
-#[command(after_help = "Output: a header, one row per round (calls answered, secs to the last reply, msgs/s = calls/secs, \
+#[command(
+    after_help = "Output: a header, one row per round (calls answered, secs to the last reply, msgs/s = calls/secs, \
 RTT min/percentiles/max in microseconds from an HDR histogram, Mbps both ways, errs), a median row (median of the rounds), \
-and a line 'summary key=value ...' (grep '^summary '). Exit status 0 only if every reply was right; 1 on any error.")]
+and a line 'summary key=value ...' (grep '^summary '). Exit status 0 only if every reply was right; 1 on any error."
+)]
 pub struct Args {
     #[command(flatten)]
     pub common: CommonArgs,

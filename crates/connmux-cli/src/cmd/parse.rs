@@ -90,9 +90,7 @@ fn parse_size(s: &str) -> Result<usize, String> {
         Some(b'm' | b'M') => (&t[..t.len() - 1], 1usize << 20),
         _ => (t, 1),
     };
-    let n: usize = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 4096, 64K, 1M)"))?;
+    let n: usize = digits.parse().map_err(|_| format!("{s:?} is not a size (e.g. 4096, 64K, 1M)"))?;
     match n.checked_mul(mult) {
         Some(v) if v > 0 => Ok(v),
         Some(_) => Err("the size must be at least 1".into()),
@@ -123,11 +121,7 @@ fn scan(
     input: &mut dyn Read,
     mut emit: impl FnMut(u64, u64, usize) -> std::io::Result<()>,
 ) -> anyhow::Result<Scan> {
-    let limits = StreamLimits {
-        max_msg_size: max_msg,
-        assembly_timeout: None,
-        read_ahead: CHUNK,
-    };
+    let limits = StreamLimits { max_msg_size: max_msg, assembly_timeout: None, read_ahead: CHUNK };
     let mut sp = StreamParser::new(parser, limits);
     let mut buf = vec![0u8; CHUNK];
     let mut messages = 0u64;
@@ -154,22 +148,13 @@ fn scan(
                     offset += wire;
                 }
                 Ok(None) => break,
-                Err(e) => {
-                    return Ok(Scan {
-                        messages,
-                        offset,
-                        end: End::Refused(e),
-                    })
-                }
+                Err(e) => return Ok(Scan { messages, offset, end: End::Refused(e) }),
             }
         }
     }
     let end = match sp.buffered() {
         0 => End::Boundary,
-        buffered => End::MidMessage {
-            buffered,
-            need: sp.need(),
-        },
+        buffered => End::MidMessage { buffered, need: sp.need() },
     };
     Ok(Scan { messages, offset, end })
 }
@@ -235,11 +220,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 let v = serde_json::json!({ "end": "boundary", "messages": messages, "bytes": bytes });
                 writeln!(out, "{v}")?;
             } else {
-                writeln!(
-                    out,
-                    "end: on a message boundary after {}, {bytes} bytes",
-                    count(messages)
-                )?;
+                writeln!(out, "end: on a message boundary after {}, {bytes} bytes", count(messages))?;
             }
             EXIT_BOUNDARY
         }
@@ -272,12 +253,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 });
                 writeln!(out, "{v}")?;
             } else {
-                writeln!(
-                    out,
-                    "end: refused at offset {bytes}: {e} (errno {}) (after {})",
-                    e.errno(),
-                    count(messages)
-                )?;
+                writeln!(out, "end: refused at offset {bytes}: {e} (errno {}) (after {})", e.errno(), count(messages))?;
             }
             EXIT_REFUSED
         }

@@ -26,10 +26,7 @@ pub fn die() -> ! {
 
 /// Whether `e` (or what caused it) is a broken pipe.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 /// Install a panic hook that ends the process quietly when a print to a
@@ -44,8 +41,7 @@ pub fn install() {
             .map(String::as_str)
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or("");
-        let printing = msg.starts_with("failed printing to stdout")
-            || msg.starts_with("failed printing to stderr");
+        let printing = msg.starts_with("failed printing to stdout") || msg.starts_with("failed printing to stderr");
         if printing && closed() {
             die();
         }

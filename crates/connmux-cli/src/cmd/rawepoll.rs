@@ -82,28 +82,19 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     for (i, l) in listeners.into_iter().enumerate() {
         let cpu = (!a.cpus.is_empty()).then(|| a.cpus[i % a.cpus.len()]);
         let (stop, counters) = (stop.clone(), counters.clone());
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("raw-{i}"))
-                .spawn(move || {
-                    if let Some(c) = cpu {
-                        let _ = connmux_sys::affinity::pin_current_thread(c);
-                    }
-                    if let Err(e) = serve(l, &stop, &counters) {
-                        eprintln!("raw-server thread {i}: {e}");
-                    }
-                })?,
-        );
+        threads.push(std::thread::Builder::new().name(format!("raw-{i}")).spawn(move || {
+            if let Some(c) = cpu {
+                let _ = connmux_sys::affinity::pin_current_thread(c);
+            }
+            if let Err(e) = serve(l, &stop, &counters) {
+                eprintln!("raw-server thread {i}: {e}");
+            }
+        })?);
     }
-    println!(
-        "raw-server listening on {local} ({} threads)",
-        a.threads.max(1)
-    );
+    println!("raw-server listening on {local} ({} threads)", a.threads.max(1));
     let start = Instant::now();
     loop {
-        if a.duration
-            .is_some_and(|d| start.elapsed().as_secs_f64() >= d)
-        {
+        if a.duration.is_some_and(|d| start.elapsed().as_secs_f64() >= d) {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -204,9 +195,7 @@ fn on_readable(
     let n = match c.stream.read(buf) {
         Ok(0) => return false,
         Ok(n) => n,
-        Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
-            return true
-        }
+        Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => return true,
         Err(_) => return false,
     };
     out.clear();
@@ -240,13 +229,7 @@ fn on_readable(
 }
 
 /// Answers the whole records at the start of `input`; returns the bytes used.
-fn answer(
-    input: &[u8],
-    reg: &Registry,
-    out: &mut Vec<u8>,
-    bad: &mut bool,
-    calls: &mut u64,
-) -> usize {
+fn answer(input: &[u8], reg: &Registry, out: &mut Vec<u8>, bad: &mut bool, calls: &mut u64) -> usize {
     let mut at = 0;
     'records: while at < input.len() {
         // Find the end of the record starting at `at` (its last fragment).
@@ -285,8 +268,7 @@ fn park(c: &mut Conn, ep: &Epoll, slot: usize, rest: &[u8]) -> bool {
     c.pending.clear();
     c.pending.extend_from_slice(rest);
     c.pending_at = 0;
-    ep.modify(c.stream.as_raw_fd(), slot as u64, Interest::WRITE)
-        .is_ok()
+    ep.modify(c.stream.as_raw_fd(), slot as u64, Interest::WRITE).is_ok()
 }
 
 /// Write parked replies; back to readable interest once they are out.
@@ -301,8 +283,5 @@ fn flush(c: &mut Conn, ep: &Epoll, slot: usize) -> bool {
     }
     c.pending.clear();
     c.pending_at = 0;
-    !c.close_after
-        && ep
-            .modify(c.stream.as_raw_fd(), slot as u64, Interest::READ)
-            .is_ok()
+    !c.close_after && ep.modify(c.stream.as_raw_fd(), slot as u64, Interest::READ).is_ok()
 }

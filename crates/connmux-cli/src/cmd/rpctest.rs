@@ -40,9 +40,11 @@ pub enum Auth {
 }
 
 #[derive(clap::Args, Debug)]
-#[command(after_help = "Output: a header, one row per round (calls answered, secs to the last reply, RPC/s = calls/secs, \
+#[command(
+    after_help = "Output: a header, one row per round (calls answered, secs to the last reply, RPC/s = calls/secs, \
 RTT min/percentiles/max in microseconds from an HDR histogram, Mbps both ways, errs), a median row (median of the rounds), \
-and a line 'summary key=value ...' (grep '^summary '). Exit status 0 only if every reply was right; 1 on any error.")]
+and a line 'summary key=value ...' (grep '^summary '). Exit status 0 only if every reply was right; 1 on any error."
+)]
 pub struct Args {
     #[command(flatten)]
     pub common: CommonArgs,
@@ -122,9 +124,8 @@ impl SysCred {
         let gid = *field("Gid:").get(1).ok_or_else(|| anyhow::anyhow!("no Gid in /proc/self/status"))?;
         let mut gids = field("Groups:");
         gids.truncate(connmux_oncrpc::call::MAX_GIDS);
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as u32);
+        let stamp =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as u32);
         Ok(SysCred { stamp, machine_name, uid, gid, gids })
     }
 }
@@ -140,13 +141,9 @@ impl Rpc {
     fn call(&self, xid: u32, out: &mut Vec<u8>) {
         let cred = match &self.cred {
             None => Credential::None,
-            Some(c) => Credential::Sys {
-                stamp: c.stamp,
-                machine_name: &c.machine_name,
-                uid: c.uid,
-                gid: c.gid,
-                gids: &c.gids,
-            },
+            Some(c) => {
+                Credential::Sys { stamp: c.stamp, machine_name: &c.machine_name, uid: c.uid, gid: c.gid, gids: &c.gids }
+            }
         };
         let call = Call { xid, prog: self.prog, vers: self.vers, procedure: 0, cred, args: &[] };
         // Name and group count were bounded when the credential was built.
@@ -275,7 +272,8 @@ impl loadgen::Client for RpcClient {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let mut specs: Vec<&str> = a.target.iter().chain(&a.servers).flat_map(|s| s.split(',')).filter(|s| !s.is_empty()).collect();
+    let mut specs: Vec<&str> =
+        a.target.iter().chain(&a.servers).flat_map(|s| s.split(',')).filter(|s| !s.is_empty()).collect();
     if specs.is_empty() {
         specs.push("127.0.0.1");
     }

@@ -106,7 +106,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Runs the rounds; the exit status.
-pub fn run(c: &CommonArgs, servers: &[Target], policy: Policy, call: &dyn Fn(u32, &mut Vec<u8>)) -> anyhow::Result<i32> {
+pub fn run(
+    c: &CommonArgs,
+    servers: &[Target],
+    policy: Policy,
+    call: &dyn Fn(u32, &mut Vec<u8>),
+) -> anyhow::Result<i32> {
     if c.tls.tls {
         anyhow::bail!("--tls with several servers is not supported (one client mux over TLS connections: use the library's attach_tls)");
     }
@@ -258,7 +263,8 @@ fn round(
     let start = Instant::now();
     let mut last_reply = start;
     let mut live = servers.len();
-    let sent_all = |sent: u64, now: Instant| count.is_some_and(|n| sent >= n) || duration.is_some_and(|d| now - start >= d);
+    let sent_all =
+        |sent: u64, now: Instant| count.is_some_and(|n| sent >= n) || duration.is_some_and(|d| now - start >= d);
     let mut sent: u64 = 0;
     loop {
         let now = Instant::now();

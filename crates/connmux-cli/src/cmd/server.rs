@@ -247,13 +247,7 @@ impl Handler for Echo {
     fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
         Verdict::Reply(request)
     }
-    fn handle_in_place(
-        &self,
-        request: &[u8],
-        _from: PsockId,
-        _scratch: &mut BytesMut,
-        out: &mut BytesMut,
-    ) -> Verdict {
+    fn handle_in_place(&self, request: &[u8], _from: PsockId, _scratch: &mut BytesMut, out: &mut BytesMut) -> Verdict {
         // Small replies join the run of replies to the connection; a large
         // one is its own buffer (one copy either way).
         if request.len() <= 4096 {
@@ -274,10 +268,7 @@ pub struct RpcHandler {
 
 impl RpcHandler {
     pub fn new(registry: connmux_oncrpc::Registry) -> RpcHandler {
-        RpcHandler {
-            registry,
-            bad_calls: Default::default(),
-        }
+        RpcHandler { registry, bad_calls: Default::default() }
     }
 }
 
@@ -307,8 +298,7 @@ impl RpcHandler {
                     true
                 }
                 connmux_oncrpc::Outcome::CloseConnection(_) => {
-                    self.bad_calls
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.bad_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     false
                 }
             }
@@ -324,13 +314,7 @@ impl Handler for RpcHandler {
             Verdict::Close
         }
     }
-    fn handle_in_place(
-        &self,
-        request: &[u8],
-        _from: PsockId,
-        _scratch: &mut BytesMut,
-        out: &mut BytesMut,
-    ) -> Verdict {
+    fn handle_in_place(&self, request: &[u8], _from: PsockId, _scratch: &mut BytesMut, out: &mut BytesMut) -> Verdict {
         if self.answer(request, out) {
             Verdict::Appended
         } else {
@@ -369,12 +353,9 @@ impl Handler for RpcHandler {
 pub fn registry(extra: &[String]) -> anyhow::Result<connmux_oncrpc::Registry> {
     let mut reg = connmux_oncrpc::Registry::default();
     for r in extra {
-        let (prog, range) = r
-            .split_once(':')
-            .with_context(|| format!("--register {r}: want PROG:LOW-HIGH"))?;
+        let (prog, range) = r.split_once(':').with_context(|| format!("--register {r}: want PROG:LOW-HIGH"))?;
         let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-        reg.register(prog.parse()?, lo.parse()?, hi.parse()?)
-            .map_err(|e| anyhow::anyhow!("--register {r}: {e:?}"))?;
+        reg.register(prog.parse()?, lo.parse()?, hi.parse()?).map_err(|e| anyhow::anyhow!("--register {r}: {e:?}"))?;
     }
     Ok(reg)
 }
@@ -484,11 +465,7 @@ fn run_service(
     // back to the system when they leave (see connmux_sys::malloc).
     connmux_sys::malloc::set_mmap_threshold(128 << 10);
     let mux = Mux::new(common.mux_config()?)?;
-    let cfg = ServiceConfig {
-        listen,
-        sock_type: SockType::Dgram,
-        parser,
-    };
+    let cfg = ServiceConfig { listen, sock_type: SockType::Dgram, parser };
     let tls = common.tls.config(listen, what)?;
     let svc = Arc::new(
         match &tls {
@@ -518,10 +495,7 @@ fn run_service(
         svc.local_addr(),
         common.worker_count(),
         svc.mux().driver(),
-        endpoint
-            .as_ref()
-            .map(|e| format!("; statistics: connmux stat {}", e.path().display()))
-            .unwrap_or_default()
+        endpoint.as_ref().map(|e| format!("; statistics: connmux stat {}", e.path().display())).unwrap_or_default()
     );
     if let Some((_, note)) = &tls {
         println!("{note}");
@@ -529,10 +503,16 @@ fn run_service(
     // Line by line even into a pipe: a script waits for these two lines.
     let _ = std::io::Write::flush(&mut std::io::stdout());
     let ending = wait_and_report(common, || print_stats(&svc, started));
-    let stopped = stop::drain(what, ending, &common.stop, || svc.stop_accepting(), || {
-        let s = svc.mux().stats();
-        stop::Progress { open: s.psocks as u64, moved: s.rx_bytes + s.tx_bytes }
-    });
+    let stopped = stop::drain(
+        what,
+        ending,
+        &common.stop,
+        || svc.stop_accepting(),
+        || {
+            let s = svc.mux().stats();
+            stop::Progress { open: s.psocks as u64, moved: s.rx_bytes + s.tx_bytes }
+        },
+    );
     print_stats(&svc, started);
     drop(registration);
     drop(endpoint);
@@ -631,21 +611,12 @@ pub fn run_echo(a: EchoArgs) -> anyhow::Result<i32> {
         "bytes" => Arc::new(|| Box::new(RawChunks) as Box<dyn connmux::Parser>),
         "message" => {
             let spec = a.parser.clone();
-            connmux::parsers::from_spec(&spec)
-                .map_err(|e| anyhow::anyhow!("--parser {spec}: {e}"))?;
+            connmux::parsers::from_spec(&spec).map_err(|e| anyhow::anyhow!("--parser {spec}: {e}"))?;
             Arc::new(move || connmux::parsers::from_spec(&spec).expect("checked above"))
         }
         other => anyhow::bail!("--mode {other}: want message or bytes"),
     };
-    run_service(
-        &a.common,
-        a.listen,
-        parser,
-        Arc::new(Echo),
-        None,
-        None,
-        "echo-server",
-    )
+    run_service(&a.common, a.listen, parser, Arc::new(Echo), None, None, "echo-server")
 }
 
 pub fn run_rpc(a: RpcArgs) -> anyhow::Result<i32> {
@@ -658,12 +629,8 @@ pub fn run_rpc(a: RpcArgs) -> anyhow::Result<i32> {
     }
     let handler = Arc::new(RpcHandler::new(reg));
     let h = handler.clone();
-    let extra: Extra = Arc::new(move || {
-        format!(
-            "rpc_bad_calls={}\n",
-            h.bad_calls.load(std::sync::atomic::Ordering::Relaxed)
-        )
-    });
+    let extra: Extra =
+        Arc::new(move || format!("rpc_bad_calls={}\n", h.bad_calls.load(std::sync::atomic::Ordering::Relaxed)));
     let rpcbind = a.rpcbind.map(|addr| (addr, rpcbind_entries(&handler.registry)));
     run_service(&a.common, a.listen, rpc_parser(), handler, Some(extra), rpcbind, "rpc-server")
 }
@@ -675,19 +642,11 @@ fn rpc_parser() -> Arc<dyn Fn() -> Box<dyn connmux::Parser> + Send + Sync> {
 }
 
 /// Start the ONC RPC NULL service on `listen` in this process.
-pub fn start_rpc_service(
-    config: Config,
-    listen: SocketAddr,
-    reg: connmux_oncrpc::Registry,
-) -> anyhow::Result<Service> {
+pub fn start_rpc_service(config: Config, listen: SocketAddr, reg: connmux_oncrpc::Registry) -> anyhow::Result<Service> {
     let mux = Mux::new(config)?;
     Service::start(
         mux,
-        ServiceConfig {
-            listen,
-            sock_type: SockType::Dgram,
-            parser: rpc_parser(),
-        },
+        ServiceConfig { listen, sock_type: SockType::Dgram, parser: rpc_parser() },
         Arc::new(RpcHandler::new(reg)),
     )
     .with_context(|| format!("starting rpc-server on {listen}"))

@@ -39,9 +39,7 @@ pub fn default_dir() -> PathBuf {
 
 fn uid() -> u32 {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(0)
+    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0)
 }
 
 /// A statistics socket served by a background thread; removed on drop.
@@ -54,10 +52,7 @@ pub struct StatsEndpoint {
 impl StatsEndpoint {
     /// Listen on `path` (its directory is created) and answer each connection
     /// with `snapshot()`.
-    pub fn start(
-        path: PathBuf,
-        snapshot: Arc<dyn Fn() -> String + Send + Sync>,
-    ) -> anyhow::Result<StatsEndpoint> {
+    pub fn start(path: PathBuf, snapshot: Arc<dyn Fn() -> String + Send + Sync>) -> anyhow::Result<StatsEndpoint> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
@@ -65,30 +60,23 @@ impl StatsEndpoint {
         if path.exists() && UnixStream::connect(&path).is_err() {
             let _ = std::fs::remove_file(&path);
         }
-        let listener =
-            UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+        let listener = UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("connmux-stats".into())
-            .spawn(move || {
-                while !stop2.load(Ordering::Acquire) {
-                    match listener.accept() {
-                        Ok((mut conn, _)) => {
-                            let _ = conn.set_nonblocking(false);
-                            let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
-                            let _ = conn.write_all(snapshot().as_bytes());
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        let thread = std::thread::Builder::new().name("connmux-stats".into()).spawn(move || {
+            while !stop2.load(Ordering::Acquire) {
+                match listener.accept() {
+                    Ok((mut conn, _)) => {
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
+                        let _ = conn.write_all(snapshot().as_bytes());
                     }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
-            })?;
-        Ok(StatsEndpoint {
-            path,
-            stop,
-            thread: Some(thread),
-        })
+            }
+        })?;
+        Ok(StatsEndpoint { path, stop, thread: Some(thread) })
     }
 
     pub fn path(&self) -> &Path {
@@ -174,12 +162,10 @@ pub fn format_mux_stats(st: &MuxStats) -> String {
 
 /// One server's snapshot.
 pub fn read_one(path: &Path) -> anyhow::Result<String> {
-    let mut c =
-        UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
+    let mut c = UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
     c.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut s = String::new();
-    c.read_to_string(&mut s)
-        .with_context(|| format!("reading {}", path.display()))?;
+    c.read_to_string(&mut s).with_context(|| format!("reading {}", path.display()))?;
     Ok(s)
 }
 
@@ -195,10 +181,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         };
         v.sort();
         if v.is_empty() {
-            eprintln!(
-                "connmux stat: no running connmux server found in {}",
-                dir.display()
-            );
+            eprintln!("connmux stat: no running connmux server found in {}", dir.display());
             return Ok(EXIT_UNREACHABLE);
         }
         v

@@ -109,8 +109,12 @@ pub enum Drained {
     NotNeeded,
     AllClosed,
     /// Connections left, but nothing moved for [`QUIET`].
-    Quiet { open: u64 },
-    GraceOver { open: u64 },
+    Quiet {
+        open: u64,
+    },
+    GraceOver {
+        open: u64,
+    },
     /// A second signal.
     Forced(i32),
 }
@@ -143,12 +147,7 @@ impl Stop {
     pub fn finish(self) -> i32 {
         let code = self.how.exit_code();
         if let Some((sig, at)) = self.signalled {
-            println!(
-                "{}: exit {code}, {} ms after {}",
-                self.what,
-                at.elapsed().as_millis(),
-                name(sig)
-            );
+            println!("{}: exit {code}, {} ms after {}", self.what, at.elapsed().as_millis(), name(sig));
         }
         flush();
         code
@@ -226,10 +225,7 @@ pub fn drain(
         }
         Drained::Forced(sig) => format!("{}: stopping at once", name(sig)),
     };
-    println!(
-        "{what}: stopped after {} ms: {how}",
-        start.elapsed().as_millis()
-    );
+    println!("{what}: stopped after {} ms: {how}", start.elapsed().as_millis());
     Stop { how: end, what: what.into(), signalled }
 }
 
@@ -275,10 +271,16 @@ mod tests {
         let mut n = 0;
         let t = Instant::now();
         // Bytes keep moving: only the grace time ends it.
-        let d = drain("t", Ending::Signal(libc::SIGINT), &args, || {}, || {
-            n += 1;
-            Progress { open: 1, moved: n }
-        });
+        let d = drain(
+            "t",
+            Ending::Signal(libc::SIGINT),
+            &args,
+            || {},
+            || {
+                n += 1;
+                Progress { open: 1, moved: n }
+            },
+        );
         assert_eq!(d.how, Drained::GraceOver { open: 1 });
         // The last tenth is kept for what follows the drain.
         assert!(t.elapsed() >= Duration::from_millis(180), "{:?}", t.elapsed());

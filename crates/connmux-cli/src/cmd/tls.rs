@@ -45,14 +45,19 @@ impl ServerTls {
 
     /// The server configuration `--tls` asks for (None without --tls), and a
     /// line saying where the certificate comes from.
-    pub fn config(&self, listen: SocketAddr, what: &str) -> anyhow::Result<Option<(Arc<rustls::ServerConfig>, String)>> {
+    pub fn config(
+        &self,
+        listen: SocketAddr,
+        what: &str,
+    ) -> anyhow::Result<Option<(Arc<rustls::ServerConfig>, String)>> {
         if !self.wanted() {
             return Ok(None);
         }
         let (chain, key, note) = match (&self.tls_cert, &self.tls_key) {
             (Some(c), Some(k)) => {
                 let chain = read_certs(c)?;
-                let key = PrivateKeyDer::from_pem_file(k).with_context(|| format!("reading the key {}", k.display()))?;
+                let key =
+                    PrivateKeyDer::from_pem_file(k).with_context(|| format!("reading the key {}", k.display()))?;
                 (chain, key, format!("TLS certificate {}", c.display()))
             }
             _ => {
@@ -139,7 +144,8 @@ impl ClientTls {
             (None, Some(h)) => h.to_string(),
             (None, None) => addr.map(|a| a.to_string()).unwrap_or_else(|| "localhost".into()),
         };
-        let name = ServerName::try_from(name.clone()).map_err(|_| anyhow::anyhow!("{name:?} is not a valid TLS server name"))?;
+        let name = ServerName::try_from(name.clone())
+            .map_err(|_| anyhow::anyhow!("{name:?} is not a valid TLS server name"))?;
         Ok(Some(ClientSetup { config: Arc::new(config), name }))
     }
 }
@@ -183,11 +189,7 @@ pub fn generate(names: &[String]) -> anyhow::Result<Generated> {
     let mut params = rcgen::CertificateParams::new(names.to_vec())?;
     params.distinguished_name.push(rcgen::DnType::CommonName, names.first().map(String::as_str).unwrap_or("connmux"));
     let cert = params.signed_by(&key, &ca)?;
-    Ok(Generated {
-        ca_pem: ca.pem(),
-        cert: cert.der().clone(),
-        key: key.serialize_der(),
-    })
+    Ok(Generated { ca_pem: ca.pem(), cert: cert.der().clone(), key: key.serialize_der() })
 }
 
 /// `--tls-insecure`: accepts any certificate, still checks the handshake's

@@ -43,7 +43,13 @@ impl Deadlines {
     /// stream's `want`. Returns true if an entry may have gone stale (the
     /// caller then runs [`Deadlines::clean`]).
     #[inline]
-    pub(crate) fn sync(&mut self, index: u32, generation: u32, slot: &mut Option<Armed>, want: Option<Timestamp>) -> bool {
+    pub(crate) fn sync(
+        &mut self,
+        index: u32,
+        generation: u32,
+        slot: &mut Option<Armed>,
+        want: Option<Timestamp>,
+    ) -> bool {
         if slot.map(|a| a.0) == want {
             return false;
         }
@@ -100,7 +106,8 @@ impl Deadlines {
     /// they outnumber the live ones. `live(index, generation)` is the psock's
     /// armed deadline, if it exists.
     pub(crate) fn clean(&mut self, live: impl Fn(u32, u32) -> Option<Armed>) {
-        let is_live = |Reverse((when, index, generation, seq)): &Entry| live(*index, *generation) == Some((*when, *seq));
+        let is_live =
+            |Reverse((when, index, generation, seq)): &Entry| live(*index, *generation) == Some((*when, *seq));
         if self.heap.len() > 2 * self.armed + SLACK {
             self.heap.retain(is_live);
             debug_assert_eq!(self.heap.len(), self.armed);

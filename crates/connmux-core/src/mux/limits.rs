@@ -59,7 +59,10 @@ use crate::time::Timestamp;
 pub(crate) enum MemState {
     Reading,
     /// Paused at `since`, holding `held` bytes then.
-    Paused { since: Timestamp, held: usize },
+    Paused {
+        since: Timestamp,
+        held: usize,
+    },
 }
 
 /// The read a psock is always allowed while the budget is used up.

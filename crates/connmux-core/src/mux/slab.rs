@@ -70,18 +70,12 @@ impl<T> Slab<T> {
 
     /// Live entries in index order: (index, generation, value).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u32, &T)> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.value.as_ref().map(|v| (i as u32, s.generation, v)))
+        self.slots.iter().enumerate().filter_map(|(i, s)| s.value.as_ref().map(|v| (i as u32, s.generation, v)))
     }
 
     /// [`Slab::iter`] with the values mutable.
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (u32, u32, &mut T)> {
-        self.slots
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, s)| s.value.as_mut().map(|v| (i as u32, s.generation, v)))
+        self.slots.iter_mut().enumerate().filter_map(|(i, s)| s.value.as_mut().map(|v| (i as u32, s.generation, v)))
     }
 }
 

@@ -59,7 +59,16 @@ impl OncRpc {
             name.push(if strip { ',' } else { ':' });
             name.push_str(&format!("max_fragments={max_fragments}"));
         }
-        OncRpc { strip, max_fragments, next_mark: 0, frags: 0, first: [0; MARK_LEN], last_at: 0, last: [0; MARK_LEN], name }
+        OncRpc {
+            strip,
+            max_fragments,
+            next_mark: 0,
+            frags: 0,
+            first: [0; MARK_LEN],
+            last_at: 0,
+            last: [0; MARK_LEN],
+            name,
+        }
     }
 
     /// Whether delivered messages have their marks removed.
@@ -152,7 +161,13 @@ impl Parser for OncRpc {
     /// One-fragment records (nearly all of them) straight off their marks,
     /// in a tight loop; at the first other one (several fragments, a mark
     /// not in yet) the general loop takes over from there.
-    fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<std::ops::Range<usize>>) -> usize {
+    fn frame_batch(
+        &mut self,
+        data: &[u8],
+        max_len: usize,
+        limit: usize,
+        out: &mut Vec<std::ops::Range<usize>>,
+    ) -> usize {
         let mut at = 0;
         let mut n = 0;
         if self.next_mark == 0 && self.max_fragments >= 1 {

@@ -412,7 +412,9 @@ fn partials(t: Target, addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
             match c.write_all(&rec) {
                 Ok(()) => seen.add("records_held", 1),
                 // The server stopped reading it (a limit): held all the same.
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => seen.add("send_stalled", 1),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    seen.add("send_stalled", 1)
+                }
                 Err(_) => {
                     seen.add("closed_by_server", 1);
                     continue;
@@ -427,7 +429,8 @@ fn partials(t: Target, addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
 /// Connections sending one byte of a call every 100 ms each.
 fn slowloris(t: Target, addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
     let call = t.request(1);
-    let mut conns: Vec<(TcpStream, usize)> = (0..n).filter_map(|_| connect_with(addr, None).ok().map(|c| (c, 0))).collect();
+    let mut conns: Vec<(TcpStream, usize)> =
+        (0..n).filter_map(|_| connect_with(addr, None).ok().map(|c| (c, 0))).collect();
     seen.add("connections", conns.len() as u64);
     while Instant::now() < end && !conns.is_empty() {
         conns.retain_mut(|(c, i)| match c.write(&call[*i % call.len()..*i % call.len() + 1]) {
@@ -599,7 +602,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let alone = good_clients(t, addr, a.good, Instant::now() + Duration::from_secs_f64(a.baseline_seconds));
 
     let end = Instant::now() + Duration::from_secs_f64(a.seconds);
-    let seen: Vec<(&'static str, Arc<Seen>)> = ATTACKS.iter().filter(|n| on(n)).map(|n| (*n, Arc::new(Seen::default()))).collect();
+    let seen: Vec<(&'static str, Arc<Seen>)> =
+        ATTACKS.iter().filter(|n| on(n)).map(|n| (*n, Arc::new(Seen::default()))).collect();
     let mut attackers = Vec::new();
     for (name, s) in &seen {
         let s = s.clone();
@@ -688,13 +692,22 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         mib(after_kib)
     );
     let interesting = [
-        "accepted", "closed", "attach_errors", "rx_msgs", "tx_msgs", "rx_aborts", "rx_bad_hdr_len", "rx_msg_too_big",
-        "rx_msg_timeouts", "tx_aborts", "tx_addressed_drops", "tx_backlog_refusals", "rpc_bad_calls",
+        "accepted",
+        "closed",
+        "attach_errors",
+        "rx_msgs",
+        "tx_msgs",
+        "rx_aborts",
+        "rx_bad_hdr_len",
+        "rx_msg_too_big",
+        "rx_msg_timeouts",
+        "tx_aborts",
+        "tx_addressed_drops",
+        "tx_backlog_refusals",
+        "rpc_bad_calls",
     ];
-    let picked: Vec<String> = interesting
-        .iter()
-        .filter_map(|k| server_counters.get(*k).map(|v| format!("{k}={v}")))
-        .collect();
+    let picked: Vec<String> =
+        interesting.iter().filter_map(|k| server_counters.get(*k).map(|v| format!("{k}={v}"))).collect();
     println!("server counters {}", picked.join(" "));
     let others: Vec<String> = server_counters
         .iter()

@@ -49,23 +49,16 @@ pub struct Args {
 
 /// Total Ir of a callgrind output file (its `summary:` or `totals:` line).
 fn total_ir(path: &Path) -> anyhow::Result<u64> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     text.lines()
-        .find_map(|l| {
-            l.strip_prefix("summary:")
-                .or_else(|| l.strip_prefix("totals:"))
-        })
+        .find_map(|l| l.strip_prefix("summary:").or_else(|| l.strip_prefix("totals:")))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .with_context(|| format!("no summary line in {}", path.display()))
 }
 
 /// Self cost per function (`file:function` as callgrind_annotate names it).
 fn self_costs(path: &Path) -> anyhow::Result<Vec<(String, u64)>> {
-    let out = Command::new("callgrind_annotate")
-        .args(["--inclusive=no", "--threshold=100"])
-        .arg(path)
-        .output()?;
+    let out = Command::new("callgrind_annotate").args(["--inclusive=no", "--threshold=100"]).arg(path).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let mut v = Vec::new();
     let mut in_table = false;
@@ -134,51 +127,28 @@ fn one_run(
     let out = dir.join(format!("callgrind.{kind}.a{inflight}.n{calls}.out"));
     let _ = std::fs::remove_file(&out);
     let mut cmd = taskset(&[0], "valgrind");
-    cmd.args(["--tool=callgrind", "-q"])
-        .arg(format!("--callgrind-out-file={}", out.display()));
+    cmd.args(["--tool=callgrind", "-q"]).arg(format!("--callgrind-out-file={}", out.display()));
     let listen = format!("127.0.0.1:{port}");
     let secs = a.server_seconds.to_string();
     match kind {
         "connmux" => {
             // io_uring does not run under valgrind: the epoll driver.
-            cmd.arg(exe()?)
-                .args(["bench", "mux-server", "-l", &listen, "--cpus", "0"]);
+            cmd.arg(exe()?).args(["bench", "mux-server", "-l", &listen, "--cpus", "0"]);
             cmd.args(["--driver", "epoll", "--duration", &secs]);
         }
         "raw" => {
-            cmd.arg(exe()?).args([
-                "bench",
-                "raw-server",
-                "-l",
-                &listen,
-                "--threads",
-                "1",
-                "--cpus",
-                "0",
-            ]);
+            cmd.arg(exe()?).args(["bench", "raw-server", "-l", &listen, "--threads", "1", "--cpus", "0"]);
             cmd.args(["--duration", &secs]);
         }
         "yardstick" => {
             let Some(y) = yard else { bail!("no yardstick") };
-            cmd.arg(y)
-                .args(["-t", "1", "-p", &port.to_string(), "-q", "-T", &secs]);
+            cmd.arg(y).args(["-t", "1", "-p", &port.to_string(), "-q", "-T", &secs]);
         }
         o => bail!("unknown server {o}"),
     }
-    let mut p = Proc::spawn_within(
-        &format!("{kind} under callgrind"),
-        cmd,
-        port,
-        Duration::from_secs(90),
-    )?;
-    let args: Vec<String> = vec![
-        "-j".into(),
-        "1".into(),
-        "-a".into(),
-        inflight.to_string(),
-        "-c".into(),
-        calls.to_string(),
-    ];
+    let mut p = Proc::spawn_within(&format!("{kind} under callgrind"), cmd, port, Duration::from_secs(90))?;
+    let args: Vec<String> =
+        vec!["-j".into(), "1".into(), "-a".into(), inflight.to_string(), "-c".into(), calls.to_string()];
     loadgen("rpctest", &[], &[0], &args, p.addr)
         .with_context(|| format!("{calls} calls against {kind} under callgrind"))?;
     p.wait_exit(Duration::from_secs_f64(a.server_seconds + 60.0))?;
@@ -198,28 +168,17 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     }
     let dir = match &a.keep {
         Some(d) => d.clone(),
-        None => {
-            std::env::temp_dir().join(format!("connmux-bench-callgrind-{}", std::process::id()))
-        }
+        None => std::env::temp_dir().join(format!("connmux-bench-callgrind-{}", std::process::id())),
     };
     std::fs::create_dir_all(&dir)?;
-    let yard = a
-        .servers
-        .iter()
-        .any(|s| s == "yardstick")
-        .then(|| build_yardstick(&a.yardstick))
-        .flatten();
+    let yard = a.servers.iter().any(|s| s == "yardstick").then(|| build_yardstick(&a.yardstick)).flatten();
     println!(
         "connmux bench instructions: user-space instructions (callgrind Ir, all threads) per NULL call, \
          (Ir(2N) - Ir(N)) / N, one worker, -j1; output in {}",
         dir.display()
     );
-    let servers: Vec<&str> = a
-        .servers
-        .iter()
-        .map(String::as_str)
-        .filter(|s| *s != "yardstick" || yard.is_some())
-        .collect();
+    let servers: Vec<&str> =
+        a.servers.iter().map(String::as_str).filter(|s| *s != "yardstick" || yard.is_some()).collect();
     println!();
     print!("{:<8} {:>8}", "-a", "N");
     for s in &servers {
@@ -228,11 +187,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     println!(" {:>10}", "vs_yard");
     let mut pairs = Vec::new();
     for &inflight in &a.inflight {
-        let n = if inflight <= 1 {
-            a.calls
-        } else {
-            a.batched_calls
-        };
+        let n = if inflight <= 1 { a.calls } else { a.batched_calls };
         let mut per = Vec::new();
         for &s in &servers {
             let f1 = one_run(&a, s, inflight, n, &dir, yard.as_ref())?;
@@ -273,18 +228,13 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             }
             groups.sort_by(|a, b| b.1.total_cmp(&a.1));
             println!();
-            println!(
-                "{s}, -a{inflight}: instructions per call by component (self cost, 2N run minus N run):"
-            );
+            println!("{s}, -a{inflight}: instructions per call by component (self cost, 2N run minus N run):");
             for (g, x) in &groups {
                 if x.abs() >= 1.0 {
                     println!("  {x:>8.0}  {g}");
                 }
             }
-            println!(
-                "{s}, -a{inflight}: top {} functions, instructions per call:",
-                a.annotate
-            );
+            println!("{s}, -a{inflight}: top {} functions, instructions per call:", a.annotate);
             for (name, x) in per_fn.iter().take(a.annotate) {
                 println!("  {x:>8.1}  {}", name.chars().take(140).collect::<String>());
             }

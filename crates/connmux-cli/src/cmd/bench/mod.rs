@@ -44,9 +44,7 @@ use anyhow::{bail, Context};
 use serde_json::Value;
 
 #[derive(clap::Args, Debug)]
-#[command(
-    about = "Benchmarks: tables of medians over interleaved rounds, with ratios to baselines run alongside"
-)]
+#[command(about = "Benchmarks: tables of medians over interleaved rounds, with ratios to baselines run alongside")]
 pub struct Args {
     #[command(subcommand)]
     pub mode: Mode,
@@ -113,11 +111,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::Hostile(a) => hostile::run(a),
         Mode::Ninep(a) => ninep::run(a),
         Mode::All(a) => {
-            let q: &[&str] = if a.quick {
-                &["bench", "--quick"]
-            } else {
-                &["bench"]
-            };
+            let q: &[&str] = if a.quick { &["bench", "--quick"] } else { &["bench"] };
             let mut rc = 0;
             rc |= rpc::run(defaults(q))?;
             rc |= uneven::run(defaults(q))?;
@@ -162,13 +156,8 @@ fn run_mux_server(a: MuxServerArgs) -> anyhow::Result<i32> {
         "uring" => connmux::Driver::Uring,
         o => bail!("--driver {o}: auto, epoll or uring"),
     };
-    let svc =
-        crate::cmd::server::start_rpc_service(c, a.listen, crate::cmd::server::registry(&[])?)?;
-    println!(
-        "mux-server listening on {} (driver {:?})",
-        svc.local_addr(),
-        svc.mux().driver()
-    );
+    let svc = crate::cmd::server::start_rpc_service(c, a.listen, crate::cmd::server::registry(&[])?)?;
+    println!("mux-server listening on {} (driver {:?})", svc.local_addr(), svc.mux().driver());
     let start = Instant::now();
     while a.duration.is_none_or(|d| start.elapsed().as_secs_f64() < d) {
         std::thread::sleep(Duration::from_millis(50));
@@ -196,10 +185,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 
 /// `0,1` for `[0, 1]`.
 pub fn cpu_list(cpus: &[usize]) -> String {
-    cpus.iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
+    cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
 }
 
 /// Median (mean of the middle two for an even count); 0 for none.
@@ -243,12 +229,7 @@ impl Proc {
     }
 
     /// [`Proc::spawn`] with a limit on the wait for the listener.
-    pub fn spawn_within(
-        name: &str,
-        mut cmd: Command,
-        port: u16,
-        limit: Duration,
-    ) -> anyhow::Result<Proc> {
+    pub fn spawn_within(name: &str, mut cmd: Command, port: u16, limit: Duration) -> anyhow::Result<Proc> {
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -276,14 +257,7 @@ impl Proc {
         client_prefix: Vec<String>,
         stop: Box<dyn FnOnce()>,
     ) -> Proc {
-        Proc {
-            name: name.into(),
-            addr,
-            child: None,
-            pid,
-            client_prefix,
-            on_drop: Some(stop),
-        }
+        Proc { name: name.into(), addr, child: None, pid, client_prefix, on_drop: Some(stop) }
     }
 
     fn wait_listening(&mut self, limit: Duration) -> anyhow::Result<()> {
@@ -299,12 +273,7 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        bail!(
-            "{} did not listen on {} within {:?}",
-            self.name,
-            self.addr,
-            limit
-        )
+        bail!("{} did not listen on {} within {:?}", self.name, self.addr, limit)
     }
 
     /// Wait (bounded) for the process to exit by itself.
@@ -381,46 +350,24 @@ pub fn loadgen(
     let mut cmd = match prefix.split_first() {
         Some((p0, rest)) => {
             let mut c = Command::new(p0);
-            c.args(rest)
-                .arg("taskset")
-                .arg("-c")
-                .arg(cpu_list(cpus))
-                .arg(&exe);
+            c.args(rest).arg("taskset").arg("-c").arg(cpu_list(cpus)).arg(&exe);
             c
         }
         None => taskset(cpus, &exe),
     };
     cmd.arg(tool)
-        .args([
-            "--json",
-            "--no-progress",
-            "-i",
-            "1",
-            "--cpu",
-            &cpu_list(cpus),
-        ])
+        .args(["--json", "--no-progress", "-i", "1", "--cpu", &cpu_list(cpus)])
         .args(args)
         .arg(addr.to_string());
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     let doc: Value = serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "{tool} printed no JSON (exit {:?}): {}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        )
+        format!("{tool} printed no JSON (exit {:?}): {}", out.status.code(), String::from_utf8_lossy(&out.stderr))
     })?;
     if doc["ok"] != Value::Bool(true) || !out.status.success() {
-        bail!(
-            "{tool} {} against {addr} failed: {}",
-            args.join(" "),
-            doc["error"].as_str().unwrap_or("errors")
-        );
+        bail!("{tool} {} against {addr} failed: {}", args.join(" "), doc["error"].as_str().unwrap_or("errors"));
     }
     let m = &doc["median"];
-    let f = |k: &str| {
-        m[k].as_f64()
-            .with_context(|| format!("{tool} report lacks median.{k}"))
-    };
+    let f = |k: &str| m[k].as_f64().with_context(|| format!("{tool} report lacks median.{k}"));
     Ok(Figures {
         rate: f("rate")?,
         p50_us: f("p50_us")?,
@@ -442,17 +389,12 @@ pub fn build_yardstick(dir: &Path) -> Option<PathBuf> {
         eprintln!("bench: no yardstick at {} (skipped)", dir.display());
         return None;
     }
-    let out_dir =
-        std::env::temp_dir().join(format!("connmux-bench-yardstick-{}", std::process::id()));
+    let out_dir = std::env::temp_dir().join(format!("connmux-bench-yardstick-{}", std::process::id()));
     if std::fs::create_dir_all(&out_dir).is_err() {
         return None;
     }
     let bin = out_dir.join("limit_server");
-    let st = Command::new("gcc")
-        .args(["-O2", "-g", "-Wall", "-Wextra", "-pthread", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status();
+    let st = Command::new("gcc").args(["-O2", "-g", "-Wall", "-Wextra", "-pthread", "-o"]).arg(&bin).arg(&src).status();
     match st {
         Ok(s) if s.success() => Some(bin),
         other => {
@@ -464,9 +406,7 @@ pub fn build_yardstick(dir: &Path) -> Option<PathBuf> {
 
 /// Whether a program is on PATH.
 pub fn on_path(name: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-        .unwrap_or(false)
+    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file())).unwrap_or(false)
 }
 
 /// A ratio printed as `0.93x`, or `-` without a baseline.

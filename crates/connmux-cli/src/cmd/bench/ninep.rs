@@ -56,12 +56,42 @@ fn s(v: &[&str]) -> Vec<String> {
 
 fn loads() -> Vec<Load> {
     vec![
-        Load { name: "getattr -j1 -a1", args: s(&["--op", "getattr", "--file", "small", "-j", "1", "-a", "1"]), uneven: false, bytes: 0 },
-        Load { name: "getattr -j8 -a16", args: s(&["--op", "getattr", "--file", "small", "-j", "8", "-a", "16"]), uneven: false, bytes: 0 },
-        Load { name: "walk+clunk -j8 -a16", args: s(&["--op", "walk", "--file", "small", "-j", "8", "-a", "16"]), uneven: false, bytes: 0 },
-        Load { name: "read 1 MiB -j1 -a1", args: s(&["--op", "read", "--file", "big", "--size", "1m", "-j", "1", "-a", "1"]), uneven: false, bytes: MIB },
-        Load { name: "read 1 MiB -j4 -a2", args: s(&["--op", "read", "--file", "big", "--size", "1m", "-j", "4", "-a", "2"]), uneven: false, bytes: MIB },
-        Load { name: "uneven: 7 getattr + 1 reader", args: s(&["--op", "getattr", "--file", "small", "-j", "7", "-a", "1"]), uneven: true, bytes: 0 },
+        Load {
+            name: "getattr -j1 -a1",
+            args: s(&["--op", "getattr", "--file", "small", "-j", "1", "-a", "1"]),
+            uneven: false,
+            bytes: 0,
+        },
+        Load {
+            name: "getattr -j8 -a16",
+            args: s(&["--op", "getattr", "--file", "small", "-j", "8", "-a", "16"]),
+            uneven: false,
+            bytes: 0,
+        },
+        Load {
+            name: "walk+clunk -j8 -a16",
+            args: s(&["--op", "walk", "--file", "small", "-j", "8", "-a", "16"]),
+            uneven: false,
+            bytes: 0,
+        },
+        Load {
+            name: "read 1 MiB -j1 -a1",
+            args: s(&["--op", "read", "--file", "big", "--size", "1m", "-j", "1", "-a", "1"]),
+            uneven: false,
+            bytes: MIB,
+        },
+        Load {
+            name: "read 1 MiB -j4 -a2",
+            args: s(&["--op", "read", "--file", "big", "--size", "1m", "-j", "4", "-a", "2"]),
+            uneven: false,
+            bytes: MIB,
+        },
+        Load {
+            name: "uneven: 7 getattr + 1 reader",
+            args: s(&["--op", "getattr", "--file", "small", "-j", "7", "-a", "1"]),
+            uneven: true,
+            bytes: 0,
+        },
     ]
 }
 
@@ -69,7 +99,9 @@ fn loads() -> Vec<Load> {
 fn diod_user() -> (u32, Vec<String>) {
     let euid = std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0u32);
     if euid == 0 {
         (65534, s(&["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]))
@@ -115,8 +147,13 @@ fn start_connmux(p: &super::rpc::Placement, driver: &str, dir: &Path) -> anyhow:
     let port = free_port()?;
     let mut c = taskset(&p.cpus, exe()?);
     c.args(["9p-server", "--export"]).arg(dir);
-    c.args(["-l", &format!("127.0.0.1:{port}"), "--workers", &p.cpus.len().to_string()])
-        .args(["--cpus", &cpu_list(&p.cpus), "--driver", driver, "--no-stats-socket"]);
+    c.args(["-l", &format!("127.0.0.1:{port}"), "--workers", &p.cpus.len().to_string()]).args([
+        "--cpus",
+        &cpu_list(&p.cpus),
+        "--driver",
+        driver,
+        "--no-stats-socket",
+    ]);
     let attach = vec!["--aname".into(), dir.display().to_string()];
     Ok(Server { proc: Proc::spawn("9p-server", c, port)?, attach })
 }
@@ -127,7 +164,14 @@ fn start_diod(p: &super::rpc::Placement, diod: &Path, dir: &Path) -> anyhow::Res
     let mut c = Command::new("taskset");
     c.arg("-c").arg(cpu_list(&p.cpus)).args(&prefix).arg(diod);
     c.args(["-f", "-n", "-L", "/dev/null", "-e"]).arg(dir).args(["-l", &format!("127.0.0.1:{port}")]);
-    let attach = vec!["--aname".into(), dir.display().to_string(), "--uid".into(), uid.to_string(), "--msize".into(), "65536".into()];
+    let attach = vec![
+        "--aname".into(),
+        dir.display().to_string(),
+        "--uid".into(),
+        uid.to_string(),
+        "--msize".into(),
+        "65536".into(),
+    ];
     Ok(Server { proc: Proc::spawn("diod", c, port)?, attach })
 }
 
@@ -162,7 +206,9 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     }
     anyhow::ensure!(a.rounds > 0 && a.seconds > 0.0, "--rounds and --seconds must be positive");
     let Some(diod) = diod_path() else {
-        println!("connmux bench 9p: diod is not installed (Debian package diod; scripts/setup.sh installs it): skipped");
+        println!(
+            "connmux bench 9p: diod is not installed (Debian package diod; scripts/setup.sh installs it): skipped"
+        );
         return Ok(0);
     };
     let p = placement(&a.placement)?;

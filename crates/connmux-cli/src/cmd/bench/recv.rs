@@ -97,7 +97,11 @@ const ACK: [u8; 8] = [0, 0, 0, 4, b'a', b'c', b'k', b'!'];
 
 /// The receiving side of one measurement: plain reads or a mux.
 enum Rx<'a> {
-    Plain { r: BufReader<&'a TcpStream>, w: &'a TcpStream, buf: Vec<u8> },
+    Plain {
+        r: BufReader<&'a TcpStream>,
+        w: &'a TcpStream,
+        buf: Vec<u8>,
+    },
     Mux {
         _mux: connmux::Mux,
         sock: connmux::KcmSocket,
@@ -225,7 +229,14 @@ fn throughput(reader: Reader, ours: &TcpStream, peer: &TcpStream, payload: usize
 }
 
 /// Median one-way delay (µs) of a message sent while nothing else is in flight.
-fn latency(reader: Reader, ours: &TcpStream, peer: &TcpStream, payload: usize, pings: usize, secs: f64) -> anyhow::Result<f64> {
+fn latency(
+    reader: Reader,
+    ours: &TcpStream,
+    peer: &TcpStream,
+    payload: usize,
+    pings: usize,
+    secs: f64,
+) -> anyhow::Result<f64> {
     let mut rx = Rx::open(reader, ours)?;
     let end = Instant::now() + Duration::from_secs_f64(secs.max(0.1));
     let samples = std::thread::scope(|s| -> anyhow::Result<Vec<f64>> {
@@ -299,8 +310,10 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             for k in 0..readers.len() {
                 let ri = (k + round + zi) % readers.len();
                 let r = readers[ri];
-                let rate = throughput(r, &ours, &peer, size, a.seconds).with_context(|| format!("{size} B, {}", r.name()))?;
-                let p50 = latency(r, &ours, &peer, size, a.pings, a.seconds).with_context(|| format!("{size} B, {}", r.name()))?;
+                let rate =
+                    throughput(r, &ours, &peer, size, a.seconds).with_context(|| format!("{size} B, {}", r.name()))?;
+                let p50 = latency(r, &ours, &peer, size, a.pings, a.seconds)
+                    .with_context(|| format!("{size} B, {}", r.name()))?;
                 res[zi][ri].0.push(rate);
                 res[zi][ri].1.push(p50);
             }

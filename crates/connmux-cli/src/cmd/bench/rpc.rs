@@ -23,10 +23,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::{
-    build_yardstick, cpu_list, exe, free_port, loadavg, loadgen, ratio, taskset, verdict, Figures,
-    Proc,
-};
+use super::{build_yardstick, cpu_list, exe, free_port, loadavg, loadgen, ratio, taskset, verdict, Figures, Proc};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -37,11 +34,7 @@ pub struct Args {
     #[arg(short = 'd', long, default_value_t = 1.0)]
     pub seconds: f64,
     /// Load settings THREADS:IN_FLIGHT (rpctest -j and -a).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "1:1,1:32,1:128,2:128,8:128,64:16"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = "1:1,1:32,1:128,2:128,8:128,64:16")]
     pub settings: Vec<String>,
     /// Placements: cpu0 (everything on CPU 0), spread (one worker per CPU 0 and 1).
     #[arg(long, value_delimiter = ',', default_value = "cpu0,spread")]
@@ -51,11 +44,7 @@ pub struct Args {
     /// (connections to the workers in turn, not by incoming CPU) and
     /// connmux-default (rpc-server with its default flags: one worker per CPU
     /// of the placement's affinity mask).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "connmux,raw,thread,yardstick,ganesha"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = "connmux,raw,thread,yardstick,ganesha")]
     pub servers: Vec<String>,
     /// Directory with the yardstick's limit_server.c.
     #[arg(long, default_value = super::YARDSTICK_DIR)]
@@ -83,18 +72,11 @@ pub fn placement(name: &str) -> anyhow::Result<Placement> {
     if let Some(c) = cpus.iter().find(|c| !avail.contains(c)) {
         anyhow::bail!("placement {name}: CPU {c} is not available (available: {avail:?})");
     }
-    Ok(Placement {
-        name: name.into(),
-        cpus,
-    })
+    Ok(Placement { name: name.into(), cpus })
 }
 
 /// Start one RPC server of kind `kind` with the placement's workers.
-pub fn start_server(
-    kind: &str,
-    p: &Placement,
-    yard: Option<&PathBuf>,
-) -> anyhow::Result<Option<Proc>> {
+pub fn start_server(kind: &str, p: &Placement, yard: Option<&PathBuf>) -> anyhow::Result<Option<Proc>> {
     let port = free_port()?;
     let listen = format!("127.0.0.1:{port}");
     let n = p.cpus.len().to_string();
@@ -103,16 +85,7 @@ pub fn start_server(
     let cmd = match kind {
         "connmux" | "connmux-in-turn" => {
             let mut c = taskset(&p.cpus, &exe);
-            c.args([
-                "rpc-server",
-                "-l",
-                &listen,
-                "--workers",
-                &n,
-                "--cpus",
-                &cpus,
-                "--no-stats-socket",
-            ]);
+            c.args(["rpc-server", "-l", &listen, "--workers", &n, "--cpus", &cpus, "--no-stats-socket"]);
             if kind == "connmux-in-turn" {
                 // Connections to the workers in turn, not by incoming CPU.
                 c.args(["--attach", "in-turn"]);
@@ -129,42 +102,17 @@ pub fn start_server(
         "connmux-epoll" | "connmux-uring" => {
             let driver = kind.trim_start_matches("connmux-");
             let mut c = taskset(&p.cpus, &exe);
-            c.args([
-                "bench",
-                "mux-server",
-                "-l",
-                &listen,
-                "--cpus",
-                &cpus,
-                "--driver",
-                driver,
-            ]);
+            c.args(["bench", "mux-server", "-l", &listen, "--cpus", &cpus, "--driver", driver]);
             c
         }
         "raw" => {
             let mut c = taskset(&p.cpus, &exe);
-            c.args([
-                "bench",
-                "raw-server",
-                "-l",
-                &listen,
-                "--threads",
-                &n,
-                "--cpus",
-                &cpus,
-            ]);
+            c.args(["bench", "raw-server", "-l", &listen, "--threads", &n, "--cpus", &cpus]);
             c
         }
         "thread" => {
             let mut c = taskset(&p.cpus, &exe);
-            c.args([
-                "rpc-server",
-                "--engine",
-                "thread",
-                "-l",
-                &listen,
-                "--no-stats-socket",
-            ]);
+            c.args(["rpc-server", "--engine", "thread", "-l", &listen, "--no-stats-socket"]);
             c
         }
         "yardstick" => {
@@ -190,38 +138,25 @@ fn start_ganesha(p: &Placement, yardstick_dir: &std::path::Path) -> anyhow::Resu
         eprintln!("bench: nfs-ganesha is not installed (ganesha.nfsd), or no {}; skipped", run_sh.display());
         return Ok(None);
     }
-    let st = std::process::Command::new("bash")
-        .arg(&run_sh)
-        .arg("start")
-        .status()?;
+    let st = std::process::Command::new("bash").arg(&run_sh).arg("start").status()?;
     if !st.success() {
         eprintln!("bench: {} start failed; ganesha skipped", run_sh.display());
         return Ok(None);
     }
-    let pid: u32 = std::fs::read_to_string("/tmp/limit_ganesha/ganesha.pid")
-        .context("ganesha pid file")?
-        .trim()
-        .parse()?;
+    let pid: u32 =
+        std::fs::read_to_string("/tmp/limit_ganesha/ganesha.pid").context("ganesha pid file")?.trim().parse()?;
     let _ = std::process::Command::new("taskset")
         .args(["-a", "-p", "-c", &cpu_list(&p.cpus), &pid.to_string()])
         .stdout(std::process::Stdio::null())
         .status();
     let stop = Box::new(move || {
-        let _ = std::process::Command::new("bash")
-            .arg(&run_sh)
-            .arg("stop")
-            .status();
+        let _ = std::process::Command::new("bash").arg(&run_sh).arg("stop").status();
     });
     Ok(Some(Proc::external(
         &format!("ganesha@{}", p.name),
         "127.0.0.1:2049".parse().expect("literal"),
         pid,
-        vec![
-            "ip".into(),
-            "netns".into(),
-            "exec".into(),
-            "limit_ns".into(),
-        ],
+        vec!["ip".into(), "netns".into(), "exec".into(), "limit_ns".into()],
         stop,
     )))
 }
@@ -239,13 +174,8 @@ impl std::fmt::Display for Setting {
 }
 
 pub fn parse_setting(s: &str) -> anyhow::Result<Setting> {
-    let (j, a) = s
-        .split_once(':')
-        .with_context(|| format!("setting {s}: want THREADS:IN_FLIGHT"))?;
-    Ok(Setting {
-        threads: j.trim().parse()?,
-        inflight: a.trim().parse()?,
-    })
+    let (j, a) = s.split_once(':').with_context(|| format!("setting {s}: want THREADS:IN_FLIGHT"))?;
+    Ok(Setting { threads: j.trim().parse()?, inflight: a.trim().parse()? })
 }
 
 pub fn run(mut a: Args) -> anyhow::Result<i32> {
@@ -256,25 +186,11 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.placements = vec!["cpu0".into()];
         a.servers.retain(|s| s != "ganesha");
     }
-    anyhow::ensure!(
-        a.rounds > 0 && a.seconds > 0.0,
-        "--rounds and --seconds must be positive"
-    );
-    let settings = a
-        .settings
-        .iter()
-        .map(|s| parse_setting(s))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let placements = a
-        .placements
-        .iter()
-        .map(|p| placement(p))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let yard = if a.servers.iter().any(|s| s == "yardstick" || s == "ganesha") {
-        build_yardstick(&a.yardstick)
-    } else {
-        None
-    };
+    anyhow::ensure!(a.rounds > 0 && a.seconds > 0.0, "--rounds and --seconds must be positive");
+    let settings = a.settings.iter().map(|s| parse_setting(s)).collect::<anyhow::Result<Vec<_>>>()?;
+    let placements = a.placements.iter().map(|p| placement(p)).collect::<anyhow::Result<Vec<_>>>()?;
+    let yard =
+        if a.servers.iter().any(|s| s == "yardstick" || s == "ganesha") { build_yardstick(&a.yardstick) } else { None };
     // Ganesha is one process for the whole run: it only runs in the first placement
     // it is started for, so start it per placement in turn (see below).
     let kinds: Vec<&str> = a.servers.iter().map(String::as_str).collect();
@@ -308,11 +224,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     let mut has_ganesha = vec![false; placements.len()];
     for round in 0..a.rounds {
         for (pi, p) in placements.iter().enumerate() {
-            let ganesha = if want_ganesha {
-                start_ganesha(p, &a.yardstick)?
-            } else {
-                None
-            };
+            let ganesha = if want_ganesha { start_ganesha(p, &a.yardstick)? } else { None };
             if ganesha.is_some() {
                 has_ganesha[pi] = true;
             }
@@ -328,11 +240,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 ];
                 for k in 0..n + 1 {
                     let vi = (k + round + si) % (n + 1);
-                    let srv = if vi < n {
-                        Some(&servers[pi][vi])
-                    } else {
-                        ganesha.as_ref()
-                    };
+                    let srv = if vi < n { Some(&servers[pi][vi]) } else { ganesha.as_ref() };
                     let Some(srv) = srv else { continue };
                     let f = loadgen("rpctest", &srv.client_prefix, &p.cpus, &args, srv.addr)
                         .with_context(|| format!("round {} {s} against {}", round + 1, srv.name))?;
@@ -340,12 +248,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 }
             }
         }
-        eprintln!(
-            "bench rpc: round {}/{} done (load avg {})",
-            round + 1,
-            a.rounds,
-            loadavg()
-        );
+        eprintln!("bench rpc: round {}/{} done (load avg {})", round + 1, a.rounds, loadavg());
     }
     drop(servers);
 
@@ -359,10 +262,8 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         let mut nm = names[pi].clone();
         nm.push("ganesha".into());
         for (si, s) in settings.iter().enumerate() {
-            let med: Vec<Option<Figures>> = results[pi][si]
-                .iter()
-                .map(|r| (!r.is_empty()).then(|| Figures::median_of(r)))
-                .collect();
+            let med: Vec<Option<Figures>> =
+                results[pi][si].iter().map(|r| (!r.is_empty()).then(|| Figures::median_of(r))).collect();
             let get = |name: &str| nm.iter().position(|n| n == name).and_then(|i| med[i]);
             let (yard_f, raw_f, thr_f) = (get("yardstick"), get("raw"), get("thread"));
             for (vi, m) in med.iter().enumerate() {
@@ -397,9 +298,7 @@ fn targets(table: &[(String, Setting, String, Figures)], _has_ganesha: &[bool]) 
     let find = |place: &str, s: Setting, server: &str| {
         table
             .iter()
-            .find(|(p, t, n, _)| {
-                p == place && t.threads == s.threads && t.inflight == s.inflight && n == server
-            })
+            .find(|(p, t, n, _)| p == place && t.threads == s.threads && t.inflight == s.inflight && n == server)
             .map(|x| x.3)
     };
     let mut lines = Vec::new();
@@ -408,30 +307,20 @@ fn targets(table: &[(String, Setting, String, Figures)], _has_ganesha: &[bool]) 
             continue;
         }
         if let Some(y) = find(p, *s, "yardstick") {
-            let spread_target =
-                p == "spread" && s.inflight == 128 && (s.threads == 2 || s.threads == 8);
+            let spread_target = p == "spread" && s.inflight == 128 && (s.threads == 2 || s.threads == 8);
             if p == "cpu0" || spread_target {
                 let r = f.rate / y.rate;
-                lines.push(format!(
-                    "{} rpc-server >= 0.9x yardstick RPC/s, {p} {s}: {r:.2}x",
-                    verdict(r >= 0.9)
-                ));
+                lines.push(format!("{} rpc-server >= 0.9x yardstick RPC/s, {p} {s}: {r:.2}x", verdict(r >= 0.9)));
             }
             if s.threads == 1 && s.inflight == 1 {
                 let r = f.p50_us / y.p50_us;
-                lines.push(format!(
-                    "{} median RTT <= 1.1x yardstick, {p} {s}: {r:.2}x",
-                    verdict(r <= 1.1)
-                ));
+                lines.push(format!("{} median RTT <= 1.1x yardstick, {p} {s}: {r:.2}x", verdict(r <= 1.1)));
             }
         }
         if s.inflight == 128 {
             if let Some(g) = find(p, *s, "ganesha") {
                 let r = f.rate / g.rate;
-                lines.push(format!(
-                    "{} rpc-server >= 20x ganesha RPC/s, {p} {s}: {r:.1}x",
-                    verdict(r >= 20.0)
-                ));
+                lines.push(format!("{} rpc-server >= 20x ganesha RPC/s, {p} {s}: {r:.1}x", verdict(r >= 20.0)));
             }
         }
     }

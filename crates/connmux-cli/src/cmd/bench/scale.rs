@@ -125,10 +125,7 @@ pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
     while outstanding > 0 {
         let now = Instant::now();
         if now >= hard_end {
-            println!(
-                "{}",
-                serde_json::json!({"ok": false, "error": format!("{outstanding} calls unanswered")})
-            );
+            println!("{}", serde_json::json!({"ok": false, "error": format!("{outstanding} calls unanswered")}));
             return Ok(1);
         }
         ep.wait(&mut events, Some(Duration::from_millis(100)))?;
@@ -147,8 +144,7 @@ pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
             if carry[i].len() > REPLY {
                 bail!("connection {i}: {} bytes for one reply", carry[i].len());
             }
-            let got = check_reply(&carry[i][4..], Some(xid[i]))
-                .map_err(|e| anyhow::anyhow!("bad reply: {e}"))?;
+            let got = check_reply(&carry[i][4..], Some(xid[i])).map_err(|e| anyhow::anyhow!("bad reply: {e}"))?;
             debug_assert_eq!(got, xid[i]);
             carry[i].clear();
             let now = Instant::now();
@@ -183,42 +179,19 @@ struct Active {
     p99_us: f64,
 }
 
-fn active_once(
-    cpus: &[usize],
-    conns: usize,
-    seconds: f64,
-    addr: SocketAddr,
-) -> anyhow::Result<Active> {
+fn active_once(cpus: &[usize], conns: usize, seconds: f64, addr: SocketAddr) -> anyhow::Result<Active> {
     let out = taskset(cpus, exe()?)
-        .args([
-            "bench",
-            "scale-load",
-            "--conns",
-            &conns.to_string(),
-            "-d",
-            &seconds.to_string(),
-        ])
+        .args(["bench", "scale-load", "--conns", &conns.to_string(), "-d", &seconds.to_string()])
         .args(["--cpu", &cpus[0].to_string()])
         .arg(addr.to_string())
         .output()?;
-    let doc: Value = serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "scale-load printed no JSON: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })?;
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("scale-load printed no JSON: {}", String::from_utf8_lossy(&out.stderr)))?;
     if doc["ok"] != Value::Bool(true) {
-        bail!(
-            "scale load ({conns} connections) against {addr} failed: {}",
-            doc["error"]
-        );
+        bail!("scale load ({conns} connections) against {addr} failed: {}", doc["error"]);
     }
     let f = |k: &str| doc[k].as_f64().unwrap_or(0.0);
-    Ok(Active {
-        rate: f("rate"),
-        p50_us: f("p50_us"),
-        p99_us: f("p99_us"),
-    })
+    Ok(Active { rate: f("rate"), p50_us: f("p50_us"), p99_us: f("p99_us") })
 }
 
 pub fn run(mut a: Args) -> anyhow::Result<i32> {
@@ -229,12 +202,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.seconds = 0.5;
     }
     let p = placement(&a.placement)?;
-    let yard = a
-        .servers
-        .iter()
-        .any(|s| s == "yardstick")
-        .then(|| build_yardstick(&a.yardstick))
-        .flatten();
+    let yard = a.servers.iter().any(|s| s == "yardstick").then(|| build_yardstick(&a.yardstick)).flatten();
     println!(
         "connmux bench scale: one NULL call in flight per connection, one epoll load thread on CPU {}; servers on {:?}; \
          {} round(s) of {} s, interleaved; medians; load avg {}",
@@ -274,12 +242,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         p50_us: median(v.iter().map(|x| x.p50_us).collect()),
         p99_us: median(v.iter().map(|x| x.p99_us).collect()),
     };
-    let names: Vec<String> = a
-        .servers
-        .iter()
-        .filter(|s| *s != "yardstick" || yard.is_some())
-        .cloned()
-        .collect();
+    let names: Vec<String> = a.servers.iter().filter(|s| *s != "yardstick" || yard.is_some()).cloned().collect();
     let yi = names.iter().position(|s| s == "yardstick");
     let base_i = a.conns.iter().position(|&n| n == 8);
     for (si, name) in names.iter().enumerate() {
@@ -312,10 +275,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     }
 
     println!();
-    println!(
-        "{:<10} {:>7} {:>12} {:>12} {:>14}",
-        "server", "idle", "rss_before_k", "rss_after_k", "bytes_per_conn"
-    );
+    println!("{:<10} {:>7} {:>12} {:>12} {:>14}", "server", "idle", "rss_before_k", "rss_after_k", "bytes_per_conn");
     for k in &a.servers {
         for &n in &a.idle {
             let Some(srv) = start_server(k, &p, yard.as_ref())? else {
@@ -329,10 +289,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             std::thread::sleep(Duration::from_millis(500));
             let after = rss_kib(srv.pid)?;
             let per = (after as f64 - before as f64) * 1024.0 / n as f64;
-            println!(
-                "{:<10} {:>7} {:>12} {:>12} {:>14.0}",
-                k, n, before, after, per
-            );
+            println!("{:<10} {:>7} {:>12} {:>12} {:>14.0}", k, n, before, after, per);
             if k == "connmux" && n >= 10_000 {
                 lines.push(format!(
                     "{} {n} idle connections <= 8 KiB of user-space memory each: {:.0} bytes",

@@ -17,11 +17,7 @@ use super::{congestion_control, cpu_list, exe, free_port, loadavg, loadgen, rati
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Payload sizes in bytes.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "64,1024,16384,65536,262144,1048576"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = "64,1024,16384,65536,262144,1048576")]
     pub sizes: Vec<u64>,
     /// Messages in flight on the one connection.
     #[arg(short = 'a', long, default_value_t = 2)]
@@ -62,16 +58,9 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         let mut c = taskset(&p.cpus, exe()?);
         c.args(["echo-server", "-l", &listen, "--no-stats-socket"]);
         if kind == "connmux" {
-            c.args([
-                "--mode",
-                "message",
-                "--parser",
-                "l4",
-                "--max-msg",
-                &max.to_string(),
-            ])
-            .args(["--workers", &n, "--cpus", &cpu_list(&p.cpus)])
-            .args(["--driver", &a.driver]);
+            c.args(["--mode", "message", "--parser", "l4", "--max-msg", &max.to_string()])
+                .args(["--workers", &n, "--cpus", &cpu_list(&p.cpus)])
+                .args(["--driver", &a.driver]);
         } else {
             c.args(["--engine", "thread"]);
         }
@@ -97,12 +86,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 let args: Vec<String> = ["--mode", "msg", "-l", &size.to_string(), "-j", "1"]
                     .into_iter()
                     .map(String::from)
-                    .chain([
-                        "-a".into(),
-                        a.inflight.to_string(),
-                        "-d".into(),
-                        a.seconds.to_string(),
-                    ])
+                    .chain(["-a".into(), a.inflight.to_string(), "-d".into(), a.seconds.to_string()])
                     .collect();
                 let f = loadgen("echotest", &[], &p.cpus, &args, servers[si].addr)
                     .with_context(|| format!("{size} B against {}", servers[si].name))?;
@@ -135,10 +119,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         );
         if size >= 65536 {
             let x = c.rate / r.rate;
-            lines.push(format!(
-                "{} {size} B messages >= 0.9x raw TCP: {x:.2}x",
-                verdict(x >= 0.9)
-            ));
+            lines.push(format!("{} {size} B messages >= 0.9x raw TCP: {x:.2}x", verdict(x >= 0.9)));
         }
     }
     if !lines.is_empty() {

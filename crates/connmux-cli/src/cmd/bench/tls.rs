@@ -42,8 +42,13 @@ pub struct Args {
 fn start(p: &super::rpc::Placement, driver: &str, tls_ca: Option<&std::path::Path>) -> anyhow::Result<Proc> {
     let port = free_port()?;
     let mut c = taskset(&p.cpus, exe()?);
-    c.args(["rpc-server", "-l", &format!("127.0.0.1:{port}"), "--workers", &p.cpus.len().to_string()])
-        .args(["--cpus", &cpu_list(&p.cpus), "--driver", driver, "--no-stats-socket"]);
+    c.args(["rpc-server", "-l", &format!("127.0.0.1:{port}"), "--workers", &p.cpus.len().to_string()]).args([
+        "--cpus",
+        &cpu_list(&p.cpus),
+        "--driver",
+        driver,
+        "--no-stats-socket",
+    ]);
     if let Some(ca) = tls_ca {
         c.arg("--tls").arg("--tls-ca-out").arg(ca);
     }

@@ -149,9 +149,7 @@ impl Handler for Uneven {
 
 pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
     let heavy = Duration::from_micros(a.heavy_us);
-    let stop_at = a
-        .duration
-        .map(|d| Instant::now() + Duration::from_secs_f64(d));
+    let stop_at = a.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
     let wait = || loop {
         if stop_at.is_some_and(|t| Instant::now() >= t) {
             return;
@@ -186,20 +184,13 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
                 },
                 Arc::new(Uneven { heavy }),
             )?;
-            println!(
-                "uneven-server (connmux, {}) listening on {}",
-                a.steering,
-                svc.local_addr()
-            );
+            println!("uneven-server (connmux, {}) listening on {}", a.steering, svc.local_addr());
             wait();
             svc.shutdown();
         }
         "thread" => {
             let l = TcpListener::bind(a.listen)?;
-            println!(
-                "uneven-server (thread per connection) listening on {}",
-                l.local_addr()?
-            );
+            println!("uneven-server (thread per connection) listening on {}", l.local_addr()?);
             std::thread::spawn(move || {
                 for c in l.incoming().flatten() {
                     let _ = std::thread::Builder::new().spawn(move || serve_thread(c, heavy));
@@ -258,10 +249,7 @@ struct UClient {
 impl Workload for Load {
     type Client = UClient;
     fn client(&self, conn: usize) -> UClient {
-        UClient {
-            kind: if conn < self.heavy_conns { HEAVY } else { 0 },
-            buf: Vec::new(),
-        }
+        UClient { kind: if conn < self.heavy_conns { HEAVY } else { 0 }, buf: Vec::new() }
     }
 }
 
@@ -308,10 +296,7 @@ struct LoadReport {
 
 pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
     let n = a.heavy_conns + a.light_conns;
-    anyhow::ensure!(
-        n > 0 && a.inflight > 0,
-        "need connections and requests in flight"
-    );
+    anyhow::ensure!(n > 0 && a.inflight > 0, "need connections and requests in flight");
     let d = Duration::from_secs_f64(a.seconds);
     let plan = RoundPlan {
         threads: n,
@@ -323,33 +308,16 @@ pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
         cpus: (!a.cpus.is_empty()).then(|| a.cpus.clone()),
         tls: None,
     };
-    let out = engine::run_round(
-        &Load {
-            heavy_conns: a.heavy_conns,
-        },
-        &[a.target],
-        &plan,
-        &mut Quiet,
-    );
+    let out = engine::run_round(&Load { heavy_conns: a.heavy_conns }, &[a.target], &plan, &mut Quiet);
     if let Some(e) = out.conns.iter().find_map(|c| c.error.clone()) {
         println!("{}", serde_json::json!({"ok": false, "error": e}));
         return Ok(1);
     }
     if out.timed_out {
-        println!(
-            "{}",
-            serde_json::json!({"ok": false, "error": "round timed out"})
-        );
+        println!("{}", serde_json::json!({"ok": false, "error": "round timed out"}));
         return Ok(1);
     }
-    let secs = out
-        .conns
-        .iter()
-        .map(|c| c.elapsed_ns)
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64
-        / 1e9;
+    let secs = out.conns.iter().map(|c| c.elapsed_ns).max().unwrap_or(1).max(1) as f64 / 1e9;
     let (heavy, light) = out.conns.split_at(a.heavy_conns);
     let mut lh = engine::new_histogram();
     for c in light {
@@ -383,21 +351,12 @@ fn load_once(a: &Args, addr: SocketAddr) -> anyhow::Result<LoadReport> {
     let cpus = cpu_list(&a.cpus);
     let out = taskset(&a.cpus, exe()?)
         .args(["bench", "uneven-load", "--cpus", &cpus])
-        .args([
-            "--heavy-conns",
-            &a.heavy_conns.to_string(),
-            "--light-conns",
-            &a.light_conns.to_string(),
-        ])
+        .args(["--heavy-conns", &a.heavy_conns.to_string(), "--light-conns", &a.light_conns.to_string()])
         .args(["-a", &a.inflight.to_string(), "-d", &a.seconds.to_string()])
         .arg(addr.to_string())
         .output()?;
-    let doc: Value = serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "uneven-load printed no JSON: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })?;
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("uneven-load printed no JSON: {}", String::from_utf8_lossy(&out.stderr)))?;
     if doc["ok"] != Value::Bool(true) {
         bail!("uneven load against {addr} failed: {}", doc["error"]);
     }
@@ -418,30 +377,14 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.rounds = 1;
         a.seconds = 0.5;
     }
-    anyhow::ensure!(
-        a.rounds > 0 && a.seconds > 0.0,
-        "--rounds and --seconds must be positive"
-    );
-    let variants = [
-        ("affinity", "connmux", "affinity"),
-        ("rr", "connmux", "rr"),
-        ("thread", "thread", "affinity"),
-    ];
+    anyhow::ensure!(a.rounds > 0 && a.seconds > 0.0, "--rounds and --seconds must be positive");
+    let variants = [("affinity", "connmux", "affinity"), ("rr", "connmux", "rr"), ("thread", "thread", "affinity")];
     let mut servers = Vec::new();
     for (name, engine, steering) in variants {
         let port = free_port()?;
         let mut cmd = taskset(&a.cpus, exe()?);
         cmd.args(["bench", "uneven-server", "-l", &format!("127.0.0.1:{port}")])
-            .args([
-                "--engine",
-                engine,
-                "--steering",
-                steering,
-                "--cpus",
-                &cpu_list(&a.cpus),
-                "--driver",
-                &a.driver,
-            ])
+            .args(["--engine", engine, "--steering", steering, "--cpus", &cpu_list(&a.cpus), "--driver", &a.driver])
             .args(["--heavy-us", &a.heavy_us.to_string()])
             .args(["--lane-nice", &a.lane_nice.to_string()])
             .args(a.lane_helpers.then_some("--lane-helpers"));
@@ -519,15 +462,9 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     println!();
     println!("targets:");
     let t = aff.total_rate / thr.total_rate;
-    println!(
-        "  {} default steering >= 1.6x thread-per-connection throughput: {t:.2}x",
-        verdict(t >= 1.6)
-    );
+    println!("  {} default steering >= 1.6x thread-per-connection throughput: {t:.2}x", verdict(t >= 1.6));
     let p = aff.light_p99_us / thr.light_p99_us;
-    println!(
-        "  {} default steering light p99 <= 0.5x thread-per-connection: {p:.2}x",
-        verdict(p <= 0.5)
-    );
+    println!("  {} default steering light p99 <= 0.5x thread-per-connection: {p:.2}x", verdict(p <= 0.5));
     let ok = aff.total_rate >= rr.total_rate && aff.light_p99_us <= rr.light_p99_us;
     println!(
         "  {} default steering never below round robin: throughput {:.2}x, light p99 {:.2}x",

@@ -31,8 +31,8 @@ impl Conn {
 
     /// TLS over `s` (blocking, with its timeouts): handshake done within `timeout`.
     pub fn tls(s: TcpStream, setup: &ClientSetup, timeout: Duration) -> Result<Conn, String> {
-        let mut c = rustls::ClientConnection::new(setup.config.clone(), setup.name.clone())
-            .map_err(|e| format!("TLS: {e}"))?;
+        let mut c =
+            rustls::ClientConnection::new(setup.config.clone(), setup.name.clone()).map_err(|e| format!("TLS: {e}"))?;
         let end = Instant::now() + timeout;
         let mut sock = &s;
         // Bounded: each round moves handshake bytes or fails on the socket's timeout.

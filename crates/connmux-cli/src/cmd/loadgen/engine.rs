@@ -234,7 +234,8 @@ pub fn run_round<W: Workload>(
         let mut stopped = false;
         while finished < plan.threads {
             let now = sh.now_ns();
-            let mut wait = if stopped { Duration::from_secs(3600) } else { Duration::from_nanos(limit_at.saturating_sub(now)) };
+            let mut wait =
+                if stopped { Duration::from_secs(3600) } else { Duration::from_nanos(limit_at.saturating_sub(now)) };
             if let Some(iv) = progress.interval() {
                 wait = wait.min(iv);
             }

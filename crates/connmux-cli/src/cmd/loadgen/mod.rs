@@ -403,8 +403,11 @@ pub fn run_load<W: Workload, C: Serialize>(
             if errors > 0 { ", FAILED" } else { "" }
         );
         let pooled = plot::Series { label: "all rounds".into(), hist: &all };
-        let per: Vec<plot::Series<'_>> =
-            hists.iter().enumerate().map(|(i, h)| plot::Series { label: format!("round {}", i + 1), hist: h }).collect();
+        let per: Vec<plot::Series<'_>> = hists
+            .iter()
+            .enumerate()
+            .map(|(i, h)| plot::Series { label: format!("round {}", i + 1), hist: h })
+            .collect();
         plot::write(path, &title, &subtitle, &pooled, &per)?;
     }
     if let Some(e) = error {

@@ -192,11 +192,8 @@ fn draw(c: &mut dyn Canvas, title: &str, subtitle: &str, pooled: &Series<'_>, ro
     // Percentiles beyond 1 - 1/n say nothing more: stop at the last power of
     // ten below n (at least 99 %, at most 99.9999 %).
     let xmax = ((n as f64).log10().floor() as i32).clamp(2, 6);
-    let (lo_ns, hi_ns) = if pooled.hist.is_empty() {
-        (1_000, 1_000_000)
-    } else {
-        (pooled.hist.min().max(1), pooled.hist.max().max(2))
-    };
+    let (lo_ns, hi_ns) =
+        if pooled.hist.is_empty() { (1_000, 1_000_000) } else { (pooled.hist.min().max(1), pooled.hist.max().max(2)) };
     let ymin = (lo_ns as f64 / 1e3).log10().floor() as i32;
     let ymax = ((hi_ns as f64 / 1e3).log10().ceil() as i32).max(ymin + 1);
     let sx = |x: f64| LEFT + x / xmax as f64 * pw;
@@ -269,7 +266,13 @@ pub fn check_path(path: &Path) -> anyhow::Result<()> {
 }
 
 /// Writes the chart to `path`: SVG for `.svg`, PNG for `.png`.
-pub fn write(path: &Path, title: &str, subtitle: &str, pooled: &Series<'_>, rounds: &[Series<'_>]) -> anyhow::Result<()> {
+pub fn write(
+    path: &Path,
+    title: &str,
+    subtitle: &str,
+    pooled: &Series<'_>,
+    rounds: &[Series<'_>],
+) -> anyhow::Result<()> {
     let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
     match ext.as_deref() {
         Some("svg") => {
@@ -318,6 +321,6 @@ mod tests {
     fn raster_text_marks_pixels() {
         let mut r = Raster { px: vec![255; W * H * 3] };
         r.text(10.0, 10.0, "8", Anchor::Start, false, BLACK);
-        assert!(r.px.iter().any(|&b| b == 0));
+        assert!(r.px.contains(&0));
     }
 }

@@ -88,6 +88,7 @@ pub fn at(h: &Histogram<u64>, percent: f64) -> f64 {
 
 impl Row {
     /// Builds a round's row; also returns the round's merged histogram.
+    #[allow(clippy::too_many_arguments)] // one per column of the row
     pub fn from_round(
         round: usize,
         unix_time: u64,
@@ -263,10 +264,7 @@ pub fn line(row: &Row, label: &str) -> String {
 /// The table's line for a round that failed: its error, no figures (what a
 /// failed round counted is not a measurement).
 pub fn failed_line(row: &Row, label: &str) -> String {
-    format!(
-        "{label:>6} FAILED {}",
-        row.error.as_deref().unwrap_or("failed")
-    )
+    format!("{label:>6} FAILED {}", row.error.as_deref().unwrap_or("failed"))
 }
 
 /// The summary line of a failed run: what was asked for, `result=FAILED`,

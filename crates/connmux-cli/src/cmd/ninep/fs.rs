@@ -223,7 +223,13 @@ impl Export {
         let mut path = dir.path.lock().unwrap().clone();
         let dfd = self.dir(&path)?;
         let fl = open_flags(flags) | OFlags::CREATE | OFlags::EXCL;
-        let fd = rfs::openat2(&dfd, name, fl | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::from_raw_mode(mode & 0o7777), RESOLVE)?;
+        let fd = rfs::openat2(
+            &dfd,
+            name,
+            fl | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::from_raw_mode(mode & 0o7777),
+            RESOLVE,
+        )?;
         path.push(name);
         let st = rfs::fstat(&fd)?;
         let qid = qid_of(&st);

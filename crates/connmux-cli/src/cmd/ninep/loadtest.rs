@@ -205,10 +205,7 @@ impl NinepClient {
 }
 
 /// Reads one whole message with `exchange` (sending `req` first).
-fn exchange_msg(
-    exchange: &mut Exchange<'_>,
-    req: &[u8],
-) -> Result<Vec<u8>, String> {
+fn exchange_msg(exchange: &mut Exchange<'_>, req: &[u8]) -> Result<Vec<u8>, String> {
     let mut got = Vec::new();
     exchange(req, &mut got)?;
     // Bounded: each exchange reads at least one byte or fails.
@@ -338,7 +335,9 @@ impl loadgen::Client for NinepClient {
 fn euid() -> u32 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }
 
@@ -352,7 +351,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if a.size > u32::MAX as u64 {
         anyhow::bail!("--size too large");
     }
-    let load = Load { op: a.op, names, size: a.size as u32, aname: a.aname.clone(), uid: a.uid.unwrap_or_else(euid), msize };
+    let load =
+        Load { op: a.op, names, size: a.size as u32, aname: a.aname.clone(), uid: a.uid.unwrap_or_else(euid), msize };
     let c = &a.common;
     let config = Config {
         threads: c.threads,

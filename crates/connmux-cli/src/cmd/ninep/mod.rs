@@ -112,10 +112,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         export.path.display(),
         a.common.worker_count(),
         svc.mux().driver(),
-        endpoint
-            .as_ref()
-            .map(|e| format!("; statistics: connmux stat {}", e.path().display()))
-            .unwrap_or_default()
+        endpoint.as_ref().map(|e| format!("; statistics: connmux stat {}", e.path().display())).unwrap_or_default()
     );
     if let Some((_, note)) = &tls {
         println!("{note}");
@@ -123,10 +120,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let _ = std::io::Write::flush(&mut std::io::stdout());
     let report = || print!("{}", counters(&svc, &handler));
     let ending = wait_and_report(&a.common, report);
-    let stopped = stop::drain(what, ending, &a.common.stop, || svc.stop_accepting(), || {
-        let s = svc.mux().stats();
-        stop::Progress { open: s.psocks as u64, moved: s.rx_bytes + s.tx_bytes }
-    });
+    let stopped = stop::drain(
+        what,
+        ending,
+        &a.common.stop,
+        || svc.stop_accepting(),
+        || {
+            let s = svc.mux().stats();
+            stop::Progress { open: s.psocks as u64, moved: s.rx_bytes + s.tx_bytes }
+        },
+    );
     print!("{}", counters(&svc, &handler));
     drop(endpoint);
     if stopped.forced() {

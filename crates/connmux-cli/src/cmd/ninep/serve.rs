@@ -141,7 +141,14 @@ impl NinepHandler {
     pub fn new(export: Arc<Export>, max_msize: u32, queue: usize, max_fids: usize) -> (Arc<NinepHandler>, Arc<Pool>) {
         let (tx, rx) = crossbeam::channel::bounded(queue.max(1));
         let stats = Arc::new(NinepStats::default());
-        let h = NinepHandler { export: export.clone(), conns: Mutex::default(), jobs: tx, stats: stats.clone(), max_msize, max_fids };
+        let h = NinepHandler {
+            export: export.clone(),
+            conns: Mutex::default(),
+            jobs: tx,
+            stats: stats.clone(),
+            max_msize,
+            max_fids,
+        };
         (Arc::new(h), Arc::new(Pool { jobs: rx, export, stats, senders: OnceLock::new() }))
     }
 
@@ -187,8 +194,13 @@ impl NinepHandler {
                 rmsg::empty(out, MsgType::RFLUSH, tag);
                 Ok(())
             }
-            Tmsg::Clunk { fid } => conn.fids.lock().unwrap().remove(fid).map(|_| rmsg::empty(out, MsgType::RCLUNK, tag)).ok_or(Errno::BADF),
-            Tmsg::Getattr { fid, .. } => conn.fid(*fid).and_then(|f| self.export.getattr(&f)).map(|(valid, q, a)| rmsg::getattr(out, tag, valid, &q, &a)),
+            Tmsg::Clunk { fid } => {
+                conn.fids.lock().unwrap().remove(fid).map(|_| rmsg::empty(out, MsgType::RCLUNK, tag)).ok_or(Errno::BADF)
+            }
+            Tmsg::Getattr { fid, .. } => conn
+                .fid(*fid)
+                .and_then(|f| self.export.getattr(&f))
+                .map(|(valid, q, a)| rmsg::getattr(out, tag, valid, &q, &a)),
             Tmsg::Xattrwalk { .. } | Tmsg::Xattrcreate { .. } => Err(Errno::OPNOTSUPP),
             _ => return None,
         })
