@@ -629,8 +629,11 @@ struct Psock {
     timer: Option<Armed>,
     /// Whether the memory budget lets it be read (see [`limits`]).
     mem: MemState,
-    /// Its `rx_held` as last added to `Mux::rx_held_sum`.
+    /// Its `rx_held` plus `below` as last added to `Mux::rx_held_sum`.
     counted: usize,
+    /// Bytes the driver holds for it below the parser, not yet fed
+    /// ([`Mux::set_rx_below`]): counted in the memory budget.
+    below: usize,
     /// Last time bytes were received or written (idle timeout).
     last_active: Timestamp,
     /// The handshake of the layer below the parser must end by then.
@@ -1023,6 +1026,7 @@ impl Mux {
             timer: None,
             mem: MemState::Reading,
             counted: 0,
+            below: 0,
             last_active: self.now,
             handshake_deadline: None,
             record_deadline: None,
@@ -2366,7 +2370,7 @@ impl Mux {
     /// Every byte the core holds now: psock buffers and ready messages, socket
     /// receive and send queues (open messages included), the hold queue.
     pub fn memory_used(&self) -> usize {
-        let psocks: usize = self.psocks.iter().map(|(_, _, ps)| ps.rx_held()).sum();
+        let psocks: usize = self.psocks.iter().map(|(_, _, ps)| ps.rx_held() + ps.below).sum();
         let socks: usize = self.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
         psocks + socks + self.hold_mem
     }

@@ -285,3 +285,31 @@ fn a_partial_record_below_the_parser_past_its_deadline_is_an_assembly_timeout() 
     m.feed(done, &l4(b"fine"), ms(600)).unwrap();
     assert_eq!(recv_all(&mut m, k), vec![l4(b"fine")]);
 }
+
+/// Bytes the driver holds below the parser (`Mux::set_rx_below`, the
+/// io_uring driver's copy of a paused psock's ring buffers) count in the
+/// budget as the psock's: they can push it over, pause it, and a psock stuck
+/// holding them is aborted after the grace, its bytes no longer counted.
+#[test]
+fn bytes_held_below_the_parser_count_in_the_budget() {
+    let (mut m, _k) = dgram_mux(budget_config());
+    let a = attach_l4(&mut m);
+    let good = attach_l4(&mut m);
+    m.feed(a, &partial(20_000, 0xa), ms(0)).unwrap();
+    m.set_rx_below(a, 50_000);
+    assert_eq!(m.memory_used(), 70_000);
+    assert_eq!(m.memory_counted(), 70_000);
+    assert!(!m.mem_paused(a), "under the limit");
+    m.set_rx_below(a, 90_000);
+    assert_eq!(m.memory_counted(), 110_000);
+    assert!(m.mem_paused(a) && !m.mem_paused(good));
+    assert_eq!(m.rx_capacity(a), 0);
+    m.handle_timeout(ms(1000));
+    let f = failures(&events(&mut m));
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].0, a);
+    assert!(matches!(f[0].1, PsockError::Rx(RxError::MemLimit { .. })), "{f:?}");
+    assert_eq!(m.stats().mem_aborts, 1);
+    assert!(m.memory_counted() <= 20_000, "the aborted psock's bytes below no longer count: {}", m.memory_counted());
+    assert_eq!(m.memory_counted(), m.memory_used());
+}

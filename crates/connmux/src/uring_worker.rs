@@ -84,6 +84,8 @@ struct Conn {
     /// before anything held (they came first), from `spill_off`.
     spill: Vec<u8>,
     spill_off: usize,
+    /// The spill's unfed bytes as last told to the core (`Mux::set_rx_below`).
+    spill_counted: usize,
     /// The receive ended with end of stream (None) or an error: reported to the
     /// core once the held bytes before it have been fed.
     eof: Option<Option<i32>>,
@@ -512,6 +514,7 @@ impl Worker<'_> {
                         held: VecDeque::new(),
                         spill: Vec::new(),
                         spill_off: 0,
+                        spill_counted: 0,
                         eof: None,
                         rx_stopped: false,
                         sending: None,
@@ -764,8 +767,27 @@ fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Eve
 
 /// Feed the held bytes of one psock to the core, no more than it takes. When it
 /// takes nothing (paused), keep the rest and cancel the receive; when all is fed,
-/// report an end of stream that came after it.
+/// report an end of stream that came after it. What stays spilled counts in
+/// the core's memory budget as the psock's.
 fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, events: &mut Vec<Event>, lent: &mut Lent) {
+    pump_held(core, ring, conn, now, events, lent);
+    let below = conn.spill.len() - conn.spill_off;
+    if below != conn.spill_counted {
+        conn.spill_counted = below;
+        core.mux.set_rx_below(conn.rt.id, below);
+        // The budget may have paused or aborted a psock.
+        core.drain_events(events);
+    }
+}
+
+fn pump_held(
+    core: &mut Core,
+    ring: &mut WRing,
+    conn: &mut Conn,
+    now: Timestamp,
+    events: &mut Vec<Event>,
+    lent: &mut Lent,
+) {
     let id: PsockId = conn.rt.id;
     let token = psock_token(id);
     // What was spilled while paused comes first. Bounded: each round feeds
@@ -773,7 +795,7 @@ fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, even
     while conn.spill_off < conn.spill.len() {
         let cap = core.mux.rx_capacity(id);
         if cap == 0 {
-            pause(ring, conn, token, lent);
+            pause_psock(core, ring, conn, token, lent);
             core.drain_events(events);
             return;
         }
@@ -796,7 +818,7 @@ fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, even
         let cap = core.mux.rx_capacity(id);
         let data = ring.buffer(h.buf).unwrap_or(&[]);
         if h.off < data.len() && cap == 0 {
-            pause(ring, conn, token, lent);
+            pause_psock(core, ring, conn, token, lent);
             core.drain_events(events);
             return;
         }
@@ -836,6 +858,20 @@ fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, even
         conn.recv_cancelled = ring.cancel_recv(token).is_ok();
     }
     core.drain_events(events);
+}
+
+/// [`pause`], except for a psock the memory budget paused: that one keeps
+/// its ring buffers (memory the ring has anyway) instead of copying them into
+/// new memory, since the budget pauses when memory is short; it resumes or,
+/// stuck past `MuxConfig::mem_grace`, is aborted, and either gives them back.
+fn pause_psock(core: &Core, ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
+    if core.mux.mem_paused(conn.rt.id) {
+        if conn.recv_armed && !conn.recv_cancelled {
+            conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+        }
+    } else {
+        pause(ring, conn, token, lent);
+    }
 }
 
 /// Backpressure on a psock: close the window as epoll would (stop reading),

@@ -98,7 +98,7 @@ impl Mux {
     #[inline]
     pub(super) fn recount_only(&mut self, p: PsockId) {
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
-        let held = ps.rx_held();
+        let held = ps.rx_held() + ps.below;
         self.rx_held_sum = self.rx_held_sum + held - ps.counted;
         ps.counted = held;
     }
@@ -136,7 +136,7 @@ impl Mux {
     /// replies queued for it.
     #[inline]
     fn holding(ps: &super::Psock) -> usize {
-        ps.rx_held() + ps.tx_addr_bytes
+        ps.rx_held() + ps.below + ps.tx_addr_bytes
     }
 
     /// The budget's decision (module documentation): abort, pause, resume.
@@ -214,7 +214,9 @@ impl Mux {
     fn mem_abort(&mut self, p: PsockId, held: usize) -> usize {
         let limit = self.config.mem_limit;
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return 0 };
-        let before = ps.rx_held();
+        let before = ps.rx_held() + ps.below;
+        // The driver drops what it held below the parser with the psock.
+        ps.below = 0;
         ps.stream.stop();
         let reported = ps.life.rx_over();
         ps.life = Life::Failed;
@@ -225,7 +227,7 @@ impl Mux {
         self.counters.mem_aborts += 1;
         self.sync_deadline(p);
         self.recount_only(p);
-        let after = self.psocks.get(p.index, p.generation).map_or(0, |ps| ps.rx_held());
+        let after = self.psocks.get(p.index, p.generation).map_or(0, |ps| ps.rx_held() + ps.below);
         before - after
     }
 
@@ -287,6 +289,20 @@ impl Mux {
         if self.scan_next.is_none_or(|n| t < n) {
             self.scan_next = Some(t);
         }
+    }
+
+    /// The driver holds `bytes` of psock `p`'s stream that it read but has
+    /// not fed yet (the io_uring driver's copy of what a paused psock had in
+    /// the ring's buffers): they count in the memory budget as the psock's,
+    /// so a psock that holds much there is paused, and aborted if it stays
+    /// stuck, like one that holds it in its assembly buffer.
+    pub fn set_rx_below(&mut self, p: PsockId, bytes: usize) {
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        if ps.below == bytes {
+            return;
+        }
+        ps.below = bytes;
+        self.recount(p, self.now);
     }
 
     /// The layer below psock `p`'s parser (TLS) started (`Some(deadline)`)
