@@ -219,7 +219,10 @@ fn a_server_that_dies_mid_run_loses_no_call() {
     assert_eq!(round["calls"].as_u64(), Some(CALLS));
     let counts = per_server(round);
     assert_eq!(counts.iter().sum::<u64>(), CALLS);
-    assert_eq!(counts[1], 300, "the dying server answered its 300: {counts:?}");
+    // It answered at most its 300: replies still in flight when it resets
+    // may be lost with the connection, and those calls are answered by the
+    // others.
+    assert!(counts[1] > 0 && counts[1] <= 300, "the dying server answered at most its 300: {counts:?}");
     assert_eq!(round["failed_servers"], serde_json::json!([servers[1].addr.to_string()]));
     assert!(round["resent"].as_u64().unwrap() > 0, "{round}");
     assert!(r.stderr.contains(&format!("server {} failed", servers[1].addr)), "{}", r.stderr);
