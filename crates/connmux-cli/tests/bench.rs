@@ -1,39 +1,25 @@
 //! `connmux bench`: the quick RPC matrix completes and prints its table, and
 //! the raw-epoll server it measures does the same job as the rpc-server.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_connmux");
-
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::{spawn_server, Server, BIN};
 
 fn raw_server() -> Server {
-    let mut child = Command::new(BIN)
-        .args(["bench", "raw-server", "-l", "127.0.0.1:0", "--threads", "2", "--duration", "60"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn connmux");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.parse::<SocketAddr>().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    Server { child, addr }
+    spawn_server(Command::new(BIN).args([
+        "bench",
+        "raw-server",
+        "-l",
+        "127.0.0.1:0",
+        "--threads",
+        "2",
+        "--duration",
+        "60",
+    ]))
 }
 
 fn rpctest(addr: SocketAddr, extra: &[&str]) -> (bool, String) {

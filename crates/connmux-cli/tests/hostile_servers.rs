@@ -6,15 +6,16 @@
 //! - a client that sends its requests, shuts down its write side and reads
 //!   to the end gets every reply, then FIN (not RST).
 
-use std::io::{self, BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_connmux");
+mod common;
+use common::{spawn_server, Server, BIN};
 
 /// One test at a time: each measures a good client's rate, which the other
 /// tests' servers and attackers would otherwise take CPU from.
@@ -24,36 +25,10 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A server subprocess, killed on drop.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Start `connmux <args> -l 127.0.0.1:0` and read the address it listens on
 /// from its first line.
 fn start(args: &[&str]) -> Server {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .args(["-l", "127.0.0.1:0", "--duration", "120", "--no-stats-socket"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn connmux");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.parse::<SocketAddr>().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    Server { child, addr }
+    spawn_server(Command::new(BIN).args(args).args(["-l", "127.0.0.1:0", "--duration", "120", "--no-stats-socket"]))
 }
 
 #[derive(Clone, Copy, Debug)]

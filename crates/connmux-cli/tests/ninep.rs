@@ -5,52 +5,31 @@
 //! announce a 2 GiB message or flush what is not there — each refused while
 //! the server goes on serving the others.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use connmux_9p::rmsg::Rmsg;
 use connmux_9p::types::getattr;
 use connmux_9p::{Dirent, MsgType, Qid, QidType, SetAttr, Tmsg, NOFID};
 
-const BIN: &str = env!("CARGO_BIN_EXE_connmux");
+mod common;
+use common::{spawn_server, Server, BIN};
 const ENOENT: u32 = 2;
 const EBADF: u32 = 9;
 const ELOOP: u32 = 40;
 const EROFS: u32 = 30;
 
-/// A server subprocess, killed on drop.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start(export: &Path, extra: &[&str]) -> Server {
-    let mut child = Command::new(BIN)
-        .args(["9p-server", "--export"])
-        .arg(export)
-        .args(["-l", "127.0.0.1:0", "--duration", "120", "--no-stats-socket", "--no-pin"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn connmux");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.parse::<SocketAddr>().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    Server { child, addr }
+    spawn_server(
+        Command::new(BIN)
+            .args(["9p-server", "--export"])
+            .arg(export)
+            .args(["-l", "127.0.0.1:0", "--duration", "120", "--no-stats-socket", "--no-pin"])
+            .args(extra),
+    )
 }
 
 /// A fresh directory under the system's temporary directory.

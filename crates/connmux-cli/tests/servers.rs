@@ -4,41 +4,16 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_connmux");
-
-/// A server subprocess, killed on drop.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::{spawn_server, Server, BIN};
 
 /// Start `connmux <args> -l 127.0.0.1:0` and read the address it listens on
 /// from its first line ("... listening on ADDR ...").
 fn start(args: &[&str]) -> Server {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .args(["-l", "127.0.0.1:0", "--duration", "60", "--no-stats-socket"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn connmux");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.parse::<SocketAddr>().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    Server { child, addr }
+    spawn_server(Command::new(BIN).args(args).args(["-l", "127.0.0.1:0", "--duration", "60", "--no-stats-socket"]))
 }
 
 /// rpcinfo's universal address for a TCP port on 127.0.0.1.
