@@ -15,7 +15,7 @@ use connmux_core::parser::ParseError;
 use connmux_core::stats::PsockStats;
 
 use crate::backend::{config, frame, tcp_pair, Kind, Opts};
-use crate::cases::Outcome::{self, *};
+use crate::outcome::Outcome::{self, *};
 
 const WAIT: Duration = Duration::from_secs(5);
 const QUIET: Duration = Duration::from_millis(300);

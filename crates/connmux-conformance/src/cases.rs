@@ -15,12 +15,7 @@ const WAIT: Duration = Duration::from_secs(5);
 /// How long "nothing happens" is watched.
 const QUIET: Duration = Duration::from_millis(300);
 
-pub enum Outcome {
-    Pass(String),
-    Depart(String),
-    Fail(String),
-    NotRun(String),
-}
+pub use crate::outcome::Outcome;
 use Outcome::*;
 
 type R = Result<Outcome, String>;

@@ -19,6 +19,7 @@ mod api;
 mod backend;
 mod bench;
 mod cases;
+mod outcome;
 
 use std::time::Instant;
 

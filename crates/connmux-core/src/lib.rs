@@ -22,6 +22,7 @@
 pub mod mux;
 pub mod parser;
 pub mod parsers;
+mod rx_error;
 pub mod stats;
 pub mod stream;
 pub mod time;

@@ -45,8 +45,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::mux::RxError;
 use crate::parser::{Parse, ParseError, Parser};
+use crate::rx_error::RxError;
 use crate::time::Timestamp;
 
 /// ESTRPIPE: a parser's "hand the stream back" answer (strparser.rst).
