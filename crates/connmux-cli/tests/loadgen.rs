@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{run_connmux as connmux, Run};
 use connmux_oncrpc::{encode_reply, Outcome, RecordLimits, RecordReader, Registry, Reply};
 
 /// Longest any server thread lives, whatever the test does.
@@ -199,54 +201,6 @@ fn byte_echo_server(flip_at: Option<u64>) -> Server {
             }
         }
     })
-}
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    took: Duration,
-}
-
-/// Runs the connmux binary; kills it and fails the test if it outlives `limit`.
-fn connmux(args: &[&str], limit: Duration) -> Run {
-    let t0 = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_connmux"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let ot = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let et = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("connmux {args:?} still running after {limit:?}");
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    Run {
-        code: status.code().unwrap_or(-1),
-        stdout: ot.join().unwrap(),
-        stderr: et.join().unwrap(),
-        took: t0.elapsed(),
-    }
 }
 
 const LIMIT: Duration = Duration::from_secs(60);

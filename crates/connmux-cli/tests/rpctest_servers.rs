@@ -5,12 +5,13 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::Run;
 use connmux_oncrpc::{Outcome, RecordLimits, RecordReader, Registry};
 
 /// A NULL-RPC responder: one thread per connection; each call costs `burn`
@@ -91,47 +92,9 @@ fn serve(mut s: TcpStream, burn: Duration, die_after: Option<u64>, calls: &Atomi
     }
 }
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs the connmux binary; kills it and fails the test if it outlives 60 s.
+/// Runs the connmux binary for at most 60 s.
 fn connmux(args: &[&str]) -> Run {
-    let limit = Duration::from_secs(60);
-    let t0 = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_connmux"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let ot = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let et = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("connmux {args:?} still running after {limit:?}");
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    Run { code: status.code().unwrap_or(-1), stdout: ot.join().unwrap(), stderr: et.join().unwrap() }
+    common::run_connmux(args, Duration::from_secs(60))
 }
 
 fn json(r: &Run) -> serde_json::Value {
