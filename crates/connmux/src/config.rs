@@ -141,18 +141,22 @@ pub struct Config {
     /// needs `CAP_SYS_NICE` and is left at the worker's without it. Default 3.
     pub lane_nice: i32,
     /// Whether a heavy connection's replies keep its requests' order.
-    /// `true` (the default) starts no helpers: each lane has one thread,
+    /// `false` (the default) starts a helper on every worker's CPU, which
+    /// runs only in that CPU's spare time (`SCHED_IDLE`) and takes
+    /// messages from the other workers' heavy lanes, so the requests of one
+    /// heavy connection are answered on every CPU at once, and its replies
+    /// may leave in another order than its requests came (as under KCM;
+    /// protocols that match replies by tag or xid, such as ONC RPC and 9P,
+    /// need no order). `true` starts no helpers: each lane has one thread,
     /// which answers its heavy connections in order, so a heavy connection
-    /// is answered on one CPU. `false` adds a helper thread on every other
-    /// worker's CPU, which runs only in that CPU's spare time
-    /// (`SCHED_IDLE`) and takes messages from each worker's heavy lane too,
-    /// so the requests of one heavy connection are answered on every CPU at
-    /// once, and its replies may leave in another order than its requests
-    /// came (as under KCM; protocols that match replies by tag or xid, such
-    /// as ONC RPC and 9P, need no order). Not the default yet: a helper
-    /// preempted while it holds the mux's shared lock stalls the workers
-    /// until its CPU is idle again (`docs/performance.md`, "Uneven work").
+    /// is answered on one CPU.
     pub lane_in_order: bool,
+    /// Messages a worker's heavy lane holds waiting for a thread to take
+    /// them; a message of a heavy connection that finds its lane full is run
+    /// by the worker itself (it waits for a read the worker makes anyway,
+    /// rather than in memory nobody bounds). Each message is at most
+    /// `core.max_msg_size`. Default 256.
+    pub lane_queue: usize,
 }
 
 impl Default for Config {
@@ -168,7 +172,8 @@ impl Default for Config {
             incoming_cpu: true,
             recv_spin: std::time::Duration::from_micros(50),
             lane_nice: 3,
-            lane_in_order: true,
+            lane_in_order: false,
+            lane_queue: 256,
         }
     }
 }

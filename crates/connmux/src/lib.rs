@@ -47,6 +47,7 @@ mod mux;
 pub mod service;
 mod shared;
 mod socket;
+mod sync;
 pub mod tls;
 mod uring_worker;
 mod worker;

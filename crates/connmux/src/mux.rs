@@ -106,6 +106,8 @@ pub(crate) struct MuxInner {
     incoming_cpu: bool,
     /// `Config::lane_in_order`.
     pub lane_in_order: bool,
+    /// `Config::lane_queue`.
+    pub lane_queue: usize,
     pub events_rx: crossbeam::channel::Receiver<PsockEvent>,
     pub serving: AtomicBool,
 }
@@ -291,6 +293,7 @@ impl Mux {
             next_worker: AtomicU64::new(0),
             incoming_cpu: config.incoming_cpu,
             lane_in_order: config.lane_in_order,
+            lane_queue: config.lane_queue,
             events_rx,
             serving: AtomicBool::new(false),
         };
@@ -587,19 +590,6 @@ impl Mux {
         }
     }
 
-    /// `n` requests of psock `p` taken from a holding socket (a service's)
-    /// have been answered: see `connmux_core::mux::Mux::rx_settle`.
-    pub(crate) fn rx_settle(&self, p: PsockId, n: u64) {
-        let sh = self.shared();
-        let mut events = Vec::new();
-        {
-            let mut core = sh.lock();
-            core.mux.rx_settle(p, n);
-            core.drain_events(&mut events);
-        }
-        sh.dispatch(&mut events, &mut Ctx::App);
-    }
-
     /// The psock failures reported so far (KCM: POLLERR on each TCP socket).
     pub fn events(&self) -> &crossbeam::channel::Receiver<PsockEvent> {
         match &self.imp {
@@ -691,22 +681,6 @@ impl Mux {
             MuxImp::User(u) => u.shared.lane_returns.load(Ordering::Relaxed),
             MuxImp::Kernel(_) => 0,
         }
-    }
-
-    /// Steer psock `p` from lane socket `lane` back to the socket of the
-    /// worker that reads it (affinity tag: the worker's index), when none of
-    /// its messages wait on the lane (checked under the same lock, so its
-    /// lane's replies stay in order). Returns whether it did.
-    pub(crate) fn lane_return(&self, lane: connmux_core::mux::SockId, p: PsockId) -> bool {
-        let MuxImp::User(u) = &self.imp else { return false };
-        let mut core = u.shared.lock();
-        let Some(home) = core.psocks.get(&p).map(|rt| rt.worker() as u32) else { return false };
-        if core.mux.rx_queued_from(lane, p) != Ok(0) || core.mux.set_psock_affinity(p, Some(home)).is_err() {
-            return false;
-        }
-        drop(core);
-        u.shared.lane_returns.fetch_add(1, Ordering::Relaxed);
-        true
     }
 
     /// Events dropped because [`Mux::events`] was full.

@@ -20,6 +20,7 @@ use connmux_core::Bytes;
 
 use crate::mux::Mux;
 use crate::socket::KcmSocket;
+use crate::sync::crew::Taker;
 use crate::worker::{Command, SCRATCH_CHUNK, SCRATCH_LOW};
 
 /// What a handler decided for one request.
@@ -125,27 +126,16 @@ where
 /// as long as it does.
 pub struct Serving {
     _sockets: Vec<KcmSocket>,
-    lanes: Vec<JoinHandle<()>>,
-    stop_lanes: Arc<AtomicBool>,
-    /// The lanes' sockets: raising their readiness wakes an idle lane to
-    /// see `stop_lanes` (an idle lane sleeps until then or until work comes).
-    lane_socks: Vec<Arc<crate::shared::SockRt>>,
+    lanes: Arc<crate::lane::Lanes>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        stop_lanes(&self.stop_lanes, &self.lane_socks);
-        for t in self.lanes.drain(..) {
+        self.lanes.crew.stop();
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
-    }
-}
-
-/// Tell the lanes to end, and wake those asleep on an empty socket.
-fn stop_lanes(stop: &AtomicBool, socks: &[Arc<crate::shared::SockRt>]) {
-    stop.store(true, Ordering::Release);
-    for rt in socks {
-        rt.rx.set();
     }
 }
 
@@ -155,17 +145,18 @@ impl Mux {
     /// they were read, and move to another worker only when this one falls
     /// behind (`MuxConfig::imbalance`).
     ///
-    /// Each worker also has a heavy lane: a socket and a thread on the
+    /// Each worker also has a heavy lane: a queue and a thread on the
     /// worker's CPU, a few nice steps lower, that take the requests of a
     /// connection whose handler runs long (50 µs or more, three times in a
     /// row), so the worker's other connections are not answered behind them
     /// (`Mux::lane_moves` counts such connections). A helper thread on every
-    /// other worker's CPU, which runs only in that CPU's spare time
-    /// (`SCHED_IDLE`), takes from that lane too, so one
+    /// worker's CPU, which runs only in that CPU's spare time
+    /// (`SCHED_IDLE`), takes from the other workers' lanes, so one
     /// heavy connection's requests are answered on every CPU at once and its
     /// replies may leave out of request order (`Config::lane_in_order`: no
-    /// helpers, in order, one CPU). A connection whose requests run short
-    /// again (`Mux::lane_returns`) goes back to its worker.
+    /// helpers, in order, one CPU). The replies are queued and written by
+    /// the worker that reads the connection. A connection whose requests run
+    /// short again (`Mux::lane_returns`) goes back to its worker.
     pub fn serve(&self, ty: SockType, handler: Arc<dyn Handler>) -> io::Result<Serving> {
         self.serve_counting(ty, handler, None)
     }
@@ -189,47 +180,27 @@ impl Mux {
         }
         let sh = self.shared();
         let workers = sh.workers.len();
+        let user = self.user().ok_or_else(Mux::no_workers)?;
         // Built first: an error below drops it, which stops and joins the
-        // lanes already started (they hold a clone of the mux).
+        // lane threads already started (they hold a clone of the mux).
         let mut serving = Serving {
             _sockets: Vec::new(),
-            lanes: Vec::with_capacity(workers),
-            stop_lanes: Arc::new(AtomicBool::new(false)),
-            lane_socks: Vec::with_capacity(workers),
+            lanes: Arc::new(crate::lane::Lanes::new(workers, user.lane_queue, user.lane_in_order)),
+            threads: Vec::new(),
         };
-        let in_order = self.user().is_some_and(|u| u.lane_in_order);
-        let helpers = !in_order && workers > 1;
-        let mut lanes = Vec::with_capacity(workers);
-        for i in 0..workers {
-            let lane = socks[0].try_clone()?;
-            serving.lane_socks.push(sh.sock_rt(lane.id()).expect("socket just created"));
-            lane.set_affinity(Some(crate::lane::lane_tag(workers, i)))?;
-            // Only the psocks a worker sends there: nothing else waits behind
-            // heavy requests.
-            let _ = sh.lock().mux.set_tag_only(lane.id(), true);
-            lane.set_sndbuf(usize::MAX / 4)?;
-            lane.set_nonblocking(true);
-            // Requests taken are answered before a closing psock closes.
-            let _ = sh.lock().mux.set_holds(lane.id(), true);
-            lanes.push(Arc::new(lane));
-        }
+        let helpers = serving.lanes.crew.helpers() > 0;
         for i in 0..workers {
             let cpu = sh.workers[i].cpu;
-            let home =
-                crate::lane::LaneCtx { role: crate::lane::Role::Home { shared: helpers }, cpu, nice: sh.lane_nice };
-            let mut threads = vec![(format!("connmux-lane{i}"), vec![lanes[i].clone()], home)];
+            let mut takers = vec![(format!("connmux-lane{i}"), Taker::Home(i), sh.lane_nice)];
             if helpers {
-                let others = (0..workers).filter(|&j| j != i).map(|j| lanes[j].clone()).collect();
-                let help = crate::lane::LaneCtx { role: crate::lane::Role::Helper, cpu, nice: 0 };
-                threads.push((format!("connmux-help{i}"), others, help));
+                takers.push((format!("connmux-help{i}"), Taker::Helper(i), 0));
             }
-            for (name, from, ctx) in threads {
-                let (mux, handler, stats, stop) =
-                    (self.clone(), handler.clone(), stats.clone(), serving.stop_lanes.clone());
-                let t = std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || crate::lane::run(mux, from, handler, stats, ctx, stop))?;
-                serving.lanes.push(t);
+            for (name, who, nice) in takers {
+                let (mux, lanes, handler) = (self.clone(), serving.lanes.clone(), handler.clone());
+                let ctx = crate::lane::LaneCtx { who, cpu, nice };
+                let t =
+                    std::thread::Builder::new().name(name).spawn(move || crate::lane::run(mux, lanes, handler, ctx))?;
+                serving.threads.push(t);
             }
         }
         for (i, s) in socks.iter().enumerate() {
@@ -237,14 +208,16 @@ impl Mux {
             // Replies are bounded per connection (MuxConfig::psock_sndbuf), not
             // by one budget that a single non-reading peer could use up.
             s.set_sndbuf(usize::MAX / 4)?;
+            // Requests taken (by the worker, or offered to its lane) are
+            // answered before a closing psock closes.
             let _ = sh.lock().mux.set_holds(s.id(), true);
             let rt = sh.sock_rt(s.id()).expect("socket just created");
-            let lane = crate::lane::lane_tag(workers, i);
             sh.workers[i].commands.lock().unwrap().push(Command::Serve {
                 sock: rt,
                 handler: handler.clone(),
                 stats: stats.clone(),
-                lane,
+                lanes: serving.lanes.clone(),
+                index: i,
             });
             sh.workers[i].waker.notify()?;
         }

@@ -298,11 +298,6 @@ pub(crate) fn has_direct() -> bool {
     DIRECT.with_borrow(|d| !d.is_empty())
 }
 
-/// Whether messages of psock `p` wait in this worker's direct list.
-pub(crate) fn has_direct_from(p: PsockId) -> bool {
-    DIRECT.with_borrow(|d| d.iter().any(|(_, q)| *q == p))
-}
-
 /// Take the messages read for this worker's serving socket (see [`feed_read`]).
 pub(crate) fn take_direct(into: &mut Vec<(Bytes, PsockId)>) {
     DIRECT.with_borrow_mut(|d| into.append(d));

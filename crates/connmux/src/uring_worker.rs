@@ -251,9 +251,9 @@ impl Worker<'_> {
             let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
             for c in cmds {
                 match c {
-                    Command::Serve { sock, handler, stats, lane } => {
+                    Command::Serve { sock, handler, stats, lanes, index } => {
                         crate::shared::set_own_serve(sock.id);
-                        serving = Some(Serving { sock, handler, stats, lane });
+                        serving = Some(Serving { sock, handler, stats, lanes, index });
                         serve_ready = true;
                     }
                     c => self.command(ring, c),
@@ -270,6 +270,9 @@ impl Worker<'_> {
                         core.drain_events(&mut self.events);
                     }
                 }
+            }
+            if let Some(sv) = &serving {
+                crate::worker::take_done(sh, sv, &mut bufs, &mut self.events, &mut self.dirty);
             }
             // Dispatch, serve in place, write: until nothing is left to do here
             // (bounded; what remains is picked up by the next pass).
@@ -290,9 +293,9 @@ impl Worker<'_> {
                 }
                 self.flush_dirty(ring);
             }
-            if let Some(sv) = &serving {
+            if serving.is_some() {
                 if let Some(p) = bufs.slow.take() {
-                    crate::worker::to_lane(sh, sv, &mut bufs, p);
+                    crate::worker::to_lane(sh, &mut bufs, p);
                 }
             }
             if crate::shared::take_own_pending() {

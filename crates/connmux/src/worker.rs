@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use connmux_core::mux::{Event, MuxError, PsockId};
-use connmux_core::Timestamp;
+use connmux_core::{Bytes, Timestamp};
 use connmux_sys::epoll::{Events, Interest};
 
 use crate::config::Placement;
+use crate::lane::{Done, Heavy, Job, Lanes};
 use crate::service::{Handler, ServiceStats};
 use crate::shared::{token_psock, Ctx, PsockRt, Shared, SockRt, WorkerIo};
 
@@ -36,9 +37,15 @@ pub(crate) const SCRATCH_LOW: usize = 4 * 1024;
 /// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
 /// io_uring worker gets all of them, as its ring is its own.
 pub(crate) enum Command {
-    /// Run `handler` in place on messages steered to socket `sock`.
-    /// `lane`: the affinity tag of the worker's heavy lane (`crate::lane`).
-    Serve { sock: Arc<SockRt>, handler: Arc<dyn Handler>, stats: Option<Arc<ServiceStats>>, lane: u32 },
+    /// Run `handler` in place on messages steered to socket `sock`, and
+    /// offer heavy connections' messages to lane `index` of `lanes`.
+    Serve {
+        sock: Arc<SockRt>,
+        handler: Arc<dyn Handler>,
+        stats: Option<Arc<ServiceStats>>,
+        lanes: Arc<Lanes>,
+        index: usize,
+    },
     /// A psock was attached to this worker: start receiving.
     Attach(Arc<PsockRt>),
     /// The core takes bytes from this psock again (`PsockRxResume`).
@@ -71,8 +78,10 @@ pub(crate) struct Serving {
     pub handler: Arc<dyn Handler>,
     /// Where connections closed by the handler are counted (a service's).
     pub stats: Option<Arc<ServiceStats>>,
-    /// The affinity tag of this worker's heavy lane.
-    pub lane: u32,
+    /// The heavy lanes (`crate::lane`); this worker's is `index`, and so is
+    /// its inbox there.
+    pub lanes: Arc<Lanes>,
+    pub index: usize,
 }
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
@@ -112,10 +121,10 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                         let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
                         for c in cmds {
                             match c {
-                                Command::Serve { sock, handler, stats, lane } => {
+                                Command::Serve { sock, handler, stats, lanes, index } => {
                                     let _ = epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ);
                                     crate::shared::set_own_serve(sock.id);
-                                    serving = Some(Serving { sock, handler, stats, lane });
+                                    serving = Some(Serving { sock, handler, stats, lanes, index });
                                     serve_ready = true;
                                 }
                                 // A TLS psock may take bytes again (see `tls::epoll_read`).
@@ -175,6 +184,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
         }
         sh.dispatch(&mut core_events, &mut Ctx::Worker(&mut dirty));
         if let Some(sv) = &serving {
+            take_done(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
             // Serve whenever this pass may have steered messages to us.
             // (Not on every readable event: a read's messages for our socket
             // were served in place, and a queue left non-empty keeps the
@@ -183,7 +193,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                 serve(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
             }
             if let Some(p) = bufs.slow.take() {
-                to_lane(&sh, sv, &mut bufs, p);
+                to_lane(&sh, &mut bufs, p);
             }
         }
         // (Looked at first: an empty drain still costs a few dozen
@@ -375,6 +385,10 @@ pub(crate) struct ServeBufs {
     /// Requests handled per psock since the last `send_outs`, settled with
     /// the core once their replies are queued (`Mux::rx_settle`).
     settle: Vec<(PsockId, u64)>,
+    /// This worker's heavy connections (`crate::lane`).
+    heavy: Heavy,
+    /// Verdicts taken from the inbox.
+    done: Vec<Done>,
 }
 
 impl ServeBufs {
@@ -512,8 +526,21 @@ pub(crate) fn serve(
         let mut msgs = std::mem::take(&mut bufs.msgs);
         let mut slow_batch = false;
         for (i, (data, psock)) in msgs.drain(..).enumerate() {
+            let closed = !bufs.closed.is_empty() && bufs.closed.contains(&psock);
+            // A heavy connection's message goes to the lane (settled when
+            // its verdict comes back), unless the lane is full.
+            let data = match bufs.heavy.contains(psock) && !closed {
+                true => match sv.lanes.crew.offer(sv.index, Job { data, psock }) {
+                    Ok(()) => {
+                        bufs.heavy.offered(psock);
+                        continue;
+                    }
+                    Err(job) => job.data,
+                },
+                false => data,
+            };
             bufs.handled(psock, 1);
-            if !bufs.closed.is_empty() && bufs.closed.contains(&psock) {
+            if closed {
                 continue;
             }
             if bufs.scratch.capacity() - bufs.scratch.len() < SCRATCH_LOW {
@@ -567,6 +594,22 @@ pub(crate) fn serve_in_place(
     write_now: Option<&Arc<PsockRt>>,
 ) {
     let handler = &*sv.handler;
+    let mut ranges = ranges;
+    if bufs.heavy.contains(p) {
+        // A heavy connection's messages go to the lane (copied out of the
+        // read buffer), those the full lane refuses are run here.
+        while let Some(r) = ranges.first() {
+            let job = Job { data: Bytes::copy_from_slice(&data[r.clone()]), psock: p };
+            if sv.lanes.crew.offer(sv.index, job).is_err() {
+                break;
+            }
+            bufs.heavy.offered(p);
+            ranges = &ranges[1..];
+        }
+        if ranges.is_empty() {
+            return;
+        }
+    }
     bufs.handled(p, ranges.len() as u64);
     let mut rest = ranges;
     // Bounded: each turn handles at least one request.
@@ -658,6 +701,7 @@ fn send_outs(
                     }
                 }
                 Out::Close(psock) => {
+                    bufs.heavy.closed(psock);
                     if let Some(st) = &sv.stats {
                         st.closed.fetch_add(1, Ordering::Relaxed);
                     }
@@ -689,25 +733,42 @@ fn send_outs(
     }
 }
 
-/// Steer heavy psock `p`'s next messages to this worker's lane (`crate::lane`).
-/// Not while messages of `p` still wait for this worker (the lane would answer
-/// newer ones first): then it is tried again after the next pass.
-pub(crate) fn to_lane(sh: &Shared, sv: &Serving, bufs: &mut ServeBufs, p: PsockId) {
-    if crate::shared::has_direct_from(p) {
-        bufs.slow = Some(p);
+/// Offer heavy psock `p`'s next messages to this worker's lane
+/// (`crate::lane`). Those older than the move that still wait for this
+/// worker go there too when it takes them, so with one taker per lane its
+/// replies keep their order.
+pub(crate) fn to_lane(sh: &Shared, bufs: &mut ServeBufs, p: PsockId) {
+    if bufs.heavy.mark(p) {
+        bufs.slow_hits.remove(&p);
+        sh.lane_moves.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Queue the verdicts the lanes posted to this worker (replies, closes) as
+/// if it had run the handler itself, and settle those requests.
+pub(crate) fn take_done(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    events: &mut Vec<Event>,
+    dirty: &mut Vec<Arc<PsockRt>>,
+) {
+    let inbox = &sv.lanes.inboxes[sv.index];
+    if !inbox.pending() {
         return;
     }
-    let mut core = sh.lock();
-    match core.mux.rx_queued_from(sv.sock.id, p) {
-        Ok(0) => {
-            if core.mux.set_psock_affinity(p, Some(sv.lane)).is_ok() {
-                drop(core);
-                bufs.slow_hits.remove(&p);
-                sh.lane_moves.fetch_add(1, Ordering::Relaxed);
-            }
+    let mut done = std::mem::take(&mut bufs.done);
+    inbox.take_all(&mut done);
+    for d in done.drain(..) {
+        if bufs.heavy.answered(d.psock, d.short) {
+            sh.lane_returns.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(_) => bufs.slow = Some(p),
-        // The socket is gone: nothing to steer to.
-        Err(_) => {}
+        bufs.handled(d.psock, 1);
+        if !bufs.closed.is_empty() && bufs.closed.contains(&d.psock) {
+            continue;
+        }
+        bufs.push(d.psock, d.verdict);
     }
+    bufs.done = done;
+    send_outs(sh, sv, bufs, events, dirty, None);
 }

@@ -87,11 +87,13 @@ pub struct Common {
     /// whose requests run long is answered there).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
-    /// Let a helper on every other worker's CPU (in its spare time) answer
-    /// a heavy connection's requests too: one heavy connection is answered
-    /// on all CPUs, and its replies may leave out of request order.
+    /// Answer a heavy connection's requests in order, on its worker's CPU
+    /// alone. By default a helper on every worker's CPU (in its spare time)
+    /// answers the other workers' heavy requests too: one heavy connection
+    /// is answered on all CPUs, and its replies may leave out of request
+    /// order (as under KCM).
     #[arg(long)]
-    pub lane_helpers: bool,
+    pub lane_in_order: bool,
     #[command(flatten)]
     pub tls: crate::cmd::tls::ServerTls,
     #[command(flatten)]
@@ -182,7 +184,7 @@ impl Common {
         c.driver = parse_driver(&self.driver)?;
         c.incoming_cpu = parse_attach(&self.attach)?;
         c.lane_nice = self.lane_nice;
-        c.lane_in_order = !self.lane_helpers;
+        c.lane_in_order = self.lane_in_order;
         c.core.max_msg_size = self.max_msg;
         c.core.assembly_timeout =
             (self.assembly_timeout_ms > 0).then(|| Duration::from_millis(self.assembly_timeout_ms));

@@ -65,10 +65,10 @@ pub struct Args {
     /// Nice steps below its worker at which connmux's heavy lane runs.
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
-    /// connmux with lane helpers (`--lane-helpers`): a heavy connection's
-    /// requests answered on every CPU, replies possibly out of order.
+    /// connmux without lane helpers (`--lane-in-order`): a heavy
+    /// connection's requests answered in order on one CPU.
     #[arg(long)]
-    pub lane_helpers: bool,
+    pub lane_in_order: bool,
     /// A smoke run: one round of 0.5 s.
     #[arg(long)]
     pub quick: bool,
@@ -95,10 +95,10 @@ pub struct ServerArgs {
     /// Nice steps below its worker at which the heavy lane runs (connmux only).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
-    /// Lane helpers (connmux only): a heavy connection's requests answered
-    /// on every CPU, replies possibly out of order.
+    /// No lane helpers (connmux only): a heavy connection's requests
+    /// answered in order on one CPU.
     #[arg(long)]
-    pub lane_helpers: bool,
+    pub lane_in_order: bool,
     /// Stop after this many seconds (default: until killed).
     #[arg(long)]
     pub duration: Option<f64>,
@@ -162,7 +162,7 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             c.workers = a.cpus.len().max(1);
             c.placement = Placement::Cpus(a.cpus.clone());
             c.lane_nice = a.lane_nice;
-            c.lane_in_order = !a.lane_helpers;
+            c.lane_in_order = a.lane_in_order;
             c.driver = match a.driver.as_str() {
                 "auto" => connmux::Driver::Auto,
                 "epoll" => connmux::Driver::Epoll,
@@ -387,7 +387,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             .args(["--engine", engine, "--steering", steering, "--cpus", &cpu_list(&a.cpus), "--driver", &a.driver])
             .args(["--heavy-us", &a.heavy_us.to_string()])
             .args(["--lane-nice", &a.lane_nice.to_string()])
-            .args(a.lane_helpers.then_some("--lane-helpers"));
+            .args(a.lane_in_order.then_some("--lane-in-order"));
         servers.push(Proc::spawn(name, cmd, port)?);
     }
     println!(
@@ -400,7 +400,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.cpus,
         a.driver,
         a.lane_nice,
-        if a.lane_helpers { ", lane helpers" } else { "" },
+        if a.lane_in_order { ", lanes in order" } else { "" },
         a.rounds,
         a.seconds,
         loadavg()

@@ -1,0 +1,180 @@
+//! The heavy lanes' queues and the threads that take from them.
+//!
+//! Each serving worker has a *lane*: a bounded queue of messages of its
+//! heavy connections (a connection whose handler runs long). The worker
+//! [`Crew::offer`]s such messages instead of running them itself; two kinds
+//! of taker run them:
+//!
+//! - lane `i`'s **home** thread (on worker `i`'s CPU, a few nice steps
+//!   lower) takes from lane `i`;
+//! - **helpers** (one on each worker's CPU, `SCHED_IDLE`) take from any
+//!   other lane holding at least `steal_from` messages: stealing. The head
+//!   of a lane is left to its home thread, so a lone request never waits on
+//!   a helper whose CPU has no time to spare.
+//!
+//! A taker with nothing to take sleeps. Its wake-up protocol (a Dekker
+//! pair: each side writes, fences, then reads the other's variable):
+//!
+//! ```text
+//!  worker (offer)                 taker (next)
+//!  lane.push(job)                 sleeping.swap(true)
+//!  fence(SeqCst)                  fence(SeqCst)
+//!  if sleeping.swap(false):       if let Some(job) = take(): sleeping.swap(false); run it
+//!      unpark(taker)              else park(); sleeping.swap(false)
+//! ```
+//!
+//! Either the worker sees the taker asleep (and unparks it: an unpark
+//! before the park makes the park return at once), or the taker's second
+//! look sees the job. Nothing here holds a lock, so a taker preempted
+//! anywhere delays only the message it holds.
+
+use std::time::Duration;
+
+use super::prim::{fence, park, AtomicBool, AtomicUsize, Bounded, Ordering, ThreadSlot};
+
+/// One taker's wake-up state.
+#[derive(Default)]
+struct Sleeper {
+    sleeping: AtomicBool,
+    thread: ThreadSlot,
+}
+
+impl Sleeper {
+    /// Wake it if it sleeps (or is about to look a last time).
+    fn wake(&self) -> bool {
+        if self.sleeping.load(Ordering::Relaxed) && self.sleeping.swap(false, Ordering::AcqRel) {
+            self.thread.unpark();
+            return true;
+        }
+        false
+    }
+}
+
+/// Who is taking: lane `i`'s home thread, or helper `i` (the helper on
+/// worker `i`'s CPU, which takes from every other lane).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taker {
+    Home(usize),
+    Helper(usize),
+}
+
+/// The lanes of one serving mux and their takers.
+pub struct Crew<T> {
+    lanes: Vec<Bounded<T>>,
+    homes: Vec<Sleeper>,
+    helpers: Vec<Sleeper>,
+    /// Messages a lane must hold for a helper to take one.
+    steal_from: usize,
+    stop: AtomicBool,
+    /// Where helpers' scans start, so no lane is always looked at last.
+    turn: AtomicUsize,
+}
+
+impl<T> Crew<T> {
+    /// `lanes` lanes of `cap` messages each, one home thread each, and
+    /// `helpers` helpers (0: each lane's messages are taken by its home
+    /// thread alone, in order).
+    pub fn new(lanes: usize, cap: usize, helpers: usize, steal_from: usize) -> Self {
+        Crew {
+            lanes: (0..lanes).map(|_| Bounded::new(cap)).collect(),
+            homes: (0..lanes).map(|_| Sleeper::default()).collect(),
+            helpers: (0..helpers).map(|_| Sleeper::default()).collect(),
+            steal_from: steal_from.max(1),
+            stop: AtomicBool::new(false),
+            turn: AtomicUsize::new(0),
+        }
+    }
+
+    /// Number of helpers.
+    pub fn helpers(&self) -> usize {
+        self.helpers.len()
+    }
+
+    /// The worker of lane `lane`: queue `job` for the takers, or give it
+    /// back when the lane is full (the worker then runs it itself).
+    pub fn offer(&self, lane: usize, job: T) -> Result<(), T> {
+        self.lanes[lane].push(job)?;
+        fence(Ordering::SeqCst);
+        if self.homes[lane].wake() {
+            // The home thread takes the head; one more message than that is
+            // for a helper.
+            if self.lanes[lane].len() < self.steal_from {
+                return Ok(());
+            }
+        }
+        if !self.helpers.is_empty() && self.lanes[lane].len() >= self.steal_from {
+            let n = self.helpers.len();
+            let start = self.turn.fetch_add(1, Ordering::Relaxed);
+            for k in 0..n {
+                let h = (start + k) % n;
+                // A helper does not take from its own CPU's lane.
+                if h != lane && self.helpers[h].wake() {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A taker: the next message for it, with the lane it came from; waits
+    /// (parked, at most `idle` per look) while there is none. `None` once
+    /// [`Crew::stop`] was called.
+    pub fn next(&self, who: Taker, idle: Duration) -> Option<(usize, T)> {
+        let me = match who {
+            Taker::Home(i) => &self.homes[i],
+            Taker::Helper(i) => &self.helpers[i],
+        };
+        me.thread.set_current();
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                return None;
+            }
+            if let Some(got) = self.take(who) {
+                return Some(got);
+            }
+            me.sleeping.swap(true, Ordering::AcqRel);
+            fence(Ordering::SeqCst);
+            if self.stop.load(Ordering::Acquire) {
+                me.sleeping.swap(false, Ordering::AcqRel);
+                return None;
+            }
+            if let Some(got) = self.take(who) {
+                me.sleeping.swap(false, Ordering::AcqRel);
+                return Some(got);
+            }
+            park(idle);
+            me.sleeping.swap(false, Ordering::AcqRel);
+        }
+    }
+
+    /// One look, without waiting.
+    pub fn take(&self, who: Taker) -> Option<(usize, T)> {
+        match who {
+            Taker::Home(i) => self.lanes[i].pop().map(|t| (i, t)),
+            Taker::Helper(me) => {
+                let n = self.lanes.len();
+                let start = self.turn.fetch_add(1, Ordering::Relaxed);
+                for k in 0..n {
+                    let i = (start + k) % n;
+                    if i != me && self.lanes[i].len() >= self.steal_from {
+                        if let Some(t) = self.lanes[i].pop() {
+                            return Some((i, t));
+                        }
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// End every taker's [`Crew::next`] (what is still queued is dropped
+    /// with the crew).
+    pub fn stop(&self) {
+        self.stop.swap(true, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
+        for s in self.homes.iter().chain(&self.helpers) {
+            s.sleeping.swap(false, Ordering::AcqRel);
+            s.thread.unpark();
+        }
+    }
+}

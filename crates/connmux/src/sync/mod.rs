@@ -1,0 +1,18 @@
+//! The runtime's cross-thread primitives: everything that carries work or a
+//! wake-up from one thread to another outside the core lock.
+//!
+//! - [`inbox::Inbox`]: many threads post items to one owner (a worker) and
+//!   wake it once; the owner takes them all in its next pass.
+//! - [`crew::Crew`]: the heavy lanes' queues and the threads that take from
+//!   them (a worker's own lane thread, helpers on the other CPUs): a worker
+//!   offers a message, a sleeping taker is woken, idle CPUs steal.
+//!
+//! These files use only the names in `prim` (atomics, parking, queues), and
+//! `connmux-model` compiles the same files with loom's types in its own
+//! `prim`, so loom checks this code, not a copy of it. Nothing here blocks
+//! while holding anything another thread waits for: a thread preempted
+//! anywhere (a helper runs under `SCHED_IDLE`) delays only its own work.
+
+pub mod crew;
+pub mod inbox;
+pub mod prim;
