@@ -22,9 +22,15 @@
 //! - The event dispatch of `Shared::dispatch` for the events these models
 //!   raise (transmit kicks, writability, readability, release).
 //!
+//! - [`sync`]: the runtime's inbox (verdicts posted to a worker) and crew
+//!   (heavy lanes, their takers, stealing), not modelled but compiled from
+//!   the runtime's own files with loom's types (`tests/crew.rs`).
+//!
 //! What it does not model: the kernel (epoll is a flag and a level check,
 //! the socket a byte budget), blocking with timeouts, or more than one
 //! worker's epoll.
+
+pub mod sync;
 
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::{Condvar, Mutex};

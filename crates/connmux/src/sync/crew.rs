@@ -30,7 +30,7 @@
 
 use std::time::Duration;
 
-use super::prim::{fence, park, AtomicBool, AtomicUsize, Bounded, Ordering, ThreadSlot};
+use super::prim::{fence, AtomicBool, AtomicUsize, Bounded, Ordering, ThreadSlot};
 
 /// One taker's wake-up state.
 #[derive(Default)]
@@ -142,7 +142,7 @@ impl<T> Crew<T> {
                 me.sleeping.swap(false, Ordering::AcqRel);
                 return Some(got);
             }
-            park(idle);
+            me.thread.park(idle);
             me.sleeping.swap(false, Ordering::AcqRel);
         }
     }

@@ -6,14 +6,8 @@
 pub use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// Park the current thread until unparked or `timeout` passes (a bound on
-/// a lost wake-up; the model has no timeout, so a lost one is a deadlock).
-pub fn park(timeout: Duration) {
-    std::thread::park_timeout(timeout);
-}
-
 /// Where a sleeping thread can be found: set once, by the thread itself,
-/// before it first announces that it sleeps.
+/// before it first announces that it sleeps; it parks there.
 #[derive(Default)]
 pub struct ThreadSlot(std::sync::OnceLock<std::thread::Thread>);
 
@@ -21,6 +15,12 @@ impl ThreadSlot {
     /// Record the calling thread (later calls keep the first).
     pub fn set_current(&self) {
         let _ = self.0.set(std::thread::current());
+    }
+    /// The recorded thread (the caller): sleep until unparked or `timeout`
+    /// passes (a bound on a lost wake-up; the model has no timeout, so a
+    /// lost one is a deadlock there). An unpark that came first is kept.
+    pub fn park(&self, timeout: Duration) {
+        std::thread::park_timeout(timeout);
     }
     /// Wake the recorded thread (nothing when none is recorded yet).
     pub fn unpark(&self) {

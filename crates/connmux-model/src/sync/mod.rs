@@ -1,0 +1,9 @@
+//! The runtime's own cross-thread primitives (`crates/connmux/src/sync/`),
+//! compiled here from the very same files with loom's types in [`prim`]:
+//! loom checks the code the workers run, not a copy of it.
+
+#[path = "../../../connmux/src/sync/crew.rs"]
+pub mod crew;
+#[path = "../../../connmux/src/sync/inbox.rs"]
+pub mod inbox;
+pub mod prim;

@@ -1,0 +1,76 @@
+//! loom's side of `connmux::sync::prim`: the same names, loom's types.
+//! Queues are a loom mutex around a `VecDeque` (every push and pop is a
+//! step loom can reorder); parking has no timeout, so a lost wake-up is a
+//! deadlock loom reports.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+pub use loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use loom::sync::{Condvar, Mutex};
+
+/// std's park token, as a loom mutex and condition variable: loom's own
+/// `park` drops an unpark that arrives while the thread waits on a mutex,
+/// which std does not (and which would show as false deadlocks).
+#[derive(Default)]
+pub struct ThreadSlot {
+    token: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl ThreadSlot {
+    pub fn set_current(&self) {}
+    pub fn park(&self, _timeout: Duration) {
+        let mut t = self.token.lock().unwrap();
+        while !*t {
+            t = self.cv.wait(t).unwrap();
+        }
+        *t = false;
+    }
+    pub fn unpark(&self) {
+        *self.token.lock().unwrap() = true;
+        self.cv.notify_one();
+    }
+}
+
+pub struct Queue<T>(Mutex<VecDeque<T>>);
+
+impl<T> Default for Queue<T> {
+    fn default() -> Self {
+        Queue(Mutex::new(VecDeque::new()))
+    }
+}
+
+impl<T> Queue<T> {
+    pub fn push(&self, t: T) {
+        self.0.lock().unwrap().push_back(t)
+    }
+    pub fn pop(&self) -> Option<T> {
+        self.0.lock().unwrap().pop_front()
+    }
+}
+
+pub struct Bounded<T> {
+    q: Mutex<VecDeque<T>>,
+    cap: usize,
+}
+
+impl<T> Bounded<T> {
+    pub fn new(cap: usize) -> Self {
+        Bounded { q: Mutex::new(VecDeque::new()), cap: cap.max(1) }
+    }
+    pub fn push(&self, t: T) -> Result<(), T> {
+        let mut q = self.q.lock().unwrap();
+        if q.len() >= self.cap {
+            return Err(t);
+        }
+        q.push_back(t);
+        Ok(())
+    }
+    pub fn pop(&self) -> Option<T> {
+        self.q.lock().unwrap().pop_front()
+    }
+    pub fn len(&self) -> usize {
+        self.q.lock().unwrap().len()
+    }
+}
