@@ -461,11 +461,24 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     let (aff, rr) = (med[0], med[1]);
     println!();
     println!("targets:");
+    // The targets of the case each mix stands for: one heavy connection
+    // alone is spread over every CPU (KCM's point); beside light ones, the
+    // light ones are answered no later than by a thread of their own.
+    let (want_total, want_p99) = match (a.heavy_conns, a.light_conns) {
+        (_, 0) => (1.8, None),
+        (1, 1) => (1.0, Some(1.0)),
+        _ => (1.0, Some(0.5)),
+    };
     let t = aff.total_rate / thr.total_rate;
-    println!("  {} default steering >= 1.6x thread-per-connection throughput: {t:.2}x", verdict(t >= 1.6));
-    let p = aff.light_p99_us / thr.light_p99_us;
-    println!("  {} default steering light p99 <= 0.5x thread-per-connection: {p:.2}x", verdict(p <= 0.5));
-    let ok = aff.total_rate >= rr.total_rate && aff.light_p99_us <= rr.light_p99_us;
+    println!(
+        "  {} default steering >= {want_total:.1}x thread-per-connection throughput: {t:.2}x",
+        verdict(t >= want_total)
+    );
+    if let Some(want) = want_p99 {
+        let p = aff.light_p99_us / thr.light_p99_us;
+        println!("  {} default steering light p99 <= {want:.1}x thread-per-connection: {p:.2}x", verdict(p <= want));
+    }
+    let ok = aff.total_rate >= rr.total_rate && (a.light_conns == 0 || aff.light_p99_us <= rr.light_p99_us);
     println!(
         "  {} default steering never below round robin: throughput {:.2}x, light p99 {:.2}x",
         verdict(ok),
