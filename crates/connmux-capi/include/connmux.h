@@ -233,6 +233,23 @@ typedef struct {
    * `CONNMUX_TX_ROUND_ROBIN`.
    */
   int tx_policy;
+  /**
+   * Bytes the mux holds for all connections together (assembly buffers,
+   * queued messages); past it the largest holders stop being read, and
+   * those still holding as much after `mem_grace_ms` fail with ENOBUFS.
+   * Default 1 GiB; 0: no limit beyond the per-connection ones.
+   */
+  size_t mem_limit;
+  /**
+   * How long a connection paused by `mem_limit` may stay so before it
+   * fails. Default 1000.
+   */
+  uint64_t mem_grace_ms;
+  /**
+   * A connection that sends nothing for this many milliseconds fails with
+   * ETIMEDOUT (`CONNMUX_PSOCK_ERR_RX`). 0: never (default, as AF_KCM).
+   */
+  uint64_t idle_timeout_ms;
 } connmux_config;
 
 /**

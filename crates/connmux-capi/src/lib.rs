@@ -186,6 +186,17 @@ pub struct connmux_config {
     /// `CONNMUX_TX_*`: which connection carries a plain send. Default
     /// `CONNMUX_TX_ROUND_ROBIN`.
     pub tx_policy: c_int,
+    /// Bytes the mux holds for all connections together (assembly buffers,
+    /// queued messages); past it the largest holders stop being read, and
+    /// those still holding as much after `mem_grace_ms` fail with ENOBUFS.
+    /// Default 1 GiB; 0: no limit beyond the per-connection ones.
+    pub mem_limit: usize,
+    /// How long a connection paused by `mem_limit` may stay so before it
+    /// fails. Default 1000.
+    pub mem_grace_ms: u64,
+    /// A connection that sends nothing for this many milliseconds fails with
+    /// ETIMEDOUT (`CONNMUX_PSOCK_ERR_RX`). 0: never (default, as AF_KCM).
+    pub idle_timeout_ms: u64,
 }
 
 /// Options of one attach (`connmux_attach_with`). Fill it with
@@ -521,6 +532,9 @@ pub unsafe extern "C" fn connmux_config_init(cfg: *mut connmux_config) -> c_int 
             steering: CONNMUX_STEER_AFFINITY,
             imbalance: d.core.imbalance,
             tx_policy: CONNMUX_TX_ROUND_ROBIN,
+            mem_limit: d.core.mem_limit,
+            mem_grace_ms: d.core.mem_grace.as_millis() as u64,
+            idle_timeout_ms: d.core.idle_timeout.map_or(0, |t| t.as_millis() as u64),
         };
         Ok(0)
     })
@@ -554,6 +568,9 @@ fn config_from_c(c: &connmux_config) -> Result<Config, Fail> {
         v => return Err(Fail::inval(format!("unknown steering policy {v}"))),
     };
     cfg.core.imbalance = c.imbalance;
+    cfg.core.mem_limit = if c.mem_limit == 0 { usize::MAX } else { c.mem_limit };
+    cfg.core.mem_grace = Duration::from_millis(c.mem_grace_ms);
+    cfg.core.idle_timeout = (c.idle_timeout_ms > 0).then(|| Duration::from_millis(c.idle_timeout_ms));
     cfg.core.tx_policy = match c.tx_policy {
         CONNMUX_TX_ROUND_ROBIN => TxPolicy::RoundRobin,
         CONNMUX_TX_LEAST_OUTSTANDING => TxPolicy::LeastOutstanding,

@@ -593,8 +593,33 @@ static void test_attach_opts(void)
 	close(nt);
 	close(nd);
 
-	/* Transmit policies. */
+	/* Limits of the whole mux: defaults, and an idle connection failing. */
 	connmux_config cfg;
+	MUST(connmux_config_init(&cfg));
+	EQ(cfg.mem_limit, (size_t)1 << 30);
+	EQ(cfg.mem_grace_ms, 1000);
+	EQ(cfg.idle_timeout_ms, 0);
+	cfg.pin_workers = 0;
+	cfg.idle_timeout_ms = 100;
+	cfg.mem_limit = 0;
+	MUST(connmux_mux_new(&cfg, &m));
+	{
+		int pi, ni;
+		tcp_pair(&pi, &ni);
+		connmux_psock_id ii;
+		MUST(connmux_attach_spec(m, ni, "l4", &ii));
+		connmux_event iev = { 0 };
+		EQ(connmux_next_event(m, &iev, 5000), 1);
+		EQ(iev.psock, ii);
+		EQ(iev.kind, CONNMUX_PSOCK_ERR_RX);
+		EQ(iev.err, ETIMEDOUT);
+		MUST(connmux_abort_psock(m, ii));
+		close(pi);
+		close(ni);
+	}
+	connmux_mux_free(m);
+
+	/* Transmit policies. */
 	MUST(connmux_config_init(&cfg));
 	EQ(cfg.tx_policy, CONNMUX_TX_ROUND_ROBIN);
 	cfg.pin_workers = 0;
