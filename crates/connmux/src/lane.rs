@@ -189,13 +189,16 @@ pub(crate) fn run(mux: Mux, lanes: Arc<Lanes>, handler: Arc<dyn Handler>, ctx: L
         if scratch.capacity() - scratch.len() < SCRATCH_LOW {
             scratch.reserve(SCRATCH_CHUNK);
         }
-        let t0 = connmux_sys::clock::now_nanos();
+        // CPU time, not the clock: a helper runs in its CPU's spare time and
+        // may be preempted for long in the middle of a short request.
+        let cpu0 = connmux_sys::clock::thread_cpu_nanos();
         let verdict = match handler.handle(job.data, job.psock, &mut scratch) {
             // `handle` has no `out` to append to.
             Verdict::Appended => Verdict::NoReply,
             v => v,
         };
-        let short = Duration::from_nanos(crate::worker::since(t0)) < crate::worker::SLOW_HANDLER;
+        let took = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0);
+        let short = Duration::from_nanos(took) < crate::worker::SLOW_HANDLER;
         if lanes.inboxes[lane].post(Done { psock: job.psock, verdict, short }) {
             let _ = sh.workers[lane].waker.notify();
         }

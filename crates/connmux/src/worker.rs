@@ -375,6 +375,11 @@ pub(crate) struct ServeBufs {
     slow_hits: rustc_hash::FxHashMap<PsockId, u32>,
     /// A psock that has just turned out heavy (for [`to_lane`]).
     pub slow: Option<PsockId>,
+    /// A psock whose runs looked slow [`SLOW_HITS`] times in a row by the
+    /// clock: its next run is timed in this thread's CPU time, which a
+    /// preemption does not advance, and that decides (on a busy machine
+    /// light requests often look slow by the clock).
+    probe: Option<PsockId>,
     /// Where a read's messages lie in the read buffer (in-place serving).
     ranges: Vec<std::ops::Range<usize>>,
     /// Connections a handler closed in the batch being served: their later
@@ -450,8 +455,8 @@ impl ServeBufs {
             // connection.
             let hits = self.slow_hits.entry(psock).or_insert(0);
             *hits += 1;
-            if *hits == SLOW_HITS {
-                self.slow.get_or_insert(psock);
+            if *hits >= SLOW_HITS {
+                self.probe = Some(psock);
             }
             true
         } else {
@@ -459,6 +464,26 @@ impl ServeBufs {
                 self.slow_hits.remove(&psock);
             }
             false
+        }
+    }
+
+    /// Before a run of `psock`'s requests: its thread CPU time when it is
+    /// the one on probation (one comparison otherwise).
+    #[inline]
+    fn probe_start(&self, psock: PsockId) -> Option<u64> {
+        (self.probe == Some(psock)).then(connmux_sys::clock::thread_cpu_nanos)
+    }
+
+    /// After that run of `n` requests: heavy if they took
+    /// [`SLOW_HANDLER`] of CPU each, else it was the clock (preemption).
+    fn probe_end(&mut self, psock: PsockId, cpu0: Option<u64>, n: usize) {
+        let Some(cpu0) = cpu0 else { return };
+        self.probe = None;
+        let each = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0) / n.max(1) as u64;
+        if Duration::from_nanos(each) >= SLOW_HANDLER {
+            self.slow.get_or_insert(psock);
+        } else {
+            self.slow_hits.remove(&psock);
         }
     }
 
@@ -547,7 +572,9 @@ pub(crate) fn serve(
                 bufs.scratch.reserve(SCRATCH_CHUNK);
             }
             let t0 = sampled(i).then(connmux_sys::clock::now_nanos);
+            let cpu0 = bufs.probe_start(psock);
             let v = sv.handler.handle(data, psock, &mut bufs.scratch);
+            bufs.probe_end(psock, cpu0, 1);
             slow_batch |= bufs.timed(psock, t0);
             bufs.push(psock, v);
         }
@@ -621,10 +648,12 @@ pub(crate) fn serve_in_place(
         // The first run is timed from `started` (when its bytes were read:
         // framing them is part of its time, and a clock reading is saved).
         let t0 = if rest.len() == ranges.len() { started } else { connmux_sys::clock::now_nanos() };
+        let cpu0 = bufs.probe_start(p);
         let served = handler.handle_run_in_place(data, rest, p, &mut bufs.scratch, &mut bufs.run_buf);
         // A handler that says it handled none (or more than it was given)
         // still moves the run on, so this loop ends.
         let handled = served.handled.clamp(1, rest.len());
+        bufs.probe_end(p, cpu0, handled);
         bufs.timed_run(p, t0, handled);
         if let Some((_, n)) = &mut bufs.run {
             *n += served.appended;
