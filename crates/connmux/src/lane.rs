@@ -5,7 +5,7 @@
 //! A worker that serves in place runs the handler on its own thread, so one
 //! connection whose requests burn the CPU would keep the worker's other
 //! connections waiting behind each request. When the worker finds such a
-//! connection (`worker::SLOW_HANDLER`, several runs in a row) it marks it
+//! connection (`handler::SLOW_HANDLER`, several runs in a row) it marks it
 //! heavy, in its own state (no lock, nothing shared changes), and from then
 //! on offers that connection's messages to its lane instead of running
 //! them (`sync::crew`):
@@ -47,60 +47,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use connmux_core::mux::PsockId;
-use connmux_core::Bytes;
 
 use bytes::BytesMut;
 
 use crate::mux::Mux;
-use crate::service::{Handler, Verdict};
-use crate::sync::crew::{Crew, Taker};
-use crate::sync::inbox::Inbox;
-use crate::worker::{SCRATCH_CHUNK, SCRATCH_LOW};
+use crate::sync::crew::Taker;
+use crate::handler::{since, Done, Handler, Lanes, Verdict, SCRATCH_CHUNK, SCRATCH_LOW, SLOW_HANDLER};
 
 /// How long a taker with nothing to do sleeps before it looks again anyway
 /// (work and shutdown unpark it at once; this only bounds a lost wake-up).
 const IDLE: Duration = Duration::from_secs(1);
-/// Messages a lane must hold for a helper to take one: the head stays for
-/// the home thread, so a connection's lone request never waits on a helper
-/// whose CPU has no time to spare.
-const STEAL_FROM: usize = 2;
-/// Short handler runs in a row (under `worker::SLOW_HANDLER`) after which a
+/// Short handler runs in a row (under `handler::SLOW_HANDLER`) after which a
 /// connection leaves the lane: many more than the slow runs that sent it
 /// there, so a connection mixing heavy and light requests does not go back
 /// and forth.
 pub(crate) const RETURN_AFTER: u32 = 64;
-
-/// A heavy connection's message, offered by its worker.
-pub(crate) struct Job {
-    pub data: Bytes,
-    pub psock: PsockId,
-}
-
-/// What a taker made of a [`Job`], posted back to the worker that offered it.
-pub(crate) struct Done {
-    pub psock: PsockId,
-    pub verdict: Verdict,
-    /// The handler ran shorter than `worker::SLOW_HANDLER`.
-    pub short: bool,
-}
-
-/// The lanes of one `Mux::serve`: one per worker, and each worker's inbox
-/// for the verdicts.
-pub(crate) struct Lanes {
-    pub crew: Crew<Job>,
-    pub inboxes: Vec<Inbox<Done>>,
-}
-
-impl Lanes {
-    /// `workers` lanes of `cap` messages; helpers unless `in_order`.
-    pub fn new(workers: usize, cap: usize, in_order: bool) -> Lanes {
-        let helpers = if in_order || workers < 2 { 0 } else { workers };
-        Lanes {
-            crew: Crew::new(workers, cap, helpers, STEAL_FROM),
-            inboxes: (0..workers).map(|_| Inbox::default()).collect(),
-        }
-    }
-}
 
 /// A worker's view of its heavy connections (its own state: no lock).
 #[derive(Default)]
@@ -195,7 +156,7 @@ pub(crate) fn run(mux: Mux, lanes: Arc<Lanes>, handler: Arc<dyn Handler>, ctx: L
             Verdict::Appended => Verdict::NoReply,
             v => v,
         };
-        let short = Duration::from_nanos(crate::worker::since(t0)) < crate::worker::SLOW_HANDLER;
+        let short = Duration::from_nanos(since(t0)) < SLOW_HANDLER;
         if lanes.inboxes[lane].post(Done { psock: job.psock, verdict, short }) {
             let _ = sh.workers[lane].waker.notify();
         }

@@ -41,6 +41,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod handler;
 mod kernel;
 mod lane;
 mod mux;

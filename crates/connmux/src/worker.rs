@@ -17,8 +17,8 @@ use connmux_core::{Bytes, Timestamp};
 use connmux_sys::epoll::{Events, Interest};
 
 use crate::config::Placement;
-use crate::lane::{Done, Heavy, Job, Lanes};
-use crate::service::{Handler, ServiceStats};
+use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, SCRATCH_CHUNK, SCRATCH_LOW, SLOW_HANDLER};
+use crate::lane::Heavy;
 use crate::shared::{token_psock, Ctx, PsockRt, Shared, SockRt, WorkerIo};
 
 pub(crate) const WAKER_TOKEN: u64 = u64::MAX;
@@ -26,12 +26,6 @@ pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
 
 /// Messages a worker takes from its socket per lock acquisition.
 pub(crate) const SERVE_BATCH: usize = 256;
-/// Replies are cut out of `scratch` in chunks of this size: a handler's small
-/// `extend_from_slice` would otherwise allocate a fresh buffer (and a shared
-/// header on `split`) for every reply, two allocations per message.
-pub(crate) const SCRATCH_CHUNK: usize = 64 * 1024;
-/// Below this much spare room a new chunk is started before a handler runs.
-pub(crate) const SCRATCH_LOW: usize = 4 * 1024;
 
 /// Requests from other threads, delivered through the worker's waker. The
 /// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
@@ -354,11 +348,6 @@ pub(crate) enum Out {
 /// queued as they are.
 const COALESCE_MAX: usize = 512;
 
-/// A handler run at least this long on one message counts as slow, and
-/// [`SLOW_HITS`] slow runs in a row make its connection heavy: the worker then
-/// steers its messages to the worker's heavy lane ([`to_lane`]), so light
-/// requests are not read behind heavy work.
-pub(crate) const SLOW_HANDLER: Duration = Duration::from_micros(50);
 const SLOW_HITS: u32 = 3;
 
 /// A worker's buffers for in-place serving, kept across passes.
@@ -559,14 +548,6 @@ pub(crate) fn serve(
             break;
         }
     }
-}
-
-/// Nanoseconds since `t0`, a `connmux_sys::clock::now_nanos` reading (handler
-/// times, here and in the lanes: cheaper than an `Instant` and a `Duration`
-/// per reading).
-#[inline]
-pub(crate) fn since(t0: u64) -> u64 {
-    connmux_sys::clock::now_nanos().saturating_sub(t0)
 }
 
 /// Whether the handler's time is taken on the `i`th message of a batch: the
