@@ -13,7 +13,7 @@ use connmux_core::mux::PsockId;
 use connmux_kernel::{KernelError, KernelMux, KernelParser, Limits};
 
 use crate::config::Config;
-use crate::mux::PsockEvent;
+use crate::shared::PsockEvent;
 
 /// What a receive on the kernel backend reports as the message's psock: the
 /// kernel does not say which connection a message came from.

@@ -64,5 +64,6 @@ pub use connmux_core::stats::{MuxStats, PsockStats, SockStats};
 pub use connmux_core::Bytes;
 pub use connmux_kernel::{KernelError, KernelMux, KernelSocket};
 pub use kernel::{BackendError, UNKNOWN_PSOCK};
-pub use mux::{AttachOptions, BpfProgram, Mux, PsockEvent};
+pub use mux::{AttachOptions, BpfProgram, Mux};
+pub use shared::PsockEvent;
 pub use socket::{KcmSocket, Message};

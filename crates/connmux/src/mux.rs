@@ -19,7 +19,8 @@ use crate::kernel::{self, KMux};
 use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerIo, WorkerRef};
 use crate::socket::KcmSocket;
 use crate::uring_worker;
-use crate::worker::{self, Command};
+use crate::shared::{Command, PsockEvent, ATTACHED};
+use crate::worker;
 
 /// Options of one attach: the parser, and the limits of this connection where
 /// they differ from the mux's (`MuxConfig::max_msg_size`,
@@ -82,13 +83,6 @@ impl std::fmt::Debug for AttachOptions {
     }
 }
 
-/// A psock failure, as KCM reports it on the attached TCP socket (POLLERR +
-/// SO_ERROR). The application should [`Mux::unattach`] the connection.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PsockEvent {
-    pub psock: PsockId,
-    pub error: PsockError,
-}
 
 /// Map a core error onto the errno an AF_KCM call would return.
 pub(crate) fn io_err(e: MuxError) -> io::Error {
@@ -715,7 +709,3 @@ pub enum BpfProgram {
     /// Raw bytecode: 8-byte instructions as the kernel takes them.
     Bytecode(Vec<u8>),
 }
-
-/// Sockets attached to any mux in this process, by inode: KCM refuses a socket
-/// whose `sk_user_data` is already set (EALREADY), whichever mux holds it.
-pub(crate) static ATTACHED: Mutex<std::collections::BTreeSet<u64>> = Mutex::new(std::collections::BTreeSet::new());

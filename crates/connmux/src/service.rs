@@ -18,7 +18,7 @@ use connmux_core::parser::Parser;
 use crate::mux::Mux;
 use crate::socket::KcmSocket;
 use crate::sync::crew::Taker;
-use crate::worker::Command;
+use crate::shared::Command;
 pub use crate::handler::{Handler, RunServed, ServiceStats, Verdict};
 
 /// as long as it does.

@@ -36,7 +36,8 @@ use connmux_core::{Bytes, Timestamp};
 use connmux_sys::uring::{Completion, Ring, RingConfig};
 
 use crate::shared::{psock_token, Core, Ctx, PsockRt, Shared};
-use crate::worker::{serve, Command, Serving};
+use crate::shared::Command;
+use crate::worker::{serve, Serving};
 
 /// Token of the waker poll.
 const WAKE_TOKEN: u64 = u64::MAX;

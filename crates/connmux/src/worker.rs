@@ -19,38 +19,11 @@ use connmux_sys::epoll::{Events, Interest};
 use crate::config::Placement;
 use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, SCRATCH_CHUNK, SCRATCH_LOW, SLOW_HANDLER};
 use crate::lane::Heavy;
-use crate::shared::{token_psock, Ctx, PsockRt, Shared, SockRt, WorkerIo};
+use crate::shared::{token_psock, Command, Ctx, PsockRt, Shared, SockRt, WorkerIo, SERVE_BATCH};
 
 pub(crate) const WAKER_TOKEN: u64 = u64::MAX;
 pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
 
-/// Messages a worker takes from its socket per lock acquisition.
-pub(crate) const SERVE_BATCH: usize = 256;
-
-/// Requests from other threads, delivered through the worker's waker. The
-/// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
-/// io_uring worker gets all of them, as its ring is its own.
-pub(crate) enum Command {
-    /// Run `handler` in place on messages steered to socket `sock`, and
-    /// offer heavy connections' messages to lane `index` of `lanes`.
-    Serve {
-        sock: Arc<SockRt>,
-        handler: Arc<dyn Handler>,
-        stats: Option<Arc<ServiceStats>>,
-        lanes: Arc<Lanes>,
-        index: usize,
-    },
-    /// A psock was attached to this worker: start receiving.
-    Attach(Arc<PsockRt>),
-    /// The core takes bytes from this psock again (`PsockRxResume`).
-    Resume(PsockId),
-    /// The psock failed: stop receiving from it.
-    StopRx(PsockId),
-    /// The psock has bytes to write that another thread could not.
-    Flush(PsockId),
-    /// The core released the psock: end its operations, then drop it.
-    Release(Arc<PsockRt>),
-}
 
 pub(crate) fn cpus_for(placement: &Placement, workers: usize) -> Vec<Option<usize>> {
     match placement {

@@ -18,8 +18,47 @@ use connmux_core::{Bytes, Timestamp};
 use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
-use crate::mux::PsockEvent;
-use crate::worker::Command;
+use crate::handler::{Handler, Lanes, ServiceStats};
+
+/// A psock failure, as KCM reports it on the attached TCP socket (POLLERR +
+/// SO_ERROR). The application should `Mux::unattach` the connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PsockEvent {
+    pub psock: PsockId,
+    pub error: PsockError,
+}
+
+/// Sockets attached to any mux in this process, by inode: KCM refuses a socket
+/// whose `sk_user_data` is already set (EALREADY), whichever mux holds it.
+pub(crate) static ATTACHED: Mutex<std::collections::BTreeSet<u64>> = Mutex::new(std::collections::BTreeSet::new());
+
+/// Messages a worker takes from its socket per lock acquisition.
+pub(crate) const SERVE_BATCH: usize = 256;
+
+/// Requests from other threads, delivered through the worker's waker. The
+/// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
+/// io_uring worker gets all of them, as its ring is its own.
+pub(crate) enum Command {
+    /// Run `handler` in place on messages steered to socket `sock`, and
+    /// offer heavy connections' messages to lane `index` of `lanes`.
+    Serve {
+        sock: Arc<SockRt>,
+        handler: Arc<dyn Handler>,
+        stats: Option<Arc<ServiceStats>>,
+        lanes: Arc<Lanes>,
+        index: usize,
+    },
+    /// A psock was attached to this worker: start receiving.
+    Attach(Arc<PsockRt>),
+    /// The core takes bytes from this psock again (`PsockRxResume`).
+    Resume(PsockId),
+    /// The psock failed: stop receiving from it.
+    StopRx(PsockId),
+    /// The psock has bytes to write that another thread could not.
+    Flush(PsockId),
+    /// The core released the psock: end its operations, then drop it.
+    Release(Arc<PsockRt>),
+}
 
 /// The most slices handed to one `writev` (IOV_MAX is 1024; a few dozen
 /// replies per write is where batching stops paying).
@@ -248,7 +287,7 @@ pub(crate) fn feed_read(
 ) -> Result<(), connmux_core::mux::MuxError> {
     match OWN_SERVE.get() {
         Some(sock) => DIRECT.with_borrow_mut(|out| {
-            let mut d = connmux_core::mux::Direct { sock, out, limit: crate::worker::SERVE_BATCH };
+            let mut d = connmux_core::mux::Direct { sock, out, limit: SERVE_BATCH };
             core.mux.feed_direct(p, data, now, &mut d)
         }),
         None => core.mux.feed(p, data, now),
@@ -268,8 +307,8 @@ pub(crate) fn feed_read_in_place(
 ) -> Result<(), connmux_core::mux::MuxError> {
     match OWN_SERVE.get() {
         Some(sock) => DIRECT.with_borrow_mut(|out| {
-            let limit = if out.iter().any(|(_, q)| *q == p) { 0 } else { crate::worker::SERVE_BATCH };
-            let mut d = connmux_core::mux::Direct { sock, out, limit: crate::worker::SERVE_BATCH };
+            let limit = if out.iter().any(|(_, q)| *q == p) { 0 } else { SERVE_BATCH };
+            let mut d = connmux_core::mux::Direct { sock, out, limit: SERVE_BATCH };
             core.mux.feed_in_place(p, data, now, &mut d, limit, ranges)
         }),
         None => core.mux.feed(p, data, now),
@@ -285,7 +324,7 @@ pub(crate) fn commit_read(
 ) -> Result<(), connmux_core::mux::MuxError> {
     match OWN_SERVE.get() {
         Some(sock) => DIRECT.with_borrow_mut(|out| {
-            let mut d = connmux_core::mux::Direct { sock, out, limit: crate::worker::SERVE_BATCH };
+            let mut d = connmux_core::mux::Direct { sock, out, limit: SERVE_BATCH };
             core.mux.rx_commit_direct(loan, now, &mut d)
         }),
         None => core.mux.rx_commit(loan, now),
@@ -426,7 +465,7 @@ impl Shared {
                 Event::PsockReleased(p) => {
                     let rt = self.lock().psocks.remove(&p);
                     if let Some(rt) = rt {
-                        crate::mux::ATTACHED.lock().unwrap().remove(&rt.ino);
+                        ATTACHED.lock().unwrap().remove(&rt.ino);
                         let mut int = rt.interest.lock().unwrap();
                         self.workers[rt.worker()].psocks.fetch_sub(1, Ordering::AcqRel);
                         if int.registered {
