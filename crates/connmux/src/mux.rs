@@ -430,7 +430,7 @@ impl Mux {
         conn: &impl AsFd,
         parser: Box<dyn Parser>,
         worker: usize,
-        tls: Option<crate::tls::PsockTls>,
+        tls: Option<crate::shared::tls::PsockTls>,
     ) -> io::Result<PsockId> {
         self.attach_limited(conn, parser, worker, tls, PsockConfig::default())
     }
@@ -442,7 +442,7 @@ impl Mux {
         conn: &impl AsFd,
         parser: Box<dyn Parser>,
         worker: usize,
-        tls: Option<crate::tls::PsockTls>,
+        tls: Option<crate::shared::tls::PsockTls>,
         limits: PsockConfig,
     ) -> io::Result<PsockId> {
         let sh = self.shared();

@@ -409,7 +409,7 @@ impl Worker<'_> {
                         if res < 0 || (res == 0 && want > 0) {
                             core = None;
                             let errno = if res < 0 { -res } else { libc::EPIPE };
-                            crate::tls::tx_failed(sh, &conn.rt, errno, &mut self.events);
+                            crate::shared::tls::tx_failed(sh, &conn.rt, errno, &mut self.events);
                         } else if (res as usize) < sent.len() {
                             conn.tls_out = Some(sent.slice(res as usize..));
                         }
@@ -593,7 +593,7 @@ impl Worker<'_> {
                         // Records in order: what a short send left, else new ones.
                         let out = match conn.tls_out.take() {
                             Some(rest) => rest,
-                            None => crate::tls::take_records(sh, &rt, tls, &mut self.events),
+                            None => crate::shared::tls::take_records(sh, &rt, tls, &mut self.events),
                         };
                         if out.is_empty() {
                             continue;
@@ -607,7 +607,7 @@ impl Worker<'_> {
                             }
                             Err(e) => {
                                 self.tx_slices.clear();
-                                crate::tls::tx_failed(sh, &rt, e.raw_os_error().unwrap_or(libc::EIO), &mut self.events)
+                                crate::shared::tls::tx_failed(sh, &rt, e.raw_os_error().unwrap_or(libc::EIO), &mut self.events)
                             }
                         }
                         continue;
@@ -714,7 +714,7 @@ fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Eve
     // What was spilled while paused comes first; TLS takes all of it unless
     // it is full.
     if conn.spill_off < conn.spill.len() {
-        let (took, _) = crate::tls::rx(sh, &rt, &mut st, &conn.spill[conn.spill_off..], events);
+        let (took, _) = crate::shared::tls::rx(sh, &rt, &mut st, &conn.spill[conn.spill_off..], events);
         conn.spill_off += took;
         if conn.spill_off < conn.spill.len() {
             full = true;
@@ -730,7 +730,7 @@ fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Eve
         }
         let (took, r, len) = {
             let data = ring.buffer(h.buf).unwrap_or(&[]);
-            let (took, r) = crate::tls::rx(sh, &rt, &mut st, &data[h.off.min(data.len())..], events);
+            let (took, r) = crate::shared::tls::rx(sh, &rt, &mut st, &data[h.off.min(data.len())..], events);
             (took, r, data.len())
         };
         h.off += took;
@@ -739,14 +739,14 @@ fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Eve
             conn.held.pop_front();
             ring.recycle(buf);
         }
-        if r == crate::tls::Rx::Full {
+        if r == crate::shared::tls::Rx::Full {
             full = true;
             break;
         }
     }
     if !full && conn.held.is_empty() {
         // Decrypted bytes kept from an earlier pass.
-        full = crate::tls::rx(sh, &rt, &mut st, &[], events).1 == crate::tls::Rx::Full;
+        full = crate::shared::tls::rx(sh, &rt, &mut st, &[], events).1 == crate::shared::tls::Rx::Full;
     }
     if full {
         // Backpressure: close the window as epoll would (stop reading), and
@@ -765,7 +765,7 @@ fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Eve
     if let Some(errno) = conn.eof.take() {
         // No receive after this; a resume still drains what TLS holds.
         conn.rx_stopped = true;
-        crate::tls::rx_eof(sh, &rt, &mut st, errno, events);
+        crate::shared::tls::rx_eof(sh, &rt, &mut st, errno, events);
     }
 }
 

@@ -219,7 +219,7 @@ fn read_psock(
     in_place: Option<InPlace<'_>>,
 ) {
     if let Some(tls) = &rt.tls {
-        return crate::tls::epoll_read(sh, rt, tls, buf, events);
+        return crate::shared::tls::epoll_read(sh, rt, tls, buf, events);
     }
     let RxRoom { cap, loan } = rx.unwrap_or_else(|| {
         let mut core = sh.lock();

@@ -18,6 +18,8 @@ use connmux_core::{Bytes, Timestamp};
 use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
+pub(crate) mod tls;
+
 use crate::handler::{Handler, Lanes, ServiceStats};
 
 /// A psock failure, as KCM reports it on the attached TCP socket (POLLERR +
@@ -155,7 +157,7 @@ pub(crate) struct PsockRt {
     /// Set while the psock sits in a worker's deferred-flush list.
     pub flush_queued: AtomicBool,
     /// TLS state of a psock attached with `Mux::attach_tls`.
-    pub tls: Option<Mutex<crate::tls::PsockTls>>,
+    pub tls: Option<Mutex<tls::PsockTls>>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -230,7 +232,7 @@ pub(crate) struct Shared {
     pub events_dropped: AtomicU64,
     /// `connmux_sys::clock::now_nanos` when the mux started: the core's time 0.
     pub clock_origin: u64,
-    pub tls: crate::tls::TlsCounters,
+    pub tls: tls::TlsCounters,
     /// Psocks steered to a worker's heavy lane.
     pub lane_moves: AtomicU64,
     /// Psocks steered back from a lane to their worker.
@@ -522,7 +524,7 @@ impl Shared {
     /// connection would block. Events produced on the way are appended.
     pub fn flush(&self, rt: &PsockRt, events: &mut Vec<Event>) {
         if let Some(tls) = &rt.tls {
-            return crate::tls::flush(self, rt, tls, events);
+            return tls::flush(self, rt, tls, events);
         }
         FLUSH_SLICES.with_borrow_mut(|slices| self.flush_with(rt, events, slices));
     }
