@@ -50,7 +50,7 @@ use connmux_core::mux::PsockId;
 
 use bytes::BytesMut;
 
-use crate::mux::Mux;
+use crate::shared::Shared;
 use crate::sync::crew::Taker;
 use crate::handler::{since, Done, Handler, Lanes, Verdict, SCRATCH_CHUNK, SCRATCH_LOW, SLOW_HANDLER};
 
@@ -134,7 +134,7 @@ pub(crate) struct LaneCtx {
 
 /// A lane thread: take messages (`ctx.who`), answer them, post the
 /// verdicts to the workers that offered them, until the crew stops.
-pub(crate) fn run(mux: Mux, lanes: Arc<Lanes>, handler: Arc<dyn Handler>, ctx: LaneCtx) {
+pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>, ctx: LaneCtx) {
     if let Some(cpu) = ctx.cpu {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
     }
@@ -144,7 +144,6 @@ pub(crate) fn run(mux: Mux, lanes: Arc<Lanes>, handler: Arc<dyn Handler>, ctx: L
     } else if ctx.nice != 0 {
         let _ = connmux_sys::affinity::renice_current_thread(ctx.nice);
     }
-    let sh = mux.shared();
     let mut scratch = BytesMut::new();
     while let Some((lane, job)) = lanes.crew.next(ctx.who, IDLE) {
         if scratch.capacity() - scratch.len() < SCRATCH_LOW {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use connmux_core::mux::{Mux as CoreMux, MuxError, PsockConfig, PsockError, PsockId, SockType};
+use connmux_core::mux::{Mux as CoreMux, MuxError, PsockConfig, PsockError, PsockId};
 use connmux_core::parser::Parser;
 use connmux_core::stats::{MuxStats, PsockStats};
 use connmux_sys::epoll::{Epoll, Interest};
@@ -17,7 +17,6 @@ use connmux_sys::eventfd::EventFd;
 use crate::config::{Backend, Config, Driver};
 use crate::kernel::{self, KMux};
 use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerIo, WorkerRef};
-use crate::socket::KcmSocket;
 use crate::uring_worker;
 use crate::shared::{Command, PsockEvent, ATTACHED};
 use crate::worker;
@@ -315,11 +314,6 @@ impl Mux {
             MuxImp::User(u) => &u.shared,
             MuxImp::Kernel(_) => unreachable!("a userspace-only path reached on the kernel backend"),
         }
-    }
-
-    /// Create a KCM socket on this mux (`socket(AF_KCM, type, 0)`).
-    pub fn socket(&self, ty: SockType) -> io::Result<KcmSocket> {
-        KcmSocket::create(self.clone(), ty)
     }
 
     /// Number of I/O workers (0 on the kernel backend).

@@ -80,7 +80,7 @@ impl Mux {
         let workers = sh.workers.len();
         let user = self.user().ok_or_else(Mux::no_workers)?;
         // Built first: an error below drops it, which stops and joins the
-        // lane threads already started (they hold a clone of the mux).
+        // lane threads already started.
         let mut serving = Serving {
             _sockets: Vec::new(),
             lanes: Arc::new(crate::handler::Lanes::new(workers, user.lane_queue, user.lane_in_order)),
@@ -94,10 +94,10 @@ impl Mux {
                 takers.push((format!("connmux-help{i}"), Taker::Helper(i), 0));
             }
             for (name, who, nice) in takers {
-                let (mux, lanes, handler) = (self.clone(), serving.lanes.clone(), handler.clone());
+                let (sh, lanes, handler) = (sh.clone(), serving.lanes.clone(), handler.clone());
                 let ctx = crate::lane::LaneCtx { who, cpu, nice };
                 let t =
-                    std::thread::Builder::new().name(name).spawn(move || crate::lane::run(mux, lanes, handler, ctx))?;
+                    std::thread::Builder::new().name(name).spawn(move || crate::lane::run(sh, lanes, handler, ctx))?;
                 serving.threads.push(t);
             }
         }

@@ -52,6 +52,13 @@ enum SockImp {
     Kernel(KernelSocket),
 }
 
+impl Mux {
+    /// Create a KCM socket on this mux (`socket(AF_KCM, type, 0)`).
+    pub fn socket(&self, ty: SockType) -> io::Result<KcmSocket> {
+        KcmSocket::create(self.clone(), ty)
+    }
+}
+
 impl KcmSocket {
     pub(crate) fn create(mux: Mux, ty: SockType) -> io::Result<KcmSocket> {
         if let MuxImp::Kernel(k) = &mux.imp {
