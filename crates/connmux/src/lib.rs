@@ -41,17 +41,17 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod driver;
 mod handler;
 mod kernel;
 mod lane;
 mod mux;
+mod serve;
 pub mod service;
 mod shared;
 mod socket;
 mod sync;
 pub mod tls;
-mod uring_worker;
-mod worker;
 
 pub use config::{Backend, Config, Driver, Placement};
 pub use connmux_core::mux::{

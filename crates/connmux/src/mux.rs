@@ -17,9 +17,8 @@ use connmux_sys::eventfd::EventFd;
 use crate::config::{Backend, Config, Driver};
 use crate::kernel::{self, KMux};
 use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerIo, WorkerRef};
-use crate::uring_worker;
 use crate::shared::{Command, PsockEvent, ATTACHED};
-use crate::worker;
+use crate::driver;
 
 /// Options of one attach: the parser, and the limits of this connection where
 /// they differ from the mux's (`MuxConfig::max_msg_size`,
@@ -215,7 +214,7 @@ impl Mux {
 
     fn start(config: &Config, driver: Driver) -> io::Result<Mux> {
         let workers = config.workers.max(1);
-        let cpus = worker::cpus_for(&config.placement, workers);
+        let cpus = driver::cpus_for(&config.placement, workers);
         let mut refs = Vec::with_capacity(workers);
         for &cpu in &cpus {
             let waker = EventFd::new()?;
@@ -223,7 +222,7 @@ impl Mux {
                 Driver::Uring => WorkerIo::Uring,
                 _ => {
                     let epoll = Epoll::new()?;
-                    epoll.add(waker.as_raw_fd(), worker::WAKER_TOKEN, Interest::READ)?;
+                    epoll.add(waker.as_raw_fd(), driver::WAKER_TOKEN, Interest::READ)?;
                     WorkerIo::Epoll(epoll)
                 }
             };
@@ -256,10 +255,10 @@ impl Mux {
             let sh = shared.clone();
             let init = init_tx.clone();
             let spawned = std::thread::Builder::new().name(format!("connmux-w{i}")).spawn(move || match driver {
-                Driver::Uring => uring_worker::run(sh, i, cpu, init),
+                Driver::Uring => driver::uring::run(sh, i, cpu, init),
                 _ => {
                     let _ = init.send(Ok(()));
-                    worker::run(sh, i, cpu)
+                    driver::epoll::run(sh, i, cpu)
                 }
             });
             match spawned {

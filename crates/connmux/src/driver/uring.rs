@@ -37,7 +37,7 @@ use connmux_sys::uring::{Completion, Ring, RingConfig};
 
 use crate::shared::{psock_token, Core, Ctx, PsockRt, Shared};
 use crate::shared::Command;
-use crate::worker::{serve, Serving};
+use crate::serve::{serve, Serving};
 
 /// Token of the waker poll.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -215,7 +215,7 @@ impl Worker<'_> {
         let mut serving: Option<Serving> = None;
         let mut serve_armed = false;
         let mut comps: Vec<Completion> = Vec::with_capacity(1024);
-        let mut bufs = crate::worker::ServeBufs::default();
+        let mut bufs = crate::serve::ServeBufs::default();
 
         while !sh.stop.load(Ordering::Acquire) {
             if !waker_armed {
@@ -273,7 +273,7 @@ impl Worker<'_> {
                 }
             }
             if let Some(sv) = &serving {
-                crate::worker::take_done(sh, sv, &mut bufs, &mut self.events, &mut self.dirty);
+                crate::serve::take_done(sh, sv, &mut bufs, &mut self.events, &mut self.dirty);
             }
             // Dispatch, serve in place, write: until nothing is left to do here
             // (bounded; what remains is picked up by the next pass).
@@ -296,7 +296,7 @@ impl Worker<'_> {
             }
             if serving.is_some() {
                 if let Some(p) = bufs.slow.take() {
-                    crate::worker::to_lane(sh, &mut bufs, p);
+                    crate::serve::to_lane(sh, &mut bufs, p);
                 }
             }
             if crate::shared::take_own_pending() {
@@ -446,7 +446,7 @@ impl Worker<'_> {
 
     /// Serve the messages framed in place in provided buffers, then give
     /// those buffers back to the ring.
-    fn serve_lent(&mut self, ring: &mut WRing, serving: Option<&Serving>, bufs: &mut crate::worker::ServeBufs) {
+    fn serve_lent(&mut self, ring: &mut WRing, serving: Option<&Serving>, bufs: &mut crate::serve::ServeBufs) {
         let lent = &mut self.lent;
         if let Some(sv) = serving {
             // One read served in this pass: its replies are written at once,
@@ -466,7 +466,7 @@ impl Worker<'_> {
                         .map(|c| c.rt.clone()),
                     false => None,
                 };
-                crate::worker::serve_in_place(
+                crate::serve::serve_in_place(
                     self.sh,
                     sv,
                     bufs,
