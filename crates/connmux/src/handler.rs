@@ -10,7 +10,6 @@
 
 use std::ops::Range;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
 
 use bytes::BytesMut;
 use connmux_core::mux::PsockId;
@@ -18,16 +17,6 @@ use connmux_core::Bytes;
 
 use crate::sync::crew::Crew;
 use crate::sync::inbox::Inbox;
-
-/// Messages a lane must hold for a helper to take one: the head stays for
-/// the home thread, so a connection's lone request never waits on a helper
-/// whose CPU has no time to spare.
-const STEAL_FROM: usize = 2;
-/// A handler run at least this long on one message counts as slow, and
-/// `SLOW_HITS` slow runs in a row make its connection heavy: the worker then
-/// steers its messages to the worker's heavy lane (`serve::to_lane`), so light
-/// requests are not read behind heavy work.
-pub(crate) const SLOW_HANDLER: Duration = Duration::from_micros(50);
 
 /// Replies are cut out of `scratch` in chunks of this size: a handler's small
 /// `extend_from_slice` would otherwise allocate a fresh buffer (and a shared
@@ -168,7 +157,7 @@ pub(crate) struct Job {
 pub(crate) struct Done {
     pub psock: PsockId,
     pub verdict: Verdict,
-    /// The handler ran shorter than [`SLOW_HANDLER`].
+    /// The handler ran shorter than `Tuning::slow_handler`.
     pub short: bool,
 }
 
@@ -180,11 +169,12 @@ pub(crate) struct Lanes {
 }
 
 impl Lanes {
-    /// `workers` lanes of `cap` messages; helpers unless `in_order`.
-    pub fn new(workers: usize, cap: usize, in_order: bool) -> Lanes {
+    /// `workers` lanes of `cap` messages; helpers unless `in_order`, which
+    /// take from a lane holding at least `steal_from` (`Tuning::lane_steal_from`).
+    pub fn new(workers: usize, cap: usize, in_order: bool, steal_from: usize) -> Lanes {
         let helpers = if in_order || workers < 2 { 0 } else { workers };
         Lanes {
-            crew: Crew::new(workers, cap, helpers, STEAL_FROM),
+            crew: Crew::new(workers, cap, helpers, steal_from),
             inboxes: (0..workers).map(|_| Inbox::default()).collect(),
         }
     }

@@ -5,7 +5,7 @@
 //! A worker that serves in place runs the handler on its own thread, so one
 //! connection whose requests burn the CPU would keep the worker's other
 //! connections waiting behind each request. When the worker finds such a
-//! connection (`handler::SLOW_HANDLER`, several runs in a row) it marks it
+//! connection (`Tuning::slow_handler`, `Tuning::slow_hits` runs in a row) it marks it
 //! heavy, in its own state (no lock, nothing shared changes), and from then
 //! on offers that connection's messages to its lane instead of running
 //! them (`sync::crew`):
@@ -39,7 +39,7 @@
 //! starts no helpers: each lane has one taker, its replies keep request
 //! order, and a heavy connection is answered on one CPU.
 //!
-//! A connection is heavy for a while, not for ever: once [`RETURN_AFTER`]
+//! A connection is heavy for a while, not for ever: once `Tuning::lane_return_after`
 //! of its requests in a row ran short and none of them is still in the
 //! lane, its worker runs its requests itself again.
 
@@ -52,21 +52,23 @@ use bytes::BytesMut;
 
 use crate::shared::Shared;
 use crate::sync::crew::Taker;
-use crate::handler::{since, Done, Handler, Lanes, Verdict, SCRATCH_CHUNK, SCRATCH_LOW, SLOW_HANDLER};
+use crate::handler::{since, Done, Handler, Lanes, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
 
 /// How long a taker with nothing to do sleeps before it looks again anyway
 /// (work and shutdown unpark it at once; this only bounds a lost wake-up).
 const IDLE: Duration = Duration::from_secs(1);
-/// Short handler runs in a row (under `handler::SLOW_HANDLER`) after which a
-/// connection leaves the lane: many more than the slow runs that sent it
-/// there, so a connection mixing heavy and light requests does not go back
-/// and forth.
-pub(crate) const RETURN_AFTER: u32 = 64;
 
 /// A worker's view of its heavy connections (its own state: no lock).
-#[derive(Default)]
 pub(crate) struct Heavy {
     conns: rustc_hash::FxHashMap<PsockId, HeavyConn>,
+    /// `Tuning::lane_return_after`.
+    return_after: u32,
+}
+
+impl Default for Heavy {
+    fn default() -> Heavy {
+        Heavy::new(crate::config::Tuning::default().lane_return_after)
+    }
 }
 
 #[derive(Default)]
@@ -78,6 +80,12 @@ struct HeavyConn {
 }
 
 impl Heavy {
+    /// No heavy connection yet; one goes back to its worker after
+    /// `return_after` short runs in a row.
+    pub fn new(return_after: u32) -> Heavy {
+        Heavy { conns: Default::default(), return_after }
+    }
+
     /// Whether `p`'s messages go to the lane.
     #[inline]
     pub fn contains(&self, p: PsockId) -> bool {
@@ -107,7 +115,7 @@ impl Heavy {
         let Some(c) = self.conns.get_mut(&p) else { return false };
         c.in_lane = c.in_lane.saturating_sub(1);
         c.short = if short { c.short + 1 } else { 0 };
-        if c.short >= RETURN_AFTER && c.in_lane == 0 {
+        if c.short >= self.return_after && c.in_lane == 0 {
             self.conns.remove(&p);
             return true;
         }
@@ -144,6 +152,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
     } else if ctx.nice != 0 {
         let _ = connmux_sys::affinity::renice_current_thread(ctx.nice);
     }
+    let slow = sh.tuning.slow_handler;
     let mut scratch = BytesMut::new();
     while let Some((lane, job)) = lanes.crew.next(ctx.who, IDLE) {
         if scratch.capacity() - scratch.len() < SCRATCH_LOW {
@@ -155,7 +164,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
             Verdict::Appended => Verdict::NoReply,
             v => v,
         };
-        let short = Duration::from_nanos(since(t0)) < SLOW_HANDLER;
+        let short = Duration::from_nanos(since(t0)) < slow;
         if lanes.inboxes[lane].post(Done { psock: job.psock, verdict, short }) {
             let _ = sh.workers[lane].waker.notify();
         }

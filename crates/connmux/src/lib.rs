@@ -53,7 +53,7 @@ mod socket;
 mod sync;
 pub mod tls;
 
-pub use config::{Backend, Config, Driver, Placement};
+pub use config::{Backend, Config, Driver, Placement, Tuning};
 pub use connmux_core::mux::{
     Event as CoreEvent, MuxConfig, PsockError, PsockId, RecvFlags, RecvInfo, RxError, SendFlags, SockId, SockType,
     Steering, TxPolicy,

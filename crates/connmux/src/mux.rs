@@ -247,6 +247,7 @@ impl Mux {
             lane_moves: AtomicU64::new(0),
             lane_returns: AtomicU64::new(0),
             unattach_drained: AtomicBool::new(false),
+            tuning: config.tuning.in_range(),
         });
         let mut threads = Vec::with_capacity(workers);
         let (init_tx, init_rx) = std::sync::mpsc::channel();
@@ -661,7 +662,7 @@ impl Mux {
     }
 
     /// Connections steered back from a heavy lane to their worker after
-    /// their requests ran short again (`lane::RETURN_AFTER` in a row).
+    /// their requests ran short again (`Tuning::lane_return_after` in a row).
     /// Always 0 on the kernel backend.
     pub fn lane_returns(&self) -> u64 {
         match &self.imp {

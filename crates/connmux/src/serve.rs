@@ -16,9 +16,10 @@ use std::time::Duration;
 use connmux_core::mux::{Event, MuxError, PsockId};
 use connmux_core::Bytes;
 
-use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, Verdict, SCRATCH_CHUNK, SCRATCH_LOW, SLOW_HANDLER};
+use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
+use crate::config::Tuning;
 use crate::lane::Heavy;
-use crate::shared::{Ctx, PsockRt, Shared, SockRt, SERVE_BATCH};
+use crate::shared::{Ctx, PsockRt, Shared, SockRt};
 
 pub(crate) struct Serving {
     pub sock: Arc<SockRt>,
@@ -39,17 +40,39 @@ pub(crate) enum Out {
     Close(PsockId),
 }
 
-/// Replies up to this size are copied into the worker's run buffer so that
-/// consecutive replies to one connection enter its transmit queue as one
-/// entry (one queue operation instead of one per reply); larger ones are
-/// queued as they are.
-const COALESCE_MAX: usize = 512;
 
-const SLOW_HITS: u32 = 3;
+
+/// A worker's own copy of the `Tuning` values it reads per message.
+#[derive(Clone, Copy)]
+struct Limits {
+    serve_batch: usize,
+    coalesce_max: usize,
+    slow_handler: Duration,
+    slow_hits: u32,
+}
+
+impl From<&Tuning> for Limits {
+    fn from(t: &Tuning) -> Limits {
+        Limits {
+            serve_batch: t.serve_batch,
+            coalesce_max: t.coalesce_max,
+            slow_handler: t.slow_handler,
+            slow_hits: t.slow_hits,
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits::from(&Tuning::default())
+    }
+}
 
 /// A worker's buffers for in-place serving, kept across passes.
 #[derive(Default)]
 pub(crate) struct ServeBufs {
+    /// `Config::tuning`, copied at start.
+    limits: Limits,
     msgs: Vec<(connmux_core::Bytes, PsockId)>,
     outs: Vec<Out>,
     /// Where handlers build replies.
@@ -78,6 +101,11 @@ pub(crate) struct ServeBufs {
 }
 
 impl ServeBufs {
+    /// Empty buffers for a worker of a mux tuned with `t`.
+    pub fn new(t: &Tuning) -> ServeBufs {
+        ServeBufs { limits: Limits::from(t), heavy: Heavy::new(t.lane_return_after), ..ServeBufs::default() }
+    }
+
     /// `n` requests of `p` were handled (answered or not).
     #[inline]
     fn handled(&mut self, p: PsockId, n: u64) {
@@ -128,7 +156,7 @@ impl ServeBufs {
     }
 
     fn note_time(&mut self, psock: PsockId, took: Duration) -> bool {
-        if took >= SLOW_HANDLER {
+        if took >= self.limits.slow_handler {
             if self.slow_hits.len() >= 4096 {
                 self.slow_hits.clear();
             }
@@ -136,7 +164,7 @@ impl ServeBufs {
             // connection.
             let hits = self.slow_hits.entry(psock).or_insert(0);
             *hits += 1;
-            if *hits == SLOW_HITS {
+            if *hits == self.limits.slow_hits {
                 self.slow.get_or_insert(psock);
             }
             true
@@ -150,7 +178,7 @@ impl ServeBufs {
 
     fn push(&mut self, psock: PsockId, v: Verdict) {
         match v {
-            Verdict::Reply(b) if b.len() <= COALESCE_MAX => {
+            Verdict::Reply(b) if b.len() <= self.limits.coalesce_max => {
                 match self.run {
                     Some((p, ref mut n)) if p == psock => *n += 1,
                     _ => {
@@ -190,12 +218,12 @@ pub(crate) fn serve(
     // reads handed over directly (older than anything queued since).
     let _ = crate::shared::take_own_pending();
     crate::shared::take_direct(&mut bufs.msgs);
-    // Bounded: SERVE_BATCH × 64 messages per pass, then back to I/O.
+    // Bounded: `serve_batch` × 64 messages per pass, then back to I/O.
     for _ in 0..64 {
         sv.sock.rx.clear();
         {
             let mut core = sh.lock();
-            while bufs.msgs.len() < SERVE_BATCH {
+            while bufs.msgs.len() < bufs.limits.serve_batch {
                 match core.mux.recv_msg(sv.sock.id) {
                     Ok(m) => bufs.msgs.push(m),
                     Err(MuxError::WouldBlock) | Err(_) => break,

@@ -83,7 +83,12 @@ impl Mux {
         // lane threads already started.
         let mut serving = Serving {
             _sockets: Vec::new(),
-            lanes: Arc::new(crate::handler::Lanes::new(workers, user.lane_queue, user.lane_in_order)),
+            lanes: Arc::new(crate::handler::Lanes::new(
+                workers,
+                user.lane_queue,
+                user.lane_in_order,
+                sh.tuning.lane_steal_from,
+            )),
             threads: Vec::new(),
         };
         let helpers = serving.lanes.crew.helpers() > 0;

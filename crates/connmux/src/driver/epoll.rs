@@ -36,7 +36,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     let mut core_events: Vec<Event> = Vec::new();
     let mut dirty: Vec<Arc<PsockRt>> = Vec::new();
     let mut serving: Option<Serving> = None;
-    let mut bufs = ServeBufs::default();
+    let mut bufs = ServeBufs::new(&sh.tuning);
 
     // The earliest assembly deadline as of the end of the last pass. Deadlines
     // start only when this worker feeds its own psocks (in the pass), so the
@@ -64,7 +64,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                             match c {
                                 Command::Serve { sock, handler, stats, lanes, index } => {
                                     let _ = epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ);
-                                    crate::shared::set_own_serve(sock.id);
+                                    crate::shared::set_own_serve(sock.id, sh.tuning.serve_batch);
                                     serving = Some(Serving { sock, handler, stats, lanes, index });
                                     serve_ready = true;
                                 }

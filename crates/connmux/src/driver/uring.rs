@@ -1,6 +1,6 @@
 //! An I/O worker on io_uring: one thread, one ring, the psocks attached to it.
 //!
-//! The decisions are the core's, as with the epoll worker (`worker.rs`); this
+//! The decisions are the core's, as with the epoll driver (`driver::epoll`); this
 //! module only moves bytes:
 //! - receive: one multishot receive per psock into the ring's provided buffers;
 //!   each buffer is fed to the core no faster than `rx_capacity` allows. When the
@@ -12,7 +12,7 @@
 //!   pause (a peer that never reads its replies) never leaves the others
 //!   without buffers to receive into. With DEFER_TASKRUN nothing is delivered
 //!   between two waits, so a spill holds at most what one wait delivered (at
-//!   most the ring, `BUF_COUNT × BUF_SIZE`), and it is fed to the core before
+//!   most the ring, `Tuning::ring_buf_count` × `ring_buf_size`), and it is fed to the core before
 //!   the psock's receive is armed again.
 //! - transmit: the psocks that have something to write after a pass get one
 //!   `sendmsg` each (all of the core's chunk: the replies of the pass), all
@@ -37,26 +37,27 @@ use connmux_sys::uring::{Completion, Ring, RingConfig};
 
 use crate::shared::{psock_token, Core, Ctx, PsockRt, Shared};
 use crate::shared::Command;
+use crate::config::Tuning;
 use crate::serve::{serve, Serving};
 
 /// Token of the waker poll.
 const WAKE_TOKEN: u64 = u64::MAX;
 /// Token of the serving socket's readiness poll.
 const SERVE_TOKEN: u64 = u64::MAX - 1;
-/// Provided buffers per worker and their size: 4 MiB of receive memory.
-const BUF_COUNT: u16 = 256;
-const BUF_SIZE: u32 = 16 << 10;
-/// Rounds of dispatch/serve/flush per pass before going back to the ring.
-const ROUNDS: usize = 64;
 
 /// The ring of a worker: the payloads of its sends are the core's `Bytes`.
 type WRing = Ring<Bytes>;
 
 /// Creates the worker's ring: completion work deferred to its waits where the
 /// kernel can (6.1+), else the plain kind.
-fn new_ring() -> io::Result<WRing> {
-    let config =
-        RingConfig { entries: 256, cq_entries: 4096, buf_count: BUF_COUNT, buf_size: BUF_SIZE, defer_taskrun: true };
+fn new_ring(t: &Tuning) -> io::Result<WRing> {
+    let config = RingConfig {
+        entries: 256,
+        cq_entries: 4096,
+        buf_count: t.ring_buf_count,
+        buf_size: t.ring_buf_size,
+        defer_taskrun: true,
+    };
     match Ring::new(config) {
         Ok(r) => Ok(r),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ring::new(RingConfig { defer_taskrun: false, ..config }),
@@ -179,7 +180,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
     if let Some(cpu) = cpu {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
     }
-    let mut ring = match new_ring() {
+    let mut ring = match new_ring(&sh.tuning) {
         Ok(r) => {
             let _ = init.send(Ok(()));
             r
@@ -215,7 +216,8 @@ impl Worker<'_> {
         let mut serving: Option<Serving> = None;
         let mut serve_armed = false;
         let mut comps: Vec<Completion> = Vec::with_capacity(1024);
-        let mut bufs = crate::serve::ServeBufs::default();
+        let mut bufs = crate::serve::ServeBufs::new(&sh.tuning);
+        let rounds = sh.tuning.ring_rounds;
 
         while !sh.stop.load(Ordering::Acquire) {
             if !waker_armed {
@@ -253,7 +255,7 @@ impl Worker<'_> {
             for c in cmds {
                 match c {
                     Command::Serve { sock, handler, stats, lanes, index } => {
-                        crate::shared::set_own_serve(sock.id);
+                        crate::shared::set_own_serve(sock.id, sh.tuning.serve_batch);
                         serving = Some(Serving { sock, handler, stats, lanes, index });
                         serve_ready = true;
                     }
@@ -277,7 +279,7 @@ impl Worker<'_> {
             }
             // Dispatch, serve in place, write: until nothing is left to do here
             // (bounded; what remains is picked up by the next pass).
-            for round in 0..ROUNDS {
+            for round in 0..rounds {
                 sh.dispatch(&mut self.events, &mut Ctx::Worker(&mut self.dirty));
                 if let Some(sv) = &serving {
                     // (A command may have read messages for our socket in a

@@ -20,6 +20,7 @@ use connmux_sys::eventfd::EventFd;
 
 pub(crate) mod tls;
 
+use crate::config::Tuning;
 use crate::handler::{Handler, Lanes, ServiceStats};
 
 /// A psock failure, as KCM reports it on the attached TCP socket (POLLERR +
@@ -34,8 +35,6 @@ pub struct PsockEvent {
 /// whose `sk_user_data` is already set (EALREADY), whichever mux holds it.
 pub(crate) static ATTACHED: Mutex<std::collections::BTreeSet<u64>> = Mutex::new(std::collections::BTreeSet::new());
 
-/// Messages a worker takes from its socket per lock acquisition.
-pub(crate) const SERVE_BATCH: usize = 256;
 
 /// Requests from other threads, delivered through the worker's waker. The
 /// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
@@ -61,10 +60,6 @@ pub(crate) enum Command {
     /// The core released the psock: end its operations, then drop it.
     Release(Arc<PsockRt>),
 }
-
-/// The most slices handed to one `writev` (IOV_MAX is 1024; a few dozen
-/// replies per write is where batching stops paying).
-const MAX_IOV: usize = 64;
 
 /// Encode a psock id as an epoll token (index in the low half, generation high).
 pub(crate) fn psock_token(p: PsockId) -> u64 {
@@ -240,10 +235,13 @@ pub(crate) struct Shared {
     /// Unattach a psock once it is drained (`Event::PsockDrained`), not
     /// only shut its write side down: a service's connections are its own.
     pub unattach_drained: AtomicBool,
+    /// `Config::tuning`, in range (`Tuning::in_range`). Workers copy what
+    /// they read per message into their own state when they start.
+    pub tuning: Tuning,
 }
 
-/// `writev` of up to [`MAX_IOV`] buffers, with an iovec array sized for
-/// the common small case (filling a 64-entry array costs more than the
+/// `writev` of `bufs` (at most `Tuning::max_iov`), with an iovec array sized
+/// for the common small case (filling a 64-entry array costs more than the
 /// rest of a one-reply flush).
 fn writev_bytes(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
     fn go<const N: usize>(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
@@ -256,7 +254,11 @@ fn writev_bytes(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
     match bufs.len() {
         0..=4 => go::<4>(fd, bufs),
         5..=16 => go::<16>(fd, bufs),
-        _ => go::<MAX_IOV>(fd, bufs),
+        17..=64 => go::<64>(fd, bufs),
+        _ => {
+            let iov: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+            connmux_sys::socket::writev(fd, &iov)
+        }
     }
 }
 
@@ -264,8 +266,9 @@ thread_local! {
     /// The slices of the chunk being written by this thread (`Shared::flush`),
     /// kept so a flush does not allocate.
     static FLUSH_SLICES: std::cell::RefCell<Vec<Bytes>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// On a worker that serves in place: its serving socket.
-    static OWN_SERVE: std::cell::Cell<Option<SockId>> = const { std::cell::Cell::new(None) };
+    /// On a worker that serves in place: its serving socket, and the most
+    /// messages a read may put straight on it (`Tuning::serve_batch`).
+    static OWN_SERVE: std::cell::Cell<Option<(SockId, usize)>> = const { std::cell::Cell::new(None) };
     /// That socket became readable in a worker dispatch and nobody has looked
     /// since (the worker serves, or raises the eventfd at the end of its pass).
     static OWN_PENDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -273,9 +276,10 @@ thread_local! {
     static DIRECT: std::cell::RefCell<Vec<(Bytes, PsockId)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// This thread (a worker) serves socket `s` in place.
-pub(crate) fn set_own_serve(s: SockId) {
-    OWN_SERVE.set(Some(s));
+/// This thread (a worker) serves socket `s` in place, taking up to `batch`
+/// messages at once.
+pub(crate) fn set_own_serve(s: SockId, batch: usize) {
+    OWN_SERVE.set(Some((s, batch)));
 }
 
 /// Feed bytes read from a psock: straight to this worker's own serving socket
@@ -288,8 +292,8 @@ pub(crate) fn feed_read(
     now: Timestamp,
 ) -> Result<(), connmux_core::mux::MuxError> {
     match OWN_SERVE.get() {
-        Some(sock) => DIRECT.with_borrow_mut(|out| {
-            let mut d = connmux_core::mux::Direct { sock, out, limit: SERVE_BATCH };
+        Some((sock, batch)) => DIRECT.with_borrow_mut(|out| {
+            let mut d = connmux_core::mux::Direct { sock, out, limit: batch };
             core.mux.feed_direct(p, data, now, &mut d)
         }),
         None => core.mux.feed(p, data, now),
@@ -308,9 +312,9 @@ pub(crate) fn feed_read_in_place(
     ranges: &mut Vec<std::ops::Range<usize>>,
 ) -> Result<(), connmux_core::mux::MuxError> {
     match OWN_SERVE.get() {
-        Some(sock) => DIRECT.with_borrow_mut(|out| {
-            let limit = if out.iter().any(|(_, q)| *q == p) { 0 } else { SERVE_BATCH };
-            let mut d = connmux_core::mux::Direct { sock, out, limit: SERVE_BATCH };
+        Some((sock, batch)) => DIRECT.with_borrow_mut(|out| {
+            let limit = if out.iter().any(|(_, q)| *q == p) { 0 } else { batch };
+            let mut d = connmux_core::mux::Direct { sock, out, limit: batch };
             core.mux.feed_in_place(p, data, now, &mut d, limit, ranges)
         }),
         None => core.mux.feed(p, data, now),
@@ -325,8 +329,8 @@ pub(crate) fn commit_read(
     now: Timestamp,
 ) -> Result<(), connmux_core::mux::MuxError> {
     match OWN_SERVE.get() {
-        Some(sock) => DIRECT.with_borrow_mut(|out| {
-            let mut d = connmux_core::mux::Direct { sock, out, limit: SERVE_BATCH };
+        Some((sock, batch)) => DIRECT.with_borrow_mut(|out| {
+            let mut d = connmux_core::mux::Direct { sock, out, limit: batch };
             core.mux.rx_commit_direct(loan, now, &mut d)
         }),
         None => core.mux.rx_commit(loan, now),
@@ -390,7 +394,7 @@ impl Shared {
                 Event::SockReadable(s) => {
                     // The worker serving `s` in place looks at its queue after
                     // this pass anyway: no eventfd round trip to itself.
-                    if matches!(ctx, Ctx::Worker(_)) && OWN_SERVE.get() == Some(s) {
+                    if matches!(ctx, Ctx::Worker(_)) && OWN_SERVE.get().is_some_and(|(own, _)| own == s) {
                         OWN_PENDING.set(true);
                     } else if let Some(rt) = self.sock_rt(s) {
                         rt.rx.set();
@@ -547,7 +551,7 @@ impl Shared {
         // Bounded: each round either writes bytes, or stops. The next chunk is
         // taken under the same lock that completes this one.
         for _ in 0..1024 {
-            let n = slices.len().min(MAX_IOV);
+            let n = slices.len().min(self.tuning.max_iov);
             let want: usize = slices[..n].iter().map(|b| b.len()).sum();
             let res = writev_bytes(rt.fd(), &slices[..n]);
             // Written or not, the core still holds the messages: let go of them.

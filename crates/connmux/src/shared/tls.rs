@@ -55,9 +55,6 @@ use super::{PsockRt, Shared, WorkerIo};
 /// core's messages stay in the core, charged to their socket's send budget.
 pub const TLS_BUFFER_LIMIT: usize = 64 << 10;
 
-/// Slices handed to rustls's writer at once (one record takes up to 16 KiB).
-const MAX_IOV: usize = 64;
-
 /// A TLS connection to run on an attached TCP connection: a rustls server or
 /// client connection, made from its configuration and not yet used.
 pub struct TlsConn(rustls::Connection);
@@ -185,8 +182,8 @@ impl PsockTls {
     /// The plaintext of the core's chunk, as records (no more than the
     /// buffer limit takes); how many bytes were taken. Small messages share
     /// records: the slices go to rustls in one vectored write.
-    fn encrypt(&mut self, slices: &[Bytes]) -> usize {
-        let n = slices.len().min(MAX_IOV);
+    fn encrypt(&mut self, slices: &[Bytes], max_iov: usize) -> usize {
+        let n = slices.len().min(max_iov);
         let iov: Vec<IoSlice<'_>> = slices[..n].iter().map(|b| IoSlice::new(b)).collect();
         self.conn.writer().write_vectored(&iov).unwrap_or(0)
     }
@@ -509,7 +506,7 @@ fn encrypt_from_core(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, events: &mut 
         core.drain_events(events);
         return false;
     }
-    let n = st.encrypt(&chunk.slices);
+    let n = st.encrypt(&chunk.slices, sh.tuning.max_iov);
     core.mux.tx_complete(rt.id, n);
     core.drain_events(events);
     n > 0
