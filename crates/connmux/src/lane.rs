@@ -42,6 +42,11 @@
 //! A connection is heavy for a while, not for ever: once `Tuning::lane_return_after`
 //! of its requests in a row ran short and none of them is still in the
 //! lane, its worker runs its requests itself again.
+//!
+//! Owns the lane threads and a worker's view of its heavy connections
+//! ([`Heavy`]); the queues themselves are `handler::Lanes`. Must not name
+//! serving, a driver or the public `Mux`: a lane thread holds only the
+//! `Shared` whose workers it wakes.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -40,18 +40,21 @@
 //! `connmux-sys`), and it does not listen or accept (see [`service`]).
 #![forbid(unsafe_code)]
 
+// The runtime's modules, bottom layer first: each names only modules listed
+// before it (`tests/layers.rs` checks it; `docs/architecture.md`,
+// "Layers", says what each owns).
 mod config;
-mod driver;
+mod sync;
 mod handler;
+mod shared;
 mod kernel;
 mod lane;
-mod mux;
 mod serve;
-pub mod service;
-mod shared;
+mod driver;
+mod mux;
 mod socket;
-mod sync;
 pub mod tls;
+pub mod service;
 
 pub use config::{Backend, Config, Driver, Placement, Tuning};
 pub use connmux_core::mux::{

@@ -1,4 +1,9 @@
 //! The public mux: creation, attach/unattach, errors, statistics.
+//!
+//! Owns the mux's start (the workers on the driver it picks, or the kernel
+//! backend) and stop, and the attach path. Must not name `KcmSocket`
+//! (`socket` adds `Mux::socket`), `tls` (which adds `Mux::attach_tls`) or
+//! `service` (which adds `Mux::serve`): they stand on the mux.
 
 use std::io;
 use std::net::TcpStream;

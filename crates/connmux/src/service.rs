@@ -3,6 +3,10 @@
 //! workers pinned to cores, and a handler that turns each request message into
 //! a reply on the connection it came from (addressed mode), run in place on the
 //! worker that read it.
+//!
+//! Owns the listener, its accept thread and `Mux::serve` (the per-worker
+//! serving sockets and the lane threads). The top of the runtime: nothing in
+//! it names this module; the handler types it re-exports live in `handler`.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};

@@ -4,6 +4,12 @@
 //! Lock discipline: `Shared::core` is the only lock on the data path. No
 //! syscall is made while it is held except the eventfd/epoll_ctl calls of event
 //! dispatch, which never block (they run after the lock is released).
+//!
+//! Owns the core lock, the runtime sides of sockets and psocks (`SockRt`,
+//! `PsockRt`, readiness), the workers' references (`WorkerRef`: waker,
+//! [`Command`]s), event dispatch and flushing (TLS psocks' records:
+//! [`tls`]). Must not name a driver, serving, the lanes, the public `Mux`,
+//! `KcmSocket` or anything above them: they all stand on this.
 
 use rustc_hash::FxHashMap;
 use std::io::{self, IoSlice};
