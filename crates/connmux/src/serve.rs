@@ -21,6 +21,8 @@ use crate::config::Tuning;
 use crate::lane::Heavy;
 use crate::shared::{Ctx, PsockRt, Shared, SockRt};
 
+/// What a serving worker serves (from `Command::Serve`): its own socket and
+/// the handler, and the lanes it offers heavy connections' messages to.
 pub(crate) struct Serving {
     pub sock: Arc<SockRt>,
     pub handler: Arc<dyn Handler>,
