@@ -146,7 +146,6 @@ pub struct ServiceStats {
     pub refused: AtomicU64,
 }
 
-
 /// A heavy connection's message, offered by its worker.
 pub(crate) struct Job {
     pub data: Bytes,
@@ -179,4 +178,3 @@ impl Lanes {
         }
     }
 }
-

@@ -55,9 +55,9 @@ use connmux_core::mux::PsockId;
 
 use bytes::BytesMut;
 
+use crate::handler::{since, Done, Handler, Lanes, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
 use crate::shared::Shared;
 use crate::sync::crew::Taker;
-use crate::handler::{since, Done, Handler, Lanes, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
 
 /// How long a taker with nothing to do sleeps before it looks again anyway
 /// (work and shutdown unpark it at once; this only bounds a lost wake-up).

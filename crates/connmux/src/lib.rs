@@ -45,15 +45,25 @@
 // "Layers", says what each owns).
 mod config;
 mod sync;
+
 mod handler;
+
 mod shared;
+
 mod kernel;
+
 mod lane;
+
 mod serve;
+
 mod driver;
+
 mod mux;
+
 mod socket;
+
 pub mod tls;
+
 pub mod service;
 
 pub use config::{Backend, Config, Driver, Placement, Tuning};

@@ -20,10 +20,10 @@ use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
 use crate::config::{Backend, Config, Driver};
+use crate::driver;
 use crate::kernel::{self, KMux};
 use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerIo, WorkerRef};
 use crate::shared::{Command, PsockEvent, ATTACHED};
-use crate::driver;
 
 /// Options of one attach: the parser, and the limits of this connection where
 /// they differ from the mux's (`MuxConfig::max_msg_size`,
@@ -85,7 +85,6 @@ impl std::fmt::Debug for AttachOptions {
             .finish()
     }
 }
-
 
 /// Map a core error onto the errno an AF_KCM call would return.
 pub(crate) fn io_err(e: MuxError) -> io::Error {

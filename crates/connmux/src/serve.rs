@@ -16,8 +16,8 @@ use std::time::Duration;
 use connmux_core::mux::{Event, MuxError, PsockId};
 use connmux_core::Bytes;
 
-use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
 use crate::config::Tuning;
+use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
 use crate::lane::Heavy;
 use crate::shared::{Ctx, PsockRt, Shared, SockRt};
 
@@ -41,8 +41,6 @@ pub(crate) enum Out {
     /// Reset and unattach this connection.
     Close(PsockId),
 }
-
-
 
 /// A worker's own copy of the `Tuning` values it reads per message.
 #[derive(Clone, Copy)]

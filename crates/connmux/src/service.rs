@@ -19,11 +19,11 @@ use std::time::Duration;
 use connmux_core::mux::{PsockError, SockType};
 use connmux_core::parser::Parser;
 
+pub use crate::handler::{Handler, RunServed, ServiceStats, Verdict};
 use crate::mux::Mux;
+use crate::shared::Command;
 use crate::socket::KcmSocket;
 use crate::sync::crew::Taker;
-use crate::shared::Command;
-pub use crate::handler::{Handler, RunServed, ServiceStats, Verdict};
 
 /// as long as it does.
 pub struct Serving {

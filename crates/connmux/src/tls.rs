@@ -108,4 +108,3 @@ fn refused() -> io::Error {
         "TLS runs in the userspace workers; AF_KCM would need kTLS, which connmux does not set up",
     )
 }
-

@@ -217,12 +217,7 @@ fn graph() -> Graph {
 
 fn find_cycle(g: &Graph) -> Option<Vec<String>> {
     // 0 unseen, 1 on the stack, 2 done.
-    fn visit(
-        g: &Graph,
-        n: &str,
-        state: &mut BTreeMap<String, u8>,
-        stack: &mut Vec<String>,
-    ) -> Option<Vec<String>> {
+    fn visit(g: &Graph, n: &str, state: &mut BTreeMap<String, u8>, stack: &mut Vec<String>) -> Option<Vec<String>> {
         state.insert(n.to_string(), 1);
         stack.push(n.to_string());
         for to in g.edges.get(n).into_iter().flat_map(|m| m.keys()) {
@@ -259,7 +254,8 @@ fn find_cycle(g: &Graph) -> Option<Vec<String>> {
 
 #[test]
 fn the_parser_of_this_test_sees_paths() {
-    let t = strip_comments("use crate::{a, b::{c, d}};\n// crate::x\nlet s = \"crate::y\"; crate::z::f(); super::w::g;");
+    let t =
+        strip_comments("use crate::{a, b::{c, d}};\n// crate::x\nlet s = \"crate::y\"; crate::z::f(); super::w::g;");
     assert_eq!(names_after(&t, "crate"), ["a", "b", "z"]);
     assert_eq!(names_after(&t, "super"), ["w"]);
 }
@@ -269,10 +265,8 @@ fn module_graph_has_no_cycle() {
     let g = graph();
     assert!(g.modules.len() >= 8, "modules found: {:?}", g.modules);
     if let Some(cycle) = find_cycle(&g) {
-        let hops: Vec<String> = cycle
-            .windows(2)
-            .map(|w| format!("{} -> {} (in {})", w[0], w[1], g.edges[&w[0]][&w[1]]))
-            .collect();
+        let hops: Vec<String> =
+            cycle.windows(2).map(|w| format!("{} -> {} (in {})", w[0], w[1], g.edges[&w[0]][&w[1]])).collect();
         panic!("module cycle: {}\n  {}", cycle.join(" -> "), hops.join("\n  "));
     }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use connmux_core::mux::Event;
-use connmux_core::{Timestamp};
+use connmux_core::Timestamp;
 use connmux_sys::epoll::{Events, Interest};
 
 use crate::driver::{SERVE_TOKEN, WAKER_TOKEN};
@@ -280,4 +280,3 @@ fn read_lent(sh: &Shared, rt: &PsockRt, mut loan: connmux_core::mux::RxLoan, eve
         }
     }
 }
-

@@ -14,7 +14,6 @@ use crate::config::Placement;
 pub(crate) const WAKER_TOKEN: u64 = u64::MAX;
 pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
 
-
 pub(crate) fn cpus_for(placement: &Placement, workers: usize) -> Vec<Option<usize>> {
     match placement {
         Placement::Unpinned => vec![None; workers],
@@ -29,4 +28,3 @@ pub(crate) fn cpus_for(placement: &Placement, workers: usize) -> Vec<Option<usiz
         }
     }
 }
-

@@ -40,10 +40,10 @@ use connmux_core::mux::Event;
 use connmux_core::Bytes;
 use connmux_sys::uring::{Completion, Ring, RingConfig};
 
-use crate::shared::{psock_token, Ctx, PsockRt, Shared};
-use crate::shared::Command;
 use crate::config::Tuning;
 use crate::serve::{serve, Serving};
+use crate::shared::Command;
+use crate::shared::{psock_token, Ctx, PsockRt, Shared};
 
 mod conn;
 use conn::{pump, pump_tls, stop_rx, Conn, Held, Lent};
@@ -520,7 +520,12 @@ impl Worker<'_> {
                             }
                             Err(e) => {
                                 self.tx_slices.clear();
-                                crate::shared::tls::tx_failed(sh, &rt, e.raw_os_error().unwrap_or(libc::EIO), &mut self.events)
+                                crate::shared::tls::tx_failed(
+                                    sh,
+                                    &rt,
+                                    e.raw_os_error().unwrap_or(libc::EIO),
+                                    &mut self.events,
+                                )
                             }
                         }
                         continue;

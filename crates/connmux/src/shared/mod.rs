@@ -41,7 +41,6 @@ pub struct PsockEvent {
 /// whose `sk_user_data` is already set (EALREADY), whichever mux holds it.
 pub(crate) static ATTACHED: Mutex<std::collections::BTreeSet<u64>> = Mutex::new(std::collections::BTreeSet::new());
 
-
 /// Requests from other threads, delivered through the worker's waker. The
 /// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
 /// io_uring worker gets all of them, as its ring is its own.

@@ -193,7 +193,14 @@ pub(super) fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &
 /// takes nothing (paused), keep the rest and cancel the receive; when all is fed,
 /// report an end of stream that came after it. What stays spilled counts in
 /// the core's memory budget as the psock's.
-pub(super) fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, events: &mut Vec<Event>, lent: &mut Lent) {
+pub(super) fn pump(
+    core: &mut Core,
+    ring: &mut WRing,
+    conn: &mut Conn,
+    now: Timestamp,
+    events: &mut Vec<Event>,
+    lent: &mut Lent,
+) {
     pump_held(core, ring, conn, now, events, lent);
     let below = conn.spill.len() - conn.spill_off;
     if below != conn.spill_counted {
