@@ -1,5 +1,10 @@
 //! The one configuration struct: every limit with its default and the AF_KCM knob
-//! it stands for lives in [`connmux_core::mux::MuxConfig`]; this adds the threads.
+//! it stands for lives in [`connmux_core::mux::MuxConfig`]; this adds the threads
+//! and the runtime's tuning constants ([`Tuning`]).
+//!
+//! A leaf: names no other module of the runtime.
+
+use std::time::Duration;
 
 use connmux_core::mux::MuxConfig;
 
@@ -157,6 +162,104 @@ pub struct Config {
     /// rather than in memory nobody bounds). Each message is at most
     /// `core.max_msg_size`. Default 256.
     pub lane_queue: usize,
+    /// The runtime's tuning constants (batch sizes, thresholds, ring
+    /// buffers); the defaults are the values its figures were taken with.
+    pub tuning: Tuning,
+}
+
+/// The userspace runtime's tuning constants, each with why it has its
+/// default. None of them changes what is delivered, only how the work is cut
+/// up; a worker copies the ones it reads per message into its own state when
+/// it starts. A zero where at least one is needed counts as one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Messages a serving worker takes from its socket per lock hold, and at
+    /// most that many of one read framed to be served in place. Large enough
+    /// that one lock hold pays for many messages, small enough that a worker
+    /// gets back to its reads (and so to its other connections) soon; a pass
+    /// serves at most 64 such batches. Default 256.
+    pub serve_batch: usize,
+    /// Replies up to this many bytes are copied into the worker's run buffer,
+    /// so that consecutive replies to one connection enter its transmit
+    /// queue as one entry (one queue operation instead of one per reply);
+    /// larger ones are queued as they are, where the copy would cost more
+    /// than the queue operation it saves. Default 512.
+    pub coalesce_max: usize,
+    /// A handler run at least this long on one message counts as slow, and
+    /// `slow_hits` slow runs in a row make its connection heavy: its messages
+    /// then go to the worker's heavy lane, so light requests are not read
+    /// behind heavy work. Well above a light request's handler (a NULL call
+    /// or an echo is a few hundred nanoseconds), well below what a waiting
+    /// light request notices. Default 50 µs.
+    pub slow_handler: Duration,
+    /// Slow runs in a row (`slow_handler`) that make a connection heavy: one
+    /// long run can be a preemption, several in a row are a heavy
+    /// connection. Default 3.
+    pub slow_hits: u32,
+    /// Short handler runs in a row (under `slow_handler`) after which a heavy
+    /// connection leaves its lane and is served by its worker again: many
+    /// more than the slow runs that sent it there, so a connection mixing
+    /// heavy and light requests does not go back and forth. Default 64.
+    pub lane_return_after: u32,
+    /// Messages a heavy lane must hold for a helper (on another CPU) to take
+    /// one: the head stays for the lane's home thread, so a connection's
+    /// lone request never waits on a helper whose CPU has no time to spare.
+    /// Default 2.
+    pub lane_steal_from: usize,
+    /// Provided buffers in an io_uring worker's ring (a power of two, at most
+    /// 32768: the ring refuses other counts with `EINVAL`, so `Mux::new` fails
+    /// on the io_uring driver and `Auto` takes epoll). With `ring_buf_size`
+    /// this is a worker's receive memory (256 × 16 KiB = 4 MiB), and it bounds
+    /// what a paused psock can have spilled: at most what one wait delivered,
+    /// at most the ring. Default 256.
+    pub ring_buf_count: u16,
+    /// Bytes of one provided buffer: a multishot receive completes into one
+    /// buffer, so this is the largest piece of the stream one completion
+    /// hands over. Default 16 KiB.
+    pub ring_buf_size: u32,
+    /// Rounds of dispatch, serve and flush an io_uring worker runs per pass
+    /// before it goes back to the ring: what one round's work makes ready
+    /// (events, connections with bytes to write) is handled in the same
+    /// pass, and the bound keeps a worker that always finds more from never
+    /// reaping its completions (what remains goes to the next pass).
+    /// Default 64.
+    pub ring_rounds: usize,
+    /// Slices written in one `writev`, and handed to rustls's writer at once
+    /// for a TLS psock (one record takes up to 16 KiB): the core's chunk for
+    /// one write is cut there. A few dozen replies per write is where
+    /// batching stops paying. At most 1024 (`IOV_MAX`); larger values count
+    /// as 1024. Default 64.
+    pub max_iov: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            serve_batch: 256,
+            coalesce_max: 512,
+            slow_handler: Duration::from_micros(50),
+            slow_hits: 3,
+            lane_return_after: 64,
+            lane_steal_from: 2,
+            ring_buf_count: 256,
+            ring_buf_size: 16 << 10,
+            ring_rounds: 64,
+            max_iov: 64,
+        }
+    }
+}
+
+impl Tuning {
+    /// These values with every count the runtime needs at least one of (or
+    /// at most the kernel's limit of) brought into range.
+    pub(crate) fn in_range(mut self) -> Tuning {
+        self.serve_batch = self.serve_batch.max(1);
+        self.slow_hits = self.slow_hits.max(1);
+        self.lane_steal_from = self.lane_steal_from.max(1);
+        self.ring_rounds = self.ring_rounds.max(1);
+        self.max_iov = self.max_iov.clamp(1, 1024);
+        self
+    }
 }
 
 impl Default for Config {
@@ -174,6 +277,7 @@ impl Default for Config {
             lane_nice: 3,
             lane_in_order: false,
             lane_queue: 256,
+            tuning: Tuning::default(),
         }
     }
 }

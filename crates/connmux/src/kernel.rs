@@ -2,6 +2,10 @@
 //! go to `connmux-kernel` (AF_KCM), and a small thread turns the errors the
 //! kernel posts on attached TCP sockets into the same [`PsockEvent`]s the
 //! userspace runtime sends. See [`crate::Backend`] for what each call does.
+//!
+//! Owns the AF_KCM mux and its event thread. Must not name the userspace
+//! runtime (`shared` only for the `PsockEvent` both backends report), the
+//! public `Mux` or `KcmSocket`: they choose the backend and call in here.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,7 +17,7 @@ use connmux_core::mux::PsockId;
 use connmux_kernel::{KernelError, KernelMux, KernelParser, Limits};
 
 use crate::config::Config;
-use crate::mux::PsockEvent;
+use crate::shared::PsockEvent;
 
 /// What a receive on the kernel backend reports as the message's psock: the
 /// kernel does not say which connection a message came from.

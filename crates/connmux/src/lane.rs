@@ -5,7 +5,7 @@
 //! A worker that serves in place runs the handler on its own thread, so one
 //! connection whose requests burn the CPU would keep the worker's other
 //! connections waiting behind each request. When the worker finds such a
-//! connection (`worker::SLOW_HANDLER`, several runs in a row) it marks it
+//! connection (`Tuning::slow_handler`, `Tuning::slow_hits` runs in a row) it marks it
 //! heavy, in its own state (no lock, nothing shared changes), and from then
 //! on offers that connection's messages to its lane instead of running
 //! them (`sync::crew`):
@@ -39,73 +39,41 @@
 //! starts no helpers: each lane has one taker, its replies keep request
 //! order, and a heavy connection is answered on one CPU.
 //!
-//! A connection is heavy for a while, not for ever: once [`RETURN_AFTER`]
+//! A connection is heavy for a while, not for ever: once `Tuning::lane_return_after`
 //! of its requests in a row ran short and none of them is still in the
 //! lane, its worker runs its requests itself again.
+//!
+//! Owns the lane threads and a worker's view of its heavy connections
+//! ([`Heavy`]); the queues themselves are `handler::Lanes`. Must not name
+//! serving, a driver or the public `Mux`: a lane thread holds only the
+//! `Shared` whose workers it wakes.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use connmux_core::mux::PsockId;
-use connmux_core::Bytes;
 
 use bytes::BytesMut;
 
-use crate::mux::Mux;
-use crate::service::{Handler, Verdict};
-use crate::sync::crew::{Crew, Taker};
-use crate::sync::inbox::Inbox;
-use crate::worker::{SCRATCH_CHUNK, SCRATCH_LOW};
+use crate::handler::{Done, Handler, Lanes, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
+use crate::shared::Shared;
+use crate::sync::crew::Taker;
 
 /// How long a taker with nothing to do sleeps before it looks again anyway
 /// (work and shutdown unpark it at once; this only bounds a lost wake-up).
 const IDLE: Duration = Duration::from_secs(1);
-/// Messages a lane must hold for a helper to take one: the head stays for
-/// the home thread, so a connection's lone request never waits on a helper
-/// whose CPU has no time to spare.
-const STEAL_FROM: usize = 2;
-/// Short handler runs in a row (under `worker::SLOW_HANDLER`) after which a
-/// connection leaves the lane: many more than the slow runs that sent it
-/// there, so a connection mixing heavy and light requests does not go back
-/// and forth.
-pub(crate) const RETURN_AFTER: u32 = 64;
-
-/// A heavy connection's message, offered by its worker.
-pub(crate) struct Job {
-    pub data: Bytes,
-    pub psock: PsockId,
-}
-
-/// What a taker made of a [`Job`], posted back to the worker that offered it.
-pub(crate) struct Done {
-    pub psock: PsockId,
-    pub verdict: Verdict,
-    /// The handler ran shorter than `worker::SLOW_HANDLER`.
-    pub short: bool,
-}
-
-/// The lanes of one `Mux::serve`: one per worker, and each worker's inbox
-/// for the verdicts.
-pub(crate) struct Lanes {
-    pub crew: Crew<Job>,
-    pub inboxes: Vec<Inbox<Done>>,
-}
-
-impl Lanes {
-    /// `workers` lanes of `cap` messages; helpers unless `in_order`.
-    pub fn new(workers: usize, cap: usize, in_order: bool) -> Lanes {
-        let helpers = if in_order || workers < 2 { 0 } else { workers };
-        Lanes {
-            crew: Crew::new(workers, cap, helpers, STEAL_FROM),
-            inboxes: (0..workers).map(|_| Inbox::default()).collect(),
-        }
-    }
-}
 
 /// A worker's view of its heavy connections (its own state: no lock).
-#[derive(Default)]
 pub(crate) struct Heavy {
     conns: rustc_hash::FxHashMap<PsockId, HeavyConn>,
+    /// `Tuning::lane_return_after`.
+    return_after: u32,
+}
+
+impl Default for Heavy {
+    fn default() -> Heavy {
+        Heavy::new(crate::config::Tuning::default().lane_return_after)
+    }
 }
 
 #[derive(Default)]
@@ -117,6 +85,12 @@ struct HeavyConn {
 }
 
 impl Heavy {
+    /// No heavy connection yet; one goes back to its worker after
+    /// `return_after` short runs in a row.
+    pub fn new(return_after: u32) -> Heavy {
+        Heavy { conns: Default::default(), return_after }
+    }
+
     /// Whether `p`'s messages go to the lane.
     #[inline]
     pub fn contains(&self, p: PsockId) -> bool {
@@ -146,7 +120,7 @@ impl Heavy {
         let Some(c) = self.conns.get_mut(&p) else { return false };
         c.in_lane = c.in_lane.saturating_sub(1);
         c.short = if short { c.short + 1 } else { 0 };
-        if c.short >= RETURN_AFTER && c.in_lane == 0 {
+        if c.short >= self.return_after && c.in_lane == 0 {
             self.conns.remove(&p);
             return true;
         }
@@ -173,7 +147,7 @@ pub(crate) struct LaneCtx {
 
 /// A lane thread: take messages (`ctx.who`), answer them, post the
 /// verdicts to the workers that offered them, until the crew stops.
-pub(crate) fn run(mux: Mux, lanes: Arc<Lanes>, handler: Arc<dyn Handler>, ctx: LaneCtx) {
+pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>, ctx: LaneCtx) {
     if let Some(cpu) = ctx.cpu {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
     }
@@ -183,7 +157,7 @@ pub(crate) fn run(mux: Mux, lanes: Arc<Lanes>, handler: Arc<dyn Handler>, ctx: L
     } else if ctx.nice != 0 {
         let _ = connmux_sys::affinity::renice_current_thread(ctx.nice);
     }
-    let sh = mux.shared();
+    let slow = sh.tuning.slow_handler;
     let mut scratch = BytesMut::new();
     while let Some((lane, job)) = lanes.crew.next(ctx.who, IDLE) {
         if scratch.capacity() - scratch.len() < SCRATCH_LOW {
@@ -198,7 +172,7 @@ pub(crate) fn run(mux: Mux, lanes: Arc<Lanes>, handler: Arc<dyn Handler>, ctx: L
             v => v,
         };
         let took = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0);
-        let short = Duration::from_nanos(took) < crate::worker::SLOW_HANDLER;
+        let short = Duration::from_nanos(took) < slow;
         if lanes.inboxes[lane].post(Done { psock: job.psock, verdict, short }) {
             let _ = sh.workers[lane].waker.notify();
         }

@@ -40,19 +40,33 @@
 //! `connmux-sys`), and it does not listen or accept (see [`service`]).
 #![forbid(unsafe_code)]
 
+// The runtime's modules, bottom layer first: each names only modules listed
+// before it (`tests/layers.rs` checks it; `docs/architecture.md`,
+// "Layers", says what each owns).
 mod config;
-mod kernel;
-mod lane;
-mod mux;
-pub mod service;
-mod shared;
-mod socket;
 mod sync;
-pub mod tls;
-mod uring_worker;
-mod worker;
 
-pub use config::{Backend, Config, Driver, Placement};
+mod handler;
+
+mod shared;
+
+mod kernel;
+
+mod lane;
+
+mod serve;
+
+mod driver;
+
+mod mux;
+
+mod socket;
+
+pub mod tls;
+
+pub mod service;
+
+pub use config::{Backend, Config, Driver, Placement, Tuning};
 pub use connmux_core::mux::{
     Event as CoreEvent, MuxConfig, PsockError, PsockId, RecvFlags, RecvInfo, RxError, SendFlags, SockId, SockType,
     Steering, TxPolicy,
@@ -63,5 +77,6 @@ pub use connmux_core::stats::{MuxStats, PsockStats, SockStats};
 pub use connmux_core::Bytes;
 pub use connmux_kernel::{KernelError, KernelMux, KernelSocket};
 pub use kernel::{BackendError, UNKNOWN_PSOCK};
-pub use mux::{AttachOptions, BpfProgram, Mux, PsockEvent};
+pub use mux::{AttachOptions, BpfProgram, Mux};
+pub use shared::PsockEvent;
 pub use socket::{KcmSocket, Message};

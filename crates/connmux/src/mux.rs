@@ -1,4 +1,9 @@
 //! The public mux: creation, attach/unattach, errors, statistics.
+//!
+//! Owns the mux's start (the workers on the driver it picks, or the kernel
+//! backend) and stop, and the attach path. Must not name `KcmSocket`
+//! (`socket` adds `Mux::socket`), `tls` (which adds `Mux::attach_tls`) or
+//! `service` (which adds `Mux::serve`): they stand on the mux.
 
 use std::io;
 use std::net::TcpStream;
@@ -8,18 +13,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use connmux_core::mux::{Mux as CoreMux, MuxError, PsockConfig, PsockError, PsockId, SockType};
+use connmux_core::mux::{Mux as CoreMux, MuxError, PsockConfig, PsockError, PsockId};
 use connmux_core::parser::Parser;
 use connmux_core::stats::{MuxStats, PsockStats};
 use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
 use crate::config::{Backend, Config, Driver};
+use crate::driver;
 use crate::kernel::{self, KMux};
 use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerIo, WorkerRef};
-use crate::socket::KcmSocket;
-use crate::uring_worker;
-use crate::worker::{self, Command};
+use crate::shared::{Command, PsockEvent, ATTACHED};
 
 /// Options of one attach: the parser, and the limits of this connection where
 /// they differ from the mux's (`MuxConfig::max_msg_size`,
@@ -80,14 +84,6 @@ impl std::fmt::Debug for AttachOptions {
             .field("worker", &self.worker)
             .finish()
     }
-}
-
-/// A psock failure, as KCM reports it on the attached TCP socket (POLLERR +
-/// SO_ERROR). The application should [`Mux::unattach`] the connection.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PsockEvent {
-    pub psock: PsockId,
-    pub error: PsockError,
 }
 
 /// Map a core error onto the errno an AF_KCM call would return.
@@ -222,7 +218,7 @@ impl Mux {
 
     fn start(config: &Config, driver: Driver) -> io::Result<Mux> {
         let workers = config.workers.max(1);
-        let cpus = worker::cpus_for(&config.placement, workers);
+        let cpus = driver::cpus_for(&config.placement, workers);
         let mut refs = Vec::with_capacity(workers);
         for &cpu in &cpus {
             let waker = EventFd::new()?;
@@ -230,7 +226,7 @@ impl Mux {
                 Driver::Uring => WorkerIo::Uring,
                 _ => {
                     let epoll = Epoll::new()?;
-                    epoll.add(waker.as_raw_fd(), worker::WAKER_TOKEN, Interest::READ)?;
+                    epoll.add(waker.as_raw_fd(), driver::WAKER_TOKEN, Interest::READ)?;
                     WorkerIo::Epoll(epoll)
                 }
             };
@@ -255,6 +251,7 @@ impl Mux {
             lane_moves: AtomicU64::new(0),
             lane_returns: AtomicU64::new(0),
             unattach_drained: AtomicBool::new(false),
+            tuning: config.tuning.in_range(),
         });
         let mut threads = Vec::with_capacity(workers);
         let (init_tx, init_rx) = std::sync::mpsc::channel();
@@ -263,10 +260,10 @@ impl Mux {
             let sh = shared.clone();
             let init = init_tx.clone();
             let spawned = std::thread::Builder::new().name(format!("connmux-w{i}")).spawn(move || match driver {
-                Driver::Uring => uring_worker::run(sh, i, cpu, init),
+                Driver::Uring => driver::uring::run(sh, i, cpu, init),
                 _ => {
                     let _ = init.send(Ok(()));
-                    worker::run(sh, i, cpu)
+                    driver::epoll::run(sh, i, cpu)
                 }
             });
             match spawned {
@@ -321,11 +318,6 @@ impl Mux {
             MuxImp::User(u) => &u.shared,
             MuxImp::Kernel(_) => unreachable!("a userspace-only path reached on the kernel backend"),
         }
-    }
-
-    /// Create a KCM socket on this mux (`socket(AF_KCM, type, 0)`).
-    pub fn socket(&self, ty: SockType) -> io::Result<KcmSocket> {
-        KcmSocket::create(self.clone(), ty)
     }
 
     /// Number of I/O workers (0 on the kernel backend).
@@ -436,7 +428,7 @@ impl Mux {
         conn: &impl AsFd,
         parser: Box<dyn Parser>,
         worker: usize,
-        tls: Option<crate::tls::PsockTls>,
+        tls: Option<crate::shared::tls::PsockTls>,
     ) -> io::Result<PsockId> {
         self.attach_limited(conn, parser, worker, tls, PsockConfig::default())
     }
@@ -448,7 +440,7 @@ impl Mux {
         conn: &impl AsFd,
         parser: Box<dyn Parser>,
         worker: usize,
-        tls: Option<crate::tls::PsockTls>,
+        tls: Option<crate::shared::tls::PsockTls>,
         limits: PsockConfig,
     ) -> io::Result<PsockId> {
         let sh = self.shared();
@@ -674,7 +666,7 @@ impl Mux {
     }
 
     /// Connections steered back from a heavy lane to their worker after
-    /// their requests ran short again (`lane::RETURN_AFTER` in a row).
+    /// their requests ran short again (`Tuning::lane_return_after` in a row).
     /// Always 0 on the kernel backend.
     pub fn lane_returns(&self) -> u64 {
         match &self.imp {
@@ -715,7 +707,3 @@ pub enum BpfProgram {
     /// Raw bytecode: 8-byte instructions as the kernel takes them.
     Bytecode(Vec<u8>),
 }
-
-/// Sockets attached to any mux in this process, by inode: KCM refuses a socket
-/// whose `sk_user_data` is already set (EALREADY), whichever mux holds it.
-pub(crate) static ATTACHED: Mutex<std::collections::BTreeSet<u64>> = Mutex::new(std::collections::BTreeSet::new());

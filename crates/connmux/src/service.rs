@@ -3,130 +3,32 @@
 //! workers pinned to cores, and a handler that turns each request message into
 //! a reply on the connection it came from (addressed mode), run in place on the
 //! worker that read it.
+//!
+//! Owns the listener, its accept thread and `Mux::serve` (the per-worker
+//! serving sockets and the lane threads). The top of the runtime: nothing in
+//! it names this module; the handler types it re-exports live in `handler`.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
-use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use connmux_core::mux::{PsockError, PsockId, SockType};
+use connmux_core::mux::{PsockError, SockType};
 use connmux_core::parser::Parser;
-use connmux_core::Bytes;
 
+pub use crate::handler::{Handler, RunServed, ServiceStats, Verdict};
 use crate::mux::Mux;
+use crate::shared::Command;
 use crate::socket::KcmSocket;
 use crate::sync::crew::Taker;
-use crate::worker::{Command, SCRATCH_CHUNK, SCRATCH_LOW};
 
-/// What a handler decided for one request.
-#[derive(Debug)]
-pub enum Verdict {
-    /// Send this message back on the connection the request came from.
-    Reply(Bytes),
-    /// Nothing to send.
-    NoReply,
-    /// The peer misbehaved: reset and unattach its connection (after the
-    /// replies already produced for it are written).
-    Close,
-    /// The reply, one whole message, was appended to the `out` buffer of
-    /// [`Handler::handle_in_place`] (only that method may answer this).
-    Appended,
-}
-
-/// Turns a request into a verdict. Runs on I/O workers: keep it short and
-/// never block. `scratch` is a per-worker buffer to build replies in
-/// (`scratch.split().freeze()` hands one out without a copy).
-pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict;
-
-    /// [`Handler::handle`] for a request that still lies in the worker's
-    /// receive buffer, valid only during the call (a read's whole messages
-    /// are served where they lie: nothing is cut or copied for them). `out`
-    /// holds the replies to the same connection built so far: a handler that
-    /// writes its reply there (exactly one whole message, appended) returns
-    /// [`Verdict::Appended`], and the replies of one read leave in one write
-    /// without another copy. A handler that answers anything else must leave
-    /// `out` as it found it. The default copies the request and calls `handle`.
-    fn handle_in_place(&self, request: &[u8], from: PsockId, scratch: &mut BytesMut, out: &mut BytesMut) -> Verdict {
-        let _ = out;
-        self.handle(Bytes::copy_from_slice(request), from, scratch)
-    }
-
-    /// [`Handler::handle_in_place`] over a run of requests: `ranges` of `data`
-    /// are whole messages of connection `from`, in order (the messages of one
-    /// read). Replies answered by appending go to `out`, back to back; at the
-    /// first request answered any other way (a `Reply` of its own buffer, or
-    /// `Close`) the run stops and that verdict is returned with it.
-    ///
-    /// Why a run: one call per read lets a handler with a common case (a NULL
-    /// call, an echo) answer it in a tight loop, without a dynamic call and
-    /// the worker's bookkeeping per message. The default calls
-    /// `handle_in_place` for each request; an override must answer exactly
-    /// as that would.
-    fn handle_run_in_place(
-        &self,
-        data: &[u8],
-        ranges: &[Range<usize>],
-        from: PsockId,
-        scratch: &mut BytesMut,
-        out: &mut BytesMut,
-    ) -> RunServed {
-        let mut appended = 0;
-        for (i, r) in ranges.iter().enumerate() {
-            let Some(request) = data.get(r.clone()) else {
-                return RunServed { handled: i, appended, stop: None };
-            };
-            if scratch.capacity() - scratch.len() < SCRATCH_LOW {
-                scratch.reserve(SCRATCH_CHUNK);
-            }
-            let mark = out.len();
-            match self.handle_in_place(request, from, scratch, out) {
-                Verdict::Appended if out.len() > mark => appended += 1,
-                // Appended with nothing appended is no reply.
-                Verdict::Appended | Verdict::NoReply => out.truncate(mark),
-                v => {
-                    // Only an appended reply may stay in `out`.
-                    out.truncate(mark);
-                    return RunServed { handled: i + 1, appended, stop: Some(v) };
-                }
-            }
-        }
-        RunServed { handled: ranges.len(), appended, stop: None }
-    }
-}
-
-/// What [`Handler::handle_run_in_place`] did with a run of requests.
-#[derive(Debug)]
-pub struct RunServed {
-    /// Requests handled, from the start of the run.
-    pub handled: usize,
-    /// Replies appended to `out` for them, each one whole message.
-    pub appended: u32,
-    /// The verdict of the last request handled when it was not answered by
-    /// appending (`Reply` or `Close`): the run stopped there. `None` when
-    /// every request handled was answered by appending or not at all.
-    pub stop: Option<Verdict>,
-}
-
-impl<F> Handler for F
-where
-    F: Fn(Bytes, PsockId, &mut BytesMut) -> Verdict + Send + Sync + 'static,
-{
-    fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict {
-        self(request, from, scratch)
-    }
-}
-
-/// Handle on in-place serving: the per-worker sockets and heavy lanes live
 /// as long as it does.
 pub struct Serving {
     _sockets: Vec<KcmSocket>,
-    lanes: Arc<crate::lane::Lanes>,
+    lanes: Arc<crate::handler::Lanes>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -182,10 +84,15 @@ impl Mux {
         let workers = sh.workers.len();
         let user = self.user().ok_or_else(Mux::no_workers)?;
         // Built first: an error below drops it, which stops and joins the
-        // lane threads already started (they hold a clone of the mux).
+        // lane threads already started.
         let mut serving = Serving {
             _sockets: Vec::new(),
-            lanes: Arc::new(crate::lane::Lanes::new(workers, user.lane_queue, user.lane_in_order)),
+            lanes: Arc::new(crate::handler::Lanes::new(
+                workers,
+                user.lane_queue,
+                user.lane_in_order,
+                sh.tuning.lane_steal_from,
+            )),
             threads: Vec::new(),
         };
         let helpers = serving.lanes.crew.helpers() > 0;
@@ -196,10 +103,10 @@ impl Mux {
                 takers.push((format!("connmux-help{i}"), Taker::Helper(i), 0));
             }
             for (name, who, nice) in takers {
-                let (mux, lanes, handler) = (self.clone(), serving.lanes.clone(), handler.clone());
+                let (sh, lanes, handler) = (sh.clone(), serving.lanes.clone(), handler.clone());
                 let ctx = crate::lane::LaneCtx { who, cpu, nice };
                 let t =
-                    std::thread::Builder::new().name(name).spawn(move || crate::lane::run(mux, lanes, handler, ctx))?;
+                    std::thread::Builder::new().name(name).spawn(move || crate::lane::run(sh, lanes, handler, ctx))?;
                 serving.threads.push(t);
             }
         }
@@ -224,19 +131,6 @@ impl Mux {
         serving._sockets = socks;
         Ok(serving)
     }
-}
-
-/// Per-service counters.
-#[derive(Debug, Default)]
-pub struct ServiceStats {
-    pub accepted: AtomicU64,
-    pub attach_errors: AtomicU64,
-    /// Connections closed because the peer failed (framing error, reset, FIN)
-    /// or because the handler answered [`Verdict::Close`].
-    pub closed: AtomicU64,
-    /// Connections refused at accept (closed with a reset at once) because
-    /// the service already had [`Service::set_max_conns`] attached.
-    pub refused: AtomicU64,
 }
 
 /// Configuration of a service.

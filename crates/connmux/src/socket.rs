@@ -1,4 +1,8 @@
 //! KCM sockets: receive and send whole messages.
+//!
+//! Owns [`KcmSocket`] (and `Mux::socket`, which makes one): the application
+//! threads' calls, on the userspace runtime or on AF_KCM. Must not name
+//! `tls` or `service`; the workers never call up into it.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -50,6 +54,13 @@ pub struct KcmSocket {
 enum SockImp {
     User(Arc<SockRt>),
     Kernel(KernelSocket),
+}
+
+impl Mux {
+    /// Create a KCM socket on this mux (`socket(AF_KCM, type, 0)`).
+    pub fn socket(&self, ty: SockType) -> io::Result<KcmSocket> {
+        KcmSocket::create(self.clone(), ty)
+    }
 }
 
 impl KcmSocket {

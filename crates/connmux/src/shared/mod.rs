@@ -4,6 +4,12 @@
 //! Lock discipline: `Shared::core` is the only lock on the data path. No
 //! syscall is made while it is held except the eventfd/epoll_ctl calls of event
 //! dispatch, which never block (they run after the lock is released).
+//!
+//! Owns the core lock, the runtime sides of sockets and psocks (`SockRt`,
+//! `PsockRt`, readiness), the workers' references (`WorkerRef`: waker,
+//! [`Command`]s), event dispatch and flushing (TLS psocks' records:
+//! [`tls`]). Must not name a driver, serving, the lanes, the public `Mux`,
+//! `KcmSocket` or anything above them: they all stand on this.
 
 use rustc_hash::FxHashMap;
 use std::io::{self, IoSlice};
@@ -18,12 +24,47 @@ use connmux_core::{Bytes, Timestamp};
 use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
-use crate::mux::PsockEvent;
-use crate::worker::Command;
+pub(crate) mod tls;
 
-/// The most slices handed to one `writev` (IOV_MAX is 1024; a few dozen
-/// replies per write is where batching stops paying).
-const MAX_IOV: usize = 64;
+use crate::config::Tuning;
+use crate::handler::{Handler, Lanes, ServiceStats};
+
+/// A psock failure, as KCM reports it on the attached TCP socket (POLLERR +
+/// SO_ERROR). The application should `Mux::unattach` the connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PsockEvent {
+    pub psock: PsockId,
+    pub error: PsockError,
+}
+
+/// Sockets attached to any mux in this process, by inode: KCM refuses a socket
+/// whose `sk_user_data` is already set (EALREADY), whichever mux holds it.
+pub(crate) static ATTACHED: Mutex<std::collections::BTreeSet<u64>> = Mutex::new(std::collections::BTreeSet::new());
+
+/// Requests from other threads, delivered through the worker's waker. The
+/// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
+/// io_uring worker gets all of them, as its ring is its own.
+pub(crate) enum Command {
+    /// Run `handler` in place on messages steered to socket `sock`, and
+    /// offer heavy connections' messages to lane `index` of `lanes`.
+    Serve {
+        sock: Arc<SockRt>,
+        handler: Arc<dyn Handler>,
+        stats: Option<Arc<ServiceStats>>,
+        lanes: Arc<Lanes>,
+        index: usize,
+    },
+    /// A psock was attached to this worker: start receiving.
+    Attach(Arc<PsockRt>),
+    /// The core takes bytes from this psock again (`PsockRxResume`).
+    Resume(PsockId),
+    /// The psock failed: stop receiving from it.
+    StopRx(PsockId),
+    /// The psock has bytes to write that another thread could not.
+    Flush(PsockId),
+    /// The core released the psock: end its operations, then drop it.
+    Release(Arc<PsockRt>),
+}
 
 /// Encode a psock id as an epoll token (index in the low half, generation high).
 pub(crate) fn psock_token(p: PsockId) -> u64 {
@@ -116,7 +157,7 @@ pub(crate) struct PsockRt {
     /// Set while the psock sits in a worker's deferred-flush list.
     pub flush_queued: AtomicBool,
     /// TLS state of a psock attached with `Mux::attach_tls`.
-    pub tls: Option<Mutex<crate::tls::PsockTls>>,
+    pub tls: Option<Mutex<tls::PsockTls>>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -191,7 +232,7 @@ pub(crate) struct Shared {
     pub events_dropped: AtomicU64,
     /// `connmux_sys::clock::now_nanos` when the mux started: the core's time 0.
     pub clock_origin: u64,
-    pub tls: crate::tls::TlsCounters,
+    pub tls: tls::TlsCounters,
     /// Psocks steered to a worker's heavy lane.
     pub lane_moves: AtomicU64,
     /// Psocks steered back from a lane to their worker.
@@ -199,10 +240,13 @@ pub(crate) struct Shared {
     /// Unattach a psock once it is drained (`Event::PsockDrained`), not
     /// only shut its write side down: a service's connections are its own.
     pub unattach_drained: AtomicBool,
+    /// `Config::tuning`, in range (`Tuning::in_range`). Workers copy what
+    /// they read per message into their own state when they start.
+    pub tuning: Tuning,
 }
 
-/// `writev` of up to [`MAX_IOV`] buffers, with an iovec array sized for
-/// the common small case (filling a 64-entry array costs more than the
+/// `writev` of `bufs` (at most `Tuning::max_iov`), with an iovec array sized
+/// for the common small case (filling a 64-entry array costs more than the
 /// rest of a one-reply flush).
 fn writev_bytes(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
     fn go<const N: usize>(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
@@ -215,7 +259,11 @@ fn writev_bytes(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
     match bufs.len() {
         0..=4 => go::<4>(fd, bufs),
         5..=16 => go::<16>(fd, bufs),
-        _ => go::<MAX_IOV>(fd, bufs),
+        17..=64 => go::<64>(fd, bufs),
+        _ => {
+            let iov: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+            connmux_sys::socket::writev(fd, &iov)
+        }
     }
 }
 
@@ -223,8 +271,9 @@ thread_local! {
     /// The slices of the chunk being written by this thread (`Shared::flush`),
     /// kept so a flush does not allocate.
     static FLUSH_SLICES: std::cell::RefCell<Vec<Bytes>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// On a worker that serves in place: its serving socket.
-    static OWN_SERVE: std::cell::Cell<Option<SockId>> = const { std::cell::Cell::new(None) };
+    /// On a worker that serves in place: its serving socket, and the most
+    /// messages a read may put straight on it (`Tuning::serve_batch`).
+    static OWN_SERVE: std::cell::Cell<Option<(SockId, usize)>> = const { std::cell::Cell::new(None) };
     /// That socket became readable in a worker dispatch and nobody has looked
     /// since (the worker serves, or raises the eventfd at the end of its pass).
     static OWN_PENDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -232,9 +281,10 @@ thread_local! {
     static DIRECT: std::cell::RefCell<Vec<(Bytes, PsockId)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// This thread (a worker) serves socket `s` in place.
-pub(crate) fn set_own_serve(s: SockId) {
-    OWN_SERVE.set(Some(s));
+/// This thread (a worker) serves socket `s` in place, taking up to `batch`
+/// messages at once.
+pub(crate) fn set_own_serve(s: SockId, batch: usize) {
+    OWN_SERVE.set(Some((s, batch)));
 }
 
 /// Feed bytes read from a psock: straight to this worker's own serving socket
@@ -247,8 +297,8 @@ pub(crate) fn feed_read(
     now: Timestamp,
 ) -> Result<(), connmux_core::mux::MuxError> {
     match OWN_SERVE.get() {
-        Some(sock) => DIRECT.with_borrow_mut(|out| {
-            let mut d = connmux_core::mux::Direct { sock, out, limit: crate::worker::SERVE_BATCH };
+        Some((sock, batch)) => DIRECT.with_borrow_mut(|out| {
+            let mut d = connmux_core::mux::Direct { sock, out, limit: batch };
             core.mux.feed_direct(p, data, now, &mut d)
         }),
         None => core.mux.feed(p, data, now),
@@ -267,9 +317,9 @@ pub(crate) fn feed_read_in_place(
     ranges: &mut Vec<std::ops::Range<usize>>,
 ) -> Result<(), connmux_core::mux::MuxError> {
     match OWN_SERVE.get() {
-        Some(sock) => DIRECT.with_borrow_mut(|out| {
-            let limit = if out.iter().any(|(_, q)| *q == p) { 0 } else { crate::worker::SERVE_BATCH };
-            let mut d = connmux_core::mux::Direct { sock, out, limit: crate::worker::SERVE_BATCH };
+        Some((sock, batch)) => DIRECT.with_borrow_mut(|out| {
+            let limit = if out.iter().any(|(_, q)| *q == p) { 0 } else { batch };
+            let mut d = connmux_core::mux::Direct { sock, out, limit: batch };
             core.mux.feed_in_place(p, data, now, &mut d, limit, ranges)
         }),
         None => core.mux.feed(p, data, now),
@@ -284,8 +334,8 @@ pub(crate) fn commit_read(
     now: Timestamp,
 ) -> Result<(), connmux_core::mux::MuxError> {
     match OWN_SERVE.get() {
-        Some(sock) => DIRECT.with_borrow_mut(|out| {
-            let mut d = connmux_core::mux::Direct { sock, out, limit: crate::worker::SERVE_BATCH };
+        Some((sock, batch)) => DIRECT.with_borrow_mut(|out| {
+            let mut d = connmux_core::mux::Direct { sock, out, limit: batch };
             core.mux.rx_commit_direct(loan, now, &mut d)
         }),
         None => core.mux.rx_commit(loan, now),
@@ -349,7 +399,7 @@ impl Shared {
                 Event::SockReadable(s) => {
                     // The worker serving `s` in place looks at its queue after
                     // this pass anyway: no eventfd round trip to itself.
-                    if matches!(ctx, Ctx::Worker(_)) && OWN_SERVE.get() == Some(s) {
+                    if matches!(ctx, Ctx::Worker(_)) && OWN_SERVE.get().is_some_and(|(own, _)| own == s) {
                         OWN_PENDING.set(true);
                     } else if let Some(rt) = self.sock_rt(s) {
                         rt.rx.set();
@@ -426,7 +476,7 @@ impl Shared {
                 Event::PsockReleased(p) => {
                     let rt = self.lock().psocks.remove(&p);
                     if let Some(rt) = rt {
-                        crate::mux::ATTACHED.lock().unwrap().remove(&rt.ino);
+                        ATTACHED.lock().unwrap().remove(&rt.ino);
                         let mut int = rt.interest.lock().unwrap();
                         self.workers[rt.worker()].psocks.fetch_sub(1, Ordering::AcqRel);
                         if int.registered {
@@ -483,7 +533,7 @@ impl Shared {
     /// connection would block. Events produced on the way are appended.
     pub fn flush(&self, rt: &PsockRt, events: &mut Vec<Event>) {
         if let Some(tls) = &rt.tls {
-            return crate::tls::flush(self, rt, tls, events);
+            return tls::flush(self, rt, tls, events);
         }
         FLUSH_SLICES.with_borrow_mut(|slices| self.flush_with(rt, events, slices));
     }
@@ -506,7 +556,7 @@ impl Shared {
         // Bounded: each round either writes bytes, or stops. The next chunk is
         // taken under the same lock that completes this one.
         for _ in 0..1024 {
-            let n = slices.len().min(MAX_IOV);
+            let n = slices.len().min(self.tuning.max_iov);
             let want: usize = slices[..n].iter().map(|b| b.len()).sum();
             let res = writev_bytes(rt.fd(), &slices[..n]);
             // Written or not, the core still holds the messages: let go of them.

@@ -1,78 +1,28 @@
-//! An I/O worker: one thread, one epoll, the psocks attached to it.
+//! In-place serving: a worker runs the handler on the messages steered to its
+//! own socket (or on a read's messages where they lie in its read buffer),
+//! coalesces the replies per connection, queues them in the core and writes
+//! them, offers a heavy connection's messages to its lane and takes the
+//! lane's verdicts back.
 //!
-//! Each pass: wait for readiness, read each readable psock (no more than the
-//! core will take: backpressure closes the TCP window), feed the bytes, run the
-//! in-place handler on the messages steered to this worker's socket, then write
-//! every psock that has something to send, once (so the replies to one read go
-//! out in one `writev`).
+//! Owns a serving worker's buffers ([`ServeBufs`]) and what it serves
+//! ([`Serving`]). Called by both drivers; must not name a driver, the public
+//! `Mux` or anything above them, and does no I/O but the writes the core's
+//! runtime side does (`Shared::write_begun`).
 
-use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use connmux_core::mux::{Event, MuxError, PsockId};
-use connmux_core::{Bytes, Timestamp};
-use connmux_sys::epoll::{Events, Interest};
+use connmux_core::Bytes;
 
-use crate::config::Placement;
-use crate::lane::{Done, Heavy, Job, Lanes};
-use crate::service::{Handler, ServiceStats};
-use crate::shared::{token_psock, Ctx, PsockRt, Shared, SockRt, WorkerIo};
+use crate::config::Tuning;
+use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
+use crate::lane::Heavy;
+use crate::shared::{Ctx, PsockRt, Shared, SockRt};
 
-pub(crate) const WAKER_TOKEN: u64 = u64::MAX;
-pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
-
-/// Messages a worker takes from its socket per lock acquisition.
-pub(crate) const SERVE_BATCH: usize = 256;
-/// Replies are cut out of `scratch` in chunks of this size: a handler's small
-/// `extend_from_slice` would otherwise allocate a fresh buffer (and a shared
-/// header on `split`) for every reply, two allocations per message.
-pub(crate) const SCRATCH_CHUNK: usize = 64 * 1024;
-/// Below this much spare room a new chunk is started before a handler runs.
-pub(crate) const SCRATCH_LOW: usize = 4 * 1024;
-
-/// Requests from other threads, delivered through the worker's waker. The
-/// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
-/// io_uring worker gets all of them, as its ring is its own.
-pub(crate) enum Command {
-    /// Run `handler` in place on messages steered to socket `sock`, and
-    /// offer heavy connections' messages to lane `index` of `lanes`.
-    Serve {
-        sock: Arc<SockRt>,
-        handler: Arc<dyn Handler>,
-        stats: Option<Arc<ServiceStats>>,
-        lanes: Arc<Lanes>,
-        index: usize,
-    },
-    /// A psock was attached to this worker: start receiving.
-    Attach(Arc<PsockRt>),
-    /// The core takes bytes from this psock again (`PsockRxResume`).
-    Resume(PsockId),
-    /// The psock failed: stop receiving from it.
-    StopRx(PsockId),
-    /// The psock has bytes to write that another thread could not.
-    Flush(PsockId),
-    /// The core released the psock: end its operations, then drop it.
-    Release(Arc<PsockRt>),
-}
-
-pub(crate) fn cpus_for(placement: &Placement, workers: usize) -> Vec<Option<usize>> {
-    match placement {
-        Placement::Unpinned => vec![None; workers],
-        Placement::Cpus(list) if !list.is_empty() => (0..workers).map(|i| Some(list[i % list.len()])).collect(),
-        _ => {
-            let avail = connmux_sys::affinity::available_cpus().unwrap_or_default();
-            if avail.is_empty() {
-                vec![None; workers]
-            } else {
-                (0..workers).map(|i| Some(avail[i % avail.len()])).collect()
-            }
-        }
-    }
-}
-
+/// What a serving worker serves (from `Command::Serve`): its own socket and
+/// the handler, and the lanes it offers heavy connections' messages to.
 pub(crate) struct Serving {
     pub sock: Arc<SockRt>,
     pub handler: Arc<dyn Handler>,
@@ -84,262 +34,6 @@ pub(crate) struct Serving {
     pub index: usize,
 }
 
-pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
-    if let Some(cpu) = cpu {
-        let _ = connmux_sys::affinity::pin_current_thread(cpu);
-    }
-    let me = &sh.workers[index];
-    let WorkerIo::Epoll(epoll) = &me.io else { unreachable!("epoll worker on a non-epoll WorkerRef") };
-    let mut evs = Events::with_capacity(256);
-    let mut buf = vec![0u8; sh.read_chunk];
-    let mut core_events: Vec<Event> = Vec::new();
-    let mut dirty: Vec<Arc<PsockRt>> = Vec::new();
-    let mut serving: Option<Serving> = None;
-    let mut bufs = ServeBufs::default();
-
-    // The earliest assembly deadline as of the end of the last pass. Deadlines
-    // start only when this worker feeds its own psocks (in the pass), so the
-    // value read at the end of a pass is still right when the next one waits.
-    let mut next_deadline: Option<Timestamp> = sh.lock().mux.poll_timeout();
-    while !sh.stop.load(Ordering::Acquire) {
-        let timeout = next_deadline.map(|t| {
-            let now = sh.now();
-            Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())) + Duration::from_micros(100)
-        });
-        // Wake at least every second to notice `stop` even if a waker was lost.
-        let timeout = Some(timeout.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1)));
-        let n = match epoll.wait(&mut evs, timeout) {
-            Ok(n) => n,
-            Err(_) => continue,
-        };
-        let mut serve_ready = false;
-        if n > 0 {
-            for ev in evs.iter() {
-                match ev.token {
-                    WAKER_TOKEN => {
-                        let _ = me.waker.drain();
-                        let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
-                        for c in cmds {
-                            match c {
-                                Command::Serve { sock, handler, stats, lanes, index } => {
-                                    let _ = epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ);
-                                    crate::shared::set_own_serve(sock.id);
-                                    serving = Some(Serving { sock, handler, stats, lanes, index });
-                                    serve_ready = true;
-                                }
-                                // A TLS psock may take bytes again (see `tls::epoll_read`).
-                                Command::Resume(p) => {
-                                    if let Some(rt) = sh.psock_rt(p) {
-                                        let ip = serving.as_ref().map(|sv| InPlace {
-                                            sv,
-                                            bufs: &mut bufs,
-                                            dirty: &mut dirty,
-                                        });
-                                        read_psock(&sh, &rt, None, &mut buf, &mut core_events, ip);
-                                    }
-                                }
-                                // Other threads reach epoll psocks through epoll_ctl.
-                                _ => {}
-                            }
-                        }
-                    }
-                    SERVE_TOKEN => serve_ready = true,
-                    t => {
-                        let p = token_psock(t);
-                        let readable = ev.readable || ev.hup || ev.error;
-                        // The psock and, for a plain read, what the core will
-                        // take: one lock hold.
-                        let (rt, rx) = {
-                            let mut core = sh.lock();
-                            let Some(rt) = core.psocks.get(&p).cloned() else { continue };
-                            let rx = (readable && rt.tls.is_none()).then(|| RxRoom::of(core.mux.rx_room(p)));
-                            (rt, rx)
-                        };
-                        if ev.writable {
-                            sh.set_interest(&rt, |i| i.write = false);
-                            if !rt.flush_queued.swap(true, Ordering::AcqRel) {
-                                dirty.push(rt.clone());
-                            }
-                        }
-                        if readable {
-                            let ip = serving.as_ref().map(|sv| InPlace { sv, bufs: &mut bufs, dirty: &mut dirty });
-                            read_psock(&sh, &rt, rx, &mut buf, &mut core_events, ip);
-                        }
-                    }
-                }
-            }
-        }
-        // Deadlines (assembly timeouts).
-        {
-            let mut core = sh.lock();
-            next_deadline = core.mux.poll_timeout();
-            if let Some(t) = next_deadline {
-                let now = sh.now();
-                if t <= now {
-                    core.mux.handle_timeout(now);
-                    core.drain_events(&mut core_events);
-                    next_deadline = core.mux.poll_timeout();
-                }
-            }
-        }
-        sh.dispatch(&mut core_events, &mut Ctx::Worker(&mut dirty));
-        if let Some(sv) = &serving {
-            take_done(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
-            // Serve whenever this pass may have steered messages to us.
-            // (Not on every readable event: a read's messages for our socket
-            // were served in place, and a queue left non-empty keeps the
-            // socket's eventfd, so `serve_ready`, up.)
-            if serve_ready || crate::shared::own_pending() || crate::shared::has_direct() {
-                serve(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
-            }
-            if let Some(p) = bufs.slow.take() {
-                to_lane(&sh, &mut bufs, p);
-            }
-        }
-        // (Looked at first: an empty drain still costs a few dozen
-        // instructions, every pass.)
-        if !dirty.is_empty() {
-            for rt in dirty.drain(..) {
-                rt.flush_queued.store(false, Ordering::Release);
-                sh.flush(&rt, &mut core_events);
-            }
-        }
-        if !core_events.is_empty() {
-            // Writes can release psocks or wake senders; anything to write now
-            // is written by the app path.
-            sh.dispatch(&mut core_events, &mut Ctx::App);
-        }
-        if crate::shared::take_own_pending() {
-            // Messages reached our socket after we served: wake ourselves.
-            if let Some(sv) = &serving {
-                sv.sock.rx.set();
-            }
-        }
-    }
-}
-
-/// What a worker that serves in place needs to run its handler on a read's
-/// messages where they lie.
-pub(crate) struct InPlace<'a> {
-    pub sv: &'a Serving,
-    pub bufs: &'a mut ServeBufs,
-    pub dirty: &'a mut Vec<Arc<PsockRt>>,
-}
-
-/// What the core takes from a psock now: bytes into the worker's buffer, or
-/// a loan of the psock's own assembly buffer (`Mux::rx_lend`).
-struct RxRoom {
-    cap: usize,
-    loan: Option<connmux_core::mux::RxLoan>,
-}
-
-impl RxRoom {
-    fn of((cap, loan): (usize, Option<connmux_core::mux::RxLoan>)) -> RxRoom {
-        RxRoom { cap, loan }
-    }
-}
-
-/// One read from a readable psock, bounded by what the core will accept
-/// (`rx`, when the caller has already asked the core). On a serving worker,
-/// the read's whole messages for its own socket are served at once, where
-/// they lie in `buf`.
-fn read_psock(
-    sh: &Shared,
-    rt: &Arc<PsockRt>,
-    rx: Option<RxRoom>,
-    buf: &mut [u8],
-    events: &mut Vec<Event>,
-    in_place: Option<InPlace<'_>>,
-) {
-    if let Some(tls) = &rt.tls {
-        return crate::tls::epoll_read(sh, rt, tls, buf, events);
-    }
-    let RxRoom { cap, loan } = rx.unwrap_or_else(|| {
-        let mut core = sh.lock();
-        RxRoom::of(core.mux.rx_room(rt.id))
-    });
-    if let Some(loan) = loan {
-        return read_lent(sh, rt, loan, events);
-    }
-    if cap == 0 {
-        // Paused by backpressure or stopped: stop polling for input until the
-        // core says PsockRxResume. That resume may come from another thread
-        // between the check above and this change (its `read = true` then finds
-        // read already on and does nothing): check again after turning it off.
-        sh.set_interest(rt, |i| i.read = false);
-        if sh.lock().mux.rx_capacity(rt.id) > 0 {
-            sh.set_interest(rt, |i| i.read = true);
-        }
-        return;
-    }
-    let want = cap.min(buf.len());
-    let res = connmux_sys::socket::read(rt.fd(), &mut buf[..want]);
-    // One clock reading: the core's timestamp and the handlers' start.
-    let read_at = connmux_sys::clock::now_nanos();
-    let now = sh.timestamp(read_at);
-    let mut core = sh.lock();
-    match res {
-        Ok(0) => {
-            let _ = core.mux.rx_closed(rt.id, None);
-            core.drain_events(events);
-            drop(core);
-            sh.set_interest(rt, |i| i.read = false);
-        }
-        Ok(n) => match in_place {
-            Some(ip) => {
-                let mut ranges = std::mem::take(&mut ip.bufs.ranges);
-                let _ = crate::shared::feed_read_in_place(&mut core, rt.id, &buf[..n], now, &mut ranges);
-                core.drain_events(events);
-                drop(core);
-                if !ranges.is_empty() {
-                    // Its replies are written at once (`send_outs`).
-                    serve_in_place(sh, ip.sv, ip.bufs, &buf[..n], &ranges, rt.id, read_at, events, ip.dirty, Some(rt));
-                    ranges.clear();
-                }
-                ip.bufs.ranges = ranges;
-            }
-            None => {
-                let _ = crate::shared::feed_read(&mut core, rt.id, &buf[..n], now);
-                core.drain_events(events);
-            }
-        },
-        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
-        Err(e) => {
-            let _ = core.mux.rx_closed(rt.id, Some(e.raw_os_error().unwrap_or(libc::EIO)));
-            core.drain_events(events);
-            drop(core);
-            sh.set_interest(rt, |i| i.read = false);
-        }
-    }
-}
-
-/// [`read_psock`] for a large message: one read straight into the psock's
-/// assembly buffer (`Mux::rx_lend`), no more than the message still needs.
-fn read_lent(sh: &Shared, rt: &PsockRt, mut loan: connmux_core::mux::RxLoan, events: &mut Vec<Event>) {
-    let limit = loan.limit();
-    let res = connmux_sys::socket::read_into(rt.fd(), loan.buf(), limit);
-    let now = sh.now();
-    let mut core = sh.lock();
-    // The buffer goes back whatever happened (with nothing new on error).
-    let _ = crate::shared::commit_read(&mut core, loan, now);
-    match res {
-        Ok(0) => {
-            let _ = core.mux.rx_closed(rt.id, None);
-            core.drain_events(events);
-            drop(core);
-            sh.set_interest(rt, |i| i.read = false);
-        }
-        Ok(_) => core.drain_events(events),
-        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
-        Err(e) => {
-            let _ = core.mux.rx_closed(rt.id, Some(e.raw_os_error().unwrap_or(libc::EIO)));
-            core.drain_events(events);
-            drop(core);
-            sh.set_interest(rt, |i| i.read = false);
-        }
-    }
-}
-
 /// What a served request turned into, in the order the requests came.
 pub(crate) enum Out {
     /// `count` whole replies, back to back, for one connection.
@@ -348,22 +42,37 @@ pub(crate) enum Out {
     Close(PsockId),
 }
 
-/// Replies up to this size are copied into the worker's run buffer so that
-/// consecutive replies to one connection enter its transmit queue as one
-/// entry (one queue operation instead of one per reply); larger ones are
-/// queued as they are.
-const COALESCE_MAX: usize = 512;
+/// A worker's own copy of the `Tuning` values it reads per message.
+#[derive(Clone, Copy)]
+struct Limits {
+    serve_batch: usize,
+    coalesce_max: usize,
+    slow_handler: Duration,
+    slow_hits: u32,
+}
 
-/// A handler run at least this long on one message counts as slow, and
-/// [`SLOW_HITS`] slow runs in a row make its connection heavy: the worker then
-/// steers its messages to the worker's heavy lane ([`to_lane`]), so light
-/// requests are not read behind heavy work.
-pub(crate) const SLOW_HANDLER: Duration = Duration::from_micros(50);
-const SLOW_HITS: u32 = 3;
+impl From<&Tuning> for Limits {
+    fn from(t: &Tuning) -> Limits {
+        Limits {
+            serve_batch: t.serve_batch,
+            coalesce_max: t.coalesce_max,
+            slow_handler: t.slow_handler,
+            slow_hits: t.slow_hits,
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits::from(&Tuning::default())
+    }
+}
 
 /// A worker's buffers for in-place serving, kept across passes.
 #[derive(Default)]
 pub(crate) struct ServeBufs {
+    /// `Config::tuning`, copied at start.
+    limits: Limits,
     msgs: Vec<(connmux_core::Bytes, PsockId)>,
     outs: Vec<Out>,
     /// Where handlers build replies.
@@ -375,13 +84,13 @@ pub(crate) struct ServeBufs {
     slow_hits: rustc_hash::FxHashMap<PsockId, u32>,
     /// A psock that has just turned out heavy (for [`to_lane`]).
     pub slow: Option<PsockId>,
-    /// A psock whose runs looked slow [`SLOW_HITS`] times in a row by the
-    /// clock: its next run is timed in this thread's CPU time, which a
+    /// A psock whose runs looked slow `Tuning::slow_hits` times in a row by
+    /// the clock: its next run is timed in this thread's CPU time, which a
     /// preemption does not advance, and that decides (on a busy machine
     /// light requests often look slow by the clock).
     probe: Option<PsockId>,
     /// Where a read's messages lie in the read buffer (in-place serving).
-    ranges: Vec<std::ops::Range<usize>>,
+    pub ranges: Vec<std::ops::Range<usize>>,
     /// Connections a handler closed in the batch being served: their later
     /// requests are not handled (nothing after the close is answered).
     closed: Vec<PsockId>,
@@ -397,6 +106,11 @@ pub(crate) struct ServeBufs {
 }
 
 impl ServeBufs {
+    /// Empty buffers for a worker of a mux tuned with `t`.
+    pub fn new(t: &Tuning) -> ServeBufs {
+        ServeBufs { limits: Limits::from(t), heavy: Heavy::new(t.lane_return_after), ..ServeBufs::default() }
+    }
+
     /// `n` requests of `p` were handled (answered or not).
     #[inline]
     fn handled(&mut self, p: PsockId, n: u64) {
@@ -447,7 +161,7 @@ impl ServeBufs {
     }
 
     fn note_time(&mut self, psock: PsockId, took: Duration) -> bool {
-        if took >= SLOW_HANDLER {
+        if took >= self.limits.slow_handler {
             if self.slow_hits.len() >= 4096 {
                 self.slow_hits.clear();
             }
@@ -455,7 +169,7 @@ impl ServeBufs {
             // connection.
             let hits = self.slow_hits.entry(psock).or_insert(0);
             *hits += 1;
-            if *hits >= SLOW_HITS {
+            if *hits >= self.limits.slow_hits {
                 self.probe = Some(psock);
             }
             true
@@ -475,21 +189,21 @@ impl ServeBufs {
     }
 
     /// After that run of `n` requests: heavy if they took
-    /// [`SLOW_HANDLER`] of CPU each, else it was the clock (preemption).
+    /// `Tuning::slow_handler` of CPU each, else it was the clock (preemption).
     fn probe_end(&mut self, psock: PsockId, cpu0: Option<u64>, n: usize) {
         let Some(cpu0) = cpu0 else { return };
         self.probe = None;
         let each = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0) / n.max(1) as u64;
-        if Duration::from_nanos(each) >= SLOW_HANDLER {
+        if Duration::from_nanos(each) >= self.limits.slow_handler {
             self.slow.get_or_insert(psock);
         } else {
             self.slow_hits.remove(&psock);
         }
     }
 
-    fn push(&mut self, psock: PsockId, v: crate::service::Verdict) {
+    fn push(&mut self, psock: PsockId, v: Verdict) {
         match v {
-            crate::service::Verdict::Reply(b) if b.len() <= COALESCE_MAX => {
+            Verdict::Reply(b) if b.len() <= self.limits.coalesce_max => {
                 match self.run {
                     Some((p, ref mut n)) if p == psock => *n += 1,
                     _ => {
@@ -502,13 +216,13 @@ impl ServeBufs {
                 }
                 self.run_buf.extend_from_slice(&b);
             }
-            crate::service::Verdict::Reply(b) => {
+            Verdict::Reply(b) => {
                 self.end_run();
                 self.outs.push(Out::Replies(psock, b, 1));
             }
             // `Appended` from `handle` (it has no `out`): nothing to send.
-            crate::service::Verdict::NoReply | crate::service::Verdict::Appended => {}
-            crate::service::Verdict::Close => {
+            Verdict::NoReply | Verdict::Appended => {}
+            Verdict::Close => {
                 self.end_run();
                 self.closed.push(psock);
                 self.outs.push(Out::Close(psock));
@@ -529,12 +243,12 @@ pub(crate) fn serve(
     // reads handed over directly (older than anything queued since).
     let _ = crate::shared::take_own_pending();
     crate::shared::take_direct(&mut bufs.msgs);
-    // Bounded: SERVE_BATCH × 64 messages per pass, then back to I/O.
+    // Bounded: `serve_batch` × 64 messages per pass, then back to I/O.
     for _ in 0..64 {
         sv.sock.rx.clear();
         {
             let mut core = sh.lock();
-            while bufs.msgs.len() < SERVE_BATCH {
+            while bufs.msgs.len() < bufs.limits.serve_batch {
                 match core.mux.recv_msg(sv.sock.id) {
                     Ok(m) => bufs.msgs.push(m),
                     Err(MuxError::WouldBlock) | Err(_) => break,
@@ -586,14 +300,6 @@ pub(crate) fn serve(
             break;
         }
     }
-}
-
-/// Nanoseconds since `t0`, a `connmux_sys::clock::now_nanos` reading (handler
-/// times, here and in the lanes: cheaper than an `Instant` and a `Duration`
-/// per reading).
-#[inline]
-pub(crate) fn since(t0: u64) -> u64 {
-    connmux_sys::clock::now_nanos().saturating_sub(t0)
 }
 
 /// Whether the handler's time is taken on the `i`th message of a batch: the
@@ -661,7 +367,7 @@ pub(crate) fn serve_in_place(
         rest = &rest[handled..];
         match served.stop {
             Some(v) => {
-                let close = matches!(v, crate::service::Verdict::Close);
+                let close = matches!(v, Verdict::Close);
                 bufs.push(p, v);
                 if close {
                     // Nothing after the close is answered.

@@ -1,6 +1,8 @@
-//! An I/O worker on io_uring: one thread, one ring, the psocks attached to it.
+//! The io_uring driver: an I/O worker's loop on one thread, one ring, the
+//! psocks attached to it (a psock's receive side on the ring is
+//! [`conn`]).
 //!
-//! The decisions are the core's, as with the epoll worker (`worker.rs`); this
+//! The decisions are the core's, as with the epoll driver (`driver::epoll`); this
 //! module only moves bytes:
 //! - receive: one multishot receive per psock into the ring's provided buffers;
 //!   each buffer is fed to the core no faster than `rx_capacity` allows. When the
@@ -12,8 +14,8 @@
 //!   pause (a peer that never reads its replies) never leaves the others
 //!   without buffers to receive into. With DEFER_TASKRUN nothing is delivered
 //!   between two waits, so a spill holds at most what one wait delivered (at
-//!   most the ring, `BUF_COUNT × BUF_SIZE`), and it is fed to the core before
-//!   the psock's receive is armed again.
+//!   most the ring, `Tuning::ring_buf_count` × `ring_buf_size`), and it is
+//!   fed to the core before the psock's receive is armed again.
 //! - transmit: the psocks that have something to write after a pass get one
 //!   `sendmsg` each (all of the core's chunk: the replies of the pass), all
 //!   submitted with the next wait; the kernel completes each one whole.
@@ -21,6 +23,9 @@
 //!   ring polls.
 //! - release: a psock's operations are cancelled and their completions reaped
 //!   before the worker drops its handle (and so the descriptor).
+//!
+//! Owns the ring and its buffers. Must not name the epoll driver, the public
+//! `Mux` or anything above it; serving is `crate::serve`.
 
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
@@ -31,132 +36,40 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
-use connmux_core::mux::{Event, PsockId, RxLoan};
-use connmux_core::{Bytes, Timestamp};
+use connmux_core::mux::Event;
+use connmux_core::Bytes;
 use connmux_sys::uring::{Completion, Ring, RingConfig};
 
-use crate::shared::{psock_token, Core, Ctx, PsockRt, Shared};
-use crate::worker::{serve, Command, Serving};
+use crate::config::Tuning;
+use crate::serve::{serve, Serving};
+use crate::shared::Command;
+use crate::shared::{psock_token, Ctx, PsockRt, Shared};
+
+mod conn;
+use conn::{pump, pump_tls, stop_rx, Conn, Held, Lent};
 
 /// Token of the waker poll.
 const WAKE_TOKEN: u64 = u64::MAX;
 /// Token of the serving socket's readiness poll.
 const SERVE_TOKEN: u64 = u64::MAX - 1;
-/// Provided buffers per worker and their size: 4 MiB of receive memory.
-const BUF_COUNT: u16 = 256;
-const BUF_SIZE: u32 = 16 << 10;
-/// Rounds of dispatch/serve/flush per pass before going back to the ring.
-const ROUNDS: usize = 64;
 
 /// The ring of a worker: the payloads of its sends are the core's `Bytes`.
 type WRing = Ring<Bytes>;
 
 /// Creates the worker's ring: completion work deferred to its waits where the
 /// kernel can (6.1+), else the plain kind.
-fn new_ring() -> io::Result<WRing> {
-    let config =
-        RingConfig { entries: 256, cq_entries: 4096, buf_count: BUF_COUNT, buf_size: BUF_SIZE, defer_taskrun: true };
+fn new_ring(t: &Tuning) -> io::Result<WRing> {
+    let config = RingConfig {
+        entries: 256,
+        cq_entries: 4096,
+        buf_count: t.ring_buf_count,
+        buf_size: t.ring_buf_size,
+        defer_taskrun: true,
+    };
     match Ring::new(config) {
         Ok(r) => Ok(r),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ring::new(RingConfig { defer_taskrun: false, ..config }),
         Err(e) => Err(e),
-    }
-}
-
-/// Bytes of a provided buffer not yet taken by the core.
-struct Held {
-    buf: u16,
-    off: usize,
-}
-
-/// One psock as this worker drives it.
-struct Conn {
-    rt: Arc<PsockRt>,
-    /// A multishot receive is in flight.
-    recv_armed: bool,
-    /// Its cancellation was queued (paused, stopped or released).
-    recv_cancelled: bool,
-    /// Buffers delivered but not yet (fully) taken by the core, in order.
-    /// Empty after every pass but while the core takes bytes (a paused
-    /// psock's rest goes to `spill`).
-    held: VecDeque<Held>,
-    /// Bytes copied out of ring buffers when the core paused the psock; fed
-    /// before anything held (they came first), from `spill_off`.
-    spill: Vec<u8>,
-    spill_off: usize,
-    /// The spill's unfed bytes as last told to the core (`Mux::set_rx_below`).
-    spill_counted: usize,
-    /// The receive ended with end of stream (None) or an error: reported to the
-    /// core once the held bytes before it have been fed.
-    eof: Option<Option<i32>>,
-    /// Receive is over for good (failed, end of stream reported).
-    rx_stopped: bool,
-    /// A send is in flight, of this many bytes.
-    sending: Option<usize>,
-    /// The core released it: waiting for its operations to end.
-    released: bool,
-    /// TLS: the records of the send in flight, or what a short send left.
-    tls_out: Option<Bytes>,
-    /// The psock's assembly buffer, lent by the core for the receive in
-    /// flight into it (a large message: `Ring::recv_into`, not the multishot
-    /// receive); the ring holds the bytes until the completion.
-    loan: Option<RxLoan>,
-}
-
-impl Conn {
-    fn idle(&self) -> bool {
-        !self.recv_armed && self.sending.is_none()
-    }
-
-    /// Bytes delivered and not yet taken by the core: wait for them to be
-    /// fed before receiving more.
-    fn holds_bytes(&self) -> bool {
-        !self.held.is_empty() || self.spill_off < self.spill.len()
-    }
-
-    /// The core paused the psock: copy what its ring buffers still hold to
-    /// the spill and give the buffers back (after the messages framed in
-    /// them are served).
-    fn spill_held(&mut self, ring: &mut WRing, lent: &mut Lent) {
-        for h in self.held.drain(..) {
-            if let Some(data) = ring.buffer(h.buf) {
-                self.spill.extend_from_slice(&data[h.off.min(data.len())..]);
-            }
-            lent.give_back(ring, h.buf);
-        }
-    }
-
-    /// Forget the bytes delivered and not taken (receive is over).
-    fn drop_held(&mut self, ring: &mut WRing, lent: &mut Lent) {
-        for h in self.held.drain(..) {
-            lent.give_back(ring, h.buf);
-        }
-        self.spill = Vec::new();
-        self.spill_off = 0;
-    }
-}
-
-/// Messages framed in place in provided buffers during a pass over the
-/// ring's completions (under the core lock), served once the lock is dropped;
-/// their buffers go back to the ring only after that.
-#[derive(Default)]
-struct Lent {
-    /// Where the messages lie in their buffers.
-    ranges: Vec<std::ops::Range<usize>>,
-    /// One per fed piece that framed messages: psock, buffer, `ranges[a..b]`.
-    batches: Vec<(PsockId, u16, usize, usize)>,
-    /// Buffers fully fed whose messages are still to be served.
-    recycle: Vec<u16>,
-}
-
-impl Lent {
-    /// Give a fully fed buffer back to the ring, after its messages are served.
-    fn give_back(&mut self, ring: &mut WRing, buf: u16) {
-        if self.batches.iter().any(|b| b.1 == buf) {
-            self.recycle.push(buf);
-        } else {
-            ring.recycle(buf);
-        }
     }
 }
 
@@ -178,7 +91,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
     if let Some(cpu) = cpu {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
     }
-    let mut ring = match new_ring() {
+    let mut ring = match new_ring(&sh.tuning) {
         Ok(r) => {
             let _ = init.send(Ok(()));
             r
@@ -214,7 +127,8 @@ impl Worker<'_> {
         let mut serving: Option<Serving> = None;
         let mut serve_armed = false;
         let mut comps: Vec<Completion> = Vec::with_capacity(1024);
-        let mut bufs = crate::worker::ServeBufs::default();
+        let mut bufs = crate::serve::ServeBufs::new(&sh.tuning);
+        let rounds = sh.tuning.ring_rounds;
 
         while !sh.stop.load(Ordering::Acquire) {
             if !waker_armed {
@@ -252,7 +166,7 @@ impl Worker<'_> {
             for c in cmds {
                 match c {
                     Command::Serve { sock, handler, stats, lanes, index } => {
-                        crate::shared::set_own_serve(sock.id);
+                        crate::shared::set_own_serve(sock.id, sh.tuning.serve_batch);
                         serving = Some(Serving { sock, handler, stats, lanes, index });
                         serve_ready = true;
                     }
@@ -272,11 +186,11 @@ impl Worker<'_> {
                 }
             }
             if let Some(sv) = &serving {
-                crate::worker::take_done(sh, sv, &mut bufs, &mut self.events, &mut self.dirty);
+                crate::serve::take_done(sh, sv, &mut bufs, &mut self.events, &mut self.dirty);
             }
             // Dispatch, serve in place, write: until nothing is left to do here
             // (bounded; what remains is picked up by the next pass).
-            for round in 0..ROUNDS {
+            for round in 0..rounds {
                 sh.dispatch(&mut self.events, &mut Ctx::Worker(&mut self.dirty));
                 if let Some(sv) = &serving {
                     // (A command may have read messages for our socket in a
@@ -295,7 +209,7 @@ impl Worker<'_> {
             }
             if serving.is_some() {
                 if let Some(p) = bufs.slow.take() {
-                    crate::worker::to_lane(sh, &mut bufs, p);
+                    crate::serve::to_lane(sh, &mut bufs, p);
                 }
             }
             if crate::shared::take_own_pending() {
@@ -408,7 +322,7 @@ impl Worker<'_> {
                         if res < 0 || (res == 0 && want > 0) {
                             core = None;
                             let errno = if res < 0 { -res } else { libc::EPIPE };
-                            crate::tls::tx_failed(sh, &conn.rt, errno, &mut self.events);
+                            crate::shared::tls::tx_failed(sh, &conn.rt, errno, &mut self.events);
                         } else if (res as usize) < sent.len() {
                             conn.tls_out = Some(sent.slice(res as usize..));
                         }
@@ -445,7 +359,7 @@ impl Worker<'_> {
 
     /// Serve the messages framed in place in provided buffers, then give
     /// those buffers back to the ring.
-    fn serve_lent(&mut self, ring: &mut WRing, serving: Option<&Serving>, bufs: &mut crate::worker::ServeBufs) {
+    fn serve_lent(&mut self, ring: &mut WRing, serving: Option<&Serving>, bufs: &mut crate::serve::ServeBufs) {
         let lent = &mut self.lent;
         if let Some(sv) = serving {
             // One read served in this pass: its replies are written at once,
@@ -465,7 +379,7 @@ impl Worker<'_> {
                         .map(|c| c.rt.clone()),
                     false => None,
                 };
-                crate::worker::serve_in_place(
+                crate::serve::serve_in_place(
                     self.sh,
                     sv,
                     bufs,
@@ -592,7 +506,7 @@ impl Worker<'_> {
                         // Records in order: what a short send left, else new ones.
                         let out = match conn.tls_out.take() {
                             Some(rest) => rest,
-                            None => crate::tls::take_records(sh, &rt, tls, &mut self.events),
+                            None => crate::shared::tls::take_records(sh, &rt, tls, &mut self.events),
                         };
                         if out.is_empty() {
                             continue;
@@ -606,7 +520,12 @@ impl Worker<'_> {
                             }
                             Err(e) => {
                                 self.tx_slices.clear();
-                                crate::tls::tx_failed(sh, &rt, e.raw_os_error().unwrap_or(libc::EIO), &mut self.events)
+                                crate::shared::tls::tx_failed(
+                                    sh,
+                                    &rt,
+                                    e.raw_os_error().unwrap_or(libc::EIO),
+                                    &mut self.events,
+                                )
                             }
                         }
                         continue;
@@ -690,198 +609,4 @@ impl Worker<'_> {
         keep.dedup();
         self.to_arm = keep;
     }
-}
-
-/// Stop receiving from a failed psock for good: its held bytes are dropped.
-fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
-    conn.rx_stopped = true;
-    conn.eof = None;
-    conn.drop_held(ring, lent);
-    if conn.recv_armed && !conn.recv_cancelled {
-        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
-    }
-}
-
-/// [`pump`] for a TLS psock: the held ciphertext through TLS into the core,
-/// no more than it takes; called without the core lock (TLS lock first).
-fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Event>) {
-    let rt = conn.rt.clone();
-    let Some(tls) = &rt.tls else { return };
-    let token = psock_token(rt.id);
-    let mut st = tls.lock().unwrap();
-    let mut full = false;
-    // What was spilled while paused comes first; TLS takes all of it unless
-    // it is full.
-    if conn.spill_off < conn.spill.len() {
-        let (took, _) = crate::tls::rx(sh, &rt, &mut st, &conn.spill[conn.spill_off..], events);
-        conn.spill_off += took;
-        if conn.spill_off < conn.spill.len() {
-            full = true;
-        } else {
-            conn.spill = Vec::new();
-            conn.spill_off = 0;
-        }
-    }
-    // Bounded: each round takes a whole buffer, or stops.
-    while let Some(h) = conn.held.front_mut() {
-        if full {
-            break;
-        }
-        let (took, r, len) = {
-            let data = ring.buffer(h.buf).unwrap_or(&[]);
-            let (took, r) = crate::tls::rx(sh, &rt, &mut st, &data[h.off.min(data.len())..], events);
-            (took, r, data.len())
-        };
-        h.off += took;
-        if h.off >= len {
-            let buf = h.buf;
-            conn.held.pop_front();
-            ring.recycle(buf);
-        }
-        if r == crate::tls::Rx::Full {
-            full = true;
-            break;
-        }
-    }
-    if !full && conn.held.is_empty() {
-        // Decrypted bytes kept from an earlier pass.
-        full = crate::tls::rx(sh, &rt, &mut st, &[], events).1 == crate::tls::Rx::Full;
-    }
-    if full {
-        // Backpressure: close the window as epoll would (stop reading), and
-        // keep no ring buffer meanwhile.
-        if conn.recv_armed && !conn.recv_cancelled {
-            conn.recv_cancelled = ring.cancel_recv(token).is_ok();
-        }
-        conn.spill_held(ring, &mut Lent::default()); // TLS buffers are never lent
-        return;
-    }
-    if st.done() {
-        drop(st);
-        stop_rx(ring, conn, token, &mut Lent::default()); // TLS buffers are never lent
-        return;
-    }
-    if let Some(errno) = conn.eof.take() {
-        // No receive after this; a resume still drains what TLS holds.
-        conn.rx_stopped = true;
-        crate::tls::rx_eof(sh, &rt, &mut st, errno, events);
-    }
-}
-
-/// Feed the held bytes of one psock to the core, no more than it takes. When it
-/// takes nothing (paused), keep the rest and cancel the receive; when all is fed,
-/// report an end of stream that came after it. What stays spilled counts in
-/// the core's memory budget as the psock's.
-fn pump(core: &mut Core, ring: &mut WRing, conn: &mut Conn, now: Timestamp, events: &mut Vec<Event>, lent: &mut Lent) {
-    pump_held(core, ring, conn, now, events, lent);
-    let below = conn.spill.len() - conn.spill_off;
-    if below != conn.spill_counted {
-        conn.spill_counted = below;
-        core.mux.set_rx_below(conn.rt.id, below);
-        // The budget may have paused or aborted a psock.
-        core.drain_events(events);
-    }
-}
-
-fn pump_held(
-    core: &mut Core,
-    ring: &mut WRing,
-    conn: &mut Conn,
-    now: Timestamp,
-    events: &mut Vec<Event>,
-    lent: &mut Lent,
-) {
-    let id: PsockId = conn.rt.id;
-    let token = psock_token(id);
-    // What was spilled while paused comes first. Bounded: each round feeds
-    // at least one byte, or stops.
-    while conn.spill_off < conn.spill.len() {
-        let cap = core.mux.rx_capacity(id);
-        if cap == 0 {
-            pause_psock(core, ring, conn, token, lent);
-            core.drain_events(events);
-            return;
-        }
-        let end = (conn.spill_off + cap).min(conn.spill.len());
-        let fed = crate::shared::feed_read(core, id, &conn.spill[conn.spill_off..end], now);
-        conn.spill_off = end;
-        if fed.is_err() {
-            core.drain_events(events);
-            stop_rx(ring, conn, token, lent);
-            return;
-        }
-    }
-    if !conn.spill.is_empty() {
-        // All fed: its memory goes back.
-        conn.spill = Vec::new();
-        conn.spill_off = 0;
-    }
-    // Bounded: each round feeds at least one byte, or stops.
-    while let Some(h) = conn.held.front_mut() {
-        let cap = core.mux.rx_capacity(id);
-        let data = ring.buffer(h.buf).unwrap_or(&[]);
-        if h.off < data.len() && cap == 0 {
-            pause_psock(core, ring, conn, token, lent);
-            core.drain_events(events);
-            return;
-        }
-        let end = (h.off + cap).min(data.len());
-        // Whole messages for this worker's own socket are framed where they
-        // lie and served after the pass (`Worker::serve_lent`).
-        let a = lent.ranges.len();
-        let fed = crate::shared::feed_read_in_place(core, id, &data[h.off..end], now, &mut lent.ranges);
-        if lent.ranges.len() > a {
-            for r in &mut lent.ranges[a..] {
-                *r = r.start + h.off..r.end + h.off;
-            }
-            lent.batches.push((id, h.buf, a, lent.ranges.len()));
-        }
-        h.off = end;
-        let done = h.off >= data.len();
-        if done {
-            let buf = h.buf;
-            conn.held.pop_front();
-            lent.give_back(ring, buf);
-        }
-        if fed.is_err() {
-            // Gone from the core, or over its hard cap (cannot happen within
-            // rx_capacity): stop receiving from it.
-            core.drain_events(events);
-            stop_rx(ring, conn, token, lent);
-            return;
-        }
-    }
-    if let Some(errno) = conn.eof.take() {
-        let _ = core.mux.rx_closed(id, errno);
-        conn.rx_stopped = true;
-    } else if conn.recv_armed && !conn.recv_cancelled && conn.loan.is_none() && core.mux.rx_would_lend(id) {
-        // A large message began: end the multishot receive (what it still
-        // delivers is fed first) so that the next one goes straight into the
-        // psock's assembly buffer.
-        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
-    }
-    core.drain_events(events);
-}
-
-/// [`pause`], except for a psock the memory budget paused: that one keeps
-/// its ring buffers (memory the ring has anyway) instead of copying them into
-/// new memory, since the budget pauses when memory is short; it resumes or,
-/// stuck past `MuxConfig::mem_grace`, is aborted, and either gives them back.
-fn pause_psock(core: &Core, ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
-    if core.mux.mem_paused(conn.rt.id) {
-        if conn.recv_armed && !conn.recv_cancelled {
-            conn.recv_cancelled = ring.cancel_recv(token).is_ok();
-        }
-    } else {
-        pause(ring, conn, token, lent);
-    }
-}
-
-/// Backpressure on a psock: close the window as epoll would (stop reading),
-/// and give its ring buffers back (their rest is spilled).
-fn pause(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
-    if conn.recv_armed && !conn.recv_cancelled {
-        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
-    }
-    conn.spill_held(ring, lent);
 }

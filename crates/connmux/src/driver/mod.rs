@@ -1,0 +1,30 @@
+//! The I/O drivers: an epoll loop ([`epoll`]) and an io_uring loop
+//! ([`uring`]); each is one worker thread that owns the psocks attached to it.
+//! This file holds what both use at start (where workers are pinned, the
+//! waker's token).
+//!
+//! Must not name the public `Mux`, `KcmSocket`, `tls` or `service`: the mux
+//! starts the drivers, not the other way round.
+
+pub(crate) mod epoll;
+pub(crate) mod uring;
+
+use crate::config::Placement;
+
+pub(crate) const WAKER_TOKEN: u64 = u64::MAX;
+pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
+
+pub(crate) fn cpus_for(placement: &Placement, workers: usize) -> Vec<Option<usize>> {
+    match placement {
+        Placement::Unpinned => vec![None; workers],
+        Placement::Cpus(list) if !list.is_empty() => (0..workers).map(|i| Some(list[i % list.len()])).collect(),
+        _ => {
+            let avail = connmux_sys::affinity::available_cpus().unwrap_or_default();
+            if avail.is_empty() {
+                vec![None; workers]
+            } else {
+                (0..workers).map(|i| Some(avail[i % avail.len()])).collect()
+            }
+        }
+    }
+}

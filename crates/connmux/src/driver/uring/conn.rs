@@ -1,0 +1,315 @@
+//! A psock as the io_uring worker drives it ([`Conn`]), and the receive side:
+//! bytes delivered into the ring's provided buffers are held, fed to the core
+//! no faster than it takes them ([`pump`]), spilled to the psock's own buffer
+//! when it pauses, and the buffers go back to the ring once the messages
+//! framed in them are served ([`Lent`]).
+//!
+//! Owns no thread: the worker in `driver::uring` calls it. Must not name
+//! anything above the core's runtime side (`shared`).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use connmux_core::mux::{Event, PsockId, RxLoan};
+use connmux_core::{Bytes, Timestamp};
+
+use super::WRing;
+use crate::shared::{psock_token, Core, PsockRt, Shared};
+
+/// Bytes of a provided buffer not yet taken by the core.
+pub(super) struct Held {
+    pub(super) buf: u16,
+    pub(super) off: usize,
+}
+
+/// One psock as this worker drives it.
+pub(super) struct Conn {
+    pub(super) rt: Arc<PsockRt>,
+    /// A multishot receive is in flight.
+    pub(super) recv_armed: bool,
+    /// Its cancellation was queued (paused, stopped or released).
+    pub(super) recv_cancelled: bool,
+    /// Buffers delivered but not yet (fully) taken by the core, in order.
+    /// Empty after every pass but while the core takes bytes (a paused
+    /// psock's rest goes to `spill`).
+    pub(super) held: VecDeque<Held>,
+    /// Bytes copied out of ring buffers when the core paused the psock; fed
+    /// before anything held (they came first), from `spill_off`.
+    pub(super) spill: Vec<u8>,
+    pub(super) spill_off: usize,
+    /// The spill's unfed bytes as last told to the core (`Mux::set_rx_below`).
+    pub(super) spill_counted: usize,
+    /// The receive ended with end of stream (None) or an error: reported to the
+    /// core once the held bytes before it have been fed.
+    pub(super) eof: Option<Option<i32>>,
+    /// Receive is over for good (failed, end of stream reported).
+    pub(super) rx_stopped: bool,
+    /// A send is in flight, of this many bytes.
+    pub(super) sending: Option<usize>,
+    /// The core released it: waiting for its operations to end.
+    pub(super) released: bool,
+    /// TLS: the records of the send in flight, or what a short send left.
+    pub(super) tls_out: Option<Bytes>,
+    /// The psock's assembly buffer, lent by the core for the receive in
+    /// flight into it (a large message: `Ring::recv_into`, not the multishot
+    /// receive); the ring holds the bytes until the completion.
+    pub(super) loan: Option<RxLoan>,
+}
+
+impl Conn {
+    pub(super) fn idle(&self) -> bool {
+        !self.recv_armed && self.sending.is_none()
+    }
+
+    /// Bytes delivered and not yet taken by the core: wait for them to be
+    /// fed before receiving more.
+    pub(super) fn holds_bytes(&self) -> bool {
+        !self.held.is_empty() || self.spill_off < self.spill.len()
+    }
+
+    /// The core paused the psock: copy what its ring buffers still hold to
+    /// the spill and give the buffers back (after the messages framed in
+    /// them are served).
+    pub(super) fn spill_held(&mut self, ring: &mut WRing, lent: &mut Lent) {
+        for h in self.held.drain(..) {
+            if let Some(data) = ring.buffer(h.buf) {
+                self.spill.extend_from_slice(&data[h.off.min(data.len())..]);
+            }
+            lent.give_back(ring, h.buf);
+        }
+    }
+
+    /// Forget the bytes delivered and not taken (receive is over).
+    pub(super) fn drop_held(&mut self, ring: &mut WRing, lent: &mut Lent) {
+        for h in self.held.drain(..) {
+            lent.give_back(ring, h.buf);
+        }
+        self.spill = Vec::new();
+        self.spill_off = 0;
+    }
+}
+
+/// Messages framed in place in provided buffers during a pass over the
+/// ring's completions (under the core lock), served once the lock is dropped;
+/// their buffers go back to the ring only after that.
+#[derive(Default)]
+pub(super) struct Lent {
+    /// Where the messages lie in their buffers.
+    pub(super) ranges: Vec<std::ops::Range<usize>>,
+    /// One per fed piece that framed messages: psock, buffer, `ranges[a..b]`.
+    pub(super) batches: Vec<(PsockId, u16, usize, usize)>,
+    /// Buffers fully fed whose messages are still to be served.
+    pub(super) recycle: Vec<u16>,
+}
+
+impl Lent {
+    /// Give a fully fed buffer back to the ring, after its messages are served.
+    pub(super) fn give_back(&mut self, ring: &mut WRing, buf: u16) {
+        if self.batches.iter().any(|b| b.1 == buf) {
+            self.recycle.push(buf);
+        } else {
+            ring.recycle(buf);
+        }
+    }
+}
+
+/// Stop receiving from a failed psock for good: its held bytes are dropped.
+pub(super) fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
+    conn.rx_stopped = true;
+    conn.eof = None;
+    conn.drop_held(ring, lent);
+    if conn.recv_armed && !conn.recv_cancelled {
+        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+    }
+}
+
+/// [`pump`] for a TLS psock: the held ciphertext through TLS into the core,
+/// no more than it takes; called without the core lock (TLS lock first).
+pub(super) fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Event>) {
+    let rt = conn.rt.clone();
+    let Some(tls) = &rt.tls else { return };
+    let token = psock_token(rt.id);
+    let mut st = tls.lock().unwrap();
+    let mut full = false;
+    // What was spilled while paused comes first; TLS takes all of it unless
+    // it is full.
+    if conn.spill_off < conn.spill.len() {
+        let (took, _) = crate::shared::tls::rx(sh, &rt, &mut st, &conn.spill[conn.spill_off..], events);
+        conn.spill_off += took;
+        if conn.spill_off < conn.spill.len() {
+            full = true;
+        } else {
+            conn.spill = Vec::new();
+            conn.spill_off = 0;
+        }
+    }
+    // Bounded: each round takes a whole buffer, or stops.
+    while let Some(h) = conn.held.front_mut() {
+        if full {
+            break;
+        }
+        let (took, r, len) = {
+            let data = ring.buffer(h.buf).unwrap_or(&[]);
+            let (took, r) = crate::shared::tls::rx(sh, &rt, &mut st, &data[h.off.min(data.len())..], events);
+            (took, r, data.len())
+        };
+        h.off += took;
+        if h.off >= len {
+            let buf = h.buf;
+            conn.held.pop_front();
+            ring.recycle(buf);
+        }
+        if r == crate::shared::tls::Rx::Full {
+            full = true;
+            break;
+        }
+    }
+    if !full && conn.held.is_empty() {
+        // Decrypted bytes kept from an earlier pass.
+        full = crate::shared::tls::rx(sh, &rt, &mut st, &[], events).1 == crate::shared::tls::Rx::Full;
+    }
+    if full {
+        // Backpressure: close the window as epoll would (stop reading), and
+        // keep no ring buffer meanwhile.
+        if conn.recv_armed && !conn.recv_cancelled {
+            conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+        }
+        conn.spill_held(ring, &mut Lent::default()); // TLS buffers are never lent
+        return;
+    }
+    if st.done() {
+        drop(st);
+        stop_rx(ring, conn, token, &mut Lent::default()); // TLS buffers are never lent
+        return;
+    }
+    if let Some(errno) = conn.eof.take() {
+        // No receive after this; a resume still drains what TLS holds.
+        conn.rx_stopped = true;
+        crate::shared::tls::rx_eof(sh, &rt, &mut st, errno, events);
+    }
+}
+
+/// Feed the held bytes of one psock to the core, no more than it takes. When it
+/// takes nothing (paused), keep the rest and cancel the receive; when all is fed,
+/// report an end of stream that came after it. What stays spilled counts in
+/// the core's memory budget as the psock's.
+pub(super) fn pump(
+    core: &mut Core,
+    ring: &mut WRing,
+    conn: &mut Conn,
+    now: Timestamp,
+    events: &mut Vec<Event>,
+    lent: &mut Lent,
+) {
+    pump_held(core, ring, conn, now, events, lent);
+    let below = conn.spill.len() - conn.spill_off;
+    if below != conn.spill_counted {
+        conn.spill_counted = below;
+        core.mux.set_rx_below(conn.rt.id, below);
+        // The budget may have paused or aborted a psock.
+        core.drain_events(events);
+    }
+}
+
+pub(super) fn pump_held(
+    core: &mut Core,
+    ring: &mut WRing,
+    conn: &mut Conn,
+    now: Timestamp,
+    events: &mut Vec<Event>,
+    lent: &mut Lent,
+) {
+    let id: PsockId = conn.rt.id;
+    let token = psock_token(id);
+    // What was spilled while paused comes first. Bounded: each round feeds
+    // at least one byte, or stops.
+    while conn.spill_off < conn.spill.len() {
+        let cap = core.mux.rx_capacity(id);
+        if cap == 0 {
+            pause_psock(core, ring, conn, token, lent);
+            core.drain_events(events);
+            return;
+        }
+        let end = (conn.spill_off + cap).min(conn.spill.len());
+        let fed = crate::shared::feed_read(core, id, &conn.spill[conn.spill_off..end], now);
+        conn.spill_off = end;
+        if fed.is_err() {
+            core.drain_events(events);
+            stop_rx(ring, conn, token, lent);
+            return;
+        }
+    }
+    if !conn.spill.is_empty() {
+        // All fed: its memory goes back.
+        conn.spill = Vec::new();
+        conn.spill_off = 0;
+    }
+    // Bounded: each round feeds at least one byte, or stops.
+    while let Some(h) = conn.held.front_mut() {
+        let cap = core.mux.rx_capacity(id);
+        let data = ring.buffer(h.buf).unwrap_or(&[]);
+        if h.off < data.len() && cap == 0 {
+            pause_psock(core, ring, conn, token, lent);
+            core.drain_events(events);
+            return;
+        }
+        let end = (h.off + cap).min(data.len());
+        // Whole messages for this worker's own socket are framed where they
+        // lie and served after the pass (`Worker::serve_lent`).
+        let a = lent.ranges.len();
+        let fed = crate::shared::feed_read_in_place(core, id, &data[h.off..end], now, &mut lent.ranges);
+        if lent.ranges.len() > a {
+            for r in &mut lent.ranges[a..] {
+                *r = r.start + h.off..r.end + h.off;
+            }
+            lent.batches.push((id, h.buf, a, lent.ranges.len()));
+        }
+        h.off = end;
+        let done = h.off >= data.len();
+        if done {
+            let buf = h.buf;
+            conn.held.pop_front();
+            lent.give_back(ring, buf);
+        }
+        if fed.is_err() {
+            // Gone from the core, or over its hard cap (cannot happen within
+            // rx_capacity): stop receiving from it.
+            core.drain_events(events);
+            stop_rx(ring, conn, token, lent);
+            return;
+        }
+    }
+    if let Some(errno) = conn.eof.take() {
+        let _ = core.mux.rx_closed(id, errno);
+        conn.rx_stopped = true;
+    } else if conn.recv_armed && !conn.recv_cancelled && conn.loan.is_none() && core.mux.rx_would_lend(id) {
+        // A large message began: end the multishot receive (what it still
+        // delivers is fed first) so that the next one goes straight into the
+        // psock's assembly buffer.
+        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+    }
+    core.drain_events(events);
+}
+
+/// [`pause`], except for a psock the memory budget paused: that one keeps
+/// its ring buffers (memory the ring has anyway) instead of copying them into
+/// new memory, since the budget pauses when memory is short; it resumes or,
+/// stuck past `MuxConfig::mem_grace`, is aborted, and either gives them back.
+fn pause_psock(core: &Core, ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
+    if core.mux.mem_paused(conn.rt.id) {
+        if conn.recv_armed && !conn.recv_cancelled {
+            conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+        }
+    } else {
+        pause(ring, conn, token, lent);
+    }
+}
+
+/// Backpressure on a psock: close the window as epoll would (stop reading),
+/// and give its ring buffers back (their rest is spilled).
+fn pause(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
+    if conn.recv_armed && !conn.recv_cancelled {
+        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+    }
+    conn.spill_held(ring, lent);
+}

@@ -1,0 +1,180 @@
+//! What a handler is and what crosses between a worker and the threads that
+//! run its handler: the [`Handler`] trait and its [`Verdict`]s, the service's
+//! counters, and the heavy lanes' queues ([`Lanes`]: a worker offers a
+//! [`Job`], a lane thread posts back a [`Done`]).
+//!
+//! Owns no thread and no socket. Must not name the runtime's other modules
+//! but `sync` and `config`: every layer above it (the core's runtime side, the
+//! drivers, `service`) uses these types, and `service` re-exports the public
+//! ones under their public paths.
+
+use std::ops::Range;
+use std::sync::atomic::AtomicU64;
+
+use bytes::BytesMut;
+use connmux_core::mux::PsockId;
+use connmux_core::Bytes;
+
+use crate::sync::crew::Crew;
+use crate::sync::inbox::Inbox;
+
+/// Replies are cut out of `scratch` in chunks of this size: a handler's small
+/// `extend_from_slice` would otherwise allocate a fresh buffer (and a shared
+/// header on `split`) for every reply, two allocations per message.
+pub(crate) const SCRATCH_CHUNK: usize = 64 * 1024;
+/// Below this much spare room a new chunk is started before a handler runs.
+pub(crate) const SCRATCH_LOW: usize = 4 * 1024;
+
+/// Nanoseconds since `t0`, a `connmux_sys::clock::now_nanos` reading (handler
+/// times, here and in the lanes: cheaper than an `Instant` and a `Duration`
+/// per reading).
+#[inline]
+pub(crate) fn since(t0: u64) -> u64 {
+    connmux_sys::clock::now_nanos().saturating_sub(t0)
+}
+
+/// What a handler decided for one request.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Send this message back on the connection the request came from.
+    Reply(Bytes),
+    /// Nothing to send.
+    NoReply,
+    /// The peer misbehaved: reset and unattach its connection (after the
+    /// replies already produced for it are written).
+    Close,
+    /// The reply, one whole message, was appended to the `out` buffer of
+    /// [`Handler::handle_in_place`] (only that method may answer this).
+    Appended,
+}
+
+/// Turns a request into a verdict. Runs on I/O workers: keep it short and
+/// never block. `scratch` is a per-worker buffer to build replies in
+/// (`scratch.split().freeze()` hands one out without a copy).
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict;
+
+    /// [`Handler::handle`] for a request that still lies in the worker's
+    /// receive buffer, valid only during the call (a read's whole messages
+    /// are served where they lie: nothing is cut or copied for them). `out`
+    /// holds the replies to the same connection built so far: a handler that
+    /// writes its reply there (exactly one whole message, appended) returns
+    /// [`Verdict::Appended`], and the replies of one read leave in one write
+    /// without another copy. A handler that answers anything else must leave
+    /// `out` as it found it. The default copies the request and calls `handle`.
+    fn handle_in_place(&self, request: &[u8], from: PsockId, scratch: &mut BytesMut, out: &mut BytesMut) -> Verdict {
+        let _ = out;
+        self.handle(Bytes::copy_from_slice(request), from, scratch)
+    }
+
+    /// [`Handler::handle_in_place`] over a run of requests: `ranges` of `data`
+    /// are whole messages of connection `from`, in order (the messages of one
+    /// read). Replies answered by appending go to `out`, back to back; at the
+    /// first request answered any other way (a `Reply` of its own buffer, or
+    /// `Close`) the run stops and that verdict is returned with it.
+    ///
+    /// Why a run: one call per read lets a handler with a common case (a NULL
+    /// call, an echo) answer it in a tight loop, without a dynamic call and
+    /// the worker's bookkeeping per message. The default calls
+    /// `handle_in_place` for each request; an override must answer exactly
+    /// as that would.
+    fn handle_run_in_place(
+        &self,
+        data: &[u8],
+        ranges: &[Range<usize>],
+        from: PsockId,
+        scratch: &mut BytesMut,
+        out: &mut BytesMut,
+    ) -> RunServed {
+        let mut appended = 0;
+        for (i, r) in ranges.iter().enumerate() {
+            let Some(request) = data.get(r.clone()) else {
+                return RunServed { handled: i, appended, stop: None };
+            };
+            if scratch.capacity() - scratch.len() < SCRATCH_LOW {
+                scratch.reserve(SCRATCH_CHUNK);
+            }
+            let mark = out.len();
+            match self.handle_in_place(request, from, scratch, out) {
+                Verdict::Appended if out.len() > mark => appended += 1,
+                // Appended with nothing appended is no reply.
+                Verdict::Appended | Verdict::NoReply => out.truncate(mark),
+                v => {
+                    // Only an appended reply may stay in `out`.
+                    out.truncate(mark);
+                    return RunServed { handled: i + 1, appended, stop: Some(v) };
+                }
+            }
+        }
+        RunServed { handled: ranges.len(), appended, stop: None }
+    }
+}
+
+/// What [`Handler::handle_run_in_place`] did with a run of requests.
+#[derive(Debug)]
+pub struct RunServed {
+    /// Requests handled, from the start of the run.
+    pub handled: usize,
+    /// Replies appended to `out` for them, each one whole message.
+    pub appended: u32,
+    /// The verdict of the last request handled when it was not answered by
+    /// appending (`Reply` or `Close`): the run stopped there. `None` when
+    /// every request handled was answered by appending or not at all.
+    pub stop: Option<Verdict>,
+}
+
+impl<F> Handler for F
+where
+    F: Fn(Bytes, PsockId, &mut BytesMut) -> Verdict + Send + Sync + 'static,
+{
+    fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict {
+        self(request, from, scratch)
+    }
+}
+
+/// Handle on in-place serving: the per-worker sockets and heavy lanes live
+/// Per-service counters.
+#[derive(Debug, Default)]
+pub struct ServiceStats {
+    pub accepted: AtomicU64,
+    pub attach_errors: AtomicU64,
+    /// Connections closed because the peer failed (framing error, reset, FIN)
+    /// or because the handler answered [`Verdict::Close`].
+    pub closed: AtomicU64,
+    /// Connections refused at accept (closed with a reset at once) because
+    /// the service already had [`Service::set_max_conns`] attached.
+    pub refused: AtomicU64,
+}
+
+/// A heavy connection's message, offered by its worker.
+pub(crate) struct Job {
+    pub data: Bytes,
+    pub psock: PsockId,
+}
+
+/// What a taker made of a [`Job`], posted back to the worker that offered it.
+pub(crate) struct Done {
+    pub psock: PsockId,
+    pub verdict: Verdict,
+    /// The handler ran shorter than `Tuning::slow_handler`.
+    pub short: bool,
+}
+
+/// The lanes of one `Mux::serve`: one per worker, and each worker's inbox
+/// for the verdicts.
+pub(crate) struct Lanes {
+    pub crew: Crew<Job>,
+    pub inboxes: Vec<Inbox<Done>>,
+}
+
+impl Lanes {
+    /// `workers` lanes of `cap` messages; helpers unless `in_order`, which
+    /// take from a lane holding at least `steal_from` (`Tuning::lane_steal_from`).
+    pub fn new(workers: usize, cap: usize, in_order: bool, steal_from: usize) -> Lanes {
+        let helpers = if in_order || workers < 2 { 0 } else { workers };
+        Lanes {
+            crew: Crew::new(workers, cap, helpers, steal_from),
+            inboxes: (0..workers).map(|_| Inbox::default()).collect(),
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! `Config::tuning` reaches the workers: values far from the defaults still
+//! deliver every reply once and in order, on both drivers, and the thresholds
+//! that decide where a request runs are the configured ones.
+
+#[macro_use]
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use connmux::service::{Service, ServiceConfig, Verdict};
+use connmux::{Bytes, Config, Driver, Mux, PsockId, SockType, Tuning};
+
+fn echo(mux: Mux) -> Service {
+    let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| Verdict::Reply(req));
+    Service::start(
+        mux,
+        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
+        handler,
+    )
+    .unwrap()
+}
+
+/// One client: `count` requests of `size` bytes with up to `in_flight`
+/// outstanding; every reply must be the next request's echo.
+fn round_trips(addr: std::net::SocketAddr, id: u32, count: u32, in_flight: u32, size: usize) {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_nodelay(true).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    let body = |i: u32| {
+        let mut b = id.to_be_bytes().to_vec();
+        b.extend_from_slice(&i.to_be_bytes());
+        b.resize(size.max(8), (i % 251) as u8);
+        b
+    };
+    let (mut sent, mut got) = (0u32, 0u32);
+    while got < count {
+        let mut batch = Vec::new();
+        while sent < count && sent - got < in_flight {
+            batch.extend_from_slice(&framed(&body(sent)));
+            sent += 1;
+        }
+        c.write_all(&batch).unwrap();
+        assert_eq!(read_framed(&mut c), body(got), "client {id}: reply {got} wrong or out of order");
+        got += 1;
+    }
+}
+
+fn clients(svc: &Service, n: u32, count: u32, in_flight: u32, size: usize) {
+    let addr = svc.local_addr();
+    let ts: Vec<_> =
+        (0..n).map(|id| std::thread::spawn(move || round_trips(addr, id, count, in_flight, size))).collect();
+    for t in ts {
+        t.join().unwrap();
+    }
+}
+
+/// The smallest values: one message per batch, no coalescing, one slice per
+/// write, one round per pass, two 64-byte ring buffers (a request spans
+/// several). Every reply still arrives, in order.
+fn smallest_tuning_delivers_every_reply_in_order() {
+    let mux = mux_with(|c| {
+        c.tuning = Tuning {
+            serve_batch: 1,
+            coalesce_max: 0,
+            max_iov: 1,
+            ring_rounds: 1,
+            ring_buf_count: 2,
+            ring_buf_size: 64,
+            ..Tuning::default()
+        };
+    });
+    let svc = echo(mux);
+    clients(&svc, 4, 1000, 16, 100);
+    assert_eq!(svc.mux().stats().psock.rx_msgs, 4000);
+    svc.shutdown();
+}
+
+/// More slices per write than the iovec array on the stack holds (every
+/// reply its own slice: no coalescing): the writes still carry every reply,
+/// in order.
+fn many_slices_per_write_deliver_every_reply_in_order() {
+    let mux = mux_with(|c| {
+        c.tuning = Tuning { coalesce_max: 0, max_iov: 1024, ..Tuning::default() };
+    });
+    let svc = echo(mux);
+    clients(&svc, 4, 2000, 256, 16);
+    assert_eq!(svc.mux().stats().psock.rx_msgs, 8000);
+    svc.shutdown();
+}
+
+/// With a slow-handler threshold of zero and one hit, every connection is
+/// heavy at its first timed request: it goes to the lane (where the default
+/// 50 µs would keep an echo on its worker), and its replies still come back
+/// in order (one worker: no helper).
+fn slow_handler_threshold_is_the_configured_one() {
+    let mux = mux_with(|c| {
+        c.tuning = Tuning { slow_handler: Duration::ZERO, slow_hits: 1, ..Tuning::default() };
+    });
+    let svc = echo(mux);
+    clients(&svc, 2, 500, 4, 16);
+    assert!(svc.mux().lane_moves() >= 1, "no connection went to the lane with a zero threshold");
+    svc.shutdown();
+}
+
+on_both_drivers!(
+    smallest_tuning_delivers_every_reply_in_order,
+    many_slices_per_write_deliver_every_reply_in_order,
+    slow_handler_threshold_is_the_configured_one,
+);
+
+/// A provided-buffer count the ring refuses (not a power of two) fails
+/// `Mux::new` on the io_uring driver, and `Auto` then runs epoll.
+#[test]
+fn ring_buffer_count_is_the_configured_one() {
+    if !available(Driver::Uring) {
+        eprintln!("SKIPPED: io_uring is not available on this machine");
+        return;
+    }
+    let cfg = |driver| Config {
+        driver,
+        placement: connmux::Placement::Unpinned,
+        tuning: Tuning { ring_buf_count: 3, ..Tuning::default() },
+        ..Config::default()
+    };
+    let err = Mux::new(cfg(Driver::Uring)).err().expect("a ring of 3 provided buffers was created");
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+    let auto = Mux::new(cfg(Driver::Auto)).unwrap();
+    assert_eq!(auto.driver(), Driver::Epoll);
+    // The same count, a power of two, runs io_uring.
+    let ok = Config { tuning: Tuning { ring_buf_count: 4, ..Tuning::default() }, ..cfg(Driver::Uring) };
+    assert_eq!(Mux::new(ok).unwrap().driver(), Driver::Uring);
+}
