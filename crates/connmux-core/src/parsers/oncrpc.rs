@@ -174,15 +174,19 @@ impl Parser for OncRpc {
             let body = if self.strip { MARK_LEN } else { 0 };
             // Every record is at least its mark: room for all of them at once.
             out.reserve(limit.min(data.len() / MARK_LEN));
+            // `rest` is `data[at..]`, narrowed as records are taken (no
+            // re-slicing of `data`, no bounds check beyond the record's own).
+            let mut rest = data;
             while n < limit {
-                let rest = &data[at..];
-                let Some(mark) = rest.first_chunk::<MARK_LEN>() else { break };
+                let Some((mark, _)) = rest.split_first_chunk::<MARK_LEN>() else { break };
                 let word = u32::from_be_bytes(*mark);
                 let len = MARK_LEN + (word & !LAST_FRAGMENT) as usize;
-                if word & LAST_FRAGMENT == 0 || len > rest.len() || len > max_len {
+                if word & LAST_FRAGMENT == 0 || len > max_len {
                     break;
                 }
+                let Some(next) = rest.get(len..) else { break };
                 out.push(at + body..at + len);
+                rest = next;
                 at += len;
                 n += 1;
             }
