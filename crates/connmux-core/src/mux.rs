@@ -1106,19 +1106,30 @@ impl Mux {
         let first = out.len();
         let sock = direct.sock;
         let taken = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { 0 };
-        if taken > 0 {
-            // Bytes served in place are traffic too (idle timeout).
+        self.note_time(now);
+        let framed = (out.len() - first) as u64;
+        if taken > 0 || framed > 0 {
+            let holds = framed > 0 && {
+                let s = self.socks.get_mut(sock.index, sock.generation).expect("checked live");
+                s.stats.rx_msgs += framed;
+                // Ranges are ordered (start <= end): the plain difference,
+                // which the optimizer can vectorize.
+                s.stats.rx_bytes += out[first..].iter().map(|r| r.end.wrapping_sub(r.start) as u64).sum::<u64>();
+                s.holds
+            };
             if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
-                ps.last_active = now;
+                if taken > 0 {
+                    // Bytes served in place are traffic too (idle timeout).
+                    ps.last_active = now;
+                }
+                if holds {
+                    ps.holds += framed;
+                }
             }
-        }
-        if out.len() > first {
-            self.note_time(now);
-            let s = self.socks.get_mut(sock.index, sock.generation).expect("checked live");
-            s.stats.rx_msgs += (out.len() - first) as u64;
-            s.stats.rx_bytes += out[first..].iter().map(|r| r.len() as u64).sum::<u64>();
-            if s.holds {
-                self.psocks.get_mut(p.index, p.generation).expect("framed above").holds += (out.len() - first) as u64;
+            if taken == data.len() {
+                // All of it framed in place: nothing left for the stream
+                // (feeding nothing would only look the psock up again).
+                return Ok(());
             }
         }
         self.feed_inner(p, &data[taken..], now, Some(direct))
@@ -1304,7 +1315,18 @@ impl Mux {
 
     /// `PeerClosed` → `Drained` when nothing of psock `p` is left to deliver,
     /// answer or write.
+    #[inline]
     fn check_drained(&mut self, p: PsockId) {
+        // Called after every write and settle: only a psock whose peer
+        // closed goes on to the full check.
+        if self.psocks.get(p.index, p.generation).is_some_and(|ps| ps.life == Life::PeerClosed) {
+            self.check_drained_closed(p);
+        }
+    }
+
+    /// [`Mux::check_drained`] for a psock whose peer closed.
+    #[inline(never)]
+    fn check_drained_closed(&mut self, p: PsockId) {
         let Some(ps) = self.psocks.get(p.index, p.generation) else { return };
         if ps.life != Life::PeerClosed
             || ps.holds > 0
@@ -1811,11 +1833,19 @@ impl Mux {
         if !batch {
             let sock = self.socks.get_mut(s.index, s.generation).expect("live");
             sock.wait_more = false;
+            // Both are no-ops for a socket with nothing queued and nothing
+            // held (a server's replies): no look-ups then. `kick` and
+            // `tx_push` queue and hold nothing of `s`.
+            let (queued, held) = (!sock.tx_queue.is_empty(), !sock.held_psocks.is_empty());
             if kick {
                 self.kick(p);
             }
-            self.tx_push(s);
-            self.kick_held(s);
+            if queued {
+                self.tx_push(s);
+            }
+            if held {
+                self.kick_held(s);
+            }
         }
         Ok(())
     }
@@ -2073,10 +2103,13 @@ impl Mux {
             return false;
         }
         let mut bytes = 0;
-        for m in ps.tx_queue.iter() {
-            if slices.len() == TX_CHUNK_SLICES || (bytes >= TX_CHUNK_BYTES && !slices.is_empty()) {
+        // By index: the queue usually holds one message (a served batch's
+        // replies), where setting up an iterator costs more than the walk.
+        for i in 0..ps.tx_queue.len().min(TX_CHUNK_SLICES) {
+            if bytes >= TX_CHUNK_BYTES && !slices.is_empty() {
                 break;
             }
+            let m = &ps.tx_queue[i];
             let b = if m.sent == 0 { m.data.clone() } else { m.data.slice(m.sent..) };
             bytes += b.len();
             slices.push(b);
