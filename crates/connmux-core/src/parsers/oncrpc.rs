@@ -86,6 +86,21 @@ impl OncRpc {
         self.frags = 0;
     }
 
+    /// [`Parser::frame_batch`] from the first record that is not a whole
+    /// one-fragment record on: out of line, so that the common loop keeps
+    /// its registers.
+    #[inline(never)]
+    fn frame_batch_rest(
+        &mut self,
+        data: &[u8],
+        at: usize,
+        max_len: usize,
+        limit: usize,
+        out: &mut Vec<std::ops::Range<usize>>,
+    ) -> usize {
+        crate::parser::frame_batch_with(self, data, at, max_len, limit, out)
+    }
+
     /// Records of several fragments, or a mark not yet whole: framed one
     /// mark per pass, resuming where the last call stopped.
     #[inline(never)]
@@ -191,7 +206,10 @@ impl Parser for OncRpc {
                 n += 1;
             }
         }
-        crate::parser::frame_batch_with(self, data, at, max_len, limit - n, out)
+        if at == data.len() || n == limit {
+            return at;
+        }
+        self.frame_batch_rest(data, at, max_len, limit - n, out)
     }
 
     #[inline]
