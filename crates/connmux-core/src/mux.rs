@@ -1805,12 +1805,14 @@ impl Mux {
         kick: bool,
     ) -> Result<(), MuxError> {
         let limit = self.config.psock_sndbuf;
-        let ps = self.psocks.get_mut(p.index, p.generation).expect("checked");
+        // The psock and the socket, each looked up once (disjoint fields).
+        let Mux { psocks, socks, .. } = self;
+        let ps = psocks.get_mut(p.index, p.generation).expect("checked");
         if ps.tx_addr_bytes >= limit {
             ps.stats.tx_backlog_refusals += 1;
             return Err(self.would_block(s));
         }
-        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        let sock = socks.get_mut(s.index, s.generation).expect("live");
         if sock.tx_mem >= sock.sndbuf {
             return Err(self.would_block(s));
         }
@@ -1826,12 +1828,10 @@ impl Mux {
             }
             sock.wait_more = true;
         }
-        let ps = self.psocks.get_mut(p.index, p.generation).expect("checked");
         ps.tx_addr_bytes += len;
         ps.tx_placed += u64::from(msgs);
         ps.tx_queue.push_back(TxMsg { data: msg, sent: 0, owner: s, addressed: true, balanced: false, msgs });
         if !batch {
-            let sock = self.socks.get_mut(s.index, s.generation).expect("live");
             sock.wait_more = false;
             // Both are no-ops for a socket with nothing queued and nothing
             // held (a server's replies): no look-ups then. `kick` and
@@ -2131,7 +2131,10 @@ impl Mux {
         }
         let backlog_before = ps.tx_addr_bytes;
         let mut left = n;
-        let mut done = std::mem::take(&mut self.tx_done);
+        // Owners to uncharge once `ps` is let go: consecutive messages of one
+        // owner (a served batch's replies) as one entry, the last one kept
+        // out of `tx_done` (usually the only one).
+        let mut last: Option<(SockId, usize, u32)> = None;
         for _ in 0..ps.tx_inflight {
             if left == 0 {
                 break;
@@ -2149,7 +2152,17 @@ impl Mux {
                 } else if !m.balanced {
                     ps.tx_rsvd_msgs -= 1;
                 }
-                done.push((m.owner, m.data.len(), m.msgs));
+                match &mut last {
+                    Some((owner, len, msgs)) if *owner == m.owner && msgs.checked_add(m.msgs).is_some() => {
+                        *len += m.data.len();
+                        *msgs += m.msgs;
+                    }
+                    _ => {
+                        if let Some(prev) = last.replace((m.owner, m.data.len(), m.msgs)) {
+                            self.tx_done.push(prev);
+                        }
+                    }
+                }
             }
         }
         ps.tx_inflight = 0;
@@ -2163,11 +2176,15 @@ impl Mux {
             }
             _ => false,
         };
-        for &(owner, len, msgs) in &done {
+        if let Some(last) = last {
+            for i in 0..self.tx_done.len() {
+                let (owner, len, msgs) = self.tx_done[i];
+                self.uncharge(owner, len, msgs);
+            }
+            self.tx_done.clear();
+            let (owner, len, msgs) = last;
             self.uncharge(owner, len, msgs);
         }
-        done.clear();
-        self.tx_done = done;
         if release {
             self.unreserve(p);
         }
