@@ -1105,16 +1105,19 @@ impl Mux {
     ) -> Result<(), MuxError> {
         let first = out.len();
         let sock = direct.sock;
-        let taken = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { 0 };
+        let (taken, whole) = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { (0, false) };
         self.note_time(now);
         let framed = (out.len() - first) as u64;
         if taken > 0 || framed > 0 {
             let holds = framed > 0 && {
                 let s = self.socks.get_mut(sock.index, sock.generation).expect("checked live");
                 s.stats.rx_msgs += framed;
-                // Ranges are ordered (start <= end): the plain difference,
-                // which the optimizer can vectorize.
-                s.stats.rx_bytes += out[first..].iter().map(|r| r.end.wrapping_sub(r.start) as u64).sum::<u64>();
+                s.stats.rx_bytes += if whole {
+                    taken as u64
+                } else {
+                    // Ranges are ordered (start <= end): the plain difference.
+                    out[first..].iter().map(|r| r.end.wrapping_sub(r.start) as u64).sum::<u64>()
+                };
                 s.holds
             };
             if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
@@ -1135,7 +1138,8 @@ impl Mux {
         self.feed_inner(p, &data[taken..], now, Some(direct))
     }
 
-    /// The in-place part of [`Mux::feed_in_place`]: bytes of `data` taken.
+    /// The in-place part of [`Mux::feed_in_place`]: bytes of `data` taken,
+    /// and whether the messages framed are delivered whole.
     fn frame_in_place(
         &mut self,
         p: PsockId,
@@ -1143,10 +1147,10 @@ impl Mux {
         sock: SockId,
         limit: usize,
         out: &mut Vec<std::ops::Range<usize>>,
-    ) -> Result<usize, MuxError> {
+    ) -> Result<(usize, bool), MuxError> {
         let Mux { psocks, socks, config, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
-        let Some(s) = socks.get(sock.index, sock.generation) else { return Ok(0) };
+        let Some(s) = socks.get(sock.index, sock.generation) else { return Ok((0, false)) };
         // Exactly where `steer` sends this psock's next message: its own
         // socket, able, with a queue short enough (empty: order is kept).
         let steered_here = config.steering == Steering::Affinity
@@ -1155,9 +1159,10 @@ impl Mux {
             && s.on_waiters
             && s.rx_queue.is_empty();
         if !steered_here || ps.paused || ps.ready.is_some() || ps.life.rx_over() {
-            return Ok(0);
+            return Ok((0, false));
         }
-        Ok(ps.stream.frame_in_place(data, limit, out))
+        let taken = ps.stream.frame_in_place(data, limit, out);
+        Ok((taken, taken > 0 && ps.stream.delivers_whole()))
     }
 
     fn feed_inner(

@@ -212,6 +212,10 @@ impl Parser for OncRpc {
         self.frame_batch_rest(data, at, max_len, limit - n, out)
     }
 
+    fn delivers_whole(&self) -> bool {
+        !self.strip
+    }
+
     #[inline]
     fn finish_in_place(&self, msg: &[u8]) -> Option<std::ops::Range<usize>> {
         if !self.strip {
