@@ -1105,26 +1105,41 @@ impl Mux {
     ) -> Result<(), MuxError> {
         let first = out.len();
         let sock = direct.sock;
-        let taken = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { 0 };
-        if taken > 0 {
-            // Bytes served in place are traffic too (idle timeout).
+        let (taken, whole) = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { (0, false) };
+        self.note_time(now);
+        let framed = (out.len() - first) as u64;
+        if taken > 0 || framed > 0 {
+            let holds = framed > 0 && {
+                let s = self.socks.get_mut(sock.index, sock.generation).expect("checked live");
+                s.stats.rx_msgs += framed;
+                s.stats.rx_bytes += if whole {
+                    taken as u64
+                } else {
+                    // Ranges are ordered (start <= end): the plain difference.
+                    out[first..].iter().map(|r| r.end.wrapping_sub(r.start) as u64).sum::<u64>()
+                };
+                s.holds
+            };
             if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
-                ps.last_active = now;
+                if taken > 0 {
+                    // Bytes served in place are traffic too (idle timeout).
+                    ps.last_active = now;
+                }
+                if holds {
+                    ps.holds += framed;
+                }
             }
-        }
-        if out.len() > first {
-            self.note_time(now);
-            let s = self.socks.get_mut(sock.index, sock.generation).expect("checked live");
-            s.stats.rx_msgs += (out.len() - first) as u64;
-            s.stats.rx_bytes += out[first..].iter().map(|r| r.len() as u64).sum::<u64>();
-            if s.holds {
-                self.psocks.get_mut(p.index, p.generation).expect("framed above").holds += (out.len() - first) as u64;
+            if taken == data.len() {
+                // All of it framed in place: nothing left for the stream
+                // (feeding nothing would only look the psock up again).
+                return Ok(());
             }
         }
         self.feed_inner(p, &data[taken..], now, Some(direct))
     }
 
-    /// The in-place part of [`Mux::feed_in_place`]: bytes of `data` taken.
+    /// The in-place part of [`Mux::feed_in_place`]: bytes of `data` taken,
+    /// and whether the messages framed are delivered whole.
     fn frame_in_place(
         &mut self,
         p: PsockId,
@@ -1132,10 +1147,10 @@ impl Mux {
         sock: SockId,
         limit: usize,
         out: &mut Vec<std::ops::Range<usize>>,
-    ) -> Result<usize, MuxError> {
+    ) -> Result<(usize, bool), MuxError> {
         let Mux { psocks, socks, config, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
-        let Some(s) = socks.get(sock.index, sock.generation) else { return Ok(0) };
+        let Some(s) = socks.get(sock.index, sock.generation) else { return Ok((0, false)) };
         // Exactly where `steer` sends this psock's next message: its own
         // socket, able, with a queue short enough (empty: order is kept).
         let steered_here = config.steering == Steering::Affinity
@@ -1144,9 +1159,10 @@ impl Mux {
             && s.on_waiters
             && s.rx_queue.is_empty();
         if !steered_here || ps.paused || ps.ready.is_some() || ps.life.rx_over() {
-            return Ok(0);
+            return Ok((0, false));
         }
-        Ok(ps.stream.frame_in_place(data, limit, out))
+        let taken = ps.stream.frame_in_place(data, limit, out);
+        Ok((taken, taken > 0 && ps.stream.delivers_whole()))
     }
 
     fn feed_inner(
@@ -1304,7 +1320,18 @@ impl Mux {
 
     /// `PeerClosed` → `Drained` when nothing of psock `p` is left to deliver,
     /// answer or write.
+    #[inline]
     fn check_drained(&mut self, p: PsockId) {
+        // Called after every write and settle: only a psock whose peer
+        // closed goes on to the full check.
+        if self.psocks.get(p.index, p.generation).is_some_and(|ps| ps.life == Life::PeerClosed) {
+            self.check_drained_closed(p);
+        }
+    }
+
+    /// [`Mux::check_drained`] for a psock whose peer closed.
+    #[inline(never)]
+    fn check_drained_closed(&mut self, p: PsockId) {
         let Some(ps) = self.psocks.get(p.index, p.generation) else { return };
         if ps.life != Life::PeerClosed
             || ps.holds > 0
@@ -1783,12 +1810,14 @@ impl Mux {
         kick: bool,
     ) -> Result<(), MuxError> {
         let limit = self.config.psock_sndbuf;
-        let ps = self.psocks.get_mut(p.index, p.generation).expect("checked");
+        // The psock and the socket, each looked up once (disjoint fields).
+        let Mux { psocks, socks, .. } = self;
+        let ps = psocks.get_mut(p.index, p.generation).expect("checked");
         if ps.tx_addr_bytes >= limit {
             ps.stats.tx_backlog_refusals += 1;
             return Err(self.would_block(s));
         }
-        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        let sock = socks.get_mut(s.index, s.generation).expect("live");
         if sock.tx_mem >= sock.sndbuf {
             return Err(self.would_block(s));
         }
@@ -1804,18 +1833,24 @@ impl Mux {
             }
             sock.wait_more = true;
         }
-        let ps = self.psocks.get_mut(p.index, p.generation).expect("checked");
         ps.tx_addr_bytes += len;
         ps.tx_placed += u64::from(msgs);
         ps.tx_queue.push_back(TxMsg { data: msg, sent: 0, owner: s, addressed: true, balanced: false, msgs });
         if !batch {
-            let sock = self.socks.get_mut(s.index, s.generation).expect("live");
             sock.wait_more = false;
+            // Both are no-ops for a socket with nothing queued and nothing
+            // held (a server's replies): no look-ups then. `kick` and
+            // `tx_push` queue and hold nothing of `s`.
+            let (queued, held) = (!sock.tx_queue.is_empty(), !sock.held_psocks.is_empty());
             if kick {
                 self.kick(p);
             }
-            self.tx_push(s);
-            self.kick_held(s);
+            if queued {
+                self.tx_push(s);
+            }
+            if held {
+                self.kick_held(s);
+            }
         }
         Ok(())
     }
@@ -2073,10 +2108,13 @@ impl Mux {
             return false;
         }
         let mut bytes = 0;
-        for m in ps.tx_queue.iter() {
-            if slices.len() == TX_CHUNK_SLICES || (bytes >= TX_CHUNK_BYTES && !slices.is_empty()) {
+        // By index: the queue usually holds one message (a served batch's
+        // replies), where setting up an iterator costs more than the walk.
+        for i in 0..ps.tx_queue.len().min(TX_CHUNK_SLICES) {
+            if bytes >= TX_CHUNK_BYTES && !slices.is_empty() {
                 break;
             }
+            let m = &ps.tx_queue[i];
             let b = if m.sent == 0 { m.data.clone() } else { m.data.slice(m.sent..) };
             bytes += b.len();
             slices.push(b);
@@ -2098,7 +2136,10 @@ impl Mux {
         }
         let backlog_before = ps.tx_addr_bytes;
         let mut left = n;
-        let mut done = std::mem::take(&mut self.tx_done);
+        // Owners to uncharge once `ps` is let go: consecutive messages of one
+        // owner (a served batch's replies) as one entry, the last one kept
+        // out of `tx_done` (usually the only one).
+        let mut last: Option<(SockId, usize, u32)> = None;
         for _ in 0..ps.tx_inflight {
             if left == 0 {
                 break;
@@ -2116,7 +2157,17 @@ impl Mux {
                 } else if !m.balanced {
                     ps.tx_rsvd_msgs -= 1;
                 }
-                done.push((m.owner, m.data.len(), m.msgs));
+                match &mut last {
+                    Some((owner, len, msgs)) if *owner == m.owner && msgs.checked_add(m.msgs).is_some() => {
+                        *len += m.data.len();
+                        *msgs += m.msgs;
+                    }
+                    _ => {
+                        if let Some(prev) = last.replace((m.owner, m.data.len(), m.msgs)) {
+                            self.tx_done.push(prev);
+                        }
+                    }
+                }
             }
         }
         ps.tx_inflight = 0;
@@ -2130,11 +2181,15 @@ impl Mux {
             }
             _ => false,
         };
-        for &(owner, len, msgs) in &done {
+        if let Some(last) = last {
+            for i in 0..self.tx_done.len() {
+                let (owner, len, msgs) = self.tx_done[i];
+                self.uncharge(owner, len, msgs);
+            }
+            self.tx_done.clear();
+            let (owner, len, msgs) = last;
             self.uncharge(owner, len, msgs);
         }
-        done.clear();
-        self.tx_done = done;
         if release {
             self.unreserve(p);
         }

@@ -104,6 +104,15 @@ pub trait Parser: Send {
         Some(0..msg.len())
     }
 
+    /// Whether [`Parser::finish_in_place`] always hands over the whole
+    /// message (the parser strips nothing): the bytes a batch framed in place
+    /// delivers are then the bytes it took, with no sum over its ranges. Off
+    /// unless a parser says so; a parser whose `finish_in_place` cuts must
+    /// leave it off.
+    fn delivers_whole(&self) -> bool {
+        false
+    }
+
     /// Frame up to `limit` complete messages of at most `max_len` bytes each
     /// at the front of `data` (in place: only called when
     /// [`Parser::frames_in_place`] says so), pushing what the application
@@ -163,6 +172,9 @@ impl<P: Parser + ?Sized> Parser for Box<P> {
     }
     fn finish_in_place(&self, msg: &[u8]) -> Option<Range<usize>> {
         (**self).finish_in_place(msg)
+    }
+    fn delivers_whole(&self) -> bool {
+        (**self).delivers_whole()
     }
     fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Range<usize>>) -> usize {
         (**self).frame_batch(data, max_len, limit, out)

@@ -514,6 +514,12 @@ impl StreamParser {
     /// Pushes what the application receives of each message (ranges of
     /// `data`) onto `out`, counts them as `next_msg` would, and returns how many
     /// bytes of `data` they took: the rest must be fed as usual.
+    /// Whether the messages framed in place are delivered whole
+    /// ([`Parser::delivers_whole`]): their bytes are the bytes taken.
+    pub fn delivers_whole(&self) -> bool {
+        self.parser.delivers_whole()
+    }
+
     pub fn frame_in_place(&mut self, data: &[u8], limit: usize, out: &mut Vec<Range<usize>>) -> usize {
         if self.stopped || self.lent.is_some() || !self.buf.is_empty() || !self.parser.frames_in_place() {
             return 0;

@@ -202,3 +202,46 @@ fn an_error_after_good_messages_fails_the_psock_once() {
     assert_eq!(fails.len(), 1);
     assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 1);
 }
+
+/// ONC RPC records framed in place, marks kept or stripped: the socket's byte
+/// count is what its reader receives, the same as through `feed` (kept: the
+/// bytes taken, counted without a walk of the ranges; stripped: the bodies).
+#[test]
+fn oncrpc_in_place_counts_the_bytes_delivered() {
+    use connmux_core::parsers::OncRpc;
+    let record = |body: &[u8], last: bool| {
+        let mark = (body.len() as u32 | if last { 0x8000_0000 } else { 0 }).to_be_bytes();
+        let mut r = mark.to_vec();
+        r.extend_from_slice(body);
+        r
+    };
+    let mut wire = Vec::new();
+    for i in 0..40u8 {
+        wire.extend(record(&vec![i; 40 + i as usize], true));
+    }
+    // A record of two fragments (the general loop), then a partial record.
+    wire.extend(record(&[7; 12], false));
+    wire.extend(record(&[8; 20], true));
+    wire.extend(&record(&[9; 30], true)[..10]);
+    for strip in [false, true] {
+        let mk = || {
+            let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, ..MuxConfig::default() });
+            let s = m.socket(SockType::Dgram);
+            m.set_affinity(s, Some(0)).unwrap();
+            let p = m.attach(Box::new(OncRpc::new(strip)), PsockConfig::default());
+            m.set_psock_affinity(p, Some(0)).unwrap();
+            (m, s, p)
+        };
+        let (mut a, sa, pa) = mk();
+        a.feed(pa, &wire, T0).unwrap();
+        let via_feed = recv_all(&mut a, sa);
+        let (mut b, sb, pb) = mk();
+        let (n, via_in_place) = feed_and_read(&mut b, sb, pb, &wire, T0, 64);
+        assert!(n >= 40, "strip {strip}: only {n} framed in place");
+        assert_eq!(via_in_place, via_feed, "strip {strip}");
+        let (st_a, st_b) = (a.sock_stats(sa).unwrap(), b.sock_stats(sb).unwrap());
+        let delivered: usize = via_feed.iter().map(Vec::len).sum();
+        assert_eq!((st_b.rx_msgs, st_b.rx_bytes), (st_a.rx_msgs, st_a.rx_bytes), "strip {strip}");
+        assert_eq!((st_b.rx_msgs, st_b.rx_bytes), (41, delivered as u64), "strip {strip}");
+    }
+}

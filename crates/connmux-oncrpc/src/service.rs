@@ -53,6 +53,19 @@ const NULL_REPLY_TEMPLATE: [u8; NULL_REPLY_LEN] = {
     r
 };
 
+/// Replies [`Registry::null_fast_run`] appends at once (then patches).
+const NULL_REPLY_BLOCK: usize = 32;
+/// [`NULL_REPLY_BLOCK`] copies of the template, back to back.
+const NULL_REPLIES: [u8; NULL_REPLY_LEN * NULL_REPLY_BLOCK] = {
+    let mut r = [0u8; NULL_REPLY_LEN * NULL_REPLY_BLOCK];
+    let mut i = 0;
+    while i < r.len() {
+        r[i] = NULL_REPLY_TEMPLATE[i % NULL_REPLY_LEN];
+        i += 1;
+    }
+    r
+};
+
 /// The big-endian word at byte `i` of `b`.
 #[inline]
 fn be32(b: &[u8], i: usize) -> u32 {
@@ -252,22 +265,42 @@ impl Registry {
     /// `null_fast` declines (or a range outside `data`) ends the run; the
     /// caller answers it the general way and goes on after it.
     pub fn null_fast_run(&self, data: &[u8], ranges: &[std::ops::Range<usize>], out: &mut bytes::BytesMut) -> usize {
+        if let [r] = ranges {
+            // One call (one in flight): its reply straight in, no block to cut.
+            let Some(reply) = data.get(r.clone()).and_then(|m| self.null_fast(m)) else { return 0 };
+            out.extend_from_slice(&reply);
+            return 1;
+        }
         out.reserve(ranges.len() * NULL_REPLY_LEN);
         // The program and version of the last call answered: a run's calls
         // are nearly always to one of them, looked up once.
         let mut served = None;
         let mut n = 0;
-        for r in ranges {
-            let Some(head) = data.get(r.clone()).and_then(|m| self.null_shape(m)) else { break };
-            let pv = prog_vers(head);
-            if served != Some(pv) {
-                if !self.serves(pv) {
-                    break;
+        for block in ranges.chunks(NULL_REPLY_BLOCK) {
+            // A block of templates appended at once, each reply then only
+            // patched with its xid; cut back at the first record declined.
+            let at = out.len();
+            out.extend_from_slice(&NULL_REPLIES[..block.len() * NULL_REPLY_LEN]);
+            let (replies, _) = out[at..].as_chunks_mut::<NULL_REPLY_LEN>();
+            let declined = 'block: {
+                for (k, (r, reply)) in block.iter().zip(replies).enumerate() {
+                    let Some(head) = data.get(r.clone()).and_then(|m| self.null_shape(m)) else { break 'block Some(k) };
+                    let pv = prog_vers(head);
+                    if served != Some(pv) {
+                        if !self.serves(pv) {
+                            break 'block Some(k);
+                        }
+                        served = Some(pv);
+                    }
+                    reply[4..8].copy_from_slice(&head[4..8]);
                 }
-                served = Some(pv);
+                None
+            };
+            if let Some(k) = declined {
+                out.truncate(at + k * NULL_REPLY_LEN);
+                return n + k;
             }
-            out.extend_from_slice(&null_reply(head));
-            n += 1;
+            n += block.len();
         }
         n
     }
@@ -284,6 +317,7 @@ impl Registry {
         // order (this runs once per request: a word-by-word decode costs as
         // much as the rest of the reply).
         let ne64 = |i: usize| u64::from_ne_bytes(head[i..i + 8].try_into().expect("8 bytes"));
+        let ne32 = |i: usize| u32::from_ne_bytes(head[i..i + 4].try_into().expect("4 bytes"));
         // msg_type CALL and rpcvers 2, as on the wire.
         const CALL_V2: [u8; 8] = {
             let (t, v) = (MsgType::CALL.0.to_be_bytes(), RPC_VERSION.to_be_bytes());
@@ -292,7 +326,7 @@ impl Registry {
         let args = marked.len() - NULL_CALL_LEN;
         (be32(head, 0) == LAST_FRAGMENT | (marked.len() - MARK_LEN) as u32
             && ne64(8) == u64::from_ne_bytes(CALL_V2)
-            && (ne64(24) | ne64(32) | u64::from(be32(head, 40))) == 0
+            && (ne64(24) | ne64(32) | u64::from(ne32(40))) == 0
             && !(self.strict_null_args && args != 0))
             .then_some(head)
     }

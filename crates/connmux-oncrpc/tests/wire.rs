@@ -548,3 +548,31 @@ fn null_fast_run_answers_the_leading_null_calls() {
     assert_eq!(reg.null_fast_run(&data, std::slice::from_ref(&outside), &mut out), 0);
     assert_eq!(reg.null_fast_run(&data, &[], &mut out), 0);
 }
+
+/// Runs longer than the block of replies `null_fast_run` appends at once:
+/// every reply exact, and a record declined in a later block leaves only the
+/// replies before it.
+#[test]
+fn null_fast_run_spans_blocks_and_cuts_back_at_a_decline() {
+    let reg = Registry::default();
+    for (calls, bad_at) in [(100usize, None), (100, Some(0)), (100, Some(31)), (100, Some(32)), (100, Some(70)), (33, Some(32))] {
+        let mut data = Vec::new();
+        let mut ranges = Vec::new();
+        for i in 0..calls {
+            let rec = if Some(i) == bad_at {
+                words(&[0x8000_0028, i as u32, 0, 2, 100003, 3, 1, 0, 0, 0, 0]) // PROC_UNAVAIL
+            } else {
+                capture_null_call(1000 + i as u32)
+            };
+            ranges.push(data.len()..data.len() + rec.len());
+            data.extend(rec);
+        }
+        let mut out = bytes::BytesMut::from(&b"before"[..]);
+        let answered = reg.null_fast_run(&data, &ranges, &mut out);
+        let want_n = bad_at.unwrap_or(calls);
+        assert_eq!(answered, want_n, "{calls} calls, bad at {bad_at:?}");
+        let mut want = b"before".to_vec();
+        want.extend((0..want_n).flat_map(|i| capture_reply(1000 + i as u32)));
+        assert_eq!(&out[..], &want[..], "{calls} calls, bad at {bad_at:?}");
+    }
+}

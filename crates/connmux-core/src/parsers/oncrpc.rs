@@ -86,6 +86,21 @@ impl OncRpc {
         self.frags = 0;
     }
 
+    /// [`Parser::frame_batch`] from the first record that is not a whole
+    /// one-fragment record on: out of line, so that the common loop keeps
+    /// its registers.
+    #[inline(never)]
+    fn frame_batch_rest(
+        &mut self,
+        data: &[u8],
+        at: usize,
+        max_len: usize,
+        limit: usize,
+        out: &mut Vec<std::ops::Range<usize>>,
+    ) -> usize {
+        crate::parser::frame_batch_with(self, data, at, max_len, limit, out)
+    }
+
     /// Records of several fragments, or a mark not yet whole: framed one
     /// mark per pass, resuming where the last call stopped.
     #[inline(never)]
@@ -174,20 +189,31 @@ impl Parser for OncRpc {
             let body = if self.strip { MARK_LEN } else { 0 };
             // Every record is at least its mark: room for all of them at once.
             out.reserve(limit.min(data.len() / MARK_LEN));
+            // `rest` is `data[at..]`, narrowed as records are taken (no
+            // re-slicing of `data`, no bounds check beyond the record's own).
+            let mut rest = data;
             while n < limit {
-                let rest = &data[at..];
-                let Some(mark) = rest.first_chunk::<MARK_LEN>() else { break };
+                let Some((mark, _)) = rest.split_first_chunk::<MARK_LEN>() else { break };
                 let word = u32::from_be_bytes(*mark);
                 let len = MARK_LEN + (word & !LAST_FRAGMENT) as usize;
-                if word & LAST_FRAGMENT == 0 || len > rest.len() || len > max_len {
+                if word & LAST_FRAGMENT == 0 || len > max_len {
                     break;
                 }
+                let Some(next) = rest.get(len..) else { break };
                 out.push(at + body..at + len);
+                rest = next;
                 at += len;
                 n += 1;
             }
         }
-        crate::parser::frame_batch_with(self, data, at, max_len, limit - n, out)
+        if at == data.len() || n == limit {
+            return at;
+        }
+        self.frame_batch_rest(data, at, max_len, limit - n, out)
+    }
+
+    fn delivers_whole(&self) -> bool {
+        !self.strip
     }
 
     #[inline]
