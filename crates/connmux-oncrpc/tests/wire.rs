@@ -555,7 +555,9 @@ fn null_fast_run_answers_the_leading_null_calls() {
 #[test]
 fn null_fast_run_spans_blocks_and_cuts_back_at_a_decline() {
     let reg = Registry::default();
-    for (calls, bad_at) in [(100usize, None), (100, Some(0)), (100, Some(31)), (100, Some(32)), (100, Some(70)), (33, Some(32))] {
+    for (calls, bad_at) in
+        [(100usize, None), (100, Some(0)), (100, Some(31)), (100, Some(32)), (100, Some(70)), (33, Some(32))]
+    {
         let mut data = Vec::new();
         let mut ranges = Vec::new();
         for i in 0..calls {

@@ -51,6 +51,12 @@ pub enum Verdict {
 /// Turns a request into a verdict. Runs on I/O workers: keep it short and
 /// never block. `scratch` is a per-worker buffer to build replies in
 /// (`scratch.split().freeze()` hands one out without a copy).
+/// Replies up to this size returned by [`Handler::handle_in_place`] in a run
+/// are appended to the run's output by the default
+/// [`Handler::handle_run_in_place`] (the worker's own coalescing bound,
+/// `Tuning::coalesce_max`, is 512 by default too).
+const RUN_APPEND_MAX: usize = 512;
+
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict;
 
@@ -76,8 +82,10 @@ pub trait Handler: Send + Sync + 'static {
     /// Why a run: one call per read lets a handler with a common case (a NULL
     /// call, an echo) answer it in a tight loop, without a dynamic call and
     /// the worker's bookkeeping per message. The default calls
-    /// `handle_in_place` for each request; an override must answer exactly
-    /// as that would.
+    /// `handle_in_place` for each request and appends a `Reply` of at most
+    /// 512 bytes to `out` itself (what the worker does with small replies
+    /// anyway: the bytes sent are the same); an override must answer
+    /// exactly as that would.
     fn handle_run_in_place(
         &self,
         data: &[u8],
@@ -99,6 +107,13 @@ pub trait Handler: Send + Sync + 'static {
                 Verdict::Appended if out.len() > mark => appended += 1,
                 // Appended with nothing appended is no reply.
                 Verdict::Appended | Verdict::NoReply => out.truncate(mark),
+                // A small reply of its own buffer is appended here, as the
+                // worker would copy it next to the others anyway: the run
+                // goes on, with no per-request bookkeeping in the worker.
+                Verdict::Reply(b) if b.len() <= RUN_APPEND_MAX && out.len() == mark => {
+                    out.extend_from_slice(&b);
+                    appended += 1;
+                }
                 v => {
                     // Only an appended reply may stay in `out`.
                     out.truncate(mark);
