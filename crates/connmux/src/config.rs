@@ -159,9 +159,13 @@ pub struct Config {
     /// Messages a worker's heavy lane holds waiting for a thread to take
     /// them; a message of a heavy connection that finds its lane full is run
     /// by the worker itself (it waits for a read the worker makes anyway,
-    /// rather than in memory nobody bounds). Each message is at most
-    /// `core.max_msg_size`. Default 256.
+    /// rather than in memory nobody bounds). Default 256.
     pub lane_queue: usize,
+    /// Bytes of requests a worker's heavy lane holds (taken or waiting,
+    /// until their verdicts come back), beside `lane_queue`: requests taken
+    /// out of the core no longer count in `core.mem_limit`, so this bounds
+    /// them per worker. Default 16 MiB.
+    pub lane_bytes: usize,
     /// The runtime's tuning constants (batch sizes, thresholds, ring
     /// buffers); the defaults are the values its figures were taken with.
     pub tuning: Tuning,
@@ -277,6 +281,7 @@ impl Default for Config {
             lane_nice: 3,
             lane_in_order: false,
             lane_queue: 256,
+            lane_bytes: 16 << 20,
             tuning: Tuning::default(),
         }
     }

@@ -173,22 +173,27 @@ pub(crate) struct Done {
     pub verdict: Verdict,
     /// The handler ran shorter than `Tuning::slow_handler`.
     pub short: bool,
+    /// The request's length (the offering worker counts what its lane holds).
+    pub len: usize,
 }
 
 /// The lanes of one `Mux::serve`: one per worker, and each worker's inbox
 /// for the verdicts.
 pub(crate) struct Lanes {
     pub crew: Crew<Job>,
+    /// Bytes of requests one lane may hold (`Config::lane_bytes`).
+    pub bytes: usize,
     pub inboxes: Vec<Inbox<Done>>,
 }
 
 impl Lanes {
     /// `workers` lanes of `cap` messages; helpers unless `in_order`, which
     /// take from a lane holding at least `steal_from` (`Tuning::lane_steal_from`).
-    pub fn new(workers: usize, cap: usize, in_order: bool, steal_from: usize) -> Lanes {
+    pub fn new(workers: usize, cap: usize, bytes: usize, in_order: bool, steal_from: usize) -> Lanes {
         let helpers = if in_order || workers < 2 { 0 } else { workers };
         Lanes {
             crew: Crew::new(workers, cap, helpers, steal_from),
+            bytes,
             inboxes: (0..workers).map(|_| Inbox::default()).collect(),
         }
     }

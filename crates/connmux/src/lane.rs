@@ -65,6 +65,8 @@ const IDLE: Duration = Duration::from_secs(1);
 
 /// A worker's view of its heavy connections (its own state: no lock).
 pub(crate) struct Heavy {
+    /// Bytes of this worker's requests in its lane (offered, not answered).
+    bytes: usize,
     conns: rustc_hash::FxHashMap<PsockId, HeavyConn>,
     /// `Tuning::lane_return_after`.
     return_after: u32,
@@ -88,7 +90,7 @@ impl Heavy {
     /// No heavy connection yet; one goes back to its worker after
     /// `return_after` short runs in a row.
     pub fn new(return_after: u32) -> Heavy {
-        Heavy { conns: Default::default(), return_after }
+        Heavy { bytes: 0, conns: Default::default(), return_after }
     }
 
     /// Whether `p`'s messages go to the lane.
@@ -109,14 +111,22 @@ impl Heavy {
         new
     }
 
-    /// A message of `p` went to the lane.
-    pub fn offered(&mut self, p: PsockId) {
+    /// Whether a request of `len` bytes fits in the lane's byte bound.
+    #[inline]
+    pub fn room(&self, len: usize, limit: usize) -> bool {
+        self.bytes + len <= limit
+    }
+
+    /// A message of `p`, `len` bytes, went to the lane.
+    pub fn offered(&mut self, p: PsockId, len: usize) {
+        self.bytes += len;
         self.conns.entry(p).or_default().in_lane += 1;
     }
 
     /// A message of `p` came back. Returns whether `p` is light again (and
     /// no longer heavy).
-    pub fn answered(&mut self, p: PsockId, short: bool) -> bool {
+    pub fn answered(&mut self, p: PsockId, short: bool, len: usize) -> bool {
+        self.bytes = self.bytes.saturating_sub(len);
         let Some(c) = self.conns.get_mut(&p) else { return false };
         c.in_lane = c.in_lane.saturating_sub(1);
         c.short = if short { c.short + 1 } else { 0 };
@@ -160,6 +170,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
     let slow = sh.tuning.slow_handler;
     let mut scratch = BytesMut::new();
     while let Some((lane, job)) = lanes.crew.next(ctx.who, IDLE) {
+        let len = job.data.len();
         if scratch.capacity() - scratch.len() < SCRATCH_LOW {
             scratch.reserve(SCRATCH_CHUNK);
         }
@@ -173,7 +184,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         };
         let took = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0);
         let short = Duration::from_nanos(took) < slow;
-        if lanes.inboxes[lane].post(Done { psock: job.psock, verdict, short }) {
+        if lanes.inboxes[lane].post(Done { psock: job.psock, verdict, short, len }) {
             let _ = sh.workers[lane].waker.notify();
         }
     }

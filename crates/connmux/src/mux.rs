@@ -104,6 +104,8 @@ pub(crate) struct MuxInner {
     pub lane_in_order: bool,
     /// `Config::lane_queue`.
     pub lane_queue: usize,
+    /// `Config::lane_bytes`.
+    pub lane_bytes: usize,
     pub events_rx: crossbeam::channel::Receiver<PsockEvent>,
     pub serving: AtomicBool,
 }
@@ -291,6 +293,7 @@ impl Mux {
             incoming_cpu: config.incoming_cpu,
             lane_in_order: config.lane_in_order,
             lane_queue: config.lane_queue,
+            lane_bytes: config.lane_bytes,
             events_rx,
             serving: AtomicBool::new(false),
         };

@@ -268,10 +268,11 @@ pub(crate) fn serve(
             let closed = !bufs.closed.is_empty() && bufs.closed.contains(&psock);
             // A heavy connection's message goes to the lane (settled when
             // its verdict comes back), unless the lane is full.
-            let data = match bufs.heavy.contains(psock) && !closed {
+            let len = data.len();
+            let data = match bufs.heavy.contains(psock) && !closed && bufs.heavy.room(len, sv.lanes.bytes) {
                 true => match sv.lanes.crew.offer(sv.index, Job { data, psock }) {
                     Ok(()) => {
-                        bufs.heavy.offered(psock);
+                        bufs.heavy.offered(psock, len);
                         continue;
                     }
                     Err(job) => job.data,
@@ -332,11 +333,14 @@ pub(crate) fn serve_in_place(
         // A heavy connection's messages go to the lane (copied out of the
         // read buffer), those the full lane refuses are run here.
         while let Some(r) = ranges.first() {
+            if !bufs.heavy.room(r.len(), sv.lanes.bytes) {
+                break;
+            }
             let job = Job { data: Bytes::copy_from_slice(&data[r.clone()]), psock: p };
             if sv.lanes.crew.offer(sv.index, job).is_err() {
                 break;
             }
-            bufs.heavy.offered(p);
+            bufs.heavy.offered(p, r.len());
             ranges = &ranges[1..];
         }
         if ranges.is_empty() {
@@ -495,7 +499,7 @@ pub(crate) fn take_done(
     let mut done = std::mem::take(&mut bufs.done);
     inbox.take_all(&mut done);
     for d in done.drain(..) {
-        if bufs.heavy.answered(d.psock, d.short) {
+        if bufs.heavy.answered(d.psock, d.short, d.len) {
             sh.lane_returns.fetch_add(1, Ordering::Relaxed);
         }
         bufs.handled(d.psock, 1);

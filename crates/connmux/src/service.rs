@@ -90,6 +90,7 @@ impl Mux {
             lanes: Arc::new(crate::handler::Lanes::new(
                 workers,
                 user.lane_queue,
+                user.lane_bytes,
                 user.lane_in_order,
                 sh.tuning.lane_steal_from,
             )),

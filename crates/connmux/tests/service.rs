@@ -513,7 +513,48 @@ fn lane_in_order_keeps_a_heavy_connections_replies_in_order() {
     svc.shutdown();
 }
 
+/// A lane holds at most `Config::lane_bytes` of requests: with a bound below
+/// one request, a heavy connection's requests are run by its worker itself
+/// (none on a lane thread), and every one is answered; with the default,
+/// the same load does reach the lane threads.
+fn a_lane_full_by_bytes_leaves_requests_to_the_worker() {
+    for (bytes, lane_expected) in [(1usize, false), (16 << 20, true)] {
+        let on_lane = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mux = mux_with(|c| {
+            c.workers = 1;
+            c.lane_bytes = bytes;
+        });
+        let seen = on_lane.clone();
+        let handler = Arc::new(move |req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| {
+            if req.get(4) == Some(&b'H') {
+                let name = std::thread::current().name().unwrap_or("").to_owned();
+                if name.starts_with("connmux-lane") || name.starts_with("connmux-help") {
+                    seen.fetch_add(1, Ordering::AcqRel);
+                }
+                let t = std::time::Instant::now();
+                while t.elapsed() < Duration::from_micros(300) {
+                    std::hint::spin_loop();
+                }
+            }
+            Verdict::Reply(req)
+        });
+        let svc = Service::start(
+            mux,
+            ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
+            handler,
+        )
+        .unwrap();
+        let heavy_id = u32::from_be_bytes([b'H', 0, 0, 1]);
+        client_round_trips(svc.local_addr(), heavy_id, 200, 4, true);
+        assert!(svc.mux().lane_moves() >= 1, "lane_bytes {bytes}: the connection never turned heavy");
+        let ran = on_lane.load(Ordering::Acquire);
+        assert_eq!(ran > 0, lane_expected, "lane_bytes {bytes}: {ran} heavy requests ran on a lane thread");
+        svc.shutdown();
+    }
+}
+
 on_both_drivers!(
+    a_lane_full_by_bytes_leaves_requests_to_the_worker,
     one_heavy_connection_runs_on_two_cpus_at_once,
     lane_in_order_keeps_a_heavy_connections_replies_in_order,
     heavy_connection_goes_to_the_lane,
