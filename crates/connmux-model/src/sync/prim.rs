@@ -73,4 +73,7 @@ impl<T> Bounded<T> {
     pub fn len(&self) -> usize {
         self.q.lock().unwrap().len()
     }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
