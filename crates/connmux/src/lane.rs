@@ -22,7 +22,8 @@
 //!   between the worker and its lane, so a light request waits for a time
 //!   slice, not for a heavy request to end;
 //! - a **helper** on every worker's CPU, under `SCHED_IDLE`, takes messages
-//!   from the *other* workers' lanes while they hold two or more: one heavy
+//!   from the *other* workers' lanes while they are behind
+//!   (`Tuning::lane_steal_from` messages or more, 8): one heavy
 //!   connection's requests run on every CPU at once (KCM's point: messages,
 //!   not connections, are spread), in each CPU's spare time only.
 //!

@@ -65,6 +65,10 @@ pub struct Args {
     /// Nice steps below its worker at which connmux's heavy lane runs.
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
+    /// Messages a heavy lane must hold before a helper on another CPU takes
+    /// one (`Tuning::lane_steal_from`; connmux only).
+    #[arg(long, default_value_t = connmux::Tuning::default().lane_steal_from)]
+    pub lane_steal_from: usize,
     /// connmux without lane helpers (`--lane-in-order`): a heavy
     /// connection's requests answered in order on one CPU.
     #[arg(long)]
@@ -95,6 +99,10 @@ pub struct ServerArgs {
     /// Nice steps below its worker at which the heavy lane runs (connmux only).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
+    /// Messages a heavy lane must hold before a helper on another CPU takes
+    /// one (`Tuning::lane_steal_from`; connmux only).
+    #[arg(long, default_value_t = connmux::Tuning::default().lane_steal_from)]
+    pub lane_steal_from: usize,
     /// No lane helpers (connmux only): a heavy connection's requests
     /// answered in order on one CPU.
     #[arg(long)]
@@ -162,6 +170,7 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             c.workers = a.cpus.len().max(1);
             c.placement = Placement::Cpus(a.cpus.clone());
             c.lane_nice = a.lane_nice;
+            c.tuning.lane_steal_from = a.lane_steal_from;
             c.lane_in_order = a.lane_in_order;
             c.driver = match a.driver.as_str() {
                 "auto" => connmux::Driver::Auto,
@@ -387,6 +396,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             .args(["--engine", engine, "--steering", steering, "--cpus", &cpu_list(&a.cpus), "--driver", &a.driver])
             .args(["--heavy-us", &a.heavy_us.to_string()])
             .args(["--lane-nice", &a.lane_nice.to_string()])
+            .args(["--lane-steal-from", &a.lane_steal_from.to_string()])
             .args(a.lane_in_order.then_some("--lane-in-order"));
         servers.push(Proc::spawn(name, cmd, port)?);
     }
