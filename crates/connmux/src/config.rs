@@ -209,12 +209,12 @@ pub struct Tuning {
     /// one: a helper steals from a lane that is behind, not from one its home
     /// thread keeps up with. The head always stays for the home thread, so a
     /// connection's lone request never waits on a helper whose CPU has no
-    /// time to spare; and a helper that runs a heavy request on a CPU serving
-    /// light ones delays each light request that arrives meanwhile by a
-    /// preemption. Default 8: one heavy connection with 32 requests in flight
-    /// is still spread over every CPU (1.84× one thread), while with a few in
-    /// flight beside light connections its lane keeps them (light p99 0.52–
-    /// 0.60× thread-per-connection, against 0.74–0.80× at 2).
+    /// time to spare. Default 2: one heavy connection with 8 requests in
+    /// flight is spread over every CPU (1.85× one thread at 2, 0.87× at 8).
+    /// A higher value keeps a lane's few requests off the CPUs that serve
+    /// light connections; measured beside 7 light connections the light p99
+    /// moved by about a tenth (445–496 µs at 8, 486–521 µs at 2), within
+    /// the benchmark's noise.
     pub lane_steal_from: usize,
     /// Provided buffers in an io_uring worker's ring (a power of two, at most
     /// 32768: the ring refuses other counts with `EINVAL`, so `Mux::new` fails
@@ -250,7 +250,7 @@ impl Default for Tuning {
             slow_handler: Duration::from_micros(50),
             slow_hits: 3,
             lane_return_after: 64,
-            lane_steal_from: 8,
+            lane_steal_from: 2,
             ring_buf_count: 256,
             ring_buf_size: 16 << 10,
             ring_rounds: 64,

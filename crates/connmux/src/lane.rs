@@ -23,7 +23,7 @@
 //!   slice, not for a heavy request to end;
 //! - a **helper** on every worker's CPU, under `SCHED_IDLE`, takes messages
 //!   from the *other* workers' lanes while they are behind
-//!   (`Tuning::lane_steal_from` messages or more, 8): one heavy
+//!   (`Tuning::lane_steal_from` messages or more, 2): one heavy
 //!   connection's requests run on every CPU at once (KCM's point: messages,
 //!   not connections, are spread), in each CPU's spare time only.
 //!
