@@ -103,6 +103,8 @@ pub(crate) struct ServeBufs {
     heavy: Heavy,
     /// Verdicts taken from the inbox.
     done: Vec<Done>,
+    /// The hand-off between this worker's reads, dispatch and `serve`.
+    pub own: crate::shared::Own,
 }
 
 impl ServeBufs {
@@ -241,8 +243,8 @@ pub(crate) fn serve(
 ) {
     // Everything queued so far is looked at below, after what this worker's
     // reads handed over directly (older than anything queued since).
-    let _ = crate::shared::take_own_pending();
-    crate::shared::take_direct(&mut bufs.msgs);
+    bufs.own.pending = false;
+    bufs.msgs.append(&mut bufs.own.direct);
     // Bounded: `serve_batch` × 64 messages per pass, then back to I/O.
     for _ in 0..64 {
         sv.sock.rx.clear();
@@ -411,7 +413,7 @@ fn send_outs(
             }
             core.drain_events(events);
             drop(core);
-            sh.dispatch(events, &mut Ctx::Worker(dirty));
+            sh.dispatch(events, &mut Ctx::Worker(dirty, &mut bufs.own));
         }
         return;
     }
@@ -457,7 +459,7 @@ fn send_outs(
     if let (true, Some(rt)) = (begun, write_now) {
         sh.write_begun(rt, events, &mut bufs.slices);
     }
-    sh.dispatch(events, &mut Ctx::Worker(dirty));
+    sh.dispatch(events, &mut Ctx::Worker(dirty, &mut bufs.own));
     for p in aborts {
         if let Some(rt) = sh.psock_rt(p) {
             // Answer the good calls that came before the bad one first.
@@ -468,7 +470,7 @@ fn send_outs(
         let _ = core.mux.unattach(p);
         core.drain_events(events);
         drop(core);
-        sh.dispatch(events, &mut Ctx::Worker(dirty));
+        sh.dispatch(events, &mut Ctx::Worker(dirty, &mut bufs.own));
     }
 }
 

@@ -64,18 +64,14 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                             match c {
                                 Command::Serve { sock, handler, stats, lanes, index } => {
                                     let _ = epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ);
-                                    crate::shared::set_own_serve(sock.id, sh.tuning.serve_batch);
+                                    bufs.own.serve = Some((sock.id, sh.tuning.serve_batch));
                                     serving = Some(Serving { sock, handler, stats, lanes, index });
                                     serve_ready = true;
                                 }
                                 // A TLS psock may take bytes again (see `tls::epoll_read`).
                                 Command::Resume(p) => {
                                     if let Some(rt) = sh.psock_rt(p) {
-                                        let ip = serving.as_ref().map(|sv| InPlace {
-                                            sv,
-                                            bufs: &mut bufs,
-                                            dirty: &mut dirty,
-                                        });
+                                        let ip = InPlace { sv: serving.as_ref(), bufs: &mut bufs, dirty: &mut dirty };
                                         read_psock(&sh, &rt, None, &mut buf, &mut core_events, ip);
                                     }
                                 }
@@ -103,7 +99,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                             }
                         }
                         if readable {
-                            let ip = serving.as_ref().map(|sv| InPlace { sv, bufs: &mut bufs, dirty: &mut dirty });
+                            let ip = InPlace { sv: serving.as_ref(), bufs: &mut bufs, dirty: &mut dirty };
                             read_psock(&sh, &rt, rx, &mut buf, &mut core_events, ip);
                         }
                     }
@@ -123,14 +119,14 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                 }
             }
         }
-        sh.dispatch(&mut core_events, &mut Ctx::Worker(&mut dirty));
+        sh.dispatch(&mut core_events, &mut Ctx::Worker(&mut dirty, &mut bufs.own));
         if let Some(sv) = &serving {
             take_done(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
             // Serve whenever this pass may have steered messages to us.
             // (Not on every readable event: a read's messages for our socket
             // were served in place, and a queue left non-empty keeps the
             // socket's eventfd, so `serve_ready`, up.)
-            if serve_ready || crate::shared::own_pending() || crate::shared::has_direct() {
+            if serve_ready || bufs.own.pending || bufs.own.has_direct() {
                 serve(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
             }
             if let Some(p) = bufs.slow.take() {
@@ -150,7 +146,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
             // is written by the app path.
             sh.dispatch(&mut core_events, &mut Ctx::App);
         }
-        if crate::shared::take_own_pending() {
+        if bufs.own.take_pending() {
             // Messages reached our socket after we served: wake ourselves.
             if let Some(sv) = &serving {
                 sv.sock.rx.set();
@@ -159,10 +155,11 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     }
 }
 
-/// What a worker that serves in place needs to run its handler on a read's
-/// messages where they lie.
+/// What a worker needs to feed a read: its serving buffers (with its own
+/// hand-off state), and, when it serves in place, what runs its handler on
+/// a read's messages where they lie.
 pub(crate) struct InPlace<'a> {
-    pub sv: &'a Serving,
+    pub sv: Option<&'a Serving>,
     pub bufs: &'a mut ServeBufs,
     pub dirty: &'a mut Vec<Arc<PsockRt>>,
 }
@@ -190,7 +187,7 @@ fn read_psock(
     rx: Option<RxRoom>,
     buf: &mut [u8],
     events: &mut Vec<Event>,
-    in_place: Option<InPlace<'_>>,
+    ip: InPlace<'_>,
 ) {
     if let Some(tls) = &rt.tls {
         return crate::shared::tls::epoll_read(sh, rt, tls, buf, events);
@@ -200,7 +197,7 @@ fn read_psock(
         RxRoom::of(core.mux.rx_room(rt.id))
     });
     if let Some(loan) = loan {
-        return read_lent(sh, rt, loan, events);
+        return read_lent(sh, rt, loan, events, &mut ip.bufs.own);
     }
     if cap == 0 {
         // Paused by backpressure or stopped: stop polling for input until the
@@ -226,21 +223,22 @@ fn read_psock(
             drop(core);
             sh.set_interest(rt, |i| i.read = false);
         }
-        Ok(n) => match in_place {
-            Some(ip) => {
+        Ok(n) => match ip.sv {
+            Some(sv) => {
                 let mut ranges = std::mem::take(&mut ip.bufs.ranges);
-                let _ = crate::shared::feed_read_in_place(&mut core, rt.id, &buf[..n], now, &mut ranges);
+                let _ =
+                    crate::shared::feed_read_in_place(&mut core, &mut ip.bufs.own, rt.id, &buf[..n], now, &mut ranges);
                 core.drain_events(events);
                 drop(core);
                 if !ranges.is_empty() {
                     // Its replies are written at once (`send_outs`).
-                    serve_in_place(sh, ip.sv, ip.bufs, &buf[..n], &ranges, rt.id, read_at, events, ip.dirty, Some(rt));
+                    serve_in_place(sh, sv, ip.bufs, &buf[..n], &ranges, rt.id, read_at, events, ip.dirty, Some(rt));
                     ranges.clear();
                 }
                 ip.bufs.ranges = ranges;
             }
             None => {
-                let _ = crate::shared::feed_read(&mut core, rt.id, &buf[..n], now);
+                let _ = crate::shared::feed_read(&mut core, &mut ip.bufs.own, rt.id, &buf[..n], now);
                 core.drain_events(events);
             }
         },
@@ -256,13 +254,19 @@ fn read_psock(
 
 /// [`read_psock`] for a large message: one read straight into the psock's
 /// assembly buffer (`Mux::rx_lend`), no more than the message still needs.
-fn read_lent(sh: &Shared, rt: &PsockRt, mut loan: connmux_core::mux::RxLoan, events: &mut Vec<Event>) {
+fn read_lent(
+    sh: &Shared,
+    rt: &PsockRt,
+    mut loan: connmux_core::mux::RxLoan,
+    events: &mut Vec<Event>,
+    own: &mut crate::shared::Own,
+) {
     let limit = loan.limit();
     let res = connmux_sys::socket::read_into(rt.fd(), loan.buf(), limit);
     let now = sh.now();
     let mut core = sh.lock();
     // The buffer goes back whatever happened (with nothing new on error).
-    let _ = crate::shared::commit_read(&mut core, loan, now);
+    let _ = crate::shared::commit_read(&mut core, own, loan, now);
     match res {
         Ok(0) => {
             let _ = core.mux.rx_closed(rt.id, None);

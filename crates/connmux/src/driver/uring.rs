@@ -154,7 +154,15 @@ impl Worker<'_> {
             ring.reap(&mut comps);
             let mut serve_ready = false;
             let mut commands = false;
-            self.completions(ring, &comps, &mut waker_armed, &mut serve_armed, &mut serve_ready, &mut commands);
+            self.completions(
+                ring,
+                &comps,
+                &mut waker_armed,
+                &mut serve_armed,
+                &mut serve_ready,
+                &mut commands,
+                &mut bufs.own,
+            );
             self.serve_lent(ring, serving.as_ref(), &mut bufs);
             // Commands: taken every pass (the waker only ends the wait). Drain the
             // eventfd before taking them, so a command posted in between leaves it
@@ -166,11 +174,11 @@ impl Worker<'_> {
             for c in cmds {
                 match c {
                     Command::Serve { sock, handler, stats, lanes, index } => {
-                        crate::shared::set_own_serve(sock.id, sh.tuning.serve_batch);
+                        bufs.own.serve = Some((sock.id, sh.tuning.serve_batch));
                         serving = Some(Serving { sock, handler, stats, lanes, index });
                         serve_ready = true;
                     }
-                    c => self.command(ring, c),
+                    c => self.command(ring, c, &mut bufs.own),
                 }
             }
             self.serve_lent(ring, serving.as_ref(), &mut bufs);
@@ -191,14 +199,14 @@ impl Worker<'_> {
             // Dispatch, serve in place, write: until nothing is left to do here
             // (bounded; what remains is picked up by the next pass).
             for round in 0..rounds {
-                sh.dispatch(&mut self.events, &mut Ctx::Worker(&mut self.dirty));
+                sh.dispatch(&mut self.events, &mut Ctx::Worker(&mut self.dirty, &mut bufs.own));
                 if let Some(sv) = &serving {
                     // (A command may have read messages for our socket in a
                     // pass with no completion: `has_direct`.)
                     // (Not on every completion: a read's messages for our
                     // socket were served in place, and a queue left non-empty
                     // keeps the socket's eventfd, so `serve_ready`, up.)
-                    if round == 0 && (serve_ready || crate::shared::own_pending() || crate::shared::has_direct()) {
+                    if round == 0 && (serve_ready || bufs.own.pending || bufs.own.has_direct()) {
                         serve(sh, sv, &mut bufs, &mut self.events, &mut self.dirty);
                     }
                 }
@@ -212,7 +220,7 @@ impl Worker<'_> {
                     crate::serve::to_lane(sh, &mut bufs, p);
                 }
             }
-            if crate::shared::take_own_pending() {
+            if bufs.own.take_pending() {
                 // Messages reached our socket after we served: wake ourselves.
                 if let Some(sv) = &serving {
                     sv.sock.rx.set();
@@ -223,6 +231,7 @@ impl Worker<'_> {
     }
 
     /// Act on what the ring reports.
+    #[allow(clippy::too_many_arguments)]
     fn completions(
         &mut self,
         ring: &mut WRing,
@@ -231,6 +240,7 @@ impl Worker<'_> {
         serve_armed: &mut bool,
         serve_ready: &mut bool,
         commands: &mut bool,
+        own: &mut crate::shared::Own,
     ) {
         let sh = self.sh;
         let now = sh.now();
@@ -264,7 +274,7 @@ impl Worker<'_> {
                     } else {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         let core = core.get_or_insert_with(|| sh.lock());
-                        pump(core, ring, conn, now, &mut self.events, &mut self.lent);
+                        pump(core, ring, conn, now, &mut self.events, &mut self.lent, own);
                     }
                     self.after_recv(token);
                 }
@@ -283,7 +293,7 @@ impl Worker<'_> {
                             pump_tls(sh, ring, conn, &mut self.events);
                         } else {
                             let core = core.get_or_insert_with(|| sh.lock());
-                            pump(core, ring, conn, now, &mut self.events, &mut self.lent);
+                            pump(core, ring, conn, now, &mut self.events, &mut self.lent, own);
                         }
                     }
                     self.after_recv(token);
@@ -298,7 +308,7 @@ impl Worker<'_> {
                         // The buffer goes back whatever happened (the core drops
                         // the bytes of a psock that stopped meanwhile).
                         *loan.buf() = buf;
-                        if crate::shared::commit_read(core, loan, now).is_err() && !conn.released {
+                        if crate::shared::commit_read(core, own, loan, now).is_err() && !conn.released {
                             stop_rx(ring, conn, token, &mut self.lent);
                         }
                     }
@@ -308,7 +318,7 @@ impl Worker<'_> {
                         } else if res < 0 && res != -libc::ECANCELED {
                             conn.eof = Some(Some(-res));
                         }
-                        pump(core, ring, conn, now, &mut self.events, &mut self.lent);
+                        pump(core, ring, conn, now, &mut self.events, &mut self.lent, own);
                     }
                     self.after_recv(token);
                 }
@@ -412,7 +422,7 @@ impl Worker<'_> {
         }
     }
 
-    fn command(&mut self, ring: &mut WRing, c: Command) {
+    fn command(&mut self, ring: &mut WRing, c: Command, own: &mut crate::shared::Own) {
         let sh = self.sh;
         match c {
             Command::Serve { .. } => {}
@@ -455,7 +465,7 @@ impl Worker<'_> {
                     return;
                 }
                 let mut core = sh.lock();
-                pump(&mut core, ring, conn, sh.now(), &mut self.events, &mut self.lent);
+                pump(&mut core, ring, conn, sh.now(), &mut self.events, &mut self.lent, own);
                 drop(core);
                 self.to_arm.push(token);
             }

@@ -269,38 +269,56 @@ fn writev_bytes(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
 
 thread_local! {
     /// The slices of the chunk being written by this thread (`Shared::flush`),
-    /// kept so a flush does not allocate.
+    /// kept so a flush does not allocate (a buffer cache, not state).
     static FLUSH_SLICES: std::cell::RefCell<Vec<Bytes>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// On a worker that serves in place: its serving socket, and the most
-    /// messages a read may put straight on it (`Tuning::serve_batch`).
-    static OWN_SERVE: std::cell::Cell<Option<(SockId, usize)>> = const { std::cell::Cell::new(None) };
-    /// That socket became readable in a worker dispatch and nobody has looked
-    /// since (the worker serves, or raises the eventfd at the end of its pass).
-    static OWN_PENDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// See [`feed_read`].
-    static DIRECT: std::cell::RefCell<Vec<(Bytes, PsockId)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// This thread (a worker) serves socket `s` in place, taking up to `batch`
-/// messages at once.
-pub(crate) fn set_own_serve(s: SockId, batch: usize) {
-    OWN_SERVE.set(Some((s, batch)));
+/// A worker's own hand-off between its reads, its event dispatch and its
+/// in-place `serve`: the worker keeps it (in its serving buffers) and passes
+/// it down explicitly; nothing else sees it.
+#[derive(Default)]
+pub(crate) struct Own {
+    /// The socket this worker serves in place, and the most messages a read
+    /// may put straight on it (`Tuning::serve_batch`). `None`: it does not
+    /// serve, and reads queue their messages as any feed does.
+    pub serve: Option<(SockId, usize)>,
+    /// That socket became readable in this worker's dispatch and nobody has
+    /// looked since (the worker serves, or raises the eventfd at the end of
+    /// its pass).
+    pub pending: bool,
+    /// Messages reads handed straight to that socket (see [`feed_read`]),
+    /// not yet served.
+    pub direct: Vec<(Bytes, PsockId)>,
 }
 
-/// Feed bytes read from a psock: straight to this worker's own serving socket
-/// where steering sends them there and its queue is empty (held for its next
-/// `serve`, at most one serve batch), else queued.
+impl Own {
+    /// Whether reads handed messages to the serving socket that `serve` has
+    /// not taken yet.
+    pub fn has_direct(&self) -> bool {
+        !self.direct.is_empty()
+    }
+
+    /// Whether the serving socket became readable since the last call.
+    pub fn take_pending(&mut self) -> bool {
+        std::mem::replace(&mut self.pending, false)
+    }
+}
+
+/// Feed bytes read from a psock: straight to the worker's own serving socket
+/// where steering sends them there and its queue is empty (held in
+/// `own.direct` for its next `serve`, at most one serve batch), else queued.
 pub(crate) fn feed_read(
     core: &mut Core,
+    own: &mut Own,
     p: PsockId,
     data: &[u8],
     now: Timestamp,
 ) -> Result<(), connmux_core::mux::MuxError> {
-    match OWN_SERVE.get() {
-        Some((sock, batch)) => DIRECT.with_borrow_mut(|out| {
-            let mut d = connmux_core::mux::Direct { sock, out, limit: batch };
+    match own.serve {
+        Some((sock, batch)) => {
+            let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
             core.mux.feed_direct(p, data, now, &mut d)
-        }),
+        }
         None => core.mux.feed(p, data, now),
     }
 }
@@ -311,17 +329,18 @@ pub(crate) fn feed_read(
 /// are older and are served first, by `serve`).
 pub(crate) fn feed_read_in_place(
     core: &mut Core,
+    own: &mut Own,
     p: PsockId,
     data: &[u8],
     now: Timestamp,
     ranges: &mut Vec<std::ops::Range<usize>>,
 ) -> Result<(), connmux_core::mux::MuxError> {
-    match OWN_SERVE.get() {
-        Some((sock, batch)) => DIRECT.with_borrow_mut(|out| {
-            let limit = if out.iter().any(|(_, q)| *q == p) { 0 } else { batch };
-            let mut d = connmux_core::mux::Direct { sock, out, limit: batch };
+    match own.serve {
+        Some((sock, batch)) => {
+            let limit = if own.direct.iter().any(|(_, q)| *q == p) { 0 } else { batch };
+            let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
             core.mux.feed_in_place(p, data, now, &mut d, limit, ranges)
-        }),
+        }
         None => core.mux.feed(p, data, now),
     }
 }
@@ -330,45 +349,26 @@ pub(crate) fn feed_read_in_place(
 /// (`Mux::rx_lend`): the loan goes back, its bytes taken the same way.
 pub(crate) fn commit_read(
     core: &mut Core,
+    own: &mut Own,
     loan: connmux_core::mux::RxLoan,
     now: Timestamp,
 ) -> Result<(), connmux_core::mux::MuxError> {
-    match OWN_SERVE.get() {
-        Some((sock, batch)) => DIRECT.with_borrow_mut(|out| {
-            let mut d = connmux_core::mux::Direct { sock, out, limit: batch };
+    match own.serve {
+        Some((sock, batch)) => {
+            let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
             core.mux.rx_commit_direct(loan, now, &mut d)
-        }),
+        }
         None => core.mux.rx_commit(loan, now),
     }
-}
-
-/// Whether reads handed messages to this worker's serving socket that its
-/// `serve` has not taken yet.
-pub(crate) fn has_direct() -> bool {
-    DIRECT.with_borrow(|d| !d.is_empty())
-}
-
-/// Take the messages read for this worker's serving socket (see [`feed_read`]).
-pub(crate) fn take_direct(into: &mut Vec<(Bytes, PsockId)>) {
-    DIRECT.with_borrow_mut(|d| into.append(d));
-}
-
-/// Whether the own serving socket became readable in a worker dispatch
-/// since the last [`take_own_pending`] (without clearing it).
-pub(crate) fn own_pending() -> bool {
-    OWN_PENDING.get()
-}
-
-/// Whether the own serving socket became readable since the last call.
-pub(crate) fn take_own_pending() -> bool {
-    OWN_PENDING.replace(false)
 }
 
 /// Who is dispatching: a worker defers writes to the end of its pass so that
 /// replies to one read go out in one `writev`; other threads write at once.
 pub(crate) enum Ctx<'a> {
     App,
-    Worker(&'a mut Vec<Arc<PsockRt>>),
+    /// A worker: the psocks to write at the end of its pass, and its own
+    /// hand-off state.
+    Worker(&'a mut Vec<Arc<PsockRt>>, &'a mut Own),
 }
 
 impl Shared {
@@ -399,9 +399,13 @@ impl Shared {
                 Event::SockReadable(s) => {
                     // The worker serving `s` in place looks at its queue after
                     // this pass anyway: no eventfd round trip to itself.
-                    if matches!(ctx, Ctx::Worker(_)) && OWN_SERVE.get().is_some_and(|(own, _)| own == s) {
-                        OWN_PENDING.set(true);
-                    } else if let Some(rt) = self.sock_rt(s) {
+                    if let Ctx::Worker(_, own) = ctx {
+                        if own.serve.is_some_and(|(mine, _)| mine == s) {
+                            own.pending = true;
+                            continue;
+                        }
+                    }
+                    if let Some(rt) = self.sock_rt(s) {
                         rt.rx.set();
                     }
                 }
@@ -414,14 +418,14 @@ impl Shared {
                     // Already the last one listed for the end of the pass (an
                     // earlier read of this psock in the same pass, or its send
                     // completion, listed it): no look-up.
-                    if let Ctx::Worker(list) = ctx {
+                    if let Ctx::Worker(list, _) = ctx {
                         if list.last().is_some_and(|rt| rt.id == p) {
                             continue;
                         }
                     }
                     let Some(rt) = self.psock_rt(p) else { continue };
                     match ctx {
-                        Ctx::Worker(list) => {
+                        Ctx::Worker(list, _) => {
                             if !rt.flush_queued.swap(true, Ordering::AcqRel) {
                                 list.push(rt);
                             }

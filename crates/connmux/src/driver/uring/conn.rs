@@ -14,7 +14,7 @@ use connmux_core::mux::{Event, PsockId, RxLoan};
 use connmux_core::{Bytes, Timestamp};
 
 use super::WRing;
-use crate::shared::{psock_token, Core, PsockRt, Shared};
+use crate::shared::{psock_token, Core, Own, PsockRt, Shared};
 
 /// Bytes of a provided buffer not yet taken by the core.
 pub(super) struct Held {
@@ -200,8 +200,9 @@ pub(super) fn pump(
     now: Timestamp,
     events: &mut Vec<Event>,
     lent: &mut Lent,
+    own: &mut Own,
 ) {
-    pump_held(core, ring, conn, now, events, lent);
+    pump_held(core, ring, conn, now, events, lent, own);
     let below = conn.spill.len() - conn.spill_off;
     if below != conn.spill_counted {
         conn.spill_counted = below;
@@ -218,6 +219,7 @@ pub(super) fn pump_held(
     now: Timestamp,
     events: &mut Vec<Event>,
     lent: &mut Lent,
+    own: &mut Own,
 ) {
     let id: PsockId = conn.rt.id;
     let token = psock_token(id);
@@ -231,7 +233,7 @@ pub(super) fn pump_held(
             return;
         }
         let end = (conn.spill_off + cap).min(conn.spill.len());
-        let fed = crate::shared::feed_read(core, id, &conn.spill[conn.spill_off..end], now);
+        let fed = crate::shared::feed_read(core, own, id, &conn.spill[conn.spill_off..end], now);
         conn.spill_off = end;
         if fed.is_err() {
             core.drain_events(events);
@@ -257,7 +259,7 @@ pub(super) fn pump_held(
         // Whole messages for this worker's own socket are framed where they
         // lie and served after the pass (`Worker::serve_lent`).
         let a = lent.ranges.len();
-        let fed = crate::shared::feed_read_in_place(core, id, &data[h.off..end], now, &mut lent.ranges);
+        let fed = crate::shared::feed_read_in_place(core, own, id, &data[h.off..end], now, &mut lent.ranges);
         if lent.ranges.len() > a {
             for r in &mut lent.ranges[a..] {
                 *r = r.start + h.off..r.end + h.off;
