@@ -43,7 +43,7 @@ use connmux_sys::uring::{Completion, Ring, RingConfig};
 use crate::config::Tuning;
 use crate::serve::{serve, Serving};
 use crate::shared::Command;
-use crate::shared::{psock_token, Ctx, PsockRt, Shared};
+use crate::shared::{psock_token, Ctx, PsockRt, Shared, Wrote};
 
 mod conn;
 use conn::{pump, pump_tls, stop_rx, Conn, Held, Lent};
@@ -341,18 +341,9 @@ impl Worker<'_> {
                         }
                     } else if !conn.released {
                         let core = core.get_or_insert_with(|| sh.lock());
-                        let id = conn.rt.id;
-                        if res > 0 || (res == 0 && want == 0) {
-                            // A short count (the connection failed part way) is
-                            // followed by the error on the next send.
-                            core.mux.tx_complete(id, res as usize);
-                        } else if res == 0 {
-                            core.mux.tx_complete(id, 0);
-                            core.mux.tx_failed(id, libc::EPIPE);
-                        } else {
-                            core.mux.tx_complete(id, 0);
-                            core.mux.tx_failed(id, -res);
-                        }
+                        // A short count (the connection failed part way) is
+                        // followed by the error on the next send.
+                        Wrote::of_cqe(res, want).apply(core, conn.rt.id);
                         core.drain_events(&mut self.events);
                         // More may have been queued meanwhile (no transmit event is
                         // raised while a chunk is out).
@@ -555,8 +546,7 @@ impl Worker<'_> {
                         Err(e) => {
                             self.tx_slices.clear();
                             let mut core = sh.lock();
-                            core.mux.tx_complete(rt.id, 0);
-                            core.mux.tx_failed(rt.id, e.raw_os_error().unwrap_or(libc::EIO));
+                            Wrote::Failed(e.raw_os_error().unwrap_or(libc::EIO)).apply(&mut core, rt.id);
                             core.drain_events(&mut self.events);
                         }
                     }

@@ -273,6 +273,56 @@ thread_local! {
     static FLUSH_SLICES: std::cell::RefCell<Vec<Bytes>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// What one write of a psock's chunk did, whichever driver made it: the one
+/// shape in which a write's result reaches the core ([`Wrote::apply`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wrote {
+    /// This many bytes went out (possibly fewer than the chunk).
+    Bytes(usize),
+    /// Nothing went out and the call may be made again (would block,
+    /// interrupted).
+    Again,
+    /// The connection failed with this errno.
+    Failed(i32),
+}
+
+impl Wrote {
+    /// A `writev`'s result.
+    pub fn of_io(r: &io::Result<usize>) -> Wrote {
+        match r {
+            Ok(n) => Wrote::Bytes(*n),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Wrote::Again,
+            Err(e) => Wrote::Failed(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    }
+
+    /// An io_uring send's completion `res` for a chunk of `want` bytes: 0
+    /// bytes of a non-empty chunk is a closed connection (EPIPE).
+    pub fn of_cqe(res: i32, want: usize) -> Wrote {
+        match res {
+            n if n > 0 => Wrote::Bytes(n as usize),
+            0 if want == 0 => Wrote::Bytes(0),
+            0 => Wrote::Failed(libc::EPIPE),
+            e => Wrote::Failed(-e),
+        }
+    }
+
+    /// Tell the core: the chunk handed out by `tx_begin*` is done with
+    /// (a short count: the rest is handed out again), and on failure the
+    /// psock's transmit is aborted (its message in progress resent whole
+    /// elsewhere).
+    pub fn apply(self, core: &mut Core, p: PsockId) {
+        match self {
+            Wrote::Bytes(n) => core.mux.tx_complete(p, n),
+            Wrote::Again => core.mux.tx_complete(p, 0),
+            Wrote::Failed(errno) => {
+                core.mux.tx_complete(p, 0);
+                core.mux.tx_failed(p, errno);
+            }
+        }
+    }
+}
+
 /// A worker's own hand-off between its reads, its event dispatch and its
 /// in-place `serve`: the worker keeps it (in its serving buffers) and passes
 /// it down explicitly; nothing else sees it.
@@ -565,29 +615,21 @@ impl Shared {
             let res = writev_bytes(rt.fd(), &slices[..n]);
             // Written or not, the core still holds the messages: let go of them.
             slices.clear();
+            let wrote = Wrote::of_io(&res);
             let mut core = self.lock();
-            match res {
-                Ok(w) => {
-                    core.mux.tx_complete(rt.id, w);
-                    if w < want {
-                        core.drain_events(events);
-                        drop(core);
-                        self.want_write(rt);
-                        return;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    core.mux.tx_complete(rt.id, 0);
+            wrote.apply(&mut core, rt.id);
+            match (wrote, &res) {
+                (Wrote::Bytes(w), _) if w >= want => {}
+                // Interrupted: write again at once.
+                (Wrote::Again, Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Short or would block: the rest on the next writable event.
+                (Wrote::Bytes(_) | Wrote::Again, _) => {
                     core.drain_events(events);
                     drop(core);
                     self.want_write(rt);
                     return;
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                    core.mux.tx_complete(rt.id, 0);
-                }
-                Err(e) => {
-                    core.mux.tx_failed(rt.id, e.raw_os_error().unwrap_or(libc::EIO));
+                (Wrote::Failed(_), _) => {
                     core.drain_events(events);
                     return;
                 }
