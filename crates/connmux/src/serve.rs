@@ -474,6 +474,42 @@ fn send_outs(
     }
 }
 
+/// A serving worker's step of one pass, the same on both drivers: the
+/// lanes' verdicts first, then the handler on what reached the worker's
+/// socket (`ready`: its readiness fired; or this pass's reads handed it
+/// messages, or a dispatch saw it readable), then a connection found heavy
+/// goes to the lane.
+pub(crate) fn pass(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    events: &mut Vec<Event>,
+    dirty: &mut Vec<Arc<PsockRt>>,
+    ready: bool,
+) {
+    take_done(sh, sv, bufs, events, dirty);
+    // Not on every readable event: a read's messages for the socket were
+    // served in place, and a queue left non-empty keeps the socket's
+    // readiness, so `ready`, up.
+    if ready || bufs.own.pending || bufs.own.has_direct() {
+        serve(sh, sv, bufs, events, dirty);
+    }
+    if let Some(p) = bufs.slow.take() {
+        to_lane(sh, bufs, p);
+    }
+}
+
+/// The end of a worker's pass: messages reached its socket after it served
+/// (a dispatch after `pass` saw it readable): raise its readiness, so the
+/// next wait returns at once.
+pub(crate) fn end_pass(sv: Option<&Serving>, bufs: &mut ServeBufs) {
+    if bufs.own.take_pending() {
+        if let Some(sv) = sv {
+            sv.sock.rx.set();
+        }
+    }
+}
+
 /// Offer heavy psock `p`'s next messages to this worker's lane
 /// (`crate::lane`). Those older than the move that still wait for this
 /// worker go there too when it takes them, so with one taker per lane its

@@ -22,7 +22,7 @@ use connmux_core::Timestamp;
 use connmux_sys::epoll::{Events, Interest};
 
 use crate::driver::{SERVE_TOKEN, WAKER_TOKEN};
-use crate::serve::{serve, serve_in_place, take_done, to_lane, ServeBufs, Serving};
+use crate::serve::{serve_in_place, ServeBufs, Serving};
 use crate::shared::{token_psock, Command, Ctx, PsockRt, Shared, WorkerIo};
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
@@ -121,17 +121,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
         }
         sh.dispatch(&mut core_events, &mut Ctx::Worker(&mut dirty, &mut bufs.own));
         if let Some(sv) = &serving {
-            take_done(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
-            // Serve whenever this pass may have steered messages to us.
-            // (Not on every readable event: a read's messages for our socket
-            // were served in place, and a queue left non-empty keeps the
-            // socket's eventfd, so `serve_ready`, up.)
-            if serve_ready || bufs.own.pending || bufs.own.has_direct() {
-                serve(&sh, sv, &mut bufs, &mut core_events, &mut dirty);
-            }
-            if let Some(p) = bufs.slow.take() {
-                to_lane(&sh, &mut bufs, p);
-            }
+            crate::serve::pass(&sh, sv, &mut bufs, &mut core_events, &mut dirty, serve_ready);
         }
         // (Looked at first: an empty drain still costs a few dozen
         // instructions, every pass.)
@@ -146,12 +136,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
             // is written by the app path.
             sh.dispatch(&mut core_events, &mut Ctx::App);
         }
-        if bufs.own.take_pending() {
-            // Messages reached our socket after we served: wake ourselves.
-            if let Some(sv) = &serving {
-                sv.sock.rx.set();
-            }
-        }
+        crate::serve::end_pass(serving.as_ref(), &mut bufs);
     }
 }
 

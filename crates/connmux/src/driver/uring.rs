@@ -41,7 +41,7 @@ use connmux_core::Bytes;
 use connmux_sys::uring::{Completion, Ring, RingConfig};
 
 use crate::config::Tuning;
-use crate::serve::{serve, Serving};
+use crate::serve::Serving;
 use crate::shared::Command;
 use crate::shared::{psock_token, Ctx, PsockRt, Shared, Wrote};
 
@@ -193,39 +193,21 @@ impl Worker<'_> {
                     }
                 }
             }
-            if let Some(sv) = &serving {
-                crate::serve::take_done(sh, sv, &mut bufs, &mut self.events, &mut self.dirty);
-            }
             // Dispatch, serve in place, write: until nothing is left to do here
             // (bounded; what remains is picked up by the next pass).
             for round in 0..rounds {
                 sh.dispatch(&mut self.events, &mut Ctx::Worker(&mut self.dirty, &mut bufs.own));
-                if let Some(sv) = &serving {
+                if let (0, Some(sv)) = (round, &serving) {
                     // (A command may have read messages for our socket in a
-                    // pass with no completion: `has_direct`.)
-                    // (Not on every completion: a read's messages for our
-                    // socket were served in place, and a queue left non-empty
-                    // keeps the socket's eventfd, so `serve_ready`, up.)
-                    if round == 0 && (serve_ready || bufs.own.pending || bufs.own.has_direct()) {
-                        serve(sh, sv, &mut bufs, &mut self.events, &mut self.dirty);
-                    }
+                    // pass with no completion: `Own::has_direct`.)
+                    crate::serve::pass(sh, sv, &mut bufs, &mut self.events, &mut self.dirty, serve_ready);
                 }
                 if self.dirty.is_empty() && self.events.is_empty() {
                     break;
                 }
                 self.flush_dirty(ring);
             }
-            if serving.is_some() {
-                if let Some(p) = bufs.slow.take() {
-                    crate::serve::to_lane(sh, &mut bufs, p);
-                }
-            }
-            if bufs.own.take_pending() {
-                // Messages reached our socket after we served: wake ourselves.
-                if let Some(sv) = &serving {
-                    sv.sock.rx.set();
-                }
-            }
+            crate::serve::end_pass(serving.as_ref(), &mut bufs);
             self.arm(ring);
         }
     }
