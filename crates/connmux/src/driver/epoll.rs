@@ -11,10 +11,9 @@
 //! `crate::serve`, the core's runtime side `crate::shared`. Must not name the
 //! io_uring driver, the public `Mux` or anything above it.
 
-use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use connmux_core::mux::Event;
@@ -23,7 +22,7 @@ use connmux_sys::epoll::{Events, Interest};
 
 use crate::driver::{SERVE_TOKEN, WAKER_TOKEN};
 use crate::serve::{serve_in_place, ServeBufs, Serving};
-use crate::shared::{token_psock, Command, Ctx, PsockRt, Shared, WorkerIo};
+use crate::shared::{token_psock, Command, Core, Ctx, PsockRt, ReadEnd, Shared, WorkerIo};
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     if let Some(cpu) = cpu {
@@ -201,14 +200,8 @@ fn read_psock(
     let read_at = connmux_sys::clock::now_nanos();
     let now = sh.timestamp(read_at);
     let mut core = sh.lock();
-    match res {
-        Ok(0) => {
-            let _ = core.mux.rx_closed(rt.id, None);
-            core.drain_events(events);
-            drop(core);
-            sh.set_interest(rt, |i| i.read = false);
-        }
-        Ok(n) => match ip.sv {
+    match ReadEnd::of_io(&res) {
+        ReadEnd::Data(n) => match ip.sv {
             Some(sv) => {
                 let mut ranges = std::mem::take(&mut ip.bufs.ranges);
                 let _ =
@@ -227,13 +220,18 @@ fn read_psock(
                 core.drain_events(events);
             }
         },
-        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
-        Err(e) => {
-            let _ = core.mux.rx_closed(rt.id, Some(e.raw_os_error().unwrap_or(libc::EIO)));
-            core.drain_events(events);
-            drop(core);
-            sh.set_interest(rt, |i| i.read = false);
-        }
+        end => read_ended(sh, rt, core, end, events),
+    }
+}
+
+/// A read that brought no bytes: the end of the stream reaches the core
+/// (and the psock is read no more); would-block, nothing.
+fn read_ended(sh: &Shared, rt: &PsockRt, mut core: MutexGuard<'_, Core>, end: ReadEnd, events: &mut Vec<Event>) {
+    if let Some(how) = end.end() {
+        let _ = core.mux.rx_closed(rt.id, how);
+        core.drain_events(events);
+        drop(core);
+        sh.set_interest(rt, |i| i.read = false);
     }
 }
 
@@ -252,20 +250,8 @@ fn read_lent(
     let mut core = sh.lock();
     // The buffer goes back whatever happened (with nothing new on error).
     let _ = crate::shared::commit_read(&mut core, own, loan, now);
-    match res {
-        Ok(0) => {
-            let _ = core.mux.rx_closed(rt.id, None);
-            core.drain_events(events);
-            drop(core);
-            sh.set_interest(rt, |i| i.read = false);
-        }
-        Ok(_) => core.drain_events(events),
-        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
-        Err(e) => {
-            let _ = core.mux.rx_closed(rt.id, Some(e.raw_os_error().unwrap_or(libc::EIO)));
-            core.drain_events(events);
-            drop(core);
-            sh.set_interest(rt, |i| i.read = false);
-        }
+    match ReadEnd::of_io(&res) {
+        ReadEnd::Data(_) => core.drain_events(events),
+        end => read_ended(sh, rt, core, end, events),
     }
 }

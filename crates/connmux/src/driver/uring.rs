@@ -43,7 +43,7 @@ use connmux_sys::uring::{Completion, Ring, RingConfig};
 use crate::config::Tuning;
 use crate::serve::Serving;
 use crate::shared::Command;
-use crate::shared::{psock_token, Ctx, PsockRt, Shared, Wrote};
+use crate::shared::{psock_token, Ctx, PsockRt, ReadEnd, Shared, Wrote};
 
 mod conn;
 use conn::{pump, pump_tls, stop_rx, Conn, Held, Lent};
@@ -265,10 +265,8 @@ impl Worker<'_> {
                     conn.recv_armed = false;
                     conn.recv_cancelled = false;
                     if !conn.released && !conn.rx_stopped {
-                        if res == 0 {
-                            conn.eof = Some(None);
-                        } else if res != -libc::ENOBUFS && res != -libc::ECANCELED {
-                            conn.eof = Some(Some(-res));
+                        if let Some(how) = ReadEnd::of_cqe(res).end() {
+                            conn.eof = Some(how);
                         }
                         if conn.rt.tls.is_some() {
                             core = None;
@@ -295,10 +293,8 @@ impl Worker<'_> {
                         }
                     }
                     if !conn.released && !conn.rx_stopped {
-                        if res == 0 {
-                            conn.eof = Some(None);
-                        } else if res < 0 && res != -libc::ECANCELED {
-                            conn.eof = Some(Some(-res));
+                        if let Some(how) = ReadEnd::of_cqe(res).end() {
+                            conn.eof = Some(how);
                         }
                         pump(core, ring, conn, now, &mut self.events, &mut self.lent, own);
                     }

@@ -273,6 +273,54 @@ thread_local! {
     static FLUSH_SLICES: std::cell::RefCell<Vec<Bytes>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// How one read of a psock ended, whichever driver made it: the one shape in
+/// which a read's result reaches the core (bytes are fed; an end of stream
+/// is `rx_closed`, at once on epoll, after the buffers before it on io_uring).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadEnd {
+    /// This many bytes came (more than 0).
+    Data(usize),
+    /// Nothing now, the stream goes on (would block, interrupted; on
+    /// io_uring a receive out of buffers or cancelled, armed again).
+    Again,
+    /// The peer closed its write side (FIN).
+    Eof,
+    /// The connection failed with this errno.
+    Failed(i32),
+}
+
+impl ReadEnd {
+    /// A `read`'s result.
+    pub fn of_io(r: &io::Result<usize>) -> ReadEnd {
+        match r {
+            Ok(0) => ReadEnd::Eof,
+            Ok(n) => ReadEnd::Data(*n),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => ReadEnd::Again,
+            Err(e) => ReadEnd::Failed(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    }
+
+    /// An io_uring receive's completion `res`.
+    pub fn of_cqe(res: i32) -> ReadEnd {
+        match res {
+            n if n > 0 => ReadEnd::Data(n as usize),
+            0 => ReadEnd::Eof,
+            e if matches!(-e, libc::ENOBUFS | libc::ECANCELED | libc::EAGAIN | libc::EINTR) => ReadEnd::Again,
+            e => ReadEnd::Failed(-e),
+        }
+    }
+
+    /// The end of the stream as `Mux::rx_closed` takes it (`Some(None)`: a
+    /// FIN, `Some(Some(errno))`: a failure), or `None` while it goes on.
+    pub fn end(self) -> Option<Option<i32>> {
+        match self {
+            ReadEnd::Eof => Some(None),
+            ReadEnd::Failed(errno) => Some(Some(errno)),
+            ReadEnd::Data(_) | ReadEnd::Again => None,
+        }
+    }
+}
+
 /// What one write of a psock's chunk did, whichever driver made it: the one
 /// shape in which a write's result reaches the core ([`Wrote::apply`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
