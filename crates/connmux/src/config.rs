@@ -154,7 +154,9 @@ pub struct Config {
     /// protocols that match replies by tag or xid, such as ONC RPC and 9P,
     /// need no order). `true` starts no helpers: each lane has one thread,
     /// which answers its heavy connections in order, so a heavy connection
-    /// is answered on one CPU.
+    /// is answered on one CPU. The order holds while the lane has room
+    /// (`lane_queue`, `lane_bytes`): a request that finds it full is run by
+    /// the worker at once, possibly before older ones still in the lane.
     pub lane_in_order: bool,
     /// Messages a worker's heavy lane holds waiting for a thread to take
     /// them; a message of a heavy connection that finds its lane full is run
