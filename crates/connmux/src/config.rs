@@ -211,12 +211,11 @@ pub struct Tuning {
     /// one: a helper steals from a lane that is behind, not from one its home
     /// thread keeps up with. The head always stays for the home thread, so a
     /// connection's lone request never waits on a helper whose CPU has no
-    /// time to spare. Default 2: one heavy connection with 8 requests in
-    /// flight is spread over every CPU (1.85× one thread at 2, 0.87× at 8).
-    /// A higher value keeps a lane's few requests off the CPUs that serve
-    /// light connections; measured beside 7 light connections the light p99
-    /// moved by about a tenth (445–496 µs at 8, 486–521 µs at 2), within
-    /// the benchmark's noise.
+    /// time to spare. Default 2, so that a heavy connection with only a few
+    /// requests in flight is still spread over every CPU. A higher value
+    /// keeps a lane's few requests off the CPUs that serve light
+    /// connections, at the price of answering such a connection on one CPU
+    /// (`docs/performance.md`, "Uneven work", has the figures).
     pub lane_steal_from: usize,
     /// Provided buffers in an io_uring worker's ring (a power of two, at most
     /// 32768: the ring refuses other counts with `EINVAL`, so `Mux::new` fails
