@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use connmux::service::{Service, ServiceConfig, Verdict};
+use connmux::service::Verdict;
 use connmux::{Bytes, PsockError, PsockId, RxError, SockType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -161,12 +161,7 @@ fn large_messages_wait_under_backpressure_and_lose_nothing() {
 fn echo_service_returns_large_messages_intact() {
     let mux = mux_with(|c| c.core.max_msg_size = 1 << 20);
     let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| Verdict::Reply(req));
-    let svc = Service::start(
-        mux,
-        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
-        handler,
-    )
-    .unwrap();
+    let svc = l4_service(mux, handler);
     let mut c = TcpStream::connect(svc.local_addr()).unwrap();
     c.set_read_timeout(Some(WAIT)).unwrap();
     let mut rng = StdRng::seed_from_u64(0xec40);

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use connmux::service::{Service, ServiceConfig, Verdict};
-use connmux::{Bytes, PsockId, SockType, Steering};
+use connmux::service::{Service, Verdict};
+use connmux::{Bytes, PsockId, Steering};
 
 fn echo_service(workers: usize, steering: Steering, max_msg: usize) -> Service {
     let mux = mux_with(|c| {
@@ -21,12 +21,7 @@ fn echo_service(workers: usize, steering: Steering, max_msg: usize) -> Service {
         c.core.max_msg_size = max_msg;
     });
     let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| Verdict::Reply(req));
-    Service::start(
-        mux,
-        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
-        handler,
-    )
-    .unwrap()
+    l4_service(mux, handler)
 }
 
 /// One client: `count` requests, at most `in_flight` outstanding. Every reply
@@ -130,12 +125,7 @@ impl connmux::service::Handler for Verdicts {
 /// good calls answers them first, then resets the connection.
 fn in_place_verdicts_keep_request_order() {
     let mux = mux_with(|c| c.core.steering = Steering::Affinity);
-    let svc = Service::start(
-        mux,
-        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
-        Arc::new(Verdicts),
-    )
-    .unwrap();
+    let svc = l4_service(mux, Arc::new(Verdicts));
     let mut c = TcpStream::connect(svc.local_addr()).unwrap();
     c.set_nodelay(true).unwrap();
     c.set_read_timeout(Some(WAIT)).unwrap();
@@ -250,12 +240,7 @@ fn heavy_echo_counted(mux: connmux::Mux, burn: Duration, done: Arc<std::sync::at
         }
         Verdict::Reply(req)
     });
-    Service::start(
-        mux,
-        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
-        handler,
-    )
-    .unwrap()
+    l4_service(mux, handler)
 }
 
 /// A connection whose requests take long (300 µs of CPU each) is handed to
@@ -446,14 +431,7 @@ fn recording_heavy_echo(burn: Duration, in_order: bool, runs: Arc<LaneRuns>) -> 
         }
         Verdict::Reply(req)
     });
-    Some(
-        Service::start(
-            mux,
-            ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
-            handler,
-        )
-        .unwrap(),
-    )
+    Some(l4_service(mux, handler))
 }
 
 /// The feature KCM is for: one connection's heavy requests (1 ms of CPU
@@ -538,12 +516,7 @@ fn a_lane_full_by_bytes_leaves_requests_to_the_worker() {
             }
             Verdict::Reply(req)
         });
-        let svc = Service::start(
-            mux,
-            ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
-            handler,
-        )
-        .unwrap();
+        let svc = l4_service(mux, handler);
         let heavy_id = u32::from_be_bytes([b'H', 0, 0, 1]);
         client_round_trips(svc.local_addr(), heavy_id, 200, 4, true);
         assert!(svc.mux().lane_moves() >= 1, "lane_bytes {bytes}: the connection never turned heavy");

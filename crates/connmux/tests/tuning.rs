@@ -11,17 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use connmux::service::{Service, ServiceConfig, Verdict};
-use connmux::{Bytes, Config, Driver, Mux, PsockId, SockType, Tuning};
+use connmux::service::{Service, Verdict};
+use connmux::{Bytes, Config, Driver, Mux, PsockId, Tuning};
 
 fn echo(mux: Mux) -> Service {
     let handler = Arc::new(|req: Bytes, _from: PsockId, _s: &mut bytes::BytesMut| Verdict::Reply(req));
-    Service::start(
-        mux,
-        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) },
-        handler,
-    )
-    .unwrap()
+    l4_service(mux, handler)
 }
 
 /// One client: `count` requests of `size` bytes with up to `in_flight`

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use std::cell::Cell;
 
-use connmux::{Config, Driver, Mux, Parser};
+use connmux::service::{Handler, Service, ServiceConfig};
+use connmux::{Config, Driver, Mux, Parser, SockType};
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -113,4 +114,19 @@ pub fn eventually<T>(mut f: impl FnMut() -> Option<T>) -> T {
         assert!(Instant::now() < end, "condition not met within {WAIT:?}");
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// A DGRAM service on an ephemeral loopback port, `l4` framing, `handler`
+/// answering in place.
+pub fn l4_service(mux: Mux, handler: std::sync::Arc<dyn Handler>) -> Service {
+    Service::start(
+        mux,
+        ServiceConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            sock_type: SockType::Dgram,
+            parser: std::sync::Arc::new(l4),
+        },
+        handler,
+    )
+    .unwrap()
 }
