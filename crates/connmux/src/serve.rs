@@ -183,6 +183,18 @@ impl ServeBufs {
         }
     }
 
+    /// Offer a heavy connection's request to this worker's lane, within the
+    /// lane's byte bound; given back when it does not fit.
+    fn offer(&mut self, sv: &Serving, job: Job) -> Result<(), Job> {
+        let (len, psock) = (job.data.len(), job.psock);
+        if !self.heavy.room(len, sv.lanes.bytes) {
+            return Err(job);
+        }
+        sv.lanes.crew.offer(sv.index, job)?;
+        self.heavy.offered(psock, len);
+        Ok(())
+    }
+
     /// Before a run of `psock`'s requests: its thread CPU time when it is
     /// the one on probation (one comparison otherwise).
     #[inline]
@@ -270,13 +282,9 @@ pub(crate) fn serve(
             let closed = !bufs.closed.is_empty() && bufs.closed.contains(&psock);
             // A heavy connection's message goes to the lane (settled when
             // its verdict comes back), unless the lane is full.
-            let len = data.len();
-            let data = match bufs.heavy.contains(psock) && !closed && bufs.heavy.room(len, sv.lanes.bytes) {
-                true => match sv.lanes.crew.offer(sv.index, Job { data, psock }) {
-                    Ok(()) => {
-                        bufs.heavy.offered(psock, len);
-                        continue;
-                    }
+            let data = match bufs.heavy.contains(psock) && !closed {
+                true => match bufs.offer(sv, Job { data, psock }) {
+                    Ok(()) => continue,
                     Err(job) => job.data,
                 },
                 false => data,
@@ -335,14 +343,13 @@ pub(crate) fn serve_in_place(
         // A heavy connection's messages go to the lane (copied out of the
         // read buffer), those the full lane refuses are run here.
         while let Some(r) = ranges.first() {
+            // (Checked before the copy: a full lane costs no allocation.)
             if !bufs.heavy.room(r.len(), sv.lanes.bytes) {
                 break;
             }
-            let job = Job { data: Bytes::copy_from_slice(&data[r.clone()]), psock: p };
-            if sv.lanes.crew.offer(sv.index, job).is_err() {
+            if bufs.offer(sv, Job { data: Bytes::copy_from_slice(&data[r.clone()]), psock: p }).is_err() {
                 break;
             }
-            bufs.heavy.offered(p, r.len());
             ranges = &ranges[1..];
         }
         if ranges.is_empty() {
