@@ -80,8 +80,10 @@ use crate::stream::{Loan, StreamLimits, StreamParser, Unlend};
 use crate::time::Timestamp;
 
 mod deadlines;
+mod lease;
 mod limits;
 mod slab;
+pub use lease::Lease;
 use deadlines::{Armed, Deadlines};
 use limits::MemState;
 use slab::Slab;
@@ -330,6 +332,10 @@ pub enum Event {
     /// written: the driver may close the connection in order (FIN). Raised
     /// once, after `PsockFailed(p, Closed)`.
     PsockDrained(PsockId),
+    /// Something besides its worker involves psock `p`, which is lent to
+    /// that worker ([`Mux::lease`]): the worker should give it back
+    /// ([`Mux::unlease`]). Raised once per lease.
+    PsockLeaseRevoked(PsockId),
 }
 
 /// A view of the bytes a psock should write next: one or more whole-message
@@ -596,6 +602,10 @@ struct Psock {
     /// assembly timeouts: they are the start of a message the parser never saw).
     record_timeouts: u64,
     stats: PsockStats,
+    /// Lent to the worker serving this socket ([`Mux::lease`]).
+    leased: Option<SockId>,
+    /// The lease was asked back (`PsockLeaseRevoked` raised).
+    lease_revoked: bool,
 }
 
 impl Psock {
@@ -793,6 +803,7 @@ impl Mux {
     /// aborted, queued received messages move to other sockets. Closing the last
     /// socket unattaches every psock.
     pub fn close(&mut self, s: SockId) -> Result<(), MuxError> {
+        self.revoke_sock(s);
         let sock = self.socks.remove(s.index, s.generation).ok_or(MuxError::BadSock)?;
         if sock.on_waiters {
             self.rx_waiters.retain(|w| *w != s);
@@ -875,6 +886,8 @@ impl Mux {
         }
         sock.rx_disabled = disable;
         if disable {
+            self.revoke_sock(s);
+            let sock = self.socks.get_mut(s.index, s.generation).expect("checked");
             let was_waiting = std::mem::replace(&mut sock.on_waiters, false);
             let msgs = std::mem::take(&mut sock.rx_queue);
             sock.rx_mem = 0;
@@ -922,12 +935,14 @@ impl Mux {
     /// Change a psock's affinity tag: its next messages are steered to the
     /// socket with that tag (the runtime moves a connection between workers).
     pub fn set_psock_affinity(&mut self, p: PsockId, tag: Option<u32>) -> Result<(), MuxError> {
+        self.revoke(p);
         let ps = self.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
         ps.affinity = tag;
         Ok(())
     }
     pub fn set_affinity(&mut self, s: SockId, tag: Option<u32>) -> Result<(), MuxError> {
         self.sock_mut(s)?.affinity = tag;
+        self.revoke_sock(s);
         Ok(())
     }
     /// With `Steering::Affinity`, socket `s` takes only the messages of psocks
@@ -938,6 +953,7 @@ impl Mux {
     /// Under the other steering policies it is never chosen.
     pub fn set_tag_only(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
         self.sock_mut(s)?.tag_only = on;
+        self.revoke_sock(s);
         Ok(())
     }
     pub fn sock_count(&self) -> usize {
@@ -984,6 +1000,8 @@ impl Mux {
             record_deadline: None,
             record_timeouts: 0,
             stats: PsockStats::default(),
+            leased: None,
+            lease_revoked: false,
         }));
         self.counters.psock_attach += 1;
         self.arm_idle(self.now);
@@ -995,6 +1013,7 @@ impl Mux {
     /// dropped (rx_ready_drops); a partly written message is resent whole on
     /// another psock (psock_unattach_rsvd).
     pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
+        self.revoke(p);
         let ps = self.psock_mut(p)?;
         ps.stream.stop();
         let dropped_ready = ps.ready.take().is_some();
@@ -1268,6 +1287,7 @@ impl Mux {
     /// delivered and settled and its queue written, `PsockDrained(p)` says it
     /// may be closed in order. After a read error it has failed.
     pub fn rx_closed(&mut self, p: PsockId, errno: Option<i32>) -> Result<(), MuxError> {
+        self.revoke(p);
         let ps = self.psock_mut(p)?;
         if ps.life.rx_over() {
             return Ok(());
@@ -1358,6 +1378,7 @@ impl Mux {
     /// still delivered, the partial one is dropped) but the error is raised:
     /// `PsockFailed(p, Rx(err))`, once. Transmit goes on until a write fails.
     pub fn rx_abort(&mut self, p: PsockId, err: RxError) -> Result<(), MuxError> {
+        self.revoke(p);
         let ps = self.psock_mut(p)?;
         if ps.life.rx_over() {
             return Ok(());
@@ -1836,6 +1857,7 @@ impl Mux {
         ps.tx_addr_bytes += len;
         ps.tx_placed += u64::from(msgs);
         ps.tx_queue.push_back(TxMsg { data: msg, sent: 0, owner: s, addressed: true, balanced: false, msgs });
+        let leased = ps.leased.is_some();
         if !batch {
             sock.wait_more = false;
             // Both are no-ops for a socket with nothing queued and nothing
@@ -1851,6 +1873,9 @@ impl Mux {
             if held {
                 self.kick_held(s);
             }
+        }
+        if leased {
+            self.revoke(p);
         }
         Ok(())
     }
@@ -1882,6 +1907,13 @@ impl Mux {
                 self.events.push_back(Event::PsockTransmit(p));
             }
         }
+    }
+
+    /// Raise `PsockTransmit` for `p` if it has bytes queued and no chunk out
+    /// (for a writer that completed a chunk later than it wrote it, and so
+    /// did not take the next one in the same step).
+    pub fn tx_kick(&mut self, p: PsockId) {
+        self.kick(p);
     }
 
     /// End of a batch: wake the psocks whose addressed messages it held.
@@ -1925,6 +1957,7 @@ impl Mux {
             ps.tx_rsvd_msgs += 1;
             ps.tx_placed += 1;
         }
+        self.revoke(p);
         self.kick(p);
     }
 
@@ -1951,6 +1984,7 @@ impl Mux {
             ps.tx_queue.push_back(TxMsg { data, sent: 0, owner: s, addressed: false, balanced: true, msgs: 1 });
             ps.tx_placed += 1;
             self.tx_last = p.index;
+            self.revoke(p);
             self.kick(p);
         }
     }
@@ -2198,6 +2232,7 @@ impl Mux {
     /// The write failed with a hard error: abort the psock's transmit, resend the
     /// message in progress whole on another psock (tx_retries, tx_aborts).
     pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
+        self.revoke(p);
         match self.psocks.get(p.index, p.generation) {
             Some(ps) if !ps.tx_stopped => self.tx_abort(p, errno),
             _ => {}

@@ -248,6 +248,22 @@ impl StreamParser {
         self.lent.is_some()
     }
 
+    /// Put `parser` in place of this stream's parser and return the one it
+    /// had (a psock lent to its worker, `Mux::lease`, lends its parser).
+    pub fn swap_parser(&mut self, parser: Box<dyn Parser>) -> Box<dyn Parser> {
+        std::mem::replace(&mut self.parser, parser)
+    }
+
+    /// Count `msgs` whole messages of `bytes` wire bytes framed elsewhere
+    /// with this stream's parser (by a lease), the last `last_len` long.
+    pub fn count_framed(&mut self, msgs: u64, bytes: u64, last_len: usize) {
+        self.stats.msgs += msgs;
+        self.stats.bytes += bytes;
+        if msgs > 0 {
+            self.last_len = last_len;
+        }
+    }
+
     /// Append bytes read from the connection. A stopped stream drops them.
     pub fn feed(&mut self, data: &[u8]) {
         if self.stopped || data.is_empty() {

@@ -307,7 +307,11 @@ impl Runtime {
                         Ctx::App => self.flush(events),
                     }
                 }
-                Event::PsockRxResume(_) | Event::PsockFailed(..) | Event::PsockDrained(_) => {}
+                // (This model lends its psock to nobody.)
+                Event::PsockRxResume(_)
+                | Event::PsockFailed(..)
+                | Event::PsockDrained(_)
+                | Event::PsockLeaseRevoked(_) => {}
                 Event::PsockReleased(_) => {
                     self.released.fetch_add(1, Ordering::AcqRel);
                 }

@@ -241,6 +241,13 @@ pub struct Tuning {
     /// batching stops paying. At most 1024 (`IOV_MAX`); larger values count
     /// as 1024. Default 64.
     pub max_iov: usize,
+    /// Lend a served psock to the worker that reads it while nothing else
+    /// involves it (`connmux_core::mux::Mux::lease`; epoll driver): its
+    /// reads are then framed, answered and written by that worker with no
+    /// hold of the core lock, which is told what happened once per pass.
+    /// Off: every read goes through the core (four holds of its lock per
+    /// served read).
+    pub lease: bool,
 }
 
 impl Default for Tuning {
@@ -256,6 +263,7 @@ impl Default for Tuning {
             ring_buf_size: 16 << 10,
             ring_rounds: 64,
             max_iov: 64,
+            lease: true,
         }
     }
 }

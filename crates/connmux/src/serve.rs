@@ -337,7 +337,6 @@ pub(crate) fn serve_in_place(
     dirty: &mut Vec<Arc<PsockRt>>,
     write_now: Option<&Arc<PsockRt>>,
 ) {
-    let handler = &*sv.handler;
     let mut ranges = ranges;
     if bufs.heavy.contains(p) {
         // A heavy connection's messages go to the lane (copied out of the
@@ -357,6 +356,28 @@ pub(crate) fn serve_in_place(
         }
     }
     bufs.handled(p, ranges.len() as u64);
+    run_in_place(sv, bufs, data, ranges, p, started);
+    if bufs.own.can_lease && !bufs.heavy.contains(p) {
+        if let Some(rt) = write_now {
+            // Perhaps the next read needs nobody else (`Own::hold`).
+            bufs.own.lease_try.push(rt.clone());
+        }
+    }
+    send_outs(sh, sv, bufs, events, dirty, write_now);
+}
+
+/// The handler on the messages of one read of psock `p` where they lie in
+/// `data` (`ranges`), timed, its verdicts kept in `bufs` (replies
+/// coalesced per run).
+fn run_in_place(
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    data: &[u8],
+    ranges: &[std::ops::Range<usize>],
+    p: PsockId,
+    started: u64,
+) {
+    let handler = &*sv.handler;
     let mut rest = ranges;
     // Bounded: each turn handles at least one request.
     while !rest.is_empty() {
@@ -391,7 +412,122 @@ pub(crate) fn serve_in_place(
             None => {}
         }
     }
-    send_outs(sh, sv, bufs, events, dirty, write_now);
+}
+
+/// A read of psock `p`, lent to this worker (`Own::leases`): when `data`
+/// is all whole messages of a light connection, the handler answers them
+/// where they lie and their replies are written here, with no hold of the
+/// core lock (the counts reach the core in the worker's pass hold). A close
+/// gives the lease back and goes the usual way after the handler. Returns
+/// the connection when `data` is not all whole messages or the connection
+/// turned heavy: the lease is back with the core, which the caller feeds
+/// `data` to as usual.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn serve_leased(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    data: &[u8],
+    p: PsockId,
+    started: u64,
+    events: &mut Vec<Event>,
+    dirty: &mut Vec<Arc<PsockRt>>,
+) -> Result<(), Option<Arc<PsockRt>>> {
+    let Some(l) = bufs.own.leases.get_mut(&p) else { return Err(None) };
+    let mut ranges = std::mem::take(&mut bufs.ranges);
+    ranges.clear();
+    if bufs.heavy.contains(p) || l.lease.frame(data, &mut ranges) != data.len() {
+        bufs.ranges = ranges;
+        let l = bufs.own.leases.remove(&p).expect("present");
+        let mut core = sh.lock();
+        core.mux.unlease(l.lease, sh.timestamp(started));
+        core.drain_events(events);
+        return Err(Some(l.rt));
+    }
+    run_in_place(sv, bufs, data, &ranges, p, started);
+    bufs.ranges = ranges;
+    bufs.end_run();
+    if bufs.own.lease_used.last() != Some(&p) {
+        bufs.own.lease_used.push(p);
+    }
+    if !bufs.outs.iter().all(|o| matches!(o, Out::Replies(q, ..) if *q == p)) {
+        // A close: the psock is the core's again before anything else.
+        let mut core = sh.lock();
+        bufs.own.unlease(&mut core, p, sh.timestamp(started));
+        core.drain_events(events);
+        drop(core);
+        send_outs(sh, sv, bufs, events, dirty, None);
+        return Ok(());
+    }
+    let mut msgs = 0u32;
+    bufs.slices.clear();
+    for o in bufs.outs.drain(..) {
+        if let Out::Replies(_, b, n) = o {
+            msgs = msgs.saturating_add(n);
+            bufs.slices.push(b);
+        }
+    }
+    if !bufs.slices.is_empty() {
+        write_leased(sh, bufs, p, msgs, events);
+    }
+    Ok(())
+}
+
+/// Write a leased psock's replies (`bufs.slices`, `msgs` of them) at once.
+/// A short write (the peer reads slowly) gives the lease back with the rest
+/// first on the psock's queue, for its writable event.
+fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, msgs: u32, events: &mut Vec<Event>) {
+    let Some(l) = bufs.own.leases.get_mut(&p) else { return };
+    let want: usize = bufs.slices.iter().map(|b| b.len()).sum();
+    let mut wrote = 0;
+    let mut failed = None;
+    // Bounded: each round writes at least one byte or stops.
+    for chunk in bufs.slices.chunks(sh.tuning.max_iov) {
+        let len: usize = chunk.iter().map(|b| b.len()).sum();
+        match crate::shared::Wrote::of_io(&crate::shared::writev_bytes(l.rt.fd(), chunk)) {
+            crate::shared::Wrote::Bytes(n) => {
+                wrote += n;
+                if n < len {
+                    break;
+                }
+            }
+            crate::shared::Wrote::Again => break,
+            crate::shared::Wrote::Failed(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    if wrote >= want {
+        l.lease.wrote(msgs, want);
+        bufs.slices.clear();
+        return;
+    }
+    // The rest, whole, first on the psock's queue (one copy: a slow peer).
+    let rest = match bufs.slices.len() {
+        1 => bufs.slices[0].clone(),
+        _ => {
+            let mut all = bytes::BytesMut::with_capacity(want);
+            for b in &bufs.slices {
+                all.extend_from_slice(b);
+            }
+            all.freeze()
+        }
+    };
+    bufs.slices.clear();
+    let l = bufs.own.leases.remove(&p).expect("present");
+    let rt = l.rt.clone();
+    let now = sh.now();
+    let mut core = sh.lock();
+    core.mux.unlease_unsent(l.lease, rest, wrote, msgs, now);
+    if let Some(errno) = failed {
+        core.mux.tx_failed(p, errno);
+    }
+    core.drain_events(events);
+    drop(core);
+    if failed.is_none() {
+        sh.want_write(&rt);
+    }
 }
 
 /// Queue the replies of served messages on their connections (in the order
@@ -464,7 +600,7 @@ fn send_outs(
         core.drain_events(events);
     }
     if let (true, Some(rt)) = (begun, write_now) {
-        sh.write_begun(rt, events, &mut bufs.slices);
+        sh.write_owned(rt, events, &mut bufs.slices, &mut bufs.own);
     }
     sh.dispatch(events, &mut Ctx::Worker(dirty, &mut bufs.own));
     for p in aborts {

@@ -226,6 +226,7 @@ impl Mux {
         }
         self.counters.mem_aborts += 1;
         self.sync_deadline(p);
+        self.revoke(p);
         self.recount_only(p);
         let after = self.psocks.get(p.index, p.generation).map_or(0, |ps| ps.rx_held() + ps.below);
         before - after
@@ -387,6 +388,7 @@ impl Mux {
             ps.life = Life::Failed;
             self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
             self.sync_deadline(p);
+            self.revoke(p);
             self.recount_only(p);
         }
     }

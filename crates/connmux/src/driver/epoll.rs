@@ -64,6 +64,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                                 Command::Serve { sock, handler, stats, lanes, index } => {
                                     let _ = epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ);
                                     bufs.own.serve = Some((sock.id, sh.tuning.serve_batch));
+                                    bufs.own.can_lease = sh.tuning.lease;
                                     serving = Some(Serving { sock, handler, stats, lanes, index });
                                     serve_ready = true;
                                 }
@@ -74,6 +75,12 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                                         read_psock(&sh, &rt, None, &mut buf, &mut core_events, ip);
                                     }
                                 }
+                                Command::Unlease(p) => {
+                                    let now = sh.now();
+                                    let mut core = sh.lock();
+                                    bufs.own.unlease(&mut core, p, now);
+                                    core.drain_events(&mut core_events);
+                                }
                                 // Other threads reach epoll psocks through epoll_ctl.
                                 _ => {}
                             }
@@ -83,6 +90,14 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                     t => {
                         let p = token_psock(t);
                         let readable = ev.readable || ev.hup || ev.error;
+                        // A psock lent to this worker: no core lock (its
+                        // writes never wait: a short one gives it back).
+                        if readable && bufs.own.leases.contains_key(&p) {
+                            if let Some(sv) = serving.as_ref() {
+                                read_leased(&sh, sv, p, &mut buf, &mut core_events, &mut bufs, &mut dirty);
+                                continue;
+                            }
+                        }
                         // The psock and, for a plain read, what the core will
                         // take: one lock hold.
                         let (rt, rx) = {
@@ -105,12 +120,15 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                 }
             }
         }
-        // Deadlines (assembly timeouts).
+        // The worker's own state (writes made whole, leases), then the
+        // deadlines (assembly timeouts): one hold.
         {
+            let now = sh.now();
             let mut core = sh.lock();
+            bufs.own.hold(&mut core, now);
+            core.drain_events(&mut core_events);
             next_deadline = core.mux.poll_timeout();
             if let Some(t) = next_deadline {
-                let now = sh.now();
                 if t <= now {
                     core.mux.handle_timeout(now);
                     core.drain_events(&mut core_events);
@@ -198,29 +216,67 @@ fn read_psock(
     let res = connmux_sys::socket::read(rt.fd(), &mut buf[..want]);
     // One clock reading: the core's timestamp and the handlers' start.
     let read_at = connmux_sys::clock::now_nanos();
+    match ReadEnd::of_io(&res) {
+        ReadEnd::Data(n) => feed_bytes(sh, rt, &buf[..n], read_at, events, ip),
+        end => read_ended(sh, rt, sh.lock(), end, events),
+    }
+}
+
+/// The bytes of one read of `rt`, read at `read_at`, to the core; on a
+/// serving worker, the whole messages for its own socket served at once,
+/// where they lie in `data`.
+fn feed_bytes(sh: &Shared, rt: &Arc<PsockRt>, data: &[u8], read_at: u64, events: &mut Vec<Event>, ip: InPlace<'_>) {
     let now = sh.timestamp(read_at);
     let mut core = sh.lock();
+    match ip.sv {
+        Some(sv) => {
+            let mut ranges = std::mem::take(&mut ip.bufs.ranges);
+            let _ = crate::shared::feed_read_in_place(&mut core, &mut ip.bufs.own, rt.id, data, now, &mut ranges);
+            core.drain_events(events);
+            drop(core);
+            if !ranges.is_empty() {
+                // Its replies are written at once (`send_outs`).
+                serve_in_place(sh, sv, ip.bufs, data, &ranges, rt.id, read_at, events, ip.dirty, Some(rt));
+                ranges.clear();
+            }
+            ip.bufs.ranges = ranges;
+        }
+        None => {
+            let _ = crate::shared::feed_read(&mut core, &mut ip.bufs.own, rt.id, data, now);
+            core.drain_events(events);
+        }
+    }
+}
+
+/// A read of psock `p`, lent to this worker (`Own::leases`): served with
+/// no core lock when it is all whole messages (`serve::serve_leased`);
+/// otherwise, or at the end of the stream, the lease goes back and the
+/// read goes the usual way.
+fn read_leased(
+    sh: &Shared,
+    sv: &Serving,
+    p: connmux_core::mux::PsockId,
+    buf: &mut [u8],
+    events: &mut Vec<Event>,
+    bufs: &mut ServeBufs,
+    dirty: &mut Vec<Arc<PsockRt>>,
+) {
+    let Some(fd) = bufs.own.leases.get(&p).map(|l| l.rt.fd()) else { return };
+    let res = connmux_sys::socket::read(fd, buf);
+    let read_at = connmux_sys::clock::now_nanos();
     match ReadEnd::of_io(&res) {
-        ReadEnd::Data(n) => match ip.sv {
-            Some(sv) => {
-                let mut ranges = std::mem::take(&mut ip.bufs.ranges);
-                let _ =
-                    crate::shared::feed_read_in_place(&mut core, &mut ip.bufs.own, rt.id, &buf[..n], now, &mut ranges);
-                core.drain_events(events);
-                drop(core);
-                if !ranges.is_empty() {
-                    // Its replies are written at once (`send_outs`).
-                    serve_in_place(sh, sv, ip.bufs, &buf[..n], &ranges, rt.id, read_at, events, ip.dirty, Some(rt));
-                    ranges.clear();
-                }
-                ip.bufs.ranges = ranges;
+        ReadEnd::Data(n) => {
+            if let Err(Some(rt)) = crate::serve::serve_leased(sh, sv, bufs, &buf[..n], p, read_at, events, dirty) {
+                feed_bytes(sh, &rt, &buf[..n], read_at, events, InPlace { sv: Some(sv), bufs, dirty });
             }
-            None => {
-                let _ = crate::shared::feed_read(&mut core, &mut ip.bufs.own, rt.id, &buf[..n], now);
-                core.drain_events(events);
-            }
-        },
-        end => read_ended(sh, rt, core, end, events),
+        }
+        ReadEnd::Again => {}
+        end => {
+            let Some(rt) = bufs.own.leases.get(&p).map(|l| l.rt.clone()) else { return };
+            let mut core = sh.lock();
+            bufs.own.unlease(&mut core, p, sh.timestamp(read_at));
+            read_ended(sh, &rt, core, end, events);
+        }
     }
 }
 

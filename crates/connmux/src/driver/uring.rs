@@ -182,9 +182,14 @@ impl Worker<'_> {
                 }
             }
             self.serve_lent(ring, serving.as_ref(), &mut bufs);
-            // Deadlines (assembly timeouts).
+            // Writes this pass made whole (`Shared::write_owned`), then the
+            // deadlines (assembly timeouts): one hold.
             {
                 let mut core = sh.lock();
+                if !bufs.own.wrote.is_empty() {
+                    bufs.own.hold(&mut core, sh.now());
+                    core.drain_events(&mut self.events);
+                }
                 if let Some(t) = core.mux.poll_timeout() {
                     let now = sh.now();
                     if t <= now {
@@ -394,7 +399,8 @@ impl Worker<'_> {
     fn command(&mut self, ring: &mut WRing, c: Command, own: &mut crate::shared::Own) {
         let sh = self.sh;
         match c {
-            Command::Serve { .. } => {}
+            // Nothing is lent to an io_uring worker.
+            Command::Serve { .. } | Command::Unlease(_) => {}
             Command::Attach(rt) => {
                 // An unattach that overtook the attach leaves nothing to drive.
                 if !sh.lock().psocks.contains_key(&rt.id) {

@@ -64,6 +64,8 @@ pub(crate) enum Command {
     Flush(PsockId),
     /// The core released the psock: end its operations, then drop it.
     Release(Arc<PsockRt>),
+    /// Give the lease of this psock back to the core (`PsockLeaseRevoked`).
+    Unlease(PsockId),
 }
 
 /// Encode a psock id as an epoll token (index in the low half, generation high).
@@ -248,7 +250,7 @@ pub(crate) struct Shared {
 /// `writev` of `bufs` (at most `Tuning::max_iov`), with an iovec array sized
 /// for the common small case (filling a 64-entry array costs more than the
 /// rest of a one-reply flush).
-fn writev_bytes(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
+pub(crate) fn writev_bytes(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
     fn go<const N: usize>(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
         let mut iov: [IoSlice<'_>; N] = [IoSlice::new(&[]); N];
         for (slot, b) in iov.iter_mut().zip(bufs) {
@@ -387,6 +389,27 @@ pub(crate) struct Own {
     /// Messages reads handed straight to that socket (see [`feed_read`]),
     /// not yet served.
     pub direct: Vec<(Bytes, PsockId)>,
+    /// Chunks this worker wrote whole and has not told the core of yet
+    /// ([`Shared::write_owned`]): completed in its next hold of the core
+    /// lock, at the latest before it waits ([`Shared::complete_owned`]).
+    pub wrote: Vec<(Arc<PsockRt>, usize)>,
+    /// Whether this worker takes leases (`Tuning::lease`, epoll driver).
+    pub can_lease: bool,
+    /// The psocks lent to this worker (`Mux::lease`): read, framed,
+    /// answered and written here with no hold of the core lock.
+    pub leases: FxHashMap<PsockId, Leased>,
+    /// Leased psocks that did something this pass: synced in the pass's
+    /// hold ([`Own::hold`]).
+    pub lease_used: Vec<PsockId>,
+    /// Psocks served in place this pass, to lend to this worker in the
+    /// pass's hold if nothing else involves them then.
+    pub lease_try: Vec<Arc<PsockRt>>,
+}
+
+/// A psock lent to a worker, with its connection.
+pub(crate) struct Leased {
+    pub lease: connmux_core::mux::Lease,
+    pub rt: Arc<PsockRt>,
 }
 
 impl Own {
@@ -399,6 +422,42 @@ impl Own {
     /// Whether the serving socket became readable since the last call.
     pub fn take_pending(&mut self) -> bool {
         std::mem::replace(&mut self.pending, false)
+    }
+
+    /// A worker's hold of the core lock once per pass, before it waits:
+    /// the writes it made whole ([`Shared::write_owned`]), the counts of
+    /// its leased psocks that did something (a revoked one is given back),
+    /// and leases for the psocks it served that nothing else involves now.
+    pub fn hold(&mut self, core: &mut Core, now: Timestamp) {
+        if !self.wrote.is_empty() {
+            Shared::complete_owned(core, self);
+        }
+        for p in self.lease_used.drain(..) {
+            let Some(l) = self.leases.get_mut(&p) else { continue };
+            if !core.mux.lease_sync(&mut l.lease, now) {
+                let l = self.leases.remove(&p).expect("present");
+                core.mux.unlease(l.lease, now);
+            }
+        }
+        if let Some((sock, _)) = self.serve {
+            for rt in self.lease_try.drain(..) {
+                // Not while a message of it waits here: it would be passed.
+                if self.leases.contains_key(&rt.id) || self.direct.iter().any(|(_, q)| *q == rt.id) {
+                    continue;
+                }
+                if let Some(lease) = core.mux.lease(rt.id, sock) {
+                    self.leases.insert(rt.id, Leased { lease, rt });
+                }
+            }
+        }
+        self.lease_try.clear();
+    }
+
+    /// Give psock `p`'s lease back, if this worker holds it.
+    pub fn unlease(&mut self, core: &mut Core, p: PsockId, now: Timestamp) {
+        if let Some(l) = self.leases.remove(&p) {
+            core.mux.unlease(l.lease, now);
+        }
     }
 }
 
@@ -575,6 +634,21 @@ impl Shared {
                         }
                     }
                 }
+                Event::PsockLeaseRevoked(p) => {
+                    // This worker's own lease: back at once (rare: another
+                    // psock's reply, an abort). Another's: its worker is told.
+                    if let Ctx::Worker(_, own) = ctx {
+                        if own.leases.contains_key(&p) {
+                            let mut core = self.lock();
+                            own.unlease(&mut core, p, self.now());
+                            core.drain_events(events);
+                            continue;
+                        }
+                    }
+                    if let Some(rt) = self.psock_rt(p) {
+                        self.workers[rt.worker()].command(Command::Unlease(p));
+                    }
+                }
                 Event::PsockReleased(p) => {
                     let rt = self.lock().psocks.remove(&p);
                     if let Some(rt) = rt {
@@ -651,42 +725,102 @@ impl Shared {
         self.write_begun(rt, events, slices);
     }
 
+    /// [`Shared::write_begun`] for the worker that owns `rt`, answering one
+    /// of its reads: when the chunk goes out whole in one `writev` (the usual
+    /// case: a read's replies), the core is told later, in the worker's
+    /// next hold of the core lock, not in a hold of its own
+    /// (`own.wrote`, [`Shared::complete_owned`]). Until then the chunk
+    /// counts as out, so another thread's send to `rt` waits on the queue,
+    /// as it does behind any chunk being written. A short or failed write
+    /// goes on as `write_begun`.
+    pub(crate) fn write_owned(&self, rt: &Arc<PsockRt>, events: &mut Vec<Event>, slices: &mut Vec<Bytes>, own: &mut Own) {
+        if slices.len() > self.tuning.max_iov {
+            return self.write_begun(rt, events, slices);
+        }
+        let want: usize = slices.iter().map(|b| b.len()).sum();
+        let res = writev_bytes(rt.fd(), slices);
+        match Wrote::of_io(&res) {
+            Wrote::Bytes(w) if w >= want => {
+                slices.clear();
+                own.wrote.push((rt.clone(), w));
+            }
+            wrote => {
+                slices.clear();
+                self.after_write(rt, wrote, &res, want, events, slices);
+            }
+        }
+    }
+
+    /// Tell the core of the chunks in `own.wrote` (under the caller's hold
+    /// of the core lock); a psock with more to write is raised for the
+    /// worker's flush (`PsockTransmit`, in `core`'s events).
+    pub(crate) fn complete_owned(core: &mut Core, own: &mut Own) {
+        for (rt, n) in own.wrote.drain(..) {
+            core.mux.tx_complete(rt.id, n);
+            core.mux.tx_kick(rt.id);
+        }
+    }
+
     /// Write the chunk in `slices`, handed out by the core to this thread
     /// (`tx_begin_into`, `send_msgs_to_begin`), and whatever the core has for
     /// the psock after it, until it has nothing or the connection would block.
     pub fn write_begun(&self, rt: &PsockRt, events: &mut Vec<Event>, slices: &mut Vec<Bytes>) {
         // Bounded: each round either writes bytes, or stops. The next chunk is
         // taken under the same lock that completes this one.
+        let n = slices.len().min(self.tuning.max_iov);
+        let want: usize = slices[..n].iter().map(|b| b.len()).sum();
+        let res = writev_bytes(rt.fd(), &slices[..n]);
+        // Written or not, the core still holds the messages: let go of them.
+        slices.clear();
+        self.after_write(rt, Wrote::of_io(&res), &res, want, events, slices);
+    }
+
+    /// The rest of [`Shared::write_begun`] after one `writev` of `want`
+    /// bytes: tell the core, and write its next chunk while there is one
+    /// and the connection takes it.
+    fn after_write(
+        &self,
+        rt: &PsockRt,
+        mut wrote: Wrote,
+        res: &io::Result<usize>,
+        mut want: usize,
+        events: &mut Vec<Event>,
+        slices: &mut Vec<Bytes>,
+    ) {
+        let mut interrupted = matches!(res, Err(e) if e.kind() == io::ErrorKind::Interrupted);
+        // Bounded: each round either writes bytes, or stops. The next chunk is
+        // taken under the same lock that completes this one.
         for _ in 0..1024 {
-            let n = slices.len().min(self.tuning.max_iov);
-            let want: usize = slices[..n].iter().map(|b| b.len()).sum();
-            let res = writev_bytes(rt.fd(), &slices[..n]);
-            // Written or not, the core still holds the messages: let go of them.
-            slices.clear();
-            let wrote = Wrote::of_io(&res);
             let mut core = self.lock();
             wrote.apply(&mut core, rt.id);
-            match (wrote, &res) {
-                (Wrote::Bytes(w), _) if w >= want => {}
+            match wrote {
+                Wrote::Bytes(w) if w >= want => {}
                 // Interrupted: write again at once.
-                (Wrote::Again, Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Wrote::Again if interrupted => {}
                 // Short or would block: the rest on the next writable event.
-                (Wrote::Bytes(_) | Wrote::Again, _) => {
+                Wrote::Bytes(_) | Wrote::Again => {
                     core.drain_events(events);
                     drop(core);
                     self.want_write(rt);
                     return;
                 }
-                (Wrote::Failed(_), _) => {
+                Wrote::Failed(_) => {
                     core.drain_events(events);
                     return;
                 }
             }
             let more = core.mux.tx_begin_into(rt.id, slices);
             core.drain_events(events);
+            drop(core);
             if !more {
                 return;
             }
+            let n = slices.len().min(self.tuning.max_iov);
+            want = slices[..n].iter().map(|b| b.len()).sum();
+            let res = writev_bytes(rt.fd(), &slices[..n]);
+            slices.clear();
+            wrote = Wrote::of_io(&res);
+            interrupted = matches!(res, Err(e) if e.kind() == io::ErrorKind::Interrupted);
         }
         // Still more to write after the bound: hand the rest to the worker's
         // next writable event rather than leave it queued with nobody to send it.

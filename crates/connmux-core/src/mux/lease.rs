@@ -1,0 +1,273 @@
+//! A psock lent to the worker that reads it: while nothing else involves
+//! the psock, its framing and its writes need no one else, so the mux hands
+//! them out ([`Mux::lease`]) and the worker frames, answers and writes the
+//! psock's messages itself, telling the mux what it did now and then
+//! ([`Mux::lease_sync`]) instead of for every read.
+//!
+//! ```text
+//!            lease(p, s): Open, nothing buffered, ready, held, queued
+//!            or out, steered to s (affinity), s's queue empty
+//!   Owned ────────────────────────────────────────────────► Leased
+//!     ▲                                                       │
+//!     │ unlease / unlease_unsent (the worker: a partial       │ anything else touches p
+//!     │ message, a short write, an end of stream, a close,    │ (a send queued on it, unattach,
+//!     │ a heavy handler)                                      │ an abort, a steering change):
+//!     └───────────────────────────────────────────────────────┤ revoked, PsockLeaseRevoked(p) once
+//! ```
+//!
+//! What a lease keeps true:
+//! - **Order and atomicity.** A lease exists only while the psock holds no
+//!   byte of a message (nothing buffered, none ready, none in a socket's
+//!   queue, none unsettled) and has nothing to write; while it is out the
+//!   psock counts as having a chunk out (`tx_busy`), so a message another
+//!   thread sends to it waits on its queue, whole, until the lease comes back.
+//! - **Steering.** Only under `Steering::Affinity` with the psock's tag on
+//!   the socket the worker serves, whose queue is empty: exactly where the
+//!   mux would put each message, since the worker answers them at once.
+//! - **Limits.** Framing keeps the psock's size limit; a message that is
+//!   not whole, too large or badly framed is left to the mux (the worker
+//!   gives the lease back and feeds the read as usual), which decides the
+//!   error. A leased psock holds no bytes, so it adds nothing to the budget.
+//! - **Statistics.** The counts of what was framed and written are added
+//!   at the next `lease_sync` or `unlease` (a reader of the statistics sees
+//!   them no later than the worker's next pass).
+
+use std::ops::Range;
+
+use super::{Event, Life, Mux, PsockId, SockId, Steering};
+use crate::parser::{Parse, Parser};
+use crate::stats::PsockStats;
+use crate::time::Timestamp;
+use bytes::Bytes;
+
+/// A leased psock's framing and counts, held by the worker that reads it.
+pub struct Lease {
+    psock: PsockId,
+    sock: SockId,
+    parser: Box<dyn Parser>,
+    max_len: usize,
+    counts: Counts,
+}
+
+/// What a lease did since it was last synced.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    rx_msgs: u64,
+    rx_bytes: u64,
+    tx_msgs: u64,
+    tx_bytes: u64,
+    /// The last message's wire length (the stream predicts loans from it).
+    last_len: usize,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("psock", &self.psock).field("sock", &self.sock).finish()
+    }
+}
+
+impl Lease {
+    /// The leased psock.
+    pub fn psock(&self) -> PsockId {
+        self.psock
+    }
+
+    /// The socket its messages go to (the worker's).
+    pub fn sock(&self) -> SockId {
+        self.sock
+    }
+
+    /// Frame the whole messages at the front of `data` (a read of the
+    /// psock), pushing their ranges onto `out`. Returns the bytes taken:
+    /// `data.len()` when `data` was all whole messages, each within the
+    /// psock's size limit. Anything less and nothing is counted: the caller
+    /// gives the lease back and feeds the whole read to the mux (which
+    /// frames it again, and decides about the rest).
+    pub fn frame(&mut self, data: &[u8], out: &mut Vec<Range<usize>>) -> usize {
+        let first = out.len();
+        let taken = self.parser.frame_batch(data, self.max_len, usize::MAX, out);
+        if taken != data.len() {
+            out.truncate(first);
+            return taken;
+        }
+        if let Some(last) = out.last() {
+            let start = if out.len() - first > 1 { out[out.len() - 2].end } else { 0 };
+            self.counts.last_len = last.end - start;
+        }
+        self.counts.rx_msgs += (out.len() - first) as u64;
+        self.counts.rx_bytes += taken as u64;
+        taken
+    }
+
+    /// `msgs` whole replies, `bytes` in all, were written to the psock.
+    pub fn wrote(&mut self, msgs: u32, bytes: usize) {
+        self.counts.tx_msgs += u64::from(msgs);
+        self.counts.tx_bytes += bytes as u64;
+    }
+}
+
+/// Stands in for a leased psock's parser in its stream parser: the mux
+/// feeds a leased psock nothing, so it is never asked to parse.
+struct LentParser {
+    name: String,
+}
+
+impl Parser for LentParser {
+    fn parse(&mut self, _buf: &[u8]) -> Parse {
+        Parse::NeedMore(1)
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Mux {
+    /// Lend psock `p` to the worker that serves socket `s`, if nothing else
+    /// involves it now (see the module's top). `None`: serve it as usual.
+    pub fn lease(&mut self, p: PsockId, s: SockId) -> Option<Lease> {
+        let Mux { psocks, socks, config, .. } = self;
+        let ps = psocks.get_mut(p.index, p.generation)?;
+        let sock = socks.get(s.index, s.generation)?;
+        let steered_here = config.steering == Steering::Affinity
+            && ps.affinity.is_some()
+            && sock.affinity == ps.affinity
+            && sock.on_waiters
+            && sock.rx_queue.is_empty();
+        let quiet = ps.life == Life::Open
+            && ps.leased.is_none()
+            && !ps.paused
+            && ps.ready.is_none()
+            && ps.holds == 0
+            && ps.below == 0
+            && ps.timer.is_none()
+            && ps.handshake_deadline.is_none()
+            && ps.record_deadline.is_none()
+            && ps.mem == super::limits::MemState::Reading
+            && ps.tx_queue.is_empty()
+            && !ps.tx_busy
+            && !ps.tx_stopped
+            && ps.tx_kcm.is_none()
+            && ps.stream.buffered() == 0
+            && !ps.stream.is_lent()
+            && !ps.stream.is_stopped()
+            && ps.stream.parser().frames_in_place()
+            && ps.stream.parser().delivers_whole();
+        if !steered_here || !quiet {
+            return None;
+        }
+        let name = ps.stream.parser().name().to_string();
+        let parser = ps.stream.swap_parser(Box::new(LentParser { name }));
+        ps.leased = Some(s);
+        ps.lease_revoked = false;
+        // Nobody else writes it meanwhile: a send to it waits on its queue.
+        ps.tx_busy = true;
+        let max_len = ps.stream.limits().max_msg_size;
+        Some(Lease { psock: p, sock: s, parser, max_len, counts: Counts::default() })
+    }
+
+    /// Add what the lease did since its last sync to the statistics (and
+    /// the psock's idle clock). Returns whether it may go on: `false` when
+    /// the psock is gone or its lease was revoked; then the caller gives it
+    /// back ([`Mux::unlease`]; a gone psock's lease is simply dropped).
+    pub fn lease_sync(&mut self, lease: &mut Lease, now: Timestamp) -> bool {
+        self.note_time(now);
+        let c = std::mem::take(&mut lease.counts);
+        let p = lease.psock;
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return false };
+        if ps.leased.is_none() {
+            return false;
+        }
+        if c.rx_msgs > 0 || c.tx_msgs > 0 {
+            ps.last_active = now;
+            ps.stream.count_framed(c.rx_msgs, c.rx_bytes, c.last_len);
+            add_tx(&mut ps.stats, c.tx_msgs, c.tx_bytes);
+            ps.tx_placed += c.tx_msgs;
+            if let Some(sock) = self.socks.get_mut(lease.sock.index, lease.sock.generation) {
+                sock.stats.rx_msgs += c.rx_msgs;
+                sock.stats.rx_bytes += c.rx_bytes;
+                sock.stats.tx_msgs += c.tx_msgs;
+                sock.stats.tx_bytes += c.tx_bytes;
+            }
+        }
+        !ps.lease_revoked
+    }
+
+    /// Take the lease back: the psock is the mux's again (what was sent to
+    /// it meanwhile is raised for writing, `PsockTransmit`).
+    pub fn unlease(&mut self, mut lease: Lease, now: Timestamp) {
+        self.lease_sync(&mut lease, now);
+        let p = lease.psock;
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        if ps.leased.is_none() {
+            return;
+        }
+        ps.stream.swap_parser(lease.parser);
+        ps.leased = None;
+        ps.lease_revoked = false;
+        ps.tx_busy = false;
+        ps.tx_inflight = 0;
+        self.kick(p);
+    }
+
+    /// [`Mux::unlease`] after a write that took only `sent` bytes of
+    /// `chunk` (`msgs` whole replies to the lease's socket): the rest goes
+    /// first on the psock's queue, charged and counted as a send of them,
+    /// for the driver to write when the connection takes more.
+    pub fn unlease_unsent(&mut self, lease: Lease, chunk: Bytes, sent: usize, msgs: u32, now: Timestamp) {
+        let (p, s) = (lease.psock, lease.sock);
+        self.unlease(lease, now);
+        if sent >= chunk.len() || msgs == 0 {
+            return;
+        }
+        let Mux { psocks, socks, .. } = self;
+        let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
+        let Some(sock) = socks.get_mut(s.index, s.generation) else { return };
+        let len = chunk.len();
+        // Counted as `send_msgs_to` counts them, with the sent part done.
+        sock.tx_mem += len;
+        sock.tx_msgs += msgs as usize;
+        sock.tx_msg_peak = sock.tx_msg_peak.max(len);
+        sock.stats.tx_msgs += u64::from(msgs);
+        sock.stats.tx_bytes += len as u64;
+        ps.tx_addr_bytes += len;
+        ps.tx_placed += u64::from(msgs);
+        ps.stats.tx_bytes += sent as u64;
+        ps.tx_queue.push_front(super::TxMsg { data: chunk, sent, owner: s, addressed: true, balanced: false, msgs });
+        self.kick(p);
+    }
+
+    /// Whether psock `p` is lent to its worker now.
+    pub fn leased(&self, p: PsockId) -> bool {
+        self.psocks.get(p.index, p.generation).is_some_and(|ps| ps.leased.is_some())
+    }
+
+    /// Something besides the worker involves leased psock `p`: ask for the
+    /// lease back (once).
+    pub(super) fn revoke(&mut self, p: PsockId) {
+        if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+            if ps.leased.is_some() && !ps.lease_revoked {
+                ps.lease_revoked = true;
+                self.events.push_back(Event::PsockLeaseRevoked(p));
+            }
+        }
+    }
+
+    /// Revoke every lease that delivers to socket `s` (how it takes
+    /// messages changed). A pass over the psocks: for rare calls only.
+    pub(super) fn revoke_sock(&mut self, s: SockId) {
+        let leased: Vec<PsockId> = self
+            .psocks
+            .iter()
+            .filter(|(_, _, ps)| ps.leased == Some(s))
+            .map(|(i, g, _)| PsockId { index: i, generation: g })
+            .collect();
+        for p in leased {
+            self.revoke(p);
+        }
+    }
+}
+
+fn add_tx(stats: &mut PsockStats, msgs: u64, bytes: u64) {
+    stats.tx_msgs += msgs;
+    stats.tx_bytes += bytes;
+}

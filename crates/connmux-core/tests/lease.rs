@@ -1,0 +1,246 @@
+//! `Mux::lease`: a psock lent to the worker that reads it. What the worker
+//! does on the lease (framing, answering, writing) must come out as the same
+//! messages, counters and errors as the ordinary path, and anything else
+//! that involves the psock must get the lease back first.
+
+mod common;
+
+use std::ops::Range;
+
+use common::*;
+use connmux_core::mux::{
+    Direct, Event, Lease, Mux, MuxConfig, PsockConfig, PsockId, SendFlags, SockId, SockType, Steering,
+};
+use connmux_core::parser::{Parse, Parser};
+use connmux_core::{Bytes, Timestamp};
+
+const T0: Timestamp = Timestamp::ZERO;
+
+/// L4 that says it delivers its messages whole (as the ONC RPC parser does).
+struct Whole(L4);
+
+impl Parser for Whole {
+    fn parse(&mut self, buf: &[u8]) -> Parse {
+        self.0.parse(buf)
+    }
+    fn frames_in_place(&self) -> bool {
+        true
+    }
+    fn delivers_whole(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &str {
+        "l4whole"
+    }
+}
+
+/// A worker's socket (tag 0) and a psock steered to it, with `max` as its
+/// message size limit.
+fn served(max: usize) -> (Mux, SockId, PsockId) {
+    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, ..MuxConfig::default() });
+    let s = m.socket(SockType::Dgram);
+    m.set_affinity(s, Some(0)).unwrap();
+    m.set_holds(s, true).unwrap();
+    let cfg = PsockConfig { max_msg_size: Some(max), ..PsockConfig::default() };
+    let p = m.attach(Box::new(Whole(L4::new())), cfg);
+    m.set_psock_affinity(p, Some(0)).unwrap();
+    events(&mut m);
+    (m, s, p)
+}
+
+fn frame(lease: &mut Lease, data: &[u8]) -> (usize, Vec<Range<usize>>) {
+    let mut out = Vec::new();
+    let taken = lease.frame(data, &mut out);
+    (taken, out)
+}
+
+fn revoked(evs: &[Event], p: PsockId) -> usize {
+    evs.iter().filter(|e| **e == Event::PsockLeaseRevoked(p)).count()
+}
+
+#[test]
+fn what_a_lease_frames_and_writes_is_counted_as_the_ordinary_path_counts_it() {
+    let wire: Vec<u8> = [l4(b"one"), l4(b"three"), l4(b"")].concat();
+    let replies: Vec<u8> = [l4(b"r1"), l4(b"r2"), l4(b"r3")].concat();
+
+    // The ordinary path: framed in place, answered with one addressed send.
+    let (mut m, s, p) = served(1024);
+    let mut out = Vec::new();
+    let mut direct = Vec::new();
+    m.feed_in_place(p, &wire, T0, &mut Direct { sock: s, out: &mut direct, limit: 8 }, 8, &mut out).unwrap();
+    m.send_msgs_to(s, p, Bytes::from(replies.clone()), 3).unwrap();
+    m.rx_settle(p, 3);
+    assert_eq!(flush(&mut m, p), replies);
+    let want = (m.psock_stats(p).unwrap(), m.sock_stats(s).unwrap(), out.clone());
+
+    // On a lease.
+    let (mut m, s, p) = served(1024);
+    let mut lease = m.lease(p, s).expect("a quiet psock steered to s is lent");
+    assert_eq!(lease.psock(), p);
+    let (taken, ranges) = frame(&mut lease, &wire);
+    assert_eq!(taken, wire.len());
+    assert_eq!(ranges, want.2);
+    lease.wrote(3, replies.len());
+    // Nothing reaches the statistics before the sync ...
+    assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 0);
+    assert!(m.lease_sync(&mut lease, T0));
+    // ... and then all of it, as the ordinary path counted it.
+    assert_eq!(m.psock_stats(p).unwrap(), want.0);
+    let got = m.sock_stats(s).unwrap();
+    let counted = (3, wire.len() as u64, 3, replies.len() as u64);
+    assert_eq!((got.rx_msgs, got.rx_bytes, got.tx_msgs, got.tx_bytes), counted);
+    assert_eq!((want.1.rx_msgs, want.1.rx_bytes, want.1.tx_msgs, want.1.tx_bytes), counted);
+    // A second sync adds nothing.
+    assert!(m.lease_sync(&mut lease, T0));
+    assert_eq!(m.psock_stats(p).unwrap(), want.0);
+    m.unlease(lease, T0);
+    assert!(!m.leased(p));
+    // The psock is the mux's again: the ordinary path frames it.
+    let mut out = Vec::new();
+    m.feed_in_place(p, &l4(b"x"), T0, &mut Direct { sock: s, out: &mut direct, limit: 8 }, 8, &mut out).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 4);
+}
+
+#[test]
+fn no_lease_while_anything_else_involves_the_psock() {
+    // A partial message buffered.
+    let (mut m, s, p) = served(1024);
+    m.feed(p, &l4(b"hello")[..3], T0).unwrap();
+    assert!(m.lease(p, s).is_none());
+
+    // A reply waiting to be written.
+    let (mut m, s, p) = served(1024);
+    m.send_msg(s, Some(p), Bytes::from(l4(b"r")), false).unwrap();
+    assert!(m.lease(p, s).is_none());
+    flush(&mut m, p);
+    assert!(m.lease(p, s).is_some(), "written: nothing involves it any more");
+
+    // A request taken by the reader and not settled.
+    let (mut m, s, p) = served(1024);
+    m.feed(p, &l4(b"req"), T0).unwrap();
+    assert_eq!(recv_all(&mut m, s).len(), 1);
+    assert!(m.lease(p, s).is_none());
+    m.rx_settle(p, 1);
+    assert!(m.lease(p, s).is_some());
+
+    // Steered elsewhere: another tag, or round robin.
+    let (mut m, s, p) = served(1024);
+    m.set_psock_affinity(p, Some(1)).unwrap();
+    assert!(m.lease(p, s).is_none());
+    let mut m = Mux::new(rr_config());
+    let s = m.socket(SockType::Dgram);
+    let p = m.attach(Box::new(Whole(L4::new())), PsockConfig::default());
+    assert!(m.lease(p, s).is_none());
+
+    // A parser that does not frame in place.
+    let (mut m, s, _) = served(1024);
+    let q = m.attach(L4::boxed(), PsockConfig::default());
+    m.set_psock_affinity(q, Some(0)).unwrap();
+    assert!(m.lease(q, s).is_none());
+
+    // Lent already.
+    let (mut m, s, p) = served(1024);
+    let _lease = m.lease(p, s).unwrap();
+    assert!(m.lease(p, s).is_none());
+}
+
+#[test]
+fn a_read_that_is_not_all_whole_messages_counts_nothing_and_the_mux_decides() {
+    // A partial message after a whole one: not taken on the lease.
+    let (mut m, s, p) = served(16);
+    let mut lease = m.lease(p, s).unwrap();
+    let wire: Vec<u8> = [l4(b"ok"), l4(b"partial")[..5].to_vec()].concat();
+    let (taken, ranges) = frame(&mut lease, &wire);
+    assert!(taken < wire.len());
+    assert!(ranges.is_empty(), "nothing is handed out of a read not all whole");
+    m.unlease(lease, T0);
+    assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 0);
+    // Fed as usual: the whole message is delivered, the partial one kept.
+    m.feed(p, &wire, T0).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![l4(b"ok")]);
+
+    // Too large for the psock's limit: the mux aborts it, as always.
+    let (mut m, s, p) = served(16);
+    let mut lease = m.lease(p, s).unwrap();
+    let big = l4(&[7u8; 40]);
+    assert_eq!(frame(&mut lease, &big).0, 0);
+    m.unlease(lease, T0);
+    m.feed(p, &big, T0).unwrap();
+    let evs = events(&mut m);
+    assert!(evs.iter().any(|e| matches!(e, Event::PsockFailed(q, _) if *q == p)), "{evs:?}");
+    assert_eq!(m.psock_stats(p).unwrap().rx_msg_too_big, 1);
+}
+
+#[test]
+fn a_send_to_a_leased_psock_waits_whole_and_asks_for_the_lease_back() {
+    let (mut m, s, p) = served(1024);
+    let other = m.socket(SockType::Dgram);
+    let mut lease = m.lease(p, s).unwrap();
+    m.send(other, &l4(b"from another thread"), SendFlags::default()).unwrap_or(0);
+    m.send_msg(other, Some(p), Bytes::from(l4(b"addressed")), false).unwrap();
+    m.send_msg(other, Some(p), Bytes::from(l4(b"again")), false).unwrap();
+    let evs = events(&mut m);
+    assert_eq!(revoked(&evs, p), 1, "asked once: {evs:?}");
+    // Only the lease's holder writes meanwhile.
+    assert!(m.tx_begin(p).is_none());
+    assert!(!m.lease_sync(&mut lease, T0), "the holder learns it at its sync");
+    m.unlease(lease, T0);
+    let evs = events(&mut m);
+    assert!(evs.contains(&Event::PsockTransmit(p)), "{evs:?}");
+    let wire = flush(&mut m, p);
+    let msgs = split_l4(&wire);
+    assert!(msgs.contains(&l4(b"addressed")) && msgs.contains(&l4(b"again")), "{msgs:?}");
+}
+
+#[test]
+fn a_short_write_on_a_lease_puts_the_rest_first_and_counts_it_once() {
+    let (mut m, s, p) = served(1024);
+    let lease = m.lease(p, s).unwrap();
+    let replies: Vec<u8> = [l4(b"first reply"), l4(b"second")].concat();
+    // 5 bytes went out; a send from elsewhere comes after the rest.
+    m.unlease_unsent(lease, Bytes::from(replies.clone()), 5, 2, T0);
+    m.send_msg(s, Some(p), Bytes::from(l4(b"later")), false).unwrap();
+    let wire = flush(&mut m, p);
+    assert_eq!(wire, [&replies[5..], &l4(b"later")[..]].concat());
+    let st = m.psock_stats(p).unwrap();
+    assert_eq!((st.tx_msgs, st.tx_bytes), (3, (replies.len() + l4(b"later").len()) as u64));
+    assert_eq!(m.sock_stats(s).unwrap().tx_queued, 0);
+}
+
+#[test]
+fn unattach_aborts_and_steering_changes_take_the_lease_back() {
+    // Unattach: revoked, and the lease is of a psock that is gone.
+    let (mut m, s, p) = served(1024);
+    let mut lease = m.lease(p, s).unwrap();
+    m.unattach(p).unwrap();
+    let evs = events(&mut m);
+    assert_eq!(revoked(&evs, p), 1);
+    assert!(evs.contains(&Event::PsockReleased(p)));
+    assert!(!m.lease_sync(&mut lease, T0));
+    m.unlease(lease, T0);
+
+    // An abort from elsewhere (a limit, a layer below the parser).
+    let (mut m, s, p) = served(1024);
+    let lease = m.lease(p, s).unwrap();
+    m.rx_abort(p, connmux_core::mux::RxError::IdleTimeout).unwrap();
+    assert_eq!(revoked(&events(&mut m), p), 1);
+    m.unlease(lease, T0);
+
+    // The worker's socket stops taking messages, or the psock's tag moves.
+    let (mut m, s, p) = served(1024);
+    let lease = m.lease(p, s).unwrap();
+    m.set_recv_disable(s, true).unwrap();
+    assert_eq!(revoked(&events(&mut m), p), 1);
+    m.unlease(lease, T0);
+    let (mut m, s, p) = served(1024);
+    let lease = m.lease(p, s).unwrap();
+    m.set_psock_affinity(p, Some(3)).unwrap();
+    assert_eq!(revoked(&events(&mut m), p), 1);
+    m.unlease(lease, T0);
+    // Closing the worker's socket.
+    let (mut m, s, p) = served(1024);
+    let _lease = m.lease(p, s).unwrap();
+    m.close(s).unwrap();
+    assert_eq!(revoked(&events(&mut m), p), 1);
+}
