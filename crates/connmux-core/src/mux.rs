@@ -83,8 +83,8 @@ mod deadlines;
 mod lease;
 mod limits;
 mod slab;
-pub use lease::Lease;
 use deadlines::{Armed, Deadlines};
+pub use lease::Lease;
 use limits::MemState;
 use slab::Slab;
 

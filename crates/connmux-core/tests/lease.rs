@@ -37,12 +37,16 @@ impl Parser for Whole {
 /// A worker's socket (tag 0) and a psock steered to it, with `max` as its
 /// message size limit.
 fn served(max: usize) -> (Mux, SockId, PsockId) {
+    served_with(max, Box::new(Whole(L4::new())))
+}
+
+fn served_with(max: usize, parser: Box<dyn Parser>) -> (Mux, SockId, PsockId) {
     let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, ..MuxConfig::default() });
     let s = m.socket(SockType::Dgram);
     m.set_affinity(s, Some(0)).unwrap();
     m.set_holds(s, true).unwrap();
     let cfg = PsockConfig { max_msg_size: Some(max), ..PsockConfig::default() };
-    let p = m.attach(Box::new(Whole(L4::new())), cfg);
+    let p = m.attach(parser, cfg);
     m.set_psock_affinity(p, Some(0)).unwrap();
     events(&mut m);
     (m, s, p)
@@ -133,9 +137,9 @@ fn no_lease_while_anything_else_involves_the_psock() {
     let p = m.attach(Box::new(Whole(L4::new())), PsockConfig::default());
     assert!(m.lease(p, s).is_none());
 
-    // A parser that does not frame in place.
+    // A parser that does not frame in place (it may keep state).
     let (mut m, s, _) = served(1024);
-    let q = m.attach(L4::boxed(), PsockConfig::default());
+    let q = m.attach(Box::new(L4 { in_place: false, ..L4::new() }), PsockConfig::default());
     m.set_psock_affinity(q, Some(0)).unwrap();
     assert!(m.lease(q, s).is_none());
 
@@ -243,4 +247,26 @@ fn unattach_aborts_and_steering_changes_take_the_lease_back() {
     let _lease = m.lease(p, s).unwrap();
     m.close(s).unwrap();
     assert_eq!(revoked(&events(&mut m), p), 1);
+}
+
+#[test]
+fn a_parser_that_cuts_its_messages_is_counted_as_delivered() {
+    // L4 that strips its header: the reader gets less than the wire carried.
+    let strip = || Box::new(L4 { strip: true, ..L4::new() }) as Box<dyn Parser>;
+    let wire: Vec<u8> = [l4(b"abc"), l4(b"defgh")].concat();
+    let (mut m, s, p) = served_with(1024, strip());
+    let mut out = Vec::new();
+    let mut direct = Vec::new();
+    m.feed_in_place(p, &wire, T0, &mut Direct { sock: s, out: &mut direct, limit: 8 }, 8, &mut out).unwrap();
+    m.rx_settle(p, 2);
+    let want = (m.psock_stats(p).unwrap(), m.sock_stats(s).unwrap().rx_bytes, out);
+
+    let (mut m, s, p) = served_with(1024, strip());
+    let mut lease = m.lease(p, s).unwrap();
+    let (taken, ranges) = frame(&mut lease, &wire);
+    assert_eq!((taken, &ranges), (wire.len(), &want.2));
+    m.unlease(lease, T0);
+    assert_eq!(m.psock_stats(p).unwrap(), want.0);
+    assert_eq!(m.sock_stats(s).unwrap().rx_bytes, want.1);
+    assert_eq!(want.1, 8);
 }

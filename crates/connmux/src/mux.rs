@@ -649,6 +649,16 @@ impl Mux {
         }
     }
 
+    /// Whether psock `p` is lent to the worker that reads it now
+    /// (`Tuning::lease`): its reads are served there with no core lock.
+    /// Always `false` on the kernel backend.
+    pub fn psock_leased(&self, p: PsockId) -> bool {
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lock().mux.leased(p),
+            MuxImp::Kernel(_) => false,
+        }
+    }
+
     /// The worker that reads psock `p`. `None` for a psock not attached
     /// here, and on the kernel backend (no workers).
     pub fn psock_worker(&self, p: PsockId) -> Option<usize> {

@@ -445,6 +445,8 @@ pub(crate) fn serve_leased(
         return Err(Some(l.rt));
     }
     run_in_place(sv, bufs, data, &ranges, p, started);
+    // Empty for the next read (its ranges are pushed after what is here).
+    ranges.clear();
     bufs.ranges = ranges;
     bufs.end_run();
     if bufs.own.lease_used.last() != Some(&p) {

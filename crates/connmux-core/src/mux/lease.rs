@@ -46,6 +46,8 @@ pub struct Lease {
     sock: SockId,
     parser: Box<dyn Parser>,
     max_len: usize,
+    /// The parser hands messages over whole ([`Parser::delivers_whole`]).
+    whole: bool,
     counts: Counts,
 }
 
@@ -53,7 +55,10 @@ pub struct Lease {
 #[derive(Clone, Copy, Debug, Default)]
 struct Counts {
     rx_msgs: u64,
+    /// Wire bytes of the messages framed.
     rx_bytes: u64,
+    /// What of them the socket's reader got (less where the parser cuts).
+    rx_delivered: u64,
     tx_msgs: u64,
     tx_bytes: u64,
     /// The last message's wire length (the stream predicts loans from it).
@@ -96,6 +101,10 @@ impl Lease {
         }
         self.counts.rx_msgs += (out.len() - first) as u64;
         self.counts.rx_bytes += taken as u64;
+        self.counts.rx_delivered += match self.whole {
+            true => taken as u64,
+            false => out[first..].iter().map(|r| (r.end - r.start) as u64).sum::<u64>(),
+        };
         taken
     }
 
@@ -125,7 +134,7 @@ impl Mux {
     /// Lend psock `p` to the worker that serves socket `s`, if nothing else
     /// involves it now (see the module's top). `None`: serve it as usual.
     pub fn lease(&mut self, p: PsockId, s: SockId) -> Option<Lease> {
-        let Mux { psocks, socks, config, .. } = self;
+        let Mux { psocks, socks, config, hold, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation)?;
         let sock = socks.get(s.index, s.generation)?;
         let steered_here = config.steering == Steering::Affinity
@@ -150,9 +159,8 @@ impl Mux {
             && ps.stream.buffered() == 0
             && !ps.stream.is_lent()
             && !ps.stream.is_stopped()
-            && ps.stream.parser().frames_in_place()
-            && ps.stream.parser().delivers_whole();
-        if !steered_here || !quiet {
+            && ps.stream.parser().frames_in_place();
+        if !steered_here || !quiet || queued_anywhere(socks, hold, p) {
             return None;
         }
         let name = ps.stream.parser().name().to_string();
@@ -162,7 +170,8 @@ impl Mux {
         // Nobody else writes it meanwhile: a send to it waits on its queue.
         ps.tx_busy = true;
         let max_len = ps.stream.limits().max_msg_size;
-        Some(Lease { psock: p, sock: s, parser, max_len, counts: Counts::default() })
+        let whole = parser.delivers_whole();
+        Some(Lease { psock: p, sock: s, parser, max_len, whole, counts: Counts::default() })
     }
 
     /// Add what the lease did since its last sync to the statistics (and
@@ -184,7 +193,7 @@ impl Mux {
             ps.tx_placed += c.tx_msgs;
             if let Some(sock) = self.socks.get_mut(lease.sock.index, lease.sock.generation) {
                 sock.stats.rx_msgs += c.rx_msgs;
-                sock.stats.rx_bytes += c.rx_bytes;
+                sock.stats.rx_bytes += c.rx_delivered;
                 sock.stats.tx_msgs += c.tx_msgs;
                 sock.stats.tx_bytes += c.tx_bytes;
             }
@@ -265,6 +274,21 @@ impl Mux {
             self.revoke(p);
         }
     }
+}
+
+/// Whether a message of `p` waits in a socket's queue (another worker's,
+/// where steering spilled it) or the mux's hold queue: the lease would
+/// answer later messages first. Refused as well when a queue is long, so
+/// the look costs at most a few dozen comparisons per socket.
+fn queued_anywhere(
+    socks: &super::Slab<super::Sock>,
+    hold: &std::collections::VecDeque<super::RxMsg>,
+    p: PsockId,
+) -> bool {
+    const LOOK: usize = 64;
+    hold.len() > LOOK
+        || hold.iter().any(|m| m.psock == p)
+        || socks.iter().any(|(_, _, s)| s.rx_queue.len() > LOOK || s.rx_queue.iter().any(|m| m.psock == p))
 }
 
 fn add_tx(stats: &mut PsockStats, msgs: u64, bytes: u64) {

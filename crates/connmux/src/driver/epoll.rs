@@ -231,6 +231,7 @@ fn feed_bytes(sh: &Shared, rt: &Arc<PsockRt>, data: &[u8], read_at: u64, events:
     match ip.sv {
         Some(sv) => {
             let mut ranges = std::mem::take(&mut ip.bufs.ranges);
+            ranges.clear();
             let _ = crate::shared::feed_read_in_place(&mut core, &mut ip.bufs.own, rt.id, data, now, &mut ranges);
             core.drain_events(events);
             drop(core);

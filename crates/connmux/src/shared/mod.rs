@@ -733,7 +733,13 @@ impl Shared {
     /// counts as out, so another thread's send to `rt` waits on the queue,
     /// as it does behind any chunk being written. A short or failed write
     /// goes on as `write_begun`.
-    pub(crate) fn write_owned(&self, rt: &Arc<PsockRt>, events: &mut Vec<Event>, slices: &mut Vec<Bytes>, own: &mut Own) {
+    pub(crate) fn write_owned(
+        &self,
+        rt: &Arc<PsockRt>,
+        events: &mut Vec<Event>,
+        slices: &mut Vec<Bytes>,
+        own: &mut Own,
+    ) {
         if slices.len() > self.tuning.max_iov {
             return self.write_begun(rt, events, slices);
         }

@@ -1,0 +1,209 @@
+//! A served connection lent to the worker that reads it (`Tuning::lease`,
+//! epoll driver), over loopback: while lent its requests are answered with
+//! no core lock, and whatever else involves it takes it back first: a send
+//! from another thread is written (the worker may be asleep), an unattach
+//! closes it, statistics catch up, a partial message or a slow reader goes
+//! the ordinary way.
+
+mod common;
+
+use std::io::Read;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use common::*;
+use connmux::service::{Handler, Service, Verdict};
+use connmux::{Driver, PsockId, SockType};
+
+struct Echo;
+
+impl Handler for Echo {
+    fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
+        Verdict::Reply(request)
+    }
+}
+
+fn echo_service(driver: Driver, lease: bool) -> Service {
+    run_on(driver, || {});
+    let mux = mux_with(|c| {
+        c.driver = driver;
+        c.tuning.lease = lease;
+    });
+    l4_service(mux, Arc::new(Echo))
+}
+
+fn client(svc: &Service) -> TcpStream {
+    let c = TcpStream::connect(svc.local_addr()).unwrap();
+    c.set_nodelay(true).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    c
+}
+
+/// One request, its echo.
+fn call(c: &mut TcpStream, body: &[u8]) {
+    write_all(c, &framed(body));
+    assert_eq!(read_framed(c), body);
+}
+
+/// Calls until the service's only connection is lent to its worker.
+fn leased_conn(svc: &Service, c: &mut TcpStream) -> PsockId {
+    let p = eventually(|| svc.mux().psocks().first().copied());
+    eventually(|| {
+        call(c, b"ping");
+        svc.mux().psock_leased(p).then_some(p)
+    })
+}
+
+#[test]
+fn a_quiet_connection_is_lent_and_its_counts_reach_the_statistics() {
+    let svc = echo_service(Driver::Epoll, true);
+    let mut c = client(&svc);
+    let p = leased_conn(&svc, &mut c);
+    let before = svc.mux().psock_stats(p).unwrap();
+    for i in 0..100u32 {
+        call(&mut c, &i.to_be_bytes());
+    }
+    // Several requests in one read, and replies coalesced, on the lease.
+    let burst: Vec<u8> = (0..32u32).flat_map(|i| framed(&i.to_le_bytes())).collect();
+    write_all(&mut c, &burst);
+    for i in 0..32u32 {
+        assert_eq!(read_framed(&mut c), i.to_le_bytes());
+    }
+    assert!(svc.mux().psock_leased(p), "still lent after its own traffic");
+    // Counted once each, by the worker's next pass.
+    let st = eventually(|| {
+        let st = svc.mux().psock_stats(p).unwrap();
+        (st.rx_msgs - before.rx_msgs == 132 && st.tx_msgs - before.tx_msgs == 132).then_some(st)
+    });
+    assert_eq!(st.rx_bytes - before.rx_bytes, 100 * 8 + 32 * 8);
+    assert_eq!(st.tx_bytes - before.tx_bytes, 100 * 8 + 32 * 8);
+}
+
+#[test]
+fn a_send_from_another_thread_to_a_lent_connection_is_written_while_its_worker_sleeps() {
+    let svc = echo_service(Driver::Epoll, true);
+    let mut c = client(&svc);
+    let p = leased_conn(&svc, &mut c);
+    // The client sends nothing more: only the lease's return can write this.
+    let sock = svc.mux().socket(SockType::Dgram).unwrap();
+    sock.send_to(&framed(b"pushed"), p).unwrap();
+    assert_eq!(read_framed(&mut c), b"pushed");
+    // And the connection is served as before (lent again, or not).
+    call(&mut c, b"after");
+}
+
+#[test]
+fn unattaching_a_lent_connection_closes_it() {
+    let svc = echo_service(Driver::Epoll, true);
+    let mut c = client(&svc);
+    let p = leased_conn(&svc, &mut c);
+    svc.mux().abort(p).unwrap();
+    // The peer sees the end (reset or EOF) within the wait, not only at
+    // the next read of a worker that holds the connection.
+    let mut b = [0u8; 8];
+    match c.read(&mut b) {
+        Ok(0) | Err(_) => {}
+        Ok(n) => panic!("read {n} bytes from an aborted connection"),
+    }
+    eventually(|| (svc.mux().psock_count() == 0).then_some(()));
+}
+
+#[test]
+fn a_partial_message_goes_the_ordinary_way_and_is_answered_whole() {
+    let svc = echo_service(Driver::Epoll, true);
+    let mut c = client(&svc);
+    let p = leased_conn(&svc, &mut c);
+    // Reads served on the lease first, then one that is not whole: each
+    // request is answered once, in order (nothing of the lease's reads is
+    // left for the ordinary path).
+    for body in [&b"on the lease"[..], b"and again"] {
+        call(&mut c, body);
+    }
+    let msg = framed(b"in two parts");
+    write_all(&mut c, &msg[..6]);
+    // The lease is back with the core, which holds the partial message.
+    eventually(|| (!svc.mux().psock_leased(p)).then_some(()));
+    std::thread::sleep(Duration::from_millis(20));
+    write_all(&mut c, &msg[6..]);
+    assert_eq!(read_framed(&mut c), b"in two parts");
+    // Quiet again: lent again.
+    leased_conn(&svc, &mut c);
+}
+
+#[test]
+fn after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once() {
+    let svc = echo_service(Driver::Epoll, true);
+    let mut c = client(&svc);
+    let p = leased_conn(&svc, &mut c);
+    // Two reads on the lease (equal-sized messages: anything left over from
+    // them would frame the next read's first messages a second time).
+    call(&mut c, b"lease-0");
+    call(&mut c, b"lease-1");
+    assert!(svc.mux().psock_leased(p));
+    // The lease goes back between two reads (a send from elsewhere).
+    let sock = svc.mux().socket(SockType::Dgram).unwrap();
+    sock.send_to(&framed(b"pushed!"), p).unwrap();
+    assert_eq!(read_framed(&mut c), b"pushed!");
+    // One write of three whole messages and half of a fourth, the ordinary
+    // way (the first one's length is the lease's messages' length).
+    let msgs: Vec<Vec<u8>> = (0..4).map(|i| framed(format!("plain-{i}").as_bytes())).collect();
+    let mut wire: Vec<u8> = msgs[..3].concat();
+    wire.extend_from_slice(&msgs[3][..5]);
+    write_all(&mut c, &wire);
+    std::thread::sleep(Duration::from_millis(20));
+    write_all(&mut c, &msgs[3][5..]);
+    for i in 0..4 {
+        assert_eq!(read_framed(&mut c), format!("plain-{i}").as_bytes(), "reply {i}");
+    }
+    call(&mut c, b"after");
+}
+
+#[test]
+fn a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again() {
+    let svc = echo_service(Driver::Epoll, true);
+    let mut c = client(&svc);
+    leased_conn(&svc, &mut c);
+    // Far more replies than the socket buffers hold while the client does
+    // not read: the lease's writes run short, the rest waits on the queue.
+    let body = vec![0x5au8; 1000];
+    let n = 3000usize;
+    let writer = {
+        let mut w = c.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for i in 0..n {
+                let mut b = body.clone();
+                b[..4].copy_from_slice(&(i as u32).to_be_bytes());
+                write_all(&mut w, &framed(&b));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    for i in 0..n {
+        let got = read_framed(&mut c);
+        assert_eq!(got.len(), 1000);
+        assert_eq!(u32::from_be_bytes(got[..4].try_into().unwrap()), i as u32, "reply {i} out of order");
+    }
+    writer.join().unwrap();
+}
+
+#[test]
+fn nothing_is_lent_when_leases_are_off_or_on_io_uring() {
+    for (driver, lease) in [(Driver::Epoll, false), (Driver::Uring, true)] {
+        if !available(driver) {
+            eprintln!("SKIPPED on {driver:?}: io_uring is not available on this machine");
+            continue;
+        }
+        let svc = echo_service(driver, lease);
+        let mut c = client(&svc);
+        let p = eventually(|| {
+            call(&mut c, b"ping");
+            svc.mux().psocks().first().copied()
+        });
+        for _ in 0..50 {
+            call(&mut c, b"ping");
+        }
+        assert!(!svc.mux().psock_leased(p), "{driver:?}, lease {lease}");
+    }
+}
