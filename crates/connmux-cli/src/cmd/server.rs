@@ -94,6 +94,10 @@ pub struct Common {
     /// order (as under KCM).
     #[arg(long)]
     pub lane_in_order: bool,
+    /// Serve every read through the shared core, never lending a quiet
+    /// connection to its worker (`Tuning::lease`; for comparisons).
+    #[arg(long)]
+    pub no_lease: bool,
     #[command(flatten)]
     pub tls: crate::cmd::tls::ServerTls,
     #[command(flatten)]
@@ -185,6 +189,7 @@ impl Common {
         c.incoming_cpu = parse_attach(&self.attach)?;
         c.lane_nice = self.lane_nice;
         c.lane_in_order = self.lane_in_order;
+        c.tuning.lease = !self.no_lease;
         c.core.max_msg_size = self.max_msg;
         c.core.assembly_timeout =
             (self.assembly_timeout_ms > 0).then(|| Duration::from_millis(self.assembly_timeout_ms));
