@@ -442,7 +442,11 @@ impl Own {
         if let Some((sock, _)) = self.serve {
             for rt in self.lease_try.drain(..) {
                 // Not while a message of it waits here: it would be passed.
-                if self.leases.contains_key(&rt.id) || self.direct.iter().any(|(_, q)| *q == rt.id) {
+                // Never a TLS psock: its bytes are records, not messages.
+                if rt.tls.is_some()
+                    || self.leases.contains_key(&rt.id)
+                    || self.direct.iter().any(|(_, q)| *q == rt.id)
+                {
                     continue;
                 }
                 if let Some(lease) = core.mux.lease(rt.id, sock) {
