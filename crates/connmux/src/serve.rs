@@ -414,14 +414,14 @@ fn run_in_place(
     }
 }
 
-/// A read of psock `p`, lent to this worker (`Own::leases`): when `data`
-/// is all whole messages of a light connection, the handler answers them
-/// where they lie and their replies are written here, with no hold of the
-/// core lock (the counts reach the core in the worker's pass hold). A close
-/// gives the lease back and goes the usual way after the handler. Returns
-/// the connection when `data` is not all whole messages or the connection
-/// turned heavy: the lease is back with the core, which the caller feeds
-/// `data` to as usual.
+/// A read of psock `p`, lent to this worker (`Own::leases`; `fd` is its
+/// connection): when `data` is all whole messages of a light connection,
+/// the handler answers them where they lie and their replies are written
+/// here, with no hold of the core lock (the counts reach the core in the
+/// worker's pass hold). A close gives the lease back and goes the usual way
+/// after the handler. Returns the connection when `data` is not all whole
+/// messages or the connection turned heavy: the lease is back with the
+/// core, which the caller feeds `data` to as usual.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve_leased(
     sh: &Shared,
@@ -429,6 +429,7 @@ pub(crate) fn serve_leased(
     bufs: &mut ServeBufs,
     data: &[u8],
     p: PsockId,
+    fd: std::os::fd::RawFd,
     started: u64,
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
@@ -438,22 +439,29 @@ pub(crate) fn serve_leased(
     ranges.clear();
     if bufs.heavy.contains(p) || l.lease.frame(data, &mut ranges) != data.len() {
         bufs.ranges = ranges;
-        let l = bufs.own.leases.remove(&p).expect("present");
         let mut core = sh.lock();
-        core.mux.unlease(l.lease, sh.timestamp(started));
+        let rt = bufs.own.unlease_rt(&mut core, p, sh.timestamp(started));
         core.drain_events(events);
-        return Err(Some(l.rt));
+        return Err(rt);
     }
     run_in_place(sv, bufs, data, &ranges, p, started);
     // Empty for the next read (its ranges are pushed after what is here).
     ranges.clear();
     bufs.ranges = ranges;
-    bufs.end_run();
-    if bufs.own.lease_used.last() != Some(&p) {
-        bufs.own.lease_used.push(p);
+    if bufs.outs.is_empty() {
+        // The common case: every reply appended to the run (none of its own
+        // buffer, no close): written from the run's buffer, which is then
+        // used again (no copy, no buffer handed anywhere).
+        match bufs.run.take() {
+            Some((q, n)) if q == p && n > 0 => write_run(sh, bufs, p, fd, n, events),
+            _ => bufs.own.lease_used(p, 0, 0),
+        }
+        return Ok(());
     }
+    bufs.end_run();
     if !bufs.outs.iter().all(|o| matches!(o, Out::Replies(q, ..) if *q == p)) {
         // A close: the psock is the core's again before anything else.
+        bufs.own.lease_used(p, 0, 0);
         let mut core = sh.lock();
         bufs.own.unlease(&mut core, p, sh.timestamp(started));
         core.drain_events(events);
@@ -469,40 +477,63 @@ pub(crate) fn serve_leased(
             bufs.slices.push(b);
         }
     }
-    if !bufs.slices.is_empty() {
-        write_leased(sh, bufs, p, msgs, events);
-    }
+    write_leased(sh, bufs, p, fd, msgs, events);
     Ok(())
 }
 
+/// Write a leased psock's run of `msgs` appended replies straight from
+/// `bufs.run_buf` (emptied after, its memory kept).
+fn write_run(
+    sh: &Shared,
+    bufs: &mut ServeBufs,
+    p: PsockId,
+    fd: std::os::fd::RawFd,
+    msgs: u32,
+    events: &mut Vec<Event>,
+) {
+    let want = bufs.run_buf.len();
+    let res = connmux_sys::socket::writev(fd, &[std::io::IoSlice::new(&bufs.run_buf)]);
+    match crate::shared::Wrote::of_io(&res) {
+        crate::shared::Wrote::Bytes(n) if n >= want => {
+            bufs.run_buf.clear();
+            bufs.own.lease_used(p, msgs, want);
+        }
+        wrote => {
+            let rest = bufs.run_buf.split().freeze();
+            lease_short(sh, bufs, p, rest, wrote, msgs, events);
+        }
+    }
+}
+
 /// Write a leased psock's replies (`bufs.slices`, `msgs` of them) at once.
-/// A short write (the peer reads slowly) gives the lease back with the rest
-/// first on the psock's queue, for its writable event.
-fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, msgs: u32, events: &mut Vec<Event>) {
-    let Some(l) = bufs.own.leases.get_mut(&p) else { return };
+fn write_leased(
+    sh: &Shared,
+    bufs: &mut ServeBufs,
+    p: PsockId,
+    fd: std::os::fd::RawFd,
+    msgs: u32,
+    events: &mut Vec<Event>,
+) {
     let want: usize = bufs.slices.iter().map(|b| b.len()).sum();
-    let mut wrote = 0;
-    let mut failed = None;
-    // Bounded: each round writes at least one byte or stops.
+    let mut wrote = crate::shared::Wrote::Bytes(0);
+    let mut sent = 0;
+    // Bounded: each round writes all of its slices or stops.
     for chunk in bufs.slices.chunks(sh.tuning.max_iov) {
         let len: usize = chunk.iter().map(|b| b.len()).sum();
-        match crate::shared::Wrote::of_io(&crate::shared::writev_bytes(l.rt.fd(), chunk)) {
+        wrote = crate::shared::Wrote::of_io(&crate::shared::writev_bytes(fd, chunk));
+        match wrote {
             crate::shared::Wrote::Bytes(n) => {
-                wrote += n;
+                sent += n;
                 if n < len {
                     break;
                 }
             }
-            crate::shared::Wrote::Again => break,
-            crate::shared::Wrote::Failed(e) => {
-                failed = Some(e);
-                break;
-            }
+            _ => break,
         }
     }
-    if wrote >= want {
-        l.lease.wrote(msgs, want);
+    if sent >= want {
         bufs.slices.clear();
+        bufs.own.lease_used(p, msgs, want);
         return;
     }
     // The rest, whole, first on the psock's queue (one copy: a slow peer).
@@ -517,18 +548,42 @@ fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, msgs: u32, events
         }
     };
     bufs.slices.clear();
-    let l = bufs.own.leases.remove(&p).expect("present");
-    let rt = l.rt.clone();
+    let wrote = match wrote {
+        crate::shared::Wrote::Failed(e) => crate::shared::Wrote::Failed(e),
+        _ => crate::shared::Wrote::Bytes(sent),
+    };
+    lease_short(sh, bufs, p, rest, wrote, msgs, events);
+}
+
+/// A leased psock's replies `chunk` (`msgs` of them) went out only in part
+/// (`wrote`: the bytes sent, or nothing, or a failure): the lease goes
+/// back with the rest first on the psock's queue, for its writable event;
+/// a failed write fails the psock's transmit as any write would.
+fn lease_short(
+    sh: &Shared,
+    bufs: &mut ServeBufs,
+    p: PsockId,
+    chunk: Bytes,
+    wrote: crate::shared::Wrote,
+    msgs: u32,
+    events: &mut Vec<Event>,
+) {
+    let (sent, failed) = match wrote {
+        crate::shared::Wrote::Bytes(n) => (n, None),
+        crate::shared::Wrote::Again => (0, None),
+        crate::shared::Wrote::Failed(e) => (0, Some(e)),
+    };
+    let Some(l) = bufs.own.take_lease(p) else { return };
     let now = sh.now();
     let mut core = sh.lock();
-    core.mux.unlease_unsent(l.lease, rest, wrote, msgs, now);
+    core.mux.unlease_unsent(l.lease, chunk, sent, msgs, now);
     if let Some(errno) = failed {
         core.mux.tx_failed(p, errno);
     }
     core.drain_events(events);
     drop(core);
     if failed.is_none() {
-        sh.want_write(&rt);
+        sh.want_write(&l.rt);
     }
 }
 

@@ -92,9 +92,9 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
                         let readable = ev.readable || ev.hup || ev.error;
                         // A psock lent to this worker: no core lock (its
                         // writes never wait: a short one gives it back).
-                        if readable && bufs.own.leases.contains_key(&p) {
-                            if let Some(sv) = serving.as_ref() {
-                                read_leased(&sh, sv, p, &mut buf, &mut core_events, &mut bufs, &mut dirty);
+                        if let (true, Some(sv)) = (readable, serving.as_ref()) {
+                            if let Some(fd) = bufs.own.leases.get(&p).map(|l| l.rt.fd()) {
+                                read_leased(&sh, sv, p, fd, &mut buf, &mut core_events, &mut bufs, &mut dirty);
                                 continue;
                             }
                         }
@@ -253,29 +253,29 @@ fn feed_bytes(sh: &Shared, rt: &Arc<PsockRt>, data: &[u8], read_at: u64, events:
 /// no core lock when it is all whole messages (`serve::serve_leased`);
 /// otherwise, or at the end of the stream, the lease goes back and the
 /// read goes the usual way.
+#[allow(clippy::too_many_arguments)]
 fn read_leased(
     sh: &Shared,
     sv: &Serving,
     p: connmux_core::mux::PsockId,
+    fd: std::os::fd::RawFd,
     buf: &mut [u8],
     events: &mut Vec<Event>,
     bufs: &mut ServeBufs,
     dirty: &mut Vec<Arc<PsockRt>>,
 ) {
-    let Some(fd) = bufs.own.leases.get(&p).map(|l| l.rt.fd()) else { return };
     let res = connmux_sys::socket::read(fd, buf);
     let read_at = connmux_sys::clock::now_nanos();
     match ReadEnd::of_io(&res) {
         ReadEnd::Data(n) => {
-            if let Err(Some(rt)) = crate::serve::serve_leased(sh, sv, bufs, &buf[..n], p, read_at, events, dirty) {
+            if let Err(Some(rt)) = crate::serve::serve_leased(sh, sv, bufs, &buf[..n], p, fd, read_at, events, dirty) {
                 feed_bytes(sh, &rt, &buf[..n], read_at, events, InPlace { sv: Some(sv), bufs, dirty });
             }
         }
         ReadEnd::Again => {}
         end => {
-            let Some(rt) = bufs.own.leases.get(&p).map(|l| l.rt.clone()) else { return };
             let mut core = sh.lock();
-            bufs.own.unlease(&mut core, p, sh.timestamp(read_at));
+            let Some(rt) = bufs.own.unlease_rt(&mut core, p, sh.timestamp(read_at)) else { return };
             read_ended(sh, &rt, core, end, events);
         }
     }

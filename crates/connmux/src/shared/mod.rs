@@ -398,9 +398,10 @@ pub(crate) struct Own {
     /// The psocks lent to this worker (`Mux::lease`): read, framed,
     /// answered and written here with no hold of the core lock.
     pub leases: FxHashMap<PsockId, Leased>,
-    /// Leased psocks that did something this pass: synced in the pass's
-    /// hold ([`Own::hold`]).
-    pub lease_used: Vec<PsockId>,
+    /// Leased psocks that did something this pass, with the replies
+    /// (messages, bytes) written for them: synced in the pass's hold
+    /// ([`Own::hold`]).
+    pub lease_used: Vec<(PsockId, u32, usize)>,
     /// Psocks served in place this pass, to lend to this worker in the
     /// pass's hold if nothing else involves them then.
     pub lease_try: Vec<Arc<PsockRt>>,
@@ -432,8 +433,9 @@ impl Own {
         if !self.wrote.is_empty() {
             Shared::complete_owned(core, self);
         }
-        for p in self.lease_used.drain(..) {
+        for (p, msgs, bytes) in self.lease_used.drain(..) {
             let Some(l) = self.leases.get_mut(&p) else { continue };
+            l.lease.wrote(msgs, bytes);
             if !core.mux.lease_sync(&mut l.lease, now) {
                 let l = self.leases.remove(&p).expect("present");
                 core.mux.unlease(l.lease, now);
@@ -443,9 +445,7 @@ impl Own {
             for rt in self.lease_try.drain(..) {
                 // Not while a message of it waits here: it would be passed.
                 // Never a TLS psock: its bytes are records, not messages.
-                if rt.tls.is_some()
-                    || self.leases.contains_key(&rt.id)
-                    || self.direct.iter().any(|(_, q)| *q == rt.id)
+                if rt.tls.is_some() || self.leases.contains_key(&rt.id) || self.direct.iter().any(|(_, q)| *q == rt.id)
                 {
                     continue;
                 }
@@ -457,11 +457,58 @@ impl Own {
         self.lease_try.clear();
     }
 
-    /// Give psock `p`'s lease back, if this worker holds it.
+    /// Note that leased psock `p` did something this pass, and wrote
+    /// `msgs` replies of `bytes` (counted at the pass's hold).
+    #[inline]
+    pub fn lease_used(&mut self, p: PsockId, msgs: u32, bytes: usize) {
+        match self.lease_used.last_mut() {
+            Some((q, m, b)) if *q == p => {
+                *m = m.saturating_add(msgs);
+                *b += bytes;
+            }
+            _ => self.lease_used.push((p, msgs, bytes)),
+        }
+    }
+
+    /// Give psock `p`'s lease back, if this worker holds it (its counts
+    /// of this pass first).
     pub fn unlease(&mut self, core: &mut Core, p: PsockId, now: Timestamp) {
         if let Some(l) = self.leases.remove(&p) {
-            core.mux.unlease(l.lease, now);
+            Own::give_back(core, l, &mut self.lease_used, now);
         }
+    }
+
+    /// Give lease `l` back with what this pass counted for it.
+    fn give_back(core: &mut Core, mut l: Leased, used: &mut Vec<(PsockId, u32, usize)>, now: Timestamp) {
+        let p = l.lease.psock();
+        for (q, msgs, bytes) in used.iter_mut() {
+            if *q == p {
+                l.lease.wrote(*msgs, *bytes);
+                (*msgs, *bytes) = (0, 0);
+            }
+        }
+        core.mux.unlease(l.lease, now);
+    }
+
+    /// [`Own::unlease`] returning the connection (the caller goes on with it).
+    pub fn unlease_rt(&mut self, core: &mut Core, p: PsockId, now: Timestamp) -> Option<Arc<PsockRt>> {
+        let l = self.leases.remove(&p)?;
+        let rt = l.rt.clone();
+        Own::give_back(core, l, &mut self.lease_used, now);
+        Some(rt)
+    }
+
+    /// Take lease `p` back from this worker (for `Mux::unlease_unsent`):
+    /// what this pass counted for it is in it.
+    pub fn take_lease(&mut self, p: PsockId) -> Option<Leased> {
+        let mut l = self.leases.remove(&p)?;
+        for (q, msgs, bytes) in self.lease_used.iter_mut() {
+            if *q == p {
+                l.lease.wrote(*msgs, *bytes);
+                (*msgs, *bytes) = (0, 0);
+            }
+        }
+        Some(l)
     }
 }
 
