@@ -479,7 +479,7 @@ impl Own {
     }
 
     /// Give lease `l` back with what this pass counted for it.
-    fn give_back(core: &mut Core, mut l: Leased, used: &mut Vec<(PsockId, u32, usize)>, now: Timestamp) {
+    fn give_back(core: &mut Core, mut l: Leased, used: &mut [(PsockId, u32, usize)], now: Timestamp) {
         let p = l.lease.psock();
         for (q, msgs, bytes) in used.iter_mut() {
             if *q == p {
