@@ -330,6 +330,7 @@ impl UringIo {
         let sh = w.sh;
         let ring = &mut self.ring;
         match c {
+            // Taken by the loop (`worker::run`).
             Command::Serve { .. } => {}
             Command::Attach(rt) => {
                 // An unattach that overtook the attach leaves nothing to drive.
