@@ -228,12 +228,12 @@ pub struct Tuning {
     /// buffer, so this is the largest piece of the stream one completion
     /// hands over. Default 16 KiB.
     pub ring_buf_size: u32,
-    /// Rounds of dispatch, serve and flush an io_uring worker runs per pass
-    /// before it goes back to the ring: what one round's work makes ready
+    /// Rounds of dispatch, serve and flush a worker runs per pass before it
+    /// goes back to its epoll or ring: what one round's work makes ready
     /// (events, connections with bytes to write) is handled in the same
     /// pass, and the bound keeps a worker that always finds more from never
-    /// reaping its completions (what remains goes to the next pass).
-    /// Default 64.
+    /// reaping its completions (what remains goes to the next pass, whose
+    /// wait does not sleep). Default 64.
     pub ring_rounds: usize,
     /// Slices written in one `writev`, and handed to rustls's writer at once
     /// for a TLS psock (one record takes up to 16 KiB): the core's chunk for

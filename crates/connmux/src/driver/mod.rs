@@ -1,13 +1,15 @@
-//! The I/O drivers: an epoll loop ([`epoll`]) and an io_uring loop
-//! ([`uring`]); each is one worker thread that owns the psocks attached to it.
-//! This file holds what both use at start (where workers are pinned, the
-//! waker's token).
+//! The worker threads: one loop ([`worker`]), which owns the order of a
+//! pass, over a small driver interface (`worker::Io`) that epoll ([`epoll`])
+//! and io_uring ([`uring`]) implement; each worker owns the psocks attached
+//! to it. This file holds what both use at start (where workers are pinned,
+//! the waker's token).
 //!
 //! Must not name the public `Mux`, `KcmSocket`, `tls` or `service`: the mux
 //! starts the drivers, not the other way round.
 
 pub(crate) mod epoll;
 pub(crate) mod uring;
+pub(crate) mod worker;
 
 use crate::config::Placement;
 

@@ -1,6 +1,6 @@
-//! The io_uring driver: an I/O worker's loop on one thread, one ring, the
+//! The io_uring driver: a worker's I/O (`worker::Io`) over one ring, the
 //! psocks attached to it (a psock's receive side on the ring is
-//! [`conn`]).
+//! [`conn`]); the pass itself is `driver::worker`.
 //!
 //! The decisions are the core's, as with the epoll driver (`driver::epoll`); this
 //! module only moves bytes:
@@ -20,7 +20,7 @@
 //!   `sendmsg` each (all of the core's chunk: the replies of the pass), all
 //!   submitted with the next wait; the kernel completes each one whole.
 //! - other threads post [`Command`]s and notify the worker's eventfd, which the
-//!   ring polls.
+//!   ring polls; the loop takes the commands when that poll completes.
 //! - release: a psock's operations are cancelled and their completions reaped
 //!   before the worker drops its handle (and so the descriptor).
 //!
@@ -30,23 +30,21 @@
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
-use connmux_core::mux::Event;
 use connmux_core::Bytes;
 use connmux_sys::uring::{Completion, Ring, RingConfig};
 
 use crate::config::Tuning;
-use crate::serve::Serving;
-use crate::shared::Command;
-use crate::shared::{psock_token, Ctx, PsockRt, ReadEnd, Shared, Wrote};
+use crate::driver::worker::{self, Io, Woke, Worker};
+use crate::shared::{psock_token, Command, ReadEnd, Shared, SockRt, Wrote};
 
 mod conn;
-use conn::{pump, pump_tls, stop_rx, Conn, Held, Lent};
+use conn::{pump, pump_tls, stop_rx, Conn, Feed, Held, Lent};
 
 /// Token of the waker poll.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -73,25 +71,33 @@ fn new_ring(t: &Tuning) -> io::Result<WRing> {
     }
 }
 
-struct Worker<'a> {
-    sh: &'a Shared,
-    index: usize,
+/// A worker's ring and the psocks it drives on it.
+struct UringIo {
+    /// Declared first, so dropped first: dropping the ring cancels what is
+    /// still in flight and waits for it, before the connections (and their
+    /// descriptors) go.
+    ring: WRing,
     lent: Lent,
     conns: FxHashMap<u64, Conn>,
     /// Psocks whose receive should be (re)armed when buffers allow.
     to_arm: Vec<u64>,
-    events: Vec<Event>,
-    dirty: Vec<Arc<PsockRt>>,
     /// The chunk of the send being queued (its payloads move into the ring;
     /// the vector stays, so a send allocates nothing here).
     tx_slices: Vec<Bytes>,
+    /// What the last wait reaped (kept for its room).
+    comps: Vec<Completion>,
+    /// The worker's eventfd, polled on the ring.
+    waker: RawFd,
+    waker_armed: bool,
+    /// The serving socket's readiness poll is on the ring.
+    serve_armed: bool,
 }
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sender<io::Result<()>>) {
     if let Some(cpu) = cpu {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
     }
-    let mut ring = match new_ring(&sh.tuning) {
+    let ring = match new_ring(&sh.tuning) {
         Ok(r) => {
             let _ = init.send(Ok(()));
             r
@@ -102,145 +108,121 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
         }
     };
     drop(init);
-    let mut w = Worker {
-        sh: &sh,
-        index,
+    let mut io = UringIo {
+        ring,
         lent: Lent::default(),
         conns: FxHashMap::default(),
         to_arm: Vec::new(),
-        events: Vec::new(),
-        dirty: Vec::new(),
         tx_slices: Vec::new(),
+        comps: Vec::with_capacity(1024),
+        waker: sh.workers[index].waker.as_raw_fd(),
+        waker_armed: false,
+        serve_armed: false,
     };
-    w.run(&mut ring);
-    // Dropping the ring cancels what is still in flight and waits for it, before
-    // the connections (and their descriptors) go.
-    drop(ring);
-    drop(w);
+    worker::run(&sh, index, &mut io);
 }
 
-impl Worker<'_> {
-    fn run(&mut self, ring: &mut WRing) {
-        let sh = self.sh;
-        let me = &sh.workers[self.index];
-        let mut waker_armed = false;
-        let mut serving: Option<Serving> = None;
-        let mut serve_armed = false;
-        let mut comps: Vec<Completion> = Vec::with_capacity(1024);
-        let mut bufs = crate::serve::ServeBufs::new(&sh.tuning);
-        let rounds = sh.tuning.ring_rounds;
+impl Io for UringIo {
+    fn wait(&mut self, w: &mut Worker<'_>, timeout: Duration) -> Woke {
+        let ring = &mut self.ring;
+        if !self.waker_armed {
+            self.waker_armed = ring.poll_readable(self.waker, WAKE_TOKEN).is_ok();
+        }
+        // A waker that could not be armed wakes nobody: the commands are
+        // taken every pass until it is.
+        let mut woke = Woke { commands: !self.waker_armed, serve_ready: false };
+        if let (Some(sv), false) = (&w.serving, self.serve_armed) {
+            self.serve_armed = ring.poll_readable(sv.sock.rx.fd.as_raw_fd(), SERVE_TOKEN).is_ok();
+        }
+        if ring.wait(1, Some(timeout)).is_err() {
+            // Only a broken ring fails here; avoid spinning on it.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut comps = std::mem::take(&mut self.comps);
+        comps.clear();
+        self.ring.reap(&mut comps);
+        self.completions(w, &comps, &mut woke);
+        self.comps = comps;
+        woke
+    }
 
-        while !sh.stop.load(Ordering::Acquire) {
-            if !waker_armed {
-                waker_armed = ring.poll_readable(me.waker.as_raw_fd(), WAKE_TOKEN).is_ok();
+    /// Serve the messages framed in place in provided buffers, then give
+    /// those buffers back to the ring.
+    fn serve_lent(&mut self, w: &mut Worker<'_>) {
+        let lent = &mut self.lent;
+        if let Some(sv) = &w.serving {
+            // One read served in this pass: its replies are written at once,
+            // with a plain `sendmsg`, when no ring send of the psock is in
+            // flight (as the epoll worker does: one lock hold and no transmit
+            // event).
+            // Several: ring sends, all submitted with the next wait (one
+            // system call for all of them, not one `sendmsg` each).
+            let one = lent.batches.len() == 1;
+            for &(p, buf, a, b) in &lent.batches {
+                let data = self.ring.buffer(buf).unwrap_or(&[]);
+                let rt = match one {
+                    true => self
+                        .conns
+                        .get(&psock_token(p))
+                        .filter(|c| !c.released && c.sending.is_none())
+                        .map(|c| c.rt.clone()),
+                    false => None,
+                };
+                crate::serve::serve_in_place(
+                    w.sh,
+                    sv,
+                    &mut w.bufs,
+                    data,
+                    &lent.ranges[a..b],
+                    p,
+                    connmux_sys::clock::now_nanos(),
+                    &mut w.events,
+                    &mut w.dirty,
+                    rt.as_ref(),
+                );
             }
-            if let (Some(sv), false) = (&serving, serve_armed) {
-                serve_armed = ring.poll_readable(sv.sock.rx.fd.as_raw_fd(), SERVE_TOKEN).is_ok();
-            }
-            let timeout = {
-                let core = sh.lock();
-                core.mux.poll_timeout().map(|t| {
-                    let now = sh.now();
-                    Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())) + Duration::from_micros(100)
-                })
-            };
-            // Wake at least every second to notice `stop` even if a wake-up was lost.
-            let timeout = timeout.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1));
-            if ring.wait(1, Some(timeout)).is_err() {
-                // Only a broken ring fails here; avoid spinning on it.
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            comps.clear();
-            ring.reap(&mut comps);
-            let mut serve_ready = false;
-            let mut commands = false;
-            self.completions(
-                ring,
-                &comps,
-                &mut waker_armed,
-                &mut serve_armed,
-                &mut serve_ready,
-                &mut commands,
-                &mut bufs.own,
-            );
-            self.serve_lent(ring, serving.as_ref(), &mut bufs);
-            // Commands: taken every pass (the waker only ends the wait). Drain the
-            // eventfd before taking them, so a command posted in between leaves it
-            // readable for the next wait rather than being slept through.
-            if commands {
-                let _ = me.waker.drain();
-            }
-            let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
-            for c in cmds {
-                match c {
-                    Command::Serve { sock, handler, stats, lanes, index } => {
-                        bufs.own.serve = Some((sock.id, sh.tuning.serve_batch));
-                        serving = Some(Serving { sock, handler, stats, lanes, index });
-                        serve_ready = true;
-                    }
-                    c => self.command(ring, c, &mut bufs.own),
-                }
-            }
-            self.serve_lent(ring, serving.as_ref(), &mut bufs);
-            // Writes this pass made whole (`Shared::write_owned`), then the
-            // deadlines (assembly timeouts): one hold.
-            {
-                let mut core = sh.lock();
-                if !bufs.own.wrote.is_empty() {
-                    bufs.own.hold(&mut core, sh.now());
-                    core.drain_events(&mut self.events);
-                }
-                if let Some(t) = core.mux.poll_timeout() {
-                    let now = sh.now();
-                    if t <= now {
-                        core.mux.handle_timeout(now);
-                        core.drain_events(&mut self.events);
-                    }
-                }
-            }
-            // Dispatch, serve in place, write: until nothing is left to do here
-            // (bounded; what remains is picked up by the next pass).
-            for round in 0..rounds {
-                sh.dispatch(&mut self.events, &mut Ctx::Worker(&mut self.dirty, &mut bufs.own));
-                if let (0, Some(sv)) = (round, &serving) {
-                    // (A command may have read messages for our socket in a
-                    // pass with no completion: `Own::has_direct`.)
-                    crate::serve::pass(sh, sv, &mut bufs, &mut self.events, &mut self.dirty, serve_ready);
-                }
-                if self.dirty.is_empty() && self.events.is_empty() {
-                    break;
-                }
-                self.flush_dirty(ring);
-            }
-            crate::serve::end_pass(serving.as_ref(), &mut bufs);
-            self.arm(ring);
+        }
+        lent.batches.clear();
+        lent.ranges.clear();
+        for buf in lent.recycle.drain(..) {
+            self.ring.recycle(buf);
         }
     }
 
+    fn watch_serve(&mut self, _sock: &SockRt) {
+        // Its poll is armed before each wait while the worker serves.
+        self.serve_armed = false;
+    }
+
+    fn command(&mut self, w: &mut Worker<'_>, c: Command) {
+        self.run_command(w, c)
+    }
+
+    fn flush(&mut self, w: &mut Worker<'_>) {
+        self.flush_dirty(w)
+    }
+
+    fn end_pass(&mut self, w: &mut Worker<'_>) {
+        self.arm(w.sh)
+    }
+}
+
+impl UringIo {
     /// Act on what the ring reports.
-    #[allow(clippy::too_many_arguments)]
-    fn completions(
-        &mut self,
-        ring: &mut WRing,
-        comps: &[Completion],
-        waker_armed: &mut bool,
-        serve_armed: &mut bool,
-        serve_ready: &mut bool,
-        commands: &mut bool,
-        own: &mut crate::shared::Own,
-    ) {
-        let sh = self.sh;
+    fn completions(&mut self, w: &mut Worker<'_>, comps: &[Completion], woke: &mut Woke) {
+        let sh = w.sh;
         let now = sh.now();
+        let ring = &mut self.ring;
         let mut core = None;
         for c in comps {
             match *c {
                 Completion::Poll { token: WAKE_TOKEN, .. } => {
-                    *waker_armed = false;
-                    *commands = true;
+                    self.waker_armed = false;
+                    woke.commands = true;
                 }
                 Completion::Poll { token: SERVE_TOKEN, .. } => {
-                    *serve_armed = false;
-                    *serve_ready = true;
+                    self.serve_armed = false;
+                    woke.serve_ready = true;
                 }
                 Completion::Poll { .. } => {}
                 Completion::Recv { token, buf_id, more, .. } => {
@@ -257,13 +239,14 @@ impl Worker<'_> {
                     } else if conn.rt.tls.is_some() {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         core = None; // TLS lock before the core lock
-                        pump_tls(sh, ring, conn, &mut self.events);
+                        pump_tls(sh, ring, conn, &mut w.events);
                     } else {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         let core = core.get_or_insert_with(|| sh.lock());
-                        pump(core, ring, conn, now, &mut self.events, &mut self.lent, own);
+                        let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
+                        pump(conn, &mut Feed { core, ring, now, events, lent, own });
                     }
-                    self.after_recv(token);
+                    after_recv(&mut self.conns, &mut self.to_arm, token);
                 }
                 Completion::RecvEnd { token, res } => {
                     let Some(conn) = self.conns.get_mut(&token) else { continue };
@@ -275,13 +258,14 @@ impl Worker<'_> {
                         }
                         if conn.rt.tls.is_some() {
                             core = None;
-                            pump_tls(sh, ring, conn, &mut self.events);
+                            pump_tls(sh, ring, conn, &mut w.events);
                         } else {
                             let core = core.get_or_insert_with(|| sh.lock());
-                            pump(core, ring, conn, now, &mut self.events, &mut self.lent, own);
+                            let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
+                            pump(conn, &mut Feed { core, ring, now, events, lent, own });
                         }
                     }
-                    self.after_recv(token);
+                    after_recv(&mut self.conns, &mut self.to_arm, token);
                 }
                 Completion::RecvInto { token, res } => {
                     let buf = ring.take_filled(token);
@@ -293,7 +277,7 @@ impl Worker<'_> {
                         // The buffer goes back whatever happened (the core drops
                         // the bytes of a psock that stopped meanwhile).
                         *loan.buf() = buf;
-                        if crate::shared::commit_read(core, own, loan, now).is_err() && !conn.released {
+                        if crate::shared::commit_read(core, &mut w.bufs.own, loan, now).is_err() && !conn.released {
                             stop_rx(ring, conn, token, &mut self.lent);
                         }
                     }
@@ -301,9 +285,10 @@ impl Worker<'_> {
                         if let Some(how) = ReadEnd::of_cqe(res).end() {
                             conn.eof = Some(how);
                         }
-                        pump(core, ring, conn, now, &mut self.events, &mut self.lent, own);
+                        let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
+                        pump(conn, &mut Feed { core, ring, now, events, lent, own });
                     }
-                    self.after_recv(token);
+                    after_recv(&mut self.conns, &mut self.to_arm, token);
                 }
                 Completion::Send { token, res } => {
                     let Some(conn) = self.conns.get_mut(&token) else { continue };
@@ -315,23 +300,23 @@ impl Worker<'_> {
                         if res < 0 || (res == 0 && want > 0) {
                             core = None;
                             let errno = if res < 0 { -res } else { libc::EPIPE };
-                            crate::shared::tls::tx_failed(sh, &conn.rt, errno, &mut self.events);
+                            crate::shared::tls::tx_failed(sh, &conn.rt, errno, &mut w.events);
                         } else if (res as usize) < sent.len() {
                             conn.tls_out = Some(sent.slice(res as usize..));
                         }
                         if !conn.rt.flush_queued.swap(true, Ordering::AcqRel) {
-                            self.dirty.push(conn.rt.clone());
+                            w.dirty.push(conn.rt.clone());
                         }
                     } else if !conn.released {
                         let core = core.get_or_insert_with(|| sh.lock());
                         // A short count (the connection failed part way) is
                         // followed by the error on the next send.
                         Wrote::of_cqe(res, want).apply(core, conn.rt.id);
-                        core.drain_events(&mut self.events);
+                        core.drain_events(&mut w.events);
                         // More may have been queued meanwhile (no transmit event is
                         // raised while a chunk is out).
                         if !conn.rt.flush_queued.swap(true, Ordering::AcqRel) {
-                            self.dirty.push(conn.rt.clone());
+                            w.dirty.push(conn.rt.clone());
                         }
                     } else if conn.idle() {
                         self.conns.remove(&token);
@@ -341,65 +326,12 @@ impl Worker<'_> {
         }
     }
 
-    /// Serve the messages framed in place in provided buffers, then give
-    /// those buffers back to the ring.
-    fn serve_lent(&mut self, ring: &mut WRing, serving: Option<&Serving>, bufs: &mut crate::serve::ServeBufs) {
-        let lent = &mut self.lent;
-        if let Some(sv) = serving {
-            // One read served in this pass: its replies are written at once,
-            // with a plain `sendmsg`, when no ring send of the psock is in
-            // flight (as the epoll worker does: one lock hold and no transmit
-            // event).
-            // Several: ring sends, all submitted with the next wait (one
-            // system call for all of them, not one `sendmsg` each).
-            let one = lent.batches.len() == 1;
-            for &(p, buf, a, b) in &lent.batches {
-                let data = ring.buffer(buf).unwrap_or(&[]);
-                let rt = match one {
-                    true => self
-                        .conns
-                        .get(&psock_token(p))
-                        .filter(|c| !c.released && c.sending.is_none())
-                        .map(|c| c.rt.clone()),
-                    false => None,
-                };
-                crate::serve::serve_in_place(
-                    self.sh,
-                    sv,
-                    bufs,
-                    data,
-                    &lent.ranges[a..b],
-                    p,
-                    connmux_sys::clock::now_nanos(),
-                    &mut self.events,
-                    &mut self.dirty,
-                    rt.as_ref(),
-                );
-            }
-        }
-        lent.batches.clear();
-        lent.ranges.clear();
-        for buf in lent.recycle.drain(..) {
-            ring.recycle(buf);
-        }
-    }
-
-    /// After a receive completion: rearm, or forget a released psock.
-    fn after_recv(&mut self, token: u64) {
-        let Some(conn) = self.conns.get(&token) else { return };
-        if conn.released {
-            if conn.idle() {
-                self.conns.remove(&token);
-            }
-        } else if !conn.recv_armed {
-            self.to_arm.push(token);
-        }
-    }
-
-    fn command(&mut self, ring: &mut WRing, c: Command, own: &mut crate::shared::Own) {
-        let sh = self.sh;
+    fn run_command(&mut self, w: &mut Worker<'_>, c: Command) {
+        let sh = w.sh;
+        let ring = &mut self.ring;
         match c {
-            // Nothing is lent to an io_uring worker.
+            // Taken by the loop (`worker::run`).
+            // The loop's (nothing is lent to an io_uring worker).
             Command::Serve { .. } | Command::Unlease(_) => {}
             Command::Attach(rt) => {
                 // An unattach that overtook the attach leaves nothing to drive.
@@ -432,7 +364,7 @@ impl Worker<'_> {
                 let Some(conn) = self.conns.get_mut(&token) else { return };
                 if conn.rt.tls.is_some() && !conn.released {
                     // Decrypted bytes may wait in TLS after the receive ended.
-                    pump_tls(sh, ring, conn, &mut self.events);
+                    pump_tls(sh, ring, conn, &mut w.events);
                     self.to_arm.push(token);
                     return;
                 }
@@ -440,7 +372,8 @@ impl Worker<'_> {
                     return;
                 }
                 let mut core = sh.lock();
-                pump(&mut core, ring, conn, sh.now(), &mut self.events, &mut self.lent, own);
+                let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
+                pump(conn, &mut Feed { core: &mut core, ring, now: sh.now(), events, lent, own });
                 drop(core);
                 self.to_arm.push(token);
             }
@@ -453,7 +386,7 @@ impl Worker<'_> {
                 let token = psock_token(p);
                 if let Some(conn) = self.conns.get(&token) {
                     if !conn.released && !conn.rt.flush_queued.swap(true, Ordering::AcqRel) {
-                        self.dirty.push(conn.rt.clone());
+                        w.dirty.push(conn.rt.clone());
                     }
                 }
             }
@@ -476,9 +409,10 @@ impl Worker<'_> {
     /// Write each dirty psock: one `sendmsg` with the core's whole chunk for the
     /// psocks this worker drives, a direct write for others' (their worker
     /// takes over if it would block).
-    fn flush_dirty(&mut self, ring: &mut WRing) {
-        let sh = self.sh;
-        let mut dirty = std::mem::take(&mut self.dirty);
+    fn flush_dirty(&mut self, w: &mut Worker<'_>) {
+        let sh = w.sh;
+        let ring = &mut self.ring;
+        let mut dirty = std::mem::take(&mut w.dirty);
         for rt in dirty.drain(..) {
             rt.flush_queued.store(false, Ordering::Release);
             let token = psock_token(rt.id);
@@ -491,7 +425,7 @@ impl Worker<'_> {
                         // Records in order: what a short send left, else new ones.
                         let out = match conn.tls_out.take() {
                             Some(rest) => rest,
-                            None => crate::shared::tls::take_records(sh, &rt, tls, &mut self.events),
+                            None => crate::shared::tls::take_records(sh, &rt, tls, &mut w.events),
                         };
                         if out.is_empty() {
                             continue;
@@ -509,7 +443,7 @@ impl Worker<'_> {
                                     sh,
                                     &rt,
                                     e.raw_os_error().unwrap_or(libc::EIO),
-                                    &mut self.events,
+                                    &mut w.events,
                                 )
                             }
                         }
@@ -518,7 +452,7 @@ impl Worker<'_> {
                     let begun = {
                         let mut core = sh.lock();
                         let b = core.mux.tx_begin_into(rt.id, &mut self.tx_slices);
-                        core.drain_events(&mut self.events);
+                        core.drain_events(&mut w.events);
                         b
                     };
                     if !begun {
@@ -531,22 +465,23 @@ impl Worker<'_> {
                             self.tx_slices.clear();
                             let mut core = sh.lock();
                             Wrote::Failed(e.raw_os_error().unwrap_or(libc::EIO)).apply(&mut core, rt.id);
-                            core.drain_events(&mut self.events);
+                            core.drain_events(&mut w.events);
                         }
                     }
                 }
                 Some(_) => {}
-                None => sh.flush(&rt, &mut self.events),
+                None => sh.flush(&rt, &mut w.events),
             }
         }
         // Keep the vector's room for the next pass.
-        if self.dirty.is_empty() {
-            self.dirty = dirty;
+        if w.dirty.is_empty() {
+            w.dirty = dirty;
         }
     }
 
     /// (Re)arm the receives that should run, while there are free buffers.
-    fn arm(&mut self, ring: &mut WRing) {
+    fn arm(&mut self, sh: &Shared) {
+        let ring = &mut self.ring;
         if self.to_arm.is_empty() {
             return;
         }
@@ -559,7 +494,7 @@ impl Worker<'_> {
             if conn.rt.tls.is_none() {
                 // A large message: one receive straight into the psock's
                 // assembly buffer, no more than the message needs.
-                let loan = self.sh.lock().mux.rx_lend(conn.rt.id);
+                let loan = sh.lock().mux.rx_lend(conn.rt.id);
                 if let Some(mut loan) = loan {
                     let buf = std::mem::take(loan.buf());
                     let limit = loan.limit();
@@ -570,7 +505,7 @@ impl Worker<'_> {
                         }
                         Err((_, buf)) => {
                             *loan.buf() = buf;
-                            let _ = self.sh.lock().mux.rx_commit(loan, self.sh.now());
+                            let _ = sh.lock().mux.rx_commit(loan, sh.now());
                             keep.push(token);
                         }
                     }
@@ -592,5 +527,17 @@ impl Worker<'_> {
         keep.sort_unstable();
         keep.dedup();
         self.to_arm = keep;
+    }
+}
+
+/// After a receive completion: rearm, or forget a released psock.
+fn after_recv(conns: &mut FxHashMap<u64, Conn>, to_arm: &mut Vec<u64>, token: u64) {
+    let Some(conn) = conns.get(&token) else { return };
+    if conn.released {
+        if conn.idle() {
+            conns.remove(&token);
+        }
+    } else if !conn.recv_armed {
+        to_arm.push(token);
     }
 }

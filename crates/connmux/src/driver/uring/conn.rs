@@ -189,38 +189,37 @@ pub(super) fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &
     }
 }
 
+/// What feeding a psock's bytes to the core takes besides the psock: the
+/// core (locked), the worker's ring, the time of the read, and where the
+/// results go.
+pub(super) struct Feed<'a> {
+    pub(super) core: &'a mut Core,
+    pub(super) ring: &'a mut WRing,
+    pub(super) now: Timestamp,
+    pub(super) events: &'a mut Vec<Event>,
+    /// Messages framed in place in ring buffers, served after the pass.
+    pub(super) lent: &'a mut Lent,
+    pub(super) own: &'a mut Own,
+}
+
 /// Feed the held bytes of one psock to the core, no more than it takes. When it
 /// takes nothing (paused), keep the rest and cancel the receive; when all is fed,
 /// report an end of stream that came after it. What stays spilled counts in
 /// the core's memory budget as the psock's.
-pub(super) fn pump(
-    core: &mut Core,
-    ring: &mut WRing,
-    conn: &mut Conn,
-    now: Timestamp,
-    events: &mut Vec<Event>,
-    lent: &mut Lent,
-    own: &mut Own,
-) {
-    pump_held(core, ring, conn, now, events, lent, own);
+pub(super) fn pump(conn: &mut Conn, f: &mut Feed<'_>) {
+    pump_held(conn, f);
     let below = conn.spill.len() - conn.spill_off;
     if below != conn.spill_counted {
         conn.spill_counted = below;
-        core.mux.set_rx_below(conn.rt.id, below);
+        f.core.mux.set_rx_below(conn.rt.id, below);
         // The budget may have paused or aborted a psock.
-        core.drain_events(events);
+        f.core.drain_events(f.events);
     }
 }
 
-pub(super) fn pump_held(
-    core: &mut Core,
-    ring: &mut WRing,
-    conn: &mut Conn,
-    now: Timestamp,
-    events: &mut Vec<Event>,
-    lent: &mut Lent,
-    own: &mut Own,
-) {
+fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
+    let Feed { core, ring, now, events, lent, own } = f;
+    let now = *now;
     let id: PsockId = conn.rt.id;
     let token = psock_token(id);
     // What was spilled while paused comes first. Bounded: each round feeds
@@ -257,7 +256,7 @@ pub(super) fn pump_held(
         }
         let end = (h.off + cap).min(data.len());
         // Whole messages for this worker's own socket are framed where they
-        // lie and served after the pass (`Worker::serve_lent`).
+        // lie and served after the pass (`UringIo::serve_lent`).
         let a = lent.ranges.len();
         let fed = crate::shared::feed_read_in_place(core, own, id, &data[h.off..end], now, &mut lent.ranges);
         if lent.ranges.len() > a {

@@ -1,0 +1,168 @@
+//! The worker loop, once for both drivers: one thread, the psocks attached
+//! to it, and the order of a pass. The drivers (`epoll`, `uring`) implement
+//! [`Io`] with only what is theirs: how a wait learns of readable psocks and
+//! reads them (readiness and `read` into the worker's buffer, or receive
+//! completions into the ring's provided buffers), and how a write goes out
+//! (`writev` at once, or a ring send submitted with the next wait).
+//!
+//! A pass: wait (no longer than the earliest assembly deadline); the reads
+//! the wait brought, fed to the core (the messages a read framed for this
+//! worker's own socket served in place); the commands other threads posted,
+//! if the waker fired; expired assembly deadlines; then rounds of event
+//! dispatch, serving (`serve::pass`, first round) and writing the psocks
+//! with something to send, until a round leaves nothing to do.
+//!
+//! Must not name the public `Mux` or anything above it; serving is
+//! `crate::serve`, the core's runtime side `crate::shared`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use connmux_core::mux::Event;
+use connmux_core::Timestamp;
+
+use crate::serve::{ServeBufs, Serving};
+use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt};
+
+/// What a worker's pass hands between the loop and its driver.
+pub(crate) struct Worker<'a> {
+    pub sh: &'a Shared,
+    /// The handler this worker runs in place, once a service asked it to.
+    pub serving: Option<Serving>,
+    /// Its serving buffers, with its own hand-off state (`bufs.own`).
+    pub bufs: ServeBufs,
+    /// Core events not yet dispatched.
+    pub events: Vec<Event>,
+    /// Psocks to write before the pass ends.
+    pub dirty: Vec<Arc<PsockRt>>,
+}
+
+/// What a wait found besides reads and writes.
+#[derive(Default)]
+pub(crate) struct Woke {
+    /// The waker fired: commands may wait.
+    pub commands: bool,
+    /// The serving socket's queue is readable.
+    pub serve_ready: bool,
+}
+
+/// A driver: the I/O of one worker thread.
+pub(crate) trait Io {
+    /// Wait for I/O, at most `timeout`, and act on what it reports: bytes
+    /// read are fed to the core, a write's result reaches it
+    /// (`shared::ReadEnd`, `shared::Wrote`).
+    fn wait(&mut self, w: &mut Worker<'_>, timeout: Duration) -> Woke;
+
+    /// Serve the messages reads framed in place in buffers the driver must
+    /// get back (after `wait`, and after the commands). A driver that reads
+    /// into one buffer of its own serves each read's messages at once, and
+    /// has nothing to do here.
+    fn serve_lent(&mut self, _w: &mut Worker<'_>) {}
+
+    /// The worker now serves `sock`: watch its readiness.
+    fn watch_serve(&mut self, sock: &SockRt);
+
+    /// A command from another thread (`Serve` is the loop's).
+    fn command(&mut self, w: &mut Worker<'_>, c: Command);
+
+    /// Write the psocks in `w.dirty` (and empty it).
+    fn flush(&mut self, w: &mut Worker<'_>);
+
+    /// The pass is over: what the driver does before the next wait.
+    fn end_pass(&mut self, _w: &mut Worker<'_>) {}
+
+    /// Whether this driver serves psocks lent to its worker
+    /// (`Tuning::lease`, `Own::leases`): it reads them itself.
+    fn leases(&self) -> bool {
+        false
+    }
+}
+
+/// Run worker `index` until the mux stops.
+pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
+    let me = &sh.workers[index];
+    let mut w = Worker { sh, serving: None, bufs: ServeBufs::new(&sh.tuning), events: Vec::new(), dirty: Vec::new() };
+    let rounds = sh.tuning.ring_rounds;
+
+    // The earliest assembly deadline as of the end of the last pass. Deadlines
+    // start only when this worker feeds its own psocks (in the pass), so the
+    // value read at the end of a pass is still right when the next one waits.
+    let mut next_deadline: Option<Timestamp> = sh.lock().mux.poll_timeout();
+    while !sh.stop.load(Ordering::Acquire) {
+        let timeout = match w.events.is_empty() {
+            true => next_deadline.map(|t| {
+                let now = sh.now();
+                Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())) + Duration::from_micros(100)
+            }),
+            // The last pass ran out of rounds with events left: look at the
+            // driver's I/O without sleeping, then go on with them.
+            false => Some(Duration::ZERO),
+        };
+        // Wake at least every second to notice `stop` even if a wake-up was lost.
+        let timeout = timeout.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1));
+        let woke = io.wait(&mut w, timeout);
+        io.serve_lent(&mut w);
+        let mut serve_ready = woke.serve_ready;
+        if woke.commands {
+            // Drain the eventfd before taking the commands, so a command
+            // posted in between leaves it readable for the next wait rather
+            // than being slept through.
+            let _ = me.waker.drain();
+            let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
+            for c in cmds {
+                match c {
+                    Command::Serve { sock, handler, stats, lanes, index } => {
+                        io.watch_serve(&sock);
+                        w.bufs.own.serve = Some((sock.id, sh.tuning.serve_batch));
+                        w.bufs.own.can_lease = sh.tuning.lease && io.leases();
+                        w.serving = Some(Serving { sock, handler, stats, lanes, index });
+                        serve_ready = true;
+                    }
+                    Command::Unlease(p) => {
+                        let now = sh.now();
+                        let mut core = sh.lock();
+                        w.bufs.own.unlease(&mut core, p, now);
+                        core.drain_events(&mut w.events);
+                    }
+                    c => io.command(&mut w, c),
+                }
+            }
+            io.serve_lent(&mut w);
+        }
+        // The worker's own state (writes made whole, leases), then the
+        // deadlines (assembly timeouts): one hold.
+        {
+            let now = sh.now();
+            let mut core = sh.lock();
+            w.bufs.own.hold(&mut core, now);
+            core.drain_events(&mut w.events);
+            next_deadline = core.mux.poll_timeout();
+            if let Some(t) = next_deadline {
+                if t <= now {
+                    core.mux.handle_timeout(now);
+                    core.drain_events(&mut w.events);
+                    next_deadline = core.mux.poll_timeout();
+                }
+            }
+        }
+        // Dispatch, serve in place, write: until nothing is left to do here
+        // (bounded; what remains is picked up by the next pass).
+        for round in 0..rounds {
+            sh.dispatch(&mut w.events, &mut Ctx::Worker(&mut w.dirty, &mut w.bufs.own));
+            if let (0, Some(sv)) = (round, &w.serving) {
+                // (A command may have read messages for our socket in a
+                // pass with no read: `Own::has_direct`.)
+                crate::serve::pass(sh, sv, &mut w.bufs, &mut w.events, &mut w.dirty, serve_ready);
+            }
+            // (Looked at first: an empty flush still costs a few dozen
+            // instructions, every pass.)
+            if w.dirty.is_empty() && w.events.is_empty() {
+                break;
+            }
+            io.flush(&mut w);
+        }
+        crate::serve::end_pass(w.serving.as_ref(), &mut w.bufs);
+        io.end_pass(&mut w);
+    }
+}
