@@ -109,8 +109,13 @@ fn one_call(c: &mut TcpStream, service: Service, n: u32, limit: Duration) -> io:
     Ok(())
 }
 
+/// How long any one call of the good client, or of a new client beside the
+/// attack, may wait for its reply.
+const CALL_LIMIT: Duration = Duration::from_secs(5);
+
 /// A good client: one call at a time, counting replies, until `stop`.
-/// Returns the calls answered; an error or a reply later than 5 s fails.
+/// Returns the calls answered; an error or a reply later than `CALL_LIMIT`
+/// fails.
 fn good_client(
     addr: SocketAddr,
     service: Service,
@@ -122,7 +127,7 @@ fn good_client(
         c.set_nodelay(true)?;
         let mut n = 0u32;
         while !stop.load(Ordering::Acquire) {
-            one_call(&mut c, service, n, Duration::from_secs(5))?;
+            one_call(&mut c, service, n, CALL_LIMIT)?;
             n = n.wrapping_add(1);
             done.fetch_add(1, Ordering::Relaxed);
         }
@@ -179,6 +184,9 @@ fn non_reader(addr: SocketAddr, service: Service, blocked: Arc<AtomicU64>, stop:
     })
 }
 
+/// How long the good client's rate beside the non-readers is watched.
+const LOADED_RATE_DEADLINE: Duration = Duration::from_secs(30);
+
 fn non_readers_do_not_starve_others(service: Service, driver: &str) {
     let _one = serial();
     let s = server(service, driver);
@@ -205,26 +213,34 @@ fn non_readers_do_not_starve_others(service: Service, driver: &str) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Pipelining on while a new client arrives: it is answered within 1 s.
+    // Pipelining on while a new client arrives: it is answered within the
+    // good client's limit (while the server still works through the
+    // non-readers' pipelined requests on a loaded 2-CPU machine, a first
+    // reply took up to 1.7 s, its connection attached within 10 ms).
     std::thread::sleep(Duration::from_millis(1000));
     let mut fresh = TcpStream::connect(s.addr).unwrap();
     fresh.set_nodelay(true).unwrap();
     let t = Instant::now();
-    let r = one_call(&mut fresh, service, 7, Duration::from_secs(1));
+    let r = one_call(&mut fresh, service, 7, CALL_LIMIT);
     assert!(r.is_ok(), "{service:?}/{driver}: a new client beside 20 non-readers: {r:?} after {:?}", t.elapsed());
 
-    // The good client keeps at least half of its rate: the best of up to
-    // twelve windows, as the unloaded rate was the best of three (a
-    // functional bound that a starved client fails however long it is
-    // watched; the windows absorb the noise of a shared 2-CPU machine).
+    // The good client keeps at least half of its rate: its best window
+    // reaches half the unloaded rate (the best of three) before a deadline
+    // (a functional bound that a starved client fails however long it is
+    // watched). A deadline, not a count of windows: an attacker counts as
+    // stalled once its socket buffers are full, but the server is then still
+    // working through its pipelined requests until it aborts it (replies
+    // over psock_sndbuf) or holds it; on a loaded 2-CPU machine that takes
+    // seconds, and single windows swing with the other processes' load.
+    let t = Instant::now();
     let mut loaded = 0.0f64;
-    for _ in 0..12 {
+    while loaded < 0.5 * unloaded && t.elapsed() < LOADED_RATE_DEADLINE {
         loaded = loaded.max(rate(&done, Duration::from_millis(250)));
-        if loaded >= 0.5 * unloaded {
-            break;
-        }
     }
-    eprintln!("{service:?}/{driver}: good client {unloaded:.0}/s alone, {loaded:.0}/s beside 20 non-readers");
+    eprintln!(
+        "{service:?}/{driver}: good client {unloaded:.0}/s alone, {loaded:.0}/s beside 20 non-readers (after {:?})",
+        t.elapsed()
+    );
     assert!(loaded >= 0.5 * unloaded, "{service:?}/{driver}: {loaded:.0}/s beside the attack, {unloaded:.0}/s alone");
 
     attack_stop.store(true, Ordering::Release);

@@ -659,6 +659,16 @@ impl Mux {
         }
     }
 
+    /// The `/proc/net/kcm_stats`-style totals of this mux and of its psocks
+    /// (the kernel's own file on the kernel backend; empty if it cannot be
+    /// read).
+    pub fn proc_kcm_stats(&self) -> String {
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lock().mux.proc_kcm_stats(),
+            MuxImp::Kernel(_) => std::fs::read_to_string("/proc/net/kcm_stats").unwrap_or_default(),
+        }
+    }
+
     /// The worker that reads psock `p`. `None` for a psock not attached
     /// here, and on the kernel backend (no workers).
     pub fn psock_worker(&self, p: PsockId) -> Option<usize> {

@@ -44,11 +44,7 @@ pub enum Mode {
 }
 
 #[derive(clap::Args, Debug)]
-#[command(
-    after_help = "Output: a header, one row per round (calls answered, secs to the last reply, msgs/s = calls/secs, \
-RTT min/percentiles/max in microseconds from an HDR histogram, Mbps both ways, errs), a median row (median of the rounds), \
-and a line 'summary key=value ...' (grep '^summary '). Exit status 0 only if every reply was right; 1 on any error."
-)]
+#[command(after_help = loadgen::after_help(UNITS.rate_col))]
 pub struct Args {
     #[command(flatten)]
     pub common: CommonArgs,
@@ -63,18 +59,14 @@ pub struct Args {
     pub target: String,
 }
 
+/// The settings of its own in the `--json` config.
 #[derive(Serialize)]
 struct Config {
-    threads: u64,
-    inflight: u64,
-    count: Option<u64>,
-    duration_s: Option<f64>,
-    rounds: u64,
     size: u64,
     mode: Mode,
-    io_timeout_s: f64,
-    cpus: Option<Vec<usize>>,
 }
+
+const UNITS: Units = Units { tool: "echotest", rate_col: "msgs/s", rate_key: "msg_per_s" };
 
 /// Number of distinct payload start offsets in the pattern.
 const SHIFTS: usize = 251;
@@ -207,20 +199,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let target = Target::resolve(&a.target, DEFAULT_PORT)?;
     let size = a.size as usize;
     let w = Echo { size, header: a.mode == Mode::Msg, pattern: Arc::new(pattern(size)) };
-    let c = &a.common;
-    let config = Config {
-        threads: c.threads,
-        inflight: c.inflight,
-        count: c.count,
-        duration_s: c.duration,
-        rounds: c.rounds,
-        size: a.size,
-        mode: a.mode,
-        io_timeout_s: c.io_timeout,
-        cpus: c.cpus.as_ref().map(|l| l.0.clone()),
-    };
-    let units = Units { tool: "echotest", rate_col: "msgs/s", rate_key: "msg_per_s" };
-    loadgen::run_load(c, units, &target, &w, config)
+    loadgen::run_load(&a.common, UNITS, &target, &w, Config { size: a.size, mode: a.mode })
 }
 
 #[cfg(test)]

@@ -40,11 +40,7 @@ pub enum Auth {
 }
 
 #[derive(clap::Args, Debug)]
-#[command(
-    after_help = "Output: a header, one row per round (calls answered, secs to the last reply, RPC/s = calls/secs, \
-RTT min/percentiles/max in microseconds from an HDR histogram, Mbps both ways, errs), a median row (median of the rounds), \
-and a line 'summary key=value ...' (grep '^summary '). Exit status 0 only if every reply was right; 1 on any error."
-)]
+#[command(after_help = loadgen::after_help(UNITS.rate_col))]
 pub struct Args {
     #[command(flatten)]
     pub common: CommonArgs,
@@ -78,21 +74,17 @@ pub struct Args {
     pub target: Option<String>,
 }
 
+/// The settings of its own in the `--json` config.
 #[derive(Serialize)]
 struct Config {
-    threads: u64,
-    inflight: u64,
-    count: Option<u64>,
-    duration_s: Option<f64>,
-    rounds: u64,
     prog: u32,
     vers: u32,
     auth: Auth,
     fragments: usize,
     call_bytes: usize,
-    io_timeout_s: f64,
-    cpus: Option<Vec<usize>>,
 }
+
+const UNITS: Units = Units { tool: "rpctest", rate_col: "RPC/s", rate_key: "rpc_per_s" };
 
 /// The AUTH_SYS credential fields, read once per run.
 #[derive(Clone, Debug)]
@@ -301,26 +293,12 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             sample.len()
         );
     }
-    let config = Config {
-        threads: c.threads,
-        inflight: c.inflight,
-        count: c.count,
-        duration_s: c.duration,
-        rounds: c.rounds,
-        prog: a.prog,
-        vers: a.vers,
-        auth: a.auth,
-        fragments,
-        call_bytes: sample.len(),
-        io_timeout_s: c.io_timeout,
-        cpus: c.cpus.as_ref().map(|l| l.0.clone()),
-    };
+    let config = Config { prog: a.prog, vers: a.vers, auth: a.auth, fragments, call_bytes: sample.len() };
     if specs.len() > 1 {
         let servers = specs.iter().map(|s| Target::resolve(s, DEFAULT_PORT)).collect::<anyhow::Result<Vec<_>>>()?;
         return super::rpctest_mux::run(c, &servers, a.tx_policy, &|xid, out| rpc.call(xid, out));
     }
-    let units = Units { tool: "rpctest", rate_col: "RPC/s", rate_key: "rpc_per_s" };
-    loadgen::run_load(c, units, &target, &rpc, config)
+    loadgen::run_load(c, UNITS, &target, &rpc, config)
 }
 
 #[cfg(test)]

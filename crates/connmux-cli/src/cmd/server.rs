@@ -421,7 +421,7 @@ fn service_snapshot(what: &str, svc: &Service, started: Instant) -> String {
         st.closed.load(Relaxed),
         st.refused.load(Relaxed),
         svc.mux().proc_kcm(),
-        stat::format_mux_stats(&svc.mux().stats()),
+        stat::format_mux_stats(svc.mux()),
     )
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use connmux::MuxStats;
+use connmux::Mux;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
@@ -94,37 +94,14 @@ impl Drop for StatsEndpoint {
     }
 }
 
-/// `/proc/net/kcm_stats`-style totals, then every counter as `name=value`
-/// (greppable; the names are the fields of `MuxStats` and `PsockStats`).
-pub fn format_mux_stats(st: &MuxStats) -> String {
+/// The library's `/proc/net/kcm_stats`-style table of `mux`, then every
+/// counter as `name=value` (greppable; the names are the fields of
+/// `MuxStats` and `PsockStats`).
+pub fn format_mux_stats(mux: &Mux) -> String {
+    let st = mux.stats();
     let p = &st.psock;
-    let mut out = String::new();
-    out.push_str(&format!(
-        "{:<10} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<11} {:<10}\n",
-        "MUX",
-        "RX-Msgs",
-        "RX-Bytes",
-        "TX-Msgs",
-        "TX-Bytes",
-        "TX-Retries",
-        "Attach",
-        "Unattach",
-        "UnattchRsvd",
-        "RX-RdyDrops"
-    ));
-    out.push_str(&format!(
-        "{:<10} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<11} {:<10}\n\n",
-        "",
-        st.rx_msgs,
-        st.rx_bytes,
-        st.tx_msgs,
-        st.tx_bytes,
-        st.tx_retries,
-        st.psock_attach,
-        st.psock_unattach,
-        st.psock_unattach_rsvd,
-        st.rx_ready_drops
-    ));
+    let mut out = mux.proc_kcm_stats();
+    out.push('\n');
     let pairs: [(&str, u64); 27] = [
         ("rx_msgs", st.rx_msgs),
         ("rx_bytes", st.rx_bytes),

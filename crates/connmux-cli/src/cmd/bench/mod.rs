@@ -166,6 +166,30 @@ fn run_mux_server(a: MuxServerArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// The interleaved rounds of a comparison and the seconds of each
+/// measurement (`-i`, `-d`). A mode words their help for itself:
+/// `#[command(mut_arg("rounds", ..), mut_arg("seconds", ..))]`.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct Rounds {
+    #[arg(short = 'i', long, default_value_t = 3)]
+    pub rounds: usize,
+    #[arg(short = 'd', long, default_value_t = 1.0)]
+    pub seconds: f64,
+}
+
+impl Rounds {
+    /// A `--quick` smoke run: `rounds` of 0.3 s.
+    pub fn quick(rounds: usize) -> Rounds {
+        Rounds { rounds, seconds: 0.3 }
+    }
+
+    /// Both must be positive.
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.rounds > 0 && self.seconds > 0.0, "--rounds and --seconds must be positive");
+        Ok(())
+    }
+}
+
 /// A mode's arguments as parsed from `argv` (its defaults plus `--quick`).
 fn defaults<T: clap::Args + clap::FromArgMatches>(argv: &[&str]) -> T {
     let m = T::augment_args(clap::Command::new("bench")).get_matches_from(argv);

@@ -18,16 +18,16 @@ use std::process::Command;
 use anyhow::Context;
 
 use super::rpc::placement;
-use super::{cpu_list, exe, free_port, loadavg, loadgen, ratio, taskset, verdict, Figures, Proc};
+use super::{cpu_list, exe, free_port, loadavg, loadgen, ratio, taskset, verdict, Figures, Proc, Rounds};
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("rounds", |a| a.help("Rounds (each measures every load on both servers, order alternating)")),
+    mut_arg("seconds", |a| a.help("Seconds per measurement"))
+)]
 pub struct Args {
-    /// Rounds (each measures every load on both servers, order alternating).
-    #[arg(short = 'i', long, default_value_t = 3)]
-    pub rounds: usize,
-    /// Seconds per measurement.
-    #[arg(short = 'd', long, default_value_t = 1.0)]
-    pub seconds: f64,
+    #[command(flatten)]
+    pub run: Rounds,
     /// CPUs of the servers and the load generator: cpu0, spread (0 and 1), or a list.
     #[arg(long, default_value = "spread")]
     pub placement: String,
@@ -201,10 +201,9 @@ fn measure(load: &Load, srv: &Server, cpus: &[usize], seconds: f64) -> anyhow::R
 
 pub fn run(mut a: Args) -> anyhow::Result<i32> {
     if a.quick {
-        a.rounds = 2;
-        a.seconds = 0.3;
+        a.run = Rounds::quick(2);
     }
-    anyhow::ensure!(a.rounds > 0 && a.seconds > 0.0, "--rounds and --seconds must be positive");
+    a.run.check()?;
     let Some(diod) = diod_path() else {
         println!(
             "connmux bench 9p: diod is not installed (Debian package diod; scripts/setup.sh installs it): skipped"
@@ -220,22 +219,22 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
          interleaved; medians over rounds; load avg {}",
         cpu_list(&p.cpus),
         a.driver,
-        a.rounds,
-        a.seconds,
+        a.run.rounds,
+        a.run.seconds,
         loadavg()
     );
     // results[load][0 = connmux, 1 = diod]
     let mut results: Vec<[Vec<Figures>; 2]> = (0..loads.len()).map(|_| [Vec::new(), Vec::new()]).collect();
-    for round in 0..a.rounds {
+    for round in 0..a.run.rounds {
         for (li, l) in loads.iter().enumerate() {
             for k in 0..2 {
                 let which = (k + round + li) % 2;
-                let f = measure(l, &servers[which], &p.cpus, a.seconds)
+                let f = measure(l, &servers[which], &p.cpus, a.run.seconds)
                     .with_context(|| format!("round {} {} against {}", round + 1, l.name, servers[which].proc.name))?;
                 results[li][which].push(f);
             }
         }
-        eprintln!("bench 9p: round {}/{} done (load avg {})", round + 1, a.rounds, loadavg());
+        eprintln!("bench 9p: round {}/{} done (load avg {})", round + 1, a.run.rounds, loadavg());
     }
     drop(servers);
     let _ = std::fs::remove_dir_all(&dir);
@@ -288,7 +287,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     println!(
         "(rates and p99 RTT in µs are medians over {} rounds; the uneven row's figures are the 7 light connections'; \
          the machine is shared and noisy: compare ratios, not absolutes){}",
-        a.rounds,
+        a.run.rounds,
         if all_ok { "" } else { "; a MISS is a target not met in this run" }
     );
     Ok(0)

@@ -23,16 +23,18 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::{build_yardstick, cpu_list, exe, free_port, loadavg, loadgen, ratio, taskset, verdict, Figures, Proc};
+use super::{
+    build_yardstick, cpu_list, exe, free_port, loadavg, loadgen, ratio, taskset, verdict, Figures, Proc, Rounds,
+};
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("rounds", |a| a.help("Rounds (each runs every placement, setting and server once)")),
+    mut_arg("seconds", |a| a.help("Seconds per run"))
+)]
 pub struct Args {
-    /// Rounds (each runs every placement, setting and server once).
-    #[arg(short = 'i', long, default_value_t = 3)]
-    pub rounds: usize,
-    /// Seconds per run.
-    #[arg(short = 'd', long, default_value_t = 1.0)]
-    pub seconds: f64,
+    #[command(flatten)]
+    pub run: Rounds,
     /// Load settings THREADS:IN_FLIGHT (rpctest -j and -a).
     #[arg(long, value_delimiter = ',', default_value = "1:1,1:32,1:128,2:128,8:128,64:16")]
     pub settings: Vec<String>,
@@ -173,6 +175,15 @@ impl std::fmt::Display for Setting {
     }
 }
 
+impl Setting {
+    /// rpctest's arguments for this setting, runs of `seconds`.
+    pub fn rpctest_args(&self, seconds: f64) -> Vec<String> {
+        ["-j", &self.threads.to_string(), "-a", &self.inflight.to_string(), "-d", &seconds.to_string()]
+            .map(String::from)
+            .to_vec()
+    }
+}
+
 pub fn parse_setting(s: &str) -> anyhow::Result<Setting> {
     let (j, a) = s.split_once(':').with_context(|| format!("setting {s}: want THREADS:IN_FLIGHT"))?;
     Ok(Setting { threads: j.trim().parse()?, inflight: a.trim().parse()? })
@@ -180,13 +191,12 @@ pub fn parse_setting(s: &str) -> anyhow::Result<Setting> {
 
 pub fn run(mut a: Args) -> anyhow::Result<i32> {
     if a.quick {
-        a.rounds = 1;
-        a.seconds = 0.3;
+        a.run = Rounds::quick(1);
         a.settings = vec!["1:1".into(), "1:32".into()];
         a.placements = vec!["cpu0".into()];
         a.servers.retain(|s| s != "ganesha");
     }
-    anyhow::ensure!(a.rounds > 0 && a.seconds > 0.0, "--rounds and --seconds must be positive");
+    a.run.check()?;
     let settings = a.settings.iter().map(|s| parse_setting(s)).collect::<anyhow::Result<Vec<_>>>()?;
     let placements = a.placements.iter().map(|p| placement(p)).collect::<anyhow::Result<Vec<_>>>()?;
     let yard =
@@ -197,8 +207,8 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     println!(
         "connmux bench rpc: ONC RPC NULL calls over loopback; {} round(s) of {} s per server, setting and placement, \
          interleaved; medians over rounds; load avg {}",
-        a.rounds,
-        a.seconds,
+        a.run.rounds,
+        a.run.seconds,
         loadavg()
     );
     // results[placement][setting][server] = figures per round
@@ -222,7 +232,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         eprintln!("bench: nfs-ganesha is not installed (no ganesha.nfsd on PATH); skipped");
     }
     let mut has_ganesha = vec![false; placements.len()];
-    for round in 0..a.rounds {
+    for round in 0..a.run.rounds {
         for (pi, p) in placements.iter().enumerate() {
             let ganesha = if want_ganesha { start_ganesha(p, &a.yardstick)? } else { None };
             if ganesha.is_some() {
@@ -230,14 +240,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             }
             let n = servers[pi].len();
             for (si, s) in settings.iter().enumerate() {
-                let args: Vec<String> = vec![
-                    "-j".into(),
-                    s.threads.to_string(),
-                    "-a".into(),
-                    s.inflight.to_string(),
-                    "-d".into(),
-                    a.seconds.to_string(),
-                ];
+                let args = s.rpctest_args(a.run.seconds);
                 for k in 0..n + 1 {
                     let vi = (k + round + si) % (n + 1);
                     let srv = if vi < n { Some(&servers[pi][vi]) } else { ganesha.as_ref() };
@@ -248,7 +251,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 }
             }
         }
-        eprintln!("bench rpc: round {}/{} done (load avg {})", round + 1, a.rounds, loadavg());
+        eprintln!("bench rpc: round {}/{} done (load avg {})", round + 1, a.run.rounds, loadavg());
     }
     drop(servers);
 

@@ -83,14 +83,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     let mut results: Vec<[Vec<Figures>; 2]> = vec![[Vec::new(), Vec::new()]; settings.len()];
     for round in 0..a.rounds {
         for (si, s) in settings.iter().enumerate() {
-            let base: Vec<String> = vec![
-                "-j".into(),
-                s.threads.to_string(),
-                "-a".into(),
-                s.inflight.to_string(),
-                "-d".into(),
-                a.seconds.to_string(),
-            ];
+            let base = s.rpctest_args(a.seconds);
             for k in 0..2 {
                 let which = (k + round + si) % 2;
                 let (srv, mut args) = if which == 0 { (&plain, base.clone()) } else { (&tls, base.clone()) };

@@ -1,5 +1,6 @@
-//! Shared machinery of the load generators `connmux rpctest` and
-//! `connmux echotest`, modelled on ksf's tools of the same names.
+//! Shared machinery of the load generators `connmux rpctest`, `connmux
+//! echotest` (modelled on ksf's tools of the same names) and `connmux 9ptest`:
+//! their common flags ([`CommonArgs`]), rounds, output and `--json` config.
 //!
 //! # How a run goes
 //!
@@ -210,6 +211,47 @@ impl CommonArgs {
     }
 }
 
+/// The `after_help` of a generator with the usual output; `rate_col` names
+/// its rate column.
+pub fn after_help(rate_col: &str) -> String {
+    format!(
+        "Output: a header, one row per round (calls answered, secs to the last reply, {rate_col} = calls/secs, \
+RTT min/percentiles/max in microseconds from an HDR histogram, Mbps both ways, errs), a median row (median of the rounds), \
+and a line 'summary key=value ...' (grep '^summary '). Exit status 0 only if every reply was right; 1 on any error."
+    )
+}
+
+/// The `config` of the `--json` document: the common flags, with a
+/// generator's own settings (`own`, its fields inlined) between the round
+/// plan and the I/O settings.
+#[derive(Serialize)]
+struct RunConfig<'a, C: Serialize> {
+    threads: u64,
+    inflight: u64,
+    count: Option<u64>,
+    duration_s: Option<f64>,
+    rounds: u64,
+    #[serde(flatten)]
+    own: &'a C,
+    io_timeout_s: f64,
+    cpus: Option<&'a [usize]>,
+}
+
+impl CommonArgs {
+    fn run_config<'a, C: Serialize>(&'a self, own: &'a C) -> RunConfig<'a, C> {
+        RunConfig {
+            threads: self.threads,
+            inflight: self.inflight,
+            count: self.count,
+            duration_s: self.duration,
+            rounds: self.rounds,
+            own,
+            io_timeout_s: self.io_timeout,
+            cpus: self.cpus.as_ref().map(|l| l.0.as_slice()),
+        }
+    }
+}
+
 /// Client CPU seconds (user + system) of this process so far, from
 /// `/proc/self/stat` (ticks of 1/100 s, the kernel's fixed USER_HZ).
 fn process_cpu_s() -> Option<f64> {
@@ -262,13 +304,14 @@ impl TtyProgress {
 
 /// Runs all rounds of `w` against `target`, prints the rows (or JSON), draws
 /// the plot, and returns the exit status: 0 when every request of every round
-/// was answered correctly, 1 otherwise.
+/// was answered correctly, 1 otherwise. `own_config` holds the generator's
+/// own settings for the `--json` document's `config`.
 pub fn run_load<W: Workload, C: Serialize>(
     args: &CommonArgs,
     units: Units,
     target: &Target,
     w: &W,
-    config: C,
+    own_config: C,
 ) -> anyhow::Result<i32> {
     let mut plan = args.plan()?;
     let host = target::split_host_port(&target.name, 0).ok().map(|(h, _)| h);
@@ -374,7 +417,7 @@ pub fn run_load<W: Workload, C: Serialize>(
             tool: units.tool,
             target: target.name.clone(),
             addrs: target.addrs.iter().map(|a| a.to_string()).collect(),
-            config,
+            config: args.run_config(&own_config),
             median: ok.then(|| med.clone()),
             all: ok.then(|| report::Pooled::new(&all, quantiles)),
             rounds: rows,

@@ -69,13 +69,9 @@ pub struct Args {
     pub target: String,
 }
 
+/// The settings of its own in the `--json` config.
 #[derive(Serialize)]
 struct Config {
-    threads: u64,
-    inflight: u64,
-    count: Option<u64>,
-    duration_s: Option<f64>,
-    rounds: u64,
     op: Op,
     file: String,
     size: u64,
@@ -353,18 +349,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     let load =
         Load { op: a.op, names, size: a.size as u32, aname: a.aname.clone(), uid: a.uid.unwrap_or_else(euid), msize };
-    let c = &a.common;
-    let config = Config {
-        threads: c.threads,
-        inflight: c.inflight,
-        count: c.count,
-        duration_s: c.duration,
-        rounds: c.rounds,
-        op: a.op,
-        file: a.file.clone(),
-        size: a.size,
-        msize: a.msize,
-    };
+    let config = Config { op: a.op, file: a.file.clone(), size: a.size, msize: a.msize };
     let units = Units { tool: "9ptest", rate_col: "ops/s", rate_key: "ops_per_s" };
-    loadgen::run_load(c, units, &target, &load, config)
+    loadgen::run_load(&a.common, units, &target, &load, config)
 }

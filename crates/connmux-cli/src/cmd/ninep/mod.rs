@@ -163,6 +163,6 @@ fn snapshot(svc: &Service, h: &serve::NinepHandler, started: Instant) -> String 
         started.elapsed().as_secs_f64(),
         counters(svc, h),
         svc.mux().proc_kcm(),
-        stat::format_mux_stats(&svc.mux().stats()),
+        stat::format_mux_stats(svc.mux()),
     )
 }
