@@ -73,6 +73,10 @@ pub struct Args {
     /// connection's requests answered in order on one CPU.
     #[arg(long)]
     pub lane_in_order: bool,
+    /// connmux serves every read through its shared core (`Tuning::lease`
+    /// off), for comparisons.
+    #[arg(long)]
+    pub no_lease: bool,
     /// A smoke run: one round of 0.5 s.
     #[arg(long)]
     pub quick: bool,
@@ -107,6 +111,9 @@ pub struct ServerArgs {
     /// answered in order on one CPU.
     #[arg(long)]
     pub lane_in_order: bool,
+    /// Every read through the shared core (connmux only; `Tuning::lease` off).
+    #[arg(long)]
+    pub no_lease: bool,
     /// Stop after this many seconds (default: until killed).
     #[arg(long)]
     pub duration: Option<f64>,
@@ -172,6 +179,7 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             c.lane_nice = a.lane_nice;
             c.tuning.lane_steal_from = a.lane_steal_from;
             c.lane_in_order = a.lane_in_order;
+            c.tuning.lease = !a.no_lease;
             c.driver = match a.driver.as_str() {
                 "auto" => connmux::Driver::Auto,
                 "epoll" => connmux::Driver::Epoll,
@@ -397,7 +405,8 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             .args(["--heavy-us", &a.heavy_us.to_string()])
             .args(["--lane-nice", &a.lane_nice.to_string()])
             .args(["--lane-steal-from", &a.lane_steal_from.to_string()])
-            .args(a.lane_in_order.then_some("--lane-in-order"));
+            .args(a.lane_in_order.then_some("--lane-in-order"))
+            .args(a.no_lease.then_some("--no-lease"));
         servers.push(Proc::spawn(name, cmd, port)?);
     }
     println!(
