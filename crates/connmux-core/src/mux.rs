@@ -512,6 +512,17 @@ impl Sock {
     fn able(&self) -> bool {
         !self.rx_disabled && self.rx_mem < self.rcvbuf
     }
+
+    /// `msgs` whole messages of `len` bytes in all taken from this socket
+    /// for one psock: charged to its send buffer and counted as sent.
+    #[inline]
+    fn charge(&mut self, len: usize, msgs: u32) {
+        self.tx_mem += len;
+        self.tx_msgs += msgs as usize;
+        self.tx_msg_peak = self.tx_msg_peak.max(len);
+        self.stats.tx_msgs += u64::from(msgs);
+        self.stats.tx_bytes += len as u64;
+    }
 }
 
 /// A psock's lifecycle (receive side and close), as the core decides it:
@@ -1843,11 +1854,7 @@ impl Mux {
             return Err(self.would_block(s));
         }
         let len = msg.len();
-        sock.tx_mem += len;
-        sock.tx_msgs += msgs as usize;
-        sock.tx_msg_peak = sock.tx_msg_peak.max(len);
-        sock.stats.tx_msgs += u64::from(msgs);
-        sock.stats.tx_bytes += len as u64;
+        sock.charge(len, msgs);
         if batch {
             if !sock.held_psocks.contains(&p) {
                 sock.held_psocks.push(p);

@@ -233,11 +233,7 @@ impl Mux {
         let Some(sock) = socks.get_mut(s.index, s.generation) else { return };
         let len = chunk.len();
         // Counted as `send_msgs_to` counts them, with the sent part done.
-        sock.tx_mem += len;
-        sock.tx_msgs += msgs as usize;
-        sock.tx_msg_peak = sock.tx_msg_peak.max(len);
-        sock.stats.tx_msgs += u64::from(msgs);
-        sock.stats.tx_bytes += len as u64;
+        sock.charge(len, msgs);
         ps.tx_addr_bytes += len;
         ps.tx_placed += u64::from(msgs);
         ps.stats.tx_bytes += sent as u64;
