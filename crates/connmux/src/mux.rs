@@ -232,7 +232,14 @@ impl Mux {
                     WorkerIo::Epoll(epoll)
                 }
             };
-            refs.push(WorkerRef { io, waker, commands: Mutex::new(Vec::new()), psocks: AtomicUsize::new(0), cpu });
+            refs.push(WorkerRef {
+                io,
+                waker,
+                commands: Mutex::new(Vec::new()),
+                psocks: AtomicUsize::new(0),
+                cpu,
+                serving: AtomicBool::new(false),
+            });
         }
         let (events_tx, events_rx) = crossbeam::channel::bounded(config.event_queue.max(1));
         let shared = Arc::new(Shared {

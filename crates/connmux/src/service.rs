@@ -129,6 +129,17 @@ impl Mux {
             });
             sh.workers[i].waker.notify()?;
         }
+        // Returns once every worker serves: a read a worker makes before it
+        // has taken its command (a worker's wait reads before it takes its
+        // commands) would go through the socket's queue and `handle`, not
+        // in place, for the first requests of a connection accepted at once.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !sh.workers.iter().all(|w| w.serving.load(Ordering::Acquire)) {
+            if std::time::Instant::now() > deadline {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "the workers did not start serving"));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
         serving._sockets = socks;
         Ok(serving)
     }

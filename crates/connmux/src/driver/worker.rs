@@ -118,6 +118,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                         w.bufs.own.can_lease = sh.tuning.lease && io.leases();
                         w.serving = Some(Serving { sock, handler, stats, lanes, index });
                         serve_ready = true;
+                        me.serving.store(true, Ordering::Release);
                     }
                     Command::Unlease(p) => {
                         let now = sh.now();

@@ -211,6 +211,9 @@ pub(crate) struct WorkerRef {
     pub psocks: AtomicUsize,
     /// The CPU it is pinned to, if any.
     pub cpu: Option<usize>,
+    /// It has taken its `Command::Serve`: it serves in place from its next
+    /// read on (`Mux::serve` returns only then).
+    pub serving: AtomicBool,
 }
 
 impl WorkerRef {
@@ -473,32 +476,17 @@ impl Own {
     /// Give psock `p`'s lease back, if this worker holds it (its counts
     /// of this pass first).
     pub fn unlease(&mut self, core: &mut Core, p: PsockId, now: Timestamp) {
-        if let Some(l) = self.leases.remove(&p) {
-            Own::give_back(core, l, &mut self.lease_used, now);
-        }
-    }
-
-    /// Give lease `l` back with what this pass counted for it.
-    fn give_back(core: &mut Core, mut l: Leased, used: &mut [(PsockId, u32, usize)], now: Timestamp) {
-        let p = l.lease.psock();
-        for (q, msgs, bytes) in used.iter_mut() {
-            if *q == p {
-                l.lease.wrote(*msgs, *bytes);
-                (*msgs, *bytes) = (0, 0);
-            }
-        }
-        core.mux.unlease(l.lease, now);
+        self.unlease_rt(core, p, now);
     }
 
     /// [`Own::unlease`] returning the connection (the caller goes on with it).
     pub fn unlease_rt(&mut self, core: &mut Core, p: PsockId, now: Timestamp) -> Option<Arc<PsockRt>> {
-        let l = self.leases.remove(&p)?;
-        let rt = l.rt.clone();
-        Own::give_back(core, l, &mut self.lease_used, now);
-        Some(rt)
+        let l = self.take_lease(p)?;
+        core.mux.unlease(l.lease, now);
+        Some(l.rt)
     }
 
-    /// Take lease `p` back from this worker (for `Mux::unlease_unsent`):
+    /// Take lease `p` back from this worker (to give it back to the core):
     /// what this pass counted for it is in it.
     pub fn take_lease(&mut self, p: PsockId) -> Option<Leased> {
         let mut l = self.leases.remove(&p)?;
