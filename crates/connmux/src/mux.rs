@@ -616,7 +616,9 @@ impl Mux {
         }
     }
 
-    /// Mux-wide statistics (`/proc/net/kcm_stats`). On the kernel backend the
+    /// Mux-wide statistics (`/proc/net/kcm_stats`). A served connection lent
+    /// to its worker (`Tuning::lease`) is counted at that worker's next pass
+    /// (microseconds after its replies are written), not at each read. On the kernel backend the
     /// counters are the network namespace's (the kernel has no per-mux
     /// totals; compare deltas), `kcms` and `psocks` this mux's; if the file
     /// cannot be read, only those two are set.
@@ -639,7 +641,8 @@ impl Mux {
         }
     }
 
-    /// One psock's statistics.
+    /// One psock's statistics (a lent psock's as of its worker's last pass,
+    /// as for [`Mux::stats`]).
     pub fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
         match &self.imp {
             MuxImp::User(u) => u.shared.lock().mux.psock_stats(p).map_err(io_err),
