@@ -460,8 +460,8 @@ pub(crate) fn serve_leased(
     }
     bufs.end_run();
     if !bufs.outs.iter().all(|o| matches!(o, Out::Replies(q, ..) if *q == p)) {
-        // A close: the psock is the core's again before anything else.
-        bufs.own.lease_used(p, 0, 0);
+        // A close: the psock is the core's again before anything else
+        // (`unlease` takes this read's counts back with it).
         let mut core = sh.lock();
         bufs.own.unlease(&mut core, p, sh.timestamp(started));
         core.drain_events(events);
