@@ -229,3 +229,24 @@ fn nothing_is_lent_when_leases_are_off_or_on_io_uring() {
         assert!(!svc.mux().psock_leased(p), "{driver:?}, lease {lease}");
     }
 }
+
+#[test]
+fn a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout() {
+    run_on(Driver::Epoll, || {});
+    let mux = mux_with(|c| {
+        c.driver = Driver::Epoll;
+        c.core.idle_timeout = Some(Duration::from_millis(300));
+    });
+    let svc = l4_service(mux, Arc::new(Echo));
+    let mut c = client(&svc);
+    let p = leased_conn(&svc, &mut c);
+    // Nothing more from the client: the idle timeout closes it although
+    // its worker holds it.
+    let mut b = [0u8; 1];
+    let t0 = std::time::Instant::now();
+    let r = c.read(&mut b);
+    assert!(matches!(r, Ok(0) | Err(_)), "closed, not answered: {r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(4), "closed within the timeout's order: {:?}", t0.elapsed());
+    eventually(|| svc.mux().psock_stats(p).is_err().then_some(()));
+    eventually(|| (svc.mux().stats().idle_timeouts == 1).then_some(()));
+}

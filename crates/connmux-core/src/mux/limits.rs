@@ -367,8 +367,10 @@ impl Mux {
             if let Some(d) = idle {
                 let due = ps.last_active.add(d);
                 // Writing counts as activity only when it moved bytes; a
-                // chunk out with the driver is activity in progress.
-                if due <= now && !ps.tx_busy {
+                // chunk out with the driver is activity in progress. A lent
+                // psock counts as busy only to keep other writers off: its
+                // activity is what its worker last synced (`lease_sync`).
+                if due <= now && (!ps.tx_busy || ps.leased.is_some()) {
                     failed.push((p, RxError::IdleTimeout));
                     continue;
                 }
