@@ -617,8 +617,8 @@ impl Mux {
     }
 
     /// Mux-wide statistics (`/proc/net/kcm_stats`). A served connection lent
-    /// to its worker (`Tuning::lease`) is counted at that worker's next pass
-    /// (microseconds after its replies are written), not at each read. On the kernel backend the
+    /// to its worker (`Tuning::lease`) is counted by that worker within
+    /// `Tuning::lease_sync` (1 ms) of its replies, not at each read. On the kernel backend the
     /// counters are the network namespace's (the kernel has no per-mux
     /// totals; compare deltas), `kcms` and `psocks` this mux's; if the file
     /// cannot be read, only those two are set.
@@ -641,8 +641,8 @@ impl Mux {
         }
     }
 
-    /// One psock's statistics (a lent psock's as of its worker's last pass,
-    /// as for [`Mux::stats`]).
+    /// One psock's statistics (a lent psock's as of its worker's last
+    /// telling, as for [`Mux::stats`]).
     pub fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
         match &self.imp {
             MuxImp::User(u) => u.shared.lock().mux.psock_stats(p).map_err(io_err),

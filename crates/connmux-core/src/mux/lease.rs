@@ -29,8 +29,9 @@
 //!   gives the lease back and feeds the read as usual), which decides the
 //!   error. A leased psock holds no bytes, so it adds nothing to the budget.
 //! - **Statistics.** The counts of what was framed and written are added
-//!   at the next `lease_sync` or `unlease` (a reader of the statistics sees
-//!   them no later than the worker's next pass).
+//!   at the next `lease_sync` or `unlease`, which the worker calls as
+//!   often as it likes (the runtime: within a millisecond); the psock's idle
+//!   clock moves then too.
 
 use std::ops::Range;
 

@@ -53,10 +53,14 @@ impl Io for EpollIo<'_> {
         if self.epoll.wait(&mut self.evs, Some(timeout)).unwrap_or(0) == 0 {
             return woke;
         }
+        woke.leased_only = true;
         for ev in self.evs.iter() {
             match ev.token {
                 WAKER_TOKEN => woke.commands = true,
-                SERVE_TOKEN => woke.serve_ready = true,
+                SERVE_TOKEN => {
+                    woke.serve_ready = true;
+                    woke.leased_only = false;
+                }
                 t => {
                     let p = token_psock(t);
                     let readable = ev.readable || ev.hup || ev.error;
@@ -64,10 +68,14 @@ impl Io for EpollIo<'_> {
                     // never wait: a short one gives it back).
                     if readable {
                         if let Some(fd) = w.bufs.own.leases.get(&p).map(|l| l.rt.fd()) {
+                            let lent = w.bufs.own.leases.len();
                             read_leased(w, p, fd, &mut self.buf);
+                            // (A lease given back took the core lock.)
+                            woke.leased_only &= w.bufs.own.leases.len() == lent;
                             continue;
                         }
                     }
+                    woke.leased_only = false;
                     // The psock and, for a plain read, what the core will
                     // take: one lock hold.
                     let (rt, rx) = {
@@ -207,6 +215,7 @@ fn read_leased(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, fd: std::os::f
     let Some(sv) = w.serving.as_ref() else { return };
     let res = connmux_sys::socket::read(fd, buf);
     let read_at = connmux_sys::clock::now_nanos();
+    w.bufs.own.read_at = read_at;
     match ReadEnd::of_io(&res) {
         ReadEnd::Data(n) => {
             let served =

@@ -130,7 +130,7 @@ impl Io for UringIo {
         }
         // A waker that could not be armed wakes nobody: the commands are
         // taken every pass until it is.
-        let mut woke = Woke { commands: !self.waker_armed, serve_ready: false };
+        let mut woke = Woke { commands: !self.waker_armed, ..Woke::default() };
         if let (Some(sv), false) = (&w.serving, self.serve_armed) {
             self.serve_armed = ring.poll_readable(sv.sock.rx.fd.as_raw_fd(), SERVE_TOKEN).is_ok();
         }

@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use connmux_core::mux::Event;
-use connmux_core::Timestamp;
 
 use crate::serve::{ServeBufs, Serving};
 use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt};
@@ -45,6 +44,12 @@ pub(crate) struct Woke {
     pub commands: bool,
     /// The serving socket's queue is readable.
     pub serve_ready: bool,
+    /// Everything the wait reported was a read of a psock lent to this
+    /// worker, served with no hold of the core lock (and each lease is
+    /// still here): nothing of the core changed, so the pass's hold may
+    /// wait (`Own::hold_can_wait`). `Own::read_at` is then the latest
+    /// clock reading.
+    pub leased_only: bool,
 }
 
 /// A driver: the I/O of one worker thread.
@@ -88,7 +93,14 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     // The earliest assembly deadline as of the end of the last pass. Deadlines
     // start only when this worker feeds its own psocks (in the pass), so the
     // value read at the end of a pass is still right when the next one waits.
-    let mut next_deadline: Option<Timestamp> = sh.lock().mux.poll_timeout();
+    let (mut next_deadline, idle) = {
+        let core = sh.lock();
+        (core.mux.poll_timeout(), core.mux.config().idle_timeout)
+    };
+    // How long the leases' counts may wait (`Tuning::lease_sync`): never so
+    // long that untold activity could look like idleness.
+    let sync_every = idle.map_or(sh.tuning.lease_sync, |d| sh.tuning.lease_sync.min(d / 16));
+    let sync_every_ns = sync_every.as_nanos() as u64;
     while !sh.stop.load(Ordering::Acquire) {
         let timeout = match w.events.is_empty() {
             true => next_deadline.map(|t| {
@@ -100,7 +112,11 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
             false => Some(Duration::ZERO),
         };
         // Wake at least every second to notice `stop` even if a wake-up was lost.
-        let timeout = timeout.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1));
+        let mut timeout = timeout.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1));
+        if !w.bufs.own.lease_used.is_empty() {
+            // Counts untold: not asleep for longer than they may wait.
+            timeout = timeout.min(sync_every);
+        }
         let woke = io.wait(&mut w, timeout);
         io.serve_lent(&mut w);
         let mut serve_ready = woke.serve_ready;
@@ -132,9 +148,18 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
             io.serve_lent(&mut w);
         }
         // The worker's own state (writes made whole, leases), then the
-        // deadlines (assembly timeouts): one hold.
-        {
-            let now = sh.now();
+        // deadlines (assembly timeouts): one hold. Skipped by a pass that
+        // only served its leases, when what they did may wait and no
+        // deadline is due: deadlines start only when this worker feeds the
+        // core, which such a pass did not.
+        let quiet = woke.leased_only
+            && !woke.commands
+            && next_deadline.is_none_or(|t| t > sh.timestamp(w.bufs.own.read_at))
+            && w.bufs.own.hold_can_wait(w.bufs.own.read_at, sync_every_ns);
+        if !quiet {
+            let at = connmux_sys::clock::now_nanos();
+            let now = sh.timestamp(at);
+            w.bufs.own.synced_at = at;
             let mut core = sh.lock();
             w.bufs.own.hold(&mut core, now);
             core.drain_events(&mut w.events);
@@ -150,7 +175,9 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
         // Dispatch, serve in place, write: until nothing is left to do here
         // (bounded; what remains is picked up by the next pass).
         for round in 0..rounds {
-            sh.dispatch(&mut w.events, &mut Ctx::Worker(&mut w.dirty, &mut w.bufs.own));
+            if !w.events.is_empty() {
+                sh.dispatch(&mut w.events, &mut Ctx::Worker(&mut w.dirty, &mut w.bufs.own));
+            }
             if let (0, Some(sv)) = (round, &w.serving) {
                 // (A command may have read messages for our socket in a
                 // pass with no read: `Own::has_direct`.)

@@ -401,14 +401,23 @@ pub(crate) struct Own {
     /// The psocks lent to this worker (`Mux::lease`): read, framed,
     /// answered and written here with no hold of the core lock.
     pub leases: FxHashMap<PsockId, Leased>,
-    /// Leased psocks that did something this pass, with the replies
-    /// (messages, bytes) written for them: synced in the pass's hold
-    /// ([`Own::hold`]).
+    /// Leased psocks that did something since the last hold, with the
+    /// replies (messages, bytes) written for them: synced in the next hold
+    /// ([`Own::hold`]; see [`Own::hold_can_wait`]).
     pub lease_used: Vec<(PsockId, u32, usize)>,
     /// Psocks served in place this pass, to lend to this worker in the
     /// pass's hold if nothing else involves them then.
     pub lease_try: Vec<Arc<PsockRt>>,
+    /// The clock reading (`connmux_sys::clock::now_nanos`) of this
+    /// worker's latest read of a lent psock.
+    pub read_at: u64,
+    /// When `lease_used` was last told to the core (same clock).
+    pub synced_at: u64,
 }
+
+/// Entries of `Own::lease_used` past which a worker tells the core at once
+/// (several lent psocks taking turns add one a read).
+const LEASE_USED_MAX: usize = 64;
 
 /// A psock lent to a worker, with its connection.
 pub(crate) struct Leased {
@@ -458,6 +467,17 @@ impl Own {
             }
         }
         self.lease_try.clear();
+    }
+
+    /// Whether a pass may go without its hold ([`Own::hold`]) at clock
+    /// reading `now`: no write waits to be completed, no psock to lend, and
+    /// what the leases did may wait (told no longer than `every` ago, and
+    /// not piling up).
+    pub fn hold_can_wait(&self, now: u64, every: u64) -> bool {
+        self.wrote.is_empty()
+            && self.lease_try.is_empty()
+            && (self.lease_used.is_empty()
+                || (now.saturating_sub(self.synced_at) < every && self.lease_used.len() < LEASE_USED_MAX))
     }
 
     /// Note that leased psock `p` did something this pass, and wrote
