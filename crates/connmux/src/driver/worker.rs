@@ -193,4 +193,9 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
         crate::serve::end_pass(w.serving.as_ref(), &mut w.bufs);
         io.end_pass(&mut w);
     }
+    // What the leases did since the last hold reaches the statistics before
+    // the worker ends (nothing more is lent).
+    w.bufs.own.lease_try.clear();
+    let now = sh.now();
+    w.bufs.own.hold(&mut sh.lock(), now);
 }
