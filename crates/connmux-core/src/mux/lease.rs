@@ -77,11 +77,6 @@ impl Lease {
         self.psock
     }
 
-    /// The socket its messages go to (the worker's).
-    pub fn sock(&self) -> SockId {
-        self.sock
-    }
-
     /// Frame the whole messages at the front of `data` (a read of the
     /// psock), pushing their ranges onto `out`. Returns the bytes taken:
     /// `data.len()` when `data` was all whole messages, each within the
