@@ -321,42 +321,51 @@ fn sampled(i: usize) -> bool {
     i < 4 || i.is_multiple_of(16)
 }
 
-/// Run the handler on the messages of one read of psock `p` where they lie
-/// in `data` (`ranges`, framed in place by the core), then queue the replies
-/// (and write them at once when `write_now` is `p`'s runtime: see [`send_outs`]).
-#[allow(clippy::too_many_arguments)]
+/// One read of a psock as in-place serving sees it: its bytes, where its
+/// whole messages lie in them (framed in place by the core or on a lease),
+/// whose they are and when they were read.
+#[derive(Clone, Copy)]
+pub(crate) struct ReadView<'a> {
+    pub data: &'a [u8],
+    pub ranges: &'a [std::ops::Range<usize>],
+    pub psock: PsockId,
+    /// When the bytes were read (`now_nanos`): the first run's handler time
+    /// counts from here.
+    pub started: u64,
+}
+
+/// Run the handler on the messages of one read where they lie (`read`),
+/// then queue the replies (and write them at once when `write_now` is the
+/// read psock's runtime: see [`send_outs`]).
 pub(crate) fn serve_in_place(
     sh: &Shared,
     sv: &Serving,
     bufs: &mut ServeBufs,
-    data: &[u8],
-    ranges: &[std::ops::Range<usize>],
-    p: PsockId,
-    started: u64,
+    mut read: ReadView<'_>,
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
     write_now: Option<&Arc<PsockRt>>,
 ) {
-    let mut ranges = ranges;
+    let p = read.psock;
     if bufs.heavy.contains(p) {
         // A heavy connection's messages go to the lane (copied out of the
         // read buffer), those the full lane refuses are run here.
-        while let Some(r) = ranges.first() {
+        while let Some(r) = read.ranges.first() {
             // (Checked before the copy: a full lane costs no allocation.)
             if !bufs.heavy.room(r.len(), sv.lanes.bytes) {
                 break;
             }
-            if bufs.offer(sv, Job { data: Bytes::copy_from_slice(&data[r.clone()]), psock: p }).is_err() {
+            if bufs.offer(sv, Job { data: Bytes::copy_from_slice(&read.data[r.clone()]), psock: p }).is_err() {
                 break;
             }
-            ranges = &ranges[1..];
+            read.ranges = &read.ranges[1..];
         }
-        if ranges.is_empty() {
+        if read.ranges.is_empty() {
             return;
         }
     }
-    bufs.handled(p, ranges.len() as u64);
-    run_in_place(sv, bufs, data, ranges, p, started);
+    bufs.handled(p, read.ranges.len() as u64);
+    run_in_place(sv, bufs, read);
     if bufs.own.can_lease && !bufs.heavy.contains(p) {
         if let Some(rt) = write_now {
             // Perhaps the next read needs nobody else (`Own::hold`).
@@ -366,18 +375,11 @@ pub(crate) fn serve_in_place(
     send_outs(sh, sv, bufs, events, dirty, write_now);
 }
 
-/// The handler on the messages of one read of psock `p` where they lie in
-/// `data` (`ranges`), timed, its verdicts kept in `bufs` (replies
-/// coalesced per run).
-fn run_in_place(
-    sv: &Serving,
-    bufs: &mut ServeBufs,
-    data: &[u8],
-    ranges: &[std::ops::Range<usize>],
-    p: PsockId,
-    started: u64,
-) {
+/// The handler on the messages of one read where they lie (`read`), timed,
+/// its verdicts kept in `bufs` (replies coalesced per run).
+fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) {
     let handler = &*sv.handler;
+    let ReadView { data, ranges, psock: p, started } = read;
     let mut rest = ranges;
     // Bounded: each turn handles at least one request.
     while !rest.is_empty() {
@@ -444,7 +446,7 @@ pub(crate) fn serve_leased(
         core.drain_events(events);
         return Err(rt);
     }
-    run_in_place(sv, bufs, data, &ranges, p, started);
+    run_in_place(sv, bufs, ReadView { data, ranges: &ranges, psock: p, started });
     // Empty for the next read (its ranges are pushed after what is here).
     ranges.clear();
     bufs.ranges = ranges;
