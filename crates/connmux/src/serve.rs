@@ -19,7 +19,7 @@ use connmux_core::Bytes;
 use crate::config::Tuning;
 use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
 use crate::lane::Heavy;
-use crate::shared::{Ctx, PsockRt, Shared, SockRt};
+use crate::shared::{Ctx, PsockRt, Shared, SockRt, Wrote};
 
 /// What a serving worker serves (from `Command::Serve`): its own socket and
 /// the handler, and the lanes it offers heavy connections' messages to.
@@ -96,6 +96,9 @@ pub(crate) struct ServeBufs {
     closed: Vec<PsockId>,
     /// The chunk of replies written at once by `send_outs`.
     slices: Vec<connmux_core::Bytes>,
+    /// On a lease, how many replies each of `slices` holds: a write that
+    /// stops midway counts those it took whole as written.
+    slice_msgs: Vec<u32>,
     /// Requests handled per psock since the last `send_outs`, settled with
     /// the core once their replies are queued (`Mux::rx_settle`).
     settle: Vec<(PsockId, u64)>,
@@ -471,15 +474,15 @@ pub(crate) fn serve_leased(
         send_outs(sh, sv, bufs, events, dirty, None);
         return Ok(());
     }
-    let mut msgs = 0u32;
     bufs.slices.clear();
+    bufs.slice_msgs.clear();
     for o in bufs.outs.drain(..) {
         if let Out::Replies(_, b, n) = o {
-            msgs = msgs.saturating_add(n);
             bufs.slices.push(b);
+            bufs.slice_msgs.push(n);
         }
     }
-    write_leased(sh, bufs, p, fd, msgs, events);
+    write_leased(sh, bufs, p, fd, events);
     Ok(())
 }
 
@@ -495,42 +498,43 @@ fn write_run(
 ) {
     let want = bufs.run_buf.len();
     let res = connmux_sys::socket::writev(fd, &[std::io::IoSlice::new(&bufs.run_buf)]);
-    match crate::shared::Wrote::of_io(&res) {
-        crate::shared::Wrote::Bytes(n) if n >= want => {
+    // One call: it took bytes or failed, never both.
+    let (sent, failed) = match Wrote::of_io(&res) {
+        Wrote::Bytes(n) if n >= want => {
             bufs.run_buf.clear();
             bufs.own.lease_used(p, msgs, want);
+            return;
         }
-        wrote => {
-            let rest = bufs.run_buf.split().freeze();
-            lease_short(sh, bufs, p, rest, wrote, msgs, events);
-        }
-    }
+        Wrote::Bytes(n) => (n, None),
+        Wrote::Again => (0, None),
+        Wrote::Failed(e) => (0, Some(e)),
+    };
+    let chunk = bufs.run_buf.split().freeze();
+    lease_short(sh, bufs, p, Unsent { chunk, sent, msgs }, failed, events);
 }
 
-/// Write a leased psock's replies (`bufs.slices`, `msgs` of them) at once.
-fn write_leased(
-    sh: &Shared,
-    bufs: &mut ServeBufs,
-    p: PsockId,
-    fd: std::os::fd::RawFd,
-    msgs: u32,
-    events: &mut Vec<Event>,
-) {
+/// Write a leased psock's replies (`bufs.slices`, with `bufs.slice_msgs`
+/// replies each) at once.
+fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, fd: std::os::fd::RawFd, events: &mut Vec<Event>) {
     let want: usize = bufs.slices.iter().map(|b| b.len()).sum();
-    let mut wrote = crate::shared::Wrote::Bytes(0);
+    let msgs = bufs.slice_msgs.iter().fold(0u32, |a, n| a.saturating_add(*n));
     let mut sent = 0;
+    let mut failed = None;
     // Bounded: each round writes all of its slices or stops.
     for chunk in bufs.slices.chunks(sh.tuning.max_iov) {
         let len: usize = chunk.iter().map(|b| b.len()).sum();
-        wrote = crate::shared::Wrote::of_io(&crate::shared::writev_bytes(fd, chunk));
-        match wrote {
-            crate::shared::Wrote::Bytes(n) => {
+        match Wrote::of_io(&crate::shared::writev_bytes(fd, chunk)) {
+            Wrote::Bytes(n) if n >= len => sent += n,
+            Wrote::Bytes(n) => {
                 sent += n;
-                if n < len {
-                    break;
-                }
+                break;
             }
-            _ => break,
+            Wrote::Again => break,
+            // After earlier rounds went out: what they wrote stays written.
+            Wrote::Failed(e) => {
+                failed = Some(e);
+                break;
+            }
         }
     }
     if sent >= want {
@@ -538,47 +542,61 @@ fn write_leased(
         bufs.own.lease_used(p, msgs, want);
         return;
     }
-    // The rest, whole, first on the psock's queue (one copy: a slow peer).
-    let rest = match bufs.slices.len() {
-        1 => bufs.slices[0].clone(),
-        _ => {
-            let mut all = bytes::BytesMut::with_capacity(want);
-            for b in &bufs.slices {
+    // The slices written whole are counted as written; the rest, from the
+    // one cut short, goes back (one copy where it is several: a slow peer).
+    let (mut whole, mut whole_bytes, mut whole_msgs) = (0, 0, 0u32);
+    for (b, n) in bufs.slices.iter().zip(&bufs.slice_msgs) {
+        if whole_bytes + b.len() > sent {
+            break;
+        }
+        (whole, whole_bytes, whole_msgs) = (whole + 1, whole_bytes + b.len(), whole_msgs.saturating_add(*n));
+    }
+    if whole_msgs > 0 {
+        bufs.own.lease_used(p, whole_msgs, whole_bytes);
+    }
+    let chunk = match &bufs.slices[whole..] {
+        [one] => one.clone(),
+        rest => {
+            let mut all = bytes::BytesMut::with_capacity(want - whole_bytes);
+            for b in rest {
                 all.extend_from_slice(b);
             }
             all.freeze()
         }
     };
     bufs.slices.clear();
-    let wrote = match wrote {
-        crate::shared::Wrote::Failed(e) => crate::shared::Wrote::Failed(e),
-        _ => crate::shared::Wrote::Bytes(sent),
-    };
-    lease_short(sh, bufs, p, rest, wrote, msgs, events);
+    let unsent = Unsent { chunk, sent: sent - whole_bytes, msgs: msgs - whole_msgs };
+    lease_short(sh, bufs, p, unsent, failed, events);
 }
 
-/// A leased psock's replies `chunk` (`msgs` of them) went out only in part
-/// (`wrote`: the bytes sent, or nothing, or a failure): the lease goes
-/// back with the rest first on the psock's queue, for its writable event;
-/// a failed write fails the psock's transmit as any write would.
+/// What of a leased psock's replies did not go out: `chunk`, `msgs` whole
+/// replies, of which the first `sent` bytes did.
+struct Unsent {
+    chunk: Bytes,
+    sent: usize,
+    msgs: u32,
+}
+
+/// A leased psock's replies went out only in part (`unsent`), because the
+/// connection would block or failed (`failed`: its errno): the lease goes
+/// back with the rest first on the psock's queue, for its writable event; a
+/// failure then fails the psock's transmit as any write's would (the rest
+/// is dropped, counted as addressed drops). An interrupted write is not
+/// here: `connmux_sys::socket::writev` writes again on EINTR (bounded), as
+/// every write does, and what still ends interrupted waits for the writable
+/// event as one that would block.
 fn lease_short(
     sh: &Shared,
     bufs: &mut ServeBufs,
     p: PsockId,
-    chunk: Bytes,
-    wrote: crate::shared::Wrote,
-    msgs: u32,
+    unsent: Unsent,
+    failed: Option<i32>,
     events: &mut Vec<Event>,
 ) {
-    let (sent, failed) = match wrote {
-        crate::shared::Wrote::Bytes(n) => (n, None),
-        crate::shared::Wrote::Again => (0, None),
-        crate::shared::Wrote::Failed(e) => (0, Some(e)),
-    };
     let Some(l) = bufs.own.take_lease(p) else { return };
     let now = sh.now();
     let mut core = sh.lock();
-    core.mux.unlease_unsent(l.lease, chunk, sent, msgs, now);
+    core.mux.unlease_unsent(l.lease, unsent.chunk, unsent.sent, unsent.msgs, now);
     if let Some(errno) = failed {
         core.mux.tx_failed(p, errno);
     }
