@@ -213,6 +213,48 @@ fn a_short_write_on_a_lease_puts_the_rest_first_and_counts_it_once() {
 }
 
 #[test]
+fn a_write_that_fails_midway_on_a_lease_counts_what_went_out_and_drops_only_the_rest() {
+    const EPIPE: i32 = 32;
+    // The first reply went out whole, then 5 bytes of the next two, then
+    // the connection failed.
+    let first = l4(b"first reply");
+    let rest: Vec<u8> = [l4(b"second"), l4(b"third")].concat();
+    let sent = 5;
+
+    // The ordinary path: the same replies queued, the same bytes written.
+    let (mut m, s, p) = served(1024);
+    m.send_msgs_to(s, p, Bytes::from(first.clone()), 1).unwrap();
+    m.send_msgs_to(s, p, Bytes::from(rest.clone()), 2).unwrap();
+    assert_eq!(m.tx_begin(p).unwrap().len(), first.len() + rest.len());
+    m.tx_complete(p, first.len() + sent);
+    assert!(m.tx_begin(p).is_some());
+    m.tx_complete(p, 0);
+    m.tx_failed(p, EPIPE);
+    let want = (m.psock_stats(p).unwrap(), m.sock_stats(s).unwrap());
+
+    // On a lease: what went out whole is counted as written, the rest goes
+    // back with its written part, then the failure.
+    let (mut m, s, p) = served(1024);
+    let mut lease = m.lease(p, s).unwrap();
+    lease.wrote(1, first.len());
+    m.unlease_unsent(lease, Bytes::from(rest.clone()), sent, 2, T0);
+    m.tx_failed(p, EPIPE);
+    let evs = events(&mut m);
+    let failed = Event::PsockFailed(p, connmux_core::mux::PsockError::Tx(EPIPE));
+    assert_eq!(evs.iter().filter(|e| **e == failed).count(), 1, "{evs:?}");
+    assert!(!m.leased(p));
+    assert!(m.tx_begin(p).is_none(), "the rest is dropped, not written");
+    let st = m.psock_stats(p).unwrap();
+    let counted = (1, (first.len() + sent) as u64, 2, 1);
+    assert_eq!((st.tx_msgs, st.tx_bytes, st.tx_addressed_drops, st.tx_aborts), counted);
+    assert_eq!(st, want.0);
+    let sock = m.sock_stats(s).unwrap();
+    assert_eq!((sock.tx_msgs, sock.tx_bytes), (3, (first.len() + rest.len()) as u64));
+    assert_eq!((sock.tx_queued, sock.tx_mem), (0, 0), "nothing charged is left");
+    assert_eq!(sock, want.1);
+}
+
+#[test]
 fn unattach_aborts_and_steering_changes_take_the_lease_back() {
     // Unattach: revoked, and the lease is of a psock that is gone.
     let (mut m, s, p) = served(1024);

@@ -19,7 +19,7 @@ use connmux_core::Bytes;
 use crate::config::Tuning;
 use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
 use crate::lane::Heavy;
-use crate::shared::{Ctx, PsockRt, Shared, SockRt};
+use crate::shared::{Ctx, PsockRt, Shared, SockRt, Wrote};
 
 /// What a serving worker serves (from `Command::Serve`): its own socket and
 /// the handler, and the lanes it offers heavy connections' messages to.
@@ -96,6 +96,9 @@ pub(crate) struct ServeBufs {
     closed: Vec<PsockId>,
     /// The chunk of replies written at once by `send_outs`.
     slices: Vec<connmux_core::Bytes>,
+    /// On a lease, how many replies each of `slices` holds: a write that
+    /// stops midway counts those it took whole as written.
+    slice_msgs: Vec<u32>,
     /// Requests handled per psock since the last `send_outs`, settled with
     /// the core once their replies are queued (`Mux::rx_settle`).
     settle: Vec<(PsockId, u64)>,
@@ -321,42 +324,51 @@ fn sampled(i: usize) -> bool {
     i < 4 || i.is_multiple_of(16)
 }
 
-/// Run the handler on the messages of one read of psock `p` where they lie
-/// in `data` (`ranges`, framed in place by the core), then queue the replies
-/// (and write them at once when `write_now` is `p`'s runtime: see [`send_outs`]).
-#[allow(clippy::too_many_arguments)]
+/// One read of a psock as in-place serving sees it: its bytes, where its
+/// whole messages lie in them (framed in place by the core or on a lease),
+/// whose they are and when they were read.
+#[derive(Clone, Copy)]
+pub(crate) struct ReadView<'a> {
+    pub data: &'a [u8],
+    pub ranges: &'a [std::ops::Range<usize>],
+    pub psock: PsockId,
+    /// When the bytes were read (`now_nanos`): the first run's handler time
+    /// counts from here.
+    pub started: u64,
+}
+
+/// Run the handler on the messages of one read where they lie (`read`),
+/// then queue the replies (and write them at once when `write_now` is the
+/// read psock's runtime: see [`send_outs`]).
 pub(crate) fn serve_in_place(
     sh: &Shared,
     sv: &Serving,
     bufs: &mut ServeBufs,
-    data: &[u8],
-    ranges: &[std::ops::Range<usize>],
-    p: PsockId,
-    started: u64,
+    mut read: ReadView<'_>,
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
     write_now: Option<&Arc<PsockRt>>,
 ) {
-    let mut ranges = ranges;
+    let p = read.psock;
     if bufs.heavy.contains(p) {
         // A heavy connection's messages go to the lane (copied out of the
         // read buffer), those the full lane refuses are run here.
-        while let Some(r) = ranges.first() {
+        while let Some(r) = read.ranges.first() {
             // (Checked before the copy: a full lane costs no allocation.)
             if !bufs.heavy.room(r.len(), sv.lanes.bytes) {
                 break;
             }
-            if bufs.offer(sv, Job { data: Bytes::copy_from_slice(&data[r.clone()]), psock: p }).is_err() {
+            if bufs.offer(sv, Job { data: Bytes::copy_from_slice(&read.data[r.clone()]), psock: p }).is_err() {
                 break;
             }
-            ranges = &ranges[1..];
+            read.ranges = &read.ranges[1..];
         }
-        if ranges.is_empty() {
+        if read.ranges.is_empty() {
             return;
         }
     }
-    bufs.handled(p, ranges.len() as u64);
-    run_in_place(sv, bufs, data, ranges, p, started);
+    bufs.handled(p, read.ranges.len() as u64);
+    run_in_place(sv, bufs, read);
     if bufs.own.can_lease && !bufs.heavy.contains(p) {
         if let Some(rt) = write_now {
             // Perhaps the next read needs nobody else (`Own::hold`).
@@ -366,18 +378,11 @@ pub(crate) fn serve_in_place(
     send_outs(sh, sv, bufs, events, dirty, write_now);
 }
 
-/// The handler on the messages of one read of psock `p` where they lie in
-/// `data` (`ranges`), timed, its verdicts kept in `bufs` (replies
-/// coalesced per run).
-fn run_in_place(
-    sv: &Serving,
-    bufs: &mut ServeBufs,
-    data: &[u8],
-    ranges: &[std::ops::Range<usize>],
-    p: PsockId,
-    started: u64,
-) {
+/// The handler on the messages of one read where they lie (`read`), timed,
+/// its verdicts kept in `bufs` (replies coalesced per run).
+fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) {
     let handler = &*sv.handler;
+    let ReadView { data, ranges, psock: p, started } = read;
     let mut rest = ranges;
     // Bounded: each turn handles at least one request.
     while !rest.is_empty() {
@@ -444,7 +449,7 @@ pub(crate) fn serve_leased(
         core.drain_events(events);
         return Err(rt);
     }
-    run_in_place(sv, bufs, data, &ranges, p, started);
+    run_in_place(sv, bufs, ReadView { data, ranges: &ranges, psock: p, started });
     // Empty for the next read (its ranges are pushed after what is here).
     ranges.clear();
     bufs.ranges = ranges;
@@ -469,15 +474,15 @@ pub(crate) fn serve_leased(
         send_outs(sh, sv, bufs, events, dirty, None);
         return Ok(());
     }
-    let mut msgs = 0u32;
     bufs.slices.clear();
+    bufs.slice_msgs.clear();
     for o in bufs.outs.drain(..) {
         if let Out::Replies(_, b, n) = o {
-            msgs = msgs.saturating_add(n);
             bufs.slices.push(b);
+            bufs.slice_msgs.push(n);
         }
     }
-    write_leased(sh, bufs, p, fd, msgs, events);
+    write_leased(sh, bufs, p, fd, events);
     Ok(())
 }
 
@@ -493,42 +498,43 @@ fn write_run(
 ) {
     let want = bufs.run_buf.len();
     let res = connmux_sys::socket::writev(fd, &[std::io::IoSlice::new(&bufs.run_buf)]);
-    match crate::shared::Wrote::of_io(&res) {
-        crate::shared::Wrote::Bytes(n) if n >= want => {
+    // One call: it took bytes or failed, never both.
+    let (sent, failed) = match Wrote::of_io(&res) {
+        Wrote::Bytes(n) if n >= want => {
             bufs.run_buf.clear();
             bufs.own.lease_used(p, msgs, want);
+            return;
         }
-        wrote => {
-            let rest = bufs.run_buf.split().freeze();
-            lease_short(sh, bufs, p, rest, wrote, msgs, events);
-        }
-    }
+        Wrote::Bytes(n) => (n, None),
+        Wrote::Again => (0, None),
+        Wrote::Failed(e) => (0, Some(e)),
+    };
+    let chunk = bufs.run_buf.split().freeze();
+    lease_short(sh, bufs, p, Unsent { chunk, sent, msgs }, failed, events);
 }
 
-/// Write a leased psock's replies (`bufs.slices`, `msgs` of them) at once.
-fn write_leased(
-    sh: &Shared,
-    bufs: &mut ServeBufs,
-    p: PsockId,
-    fd: std::os::fd::RawFd,
-    msgs: u32,
-    events: &mut Vec<Event>,
-) {
+/// Write a leased psock's replies (`bufs.slices`, with `bufs.slice_msgs`
+/// replies each) at once.
+fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, fd: std::os::fd::RawFd, events: &mut Vec<Event>) {
     let want: usize = bufs.slices.iter().map(|b| b.len()).sum();
-    let mut wrote = crate::shared::Wrote::Bytes(0);
+    let msgs = bufs.slice_msgs.iter().fold(0u32, |a, n| a.saturating_add(*n));
     let mut sent = 0;
+    let mut failed = None;
     // Bounded: each round writes all of its slices or stops.
     for chunk in bufs.slices.chunks(sh.tuning.max_iov) {
         let len: usize = chunk.iter().map(|b| b.len()).sum();
-        wrote = crate::shared::Wrote::of_io(&crate::shared::writev_bytes(fd, chunk));
-        match wrote {
-            crate::shared::Wrote::Bytes(n) => {
+        match Wrote::of_io(&crate::shared::writev_bytes(fd, chunk)) {
+            Wrote::Bytes(n) if n >= len => sent += n,
+            Wrote::Bytes(n) => {
                 sent += n;
-                if n < len {
-                    break;
-                }
+                break;
             }
-            _ => break,
+            Wrote::Again => break,
+            // After earlier rounds went out: what they wrote stays written.
+            Wrote::Failed(e) => {
+                failed = Some(e);
+                break;
+            }
         }
     }
     if sent >= want {
@@ -536,47 +542,61 @@ fn write_leased(
         bufs.own.lease_used(p, msgs, want);
         return;
     }
-    // The rest, whole, first on the psock's queue (one copy: a slow peer).
-    let rest = match bufs.slices.len() {
-        1 => bufs.slices[0].clone(),
-        _ => {
-            let mut all = bytes::BytesMut::with_capacity(want);
-            for b in &bufs.slices {
+    // The slices written whole are counted as written; the rest, from the
+    // one cut short, goes back (one copy where it is several: a slow peer).
+    let (mut whole, mut whole_bytes, mut whole_msgs) = (0, 0, 0u32);
+    for (b, n) in bufs.slices.iter().zip(&bufs.slice_msgs) {
+        if whole_bytes + b.len() > sent {
+            break;
+        }
+        (whole, whole_bytes, whole_msgs) = (whole + 1, whole_bytes + b.len(), whole_msgs.saturating_add(*n));
+    }
+    if whole_msgs > 0 {
+        bufs.own.lease_used(p, whole_msgs, whole_bytes);
+    }
+    let chunk = match &bufs.slices[whole..] {
+        [one] => one.clone(),
+        rest => {
+            let mut all = bytes::BytesMut::with_capacity(want - whole_bytes);
+            for b in rest {
                 all.extend_from_slice(b);
             }
             all.freeze()
         }
     };
     bufs.slices.clear();
-    let wrote = match wrote {
-        crate::shared::Wrote::Failed(e) => crate::shared::Wrote::Failed(e),
-        _ => crate::shared::Wrote::Bytes(sent),
-    };
-    lease_short(sh, bufs, p, rest, wrote, msgs, events);
+    let unsent = Unsent { chunk, sent: sent - whole_bytes, msgs: msgs - whole_msgs };
+    lease_short(sh, bufs, p, unsent, failed, events);
 }
 
-/// A leased psock's replies `chunk` (`msgs` of them) went out only in part
-/// (`wrote`: the bytes sent, or nothing, or a failure): the lease goes
-/// back with the rest first on the psock's queue, for its writable event;
-/// a failed write fails the psock's transmit as any write would.
+/// What of a leased psock's replies did not go out: `chunk`, `msgs` whole
+/// replies, of which the first `sent` bytes did.
+struct Unsent {
+    chunk: Bytes,
+    sent: usize,
+    msgs: u32,
+}
+
+/// A leased psock's replies went out only in part (`unsent`), because the
+/// connection would block or failed (`failed`: its errno): the lease goes
+/// back with the rest first on the psock's queue, for its writable event; a
+/// failure then fails the psock's transmit as any write's would (the rest
+/// is dropped, counted as addressed drops). An interrupted write is not
+/// here: `connmux_sys::socket::writev` writes again on EINTR (bounded), as
+/// every write does, and what still ends interrupted waits for the writable
+/// event as one that would block.
 fn lease_short(
     sh: &Shared,
     bufs: &mut ServeBufs,
     p: PsockId,
-    chunk: Bytes,
-    wrote: crate::shared::Wrote,
-    msgs: u32,
+    unsent: Unsent,
+    failed: Option<i32>,
     events: &mut Vec<Event>,
 ) {
-    let (sent, failed) = match wrote {
-        crate::shared::Wrote::Bytes(n) => (n, None),
-        crate::shared::Wrote::Again => (0, None),
-        crate::shared::Wrote::Failed(e) => (0, Some(e)),
-    };
     let Some(l) = bufs.own.take_lease(p) else { return };
     let now = sh.now();
     let mut core = sh.lock();
-    core.mux.unlease_unsent(l.lease, chunk, sent, msgs, now);
+    core.mux.unlease_unsent(l.lease, unsent.chunk, unsent.sent, unsent.msgs, now);
     if let Some(errno) = failed {
         core.mux.tx_failed(p, errno);
     }

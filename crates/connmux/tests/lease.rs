@@ -186,11 +186,16 @@ fn after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once() {
 fn a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again() {
     let svc = echo_service(Driver::Epoll, true);
     let mut c = client(&svc);
-    leased_conn(&svc, &mut c);
+    let (p, pings) = leased_conn_counted(&svc, &mut c);
     // Far more replies than the socket buffers hold while the client does
     // not read: the lease's writes run short, the rest waits on the queue.
-    let body = vec![0x5au8; 1000];
-    let n = 3000usize;
+    // (Each reply is larger than `Tuning::coalesce_max`: a read's replies
+    // go out as one slice each, and a short write cuts between them. 1 KiB
+    // frames: a read of the worker's buffer is whole frames, so the lease
+    // stays until a write runs short; 6 MB of replies: more than the
+    // socket buffers take.)
+    let body = vec![0x5au8; 1020];
+    let n = 6000usize;
     let writer = {
         let mut w = c.try_clone().unwrap();
         std::thread::spawn(move || {
@@ -204,10 +209,19 @@ fn a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again() {
     std::thread::sleep(Duration::from_millis(200));
     for i in 0..n {
         let got = read_framed(&mut c);
-        assert_eq!(got.len(), 1000);
+        assert_eq!(got.len(), 1020);
         assert_eq!(u32::from_be_bytes(got[..4].try_into().unwrap()), i as u32, "reply {i} out of order");
     }
     writer.join().unwrap();
+    // Each reply counted once, whether its write ran on the lease, was cut
+    // short there or finished on the queue.
+    let calls = pings + n as u64;
+    let st = eventually(|| {
+        let st = svc.mux().psock_stats(p).unwrap();
+        (st.tx_msgs >= calls).then_some(st)
+    });
+    assert_eq!((st.tx_msgs, st.tx_bytes), (calls, 8 * pings + 1024 * n as u64));
+    assert_eq!(st.tx_addressed_drops, 0);
 }
 
 #[test]

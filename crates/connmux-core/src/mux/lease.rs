@@ -78,11 +78,6 @@ impl Lease {
         self.psock
     }
 
-    /// The socket its messages go to (the worker's).
-    pub fn sock(&self) -> SockId {
-        self.sock
-    }
-
     /// Frame the whole messages at the front of `data` (a read of the
     /// psock), pushing their ranges onto `out`. Returns the bytes taken:
     /// `data.len()` when `data` was all whole messages, each within the
@@ -222,7 +217,10 @@ impl Mux {
     /// [`Mux::unlease`] after a write that took only `sent` bytes of
     /// `chunk` (`msgs` whole replies to the lease's socket): the rest goes
     /// first on the psock's queue, charged and counted as a send of them,
-    /// for the driver to write when the connection takes more.
+    /// for the driver to write when the connection takes more. `chunk` is
+    /// only what did not go out whole: replies written whole before it are
+    /// the lease's ([`Lease::wrote`]). A write that failed is then
+    /// [`Mux::tx_failed`], which drops the rest as any addressed message.
     pub fn unlease_unsent(&mut self, lease: Lease, chunk: Bytes, sent: usize, msgs: u32, now: Timestamp) {
         let (p, s) = (lease.psock, lease.sock);
         self.unlease(lease, now);

@@ -22,7 +22,7 @@ use connmux_sys::epoll::{Epoll, Events, Interest};
 
 use crate::driver::worker::{self, Io, Woke, Worker};
 use crate::driver::{SERVE_TOKEN, WAKER_TOKEN};
-use crate::serve::serve_in_place;
+use crate::serve::{serve_in_place, ReadView};
 use crate::shared::{token_psock, Command, Core, PsockRt, ReadEnd, Shared, SockRt, WorkerIo};
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
@@ -194,7 +194,8 @@ fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], read_at: u64) 
             if !ranges.is_empty() {
                 // Its replies are written at once (`send_outs`).
                 let (events, dirty) = (&mut w.events, &mut w.dirty);
-                serve_in_place(sh, sv, bufs, data, &ranges, rt.id, read_at, events, dirty, Some(rt));
+                let read = ReadView { data, ranges: &ranges, psock: rt.id, started: read_at };
+                serve_in_place(sh, sv, bufs, read, events, dirty, Some(rt));
                 ranges.clear();
             }
             bufs.ranges = ranges;

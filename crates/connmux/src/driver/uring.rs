@@ -168,18 +168,13 @@ impl Io for UringIo {
                         .map(|c| c.rt.clone()),
                     false => None,
                 };
-                crate::serve::serve_in_place(
-                    w.sh,
-                    sv,
-                    &mut w.bufs,
+                let read = crate::serve::ReadView {
                     data,
-                    &lent.ranges[a..b],
-                    p,
-                    connmux_sys::clock::now_nanos(),
-                    &mut w.events,
-                    &mut w.dirty,
-                    rt.as_ref(),
-                );
+                    ranges: &lent.ranges[a..b],
+                    psock: p,
+                    started: connmux_sys::clock::now_nanos(),
+                };
+                crate::serve::serve_in_place(w.sh, sv, &mut w.bufs, read, &mut w.events, &mut w.dirty, rt.as_ref());
             }
         }
         lent.batches.clear();
