@@ -47,12 +47,13 @@ impl Io for EpollIo<'_> {
     // restores cost about 15 instructions a pass, which at one request per
     // pass is the loop's whole overhead over a hand-written one.
     #[inline(always)]
-    fn wait(&mut self, w: &mut Worker<'_>, timeout: Duration) -> Woke {
+    fn wait(&mut self, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke {
         let mut woke = Woke::default();
         let sh = w.sh;
-        if self.epoll.wait(&mut self.evs, Some(timeout)).unwrap_or(0) == 0 {
+        if self.epoll.wait(&mut self.evs, timeout).unwrap_or(0) == 0 {
             return woke;
         }
+        woke.reported = true;
         woke.leased_only = true;
         for ev in self.evs.iter() {
             match ev.token {

@@ -123,7 +123,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
 }
 
 impl Io for UringIo {
-    fn wait(&mut self, w: &mut Worker<'_>, timeout: Duration) -> Woke {
+    fn wait(&mut self, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke {
         let ring = &mut self.ring;
         if !self.waker_armed {
             self.waker_armed = ring.poll_readable(self.waker, WAKE_TOKEN).is_ok();
@@ -134,13 +134,20 @@ impl Io for UringIo {
         if let (Some(sv), false) = (&w.serving, self.serve_armed) {
             self.serve_armed = ring.poll_readable(sv.sock.rx.fd.as_raw_fd(), SERVE_TOKEN).is_ok();
         }
-        if ring.wait(1, Some(timeout)).is_err() {
+        // (Without its waker the ring hears of no command or stop: it looks
+        // again within a second.)
+        let timeout = match self.waker_armed {
+            true => timeout,
+            false => Some(timeout.map_or(Duration::from_secs(1), |t| t.min(Duration::from_secs(1)))),
+        };
+        if ring.wait(1, timeout).is_err() {
             // Only a broken ring fails here; avoid spinning on it.
             std::thread::sleep(Duration::from_millis(1));
         }
         let mut comps = std::mem::take(&mut self.comps);
         comps.clear();
         self.ring.reap(&mut comps);
+        woke.reported = !comps.is_empty();
         self.completions(w, &comps, &mut woke);
         self.comps = comps;
         woke

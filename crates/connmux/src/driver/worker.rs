@@ -44,6 +44,8 @@ pub(crate) struct Woke {
     pub commands: bool,
     /// The serving socket's queue is readable.
     pub serve_ready: bool,
+    /// The wait reported anything at all.
+    pub reported: bool,
     /// Everything the wait reported was a read of a psock lent to this
     /// worker, served with no hold of the core lock (and each lease is
     /// still here): nothing of the core changed, so the pass's hold may
@@ -54,10 +56,11 @@ pub(crate) struct Woke {
 
 /// A driver: the I/O of one worker thread.
 pub(crate) trait Io {
-    /// Wait for I/O, at most `timeout`, and act on what it reports: bytes
+    /// Wait for I/O, at most `timeout` (`None`: until something comes),
+    /// and act on what it reports: bytes
     /// read are fed to the core, a write's result reaches it
     /// (`shared::ReadEnd`, `shared::Wrote`).
-    fn wait(&mut self, w: &mut Worker<'_>, timeout: Duration) -> Woke;
+    fn wait(&mut self, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke;
 
     /// Serve the messages reads framed in place in buffers the driver must
     /// get back (after `wait`, and after the commands). A driver that reads
@@ -102,22 +105,28 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let sync_every = idle.map_or(sh.tuning.lease_sync, |d| sh.tuning.lease_sync.min(d / 16));
     let sync_every_ns = sync_every.as_nanos() as u64;
     while !sh.stop.load(Ordering::Acquire) {
-        let timeout = match w.events.is_empty() {
-            true => next_deadline.map(|t| {
-                let now = sh.now();
-                Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())) + Duration::from_micros(100)
-            }),
-            // The last pass ran out of rounds with events left: look at the
-            // driver's I/O without sleeping, then go on with them.
-            false => Some(Duration::ZERO),
+        // No timeout unless a deadline is due: an armed timer costs every
+        // sleep (in a virtual machine a trip to the hypervisor to program
+        // it), and everything else that needs this worker wakes it through
+        // its eventfd (commands, lane verdicts, the mux's stop).
+        let timeout = wait_timeout(sh, &w, next_deadline);
+        let woke = if w.bufs.own.lease_used.is_empty() || timeout == Some(Duration::ZERO) {
+            io.wait(&mut w, timeout)
+        } else {
+            // Lease counts untold: never asleep with them. A look without
+            // sleeping first; only if it finds nothing are they told, then
+            // the worker sleeps (a busy worker tells them every
+            // `Tuning::lease_sync`, an idle one before it sleeps).
+            let woke = io.wait(&mut w, Some(Duration::ZERO));
+            match woke.reported {
+                true => woke,
+                false => {
+                    hold(sh, &mut w, &mut next_deadline);
+                    let timeout = wait_timeout(sh, &w, next_deadline);
+                    io.wait(&mut w, timeout)
+                }
+            }
         };
-        // Wake at least every second to notice `stop` even if a wake-up was lost.
-        let mut timeout = timeout.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1));
-        if !w.bufs.own.lease_used.is_empty() {
-            // Counts untold: not asleep for longer than they may wait.
-            timeout = timeout.min(sync_every);
-        }
-        let woke = io.wait(&mut w, timeout);
         io.serve_lent(&mut w);
         let mut serve_ready = woke.serve_ready;
         if woke.commands {
@@ -157,20 +166,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
             && next_deadline.is_none_or(|t| t > sh.timestamp(w.bufs.own.read_at))
             && w.bufs.own.hold_can_wait(w.bufs.own.read_at, sync_every_ns);
         if !quiet {
-            let at = connmux_sys::clock::now_nanos();
-            let now = sh.timestamp(at);
-            w.bufs.own.synced_at = at;
-            let mut core = sh.lock();
-            w.bufs.own.hold(&mut core, now);
-            core.drain_events(&mut w.events);
-            next_deadline = core.mux.poll_timeout();
-            if let Some(t) = next_deadline {
-                if t <= now {
-                    core.mux.handle_timeout(now);
-                    core.drain_events(&mut w.events);
-                    next_deadline = core.mux.poll_timeout();
-                }
-            }
+            hold(sh, &mut w, &mut next_deadline);
         }
         // Dispatch, serve in place, write: until nothing is left to do here
         // (bounded; what remains is picked up by the next pass).
@@ -198,4 +194,39 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     w.bufs.own.lease_try.clear();
     let now = sh.now();
     w.bufs.own.hold(&mut sh.lock(), now);
+}
+
+/// How long the next wait may sleep: until the earliest deadline (`None`:
+/// nothing is due), or not at all while events wait.
+fn wait_timeout(sh: &Shared, w: &Worker<'_>, next_deadline: Option<connmux_core::Timestamp>) -> Option<Duration> {
+    match w.events.is_empty() {
+        true => next_deadline.map(|t| {
+            let now = sh.now();
+            Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())) + Duration::from_micros(100)
+        }),
+        // The last pass ran out of rounds with events left (or a hold
+        // raised some): look at the driver's I/O without sleeping, then go
+        // on with them.
+        false => Some(Duration::ZERO),
+    }
+}
+
+/// The worker's hold of the core lock: its own state (writes made whole,
+/// lease counts, new leases), then the deadlines (assembly timeouts),
+/// expired ones handled; `next_deadline` is the earliest left.
+fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core::Timestamp>) {
+    let at = connmux_sys::clock::now_nanos();
+    let now = sh.timestamp(at);
+    w.bufs.own.synced_at = at;
+    let mut core = sh.lock();
+    w.bufs.own.hold(&mut core, now);
+    core.drain_events(&mut w.events);
+    *next_deadline = core.mux.poll_timeout();
+    if let Some(t) = *next_deadline {
+        if t <= now {
+            core.mux.handle_timeout(now);
+            core.drain_events(&mut w.events);
+            *next_deadline = core.mux.poll_timeout();
+        }
+    }
 }
