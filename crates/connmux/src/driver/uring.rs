@@ -134,12 +134,6 @@ impl Io for UringIo {
         if let (Some(sv), false) = (&w.serving, self.serve_armed) {
             self.serve_armed = ring.poll_readable(sv.sock.rx.fd.as_raw_fd(), SERVE_TOKEN).is_ok();
         }
-        // (Without its waker the ring hears of no command or stop: it looks
-        // again within a second.)
-        let timeout = match self.waker_armed {
-            true => timeout,
-            false => Some(timeout.map_or(Duration::from_secs(1), |t| t.min(Duration::from_secs(1)))),
-        };
         if ring.wait(1, timeout).is_err() {
             // Only a broken ring fails here; avoid spinning on it.
             std::thread::sleep(Duration::from_millis(1));

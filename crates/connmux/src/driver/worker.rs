@@ -105,10 +105,6 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let sync_every = idle.map_or(sh.tuning.lease_sync, |d| sh.tuning.lease_sync.min(d / 16));
     let sync_every_ns = sync_every.as_nanos() as u64;
     while !sh.stop.load(Ordering::Acquire) {
-        // No timeout unless a deadline is due: an armed timer costs every
-        // sleep (in a virtual machine a trip to the hypervisor to program
-        // it), and everything else that needs this worker wakes it through
-        // its eventfd (commands, lane verdicts, the mux's stop).
         let timeout = wait_timeout(sh, &w, next_deadline);
         let woke = if w.bufs.own.lease_used.is_empty() || timeout == Some(Duration::ZERO) {
             io.wait(&mut w, timeout)
@@ -196,19 +192,23 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     w.bufs.own.hold(&mut sh.lock(), now);
 }
 
-/// How long the next wait may sleep: until the earliest deadline (`None`:
-/// nothing is due), or not at all while events wait.
+/// How long the next wait may sleep: until the earliest deadline, at most
+/// a second (to notice the mux's stop, or a deadline another thread
+/// started, even if a wake-up was lost), or not at all while events wait.
+/// Never shorter for anything else: a near timer is reprogrammed on every
+/// sleep, which in a virtual machine is a trip to the hypervisor.
 fn wait_timeout(sh: &Shared, w: &Worker<'_>, next_deadline: Option<connmux_core::Timestamp>) -> Option<Duration> {
-    match w.events.is_empty() {
-        true => next_deadline.map(|t| {
+    let t = match w.events.is_empty() {
+        true => next_deadline.map_or(Duration::from_secs(1), |t| {
             let now = sh.now();
             Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())) + Duration::from_micros(100)
         }),
         // The last pass ran out of rounds with events left (or a hold
         // raised some): look at the driver's I/O without sleeping, then go
         // on with them.
-        false => Some(Duration::ZERO),
-    }
+        false => Duration::ZERO,
+    };
+    Some(t.min(Duration::from_secs(1)))
 }
 
 /// The worker's hold of the core lock: its own state (writes made whole,
