@@ -253,8 +253,8 @@ pub struct Tuning {
     /// bytes, their idle clock) before telling the core, in a hold of the
     /// core lock. A worker that did nothing else in a pass skips that hold
     /// until then, or until it would sleep (it never sleeps with counts
-    /// untold): at one request per pass the hold was about a fifth of a
-    /// request's instructions. The statistics of a lent psock are that much
+    /// untold): at one request per pass the hold is a large share of the
+    /// pass (`docs/performance.md`, "Leases"). The statistics of a lent psock are that much
     /// late at most (plus a pass); an idle timeout shorter than 16 times
     /// this shortens it to a sixteenth of the timeout, so that untold
     /// activity never looks like idleness. Default 1 ms.

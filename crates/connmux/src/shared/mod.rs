@@ -481,7 +481,7 @@ impl Own {
     }
 
     /// Note that leased psock `p` did something this pass, and wrote
-    /// `msgs` replies of `bytes` (counted at the pass's hold).
+    /// `msgs` replies of `bytes` (told to the core at a later hold).
     #[inline]
     pub fn lease_used(&mut self, p: PsockId, msgs: u32, bytes: usize) {
         match self.lease_used.last_mut() {
@@ -493,8 +493,8 @@ impl Own {
         }
     }
 
-    /// Give psock `p`'s lease back, if this worker holds it (its counts
-    /// of this pass first).
+    /// Give psock `p`'s lease back, if this worker holds it (with what it
+    /// did since the last hold).
     pub fn unlease(&mut self, core: &mut Core, p: PsockId, now: Timestamp) {
         self.unlease_rt(core, p, now);
     }
@@ -507,7 +507,7 @@ impl Own {
     }
 
     /// Take lease `p` back from this worker (to give it back to the core):
-    /// what this pass counted for it is in it.
+    /// what it did since the last hold is in it.
     pub fn take_lease(&mut self, p: PsockId) -> Option<Leased> {
         let mut l = self.leases.remove(&p)?;
         for (q, msgs, bytes) in self.lease_used.iter_mut() {
