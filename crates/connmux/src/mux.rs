@@ -619,9 +619,9 @@ impl Mux {
     /// Mux-wide statistics (`/proc/net/kcm_stats`). A served connection lent
     /// to its worker (`Tuning::lease`) is counted by that worker within
     /// `Tuning::lease_sync` (1 ms) of its replies, not at each read. On the
-    /// kernel backend the counters are the network namespace's (the kernel has no per-mux
-    /// totals; compare deltas), `kcms` and `psocks` this mux's; if the file
-    /// cannot be read, only those two are set.
+    /// kernel backend the counters are the network namespace's (the kernel
+    /// has no per-mux totals; compare deltas), `kcms` and `psocks` this
+    /// mux's; if the file cannot be read, only those two are set.
     pub fn stats(&self) -> MuxStats {
         match &self.imp {
             MuxImp::User(u) => u.shared.lock().mux.stats(),
