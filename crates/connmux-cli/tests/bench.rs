@@ -79,3 +79,61 @@ fn raw_server_answers_good_calls_then_closes_on_garbage_and_keeps_serving_others
     let (ok, text) = rpctest(s.addr, &[]);
     assert!(ok, "a good client after the bad one: {text}");
 }
+
+/// One message of `bench uneven` ("l4" framing, 16 bytes): kind 1 is heavy.
+fn uneven_msg(kind: u8, tag: u32) -> Vec<u8> {
+    let mut m = 12u32.to_be_bytes().to_vec();
+    m.extend_from_slice(&[kind, 0, 0, 0]);
+    m.extend_from_slice(&tag.to_be_bytes());
+    m.extend_from_slice(&[0; 4]);
+    m
+}
+
+#[test]
+fn every_uneven_server_echoes_whole_messages_split_anywhere() {
+    for engine in ["connmux", "thread", "epoll"] {
+        let s = spawn_server(Command::new(BIN).args([
+            "bench",
+            "uneven-server",
+            "-l",
+            "127.0.0.1:0",
+            "--engine",
+            engine,
+            "--cpus",
+            "0",
+            "--heavy-us",
+            "50",
+            "--duration",
+            "30",
+        ]));
+        let mut c = TcpStream::connect(s.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let wire: Vec<u8> = (0..40u32).flat_map(|t| uneven_msg((t % 5 == 0) as u8, t)).collect();
+        // Cut so that messages straddle writes (7-byte pieces, then the rest).
+        let (head, tail) = wire.split_at(7 * 30);
+        for piece in head.chunks(7) {
+            c.write_all(piece).unwrap();
+            c.flush().unwrap();
+        }
+        c.write_all(tail).unwrap();
+        let mut got = vec![0u8; wire.len()];
+        c.read_exact(&mut got).unwrap_or_else(|e| panic!("{engine}: {e}"));
+        assert_eq!(got, wire, "{engine}: every message echoed, in order");
+    }
+}
+
+#[test]
+fn bench_uneven_quick_prints_every_variant() {
+    let out = Command::new(BIN)
+        .args(["bench", "uneven", "--quick", "--heavy-conns", "1", "--light-conns", "1", "-a", "4"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for row in ["affinity", "rr", "thread", "epoll"] {
+        let line = text.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no {row} row in\n{text}"));
+        let total: f64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        assert!(total > 0.0, "{row} answered nothing:\n{text}");
+    }
+    assert!(text.contains("against the hand-written epoll loop"), "{text}");
+}

@@ -34,6 +34,7 @@ pub mod scale;
 pub mod size;
 pub mod tls;
 pub mod uneven;
+mod uneven_epoll;
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

@@ -7,7 +7,9 @@
 //! - `affinity`: connmux's default steering (a connection's messages are
 //!   handled where they were read until load is uneven);
 //! - `rr`: KCM's round robin over the workers' sockets;
-//! - `thread`: one thread per connection, blocking I/O, the kernel schedules.
+//! - `thread`: one thread per connection, blocking I/O, the kernel schedules;
+//! - `epoll`: a hand-written epoll loop per CPU, no framework
+//!   (`uneven_epoll`): what an event-driven server costs on this load.
 //!
 //! Reported, as medians over interleaved rounds: total requests/s, the light
 //! connections' requests/s, and the light connections' median and p99 RTT.
@@ -86,7 +88,8 @@ pub struct Args {
 pub struct ServerArgs {
     #[arg(short, long)]
     pub listen: SocketAddr,
-    /// connmux or thread.
+    /// connmux, thread (one per connection, blocking) or epoll (one
+    /// hand-written epoll loop per CPU).
     #[arg(long, default_value = "connmux")]
     pub engine: String,
     /// affinity or rr (connmux only).
@@ -160,6 +163,20 @@ impl Handler for Uneven {
         }
         Verdict::Reply(request)
     }
+
+    /// The echo where the request lies, appended to the read's replies: the
+    /// thread server's loop does the same (`serve_thread`), so the two
+    /// servers differ in how they serve, not in how the handler copies.
+    fn handle_in_place(&self, request: &[u8], _from: PsockId, _scratch: &mut BytesMut, out: &mut BytesMut) -> Verdict {
+        if request.len() != MSG {
+            return Verdict::Close;
+        }
+        if request[4] == HEAVY {
+            burn(self.heavy);
+        }
+        out.extend_from_slice(request);
+        Verdict::Appended
+    }
 }
 
 pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
@@ -215,36 +232,53 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             });
             wait();
         }
-        o => bail!("--engine {o}: connmux or thread"),
+        "epoll" => {
+            let l = TcpListener::bind(a.listen)?;
+            println!("uneven-server (an epoll loop per CPU) listening on {}", l.local_addr()?);
+            super::uneven_epoll::serve(l, &a.cpus, heavy)?;
+            wait();
+        }
+        o => bail!("--engine {o}: connmux, thread or epoll"),
     }
     Ok(0)
+}
+
+/// Bytes a server of this benchmark reads at once.
+pub(super) const READ_BUF: usize = 64 << 10;
+
+/// The echo of every whole message at the start of `data` (heavy ones after
+/// their work), appended to `out`: how many bytes it took, or `None` when a
+/// message is not this benchmark's.
+pub(super) fn echo_whole(data: &[u8], heavy: Duration, out: &mut Vec<u8>) -> Option<usize> {
+    let mut at = 0;
+    while data.len() - at >= MSG {
+        let m = &data[at..at + MSG];
+        if m[..4] != (MSG as u32 - 4).to_be_bytes() {
+            return None;
+        }
+        if m[4] == HEAVY {
+            burn(heavy);
+        }
+        out.extend_from_slice(m);
+        at += MSG;
+    }
+    Some(at)
 }
 
 /// One connection, blocking: answer every whole message of each read, all
 /// replies of a read in one write.
 fn serve_thread(mut c: TcpStream, heavy: Duration) {
     let _ = c.set_nodelay(true);
-    let mut buf = vec![0u8; 64 << 10];
+    let mut buf = vec![0u8; READ_BUF];
     let mut have = 0;
-    let mut out = Vec::with_capacity(64 << 10);
+    let mut out = Vec::with_capacity(READ_BUF);
     loop {
         let n = match c.read(&mut buf[have..]) {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
         have += n;
-        let mut at = 0;
-        while have - at >= MSG {
-            let m = &buf[at..at + MSG];
-            if m[..4] != (MSG as u32 - 4).to_be_bytes() {
-                return;
-            }
-            if m[4] == HEAVY {
-                burn(heavy);
-            }
-            out.extend_from_slice(m);
-            at += MSG;
-        }
+        let Some(at) = echo_whole(&buf[..have], heavy, &mut out) else { return };
         buf.copy_within(at..have, 0);
         have -= at;
         if c.write_all(&out).is_err() {
@@ -395,7 +429,12 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.seconds = 0.5;
     }
     anyhow::ensure!(a.rounds > 0 && a.seconds > 0.0, "--rounds and --seconds must be positive");
-    let variants = [("affinity", "connmux", "affinity"), ("rr", "connmux", "rr"), ("thread", "thread", "affinity")];
+    let variants = [
+        ("affinity", "connmux", "affinity"),
+        ("rr", "connmux", "rr"),
+        ("thread", "thread", "affinity"),
+        ("epoll", "epoll", "affinity"),
+    ];
     let mut servers = Vec::new();
     for (name, engine, steering) in variants {
         let port = free_port()?;
@@ -477,7 +516,15 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             ratio(m.light_p99_us, thr.light_p99_us)
         );
     }
-    let (aff, rr) = (med[0], med[1]);
+    let (aff, rr, ep) = (med[0], med[1], med[3]);
+    // The event-driven floor: what part of the gap to a blocking thread any
+    // epoll server has on this load, and what part is connmux's.
+    println!();
+    println!(
+        "connmux (affinity) against the hand-written epoll loop: throughput {}, light p99 {}",
+        ratio(aff.total_rate, ep.total_rate),
+        ratio(aff.light_p99_us, ep.light_p99_us)
+    );
     println!();
     println!("targets:");
     // The targets of the case each mix stands for: one heavy connection
