@@ -1,10 +1,11 @@
-//! A served connection lent to the worker that reads it (`Tuning::lease`,
-//! epoll driver), over loopback: while lent its requests are answered with
+//! A served connection lent to the worker that reads it (`Tuning::lease`),
+//! over loopback, on both drivers: while lent its requests are answered with
 //! no core lock, and whatever else involves it takes it back first: a send
 //! from another thread is written (the worker may be asleep), an unattach
 //! closes it, statistics catch up, a partial message or a slow reader goes
 //! the ordinary way.
 
+#[macro_use]
 mod common;
 
 use std::io::Read;
@@ -15,7 +16,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use common::*;
 use connmux::service::{Handler, Service, Verdict};
-use connmux::{Driver, PsockId, SockType};
+use connmux::{PsockId, SockType};
 
 struct Echo;
 
@@ -25,12 +26,9 @@ impl Handler for Echo {
     }
 }
 
-fn echo_service(driver: Driver, lease: bool) -> Service {
-    run_on(driver, || {});
-    let mux = mux_with(|c| {
-        c.driver = driver;
-        c.tuning.lease = lease;
-    });
+/// An echo service on the test's driver (`on_both_drivers!`).
+fn echo_service(lease: bool) -> Service {
+    let mux = mux_with(|c| c.tuning.lease = lease);
     l4_service(mux, Arc::new(Echo))
 }
 
@@ -70,9 +68,8 @@ fn leased_conn_counted(svc: &Service, c: &mut TcpStream) -> (PsockId, u64) {
     })
 }
 
-#[test]
 fn a_quiet_connection_is_lent_and_its_counts_reach_the_statistics() {
-    let svc = echo_service(Driver::Epoll, true);
+    let svc = echo_service(true);
     let mut c = client(&svc);
     let (p, pings) = leased_conn_counted(&svc, &mut c);
     for i in 0..100u32 {
@@ -98,9 +95,8 @@ fn a_quiet_connection_is_lent_and_its_counts_reach_the_statistics() {
     assert_eq!((st.rx_bytes, st.tx_bytes), (8 * calls, 8 * calls));
 }
 
-#[test]
 fn a_send_from_another_thread_to_a_lent_connection_is_written_while_its_worker_sleeps() {
-    let svc = echo_service(Driver::Epoll, true);
+    let svc = echo_service(true);
     let mut c = client(&svc);
     let p = leased_conn(&svc, &mut c);
     // The client sends nothing more: only the lease's return can write this.
@@ -111,9 +107,8 @@ fn a_send_from_another_thread_to_a_lent_connection_is_written_while_its_worker_s
     call(&mut c, b"after");
 }
 
-#[test]
 fn unattaching_a_lent_connection_closes_it() {
-    let svc = echo_service(Driver::Epoll, true);
+    let svc = echo_service(true);
     let mut c = client(&svc);
     let p = leased_conn(&svc, &mut c);
     // (The reset may reach the worker, and the service unattach the psock,
@@ -132,9 +127,8 @@ fn unattaching_a_lent_connection_closes_it() {
     eventually(|| (svc.mux().psock_count() == 0).then_some(()));
 }
 
-#[test]
 fn a_partial_message_goes_the_ordinary_way_and_is_answered_whole() {
-    let svc = echo_service(Driver::Epoll, true);
+    let svc = echo_service(true);
     let mut c = client(&svc);
     let p = leased_conn(&svc, &mut c);
     // Reads served on the lease first, then one that is not whole: each
@@ -154,9 +148,8 @@ fn a_partial_message_goes_the_ordinary_way_and_is_answered_whole() {
     leased_conn(&svc, &mut c);
 }
 
-#[test]
 fn after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once() {
-    let svc = echo_service(Driver::Epoll, true);
+    let svc = echo_service(true);
     let mut c = client(&svc);
     let p = leased_conn(&svc, &mut c);
     // Two reads on the lease (equal-sized messages: anything left over from
@@ -182,9 +175,8 @@ fn after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once() {
     call(&mut c, b"after");
 }
 
-#[test]
 fn a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again() {
-    let svc = echo_service(Driver::Epoll, true);
+    let svc = echo_service(true);
     let mut c = client(&svc);
     let (p, pings) = leased_conn_counted(&svc, &mut c);
     // Far more replies than the socket buffers hold while the client does
@@ -224,33 +216,21 @@ fn a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again() {
     assert_eq!(st.tx_addressed_drops, 0);
 }
 
-#[test]
-fn nothing_is_lent_when_leases_are_off_or_on_io_uring() {
-    for (driver, lease) in [(Driver::Epoll, false), (Driver::Uring, true)] {
-        if !available(driver) {
-            eprintln!("SKIPPED on {driver:?}: io_uring is not available on this machine");
-            continue;
-        }
-        let svc = echo_service(driver, lease);
-        let mut c = client(&svc);
-        let p = eventually(|| {
-            call(&mut c, b"ping");
-            svc.mux().psocks().first().copied()
-        });
-        for _ in 0..50 {
-            call(&mut c, b"ping");
-        }
-        assert!(!svc.mux().psock_leased(p), "{driver:?}, lease {lease}");
+fn nothing_is_lent_when_leases_are_off() {
+    let svc = echo_service(false);
+    let mut c = client(&svc);
+    let p = eventually(|| {
+        call(&mut c, b"ping");
+        svc.mux().psocks().first().copied()
+    });
+    for _ in 0..50 {
+        call(&mut c, b"ping");
     }
+    assert!(!svc.mux().psock_leased(p));
 }
 
-#[test]
 fn a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout() {
-    run_on(Driver::Epoll, || {});
-    let mux = mux_with(|c| {
-        c.driver = Driver::Epoll;
-        c.core.idle_timeout = Some(Duration::from_millis(300));
-    });
+    let mux = mux_with(|c| c.core.idle_timeout = Some(Duration::from_millis(300)));
     let svc = l4_service(mux, Arc::new(Echo));
     let mut c = client(&svc);
     let p = leased_conn(&svc, &mut c);
@@ -264,3 +244,14 @@ fn a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout() {
     eventually(|| svc.mux().psock_stats(p).is_err().then_some(()));
     eventually(|| (svc.mux().stats().idle_timeouts == 1).then_some(()));
 }
+
+on_both_drivers!(
+    a_quiet_connection_is_lent_and_its_counts_reach_the_statistics,
+    a_send_from_another_thread_to_a_lent_connection_is_written_while_its_worker_sleeps,
+    unattaching_a_lent_connection_closes_it,
+    a_partial_message_goes_the_ordinary_way_and_is_answered_whole,
+    after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once,
+    a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again,
+    nothing_is_lent_when_leases_are_off,
+    a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout,
+);

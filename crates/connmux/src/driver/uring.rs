@@ -36,12 +36,13 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
+use connmux_core::mux::PsockId;
 use connmux_core::Bytes;
 use connmux_sys::uring::{Completion, Ring, RingConfig};
 
 use crate::config::Tuning;
 use crate::driver::worker::{self, Io, Woke, Worker};
-use crate::shared::{psock_token, Command, ReadEnd, Shared, SockRt, Wrote};
+use crate::shared::{psock_token, token_psock, Command, Own, ReadEnd, Shared, SockRt, Wrote};
 
 mod conn;
 use conn::{pump, pump_tls, stop_rx, Conn, Feed, Held, Lent};
@@ -199,7 +200,31 @@ impl Io for UringIo {
     }
 
     fn end_pass(&mut self, w: &mut Worker<'_>) {
-        self.arm(w.sh)
+        self.arm(w.sh, &w.bufs.own)
+    }
+
+    fn leases(&self) -> bool {
+        true
+    }
+}
+
+/// A receive of psock `p` (connection `fd`), lent to this worker, in ring
+/// buffer `buf`: when it is all whole messages, served on the lease
+/// (`serve::serve_leased`: framed, answered and written at once, with no
+/// core lock) and the buffer goes back to the ring. `Err`: the lease went
+/// back to the core, and the buffer's bytes are still to be fed to it.
+fn serve_on_lease(w: &mut Worker<'_>, ring: &mut WRing, buf: u16, p: PsockId, fd: RawFd) -> Result<(), ()> {
+    let Some(sv) = w.serving.as_ref() else { return Err(()) };
+    let read_at = connmux_sys::clock::now_nanos();
+    w.bufs.own.read_at = read_at;
+    let data = ring.buffer(buf).unwrap_or(&[]);
+    let served = crate::serve::serve_leased(w.sh, sv, &mut w.bufs, data, p, fd, read_at, &mut w.events, &mut w.dirty);
+    match served {
+        Ok(()) => {
+            ring.recycle(buf);
+            Ok(())
+        }
+        Err(_) => Err(()),
     }
 }
 
@@ -210,7 +235,28 @@ impl UringIo {
         let now = sh.now();
         let ring = &mut self.ring;
         let mut core = None;
+        // (Cleared by anything but a read served on a lease.)
+        woke.leased_only = !comps.is_empty();
         for c in comps {
+            let mut lent_read = false;
+            if let Completion::Recv { token, .. }
+            | Completion::RecvEnd { token, .. }
+            | Completion::RecvInto { token, .. } = *c
+            {
+                let p = token_psock(token);
+                if w.bufs.own.leases.contains_key(&p) {
+                    lent_read = matches!(c, Completion::Recv { .. })
+                        && self.conns.get(&token).is_some_and(|c| !c.holds_bytes() && !c.released && !c.rx_stopped);
+                    if !lent_read {
+                        // A lent psock's end, or bytes its lease cannot
+                        // serve: the psock is the core's again first.
+                        let core = core.get_or_insert_with(|| sh.lock());
+                        w.bufs.own.unlease(core, p, now);
+                        core.drain_events(&mut w.events);
+                    }
+                }
+            }
+            woke.leased_only &= lent_read;
             match *c {
                 Completion::Poll { token: WAKE_TOKEN, .. } => {
                     self.waker_armed = false;
@@ -230,8 +276,27 @@ impl UringIo {
                         conn.recv_armed = false;
                         conn.recv_cancelled = false;
                     }
+                    let p = conn.rt.id;
                     if conn.released || conn.rx_stopped {
                         ring.recycle(buf_id);
+                    } else if lent_read {
+                        // Lent to this worker: served with no core lock
+                        // (which the lease takes itself if it goes back).
+                        core = None;
+                        let lent = w.bufs.own.leases.len();
+                        match serve_on_lease(w, ring, buf_id, p, conn.rt.fd()) {
+                            Ok(()) => woke.leased_only &= w.bufs.own.leases.len() == lent,
+                            Err(()) => {
+                                woke.leased_only = false;
+                                // The lease is back: the bytes go the usual way.
+                                conn.held.push_back(Held { buf: buf_id, off: 0 });
+                                let core = core.get_or_insert_with(|| sh.lock());
+                                let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
+                                pump(conn, &mut Feed { core, ring, now, events, lent, own });
+                            }
+                        }
+                        after_recv(&mut self.conns, &mut self.to_arm, token);
+                        continue;
                     } else if conn.rt.tls.is_some() {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         core = None; // TLS lock before the core lock
@@ -327,7 +392,6 @@ impl UringIo {
         let ring = &mut self.ring;
         match c {
             // Taken by the loop (`worker::run`).
-            // The loop's (nothing is lent to an io_uring worker).
             Command::Serve { .. } | Command::Unlease(_) => {}
             Command::Attach(rt) => {
                 // An unattach that overtook the attach leaves nothing to drive.
@@ -368,6 +432,7 @@ impl UringIo {
                     return;
                 }
                 let mut core = sh.lock();
+                w.bufs.own.unlease(&mut core, p, sh.now());
                 let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
                 pump(conn, &mut Feed { core: &mut core, ring, now: sh.now(), events, lent, own });
                 drop(core);
@@ -476,7 +541,9 @@ impl UringIo {
     }
 
     /// (Re)arm the receives that should run, while there are free buffers.
-    fn arm(&mut self, sh: &Shared) {
+    /// (A psock lent to this worker, in `own.leases`, is framed by its
+    /// lease: it takes no loan of its assembly buffer.)
+    fn arm(&mut self, sh: &Shared, own: &Own) {
         let ring = &mut self.ring;
         if self.to_arm.is_empty() {
             return;
@@ -487,7 +554,7 @@ impl UringIo {
             if conn.released || conn.rx_stopped || conn.recv_armed || conn.eof.is_some() || conn.holds_bytes() {
                 continue;
             }
-            if conn.rt.tls.is_none() {
+            if conn.rt.tls.is_none() && !own.leases.contains_key(&conn.rt.id) {
                 // A large message: one receive straight into the psock's
                 // assembly buffer, no more than the message needs.
                 let loan = sh.lock().mux.rx_lend(conn.rt.id);

@@ -104,16 +104,21 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     // long that untold activity could look like idleness.
     let sync_every = idle.map_or(sh.tuning.lease_sync, |d| sh.tuning.lease_sync.min(d / 16));
     let sync_every_ns = sync_every.as_nanos() as u64;
+    let mut look = Look::default();
     while !sh.stop.load(Ordering::Acquire) {
         let timeout = wait_timeout(sh, &w, next_deadline);
         let woke = if w.bufs.own.lease_used.is_empty() || timeout == Some(Duration::ZERO) {
             io.wait(&mut w, timeout)
         } else {
-            // Lease counts untold: never asleep with them. A look without
-            // sleeping first; only if it finds nothing are they told, then
-            // the worker sleeps (a busy worker tells them every
-            // `Tuning::lease_sync`, an idle one before it sleeps).
-            let woke = io.wait(&mut w, Some(Duration::ZERO));
+            // Lease counts untold: never asleep with them (a busy worker
+            // tells them every `Tuning::lease_sync`, an idle one before it
+            // sleeps). A look without sleeping first, while such looks find
+            // work; otherwise they are told at once, then the worker sleeps.
+            let woke = match look.now() {
+                true => io.wait(&mut w, Some(Duration::ZERO)),
+                false => Woke::default(),
+            };
+            look.found(woke.reported);
             match woke.reported {
                 true => woke,
                 false => {
@@ -190,6 +195,42 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     w.bufs.own.lease_try.clear();
     let now = sh.now();
     w.bufs.own.hold(&mut sh.lock(), now);
+}
+
+/// Whether a worker about to sleep with lease counts untold first looks for
+/// I/O without sleeping: that look is a system call, worth it while it finds
+/// work (the counts then wait for a later hold), wasted when the peer waits
+/// for this worker's replies before it sends again (a client with its
+/// requests in flight, answered in one write): there every sleep would pay
+/// it. So after a look that finds nothing the worker holds at once, and
+/// looks again only every `LOOK_EVERY`th time.
+#[derive(Default)]
+struct Look {
+    /// Sleeps since the last look; `None` while looks find work.
+    skipped: Option<u8>,
+}
+
+const LOOK_EVERY: u8 = 16;
+
+impl Look {
+    fn now(&mut self) -> bool {
+        match &mut self.skipped {
+            None => true,
+            Some(n) => {
+                *n += 1;
+                *n >= LOOK_EVERY
+            }
+        }
+    }
+
+    /// What the pass's look (or the skip of it) found.
+    fn found(&mut self, work: bool) {
+        match (work, &self.skipped) {
+            (true, _) => self.skipped = None,
+            (false, Some(n)) if *n < LOOK_EVERY => {}
+            (false, _) => self.skipped = Some(0),
+        }
+    }
 }
 
 /// How long the next wait may sleep: until the earliest deadline, at most
