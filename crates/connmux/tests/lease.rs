@@ -216,6 +216,52 @@ fn a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again() {
     assert_eq!(st.tx_addressed_drops, 0);
 }
 
+fn two_lent_connections_read_in_one_wait_are_each_answered_once_in_order() {
+    let svc = echo_service(true);
+    let mut a = client(&svc);
+    let (pa, pings_a) = leased_conn_counted(&svc, &mut a);
+    let mut b = client(&svc);
+    // (`leased_conn` looks at the first psock: wait for b's own lease.)
+    let mut pings_b = 0u64;
+    let pb = eventually(|| {
+        call(&mut b, b"ping");
+        pings_b += 1;
+        svc.mux().psocks().into_iter().find(|&p| p != pa)
+    });
+    eventually(|| {
+        if svc.mux().psock_leased(pb) {
+            return Some(());
+        }
+        call(&mut b, b"ping");
+        pings_b += 1;
+        None
+    });
+    // Both send at once, again and again: reads of both in one wait (which
+    // io_uring serves the ordinary way, giving the leases back) and reads
+    // of one (served on its lease) alternate.
+    let rounds = 200u32;
+    for r in 0..rounds {
+        let burst = |tag: u8| -> Vec<u8> { (0..8u32).flat_map(|i| framed(&[tag, r as u8, i as u8, 0])).collect() };
+        write_all(&mut a, &burst(b'a'));
+        write_all(&mut b, &burst(b'b'));
+        for i in 0..8u32 {
+            assert_eq!(read_framed(&mut a), [b'a', r as u8, i as u8, 0], "a: round {r}, reply {i}");
+        }
+        for i in 0..8u32 {
+            assert_eq!(read_framed(&mut b), [b'b', r as u8, i as u8, 0], "b: round {r}, reply {i}");
+        }
+    }
+    // Counted once each, on a lease or not (8 bytes each way a call).
+    for (p, pings) in [(pa, pings_a), (pb, pings_b)] {
+        let calls = pings + 8 * u64::from(rounds);
+        let st = eventually(|| {
+            let st = svc.mux().psock_stats(p).unwrap();
+            (st.rx_msgs >= calls && st.tx_msgs >= calls).then_some(st)
+        });
+        assert_eq!((st.rx_msgs, st.tx_msgs, st.tx_bytes), (calls, calls, 8 * calls), "{p:?}");
+    }
+}
+
 fn nothing_is_lent_when_leases_are_off() {
     let svc = echo_service(false);
     let mut c = client(&svc);
@@ -253,5 +299,6 @@ on_both_drivers!(
     after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once,
     a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again,
     nothing_is_lent_when_leases_are_off,
+    two_lent_connections_read_in_one_wait_are_each_answered_once_in_order,
     a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout,
 );
