@@ -194,7 +194,11 @@ pub struct MuxConfig {
     /// socket). A socket at or above it is not offered new messages.
     pub sock_rcvbuf: usize,
     /// Default send-queue bound per KCM socket in bytes (SO_SNDBUF), checked when
-    /// a new message starts.
+    /// a new message starts. It bounds the socket's plain (balanced) sends,
+    /// as KCM's does. An addressed send over it is refused only to a psock
+    /// whose own backlog is at least an eighth of it: a socket that sends
+    /// to one peer is bounded as KCM's, while peers that do not read cannot
+    /// hold up one socket's replies to the others.
     pub sock_sndbuf: usize,
     /// Bytes a psock buffers beyond the message being assembled (read-ahead).
     pub psock_rx_buf: usize,
@@ -202,9 +206,18 @@ pub struct MuxConfig {
     /// psock. At half of it the psock is no longer read (a peer that does not
     /// read its replies stops being served, as TCP would push back); at the
     /// whole of it addressed sends to it are refused (`WouldBlock`, counted in
-    /// `tx_backlog_refusals`). This, not the socket's SO_SNDBUF alone, keeps one
-    /// peer from using up a shared socket's send budget.
+    /// `tx_backlog_refusals`). A refused addressed send always means its
+    /// own peer is behind (see `sock_sndbuf`).
     pub psock_sndbuf: usize,
+    /// Messages of one psock that may wait in KCM sockets' receive queues
+    /// (not yet taken by a reader); past it the psock is not read until
+    /// readers take half of them (`PsockRxResume`). Why: a socket's queue is
+    /// one line for all its psocks, and `sock_rcvbuf` bytes of small
+    /// messages from a few peers that send without end (the peers that do
+    /// not read their replies, say) would put half a million messages ahead
+    /// of everyone else's next one. With it, a message waits behind at most
+    /// this many (plus one read's) per busy peer. KCM has no such bound.
+    pub psock_queued_max: usize,
     /// Steering policy.
     pub steering: Steering,
     /// For `Steering::Affinity`: queue length beyond which messages go elsewhere.
@@ -251,6 +264,7 @@ impl Default for MuxConfig {
             sock_sndbuf: 4 << 20,
             psock_rx_buf: 256 << 10,
             psock_sndbuf: 4 << 20,
+            psock_queued_max: 1024,
             steering: Steering::default(),
             imbalance: 64,
             mem_limit: DEFAULT_MEM_LIMIT,
@@ -575,6 +589,12 @@ struct Psock {
     /// Messages handed to holding sockets' readers and not yet settled
     /// ([`Mux::set_holds`], [`Mux::rx_settle`]): requests still being answered.
     holds: u64,
+    /// Its messages waiting in sockets' receive queues (or the hold queue),
+    /// not yet taken by a reader (`MuxConfig::psock_queued_max`).
+    queued: usize,
+    /// `queued` reached `psock_queued_max`: the psock is not read until it
+    /// is down to half (then `PsockRxResume`).
+    queued_full: bool,
     // ---- transmit ----
     tx_queue: VecDeque<TxMsg>,
     /// A chunk is out with the driver (one writer at a time).
@@ -620,6 +640,15 @@ struct Psock {
 }
 
 impl Psock {
+    /// One more of its messages waits in a socket's queue.
+    #[inline]
+    fn count_queued(&mut self, config: &MuxConfig) {
+        self.queued += 1;
+        if self.queued >= config.psock_queued_max {
+            self.queued_full = true;
+        }
+    }
+
     #[inline]
     fn rx_held(&self) -> usize {
         self.stream.buffered() + self.ready.as_ref().map_or(0, |m| m.remaining())
@@ -715,6 +744,11 @@ fn sid(i: (u32, u32)) -> SockId {
 fn pid(i: (u32, u32)) -> PsockId {
     PsockId { index: i.0, generation: i.1 }
 }
+
+/// Over its send buffer, a socket refuses addressed sends to the psocks
+/// whose backlog is at least this fraction of the buffer (see
+/// `send_addressed_kick`).
+const SNDBUF_SHARE: usize = 8;
 
 /// The reply backlog (`tx_addr_bytes`) at which a psock stops being read.
 #[inline]
@@ -992,6 +1026,8 @@ impl Mux {
             paused: false,
             life: Life::Open,
             holds: 0,
+            queued: 0,
+            queued_full: false,
             tx_queue: VecDeque::new(),
             tx_busy: false,
             tx_inflight: 0,
@@ -1075,8 +1111,9 @@ impl Mux {
     pub fn rx_capacity(&self, p: PsockId) -> usize {
         match self.psock(p) {
             Ok(ps) if !ps.paused && !ps.life.rx_over() && !ps.stream.is_stopped() && ps.mem == MemState::Reading => {
-                if ps.tx_addr_bytes >= backlog_pause(&self.config) {
-                    // Its peer is not reading our replies: stop reading it
+                if ps.tx_addr_bytes >= backlog_pause(&self.config) || ps.queued_full {
+                    // Its peer is not reading our replies, or readers have
+                    // not taken its messages: stop reading it
                     // (PsockRxResume when the backlog drains).
                     return 0;
                 }
@@ -1451,9 +1488,13 @@ impl Mux {
                             d.out.push((msg.data, p));
                         } else {
                             enqueue_rx(socks, rx_waiters, events, s, msg);
+                            ps.count_queued(config);
                         }
                     }
-                    _ => enqueue_rx(socks, rx_waiters, events, s, msg),
+                    _ => {
+                        enqueue_rx(socks, rx_waiters, events, s, msg);
+                        ps.count_queued(config);
+                    }
                 },
                 None => {
                     // Nobody can take it: keep it, pause (TCP pushes back).
@@ -1546,6 +1587,7 @@ impl Mux {
             let msg = ps.ready.take();
             resumed.push(p);
             if let Some(msg) = msg {
+                ps.count_queued(&self.config);
                 self.enqueue_rx(s, msg);
             }
             if !self.socks.get(s.index, s.generation).expect("live").able() {
@@ -1639,6 +1681,14 @@ impl Mux {
     /// holds; the last one of a closing psock may drain it.
     #[inline]
     fn taken(&mut self, p: PsockId, holds: bool) {
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        ps.queued = ps.queued.saturating_sub(1);
+        if ps.queued_full && ps.queued <= self.config.psock_queued_max / 2 {
+            ps.queued_full = false;
+            if self.rx_capacity(p) > 0 {
+                self.events.push_back(Event::PsockRxResume(p));
+            }
+        }
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
         if holds {
             ps.holds += 1;
@@ -1849,8 +1899,12 @@ impl Mux {
             ps.stats.tx_backlog_refusals += 1;
             return Err(self.would_block(s));
         }
+        // Over the socket's send buffer, refused only to a psock that holds
+        // a good share of it itself: one socket's replies go to many peers,
+        // and those that do not read must not hold up the replies to the
+        // others (a socket sending to one peer keeps KCM's SO_SNDBUF bound).
         let sock = socks.get_mut(s.index, s.generation).expect("live");
-        if sock.tx_mem >= sock.sndbuf {
+        if sock.tx_mem >= sock.sndbuf && ps.tx_addr_bytes >= sock.sndbuf / SNDBUF_SHARE {
             return Err(self.would_block(s));
         }
         let len = msg.len();

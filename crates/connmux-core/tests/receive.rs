@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use connmux_core::mux::{
-    Event, Mux, MuxConfig, MuxError, PsockConfig, PsockError, RecvFlags, RxError, SockType, Steering,
+    Event, Mux, MuxConfig, MuxError, PsockConfig, PsockError, PsockId, RecvFlags, RxError, SockType, Steering,
 };
 use connmux_core::parser::ParseError;
 use connmux_core::{Bytes, Timestamp};
@@ -654,4 +654,33 @@ fn feed_direct_hands_over_only_ahead_of_an_empty_queue() {
     let st = m.sock_stats(k).unwrap();
     assert_eq!((st.rx_msgs, st.rx_bytes), (3, 33));
     assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 3);
+}
+
+#[test]
+fn a_psock_whose_queued_messages_are_not_taken_stops_being_read_and_resumes_at_half() {
+    let cfg = MuxConfig { psock_queued_max: 8, ..rr_config() };
+    let (mut m, s) = dgram_mux(cfg);
+    let (busy, other) = (attach_l4(&mut m), attach_l4(&mut m));
+    // One read of 20 small messages: all are queued (a read is never cut),
+    // then the psock is read no more.
+    let wire: Vec<u8> = (0..20u8).flat_map(|i| l4_total(8, i)).collect();
+    m.feed(busy, &wire, ms(0)).unwrap();
+    assert_eq!(m.rx_queued(s), Ok(20));
+    assert_eq!(m.rx_capacity(busy), 0, "past psock_queued_max: not read");
+    // Another psock's message is not held up by it.
+    assert!(m.rx_capacity(other) > 0);
+    m.feed(other, &l4_total(8, 99), ms(0)).unwrap();
+    events(&mut m);
+    // Readers take them: read again once at most half (4) wait.
+    for i in 0..15 {
+        m.recv_msg(s).unwrap();
+        assert_eq!(m.rx_capacity(busy), 0, "still {} of it queued", 20 - i - 1);
+        assert!(!events(&mut m).contains(&Event::PsockRxResume(busy)));
+    }
+    let (msg, from) = m.recv_msg(s).unwrap();
+    assert_eq!((msg.len(), from), (8, busy));
+    assert!(events(&mut m).contains(&Event::PsockRxResume(busy)), "resumed at half");
+    assert!(m.rx_capacity(busy) > 0);
+    let rest: Vec<(usize, PsockId)> = std::iter::from_fn(|| m.recv_msg(s).ok()).map(|(b, p)| (b.len(), p)).collect();
+    assert_eq!(rest, vec![(8, busy), (8, busy), (8, busy), (8, busy), (8, other)], "nothing lost, order kept");
 }

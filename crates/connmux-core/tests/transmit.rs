@@ -512,3 +512,29 @@ fn socket_writable_is_raised_after_would_block_when_space_returns() {
     m.set_sndbuf(k, 10).unwrap();
     assert_eq!(m.sndbuf(k), Ok(10));
 }
+
+#[test]
+fn peers_that_do_not_read_fill_the_socket_without_holding_up_replies_to_others() {
+    // A socket whose send buffer two peers that do not read have filled.
+    let cfg = MuxConfig { sock_sndbuf: 8000, psock_sndbuf: 64 << 10, ..rr_config() };
+    let (mut m, k) = dgram_mux(cfg);
+    let (slow1, slow2, good) = (attach_l4(&mut m), attach_l4(&mut m), attach_l4(&mut m));
+    for slow in [slow1, slow2] {
+        for i in 0..4 {
+            m.send_to(k, slow, &l4_total(1000, i), SendFlags::default()).unwrap();
+        }
+    }
+    assert!(!m.writable(k).unwrap(), "the socket's plain sends wait (KCM's SO_SNDBUF)");
+    // The slow peers, each holding a good share of it, are refused more.
+    for slow in [slow1, slow2] {
+        assert_eq!(m.send_to(k, slow, &l4_total(1000, 9), SendFlags::default()), Err(MuxError::WouldBlock));
+    }
+    // The good peer's replies are taken and written whole.
+    for i in 0..3 {
+        assert_eq!(m.send_to(k, good, &l4_total(100, i), SendFlags::default()), Ok(100));
+    }
+    assert_eq!(split_l4(&flush(&mut m, good)), (0..3).map(|i| l4_total(100, i)).collect::<Vec<_>>());
+    // Its backlog too is bounded: past an eighth of the buffer it waits.
+    let taken = (0..100).take_while(|&i| m.send_to(k, good, &l4_total(100, i), SendFlags::default()).is_ok()).count();
+    assert_eq!(taken, 10, "1000 bytes (an eighth of 8000) of its own, then refused");
+}

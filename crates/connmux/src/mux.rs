@@ -488,6 +488,7 @@ impl Mux {
                 interest: Mutex::new(PsockInterest { read: true, write: false, registered: true }),
                 error: Mutex::new(None),
                 flush_queued: AtomicBool::new(false),
+                lease_revoked: AtomicBool::new(false),
                 tls: tls.map(Mutex::new),
             });
             core.psocks.insert(id, rt.clone());

@@ -442,7 +442,7 @@ pub(crate) fn serve_leased(
     let Some(l) = bufs.own.leases.get_mut(&p) else { return Err(None) };
     let mut ranges = std::mem::take(&mut bufs.ranges);
     ranges.clear();
-    if bufs.heavy.contains(p) || l.lease.frame(data, &mut ranges) != data.len() {
+    if bufs.heavy.contains(p) || revoked(&l.rt) || l.lease.frame(data, &mut ranges) != data.len() {
         bufs.ranges = ranges;
         let mut core = sh.lock();
         let rt = bufs.own.unlease_rt(&mut core, p, sh.timestamp(started));
@@ -453,6 +453,17 @@ pub(crate) fn serve_leased(
     // Empty for the next read (its ranges are pushed after what is here).
     ranges.clear();
     bufs.ranges = ranges;
+    if bufs.own.leases.get(&p).is_some_and(|l| revoked(&l.rt)) {
+        // A message sent from elsewhere while the handler ran waits on the
+        // psock's queue: these replies go behind it, the ordinary way.
+        bufs.end_run();
+        let mut core = sh.lock();
+        bufs.own.unlease(&mut core, p, sh.timestamp(started));
+        core.drain_events(events);
+        drop(core);
+        send_outs(sh, sv, bufs, events, dirty, None);
+        return Ok(());
+    }
     if bufs.outs.is_empty() {
         // The common case: every reply appended to the run (none of its own
         // buffer, no close): written from the run's buffer, which is then
@@ -484,6 +495,15 @@ pub(crate) fn serve_leased(
     }
     write_leased(sh, bufs, p, fd, events);
     Ok(())
+}
+
+/// Whether the lease of `rt` was revoked: a send from another thread waits
+/// on its queue, and its worker has not been told yet. Such a send has
+/// returned only after the flag was set (`Shared::dispatch`), so a reply
+/// the handler made after it (having seen its effect) never overtakes it.
+#[inline]
+fn revoked(rt: &PsockRt) -> bool {
+    rt.lease_revoked.load(Ordering::Acquire)
 }
 
 /// Write a leased psock's run of `msgs` appended replies straight from

@@ -190,7 +190,7 @@ impl Service {
         handler: Arc<dyn Handler>,
         tls: Option<Arc<crate::tls::rustls::ServerConfig>>,
     ) -> io::Result<Service> {
-        let listener = TcpListener::bind(cfg.listen)?;
+        let listener = listen(cfg.listen)?;
         let local = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let stats = Arc::new(ServiceStats::default());
@@ -281,6 +281,25 @@ impl Drop for Service {
     fn drop(&mut self) {
         self.stop_threads();
     }
+}
+
+/// Connections the kernel completes and queues for the accept thread
+/// before it drops new ones (`listen(2)`'s backlog; the kernel caps it at
+/// `net.core.somaxconn`, 4096 by default). Why this many and not std's 128:
+/// a flood of connections that reset at once (or a burst of honest ones)
+/// while the accept thread waits for a CPU fills 128 in a moment, and a
+/// dropped SYN costs its client a whole second (the first retransmission).
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// A listening socket on `addr` as `TcpListener::bind` makes it
+/// (`SO_REUSEADDR`), with [`LISTEN_BACKLOG`].
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(LISTEN_BACKLOG)?;
+    Ok(sock.into())
 }
 
 /// What the accept loop checks before attaching.

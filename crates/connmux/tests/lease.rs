@@ -10,8 +10,9 @@ mod common;
 
 use std::io::Read;
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use common::*;
@@ -30,6 +31,27 @@ impl Handler for Echo {
 fn echo_service(lease: bool) -> Service {
     let mux = mux_with(|c| c.tuning.lease = lease);
     l4_service(mux, Arc::new(Echo))
+}
+
+/// Echo, except that a request whose body is "gate" first waits (at most 5 s) until the
+/// test has sent something to the connection from another thread.
+#[derive(Default)]
+struct Gate {
+    entered: AtomicBool,
+    pushed: AtomicBool,
+}
+
+impl Handler for Gate {
+    fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
+        if request.get(4..) == Some(&b"gate"[..]) {
+            self.entered.store(true, Ordering::Release);
+            let end = Instant::now() + Duration::from_secs(5);
+            while !self.pushed.load(Ordering::Acquire) && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        Verdict::Reply(request)
+    }
 }
 
 fn client(svc: &Service) -> TcpStream {
@@ -262,6 +284,31 @@ fn two_lent_connections_read_in_one_wait_are_each_answered_once_in_order() {
     }
 }
 
+fn a_reply_on_the_lease_never_overtakes_a_send_from_another_thread() {
+    let gate = Arc::new(Gate::default());
+    let svc = l4_service(mux_with(|c| c.tuning.lease = true), gate.clone());
+    let mut c = client(&svc);
+    let p = leased_conn(&svc, &mut c);
+    let sock = svc.mux().socket(SockType::Dgram).unwrap();
+    // While the handler runs on the lease, another thread sends to the
+    // connection; the handler answers after that send returned.
+    let pusher = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            eventually(|| gate.entered.load(Ordering::Acquire).then_some(()));
+            sock.send_to(&framed(b"pushed"), p).unwrap();
+            gate.pushed.store(true, Ordering::Release);
+            // (Kept open: closing a socket drops what it has not written.)
+            sock
+        })
+    };
+    write_all(&mut c, &framed(b"gate"));
+    let _sock = pusher.join().unwrap();
+    assert_eq!(read_framed(&mut c), b"pushed", "the send made first goes out first");
+    assert_eq!(read_framed(&mut c), b"gate");
+    call(&mut c, b"after");
+}
+
 fn nothing_is_lent_when_leases_are_off() {
     let svc = echo_service(false);
     let mut c = client(&svc);
@@ -299,6 +346,7 @@ on_both_drivers!(
     after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once,
     a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again,
     nothing_is_lent_when_leases_are_off,
+    a_reply_on_the_lease_never_overtakes_a_send_from_another_thread,
     two_lent_connections_read_in_one_wait_are_each_answered_once_in_order,
     a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout,
 );

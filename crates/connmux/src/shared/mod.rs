@@ -158,6 +158,11 @@ pub(crate) struct PsockRt {
     pub error: Mutex<Option<PsockError>>,
     /// Set while the psock sits in a worker's deferred-flush list.
     pub flush_queued: AtomicBool,
+    /// Its lease was revoked and its worker not yet told (`Command::Unlease`):
+    /// a message sent from elsewhere waits on its queue, which the lease's
+    /// replies must not overtake. Set before that send returns; cleared when
+    /// the psock is lent again.
+    pub lease_revoked: AtomicBool,
     /// TLS state of a psock attached with `Mux::attach_tls`.
     pub tls: Option<Mutex<tls::PsockTls>>,
 }
@@ -462,6 +467,7 @@ impl Own {
                     continue;
                 }
                 if let Some(lease) = core.mux.lease(rt.id, sock) {
+                    rt.lease_revoked.store(false, Ordering::Relaxed);
                     self.leases.insert(rt.id, Leased { lease, rt });
                 }
             }
@@ -705,6 +711,8 @@ impl Shared {
                         }
                     }
                     if let Some(rt) = self.psock_rt(p) {
+                        // (Before the sender's call returns: see `serve_leased`.)
+                        rt.lease_revoked.store(true, Ordering::Release);
                         self.workers[rt.worker()].command(Command::Unlease(p));
                     }
                 }

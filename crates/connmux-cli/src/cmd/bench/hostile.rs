@@ -225,6 +225,16 @@ fn good_clients(t: Target, addr: SocketAddr, n: usize, end: Instant) -> Good {
     Arc::try_unwrap(good).unwrap_or_default()
 }
 
+/// The kernel's count of connections dropped at a listener (`ListenDrops`
+/// in `/proc/net/netstat`: a full accept queue, among others), machine-wide.
+fn listen_drops() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next()?, lines.next()?);
+    let i = names.split_whitespace().position(|n| n == "ListenDrops")?;
+    values.split_whitespace().nth(i)?.parse().ok()
+}
+
 /// New connections during the attacks, one every 250 ms, each making one
 /// call with a 1 s deadline: (answered, tried, slowest answer in µs).
 fn newcomers(t: Target, addr: SocketAddr, end: Instant) -> (u64, u64, u64) {
@@ -618,12 +628,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             _ => rst_flood(t, addr, end, &s),
         }));
     }
+    let drops0 = listen_drops();
     let probe = std::thread::spawn(move || newcomers(t, addr, end));
     let under = good_clients(t, addr, a.good, end);
     let (new_answered, new_tried, new_slowest_us) = probe.join().unwrap_or((0, 0, 0));
     for t in attackers {
         let _ = t.join();
     }
+    let listen_drops = listen_drops().zip(drops0).map(|(b, a)| b.saturating_sub(a));
     stop_rss.store(true, Relaxed);
     let during = rss.join().unwrap_or((0, 0, 0));
     let peak_hwm = hwm_kib(pid);
@@ -651,6 +663,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         "good_alone": good_json(&alone, base_secs),
         "good_under_attack": good_json(&under, a.seconds),
         "newcomers": { "tried": new_tried, "answered": new_answered, "slowest_us": new_slowest_us },
+        "listen_drops": listen_drops,
         "attacks": seen.iter().map(|(n, s)| (n.to_string(), Value::Object(s.pairs().into_iter().map(|(k, v)| (k.to_string(), Value::from(v))).collect()))).collect::<serde_json::Map<_, _>>(),
         "rss_kib": { "start": during.0, "peak_sampled": during.1, "peak_hwm": peak_hwm, "end_of_attacks": during.2, "after_1s": after_kib },
         "server_counters": server_counters,
@@ -678,6 +691,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     println!(
         "newcomers      {new_answered} of {new_tried} new connections answered within 1 s (one call each, every 250 ms), slowest {:.1} ms",
         new_slowest_us as f64 / 1000.0
+    );
+    println!(
+        "listen drops   {} (connections the kernel dropped at a full listener backlog, this machine's, during the attacks)",
+        listen_drops.map_or("?".to_string(), |n| n.to_string())
     );
     for (name, s) in &seen {
         let pairs = s.pairs().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
