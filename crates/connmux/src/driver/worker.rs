@@ -271,3 +271,24 @@ fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Look, LOOK_EVERY};
+
+    #[test]
+    fn a_look_that_finds_nothing_is_taken_again_only_every_sixteenth_sleep() {
+        let mut look = Look::default();
+        assert!(look.now(), "looks at first");
+        look.found(false);
+        for _ in 1..LOOK_EVERY {
+            assert!(!look.now());
+            look.found(false);
+        }
+        assert!(look.now(), "the sixteenth sleep looks again");
+        look.found(true);
+        assert!(look.now() && look.now(), "and keeps looking while looks find work");
+        look.found(false);
+        assert!(!look.now());
+    }
+}
