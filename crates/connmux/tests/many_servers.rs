@@ -198,7 +198,11 @@ fn a_server_killed_mid_run_loses_no_call() {
     eprintln!("per server {:?}, resent {}, failed {:?}", r.per_server, r.resent, r.failed);
     assert_eq!(r.per_server.iter().sum::<usize>(), CALLS, "every call answered once");
     assert!(r.per_server[1] < CALLS / 3 + WINDOW, "the dead server answered only before it died: {r:?}");
-    assert!(r.per_server[0] > CALLS / 3 && r.per_server[2] > CALLS / 3, "the others took the rest: {r:?}");
+    // Each survivor took a good share of the rest, not necessarily half:
+    // least outstanding follows speed, and the whole run lasts about 20 ms,
+    // so a survivor the scheduler holds back for a few of them takes less
+    // (one CI run: 1,998 and 641 of the 3,000 calls, the dead one 361).
+    assert!(r.per_server[0] > CALLS / 6 && r.per_server[2] > CALLS / 6, "the others took the rest: {r:?}");
     // Reported: the failure event names the dead server's psock, and only it.
     assert!(!r.failed.is_empty(), "{r:?}");
     for (p, e) in &r.failed {
