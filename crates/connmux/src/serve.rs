@@ -453,18 +453,10 @@ pub(crate) fn serve_leased(
     // Empty for the next read (its ranges are pushed after what is here).
     ranges.clear();
     bufs.ranges = ranges;
-    if bufs.own.leases.get(&p).is_some_and(|l| revoked(&l.rt)) {
-        // A message sent from elsewhere while the handler ran waits on the
-        // psock's queue: these replies go behind it, the ordinary way.
-        bufs.end_run();
-        let mut core = sh.lock();
-        bufs.own.unlease(&mut core, p, sh.timestamp(started));
-        core.drain_events(events);
-        drop(core);
-        send_outs(sh, sv, bufs, events, dirty, None);
-        return Ok(());
-    }
-    if bufs.outs.is_empty() {
+    // A message sent from elsewhere while the handler ran waits on the
+    // psock's queue: these replies go behind it, the ordinary way.
+    let behind = bufs.own.leases.get(&p).is_some_and(|l| revoked(&l.rt));
+    if !behind && bufs.outs.is_empty() {
         // The common case: every reply appended to the run (none of its own
         // buffer, no close): written from the run's buffer, which is then
         // used again (no copy, no buffer handed anywhere).
@@ -475,9 +467,9 @@ pub(crate) fn serve_leased(
         return Ok(());
     }
     bufs.end_run();
-    if !bufs.outs.iter().all(|o| matches!(o, Out::Replies(q, ..) if *q == p)) {
-        // A close: the psock is the core's again before anything else
-        // (`unlease` takes this read's counts back with it).
+    if behind || !bufs.outs.iter().all(|o| matches!(o, Out::Replies(q, ..) if *q == p)) {
+        // Revoked, or a close: the psock is the core's again before
+        // anything else (`unlease` takes this read's counts back with it).
         let mut core = sh.lock();
         bufs.own.unlease(&mut core, p, sh.timestamp(started));
         core.drain_events(events);
