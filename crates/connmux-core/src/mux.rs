@@ -1683,17 +1683,18 @@ impl Mux {
     fn taken(&mut self, p: PsockId, holds: bool) {
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
         ps.queued = ps.queued.saturating_sub(1);
-        if ps.queued_full && ps.queued <= self.config.psock_queued_max / 2 {
+        // Down to half of `psock_queued_max`: read again.
+        let resume = ps.queued_full && ps.queued <= self.config.psock_queued_max / 2;
+        if resume {
             ps.queued_full = false;
-            if self.rx_capacity(p) > 0 {
-                self.events.push_back(Event::PsockRxResume(p));
-            }
         }
-        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
         if holds {
             ps.holds += 1;
         } else if ps.life == Life::PeerClosed {
             self.check_drained(p);
+        }
+        if resume && self.rx_capacity(p) > 0 {
+            self.events.push_back(Event::PsockRxResume(p));
         }
     }
 
