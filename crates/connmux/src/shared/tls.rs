@@ -384,6 +384,21 @@ fn fail(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, why: String, events: &mut 
     st.done = true;
     st.failed = true;
     st.held = Vec::new();
+    if !st.established {
+        // A failed handshake's alert goes out now, before the failure is
+        // raised: the service resets the connection as soon as it hears of
+        // it, and a reset that overtakes the alert leaves the peer with
+        // ECONNRESET and no reason. (Nothing else is being written yet.)
+        let mut alert = Vec::new();
+        for _ in 0..4 {
+            if !st.conn.wants_write() || st.conn.write_tls(&mut alert).is_err() {
+                break;
+            }
+        }
+        if !alert.is_empty() {
+            let _ = connmux_sys::socket::writev(rt.fd(), &[io::IoSlice::new(&alert)]);
+        }
+    }
     if st.established {
         sh.tls.errors.fetch_add(1, Ordering::Relaxed);
     } else {
