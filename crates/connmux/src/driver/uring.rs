@@ -237,12 +237,10 @@ impl UringIo {
         let mut core = None;
         // (Cleared by anything but a read served on a lease.)
         woke.leased_only = !comps.is_empty();
-        // A lease is worth it for a wait that brought one read: it saves
-        // that read's core lock hold, and its reply goes out at once. With
-        // several, one hold serves them all and their replies leave in one
-        // submission with the next wait, where a lease would write each
-        // with a system call of its own: their lent psocks go back.
-        let one_read = comps.iter().filter(|c| matches!(c, Completion::Recv { .. })).count() == 1;
+        // Every read of a lent psock is served on its lease, however many
+        // the wait brought: each reply then costs a `sendmsg` of its own
+        // where one core hold and one submission could serve them all, but
+        // the shared core lock is what stops workers scaling on many CPUs.
         for c in comps {
             let mut lent_read = false;
             if let Completion::Recv { token, .. }
@@ -251,8 +249,7 @@ impl UringIo {
             {
                 let p = token_psock(token);
                 if w.bufs.own.leases.contains_key(&p) {
-                    lent_read = one_read
-                        && matches!(c, Completion::Recv { .. })
+                    lent_read = matches!(c, Completion::Recv { .. })
                         && self.conns.get(&token).is_some_and(|c| !c.holds_bytes() && !c.released && !c.rx_stopped);
                     if !lent_read {
                         // A lent psock's end, or bytes its lease cannot
