@@ -105,7 +105,58 @@ fn slow_handler_threshold_is_the_configured_one() {
     svc.shutdown();
 }
 
+/// A peer sends far more small messages than anyone reads: the psock is read
+/// no more once `psock_queued_max` of its messages wait, and each time the
+/// reader has taken half it is fed again by at most one read's worth (one
+/// ring buffer on io_uring, `read_chunk` on epoll), never by all that its
+/// connection delivered in the meantime. Every message arrives once, in order.
+fn queued_messages_stay_within_one_read_of_their_bound() {
+    const MAX: usize = 64;
+    // Bytes per read: 128 messages of 8 bytes (4 of header, 4 of body).
+    const STEP: usize = 1024;
+    const MSGS: u32 = 20_000;
+    let mux = mux_with(|c| {
+        c.core.psock_queued_max = MAX;
+        c.read_chunk = STEP;
+        c.tuning = Tuning { ring_buf_size: STEP as u32, ring_buf_count: 64, ..Tuning::default() };
+    });
+    let sock = mux.socket(connmux::SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let (ours, mut peer) = pair();
+    sock.attach(&ours, l4()).unwrap();
+    let wire: Vec<u8> = (0..MSGS).flat_map(|i| framed(&i.to_be_bytes())).collect();
+    // (Its write waits for the reader once the connection's buffers fill.)
+    let writer = std::thread::spawn(move || {
+        peer.write_all(&wire).unwrap();
+        peer
+    });
+    let bound = MAX + STEP / 8;
+    let (mut next, mut highest) = (0u32, 0usize);
+    let mut buf = [0u8; 64];
+    // Bounded: each round takes at least one message.
+    while next < MSGS {
+        // Fed again after the last round took the queue down to half.
+        let left = (MSGS - next) as usize;
+        let queued = eventually(|| {
+            let q = sock.stats().unwrap().rx_queued;
+            (q > MAX / 2 || q == left).then_some(q)
+        });
+        assert!(queued <= bound, "{queued} messages queued at message {next}: over {MAX} by more than one read");
+        highest = highest.max(queued);
+        let take = if queued == left { queued } else { queued - MAX / 2 };
+        for _ in 0..take {
+            let n = sock.recv(&mut buf).unwrap();
+            assert_eq!(n, 8);
+            assert_eq!(u32::from_be_bytes(buf[4..8].try_into().unwrap()), next, "lost or out of order");
+            next += 1;
+        }
+    }
+    drop(writer.join().unwrap());
+    eprintln!("at most {highest} messages queued (bound {MAX}, one read {})", STEP / 8);
+}
+
 on_both_drivers!(
+    queued_messages_stay_within_one_read_of_their_bound,
     smallest_tuning_delivers_every_reply_in_order,
     many_slices_per_write_deliver_every_reply_in_order,
     slow_handler_threshold_is_the_configured_one,

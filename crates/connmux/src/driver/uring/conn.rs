@@ -222,10 +222,14 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
     let now = *now;
     let id: PsockId = conn.rt.id;
     let token = psock_token(id);
-    // What was spilled while paused comes first. Bounded: each round feeds
-    // at least one byte, or stops.
+    // What was spilled while paused comes first, a ring buffer's worth at a
+    // time as it was received: the core's capacity is in bytes, and a bound
+    // counted in messages (`MuxConfig::psock_queued_max`) stops it only
+    // between feeds (the whole spill at once, megabytes of small messages
+    // from a peer that does not read, queued ahead of everyone else's).
+    // Bounded: each round feeds at least one byte, or stops.
     while conn.spill_off < conn.spill.len() {
-        let cap = core.mux.rx_capacity(id);
+        let cap = core.mux.rx_capacity(id).min(ring.buf_size());
         if cap == 0 {
             pause_psock(core, ring, conn, token, lent);
             core.drain_events(events);
