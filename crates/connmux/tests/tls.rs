@@ -318,6 +318,11 @@ fn forged_record_after_the_handshake() {
     c.write_all(&framed(b"before")).unwrap();
     c.flush().unwrap();
     assert_eq!(&sock.recv_msg().unwrap().data[..], &framed(b"before")[..]);
+    // An answer the client reads: the server's records so far have all
+    // been sent.
+    sock.send_to(&framed(b"ack"), psock).unwrap();
+    c.sock.set_read_timeout(Some(WAIT)).unwrap();
+    assert_eq!(read_msg(&mut c), b"ack");
     // An application-data record of the right shape whose tag cannot verify.
     let mut rec = vec![23u8, 3, 3, 0, 64];
     rec.extend((0..64u8).map(|i| i.wrapping_mul(7)));
@@ -325,6 +330,13 @@ fn forged_record_after_the_handshake() {
     let ev = next_error(&mux);
     assert_eq!(ev.psock, psock);
     assert!(tls_error(&ev.error).is_some(), "{:?}", ev.error);
+    // Reset at once, as an application's reaper would: the alert was
+    // written before the failure was raised, so the peer reads it first.
+    mux.abort(psock).unwrap();
+    let mut b = [0u8; 16];
+    let got = c.read(&mut b);
+    let e = got.expect_err("the session failed");
+    assert!(e.to_string().contains("alert"), "the peer read {e:?} (no alert) on {:?}", driver());
     let t = mux.tls_stats();
     assert_eq!((t.handshakes, t.handshake_failures, t.errors), (1, 0, 1), "on {:?}", driver());
 }

@@ -106,6 +106,12 @@ pub(crate) struct PsockTls {
     records: RecordEdge,
     /// A record deadline is armed in the core (`set_record_deadline`).
     record_armed: bool,
+    /// No record of this psock is on its way outside rustls (an io_uring
+    /// send in flight, or the rest of a short one), so what rustls holds may
+    /// be written at once without passing it. Always on the epoll driver,
+    /// whose writes of a TLS psock all hold this state's lock; the io_uring
+    /// worker sets it before each receive ([`PsockTls::set_unsent`]).
+    write_now: bool,
 }
 
 /// Where a TLS byte stream is relative to its records (5-byte header with
@@ -166,7 +172,16 @@ impl PsockTls {
             held: Vec::new(),
             records: RecordEdge::default(),
             record_armed: false,
+            write_now: true,
         }
+    }
+
+    /// The io_uring worker, before it hands this psock's received bytes
+    /// over: whether records it took from rustls are still unsent (in a
+    /// ring send, or the rest of a short one). A failure's alert is then
+    /// left to follow them through the ring.
+    pub(crate) fn set_unsent(&mut self, unsent: bool) {
+        self.write_now = !unsent;
     }
 
     /// A client connection that speaks first (its ClientHello waits).
@@ -384,19 +399,21 @@ fn fail(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, why: String, events: &mut 
     st.done = true;
     st.failed = true;
     st.held = Vec::new();
-    if !st.established {
-        // A failed handshake's alert goes out now, before the failure is
-        // raised: the service resets the connection as soon as it hears of
-        // it, and a reset that overtakes the alert leaves the peer with
-        // ECONNRESET and no reason. (Nothing else is being written yet.)
-        let mut alert = Vec::new();
+    if st.write_now {
+        // The alert, behind any record rustls made and nobody took yet, goes
+        // out now, before the failure is raised: the application resets the
+        // connection as soon as it hears of it (the service does), and a
+        // reset that overtakes the alert leaves the peer with ECONNRESET and
+        // no reason. What would block is left to the transmit path.
+        // Bounded: each round writes, or stops.
         for _ in 0..4 {
-            if !st.conn.wants_write() || st.conn.write_tls(&mut alert).is_err() {
+            if !st.conn.wants_write() {
                 break;
             }
-        }
-        if !alert.is_empty() {
-            let _ = connmux_sys::socket::writev(rt.fd(), &[io::IoSlice::new(&alert)]);
+            match st.conn.write_tls(&mut Fd(rt.fd())) {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
         }
     }
     if st.established {

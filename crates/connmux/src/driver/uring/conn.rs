@@ -130,6 +130,7 @@ pub(super) fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &
     let Some(tls) = &rt.tls else { return };
     let token = psock_token(rt.id);
     let mut st = tls.lock().unwrap();
+    st.set_unsent(conn.sending.is_some() || conn.tls_out.is_some());
     let mut full = false;
     // What was spilled while paused comes first; TLS takes all of it unless
     // it is full.
