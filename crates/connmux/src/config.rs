@@ -242,7 +242,7 @@ pub struct Tuning {
     /// as 1024. Default 64.
     pub max_iov: usize,
     /// Lend a served psock to the worker that reads it while nothing else
-    /// involves it (`connmux_core::mux::Mux::lease`; epoll driver): its
+    /// involves it (`connmux_core::mux::Mux::lease`; either driver): its
     /// reads are then framed, answered and written by that worker with no
     /// hold of the core lock, which is told what happened within
     /// `lease_sync`.

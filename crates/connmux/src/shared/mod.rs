@@ -401,7 +401,7 @@ pub(crate) struct Own {
     /// ([`Shared::write_owned`]): completed in its next hold of the core
     /// lock, at the latest before it waits ([`Shared::complete_owned`]).
     pub wrote: Vec<(Arc<PsockRt>, usize)>,
-    /// Whether this worker takes leases (`Tuning::lease`, epoll driver).
+    /// Whether this worker takes leases (`Tuning::lease`, on a driver that lends).
     pub can_lease: bool,
     /// The psocks lent to this worker (`Mux::lease`): read, framed,
     /// answered and written here with no hold of the core lock.
