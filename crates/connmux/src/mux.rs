@@ -570,12 +570,13 @@ impl Mux {
     /// replies still queued for it (counted in `tx_addressed_drops`). A
     /// [`crate::service::Service`] also unattaches it then; otherwise it
     /// stays attached until the application unattaches it (as with KCM).
-    /// False for TLS psocks and on the kernel backend.
+    /// A TLS psock sends close_notify behind its last reply, then the FIN.
+    /// False on the kernel backend.
     pub fn closes_in_order(&self, p: PsockId) -> bool {
         match &self.imp {
             MuxImp::User(u) => {
                 let core = u.shared.lock();
-                core.mux.peer_closed(p) && core.psocks.get(&p).is_some_and(|rt| rt.tls.is_none())
+                core.mux.peer_closed(p) && core.psocks.contains_key(&p)
             }
             MuxImp::Kernel(_) => false,
         }
@@ -583,12 +584,21 @@ impl Mux {
 
     /// Whether psock `p` is drained: its peer closed its write side, every
     /// message it sent has been delivered and answered, every reply written,
-    /// and the mux has shut the connection's write side down (FIN). Now it
-    /// can be unattached without losing anything. False for a psock that is
-    /// not attached (a service unattaches drained psocks itself).
+    /// and the mux has shut the connection's write side down (FIN; a TLS
+    /// psock's close_notify and last records before it). Now it can be
+    /// unattached without losing anything. False for a psock that is not
+    /// attached (a service unattaches drained psocks itself).
     pub fn psock_drained(&self, p: PsockId) -> bool {
         match &self.imp {
-            MuxImp::User(u) => u.shared.lock().mux.drained(p),
+            MuxImp::User(u) => {
+                let (drained, rt) = {
+                    let core = u.shared.lock();
+                    (core.mux.drained(p), core.psocks.get(&p).cloned())
+                };
+                // (TLS's lock is taken before the core's, never inside it.)
+                let tls_shut = rt.as_ref().and_then(|rt| rt.tls.as_ref()).is_none_or(crate::shared::tls::shut);
+                drained && tls_shut
+            }
             MuxImp::Kernel(_) => false,
         }
     }

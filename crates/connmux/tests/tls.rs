@@ -512,8 +512,46 @@ fn service_over_tls() {
     assert_eq!(svc.mux().tls_stats().handshakes, 3);
 }
 
+/// A client of a TLS service sends its requests, then close_notify and FIN
+/// (a half-close): it still gets every answer, in order, then the server's
+/// close_notify (a clean end of the TLS stream) and FIN, and the service
+/// lets the connection go. The replies still in TLS or in a ring send when
+/// the connection drained are not lost to a reset.
+fn service_closes_in_order_after_a_half_close() {
+    use connmux::service::{Service, ServiceConfig, Verdict};
+    let p = pki();
+    let mux = mux_with(|_| {});
+    let cfg =
+        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) };
+    let echo = |req: connmux::Bytes, _: connmux::PsockId, _: &mut bytes::BytesMut| Verdict::Reply(req);
+    let svc = Service::start_tls(mux, cfg, Arc::new(echo), server_config(&p)).unwrap();
+    const N: u32 = 500;
+    for round in 0..3 {
+        let s = TcpStream::connect(svc.local_addr()).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut c = client(&p, s);
+        for i in 0..N {
+            c.write_all(&framed(&body(i, 100))).unwrap();
+        }
+        c.conn.send_close_notify();
+        c.flush().unwrap();
+        c.sock.shutdown(std::net::Shutdown::Write).unwrap();
+        for i in 0..N {
+            assert_eq!(read_msg(&mut c), body(i, 100), "round {round}, reply {i} on {:?}", driver());
+        }
+        let mut b = [0u8; 1];
+        match c.read(&mut b) {
+            Ok(0) => {}
+            other => panic!("round {round}: after the last reply {other:?}, not close_notify, on {:?}", driver()),
+        }
+    }
+    eventually(|| (svc.mux().psock_count() == 0).then_some(()));
+    assert_eq!(svc.mux().tls_stats().errors, 0);
+}
+
 on_both_drivers!(
     service_over_tls,
+    service_closes_in_order_after_a_half_close,
     server_frames_decrypted_messages_both_ways,
     messages_wait_for_the_handshake,
     client_psock_to_a_rustls_server,

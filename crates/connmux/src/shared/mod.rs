@@ -611,6 +611,18 @@ impl Shared {
         Timestamp::from_nanos(at_nanos.saturating_sub(self.clock_origin))
     }
 
+    /// Drained psock `rt` has written its last byte: FIN, then unattach it
+    /// where the owner asked the mux to (`unattach_drained`: the service).
+    pub(crate) fn shut_drained(&self, rt: &PsockRt, events: &mut Vec<Event>) {
+        let _ = rt.stream.shutdown(std::net::Shutdown::Write);
+        if self.unattach_drained.load(Ordering::Acquire) {
+            let mut core = self.lock();
+            if core.mux.unattach(rt.id).is_ok() {
+                core.drain_events(events);
+            }
+        }
+    }
+
     /// Act on core events. Must be called without the core lock held.
     pub fn dispatch(&self, events: &mut Vec<Event>, ctx: &mut Ctx<'_>) {
         let mut i = 0;
@@ -685,18 +697,13 @@ impl Shared {
                 Event::PsockDrained(p) => {
                     // The peer closed its write side and has every answer:
                     // close in order (FIN), then let the psock go. A TLS
-                    // psock's records may still wait in TLS: its owner
-                    // decides (the service aborts it as before).
+                    // psock's last records may still wait in TLS (or in a
+                    // ring send): close_notify goes behind them, and the
+                    // write side is shut once TLS has written it all.
                     let Some(rt) = self.psock_rt(p) else { continue };
-                    if rt.tls.is_some() {
-                        continue;
-                    }
-                    let _ = rt.stream.shutdown(std::net::Shutdown::Write);
-                    if self.unattach_drained.load(Ordering::Acquire) {
-                        let mut core = self.lock();
-                        if core.mux.unattach(p).is_ok() {
-                            core.drain_events(events);
-                        }
+                    match &rt.tls {
+                        Some(tls) => crate::shared::tls::close_in_order(self, &rt, tls, events),
+                        None => self.shut_drained(&rt, events),
                     }
                 }
                 Event::PsockLeaseRevoked(p) => {

@@ -112,6 +112,23 @@ pub(crate) struct PsockTls {
     /// whose writes of a TLS psock all hold this state's lock; the io_uring
     /// worker sets it before each receive ([`PsockTls::set_unsent`]).
     write_now: bool,
+    /// The close in order of a drained psock ([`close_in_order`]).
+    closing: Closing,
+}
+
+/// A TLS psock's close in order, once its peer closed its write side and
+/// has every answer made into records (`PsockDrained`):
+///
+/// ```text
+///   Open ──close_in_order──► Notified ──rustls has written all──► Shut
+///         (close_notify queued            (FIN; unattached where the
+///          behind the last records)        owner asked: the service)
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Closing {
+    Open,
+    Notified,
+    Shut,
 }
 
 /// Where a TLS byte stream is relative to its records (5-byte header with
@@ -173,6 +190,7 @@ impl PsockTls {
             records: RecordEdge::default(),
             record_armed: false,
             write_now: true,
+            closing: Closing::Open,
         }
     }
 
@@ -512,11 +530,49 @@ pub(crate) fn flush(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, events: &m
             }
         }
         if !encrypt_from_core(sh, rt, &mut st, events) && !st.conn.wants_write() {
+            if st.closing == Closing::Notified {
+                st.closing = Closing::Shut;
+                drop(st);
+                sh.shut_drained(rt, events);
+            }
             return;
         }
     }
     drop(st);
     sh.want_write(rt);
+}
+
+/// A drained TLS psock (`PsockDrained`: its peer closed its write side and
+/// every answer was made into records): close_notify goes behind the last
+/// records, and the write side is shut once rustls has written everything
+/// (by the epoll flush, or the io_uring worker's [`written`]). A psock whose
+/// TLS failed is left to its owner (its alert went out with the failure).
+pub(crate) fn close_in_order(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, events: &mut Vec<Event>) {
+    {
+        let mut st = tls.lock().unwrap();
+        if st.failed || st.closing != Closing::Open {
+            return;
+        }
+        st.conn.send_close_notify();
+        st.closing = Closing::Notified;
+    }
+    flush(sh, rt, tls, events);
+}
+
+/// Whether this TLS psock's close in order is over (its write side shut).
+pub(crate) fn shut(tls: &Mutex<PsockTls>) -> bool {
+    tls.lock().unwrap().closing == Closing::Shut
+}
+
+/// The io_uring worker found nothing more to send for this TLS psock (no
+/// record unsent, none in flight): a close in order under way ends here.
+pub(crate) fn written(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, events: &mut Vec<Event>) {
+    let mut st = tls.lock().unwrap();
+    if st.closing == Closing::Notified && !st.conn.wants_write() {
+        st.closing = Closing::Shut;
+        drop(st);
+        sh.shut_drained(rt, events);
+    }
 }
 
 /// Turn the core's next chunk into records. False when there is nothing to
