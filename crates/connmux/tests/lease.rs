@@ -258,9 +258,9 @@ fn two_lent_connections_read_in_one_wait_are_each_answered_once_in_order() {
         pings_b += 1;
         None
     });
-    // Both send at once, again and again: reads of both in one wait (which
-    // io_uring serves the ordinary way, giving the leases back) and reads
-    // of one (served on its lease) alternate.
+    // Both send at once, again and again: waits that bring reads of both
+    // (each served on its own lease, one write each) and waits that bring
+    // one alternate.
     let rounds = 200u32;
     for r in 0..rounds {
         let burst = |tag: u8| -> Vec<u8> { (0..8u32).flat_map(|i| framed(&[tag, r as u8, i as u8, 0])).collect() };
