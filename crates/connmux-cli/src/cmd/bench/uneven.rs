@@ -153,26 +153,34 @@ struct Uneven {
     heavy: Duration,
 }
 
-impl Handler for Uneven {
-    fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
+impl Uneven {
+    /// A request of the bench's size, its work done (a heavy one burns the
+    /// CPU); false: not one of ours, the connection is closed.
+    fn work(&self, request: &[u8]) -> bool {
         if request.len() != MSG {
-            return Verdict::Close;
+            return false;
         }
         if request[4] == HEAVY {
             burn(self.heavy);
         }
-        Verdict::Reply(request)
+        true
+    }
+}
+
+impl Handler for Uneven {
+    fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
+        match self.work(&request) {
+            true => Verdict::Reply(request),
+            false => Verdict::Close,
+        }
     }
 
     /// The echo where the request lies, appended to the read's replies: the
     /// thread server's loop does the same (`serve_thread`), so the two
     /// servers differ in how they serve, not in how the handler copies.
     fn handle_in_place(&self, request: &[u8], _from: PsockId, _scratch: &mut BytesMut, out: &mut BytesMut) -> Verdict {
-        if request.len() != MSG {
+        if !self.work(request) {
             return Verdict::Close;
-        }
-        if request[4] == HEAVY {
-            burn(self.heavy);
         }
         out.extend_from_slice(request);
         Verdict::Appended
