@@ -55,8 +55,7 @@ fn clients(svc: &Service, n: u32, count: u32, in_flight: u32, size: usize) {
 
 /// The smallest values: one message per batch, no coalescing, one slice per
 /// write, one round per pass, two 64-byte ring buffers (a request spans
-/// several), a look before every sleep (0 counts as 1). Every reply still
-/// arrives, in order.
+/// several). Every reply still arrives, in order.
 fn smallest_tuning_delivers_every_reply_in_order() {
     let mux = mux_with(|c| {
         c.tuning = Tuning {
@@ -66,7 +65,6 @@ fn smallest_tuning_delivers_every_reply_in_order() {
             ring_rounds: 1,
             ring_buf_count: 2,
             ring_buf_size: 64,
-            look_every: 0,
             ..Tuning::default()
         };
     });
