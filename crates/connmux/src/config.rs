@@ -259,15 +259,6 @@ pub struct Tuning {
     /// this shortens it to a sixteenth of the timeout, so that untold
     /// activity never looks like idleness. Default 1 ms.
     pub lease_sync: Duration,
-    /// A worker about to sleep with lease counts untold first looks for
-    /// I/O without sleeping while such looks find work (then the counts
-    /// wait for a later hold); after a look that found nothing it tells
-    /// them at once and sleeps, and looks first again only every this
-    /// many sleeps. The look is a system call: worth it beside busy peers,
-    /// wasted on a client that waits for the replies before it sends
-    /// again, where every sleep would pay it (`docs/performance.md`, "The
-    /// event-driven floor"). Default 16.
-    pub look_every: u32,
 }
 
 impl Default for Tuning {
@@ -285,7 +276,6 @@ impl Default for Tuning {
             max_iov: 64,
             lease: true,
             lease_sync: Duration::from_millis(1),
-            look_every: 16,
         }
     }
 }
@@ -298,7 +288,6 @@ impl Tuning {
         self.slow_hits = self.slow_hits.max(1);
         self.lane_steal_from = self.lane_steal_from.max(1);
         self.ring_rounds = self.ring_rounds.max(1);
-        self.look_every = self.look_every.max(1);
         self.max_iov = self.max_iov.clamp(1, 1024);
         self
     }

@@ -104,7 +104,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     // long that untold activity could look like idleness.
     let sync_every = idle.map_or(sh.tuning.lease_sync, |d| sh.tuning.lease_sync.min(d / 16));
     let sync_every_ns = sync_every.as_nanos() as u64;
-    let mut look = Look::new(sh.tuning.look_every);
+    let mut look = Look::default();
     while !sh.stop.load(Ordering::Acquire) {
         let timeout = wait_timeout(sh, &w, next_deadline);
         let woke = if w.bufs.own.lease_used.is_empty() || timeout == Some(Duration::ZERO) {
@@ -203,24 +203,22 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
 /// for this worker's replies before it sends again (a client with its
 /// requests in flight, answered in one write): there every sleep would pay
 /// it. So after a look that finds nothing the worker holds at once, and
-/// looks again only every `Tuning::look_every`th time.
+/// looks again only every `LOOK_EVERY`th time.
+#[derive(Default)]
 struct Look {
     /// Sleeps since the last look; `None` while looks find work.
-    skipped: Option<u32>,
-    every: u32,
+    skipped: Option<u8>,
 }
 
-impl Look {
-    fn new(every: u32) -> Look {
-        Look { skipped: None, every }
-    }
+const LOOK_EVERY: u8 = 16;
 
+impl Look {
     fn now(&mut self) -> bool {
         match &mut self.skipped {
             None => true,
             Some(n) => {
                 *n += 1;
-                *n >= self.every
+                *n >= LOOK_EVERY
             }
         }
     }
@@ -229,7 +227,7 @@ impl Look {
     fn found(&mut self, work: bool) {
         match (work, &self.skipped) {
             (true, _) => self.skipped = None,
-            (false, Some(n)) if *n < self.every => {}
+            (false, Some(n)) if *n < LOOK_EVERY => {}
             (false, _) => self.skipped = Some(0),
         }
     }
@@ -276,15 +274,14 @@ fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core
 
 #[cfg(test)]
 mod tests {
-    use super::Look;
+    use super::{Look, LOOK_EVERY};
 
     #[test]
     fn a_look_that_finds_nothing_is_taken_again_only_every_sixteenth_sleep() {
-        let every = crate::Tuning::default().look_every;
-        let mut look = Look::new(every);
+        let mut look = Look::default();
         assert!(look.now(), "looks at first");
         look.found(false);
-        for _ in 1..every {
+        for _ in 1..LOOK_EVERY {
             assert!(!look.now());
             look.found(false);
         }
