@@ -11,7 +11,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use connmux_core::mux::{Event, MuxError, PsockId};
 use connmux_core::Bytes;
@@ -42,12 +41,18 @@ pub(crate) enum Out {
     Close(PsockId),
 }
 
+/// In-place runs of light connections: one in this many is timed
+/// ([`ServeBufs::time_run`]).
+const TIME_EVERY: u8 = 4;
+
 /// A worker's own copy of the `Tuning` values it reads per message.
 #[derive(Clone, Copy)]
 struct Limits {
     serve_batch: usize,
     coalesce_max: usize,
-    slow_handler: Duration,
+    /// `Tuning::slow_handler` in nanoseconds: compared on every run, where
+    /// making and comparing a `Duration` shows in a light call's cost.
+    slow_handler_ns: u64,
     slow_hits: u32,
 }
 
@@ -56,7 +61,7 @@ impl From<&Tuning> for Limits {
         Limits {
             serve_batch: t.serve_batch,
             coalesce_max: t.coalesce_max,
-            slow_handler: t.slow_handler,
+            slow_handler_ns: u64::try_from(t.slow_handler.as_nanos()).unwrap_or(u64::MAX),
             slow_hits: t.slow_hits,
         }
     }
@@ -84,6 +89,8 @@ pub(crate) struct ServeBufs {
     slow_hits: rustc_hash::FxHashMap<PsockId, u32>,
     /// A psock that has just turned out heavy (for [`to_lane`]).
     pub slow: Option<PsockId>,
+    /// In-place runs since the last one timed ([`ServeBufs::time_run`]).
+    untimed: u8,
     /// A psock whose runs looked slow `Tuning::slow_hits` times in a row by
     /// the clock: its next run is timed in this thread's CPU time, which a
     /// preemption does not advance, and that decides (on a busy machine
@@ -125,6 +132,24 @@ impl ServeBufs {
         }
     }
 
+    /// Whether the next in-place run is timed: every run while some
+    /// connection's runs looked slow (until it is found heavy or not),
+    /// else one in `TIME_EVERY`. The clock reading after a run is a good
+    /// share of a light request's cost, and a heavy connection is caught
+    /// all the same, a few runs later.
+    #[inline]
+    fn time_run(&mut self) -> bool {
+        if !self.slow_hits.is_empty() {
+            return true;
+        }
+        self.untimed += 1;
+        if self.untimed < TIME_EVERY {
+            return false;
+        }
+        self.untimed = 0;
+        true
+    }
+
     /// Close the current run of coalesced replies, if any.
     fn end_run(&mut self) {
         match self.run.take() {
@@ -158,15 +183,16 @@ impl ServeBufs {
     #[inline]
     fn timed_run(&mut self, psock: PsockId, t0: u64, n: usize) -> bool {
         let each = since(t0) / n.max(1) as u64;
-        self.note_time(psock, Duration::from_nanos(each))
+        self.note_time(psock, each)
     }
 
     fn timed_slow(&mut self, psock: PsockId, t0: u64) -> bool {
-        self.note_time(psock, Duration::from_nanos(since(t0)))
+        self.note_time(psock, since(t0))
     }
 
-    fn note_time(&mut self, psock: PsockId, took: Duration) -> bool {
-        if took >= self.limits.slow_handler {
+    /// A run took `took_ns` per request.
+    fn note_time(&mut self, psock: PsockId, took_ns: u64) -> bool {
+        if took_ns >= self.limits.slow_handler_ns {
             if self.slow_hits.len() >= 4096 {
                 self.slow_hits.clear();
             }
@@ -211,7 +237,7 @@ impl ServeBufs {
         let Some(cpu0) = cpu0 else { return };
         self.probe = None;
         let each = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0) / n.max(1) as u64;
-        if Duration::from_nanos(each) >= self.limits.slow_handler {
+        if each >= self.limits.slow_handler_ns {
             self.slow.get_or_insert(psock);
         } else {
             self.slow_hits.remove(&psock);
@@ -378,8 +404,9 @@ pub(crate) fn serve_in_place(
     send_outs(sh, sv, bufs, events, dirty, write_now);
 }
 
-/// The handler on the messages of one read where they lie (`read`), timed,
-/// its verdicts kept in `bufs` (replies coalesced per run).
+/// The handler on the messages of one read where they lie (`read`), timed
+/// (one run in a few, [`ServeBufs::time_run`]), its verdicts kept in `bufs`
+/// (replies coalesced per run).
 fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) {
     let handler = &*sv.handler;
     let ReadView { data, ranges, psock: p, started } = read;
@@ -392,14 +419,21 @@ fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) {
         bufs.open_run(p);
         // The first run is timed from `started` (when its bytes were read:
         // framing them is part of its time, and a clock reading is saved).
-        let t0 = if rest.len() == ranges.len() { started } else { connmux_sys::clock::now_nanos() };
+        let timed = bufs.time_run();
+        let t0 = match (timed, rest.len() == ranges.len()) {
+            (false, _) => 0,
+            (true, true) => started,
+            (true, false) => connmux_sys::clock::now_nanos(),
+        };
         let cpu0 = bufs.probe_start(p);
         let served = handler.handle_run_in_place(data, rest, p, &mut bufs.scratch, &mut bufs.run_buf);
         // A handler that says it handled none (or more than it was given)
         // still moves the run on, so this loop ends.
         let handled = served.handled.clamp(1, rest.len());
         bufs.probe_end(p, cpu0, handled);
-        bufs.timed_run(p, t0, handled);
+        if timed {
+            bufs.timed_run(p, t0, handled);
+        }
         if let Some((_, n)) = &mut bufs.run {
             *n += served.appended;
         }
@@ -710,7 +744,10 @@ fn send_outs(
 /// lanes' verdicts first, then the handler on what reached the worker's
 /// socket (`ready`: its readiness fired; or this pass's reads handed it
 /// messages, or a dispatch saw it readable), then a connection found heavy
-/// goes to the lane.
+/// goes to the lane. Inlined into the worker's loop: in most passes of a
+/// lent connection there is nothing to do here, and the checks cost less
+/// than the call.
+#[inline(always)]
 pub(crate) fn pass(
     sh: &Shared,
     sv: &Serving,
@@ -719,7 +756,9 @@ pub(crate) fn pass(
     dirty: &mut Vec<Arc<PsockRt>>,
     ready: bool,
 ) {
-    take_done(sh, sv, bufs, events, dirty);
+    if sv.lanes.inboxes[sv.index].pending() {
+        take_done(sh, sv, bufs, events, dirty);
+    }
     // Not on every readable event: a read's messages for the socket were
     // served in place, and a queue left non-empty keeps the socket's
     // readiness, so `ready`, up.
