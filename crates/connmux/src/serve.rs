@@ -45,6 +45,13 @@ pub(crate) enum Out {
 /// ([`ServeBufs::time_run`]).
 const TIME_EVERY: u8 = 4;
 
+/// Timed runs without a slow one after which the connections whose runs
+/// looked slow are forgotten ([`ServeBufs::time_run`]): many more than a
+/// worker serves of other connections between two runs of a busy one (a
+/// pass reads each ready connection once), so a heavy connection among
+/// thousands of light ones is still caught.
+const SUSPECT_RUNS: u16 = 4096;
+
 /// A worker's own copy of the `Tuning` values it reads per message.
 #[derive(Clone, Copy)]
 struct Limits {
@@ -91,6 +98,8 @@ pub(crate) struct ServeBufs {
     pub slow: Option<PsockId>,
     /// In-place runs since the last one timed ([`ServeBufs::time_run`]).
     untimed: u8,
+    /// Runs timed since the last slow one while `slow_hits` is not empty.
+    suspect_runs: u16,
     /// A psock whose runs looked slow `Tuning::slow_hits` times in a row by
     /// the clock: its next run is timed in this thread's CPU time, which a
     /// preemption does not advance, and that decides (on a busy machine
@@ -136,10 +145,17 @@ impl ServeBufs {
     /// connection's runs looked slow (until it is found heavy or not),
     /// else one in `TIME_EVERY`. The clock reading after a run is a good
     /// share of a light request's cost, and a heavy connection is caught
-    /// all the same, a few runs later.
+    /// all the same, a few runs later. A suspect not seen slow again within
+    /// `SUSPECT_RUNS` timed runs is forgotten (a preempted run of a
+    /// connection that then closed would otherwise keep every run timed).
     #[inline]
     fn time_run(&mut self) -> bool {
         if !self.slow_hits.is_empty() {
+            self.suspect_runs += 1;
+            if self.suspect_runs >= SUSPECT_RUNS {
+                self.slow_hits.clear();
+                self.suspect_runs = 0;
+            }
             return true;
         }
         self.untimed += 1;
@@ -198,6 +214,7 @@ impl ServeBufs {
             }
             // One long run can be a preemption; several in a row are a heavy
             // connection.
+            self.suspect_runs = 0;
             let hits = self.slow_hits.entry(psock).or_insert(0);
             *hits += 1;
             if *hits >= self.limits.slow_hits {
@@ -819,4 +836,27 @@ pub(crate) fn take_done(
     }
     bufs.done = done;
     send_outs(sh, sv, bufs, events, dirty, None);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ServeBufs, SUSPECT_RUNS, TIME_EVERY};
+    use connmux_core::mux::PsockId;
+
+    #[test]
+    fn one_light_run_in_four_is_timed_and_every_run_while_one_looks_slow() {
+        let mut b = ServeBufs::new(&crate::Tuning::default());
+        let timed = |b: &mut ServeBufs, n: usize| (0..n).filter(|_| b.time_run()).count();
+        assert_eq!(timed(&mut b, 4 * usize::from(TIME_EVERY)), 4, "one in {TIME_EVERY}");
+        let p = PsockId { index: 1, generation: 1 };
+        let slow = b.limits.slow_handler_ns;
+        assert!(b.note_time(p, slow), "a run at the threshold is slow");
+        assert_eq!(timed(&mut b, 100), 100, "every run timed while a connection looks slow");
+        assert!(!b.note_time(p, 0), "a fast run of it clears it");
+        assert_eq!(timed(&mut b, 4 * usize::from(TIME_EVERY)), 4, "one in {TIME_EVERY} again");
+        // A suspect never seen again (closed) is forgotten after SUSPECT_RUNS.
+        b.note_time(p, slow);
+        assert_eq!(timed(&mut b, usize::from(SUSPECT_RUNS)), usize::from(SUSPECT_RUNS));
+        assert_eq!(timed(&mut b, 4 * usize::from(TIME_EVERY)), 4, "then one in {TIME_EVERY}");
+    }
 }
