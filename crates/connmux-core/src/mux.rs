@@ -445,6 +445,22 @@ struct TxMsg {
     msgs: u32,
 }
 
+/// The chunk a writer had out (`tx_begin`) when its psock was unattached.
+/// Writers write without the core lock and report after, and the connection
+/// stays open until they are done: the chunk's addressed messages may be on
+/// the wire already, so they are counted when the writer reports
+/// (`tx_complete` on the released psock: sent if written whole, else
+/// dropped), not dropped at the unattach. The chunk's other messages went
+/// back to their sockets at the unattach, to be sent whole elsewhere; their
+/// bytes are only skipped here.
+#[derive(Debug)]
+struct OutAtRelease {
+    p: PsockId,
+    /// The chunk's messages in order: `Ok` kept for the writer's report,
+    /// `Err(n)` gone elsewhere, with the `n` bytes the chunk had of it.
+    msgs: Vec<Result<TxMsg, usize>>,
+}
+
 /// A KCM socket.
 #[derive(Debug)]
 struct Sock {
@@ -717,6 +733,10 @@ pub struct Mux {
     max_msg_peak: usize,
     /// `tx_complete`'s list of finished messages, kept to reuse its memory.
     tx_done: Vec<(SockId, usize, u32)>,
+    /// Chunks whose writer was still out when their psock was unattached
+    /// (see [`OutAtRelease`]); one entry per such psock until its writer
+    /// reports, so bounded by the writers (threads, ring sends) out.
+    out_at_release: Vec<OutAtRelease>,
     /// Σ psocks `rx_held`, kept as they change (the budget's hot-path term).
     rx_held_sum: usize,
     /// Past the memory budget's limit and not yet back at its low mark.
@@ -797,6 +817,7 @@ impl Mux {
             folded: PsockStats::default(),
             max_msg_peak,
             tx_done: Vec::new(),
+            out_at_release: Vec::new(),
             rx_held_sum: 0,
             mem_over: false,
             mem_next: None,
@@ -1083,8 +1104,10 @@ impl Mux {
             self.psocks_avail.retain(|x| *x != p);
         }
         self.counters.psock_unattach += 1;
-        // Give back what it was to send: reserved messages go elsewhere whole.
-        self.tx_evacuate(p);
+        // Give back what it was to send: reserved messages go elsewhere whole;
+        // a chunk being written is counted when its writer reports.
+        let writer_out = self.psocks.get(p.index, p.generation).is_some_and(|ps| ps.tx_busy);
+        self.tx_evacuate(p, writer_out);
         let ps = self.psocks.remove(p.index, p.generation).expect("psock present");
         if self.deadlines.forget(ps.timer) {
             self.clean_deadlines();
@@ -2222,7 +2245,9 @@ impl Mux {
     }
     /// `n` bytes of the chunk were written (a short write keeps the rest first).
     pub fn tx_complete(&mut self, p: PsockId, n: usize) {
-        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else {
+            return self.released_complete(p, n);
+        };
         if !ps.tx_busy {
             return;
         }
@@ -2291,6 +2316,31 @@ impl Mux {
         }
         self.check_drained(p);
     }
+    /// The writer of a chunk that was out when its psock was unattached
+    /// ([`OutAtRelease`]) wrote `n` bytes of it: its addressed messages
+    /// written whole are sent, the others dropped, into the folded totals.
+    fn released_complete(&mut self, p: PsockId, n: usize) {
+        let Some(i) = self.out_at_release.iter().position(|o| o.p == p) else { return };
+        let out = self.out_at_release.swap_remove(i);
+        let mut left = n;
+        for m in out.msgs {
+            match m {
+                Err(len) => left = left.saturating_sub(len),
+                Ok(m) => {
+                    let want = m.data.len() - m.sent;
+                    let k = left.min(want);
+                    left -= k;
+                    self.folded.tx_bytes += k as u64;
+                    if k == want {
+                        self.folded.tx_msgs += u64::from(m.msgs);
+                    } else {
+                        self.folded.tx_addressed_drops += u64::from(m.msgs);
+                    }
+                    self.uncharge(m.owner, m.data.len(), m.msgs);
+                }
+            }
+        }
+    }
     /// The write failed with a hard error: abort the psock's transmit, resend the
     /// message in progress whole on another psock (tx_retries, tx_aborts).
     pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
@@ -2312,14 +2362,16 @@ impl Mux {
             self.psocks_avail.retain(|x| *x != p);
         }
         self.events.push_back(Event::PsockFailed(p, PsockError::Tx(errno)));
-        self.tx_evacuate(p);
+        self.tx_evacuate(p, false);
     }
 
     /// Empty a psock's transmit queue that will not be written: the reserving
     /// socket's messages go back to the head of its queue, in order, to be
     /// sent whole elsewhere (tx_retries for each one already started);
-    /// addressed messages are dropped (tx_addressed_drops).
-    fn tx_evacuate(&mut self, p: PsockId) {
+    /// addressed messages are dropped (tx_addressed_drops). With `writer_out`
+    /// (an unattach while a writer has the chunk), the chunk's addressed
+    /// messages wait for the writer's report instead ([`OutAtRelease`]).
+    fn tx_evacuate(&mut self, p: PsockId, writer_out: bool) {
         let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
         let inflight = std::mem::take(&mut ps.tx_inflight);
         ps.tx_busy = false;
@@ -2332,9 +2384,18 @@ impl Mux {
         let mut back = Vec::new();
         let mut dropped = Vec::new();
         let mut rebalance: Vec<(SockId, Bytes)> = Vec::new();
+        let mut out: Vec<Result<TxMsg, usize>> = Vec::new();
         let mut retries = 0;
         for (i, m) in msgs.into_iter().enumerate() {
+            let in_chunk = writer_out && i < inflight;
             let live_owner = self.socks.get(m.owner.index, m.owner.generation).is_some();
+            if in_chunk && m.addressed {
+                out.push(Ok(m));
+                continue;
+            }
+            if in_chunk {
+                out.push(Err(m.data.len() - m.sent));
+            }
             if m.balanced && live_owner {
                 if i < inflight || m.sent > 0 {
                     retries += 1;
@@ -2353,6 +2414,13 @@ impl Mux {
                 }
                 dropped.push((m.owner, m.data.len(), m.msgs));
             }
+        }
+        if out.iter().any(Result::is_ok) {
+            let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
+            for m in out.iter().flatten() {
+                ps.tx_addr_bytes -= m.data.len();
+            }
+            self.out_at_release.push(OutAtRelease { p, msgs: out });
         }
         self.counters.tx_retries += retries;
         for (owner, len, msgs) in dropped {

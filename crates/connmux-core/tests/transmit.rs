@@ -403,6 +403,55 @@ fn addressed_send_to_a_failed_psock_is_refused_and_queued_ones_are_dropped() {
     assert_eq!(m.stats().psock.tx_addressed_drops, 2, "folded on unattach");
 }
 
+/// A writer writes its chunk without the core and reports after; an
+/// unattach in between (the application's, on another thread) must not
+/// count the chunk's replies as dropped while they may be on the wire: they
+/// are counted by the writer's report, the messages queued behind the chunk
+/// are dropped at the unattach.
+#[test]
+fn replies_being_written_at_an_unattach_are_counted_by_the_writers_report() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    m.send_to(k, t1, &l4_total(10, 1), NONE).unwrap();
+    m.send_to(k, t1, &l4_total(10, 2), NONE).unwrap();
+    let chunk = m.tx_begin(t1).unwrap();
+    assert_eq!(chunk.slices.len(), 2);
+    m.send_to(k, t1, &l4_total(10, 3), NONE).unwrap();
+    m.unattach(t1).unwrap();
+    let st = m.stats().psock;
+    assert_eq!((st.tx_msgs, st.tx_addressed_drops), (0, 1), "only the queued one dropped so far");
+    assert_eq!(m.sock_stats(k).unwrap().tx_mem, 20, "the chunk is charged until its writer reports");
+    // The writer got the first reply and half the second out.
+    m.tx_complete(t1, 15);
+    let st = m.stats().psock;
+    assert_eq!((st.tx_msgs, st.tx_bytes, st.tx_addressed_drops), (1, 15, 2));
+    assert_eq!(m.sock_stats(k).unwrap().tx_mem, 0);
+    // Reported once: a stray second report changes nothing.
+    m.tx_complete(t1, 5);
+    m.tx_failed(t1, 32);
+    let st = m.stats().psock;
+    assert_eq!((st.tx_msgs, st.tx_bytes, st.tx_addressed_drops), (1, 15, 2));
+}
+
+#[test]
+fn a_chunk_out_at_an_unattach_sends_its_reserved_messages_elsewhere() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    m.send(k, &l4_total(10, 1), NONE).unwrap();
+    m.send_to(k, t1, &l4_total(12, 2), NONE).unwrap();
+    let chunk = m.tx_begin(t1).unwrap();
+    assert_eq!(chunk.slices.len(), 2);
+    m.unattach(t1).unwrap();
+    // The reserved message goes out whole on the next psock; the addressed
+    // reply, written whole by the first writer, is counted once it reports.
+    let t2 = attach_l4(&mut m);
+    assert_eq!(flush(&mut m, t2), l4_total(10, 1));
+    m.tx_complete(t1, 22);
+    let st = m.stats().psock;
+    assert_eq!((st.tx_msgs, st.tx_addressed_drops), (2, 0));
+    assert_eq!(m.sock_stats(k).unwrap().tx_mem, 0);
+}
+
 #[test]
 fn coalesced_replies_go_in_order_and_count_one_by_one() {
     let (mut m, k) = dgram_mux(rr_config());

@@ -372,7 +372,9 @@ impl UringIo {
                         if !conn.rt.flush_queued.swap(true, Ordering::AcqRel) {
                             w.dirty.push(conn.rt.clone());
                         }
-                    } else if !conn.released {
+                    } else if conn.rt.tls.is_none() {
+                        // (A released psock's too: the core counts a chunk
+                        // that was out at the unattach by this report.)
                         let core = core.get_or_insert_with(|| sh.lock());
                         // A short count (the connection failed part way) is
                         // followed by the error on the next send.
