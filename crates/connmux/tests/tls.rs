@@ -483,15 +483,19 @@ fn unattach_closes_the_connection() {
     assert!(matches!(&r, Ok(0)) || r.as_ref().is_err_and(|e| e.kind() == ErrorKind::UnexpectedEof), "{r:?}");
 }
 
-/// `Service::start_tls`: accepted connections are TLS psocks served in place.
-fn service_over_tls() {
+/// An echo service over TLS on loopback, with the PKI's server certificate.
+fn tls_echo_service(p: &Pki) -> connmux::service::Service {
     use connmux::service::{Service, ServiceConfig, Verdict};
-    let p = pki();
-    let mux = mux_with(|_| {});
     let cfg =
         ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) };
     let echo = |req: connmux::Bytes, _: connmux::PsockId, _: &mut bytes::BytesMut| Verdict::Reply(req);
-    let svc = Service::start_tls(mux, cfg, Arc::new(echo), server_config(&p)).unwrap();
+    Service::start_tls(mux_with(|_| {}), cfg, Arc::new(echo), server_config(p)).unwrap()
+}
+
+/// `Service::start_tls`: accepted connections are TLS psocks served in place.
+fn service_over_tls() {
+    let p = pki();
+    let svc = tls_echo_service(&p);
     let mut clients = Vec::new();
     for _ in 0..3 {
         let s = TcpStream::connect(svc.local_addr()).unwrap();
@@ -518,13 +522,8 @@ fn service_over_tls() {
 /// lets the connection go. The replies still in TLS or in a ring send when
 /// the connection drained are not lost to a reset.
 fn service_closes_in_order_after_a_half_close() {
-    use connmux::service::{Service, ServiceConfig, Verdict};
     let p = pki();
-    let mux = mux_with(|_| {});
-    let cfg =
-        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) };
-    let echo = |req: connmux::Bytes, _: connmux::PsockId, _: &mut bytes::BytesMut| Verdict::Reply(req);
-    let svc = Service::start_tls(mux, cfg, Arc::new(echo), server_config(&p)).unwrap();
+    let svc = tls_echo_service(&p);
     const N: u32 = 500;
     for round in 0..3 {
         let s = TcpStream::connect(svc.local_addr()).unwrap();

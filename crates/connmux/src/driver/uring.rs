@@ -495,7 +495,6 @@ impl UringIo {
                             None => crate::shared::tls::take_records(sh, &rt, tls, &mut w.events),
                         };
                         if out.is_empty() {
-                            crate::shared::tls::written(sh, &rt, tls, &mut w.events);
                             continue;
                         }
                         let len = out.len();

@@ -43,7 +43,7 @@
 use std::io::{self, BufRead, IoSlice, Write};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use connmux_core::mux::{Event, RxError};
 use connmux_core::Bytes;
@@ -530,12 +530,7 @@ pub(crate) fn flush(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, events: &m
             }
         }
         if !encrypt_from_core(sh, rt, &mut st, events) && !st.conn.wants_write() {
-            if st.closing == Closing::Notified {
-                st.closing = Closing::Shut;
-                drop(st);
-                sh.shut_drained(rt, events);
-            }
-            return;
+            return shut_if_notified(sh, rt, st, events);
         }
     }
     drop(st);
@@ -545,8 +540,9 @@ pub(crate) fn flush(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, events: &m
 /// A drained TLS psock (`PsockDrained`: its peer closed its write side and
 /// every answer was made into records): close_notify goes behind the last
 /// records, and the write side is shut once rustls has written everything
-/// (by the epoll flush, or the io_uring worker's [`written`]). A psock whose
-/// TLS failed is left to its owner (its alert went out with the failure).
+/// (by the epoll [`flush`], or by [`take_records`] once the io_uring worker
+/// has no send out). A psock whose TLS failed is left to its owner (its
+/// alert went out with the failure).
 pub(crate) fn close_in_order(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, events: &mut Vec<Event>) {
     {
         let mut st = tls.lock().unwrap();
@@ -564,11 +560,11 @@ pub(crate) fn shut(tls: &Mutex<PsockTls>) -> bool {
     tls.lock().unwrap().closing == Closing::Shut
 }
 
-/// The io_uring worker found nothing more to send for this TLS psock (no
-/// record unsent, none in flight): a close in order under way ends here.
-pub(crate) fn written(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, events: &mut Vec<Event>) {
-    let mut st = tls.lock().unwrap();
-    if st.closing == Closing::Notified && !st.conn.wants_write() {
+/// Everything of a TLS psock is written (no record unsent, none in flight):
+/// a close in order under way ends, its write side shut (FIN). Takes the
+/// psock's TLS lock from the caller and lets it go before the shut.
+fn shut_if_notified(sh: &Shared, rt: &PsockRt, mut st: MutexGuard<'_, PsockTls>, events: &mut Vec<Event>) {
+    if st.closing == Closing::Notified {
         st.closing = Closing::Shut;
         drop(st);
         sh.shut_drained(rt, events);
@@ -614,6 +610,10 @@ pub(crate) fn take_records(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, eve
         if !st.conn.wants_write() || st.conn.write_tls(&mut out).is_err() {
             break;
         }
+    }
+    if out.is_empty() && !st.conn.wants_write() {
+        // (The worker asks only with no send of this psock out.)
+        shut_if_notified(sh, rt, st, events);
     }
     Bytes::from(out)
 }
