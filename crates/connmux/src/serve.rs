@@ -18,6 +18,7 @@ use connmux_core::Bytes;
 use crate::config::Tuning;
 use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
 use crate::lane::Heavy;
+use crate::shared::tls::PsockTls;
 use crate::shared::{Ctx, PsockRt, Shared, SockRt, Wrote};
 
 /// What a serving worker serves (from `Command::Serve`): its own socket and
@@ -470,6 +471,24 @@ fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) {
     }
 }
 
+/// Where a lent psock's replies are written: straight to its connection,
+/// or made into records by its TLS session first.
+#[derive(Clone, Copy)]
+pub(crate) enum LentOut<'a> {
+    Plain(std::os::fd::RawFd),
+    Tls(&'a PsockRt, &'a std::sync::Mutex<PsockTls>),
+}
+
+impl LentOut<'_> {
+    /// One write of `iov`: the bytes taken (as `writev` counts them).
+    fn write(self, sh: &Shared, iov: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            LentOut::Plain(fd) => connmux_sys::socket::writev(fd, iov),
+            LentOut::Tls(rt, tls) => crate::shared::tls::lease_write(sh, rt, tls, iov),
+        }
+    }
+}
+
 /// A read of psock `p`, lent to this worker (`Own::leases`; `fd` is its
 /// connection): when `data` is all whole messages of a light connection,
 /// the handler answers them where they lie and their replies are written
@@ -485,7 +504,7 @@ pub(crate) fn serve_leased(
     bufs: &mut ServeBufs,
     data: &[u8],
     p: PsockId,
-    fd: std::os::fd::RawFd,
+    out: LentOut<'_>,
     started: u64,
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
@@ -512,7 +531,7 @@ pub(crate) fn serve_leased(
         // buffer, no close): written from the run's buffer, which is then
         // used again (no copy, no buffer handed anywhere).
         match bufs.run.take() {
-            Some((q, n)) if q == p && n > 0 => write_run(sh, bufs, p, fd, n, events),
+            Some((q, n)) if q == p && n > 0 => write_run(sh, bufs, p, out, n, events),
             _ => bufs.own.lease_used(p, 0, 0),
         }
         return Ok(());
@@ -536,7 +555,7 @@ pub(crate) fn serve_leased(
             bufs.slice_msgs.push(n);
         }
     }
-    write_leased(sh, bufs, p, fd, events);
+    write_leased(sh, bufs, p, out, events);
     Ok(())
 }
 
@@ -551,16 +570,9 @@ fn revoked(rt: &PsockRt) -> bool {
 
 /// Write a leased psock's run of `msgs` appended replies straight from
 /// `bufs.run_buf` (emptied after, its memory kept).
-fn write_run(
-    sh: &Shared,
-    bufs: &mut ServeBufs,
-    p: PsockId,
-    fd: std::os::fd::RawFd,
-    msgs: u32,
-    events: &mut Vec<Event>,
-) {
+fn write_run(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>, msgs: u32, events: &mut Vec<Event>) {
     let want = bufs.run_buf.len();
-    let res = connmux_sys::socket::writev(fd, &[std::io::IoSlice::new(&bufs.run_buf)]);
+    let res = out.write(sh, &[std::io::IoSlice::new(&bufs.run_buf)]);
     // One call: it took bytes or failed, never both.
     let (sent, failed) = match Wrote::of_io(&res) {
         Wrote::Bytes(n) if n >= want => {
@@ -578,7 +590,7 @@ fn write_run(
 
 /// Write a leased psock's replies (`bufs.slices`, with `bufs.slice_msgs`
 /// replies each) at once.
-fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, fd: std::os::fd::RawFd, events: &mut Vec<Event>) {
+fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>, events: &mut Vec<Event>) {
     let want: usize = bufs.slices.iter().map(|b| b.len()).sum();
     let msgs = bufs.slice_msgs.iter().fold(0u32, |a, n| a.saturating_add(*n));
     let mut sent = 0;
@@ -586,7 +598,7 @@ fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, fd: std::os::fd::
     // Bounded: each round writes all of its slices or stops.
     for chunk in bufs.slices.chunks(sh.tuning.max_iov) {
         let len: usize = chunk.iter().map(|b| b.len()).sum();
-        match Wrote::of_io(&crate::shared::writev_bytes(fd, chunk)) {
+        match Wrote::of_io(&crate::shared::with_iov(chunk, |iov| out.write(sh, iov))) {
             Wrote::Bytes(n) if n >= len => sent += n,
             Wrote::Bytes(n) => {
                 sent += n;
@@ -739,8 +751,12 @@ fn send_outs(
         }
         core.drain_events(events);
     }
-    if let (true, Some(rt)) = (begun, write_now) {
-        sh.write_owned(rt, events, &mut bufs.slices, &mut bufs.own);
+    match write_now {
+        Some(rt) if begun => sh.write_owned(rt, events, &mut bufs.slices, &mut bufs.own),
+        // A TLS psock's replies, as records, now too: its queue is empty
+        // for the pass's hold, which may lend it (epoll).
+        Some(rt) if rt.tls.is_some() && bufs.own.tls_leases => sh.flush(rt, events),
+        _ => {}
     }
     sh.dispatch(events, &mut Ctx::Worker(dirty, &mut bufs.own));
     for p in aborts {

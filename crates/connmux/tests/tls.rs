@@ -548,8 +548,204 @@ fn service_closes_in_order_after_a_half_close() {
     assert_eq!(svc.mux().tls_stats().errors, 0);
 }
 
+// ------------------------------------------------ TLS psocks on a lease ----
+
+/// One request over TLS, its echo.
+fn tls_call(c: &mut Client, b: &[u8]) {
+    c.write_all(&framed(b)).unwrap();
+    c.flush().unwrap();
+    assert_eq!(read_msg(c), b);
+}
+
+/// A connection to `svc` whose receive buffer (so its window) is 4 KiB.
+fn small_window_client(svc: &connmux::service::Service) -> TcpStream {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.set_recv_buffer_size(4096).unwrap();
+    s.connect(&svc.local_addr().into()).unwrap();
+    let s: TcpStream = s.into();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+/// Whether the test's driver lends TLS psocks (the epoll driver decrypts
+/// their reads on the lease; io_uring does not lend them).
+fn lends_tls() -> bool {
+    driver() == connmux::Driver::Epoll
+}
+
+/// Calls until the service's only connection is lent to its worker (on a
+/// driver that lends TLS psocks; elsewhere 50 calls). The psock and the
+/// calls made, 4-byte bodies each way.
+fn tls_calls_until_lent(svc: &connmux::service::Service, c: &mut Client) -> (connmux::PsockId, u64) {
+    let mut calls = 0;
+    let p = eventually(|| {
+        tls_call(c, b"ping");
+        calls += 1;
+        svc.mux().psocks().first().copied()
+    });
+    if !lends_tls() {
+        for _ in 0..50 {
+            tls_call(c, b"ping");
+        }
+        assert!(!svc.mux().psock_leased(p));
+        return (p, calls + 50);
+    }
+    eventually(|| {
+        if svc.mux().psock_leased(p) {
+            return Some((p, calls));
+        }
+        tls_call(c, b"ping");
+        calls += 1;
+        None
+    })
+}
+
+/// A served TLS connection is lent to its worker (epoll): its records are
+/// decrypted there, its requests answered and the replies made into
+/// records and written with no core lock; single calls and a burst of 32
+/// in one record are answered in order and counted once (plaintext bytes).
+fn a_tls_connection_is_lent_and_its_counts_reach_the_statistics() {
+    let p = pki();
+    let svc = tls_echo_service(&p);
+    let s = TcpStream::connect(svc.local_addr()).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut c = client(&p, s);
+    let (psock, pings) = tls_calls_until_lent(&svc, &mut c);
+    for i in 0..100u32 {
+        tls_call(&mut c, &i.to_be_bytes());
+    }
+    let burst: Vec<u8> = (0..32u32).flat_map(|i| framed(&i.to_le_bytes())).collect();
+    c.write_all(&burst).unwrap();
+    c.flush().unwrap();
+    for i in 0..32u32 {
+        assert_eq!(read_msg(&mut c), i.to_le_bytes(), "burst reply {i} on {:?}", driver());
+    }
+    if lends_tls() {
+        eventually(|| svc.mux().psock_leased(psock).then_some(()));
+    }
+    let calls = pings + 132;
+    let st = eventually(|| {
+        let st = svc.mux().psock_stats(psock).unwrap();
+        (st.rx_msgs >= calls && st.tx_msgs >= calls).then_some(st)
+    });
+    assert_eq!((st.rx_msgs, st.tx_msgs), (calls, calls), "on {:?}", driver());
+    assert_eq!((st.rx_bytes, st.tx_bytes), (8 * calls, 8 * calls), "on {:?}", driver());
+    assert_eq!(svc.mux().tls_stats().errors, 0);
+}
+
+/// While a TLS connection is lent, a message sent to it from another
+/// thread takes the lease back and goes out (encrypted, in order with the
+/// lease's replies); a message split over two records and two reads is
+/// answered whole; then the connection is served (and lent) as before.
+fn a_lent_tls_connection_takes_sends_from_elsewhere_and_split_messages() {
+    let p = pki();
+    let svc = tls_echo_service(&p);
+    let s = TcpStream::connect(svc.local_addr()).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut c = client(&p, s);
+    let (psock, _) = tls_calls_until_lent(&svc, &mut c);
+    let sock = svc.mux().socket(SockType::Dgram).unwrap();
+    sock.send_to(&framed(b"pushed"), psock).unwrap();
+    assert_eq!(read_msg(&mut c), b"pushed");
+    tls_call(&mut c, b"after the push");
+    let msg = framed(&body(7, 3000));
+    c.write_all(&msg[..1000]).unwrap();
+    c.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    c.write_all(&msg[1000..]).unwrap();
+    c.flush().unwrap();
+    assert_eq!(read_msg(&mut c), body(7, 3000));
+    let (again, _) = tls_calls_until_lent(&svc, &mut c);
+    assert_eq!(again, psock);
+    assert_eq!(svc.mux().tls_stats().errors, 0);
+}
+
+/// A client of a lent TLS connection that reads nothing while it sends
+/// 1.5 MB of requests through a 4 KiB receive window (reads that end
+/// inside a message or a record give the lease back): once it reads it
+/// gets every reply, in order, each counted once.
+fn a_slow_reader_of_a_lent_tls_connection_gets_every_reply_in_order() {
+    let p = pki();
+    let svc = tls_echo_service(&p);
+    let mut c = client(&p, small_window_client(&svc));
+    let (psock, pings) = tls_calls_until_lent(&svc, &mut c);
+    let n = 1500u32;
+    for i in 0..n {
+        c.write_all(&framed(&body(i, 1020))).unwrap();
+    }
+    c.flush().unwrap();
+    for i in 0..n {
+        assert_eq!(read_msg(&mut c), body(i, 1020), "reply {i} on {:?}", driver());
+    }
+    let calls = pings + u64::from(n);
+    let st = eventually(|| {
+        let st = svc.mux().psock_stats(psock).unwrap();
+        (st.tx_msgs >= calls).then_some(st)
+    });
+    assert_eq!((st.tx_msgs, st.tx_bytes), (calls, 8 * pings + 1024 * u64::from(n)), "on {:?}", driver());
+    assert_eq!(st.tx_addressed_drops, 0);
+    assert_eq!(svc.mux().tls_stats().errors, 0);
+}
+
+/// Requests of 8 bytes, each answered with 64 KiB, to a lent TLS
+/// connection whose client (with a 4 KiB window) reads nothing until it
+/// has sent 128 (8 MiB of replies, more than the socket buffers): the lease
+/// makes records faster than the connection takes them, so they wait in
+/// rustls (written on the connection's writable events) until its buffer
+/// is full; the replies it cannot take go back to the core with the lease.
+/// All 128 arrive whole and in order.
+fn big_replies_on_a_lent_tls_connection_back_up_and_arrive_in_order() {
+    use connmux::service::{Service, ServiceConfig, Verdict};
+    const BIG: usize = 64 << 10;
+    let p = pki();
+    let cfg =
+        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) };
+    let n = 128u32;
+    // "ping" is echoed; request i is answered with reply i, 64 KiB of i
+    // made beforehand (a handler this fast stays on the lease).
+    let replies: Vec<connmux::Bytes> =
+        (0..n).map(|i| connmux::Bytes::from(framed(&(0xb16_0000 + i).to_be_bytes().repeat(BIG / 4)))).collect();
+    let big = move |req: connmux::Bytes, _: connmux::PsockId, _: &mut bytes::BytesMut| {
+        if &req[4..] == b"ping" {
+            return Verdict::Reply(req);
+        }
+        let i = u32::from_be_bytes(req[4..8].try_into().unwrap()) - 0xb16_0000;
+        Verdict::Reply(replies[i as usize].clone())
+    };
+    // (Replies the peer has not read stay within `psock_sndbuf`: not a
+    // peer to abort.)
+    let mux = mux_with(|c| c.core.psock_sndbuf = 16 << 20);
+    let svc = Service::start_tls(mux, cfg, Arc::new(big), server_config(&p)).unwrap();
+    let s = small_window_client(&svc);
+    let mut c = client(&p, s);
+    let (psock, pings) = tls_calls_until_lent(&svc, &mut c);
+    for i in 0..n {
+        c.write_all(&framed(&(0xb16_0000 + i).to_be_bytes())).unwrap();
+        c.flush().unwrap();
+    }
+    for i in 0..n {
+        let got = read_msg(&mut c);
+        assert_eq!(got.len(), BIG, "reply {i} on {:?}", driver());
+        assert!(got.chunks(4).all(|w| w == (0xb16_0000 + i).to_be_bytes()), "reply {i} on {:?}", driver());
+    }
+    let calls = pings + u64::from(n);
+    let st = eventually(|| {
+        let st = svc.mux().psock_stats(psock).unwrap();
+        (st.tx_msgs >= calls).then_some(st)
+    });
+    assert_eq!((st.tx_msgs, st.tx_bytes), (calls, 8 * pings + (BIG as u64 + 4) * u64::from(n)), "on {:?}", driver());
+    assert_eq!(svc.mux().tls_stats().errors, 0);
+}
+
 on_both_drivers!(
     service_over_tls,
+    big_replies_on_a_lent_tls_connection_back_up_and_arrive_in_order,
+    a_tls_connection_is_lent_and_its_counts_reach_the_statistics,
+    a_lent_tls_connection_takes_sends_from_elsewhere_and_split_messages,
+    a_slow_reader_of_a_lent_tls_connection_gets_every_reply_in_order,
     service_closes_in_order_after_a_half_close,
     server_frames_decrypted_messages_both_ways,
     messages_wait_for_the_handshake,

@@ -14,7 +14,7 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use connmux_core::mux::Event;
@@ -22,7 +22,8 @@ use connmux_sys::epoll::{Epoll, Events, Interest};
 
 use crate::driver::worker::{self, Io, Woke, Worker};
 use crate::driver::{SERVE_TOKEN, WAKER_TOKEN};
-use crate::serve::{serve_in_place, ReadView};
+use crate::serve::{serve_in_place, LentOut, ReadView};
+use crate::shared::tls::{self, Decrypted, PsockTls};
 use crate::shared::{token_psock, Command, Core, PsockRt, ReadEnd, Shared, SockRt, WorkerIo};
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
@@ -30,7 +31,8 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
     }
     let WorkerIo::Epoll(epoll) = &sh.workers[index].io else { unreachable!("epoll worker on a non-epoll WorkerRef") };
-    let mut io = EpollIo { epoll, evs: Events::with_capacity(256), buf: vec![0u8; sh.read_chunk] };
+    let buf = vec![0u8; sh.read_chunk];
+    let mut io = EpollIo { epoll, evs: Events::with_capacity(256), buf, plain: Vec::new() };
     worker::run(&sh, index, &mut io);
 }
 
@@ -40,6 +42,8 @@ struct EpollIo<'a> {
     epoll: &'a Epoll,
     evs: Events,
     buf: Vec<u8>,
+    /// A TLS psock's read, decrypted in the worker (`read_tls_psock`).
+    plain: Vec<u8>,
 }
 
 impl Io for EpollIo<'_> {
@@ -64,25 +68,36 @@ impl Io for EpollIo<'_> {
                 }
                 t => {
                     let p = token_psock(t);
-                    let readable = ev.readable || ev.hup || ev.error;
-                    // A psock lent to this worker: no core lock (its writes
-                    // never wait: a short one gives it back).
-                    if readable {
-                        if let Some(fd) = w.bufs.own.leases.get(&p).map(|l| l.rt.fd()) {
-                            let lent = w.bufs.own.leases.len();
-                            read_leased(w, p, fd, &mut self.buf);
-                            // (A lease given back took the core lock.)
-                            woke.leased_only &= w.bufs.own.leases.len() == lent;
+                    let mut readable = ev.readable || ev.hup || ev.error;
+                    // A psock lent to this worker: no core lock (a plain
+                    // one's writes never wait: a short one gives it back; a
+                    // TLS one's records may, for its flush below).
+                    let lease = match readable {
+                        true => w.bufs.own.leases.get(&p).map(|l| (l.rt.fd(), l.rt.tls.is_some())),
+                        false => None,
+                    };
+                    if let Some((fd, tls)) = lease {
+                        let lent = w.bufs.own.leases.len();
+                        match tls {
+                            false => read_leased(w, p, fd, &mut self.buf),
+                            true => read_leased_tls(w, p, &mut self.buf, &mut self.plain),
+                        }
+                        // (A lease given back took the core lock.)
+                        woke.leased_only &= w.bufs.own.leases.len() == lent;
+                        if !ev.writable {
                             continue;
                         }
+                        readable = false;
                     }
                     woke.leased_only = false;
-                    // The psock and, for a plain read, what the core will
-                    // take: one lock hold.
+                    // The psock and what the core will take: one lock hold.
                     let (rt, rx) = {
                         let mut core = sh.lock();
                         let Some(rt) = core.psocks.get(&p).cloned() else { continue };
-                        let rx = (readable && rt.tls.is_none()).then(|| RxRoom::of(core.mux.rx_room(p)));
+                        let rx = readable.then(|| match rt.tls {
+                            None => RxRoom::of(core.mux.rx_room(p)),
+                            Some(_) => RxRoom { cap: core.mux.rx_capacity(p), loan: None },
+                        });
                         (rt, rx)
                     };
                     if ev.writable {
@@ -92,7 +107,7 @@ impl Io for EpollIo<'_> {
                         }
                     }
                     if readable {
-                        read_psock(w, &rt, rx, &mut self.buf);
+                        read_psock(w, &rt, rx, &mut self.buf, &mut self.plain);
                     }
                 }
             }
@@ -110,12 +125,16 @@ impl Io for EpollIo<'_> {
         // comes here.
         if let Command::Resume(p) = c {
             if let Some(rt) = w.sh.psock_rt(p) {
-                read_psock(w, &rt, None, &mut self.buf);
+                read_psock(w, &rt, None, &mut self.buf, &mut self.plain);
             }
         }
     }
 
     fn leases(&self) -> bool {
+        true
+    }
+
+    fn leases_tls(&self) -> bool {
         true
     }
 
@@ -144,9 +163,13 @@ impl RxRoom {
 /// (`rx`, when the caller has already asked the core). On a serving worker,
 /// the read's whole messages for its own socket are served at once, where
 /// they lie in `buf`.
-fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &mut [u8]) {
+fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &mut [u8], plain: &mut Vec<u8>) {
     let sh = w.sh;
     if let Some(tls) = &rt.tls {
+        if w.serving.is_some() && w.bufs.own.tls_leases {
+            let cap = rx.map_or_else(|| sh.lock().mux.rx_capacity(rt.id), |rx| rx.cap);
+            return read_tls_psock(w, rt, tls, cap, buf, plain);
+        }
         return crate::shared::tls::epoll_read(sh, rt, tls, buf, &mut w.events);
     }
     let RxRoom { cap, loan } = rx.unwrap_or_else(|| {
@@ -208,6 +231,51 @@ fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], read_at: u64) 
     }
 }
 
+/// A TLS psock's read on a serving worker that takes leases: decrypted
+/// here, its plaintext fed to the core as a plain read's bytes
+/// ([`feed_bytes`]: whole messages for this worker's socket served at once,
+/// and the psock offered a lease), then the rest the usual way. Not while
+/// rustls holds something back (the usual `tls::epoll_read` then).
+fn read_tls_psock(
+    w: &mut Worker<'_>,
+    rt: &Arc<PsockRt>,
+    tls: &Mutex<PsockTls>,
+    cap: usize,
+    buf: &mut [u8],
+    plain: &mut Vec<u8>,
+) {
+    let sh = w.sh;
+    let mut st = tls.lock().unwrap();
+    if cap == 0 || !st.decrypts_in_worker() {
+        drop(st);
+        return tls::epoll_read(sh, rt, tls, buf, &mut w.events);
+    }
+    // (Records only shrink: the plaintext stays within what the core takes.)
+    let want = cap.min(buf.len());
+    let res = connmux_sys::socket::read(rt.fd(), &mut buf[..want]);
+    let read_at = connmux_sys::clock::now_nanos();
+    match ReadEnd::of_io(&res) {
+        ReadEnd::Data(n) => {
+            plain.clear();
+            let d = tls::decrypt_read(rt, &mut st, &buf[..n], plain, &mut w.events);
+            drop(st);
+            if !plain.is_empty() {
+                feed_bytes(w, rt, plain, read_at);
+            }
+            if !matches!(d, Decrypted::Whole) {
+                tls::after_decrypt(sh, rt, tls, &buf[..n], d, &mut w.events);
+            }
+        }
+        ReadEnd::Again => {}
+        end => {
+            drop(st);
+            if let Some(how) = end.end() {
+                tls::read_end(sh, rt, tls, how, &mut w.events);
+            }
+        }
+    }
+}
+
 /// A read of psock `p`, lent to this worker (`Own::leases`; `fd` is its
 /// connection): served with no core lock when it is all whole messages
 /// (`serve::serve_leased`); otherwise, or at the end of the stream, the
@@ -220,8 +288,8 @@ fn read_leased(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, fd: std::os::f
     w.bufs.own.read_at = read_at;
     match ReadEnd::of_io(&res) {
         ReadEnd::Data(n) => {
-            let served =
-                crate::serve::serve_leased(sh, sv, &mut w.bufs, &buf[..n], p, fd, read_at, &mut w.events, &mut w.dirty);
+            let (events, dirty, out) = (&mut w.events, &mut w.dirty, LentOut::Plain(fd));
+            let served = crate::serve::serve_leased(sh, sv, &mut w.bufs, &buf[..n], p, out, read_at, events, dirty);
             if let Err(Some(rt)) = served {
                 feed_bytes(w, &rt, &buf[..n], read_at);
             }
@@ -231,6 +299,62 @@ fn read_leased(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, fd: std::os::f
             let mut core = sh.lock();
             let Some(rt) = w.bufs.own.unlease_rt(&mut core, p, sh.timestamp(read_at)) else { return };
             read_ended(sh, &rt, core, end, &mut w.events);
+        }
+    }
+}
+
+/// [`read_leased`] for a TLS psock: decrypted here; plaintext that is all
+/// whole messages is served on the lease and its replies made into records
+/// and written (`LentOut::Tls`). Anything else gives the lease back first.
+fn read_leased_tls(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, buf: &mut [u8], plain: &mut Vec<u8>) {
+    let sh = w.sh;
+    let Some(rt) = w.bufs.own.leases.get(&p).map(|l| l.rt.clone()) else { return };
+    let rt = &rt;
+    let Some(tls) = &rt.tls else { return };
+    let give_back = |w: &mut Worker<'_>, at: u64| {
+        let mut core = sh.lock();
+        w.bufs.own.unlease(&mut core, p, sh.timestamp(at));
+        core.drain_events(&mut w.events);
+    };
+    let mut st = tls.lock().unwrap();
+    if !st.decrypts_in_worker() {
+        drop(st);
+        give_back(w, connmux_sys::clock::now_nanos());
+        return tls::epoll_read(sh, rt, tls, buf, &mut w.events);
+    }
+    let res = connmux_sys::socket::read(rt.fd(), buf);
+    let read_at = connmux_sys::clock::now_nanos();
+    w.bufs.own.read_at = read_at;
+    match ReadEnd::of_io(&res) {
+        ReadEnd::Data(n) => {
+            plain.clear();
+            let d = tls::decrypt_read(rt, &mut st, &buf[..n], plain, &mut w.events);
+            drop(st);
+            if let (Decrypted::Whole, Some(sv)) = (&d, w.serving.as_ref()) {
+                if plain.is_empty() {
+                    return; // records with no messages (a session ticket)
+                }
+                let (events, dirty, out) = (&mut w.events, &mut w.dirty, LentOut::Tls(rt, tls));
+                let served = crate::serve::serve_leased(sh, sv, &mut w.bufs, plain, p, out, read_at, events, dirty);
+                if served.is_err() {
+                    // The lease went back: the plaintext to the core.
+                    feed_bytes(w, rt, plain, read_at);
+                }
+                return;
+            }
+            give_back(w, read_at);
+            if !plain.is_empty() {
+                feed_bytes(w, rt, plain, read_at);
+            }
+            tls::after_decrypt(sh, rt, tls, &buf[..n], d, &mut w.events);
+        }
+        ReadEnd::Again => {}
+        end => {
+            drop(st);
+            give_back(w, read_at);
+            if let Some(how) = end.end() {
+                tls::read_end(sh, rt, tls, how, &mut w.events);
+            }
         }
     }
 }

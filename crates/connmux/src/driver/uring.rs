@@ -218,7 +218,17 @@ fn serve_on_lease(w: &mut Worker<'_>, ring: &mut WRing, buf: u16, p: PsockId, fd
     let read_at = connmux_sys::clock::now_nanos();
     w.bufs.own.read_at = read_at;
     let data = ring.buffer(buf).unwrap_or(&[]);
-    let served = crate::serve::serve_leased(w.sh, sv, &mut w.bufs, data, p, fd, read_at, &mut w.events, &mut w.dirty);
+    let served = crate::serve::serve_leased(
+        w.sh,
+        sv,
+        &mut w.bufs,
+        data,
+        p,
+        crate::serve::LentOut::Plain(fd),
+        read_at,
+        &mut w.events,
+        &mut w.dirty,
+    );
     match served {
         Ok(()) => {
             ring.recycle(buf);

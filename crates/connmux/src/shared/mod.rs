@@ -259,20 +259,25 @@ pub(crate) struct Shared {
 /// for the common small case (filling a 64-entry array costs more than the
 /// rest of a one-reply flush).
 pub(crate) fn writev_bytes(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
-    fn go<const N: usize>(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
+    with_iov(bufs, |iov| connmux_sys::socket::writev(fd, iov))
+}
+
+/// `f` on `bufs` as `IoSlice`s (on the stack up to 64 of them).
+pub(crate) fn with_iov<R>(bufs: &[Bytes], f: impl FnOnce(&[IoSlice<'_>]) -> R) -> R {
+    fn go<const N: usize, R>(bufs: &[Bytes], f: impl FnOnce(&[IoSlice<'_>]) -> R) -> R {
         let mut iov: [IoSlice<'_>; N] = [IoSlice::new(&[]); N];
         for (slot, b) in iov.iter_mut().zip(bufs) {
             *slot = IoSlice::new(b);
         }
-        connmux_sys::socket::writev(fd, &iov[..bufs.len().min(N)])
+        f(&iov[..bufs.len().min(N)])
     }
     match bufs.len() {
-        0..=4 => go::<4>(fd, bufs),
-        5..=16 => go::<16>(fd, bufs),
-        17..=64 => go::<64>(fd, bufs),
+        0..=4 => go::<4, R>(bufs, f),
+        5..=16 => go::<16, R>(bufs, f),
+        17..=64 => go::<64, R>(bufs, f),
         _ => {
             let iov: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
-            connmux_sys::socket::writev(fd, &iov)
+            f(&iov)
         }
     }
 }
@@ -403,6 +408,9 @@ pub(crate) struct Own {
     pub wrote: Vec<(Arc<PsockRt>, usize)>,
     /// Whether this worker takes leases (`Tuning::lease`, on a driver that lends).
     pub can_lease: bool,
+    /// Whether it takes TLS psocks' too (its driver decrypts their reads
+    /// and serves the plaintext on the lease).
+    pub tls_leases: bool,
     /// The psocks lent to this worker (`Mux::lease`): read, framed,
     /// answered and written here with no hold of the core lock.
     pub leases: FxHashMap<PsockId, Leased>,
@@ -461,8 +469,10 @@ impl Own {
         if let Some((sock, _)) = self.serve {
             for rt in self.lease_try.drain(..) {
                 // Not while a message of it waits here: it would be passed.
-                // Never a TLS psock: its bytes are records, not messages.
-                if rt.tls.is_some() || self.leases.contains_key(&rt.id) || self.direct.iter().any(|(_, q)| *q == rt.id)
+                // A TLS psock only where the driver decrypts on the lease.
+                if (rt.tls.is_some() && !self.tls_leases)
+                    || self.leases.contains_key(&rt.id)
+                    || self.direct.iter().any(|(_, q)| *q == rt.id)
                 {
                     continue;
                 }
