@@ -754,8 +754,12 @@ fn send_outs(
     match write_now {
         Some(rt) if begun => sh.write_owned(rt, events, &mut bufs.slices, &mut bufs.own),
         // A TLS psock's replies, as records, now too: its queue is empty
-        // for the pass's hold, which may lend it (epoll).
-        Some(rt) if rt.tls.is_some() && bufs.own.tls_leases => sh.flush(rt, events),
+        // for the pass's hold, which may lend it.
+        Some(rt) if bufs.own.tls_leases => {
+            if let Some(tls) = &rt.tls {
+                crate::shared::tls::replies_now(sh, rt, tls, events);
+            }
+        }
         _ => {}
     }
     sh.dispatch(events, &mut Ctx::Worker(dirty, &mut bufs.own));

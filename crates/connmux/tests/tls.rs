@@ -568,15 +568,8 @@ fn small_window_client(svc: &connmux::service::Service) -> TcpStream {
     s
 }
 
-/// Whether the test's driver lends TLS psocks (the epoll driver decrypts
-/// their reads on the lease; io_uring does not lend them).
-fn lends_tls() -> bool {
-    driver() == connmux::Driver::Epoll
-}
-
-/// Calls until the service's only connection is lent to its worker (on a
-/// driver that lends TLS psocks; elsewhere 50 calls). The psock and the
-/// calls made, 4-byte bodies each way.
+/// Calls until the service's only connection is lent to its worker. The
+/// psock and the calls made, 4-byte bodies each way.
 fn tls_calls_until_lent(svc: &connmux::service::Service, c: &mut Client) -> (connmux::PsockId, u64) {
     let mut calls = 0;
     let p = eventually(|| {
@@ -584,13 +577,6 @@ fn tls_calls_until_lent(svc: &connmux::service::Service, c: &mut Client) -> (con
         calls += 1;
         svc.mux().psocks().first().copied()
     });
-    if !lends_tls() {
-        for _ in 0..50 {
-            tls_call(c, b"ping");
-        }
-        assert!(!svc.mux().psock_leased(p));
-        return (p, calls + 50);
-    }
     eventually(|| {
         if svc.mux().psock_leased(p) {
             return Some((p, calls));
@@ -601,7 +587,7 @@ fn tls_calls_until_lent(svc: &connmux::service::Service, c: &mut Client) -> (con
     })
 }
 
-/// A served TLS connection is lent to its worker (epoll): its records are
+/// A served TLS connection is lent to its worker: its records are
 /// decrypted there, its requests answered and the replies made into
 /// records and written with no core lock; single calls and a burst of 32
 /// in one record are answered in order and counted once (plaintext bytes).
@@ -622,9 +608,7 @@ fn a_tls_connection_is_lent_and_its_counts_reach_the_statistics() {
     for i in 0..32u32 {
         assert_eq!(read_msg(&mut c), i.to_le_bytes(), "burst reply {i} on {:?}", driver());
     }
-    if lends_tls() {
-        eventually(|| svc.mux().psock_leased(psock).then_some(()));
-    }
+    eventually(|| svc.mux().psock_leased(psock).then_some(()));
     let calls = pings + 132;
     let st = eventually(|| {
         let st = svc.mux().psock_stats(psock).unwrap();

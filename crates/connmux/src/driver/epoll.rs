@@ -22,7 +22,7 @@ use connmux_sys::epoll::{Epoll, Events, Interest};
 
 use crate::driver::worker::{self, Io, Woke, Worker};
 use crate::driver::{SERVE_TOKEN, WAKER_TOKEN};
-use crate::serve::{serve_in_place, LentOut, ReadView};
+use crate::serve::LentOut;
 use crate::shared::tls::{self, Decrypted, PsockTls};
 use crate::shared::{token_psock, Command, Core, PsockRt, ReadEnd, Shared, SockRt, WorkerIo};
 
@@ -195,45 +195,14 @@ fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &m
     // One clock reading: the core's timestamp and the handlers' start.
     let read_at = connmux_sys::clock::now_nanos();
     match ReadEnd::of_io(&res) {
-        ReadEnd::Data(n) => feed_bytes(w, rt, &buf[..n], read_at),
+        ReadEnd::Data(n) => worker::feed_bytes(w, rt, &buf[..n], read_at),
         end => read_ended(sh, rt, sh.lock(), end, &mut w.events),
-    }
-}
-
-/// The bytes of one read of `rt`, read at `read_at`, to the core; on a
-/// serving worker, the whole messages for its own socket served at once,
-/// where they lie in `data`.
-fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], read_at: u64) {
-    let sh = w.sh;
-    let now = sh.timestamp(read_at);
-    let mut core = sh.lock();
-    match &w.serving {
-        Some(sv) => {
-            let bufs = &mut w.bufs;
-            let mut ranges = std::mem::take(&mut bufs.ranges);
-            ranges.clear();
-            let _ = crate::shared::feed_read_in_place(&mut core, &mut bufs.own, rt.id, data, now, &mut ranges);
-            core.drain_events(&mut w.events);
-            drop(core);
-            if !ranges.is_empty() {
-                // Its replies are written at once (`send_outs`).
-                let (events, dirty) = (&mut w.events, &mut w.dirty);
-                let read = ReadView { data, ranges: &ranges, psock: rt.id, started: read_at };
-                serve_in_place(sh, sv, bufs, read, events, dirty, Some(rt));
-                ranges.clear();
-            }
-            bufs.ranges = ranges;
-        }
-        None => {
-            let _ = crate::shared::feed_read(&mut core, &mut w.bufs.own, rt.id, data, now);
-            core.drain_events(&mut w.events);
-        }
     }
 }
 
 /// A TLS psock's read on a serving worker that takes leases: decrypted
 /// here, its plaintext fed to the core as a plain read's bytes
-/// ([`feed_bytes`]: whole messages for this worker's socket served at once,
+/// ([`worker::feed_bytes`]: whole messages for this worker's socket served at once,
 /// and the psock offered a lease), then the rest the usual way. Not while
 /// rustls holds something back (the usual `tls::epoll_read` then).
 fn read_tls_psock(
@@ -260,7 +229,7 @@ fn read_tls_psock(
             let d = tls::decrypt_read(rt, &mut st, &buf[..n], plain, &mut w.events);
             drop(st);
             if !plain.is_empty() {
-                feed_bytes(w, rt, plain, read_at);
+                worker::feed_bytes(w, rt, plain, read_at);
             }
             if !matches!(d, Decrypted::Whole) {
                 tls::after_decrypt(sh, rt, tls, &buf[..n], d, &mut w.events);
@@ -291,7 +260,7 @@ fn read_leased(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, fd: std::os::f
             let (events, dirty, out) = (&mut w.events, &mut w.dirty, LentOut::Plain(fd));
             let served = crate::serve::serve_leased(sh, sv, &mut w.bufs, &buf[..n], p, out, read_at, events, dirty);
             if let Err(Some(rt)) = served {
-                feed_bytes(w, &rt, &buf[..n], read_at);
+                worker::feed_bytes(w, &rt, &buf[..n], read_at);
             }
         }
         ReadEnd::Again => {}
@@ -338,13 +307,13 @@ fn read_leased_tls(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, buf: &mut 
                 let served = crate::serve::serve_leased(sh, sv, &mut w.bufs, plain, p, out, read_at, events, dirty);
                 if served.is_err() {
                     // The lease went back: the plaintext to the core.
-                    feed_bytes(w, rt, plain, read_at);
+                    worker::feed_bytes(w, rt, plain, read_at);
                 }
                 return;
             }
             give_back(w, read_at);
             if !plain.is_empty() {
-                feed_bytes(w, rt, plain, read_at);
+                worker::feed_bytes(w, rt, plain, read_at);
             }
             tls::after_decrypt(sh, rt, tls, &buf[..n], d, &mut w.events);
         }

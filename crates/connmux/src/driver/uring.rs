@@ -42,6 +42,8 @@ use connmux_sys::uring::{Completion, Ring, RingConfig};
 
 use crate::config::Tuning;
 use crate::driver::worker::{self, Io, Woke, Worker};
+use crate::serve::LentOut;
+use crate::shared::tls::{self, Decrypted};
 use crate::shared::{psock_token, token_psock, Command, Own, ReadEnd, Shared, SockRt, Wrote};
 
 mod conn;
@@ -92,6 +94,8 @@ struct UringIo {
     waker_armed: bool,
     /// The serving socket's readiness poll is on the ring.
     serve_armed: bool,
+    /// A TLS psock's receive, decrypted in the worker ([`tls_read`]).
+    plain: Vec<u8>,
 }
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sender<io::Result<()>>) {
@@ -119,6 +123,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
         waker: sh.workers[index].waker.as_raw_fd(),
         waker_armed: false,
         serve_armed: false,
+        plain: Vec::new(),
     };
     worker::run(&sh, index, &mut io);
 }
@@ -206,6 +211,10 @@ impl Io for UringIo {
     fn leases(&self) -> bool {
         true
     }
+
+    fn leases_tls(&self) -> bool {
+        true
+    }
 }
 
 /// A receive of psock `p` (connection `fd`), lent to this worker, in ring
@@ -238,6 +247,83 @@ fn serve_on_lease(w: &mut Worker<'_>, ring: &mut WRing, buf: u16, p: PsockId, fd
     }
 }
 
+/// A receive of TLS psock `conn` in ring buffer `buf`, on a serving worker
+/// that lends TLS psocks: decrypted here when nothing is held before it and
+/// TLS holds nothing back. On the psock's lease, plaintext of whole messages
+/// is served there and its replies written as records (no core lock; true
+/// is returned); otherwise the lease goes back, the plaintext is fed to the
+/// core as a plain read's (served in place, replies made into records for
+/// the ring send) and the rest goes the usual way ([`pump_tls`]).
+fn tls_read(w: &mut Worker<'_>, ring: &mut WRing, conn: &mut Conn, buf: u16, plain: &mut Vec<u8>) -> bool {
+    let sh = w.sh;
+    let rt = conn.rt.clone();
+    let Some(tls) = &rt.tls else { return false };
+    let p = rt.id;
+    let leased = w.bufs.own.leases.contains_key(&p);
+    let give_back = |w: &mut Worker<'_>| {
+        if leased {
+            let mut core = sh.lock();
+            w.bufs.own.unlease(&mut core, p, sh.now());
+            core.drain_events(&mut w.events);
+        }
+    };
+    let mut st = tls.lock().unwrap();
+    st.set_unsent(conn.sending.is_some() || conn.tls_out.is_some());
+    let data = ring.buffer(buf).unwrap_or(&[]);
+    // (Records only shrink: within what the core takes, if it takes the
+    // read; a lent psock holds nothing, so it takes a ring buffer.)
+    let usual = conn.holds_bytes()
+        || conn.eof.is_some()
+        || !st.decrypts_in_worker()
+        || (!leased && sh.lock().mux.rx_capacity(p) < data.len());
+    if usual {
+        drop(st);
+        give_back(w);
+        conn.held.push_back(Held { buf, off: 0 });
+        pump_tls(sh, ring, conn, &mut w.events);
+        return false;
+    }
+    plain.clear();
+    let d = tls::decrypt_read(&rt, &mut st, data, plain, &mut w.events);
+    drop(st);
+    let read_at = connmux_sys::clock::now_nanos();
+    w.bufs.own.read_at = read_at;
+    if let (true, Decrypted::Whole, Some(sv)) = (leased, &d, w.serving.as_ref()) {
+        if plain.is_empty() {
+            ring.recycle(buf);
+            return true; // records with no messages (a session ticket)
+        }
+        let (events, dirty, out) = (&mut w.events, &mut w.dirty, LentOut::Tls(&rt, tls));
+        let served = crate::serve::serve_leased(sh, sv, &mut w.bufs, plain, p, out, read_at, events, dirty);
+        ring.recycle(buf);
+        if served.is_ok() {
+            return true;
+        }
+        // The lease went back: the plaintext to the core.
+        worker::feed_bytes(w, &rt, plain, read_at);
+        return false;
+    }
+    give_back(w);
+    if !plain.is_empty() {
+        worker::feed_bytes(w, &rt, plain, read_at);
+    }
+    match d {
+        Decrypted::Whole => {
+            ring.recycle(buf);
+        }
+        Decrypted::Rest(off) => {
+            conn.held.push_back(Held { buf, off });
+            pump_tls(sh, ring, conn, &mut w.events);
+        }
+        Decrypted::Failed(why) => {
+            tls::fail_read(sh, &rt, tls, why, &mut w.events);
+            ring.recycle(buf);
+            pump_tls(sh, ring, conn, &mut w.events);
+        }
+    }
+    false
+}
+
 impl UringIo {
     /// Act on what the ring reports.
     fn completions(&mut self, w: &mut Worker<'_>, comps: &[Completion], woke: &mut Woke) {
@@ -259,8 +345,15 @@ impl UringIo {
             {
                 let p = token_psock(token);
                 if w.bufs.own.leases.contains_key(&p) {
+                    // (A TLS psock's lease writes records itself: not
+                    // while a ring send of its records is out.)
                     lent_read = matches!(c, Completion::Recv { .. })
-                        && self.conns.get(&token).is_some_and(|c| !c.holds_bytes() && !c.released && !c.rx_stopped);
+                        && self.conns.get(&token).is_some_and(|c| {
+                            !c.holds_bytes()
+                                && !c.released
+                                && !c.rx_stopped
+                                && (c.rt.tls.is_none() || (c.sending.is_none() && c.tls_out.is_none()))
+                        });
                     if !lent_read {
                         // A lent psock's end, or bytes its lease cannot
                         // serve: the psock is the core's again first.
@@ -293,6 +386,12 @@ impl UringIo {
                     let p = conn.rt.id;
                     if conn.released || conn.rx_stopped {
                         ring.recycle(buf_id);
+                    } else if conn.rt.tls.is_some() && w.bufs.own.tls_leases && w.serving.is_some() {
+                        // Decrypted here (TLS lock before the core lock).
+                        core = None;
+                        let lent = w.bufs.own.leases.len();
+                        let on_lease = tls_read(w, ring, conn, buf_id, &mut self.plain);
+                        woke.leased_only &= on_lease && w.bufs.own.leases.len() == lent;
                     } else if lent_read {
                         // Lent to this worker: served with no core lock
                         // (which the lease takes itself if it goes back).

@@ -279,6 +279,37 @@ fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core
     }
 }
 
+/// The bytes of one read of `rt`, read at `read_at`, to the core; on a
+/// serving worker, the whole messages for its own socket served at once,
+/// where they lie in `data`.
+pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], read_at: u64) {
+    let sh = w.sh;
+    let now = sh.timestamp(read_at);
+    let mut core = sh.lock();
+    match &w.serving {
+        Some(sv) => {
+            let bufs = &mut w.bufs;
+            let mut ranges = std::mem::take(&mut bufs.ranges);
+            ranges.clear();
+            let _ = crate::shared::feed_read_in_place(&mut core, &mut bufs.own, rt.id, data, now, &mut ranges);
+            core.drain_events(&mut w.events);
+            drop(core);
+            if !ranges.is_empty() {
+                // Its replies are written at once (`send_outs`).
+                let (events, dirty) = (&mut w.events, &mut w.dirty);
+                let read = crate::serve::ReadView { data, ranges: &ranges, psock: rt.id, started: read_at };
+                crate::serve::serve_in_place(sh, sv, bufs, read, events, dirty, Some(rt));
+                ranges.clear();
+            }
+            bufs.ranges = ranges;
+        }
+        None => {
+            let _ = crate::shared::feed_read(&mut core, &mut w.bufs.own, rt.id, data, now);
+            core.drain_events(&mut w.events);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Look, LOOK_EVERY};

@@ -613,6 +613,26 @@ pub(crate) fn after_decrypt(
     read_interest(sh, rt, st, full);
 }
 
+/// A TLS error found decrypting a read in the worker ([`decrypt_read`]'s
+/// `Failed`), once the plaintext before it is in the core: the psock fails
+/// as on the usual path.
+pub(crate) fn fail_read(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, why: String, events: &mut Vec<Event>) {
+    fail(sh, rt, &mut tls.lock().unwrap(), why, events);
+}
+
+/// A serving worker's replies to a TLS psock it has just read, queued in
+/// the core: made into records now, so that the psock's queue is empty at
+/// the worker's hold (which may lend it). The epoll worker writes them
+/// too; the io_uring worker's go out in its ring send, behind any record
+/// already there.
+pub(crate) fn replies_now(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, events: &mut Vec<Event>) {
+    if let WorkerIo::Uring = sh.workers[rt.worker()].io {
+        encrypt_from_core(sh, rt, &mut tls.lock().unwrap(), events);
+        return;
+    }
+    flush(sh, rt, tls, events);
+}
+
 /// The end of a TLS psock's stream read in the worker (`errno` None: FIN),
 /// the usual way.
 pub(crate) fn read_end(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, errno: Option<i32>, events: &mut Vec<Event>) {
