@@ -724,8 +724,60 @@ fn big_replies_on_a_lent_tls_connection_back_up_and_arrive_in_order() {
     assert_eq!(svc.mux().tls_stats().errors, 0);
 }
 
+/// A lent TLS connection sent a forged record: it fails alone (the read
+/// that brought it is decrypted on the lease, which goes back first), the
+/// client reads the alert, the error is counted and the service lets the
+/// connection go.
+fn a_forged_record_on_a_lent_tls_connection_fails_it() {
+    let p = pki();
+    let svc = tls_echo_service(&p);
+    let s = TcpStream::connect(svc.local_addr()).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut raw = s.try_clone().unwrap();
+    let mut c = client(&p, s);
+    tls_calls_until_lent(&svc, &mut c);
+    let mut rec = vec![23u8, 3, 3, 0, 64];
+    rec.extend((0..64u8).map(|i| i.wrapping_mul(7)));
+    raw.write_all(&rec).unwrap();
+    let mut b = [0u8; 16];
+    let e = c.read(&mut b).expect_err("the session failed");
+    assert!(e.to_string().contains("alert"), "the peer read {e:?} (no alert) on {:?}", driver());
+    eventually(|| (svc.mux().psock_count() == 0).then_some(()));
+    assert_eq!(svc.mux().tls_stats().errors, 1, "on {:?}", driver());
+}
+
+/// A lent TLS connection whose client sends 100 requests, close_notify and
+/// FIN: every reply, then the server's close_notify and FIN (the lease goes
+/// back at the close_notify; the close is in order as for any psock).
+fn a_lent_tls_connection_closes_in_order_after_a_half_close() {
+    let p = pki();
+    let svc = tls_echo_service(&p);
+    let s = TcpStream::connect(svc.local_addr()).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut c = client(&p, s);
+    tls_calls_until_lent(&svc, &mut c);
+    for i in 0..100 {
+        c.write_all(&framed(&body(i, 100))).unwrap();
+    }
+    c.conn.send_close_notify();
+    c.flush().unwrap();
+    c.sock.shutdown(std::net::Shutdown::Write).unwrap();
+    for i in 0..100 {
+        assert_eq!(read_msg(&mut c), body(i, 100), "reply {i} on {:?}", driver());
+    }
+    let mut b = [0u8; 1];
+    match c.read(&mut b) {
+        Ok(0) => {}
+        other => panic!("after the last reply {other:?}, not close_notify, on {:?}", driver()),
+    }
+    eventually(|| (svc.mux().psock_count() == 0).then_some(()));
+    assert_eq!(svc.mux().tls_stats().errors, 0);
+}
+
 on_both_drivers!(
     service_over_tls,
+    a_forged_record_on_a_lent_tls_connection_fails_it,
+    a_lent_tls_connection_closes_in_order_after_a_half_close,
     big_replies_on_a_lent_tls_connection_back_up_and_arrive_in_order,
     a_tls_connection_is_lent_and_its_counts_reach_the_statistics,
     a_lent_tls_connection_takes_sends_from_elsewhere_and_split_messages,
