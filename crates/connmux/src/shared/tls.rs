@@ -535,9 +535,9 @@ impl PsockTls {
 /// Decrypt `data`, one read of TLS psock `rt` (its state `st`, for which
 /// [`PsockTls::decrypts_in_worker`] holds), appending its plaintext to
 /// `plain` (no more bytes than `data`: records only shrink, and rustls held
-/// none). The core sees
-/// nothing: the caller serves the plaintext on the psock's lease, or feeds
-/// it to the core, then does the rest ([`after_decrypt`]).
+/// none). The core sees nothing: the caller serves the plaintext on the
+/// psock's lease, or feeds it to the core, then does the rest (the epoll
+/// driver's [`after_decrypt`]; io_uring's own).
 pub(crate) fn decrypt_read(
     rt: &PsockRt,
     st: &mut PsockTls,
