@@ -755,7 +755,7 @@ fn send_outs(
         Some(rt) if begun => sh.write_owned(rt, events, &mut bufs.slices, &mut bufs.own),
         // A TLS psock's replies, as records, now too: its queue is empty
         // for the pass's hold, which may lend it.
-        Some(rt) if bufs.own.tls_leases => {
+        Some(rt) if bufs.own.can_lease => {
             if let Some(tls) = &rt.tls {
                 crate::shared::tls::replies_now(sh, rt, tls, events);
             }

@@ -134,10 +134,6 @@ impl Io for EpollIo<'_> {
         true
     }
 
-    fn leases_tls(&self) -> bool {
-        true
-    }
-
     fn flush(&mut self, w: &mut Worker<'_>) {
         for rt in w.dirty.drain(..) {
             rt.flush_queued.store(false, Ordering::Release);
@@ -166,7 +162,7 @@ impl RxRoom {
 fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &mut [u8], plain: &mut Vec<u8>) {
     let sh = w.sh;
     if let Some(tls) = &rt.tls {
-        if w.serving.is_some() && w.bufs.own.tls_leases {
+        if w.serving.is_some() && w.bufs.own.can_lease {
             let cap = rx.map_or_else(|| sh.lock().mux.rx_capacity(rt.id), |rx| rx.cap);
             return read_tls_psock(w, rt, tls, cap, buf, plain);
         }

@@ -211,10 +211,6 @@ impl Io for UringIo {
     fn leases(&self) -> bool {
         true
     }
-
-    fn leases_tls(&self) -> bool {
-        true
-    }
 }
 
 /// A receive of psock `p` (connection `fd`), lent to this worker, in ring
@@ -386,7 +382,7 @@ impl UringIo {
                     let p = conn.rt.id;
                     if conn.released || conn.rx_stopped {
                         ring.recycle(buf_id);
-                    } else if conn.rt.tls.is_some() && w.bufs.own.tls_leases && w.serving.is_some() {
+                    } else if conn.rt.tls.is_some() && w.bufs.own.can_lease && w.serving.is_some() {
                         // Decrypted here (TLS lock before the core lock).
                         core = None;
                         let lent = w.bufs.own.leases.len();

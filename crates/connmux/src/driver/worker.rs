@@ -81,14 +81,9 @@ pub(crate) trait Io {
     fn end_pass(&mut self, _w: &mut Worker<'_>) {}
 
     /// Whether this driver serves psocks lent to its worker
-    /// (`Tuning::lease`, `Own::leases`): it reads them itself.
+    /// (`Tuning::lease`, `Own::leases`): it reads them itself (and
+    /// decrypts a TLS psock's reads, `shared::tls::decrypt_read`).
     fn leases(&self) -> bool {
-        false
-    }
-
-    /// Whether it serves TLS psocks lent to its worker too (it decrypts
-    /// their reads and writes their replies as records itself).
-    fn leases_tls(&self) -> bool {
         false
     }
 }
@@ -148,7 +143,6 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                         io.watch_serve(&sock);
                         w.bufs.own.serve = Some((sock.id, sh.tuning.serve_batch));
                         w.bufs.own.can_lease = sh.tuning.lease && io.leases();
-                        w.bufs.own.tls_leases = w.bufs.own.can_lease && io.leases_tls();
                         w.serving = Some(Serving { sock, handler, stats, lanes, index });
                         serve_ready = true;
                         me.serving.store(true, Ordering::Release);

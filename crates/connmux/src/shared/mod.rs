@@ -406,11 +406,9 @@ pub(crate) struct Own {
     /// ([`Shared::write_owned`]): completed in its next hold of the core
     /// lock, at the latest before it waits ([`Shared::complete_owned`]).
     pub wrote: Vec<(Arc<PsockRt>, usize)>,
-    /// Whether this worker takes leases (`Tuning::lease`, on a driver that lends).
+    /// Whether this worker takes leases (`Tuning::lease`, on a driver that
+    /// lends); TLS psocks' too (the driver decrypts their reads itself).
     pub can_lease: bool,
-    /// Whether it takes TLS psocks' too (its driver decrypts their reads
-    /// and serves the plaintext on the lease).
-    pub tls_leases: bool,
     /// The psocks lent to this worker (`Mux::lease`): read, framed,
     /// answered and written here with no hold of the core lock.
     pub leases: FxHashMap<PsockId, Leased>,
@@ -469,11 +467,7 @@ impl Own {
         if let Some((sock, _)) = self.serve {
             for rt in self.lease_try.drain(..) {
                 // Not while a message of it waits here: it would be passed.
-                // A TLS psock only where the driver decrypts on the lease.
-                if (rt.tls.is_some() && !self.tls_leases)
-                    || self.leases.contains_key(&rt.id)
-                    || self.direct.iter().any(|(_, q)| *q == rt.id)
-                {
+                if self.leases.contains_key(&rt.id) || self.direct.iter().any(|(_, q)| *q == rt.id) {
                     continue;
                 }
                 if let Some(lease) = core.mux.lease(rt.id, sock) {
