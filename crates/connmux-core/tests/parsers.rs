@@ -558,3 +558,42 @@ fn oncrpc_frame_batch_agrees_with_the_general_loop() {
         );
     }
 }
+
+/// `LengthField`'s own loop for a 4-byte field at the front frames exactly
+/// what the general loop does (`frame_batch_with`, the reference), on
+/// random streams of valid, short, oversize and below-header lengths, for
+/// every endianness, header inclusion and a spread of adjustments
+/// (including ones that overflow), with random size and count limits.
+#[test]
+fn the_four_byte_loop_frames_as_the_general_one() {
+    use connmux_core::parser::frame_batch_with;
+    let mut rng = StdRng::seed_from_u64(0x4c46);
+    let adjusts = [0i64, 3, -4, -8, 100, i64::MAX, i64::MIN, i64::MAX - 2];
+    for round in 0..4000 {
+        let endian = if rng.gen_bool(0.5) { Endian::Big } else { Endian::Little };
+        let includes = rng.gen_bool(0.5);
+        let adjust = adjusts[rng.gen_range(0..adjusts.len())];
+        let mut p = LengthField::new(0, 4, endian, adjust, includes).unwrap();
+        let mut data = Vec::new();
+        for _ in 0..rng.gen_range(0..12) {
+            let body = rng.gen_range(0..40u32);
+            let field = match rng.gen_range(0..10) {
+                0 => rng.gen::<u32>(),
+                1 => rng.gen_range(0..8),
+                _ => body.wrapping_add(if includes { 4 } else { 0 }).wrapping_sub(adjust as u32),
+            };
+            data.extend(match endian {
+                Endian::Big => field.to_be_bytes(),
+                Endian::Little => field.to_le_bytes(),
+            });
+            data.extend((0..body).map(|i| i as u8));
+        }
+        data.truncate(data.len() - rng.gen_range(0..=data.len().min(6)));
+        let max_len = rng.gen_range(4..64);
+        let limit = rng.gen_range(1..16);
+        let (mut fast, mut general) = (Vec::new(), Vec::new());
+        let took_fast = p.frame_batch(&data, max_len, limit, &mut fast);
+        let took_general = frame_batch_with(&mut p, &data, 0, max_len, limit, &mut general);
+        assert_eq!((took_fast, &fast), (took_general, &general), "round {round}: {endian:?} {includes} {adjust}");
+    }
+}

@@ -4,7 +4,9 @@
 
 use std::fmt;
 
-use crate::parser::{Parse, ParseError, Parser};
+use std::ops::Range;
+
+use crate::parser::{frame_batch_with, Parse, ParseError, Parser};
 
 /// Byte order of a length field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -141,6 +143,42 @@ impl Parser for LengthField {
         };
         let base = if self.includes_header { 0 } else { self.header_len };
         checked_total(value, base, self.adjust, self.header_len)
+    }
+
+    /// A 4-byte field at the front (`l4` and its kin, the common shape):
+    /// one load and two compares a message; any other shape goes the
+    /// general way ([`frame_batch_with`]). The same messages either way
+    /// (`tests::the_four_byte_loop_frames_as_the_general_one`).
+    fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Range<usize>>) -> usize {
+        if self.offset != 0 || self.width != 4 {
+            return frame_batch_with(self, data, 0, max_len, limit, out);
+        }
+        // total = field + (4 unless it includes itself) + adjust; below the
+        // header it is invalid, which stops the batch. With an adjustment
+        // this small a u32 field cannot take the sum past i64 (or usize).
+        let extra = if self.includes_header { 0 } else { 4 };
+        let extra = match self.adjust.checked_add(extra) {
+            Some(e) if (-(1i64 << 40)..=(1i64 << 40)).contains(&e) => e,
+            _ => return frame_batch_with(self, data, 0, max_len, limit, out),
+        };
+        let big = self.endian == Endian::Big;
+        let (mut at, mut n) = (0, 0);
+        while n < limit {
+            let Some(&[a, b, c, d]) = data.get(at..at + 4) else { break };
+            let field = if big { u32::from_be_bytes([a, b, c, d]) } else { u32::from_le_bytes([a, b, c, d]) };
+            let total = i64::from(field) + extra;
+            if total < 4 {
+                break; // a message holds at least its header
+            }
+            let len = total as usize;
+            if len > data.len() - at || len > max_len {
+                break;
+            }
+            out.push(at..at + len);
+            at += len;
+            n += 1;
+        }
+        at
     }
 
     fn name(&self) -> &str {
