@@ -148,7 +148,7 @@ impl Parser for LengthField {
     /// A 4-byte field at the front (`l4` and its kin, the common shape):
     /// one load and two compares a message; any other shape goes the
     /// general way ([`frame_batch_with`]). The same messages either way
-    /// (`tests::the_four_byte_loop_frames_as_the_general_one`).
+    /// (`tests/parsers.rs::the_four_byte_loop_frames_as_the_general_one`).
     fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Range<usize>>) -> usize {
         if self.offset != 0 || self.width != 4 {
             return frame_batch_with(self, data, 0, max_len, limit, out);
