@@ -557,6 +557,14 @@ fn tls_call(c: &mut Client, b: &[u8]) {
     assert_eq!(read_msg(c), b);
 }
 
+/// A connection to `svc` (reads bounded by WAIT, no Nagle).
+fn tcp_client(svc: &connmux::service::Service) -> TcpStream {
+    let s = TcpStream::connect(svc.local_addr()).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.set_nodelay(true).unwrap();
+    s
+}
+
 /// A connection to `svc` whose receive buffer (so its window) is 4 KiB.
 fn small_window_client(svc: &connmux::service::Service) -> TcpStream {
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
@@ -594,9 +602,7 @@ fn tls_calls_until_lent(svc: &connmux::service::Service, c: &mut Client) -> (con
 fn a_tls_connection_is_lent_and_its_counts_reach_the_statistics() {
     let p = pki();
     let svc = tls_echo_service(&p);
-    let s = TcpStream::connect(svc.local_addr()).unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    s.set_nodelay(true).unwrap();
+    let s = tcp_client(&svc);
     let mut c = client(&p, s);
     let (psock, pings) = tls_calls_until_lent(&svc, &mut c);
     for i in 0..100u32 {
@@ -626,9 +632,7 @@ fn a_tls_connection_is_lent_and_its_counts_reach_the_statistics() {
 fn a_lent_tls_connection_takes_sends_from_elsewhere_and_split_messages() {
     let p = pki();
     let svc = tls_echo_service(&p);
-    let s = TcpStream::connect(svc.local_addr()).unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    s.set_nodelay(true).unwrap();
+    let s = tcp_client(&svc);
     let mut c = client(&p, s);
     let (psock, _) = tls_calls_until_lent(&svc, &mut c);
     let sock = svc.mux().socket(SockType::Dgram).unwrap();
@@ -731,8 +735,7 @@ fn big_replies_on_a_lent_tls_connection_back_up_and_arrive_in_order() {
 fn a_forged_record_on_a_lent_tls_connection_fails_it() {
     let p = pki();
     let svc = tls_echo_service(&p);
-    let s = TcpStream::connect(svc.local_addr()).unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
+    let s = tcp_client(&svc);
     let mut raw = s.try_clone().unwrap();
     let mut c = client(&p, s);
     tls_calls_until_lent(&svc, &mut c);
@@ -752,8 +755,7 @@ fn a_forged_record_on_a_lent_tls_connection_fails_it() {
 fn a_lent_tls_connection_closes_in_order_after_a_half_close() {
     let p = pki();
     let svc = tls_echo_service(&p);
-    let s = TcpStream::connect(svc.local_addr()).unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
+    let s = tcp_client(&svc);
     let mut c = client(&p, s);
     tls_calls_until_lent(&svc, &mut c);
     for i in 0..100 {
