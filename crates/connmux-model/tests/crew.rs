@@ -8,7 +8,7 @@
 //!   wake-up parks for ever: loom reports a deadlock);
 //! - lane threads post verdicts to a worker's inbox and wake it through an
 //!   eventfd: the worker sees every verdict (a lost one leaves it asleep);
-//! - stopping the crew ends every taker, asleep or not.
+//! - stopping the crew ends every taker, asleep, resting or not.
 
 use connmux_model::sync::crew::{Crew, Taker};
 use connmux_model::sync::inbox::Inbox;
@@ -134,6 +134,30 @@ fn stop_ends_sleeping_takers() {
         for t in takers {
             assert_eq!(t.join().unwrap(), None);
         }
+    });
+}
+
+/// A helper rests after a message (its CPU had no time to spare) while the
+/// crew stops: the rest ends (a lost wake-up parks for ever), and the
+/// helper takes nothing more.
+#[test]
+fn stop_ends_a_resting_helper() {
+    builder(3).check(|| {
+        let crew = Arc::new(Crew::<u32>::new(2, 4, 2, 2));
+        let helper = {
+            let crew = crew.clone();
+            thread::spawn(move || {
+                let first = crew.next(Taker::Helper(1), IDLE);
+                crew.rest(Taker::Helper(1), IDLE);
+                (first, crew.next(Taker::Helper(1), IDLE))
+            })
+        };
+        crew.offer(0, 1).unwrap();
+        crew.offer(0, 2).unwrap();
+        crew.stop();
+        let (first, after) = helper.join().unwrap();
+        assert!(matches!(first, None | Some((0, 1))), "{first:?}");
+        assert_eq!(after, None, "the head is left to the home thread, then the crew stops");
     });
 }
 

@@ -147,7 +147,6 @@ where
     }
 }
 
-/// Handle on in-place serving: the per-worker sockets and heavy lanes live
 /// Per-service counters.
 #[derive(Debug, Default)]
 pub struct ServiceStats {

@@ -25,7 +25,10 @@
 //!   from the *other* workers' lanes while they are behind
 //!   (`Tuning::lane_steal_from` messages or more, 2): one heavy
 //!   connection's requests run on every CPU at once (KCM's point: messages,
-//!   not connections, are spread), in each CPU's spare time only.
+//!   not connections, are spread), in each CPU's spare time only; a helper
+//!   whose message waited on a CPU with no time to spare rests before it
+//!   takes another ([`Pace`]), so it is not left waiting in that CPU's run
+//!   queue, where it would change how the CPU's own threads are scheduled.
 //!
 //! A taker never touches the core or the connection: it runs the handler
 //! and posts the verdict to the worker that offered the message
@@ -146,6 +149,54 @@ impl Heavy {
     }
 }
 
+/// A helper's pace: after each message, whether it rests (out of its
+/// CPU's run queue) before it takes another.
+///
+/// A helper runs only in its CPU's spare time, so a message it took on a
+/// CPU that has none waits, runnable, until the CPU's own threads give way;
+/// while it waits there the kernel schedules those threads differently (a
+/// woken one no longer preempts the one running, and each exchange between
+/// them costs two sleeps). So a message that waited longer than it ran
+/// (and longer than `WAITED_MIN`: a short interruption is not a busy CPU)
+/// sends the helper to rest for eight times the wait, doubled after each
+/// such message in a row, at most `Tuning::helper_rest_max`; a message
+/// that ran without waiting ends the rests.
+///
+/// ```text
+///           waited                   waited again
+///   Taking ────────► Resting(8 × wait) ──────────► Resting(2 × d, at most the max)
+///     ▲                   │                              │
+///     └── ran without waiting (the message after a rest) ┘
+/// ```
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pace {
+    /// The CPU had time for the last message: take the next at once.
+    #[default]
+    Taking,
+    /// The last message waited: rest this long first.
+    Resting(Duration),
+}
+
+/// Waits shorter than this are interruptions (a light request served on
+/// the helper's CPU), not a CPU with no time to spare.
+const WAITED_MIN: Duration = Duration::from_micros(200);
+
+impl Pace {
+    /// After a message that ran `ran` (thread CPU time) in `wall` (clock):
+    /// the pace for the next one.
+    pub fn after(self, ran: Duration, wall: Duration, max: Duration) -> Pace {
+        let waited = wall.saturating_sub(ran);
+        if waited <= ran.max(WAITED_MIN) {
+            return Pace::Taking;
+        }
+        let rest = match self {
+            Pace::Taking => waited.saturating_mul(8),
+            Pace::Resting(d) => d.saturating_mul(2).max(waited.saturating_mul(8)),
+        };
+        Pace::Resting(rest.min(max))
+    }
+}
+
 /// Where a lane thread runs and what it does.
 pub(crate) struct LaneCtx {
     pub who: Taker,
@@ -169,6 +220,8 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         let _ = connmux_sys::affinity::renice_current_thread(ctx.nice);
     }
     let slow = sh.tuning.slow_handler;
+    let helper = matches!(ctx.who, Taker::Helper(_));
+    let mut pace = Pace::Taking;
     let mut scratch = BytesMut::new();
     while let Some((lane, job)) = lanes.crew.next(ctx.who, IDLE) {
         let len = job.data.len();
@@ -178,6 +231,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         // CPU time, not the clock: a helper runs in its CPU's spare time and
         // may be preempted for long in the middle of a short request.
         let cpu0 = connmux_sys::clock::thread_cpu_nanos();
+        let wall0 = connmux_sys::clock::now_nanos();
         let verdict = match handler.handle(job.data, job.psock, &mut scratch) {
             // `handle` has no `out` to append to.
             Verdict::Appended => Verdict::NoReply,
@@ -188,5 +242,50 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         if lanes.inboxes[lane].post(Done { psock: job.psock, verdict, short, len }) {
             let _ = sh.workers[lane].waker.notify();
         }
+        if helper {
+            let wall = Duration::from_nanos(connmux_sys::clock::now_nanos().saturating_sub(wall0));
+            pace = pace.after(Duration::from_nanos(took), wall, sh.tuning.helper_rest_max);
+            if let Pace::Resting(d) = pace {
+                lanes.crew.rest(ctx.who, d);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Pace, WAITED_MIN};
+    use std::time::Duration;
+
+    const MAX: Duration = Duration::from_secs(1);
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    #[test]
+    fn a_message_that_ran_without_waiting_keeps_the_helper_taking() {
+        // On an idle CPU the clock and the thread's CPU time agree.
+        assert_eq!(Pace::Taking.after(us(200), us(210), MAX), Pace::Taking);
+        // Interrupted for less than it ran, or for less than WAITED_MIN.
+        assert_eq!(Pace::Taking.after(us(200), us(390), MAX), Pace::Taking);
+        assert_eq!(Pace::Taking.after(us(10), us(10) + WAITED_MIN, MAX), Pace::Taking);
+        // And one that ran without waiting ends a run of rests.
+        assert_eq!(Pace::Resting(Duration::from_millis(500)).after(us(200), us(200), MAX), Pace::Taking);
+    }
+
+    #[test]
+    fn a_message_that_waited_longer_than_it_ran_rests_the_helper_longer_each_time() {
+        // 200 µs of work that took 5 ms on the clock: the CPU had no time.
+        let p = Pace::Taking.after(us(200), us(5_200), MAX);
+        assert_eq!(p, Pace::Resting(Duration::from_millis(40)), "eight times the wait");
+        let p = p.after(us(200), us(1_200), MAX);
+        assert_eq!(p, Pace::Resting(Duration::from_millis(80)), "doubled while messages keep waiting");
+        let mut p = p;
+        for _ in 0..10 {
+            p = p.after(us(200), us(5_200), MAX);
+        }
+        assert_eq!(p, Pace::Resting(MAX), "never past the maximum");
+        // A wait longer than the maximum itself rests the maximum.
+        assert_eq!(Pace::Taking.after(us(200), Duration::from_secs(30), MAX), Pace::Resting(MAX));
     }
 }

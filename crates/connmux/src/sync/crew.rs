@@ -120,10 +120,7 @@ impl<T> Crew<T> {
     /// (parked, at most `idle` per look) while there is none. `None` once
     /// [`Crew::stop`] was called.
     pub fn next(&self, who: Taker, idle: Duration) -> Option<(usize, T)> {
-        let me = match who {
-            Taker::Home(i) => &self.homes[i],
-            Taker::Helper(i) => &self.helpers[i],
-        };
+        let me = self.sleeper(who);
         me.thread.set_current();
         loop {
             if self.stop.load(Ordering::Acquire) {
@@ -144,6 +141,23 @@ impl<T> Crew<T> {
             }
             me.thread.park(idle);
             me.sleeping.swap(false, Ordering::AcqRel);
+        }
+    }
+
+    /// A taker stays out of the way for `d` (parked, not announced as
+    /// sleeping: offers wake other takers meanwhile), or until
+    /// [`Crew::stop`]. An unpark left from before ends it early, which
+    /// only shortens the rest.
+    pub fn rest(&self, who: Taker, d: Duration) {
+        if !self.stop.load(Ordering::Acquire) {
+            self.sleeper(who).thread.park(d);
+        }
+    }
+
+    fn sleeper(&self, who: Taker) -> &Sleeper {
+        match who {
+            Taker::Home(i) => &self.homes[i],
+            Taker::Helper(i) => &self.helpers[i],
         }
     }
 
