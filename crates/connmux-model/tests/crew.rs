@@ -161,6 +161,25 @@ fn stop_ends_a_resting_helper() {
     });
 }
 
+/// A helper starts to rest while the scout goes to sleep (no helper
+/// rested when it looked): the rest wakes the scout, and the scout's wake
+/// ends the rest, whatever the interleaving (a lost wake-up on either side
+/// parks for ever).
+#[test]
+fn the_scout_sees_a_helper_rest_and_ends_it() {
+    builder(3).check(|| {
+        let crew = Arc::new(Crew::<u32>::new(2, 4, 2, 2));
+        let helper = {
+            let crew = crew.clone();
+            thread::spawn(move || crew.rest(Taker::Helper(1), IDLE))
+        };
+        assert!(crew.scout_wait(IDLE));
+        crew.wake_rested(1);
+        helper.join().unwrap();
+        assert!(!crew.resting(1));
+    });
+}
+
 /// Two lane threads post verdicts to one worker, which sleeps on its
 /// eventfd between passes: it sees both, whatever the interleaving.
 #[test]

@@ -73,9 +73,50 @@ pub fn available_cpus() -> io::Result<Vec<usize>> {
         .collect())
 }
 
+/// Time each of `cpus` has spent idle since boot (idle and waiting for
+/// I/O, from one read of `/proc/stat`, in its `USER_HZ` ticks: 10 ms
+/// steps), in nanoseconds; `None` for a CPU `/proc/stat` has no line for
+/// (offline, or not in this machine).
+pub fn cpus_idle_nanos(cpus: &[usize]) -> io::Result<Vec<Option<u64>>> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    // SAFETY: sysconf takes a constant name and returns -1 when it has no value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = u64::try_from(hz).ok().filter(|&h| h > 0).unwrap_or(100);
+    Ok(cpus.iter().map(|&c| parse_cpu_idle(&stat, c, hz)).collect())
+}
+
+/// The idle and I/O-wait ticks of `cpuN` in a `/proc/stat` text, in
+/// nanoseconds at `hz` ticks a second.
+fn parse_cpu_idle(stat: &str, cpu: usize, hz: u64) -> Option<u64> {
+    let name = format!("cpu{cpu}");
+    let line = stat.lines().find(|l| l.split_ascii_whitespace().next() == Some(name.as_str()))?;
+    // Fields after the name: user nice system idle iowait irq softirq ...
+    let mut f = line.split_ascii_whitespace().skip(1).map(|v| v.parse::<u64>().ok());
+    let idle = f.nth(3)??;
+    let iowait = f.next().flatten().unwrap_or(0);
+    Some((idle + iowait).saturating_mul(1_000_000_000 / hz))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_a_cpus_idle_time_from_proc_stat() {
+        let stat = "cpu  10 0 20 900 5 0 0 0 0 0\ncpu0 4 0 8 450 2 0 0 0 0 0\ncpu1 6 0 12 450 3 0 0 0 0 0\nintr 1 2\n";
+        assert_eq!(parse_cpu_idle(stat, 0, 100), Some(452 * 10_000_000));
+        assert_eq!(parse_cpu_idle(stat, 1, 100), Some(453 * 10_000_000));
+        assert_eq!(parse_cpu_idle(stat, 2, 100), None, "no such CPU");
+        assert_eq!(parse_cpu_idle("cpu0 1 2\n", 0, 100), None, "a short line");
+        // This machine's own: every CPU we may run on has a line, and its
+        // idle time does not go back.
+        let cpus = available_cpus().unwrap();
+        let a = cpus_idle_nanos(&cpus).unwrap();
+        let b = cpus_idle_nanos(&cpus).unwrap();
+        assert!(a.iter().all(Option::is_some), "{a:?}");
+        assert!(a.iter().zip(&b).all(|(a, b)| b >= a));
+        assert_eq!(cpus_idle_nanos(&[SET_SIZE]).unwrap(), vec![None]);
+    }
 
     #[test]
     fn pins_a_thread_to_each_available_cpu() {

@@ -10,7 +10,8 @@
 //! - [`poll`]: wait for one fd to become readable, with a timeout; whether a pipe's reader left;
 //! - [`signal`]: block signals and take them synchronously (`sigtimedwait`), `kill`,
 //!   dying of a signal's default action, reaping a child with its peak RSS (`wait4`);
-//! - [`affinity`]: pin the calling thread to a CPU, list the CPUs we may run on;
+//! - [`affinity`]: pin the calling thread to a CPU, list the CPUs we may run on
+//!   and how long one has been idle;
 //! - [`socket`]: reads, vectored non-blocking sends without `SIGPIPE`, socket options,
 //!   the checks AF_KCM makes before attaching a TCP socket, aborting a connection;
 //! - [`clock`]: `CLOCK_MONOTONIC` in nanoseconds;

@@ -53,15 +53,15 @@
 //! `Shared` whose workers it wakes.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use connmux_core::mux::PsockId;
 
 use bytes::BytesMut;
 
-use crate::handler::{Done, Handler, Lanes, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
+use crate::handler::{Done, Handler, Job, Lanes, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
 use crate::shared::Shared;
-use crate::sync::crew::Taker;
+use crate::sync::crew::{Crew, Taker};
 
 /// How long a taker with nothing to do sleeps before it looks again anyway
 /// (work and shutdown unpark it at once; this only bounds a lost wake-up).
@@ -246,7 +246,69 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
             let wall = Duration::from_nanos(connmux_sys::clock::now_nanos().saturating_sub(wall0));
             pace = pace.after(Duration::from_nanos(took), wall, sh.tuning.helper_rest_max);
             if let Pace::Resting(d) = pace {
+                // Until the scout sees spare time on this CPU, at most `d`.
                 lanes.crew.rest(ctx.who, d);
+            }
+        }
+    }
+}
+
+/// How often the scout looks at the CPUs of resting helpers.
+const SCOUT_EVERY: Duration = Duration::from_millis(100);
+/// A resting helper's CPU has time to spare once it was idle a tenth of the
+/// rest so far, and at least this long (`/proc/stat` counts in 10 ms steps).
+const SPARE_MIN: Duration = Duration::from_millis(20);
+
+/// Whether a CPU idle `idle` over `over` has time to spare for a helper.
+fn spare(idle: Duration, over: Duration) -> bool {
+    idle >= SPARE_MIN && idle.saturating_mul(10) >= over
+}
+
+/// The scout: ends the rest of a helper (`cpus[h]`: the CPU helper `h` is
+/// pinned to) once its CPU shows time to spare, so a helper rests long on
+/// a busy CPU yet comes back soon after the CPU frees up. It runs at the
+/// workers' priority (a helper under `SCHED_IDLE` could not look promptly
+/// on a busy CPU without waiting in its run queue, which is what it rests
+/// to avoid), every `SCOUT_EVERY` while a helper rests, and sleeps
+/// otherwise. A helper on no CPU in particular rests its time out.
+pub(crate) fn scout(lanes: Arc<Lanes>, cpus: Vec<Option<usize>>) {
+    let crew = &lanes.crew;
+    let pinned: Vec<usize> = cpus.iter().flatten().copied().collect();
+    // Per helper: its CPU's idle time and the clock when its rest was first seen.
+    let mut since: Vec<Option<(u64, Instant)>> = vec![None; cpus.len()];
+    while crew.scout_wait(IDLE) {
+        scout_look(crew, &cpus, &pinned, &mut since);
+        if !crew.scout_pause(SCOUT_EVERY) {
+            break;
+        }
+    }
+}
+
+/// One look of the scout: a resting helper's CPU idle time is noted when
+/// its rest is first seen, and the rest is ended at a later look that
+/// finds the CPU had time to spare since.
+fn scout_look(crew: &Crew<Job>, cpus: &[Option<usize>], pinned: &[usize], since: &mut [Option<(u64, Instant)>]) {
+    let resting: Vec<usize> = (0..cpus.len()).filter(|&h| crew.resting(h)).collect();
+    if resting.is_empty() || pinned.is_empty() {
+        since.iter_mut().for_each(|s| *s = None);
+        return;
+    }
+    let Ok(idle) = connmux_sys::affinity::cpus_idle_nanos(pinned) else { return };
+    let now = Instant::now();
+    for (h, cpu) in cpus.iter().enumerate() {
+        let Some(cpu) = cpu else { continue };
+        let Some(idle) = pinned.iter().position(|c| c == cpu).and_then(|i| idle[i]) else { continue };
+        if !resting.contains(&h) {
+            since[h] = None;
+            continue;
+        }
+        match since[h] {
+            None => since[h] = Some((idle, now)),
+            Some((idle0, t0)) => {
+                if spare(Duration::from_nanos(idle.saturating_sub(idle0)), now - t0) {
+                    crew.wake_rested(h);
+                    since[h] = None;
+                }
             }
         }
     }
@@ -254,7 +316,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
 
 #[cfg(test)]
 mod tests {
-    use super::{Pace, WAITED_MIN};
+    use super::{spare, Pace, WAITED_MIN};
     use std::time::Duration;
 
     const MAX: Duration = Duration::from_secs(1);
@@ -287,5 +349,15 @@ mod tests {
         assert_eq!(p, Pace::Resting(MAX), "never past the maximum");
         // A wait longer than the maximum itself rests the maximum.
         assert_eq!(Pace::Taking.after(us(200), Duration::from_secs(30), MAX), Pace::Resting(MAX));
+    }
+
+    #[test]
+    fn a_cpu_has_time_to_spare_once_idle_a_tenth_of_the_rest() {
+        let ms = Duration::from_millis;
+        assert!(spare(ms(20), ms(200)));
+        assert!(spare(ms(100), ms(300)));
+        assert!(!spare(ms(19), ms(100)), "under /proc/stat's two steps");
+        assert!(!spare(ms(20), ms(201)), "under a tenth");
+        assert!(!spare(ms(0), ms(5_000)), "a busy CPU");
     }
 }

@@ -111,6 +111,14 @@ impl Mux {
                 serving.threads.push(t);
             }
         }
+        if helpers {
+            let cpus = sh.workers.iter().map(|w| w.cpu).collect();
+            let lanes = serving.lanes.clone();
+            let t = std::thread::Builder::new()
+                .name("connmux-scout".into())
+                .spawn(move || crate::lane::scout(lanes, cpus))?;
+            serving.threads.push(t);
+        }
         for (i, s) in socks.iter().enumerate() {
             s.set_affinity(Some(i as u32))?;
             // Replies are bounded per connection (MuxConfig::psock_sndbuf), not

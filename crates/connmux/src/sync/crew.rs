@@ -36,6 +36,9 @@ use super::prim::{fence, AtomicBool, AtomicUsize, Bounded, Ordering, ThreadSlot}
 #[derive(Default)]
 struct Sleeper {
     sleeping: AtomicBool,
+    /// A helper resting ([`Crew::rest`]) until the scout sees spare time on
+    /// its CPU ([`Crew::wake_rested`]).
+    resting: AtomicBool,
     thread: ThreadSlot,
 }
 
@@ -63,6 +66,9 @@ pub struct Crew<T> {
     lanes: Vec<Bounded<T>>,
     homes: Vec<Sleeper>,
     helpers: Vec<Sleeper>,
+    /// The scout, which ends helpers' rests (`lane::scout`); it sleeps while
+    /// no helper rests.
+    scout: Sleeper,
     /// Messages a lane must hold for a helper to take one.
     steal_from: usize,
     stop: AtomicBool,
@@ -79,6 +85,7 @@ impl<T> Crew<T> {
             lanes: (0..lanes).map(|_| Bounded::new(cap)).collect(),
             homes: (0..lanes).map(|_| Sleeper::default()).collect(),
             helpers: (0..helpers).map(|_| Sleeper::default()).collect(),
+            scout: Sleeper::default(),
             steal_from: steal_from.max(1),
             stop: AtomicBool::new(false),
             turn: AtomicUsize::new(0),
@@ -144,14 +151,65 @@ impl<T> Crew<T> {
         }
     }
 
-    /// A taker stays out of the way for `d` (parked, not announced as
-    /// sleeping: offers wake other takers meanwhile), or until
-    /// [`Crew::stop`]. An unpark left from before ends it early, which
-    /// only shortens the rest.
-    pub fn rest(&self, who: Taker, d: Duration) {
+    /// A helper stays out of its CPU's run queue: parked until the scout
+    /// sees spare time on that CPU ([`Crew::wake_rested`]), `most` passes,
+    /// or [`Crew::stop`]. Same protocol as a taker's sleep: announce, fence,
+    /// look at `stop`, park; the scout is woken to watch. An unpark left from
+    /// before ends the rest early, which only shortens it.
+    pub fn rest(&self, who: Taker, most: Duration) {
+        let me = self.sleeper(who);
+        me.thread.set_current();
+        me.resting.swap(true, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
+        self.scout.wake();
         if !self.stop.load(Ordering::Acquire) {
-            self.sleeper(who).thread.park(d);
+            me.thread.park(most);
         }
+        me.resting.swap(false, Ordering::AcqRel);
+    }
+
+    /// Whether helper `h` rests.
+    pub fn resting(&self, h: usize) -> bool {
+        self.helpers[h].resting.load(Ordering::Acquire)
+    }
+
+    /// The scout: end helper `h`'s rest, if it rests.
+    pub fn wake_rested(&self, h: usize) {
+        let me = &self.helpers[h];
+        if me.resting.swap(false, Ordering::AcqRel) {
+            me.thread.unpark();
+        }
+    }
+
+    /// The scout: wait until some helper rests (true) or the crew stops
+    /// (false), parked meanwhile (a helper that starts to rest wakes it:
+    /// the same announce, fence, look protocol as a taker's sleep).
+    pub fn scout_wait(&self, idle: Duration) -> bool {
+        let me = &self.scout;
+        me.thread.set_current();
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                return false;
+            }
+            if (0..self.helpers.len()).any(|h| self.resting(h)) {
+                return true;
+            }
+            me.sleeping.swap(true, Ordering::AcqRel);
+            fence(Ordering::SeqCst);
+            if !self.stop.load(Ordering::Acquire) && !(0..self.helpers.len()).any(|h| self.resting(h)) {
+                me.thread.park(idle);
+            }
+            me.sleeping.swap(false, Ordering::AcqRel);
+        }
+    }
+
+    /// The scout, between two looks at resting helpers' CPUs: `every`, or
+    /// less. False once the crew stopped.
+    pub fn scout_pause(&self, every: Duration) -> bool {
+        if !self.stop.load(Ordering::Acquire) {
+            self.scout.thread.park(every);
+        }
+        !self.stop.load(Ordering::Acquire)
     }
 
     fn sleeper(&self, who: Taker) -> &Sleeper {
@@ -186,7 +244,7 @@ impl<T> Crew<T> {
     pub fn stop(&self) {
         self.stop.swap(true, Ordering::AcqRel);
         fence(Ordering::SeqCst);
-        for s in self.homes.iter().chain(&self.helpers) {
+        for s in self.homes.iter().chain(&self.helpers).chain([&self.scout]) {
             s.sleeping.swap(false, Ordering::AcqRel);
             s.thread.unpark();
         }
