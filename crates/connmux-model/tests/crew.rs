@@ -8,7 +8,9 @@
 //!   wake-up parks for ever: loom reports a deadlock);
 //! - lane threads post verdicts to a worker's inbox and wake it through an
 //!   eventfd: the worker sees every verdict (a lost one leaves it asleep);
-//! - stopping the crew ends every taker, asleep, resting or not.
+//! - a helper whose CPU has no time to spare is woken by the scout's
+//!   finding, never by an offer; stopping the crew ends every taker and
+//!   the scout, asleep or not.
 
 use connmux_model::sync::crew::{Crew, Taker};
 use connmux_model::sync::inbox::Inbox;
@@ -57,6 +59,8 @@ fn an_offer_wakes_the_lanes_home_thread() {
 fn home_and_helper_take_each_message_once() {
     builder(2).check(|| {
         let crew = Arc::new(Crew::new(2, 4, 2, 2));
+        // (The scout found the helper's CPU with time to spare.)
+        crew.set_spare(1, true);
         let taken = Arc::new(Mutex::new(Vec::new()));
         let count = Arc::new(AtomicUsize::new(0));
         let takers: Vec<_> = [Taker::Home(0), Taker::Helper(1)]
@@ -95,6 +99,8 @@ fn home_and_helper_take_each_message_once() {
 fn a_helper_leaves_a_lone_message_to_its_home_thread() {
     loom::model(|| {
         let crew = Crew::new(2, 4, 2, 2);
+        crew.set_spare(0, true);
+        crew.set_spare(1, true);
         crew.offer(0, 1u32).unwrap();
         assert_eq!(crew.take(Taker::Helper(1)), None);
         assert_eq!(crew.take(Taker::Helper(0)), None);
@@ -130,53 +136,59 @@ fn stop_ends_sleeping_takers() {
                 thread::spawn(move || crew.next(who, IDLE))
             })
             .collect();
+        let scout = {
+            let crew = crew.clone();
+            thread::spawn(move || crew.scout_wait(IDLE))
+        };
         crew.stop();
         for t in takers {
             assert_eq!(t.join().unwrap(), None);
         }
+        assert!(!scout.join().unwrap(), "the scout ends too");
     });
 }
 
-/// A helper rests after a message (its CPU had no time to spare) while the
-/// crew stops: the rest ends (a lost wake-up parks for ever), and the
-/// helper takes nothing more.
+/// A helper whose CPU has no time to spare takes nothing and sleeps
+/// through offers; the offer that leaves a lane behind wakes the scout,
+/// whose finding (time to spare) wakes the helper, which takes: whatever
+/// the interleaving (a lost wake-up on either side parks for ever).
 #[test]
-fn stop_ends_a_resting_helper() {
+fn the_scout_wakes_a_helper_once_its_cpu_has_time() {
     builder(3).check(|| {
         let crew = Arc::new(Crew::<u32>::new(2, 4, 2, 2));
         let helper = {
             let crew = crew.clone();
+            thread::spawn(move || crew.next(Taker::Helper(1), IDLE))
+        };
+        let scout = {
+            let crew = crew.clone();
             thread::spawn(move || {
-                let first = crew.next(Taker::Helper(1), IDLE);
-                crew.rest(Taker::Helper(1), IDLE);
-                (first, crew.next(Taker::Helper(1), IDLE))
+                assert!(crew.scout_wait(IDLE), "a lane is behind");
+                crew.set_spare(1, true);
             })
         };
         crew.offer(0, 1).unwrap();
         crew.offer(0, 2).unwrap();
+        scout.join().unwrap();
+        assert_eq!(helper.join().unwrap(), Some((0, 1)));
         crew.stop();
-        let (first, after) = helper.join().unwrap();
-        assert!(matches!(first, None | Some((0, 1))), "{first:?}");
-        assert_eq!(after, None, "the head is left to the home thread, then the crew stops");
     });
 }
 
-/// A helper starts to rest while the scout goes to sleep (no helper
-/// rested when it looked): the rest wakes the scout, and the scout's wake
-/// ends the rest, whatever the interleaving (a lost wake-up on either side
-/// parks for ever).
+/// A helper whose CPU has no time to spare takes nothing, however far
+/// behind the lanes are.
 #[test]
-fn the_scout_sees_a_helper_rest_and_ends_it() {
-    builder(3).check(|| {
-        let crew = Arc::new(Crew::<u32>::new(2, 4, 2, 2));
-        let helper = {
-            let crew = crew.clone();
-            thread::spawn(move || crew.rest(Taker::Helper(1), IDLE))
-        };
-        assert!(crew.scout_wait(IDLE));
-        crew.wake_rested(1);
-        helper.join().unwrap();
-        assert!(!crew.resting(1));
+fn a_helper_without_time_to_spare_takes_nothing() {
+    loom::model(|| {
+        let crew = Crew::new(2, 4, 2, 2);
+        for m in 0..3u32 {
+            crew.offer(0, m).unwrap();
+        }
+        assert_eq!(crew.take(Taker::Helper(1)), None);
+        crew.set_spare(1, true);
+        assert_eq!(crew.take(Taker::Helper(1)), Some((0, 0)));
+        crew.set_spare(1, false);
+        assert_eq!(crew.take(Taker::Helper(1)), None);
     });
 }
 

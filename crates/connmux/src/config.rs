@@ -217,20 +217,6 @@ pub struct Tuning {
     /// connections, at the price of answering such a connection on one CPU
     /// (`docs/performance.md`, "Uneven work", has the figures).
     pub lane_steal_from: usize,
-    /// The longest a helper (a `SCHED_IDLE` thread that takes other lanes'
-    /// messages) rests away from a CPU with no time to spare. A helper
-    /// whose last message waited on its CPU longer than it ran (the CPU's
-    /// own threads kept it busy) rests before it takes another: eight times
-    /// that wait, twice as long after each such message in a row, up to
-    /// this, or until the crew's scout sees the CPU idle a tenth of the rest.
-    /// Why: a `SCHED_IDLE` thread waiting in a busy CPU's run queue costs
-    /// that CPU almost no time, but changes how the kernel schedules the
-    /// CPU's other threads (they stop preempting each other on wake-up, and
-    /// both sleep in every exchange: `docs/performance.md`, "A helper
-    /// waiting on a busy CPU"). Only a bound: the scout ends rests as soon
-    /// as the CPU has time (within about 200 ms); a helper on no CPU in
-    /// particular rests it out. Default 10 s.
-    pub helper_rest_max: Duration,
     /// Provided buffers in an io_uring worker's ring (a power of two, at most
     /// 32768: the ring refuses other counts with `EINVAL`, so `Mux::new` fails
     /// on the io_uring driver and `Auto` takes epoll). With `ring_buf_size`
@@ -284,7 +270,6 @@ impl Default for Tuning {
             slow_hits: 3,
             lane_return_after: 64,
             lane_steal_from: 2,
-            helper_rest_max: Duration::from_secs(10),
             ring_buf_count: 256,
             ring_buf_size: 16 << 10,
             ring_rounds: 64,

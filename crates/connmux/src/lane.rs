@@ -25,10 +25,11 @@
 //!   from the *other* workers' lanes while they are behind
 //!   (`Tuning::lane_steal_from` messages or more, 2): one heavy
 //!   connection's requests run on every CPU at once (KCM's point: messages,
-//!   not connections, are spread), in each CPU's spare time only; a helper
-//!   whose message waited on a CPU with no time to spare rests before it
-//!   takes another ([`Pace`]), so it is not left waiting in that CPU's run
-//!   queue, where it would change how the CPU's own threads are scheduled.
+//!   not connections, are spread), in each CPU's spare time only: a helper
+//!   takes only while the crew's scout finds its CPU with time to spare
+//!   ([`scout`]), and stops when a message it took waited on its CPU
+//!   ([`waited`]), so it is not left waiting in a busy CPU's run queue,
+//!   where it would change how the CPU's own threads are scheduled.
 //!
 //! A taker never touches the core or the connection: it runs the handler
 //! and posts the verdict to the worker that offered the message
@@ -149,53 +150,27 @@ impl Heavy {
     }
 }
 
-/// A helper's pace: after each message, whether it rests (out of its
-/// CPU's run queue) before it takes another.
-///
-/// A helper runs only in its CPU's spare time, so a message it took on a
-/// CPU that has none waits, runnable, until the CPU's own threads give way;
-/// while it waits there the kernel schedules those threads differently (a
-/// woken one no longer preempts the one running, and each exchange between
-/// them costs two sleeps). So a message that waited longer than it ran
-/// (and longer than `WAITED_MIN`: a short interruption is not a busy CPU)
-/// sends the helper to rest for eight times the wait, doubled after each
-/// such message in a row, at most `Tuning::helper_rest_max`; a message
-/// that ran without waiting ends the rests.
-///
-/// ```text
-///           waited                   waited again
-///   Taking ────────► Resting(8 × wait) ──────────► Resting(2 × d, at most the max)
-///     ▲                   │                              │
-///     └── ran without waiting (the message after a rest) ┘
-/// ```
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pace {
-    /// The CPU had time for the last message: take the next at once.
-    #[default]
-    Taking,
-    /// The last message waited: rest this long first.
-    Resting(Duration),
-}
-
 /// Waits shorter than this are interruptions (a light request served on
 /// the helper's CPU), not a CPU with no time to spare.
 const WAITED_MIN: Duration = Duration::from_micros(200);
 
-impl Pace {
-    /// After a message that ran `ran` (thread CPU time) in `wall` (clock):
-    /// the pace for the next one.
-    pub fn after(self, ran: Duration, wall: Duration, max: Duration) -> Pace {
-        let waited = wall.saturating_sub(ran);
-        if waited <= ran.max(WAITED_MIN) {
-            return Pace::Taking;
-        }
-        let rest = match self {
-            Pace::Taking => waited.saturating_mul(8),
-            Pace::Resting(d) => d.saturating_mul(2).max(waited.saturating_mul(8)),
-        };
-        Pace::Resting(rest.min(max))
-    }
+/// Whether a helper's message that ran `ran` (thread CPU time) in `wall`
+/// (clock) waited on a CPU with no time to spare: longer than it ran, and
+/// longer than `WAITED_MIN`. A helper runs only in its CPU's spare time, so
+/// such a message waited, runnable, until the CPU's own threads gave way;
+/// while a helper waits there the kernel schedules those threads
+/// differently (a woken one no longer preempts the one running, and each
+/// exchange between them costs two sleeps), so the helper stops taking
+/// until the scout finds the CPU with time to spare again.
+fn waited(ran: Duration, wall: Duration) -> bool {
+    wall.saturating_sub(ran) > ran.max(WAITED_MIN)
 }
+
+/// How long a helper sleeps before it looks again anyway: work (from a
+/// spare CPU) and shutdown wake it at once, so this only bounds a lost
+/// wake-up; long, because a helper that wakes on a busy CPU waits in its
+/// run queue (what it sleeps to avoid).
+const HELPER_IDLE: Duration = Duration::from_secs(60);
 
 /// Where a lane thread runs and what it does.
 pub(crate) struct LaneCtx {
@@ -220,10 +195,13 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         let _ = connmux_sys::affinity::renice_current_thread(ctx.nice);
     }
     let slow = sh.tuning.slow_handler;
-    let helper = matches!(ctx.who, Taker::Helper(_));
-    let mut pace = Pace::Taking;
+    let helper = match ctx.who {
+        Taker::Helper(h) => Some(h),
+        Taker::Home(_) => None,
+    };
+    let idle = if helper.is_some() { HELPER_IDLE } else { IDLE };
     let mut scratch = BytesMut::new();
-    while let Some((lane, job)) = lanes.crew.next(ctx.who, IDLE) {
+    while let Some((lane, job)) = lanes.crew.next(ctx.who, idle) {
         let len = job.data.len();
         if scratch.capacity() - scratch.len() < SCRATCH_LOW {
             scratch.reserve(SCRATCH_CHUNK);
@@ -242,122 +220,124 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         if lanes.inboxes[lane].post(Done { psock: job.psock, verdict, short, len }) {
             let _ = sh.workers[lane].waker.notify();
         }
-        if helper {
+        if let Some(h) = helper {
+            lanes.crew.ran(h, took);
             let wall = Duration::from_nanos(connmux_sys::clock::now_nanos().saturating_sub(wall0));
-            pace = pace.after(Duration::from_nanos(took), wall, sh.tuning.helper_rest_max);
-            if let Pace::Resting(d) = pace {
-                // Until the scout sees spare time on this CPU, at most `d`.
-                lanes.crew.rest(ctx.who, d);
+            if waited(Duration::from_nanos(took), wall) {
+                // No more until the scout finds time to spare here.
+                lanes.crew.set_spare(h, false);
             }
         }
     }
 }
 
-/// How often the scout looks at the CPUs of resting helpers.
+/// How often the scout looks at the helpers' CPUs while a lane is behind.
 const SCOUT_EVERY: Duration = Duration::from_millis(100);
-/// A resting helper's CPU has time to spare once it was idle a tenth of the
-/// rest so far, and at least this long (`/proc/stat` counts in 10 ms steps).
-const SPARE_MIN: Duration = Duration::from_millis(20);
+/// The first look's interval after the scout slept (half of it idle is
+/// one of `/proc/stat`'s steps).
+const SCOUT_FIRST: Duration = Duration::from_millis(20);
+/// A CPU has time to spare for its helper once it was idle, or ran the
+/// helper's messages, a tenth of the time between two looks, and at least
+/// this long (`/proc/stat` counts in 10 ms steps).
+const SPARE_MIN: Duration = Duration::from_millis(10);
 
-/// Whether a CPU idle `idle` over `over` has time to spare for a helper.
-fn spare(idle: Duration, over: Duration) -> bool {
-    idle >= SPARE_MIN && idle.saturating_mul(10) >= over
+/// Whether a CPU idle (or running its helper) `free` over `over` has time
+/// to spare for a helper.
+fn spare(free: Duration, over: Duration) -> bool {
+    free >= SPARE_MIN && free.saturating_mul(10) >= over
 }
 
-/// The scout: ends the rest of a helper (`cpus[h]`: the CPU helper `h` is
-/// pinned to) once its CPU shows time to spare, so a helper rests long on
-/// a busy CPU yet comes back soon after the CPU frees up. It runs at the
-/// workers' priority (a helper under `SCHED_IDLE` could not look promptly
-/// on a busy CPU without waiting in its run queue, which is what it rests
-/// to avoid), every `SCOUT_EVERY` while a helper rests, and sleeps
-/// otherwise. A helper on no CPU in particular rests its time out.
+/// The scout: while some lane is behind (it holds messages for helpers),
+/// looks at each helper's CPU (`cpus[h]`) every `SCOUT_EVERY` and tells the
+/// crew whether it has time to spare: idle time in `/proc/stat` plus the
+/// time the helper's own messages took. An offer wakes only a helper with
+/// time to spare, and a helper takes only then; so a helper does not wait
+/// in a busy CPU's run queue, yet joins within a look or two of its CPU
+/// freeing up. It runs at the workers' priority (a helper under
+/// `SCHED_IDLE` could not look promptly on a busy CPU), and sleeps while no
+/// lane is behind. A helper on no CPU in particular always counts as
+/// spare (the scout cannot tell).
 pub(crate) fn scout(lanes: Arc<Lanes>, cpus: Vec<Option<usize>>) {
     let crew = &lanes.crew;
     let pinned: Vec<usize> = cpus.iter().flatten().copied().collect();
-    // Per helper: its CPU's idle time and the clock when its rest was first seen.
-    let mut since: Vec<Option<(u64, Instant)>> = vec![None; cpus.len()];
+    // The last look: when, and per helper its CPU's idle time plus the
+    // helper's own CPU time.
+    let mut last: Option<(Instant, Vec<Option<u64>>)> = None;
     while crew.scout_wait(IDLE) {
-        scout_look(crew, &cpus, &pinned, &mut since);
-        if !crew.scout_pause(SCOUT_EVERY) {
+        // The first finding after a sleep comes soon: the helpers join a
+        // burst of heavy requests a few tens of milliseconds in.
+        let fresh = last.as_ref().is_some_and(|(t, _)| t.elapsed() <= 3 * SCOUT_EVERY);
+        last = scout_look(crew, &cpus, &pinned, last);
+        if !crew.scout_pause(if fresh { SCOUT_EVERY } else { SCOUT_FIRST }) {
             break;
         }
     }
 }
 
-/// One look of the scout: a resting helper's CPU idle time is noted when
-/// its rest is first seen, and the rest is ended at a later look that
-/// finds the CPU had time to spare since.
-fn scout_look(crew: &Crew<Job>, cpus: &[Option<usize>], pinned: &[usize], since: &mut [Option<(u64, Instant)>]) {
-    let resting: Vec<usize> = (0..cpus.len()).filter(|&h| crew.resting(h)).collect();
-    if resting.is_empty() || pinned.is_empty() {
-        since.iter_mut().for_each(|s| *s = None);
-        return;
-    }
-    let Ok(idle) = connmux_sys::affinity::cpus_idle_nanos(pinned) else { return };
+/// One look of the scout: each helper's CPU found spare or not against the
+/// previous look (if it was recent: the scout may have slept since).
+fn scout_look(
+    crew: &Crew<Job>,
+    cpus: &[Option<usize>],
+    pinned: &[usize],
+    last: Option<(Instant, Vec<Option<u64>>)>,
+) -> Option<(Instant, Vec<Option<u64>>)> {
+    let idle = connmux_sys::affinity::cpus_idle_nanos(pinned).ok()?;
     let now = Instant::now();
+    let free: Vec<Option<u64>> = cpus
+        .iter()
+        .enumerate()
+        .map(|(h, cpu)| {
+            let i = pinned.iter().position(|c| Some(c) == cpu.as_ref())?;
+            Some(idle[i]? + crew.helper_ran(h))
+        })
+        .collect();
+    let recent = last.filter(|(t, _)| now - *t <= 3 * SCOUT_EVERY);
     for (h, cpu) in cpus.iter().enumerate() {
-        let Some(cpu) = cpu else { continue };
-        let Some(idle) = pinned.iter().position(|c| c == cpu).and_then(|i| idle[i]) else { continue };
-        if !resting.contains(&h) {
-            since[h] = None;
-            continue;
-        }
-        match since[h] {
-            None => since[h] = Some((idle, now)),
-            Some((idle0, t0)) => {
-                if spare(Duration::from_nanos(idle.saturating_sub(idle0)), now - t0) {
-                    crew.wake_rested(h);
-                    since[h] = None;
-                }
+        let verdict = match (cpu, &recent, free[h]) {
+            (None, _, _) => Some(true),
+            (Some(_), Some((t, before)), Some(f)) => {
+                before[h].map(|b| spare(Duration::from_nanos(f.saturating_sub(b)), now - *t))
+            }
+            _ => None,
+        };
+        if let Some(v) = verdict {
+            if v != crew.is_spare(h) {
+                crew.set_spare(h, v);
             }
         }
     }
+    Some((now, free))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{spare, Pace, WAITED_MIN};
+    use super::{spare, waited, WAITED_MIN};
     use std::time::Duration;
 
-    const MAX: Duration = Duration::from_secs(1);
     fn us(n: u64) -> Duration {
         Duration::from_micros(n)
     }
 
     #[test]
-    fn a_message_that_ran_without_waiting_keeps_the_helper_taking() {
+    fn a_message_waited_when_it_waited_longer_than_it_ran() {
         // On an idle CPU the clock and the thread's CPU time agree.
-        assert_eq!(Pace::Taking.after(us(200), us(210), MAX), Pace::Taking);
+        assert!(!waited(us(200), us(210)));
         // Interrupted for less than it ran, or for less than WAITED_MIN.
-        assert_eq!(Pace::Taking.after(us(200), us(390), MAX), Pace::Taking);
-        assert_eq!(Pace::Taking.after(us(10), us(10) + WAITED_MIN, MAX), Pace::Taking);
-        // And one that ran without waiting ends a run of rests.
-        assert_eq!(Pace::Resting(Duration::from_millis(500)).after(us(200), us(200), MAX), Pace::Taking);
-    }
-
-    #[test]
-    fn a_message_that_waited_longer_than_it_ran_rests_the_helper_longer_each_time() {
+        assert!(!waited(us(200), us(390)));
+        assert!(!waited(us(10), us(10) + WAITED_MIN));
         // 200 µs of work that took 5 ms on the clock: the CPU had no time.
-        let p = Pace::Taking.after(us(200), us(5_200), MAX);
-        assert_eq!(p, Pace::Resting(Duration::from_millis(40)), "eight times the wait");
-        let p = p.after(us(200), us(1_200), MAX);
-        assert_eq!(p, Pace::Resting(Duration::from_millis(80)), "doubled while messages keep waiting");
-        let mut p = p;
-        for _ in 0..10 {
-            p = p.after(us(200), us(5_200), MAX);
-        }
-        assert_eq!(p, Pace::Resting(MAX), "never past the maximum");
-        // A wait longer than the maximum itself rests the maximum.
-        assert_eq!(Pace::Taking.after(us(200), Duration::from_secs(30), MAX), Pace::Resting(MAX));
+        assert!(waited(us(200), us(5_200)));
+        assert!(waited(us(10), us(10) + WAITED_MIN + us(1)));
     }
 
     #[test]
-    fn a_cpu_has_time_to_spare_once_idle_a_tenth_of_the_rest() {
+    fn a_cpu_has_time_to_spare_once_free_a_tenth_of_the_time() {
         let ms = Duration::from_millis;
-        assert!(spare(ms(20), ms(200)));
-        assert!(spare(ms(100), ms(300)));
-        assert!(!spare(ms(19), ms(100)), "under /proc/stat's two steps");
-        assert!(!spare(ms(20), ms(201)), "under a tenth");
+        assert!(spare(ms(10), ms(100)));
+        assert!(spare(ms(100), ms(100)), "idle, or running its helper");
+        assert!(!spare(ms(9), ms(50)), "under one of /proc/stat's steps");
+        assert!(!spare(ms(10), ms(101)), "under a tenth");
         assert!(!spare(ms(0), ms(5_000)), "a busy CPU");
     }
 }

@@ -10,7 +10,11 @@
 //! - **helpers** (one on each worker's CPU, `SCHED_IDLE`) take from any
 //!   other lane holding at least `steal_from` messages: stealing. The head
 //!   of a lane is left to its home thread, so a lone request never waits on
-//!   a helper whose CPU has no time to spare.
+//!   a helper whose CPU has no time to spare. A helper takes only while
+//!   its CPU is *spare*: the **scout** (`lane::scout`), awake while a lane
+//!   is behind, sets that from the CPU's idle time, and a helper whose
+//!   message waited on its CPU clears it; an offer wakes only a spare
+//!   helper (and the scout).
 //!
 //! A taker with nothing to take sleeps. Its wake-up protocol (a Dekker
 //! pair: each side writes, fences, then reads the other's variable):
@@ -25,7 +29,8 @@
 //!
 //! Either the worker sees the taker asleep (and unparks it: an unpark
 //! before the park makes the park return at once), or the taker's second
-//! look sees the job. Nothing here holds a lock, so a taker preempted
+//! look sees the job. The scout's sleep against an offer, and a helper's
+//! against the scout's `set_spare`, are the same pair. Nothing here holds a lock, so a taker preempted
 //! anywhere delays only the message it holds.
 
 use std::time::Duration;
@@ -36,9 +41,6 @@ use super::prim::{fence, AtomicBool, AtomicUsize, Bounded, Ordering, ThreadSlot}
 #[derive(Default)]
 struct Sleeper {
     sleeping: AtomicBool,
-    /// A helper resting ([`Crew::rest`]) until the scout sees spare time on
-    /// its CPU ([`Crew::wake_rested`]).
-    resting: AtomicBool,
     thread: ThreadSlot,
 }
 
@@ -66,8 +68,14 @@ pub struct Crew<T> {
     lanes: Vec<Bounded<T>>,
     homes: Vec<Sleeper>,
     helpers: Vec<Sleeper>,
-    /// The scout, which ends helpers' rests (`lane::scout`); it sleeps while
-    /// no helper rests.
+    /// Per helper: whether the scout last found its CPU with time to spare
+    /// (an offer wakes only such a helper; `lane::scout`).
+    spare: Vec<AtomicBool>,
+    /// Per helper: nanoseconds of CPU its messages took (its CPU's spare
+    /// time it used, for the scout).
+    ran: Vec<AtomicUsize>,
+    /// The scout, which watches the helpers' CPUs (`lane::scout`); it
+    /// sleeps while no lane is behind and no helper rests.
     scout: Sleeper,
     /// Messages a lane must hold for a helper to take one.
     steal_from: usize,
@@ -85,6 +93,8 @@ impl<T> Crew<T> {
             lanes: (0..lanes).map(|_| Bounded::new(cap)).collect(),
             homes: (0..lanes).map(|_| Sleeper::default()).collect(),
             helpers: (0..helpers).map(|_| Sleeper::default()).collect(),
+            spare: (0..helpers).map(|_| AtomicBool::new(false)).collect(),
+            ran: (0..helpers).map(|_| AtomicUsize::new(0)).collect(),
             scout: Sleeper::default(),
             steal_from: steal_from.max(1),
             stop: AtomicBool::new(false),
@@ -114,11 +124,15 @@ impl<T> Crew<T> {
             let start = self.turn.fetch_add(1, Ordering::Relaxed);
             for k in 0..n {
                 let h = (start + k) % n;
-                // A helper does not take from its own CPU's lane.
-                if h != lane && self.helpers[h].wake() {
+                // A helper does not take from its own CPU's lane, nor one
+                // whose CPU has no time to spare: woken there it would wait
+                // in that CPU's run queue.
+                if h != lane && self.is_spare(h) && self.helpers[h].wake() {
                     break;
                 }
             }
+            // The lane is behind: the scout watches the helpers' CPUs.
+            self.scout.wake();
         }
         Ok(())
     }
@@ -151,39 +165,11 @@ impl<T> Crew<T> {
         }
     }
 
-    /// A helper stays out of its CPU's run queue: parked until the scout
-    /// sees spare time on that CPU ([`Crew::wake_rested`]), `most` passes,
-    /// or [`Crew::stop`]. Same protocol as a taker's sleep: announce, fence,
-    /// look at `stop`, park; the scout is woken to watch. An unpark left from
-    /// before ends the rest early, which only shortens it.
-    pub fn rest(&self, who: Taker, most: Duration) {
-        let me = self.sleeper(who);
-        me.thread.set_current();
-        me.resting.swap(true, Ordering::AcqRel);
-        fence(Ordering::SeqCst);
-        self.scout.wake();
-        if !self.stop.load(Ordering::Acquire) {
-            me.thread.park(most);
-        }
-        me.resting.swap(false, Ordering::AcqRel);
-    }
-
-    /// Whether helper `h` rests.
-    pub fn resting(&self, h: usize) -> bool {
-        self.helpers[h].resting.load(Ordering::Acquire)
-    }
-
-    /// The scout: end helper `h`'s rest, if it rests.
-    pub fn wake_rested(&self, h: usize) {
-        let me = &self.helpers[h];
-        if me.resting.swap(false, Ordering::AcqRel) {
-            me.thread.unpark();
-        }
-    }
-
-    /// The scout: wait until some helper rests (true) or the crew stops
-    /// (false), parked meanwhile (a helper that starts to rest wakes it:
-    /// the same announce, fence, look protocol as a taker's sleep).
+    /// The scout: wait until some lane is behind (true: it holds a message
+    /// for a helper), or the crew stops (false), parked meanwhile (an offer
+    /// that leaves a lane behind wakes it: the same announce, fence, look
+    /// protocol as a taker's sleep). Before it parks, what it found spare is
+    /// forgotten (it does not watch meanwhile).
     pub fn scout_wait(&self, idle: Duration) -> bool {
         let me = &self.scout;
         me.thread.set_current();
@@ -191,19 +177,52 @@ impl<T> Crew<T> {
             if self.stop.load(Ordering::Acquire) {
                 return false;
             }
-            if (0..self.helpers.len()).any(|h| self.resting(h)) {
+            if self.watch() {
                 return true;
             }
             me.sleeping.swap(true, Ordering::AcqRel);
             fence(Ordering::SeqCst);
-            if !self.stop.load(Ordering::Acquire) && !(0..self.helpers.len()).any(|h| self.resting(h)) {
+            if !self.stop.load(Ordering::Acquire) && !self.watch() {
+                self.spare.iter().for_each(|s| s.store(false, Ordering::Release));
                 me.thread.park(idle);
             }
             me.sleeping.swap(false, Ordering::AcqRel);
         }
     }
 
-    /// The scout, between two looks at resting helpers' CPUs: `every`, or
+    /// Whether the scout has something to watch: a lane behind.
+    fn watch(&self) -> bool {
+        self.lanes.iter().any(|l| l.len() >= self.steal_from)
+    }
+
+    /// Whether helper `h` may take messages (the scout found its CPU with
+    /// time to spare at its last look).
+    pub fn is_spare(&self, h: usize) -> bool {
+        self.spare[h].load(Ordering::Acquire)
+    }
+
+    /// The scout's finding for helper `h`'s CPU; time to spare wakes the
+    /// helper if it sleeps (it looks for messages at once). A helper sets
+    /// its own to false when its message waited.
+    pub fn set_spare(&self, h: usize, spare: bool) {
+        self.spare[h].store(spare, Ordering::Release);
+        if spare {
+            fence(Ordering::SeqCst);
+            self.helpers[h].wake();
+        }
+    }
+
+    /// Helper `h`'s message took `ns` of its CPU time.
+    pub fn ran(&self, h: usize, ns: u64) {
+        self.ran[h].fetch_add(ns as usize, Ordering::Relaxed);
+    }
+
+    /// CPU time helper `h`'s messages took so far (nanoseconds).
+    pub fn helper_ran(&self, h: usize) -> u64 {
+        self.ran[h].load(Ordering::Relaxed) as u64
+    }
+
+    /// The scout, between two looks at the helpers' CPUs: `every`, or
     /// less. False once the crew stopped.
     pub fn scout_pause(&self, every: Duration) -> bool {
         if !self.stop.load(Ordering::Acquire) {
@@ -224,6 +243,9 @@ impl<T> Crew<T> {
         match who {
             Taker::Home(i) => self.lanes[i].pop().map(|t| (i, t)),
             Taker::Helper(me) => {
+                if !self.is_spare(me) {
+                    return None;
+                }
                 let n = self.lanes.len();
                 let start = self.turn.fetch_add(1, Ordering::Relaxed);
                 for k in 0..n {
