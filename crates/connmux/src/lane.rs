@@ -255,8 +255,9 @@ fn spare(free: Duration, over: Duration) -> bool {
 /// in a busy CPU's run queue, yet joins within a look or two of its CPU
 /// freeing up. It runs at the workers' priority (a helper under
 /// `SCHED_IDLE` could not look promptly on a busy CPU), and sleeps while no
-/// lane is behind. A helper on no CPU in particular always counts as
-/// spare (the scout cannot tell).
+/// lane is behind. A helper on no CPU in particular, or on one whose idle
+/// time cannot be read (no `/proc`), always counts as spare: the scout
+/// cannot tell, and helpers then take as they did before it.
 pub(crate) fn scout(lanes: Arc<Lanes>, cpus: Vec<Option<usize>>) {
     let crew = &lanes.crew;
     let pinned: Vec<usize> = cpus.iter().flatten().copied().collect();
@@ -282,7 +283,10 @@ fn scout_look(
     pinned: &[usize],
     last: Option<(Instant, Vec<Option<u64>>)>,
 ) -> Option<(Instant, Vec<Option<u64>>)> {
-    let idle = connmux_sys::affinity::cpus_idle_nanos(pinned).ok()?;
+    let Ok(idle) = connmux_sys::affinity::cpus_idle_nanos(pinned) else {
+        (0..cpus.len()).filter(|&h| !crew.is_spare(h)).for_each(|h| crew.set_spare(h, true));
+        return None;
+    };
     let now = Instant::now();
     let free: Vec<Option<u64>> = cpus
         .iter()
@@ -295,7 +299,7 @@ fn scout_look(
     let recent = last.filter(|(t, _)| now - *t <= 3 * SCOUT_EVERY);
     for (h, cpu) in cpus.iter().enumerate() {
         let verdict = match (cpu, &recent, free[h]) {
-            (None, _, _) => Some(true),
+            (None, _, _) | (Some(_), _, None) => Some(true),
             (Some(_), Some((t, before)), Some(f)) => {
                 before[h].map(|b| spare(Duration::from_nanos(f.saturating_sub(b)), now - *t))
             }

@@ -30,8 +30,8 @@
 //! Either the worker sees the taker asleep (and unparks it: an unpark
 //! before the park makes the park return at once), or the taker's second
 //! look sees the job. The scout's sleep against an offer, and a helper's
-//! against the scout's `set_spare`, are the same pair. Nothing here holds a lock, so a taker preempted
-//! anywhere delays only the message it holds.
+//! against the scout's `set_spare`, are the same pair. Nothing here holds
+//! a lock, so a taker preempted anywhere delays only the message it holds.
 
 use std::time::Duration;
 
@@ -75,7 +75,7 @@ pub struct Crew<T> {
     /// time it used, for the scout).
     ran: Vec<AtomicUsize>,
     /// The scout, which watches the helpers' CPUs (`lane::scout`); it
-    /// sleeps while no lane is behind and no helper rests.
+    /// sleeps while no lane is behind.
     scout: Sleeper,
     /// Messages a lane must hold for a helper to take one.
     steal_from: usize,
