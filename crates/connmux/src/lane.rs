@@ -209,7 +209,8 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         // CPU time, not the clock: a helper runs in its CPU's spare time and
         // may be preempted for long in the middle of a short request.
         let cpu0 = connmux_sys::clock::thread_cpu_nanos();
-        let wall0 = connmux_sys::clock::now_nanos();
+        // (A helper also reads the clock: did its message wait?)
+        let wall0 = helper.map(|_| connmux_sys::clock::now_nanos());
         let verdict = match handler.handle(job.data, job.psock, &mut scratch) {
             // `handle` has no `out` to append to.
             Verdict::Appended => Verdict::NoReply,
@@ -220,7 +221,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         if lanes.inboxes[lane].post(Done { psock: job.psock, verdict, short, len }) {
             let _ = sh.workers[lane].waker.notify();
         }
-        if let Some(h) = helper {
+        if let (Some(h), Some(wall0)) = (helper, wall0) {
             lanes.crew.ran(h, took);
             let wall = Duration::from_nanos(connmux_sys::clock::now_nanos().saturating_sub(wall0));
             if waited(Duration::from_nanos(took), wall) {

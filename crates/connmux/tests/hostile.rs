@@ -21,7 +21,7 @@ mod common;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -29,12 +29,8 @@ use common::*;
 use connmux::service::{Serving, Verdict};
 use connmux::{Bytes, Config, Mux, ParseError, PsockError, PsockId, RxError, SockType};
 
-/// Tests in this file measure the process's RSS: run them one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+// Tests in this file that measure the process's RSS run one at a time
+// (`common::serial`).
 
 // ---------------------------------------------------------------- memory ----
 

@@ -254,7 +254,9 @@ fn heavy_echo_counted(mux: connmux::Mux, burn: Duration, done: Arc<std::sync::at
 /// the heavy lanes, the others stay; every client still gets every reply,
 /// once, for its own requests (the light ones in order).
 fn heavy_connection_goes_to_the_lane() {
-    let _alone = lane_test_alone();
+    // One at a time: a helper takes only where its CPU has time to spare,
+    // and two heavy-lane tests at once leave each other none.
+    let _alone = serial();
     let mux = mux_with(|c| {
         c.workers = 2;
         c.core.steering = Steering::Affinity;
@@ -286,7 +288,9 @@ fn heavy_connection_goes_to_the_lane() {
 /// light round trip takes beside heavy ones is `connmux bench uneven`'s to
 /// measure, not a test's.)
 fn light_requests_are_not_answered_behind_heavy_ones() {
-    let _alone = lane_test_alone();
+    // One at a time: a helper takes only where its CPU has time to spare,
+    // and two heavy-lane tests at once leave each other none.
+    let _alone = serial();
     let mux = mux_with(|c| c.workers = 1);
     // Heavy requests finished by the handler so far.
     let heavy_done = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -345,7 +349,9 @@ fn light_requests_are_not_answered_behind_heavy_ones() {
 /// once its requests run short again; every reply comes back, in order,
 /// through both moves (two in flight, so a request is always waiting).
 fn connection_light_again_leaves_the_lane() {
-    let _alone = lane_test_alone();
+    // One at a time: a helper takes only where its CPU has time to spare,
+    // and two heavy-lane tests at once leave each other none.
+    let _alone = serial();
     let mux = mux_with(|c| c.workers = 1);
     let svc = heavy_echo(mux, Duration::from_micros(300));
     let addr = svc.local_addr();
@@ -386,16 +392,6 @@ fn connection_light_again_leaves_the_lane() {
     assert!(svc.mux().lane_returns() >= 1, "the connection never left the lane");
     assert!(got > 20, "returned before its light requests");
     svc.shutdown();
-}
-
-/// The heavy-lane tests burn CPU on CPUs 0 and 1, and a helper takes
-/// messages only where its CPU has time to spare (the scout's finding): run
-/// in parallel, two of them leave each other no spare time. Each holds this
-/// while it runs.
-static LANE_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn lane_test_alone() -> std::sync::MutexGuard<'static, ()> {
-    LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What the handler saw of the heavy requests that ran on a lane.
@@ -461,7 +457,9 @@ fn recording_heavy_echo(burn: Duration, in_order: bool, runs: Arc<LaneRuns>) -> 
 /// worker's lane and the other CPU's helper. Every reply comes back once (in any order) for its
 /// own request.
 fn one_heavy_connection_runs_on_two_cpus_at_once() {
-    let _alone = lane_test_alone();
+    // One at a time: a helper takes only where its CPU has time to spare,
+    // and two heavy-lane tests at once leave each other none.
+    let _alone = serial();
     let runs = Arc::new(LaneRuns::default());
     let Some(svc) = recording_heavy_echo(Duration::from_millis(1), false, runs.clone()) else { return };
     let mut c = TcpStream::connect(svc.local_addr()).unwrap();
@@ -504,7 +502,9 @@ fn one_heavy_connection_runs_on_two_cpus_at_once() {
 /// With `Config::lane_in_order` a heavy connection is answered by its own
 /// worker's lane alone, and its replies come back in request order.
 fn lane_in_order_keeps_a_heavy_connections_replies_in_order() {
-    let _alone = lane_test_alone();
+    // One at a time: a helper takes only where its CPU has time to spare,
+    // and two heavy-lane tests at once leave each other none.
+    let _alone = serial();
     let runs = Arc::new(LaneRuns::default());
     let Some(svc) = recording_heavy_echo(Duration::from_micros(300), true, runs.clone()) else { return };
     let heavy_id = u32::from_be_bytes([b'H', 0, 0, 1]);
@@ -520,7 +520,9 @@ fn lane_in_order_keeps_a_heavy_connections_replies_in_order() {
 /// (none on a lane thread), and every one is answered; with the default,
 /// the same load does reach the lane threads.
 fn a_lane_full_by_bytes_leaves_requests_to_the_worker() {
-    let _alone = lane_test_alone();
+    // One at a time: a helper takes only where its CPU has time to spare,
+    // and two heavy-lane tests at once leave each other none.
+    let _alone = serial();
     for (bytes, lane_expected) in [(1usize, false), (16 << 20, true)] {
         let on_lane = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let mux = mux_with(|c| {

@@ -130,3 +130,12 @@ pub fn l4_service(mux: Mux, handler: std::sync::Arc<dyn Handler>) -> Service {
     )
     .unwrap()
 }
+
+/// Tests that must not overlap others in the same file (they measure the
+/// process's memory, or need CPUs with time to spare) hold this while they
+/// run (one lock per test binary).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
