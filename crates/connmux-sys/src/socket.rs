@@ -69,6 +69,26 @@ pub fn writev(fd: RawFd, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
 
 /// `sendmsg(2)` without an address or control data, with `flags` as given.
 pub(crate) fn sendmsg_flags(fd: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
+    if let [one] = bufs {
+        // One slice: `sendto` with no address, which spares the kernel
+        // copying a `msghdr` and importing an iovec array (the common case:
+        // a read's replies written from one buffer).
+        return retry_eintr(|| {
+            // SAFETY: the kernel reads at most `one.len()` bytes from `one`, a
+            // live borrowed slice, for the call; no address is passed.
+            cvt_size(unsafe {
+                libc::syscall(
+                    libc::SYS_sendto,
+                    fd as libc::c_long,
+                    one.as_ptr(),
+                    one.len(),
+                    flags as libc::c_long,
+                    std::ptr::null::<libc::sockaddr>(),
+                    0 as libc::c_long,
+                ) as libc::ssize_t
+            })
+        });
+    }
     let iovlen = bufs.len().min(libc::UIO_MAXIOV as usize);
     // SAFETY: msghdr is plain data; all-zero is "no name, no iov, no control".
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
