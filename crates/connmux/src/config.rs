@@ -249,15 +249,19 @@ pub struct Tuning {
     /// Off: every read goes through the core (four holds of its lock per
     /// served read).
     pub lease: bool,
-    /// How long a worker may keep what its lent psocks did (messages,
+    /// How long a busy worker may keep what its lent psocks did (messages,
     /// bytes, their idle clock) before telling the core, in a hold of the
     /// core lock. A worker that did nothing else in a pass skips that hold
-    /// until then, or until it would sleep (it never sleeps with counts
-    /// untold): at one request per pass the hold is a large share of the
-    /// pass (`docs/performance.md`, "Leases"). The statistics of a lent psock are that much
-    /// late at most (plus a pass); an idle timeout shorter than 16 times
-    /// this shortens it to a sixteenth of the timeout, so that untold
-    /// activity never looks like idleness. Default 1 ms.
+    /// until then: at one request per pass the hold is a large share of the
+    /// pass (`docs/performance.md`, "Leases"). A worker that goes to sleep
+    /// keeps them too, and a reader of the statistics (`Mux::stats`,
+    /// `Mux::psock_stats`, `KcmSocket::stats`, the `/proc`-style views)
+    /// asks it to tell them first, so what a reader sees of a lent psock is
+    /// at most this late (plus a pass) and a served request takes no hold
+    /// of the core lock. With an idle timeout the worker tells before it
+    /// sleeps instead, and an idle timeout shorter than 16 times this
+    /// shortens it to a sixteenth of the timeout, so that untold activity
+    /// never looks like idleness. Default 1 ms.
     pub lease_sync: Duration,
 }
 

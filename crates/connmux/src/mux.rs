@@ -9,7 +9,7 @@ use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -232,14 +232,7 @@ impl Mux {
                     WorkerIo::Epoll(epoll)
                 }
             };
-            refs.push(WorkerRef {
-                io,
-                waker,
-                commands: Mutex::new(Vec::new()),
-                psocks: AtomicUsize::new(0),
-                cpu,
-                serving: AtomicBool::new(false),
-            });
+            refs.push(WorkerRef::new(io, waker, cpu));
         }
         let (events_tx, events_rx) = crossbeam::channel::bounded(config.event_queue.max(1));
         let shared = Arc::new(Shared {
@@ -629,13 +622,18 @@ impl Mux {
 
     /// Mux-wide statistics (`/proc/net/kcm_stats`). A served connection lent
     /// to its worker (`Tuning::lease`) is counted by that worker within
-    /// `Tuning::lease_sync` (1 ms) of its replies, not at each read. On the
+    /// `Tuning::lease_sync` (1 ms) of its replies while the worker is busy,
+    /// not at each read; a worker asleep with counts untold is asked to
+    /// tell them first (this call waits for it, at most 50 ms). On the
     /// kernel backend the counters are the network namespace's (the kernel
     /// has no per-mux totals; compare deltas), `kcms` and `psocks` this
     /// mux's; if the file cannot be read, only those two are set.
     pub fn stats(&self) -> MuxStats {
         match &self.imp {
-            MuxImp::User(u) => u.shared.lock().mux.stats(),
+            MuxImp::User(u) => {
+                u.shared.tell_untold();
+                u.shared.lock().mux.stats()
+            }
             MuxImp::Kernel(k) => k.k.stats().unwrap_or_else(|_| MuxStats {
                 psocks: k.k.psocks().len(),
                 kcms: k.k.sockets(),
@@ -656,7 +654,10 @@ impl Mux {
     /// telling, as for [`Mux::stats`]).
     pub fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
         match &self.imp {
-            MuxImp::User(u) => u.shared.lock().mux.psock_stats(p).map_err(io_err),
+            MuxImp::User(u) => {
+                u.shared.tell_untold();
+                u.shared.lock().mux.psock_stats(p).map_err(io_err)
+            }
             MuxImp::Kernel(k) => k.k.psock_stats(p),
         }
     }
@@ -665,7 +666,10 @@ impl Mux {
     /// kernel backend; empty if it cannot be read).
     pub fn proc_kcm(&self) -> String {
         match &self.imp {
-            MuxImp::User(u) => u.shared.lock().mux.proc_kcm(),
+            MuxImp::User(u) => {
+                u.shared.tell_untold();
+                u.shared.lock().mux.proc_kcm()
+            }
             MuxImp::Kernel(k) => k.k.proc_kcm().unwrap_or_default(),
         }
     }
@@ -685,7 +689,10 @@ impl Mux {
     /// read).
     pub fn proc_kcm_stats(&self) -> String {
         match &self.imp {
-            MuxImp::User(u) => u.shared.lock().mux.proc_kcm_stats(),
+            MuxImp::User(u) => {
+                u.shared.tell_untold();
+                u.shared.lock().mux.proc_kcm_stats()
+            }
             MuxImp::Kernel(_) => std::fs::read_to_string("/proc/net/kcm_stats").unwrap_or_default(),
         }
     }

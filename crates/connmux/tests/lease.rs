@@ -2,8 +2,8 @@
 //! over loopback, on both drivers: while lent its requests are answered with
 //! no core lock, and whatever else involves it takes it back first: a send
 //! from another thread is written (the worker may be asleep), an unattach
-//! closes it, statistics catch up, a partial message or a slow reader goes
-//! the ordinary way.
+//! closes it, statistics count every reply its client has (the worker tells
+//! when asked), a partial message or a slow reader goes the ordinary way.
 
 #[macro_use]
 mod common;
@@ -115,6 +115,23 @@ fn a_quiet_connection_is_lent_and_its_counts_reach_the_statistics() {
     });
     assert_eq!((st.rx_msgs, st.tx_msgs), (calls, calls));
     assert_eq!((st.rx_bytes, st.tx_bytes), (8 * calls, 8 * calls));
+}
+
+fn every_reply_on_the_lease_is_counted_by_the_time_its_client_has_it() {
+    let svc = echo_service(true);
+    let mut c = client(&svc);
+    let (p, pings) = leased_conn_counted(&svc, &mut c);
+    let before = svc.mux().stats();
+    for round in 1..=20u64 {
+        call(&mut c, b"pong");
+        // At once, no waiting: the worker (asleep, or between two of its
+        // holds) is asked to tell what its lease did.
+        let st = svc.mux().psock_stats(p).unwrap();
+        assert_eq!((st.rx_msgs, st.tx_msgs), (pings + round, pings + round), "after call {round}");
+    }
+    let after = svc.mux().stats();
+    assert_eq!(after.rx_msgs - before.rx_msgs, 20, "mux-wide, likewise");
+    assert!(svc.mux().psock_leased(p), "the counts were the lease's");
 }
 
 fn a_send_from_another_thread_to_a_lent_connection_is_written_while_its_worker_sleeps() {
@@ -340,6 +357,7 @@ fn a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout() {
 
 on_both_drivers!(
     a_quiet_connection_is_lent_and_its_counts_reach_the_statistics,
+    every_reply_on_the_lease_is_counted_by_the_time_its_client_has_it,
     a_send_from_another_thread_to_a_lent_connection_is_written_while_its_worker_sleeps,
     unattaching_a_lent_connection_closes_it,
     a_partial_message_goes_the_ordinary_way_and_is_answered_whole,

@@ -22,7 +22,7 @@ use std::time::Duration;
 use connmux_core::mux::Event;
 
 use crate::serve::{ServeBufs, Serving};
-use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt};
+use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt, WorkerRef};
 
 /// What a worker's pass hands between the loop and its driver.
 pub(crate) struct Worker<'a> {
@@ -105,16 +105,23 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     // long that untold activity could look like idleness.
     let sync_every = idle.map_or(sh.tuning.lease_sync, |d| sh.tuning.lease_sync.min(d / 16));
     let sync_every_ns = sync_every.as_nanos() as u64;
+    // Without an idle timeout nothing but a reader of the statistics needs
+    // what the leases did: the worker sleeps with it untold, and such a
+    // reader asks (`Shared::tell_untold`). With one, it tells before it
+    // sleeps: the core's idle clock must not lag behind.
+    let tell_on_request = idle.is_none();
+    let _ = me.thread.set(std::thread::current().id());
     let mut look = Look::default();
     while !sh.stop.load(Ordering::Acquire) {
         let timeout = wait_timeout(sh, &w, next_deadline);
-        let woke = if w.bufs.own.lease_used.is_empty() || timeout == Some(Duration::ZERO) {
+        let woke = if w.bufs.own.lease_used.is_empty() || timeout == Some(Duration::ZERO) || tell_on_request {
             io.wait(&mut w, timeout)
         } else {
-            // Lease counts untold: never asleep with them (a busy worker
-            // tells them every `Tuning::lease_sync`, an idle one before it
-            // sleeps). A look without sleeping first, while such looks find
-            // work; otherwise they are told at once, then the worker sleeps.
+            // Lease counts untold, and an idle timeout: never asleep with
+            // them (a busy worker tells them every `Tuning::lease_sync`, an
+            // idle one before it sleeps). A look without sleeping first,
+            // while such looks find work; otherwise they are told at once,
+            // then the worker sleeps.
             let woke = match look.now() {
                 true => io.wait(&mut w, Some(Duration::ZERO)),
                 false => Woke::default(),
@@ -123,7 +130,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
             match woke.reported {
                 true => woke,
                 false => {
-                    hold(sh, &mut w, &mut next_deadline);
+                    hold(sh, me, &mut w, &mut next_deadline);
                     let timeout = wait_timeout(sh, &w, next_deadline);
                     io.wait(&mut w, timeout)
                 }
@@ -147,6 +154,9 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                         serve_ready = true;
                         me.serving.store(true, Ordering::Release);
                     }
+                    // The pass's hold below tells (a command wake never
+                    // skips it).
+                    Command::Tell => {}
                     Command::Unlease(p) => {
                         let now = sh.now();
                         let mut core = sh.lock();
@@ -168,7 +178,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
             && next_deadline.is_none_or(|t| t > sh.timestamp(w.bufs.own.read_at))
             && w.bufs.own.hold_can_wait(w.bufs.own.read_at, sync_every_ns);
         if !quiet {
-            hold(sh, &mut w, &mut next_deadline);
+            hold(sh, me, &mut w, &mut next_deadline);
         }
         // Dispatch, serve in place, write: until nothing is left to do here
         // (bounded; what remains is picked up by the next pass).
@@ -196,6 +206,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     w.bufs.own.lease_try.clear();
     let now = sh.now();
     w.bufs.own.hold(&mut sh.lock(), now);
+    me.held(false);
 }
 
 /// Whether a worker about to sleep with lease counts untold first looks for
@@ -256,7 +267,7 @@ fn wait_timeout(sh: &Shared, w: &Worker<'_>, next_deadline: Option<connmux_core:
 /// The worker's hold of the core lock: its own state (writes made whole,
 /// lease counts, new leases), then the deadlines (assembly timeouts),
 /// expired ones handled; `next_deadline` is the earliest left.
-fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core::Timestamp>) {
+fn hold(sh: &Shared, me: &WorkerRef, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core::Timestamp>) {
     let at = connmux_sys::clock::now_nanos();
     let now = sh.timestamp(at);
     w.bufs.own.synced_at = at;
@@ -271,6 +282,8 @@ fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core
             *next_deadline = core.mux.poll_timeout();
         }
     }
+    drop(core);
+    me.held(!w.bufs.own.leases.is_empty());
 }
 
 /// The bytes of one read of `rt`, read at `read_at`, to the core; on a

@@ -16,7 +16,8 @@ use std::io::{self, IoSlice};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use connmux_core::mux::{Event, Mux as CoreMux, PsockError, PsockId, SockId};
@@ -66,6 +67,9 @@ pub(crate) enum Command {
     Release(Arc<PsockRt>),
     /// Give the lease of this psock back to the core (`PsockLeaseRevoked`).
     Unlease(PsockId),
+    /// Tell the core what the lent psocks did (a reader of the statistics
+    /// waits for it: `Shared::tell_untold`).
+    Tell,
 }
 
 /// Encode a psock id as an epoll token (index in the low half, generation high).
@@ -219,15 +223,54 @@ pub(crate) struct WorkerRef {
     /// It has taken its `Command::Serve`: it serves in place from its next
     /// read on (`Mux::serve` returns only then).
     pub serving: AtomicBool,
+    /// It held lent psocks at its last hold: what they did since may not be
+    /// told to the core yet, so a reader of the statistics asks it to tell
+    /// (`Shared::tell_untold`).
+    pub lent: AtomicBool,
+    /// Its holds so far (each tells the core what its leases did): a
+    /// reader that asked sees it move.
+    pub told: AtomicU64,
+    /// Its thread, once running: a reader on that thread (a handler) does
+    /// not wait for it.
+    pub thread: OnceLock<ThreadId>,
 }
 
 impl WorkerRef {
+    pub fn new(io: WorkerIo, waker: EventFd, cpu: Option<usize>) -> WorkerRef {
+        WorkerRef {
+            io,
+            waker,
+            commands: Mutex::new(Vec::new()),
+            psocks: AtomicUsize::new(0),
+            cpu,
+            serving: AtomicBool::new(false),
+            lent: AtomicBool::new(false),
+            told: AtomicU64::new(0),
+            thread: OnceLock::new(),
+        }
+    }
+
     /// Queue a command and wake the worker.
     pub fn command(&self, c: Command) {
         self.commands.lock().unwrap().push(c);
         let _ = self.waker.notify();
     }
+
+    /// The worker held (it holds `lent` psocks now): what its leases did
+    /// so far is the core's.
+    pub fn held(&self, lent: bool) {
+        if self.lent.load(Ordering::Relaxed) != lent {
+            self.lent.store(lent, Ordering::Relaxed);
+        }
+        self.told.fetch_add(1, Ordering::Release);
+    }
 }
+
+/// How long a reader of the statistics waits for sleeping workers to tell
+/// what their leases did (`Shared::tell_untold`): a worker wakes and holds
+/// in microseconds; past this it is stuck elsewhere, and the reader goes
+/// on with the counts as they are.
+const TELL_WAIT: Duration = Duration::from_millis(50);
 
 pub(crate) struct Shared {
     pub core: Mutex<Core>,
@@ -598,6 +641,36 @@ pub(crate) enum Ctx<'a> {
 }
 
 impl Shared {
+    /// Before reading statistics: every worker with lent psocks
+    /// (`WorkerRef::lent`) is asked to tell the core what they did, and
+    /// waited for (its next hold, at most `TELL_WAIT`), so the reader sees
+    /// every reply written before it asked. Why: such a worker tells only
+    /// every `Tuning::lease_sync` while busy, and not at all asleep (unless
+    /// an idle timeout is set), so that a served request takes no hold of
+    /// the core lock; readers, which are rare, pay for the freshness
+    /// instead. The calling thread's own worker (a handler reading
+    /// statistics) cannot be waited for: its counts are as of its last hold.
+    pub fn tell_untold(&self) {
+        let me = std::thread::current().id();
+        let mut asked: Vec<(&WorkerRef, u64)> = Vec::new();
+        for w in &self.workers {
+            if w.lent.load(Ordering::Relaxed) && w.thread.get() != Some(&me) {
+                let told = w.told.load(Ordering::Acquire);
+                w.command(Command::Tell);
+                asked.push((w, told));
+            }
+        }
+        let deadline = std::time::Instant::now() + TELL_WAIT;
+        for (w, told) in asked {
+            while w.told.load(Ordering::Acquire) == told
+                && !self.stop.load(Ordering::Acquire)
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, Core> {
         // A panic while holding the lock leaves the core in an unknown state;
         // continuing would break KCM's guarantees, so propagate it.
