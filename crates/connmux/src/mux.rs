@@ -621,10 +621,10 @@ impl Mux {
     }
 
     /// Mux-wide statistics (`/proc/net/kcm_stats`). A served connection lent
-    /// to its worker (`Tuning::lease`) is counted by that worker within
-    /// `Tuning::lease_sync` (1 ms) of its replies while the worker is busy,
-    /// not at each read; a worker asleep with counts untold is asked to
-    /// tell them first (this call waits for it, at most 50 ms). On the
+    /// to its worker (`Tuning::lease`) is counted by that worker, not at
+    /// each read: this call first asks every worker holding leases to tell
+    /// what they did and waits for it (its next pass; at most 50 ms), so
+    /// every reply written before the call is counted. On the
     /// kernel backend the counters are the network namespace's (the kernel
     /// has no per-mux totals; compare deltas), `kcms` and `psocks` this
     /// mux's; if the file cannot be read, only those two are set.
@@ -650,8 +650,8 @@ impl Mux {
         }
     }
 
-    /// One psock's statistics (a lent psock's as of its worker's last
-    /// telling, as for [`Mux::stats`]).
+    /// One psock's statistics (a lent psock's told by its worker first, as
+    /// for [`Mux::stats`]).
     pub fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
         match &self.imp {
             MuxImp::User(u) => {

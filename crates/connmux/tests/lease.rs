@@ -134,6 +134,44 @@ fn every_reply_on_the_lease_is_counted_by_the_time_its_client_has_it() {
     assert!(svc.mux().psock_leased(p), "the counts were the lease's");
 }
 
+/// Echo, reading the mux's statistics first (as a handler reporting them
+/// would): on its own worker's thread.
+#[derive(Default)]
+struct StatsReader {
+    mux: std::sync::Mutex<Option<connmux::Mux>>,
+    rx_seen: std::sync::atomic::AtomicU64,
+}
+
+impl Handler for StatsReader {
+    fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
+        let mux = self.mux.lock().unwrap().clone();
+        if let Some(m) = mux {
+            self.rx_seen.store(m.stats().rx_msgs, Ordering::Relaxed);
+        }
+        Verdict::Reply(request)
+    }
+}
+
+fn a_handler_reading_the_statistics_does_not_wait_for_its_own_worker() {
+    let h = Arc::new(StatsReader::default());
+    let svc = l4_service(mux_with(|_| {}), h.clone());
+    *h.mux.lock().unwrap() = Some(svc.mux().clone());
+    let mut c = client(&svc);
+    let p = leased_conn(&svc, &mut c);
+    // Its worker holds a lease, so readers ask it to tell; asking itself it
+    // would wait out the bound (50 ms) on every call.
+    let t0 = Instant::now();
+    for _ in 0..20 {
+        call(&mut c, b"stat");
+    }
+    let took = t0.elapsed();
+    assert!(took < Duration::from_millis(500), "20 calls took {took:?}");
+    assert!(svc.mux().psock_leased(p), "served on the lease");
+    assert!(h.rx_seen.load(Ordering::Relaxed) > 0);
+    // (The handler's mux handle would keep the mux alive.)
+    h.mux.lock().unwrap().take();
+}
+
 fn a_send_from_another_thread_to_a_lent_connection_is_written_while_its_worker_sleeps() {
     let svc = echo_service(true);
     let mut c = client(&svc);
@@ -358,6 +396,7 @@ fn a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout() {
 on_both_drivers!(
     a_quiet_connection_is_lent_and_its_counts_reach_the_statistics,
     every_reply_on_the_lease_is_counted_by_the_time_its_client_has_it,
+    a_handler_reading_the_statistics_does_not_wait_for_its_own_worker,
     a_send_from_another_thread_to_a_lent_connection_is_written_while_its_worker_sleeps,
     unattaching_a_lent_connection_closes_it,
     a_partial_message_goes_the_ordinary_way_and_is_answered_whole,

@@ -260,7 +260,7 @@ impl WorkerRef {
     /// so far is the core's.
     pub fn held(&self, lent: bool) {
         if self.lent.load(Ordering::Relaxed) != lent {
-            self.lent.store(lent, Ordering::Relaxed);
+            self.lent.store(lent, Ordering::Release);
         }
         self.told.fetch_add(1, Ordering::Release);
     }
@@ -654,7 +654,7 @@ impl Shared {
         let me = std::thread::current().id();
         let mut asked: Vec<(&WorkerRef, u64)> = Vec::new();
         for w in &self.workers {
-            if w.lent.load(Ordering::Relaxed) && w.thread.get() != Some(&me) {
+            if w.lent.load(Ordering::Acquire) && w.thread.get() != Some(&me) {
                 let told = w.told.load(Ordering::Acquire);
                 w.command(Command::Tell);
                 asked.push((w, told));
