@@ -254,14 +254,14 @@ pub struct Tuning {
     /// core lock. A worker that did nothing else in a pass skips that hold
     /// until then: at one request per pass the hold is a large share of the
     /// pass (`docs/performance.md`, "Leases"). A worker that goes to sleep
-    /// keeps them too, and a reader of the statistics (`Mux::stats`,
-    /// `Mux::psock_stats`, `KcmSocket::stats`, the `/proc`-style views)
-    /// asks it to tell them first, so what a reader sees of a lent psock is
-    /// at most this late (plus a pass) and a served request takes no hold
-    /// of the core lock. With an idle timeout the worker tells before it
-    /// sleeps instead, and an idle timeout shorter than 16 times this
-    /// shortens it to a sixteenth of the timeout, so that untold activity
-    /// never looks like idleness. Default 1 ms.
+    /// keeps them too (a served request takes no hold of the core lock):
+    /// a reader of the statistics (`Mux::stats`, `Mux::psock_stats`,
+    /// `KcmSocket::stats`, the `/proc`-style views) asks every worker
+    /// holding leases to tell them first, and so counts every reply
+    /// written before it asked. With an idle timeout the worker tells
+    /// before it sleeps instead, and an idle timeout shorter than 16 times
+    /// this shortens it to a sixteenth of the timeout, so that untold
+    /// activity never looks like idleness. Default 1 ms.
     pub lease_sync: Duration,
 }
 
