@@ -153,10 +153,10 @@ impl Heavy {
 /// Waits shorter than this are interruptions (a light request served on
 /// the helper's CPU, another process's thread, a timer), not a CPU with no
 /// time to spare: a helper held up behind its CPU's own busy threads waits
-/// many milliseconds. Each wait taken for the CPU's being busy idles the
-/// helper until the scout's next look (up to `SCOUT_EVERY`), so a floor
-/// too low costs a spare CPU a tenth of its time on a machine with other
-/// work (`docs/performance.md`, "A helper waiting on a busy CPU").
+/// many milliseconds. Each message found waited idles the helper until
+/// the scout's next look (up to `SCOUT_EVERY`), so a floor too low cost a
+/// spare CPU up to a third of its time on a machine with other work
+/// (`docs/performance.md`, "A helper waiting on a busy CPU").
 const WAITED_MIN: Duration = Duration::from_millis(2);
 
 /// Whether a helper's message that ran `ran` (thread CPU time) in `wall`

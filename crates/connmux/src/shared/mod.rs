@@ -266,10 +266,10 @@ impl WorkerRef {
     }
 }
 
-/// How long a reader of the statistics waits for sleeping workers to tell
-/// what their leases did (`Shared::tell_untold`): a worker wakes and holds
-/// in microseconds; past this it is stuck elsewhere, and the reader goes
-/// on with the counts as they are.
+/// How long a reader of the statistics waits for the workers holding
+/// leases to tell what those did (`Shared::tell_untold`): a worker wakes
+/// and holds within a pass; past this it is held up elsewhere (a long
+/// handler run), and the reader goes on with the counts as they are.
 const TELL_WAIT: Duration = Duration::from_millis(50);
 
 pub(crate) struct Shared {
