@@ -239,6 +239,9 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
 
 /// How often the scout looks at the helpers' CPUs while a lane is behind.
 const SCOUT_EVERY: Duration = Duration::from_millis(100);
+/// A look no older than this is the start of the next one's window; an
+/// older one (the scout slept since) is not.
+const LOOK_RECENT: Duration = Duration::from_millis(300);
 /// The first look's interval after the scout slept (half of it idle is
 /// one of `/proc/stat`'s steps).
 const SCOUT_FIRST: Duration = Duration::from_millis(20);
@@ -273,7 +276,7 @@ pub(crate) fn scout(lanes: Arc<Lanes>, cpus: Vec<Option<usize>>) {
     while crew.scout_wait(IDLE) {
         // The first finding after a sleep comes soon: the helpers join a
         // burst of heavy requests a few tens of milliseconds in.
-        let fresh = last.as_ref().is_some_and(|(t, _)| t.elapsed() <= 3 * SCOUT_EVERY);
+        let fresh = last.as_ref().is_some_and(|(t, _)| t.elapsed() <= LOOK_RECENT);
         last = scout_look(crew, &cpus, &pinned, last);
         if !crew.scout_pause(if fresh { SCOUT_EVERY } else { SCOUT_FIRST }) {
             break;
@@ -302,7 +305,7 @@ fn scout_look(
             Some(idle[i]? + crew.helper_ran(h))
         })
         .collect();
-    let recent = last.filter(|(t, _)| now - *t <= 3 * SCOUT_EVERY);
+    let recent = last.filter(|(t, _)| now - *t <= LOOK_RECENT);
     for (h, cpu) in cpus.iter().enumerate() {
         let verdict = match (cpu, &recent, free[h]) {
             (None, _, _) | (Some(_), _, None) => Some(true),

@@ -630,10 +630,7 @@ impl Mux {
     /// mux's; if the file cannot be read, only those two are set.
     pub fn stats(&self) -> MuxStats {
         match &self.imp {
-            MuxImp::User(u) => {
-                u.shared.tell_untold();
-                u.shared.lock().mux.stats()
-            }
+            MuxImp::User(u) => u.shared.lock_told().mux.stats(),
             MuxImp::Kernel(k) => k.k.stats().unwrap_or_else(|_| MuxStats {
                 psocks: k.k.psocks().len(),
                 kcms: k.k.sockets(),
@@ -654,10 +651,7 @@ impl Mux {
     /// for [`Mux::stats`]).
     pub fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
         match &self.imp {
-            MuxImp::User(u) => {
-                u.shared.tell_untold();
-                u.shared.lock().mux.psock_stats(p).map_err(io_err)
-            }
+            MuxImp::User(u) => u.shared.lock_told().mux.psock_stats(p).map_err(io_err),
             MuxImp::Kernel(k) => k.k.psock_stats(p),
         }
     }
@@ -666,10 +660,7 @@ impl Mux {
     /// kernel backend; empty if it cannot be read).
     pub fn proc_kcm(&self) -> String {
         match &self.imp {
-            MuxImp::User(u) => {
-                u.shared.tell_untold();
-                u.shared.lock().mux.proc_kcm()
-            }
+            MuxImp::User(u) => u.shared.lock_told().mux.proc_kcm(),
             MuxImp::Kernel(k) => k.k.proc_kcm().unwrap_or_default(),
         }
     }
@@ -689,10 +680,7 @@ impl Mux {
     /// read).
     pub fn proc_kcm_stats(&self) -> String {
         match &self.imp {
-            MuxImp::User(u) => {
-                u.shared.tell_untold();
-                u.shared.lock().mux.proc_kcm_stats()
-            }
+            MuxImp::User(u) => u.shared.lock_told().mux.proc_kcm_stats(),
             MuxImp::Kernel(_) => std::fs::read_to_string("/proc/net/kcm_stats").unwrap_or_default(),
         }
     }

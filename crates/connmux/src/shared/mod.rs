@@ -650,7 +650,7 @@ impl Shared {
     /// the core lock; readers, which are rare, pay for the freshness
     /// instead. The calling thread's own worker (a handler reading
     /// statistics) cannot be waited for: its counts are as of its last hold.
-    pub fn tell_untold(&self) {
+    fn tell_untold(&self) {
         let me = std::thread::current().id();
         let mut asked: Vec<(&WorkerRef, u64)> = Vec::new();
         for w in &self.workers {
@@ -669,6 +669,13 @@ impl Shared {
                 std::thread::sleep(Duration::from_micros(20));
             }
         }
+    }
+
+    /// The core lock for a reader of the statistics: what the leases did
+    /// told first ([`Shared::tell_untold`]).
+    pub fn lock_told(&self) -> MutexGuard<'_, Core> {
+        self.tell_untold();
+        self.lock()
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Core> {
