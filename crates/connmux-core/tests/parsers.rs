@@ -597,3 +597,33 @@ fn the_four_byte_loop_frames_as_the_general_one() {
         assert_eq!((took_fast, &fast), (took_general, &general), "round {round}: {endian:?} {includes} {adjust}");
     }
 }
+
+/// A parser that says it delivers messages whole (`delivers_whole`: the
+/// bytes a batch frames in place are counted as delivered without a sum
+/// over its ranges) hands every message over uncut; one that cuts says not.
+/// Every built-in parser that frames in place, on its captured messages.
+#[test]
+fn delivers_whole_is_true_exactly_where_nothing_is_cut() {
+    let mut l4 = be32(&[5]);
+    l4.extend_from_slice(b"hello");
+    let cases: Vec<(&str, Vec<Vec<u8>>)> = vec![
+        ("l4", vec![l4]),
+        ("len:offset=2,width=2,endian=le", vec![vec![0xaa, 0xbb, 3, 0, 1, 2, 3]]),
+        ("9p", ninep_version_exchange()),
+        ("memcached", memcached_get()),
+        ("kafka", vec![kafka_api_versions()]),
+        ("thrift", vec![thrift_ping()]),
+        ("oncrpc", vec![rpc_null_call(7), rpc_null_call_3frags(8)]),
+        ("oncrpc:strip", vec![rpc_null_call(7), rpc_null_call_3frags(8)]),
+    ];
+    for (spec, msgs) in cases {
+        let mut p = from_spec(spec).unwrap();
+        assert!(p.frames_in_place(), "{spec}");
+        let whole = msgs.iter().all(|m| {
+            let mut out = Vec::new();
+            assert_eq!(p.frame_batch(m, 1 << 20, 1, &mut out), m.len(), "{spec}: one whole message");
+            p.finish_in_place(m) == Some(0..m.len())
+        });
+        assert_eq!(p.delivers_whole(), whole, "{spec}");
+    }
+}

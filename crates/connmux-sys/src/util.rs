@@ -43,8 +43,10 @@ pub(crate) fn timeout_ms(timeout: Option<std::time::Duration>) -> libc::c_int {
     match timeout {
         None => -1,
         Some(d) => {
-            let ms = d.as_nanos().div_ceil(1_000_000);
-            ms.min(libc::c_int::MAX as u128) as libc::c_int
+            // In u64 (`as_nanos` is a u128, and its division a library call
+            // on every wait with a deadline).
+            let ms = d.as_secs().saturating_mul(1000).saturating_add(u64::from(d.subsec_nanos().div_ceil(1_000_000)));
+            ms.min(libc::c_int::MAX as u64) as libc::c_int
         }
     }
 }
@@ -60,4 +62,22 @@ pub(crate) fn clear_errno() {
 pub(crate) fn errno() -> i32 {
     // SAFETY: __errno_location returns this thread's errno slot (glibc and musl).
     unsafe { *libc::__errno_location() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timeout_ms;
+    use std::time::Duration;
+
+    #[test]
+    fn timeouts_round_up_to_whole_milliseconds_and_saturate() {
+        assert_eq!(timeout_ms(None), -1);
+        assert_eq!(timeout_ms(Some(Duration::ZERO)), 0);
+        assert_eq!(timeout_ms(Some(Duration::from_nanos(1))), 1);
+        assert_eq!(timeout_ms(Some(Duration::from_millis(1))), 1);
+        assert_eq!(timeout_ms(Some(Duration::from_nanos(1_000_001))), 2);
+        assert_eq!(timeout_ms(Some(Duration::new(1, 999_999_999))), 2000);
+        assert_eq!(timeout_ms(Some(Duration::from_secs(3_000_000))), libc::c_int::MAX);
+        assert_eq!(timeout_ms(Some(Duration::MAX)), libc::c_int::MAX);
+    }
 }

@@ -27,6 +27,11 @@ impl Parser for Kafka {
         true
     }
 
+    /// Messages are handed over as framed, header and all.
+    fn delivers_whole(&self) -> bool {
+        true
+    }
+
     #[inline]
     fn parse(&mut self, buf: &[u8]) -> Parse {
         parse_be_i32_size(buf, "kafka size (negative)")

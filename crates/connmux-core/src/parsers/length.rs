@@ -129,6 +129,11 @@ impl Parser for LengthField {
         true
     }
 
+    /// Messages are handed over as framed, header and all.
+    fn delivers_whole(&self) -> bool {
+        true
+    }
+
     #[inline]
     fn parse(&mut self, buf: &[u8]) -> Parse {
         let Some(field) = buf.get(self.offset..self.header_len) else {

@@ -45,6 +45,11 @@ impl Parser for Memcached {
         true
     }
 
+    /// Messages are handed over as framed, header and all.
+    fn delivers_whole(&self) -> bool {
+        true
+    }
+
     #[inline]
     fn parse(&mut self, buf: &[u8]) -> Parse {
         match buf.first() {

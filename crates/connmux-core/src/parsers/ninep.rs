@@ -31,6 +31,11 @@ impl Parser for NineP {
         true
     }
 
+    /// Messages are handed over as framed, header and all.
+    fn delivers_whole(&self) -> bool {
+        true
+    }
+
     #[inline]
     fn parse(&mut self, buf: &[u8]) -> Parse {
         let Some(b) = buf.get(..4) else {

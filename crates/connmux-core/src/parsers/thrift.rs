@@ -43,6 +43,11 @@ impl Parser for Thrift {
         true
     }
 
+    /// Messages are handed over as framed, header and all.
+    fn delivers_whole(&self) -> bool {
+        true
+    }
+
     #[inline]
     fn parse(&mut self, buf: &[u8]) -> Parse {
         parse_be_i32_size(buf, "thrift frame size (negative)")
