@@ -164,7 +164,7 @@ fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &m
     if let Some(tls) = &rt.tls {
         if w.serving.is_some() && w.bufs.own.can_lease {
             let cap = rx.map_or_else(|| sh.lock().mux.rx_capacity(rt.id), |rx| rx.cap);
-            return read_tls_psock(w, rt, tls, cap, buf, plain);
+            return read_tls(w, rt, tls, false, cap, buf, plain);
         }
         return crate::shared::tls::epoll_read(sh, rt, tls, buf, &mut w.events);
     }
@@ -196,15 +196,17 @@ fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &m
     }
 }
 
-/// A TLS psock's read on a serving worker that takes leases: decrypted
-/// here, its plaintext fed to the core as a plain read's bytes
-/// ([`worker::feed_bytes`]: whole messages for this worker's socket served at once,
-/// and the psock offered a lease), then the rest the usual way. Not while
-/// rustls holds something back (the usual `tls::epoll_read` then).
-fn read_tls_psock(
+/// A TLS psock's read on a serving worker that takes leases, at most `cap`
+/// bytes: decrypted here, its plaintext served on the psock's lease
+/// (`leased`) or fed to the core ([`worker::tls_plaintext`]), then the rest
+/// of its records the usual way. Not while rustls holds something back, or
+/// the core takes nothing (the usual `tls::epoll_read` then, the lease
+/// given back first).
+fn read_tls(
     w: &mut Worker<'_>,
     rt: &Arc<PsockRt>,
     tls: &Mutex<PsockTls>,
+    leased: bool,
     cap: usize,
     buf: &mut [u8],
     plain: &mut Vec<u8>,
@@ -213,20 +215,22 @@ fn read_tls_psock(
     let mut st = tls.lock().unwrap();
     if cap == 0 || !st.decrypts_in_worker() {
         drop(st);
+        if leased {
+            worker::give_back(w, rt.id, connmux_sys::clock::now_nanos());
+        }
         return tls::epoll_read(sh, rt, tls, buf, &mut w.events);
     }
     // (Records only shrink: the plaintext stays within what the core takes.)
     let want = cap.min(buf.len());
     let res = connmux_sys::socket::read(rt.fd(), &mut buf[..want]);
     let read_at = connmux_sys::clock::now_nanos();
+    w.bufs.own.read_at = read_at;
     match ReadEnd::of_io(&res) {
         ReadEnd::Data(n) => {
             plain.clear();
             let d = tls::decrypt_read(rt, &mut st, &buf[..n], plain, &mut w.events);
             drop(st);
-            if !plain.is_empty() {
-                worker::feed_bytes(w, rt, plain, read_at);
-            }
+            worker::tls_plaintext(w, rt, tls, leased, &d, plain, read_at);
             if !matches!(d, Decrypted::Whole) {
                 tls::after_decrypt(sh, rt, tls, &buf[..n], d, &mut w.events);
             }
@@ -234,6 +238,9 @@ fn read_tls_psock(
         ReadEnd::Again => {}
         end => {
             drop(st);
+            if leased {
+                worker::give_back(w, rt.id, read_at);
+            }
             if let Some(how) = end.end() {
                 tls::read_end(sh, rt, tls, how, &mut w.events);
             }
@@ -272,56 +279,10 @@ fn read_leased(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, fd: std::os::f
 /// whole messages is served on the lease and its replies made into records
 /// and written (`LentOut::Tls`). Anything else gives the lease back first.
 fn read_leased_tls(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, buf: &mut [u8], plain: &mut Vec<u8>) {
-    let sh = w.sh;
     let Some(rt) = w.bufs.own.leases.get(&p).map(|l| l.rt.clone()) else { return };
-    let rt = &rt;
     let Some(tls) = &rt.tls else { return };
-    let give_back = |w: &mut Worker<'_>, at: u64| {
-        let mut core = sh.lock();
-        w.bufs.own.unlease(&mut core, p, sh.timestamp(at));
-        core.drain_events(&mut w.events);
-    };
-    let mut st = tls.lock().unwrap();
-    if !st.decrypts_in_worker() {
-        drop(st);
-        give_back(w, connmux_sys::clock::now_nanos());
-        return tls::epoll_read(sh, rt, tls, buf, &mut w.events);
-    }
-    let res = connmux_sys::socket::read(rt.fd(), buf);
-    let read_at = connmux_sys::clock::now_nanos();
-    w.bufs.own.read_at = read_at;
-    match ReadEnd::of_io(&res) {
-        ReadEnd::Data(n) => {
-            plain.clear();
-            let d = tls::decrypt_read(rt, &mut st, &buf[..n], plain, &mut w.events);
-            drop(st);
-            if let (Decrypted::Whole, Some(sv)) = (&d, w.serving.as_ref()) {
-                if plain.is_empty() {
-                    return; // records with no messages (a session ticket)
-                }
-                let (events, dirty, out) = (&mut w.events, &mut w.dirty, LentOut::Tls(rt, tls));
-                let served = crate::serve::serve_leased(sh, sv, &mut w.bufs, plain, p, out, read_at, events, dirty);
-                if served.is_err() {
-                    // The lease went back: the plaintext to the core.
-                    worker::feed_bytes(w, rt, plain, read_at);
-                }
-                return;
-            }
-            give_back(w, read_at);
-            if !plain.is_empty() {
-                worker::feed_bytes(w, rt, plain, read_at);
-            }
-            tls::after_decrypt(sh, rt, tls, &buf[..n], d, &mut w.events);
-        }
-        ReadEnd::Again => {}
-        end => {
-            drop(st);
-            give_back(w, read_at);
-            if let Some(how) = end.end() {
-                tls::read_end(sh, rt, tls, how, &mut w.events);
-            }
-        }
-    }
+    // (A lent psock holds nothing: the core would take a whole buffer.)
+    read_tls(w, &rt, tls, true, buf.len(), buf, plain);
 }
 
 /// A read that brought no bytes: the end of the stream reaches the core

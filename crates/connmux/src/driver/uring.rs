@@ -229,7 +229,7 @@ fn serve_on_lease(w: &mut Worker<'_>, ring: &mut WRing, buf: u16, p: PsockId, fd
         &mut w.bufs,
         data,
         p,
-        crate::serve::LentOut::Plain(fd),
+        LentOut::Plain(fd),
         read_at,
         &mut w.events,
         &mut w.dirty,
@@ -245,24 +245,16 @@ fn serve_on_lease(w: &mut Worker<'_>, ring: &mut WRing, buf: u16, p: PsockId, fd
 
 /// A receive of TLS psock `conn` in ring buffer `buf`, on a serving worker
 /// that lends TLS psocks: decrypted here when nothing is held before it and
-/// TLS holds nothing back. On the psock's lease, plaintext of whole messages
-/// is served there and its replies written as records (no core lock; true
-/// is returned); otherwise the lease goes back, the plaintext is fed to the
-/// core as a plain read's (served in place, replies made into records for
-/// the ring send) and the rest goes the usual way ([`pump_tls`]).
+/// TLS holds nothing back, its plaintext served on the psock's lease (true
+/// is returned) or fed to the core ([`worker::tls_plaintext`], as the epoll
+/// driver's reads), and the rest of its records the usual way
+/// ([`pump_tls`]).
 fn tls_read(w: &mut Worker<'_>, ring: &mut WRing, conn: &mut Conn, buf: u16, plain: &mut Vec<u8>) -> bool {
     let sh = w.sh;
     let rt = conn.rt.clone();
     let Some(tls) = &rt.tls else { return false };
     let p = rt.id;
     let leased = w.bufs.own.leases.contains_key(&p);
-    let give_back = |w: &mut Worker<'_>| {
-        if leased {
-            let mut core = sh.lock();
-            w.bufs.own.unlease(&mut core, p, sh.now());
-            core.drain_events(&mut w.events);
-        }
-    };
     let mut st = tls.lock().unwrap();
     st.set_unsent(conn.sending.is_some() || conn.tls_out.is_some());
     let data = ring.buffer(buf).unwrap_or(&[]);
@@ -274,7 +266,9 @@ fn tls_read(w: &mut Worker<'_>, ring: &mut WRing, conn: &mut Conn, buf: u16, pla
         || (!leased && sh.lock().mux.rx_capacity(p) < data.len());
     if usual {
         drop(st);
-        give_back(w);
+        if leased {
+            worker::give_back(w, p, connmux_sys::clock::now_nanos());
+        }
         conn.held.push_back(Held { buf, off: 0 });
         pump_tls(sh, ring, conn, &mut w.events);
         return false;
@@ -284,25 +278,7 @@ fn tls_read(w: &mut Worker<'_>, ring: &mut WRing, conn: &mut Conn, buf: u16, pla
     drop(st);
     let read_at = connmux_sys::clock::now_nanos();
     w.bufs.own.read_at = read_at;
-    if let (true, Decrypted::Whole, Some(sv)) = (leased, &d, w.serving.as_ref()) {
-        if plain.is_empty() {
-            ring.recycle(buf);
-            return true; // records with no messages (a session ticket)
-        }
-        let (events, dirty, out) = (&mut w.events, &mut w.dirty, LentOut::Tls(&rt, tls));
-        let served = crate::serve::serve_leased(sh, sv, &mut w.bufs, plain, p, out, read_at, events, dirty);
-        ring.recycle(buf);
-        if served.is_ok() {
-            return true;
-        }
-        // The lease went back: the plaintext to the core.
-        worker::feed_bytes(w, &rt, plain, read_at);
-        return false;
-    }
-    give_back(w);
-    if !plain.is_empty() {
-        worker::feed_bytes(w, &rt, plain, read_at);
-    }
+    let on_lease = worker::tls_plaintext(w, &rt, tls, leased, &d, plain, read_at);
     match d {
         Decrypted::Whole => {
             ring.recycle(buf);
@@ -317,7 +293,7 @@ fn tls_read(w: &mut Worker<'_>, ring: &mut WRing, conn: &mut Conn, buf: u16, pla
             pump_tls(sh, ring, conn, &mut w.events);
         }
     }
-    false
+    on_lease
 }
 
 impl UringIo {

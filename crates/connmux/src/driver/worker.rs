@@ -16,12 +16,13 @@
 //! `crate::serve`, the core's runtime side `crate::shared`.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use connmux_core::mux::Event;
+use connmux_core::mux::{Event, PsockId};
 
-use crate::serve::{ServeBufs, Serving};
+use crate::serve::{LentOut, ServeBufs, Serving};
+use crate::shared::tls::{Decrypted, PsockTls};
 use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt, WorkerRef};
 
 /// What a worker's pass hands between the loop and its driver.
@@ -315,6 +316,55 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
             core.drain_events(&mut w.events);
         }
     }
+}
+
+/// Give psock `p`'s lease back to the core, at `at` (a clock reading):
+/// what it reads next goes the usual way.
+pub(crate) fn give_back(w: &mut Worker<'_>, p: PsockId, at: u64) {
+    let sh = w.sh;
+    let mut core = sh.lock();
+    w.bufs.own.unlease(&mut core, p, sh.timestamp(at));
+    core.drain_events(&mut w.events);
+}
+
+/// The plaintext of one read of TLS psock `rt`, which its driver read and
+/// decrypted in this worker (`d`: how its records went), read at `read_at`.
+/// Both drivers end a TLS read here. On the psock's lease (`leased`), when
+/// the records were all whole: served there, its replies made into records
+/// and written with no core lock (true is returned). Otherwise the lease
+/// (if any) goes back and the plaintext goes to the core as a plain read's
+/// bytes ([`feed_bytes`]: whole messages for this worker's socket served at
+/// once). What `d` leaves (records cut short, a failure) stays with the
+/// driver, which holds the bytes.
+pub(crate) fn tls_plaintext(
+    w: &mut Worker<'_>,
+    rt: &Arc<PsockRt>,
+    tls: &Mutex<PsockTls>,
+    leased: bool,
+    d: &Decrypted,
+    plain: &[u8],
+    read_at: u64,
+) -> bool {
+    if leased {
+        if let (Decrypted::Whole, Some(sv)) = (d, w.serving.as_ref()) {
+            if plain.is_empty() {
+                return true; // records with no messages (a session ticket)
+            }
+            let (events, dirty, out) = (&mut w.events, &mut w.dirty, LentOut::Tls(rt, tls));
+            let served = crate::serve::serve_leased(w.sh, sv, &mut w.bufs, plain, rt.id, out, read_at, events, dirty);
+            if served.is_ok() {
+                return true;
+            }
+            // The lease went back: the plaintext to the core.
+            feed_bytes(w, rt, plain, read_at);
+            return false;
+        }
+        give_back(w, rt.id, read_at);
+    }
+    if !plain.is_empty() {
+        feed_bytes(w, rt, plain, read_at);
+    }
+    false
 }
 
 #[cfg(test)]
