@@ -158,12 +158,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                     // The pass's hold below tells (a command wake never
                     // skips it).
                     Command::Tell => {}
-                    Command::Unlease(p) => {
-                        let now = sh.now();
-                        let mut core = sh.lock();
-                        w.bufs.own.unlease(&mut core, p, now);
-                        core.drain_events(&mut w.events);
-                    }
+                    Command::Unlease(p) => give_back(&mut w, p, connmux_sys::clock::now_nanos()),
                     c => io.command(&mut w, c),
                 }
             }
