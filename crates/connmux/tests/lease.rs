@@ -74,20 +74,7 @@ fn leased_conn(svc: &Service, c: &mut TcpStream) -> PsockId {
 
 /// [`leased_conn`], and how many calls (of 8 bytes each way) it made.
 fn leased_conn_counted(svc: &Service, c: &mut TcpStream) -> (PsockId, u64) {
-    let mut calls = 0;
-    let p = eventually(|| {
-        call(c, b"ping");
-        calls += 1;
-        svc.mux().psocks().first().copied()
-    });
-    eventually(|| {
-        if svc.mux().psock_leased(p) {
-            return Some((p, calls));
-        }
-        call(c, b"ping");
-        calls += 1;
-        None
-    })
+    calls_until_lent(svc, || call(c, b"ping"))
 }
 
 fn a_quiet_connection_is_lent_and_its_counts_reach_the_statistics() {

@@ -579,20 +579,7 @@ fn small_window_client(svc: &connmux::service::Service) -> TcpStream {
 /// Calls until the service's only connection is lent to its worker. The
 /// psock and the calls made, 4-byte bodies each way.
 fn tls_calls_until_lent(svc: &connmux::service::Service, c: &mut Client) -> (connmux::PsockId, u64) {
-    let mut calls = 0;
-    let p = eventually(|| {
-        tls_call(c, b"ping");
-        calls += 1;
-        svc.mux().psocks().first().copied()
-    });
-    eventually(|| {
-        if svc.mux().psock_leased(p) {
-            return Some((p, calls));
-        }
-        tls_call(c, b"ping");
-        calls += 1;
-        None
-    })
+    calls_until_lent(svc, || tls_call(c, b"ping"))
 }
 
 /// A served TLS connection is lent to its worker: its records are

@@ -116,6 +116,25 @@ pub fn eventually<T>(mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// Calls (`call`: one request and its answer) until the service's only
+/// connection is lent to its worker: its psock, and the calls made.
+pub fn calls_until_lent(svc: &Service, mut call: impl FnMut()) -> (connmux::PsockId, u64) {
+    let mut calls = 0;
+    let p = eventually(|| {
+        call();
+        calls += 1;
+        svc.mux().psocks().first().copied()
+    });
+    eventually(|| {
+        if svc.mux().psock_leased(p) {
+            return Some((p, calls));
+        }
+        call();
+        calls += 1;
+        None
+    })
+}
+
 /// A DGRAM service on an ephemeral loopback port, `l4` framing, `handler`
 /// answering in place.
 pub fn l4_service(mux: Mux, handler: std::sync::Arc<dyn Handler>) -> Service {
