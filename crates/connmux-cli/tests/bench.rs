@@ -137,3 +137,56 @@ fn bench_uneven_quick_prints_every_variant() {
     }
     assert!(text.contains("against the hand-written epoll loop"), "{text}");
 }
+
+/// `uneven-load --per-conn`: one entry per connection, in order (the heavy
+/// ones first), with the CPU its thread was pinned to, and quantiles that
+/// grow; its calls add up to the report's rates.
+#[test]
+fn uneven_load_per_conn_reports_each_connection() {
+    let s = spawn_server(Command::new(BIN).args([
+        "bench",
+        "uneven-server",
+        "-l",
+        "127.0.0.1:0",
+        "--cpus",
+        "0",
+        "--heavy-us",
+        "20",
+        "--duration",
+        "30",
+    ]));
+    let out = Command::new(BIN)
+        .args(["bench", "uneven-load", "--heavy-conns", "1", "--light-conns", "2", "-a", "2", "-d", "0.3"])
+        .args(["--cpus", "0", "--per-conn"])
+        .arg(s.addr.to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    let conns = doc["conns"].as_array().unwrap_or_else(|| panic!("no conns in {text}"));
+    assert_eq!(conns.len(), 3, "{text}");
+    let kinds: Vec<bool> = conns.iter().map(|c| c["heavy"].as_bool().unwrap()).collect();
+    assert_eq!(kinds, [true, false, false], "{text}");
+    let mut light_calls = 0;
+    for c in conns {
+        assert_eq!(c["cpu"], 0, "{text}");
+        assert!(c["calls"].as_u64().unwrap() > 0, "{text}");
+        let q = |k: &str| c[k].as_f64().unwrap();
+        assert!(0.0 < q("p50_us") && q("p50_us") <= q("p99_us") && q("p99_us") <= q("p999_us"), "{text}");
+        if c["heavy"] == false {
+            light_calls += c["calls"].as_u64().unwrap();
+        }
+    }
+    let rate = doc["report"]["light_rate"].as_f64().unwrap();
+    // The rate is the calls over the longest connection's time (about 0.3 s).
+    assert!(rate > 0.0 && (light_calls as f64) < rate, "{light_calls} calls at {rate}/s: {text}");
+    // Without the flag, no per-connection figures.
+    let plain = Command::new(BIN)
+        .args(["bench", "uneven-load", "--heavy-conns", "0", "--light-conns", "1", "-d", "0.2"])
+        .arg(s.addr.to_string())
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&plain.stdout).unwrap();
+    assert!(doc["conns"].is_null() && doc["ok"] == true, "{doc}");
+}

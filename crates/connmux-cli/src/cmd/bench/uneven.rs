@@ -134,6 +134,11 @@ pub struct LoadArgs {
     pub seconds: f64,
     #[arg(long, value_delimiter = ',')]
     pub cpus: Vec<usize>,
+    /// Print each connection's figures beside the report (`conns`: heavy or
+    /// light, the CPU its thread is pinned to, calls, p50/p99/p99.9): where
+    /// a tail comes from.
+    #[arg(long)]
+    pub per_conn: bool,
     pub target: SocketAddr,
 }
 
@@ -353,6 +358,18 @@ struct LoadReport {
     heavy_p50_us: f64,
 }
 
+/// One connection's figures (`uneven-load --per-conn`: `conns` beside the report).
+#[derive(Serialize)]
+struct ConnReport {
+    heavy: bool,
+    /// The CPU its load thread is pinned to (none without `--cpus`).
+    cpu: Option<usize>,
+    calls: u64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+}
+
 pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
     let n = a.heavy_conns + a.light_conns;
     anyhow::ensure!(n > 0 && a.inflight > 0, "need connections and requests in flight");
@@ -402,7 +419,21 @@ pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
         light_p99_us: us(&lh, 0.99),
         heavy_p50_us: us(&hh, 0.5),
     };
-    println!("{}", serde_json::json!({"ok": true, "report": r}));
+    let mut doc = serde_json::json!({"ok": true, "report": r});
+    if a.per_conn {
+        let conns: Vec<ConnReport> = (out.conns.iter().enumerate())
+            .map(|(i, c)| ConnReport {
+                heavy: i < a.heavy_conns,
+                cpu: (!a.cpus.is_empty()).then(|| a.cpus[i % a.cpus.len()]),
+                calls: c.calls,
+                p50_us: us(&c.hist, 0.5),
+                p99_us: us(&c.hist, 0.99),
+                p999_us: us(&c.hist, 0.999),
+            })
+            .collect();
+        doc["conns"] = serde_json::to_value(conns)?;
+    }
+    println!("{doc}");
     Ok(0)
 }
 
