@@ -125,7 +125,7 @@ fn every_uneven_server_echoes_whole_messages_split_anywhere() {
 #[test]
 fn bench_uneven_quick_prints_every_variant() {
     let out = Command::new(BIN)
-        .args(["bench", "uneven", "--quick", "--heavy-conns", "1", "--light-conns", "1", "-a", "4"])
+        .args(["bench", "uneven", "--quick", "--heavy-conns", "1", "--light-conns", "2", "-a", "4"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -136,6 +136,15 @@ fn bench_uneven_quick_prints_every_variant() {
         assert!(total > 0.0, "{row} answered nothing:\n{text}");
     }
     assert!(text.contains("against the hand-written epoll loop"), "{text}");
+    // The load's threads take CPUs 0, 1 in turn: light connection 2's
+    // client shares CPU 0 with the heavy one's, light connection 1's is
+    // on CPU 1; each server's light p99 is given for both.
+    let tail = text.split("by where its client runs").nth(1).unwrap_or_else(|| panic!("no tail section in\n{text}"));
+    for row in ["affinity", "rr", "thread", "epoll"] {
+        let line = tail.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no {row} tail in\n{text}"));
+        let us: Vec<f64> = line.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+        assert!(us.len() == 2 && us.iter().all(|&v| v > 0.0), "{row}: {line}\n{text}");
+    }
 }
 
 /// `uneven-load --per-conn`: one entry per connection, in order (the heavy

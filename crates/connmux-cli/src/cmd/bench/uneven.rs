@@ -437,10 +437,43 @@ pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn load_once(a: &Args, addr: SocketAddr) -> anyhow::Result<LoadReport> {
+/// One run of the load against one server: its report, and where its light
+/// tail is.
+#[derive(Clone, Copy)]
+struct Run {
+    load: LoadReport,
+    tail: Tail,
+}
+
+/// The light connections' p99 by where their client runs (the median over
+/// such connections): on a CPU that also carries a heavy client (whose
+/// requests the server answers there when it reads a connection on its
+/// client's CPU) and on the other CPUs; `None` where there is no such
+/// connection.
+#[derive(Clone, Copy, Default)]
+struct Tail {
+    beside_heavy: Option<f64>,
+    elsewhere: Option<f64>,
+}
+
+impl Tail {
+    fn of(conns: &[Value]) -> Tail {
+        let heavy_cpus: Vec<&Value> = conns.iter().filter(|c| c["heavy"] == true).map(|c| &c["cpu"]).collect();
+        let p99s = |beside: bool| -> Option<f64> {
+            let v: Vec<f64> = (conns.iter())
+                .filter(|c| c["heavy"] == false && heavy_cpus.contains(&&c["cpu"]) == beside)
+                .filter_map(|c| c["p99_us"].as_f64())
+                .collect();
+            (!v.is_empty()).then(|| median(v))
+        };
+        Tail { beside_heavy: p99s(true), elsewhere: p99s(false) }
+    }
+}
+
+fn load_once(a: &Args, addr: SocketAddr) -> anyhow::Result<Run> {
     let cpus = cpu_list(&a.cpus);
     let out = taskset(&a.cpus, exe()?)
-        .args(["bench", "uneven-load", "--cpus", &cpus])
+        .args(["bench", "uneven-load", "--per-conn", "--cpus", &cpus])
         .args(["--heavy-conns", &a.heavy_conns.to_string(), "--light-conns", &a.light_conns.to_string()])
         .args(["-a", &a.inflight.to_string(), "-d", &a.seconds.to_string()])
         .arg(addr.to_string())
@@ -452,14 +485,16 @@ fn load_once(a: &Args, addr: SocketAddr) -> anyhow::Result<LoadReport> {
     }
     let r = &doc["report"];
     let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
-    Ok(LoadReport {
+    let load = LoadReport {
         total_rate: f("total_rate"),
         light_rate: f("light_rate"),
         heavy_rate: f("heavy_rate"),
         light_p50_us: f("light_p50_us"),
         light_p99_us: f("light_p99_us"),
         heavy_p50_us: f("heavy_p50_us"),
-    })
+    };
+    let tail = Tail::of(doc["conns"].as_array().map_or(&[][..], |v| v.as_slice()));
+    Ok(Run { load, tail })
 }
 
 pub fn run(mut a: Args) -> anyhow::Result<i32> {
@@ -502,7 +537,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.seconds,
         loadavg()
     );
-    let mut res: Vec<Vec<LoadReport>> = vec![Vec::new(); servers.len()];
+    let mut res: Vec<Vec<Run>> = vec![Vec::new(); servers.len()];
     for round in 0..a.rounds {
         for k in 0..servers.len() {
             let i = (k + round) % servers.len();
@@ -515,7 +550,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     let med: Vec<LoadReport> = res
         .iter()
         .map(|rs| {
-            let m = |f: fn(&LoadReport) -> f64| median(rs.iter().map(f).collect());
+            let m = |f: fn(&LoadReport) -> f64| median(rs.iter().map(|r| f(&r.load)).collect());
             LoadReport {
                 total_rate: m(|r| r.total_rate),
                 light_rate: m(|r| r.light_rate),
@@ -554,6 +589,27 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             ratio(m.total_rate, thr.total_rate),
             ratio(m.light_p99_us, thr.light_p99_us)
         );
+    }
+    // Where the light tail is (`uneven-load --per-conn`): a server that
+    // reads a connection on its client's CPU answers the heavy requests
+    // beside the light connections whose clients share the heavy client's CPU.
+    let tails: Vec<(Option<f64>, Option<f64>)> = res
+        .iter()
+        .map(|rs| {
+            let m = |f: fn(&Tail) -> Option<f64>| {
+                let v: Vec<f64> = rs.iter().filter_map(|r| f(&r.tail)).collect();
+                (!v.is_empty()).then(|| median(v))
+            };
+            (m(|t| t.beside_heavy), m(|t| t.elsewhere))
+        })
+        .collect();
+    if tails.iter().any(|(b, e)| b.is_some() && e.is_some()) {
+        let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        println!();
+        println!("light p99 (us) by where its client runs, median per connection: beside a heavy client / elsewhere");
+        for (i, (name, _, _)) in variants.iter().enumerate() {
+            println!("{:<10} {:>9} / {}", name, us(tails[i].0), us(tails[i].1));
+        }
     }
     let (aff, rr, ep) = (med[0], med[1], med[3]);
     // The event-driven floor: what part of the gap to a blocking thread any
