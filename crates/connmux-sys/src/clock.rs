@@ -4,6 +4,7 @@
 /// `CLOCK_MONOTONIC` in nanoseconds: never goes backwards, not affected by changes of
 /// the wall clock, counted from an unspecified start (boot), so only differences mean
 /// something.
+#[inline]
 pub fn now_nanos() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: writes one timespec into a live local; CLOCK_MONOTONIC always exists on

@@ -171,6 +171,7 @@ impl Epoll {
     /// forever; timeouts are rounded up to whole milliseconds), and fills `events`.
     /// Returns the number of events; 0 on timeout and when a signal interrupted the
     /// wait (the caller's loop decides whether to wait again).
+    #[inline]
     pub fn wait(&self, events: &mut Events, timeout: Option<Duration>) -> io::Result<usize> {
         events.buf.clear();
         let max = events.buf.capacity().min(libc::c_int::MAX as usize) as libc::c_int;

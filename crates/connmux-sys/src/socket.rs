@@ -30,6 +30,7 @@ unsafe fn raw_read(fd: RawFd, buf: *mut libc::c_void, len: usize) -> libc::ssize
 
 /// Reads into `buf` (`read(2)`); 0 means end of stream (or an empty `buf`). On a
 /// non-blocking fd with nothing to read the error kind is `WouldBlock`.
+#[inline]
 pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     retry_eintr(|| {
         // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
@@ -63,11 +64,13 @@ pub fn read_into(fd: RawFd, buf: &mut bytes::BytesMut, max: usize) -> io::Result
 /// bytes the kernel took, which may be fewer than offered (then the caller keeps the
 /// rest); nothing taken is `WouldBlock`. At most `UIO_MAXIOV` (1024) slices are sent
 /// per call.
+#[inline]
 pub fn writev(fd: RawFd, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
     sendmsg_flags(fd, bufs, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
 }
 
 /// `sendmsg(2)` without an address or control data, with `flags` as given.
+#[inline]
 pub(crate) fn sendmsg_flags(fd: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
     if let [one] = bufs {
         // One slice: `sendto` with no address, which spares the kernel

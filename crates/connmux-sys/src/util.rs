@@ -3,6 +3,7 @@
 use std::io;
 
 /// Maps a `-1` return of a libc call to the thread's `errno`.
+#[inline]
 pub(crate) fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret == -1 {
         Err(io::Error::last_os_error())
@@ -12,6 +13,7 @@ pub(crate) fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 /// Like [`cvt`] for calls returning `ssize_t`; a successful value is never negative.
+#[inline]
 pub(crate) fn cvt_size(ret: libc::ssize_t) -> io::Result<usize> {
     if ret < 0 {
         Err(io::Error::last_os_error())
@@ -39,6 +41,7 @@ pub(crate) fn retry_eintr<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result
 
 /// Converts a timeout to whole milliseconds for `epoll_wait`, rounding up so that a
 /// short non-zero timeout does not become a busy poll; `None` means wait forever (-1).
+#[inline]
 pub(crate) fn timeout_ms(timeout: Option<std::time::Duration>) -> libc::c_int {
     match timeout {
         None => -1,

@@ -425,6 +425,7 @@ pub(crate) fn serve_in_place(
 /// The handler on the messages of one read where they lie (`read`), timed
 /// (one run in a few, [`ServeBufs::time_run`]), its verdicts kept in `bufs`
 /// (replies coalesced per run).
+#[inline(always)]
 fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) {
     let handler = &*sv.handler;
     let ReadView { data, ranges, psock: p, started } = read;
@@ -498,6 +499,7 @@ impl LentOut<'_> {
 /// messages or the connection turned heavy: the lease is back with the
 /// core, which the caller feeds `data` to as usual.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub(crate) fn serve_leased(
     sh: &Shared,
     sv: &Serving,

@@ -84,6 +84,7 @@ impl Lease {
     /// psock's size limit. Anything less and nothing is counted: the caller
     /// gives the lease back and feeds the whole read to the mux (which
     /// frames it again, and decides about the rest).
+    #[inline]
     pub fn frame(&mut self, data: &[u8], out: &mut Vec<Range<usize>>) -> usize {
         let first = out.len();
         let taken = self.parser.frame_batch(data, self.max_len, usize::MAX, out);

@@ -252,6 +252,7 @@ fn read_tls(
 /// connection): served with no core lock when it is all whole messages
 /// (`serve::serve_leased`); otherwise, or at the end of the stream, the
 /// lease goes back and the read goes the usual way.
+#[inline(always)]
 fn read_leased(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, fd: std::os::fd::RawFd, buf: &mut [u8]) {
     let sh = w.sh;
     let Some(sv) = w.serving.as_ref() else { return };
