@@ -424,7 +424,9 @@ pub(crate) fn serve_in_place(
 
 /// The handler on the messages of one read where they lie (`read`), timed
 /// (one run in a few, [`ServeBufs::time_run`]), its verdicts kept in `bufs`
-/// (replies coalesced per run).
+/// (replies coalesced per run). Inlined into its two callers: at one
+/// request a read, the call's register saves and restores were a good share
+/// of the path (`connmux bench instructions`, `docs/performance.md`).
 #[inline(always)]
 fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) {
     let handler = &*sv.handler;
@@ -497,7 +499,8 @@ impl LentOut<'_> {
 /// worker's pass hold). A close gives the lease back and goes the usual way
 /// after the handler. Returns the connection when `data` is not all whole
 /// messages or the connection turned heavy: the lease is back with the
-/// core, which the caller feeds `data` to as usual.
+/// core, which the caller feeds `data` to as usual. Inlined into its three
+/// callers (the drivers' lent reads), as [`run_in_place`] is.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn serve_leased(

@@ -251,7 +251,8 @@ fn read_tls(
 /// A read of psock `p`, lent to this worker (`Own::leases`; `fd` is its
 /// connection): served with no core lock when it is all whole messages
 /// (`serve::serve_leased`); otherwise, or at the end of the stream, the
-/// lease goes back and the read goes the usual way.
+/// lease goes back and the read goes the usual way. Inlined into the wait,
+/// its one caller, for the same reason as the wait into the loop.
 #[inline(always)]
 fn read_leased(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, fd: std::os::fd::RawFd, buf: &mut [u8]) {
     let sh = w.sh;
