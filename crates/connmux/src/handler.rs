@@ -156,7 +156,7 @@ pub struct ServiceStats {
     /// or because the handler answered [`Verdict::Close`].
     pub closed: AtomicU64,
     /// Connections refused at accept (closed with a reset at once) because
-    /// the service already had [`Service::set_max_conns`] attached.
+    /// the service already had [`Service::set_max_conns`](crate::service::Service::set_max_conns) attached.
     pub refused: AtomicU64,
 }
 
