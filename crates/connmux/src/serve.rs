@@ -545,10 +545,7 @@ pub(crate) fn serve_leased(
     if behind || !bufs.outs.iter().all(|o| matches!(o, Out::Replies(q, ..) if *q == p)) {
         // Revoked, or a close: the psock is the core's again before
         // anything else (`unlease` takes this read's counts back with it).
-        let mut core = sh.lock();
-        bufs.own.unlease(&mut core, p, sh.timestamp(started));
-        core.drain_events(events);
-        drop(core);
+        bufs.own.give_back(sh, p, started, events);
         send_outs(sh, sv, bufs, events, dirty, None);
         return Ok(());
     }

@@ -216,7 +216,7 @@ fn read_tls(
     if cap == 0 || !st.decrypts_in_worker() {
         drop(st);
         if leased {
-            worker::give_back(w, rt.id, connmux_sys::clock::now_nanos());
+            w.bufs.own.give_back(sh, rt.id, connmux_sys::clock::now_nanos(), &mut w.events);
         }
         return tls::epoll_read(sh, rt, tls, buf, &mut w.events);
     }
@@ -239,7 +239,7 @@ fn read_tls(
         end => {
             drop(st);
             if leased {
-                worker::give_back(w, rt.id, read_at);
+                w.bufs.own.give_back(sh, rt.id, read_at, &mut w.events);
             }
             if let Some(how) = end.end() {
                 tls::read_end(sh, rt, tls, how, &mut w.events);

@@ -267,7 +267,7 @@ fn tls_read(w: &mut Worker<'_>, ring: &mut WRing, conn: &mut Conn, buf: u16, pla
     if usual {
         drop(st);
         if leased {
-            worker::give_back(w, p, connmux_sys::clock::now_nanos());
+            w.bufs.own.give_back(sh, p, connmux_sys::clock::now_nanos(), &mut w.events);
         }
         conn.held.push_back(Held { buf, off: 0 });
         pump_tls(sh, ring, conn, &mut w.events);

@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use connmux_core::mux::{Event, PsockId};
+use connmux_core::mux::Event;
 
 use crate::serve::{LentOut, ServeBufs, Serving};
 use crate::shared::tls::{Decrypted, PsockTls};
@@ -158,7 +158,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                     // The pass's hold below tells (a command wake never
                     // skips it).
                     Command::Tell => {}
-                    Command::Unlease(p) => give_back(&mut w, p, connmux_sys::clock::now_nanos()),
+                    Command::Unlease(p) => w.bufs.own.give_back(sh, p, connmux_sys::clock::now_nanos(), &mut w.events),
                     c => io.command(&mut w, c),
                 }
             }
@@ -313,15 +313,6 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
     }
 }
 
-/// Give psock `p`'s lease back to the core, at `at` (a clock reading):
-/// what it reads next goes the usual way.
-pub(crate) fn give_back(w: &mut Worker<'_>, p: PsockId, at: u64) {
-    let sh = w.sh;
-    let mut core = sh.lock();
-    w.bufs.own.unlease(&mut core, p, sh.timestamp(at));
-    core.drain_events(&mut w.events);
-}
-
 /// The plaintext of one read of TLS psock `rt`, which its driver read and
 /// decrypted in this worker (`d`: how its records went), read at `read_at`.
 /// Both drivers end a TLS read here. On the psock's lease (`leased`), when
@@ -354,7 +345,7 @@ pub(crate) fn tls_plaintext(
             feed_bytes(w, rt, plain, read_at);
             return false;
         }
-        give_back(w, rt.id, read_at);
+        w.bufs.own.give_back(w.sh, rt.id, read_at, &mut w.events);
     }
     if !plain.is_empty() {
         feed_bytes(w, rt, plain, read_at);

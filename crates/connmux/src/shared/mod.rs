@@ -552,6 +552,15 @@ impl Own {
         self.unlease_rt(core, p, now);
     }
 
+    /// [`Own::unlease`] in a hold of its own, at `at` (a clock reading),
+    /// the core's events appended to `events`: what the psock reads next
+    /// goes the usual way.
+    pub fn give_back(&mut self, sh: &Shared, p: PsockId, at: u64, events: &mut Vec<Event>) {
+        let mut core = sh.lock();
+        self.unlease(&mut core, p, sh.timestamp(at));
+        core.drain_events(events);
+    }
+
     /// [`Own::unlease`] returning the connection (the caller goes on with it).
     pub fn unlease_rt(&mut self, core: &mut Core, p: PsockId, now: Timestamp) -> Option<Arc<PsockRt>> {
         let l = self.take_lease(p)?;

@@ -459,15 +459,21 @@ struct Tail {
 impl Tail {
     fn of(conns: &[Value]) -> Tail {
         let heavy_cpus: Vec<&Value> = conns.iter().filter(|c| c["heavy"] == true).map(|c| &c["cpu"]).collect();
-        let p99s = |beside: bool| -> Option<f64> {
-            let v: Vec<f64> = (conns.iter())
-                .filter(|c| c["heavy"] == false && heavy_cpus.contains(&&c["cpu"]) == beside)
-                .filter_map(|c| c["p99_us"].as_f64())
-                .collect();
-            (!v.is_empty()).then(|| median(v))
+        let p99s = |beside: bool| {
+            median_if_any(
+                (conns.iter())
+                    .filter(|c| c["heavy"] == false && heavy_cpus.contains(&&c["cpu"]) == beside)
+                    .filter_map(|c| c["p99_us"].as_f64()),
+            )
         };
         Tail { beside_heavy: p99s(true), elsewhere: p99s(false) }
     }
+}
+
+/// The median of some figures; `None` when there are none.
+fn median_if_any(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let v: Vec<f64> = v.collect();
+    (!v.is_empty()).then(|| median(v))
 }
 
 fn load_once(a: &Args, addr: SocketAddr) -> anyhow::Result<Run> {
@@ -596,10 +602,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     let tails: Vec<(Option<f64>, Option<f64>)> = res
         .iter()
         .map(|rs| {
-            let m = |f: fn(&Tail) -> Option<f64>| {
-                let v: Vec<f64> = rs.iter().filter_map(|r| f(&r.tail)).collect();
-                (!v.is_empty()).then(|| median(v))
-            };
+            let m = |f: fn(&Tail) -> Option<f64>| median_if_any(rs.iter().filter_map(|r| f(&r.tail)));
             (m(|t| t.beside_heavy), m(|t| t.elsewhere))
         })
         .collect();
