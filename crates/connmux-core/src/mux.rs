@@ -84,7 +84,7 @@ mod lease;
 mod limits;
 mod slab;
 use deadlines::{Armed, Deadlines};
-pub use lease::Lease;
+pub use lease::{Lease, LeaseRead};
 use limits::MemState;
 use slab::Slab;
 
@@ -703,6 +703,8 @@ struct MuxCounters {
     mem_aborts: u64,
     idle_timeouts: u64,
     handshake_timeouts: u64,
+    leases: u64,
+    lease_returns: u64,
 }
 
 /// The multiplexor.
@@ -2521,6 +2523,8 @@ impl Mux {
             mem_aborts: self.counters.mem_aborts,
             idle_timeouts: self.counters.idle_timeouts,
             handshake_timeouts: self.counters.handshake_timeouts,
+            leases: self.counters.leases,
+            lease_returns: self.counters.lease_returns,
             kcms: self.socks.len(),
             psocks: self.psocks.len(),
             psock: agg,

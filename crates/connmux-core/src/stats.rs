@@ -36,6 +36,11 @@ pub struct MuxStats {
     pub idle_timeouts: u64,
     /// Psocks whose TLS handshake did not finish in time (new).
     pub handshake_timeouts: u64,
+    /// Times a psock was lent to the worker that reads it (`Mux::lease`, new).
+    pub leases: u64,
+    /// Times a lease came back to the mux (`Mux::unlease`: a read the
+    /// worker could not serve alone, a close, a send from elsewhere, ...; new).
+    pub lease_returns: u64,
     /// Live KCM sockets.
     pub kcms: usize,
     /// Live psocks.

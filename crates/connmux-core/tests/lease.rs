@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use common::*;
 use connmux_core::mux::{
-    Direct, Event, Lease, Mux, MuxConfig, PsockConfig, PsockId, SendFlags, SockId, SockType, Steering,
+    Direct, Event, Lease, LeaseRead, Mux, MuxConfig, PsockConfig, PsockId, SendFlags, SockId, SockType, Steering,
 };
 use connmux_core::parser::{Parse, Parser};
 use connmux_core::{Bytes, Timestamp};
@@ -311,4 +311,131 @@ fn a_parser_that_cuts_its_messages_is_counted_as_delivered() {
     assert_eq!(m.psock_stats(p).unwrap(), want.0);
     assert_eq!(m.sock_stats(s).unwrap().rx_bytes, want.1);
     assert_eq!(want.1, 8);
+}
+
+/// What a worker serves of one read on the lease: the kept message made
+/// whole (as the parser delivers it), then the read's own whole messages;
+/// `None` when the lease must go back (with the offset the mux takes over).
+fn serve_read(lease: &mut Lease, data: &[u8], now: Timestamp, room: usize) -> Result<Vec<Vec<u8>>, usize> {
+    let mut out = Vec::new();
+    match lease.frame_read(data, now, room, &mut out) {
+        LeaseRead::GiveBack { from } => Err(from),
+        LeaseRead::Kept => Ok(Vec::new()),
+        LeaseRead::Serve { done, from } => {
+            let mut msgs = Vec::new();
+            if let Some(r) = done {
+                msgs.push(lease.take_done()[r].to_vec());
+            }
+            msgs.extend(out.iter().map(|r| data[from..][r.clone()].to_vec()));
+            Ok(msgs)
+        }
+    }
+}
+
+#[test]
+fn a_message_split_between_reads_at_any_byte_is_completed_on_the_lease_and_counted_once() {
+    let msgs: Vec<Vec<u8>> = vec![l4(b"one"), l4(b"a longer second message"), l4(b""), l4(&[9u8; 300])];
+    let wire = msgs.concat();
+    // The ordinary path, for the counts.
+    let (mut m, s, p) = served(1024);
+    m.feed(p, &wire, T0).unwrap();
+    assert_eq!(recv_all(&mut m, s).len(), msgs.len());
+    m.rx_settle(p, msgs.len() as u64);
+    let want = m.psock_stats(p).unwrap();
+    // Every way of cutting the stream in three reads.
+    for a in 0..=wire.len() {
+        for b in (a..=wire.len()).step_by(7) {
+            let (mut m, s, p) = served(1024);
+            let mut lease = m.lease(p, s).unwrap();
+            let mut got = Vec::new();
+            for read in [&wire[..a], &wire[a..b], &wire[b..]] {
+                got.extend(serve_read(&mut lease, read, T0, 1024).expect("kept within room"));
+            }
+            assert_eq!(got, msgs, "cut at {a}, {b}");
+            assert!(!lease.keeps());
+            assert!(m.lease_sync(&mut lease, T0));
+            let st = m.psock_stats(p).unwrap();
+            assert_eq!((st.rx_msgs, st.rx_bytes), (want.rx_msgs, want.rx_bytes), "cut at {a}, {b}");
+        }
+    }
+}
+
+#[test]
+fn what_a_lease_kept_goes_back_to_the_mux_whole_and_in_order() {
+    // Kept, then given back (a send from elsewhere, say): the mux frames
+    // the kept start with what comes next.
+    let (mut m, s, p) = served(1024);
+    let mut lease = m.lease(p, s).unwrap();
+    let msg = l4(b"in two parts");
+    let first: Vec<u8> = [l4(b"whole"), msg[..7].to_vec()].concat();
+    assert_eq!(serve_read(&mut lease, &first, T0, 1024), Ok(vec![l4(b"whole")]));
+    assert_eq!(lease.kept(), 7);
+    m.unlease(lease, T0);
+    assert_eq!(m.stats().lease_returns, 1);
+    m.feed(p, &msg[7..], T0).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![msg.clone()]);
+    // Counted once each: one on the lease, one by the mux.
+    assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 2);
+
+    // More than the room given: back, with what it kept; the caller feeds
+    // the read from `from` on.
+    let (mut m, s, p) = served(1024);
+    let mut lease = m.lease(p, s).unwrap();
+    let big = l4(&[5u8; 100]);
+    assert_eq!(serve_read(&mut lease, &big[..10], T0, 64), Err(0), "announces 104 bytes, room 64");
+    let (mut m2, s2, p2) = served(1024);
+    let mut lease2 = m2.lease(p2, s2).unwrap();
+    assert_eq!(serve_read(&mut lease2, &big[..2], T0, 64), Ok(vec![]), "a header begun is kept");
+    // The read's first two bytes complete the header (kept): the mux
+    // takes the rest of the read after them.
+    assert_eq!(serve_read(&mut lease2, &big[2..10], T0, 64), Err(2), "its length is known now: too long");
+    m2.unlease(lease2, T0);
+    m2.feed(p2, &big[4..], T0).unwrap();
+    assert_eq!(recv_all(&mut m2, s2), vec![big.clone()]);
+    m.unlease(lease, T0);
+    m.feed(p, &big, T0).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![big]);
+
+    // A message made whole, then a bad one: nothing served on the lease;
+    // the mux gets the whole message and the rest, delivers the one and
+    // aborts on the other.
+    let (mut m, s, p) = served(16);
+    let mut lease = m.lease(p, s).unwrap();
+    let ok = l4(b"ok!");
+    assert_eq!(serve_read(&mut lease, &ok[..5], T0, 1024), Ok(vec![]));
+    let rest: Vec<u8> = [ok[5..].to_vec(), l4(&[1u8; 40])].concat();
+    let from = serve_read(&mut lease, &rest, T0, 1024).expect_err("too large for the psock");
+    assert_eq!(from, ok.len() - 5);
+    m.unlease(lease, T0);
+    m.feed(p, &rest[from..], T0).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![ok]);
+    assert_eq!(m.psock_stats(p).unwrap().rx_msg_too_big, 1);
+}
+
+#[test]
+fn a_kept_message_times_out_from_its_first_byte_as_the_mux_would() {
+    let t = std::time::Duration::from_millis(100);
+    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, assembly_timeout: Some(t), ..MuxConfig::default() });
+    let s = m.socket(SockType::Dgram);
+    m.set_affinity(s, Some(0)).unwrap();
+    m.set_holds(s, true).unwrap();
+    let p = m.attach(Box::new(Whole(L4::new())), PsockConfig::default());
+    m.set_psock_affinity(p, Some(0)).unwrap();
+    events(&mut m);
+    let mut lease = m.lease(p, s).unwrap();
+    let at = |ms: u64| Timestamp::from_nanos(ms * 1_000_000);
+    let msg = l4(b"slow loris");
+    assert_eq!(serve_read(&mut lease, &msg[..3], at(10), 1024), Ok(vec![]));
+    assert_eq!(lease.kept_due(), Some(at(110)), "from the first byte");
+    // More of it later does not move the deadline.
+    assert_eq!(serve_read(&mut lease, &msg[3..6], at(60), 1024), Ok(vec![]));
+    assert_eq!(lease.kept_due(), Some(at(110)));
+    // The worker gives it back at the deadline: the mux times it out then.
+    m.unlease(lease, at(110));
+    assert_eq!(m.poll_timeout(), Some(at(110)));
+    m.handle_timeout(at(110));
+    let evs = events(&mut m);
+    assert!(evs.iter().any(|e| matches!(e, Event::PsockFailed(q, _) if *q == p)), "{evs:?}");
+    let st = m.psock_stats(p).unwrap();
+    assert_eq!((st.rx_msg_timeouts, st.rx_msgs), (1, 0));
 }

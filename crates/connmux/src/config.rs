@@ -263,6 +263,20 @@ pub struct Tuning {
     /// this shortens it to a sixteenth of the timeout, so that untold
     /// activity never looks like idleness. Default 1 ms.
     pub lease_sync: Duration,
+    /// Bytes of a message begun that a lent psock keeps when a read ends
+    /// inside it (`connmux_core::mux::Lease::frame_read`): the next reads
+    /// complete it on the lease. A larger message (or a longer start) gives
+    /// the lease back and goes the core's way (a message of 16 KiB or more
+    /// is read straight into its assembly buffer there). 0: a read that
+    /// ends inside a message always gives the lease back. Default 16 KiB.
+    pub lease_keep: usize,
+    /// Bytes all of one worker's leases keep together: past it a read that
+    /// would keep more gives its lease back (the core's memory budget does
+    /// not see kept bytes, so the most memory in all is `mem_limit` plus
+    /// this per worker). A kept message's assembly deadline holds as in the
+    /// core: when it passes, the worker gives the lease back and the core
+    /// times the message out. Default 1 MiB.
+    pub lease_keep_total: usize,
 }
 
 impl Default for Tuning {
@@ -280,6 +294,8 @@ impl Default for Tuning {
             max_iov: 64,
             lease: true,
             lease_sync: Duration::from_millis(1),
+            lease_keep: 16 << 10,
+            lease_keep_total: 1 << 20,
         }
     }
 }

@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use connmux_core::mux::{Event, MuxError, PsockId};
+use connmux_core::mux::{Event, LeaseRead, MuxError, PsockId};
 use connmux_core::Bytes;
 
 use crate::config::Tuning;
@@ -86,6 +86,9 @@ impl Default for Limits {
 pub(crate) struct ServeBufs {
     /// `Config::tuning`, copied at start.
     limits: Limits,
+    /// A lent psock whose replies wait in the run for the driver's
+    /// [`flush_deferred`], and its connection ([`LentOut::Later`]).
+    pub deferred: Option<(PsockId, std::os::fd::RawFd)>,
     msgs: Vec<(connmux_core::Bytes, PsockId)>,
     outs: Vec<Out>,
     /// Where handlers build replies.
@@ -428,7 +431,7 @@ pub(crate) fn serve_in_place(
 /// request a read, the call's register saves and restores were a good share
 /// of the path (`connmux bench instructions`, `docs/performance.md`).
 #[inline(always)]
-fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) {
+fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) -> bool {
     let handler = &*sv.handler;
     let ReadView { data, ranges, psock: p, started } = read;
     let mut rest = ranges;
@@ -465,13 +468,14 @@ fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) {
                 bufs.push(p, v);
                 if close {
                     // Nothing after the close is answered.
-                    break;
+                    return true;
                 }
             }
             None if served.handled == 0 => break,
             None => {}
         }
     }
+    false
 }
 
 /// Where a lent psock's replies are written: straight to its connection,
@@ -479,6 +483,10 @@ fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) {
 #[derive(Clone, Copy)]
 pub(crate) enum LentOut<'a> {
     Plain(std::os::fd::RawFd),
+    /// `Plain`, but replies appended to the run wait for the caller's
+    /// [`flush_deferred`] (the io_uring driver: one write for a psock's
+    /// reads in a row; the caller flushes before anything else serves).
+    Later(std::os::fd::RawFd),
     Tls(&'a PsockRt, &'a std::sync::Mutex<PsockTls>),
 }
 
@@ -486,21 +494,33 @@ impl LentOut<'_> {
     /// One write of `iov`: the bytes taken (as `writev` counts them).
     fn write(self, sh: &Shared, iov: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
         match self {
-            LentOut::Plain(fd) => connmux_sys::socket::writev(fd, iov),
+            LentOut::Plain(fd) | LentOut::Later(fd) => connmux_sys::socket::writev(fd, iov),
             LentOut::Tls(rt, tls) => crate::shared::tls::lease_write(sh, rt, tls, iov),
         }
     }
 }
 
+/// Write the replies lent reads left in the run for later
+/// ([`LentOut::Later`]), if any.
+pub(crate) fn flush_deferred(sh: &Shared, bufs: &mut ServeBufs, events: &mut Vec<Event>) {
+    let Some((p, fd)) = bufs.deferred.take() else { return };
+    match bufs.run.take() {
+        Some((q, n)) if q == p && n > 0 => write_run(sh, bufs, p, LentOut::Plain(fd), n, events),
+        run => bufs.run = run,
+    }
+}
+
 /// A read of psock `p`, lent to this worker (`Own::leases`; `fd` is its
-/// connection): when `data` is all whole messages of a light connection,
-/// the handler answers them where they lie and their replies are written
-/// here, with no hold of the core lock (the counts reach the core in the
-/// worker's pass hold). A close gives the lease back and goes the usual way
-/// after the handler. Returns the connection when `data` is not all whole
-/// messages or the connection turned heavy: the lease is back with the
-/// core, which the caller feeds `data` to as usual. Inlined into its three
-/// callers (the drivers' lent reads), as [`run_in_place`] is.
+/// connection): the handler answers its whole messages where they lie and
+/// their replies are written here, with no hold of the core lock (the counts
+/// reach the core in the worker's pass hold). A read that ends inside a
+/// message leaves its start on the lease, and the next reads complete it
+/// (`Lease::frame_read`, [`serve_kept`]). A close gives the lease back and
+/// goes the usual way after the handler. `Err` when the read is not for the
+/// lease (a message too large or bad to keep, the connection turned heavy,
+/// the lease revoked): the lease is back with the core, which the caller
+/// feeds the read's bytes from [`GivenBack::from`] on as usual. Inlined into
+/// its three callers (the drivers' lent reads), as [`run_in_place`] is.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn serve_leased(
@@ -513,18 +533,37 @@ pub(crate) fn serve_leased(
     started: u64,
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
-) -> Result<(), Option<Arc<PsockRt>>> {
-    let Some(l) = bufs.own.leases.get_mut(&p) else { return Err(None) };
+) -> Result<(), GivenBack> {
+    if bufs.deferred.is_some_and(|(q, _)| q != p) {
+        // (The caller flushes before another psock's read: not reached.)
+        flush_deferred(sh, bufs, events);
+    }
+    let Some(l) = bufs.own.leases.get_mut(&p) else { return Err(GivenBack { rt: None, from: 0 }) };
+    if bufs.heavy.contains(p) || revoked(&l.rt) {
+        return Err(give_back_read(sh, bufs, p, started, 0, events));
+    }
     let mut ranges = std::mem::take(&mut bufs.ranges);
     ranges.clear();
-    if bufs.heavy.contains(p) || revoked(&l.rt) || l.lease.frame(data, &mut ranges) != data.len() {
-        bufs.ranges = ranges;
-        let mut core = sh.lock();
-        let rt = bufs.own.unlease_rt(&mut core, p, sh.timestamp(started));
-        core.drain_events(events);
-        return Err(rt);
+    // The common read, all whole messages and nothing kept before it:
+    // served where it lies. Anything else out of line.
+    let from = match !l.lease.keeps() && l.lease.frame(data, &mut ranges) == data.len() {
+        true => 0,
+        false => match serve_kept(sh, sv, bufs, data, p, started, &mut ranges, events) {
+            Kept::Serve(from) => from,
+            Kept::Nothing => {
+                bufs.ranges = ranges;
+                bufs.own.lease_used(p, 0, 0);
+                return Ok(());
+            }
+            Kept::Back(g) => {
+                bufs.ranges = ranges;
+                return Err(g);
+            }
+        },
+    };
+    if !ranges.is_empty() {
+        run_in_place(sv, bufs, ReadView { data: &data[from..], ranges: &ranges, psock: p, started });
     }
-    run_in_place(sv, bufs, ReadView { data, ranges: &ranges, psock: p, started });
     // Empty for the next read (its ranges are pushed after what is here).
     ranges.clear();
     bufs.ranges = ranges;
@@ -535,12 +574,18 @@ pub(crate) fn serve_leased(
         // The common case: every reply appended to the run (none of its own
         // buffer, no close): written from the run's buffer, which is then
         // used again (no copy, no buffer handed anywhere).
-        match bufs.run.take() {
-            Some((q, n)) if q == p && n > 0 => write_run(sh, bufs, p, out, n, events),
+        match (bufs.run.take(), out) {
+            (Some((q, n)), LentOut::Later(fd)) if q == p && n > 0 => {
+                bufs.run = Some((q, n));
+                bufs.deferred = Some((p, fd));
+            }
+            (Some((q, n)), _) if q == p && n > 0 => write_run(sh, bufs, p, out, n, events),
             _ => bufs.own.lease_used(p, 0, 0),
         }
         return Ok(());
     }
+    // (Replies left for later are in the run: they go first, with it.)
+    bufs.deferred = None;
     bufs.end_run();
     if behind || !bufs.outs.iter().all(|o| matches!(o, Out::Replies(q, ..) if *q == p)) {
         // Revoked, or a close: the psock is the core's again before
@@ -559,6 +604,89 @@ pub(crate) fn serve_leased(
     }
     write_leased(sh, bufs, p, out, events);
     Ok(())
+}
+
+/// A lent read the lease did not take as it came (see [`serve_leased`]).
+pub(crate) struct GivenBack {
+    /// The connection, when the lease was here to give back.
+    pub rt: Option<Arc<PsockRt>>,
+    /// The read's bytes before this went to the core with the lease (the
+    /// start of a message it kept): the caller feeds the rest.
+    pub from: usize,
+}
+
+/// What [`serve_kept`] left to [`serve_leased`].
+enum Kept {
+    /// Serve the ranges framed, which are of the read from this offset.
+    Serve(usize),
+    /// The read all went on a kept message: nothing to serve.
+    Nothing,
+    /// The lease went back.
+    Back(GivenBack),
+}
+
+/// A lent read that is not all whole messages, or that goes on with a
+/// message the lease kept: framed by `Lease::frame_read` within the room
+/// the worker's bound leaves (`Own::keep_room`); a message it made whole
+/// is served first, from the lease's own buffer. Out of line: the common
+/// read never comes here.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn serve_kept(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    data: &[u8],
+    p: PsockId,
+    started: u64,
+    ranges: &mut Vec<std::ops::Range<usize>>,
+    events: &mut Vec<Event>,
+) -> Kept {
+    ranges.clear();
+    let now = sh.timestamp(started);
+    let room = bufs.own.keep.room_for(bufs.own.leases.get(&p).map_or(0, |l| l.lease.kept()));
+    let Some(l) = bufs.own.leases.get_mut(&p) else { return Kept::Back(GivenBack { rt: None, from: 0 }) };
+    let before = l.lease.kept();
+    let read = l.lease.frame_read(data, now, room, ranges);
+    let (after, due) = (l.lease.kept(), l.lease.kept_due());
+    let done = match read {
+        LeaseRead::GiveBack { from } => return Kept::Back(give_back_read(sh, bufs, p, started, from, events)),
+        LeaseRead::Kept => {
+            bufs.own.keep.changed(before, after, due);
+            return Kept::Nothing;
+        }
+        LeaseRead::Serve { done: Some(r), from } => Some((r, from, l.lease.take_done())),
+        LeaseRead::Serve { done: None, from } => {
+            bufs.own.keep.changed(before, after, due);
+            return Kept::Serve(from);
+        }
+    };
+    bufs.own.keep.changed(before, after, due);
+    let (r, from, msg) = done.expect("a message made whole");
+    let closed = run_in_place(sv, bufs, ReadView { data: &msg, ranges: &[r], psock: p, started });
+    if closed {
+        // Nothing after the close is answered.
+        ranges.clear();
+    }
+    Kept::Serve(from)
+}
+
+/// Give lease `p` back for a read it did not take (before `from`, what the
+/// lease kept goes to the core with it; the caller feeds the rest). Replies
+/// of its earlier reads left for later are written first.
+fn give_back_read(
+    sh: &Shared,
+    bufs: &mut ServeBufs,
+    p: PsockId,
+    started: u64,
+    from: usize,
+    events: &mut Vec<Event>,
+) -> GivenBack {
+    flush_deferred(sh, bufs, events);
+    let mut core = sh.lock();
+    let rt = bufs.own.unlease_rt(&mut core, p, sh.timestamp(started));
+    core.drain_events(events);
+    GivenBack { rt, from }
 }
 
 /// Whether the lease of `rt` was revoked: a send from another thread waits

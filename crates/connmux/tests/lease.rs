@@ -192,7 +192,8 @@ fn unattaching_a_lent_connection_closes_it() {
 }
 
 fn a_partial_message_goes_the_ordinary_way_and_is_answered_whole() {
-    let svc = echo_service(true);
+    // (A lease that keeps nothing of a message begun: `Tuning::lease_keep`.)
+    let svc = l4_service(mux_with(|c| c.tuning.lease_keep = 0), Arc::new(Echo));
     let mut c = client(&svc);
     let p = leased_conn(&svc, &mut c);
     // Reads served on the lease first, then one that is not whole: each
@@ -210,6 +211,81 @@ fn a_partial_message_goes_the_ordinary_way_and_is_answered_whole() {
     assert_eq!(read_framed(&mut c), b"in two parts");
     // Quiet again: lent again.
     leased_conn(&svc, &mut c);
+}
+
+fn messages_cut_between_reads_are_completed_on_the_lease() {
+    let svc = echo_service(true);
+    let mut c = client(&svc);
+    let p = leased_conn(&svc, &mut c);
+    let returns = svc.mux().stats().lease_returns;
+    // Each message in two writes, the second after the worker has read the
+    // first (most of the time; either way nothing may go back).
+    for i in 0..20usize {
+        let body = format!("message {i} of twenty, in two parts");
+        let msg = framed(body.as_bytes());
+        let cut = 1 + i % (msg.len() - 1);
+        write_all(&mut c, &msg[..cut]);
+        std::thread::sleep(Duration::from_millis(2));
+        write_all(&mut c, &msg[cut..]);
+        assert_eq!(read_framed(&mut c), body.as_bytes(), "message {i}, cut at {cut}");
+    }
+    // Whole messages and a cut one in one write.
+    let msgs: Vec<Vec<u8>> = (0..3).map(|i| framed(format!("batch-{i}").as_bytes())).collect();
+    let wire = msgs.concat();
+    write_all(&mut c, &wire[..wire.len() - 3]);
+    std::thread::sleep(Duration::from_millis(2));
+    write_all(&mut c, &wire[wire.len() - 3..]);
+    for i in 0..3 {
+        assert_eq!(read_framed(&mut c), format!("batch-{i}").as_bytes());
+    }
+    assert!(svc.mux().psock_leased(p), "still lent");
+    assert_eq!(svc.mux().stats().lease_returns, returns, "no read went back to the core");
+    let st = svc.mux().psock_stats(p).unwrap();
+    assert_eq!(st.rx_msgs, st.tx_msgs, "each counted once");
+}
+
+fn a_message_longer_than_a_lease_keeps_goes_the_ordinary_way() {
+    let svc = l4_service(mux_with(|c| c.tuning.lease_keep = 64), Arc::new(Echo));
+    let mut c = client(&svc);
+    let p = leased_conn(&svc, &mut c);
+    let returns = svc.mux().stats().lease_returns;
+    let body = vec![b'x'; 300];
+    let msg = framed(&body);
+    write_all(&mut c, &msg[..10]);
+    std::thread::sleep(Duration::from_millis(2));
+    write_all(&mut c, &msg[10..]);
+    assert_eq!(read_framed(&mut c), body);
+    assert!(svc.mux().stats().lease_returns > returns, "went back to the core");
+    // Quiet again: lent again, and answered there.
+    leased_conn(&svc, &mut c);
+    call(&mut c, b"after");
+    let _ = p;
+}
+
+fn half_a_message_on_a_lent_connection_is_timed_out_from_its_first_byte() {
+    let mux = mux_with(|c| c.core.assembly_timeout = Some(Duration::from_millis(300)));
+    let svc = l4_service(mux, Arc::new(Echo));
+    let mut c = client(&svc);
+    let p = leased_conn(&svc, &mut c);
+    let msg = framed(b"never finished");
+    let t0 = Instant::now();
+    write_all(&mut c, &msg[..7]);
+    // Nothing more: the connection is closed (not answered) once the
+    // message's assembly timeout has passed, although its worker kept it.
+    let mut b = [0u8; 1];
+    let r = loop {
+        match c.read(&mut b) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted && t0.elapsed() < WAIT => continue,
+            r => break r,
+        }
+    };
+    let closed = matches!(&r, Ok(0)) || matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset);
+    assert!(closed, "closed, not answered: {r:?}");
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(250), "not before the timeout: {took:?}");
+    assert!(took < Duration::from_secs(4), "within the timeout's order: {took:?}");
+    eventually(|| svc.mux().psock_stats(p).is_err().then_some(()));
+    eventually(|| (svc.mux().stats().psock.rx_msg_timeouts == 1).then_some(()));
 }
 
 fn after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once() {
@@ -387,6 +463,9 @@ on_both_drivers!(
     a_send_from_another_thread_to_a_lent_connection_is_written_while_its_worker_sleeps,
     unattaching_a_lent_connection_closes_it,
     a_partial_message_goes_the_ordinary_way_and_is_answered_whole,
+    messages_cut_between_reads_are_completed_on_the_lease,
+    a_message_longer_than_a_lease_keeps_goes_the_ordinary_way,
+    half_a_message_on_a_lent_connection_is_timed_out_from_its_first_byte,
     after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once,
     a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again,
     nothing_is_lent_when_leases_are_off,

@@ -102,7 +102,7 @@ pub fn format_mux_stats(mux: &Mux) -> String {
     let p = &st.psock;
     let mut out = mux.proc_kcm_stats();
     out.push('\n');
-    let pairs: [(&str, u64); 27] = [
+    let pairs: [(&str, u64); 29] = [
         ("rx_msgs", st.rx_msgs),
         ("rx_bytes", st.rx_bytes),
         ("tx_msgs", st.tx_msgs),
@@ -130,6 +130,8 @@ pub fn format_mux_stats(mux: &Mux) -> String {
         ("mem_aborts", st.mem_aborts),
         ("idle_timeouts", st.idle_timeouts),
         ("handshake_timeouts", st.handshake_timeouts),
+        ("leases", st.leases),
+        ("lease_returns", st.lease_returns),
     ];
     for (k, v) in pairs {
         out.push_str(&format!("{k}={v}\n"));

@@ -9,10 +9,26 @@
 //!            or out, steered to s (affinity), s's queue empty
 //!   Owned ────────────────────────────────────────────────► Leased
 //!     ▲                                                       │
-//!     │ unlease / unlease_unsent (the worker: a partial       │ anything else touches p
-//!     │ message, a short write, an end of stream, a close,    │ (a send queued on it, unattach,
-//!     │ a heavy handler)                                      │ an abort, a steering change):
-//!     └───────────────────────────────────────────────────────┤ revoked, PsockLeaseRevoked(p) once
+//!     │ unlease / unlease_unsent (the worker: a message too   │ anything else touches p
+//!     │ large or bad to keep, a short write, an end of        │ (a send queued on it, unattach,
+//!     │ stream, a close, a heavy handler, a kept message's    │ an abort, a steering change):
+//!     │ deadline); what the lease kept is fed to the mux      │ revoked, PsockLeaseRevoked(p) once
+//!     └───────────────────────────────────────────────────────┤
+//! ```
+//!
+//! A read that ends inside a message ([`Lease::frame_read`]): the lease
+//! keeps the message's start (up to the room its worker gives it) and the
+//! next reads complete it; its whole message is then served before the
+//! read's own.
+//!
+//! ```text
+//!                 rest of a read: a message begun, within room
+//!   Empty ─────────────────────────────────────────────► Keeping(bytes, since)
+//!     ▲  ◄───────────────────────────────────────────────   │  │
+//!     │    the message whole: served first (`take_done`)    │  │ more of it: kept
+//!     │                                                     │◄─┘
+//!     │ unlease: the kept bytes fed to the mux as read at `since`
+//!     └─────────────────────────────────────────────────────┘
 //! ```
 //!
 //! What a lease keeps true:
@@ -25,9 +41,13 @@
 //!   the socket the worker serves, whose queue is empty: exactly where the
 //!   mux would put each message, since the worker answers them at once.
 //! - **Limits.** Framing keeps the psock's size limit; a message that is
-//!   not whole, too large or badly framed is left to the mux (the worker
-//!   gives the lease back and feeds the read as usual), which decides the
-//!   error. A leased psock holds no bytes, so it adds nothing to the budget.
+//!   too large or badly framed is left to the mux (the worker gives the
+//!   lease back and feeds the read as usual), which decides the error. A
+//!   message begun is kept only within the room the worker gives
+//!   (its own bound on what its leases keep: the budget does not see those
+//!   bytes) and only until its assembly deadline, which the worker keeps
+//!   by giving the lease back: the mux then holds the bytes as read at
+//!   their first byte's time, and its deadline fires as it would have.
 //! - **Statistics.** The counts of what was framed and written are added
 //!   at the next `lease_sync` or `unlease`, which the worker calls as
 //!   often as it likes (the runtime: within a millisecond); the psock's idle
@@ -50,6 +70,31 @@ pub struct Lease {
     /// The parser hands messages over whole ([`Parser::delivers_whole`]).
     whole: bool,
     counts: Counts,
+    /// The start of a message a read ended inside (see the module's top).
+    tail: Vec<u8>,
+    /// When its first byte was read (its assembly deadline's origin).
+    since: Option<Timestamp>,
+    /// A message `tail` became whole in the last read, not yet served.
+    done: Vec<u8>,
+    /// The psock's assembly timeout (from a message's first byte).
+    timeout: Option<std::time::Duration>,
+}
+
+/// What [`Lease::frame_read`] made of a read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseRead {
+    /// Serve: first the message the lease kept, now whole
+    /// ([`Lease::take_done`]; this range of it is the message as the
+    /// parser delivers it), when there is one; then the ranges pushed onto
+    /// `out`, which are of `data[from..]`. The read's last bytes, if they
+    /// begin a message, are kept.
+    Serve { done: Option<Range<usize>>, from: usize },
+    /// The whole read went on the kept message, still not whole.
+    Kept,
+    /// Not for the lease: give it back ([`Mux::unlease`] feeds the mux what
+    /// the lease kept, read at its time), then feed the mux `data[from..]`.
+    /// Nothing of the read is counted.
+    GiveBack { from: usize },
 }
 
 /// What a lease did since it was last synced.
@@ -64,6 +109,8 @@ struct Counts {
     tx_bytes: u64,
     /// The last message's wire length (the stream predicts loans from it).
     last_len: usize,
+    /// Bytes of a message begun were read (the psock is not idle).
+    touched: bool,
 }
 
 impl std::fmt::Debug for Lease {
@@ -81,17 +128,26 @@ impl Lease {
     /// Frame the whole messages at the front of `data` (a read of the
     /// psock), pushing their ranges onto `out`. Returns the bytes taken:
     /// `data.len()` when `data` was all whole messages, each within the
-    /// psock's size limit. Anything less and nothing is counted: the caller
-    /// gives the lease back and feeds the whole read to the mux (which
-    /// frames it again, and decides about the rest).
+    /// psock's size limit. Anything less and nothing is counted (the caller
+    /// goes on with [`Lease::frame_read`]). Only for a lease that keeps
+    /// nothing ([`Lease::keeps`]): a read after a kept start goes on with it.
     #[inline]
     pub fn frame(&mut self, data: &[u8], out: &mut Vec<Range<usize>>) -> usize {
+        debug_assert!(!self.keeps());
         let first = out.len();
         let taken = self.parser.frame_batch(data, self.max_len, usize::MAX, out);
         if taken != data.len() {
             out.truncate(first);
             return taken;
         }
+        self.count(first, out, taken);
+        taken
+    }
+
+    /// Count the messages framed onto `out` after `first`, `taken` wire
+    /// bytes in all.
+    #[inline]
+    fn count(&mut self, first: usize, out: &[Range<usize>], taken: usize) {
         if let Some(last) = out.last() {
             let start = if out.len() - first > 1 { out[out.len() - 2].end } else { 0 };
             self.counts.last_len = last.end - start;
@@ -102,7 +158,123 @@ impl Lease {
             true => taken as u64,
             false => out[first..].iter().map(|r| (r.end - r.start) as u64).sum::<u64>(),
         };
-        taken
+    }
+
+    /// Whether the lease keeps the start of a message (the next read goes
+    /// on with it).
+    #[inline]
+    pub fn keeps(&self) -> bool {
+        !self.tail.is_empty()
+    }
+
+    /// Bytes of a message begun that the lease keeps.
+    pub fn kept(&self) -> usize {
+        self.tail.len()
+    }
+
+    /// When the kept message's first byte was read (`None`: none kept).
+    pub fn kept_since(&self) -> Option<Timestamp> {
+        self.since
+    }
+
+    /// The kept message's assembly deadline (`None`: none kept, or the
+    /// psock has no timeout): the lease must be given back by then, and
+    /// the mux times the message out as it would have.
+    pub fn kept_due(&self) -> Option<Timestamp> {
+        Some(self.since?.add(self.timeout?))
+    }
+
+    /// Frame a read of the psock, read at `now`, whatever it holds: the
+    /// message the lease keeps (if any) completed from its front, the whole
+    /// messages after that framed where they lie (ranges onto `out`), and a
+    /// message begun at its end kept, as long as the lease keeps no more
+    /// than `room` bytes (and the message is within the size limit). A message
+    /// too large, badly framed, or not whole within `room`: the lease goes
+    /// back ([`LeaseRead::GiveBack`]), and the mux decides.
+    pub fn frame_read(&mut self, data: &[u8], now: Timestamp, room: usize, out: &mut Vec<Range<usize>>) -> LeaseRead {
+        // (A message begun is shorter than `max_len`: the psock, which
+        // holds nothing while lent, takes it back whole on `unlease`.)
+        let first = out.len();
+        let mut from = 0;
+        let mut done = None;
+        let mut done_len = 0;
+        if self.keeps() {
+            // Bounded: each turn appends at least one byte, or ends.
+            let whole = loop {
+                match self.parser.parse(&self.tail) {
+                    Parse::Length(n) if n == self.tail.len() => break n,
+                    Parse::Length(n) if n < self.tail.len() || n > self.max_len || n > room => {
+                        return LeaseRead::GiveBack { from };
+                    }
+                    Parse::Length(n) => {
+                        let take = (n - self.tail.len()).min(data.len() - from);
+                        self.tail.reserve_exact(n - self.tail.len());
+                        self.tail.extend_from_slice(&data[from..from + take]);
+                        from += take;
+                        self.counts.touched = true;
+                        if self.tail.len() < n {
+                            return LeaseRead::Kept;
+                        }
+                    }
+                    Parse::NeedMore(k) => {
+                        let take = k.max(1).min(data.len() - from);
+                        if take == 0 {
+                            self.counts.touched = true;
+                            return LeaseRead::Kept;
+                        }
+                        if self.tail.len() + take > room {
+                            return LeaseRead::GiveBack { from };
+                        }
+                        self.tail.extend_from_slice(&data[from..from + take]);
+                        from += take;
+                    }
+                    Parse::Invalid(_) => return LeaseRead::GiveBack { from },
+                }
+            };
+            // Served where it lies in its own buffer, as the parser cuts it
+            // (a message it would copy to cut goes the mux's way).
+            let Some(r) = self.parser.finish_in_place(&self.tail) else { return LeaseRead::GiveBack { from } };
+            done = Some(r);
+            done_len = whole;
+            self.done = std::mem::take(&mut self.tail);
+            self.since = None;
+        }
+        let rest = &data[from..];
+        let taken = self.parser.frame_batch(rest, self.max_len, usize::MAX, out);
+        if taken < rest.len() {
+            let left = &rest[taken..];
+            // A message begun, within room: kept. Anything else is the mux's
+            // (it frames the read again and decides).
+            let keep = match self.parser.parse(left) {
+                Parse::NeedMore(_) => left.len() <= room && left.len() < self.max_len,
+                Parse::Length(n) => n > left.len() && n <= self.max_len && n <= room,
+                Parse::Invalid(_) => false,
+            };
+            if !keep {
+                out.truncate(first);
+                // The message made whole goes back before the read's rest.
+                self.tail = std::mem::take(&mut self.done);
+                return LeaseRead::GiveBack { from };
+            }
+            self.tail.reserve_exact(left.len());
+            self.tail.extend_from_slice(left);
+            self.since = Some(now);
+            self.counts.touched = true;
+        }
+        if let Some(r) = &done {
+            self.counts.rx_msgs += 1;
+            self.counts.rx_bytes += done_len as u64;
+            self.counts.rx_delivered += (r.end - r.start) as u64;
+            self.counts.last_len = done_len;
+        }
+        self.count(first, out, taken);
+        LeaseRead::Serve { done, from }
+    }
+
+    /// The message [`LeaseRead::Serve`] said was made whole (its wire bytes;
+    /// the caller serves the range it was given of them).
+    pub fn take_done(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.done)
     }
 
     /// `msgs` whole replies, `bytes` in all, were written to the psock.
@@ -168,7 +340,19 @@ impl Mux {
         ps.tx_busy = true;
         let max_len = ps.stream.limits().max_msg_size;
         let whole = parser.delivers_whole();
-        Some(Lease { psock: p, sock: s, parser, max_len, whole, counts: Counts::default() })
+        self.counters.leases += 1;
+        Some(Lease {
+            psock: p,
+            sock: s,
+            parser,
+            max_len,
+            whole,
+            counts: Counts::default(),
+            tail: Vec::new(),
+            since: None,
+            done: Vec::new(),
+            timeout: ps.stream.limits().assembly_timeout,
+        })
     }
 
     /// Add what the lease did since its last sync to the statistics (and
@@ -182,6 +366,9 @@ impl Mux {
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return false };
         if ps.leased.is_none() {
             return false;
+        }
+        if c.touched {
+            ps.last_active = now;
         }
         if c.rx_msgs > 0 || c.tx_msgs > 0 {
             ps.last_active = now;
@@ -199,7 +386,9 @@ impl Mux {
     }
 
     /// Take the lease back: the psock is the mux's again (what was sent to
-    /// it meanwhile is raised for writing, `PsockTransmit`).
+    /// it meanwhile is raised for writing, `PsockTransmit`). What the lease
+    /// kept of a message is fed to it as read when its first byte was: its
+    /// assembly deadline runs from then, as if the mux had framed it.
     pub fn unlease(&mut self, mut lease: Lease, now: Timestamp) {
         self.lease_sync(&mut lease, now);
         let p = lease.psock;
@@ -212,6 +401,12 @@ impl Mux {
         ps.lease_revoked = false;
         ps.tx_busy = false;
         ps.tx_inflight = 0;
+        self.counters.lease_returns += 1;
+        if !lease.tail.is_empty() {
+            // Within what the psock may hold (`keep_max`), and it held
+            // nothing: taken whole.
+            let _ = self.feed(p, &lease.tail, lease.since.unwrap_or(now));
+        }
         self.kick(p);
     }
 

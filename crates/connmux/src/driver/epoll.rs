@@ -264,8 +264,10 @@ fn read_leased(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, fd: std::os::f
         ReadEnd::Data(n) => {
             let (events, dirty, out) = (&mut w.events, &mut w.dirty, LentOut::Plain(fd));
             let served = crate::serve::serve_leased(sh, sv, &mut w.bufs, &buf[..n], p, out, read_at, events, dirty);
-            if let Err(Some(rt)) = served {
-                worker::feed_bytes(w, &rt, &buf[..n], read_at);
+            if let Err(crate::serve::GivenBack { rt: Some(rt), from }) = served {
+                if from < n {
+                    worker::feed_bytes(w, &rt, &buf[from..n], read_at);
+                }
             }
         }
         ReadEnd::Again => {}

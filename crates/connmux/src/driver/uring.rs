@@ -217,9 +217,10 @@ impl Io for UringIo {
 /// buffer `buf`: when it is all whole messages, served on the lease
 /// (`serve::serve_leased`: framed, answered and written at once, with no
 /// core lock) and the buffer goes back to the ring. `Err`: the lease went
-/// back to the core, and the buffer's bytes are still to be fed to it.
-fn serve_on_lease(w: &mut Worker<'_>, ring: &mut WRing, buf: u16, p: PsockId, fd: RawFd) -> Result<(), ()> {
-    let Some(sv) = w.serving.as_ref() else { return Err(()) };
+/// back to the core, and the buffer's bytes from this offset on are still
+/// to be fed to it.
+fn serve_on_lease(w: &mut Worker<'_>, ring: &mut WRing, buf: u16, p: PsockId, fd: RawFd) -> Result<(), usize> {
+    let Some(sv) = w.serving.as_ref() else { return Err(0) };
     let read_at = connmux_sys::clock::now_nanos();
     w.bufs.own.read_at = read_at;
     let data = ring.buffer(buf).unwrap_or(&[]);
@@ -229,7 +230,7 @@ fn serve_on_lease(w: &mut Worker<'_>, ring: &mut WRing, buf: u16, p: PsockId, fd
         &mut w.bufs,
         data,
         p,
-        LentOut::Plain(fd),
+        LentOut::Later(fd),
         read_at,
         &mut w.events,
         &mut w.dirty,
@@ -239,7 +240,7 @@ fn serve_on_lease(w: &mut Worker<'_>, ring: &mut WRing, buf: u16, p: PsockId, fd
             ring.recycle(buf);
             Ok(())
         }
-        Err(_) => Err(()),
+        Err(g) => Err(g.from),
     }
 }
 
@@ -306,16 +307,20 @@ impl UringIo {
         // (Cleared by anything but a read served on a lease.)
         woke.leased_only = !comps.is_empty();
         // Every read of a lent psock is served on its lease, however many
-        // the wait brought: each reply then costs a `sendmsg` of its own
-        // where one core hold and one submission could serve them all, but
-        // the shared core lock is what stops workers scaling on many CPUs.
+        // the wait brought: the replies of one psock's reads in a row leave
+        // in one write after the last of them (`LentOut::Later`), each run
+        // of them a system call of its own where one core hold and one
+        // submission could serve them all, but the shared core lock is what
+        // stops workers scaling on many CPUs.
         for c in comps {
             let mut lent_read = false;
+            let mut read_of = None;
             if let Completion::Recv { token, .. }
             | Completion::RecvEnd { token, .. }
             | Completion::RecvInto { token, .. } = *c
             {
                 let p = token_psock(token);
+                read_of = Some(p);
                 if w.bufs.own.leases.contains_key(&p) {
                     // (A TLS psock's lease writes records itself: not
                     // while a ring send of its records is out.)
@@ -326,14 +331,22 @@ impl UringIo {
                                 && !c.rx_stopped
                                 && (c.rt.tls.is_none() || (c.sending.is_none() && c.tls_out.is_none()))
                         });
-                    if !lent_read {
-                        // A lent psock's end, or bytes its lease cannot
-                        // serve: the psock is the core's again first.
-                        let core = core.get_or_insert_with(|| sh.lock());
-                        w.bufs.own.unlease(core, p, now);
-                        core.drain_events(&mut w.events);
-                    }
                 }
+            }
+            // Replies of lent reads wait for the last of their psock's reads
+            // in a row (one write for all); anything else writes them first.
+            if let Some((q, _)) = w.bufs.deferred {
+                if !(lent_read && read_of == Some(q)) {
+                    core = None;
+                    crate::serve::flush_deferred(sh, &mut w.bufs, &mut w.events);
+                }
+            }
+            if let Some(p) = read_of.filter(|p| !lent_read && w.bufs.own.leases.contains_key(p)) {
+                // A lent psock's end, or bytes its lease cannot serve: the
+                // psock is the core's again first.
+                let core = core.get_or_insert_with(|| sh.lock());
+                w.bufs.own.unlease(core, p, now);
+                core.drain_events(&mut w.events);
             }
             woke.leased_only &= lent_read;
             match *c {
@@ -371,10 +384,11 @@ impl UringIo {
                         let lent = w.bufs.own.leases.len();
                         match serve_on_lease(w, ring, buf_id, p, conn.rt.fd()) {
                             Ok(()) => woke.leased_only &= w.bufs.own.leases.len() == lent,
-                            Err(()) => {
+                            Err(off) => {
                                 woke.leased_only = false;
-                                // The lease is back: the bytes go the usual way.
-                                conn.held.push_back(Held { buf: buf_id, off: 0 });
+                                // The lease is back: the bytes (those it did
+                                // not keep) go the usual way.
+                                conn.held.push_back(Held { buf: buf_id, off });
                                 let core = core.get_or_insert_with(|| sh.lock());
                                 let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
                                 pump(conn, &mut Feed { core, ring, now, events, lent, own });
@@ -472,6 +486,8 @@ impl UringIo {
                 }
             }
         }
+        drop(core);
+        crate::serve::flush_deferred(sh, &mut w.bufs, &mut w.events);
     }
 
     fn run_command(&mut self, w: &mut Worker<'_>, c: Command) {

@@ -102,6 +102,8 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
         let core = sh.lock();
         (core.mux.poll_timeout(), core.mux.config().idle_timeout)
     };
+    w.bufs.own.keep =
+        crate::shared::Keep { each: sh.tuning.lease_keep, total: sh.tuning.lease_keep_total, ..Default::default() };
     // How long the leases' counts may wait (`Tuning::lease_sync`): never so
     // long that untold activity could look like idleness.
     let sync_every = idle.map_or(sh.tuning.lease_sync, |d| sh.tuning.lease_sync.min(d / 16));
@@ -114,7 +116,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let _ = me.thread.set(std::thread::current().id());
     let mut look = Look::default();
     while !sh.stop.load(Ordering::Acquire) {
-        let timeout = wait_timeout(sh, &w, next_deadline);
+        let timeout = wait_timeout(sh, &w, due(next_deadline, &w));
         let woke = if w.bufs.own.lease_used.is_empty() || timeout == Some(Duration::ZERO) || tell_on_request {
             io.wait(&mut w, timeout)
         } else {
@@ -132,7 +134,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                 true => woke,
                 false => {
                     hold(sh, me, &mut w, &mut next_deadline);
-                    let timeout = wait_timeout(sh, &w, next_deadline);
+                    let timeout = wait_timeout(sh, &w, due(next_deadline, &w));
                     io.wait(&mut w, timeout)
                 }
             }
@@ -171,7 +173,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
         // core, which such a pass did not.
         let quiet = woke.leased_only
             && !woke.commands
-            && next_deadline.is_none_or(|t| t > sh.timestamp(w.bufs.own.read_at))
+            && due(next_deadline, &w).is_none_or(|t| t > sh.timestamp(w.bufs.own.read_at))
             && w.bufs.own.hold_can_wait(w.bufs.own.read_at, sync_every_ns);
         if !quiet {
             hold(sh, me, &mut w, &mut next_deadline);
@@ -238,6 +240,17 @@ impl Look {
             (false, Some(n)) if *n < LOOK_EVERY => {}
             (false, _) => self.skipped = Some(0),
         }
+    }
+}
+
+/// The earliest deadline the worker keeps: the core's assembly deadlines
+/// as of its last hold (`next`), and those of messages its leases keep
+/// (`Own::keep`, started without a hold).
+#[inline]
+fn due(next: Option<connmux_core::Timestamp>, w: &Worker<'_>) -> Option<connmux_core::Timestamp> {
+    match (next, w.bufs.own.keep.due) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -338,11 +351,15 @@ pub(crate) fn tls_plaintext(
             }
             let (events, dirty, out) = (&mut w.events, &mut w.dirty, LentOut::Tls(rt, tls));
             let served = crate::serve::serve_leased(w.sh, sv, &mut w.bufs, plain, rt.id, out, read_at, events, dirty);
-            if served.is_ok() {
-                return true;
+            let from = match served {
+                Ok(()) => return true,
+                Err(g) => g.from,
+            };
+            // The lease went back: the plaintext (what it did not keep) to
+            // the core.
+            if from < plain.len() {
+                feed_bytes(w, rt, &plain[from..], read_at);
             }
-            // The lease went back: the plaintext to the core.
-            feed_bytes(w, rt, plain, read_at);
             return false;
         }
         w.bufs.own.give_back(w.sh, rt.id, read_at, &mut w.events);

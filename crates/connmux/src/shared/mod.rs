@@ -467,6 +467,45 @@ pub(crate) struct Own {
     pub read_at: u64,
     /// When `lease_used` was last told to the core (same clock).
     pub synced_at: u64,
+    /// What the leases keep of messages begun, and may.
+    pub keep: Keep,
+}
+
+/// The bytes a worker's leases keep of messages a read ended inside
+/// (`connmux_core::mux::Lease::frame_read`): bounded per lease and in all
+/// (`Tuning::lease_keep`, `lease_keep_total`; the core's budget does not
+/// see them), and each only until its assembly deadline, which the worker
+/// keeps by giving the lease back in its hold ([`Own::hold`]).
+#[derive(Default)]
+pub(crate) struct Keep {
+    /// The most one lease keeps (0: none).
+    pub each: usize,
+    /// The most all of this worker's leases keep together.
+    pub total: usize,
+    /// What they keep now.
+    pub kept: usize,
+    /// No kept message's deadline is earlier than this (`None`: none runs).
+    pub due: Option<Timestamp>,
+}
+
+impl Keep {
+    /// The most a lease keeping `kept` now may keep after its next read.
+    #[inline]
+    pub fn room_for(&self, kept: usize) -> usize {
+        self.each.min(self.total.saturating_sub(self.kept.saturating_sub(kept)))
+    }
+
+    /// A lease's read took what it keeps from `before` to `after` bytes,
+    /// the message's assembly deadline `due` (`Lease::kept_due`).
+    #[inline]
+    pub fn changed(&mut self, before: usize, after: usize, due: Option<Timestamp>) {
+        self.kept = self.kept.saturating_sub(before) + after;
+        if let Some(due) = due {
+            if self.due.is_none_or(|u| due < u) {
+                self.due = Some(due);
+            }
+        }
+    }
 }
 
 /// Entries of `Own::lease_used` past which a worker tells the core at once
@@ -499,13 +538,18 @@ impl Own {
         if !self.wrote.is_empty() {
             Shared::complete_owned(core, self);
         }
-        for (p, msgs, bytes) in self.lease_used.drain(..) {
+        // (Taken out for the loop, its memory kept: a give-back looks in it.)
+        let mut used = std::mem::take(&mut self.lease_used);
+        for (p, msgs, bytes) in used.drain(..) {
             let Some(l) = self.leases.get_mut(&p) else { continue };
             l.lease.wrote(msgs, bytes);
             if !core.mux.lease_sync(&mut l.lease, now) {
-                let l = self.leases.remove(&p).expect("present");
-                core.mux.unlease(l.lease, now);
+                self.unlease(core, p, now);
             }
+        }
+        self.lease_used = used;
+        if self.keep.due.is_some_and(|t| t <= now) {
+            self.expire_kept(core, now);
         }
         if let Some((sock, _)) = self.serve {
             for rt in self.lease_try.drain(..) {
@@ -568,10 +612,25 @@ impl Own {
         Some(l.rt)
     }
 
+    /// Give back every lease whose kept message's assembly deadline has
+    /// passed at `now`: the core holds its bytes as read at their time, and
+    /// its own deadline (already due) times the message out. A scan of the
+    /// leases, at most once per assembly timeout.
+    #[cold]
+    fn expire_kept(&mut self, core: &mut Core, now: Timestamp) {
+        let late: Vec<PsockId> =
+            self.leases.iter().filter(|(_, l)| l.lease.kept_due().is_some_and(|t| t <= now)).map(|(p, _)| *p).collect();
+        for p in late {
+            self.unlease(core, p, now);
+        }
+        self.keep.due = self.leases.values().filter_map(|l| l.lease.kept_due()).min();
+    }
+
     /// Take lease `p` back from this worker (to give it back to the core):
     /// what it did since the last hold is in it.
     pub fn take_lease(&mut self, p: PsockId) -> Option<Leased> {
         let mut l = self.leases.remove(&p)?;
+        self.keep.kept = self.keep.kept.saturating_sub(l.lease.kept());
         for (q, msgs, bytes) in self.lease_used.iter_mut() {
             if *q == p {
                 l.lease.wrote(*msgs, *bytes);
