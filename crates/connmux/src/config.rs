@@ -270,8 +270,9 @@ pub struct Tuning {
     /// is read straight into its assembly buffer there). 0: a read that
     /// ends inside a message always gives the lease back. Default 16 KiB.
     pub lease_keep: usize,
-    /// Bytes all of one worker's leases keep together: past it a read that
-    /// would keep more gives its lease back (the core's memory budget does
+    /// Bytes all of one worker's leases keep together: a message begun is
+    /// kept only while all of it fits beside what the others keep, else
+    /// its lease goes back (the core's memory budget does
     /// not see kept bytes, so the most memory in all is `mem_limit` plus
     /// this per worker). A kept message's assembly deadline holds as in the
     /// core: when it passes, the worker gives the lease back and the core

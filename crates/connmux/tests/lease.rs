@@ -288,6 +288,38 @@ fn half_a_message_on_a_lent_connection_is_timed_out_from_its_first_byte() {
     eventually(|| (svc.mux().stats().psock.rx_msg_timeouts == 1).then_some(()));
 }
 
+fn what_a_worker_s_leases_keep_together_is_bounded() {
+    let mux = mux_with(|c| {
+        c.tuning.lease_keep = 64;
+        c.tuning.lease_keep_total = 100;
+    });
+    let svc = l4_service(mux, Arc::new(Echo));
+    let mut conns: Vec<TcpStream> = (0..3).map(|_| client(&svc)).collect();
+    eventually(|| {
+        for c in &mut conns {
+            call(c, b"ping");
+        }
+        let ps = svc.mux().psocks();
+        (ps.len() == 3 && ps.iter().all(|p| svc.mux().psock_leased(*p))).then_some(())
+    });
+    let returns = svc.mux().stats().lease_returns;
+    // 40 bytes of a 60-byte message on each: a lease keeps a message begun
+    // only while all of it fits what the worker's leases may still keep,
+    // so two leases keep theirs (up to 120 bytes would be over the bound
+    // of 100: the second may keep at most 60, the third none) and the
+    // third goes back to the core.
+    let msgs: Vec<Vec<u8>> = (0..3u8).map(|i| framed(&[b'a' + i; 56])).collect();
+    for (c, m) in conns.iter_mut().zip(&msgs) {
+        write_all(c, &m[..40]);
+    }
+    eventually(|| (svc.mux().stats().lease_returns == returns + 1).then_some(()));
+    for (c, m) in conns.iter_mut().zip(&msgs) {
+        write_all(c, &m[40..]);
+        assert_eq!(read_framed(c), m[4..]);
+    }
+    assert_eq!(svc.mux().stats().lease_returns, returns + 1, "the two kept were completed on their leases");
+}
+
 fn after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once() {
     let svc = echo_service(true);
     let mut c = client(&svc);
@@ -466,6 +498,7 @@ on_both_drivers!(
     messages_cut_between_reads_are_completed_on_the_lease,
     a_message_longer_than_a_lease_keeps_goes_the_ordinary_way,
     half_a_message_on_a_lent_connection_is_timed_out_from_its_first_byte,
+    what_a_worker_s_leases_keep_together_is_bounded,
     after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once,
     a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again,
     nothing_is_lent_when_leases_are_off,
