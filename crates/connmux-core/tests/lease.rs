@@ -439,3 +439,35 @@ fn a_kept_message_times_out_from_its_first_byte_as_the_mux_would() {
     let st = m.psock_stats(p).unwrap();
     assert_eq!((st.rx_msg_timeouts, st.rx_msgs), (1, 0));
 }
+
+#[test]
+fn bytes_a_lease_kept_do_not_make_the_psock_look_idle_when_given_back() {
+    let ms = std::time::Duration::from_millis;
+    let mut m = Mux::new(MuxConfig {
+        steering: Steering::Affinity,
+        idle_timeout: Some(ms(100)),
+        assembly_timeout: Some(ms(10_000)),
+        ..MuxConfig::default()
+    });
+    let s = m.socket(SockType::Dgram);
+    m.set_affinity(s, Some(0)).unwrap();
+    m.set_holds(s, true).unwrap();
+    let p = m.attach(Box::new(Whole(L4::new())), PsockConfig::default());
+    m.set_psock_affinity(p, Some(0)).unwrap();
+    events(&mut m);
+    let at = |n: u64| Timestamp::from_nanos(n * 1_000_000);
+    let mut lease = m.lease(p, s).unwrap();
+    let msg = l4(b"a slow but steady sender");
+    // Its first byte at 10 ms, more at 90 ms (told to the mux then).
+    assert_eq!(serve_read(&mut lease, &msg[..3], at(10), 1024), Ok(vec![]));
+    assert_eq!(serve_read(&mut lease, &msg[3..9], at(90), 1024), Ok(vec![]));
+    assert!(m.lease_sync(&mut lease, at(90)));
+    // Back with the mux at 150 ms: last active at 90, not at 10.
+    m.unlease(lease, at(150));
+    m.handle_timeout(at(170));
+    assert!(events(&mut m).iter().all(|e| !matches!(e, Event::PsockFailed(q, _) if *q == p)));
+    assert_eq!(m.stats().idle_timeouts, 0);
+    // The rest of it is framed whole by the mux.
+    m.feed(p, &msg[9..], at(171)).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![msg]);
+}

@@ -627,7 +627,7 @@ enum Kept {
 
 /// A lent read that is not all whole messages, or that goes on with a
 /// message the lease kept: framed by `Lease::frame_read` within the room
-/// the worker's bound leaves (`Own::keep_room`); a message it made whole
+/// the worker's bound leaves (`Keep::room_for`); a message it made whole
 /// is served first, from the lease's own buffer. Out of line: the common
 /// read never comes here.
 #[allow(clippy::too_many_arguments)]
@@ -648,21 +648,15 @@ fn serve_kept(
     let Some(l) = bufs.own.leases.get_mut(&p) else { return Kept::Back(GivenBack { rt: None, from: 0 }) };
     let before = l.lease.kept();
     let read = l.lease.frame_read(data, now, room, ranges);
-    let (after, due) = (l.lease.kept(), l.lease.kept_due());
-    let done = match read {
+    // (Counted before a give-back, which takes what the lease keeps now
+    // off the worker's count.)
+    bufs.own.keep.changed(before, l.lease.kept(), l.lease.kept_due());
+    let (r, from, msg) = match read {
         LeaseRead::GiveBack { from } => return Kept::Back(give_back_read(sh, bufs, p, started, from, events)),
-        LeaseRead::Kept => {
-            bufs.own.keep.changed(before, after, due);
-            return Kept::Nothing;
-        }
-        LeaseRead::Serve { done: Some(r), from } => Some((r, from, l.lease.take_done())),
-        LeaseRead::Serve { done: None, from } => {
-            bufs.own.keep.changed(before, after, due);
-            return Kept::Serve(from);
-        }
+        LeaseRead::Kept => return Kept::Nothing,
+        LeaseRead::Serve { done: None, from } => return Kept::Serve(from),
+        LeaseRead::Serve { done: Some(r), from } => (r, from, l.lease.take_done()),
     };
-    bufs.own.keep.changed(before, after, due);
-    let (r, from, msg) = done.expect("a message made whole");
     let closed = run_in_place(sv, bufs, ReadView { data: &msg, ranges: &[r], psock: p, started });
     if closed {
         // Nothing after the close is answered.

@@ -403,9 +403,15 @@ impl Mux {
         ps.tx_inflight = 0;
         self.counters.lease_returns += 1;
         if !lease.tail.is_empty() {
-            // Within what the psock may hold (`keep_max`), and it held
-            // nothing: taken whole.
+            // Shorter than the size limit, and the psock held nothing:
+            // taken whole. Fed as read at its first byte's time (the
+            // assembly deadline's origin), which must not make the psock
+            // look idle since then.
+            let active = ps.last_active;
             let _ = self.feed(p, &lease.tail, lease.since.unwrap_or(now));
+            if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+                ps.last_active = ps.last_active.max(active);
+            }
         }
         self.kick(p);
     }
