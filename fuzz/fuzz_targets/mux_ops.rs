@@ -12,6 +12,10 @@
 //!   order on each socket;
 //! - every whole message a psock writes is one an application sent, whole,
 //!   and no message is written whole twice;
+//! - a psock lent to a socket's reader (`Mux::lease`) and read there in any
+//!   split (`Lease::frame_read`, messages begun kept within a fuzzed room,
+//!   given back at any point) serves exactly the psock's messages, whole and
+//!   in order with those its socket receives after the lease goes back;
 //! - nothing panics.
 #![no_main]
 
@@ -20,7 +24,8 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use connmux_core::mux::{
-    Mux, MuxConfig, PsockConfig, PsockId, RecvFlags, SendFlags, SockId, SockType, Steering, TxPolicy,
+    Event, Lease, LeaseRead, Mux, MuxConfig, PsockConfig, PsockId, RecvFlags, SendFlags, SockId, SockType, Steering,
+    TxPolicy,
 };
 use connmux_core::parsers::from_spec;
 use connmux_core::Timestamp;
@@ -135,6 +140,30 @@ enum Op {
     Advance {
         ms: u16,
     },
+    /// Steer the psock to socket `s` (both tagged alike) and lend it to
+    /// that socket's reader, if the mux will (affinity steering only).
+    Lease {
+        p: u8,
+        s: u8,
+    },
+    /// A read of `n` (modulo what is queued) wire bytes on the psock's lease (lent to
+    /// socket `s` first, as `Lease`, if it is not), after `count` more
+    /// well-formed messages of `len` payload bytes are queued; the lease
+    /// keeps at most `room` bytes of a message begun.
+    LeaseRead {
+        p: u8,
+        s: u8,
+        n: u16,
+        room: u16,
+        count: u8,
+        len: u16,
+    },
+    LeaseSync {
+        p: u8,
+    },
+    Unlease {
+        p: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -171,6 +200,8 @@ struct PsockModel {
     chunk: Option<Vec<u8>>,
     /// Bytes this psock wrote (confirmed by tx_complete).
     written: Vec<u8>,
+    /// Its lease, if lent (the socket it serves is the lease's).
+    lease: Option<(Lease, SockId)>,
 }
 
 fn pick<T>(v: &[T], i: u8) -> Option<&T> {
@@ -256,10 +287,14 @@ fuzz_target!(|input: Input| {
                     clean: other.is_none(),
                     chunk: None,
                     written: Vec::new(),
+                    lease: None,
                 });
             }
             Op::Unattach { p } => {
                 if let Some(ps) = pick_mut(&mut psocks, p) {
+                    if let Some((l, _)) = ps.lease.take() {
+                        m.unlease(l, t);
+                    }
                     if m.unattach(ps.id).is_ok() {
                         // The outstanding chunk is no longer the driver's to write.
                         ps.chunk = None;
@@ -283,7 +318,8 @@ fuzz_target!(|input: Input| {
             }
             Op::Feed { p, n } | Op::Overfeed { p, n } => {
                 let over = matches!(op, Op::Overfeed { .. });
-                if let Some(ps) = pick_mut(&mut psocks, p) {
+                // (A lent psock's reads are the lease's: `LeaseRead`.)
+                if let Some(ps) = pick_mut(&mut psocks, p).filter(|ps| ps.lease.is_none()) {
                     let cap = if over { usize::MAX } else { m.rx_capacity(ps.id) };
                     let k = (n as usize).min(cap).min(ps.wire.len());
                     match m.feed(ps.id, &ps.wire[..k], t) {
@@ -295,7 +331,11 @@ fuzz_target!(|input: Input| {
                 }
             }
             Op::RxClosed { p } => {
-                if let Some(ps) = pick(&psocks, p) {
+                if let Some(ps) = pick_mut(&mut psocks, p) {
+                    // The end of the stream gives a lease back first.
+                    if let Some((l, _)) = ps.lease.take() {
+                        m.unlease(l, t);
+                    }
                     let _ = m.rx_closed(ps.id, None);
                 }
             }
@@ -421,9 +461,81 @@ fuzz_target!(|input: Input| {
                     }
                 }
             }
+            Op::Lease { p, s } => {
+                if let (Some(&(s, _)), Some(ps)) = (pick(&socks, s), pick_mut(&mut psocks, p)) {
+                    lend(&mut m, ps, s);
+                }
+            }
+            Op::LeaseRead { p, s, n, room, count, len } => {
+                if let (Some(&(s, _)), Some(ps)) = (pick(&socks, s), pick_mut(&mut psocks, p)) {
+                    lend(&mut m, ps, s);
+                    if ps.lease.is_some() {
+                        for _ in 0..count % 4 {
+                            let b = body(1, ps.id.index, ps.next_seq, (len as usize) % 64);
+                            ps.next_seq += 1;
+                            ps.wire.extend(l4(&b));
+                        }
+                    }
+                    if let Some((mut l, s)) = ps.lease.take() {
+                        // (Any cut of what is queued: most end inside a message.)
+                        let k = n as usize % (ps.wire.len() + 1);
+                        let data = ps.wire[..k].to_vec();
+                        let mut out = Vec::new();
+                        match l.frame_read(&data, t, room as usize, &mut out) {
+                            LeaseRead::Serve { done, from } => {
+                                let mut msgs = Vec::new();
+                                if let Some(r) = done {
+                                    msgs.push(l.take_done()[r].to_vec());
+                                }
+                                msgs.extend(out.iter().map(|r| data[from..][r.clone()].to_vec()));
+                                ps.wire.drain(..k);
+                                ps.lease = Some((l, s));
+                                let id = ps.id;
+                                for msg in msgs {
+                                    received(&psocks, &mut last_seq, requeued, s, id, &msg);
+                                }
+                            }
+                            LeaseRead::Kept => {
+                                ps.wire.drain(..k);
+                                ps.lease = Some((l, s));
+                            }
+                            LeaseRead::GiveBack { from } => {
+                                // What the lease took goes to the mux with it;
+                                // the rest of the read is fed later (`Feed`).
+                                ps.wire.drain(..from);
+                                m.unlease(l, t);
+                            }
+                        }
+                    }
+                }
+            }
+            Op::LeaseSync { p } => {
+                if let Some(ps) = pick_mut(&mut psocks, p) {
+                    if let Some((mut l, s)) = ps.lease.take() {
+                        match m.lease_sync(&mut l, t) {
+                            true => ps.lease = Some((l, s)),
+                            false => m.unlease(l, t),
+                        }
+                    }
+                }
+            }
+            Op::Unlease { p } => {
+                if let Some(ps) = pick_mut(&mut psocks, p) {
+                    if let Some((l, _)) = ps.lease.take() {
+                        m.unlease(l, t);
+                    }
+                }
+            }
             Op::Advance { ms } => {
                 now += u64::from(ms);
                 let t = Timestamp::from_nanos(now * 1_000_000);
+                // A worker gives a lease back by its kept message's deadline.
+                for ps in &mut psocks {
+                    if ps.lease.as_ref().is_some_and(|(l, _)| l.kept_due().is_some_and(|d| d <= t)) {
+                        let (l, _) = ps.lease.take().expect("lent");
+                        m.unlease(l, t);
+                    }
+                }
                 m.handle_timeout(t);
                 if let Some(d) = m.poll_timeout() {
                     assert!(d > t, "deadline {d:?} still due after handle_timeout({t:?})");
@@ -433,9 +545,17 @@ fuzz_target!(|input: Input| {
         // Drain events (bounded: each call can raise only so many).
         for _ in 0..100_000 {
             match m.poll_event() {
-                Some(connmux_core::mux::Event::PsockReleased(p)) => {
+                Some(Event::PsockReleased(p)) => {
                     if let Some(ps) = psocks.iter_mut().find(|ps| ps.id == p) {
                         ps.chunk = None;
+                    }
+                }
+                // Asked back: the worker gives it back (here at once).
+                Some(Event::PsockLeaseRevoked(p)) => {
+                    if let Some(ps) = psocks.iter_mut().find(|ps| ps.id == p) {
+                        if let Some((l, _)) = ps.lease.take() {
+                            m.unlease(l, t);
+                        }
                     }
                 }
                 Some(_) => {}
@@ -448,6 +568,17 @@ fuzz_target!(|input: Input| {
         assert_eq!(m.socks().len(), m.sock_count());
     }
 });
+
+/// Steer `ps` to socket `s` (both tagged alike) and lend it to that
+/// socket's reader, if it is not lent and the mux will.
+fn lend(m: &mut Mux, ps: &mut PsockModel, s: SockId) {
+    if ps.lease.is_none() {
+        let tag = Some(s.index % 8);
+        if m.set_affinity(s, tag).is_ok() && m.set_psock_affinity(ps.id, tag).is_ok() {
+            ps.lease = m.lease(ps.id, s).map(|l| (l, s));
+        }
+    }
+}
 
 /// A message a socket delivered whole (`msg` as the application got it).
 fn received(
