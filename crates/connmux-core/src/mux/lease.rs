@@ -222,7 +222,7 @@ impl Lease {
                             self.counts.touched = true;
                             return LeaseRead::Kept;
                         }
-                        if self.tail.len() + take > room {
+                        if self.tail.len() + take > room || self.tail.len() + take >= self.max_len {
                             return LeaseRead::GiveBack { from };
                         }
                         self.tail.extend_from_slice(&data[from..from + take]);
@@ -408,7 +408,8 @@ impl Mux {
             // assembly deadline's origin), which must not make the psock
             // look idle since then.
             let active = ps.last_active;
-            let _ = self.feed(p, &lease.tail, lease.since.unwrap_or(now));
+            let fed = self.feed(p, &lease.tail, lease.since.unwrap_or(now));
+            debug_assert!(fed.is_ok(), "kept bytes refused: {fed:?}");
             if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
                 ps.last_active = ps.last_active.max(active);
             }
