@@ -500,14 +500,20 @@ impl LentOut<'_> {
     }
 }
 
-/// Write the replies lent reads left in the run for later
-/// ([`LentOut::Later`]), if any.
+/// Write the replies lent reads left for later ([`LentOut::Later`]), if
+/// any: in the run, and (replies of their own buffers) in `outs`, which
+/// then hold only replies to that psock.
 pub(crate) fn flush_deferred(sh: &Shared, bufs: &mut ServeBufs, events: &mut Vec<Event>) {
     let Some((p, fd)) = bufs.deferred.take() else { return };
-    match bufs.run.take() {
-        Some((q, n)) if q == p && n > 0 => write_run(sh, bufs, p, LentOut::Plain(fd), n, events),
-        run => bufs.run = run,
+    if bufs.outs.is_empty() {
+        match bufs.run.take() {
+            Some((q, n)) if q == p && n > 0 => write_run(sh, bufs, p, LentOut::Plain(fd), n, events),
+            run => bufs.run = run,
+        }
+        return;
     }
+    bufs.end_run();
+    write_outs(sh, bufs, p, LentOut::Plain(fd), events);
 }
 
 /// A read of psock `p`, lent to this worker (`Own::leases`; `fd` is its
@@ -584,7 +590,7 @@ pub(crate) fn serve_leased(
         }
         return Ok(());
     }
-    // (Replies left for later are in the run: they go first, with it.)
+    // (Replies left for later are in the run and `outs`: they go first.)
     bufs.deferred = None;
     bufs.end_run();
     if behind || !bufs.outs.iter().all(|o| matches!(o, Out::Replies(q, ..) if *q == p)) {
@@ -594,6 +600,16 @@ pub(crate) fn serve_leased(
         send_outs(sh, sv, bufs, events, dirty, None);
         return Ok(());
     }
+    match out {
+        // Replies of their own buffers (larger than the run takes) wait too.
+        LentOut::Later(fd) => bufs.deferred = Some((p, fd)),
+        _ => write_outs(sh, bufs, p, out, events),
+    }
+    Ok(())
+}
+
+/// Write the replies in `bufs.outs`, all of lent psock `p`, at once.
+fn write_outs(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>, events: &mut Vec<Event>) {
     bufs.slices.clear();
     bufs.slice_msgs.clear();
     for o in bufs.outs.drain(..) {
@@ -603,7 +619,6 @@ pub(crate) fn serve_leased(
         }
     }
     write_leased(sh, bufs, p, out, events);
-    Ok(())
 }
 
 /// A lent read the lease did not take as it came (see [`serve_leased`]).
