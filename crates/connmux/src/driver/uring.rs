@@ -244,6 +244,15 @@ fn serve_on_lease(w: &mut Worker<'_>, ring: &mut WRing, buf: u16, p: PsockId, fd
     }
 }
 
+/// Write the replies lent reads left for later (`serve::flush_deferred`);
+/// a write that runs short gives its lease back, which the pass's hold
+/// must then see (`Woke::leased_only`).
+fn flush_deferred(w: &mut Worker<'_>, woke: &mut Woke) {
+    let lent = w.bufs.own.leases.len();
+    crate::serve::flush_deferred(w.sh, &mut w.bufs, &mut w.events);
+    woke.leased_only &= w.bufs.own.leases.len() == lent;
+}
+
 /// A receive of TLS psock `conn` in ring buffer `buf`, on a serving worker
 /// that lends TLS psocks: decrypted here when nothing is held before it and
 /// TLS holds nothing back, its plaintext served on the psock's lease (true
@@ -338,7 +347,7 @@ impl UringIo {
             if let Some((q, _)) = w.bufs.deferred {
                 if !(lent_read && read_of == Some(q)) {
                     core = None;
-                    crate::serve::flush_deferred(sh, &mut w.bufs, &mut w.events);
+                    flush_deferred(w, woke);
                 }
             }
             if let Some(p) = read_of.filter(|p| !lent_read && w.bufs.own.leases.contains_key(p)) {
@@ -487,7 +496,7 @@ impl UringIo {
             }
         }
         drop(core);
-        crate::serve::flush_deferred(sh, &mut w.bufs, &mut w.events);
+        flush_deferred(w, woke);
     }
 
     fn run_command(&mut self, w: &mut Worker<'_>, c: Command) {
