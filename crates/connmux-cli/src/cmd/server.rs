@@ -372,7 +372,7 @@ fn print_stats(svc: &Service, started: Instant) {
     let st = svc.stats();
     use std::sync::atomic::Ordering::Relaxed;
     println!(
-        "after {:.1}s: accepted={} closed={} refused={} rx_msgs={} tx_msgs={} rx_bytes={} tx_bytes={} too_big={} bad_len={} parser_errors={} timeouts={} mem_aborts={} idle_timeouts={} handshake_timeouts={}",
+        "after {:.1}s: accepted={} closed={} refused={} rx_msgs={} tx_msgs={} rx_bytes={} tx_bytes={} too_big={} bad_len={} parser_errors={} timeouts={} mem_aborts={} idle_timeouts={} handshake_timeouts={} leases={} lease_returns={}",
         started.elapsed().as_secs_f64(),
         st.accepted.load(Relaxed),
         st.closed.load(Relaxed),
@@ -388,6 +388,8 @@ fn print_stats(svc: &Service, started: Instant) {
         s.mem_aborts,
         s.idle_timeouts,
         s.handshake_timeouts,
+        s.leases,
+        s.lease_returns,
     );
     let t = svc.mux().tls_stats();
     if t.attached > 0 {
