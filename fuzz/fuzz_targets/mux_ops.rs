@@ -292,9 +292,7 @@ fuzz_target!(|input: Input| {
             }
             Op::Unattach { p } => {
                 if let Some(ps) = pick_mut(&mut psocks, p) {
-                    if let Some((l, _)) = ps.lease.take() {
-                        m.unlease(l, t);
-                    }
+                    give_back(&mut m, ps, t);
                     if m.unattach(ps.id).is_ok() {
                         // The outstanding chunk is no longer the driver's to write.
                         ps.chunk = None;
@@ -333,9 +331,7 @@ fuzz_target!(|input: Input| {
             Op::RxClosed { p } => {
                 if let Some(ps) = pick_mut(&mut psocks, p) {
                     // The end of the stream gives a lease back first.
-                    if let Some((l, _)) = ps.lease.take() {
-                        m.unlease(l, t);
-                    }
+                    give_back(&mut m, ps, t);
                     let _ = m.rx_closed(ps.id, None);
                 }
             }
@@ -521,9 +517,7 @@ fuzz_target!(|input: Input| {
             }
             Op::Unlease { p } => {
                 if let Some(ps) = pick_mut(&mut psocks, p) {
-                    if let Some((l, _)) = ps.lease.take() {
-                        m.unlease(l, t);
-                    }
+                    give_back(&mut m, ps, t);
                 }
             }
             Op::Advance { ms } => {
@@ -532,8 +526,7 @@ fuzz_target!(|input: Input| {
                 // A worker gives a lease back by its kept message's deadline.
                 for ps in &mut psocks {
                     if ps.lease.as_ref().is_some_and(|(l, _)| l.kept_due().is_some_and(|d| d <= t)) {
-                        let (l, _) = ps.lease.take().expect("lent");
-                        m.unlease(l, t);
+                        give_back(&mut m, ps, t);
                     }
                 }
                 m.handle_timeout(t);
@@ -553,9 +546,7 @@ fuzz_target!(|input: Input| {
                 // Asked back: the worker gives it back (here at once).
                 Some(Event::PsockLeaseRevoked(p)) => {
                     if let Some(ps) = psocks.iter_mut().find(|ps| ps.id == p) {
-                        if let Some((l, _)) = ps.lease.take() {
-                            m.unlease(l, t);
-                        }
+                        give_back(&mut m, ps, t);
                     }
                 }
                 Some(_) => {}
@@ -577,6 +568,13 @@ fn lend(m: &mut Mux, ps: &mut PsockModel, s: SockId) {
         if m.set_affinity(s, tag).is_ok() && m.set_psock_affinity(ps.id, tag).is_ok() {
             ps.lease = m.lease(ps.id, s).map(|l| (l, s));
         }
+    }
+}
+
+/// Give `ps`'s lease back to the mux, if it is lent (as its worker would).
+fn give_back(m: &mut Mux, ps: &mut PsockModel, t: Timestamp) {
+    if let Some((l, _)) = ps.lease.take() {
+        m.unlease(l, t);
     }
 }
 

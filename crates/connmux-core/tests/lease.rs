@@ -41,7 +41,12 @@ fn served(max: usize) -> (Mux, SockId, PsockId) {
 }
 
 fn served_with(max: usize, parser: Box<dyn Parser>) -> (Mux, SockId, PsockId) {
-    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, ..MuxConfig::default() });
+    served_in(MuxConfig::default(), max, parser)
+}
+
+/// [`served_with`] in a mux of `cfg` (its steering made affinity).
+fn served_in(cfg: MuxConfig, max: usize, parser: Box<dyn Parser>) -> (Mux, SockId, PsockId) {
+    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, ..cfg });
     let s = m.socket(SockType::Dgram);
     m.set_affinity(s, Some(0)).unwrap();
     m.set_holds(s, true).unwrap();
@@ -415,13 +420,8 @@ fn what_a_lease_kept_goes_back_to_the_mux_whole_and_in_order() {
 #[test]
 fn a_kept_message_times_out_from_its_first_byte_as_the_mux_would() {
     let t = std::time::Duration::from_millis(100);
-    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, assembly_timeout: Some(t), ..MuxConfig::default() });
-    let s = m.socket(SockType::Dgram);
-    m.set_affinity(s, Some(0)).unwrap();
-    m.set_holds(s, true).unwrap();
-    let p = m.attach(Box::new(Whole(L4::new())), PsockConfig::default());
-    m.set_psock_affinity(p, Some(0)).unwrap();
-    events(&mut m);
+    let cfg = MuxConfig { assembly_timeout: Some(t), ..MuxConfig::default() };
+    let (mut m, s, p) = served_in(cfg, 1024, Box::new(Whole(L4::new())));
     let mut lease = m.lease(p, s).unwrap();
     let at = |ms: u64| Timestamp::from_nanos(ms * 1_000_000);
     let msg = l4(b"slow loris");
@@ -443,18 +443,8 @@ fn a_kept_message_times_out_from_its_first_byte_as_the_mux_would() {
 #[test]
 fn bytes_a_lease_kept_do_not_make_the_psock_look_idle_when_given_back() {
     let ms = std::time::Duration::from_millis;
-    let mut m = Mux::new(MuxConfig {
-        steering: Steering::Affinity,
-        idle_timeout: Some(ms(100)),
-        assembly_timeout: Some(ms(10_000)),
-        ..MuxConfig::default()
-    });
-    let s = m.socket(SockType::Dgram);
-    m.set_affinity(s, Some(0)).unwrap();
-    m.set_holds(s, true).unwrap();
-    let p = m.attach(Box::new(Whole(L4::new())), PsockConfig::default());
-    m.set_psock_affinity(p, Some(0)).unwrap();
-    events(&mut m);
+    let cfg = MuxConfig { idle_timeout: Some(ms(100)), assembly_timeout: Some(ms(10_000)), ..MuxConfig::default() };
+    let (mut m, s, p) = served_in(cfg, 1024, Box::new(Whole(L4::new())));
     let at = |n: u64| Timestamp::from_nanos(n * 1_000_000);
     let mut lease = m.lease(p, s).unwrap();
     let msg = l4(b"a slow but steady sender");
