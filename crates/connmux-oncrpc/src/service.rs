@@ -78,6 +78,32 @@ fn prog_vers(head: &[u8; NULL_CALL_LEN]) -> [u8; 8] {
     head[16..24].try_into().expect("8 bytes")
 }
 
+/// The first [`NULL_CALL_LEN`] bytes of `marked` when it is a one-fragment
+/// record holding a version 2 call of procedure 0 with empty AUTH_NONE
+/// credential and verifier (and no arguments, when `strict`), whatever its
+/// program.
+#[inline]
+fn null_shape(marked: &[u8], strict: bool) -> Option<&[u8; NULL_CALL_LEN]> {
+    let head: &[u8; NULL_CALL_LEN] = marked.get(..NULL_CALL_LEN)?.try_into().ok()?;
+    // Words: mark, xid, msg_type, rpcvers, prog, vers, proc, cred (flavor,
+    // len), verf (flavor, len). Compared a few words at a time, in wire
+    // order (this runs once per request: a word-by-word decode costs as
+    // much as the rest of the reply).
+    let ne64 = |i: usize| u64::from_ne_bytes(head[i..i + 8].try_into().expect("8 bytes"));
+    let ne32 = |i: usize| u32::from_ne_bytes(head[i..i + 4].try_into().expect("4 bytes"));
+    // msg_type CALL and rpcvers 2, as on the wire.
+    const CALL_V2: [u8; 8] = {
+        let (t, v) = (MsgType::CALL.0.to_be_bytes(), RPC_VERSION.to_be_bytes());
+        [t[0], t[1], t[2], t[3], v[0], v[1], v[2], v[3]]
+    };
+    let args = marked.len() - NULL_CALL_LEN;
+    (be32(head, 0) == LAST_FRAGMENT | (marked.len() - MARK_LEN) as u32
+        && ne64(8) == u64::from_ne_bytes(CALL_V2)
+        && (ne64(24) | ne64(32) | u64::from(ne32(40))) == 0
+        && !(strict && args != 0))
+        .then_some(head)
+}
+
 /// The SUCCESS reply to the NULL call `head`: the template with its xid.
 #[inline]
 fn null_reply(head: &[u8; NULL_CALL_LEN]) -> [u8; NULL_REPLY_LEN] {
@@ -271,10 +297,31 @@ impl Registry {
             out.extend_from_slice(&reply);
             return 1;
         }
-        out.reserve(ranges.len() * NULL_REPLY_LEN);
+        // The argument rule a constant in the loop (one flag less to keep).
+        if self.strict_null_args {
+            self.null_run::<true>(data, ranges, out)
+        } else {
+            self.null_run::<false>(data, ranges, out)
+        }
+    }
+
+    /// [`null_fast_run`](Self::null_fast_run) past one record, for calls
+    /// with arguments refused (`STRICT`) or not.
+    fn null_run<const STRICT: bool>(
+        &self,
+        data: &[u8],
+        ranges: &[std::ops::Range<usize>],
+        out: &mut bytes::BytesMut,
+    ) -> usize {
+        let shape = |r: &std::ops::Range<usize>| data.get(r.clone()).and_then(|m| null_shape(m, STRICT));
+        let Some(first) = ranges.first().and_then(shape) else { return 0 };
         // The program and version of the last call answered: a run's calls
         // are nearly always to one of them, looked up once.
-        let mut served = None;
+        let mut served = prog_vers(first);
+        if !self.serves(served) {
+            return 0;
+        }
+        out.reserve(ranges.len() * NULL_REPLY_LEN);
         let mut n = 0;
         for block in ranges.chunks(NULL_REPLY_BLOCK) {
             // A block of templates appended at once, each reply then only
@@ -282,53 +329,39 @@ impl Registry {
             let at = out.len();
             out.extend_from_slice(&NULL_REPLIES[..block.len() * NULL_REPLY_LEN]);
             let (replies, _) = out[at..].as_chunks_mut::<NULL_REPLY_LEN>();
-            let declined = 'block: {
-                for (k, (r, reply)) in block.iter().zip(replies).enumerate() {
-                    let Some(head) = data.get(r.clone()).and_then(|m| self.null_shape(m)) else { break 'block Some(k) };
-                    let pv = prog_vers(head);
-                    if served != Some(pv) {
-                        if !self.serves(pv) {
-                            break 'block Some(k);
-                        }
-                        served = Some(pv);
+            let mut k = 0;
+            for (r, reply) in block.iter().zip(replies) {
+                let Some(head) = shape(r) else { break };
+                let pv = prog_vers(head);
+                if pv != served {
+                    if !self.serves_other(pv) {
+                        break;
                     }
-                    reply[4..8].copy_from_slice(&head[4..8]);
+                    served = pv;
                 }
-                None
-            };
-            if let Some(k) = declined {
-                out.truncate(at + k * NULL_REPLY_LEN);
-                return n + k;
+                reply[4..8].copy_from_slice(&head[4..8]);
+                k += 1;
             }
-            n += block.len();
+            n += k;
+            if k < block.len() {
+                out.truncate(at + k * NULL_REPLY_LEN);
+                break;
+            }
         }
         n
     }
 
-    /// The first [`NULL_CALL_LEN`] bytes of `marked` when it is a
-    /// one-fragment record holding a version 2 call of procedure 0 with
-    /// empty AUTH_NONE credential and verifier (and no arguments, when
-    /// strict), whatever its program.
+    /// [`serves`](Self::serves) for a call to another program or version
+    /// than the run's last: out of the run's loop.
+    #[inline(never)]
+    fn serves_other(&self, prog_vers: [u8; 8]) -> bool {
+        self.serves(prog_vers)
+    }
+
+    /// [`null_shape`] with this registry's argument rule.
     #[inline]
     fn null_shape<'a>(&self, marked: &'a [u8]) -> Option<&'a [u8; NULL_CALL_LEN]> {
-        let head: &[u8; NULL_CALL_LEN] = marked.get(..NULL_CALL_LEN)?.try_into().ok()?;
-        // Words: mark, xid, msg_type, rpcvers, prog, vers, proc, cred (flavor,
-        // len), verf (flavor, len). Compared a few words at a time, in wire
-        // order (this runs once per request: a word-by-word decode costs as
-        // much as the rest of the reply).
-        let ne64 = |i: usize| u64::from_ne_bytes(head[i..i + 8].try_into().expect("8 bytes"));
-        let ne32 = |i: usize| u32::from_ne_bytes(head[i..i + 4].try_into().expect("4 bytes"));
-        // msg_type CALL and rpcvers 2, as on the wire.
-        const CALL_V2: [u8; 8] = {
-            let (t, v) = (MsgType::CALL.0.to_be_bytes(), RPC_VERSION.to_be_bytes());
-            [t[0], t[1], t[2], t[3], v[0], v[1], v[2], v[3]]
-        };
-        let args = marked.len() - NULL_CALL_LEN;
-        (be32(head, 0) == LAST_FRAGMENT | (marked.len() - MARK_LEN) as u32
-            && ne64(8) == u64::from_ne_bytes(CALL_V2)
-            && (ne64(24) | ne64(32) | u64::from(ne32(40))) == 0
-            && !(self.strict_null_args && args != 0))
-            .then_some(head)
+        null_shape(marked, self.strict_null_args)
     }
 
     /// Whether calls to this program and version (two wire words) are served.

@@ -578,3 +578,33 @@ fn null_fast_run_spans_blocks_and_cuts_back_at_a_decline() {
         assert_eq!(&out[..], &want[..], "{calls} calls, bad at {bad_at:?}");
     }
 }
+
+/// A run under the strict argument rule stops at the first NULL call that
+/// carries arguments (answered GARBAGE_ARGS the general way); without the
+/// rule the same run is answered whole.
+#[test]
+fn null_fast_run_keeps_the_argument_rule() {
+    let mut data = Vec::new();
+    let mut ranges = Vec::new();
+    for i in 0..40u32 {
+        let rec = if i == 35 {
+            words(&[0x8000_002c, i, 0, 2, 100003, 3, 0, 0, 0, 0, 0, 7]) // one argument word
+        } else {
+            capture_null_call(i)
+        };
+        ranges.push(data.len()..data.len() + rec.len());
+        data.extend(rec);
+    }
+    let lenient = Registry::default();
+    let mut out = bytes::BytesMut::new();
+    assert_eq!(lenient.null_fast_run(&data, &ranges, &mut out), 40);
+    let each: Vec<u8> = ranges.iter().flat_map(|r| lenient.null_fast(&data[r.clone()]).unwrap()).collect();
+    assert_eq!(&out[..], &each[..]);
+    let mut strict = Registry::default();
+    strict.set_strict_null_args(true);
+    let mut out = bytes::BytesMut::new();
+    assert_eq!(strict.null_fast_run(&data, &ranges, &mut out), 35);
+    assert_eq!(&out[..], &each[..35 * 28]);
+    assert_eq!(strict.null_fast_run(&data, &ranges[35..], &mut out), 0);
+    assert_eq!(strict.null_fast_run(&data, &ranges[36..], &mut out), 4);
+}
