@@ -13,6 +13,9 @@
 //!   well-formed record-marked reply that `decode_reply` and `check_reply`
 //!   read back with the same xid and answer; `handle_marked` on the record
 //!   marked in any number of fragments answers byte for byte the same;
+//! - `null_fast_run` over the records (each marked as one fragment, back to
+//!   back) answers the leading ones `null_fast` answers, byte for byte, and
+//!   stops at the first it declines;
 //! - any reply `encode_reply` writes decodes to itself;
 //! - nothing panics.
 #![no_main]
@@ -95,6 +98,31 @@ fn serve(record: &[u8], frags: usize) {
     }
 }
 
+/// `null_fast_run` against `null_fast` one record at a time.
+fn null_runs(records: &[Vec<u8>]) {
+    let mut data = Vec::new();
+    let mut ranges = Vec::new();
+    for rec in records {
+        let at = data.len();
+        encode_record(rec, 1, &mut data);
+        ranges.push(at..data.len());
+    }
+    let mut strict = Registry::default();
+    strict.set_strict_null_args(true);
+    for reg in [Registry::default(), Registry::any_program(), Registry::new(), strict] {
+        let mut want = b"x".to_vec();
+        let mut n = 0;
+        for r in &ranges {
+            let Some(reply) = reg.null_fast(&data[r.clone()]) else { break };
+            want.extend_from_slice(&reply);
+            n += 1;
+        }
+        let mut out = bytes::BytesMut::from(&b"x"[..]);
+        assert_eq!(reg.null_fast_run(&data, &ranges, &mut out), n);
+        assert_eq!(&out[..], &want[..]);
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     if data.len() < 5 {
         return;
@@ -110,6 +138,7 @@ fuzz_target!(|data: &[u8]| {
     for rec in &whole.0 {
         serve(rec, frags);
     }
+    null_runs(&whole.0);
     serve(stream, frags);
     for reg in [Registry::default(), Registry::any_program()] {
         let mut out = Vec::new();
