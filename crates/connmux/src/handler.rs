@@ -95,13 +95,16 @@ pub trait Handler: Send + Sync + 'static {
         out: &mut BytesMut,
     ) -> RunServed {
         let mut appended = 0;
+        // Room in `scratch` before the run and after each reply that may
+        // have been cut from it (not before every request: an echo's run
+        // never touches it).
+        if scratch.capacity() - scratch.len() < SCRATCH_LOW {
+            scratch.reserve(SCRATCH_CHUNK);
+        }
         for (i, r) in ranges.iter().enumerate() {
             let Some(request) = data.get(r.clone()) else {
                 return RunServed { handled: i, appended, stop: None };
             };
-            if scratch.capacity() - scratch.len() < SCRATCH_LOW {
-                scratch.reserve(SCRATCH_CHUNK);
-            }
             let mark = out.len();
             match self.handle_in_place(request, from, scratch, out) {
                 Verdict::Appended if out.len() > mark => appended += 1,
@@ -113,6 +116,9 @@ pub trait Handler: Send + Sync + 'static {
                 Verdict::Reply(b) if b.len() <= RUN_APPEND_MAX && out.len() == mark => {
                     out.extend_from_slice(&b);
                     appended += 1;
+                    if scratch.capacity() - scratch.len() < SCRATCH_LOW {
+                        scratch.reserve(SCRATCH_CHUNK);
+                    }
                 }
                 v => {
                     // Only an appended reply may stay in `out`.

@@ -166,27 +166,47 @@ impl Parser for LengthField {
             Some(e) if (-(1i64 << 40)..=(1i64 << 40)).contains(&e) => e,
             _ => return frame_batch_with(self, data, 0, max_len, limit, out),
         };
-        let big = self.endian == Endian::Big;
-        let (mut at, mut n) = (0, 0);
-        while n < limit {
-            let Some(&[a, b, c, d]) = data.get(at..at + 4) else { break };
-            let field = if big { u32::from_be_bytes([a, b, c, d]) } else { u32::from_le_bytes([a, b, c, d]) };
-            let total = i64::from(field) + extra;
-            if total < 4 {
-                break; // a message holds at least its header
-            }
-            let len = total as usize;
-            if len > data.len() - at || len > max_len {
-                break;
-            }
-            out.push(at..at + len);
-            at += len;
-            n += 1;
+        match self.endian {
+            Endian::Big => frame_l4::<true>(data, extra, max_len, limit, out),
+            Endian::Little => frame_l4::<false>(data, extra, max_len, limit, out),
         }
-        at
     }
 
     fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// [`LengthField::frame_batch`]'s loop for a 4-byte field at the front
+/// (`BIG`: big-endian), a message's length the field plus `extra`.
+/// `rest` is `data[at..]`, narrowed as messages are taken: one bounds
+/// check a message, the message's own.
+#[inline]
+fn frame_l4<const BIG: bool>(
+    data: &[u8],
+    extra: i64,
+    max_len: usize,
+    limit: usize,
+    out: &mut Vec<Range<usize>>,
+) -> usize {
+    let (mut at, mut n) = (0, 0);
+    let mut rest = data;
+    while n < limit {
+        let Some((field, _)) = rest.split_first_chunk::<4>() else { break };
+        let field = if BIG { u32::from_be_bytes(*field) } else { u32::from_le_bytes(*field) };
+        let total = i64::from(field) + extra;
+        if total < 4 {
+            break; // a message holds at least its header
+        }
+        let len = total as usize;
+        if len > max_len {
+            break;
+        }
+        let Some(next) = rest.get(len..) else { break };
+        out.push(at..at + len);
+        rest = next;
+        at += len;
+        n += 1;
+    }
+    at
 }
