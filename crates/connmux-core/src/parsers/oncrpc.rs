@@ -187,17 +187,12 @@ impl Parser for OncRpc {
         let mut n = 0;
         if self.next_mark == 0 && self.max_fragments >= 1 {
             let body = if self.strip { MARK_LEN } else { 0 };
-            // Pushed to a vector of our own, put back after: through `out`
-            // its length and buffer were reloaded and stored for every record.
-            let mut ranges = std::mem::take(out);
-            let first = ranges.len();
             // Every record is at least its mark: room for all of them at once.
-            ranges.reserve(limit.min(data.len() / MARK_LEN));
-            let end = first.saturating_add(limit);
+            out.reserve(limit.min(data.len() / MARK_LEN));
             // `rest` is `data[at..]`, narrowed as records are taken (no
             // re-slicing of `data`, no bounds check beyond the record's own).
             let mut rest = data;
-            while ranges.len() < end {
+            while n < limit {
                 let Some((mark, _)) = rest.split_first_chunk::<MARK_LEN>() else { break };
                 let word = u32::from_be_bytes(*mark);
                 let len = MARK_LEN + (word & !LAST_FRAGMENT) as usize;
@@ -205,12 +200,11 @@ impl Parser for OncRpc {
                     break;
                 }
                 let Some(next) = rest.get(len..) else { break };
-                ranges.push(at + body..at + len);
+                out.push(at + body..at + len);
                 rest = next;
                 at += len;
+                n += 1;
             }
-            n = ranges.len() - first;
-            *out = ranges;
         }
         if at == data.len() || n == limit {
             return at;
