@@ -659,8 +659,8 @@ fn serve_kept(
 ) -> Kept {
     ranges.clear();
     let now = sh.timestamp(started);
-    let room = bufs.own.keep.room_for(bufs.own.leases.get(&p).map_or(0, |l| l.lease.kept()));
     let Some(l) = bufs.own.leases.get_mut(&p) else { return Kept::Back(GivenBack { rt: None, from: 0 }) };
+    let room = bufs.own.keep.room_for(l.lease.kept());
     let before = l.lease.kept();
     let read = l.lease.frame_read(data, now, room, ranges);
     // (Counted before a give-back, which takes what the lease keeps now

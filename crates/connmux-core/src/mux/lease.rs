@@ -215,6 +215,8 @@ impl Lease {
                         if self.tail.len() < n {
                             return LeaseRead::Kept;
                         }
+                        // Whole now (the parser said how long: no need to ask again).
+                        break n;
                     }
                     Parse::NeedMore(k) => {
                         let take = k.max(1).min(data.len() - from);
