@@ -129,6 +129,19 @@ pub trait Parser: Send {
     fn name(&self) -> &str;
 }
 
+/// Appends the ranges of `count` messages of `len` bytes each, laid end to
+/// end from offset `at`, each without its first `skip` bytes: a run of
+/// equal messages that a parser's `frame_batch` counted first. One
+/// `extend` of a counted iterator keeps the vector's length in a register
+/// (a `push` per message stores it and loads it back each time).
+#[inline]
+pub(crate) fn push_run(out: &mut Vec<Range<usize>>, at: usize, count: usize, len: usize, skip: usize) {
+    out.extend((0..count).map(|i| {
+        let start = at + i * len;
+        start + skip..start + len
+    }));
+}
+
 /// [`Parser::frame_batch`]'s loop, from offset `at` of `data` (ranges are
 /// pushed as offsets into the whole of `data`): for a parser whose own
 /// `frame_batch` takes a common case itself and leaves the rest to this.

@@ -530,11 +530,16 @@ fn oncrpc_frame_batch_agrees_with_the_general_loop() {
     for round in 0..2_000 {
         let mut wire = Vec::new();
         for _ in 0..rng.gen_range(0..12) {
-            match rng.gen_range(0..5) {
-                0 => wire.extend(rpc_null_call_3frags(rng.gen())),
-                1 => wire.extend(be32(&[0x8000_0000])), // an empty record
-                2 => wire.extend(rpc_one_byte_fragments(&[1, 2, 3])),
-                _ => wire.extend(rpc_null_call(rng.gen())),
+            // Runs of one kind, as a client's calls come (the fast loop
+            // takes a run's length from its first mark).
+            for _ in 0..rng.gen_range(1..5) {
+                match rng.gen_range(0..6) {
+                    0 => wire.extend(rpc_null_call_3frags(rng.gen())),
+                    1 => wire.extend(be32(&[0x8000_0000])), // an empty record
+                    2 => wire.extend(rpc_one_byte_fragments(&[1, 2, 3])),
+                    3 => wire.extend(rpc_auth_sys_call(rng.gen_range(0..9))),
+                    _ => wire.extend(rpc_null_call(rng.gen())),
+                }
             }
         }
         if rng.gen_bool(0.3) {
@@ -545,10 +550,12 @@ fn oncrpc_frame_batch_agrees_with_the_general_loop() {
         let strip = rng.gen_bool(0.5);
         let max_frags = rng.gen_range(1..5);
         let max_len = if rng.gen_bool(0.2) { 40 } else { 1 << 20 };
-        let limit = rng.gen_range(1..16);
+        let limit = rng.gen_range(1..40);
         let mut fast = OncRpc::with_max_fragments(strip, max_frags);
         let mut general = OncRpc::with_max_fragments(strip, max_frags);
-        let (mut a, mut b) = (Vec::new(), Vec::new());
+        // Ranges are appended to what the vector already holds.
+        let held = vec![0..0; rng.gen_range(0..3)];
+        let (mut a, mut b) = (held.clone(), held);
         let ta = fast.frame_batch(data, max_len, limit, &mut a);
         let tb = connmux_core::parser::frame_batch_with(&mut general, data, 0, max_len, limit, &mut b);
         assert_eq!(
@@ -582,16 +589,22 @@ fn the_four_byte_loop_frames_as_the_general_one() {
                 1 => rng.gen_range(0..8),
                 _ => body.wrapping_add(if includes { 4 } else { 0 }).wrapping_sub(adjust as u32),
             };
-            data.extend(match endian {
-                Endian::Big => field.to_be_bytes(),
-                Endian::Little => field.to_le_bytes(),
-            });
-            data.extend((0..body).map(|i| i as u8));
+            // Runs of one message, as a client's requests come (the loop
+            // takes a run's length from its first field).
+            for _ in 0..rng.gen_range(1..6) {
+                data.extend(match endian {
+                    Endian::Big => field.to_be_bytes(),
+                    Endian::Little => field.to_le_bytes(),
+                });
+                data.extend((0..body).map(|i| i as u8));
+            }
         }
         data.truncate(data.len() - rng.gen_range(0..=data.len().min(6)));
         let max_len = rng.gen_range(4..64);
-        let limit = rng.gen_range(1..16);
-        let (mut fast, mut general) = (Vec::new(), Vec::new());
+        let limit = rng.gen_range(1..40);
+        // Ranges are appended to what the vector already holds.
+        let held = vec![0..0; rng.gen_range(0..3)];
+        let (mut fast, mut general) = (held.clone(), held);
         let took_fast = p.frame_batch(&data, max_len, limit, &mut fast);
         let took_general = frame_batch_with(&mut p, &data, 0, max_len, limit, &mut general);
         assert_eq!((took_fast, &fast), (took_general, &general), "round {round}: {endian:?} {includes} {adjust}");

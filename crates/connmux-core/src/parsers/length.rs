@@ -6,7 +6,7 @@ use std::fmt;
 
 use std::ops::Range;
 
-use crate::parser::{frame_batch_with, Parse, ParseError, Parser};
+use crate::parser::{frame_batch_with, push_run, Parse, ParseError, Parser};
 
 /// Byte order of a length field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -191,22 +191,34 @@ fn frame_l4<const BIG: bool>(
 ) -> usize {
     let (mut at, mut n) = (0, 0);
     let mut rest = data;
+    // Messages come in runs of one length: within a run the next start
+    // comes from the run's length and the field is only compared with the
+    // run's, and the run's ranges are written when it ends
+    // (`OncRpc::frame_batch` says why). `run_field` starts wider than any
+    // field, so the first one is checked before `len` is used.
+    let (mut run_field, mut len, mut run_at, mut run) = (u64::MAX, 0usize, 0usize, 0usize);
     while n < limit {
         let Some((field, _)) = rest.split_first_chunk::<4>() else { break };
         let field = if BIG { u32::from_be_bytes(*field) } else { u32::from_le_bytes(*field) };
-        let total = i64::from(field) + extra;
-        if total < 4 {
-            break; // a message holds at least its header
-        }
-        let len = total as usize;
-        if len > max_len {
-            break;
+        if u64::from(field) != run_field {
+            push_run(out, run_at, run, len, 0);
+            run = 0;
+            let total = i64::from(field) + extra;
+            if total < 4 {
+                break; // a message holds at least its header
+            }
+            len = total as usize;
+            if len > max_len {
+                break;
+            }
+            (run_field, run_at) = (u64::from(field), at);
         }
         let Some(next) = rest.get(len..) else { break };
-        out.push(at..at + len);
         rest = next;
         at += len;
         n += 1;
+        run += 1;
     }
+    push_run(out, run_at, run, len, 0);
     at
 }

@@ -6,7 +6,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::parser::{Parse, ParseError, Parser};
+use crate::parser::{push_run, Parse, ParseError, Parser};
 
 const MARK_LEN: usize = 4;
 const LAST_FRAGMENT: u32 = 0x8000_0000;
@@ -192,19 +192,35 @@ impl Parser for OncRpc {
             // `rest` is `data[at..]`, narrowed as records are taken (no
             // re-slicing of `data`, no bounds check beyond the record's own).
             let mut rest = data;
+            // Records come in runs of one length (a client's calls are
+            // alike). Within a run the next record's start comes from the
+            // run's length, and its mark is only compared with the run's;
+            // the run's ranges are written when it ends, in one
+            // `push_run`. Where the start came from the mark just read,
+            // each record waited for that load (a chain through memory),
+            // and each push stored the vector's length and read it back.
+            // The first mark never equals `run_mark` (0 has no last-
+            // fragment bit), so it is checked before `len` is used.
+            let (mut run_mark, mut len, mut run_at, mut run) = (0u32, 0usize, 0usize, 0usize);
             while n < limit {
                 let Some((mark, _)) = rest.split_first_chunk::<MARK_LEN>() else { break };
                 let word = u32::from_be_bytes(*mark);
-                let len = MARK_LEN + (word & !LAST_FRAGMENT) as usize;
-                if word & LAST_FRAGMENT == 0 || len > max_len {
-                    break;
+                if word != run_mark {
+                    push_run(out, run_at, run, len, body);
+                    run = 0;
+                    len = MARK_LEN + (word & !LAST_FRAGMENT) as usize;
+                    if word & LAST_FRAGMENT == 0 || len > max_len {
+                        break;
+                    }
+                    (run_mark, run_at) = (word, at);
                 }
                 let Some(next) = rest.get(len..) else { break };
-                out.push(at + body..at + len);
                 rest = next;
                 at += len;
                 n += 1;
+                run += 1;
             }
+            push_run(out, run_at, run, len, body);
         }
         if at == data.len() || n == limit {
             return at;
