@@ -58,6 +58,17 @@ pub struct RingConfig {
     pub buf_count: u16,
     /// Bytes per provided buffer (the most one receive completion carries).
     pub buf_size: u32,
+    /// Keep only some of the free buffers in the kernel's ring, at least this many
+    /// (0: all of them). The kernel takes buffers in the order they were given, so
+    /// with every free buffer queued a receive lands in the buffer used longest
+    /// ago, and the ring's whole memory passes through the caches; with fewer
+    /// queued, the rest wait on a stack and the most recently used go in first, so
+    /// receives land in memory still in the cache. The number queued doubles when
+    /// a receive ends with `ENOBUFS` while free buffers were kept back (so a
+    /// receive may end that way before every buffer is held; the caller submits
+    /// it again, as after any `ENOBUFS`) and halves, down to this, after a run of
+    /// deliveries that never used half of it.
+    pub buf_hot: u16,
     /// Run the kernel's completion work only when this ring waits
     /// (`IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN`, Linux 6.1+): nothing
     /// is delivered between two waits, so what one wait reaps is all that arrived.
@@ -69,7 +80,14 @@ impl Default for RingConfig {
     /// 256 submissions, 1024 completions, 256 buffers of 16 KiB (4 MiB of receive
     /// memory per ring).
     fn default() -> Self {
-        RingConfig { entries: 256, cq_entries: 1024, buf_count: 256, buf_size: 16 * 1024, defer_taskrun: false }
+        RingConfig {
+            entries: 256,
+            cq_entries: 1024,
+            buf_count: 256,
+            buf_size: 16 * 1024,
+            buf_hot: 0,
+            defer_taskrun: false,
+        }
     }
 }
 
@@ -81,7 +99,9 @@ pub enum Completion {
     /// completion; submit a new one to go on receiving.
     Recv { token: u64, buf_id: u16, len: usize, more: bool },
     /// The multishot receive ended without data: `res == 0` is end of stream, else
-    /// `-errno` (`-ENOBUFS`: every buffer is held; `-ECANCELED`; a socket error).
+    /// `-errno` (`-ENOBUFS`: no buffer in the kernel's ring, every buffer held or,
+    /// with [`RingConfig::buf_hot`], fewer queued than this wait needed;
+    /// `-ECANCELED`; a socket error).
     RecvEnd { token: u64, res: i32 },
     /// A send finished: `res` is the number of bytes sent (all of them unless the
     /// connection failed part way) or `-errno` (`-EPIPE`, `-ECONNRESET`, `-ECANCELED`).
@@ -105,7 +125,7 @@ pub fn supported() -> bool {
 }
 
 fn probe() -> io::Result<()> {
-    let config = RingConfig { entries: 4, cq_entries: 8, buf_count: 2, buf_size: 64, defer_taskrun: false };
+    let config = RingConfig { entries: 4, cq_entries: 8, buf_count: 2, buf_size: 64, buf_hot: 0, defer_taskrun: false };
     let mut ring: Ring<Vec<u8>> = Ring::new(config)?;
     let (a, b) = std::os::unix::net::UnixStream::pair()?;
     ring.recv_multishot(b.as_raw_fd(), 1)?;
@@ -180,6 +200,16 @@ struct RawBuf {
 
 /// Length stored for a buffer that is in the kernel's ring.
 const IN_KERNEL: u32 = u32::MAX;
+/// Length stored for a free buffer kept out of the kernel's ring (`BufRing::spare`).
+const SPARE: u32 = u32::MAX - 1;
+
+/// Whether a buffer's stored length says the caller holds it.
+fn is_held(len: u32) -> bool {
+    len < SPARE
+}
+
+/// Deliveries over which [`BufRing`] looks for a ring deeper than it needs.
+const EPOCH: u16 = 1024;
 
 /// The provided buffers and their ring.
 struct BufRing {
@@ -189,25 +219,87 @@ struct BufRing {
     size: u32,
     /// Next ring slot to fill (the kernel sees it once published to the shared tail).
     tail: u16,
-    /// Per buffer: bytes held by the caller, or [`IN_KERNEL`].
+    /// Per buffer: bytes held by the caller, [`IN_KERNEL`] or [`SPARE`].
     held: Vec<u32>,
+    /// Free buffers kept out of the kernel's ring, the most recently used last.
+    spare: Vec<u16>,
+    /// Buffers in the kernel's ring (given, not yet delivered).
+    queued: u16,
+    /// How many free buffers the kernel's ring is kept at (`count` when
+    /// `hot` is 0).
+    depth: u16,
+    /// The least `depth` ([`RingConfig::buf_hot`]; 0: every free buffer queued).
+    hot: u16,
+    /// Deliveries left in this epoch, and the fewest buffers queued in it.
+    epoch_left: u16,
+    low: u16,
 }
 
 impl BufRing {
-    fn new(count: u16, size: u32) -> io::Result<BufRing> {
-        if count == 0 || !count.is_power_of_two() || count > 32768 || size == 0 {
+    fn new(count: u16, size: u32, hot: u16) -> io::Result<BufRing> {
+        if count == 0 || !count.is_power_of_two() || count > 32768 || size == 0 || hot > count {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         let ring = Mmap::new(count as usize * std::mem::size_of::<RawBuf>())?;
         let data_len =
             (count as usize).checked_mul(size as usize).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
         let data = Mmap::new(data_len)?;
-        let mut bufs = BufRing { ring, data, count, size, tail: 0, held: vec![0; count as usize] };
-        for bid in 0..count {
-            bufs.push(bid);
-        }
-        bufs.publish();
+        let depth = if hot == 0 { count } else { hot };
+        let mut bufs = BufRing {
+            ring,
+            data,
+            count,
+            size,
+            tail: 0,
+            held: vec![SPARE; count as usize],
+            spare: (0..count).rev().collect(),
+            queued: 0,
+            depth,
+            hot,
+            epoch_left: EPOCH,
+            low: depth,
+        };
+        bufs.refill();
         Ok(bufs)
+    }
+
+    /// Tops the kernel's ring up to `depth` from the spare stack, the most
+    /// recently used first.
+    fn refill(&mut self) {
+        let before = self.queued;
+        while self.queued < self.depth {
+            let Some(bid) = self.spare.pop() else { break };
+            self.push(bid);
+        }
+        if self.queued != before {
+            self.publish();
+        }
+    }
+
+    /// The kernel delivered `len` bytes in buffer `bid` (taken from its ring);
+    /// at the end of an epoch that never used half the ring's depth, the
+    /// depth halves (down to `hot`).
+    fn delivered(&mut self, bid: u16, len: u32) {
+        self.held[bid as usize] = len.min(self.size);
+        self.queued = self.queued.saturating_sub(1);
+        self.low = self.low.min(self.queued);
+        self.epoch_left -= 1;
+        if self.epoch_left == 0 {
+            if self.hot != 0 && self.low > self.depth / 2 {
+                self.depth = (self.depth / 2).max(self.hot);
+            }
+            (self.epoch_left, self.low) = (EPOCH, self.queued);
+        }
+    }
+
+    /// A receive found the kernel's ring empty: deepen it, if buffers were
+    /// kept back.
+    fn ran_dry(&mut self) {
+        if self.hot != 0 && self.depth < self.count {
+            self.depth = self.depth.saturating_mul(2).min(self.count);
+            (self.epoch_left, self.low) = (EPOCH, self.depth);
+            self.refill();
+        }
     }
 
     fn entries(&self) -> *mut RawBuf {
@@ -216,11 +308,11 @@ impl BufRing {
 
     /// Puts buffer `bid` in the next ring slot (not yet visible to the kernel).
     fn push(&mut self, bid: u16) {
-        debug_assert_ne!(self.held[bid as usize], IN_KERNEL);
+        debug_assert_eq!(self.held[bid as usize], SPARE);
         let slot = (self.tail & (self.count - 1)) as usize;
         // SAFETY: `slot < count`, inside the ring mapping; `bid < count`, so the address
         // is inside the data mapping. The slot is free: at most `count - 1` other buffers
-        // are in the ring (this one was held), so the kernel has consumed it.
+        // are in the ring (this one was not), so the kernel has consumed it.
         unsafe {
             let e = self.entries().add(slot);
             std::ptr::addr_of_mut!((*e).addr).write(self.data.ptr.add(bid as usize * self.size as usize) as u64);
@@ -228,15 +320,18 @@ impl BufRing {
             std::ptr::addr_of_mut!((*e).bid).write(bid);
         }
         self.held[bid as usize] = IN_KERNEL;
+        self.queued += 1;
         self.tail = self.tail.wrapping_add(1);
     }
 
-    /// Gives a held buffer back to the kernel; false (nothing done) if it is not held.
+    /// Gives a held buffer back: onto the spare stack, then to the kernel's
+    /// ring if it is below its depth; false (nothing done) if it is not held.
     fn give_back(&mut self, bid: u16) -> bool {
         match self.held.get(bid as usize) {
-            Some(&len) if len != IN_KERNEL => {
-                self.push(bid);
-                self.publish();
+            Some(&len) if is_held(len) => {
+                self.held[bid as usize] = SPARE;
+                self.spare.push(bid);
+                self.refill();
                 true
             }
             _ => false,
@@ -352,16 +447,21 @@ impl<B> Slots<B> {
         match op {
             Op::Recv { .. } => match cqueue::buffer_select(flags).filter(|&b| b < bufs.count) {
                 Some(buf_id) if res > 0 => {
-                    bufs.held[buf_id as usize] = (res as u32).min(bufs.size);
+                    bufs.delivered(buf_id, res as u32);
                     Some(Completion::Recv { token, buf_id, len: res as usize, more })
                 }
                 Some(buf_id) => {
                     // A buffer consumed without data: straight back to the kernel.
-                    bufs.held[buf_id as usize] = 0;
+                    bufs.delivered(buf_id, 0);
                     bufs.give_back(buf_id);
                     (!more).then_some(Completion::RecvEnd { token, res })
                 }
-                None => (!more).then_some(Completion::RecvEnd { token, res }),
+                None => {
+                    if res == -libc::ENOBUFS {
+                        bufs.ran_dry();
+                    }
+                    (!more).then_some(Completion::RecvEnd { token, res })
+                }
             },
             Op::Send { state, .. } => {
                 self.spare_send(state);
@@ -408,7 +508,7 @@ impl<B: AsRef<[u8]>> Ring<B> {
             builder.setup_single_issuer().setup_defer_taskrun();
         }
         let uring = builder.build(config.entries)?;
-        let bufs = BufRing::new(config.buf_count, config.buf_size)?;
+        let bufs = BufRing::new(config.buf_count, config.buf_size, config.buf_hot)?;
         // SAFETY: the ring mapping holds `buf_count` entries and lives in `self.bufs` as
         // long as the IoUring (it is leaked, not unmapped, if operations outlive Drop).
         unsafe {
@@ -433,7 +533,7 @@ impl<B: AsRef<[u8]>> Ring<B> {
 
     /// Buffers currently held by the caller (delivered, not yet recycled).
     pub fn buffers_held(&self) -> usize {
-        self.bufs.held.iter().filter(|&&l| l != IN_KERNEL).count()
+        self.bufs.held.iter().filter(|&&l| is_held(l)).count()
     }
 
     /// Operations submitted (or queued for submission) whose last completion has not
@@ -614,7 +714,7 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// [`Completion::Recv`], before [`recycle`](Ring::recycle)); `None` otherwise.
     pub fn buffer(&self, buf_id: u16) -> Option<&[u8]> {
         let len = *self.bufs.held.get(buf_id as usize)?;
-        if len == IN_KERNEL {
+        if !is_held(len) {
             return None;
         }
         // SAFETY: the buffer is held by the caller, so it is not in the kernel's ring and
@@ -820,6 +920,120 @@ mod tests {
         reap_until(&mut ring, &mut out, |c| c.iter().any(|c| matches!(c, Completion::RecvEnd { .. })));
         assert!(out.contains(&Completion::RecvEnd { token: 4, res: -libc::ECANCELED }), "{out:?}");
         assert_eq!(ring.in_flight(), 0);
+    }
+
+    /// Sends `msgs` messages of 10 bytes one at a time on `a`, each received on
+    /// `ring` (multishot on `b`, token 5) and recycled before the next is sent;
+    /// returns the buffer each landed in.
+    fn one_at_a_time(ring: &mut Ring, a: &mut TcpStream, b: &TcpStream, msgs: usize) -> Vec<u16> {
+        let mut ids = Vec::new();
+        let mut armed = false;
+        for i in 0..msgs {
+            if !armed {
+                ring.recv_multishot(b.as_raw_fd(), 5).unwrap();
+                armed = true;
+            }
+            a.write_all(&[i as u8; 10]).unwrap();
+            let mut out = Vec::new();
+            reap_until(ring, &mut out, |c| c.iter().any(|c| matches!(c, Completion::Recv { .. })));
+            for c in out {
+                if let Completion::Recv { buf_id, len, more, .. } = c {
+                    assert_eq!(ring.buffer(buf_id).unwrap(), &[i as u8; 10][..len]);
+                    assert_eq!(len, 10, "message {i}: one message a receive");
+                    ids.push(buf_id);
+                    assert!(ring.recycle(buf_id));
+                    armed &= more;
+                }
+            }
+        }
+        ids
+    }
+
+    #[test]
+    fn hot_buffers_are_reused_most_recent_first() {
+        // Every free buffer queued (`buf_hot` 0): the kernel takes them in the
+        // order given, so one message at a time walks through all of them.
+        let (mut a, b) = pair();
+        let cold = RingConfig { entries: 8, cq_entries: 64, buf_count: 8, buf_size: 64, ..RingConfig::default() };
+        let mut ring: Ring = Ring::new(cold).unwrap();
+        let ids = one_at_a_time(&mut ring, &mut a, &b, 16);
+        let used: std::collections::BTreeSet<u16> = ids.iter().copied().collect();
+        assert_eq!(used.len(), 8, "{ids:?}");
+
+        // Two kept queued: the same two buffers take every message.
+        let (mut a, b) = pair();
+        let mut ring: Ring = Ring::new(RingConfig { buf_hot: 2, ..cold }).unwrap();
+        let ids = one_at_a_time(&mut ring, &mut a, &b, 16);
+        let used: std::collections::BTreeSet<u16> = ids.iter().copied().collect();
+        assert_eq!(used.len(), 2, "{ids:?}");
+        assert_eq!(ring.buffers_held(), 0);
+    }
+
+    #[test]
+    fn a_hot_ring_that_runs_dry_deepens_and_loses_nothing() {
+        let (mut a, b) = pair();
+        let config =
+            RingConfig { entries: 8, cq_entries: 64, buf_count: 8, buf_size: 64, buf_hot: 2, ..RingConfig::default() };
+        let mut ring: Ring = Ring::new(config).unwrap();
+        ring.recv_multishot(b.as_raw_fd(), 6).unwrap();
+        // Six messages, one receive each, none recycled: the third finds the
+        // two queued buffers gone (ENOBUFS while six are free), and the ring
+        // deepens to four; resubmitted, the rest arrive in order.
+        let mut got = Vec::new();
+        let mut held = Vec::new();
+        let mut dry = 0;
+        for i in 0..6u8 {
+            a.write_all(&[i; 10]).unwrap();
+            let mut out = Vec::new();
+            reap_until(&mut ring, &mut out, |c| {
+                c.iter().any(|c| matches!(c, Completion::Recv { .. } | Completion::RecvEnd { .. }))
+            });
+            for c in out {
+                match c {
+                    Completion::Recv { buf_id, more, .. } => {
+                        got.extend_from_slice(ring.buffer(buf_id).unwrap());
+                        held.push(buf_id);
+                        if !more {
+                            ring.recv_multishot(b.as_raw_fd(), 6).unwrap();
+                        }
+                    }
+                    Completion::RecvEnd { res, .. } => {
+                        assert_eq!(res, -libc::ENOBUFS);
+                        assert!(ring.buffers_held() < 8, "ran dry with buffers kept back");
+                        dry += 1;
+                        ring.recv_multishot(b.as_raw_fd(), 6).unwrap();
+                        // The message that found the ring empty is still in the socket.
+                        let mut more = Vec::new();
+                        reap_until(&mut ring, &mut more, |c| c.iter().any(|c| matches!(c, Completion::Recv { .. })));
+                        for c in more {
+                            if let Completion::Recv { buf_id, .. } = c {
+                                got.extend_from_slice(ring.buffer(buf_id).unwrap());
+                                held.push(buf_id);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let want: Vec<u8> = (0..6u8).flat_map(|i| [i; 10]).collect();
+        assert_eq!(got, want);
+        assert!(dry >= 1, "two queued buffers never ran out");
+        assert_eq!(held.len(), 6);
+        for id in held {
+            assert!(ring.recycle(id));
+        }
+        // Deepened to 4, then (at least) 8: after two epochs of one message at a
+        // time it is back to two buffers in use.
+        let ids = one_at_a_time(&mut ring, &mut a, &b, 2 * EPOCH as usize + 16);
+        let last: std::collections::BTreeSet<u16> = ids[ids.len() - 16..].iter().copied().collect();
+        assert_eq!(last.len(), 2, "{:?}", &ids[ids.len() - 16..]);
+    }
+
+    #[test]
+    fn buf_hot_above_the_count_is_refused() {
+        let r = Ring::<Vec<u8>>::new(RingConfig { buf_count: 4, buf_hot: 5, ..RingConfig::default() });
+        assert_eq!(r.err().and_then(|e| e.raw_os_error()), Some(libc::EINVAL));
     }
 
     #[test]

@@ -228,6 +228,17 @@ pub struct Tuning {
     /// buffer, so this is the largest piece of the stream one completion
     /// hands over. Default 16 KiB.
     pub ring_buf_size: u32,
+    /// Free provided buffers kept in the kernel's ring at least (the rest
+    /// wait on a stack, the most recently used given first; 0: all of them
+    /// in the ring). The kernel takes buffers in the order they were given:
+    /// with all 256 queued a receive lands in the buffer used 256 receives
+    /// ago, and a read's bytes are no longer in the cache when the parser
+    /// walks them. The ring deepens when a receive finds it empty (that
+    /// receive is submitted again) and comes back down after a run of
+    /// receives that used less than half of it. Default 4 (NULL calls at
+    /// `-j8 -a128`, one worker: 1.03× the calls/s of all 256 queued;
+    /// `docs/performance.md`, "Hot receive buffers").
+    pub ring_buf_hot: u16,
     /// Rounds of dispatch, serve and flush a worker runs per pass before it
     /// goes back to its epoll or ring: what one round's work makes ready
     /// (events, connections with bytes to write) is handled in the same
@@ -291,6 +302,7 @@ impl Default for Tuning {
             lane_steal_from: 2,
             ring_buf_count: 256,
             ring_buf_size: 16 << 10,
+            ring_buf_hot: 4,
             ring_rounds: 64,
             max_iov: 64,
             lease: true,
@@ -310,6 +322,7 @@ impl Tuning {
         self.lane_steal_from = self.lane_steal_from.max(1);
         self.ring_rounds = self.ring_rounds.max(1);
         self.max_iov = self.max_iov.clamp(1, 1024);
+        self.ring_buf_hot = self.ring_buf_hot.min(self.ring_buf_count);
         self
     }
 }

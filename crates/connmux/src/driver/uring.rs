@@ -65,6 +65,7 @@ fn new_ring(t: &Tuning) -> io::Result<WRing> {
         cq_entries: 4096,
         buf_count: t.ring_buf_count,
         buf_size: t.ring_buf_size,
+        buf_hot: t.ring_buf_hot,
         defer_taskrun: true,
     };
     match Ring::new(config) {
