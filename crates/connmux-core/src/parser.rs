@@ -136,6 +136,12 @@ pub trait Parser: Send {
 /// (a `push` per message stores it and loads it back each time).
 #[inline]
 pub(crate) fn push_run(out: &mut Vec<Range<usize>>, at: usize, count: usize, len: usize, skip: usize) {
+    match count {
+        0 => return, // (the first message of a batch ends no run)
+        // One message (a call at a time): a push is shorter than `extend`'s set-up.
+        1 => return out.push(at + skip..at + len),
+        _ => {}
+    }
     out.extend((0..count).map(|i| {
         let start = at + i * len;
         start + skip..start + len
