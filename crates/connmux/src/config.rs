@@ -236,8 +236,9 @@ pub struct Tuning {
     /// walks them. The ring deepens when a receive finds it empty (that
     /// receive is submitted again) and comes back down after a run of
     /// receives that used less than half of it. Default 4 (NULL calls at
-    /// `-j8 -a128`, one worker: 1.03× the calls/s of all 256 queued;
-    /// `docs/performance.md`, "Hot receive buffers").
+    /// `-j8 -a128`, one worker: 1.015× the calls/s of all 256 queued;
+    /// `docs/performance.md`, "Framing without a chain through memory; hot
+    /// receive buffers").
     pub ring_buf_hot: u16,
     /// Rounds of dispatch, serve and flush a worker runs per pass before it
     /// goes back to its epoll or ring: what one round's work makes ready
