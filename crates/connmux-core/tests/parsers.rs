@@ -533,9 +533,11 @@ fn oncrpc_frame_batch_agrees_with_the_general_loop() {
             // Runs of one kind, as a client's calls come (the fast loop
             // takes a run's length from its first mark).
             for _ in 0..rng.gen_range(1..5) {
-                match rng.gen_range(0..6) {
+                match rng.gen_range(0..7) {
                     0 => wire.extend(rpc_null_call_3frags(rng.gen())),
                     1 => wire.extend(be32(&[0x8000_0000])), // an empty record
+                    // An empty fragment that is not the last (its mark is 0).
+                    2 if rng.gen_bool(0.5) => wire.extend(be32(&[0])),
                     2 => wire.extend(rpc_one_byte_fragments(&[1, 2, 3])),
                     3 => wire.extend(rpc_auth_sys_call(rng.gen_range(0..9))),
                     _ => wire.extend(rpc_null_call(rng.gen())),

@@ -199,20 +199,20 @@ impl Parser for OncRpc {
             // `push_run`. Where the start came from the mark just read,
             // each record waited for that load (a chain through memory),
             // and each push stored the vector's length and read it back.
-            // The first mark never equals `run_mark` (0 has no last-
-            // fragment bit), so it is checked before `len` is used.
-            let (mut run_mark, mut len, mut run_at, mut run) = (0u32, 0usize, 0usize, 0usize);
+            // `run_mark` starts wider than any mark, so the first one is
+            // checked before `len` is used.
+            let (mut run_mark, mut len, mut run_at, mut run) = (u64::MAX, 0usize, 0usize, 0usize);
             while n < limit {
                 let Some((mark, _)) = rest.split_first_chunk::<MARK_LEN>() else { break };
                 let word = u32::from_be_bytes(*mark);
-                if word != run_mark {
+                if u64::from(word) != run_mark {
                     push_run(out, run_at, run, len, body);
                     run = 0;
                     len = MARK_LEN + (word & !LAST_FRAGMENT) as usize;
                     if word & LAST_FRAGMENT == 0 || len > max_len {
                         break;
                     }
-                    (run_mark, run_at) = (word, at);
+                    (run_mark, run_at) = (u64::from(word), at);
                 }
                 let Some(next) = rest.get(len..) else { break };
                 rest = next;
