@@ -32,7 +32,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     }
     let WorkerIo::Epoll(epoll) = &sh.workers[index].io else { unreachable!("epoll worker on a non-epoll WorkerRef") };
     let buf = vec![0u8; sh.read_chunk];
-    let mut io = EpollIo { epoll, evs: Events::with_capacity(256), buf, plain: Vec::new() };
+    let mut io = EpollIo { epoll, evs: Events::with_capacity(256), buf, plain: Vec::new(), serve_unwatched: false };
     worker::run(&sh, index, &mut io);
 }
 
@@ -44,6 +44,9 @@ struct EpollIo<'a> {
     buf: Vec<u8>,
     /// A TLS psock's read, decrypted in the worker (`read_tls_psock`).
     plain: Vec<u8>,
+    /// The serving socket's readiness could not be added to the epoll: its
+    /// messages are looked for every pass, and no sleep is long.
+    serve_unwatched: bool,
 }
 
 impl Io for EpollIo<'_> {
@@ -52,8 +55,12 @@ impl Io for EpollIo<'_> {
     // pass is the loop's whole overhead over a hand-written one.
     #[inline(always)]
     fn wait(&mut self, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke {
-        let mut woke = Woke::default();
+        let mut woke = Woke { serve_ready: self.serve_unwatched, ..Woke::default() };
         let sh = w.sh;
+        let timeout = match self.serve_unwatched {
+            false => timeout,
+            true => crate::driver::unwatched_wait(timeout),
+        };
         if self.epoll.wait(&mut self.evs, timeout).unwrap_or(0) == 0 {
             return woke;
         }
@@ -116,7 +123,7 @@ impl Io for EpollIo<'_> {
     }
 
     fn watch_serve(&mut self, sock: &SockRt) {
-        let _ = self.epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ);
+        self.serve_unwatched = self.epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ).is_err();
     }
 
     fn command(&mut self, w: &mut Worker<'_>, c: Command) {

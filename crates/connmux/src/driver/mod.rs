@@ -16,6 +16,15 @@ use crate::config::Placement;
 pub(crate) const WAKER_TOKEN: u64 = u64::MAX;
 pub(crate) const SERVE_TOKEN: u64 = u64::MAX - 1;
 
+/// The longest a worker sleeps while a readiness it must wake for (its
+/// waker's, its serving socket's) could not be watched: workers with
+/// nothing due sleep with no timer (`worker::wait_timeout`), so an unwatched
+/// one would otherwise be slept through.
+pub(crate) fn unwatched_wait(timeout: Option<std::time::Duration>) -> Option<std::time::Duration> {
+    const UNWATCHED_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+    Some(timeout.map_or(UNWATCHED_WAIT, |t| t.min(UNWATCHED_WAIT)))
+}
+
 pub(crate) fn cpus_for(placement: &Placement, workers: usize) -> Vec<Option<usize>> {
     match placement {
         Placement::Unpinned => vec![None; workers],

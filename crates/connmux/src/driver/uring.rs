@@ -141,6 +141,12 @@ impl Io for UringIo {
         if let (Some(sv), false) = (&w.serving, self.serve_armed) {
             self.serve_armed = ring.poll_readable(sv.sock.rx.fd.as_raw_fd(), SERVE_TOKEN).is_ok();
         }
+        // A poll that could not be armed wakes nobody: sleep briefly, and
+        // arm it again after.
+        let timeout = match self.waker_armed && (self.serve_armed || w.serving.is_none()) {
+            true => timeout,
+            false => crate::driver::unwatched_wait(timeout),
+        };
         if ring.wait(1, timeout).is_err() {
             // Only a broken ring fails here; avoid spinning on it.
             std::thread::sleep(Duration::from_millis(1));

@@ -113,10 +113,13 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     // reader asks (`Shared::tell_untold`). With one, it tells before it
     // sleeps: the core's idle clock must not lag behind.
     let tell_on_request = idle.is_none();
+    // Worker 0 keeps the mux's time: it never sleeps longer than a second
+    // (`wait_timeout`).
+    let keeper = index == 0;
     let _ = me.thread.set(std::thread::current().id());
     let mut look = Look::default();
     while !sh.stop.load(Ordering::Acquire) {
-        let timeout = wait_timeout(sh, &w, due(next_deadline, &w));
+        let timeout = wait_timeout(sh, &w, due(next_deadline, &w), keeper);
         let woke = if w.bufs.own.lease_used.is_empty() || timeout == Some(Duration::ZERO) || tell_on_request {
             io.wait(&mut w, timeout)
         } else {
@@ -134,7 +137,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                 true => woke,
                 false => {
                     hold(sh, me, &mut w, &mut next_deadline);
-                    let timeout = wait_timeout(sh, &w, due(next_deadline, &w));
+                    let timeout = wait_timeout(sh, &w, due(next_deadline, &w), keeper);
                     io.wait(&mut w, timeout)
                 }
             }
@@ -254,23 +257,40 @@ fn due(next: Option<connmux_core::Timestamp>, w: &Worker<'_>) -> Option<connmux_
     }
 }
 
-/// How long the next wait may sleep: until the earliest deadline, at most
-/// a second (to notice the mux's stop, or a deadline another thread
-/// started, even if a wake-up was lost), or not at all while events wait.
-/// Never shorter for anything else: a near timer is reprogrammed on every
-/// sleep, which in a virtual machine is a trip to the hypervisor.
-fn wait_timeout(sh: &Shared, w: &Worker<'_>, next_deadline: Option<connmux_core::Timestamp>) -> Option<Duration> {
-    let t = match w.events.is_empty() {
-        true => next_deadline.map_or(Duration::from_secs(1), |t| {
+/// How long the next wait may sleep: until the earliest deadline, or not
+/// at all while events wait. Never shorter for anything else: a near timer
+/// is reprogrammed on every sleep, which in a virtual machine is a trip to
+/// the hypervisor.
+///
+/// With no deadline, the mux's time `keeper` (worker 0) sleeps at most a
+/// second: a deadline that an application thread's call starts in the core
+/// (an attach's idle scan, the memory budget after a release) reaches it
+/// then, and its hold handles every psock's. The other workers sleep with
+/// no timer, as a hand-written loop does: what another thread hands them
+/// wakes them (the command queue and its eventfd, the lanes' verdicts
+/// through the inbox, the serving socket's readiness, the mux's stop), and
+/// a deadline another worker starts is that worker's to keep. A timer on
+/// every sleep cost a light connection 2–6% of its messages a second
+/// (`docs/performance.md`, "A timer on every sleep").
+fn wait_timeout(
+    sh: &Shared,
+    w: &Worker<'_>,
+    next_deadline: Option<connmux_core::Timestamp>,
+    keeper: bool,
+) -> Option<Duration> {
+    const KEEP: Duration = Duration::from_secs(1);
+    match (w.events.is_empty(), next_deadline) {
+        (true, Some(t)) => {
             let now = sh.now();
-            Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())) + Duration::from_micros(100)
-        }),
+            let t = Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())) + Duration::from_micros(100);
+            Some(t.min(KEEP))
+        }
+        (true, None) => keeper.then_some(KEEP),
         // The last pass ran out of rounds with events left (or a hold
         // raised some): look at the driver's I/O without sleeping, then go
         // on with them.
-        false => Duration::ZERO,
-    };
-    Some(t.min(Duration::from_secs(1)))
+        (false, _) => Some(Duration::ZERO),
+    }
 }
 
 /// The worker's hold of the core lock: its own state (writes made whole,

@@ -35,6 +35,7 @@ pub mod size;
 pub mod tls;
 pub mod uneven;
 mod uneven_epoll;
+mod uneven_uring;
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

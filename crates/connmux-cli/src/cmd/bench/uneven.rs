@@ -88,8 +88,9 @@ pub struct Args {
 pub struct ServerArgs {
     #[arg(short, long)]
     pub listen: SocketAddr,
-    /// connmux, thread (one per connection, blocking) or epoll (one
-    /// hand-written epoll loop per CPU).
+    /// connmux, thread (one per connection, blocking), epoll (one
+    /// hand-written epoll loop per CPU) or uring (one hand-written io_uring
+    /// loop per CPU).
     #[arg(long, default_value = "connmux")]
     pub engine: String,
     /// affinity or rr (connmux only).
@@ -251,7 +252,13 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             super::uneven_epoll::serve(l, &a.cpus, heavy)?;
             wait();
         }
-        o => bail!("--engine {o}: connmux, thread or epoll"),
+        "uring" => {
+            let l = TcpListener::bind(a.listen)?;
+            println!("uneven-server (an io_uring loop per CPU) listening on {}", l.local_addr()?);
+            super::uneven_uring::serve(l, &a.cpus, heavy)?;
+            wait();
+        }
+        o => bail!("--engine {o}: connmux, thread, epoll or uring"),
     }
     Ok(0)
 }
@@ -514,6 +521,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         ("rr", "connmux", "rr"),
         ("thread", "thread", "affinity"),
         ("epoll", "epoll", "affinity"),
+        ("uring", "uring", "affinity"),
     ];
     let mut servers = Vec::new();
     for (name, engine, steering) in variants {
@@ -614,14 +622,19 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             println!("{:<10} {:>9} / {}", name, us(tails[i].0), us(tails[i].1));
         }
     }
-    let (aff, rr, ep) = (med[0], med[1], med[3]);
+    let (aff, rr, ep, ur) = (med[0], med[1], med[3], med[4]);
     // The event-driven floor: what part of the gap to a blocking thread any
-    // epoll server has on this load, and what part is connmux's.
+    // epoll (or io_uring) server has on this load, and what part is connmux's.
     println!();
     println!(
         "connmux (affinity) against the hand-written epoll loop: throughput {}, light p99 {}",
         ratio(aff.total_rate, ep.total_rate),
         ratio(aff.light_p99_us, ep.light_p99_us)
+    );
+    println!(
+        "connmux (affinity) against the hand-written io_uring loop: throughput {}, light p99 {}",
+        ratio(aff.total_rate, ur.total_rate),
+        ratio(aff.light_p99_us, ur.light_p99_us)
     );
     println!();
     println!("targets:");

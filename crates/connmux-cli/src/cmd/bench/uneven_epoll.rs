@@ -114,7 +114,7 @@ fn run(lp: Loop, heavy: Duration) {
 
 /// Write all of `out` (a short write waits for room: the load reads its
 /// replies, so this is rare and short).
-fn write_all(c: &mut TcpStream, out: &[u8]) -> bool {
+pub(super) fn write_all(c: &mut TcpStream, out: &[u8]) -> bool {
     let mut at = 0;
     for _ in 0..100_000 {
         match c.write(&out[at..]) {
