@@ -271,7 +271,7 @@ fn due(next: Option<connmux_core::Timestamp>, w: &Worker<'_>) -> Option<connmux_
 /// through the inbox, the serving socket's readiness, the mux's stop), and
 /// a deadline another worker starts is that worker's to keep. A timer on
 /// every sleep cost a light connection 2–6% of its messages a second
-/// (`docs/performance.md`, "A timer on every sleep").
+/// (`docs/performance.md`, "A timer on every sleep; the io_uring floor").
 fn wait_timeout(
     sh: &Shared,
     w: &Worker<'_>,
