@@ -12,8 +12,9 @@
 //! a receive ends with `ENOBUFS` instead of growing anything.
 //!
 //! Ownership of memory the kernel touches, which is what keeps the API safe:
-//! - a buffer is either in the kernel's ring or held by the caller, tracked per buffer;
-//!   only held buffers can be read, only held buffers can be recycled (once);
+//! - a buffer is in the kernel's ring, held by the caller, or free on the ring's spare
+//!   stack ([`RingConfig::buf_hot`]), tracked per buffer; only held buffers can be read,
+//!   only held buffers can be recycled (once);
 //! - the bytes of a send are moved into the ring and dropped when its completion is
 //!   reaped, so they outlive the kernel's use;
 //! - the buffer of a [`Ring::recv_into`] is moved into the ring too, and handed back
