@@ -31,7 +31,7 @@ struct Loop {
 
 /// Serve `l` on one thread per CPU of `cpus` until the process ends.
 pub fn serve(l: TcpListener, cpus: &[usize], heavy: Duration) -> anyhow::Result<()> {
-    let mut hands: Vec<(usize, Arc<Epoll>, Sender<TcpStream>)> = Vec::new();
+    let mut hands: Vec<(Arc<Epoll>, Sender<TcpStream>)> = Vec::new();
     for &cpu in cpus {
         let epoll = Arc::new(Epoll::new()?);
         let (tx, rx) = crossbeam::channel::unbounded();
@@ -40,30 +40,42 @@ pub fn serve(l: TcpListener, cpus: &[usize], heavy: Duration) -> anyhow::Result<
             let _ = connmux_sys::affinity::pin_current_thread(cpu);
             run(lp, heavy)
         })?;
-        hands.push((cpu, epoll, tx));
+        hands.push((epoll, tx));
     }
-    std::thread::spawn(move || {
-        let mut next = 0;
-        for c in l.incoming().flatten() {
-            let on = socket2::SockRef::from(&c).cpu_affinity().ok();
-            let i = match hands.iter().position(|h| Some(h.0) == on) {
-                Some(i) => i,
-                None => {
-                    next += 1;
-                    (next - 1) % hands.len()
-                }
-            };
-            let (_, epoll, tx) = &hands[i];
-            let fd = c.as_raw_fd();
-            if c.set_nonblocking(true).is_err() || c.set_nodelay(true).is_err() || tx.send(c).is_err() {
-                continue;
-            }
+    place_incoming(l, cpus, move |i, c| {
+        let (epoll, tx) = &hands[i];
+        let fd = c.as_raw_fd();
+        if tx.send(c).is_ok() {
             // Registered after the hand-off, so the thread finds the stream
             // when its first event comes.
             let _ = epoll.add(fd, fd as u64, Interest::READ);
         }
     });
     Ok(())
+}
+
+/// Accept on `l` until the process ends, each connection (non-blocking, no
+/// Nagle) handed to `hand` with the index in `cpus` of the thread that
+/// takes it: the thread on the CPU it was received on (`SO_INCOMING_CPU`,
+/// as connmux places its connections), in turn when none is there.
+pub(super) fn place_incoming(l: TcpListener, cpus: &[usize], mut hand: impl FnMut(usize, TcpStream) + Send + 'static) {
+    let cpus = cpus.to_vec();
+    std::thread::spawn(move || {
+        let mut next = 0;
+        for c in l.incoming().flatten() {
+            let on = socket2::SockRef::from(&c).cpu_affinity().ok();
+            let i = match cpus.iter().position(|&cpu| Some(cpu) == on) {
+                Some(i) => i,
+                None => {
+                    next += 1;
+                    (next - 1) % cpus.len()
+                }
+            };
+            if c.set_nonblocking(true).is_ok() && c.set_nodelay(true).is_ok() {
+                hand(i, c);
+            }
+        }
+    });
 }
 
 /// One thread: wait, then for each readable connection one read, the echo of

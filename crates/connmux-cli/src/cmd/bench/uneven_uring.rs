@@ -20,14 +20,14 @@ use connmux_sys::uring::{Completion, Ring, RingConfig};
 use crossbeam::channel::{Receiver, Sender};
 
 use super::uneven::echo_whole;
-use super::uneven_epoll::write_all;
+use super::uneven_epoll::{place_incoming, write_all};
 
 /// The token of the thread's eventfd poll (a connection's token is its fd).
 const WAKE: u64 = u64::MAX;
 
 /// Serve `l` on one thread per CPU of `cpus` until the process ends.
 pub fn serve(l: TcpListener, cpus: &[usize], heavy: Duration) -> anyhow::Result<()> {
-    let mut hands: Vec<(usize, Arc<EventFd>, Sender<TcpStream>)> = Vec::new();
+    let mut hands: Vec<(Arc<EventFd>, Sender<TcpStream>)> = Vec::new();
     for &cpu in cpus {
         let wake = Arc::new(EventFd::new()?);
         let (tx, rx) = crossbeam::channel::unbounded();
@@ -38,23 +38,12 @@ pub fn serve(l: TcpListener, cpus: &[usize], heavy: Duration) -> anyhow::Result<
                 eprintln!("uneven-server uring-{cpu}: {e}");
             }
         })?;
-        hands.push((cpu, wake, tx));
+        hands.push((wake, tx));
     }
-    std::thread::spawn(move || {
-        let mut next = 0;
-        for c in l.incoming().flatten() {
-            let on = socket2::SockRef::from(&c).cpu_affinity().ok();
-            let i = match hands.iter().position(|h| Some(h.0) == on) {
-                Some(i) => i,
-                None => {
-                    next += 1;
-                    (next - 1) % hands.len()
-                }
-            };
-            let (_, wake, tx) = &hands[i];
-            if c.set_nonblocking(true).is_ok() && c.set_nodelay(true).is_ok() && tx.send(c).is_ok() {
-                let _ = wake.notify();
-            }
+    place_incoming(l, cpus, move |i, c| {
+        let (wake, tx) = &hands[i];
+        if tx.send(c).is_ok() {
+            let _ = wake.notify();
         }
     });
     Ok(())
@@ -123,8 +112,10 @@ fn run(new: &Receiver<TcpStream>, wake: &EventFd, heavy: Duration) -> std::io::R
                             };
                             let ok = match echo_whole(whole, heavy, &mut out) {
                                 Some(used) => {
-                                    let rest = whole[used..].to_vec();
-                                    conn.carry = rest;
+                                    // (`whole` is the ring's buffer or `joined`,
+                                    // never the carry itself.)
+                                    conn.carry.clear();
+                                    conn.carry.extend_from_slice(&whole[used..]);
                                     write_all(&mut conn.stream, &out)
                                 }
                                 None => false,
