@@ -330,6 +330,7 @@ impl UringIo {
         // stops workers scaling on many CPUs.
         for c in comps {
             let mut lent_read = false;
+            let mut lent_dry = false;
             let mut read_of = None;
             if let Completion::Recv { token, .. }
             | Completion::RecvEnd { token, .. }
@@ -340,13 +341,18 @@ impl UringIo {
                 if w.bufs.own.leases.contains_key(&p) {
                     // (A TLS psock's lease writes records itself: not
                     // while a ring send of its records is out.)
-                    lent_read = matches!(c, Completion::Recv { .. })
-                        && self.conns.get(&token).is_some_and(|c| {
-                            !c.holds_bytes()
-                                && !c.released
-                                && !c.rx_stopped
-                                && (c.rt.tls.is_none() || (c.sending.is_none() && c.tls_out.is_none()))
-                        });
+                    let servable = self.conns.get(&token).is_some_and(|c| {
+                        !c.holds_bytes()
+                            && !c.released
+                            && !c.rx_stopped
+                            && (c.rt.tls.is_none() || (c.sending.is_none() && c.tls_out.is_none()))
+                    });
+                    lent_read = servable && matches!(c, Completion::Recv { .. });
+                    // The ring ran out of buffers: nothing happened to the
+                    // psock, whose receive is only submitted again (the
+                    // lease stays; with few buffers queued this comes
+                    // often under load).
+                    lent_dry = servable && matches!(c, Completion::RecvEnd { res, .. } if *res == -libc::ENOBUFS);
                 }
             }
             // Replies of lent reads wait for the last of their psock's reads
@@ -357,14 +363,14 @@ impl UringIo {
                     flush_deferred(w, woke);
                 }
             }
-            if let Some(p) = read_of.filter(|p| !lent_read && w.bufs.own.leases.contains_key(p)) {
+            if let Some(p) = read_of.filter(|p| !lent_read && !lent_dry && w.bufs.own.leases.contains_key(p)) {
                 // A lent psock's end, or bytes its lease cannot serve: the
                 // psock is the core's again first.
                 let core = core.get_or_insert_with(|| sh.lock());
                 w.bufs.own.unlease(core, p, now);
                 core.drain_events(&mut w.events);
             }
-            woke.leased_only &= lent_read;
+            woke.leased_only &= lent_read || lent_dry;
             match *c {
                 Completion::Poll { token: WAKE_TOKEN, .. } => {
                     self.waker_armed = false;
@@ -428,7 +434,9 @@ impl UringIo {
                     let Some(conn) = self.conns.get_mut(&token) else { continue };
                     conn.recv_armed = false;
                     conn.recv_cancelled = false;
-                    if !conn.released && !conn.rx_stopped {
+                    if lent_dry {
+                        // Nothing held, nothing ended: receive again.
+                    } else if !conn.released && !conn.rx_stopped {
                         if let Some(how) = ReadEnd::of_cqe(res).end() {
                             conn.eof = Some(how);
                         }
