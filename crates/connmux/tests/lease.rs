@@ -412,6 +412,49 @@ fn a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again() {
     assert_eq!(st.tx_addressed_drops, 0);
 }
 
+/// Echo, except that a request whose body is "hold" keeps its worker for
+/// 100 ms (once it has begun, `entered` is set).
+#[derive(Default)]
+struct Hold {
+    entered: AtomicBool,
+}
+
+impl Handler for Hold {
+    fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
+        if request.get(4..) == Some(&b"hold"[..]) {
+            self.entered.store(true, Ordering::Release);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Verdict::Reply(request)
+    }
+}
+
+/// Two connections whose first reads the worker takes in one wait (it was
+/// busy with a third when they came) are each lent by the end of that
+/// pass: their replies were written at once, not left to ring sends still
+/// in flight at the pass's hold (then neither would be quiet there, and a
+/// loaded worker, whose every wait brings several reads, never lends).
+fn connections_first_read_together_are_lent_after_that_pass() {
+    let hold = Arc::new(Hold::default());
+    let svc = l4_service(mux_with(|_| {}), hold.clone());
+    let mut a = client(&svc);
+    let mut b = client(&svc);
+    let ab = eventually(|| {
+        let ps = svc.mux().psocks();
+        (ps.len() == 2).then_some(ps)
+    });
+    let mut c = client(&svc);
+    write_all(&mut c, &framed(b"hold"));
+    eventually(|| hold.entered.load(Ordering::Acquire).then_some(()));
+    write_all(&mut a, &framed(b"from a"));
+    write_all(&mut b, &framed(b"from b"));
+    assert_eq!(read_framed(&mut c), b"hold");
+    assert_eq!(read_framed(&mut a), b"from a");
+    assert_eq!(read_framed(&mut b), b"from b");
+    // Nothing more is sent: only that pass's hold can have lent them.
+    eventually(|| ab.iter().all(|&p| svc.mux().psock_leased(p)).then_some(()));
+}
+
 fn two_lent_connections_read_in_one_wait_are_each_answered_once_in_order() {
     let svc = echo_service(true);
     let mut a = client(&svc);
@@ -529,5 +572,6 @@ on_both_drivers!(
     nothing_is_lent_when_leases_are_off,
     a_reply_on_the_lease_never_overtakes_a_send_from_another_thread,
     two_lent_connections_read_in_one_wait_are_each_answered_once_in_order,
+    connections_first_read_together_are_lent_after_that_pass,
     a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout,
 );

@@ -165,16 +165,20 @@ impl Io for UringIo {
     fn serve_lent(&mut self, w: &mut Worker<'_>) {
         let lent = &mut self.lent;
         if let Some(sv) = &w.serving {
-            // One read served in this pass: its replies are written at once,
-            // with a plain `sendmsg`, when no ring send of the psock is in
-            // flight (as the epoll worker does: one lock hold and no transmit
-            // event).
-            // Several: ring sends, all submitted with the next wait (one
-            // system call for all of them, not one `sendmsg` each).
-            let one = lent.batches.len() == 1;
+            // One read served in this pass, or leases on: its replies are
+            // written at once, with a plain `sendmsg`, when no ring send of
+            // the psock is in flight (as the epoll worker does: one lock hold
+            // and no transmit event). With leases that is what lets a busy
+            // psock be lent: a ring send is in flight until the next wait,
+            // so at this pass's hold the psock would not be quiet, and with
+            // more reads each pass (a loaded worker) it never would be.
+            // Several without leases: ring sends, all submitted with the
+            // next wait (one system call for all of them, not one `sendmsg`
+            // each).
+            let direct = lent.batches.len() == 1 || w.bufs.own.can_lease;
             for &(p, buf, a, b) in &lent.batches {
                 let data = self.ring.buffer(buf).unwrap_or(&[]);
-                let rt = match one {
+                let rt = match direct {
                     true => self
                         .conns
                         .get(&psock_token(p))
