@@ -429,30 +429,37 @@ impl Handler for Hold {
     }
 }
 
-/// Two connections whose first reads the worker takes in one wait (it was
+/// Two connections whose first reads a worker takes in one wait (it was
 /// busy with a third when they came) are each lent by the end of that
-/// pass: their replies were written at once, not left to ring sends still
-/// in flight at the pass's hold (then neither would be quiet there, and a
-/// loaded worker, whose every wait brings several reads, never lends).
+/// pass: with more than one worker their replies are written at once, not
+/// left to ring sends still in flight at the pass's hold (then neither
+/// would be quiet there, and a loaded worker, whose every wait brings
+/// several reads, never lends).
 fn connections_first_read_together_are_lent_after_that_pass() {
     let hold = Arc::new(Hold::default());
-    let svc = l4_service(mux_with(|_| {}), hold.clone());
-    let mut a = client(&svc);
-    let mut b = client(&svc);
-    let ab = eventually(|| {
-        let ps = svc.mux().psocks();
-        (ps.len() == 2).then_some(ps)
+    // Two workers, connections attached in turn: a, c and b on the first.
+    let mux = mux_with(|c| {
+        c.workers = 2;
+        c.incoming_cpu = false;
     });
-    let mut c = client(&svc);
-    write_all(&mut c, &framed(b"hold"));
+    let svc = l4_service(mux, hold.clone());
+    let mut conns = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        conns.push(client(&svc));
+        let p = eventually(|| svc.mux().psocks().into_iter().find(|p| !ids.contains(p)));
+        ids.push(p);
+    }
+    let (a, b, c) = (0, 2, 4);
+    write_all(&mut conns[c], &framed(b"hold"));
     eventually(|| hold.entered.load(Ordering::Acquire).then_some(()));
-    write_all(&mut a, &framed(b"from a"));
-    write_all(&mut b, &framed(b"from b"));
-    assert_eq!(read_framed(&mut c), b"hold");
-    assert_eq!(read_framed(&mut a), b"from a");
-    assert_eq!(read_framed(&mut b), b"from b");
+    write_all(&mut conns[a], &framed(b"from a"));
+    write_all(&mut conns[b], &framed(b"from b"));
+    assert_eq!(read_framed(&mut conns[c]), b"hold");
+    assert_eq!(read_framed(&mut conns[a]), b"from a");
+    assert_eq!(read_framed(&mut conns[b]), b"from b");
     // Nothing more is sent: only that pass's hold can have lent them.
-    eventually(|| ab.iter().all(|&p| svc.mux().psock_leased(p)).then_some(()));
+    eventually(|| [ids[a], ids[b]].iter().all(|&p| svc.mux().psock_leased(p)).then_some(()));
 }
 
 fn two_lent_connections_read_in_one_wait_are_each_answered_once_in_order() {

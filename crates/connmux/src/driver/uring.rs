@@ -165,17 +165,20 @@ impl Io for UringIo {
     fn serve_lent(&mut self, w: &mut Worker<'_>) {
         let lent = &mut self.lent;
         if let Some(sv) = &w.serving {
-            // One read served in this pass, or leases on: its replies are
-            // written at once, with a plain `sendmsg`, when no ring send of
-            // the psock is in flight (as the epoll worker does: one lock hold
-            // and no transmit event). With leases that is what lets a busy
-            // psock be lent: a ring send is in flight until the next wait,
-            // so at this pass's hold the psock would not be quiet, and with
-            // more reads each pass (a loaded worker) it never would be.
-            // Several without leases: ring sends, all submitted with the
+            // One read served in this pass: its replies are written at
+            // once, with a plain `sendmsg`, when no ring send of the psock
+            // is in flight (as the epoll worker does: one lock hold and no
+            // transmit event). Several: ring sends, all submitted with the
             // next wait (one system call for all of them, not one `sendmsg`
-            // each).
-            let direct = lent.batches.len() == 1 || w.bufs.own.can_lease;
+            // each), except where leases matter: a ring send is in flight
+            // until the next wait, so at this pass's hold the psock is not
+            // quiet, and a loaded worker, whose every wait brings several
+            // reads, would never lend one. With one worker nobody contends
+            // for the core lock and the one system call wins (NULL calls at
+            // -j64 -a16 on one CPU: 0.94x with every read written at once);
+            // with more, a lent psock's reads take no shared lock, which is
+            // what scales (`docs/performance.md`, "io_uring on many CPUs").
+            let direct = lent.batches.len() == 1 || (w.bufs.own.can_lease && w.sh.workers.len() > 1);
             for &(p, buf, a, b) in &lent.batches {
                 let data = self.ring.buffer(buf).unwrap_or(&[]);
                 let rt = match direct {
