@@ -174,10 +174,10 @@ impl Io for UringIo {
             // until the next wait, so at this pass's hold the psock is not
             // quiet, and a loaded worker, whose every wait brings several
             // reads, would never lend one. With one worker nobody contends
-            // for the core lock and the one system call wins (NULL calls at
-            // -j64 -a16 on one CPU: 0.94x with every read written at once);
-            // with more, a lent psock's reads take no shared lock, which is
-            // what scales (`docs/performance.md`, "io_uring on many CPUs").
+            // for the core lock and the one system call wins; with more, a
+            // lent psock's reads take no shared lock, which is what scales
+            // (`docs/performance.md`, "A loaded io_uring worker lent
+            // nothing").
             let direct = lent.batches.len() == 1 || (w.bufs.own.can_lease && w.sh.workers.len() > 1);
             for &(p, buf, a, b) in &lent.batches {
                 let data = self.ring.buffer(buf).unwrap_or(&[]);
