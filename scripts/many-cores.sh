@@ -31,8 +31,11 @@ for W in $WORKERS; do
         name=$([ "$b" = "$D/connmux" ] && echo connmux || echo base)
         for drv in epoll uring; do
           port=$((port+1))
-          $b rpc-server -l 127.0.0.1:$port --cpus $C --attach in-turn --no-stats-socket --driver $drv >/dev/null 2>&1 & S=$!
+          # (Its last statistics line says how many connections were lent:
+          # a loaded worker that lends none serves through the shared core.)
+          $b rpc-server -l 127.0.0.1:$port --cpus $C --attach in-turn --no-stats-socket --driver $drv --stats-every 10 >"$O/server.out" 2>&1 & S=$!
           sleep 0.5; load $port "$name-$drv W=$W -a$A r=$r" $L $A; kill $S; wait $S 2>/dev/null
+          echo "  $(grep '^after' "$O/server.out" | tail -1 | grep -o 'leases=[0-9]*')"
         done
       done
       port=$((port+1))
