@@ -437,7 +437,8 @@ impl Handler for Hold {
 /// several reads, never lends).
 fn connections_first_read_together_are_lent_after_that_pass() {
     let hold = Arc::new(Hold::default());
-    // Two workers, connections attached in turn: a, c and b on the first.
+    // Two workers, connections attached in turn: the 1st, 3rd and 5th
+    // (a, b and c) on the first.
     let mux = mux_with(|c| {
         c.workers = 2;
         c.incoming_cpu = false;
