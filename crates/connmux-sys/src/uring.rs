@@ -499,6 +499,18 @@ pub struct Ring<B: AsRef<[u8]> = Vec<u8>> {
 unsafe impl<B: AsRef<[u8]> + Send> Send for Ring<B> {}
 
 impl<B: AsRef<[u8]>> Ring<B> {
+    /// [`Ring::new`] with completion work deferred to the ring's waits
+    /// ([`RingConfig::defer_taskrun`]) where the kernel takes it (6.1+; older
+    /// kernels refuse the flags with `EINVAL`), else the plain kind.
+    pub fn new_deferred(config: RingConfig) -> io::Result<Ring<B>> {
+        match Ring::new(RingConfig { defer_taskrun: true, ..config }) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                Ring::new(RingConfig { defer_taskrun: false, ..config })
+            }
+            r => r,
+        }
+    }
+
     /// Creates the ring and registers `config.buf_count` buffers of `config.buf_size`
     /// bytes. `EINVAL` for a buffer count that is not a power of two (≤ 32768) or a
     /// zero size; the kernel's error when io_uring is unavailable.

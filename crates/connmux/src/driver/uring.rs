@@ -68,11 +68,7 @@ fn new_ring(t: &Tuning) -> io::Result<WRing> {
         buf_hot: t.ring_buf_hot,
         defer_taskrun: true,
     };
-    match Ring::new(config) {
-        Ok(r) => Ok(r),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ring::new(RingConfig { defer_taskrun: false, ..config }),
-        Err(e) => Err(e),
-    }
+    Ring::new_deferred(config)
 }
 
 /// A worker's ring and the psocks it drives on it.

@@ -70,11 +70,7 @@ fn run(new: &Receiver<TcpStream>, wake: &EventFd, heavy: Duration) -> std::io::R
         buf_hot: 4,
         defer_taskrun: true,
     };
-    let mut ring: Ring<Vec<u8>> = match Ring::new(config) {
-        Ok(r) => r,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ring::new(RingConfig { defer_taskrun: false, ..config })?,
-        Err(e) => return Err(e),
-    };
+    let mut ring: Ring<Vec<u8>> = Ring::new_deferred(config)?;
     ring.poll_readable(wake.as_raw_fd(), WAKE)?;
     let mut conns: HashMap<u64, Conn> = HashMap::new();
     let mut comps = Vec::new();
