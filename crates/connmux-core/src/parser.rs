@@ -133,19 +133,41 @@ pub trait Parser: Send {
 /// end from offset `at`, each without its first `skip` bytes: a run of
 /// equal messages that a parser's `frame_batch` counted first. One
 /// `extend` of a counted iterator keeps the vector's length in a register
-/// (a `push` per message stores it and loads it back each time).
+/// (a `push` per message stores it and loads it back each time), and each
+/// start is the last one plus `len` (an add, where `at + i * len` was a
+/// multiply and more bookkeeping per message).
 #[inline]
 pub(crate) fn push_run(out: &mut Vec<Range<usize>>, at: usize, count: usize, len: usize, skip: usize) {
     match count {
-        0 => return, // (the first message of a batch ends no run)
+        0 => return,
         // One message (a call at a time): a push is shorter than `extend`'s set-up.
         1 => return out.push(at + skip..at + len),
         _ => {}
     }
-    out.extend((0..count).map(|i| {
-        let start = at + i * len;
-        start + skip..start + len
-    }));
+    let mut start = at;
+    out.extend(
+        std::iter::repeat_with(|| {
+            let r = start + skip..start + len;
+            start += len;
+            r
+        })
+        .take(count),
+    );
+}
+
+/// How many messages of `len` bytes lie end to end at the start of `rest`
+/// (at most `room`), each after the first beginning with `head`, the
+/// first's header: the run a parser's `frame_batch` takes once it has
+/// decoded and checked the first. The rest are found by comparing header
+/// bytes, stepping by `len`, with no decode and no bounds check beyond the
+/// step's. `len` is at least `head`'s size and at most `rest.len()`.
+#[inline]
+pub(crate) fn run_of<const H: usize>(rest: &[u8], head: &[u8; H], len: usize, room: usize) -> usize {
+    1 + rest[len..]
+        .chunks_exact(len)
+        .take(room.saturating_sub(1))
+        .take_while(|m| m.first_chunk::<H>() == Some(head))
+        .count()
 }
 
 /// [`Parser::frame_batch`]'s loop, from offset `at` of `data` (ranges are

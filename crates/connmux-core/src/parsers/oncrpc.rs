@@ -6,7 +6,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::parser::{push_run, Parse, ParseError, Parser};
+use crate::parser::{push_run, run_of, Parse, ParseError, Parser};
 
 const MARK_LEN: usize = 4;
 const LAST_FRAGMENT: u32 = 0x8000_0000;
@@ -189,38 +189,29 @@ impl Parser for OncRpc {
             let body = if self.strip { MARK_LEN } else { 0 };
             // Every record is at least its mark: room for all of them at once.
             out.reserve(limit.min(data.len() / MARK_LEN));
-            // `rest` is `data[at..]`, narrowed as records are taken (no
-            // re-slicing of `data`, no bounds check beyond the record's own).
+            // `data[at..]`, narrowed run by run.
             let mut rest = data;
             // Records come in runs of one length (a client's calls are
-            // alike). Within a run the next record's start comes from the
-            // run's length, and its mark is only compared with the run's;
-            // the run's ranges are written when it ends, in one
-            // `push_run`. Where the start came from the mark just read,
-            // each record waited for that load (a chain through memory),
-            // and each push stored the vector's length and read it back.
-            // `run_mark` starts wider than any mark, so the first one is
-            // checked before `len` is used.
-            let (mut run_mark, mut len, mut run_at, mut run) = (u64::MAX, 0usize, 0usize, 0usize);
+            // alike): a run's first mark is decoded and checked, the rest
+            // of the run found by comparing marks with it (`run_of`), and
+            // the run's ranges written in one `push_run`. Where each
+            // record's start came from the mark just read, each waited
+            // for that load (a chain through memory), and a push per
+            // record stored the vector's length and read it back.
+            // Bounded: each turn takes at least one record or stops.
             while n < limit {
-                let Some((mark, _)) = rest.split_first_chunk::<MARK_LEN>() else { break };
-                let word = u32::from_be_bytes(*mark);
-                if u64::from(word) != run_mark {
-                    push_run(out, run_at, run, len, body);
-                    run = 0;
-                    len = MARK_LEN + (word & !LAST_FRAGMENT) as usize;
-                    if word & LAST_FRAGMENT == 0 || len > max_len {
-                        break;
-                    }
-                    (run_mark, run_at) = (u64::from(word), at);
+                let Some((&mark, _)) = rest.split_first_chunk::<MARK_LEN>() else { break };
+                let word = u32::from_be_bytes(mark);
+                let len = MARK_LEN + (word & !LAST_FRAGMENT) as usize;
+                if word & LAST_FRAGMENT == 0 || len > max_len || len > rest.len() {
+                    break;
                 }
-                let Some(next) = rest.get(len..) else { break };
-                rest = next;
-                at += len;
-                n += 1;
-                run += 1;
+                let run = run_of(rest, &mark, len, (limit - n).min(rest.len() / len));
+                push_run(out, at, run, len, body);
+                at += run * len;
+                n += run;
+                rest = &rest[run * len..];
             }
-            push_run(out, run_at, run, len, body);
         }
         if at == data.len() || n == limit {
             return at;
