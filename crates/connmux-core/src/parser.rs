@@ -138,11 +138,9 @@ pub trait Parser: Send {
 /// multiply and more bookkeeping per message).
 #[inline]
 pub(crate) fn push_run(out: &mut Vec<Range<usize>>, at: usize, count: usize, len: usize, skip: usize) {
-    match count {
-        0 => return,
-        // One message (a call at a time): a push is shorter than `extend`'s set-up.
-        1 => return out.push(at + skip..at + len),
-        _ => {}
+    // One message (a call at a time): a push is shorter than `extend`'s set-up.
+    if count == 1 {
+        return out.push(at + skip..at + len);
     }
     let mut start = at;
     out.extend(
