@@ -118,7 +118,7 @@ fn run(parser: Box<dyn Parser>, max_msg: usize, stream: &[u8], cuts: &[usize], i
                 // Every built-in parser delivers a suffix of its message's bytes:
                 // each message's wire bytes end where its delivered part does.
                 let mut wire_at = 0;
-                for r in &ranges {
+                for r in connmux_core::run::ranges(&ranges) {
                     assert!(r.start >= wire_at && r.end > wire_at && r.end <= taken, "range {r:?} of {taken}");
                     msgs.push((r.end - wire_at, Bytes::copy_from_slice(&piece[r.clone()])));
                     wire_at = r.end;

@@ -9,6 +9,8 @@
 //! about TCP beyond "a byte stream that can fail".
 //!
 //! Map of the crate (dependencies point down):
+//! - [`run`]: whole messages framed where they lie, run by run (what a
+//!   parser's batch framing yields and a handler is given);
 //! - [`parser`]: the parser trait (need more / length / invalid) and its error type;
 //! - [`parsers`]: built-in parsers (length field, ONC RPC record marking, 9P, Thrift,
 //!   HTTP/2, Kafka, memcached binary);
@@ -22,6 +24,7 @@
 pub mod mux;
 pub mod parser;
 pub mod parsers;
+pub mod run;
 mod rx_error;
 pub mod stats;
 pub mod stream;

@@ -1182,7 +1182,7 @@ impl Mux {
     /// queue empty, nothing of `p` buffered or held back), complete messages
     /// at the front of `data` are framed in place
     /// ([`StreamParser::frame_in_place`], up to `limit`; 0 turns it off) and
-    /// their ranges pushed onto `out`, counted as received by the socket as
+    /// pushed onto `out` as runs, counted as received by the socket as
     /// `recv_msg` would; the rest of `data` is fed as by `feed_direct`. The
     /// caller must hand the messages of `out` to the socket's reader before
     /// anything it takes from its queue or `direct.out` later (they are older).
@@ -1193,13 +1193,13 @@ impl Mux {
         now: Timestamp,
         direct: &mut Direct<'_>,
         limit: usize,
-        out: &mut Vec<std::ops::Range<usize>>,
+        out: &mut Vec<crate::run::Run>,
     ) -> Result<(), MuxError> {
         let first = out.len();
         let sock = direct.sock;
         let (taken, whole) = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { (0, false) };
         self.note_time(now);
-        let framed = (out.len() - first) as u64;
+        let framed = crate::run::count(&out[first..]) as u64;
         if taken > 0 || framed > 0 {
             let holds = framed > 0 && {
                 let s = self.socks.get_mut(sock.index, sock.generation).expect("checked live");
@@ -1207,8 +1207,7 @@ impl Mux {
                 s.stats.rx_bytes += if whole {
                     taken as u64
                 } else {
-                    // Ranges are ordered (start <= end): the plain difference.
-                    out[first..].iter().map(|r| r.end.wrapping_sub(r.start) as u64).sum::<u64>()
+                    out[first..].iter().map(|r| (r.len * r.count) as u64).sum::<u64>()
                 };
                 s.holds
             };
@@ -1238,7 +1237,7 @@ impl Mux {
         data: &[u8],
         sock: SockId,
         limit: usize,
-        out: &mut Vec<std::ops::Range<usize>>,
+        out: &mut Vec<crate::run::Run>,
     ) -> Result<(usize, bool), MuxError> {
         let Mux { psocks, socks, config, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;

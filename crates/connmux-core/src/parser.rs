@@ -9,6 +9,8 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
+pub use crate::run::Run;
+
 /// A parser's answer for the bytes of the current message gathered so far.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Parse {
@@ -115,42 +117,19 @@ pub trait Parser: Send {
 
     /// Frame up to `limit` complete messages of at most `max_len` bytes each
     /// at the front of `data` (in place: only called when
-    /// [`Parser::frames_in_place`] says so), pushing what the application
-    /// receives of each ([`Parser::finish_in_place`], as ranges of `data`) onto
-    /// `out`; stop at the first message that is not whole, not cleanly framed
-    /// or declined. Returns the bytes of `data` taken. Rarely overridden: the
-    /// default is compiled for each parser, so its `parse` is called directly
-    /// (no dynamic call per message).
-    fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Range<usize>>) -> usize {
+    /// [`Parser::frames_in_place`] says so), pushing them onto `out` as runs
+    /// of `data` (each message received as [`Parser::finish_in_place`] cuts
+    /// it); stop at the first message that is not whole, not cleanly framed
+    /// or declined. Returns the bytes of `data` taken. What was in `out`
+    /// before stays as it was (no run pushed is joined to it). Rarely
+    /// overridden: the default is compiled for each parser, so its `parse`
+    /// is called directly (no dynamic call per message).
+    fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Run>) -> usize {
         frame_batch_with(self, data, 0, max_len, limit, out)
     }
 
     /// A short name for statistics and errors ("len4be", "oncrpc", "bpf:prog").
     fn name(&self) -> &str;
-}
-
-/// Appends the ranges of `count` messages of `len` bytes each, laid end to
-/// end from offset `at`, each without its first `skip` bytes: a run of
-/// equal messages that a parser's `frame_batch` counted first. One
-/// `extend` of a counted iterator keeps the vector's length in a register
-/// (a `push` per message stores it and loads it back each time), and each
-/// start is the last one plus `len` (an add, where `at + i * len` was a
-/// multiply and more bookkeeping per message).
-#[inline]
-pub(crate) fn push_run(out: &mut Vec<Range<usize>>, at: usize, count: usize, len: usize, skip: usize) {
-    // One message (a call at a time): a push is shorter than `extend`'s set-up.
-    if count == 1 {
-        return out.push(at + skip..at + len);
-    }
-    let mut start = at;
-    out.extend(
-        std::iter::repeat_with(|| {
-            let r = start + skip..start + len;
-            start += len;
-            r
-        })
-        .take(count),
-    );
 }
 
 /// How many messages of `len` bytes lie end to end at the start of `rest`
@@ -168,31 +147,39 @@ pub(crate) fn run_of<const H: usize>(rest: &[u8], head: &[u8; H], len: usize, ro
         .count()
 }
 
-/// [`Parser::frame_batch`]'s loop, from offset `at` of `data` (ranges are
-/// pushed as offsets into the whole of `data`): for a parser whose own
+/// [`Parser::frame_batch`]'s loop, from offset `at` of `data` (runs are
+/// pushed at offsets into the whole of `data`): for a parser whose own
 /// `frame_batch` takes a common case itself and leaves the rest to this.
+/// A message like the one before it (as long, cut alike) joins its run.
 pub fn frame_batch_with<P: Parser + ?Sized>(
     p: &mut P,
     data: &[u8],
     mut at: usize,
     max_len: usize,
     limit: usize,
-    out: &mut Vec<Range<usize>>,
+    out: &mut Vec<Run>,
 ) -> usize {
     let mut n = 0;
+    // The run being gathered, pushed when a message does not join it.
+    let mut run: Option<Run> = None;
     while at < data.len() && n < limit {
         let rest = &data[at..];
         let len = match p.parse(rest) {
             Parse::Length(len) if len > 0 && len <= rest.len() && len <= max_len => len,
             _ => break,
         };
-        match p.finish_in_place(&rest[..len]) {
-            Some(r) if r.start <= r.end && r.end <= len => out.push(at + r.start..at + r.end),
+        let one = match p.finish_in_place(&rest[..len]) {
+            Some(r) if r.start <= r.end && r.end <= len => Run::one(at, len, r),
             _ => break,
+        };
+        match &mut run {
+            Some(r) if r.end() == at && r.stride == len && r.skip == one.skip && r.len == one.len => r.count += 1,
+            _ => out.extend(run.replace(one)),
         }
         at += len;
         n += 1;
     }
+    out.extend(run);
     at
 }
 
@@ -215,7 +202,7 @@ impl<P: Parser + ?Sized> Parser for Box<P> {
     fn delivers_whole(&self) -> bool {
         (**self).delivers_whole()
     }
-    fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Range<usize>>) -> usize {
+    fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Run>) -> usize {
         (**self).frame_batch(data, max_len, limit, out)
     }
     fn name(&self) -> &str {

@@ -40,12 +40,12 @@
 //! What it does not do: read sockets, keep time (the caller passes
 //! [`Timestamp`]s), or decide who receives a message.
 
-use std::ops::Range;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
 use crate::parser::{Parse, ParseError, Parser};
+use crate::run::Run;
 use crate::rx_error::RxError;
 use crate::time::Timestamp;
 
@@ -518,6 +518,12 @@ impl StreamParser {
         Ok(Some(self.parser.finish(raw)))
     }
 
+    /// Whether the messages framed in place are delivered whole
+    /// ([`Parser::delivers_whole`]): their bytes are the bytes taken.
+    pub fn delivers_whole(&self) -> bool {
+        self.parser.delivers_whole()
+    }
+
     /// Frame complete messages where they lie in `data` (bytes just read, not
     /// fed), for a driver that hands them to their handler at once instead of
     /// cutting a [`Bytes`] per message. Only when nothing is buffered and the
@@ -527,29 +533,21 @@ impl StreamParser {
     /// [`StreamParser::next_msg`] to find and count on the same bytes), or that
     /// `finish_in_place` declines, and after `limit` messages.
     ///
-    /// Pushes what the application receives of each message (ranges of
-    /// `data`) onto `out`, counts them as `next_msg` would, and returns how many
-    /// bytes of `data` they took: the rest must be fed as usual.
-    /// Whether the messages framed in place are delivered whole
-    /// ([`Parser::delivers_whole`]): their bytes are the bytes taken.
-    pub fn delivers_whole(&self) -> bool {
-        self.parser.delivers_whole()
-    }
-
-    pub fn frame_in_place(&mut self, data: &[u8], limit: usize, out: &mut Vec<Range<usize>>) -> usize {
+    /// Pushes the messages onto `out` as runs of `data` (what the application
+    /// receives of each), counts them as `next_msg` would, and returns how
+    /// many bytes of `data` they took: the rest must be fed as usual.
+    pub fn frame_in_place(&mut self, data: &[u8], limit: usize, out: &mut Vec<Run>) -> usize {
         if self.stopped || self.lent.is_some() || !self.buf.is_empty() || !self.parser.frames_in_place() {
             return 0;
         }
         let first = out.len();
         let taken = self.parser.frame_batch(data, self.limits.max_msg_size, limit, out);
-        self.stats.msgs += (out.len() - first) as u64;
-        self.stats.bytes += taken as u64;
-        if let Some(last) = out.len().checked_sub(1).filter(|&l| l >= first) {
-            // The last message's wire length (each one's wire bytes end where
-            // its delivered part does): what `lend` predicts from.
-            let start = if last > first { out[last - 1].end } else { 0 };
-            self.last_len = out[last].end - start;
+        if let Some(last) = out.get(first..).and_then(|r| r.last()) {
+            self.stats.msgs += crate::run::count(&out[first..]) as u64;
+            // The last message's wire length: what `lend` predicts from.
+            self.last_len = last.stride;
         }
+        self.stats.bytes += taken as u64;
         taken
     }
 

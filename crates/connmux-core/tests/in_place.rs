@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use connmux_core::mux::{Direct, Event, Mux, MuxConfig, PsockConfig, PsockId, SockId, SockType, Steering};
+use connmux_core::run::{Messages, Run};
 use connmux_core::Bytes;
 use connmux_core::Timestamp;
 use rand::rngs::StdRng;
@@ -38,20 +39,24 @@ fn feed_and_read(
     now: Timestamp,
     limit: usize,
 ) -> (usize, Vec<Vec<u8>>) {
-    let (mut out, mut direct): (Vec<Range<usize>>, Vec<(Bytes, PsockId)>) = (Vec::new(), Vec::new());
+    let (mut out, mut direct): (Vec<Run>, Vec<(Bytes, PsockId)>) = (Vec::new(), Vec::new());
     let mut d = Direct { sock: s, out: &mut direct, limit: 2 };
     m.feed_in_place(p, data, now, &mut d, limit, &mut out).unwrap();
-    let n = out.len();
-    let mut got: Vec<Vec<u8>> = out.into_iter().map(|r| data[r].to_vec()).collect();
+    let n = connmux_core::run::count(&out);
+    let mut got: Vec<Vec<u8>> = Messages::new(data, &out).iter().map(<[u8]>::to_vec).collect();
+    assert_eq!(got.len(), n, "every run within the read");
     got.extend(direct.into_iter().map(|(b, _)| b.to_vec()));
     got.extend(recv_all(m, s));
     (n, got)
 }
 
+/// `feed_in_place`, its messages as ranges of `data` appended to `out`.
 fn in_place(m: &mut Mux, s: SockId, p: PsockId, data: &[u8], limit: usize, out: &mut Vec<Range<usize>>) {
     let mut direct = Vec::new();
     let mut d = Direct { sock: s, out: &mut direct, limit: 0 };
-    m.feed_in_place(p, data, T0, &mut d, limit, out).unwrap();
+    let mut runs = Vec::new();
+    m.feed_in_place(p, data, T0, &mut d, limit, &mut runs).unwrap();
+    out.extend(connmux_core::run::ranges(&runs));
 }
 
 /// The same stream, cut at the same random points, through `feed` and through

@@ -285,53 +285,63 @@ impl Registry {
         self.serves(prog_vers(head)).then(|| null_reply(head))
     }
 
-    /// [`null_fast`](Self::null_fast) over a run of records, each given with
-    /// its mark as a range of `data`: appends the replies of the leading
-    /// NULL calls to `out` and returns how many it answered. The first record
-    /// `null_fast` declines (or a range outside `data`) ends the run; the
-    /// caller answers it the general way and goes on after it.
-    pub fn null_fast_run(&self, data: &[u8], ranges: &[std::ops::Range<usize>], out: &mut bytes::BytesMut) -> usize {
-        if let [r] = ranges {
+    /// [`null_fast`](Self::null_fast) over a run of records, each given
+    /// whole with its mark (as the runs of a read yield them: a run of equal
+    /// records is `wire.chunks_exact(len)`): appends the replies of the
+    /// leading NULL calls to `out` and returns how many it answered. The
+    /// first record `null_fast` declines ends the run; the caller answers it
+    /// the general way and goes on after it.
+    pub fn null_fast_run<'a, I>(&self, records: I, out: &mut bytes::BytesMut) -> usize
+    where
+        I: IntoIterator<Item = &'a [u8]>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let mut records = records.into_iter();
+        if records.len() == 1 {
             // One call (one in flight): its reply straight in, no block to cut.
-            let Some(reply) = data.get(r.clone()).and_then(|m| self.null_fast(m)) else { return 0 };
+            let Some(reply) = records.next().and_then(|m| self.null_fast(m)) else { return 0 };
             out.extend_from_slice(&reply);
             return 1;
         }
         // The argument rule a constant in the loop (one flag less to keep).
         if self.strict_null_args {
-            self.null_run::<true>(data, ranges, out)
+            self.null_run::<true>(records, out)
         } else {
-            self.null_run::<false>(data, ranges, out)
+            self.null_run::<false>(records, out)
         }
     }
 
     /// [`null_fast_run`](Self::null_fast_run) past one record, for calls
     /// with arguments refused (`STRICT`) or not.
-    fn null_run<const STRICT: bool>(
+    fn null_run<'a, const STRICT: bool>(
         &self,
-        data: &[u8],
-        ranges: &[std::ops::Range<usize>],
+        records: impl ExactSizeIterator<Item = &'a [u8]>,
         out: &mut bytes::BytesMut,
     ) -> usize {
-        let shape = |r: &std::ops::Range<usize>| data.get(r.clone()).and_then(|m| null_shape(m, STRICT));
-        let Some(first) = ranges.first().and_then(shape) else { return 0 };
+        let mut records = records.peekable();
+        let Some(first) = records.peek().and_then(|m| null_shape(m, STRICT)) else { return 0 };
         // The program and version of the last call answered: a run's calls
         // are nearly always to one of them, looked up once.
         let mut served = prog_vers(first);
         if !self.serves(served) {
             return 0;
         }
-        out.reserve(ranges.len() * NULL_REPLY_LEN);
+        out.reserve(records.len() * NULL_REPLY_LEN);
         let mut n = 0;
-        for block in ranges.chunks(NULL_REPLY_BLOCK) {
+        // Bounded: each turn takes a block of records or ends.
+        loop {
+            let block = records.len().min(NULL_REPLY_BLOCK);
+            if block == 0 {
+                break;
+            }
             // A block of templates appended at once, each reply then only
             // patched with its xid; cut back at the first record declined.
             let at = out.len();
-            out.extend_from_slice(&NULL_REPLIES[..block.len() * NULL_REPLY_LEN]);
+            out.extend_from_slice(&NULL_REPLIES[..block * NULL_REPLY_LEN]);
             let (replies, _) = out[at..].as_chunks_mut::<NULL_REPLY_LEN>();
             let mut k = 0;
-            for (r, reply) in block.iter().zip(replies) {
-                let Some(head) = shape(r) else { break };
+            for (m, reply) in records.by_ref().take(block).zip(replies) {
+                let Some(head) = null_shape(m, STRICT) else { break };
                 let pv = prog_vers(head);
                 if pv != served {
                     if !self.serves_other(pv) {
@@ -343,7 +353,7 @@ impl Registry {
                 k += 1;
             }
             n += k;
-            if k < block.len() {
+            if k < block {
                 out.truncate(at + k * NULL_REPLY_LEN);
                 break;
             }

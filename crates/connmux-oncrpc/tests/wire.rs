@@ -505,6 +505,11 @@ fn null_fast_matches_the_decoding_path() {
     assert!(answered > 1000, "the fast path answered only {answered} calls");
 }
 
+/// The records `ranges` of `data` are, as `null_fast_run` takes them.
+fn recs<'a>(data: &'a [u8], ranges: &'a [std::ops::Range<usize>]) -> impl ExactSizeIterator<Item = &'a [u8]> + 'a {
+    ranges.iter().map(move |r| &data[r.clone()])
+}
+
 /// `null_fast_run` answers the leading NULL calls of a run exactly as
 /// `null_fast` does one by one, and stops at the first record it declines.
 #[test]
@@ -522,12 +527,12 @@ fn null_fast_run_answers_the_leading_null_calls() {
     push(words(&[0x8000_0028, 9, 0, 2, 100003, 3, 1, 0, 0, 0, 0]), &mut data); // PROC_UNAVAIL
     push(capture_null_call(5), &mut data);
     let mut out = bytes::BytesMut::new();
-    assert_eq!(reg.null_fast_run(&data, &ranges, &mut out), 3);
+    assert_eq!(reg.null_fast_run(recs(&data, &ranges), &mut out), 3);
     let want: Vec<u8> = (1..=3).flat_map(capture_reply).collect();
     assert_eq!(&out[..], &want[..]);
     // From the declined record on: nothing; after it, the next call.
-    assert_eq!(reg.null_fast_run(&data, &ranges[3..], &mut out), 0);
-    assert_eq!(reg.null_fast_run(&data, &ranges[4..], &mut out), 1);
+    assert_eq!(reg.null_fast_run(recs(&data, &ranges[3..]), &mut out), 0);
+    assert_eq!(reg.null_fast_run(recs(&data, &ranges[4..]), &mut out), 1);
     assert_eq!(&out[want.len()..], &capture_reply(5)[..]);
     // The program and version are checked on every change within a run:
     // v3, v4 (served), then v5 (not).
@@ -539,14 +544,20 @@ fn null_fast_run_answers_the_leading_null_calls() {
         d2.extend(rec);
     }
     let mut o2 = bytes::BytesMut::new();
-    assert_eq!(reg.null_fast_run(&d2, &r2, &mut o2), 4);
+    assert_eq!(reg.null_fast_run(recs(&d2, &r2), &mut o2), 4);
     let each: Vec<u8> = r2[..4].iter().flat_map(|r| reg.null_fast(&d2[r.clone()]).unwrap()).collect();
     assert_eq!(&o2[..], &each[..]);
-    assert_eq!(reg.null_fast_run(&d2, &r2[5..], &mut o2), 1);
-    // A range outside the data ends the run too.
-    let outside = 0..data.len() + 1;
-    assert_eq!(reg.null_fast_run(&data, std::slice::from_ref(&outside), &mut out), 0);
-    assert_eq!(reg.null_fast_run(&data, &[], &mut out), 0);
+    assert_eq!(reg.null_fast_run(recs(&d2, &r2[5..]), &mut o2), 1);
+    // A record that is not a whole call ends the run too (one alone, or
+    // the first of several), and no records answer nothing.
+    assert_eq!(reg.null_fast_run([&data[..10]], &mut out), 0);
+    assert_eq!(reg.null_fast_run([&data[..10], &data[ranges[0].clone()]], &mut out), 0);
+    assert_eq!(reg.null_fast_run(std::iter::empty::<&[u8]>(), &mut out), 0);
+    // Equal records end to end, as a run of a read gives them.
+    let same: Vec<u8> = (1..=3).flat_map(capture_null_call).collect();
+    let mut o3 = bytes::BytesMut::new();
+    assert_eq!(reg.null_fast_run(same.chunks_exact(same.len() / 3), &mut o3), 3);
+    assert_eq!(&o3[..], &want[..]);
 }
 
 /// Runs longer than the block of replies `null_fast_run` appends at once:
@@ -570,7 +581,7 @@ fn null_fast_run_spans_blocks_and_cuts_back_at_a_decline() {
             data.extend(rec);
         }
         let mut out = bytes::BytesMut::from(&b"before"[..]);
-        let answered = reg.null_fast_run(&data, &ranges, &mut out);
+        let answered = reg.null_fast_run(recs(&data, &ranges), &mut out);
         let want_n = bad_at.unwrap_or(calls);
         assert_eq!(answered, want_n, "{calls} calls, bad at {bad_at:?}");
         let mut want = b"before".to_vec();
@@ -597,14 +608,14 @@ fn null_fast_run_keeps_the_argument_rule() {
     }
     let lenient = Registry::default();
     let mut out = bytes::BytesMut::new();
-    assert_eq!(lenient.null_fast_run(&data, &ranges, &mut out), 40);
+    assert_eq!(lenient.null_fast_run(recs(&data, &ranges), &mut out), 40);
     let each: Vec<u8> = ranges.iter().flat_map(|r| lenient.null_fast(&data[r.clone()]).unwrap()).collect();
     assert_eq!(&out[..], &each[..]);
     let mut strict = Registry::default();
     strict.set_strict_null_args(true);
     let mut out = bytes::BytesMut::new();
-    assert_eq!(strict.null_fast_run(&data, &ranges, &mut out), 35);
+    assert_eq!(strict.null_fast_run(recs(&data, &ranges), &mut out), 35);
     assert_eq!(&out[..], &each[..35 * 28]);
-    assert_eq!(strict.null_fast_run(&data, &ranges[35..], &mut out), 0);
-    assert_eq!(strict.null_fast_run(&data, &ranges[36..], &mut out), 4);
+    assert_eq!(strict.null_fast_run(recs(&data, &ranges[35..]), &mut out), 0);
+    assert_eq!(strict.null_fast_run(recs(&data, &ranges[36..]), &mut out), 4);
 }

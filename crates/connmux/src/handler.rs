@@ -8,11 +8,11 @@
 //! drivers, `service`) uses these types, and `service` re-exports the public
 //! ones under their public paths.
 
-use std::ops::Range;
 use std::sync::atomic::AtomicU64;
 
 use bytes::BytesMut;
 use connmux_core::mux::PsockId;
+use connmux_core::run::Messages;
 use connmux_core::Bytes;
 
 use crate::sync::crew::Crew;
@@ -73,62 +73,103 @@ pub trait Handler: Send + Sync + 'static {
         self.handle(Bytes::copy_from_slice(request), from, scratch)
     }
 
-    /// [`Handler::handle_in_place`] over a run of requests: `ranges` of `data`
-    /// are whole messages of connection `from`, in order (the messages of one
-    /// read). Replies answered by appending go to `out`, back to back; at the
-    /// first request answered any other way (a `Reply` of its own buffer, or
-    /// `Close`) the run stops and that verdict is returned with it.
+    /// [`Handler::handle_in_place`] over the requests of one read:
+    /// `requests` are whole messages of connection `from`, in order, where
+    /// they lie (run by run: [`Messages`]). Replies answered by appending go
+    /// to `out`, back to back; at the first request answered any other way
+    /// (a `Reply` of its own buffer, or `Close`) the call stops and that
+    /// verdict is returned with it.
     ///
-    /// Why a run: one call per read lets a handler with a common case (a NULL
-    /// call, an echo) answer it in a tight loop, without a dynamic call and
-    /// the worker's bookkeeping per message. The default calls
-    /// `handle_in_place` for each request and appends a `Reply` of at most
-    /// 512 bytes to `out` itself (what the worker does with small replies
-    /// anyway: the bytes sent are the same); an override must answer
-    /// exactly as that would.
+    /// Why one call for them all: a handler with a common case (a NULL
+    /// call, an echo) answers it in a tight loop, without a dynamic call and
+    /// the worker's bookkeeping per message, and steps through a run of
+    /// equal messages by their length (nothing to look up per message).
+    /// The default calls `handle_in_place` for each request and appends a
+    /// `Reply` of at most 512 bytes to `out` itself (what the worker does
+    /// with small replies anyway: the bytes sent are the same); an override
+    /// must answer exactly as that would.
     fn handle_run_in_place(
         &self,
-        data: &[u8],
-        ranges: &[Range<usize>],
+        requests: Messages<'_>,
         from: PsockId,
         scratch: &mut BytesMut,
         out: &mut BytesMut,
     ) -> RunServed {
-        let mut appended = 0;
-        // Room in `scratch` before the run and after each reply that may
-        // have been cut from it (not before every request: an echo's run
+        let mut served = RunServed { handled: 0, appended: 0, stop: None };
+        // Room in `scratch` before the requests and after each reply that
+        // may have been cut from it (not before every request: an echo
         // never touches it).
         if scratch.capacity() - scratch.len() < SCRATCH_LOW {
             scratch.reserve(SCRATCH_CHUNK);
         }
-        for (i, r) in ranges.iter().enumerate() {
-            let Some(request) = data.get(r.clone()) else {
-                return RunServed { handled: i, appended, stop: None };
+        let mut rest = requests;
+        // Requests answered with no reply appended (`appended` is the rest).
+        let mut silent = 0;
+        // Bounded: each turn takes a run.
+        while let Some(run) = rest.next_run() {
+            // Messages received as they are on the wire (nearly always):
+            // each is the next `stride` bytes, nothing to cut.
+            let stop = match run.is_whole() {
+                true => answer_each(self, run.wire.chunks_exact(run.stride), from, scratch, out, &mut silent),
+                false => answer_each(self, run.messages(), from, scratch, out, &mut silent),
             };
-            let mark = out.len();
-            match self.handle_in_place(request, from, scratch, out) {
-                Verdict::Appended if out.len() > mark => appended += 1,
-                // Appended with nothing appended is no reply.
-                Verdict::Appended | Verdict::NoReply => out.truncate(mark),
-                // A small reply of its own buffer is appended here, as the
-                // worker would copy it next to the others anyway: the run
-                // goes on, with no per-request bookkeeping in the worker.
-                Verdict::Reply(b) if b.len() <= RUN_APPEND_MAX && out.len() == mark => {
-                    out.extend_from_slice(&b);
-                    appended += 1;
-                    if scratch.capacity() - scratch.len() < SCRATCH_LOW {
-                        scratch.reserve(SCRATCH_CHUNK);
-                    }
-                }
-                v => {
-                    // Only an appended reply may stay in `out`.
-                    out.truncate(mark);
-                    return RunServed { handled: i + 1, appended, stop: Some(v) };
+            match stop {
+                None => served.handled += run.count,
+                Some((left, v)) => {
+                    served.handled += run.count - left;
+                    served.stop = Some(v);
+                    break;
                 }
             }
         }
-        RunServed { handled: ranges.len(), appended, stop: None }
+        // Every request handled appended one reply, but the silent ones and
+        // the one that stopped the run.
+        served.appended = (served.handled - silent - usize::from(served.stop.is_some())) as u32;
+        served
     }
+}
+
+/// The default [`Handler::handle_run_in_place`]'s loop over one run's
+/// `requests`: `None` when all were answered by appending or not at all
+/// (those counted in `silent`), else the verdict that stopped it and how
+/// many requests were left after that one. No count per request: the
+/// iterator knows how many it has left.
+#[inline(always)]
+fn answer_each<'a, H: Handler + ?Sized>(
+    h: &H,
+    mut requests: impl ExactSizeIterator<Item = &'a [u8]>,
+    from: PsockId,
+    scratch: &mut BytesMut,
+    out: &mut BytesMut,
+    silent: &mut usize,
+) -> Option<(usize, Verdict)> {
+    // Bounded: the iterator's length.
+    while let Some(request) = requests.next() {
+        let mark = out.len();
+        match h.handle_in_place(request, from, scratch, out) {
+            Verdict::Appended if out.len() > mark => {}
+            // Appended with nothing appended is no reply.
+            Verdict::Appended | Verdict::NoReply => {
+                out.truncate(mark);
+                *silent += 1;
+            }
+            // A small reply of its own buffer is appended here, as the
+            // worker would copy it next to the others anyway: the run goes
+            // on, with no per-request bookkeeping in the worker.
+            Verdict::Reply(b) if b.len() <= RUN_APPEND_MAX && out.len() == mark => {
+                out.extend_from_slice(&b);
+                if scratch.capacity() - scratch.len() < SCRATCH_LOW {
+                    scratch.reserve(SCRATCH_CHUNK);
+                }
+            }
+            v => {
+                // Only an appended reply may stay in `out`.
+                out.truncate(mark);
+                return Some((requests.len(), v));
+            }
+        }
+    }
+    None
 }
 
 /// What [`Handler::handle_run_in_place`] did with a run of requests.

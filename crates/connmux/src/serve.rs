@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use connmux_core::mux::{Event, LeaseRead, MuxError, PsockId};
+use connmux_core::run::{Messages, Run};
 use connmux_core::Bytes;
 
 use crate::config::Tuning;
@@ -110,7 +111,7 @@ pub(crate) struct ServeBufs {
     /// light requests often look slow by the clock).
     probe: Option<PsockId>,
     /// Where a read's messages lie in the read buffer (in-place serving).
-    pub ranges: Vec<std::ops::Range<usize>>,
+    pub runs: Vec<Run>,
     /// Connections a handler closed in the batch being served: their later
     /// requests are not handled (nothing after the close is answered).
     closed: Vec<PsockId>,
@@ -371,13 +372,12 @@ fn sampled(i: usize) -> bool {
     i < 4 || i.is_multiple_of(16)
 }
 
-/// One read of a psock as in-place serving sees it: its bytes, where its
-/// whole messages lie in them (framed in place by the core or on a lease),
-/// whose they are and when they were read.
+/// One read of a psock as in-place serving sees it: its whole messages
+/// where they lie (framed in place by the core or on a lease), whose they
+/// are and when they were read.
 #[derive(Clone, Copy)]
 pub(crate) struct ReadView<'a> {
-    pub data: &'a [u8],
-    pub ranges: &'a [std::ops::Range<usize>],
+    pub msgs: Messages<'a>,
     pub psock: PsockId,
     /// When the bytes were read (`now_nanos`): the first run's handler time
     /// counts from here.
@@ -400,21 +400,21 @@ pub(crate) fn serve_in_place(
     if bufs.heavy.contains(p) {
         // A heavy connection's messages go to the lane (copied out of the
         // read buffer), those the full lane refuses are run here.
-        while let Some(r) = read.ranges.first() {
+        while let Some(m) = read.msgs.first() {
             // (Checked before the copy: a full lane costs no allocation.)
-            if !bufs.heavy.room(r.len(), sv.lanes.bytes) {
+            if !bufs.heavy.room(m.len(), sv.lanes.bytes) {
                 break;
             }
-            if bufs.offer(sv, Job { data: Bytes::copy_from_slice(&read.data[r.clone()]), psock: p }).is_err() {
+            if bufs.offer(sv, Job { data: Bytes::copy_from_slice(m), psock: p }).is_err() {
                 break;
             }
-            read.ranges = &read.ranges[1..];
+            read.msgs = read.msgs.after(1);
         }
-        if read.ranges.is_empty() {
+        if read.msgs.is_empty() {
             return;
         }
     }
-    bufs.handled(p, read.ranges.len() as u64);
+    bufs.handled(p, read.msgs.len() as u64);
     run_in_place(sv, bufs, read);
     if bufs.own.can_lease && !bufs.heavy.contains(p) {
         if let Some(rt) = write_now {
@@ -433,8 +433,9 @@ pub(crate) fn serve_in_place(
 #[inline(always)]
 fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) -> bool {
     let handler = &*sv.handler;
-    let ReadView { data, ranges, psock: p, started } = read;
-    let mut rest = ranges;
+    let ReadView { msgs, psock: p, started } = read;
+    let mut rest = msgs;
+    let mut first = true;
     // Bounded: each turn handles at least one request.
     while !rest.is_empty() {
         if bufs.scratch.capacity() - bufs.scratch.len() < SCRATCH_LOW {
@@ -444,13 +445,13 @@ fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) -> bool 
         // The first run is timed from `started` (when its bytes were read:
         // framing them is part of its time, and a clock reading is saved).
         let timed = bufs.time_run();
-        let t0 = match (timed, rest.len() == ranges.len()) {
+        let t0 = match (timed, std::mem::take(&mut first)) {
             (false, _) => 0,
             (true, true) => started,
             (true, false) => connmux_sys::clock::now_nanos(),
         };
         let cpu0 = bufs.probe_start(p);
-        let served = handler.handle_run_in_place(data, rest, p, &mut bufs.scratch, &mut bufs.run_buf);
+        let served = handler.handle_run_in_place(rest, p, &mut bufs.scratch, &mut bufs.run_buf);
         // A handler that says it handled none (or more than it was given)
         // still moves the run on, so this loop ends.
         let handled = served.handled.clamp(1, rest.len());
@@ -461,7 +462,7 @@ fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) -> bool 
         if let Some((_, n)) = &mut bufs.run {
             *n += served.appended;
         }
-        rest = &rest[handled..];
+        rest = rest.after(handled);
         match served.stop {
             Some(v) => {
                 let close = matches!(v, Verdict::Close);
@@ -548,31 +549,31 @@ pub(crate) fn serve_leased(
     if bufs.heavy.contains(p) || revoked(&l.rt) {
         return Err(give_back_read(sh, bufs, p, started, 0, events));
     }
-    let mut ranges = std::mem::take(&mut bufs.ranges);
-    ranges.clear();
+    let mut runs = std::mem::take(&mut bufs.runs);
+    runs.clear();
     // The common read, all whole messages and nothing kept before it:
     // served where it lies. Anything else out of line.
-    let from = match !l.lease.keeps() && l.lease.frame(data, &mut ranges) == data.len() {
+    let from = match !l.lease.keeps() && l.lease.frame(data, &mut runs) == data.len() {
         true => 0,
-        false => match serve_kept(sh, sv, bufs, data, p, started, &mut ranges, events) {
+        false => match serve_kept(sh, sv, bufs, data, p, started, &mut runs, events) {
             Kept::Serve(from) => from,
             Kept::Nothing => {
-                bufs.ranges = ranges;
+                bufs.runs = runs;
                 bufs.own.lease_used(p, 0, 0);
                 return Ok(());
             }
             Kept::Back(g) => {
-                bufs.ranges = ranges;
+                bufs.runs = runs;
                 return Err(g);
             }
         },
     };
-    if !ranges.is_empty() {
-        run_in_place(sv, bufs, ReadView { data: &data[from..], ranges: &ranges, psock: p, started });
+    if !runs.is_empty() {
+        run_in_place(sv, bufs, ReadView { msgs: Messages::new(&data[from..], &runs), psock: p, started });
     }
-    // Empty for the next read (its ranges are pushed after what is here).
-    ranges.clear();
-    bufs.ranges = ranges;
+    // Empty for the next read (its runs are pushed after what is here).
+    runs.clear();
+    bufs.runs = runs;
     // A message sent from elsewhere while the handler ran waits on the
     // psock's queue: these replies go behind it, the ordinary way.
     let behind = bufs.own.leases.get(&p).is_some_and(|l| revoked(&l.rt));
@@ -632,7 +633,7 @@ pub(crate) struct GivenBack {
 
 /// What [`serve_kept`] left to [`serve_leased`].
 enum Kept {
-    /// Serve the ranges framed, which are of the read from this offset.
+    /// Serve the runs framed, which are of the read from this offset.
     Serve(usize),
     /// The read all went on a kept message: nothing to serve.
     Nothing,
@@ -654,15 +655,15 @@ fn serve_kept(
     data: &[u8],
     p: PsockId,
     started: u64,
-    ranges: &mut Vec<std::ops::Range<usize>>,
+    runs: &mut Vec<Run>,
     events: &mut Vec<Event>,
 ) -> Kept {
-    ranges.clear();
+    runs.clear();
     let now = sh.timestamp(started);
     let Some(l) = bufs.own.leases.get_mut(&p) else { return Kept::Back(GivenBack { rt: None, from: 0 }) };
     let room = bufs.own.keep.room_for(l.lease.kept());
     let before = l.lease.kept();
-    let read = l.lease.frame_read(data, now, room, ranges);
+    let read = l.lease.frame_read(data, now, room, runs);
     // (Counted before a give-back, which takes what the lease keeps now
     // off the worker's count.)
     bufs.own.keep.changed(before, l.lease.kept(), l.lease.kept_due());
@@ -672,10 +673,11 @@ fn serve_kept(
         LeaseRead::Serve { done: None, from } => return Kept::Serve(from),
         LeaseRead::Serve { done: Some(r), from } => (r, from, l.lease.take_done()),
     };
-    let closed = run_in_place(sv, bufs, ReadView { data: &msg, ranges: &[r], psock: p, started });
+    let done = [Run::one(0, msg.len(), r)];
+    let closed = run_in_place(sv, bufs, ReadView { msgs: Messages::new(&msg, &done), psock: p, started });
     if closed {
         // Nothing after the close is answered.
-        ranges.clear();
+        runs.clear();
     }
     Kept::Serve(from)
 }

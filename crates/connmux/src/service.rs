@@ -24,6 +24,7 @@ use crate::mux::Mux;
 use crate::shared::Command;
 use crate::socket::KcmSocket;
 use crate::sync::crew::Taker;
+pub use connmux_core::run::{Messages, RunView};
 
 /// as long as it does.
 pub struct Serving {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bytes::BytesMut;
-use connmux::service::{Handler, RunServed, Service, ServiceConfig, Verdict};
+use connmux::service::{Handler, Messages, RunServed, Service, ServiceConfig, Verdict};
 use connmux::{Bytes, Config, Mux, Placement, PsockId, SockType, Steering};
 
 use crate::cmd::baseline;
@@ -330,30 +330,36 @@ impl Handler for RpcHandler {
     }
     fn handle_run_in_place(
         &self,
-        data: &[u8],
-        ranges: &[std::ops::Range<usize>],
+        requests: Messages<'_>,
         _from: PsockId,
         _scratch: &mut BytesMut,
         out: &mut BytesMut,
     ) -> RunServed {
-        // NULL calls answered from the template in a tight loop; any other
-        // record takes the general answer (which closes on a record that is
-        // no call), then the loop goes on after it. Every record handled is
-        // one reply appended, until a close.
-        let mut i = 0;
-        // Bounded: each turn handles at least one record or returns.
-        while i < ranges.len() {
-            i += self.registry.null_fast_run(data, &ranges[i..], out);
-            let Some(r) = ranges.get(i) else { break };
-            let Some(request) = data.get(r.clone()) else {
-                return RunServed { handled: i, appended: i as u32, stop: None };
+        // NULL calls answered from the template in a tight loop, run by run;
+        // any other record takes the general answer (which closes on a
+        // record that is no call), then the loop goes on after it. Every
+        // record handled is one reply appended, until a close.
+        let mut rest = requests;
+        let mut handled = 0;
+        // Bounded: each turn handles at least one record or ends.
+        while let Some(run) = rest.first_run() {
+            let fast = match run.is_whole() {
+                true => self.registry.null_fast_run(run.wire.chunks_exact(run.stride), out),
+                false => 0,
             };
-            if !self.answer_general(request, out) {
-                return RunServed { handled: i + 1, appended: i as u32, stop: Some(Verdict::Close) };
+            rest = rest.after(fast);
+            handled += fast;
+            if fast == run.count {
+                continue;
             }
-            i += 1;
+            let Some(request) = rest.first() else { break };
+            rest = rest.after(1);
+            handled += 1;
+            if !self.answer_general(request, out) {
+                return RunServed { handled, appended: handled as u32 - 1, stop: Some(Verdict::Close) };
+            }
         }
-        RunServed { handled: ranges.len(), appended: ranges.len() as u32, stop: None }
+        RunServed { handled, appended: handled as u32, stop: None }
     }
 }
 

@@ -57,6 +57,7 @@ use std::ops::Range;
 
 use super::{Event, Life, Mux, PsockId, SockId, Steering};
 use crate::parser::{Parse, Parser};
+use crate::run::Run;
 use crate::stats::PsockStats;
 use crate::time::Timestamp;
 use bytes::Bytes;
@@ -85,7 +86,7 @@ pub struct Lease {
 pub enum LeaseRead {
     /// Serve: first the message the lease kept, now whole
     /// ([`Lease::take_done`]; this range of it is the message as the
-    /// parser delivers it), when there is one; then the ranges pushed onto
+    /// parser delivers it), when there is one; then the runs pushed onto
     /// `out`, which are of `data[from..]`. The read's last bytes, if they
     /// begin a message, are kept.
     Serve { done: Option<Range<usize>>, from: usize },
@@ -126,13 +127,13 @@ impl Lease {
     }
 
     /// Frame the whole messages at the front of `data` (a read of the
-    /// psock), pushing their ranges onto `out`. Returns the bytes taken:
+    /// psock), pushing their runs onto `out`. Returns the bytes taken:
     /// `data.len()` when `data` was all whole messages, each within the
     /// psock's size limit. Anything less and nothing is counted (the caller
     /// goes on with [`Lease::frame_read`]). Only for a lease that keeps
     /// nothing ([`Lease::keeps`]): a read after a kept start goes on with it.
     #[inline]
-    pub fn frame(&mut self, data: &[u8], out: &mut Vec<Range<usize>>) -> usize {
+    pub fn frame(&mut self, data: &[u8], out: &mut Vec<Run>) -> usize {
         debug_assert!(!self.keeps());
         let first = out.len();
         let taken = self.parser.frame_batch(data, self.max_len, usize::MAX, out);
@@ -147,16 +148,16 @@ impl Lease {
     /// Count the messages framed onto `out` after `first`, `taken` wire
     /// bytes in all.
     #[inline]
-    fn count(&mut self, first: usize, out: &[Range<usize>], taken: usize) {
-        if let Some(last) = out.last() {
-            let start = if out.len() - first > 1 { out[out.len() - 2].end } else { 0 };
-            self.counts.last_len = last.end - start;
+    fn count(&mut self, first: usize, out: &[Run], taken: usize) {
+        let runs = &out[first..];
+        if let Some(last) = runs.last() {
+            self.counts.last_len = last.stride;
         }
-        self.counts.rx_msgs += (out.len() - first) as u64;
+        self.counts.rx_msgs += crate::run::count(runs) as u64;
         self.counts.rx_bytes += taken as u64;
         self.counts.rx_delivered += match self.whole {
             true => taken as u64,
-            false => out[first..].iter().map(|r| (r.end - r.start) as u64).sum::<u64>(),
+            false => runs.iter().map(|r| (r.len * r.count) as u64).sum::<u64>(),
         };
     }
 
@@ -186,12 +187,12 @@ impl Lease {
 
     /// Frame a read of the psock, read at `now`, whatever it holds: the
     /// message the lease keeps (if any) completed from its front, the whole
-    /// messages after that framed where they lie (ranges onto `out`), and a
+    /// messages after that framed where they lie (runs onto `out`), and a
     /// message begun at its end kept, as long as the lease keeps no more
     /// than `room` bytes (and the message is within the size limit). A message
     /// too large, badly framed, or not whole within `room`: the lease goes
     /// back ([`LeaseRead::GiveBack`]), and the mux decides.
-    pub fn frame_read(&mut self, data: &[u8], now: Timestamp, room: usize, out: &mut Vec<Range<usize>>) -> LeaseRead {
+    pub fn frame_read(&mut self, data: &[u8], now: Timestamp, room: usize, out: &mut Vec<Run>) -> LeaseRead {
         // (A message begun is shorter than `max_len`: the psock, which
         // holds nothing while lent, takes it back whole on `unlease`.)
         let first = out.len();

@@ -4,9 +4,7 @@
 
 use std::fmt;
 
-use std::ops::Range;
-
-use crate::parser::{frame_batch_with, push_run, run_of, Parse, ParseError, Parser};
+use crate::parser::{frame_batch_with, run_of, Parse, ParseError, Parser, Run};
 
 /// Byte order of a length field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -154,7 +152,7 @@ impl Parser for LengthField {
     /// one load and two compares a message; any other shape goes the
     /// general way ([`frame_batch_with`]). The same messages either way
     /// (`tests/parsers.rs::the_four_byte_loop_frames_as_the_general_one`).
-    fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Range<usize>>) -> usize {
+    fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Run>) -> usize {
         if self.offset != 0 || self.width != 4 {
             return frame_batch_with(self, data, 0, max_len, limit, out);
         }
@@ -184,17 +182,10 @@ impl Parser for LengthField {
 /// a run's first field is decoded and checked, the rest of the run is
 /// found by comparing each next header's bytes with the first's, stepping
 /// by the run's length through what is whole in `rest` (no decode, no
-/// bounds check past the one of the step), and the run's ranges are
-/// written when it ends, in one `push_run` (`OncRpc::frame_batch` says
-/// why a push per message costs more).
+/// bounds check past the one of the step), and the run is pushed when it
+/// ends, one [`Run`] for all its messages.
 #[inline]
-fn frame_l4<const BIG: bool>(
-    data: &[u8],
-    extra: i64,
-    max_len: usize,
-    limit: usize,
-    out: &mut Vec<Range<usize>>,
-) -> usize {
+fn frame_l4<const BIG: bool>(data: &[u8], extra: i64, max_len: usize, limit: usize, out: &mut Vec<Run>) -> usize {
     let (mut at, mut n) = (0, 0);
     // `data[at..]`, narrowed run by run.
     let mut rest = data;
@@ -213,7 +204,7 @@ fn frame_l4<const BIG: bool>(
         // The run: messages whole in `rest` (within the limit) whose header
         // is this one's bytes.
         let run = run_of(rest, &head, len, (limit - n).min(rest.len() / len));
-        push_run(out, at, run, len, 0);
+        out.push(Run::whole(at, len, run));
         at += run * len;
         n += run;
         rest = &rest[run * len..];

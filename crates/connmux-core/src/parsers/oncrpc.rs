@@ -6,7 +6,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::parser::{push_run, run_of, Parse, ParseError, Parser};
+use crate::parser::{run_of, Parse, ParseError, Parser, Run};
 
 const MARK_LEN: usize = 4;
 const LAST_FRAGMENT: u32 = 0x8000_0000;
@@ -90,14 +90,7 @@ impl OncRpc {
     /// one-fragment record on: out of line, so that the common loop keeps
     /// its registers.
     #[inline(never)]
-    fn frame_batch_rest(
-        &mut self,
-        data: &[u8],
-        at: usize,
-        max_len: usize,
-        limit: usize,
-        out: &mut Vec<std::ops::Range<usize>>,
-    ) -> usize {
+    fn frame_batch_rest(&mut self, data: &[u8], at: usize, max_len: usize, limit: usize, out: &mut Vec<Run>) -> usize {
         crate::parser::frame_batch_with(self, data, at, max_len, limit, out)
     }
 
@@ -176,28 +169,20 @@ impl Parser for OncRpc {
     /// One-fragment records (nearly all of them) straight off their marks,
     /// in a tight loop; at the first other one (several fragments, a mark
     /// not in yet) the general loop takes over from there.
-    fn frame_batch(
-        &mut self,
-        data: &[u8],
-        max_len: usize,
-        limit: usize,
-        out: &mut Vec<std::ops::Range<usize>>,
-    ) -> usize {
+    fn frame_batch(&mut self, data: &[u8], max_len: usize, limit: usize, out: &mut Vec<Run>) -> usize {
         let mut at = 0;
         let mut n = 0;
         if self.next_mark == 0 && self.max_fragments >= 1 {
             let body = if self.strip { MARK_LEN } else { 0 };
-            // Every record is at least its mark: room for all of them at once.
-            out.reserve(limit.min(data.len() / MARK_LEN));
             // `data[at..]`, narrowed run by run.
             let mut rest = data;
             // Records come in runs of one length (a client's calls are
             // alike): a run's first mark is decoded and checked, the rest
             // of the run found by comparing marks with it (`run_of`), and
-            // the run's ranges written in one `push_run`. Where each
-            // record's start came from the mark just read, each waited
-            // for that load (a chain through memory), and a push per
-            // record stored the vector's length and read it back.
+            // the run pushed as one [`Run`]. Where each record's start
+            // came from the mark just read, each waited for that load (a
+            // chain through memory), and a range pushed per record stored
+            // the vector's length and read it back.
             // Bounded: each turn takes at least one record or stops.
             while n < limit {
                 let Some((&mark, _)) = rest.split_first_chunk::<MARK_LEN>() else { break };
@@ -207,7 +192,7 @@ impl Parser for OncRpc {
                     break;
                 }
                 let run = run_of(rest, &mark, len, (limit - n).min(rest.len() / len));
-                push_run(out, at, run, len, body);
+                out.push(Run { at, stride: len, count: run, skip: body, len: len - body });
                 at += run * len;
                 n += run;
                 rest = &rest[run * len..];

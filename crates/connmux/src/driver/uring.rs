@@ -186,8 +186,7 @@ impl Io for UringIo {
                     false => None,
                 };
                 let read = crate::serve::ReadView {
-                    data,
-                    ranges: &lent.ranges[a..b],
+                    msgs: connmux_core::run::Messages::new(data, &lent.runs[a..b]),
                     psock: p,
                     started: connmux_sys::clock::now_nanos(),
                 };
@@ -195,7 +194,7 @@ impl Io for UringIo {
             }
         }
         lent.batches.clear();
-        lent.ranges.clear();
+        lent.runs.clear();
         for buf in lent.recycle.drain(..) {
             self.ring.recycle(buf);
         }

@@ -325,19 +325,20 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
     match &w.serving {
         Some(sv) => {
             let bufs = &mut w.bufs;
-            let mut ranges = std::mem::take(&mut bufs.ranges);
-            ranges.clear();
-            let _ = crate::shared::feed_read_in_place(&mut core, &mut bufs.own, rt.id, data, now, &mut ranges);
+            let mut runs = std::mem::take(&mut bufs.runs);
+            runs.clear();
+            let _ = crate::shared::feed_read_in_place(&mut core, &mut bufs.own, rt.id, data, now, &mut runs);
             core.drain_events(&mut w.events);
             drop(core);
-            if !ranges.is_empty() {
+            if !runs.is_empty() {
                 // Its replies are written at once (`send_outs`).
                 let (events, dirty) = (&mut w.events, &mut w.dirty);
-                let read = crate::serve::ReadView { data, ranges: &ranges, psock: rt.id, started: read_at };
+                let msgs = connmux_core::run::Messages::new(data, &runs);
+                let read = crate::serve::ReadView { msgs, psock: rt.id, started: read_at };
                 crate::serve::serve_in_place(sh, sv, bufs, read, events, dirty, Some(rt));
-                ranges.clear();
+                runs.clear();
             }
-            bufs.ranges = ranges;
+            bufs.runs = runs;
         }
         None => {
             let _ = crate::shared::feed_read(&mut core, &mut w.bufs.own, rt.id, data, now);

@@ -661,8 +661,8 @@ pub(crate) fn feed_read(
 }
 
 /// [`feed_read`] that also frames whole messages where they lie in `data`
-/// (`Mux::feed_in_place`) for the caller to serve at once: their ranges go to
-/// `ranges`. Not while messages of this psock wait in the direct list (they
+/// (`Mux::feed_in_place`) for the caller to serve at once: their runs go to
+/// `runs`. Not while messages of this psock wait in the direct list (they
 /// are older and are served first, by `serve`).
 pub(crate) fn feed_read_in_place(
     core: &mut Core,
@@ -670,13 +670,13 @@ pub(crate) fn feed_read_in_place(
     p: PsockId,
     data: &[u8],
     now: Timestamp,
-    ranges: &mut Vec<std::ops::Range<usize>>,
+    runs: &mut Vec<connmux_core::run::Run>,
 ) -> Result<(), connmux_core::mux::MuxError> {
     match own.serve {
         Some((sock, batch)) => {
             let limit = if own.direct.iter().any(|(_, q)| *q == p) { 0 } else { batch };
             let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
-            core.mux.feed_in_place(p, data, now, &mut d, limit, ranges)
+            core.mux.feed_in_place(p, data, now, &mut d, limit, runs)
         }
         None => core.mux.feed(p, data, now),
     }

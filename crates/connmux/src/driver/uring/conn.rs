@@ -95,8 +95,8 @@ impl Conn {
 #[derive(Default)]
 pub(super) struct Lent {
     /// Where the messages lie in their buffers.
-    pub(super) ranges: Vec<std::ops::Range<usize>>,
-    /// One per fed piece that framed messages: psock, buffer, `ranges[a..b]`.
+    pub(super) runs: Vec<connmux_core::run::Run>,
+    /// One per fed piece that framed messages: psock, buffer, `runs[a..b]`.
     pub(super) batches: Vec<(PsockId, u16, usize, usize)>,
     /// Buffers fully fed whose messages are still to be served.
     pub(super) recycle: Vec<u16>,
@@ -262,13 +262,13 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
         let end = (h.off + cap).min(data.len());
         // Whole messages for this worker's own socket are framed where they
         // lie and served after the pass (`UringIo::serve_lent`).
-        let a = lent.ranges.len();
-        let fed = crate::shared::feed_read_in_place(core, own, id, &data[h.off..end], now, &mut lent.ranges);
-        if lent.ranges.len() > a {
-            for r in &mut lent.ranges[a..] {
-                *r = r.start + h.off..r.end + h.off;
+        let a = lent.runs.len();
+        let fed = crate::shared::feed_read_in_place(core, own, id, &data[h.off..end], now, &mut lent.runs);
+        if lent.runs.len() > a {
+            for r in &mut lent.runs[a..] {
+                r.at += h.off;
             }
-            lent.batches.push((id, h.buf, a, lent.ranges.len()));
+            lent.batches.push((id, h.buf, a, lent.runs.len()));
         }
         h.off = end;
         let done = h.off >= data.len();
