@@ -223,14 +223,20 @@ impl Io for UringIo {
 }
 
 /// A receive of psock `p` (connection `fd`), lent to this worker, in ring
-/// buffer `buf`: when it is all whole messages, served on the lease
+/// buffer `buf`, reaped at `read_at` (`now_nanos`): when it is all whole messages, served on the lease
 /// (`serve::serve_leased`: framed, answered and written at once, with no
 /// core lock) and the buffer goes back to the ring. `Err`: the lease went
 /// back to the core, and the buffer's bytes from this offset on are still
 /// to be fed to it.
-fn serve_on_lease(w: &mut Worker<'_>, ring: &mut WRing, buf: u16, p: PsockId, fd: RawFd) -> Result<(), usize> {
+fn serve_on_lease(
+    w: &mut Worker<'_>,
+    ring: &mut WRing,
+    buf: u16,
+    p: PsockId,
+    fd: RawFd,
+    read_at: u64,
+) -> Result<(), usize> {
     let Some(sv) = w.serving.as_ref() else { return Err(0) };
-    let read_at = connmux_sys::clock::now_nanos();
     w.bufs.own.read_at = read_at;
     let data = ring.buffer(buf).unwrap_or(&[]);
     let served = crate::serve::serve_leased(
@@ -319,7 +325,13 @@ impl UringIo {
     /// Act on what the ring reports.
     fn completions(&mut self, w: &mut Worker<'_>, comps: &[Completion], woke: &mut Woke) {
         let sh = w.sh;
-        let now = sh.now();
+        let reaped_at = connmux_sys::clock::now_nanos();
+        let now = sh.timestamp(reaped_at);
+        // The first lent read of the wait is timed from this reading (one
+        // clock reading a wait, not two); later ones read the clock again,
+        // so that a read's handler time never counts the reads served
+        // before it.
+        let mut first_read_at = Some(reaped_at);
         let ring = &mut self.ring;
         let mut core = None;
         // (Cleared by anything but a read served on a lease.)
@@ -406,7 +418,8 @@ impl UringIo {
                         // (which the lease takes itself if it goes back).
                         core = None;
                         let lent = w.bufs.own.leases.len();
-                        match serve_on_lease(w, ring, buf_id, p, conn.rt.fd()) {
+                        let read_at = first_read_at.take().unwrap_or_else(connmux_sys::clock::now_nanos);
+                        match serve_on_lease(w, ring, buf_id, p, conn.rt.fd(), read_at) {
                             Ok(()) => woke.leased_only &= w.bufs.own.leases.len() == lent,
                             Err(off) => {
                                 woke.leased_only = false;
