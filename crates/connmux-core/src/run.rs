@@ -75,6 +75,7 @@ impl Run {
 }
 
 /// The messages of `runs`, in order.
+#[inline]
 pub fn count(runs: &[Run]) -> usize {
     runs.iter().map(|r| r.count).sum()
 }
