@@ -223,9 +223,10 @@ impl Io for UringIo {
 }
 
 /// A receive of psock `p` (connection `fd`), lent to this worker, in ring
-/// buffer `buf`, reaped at `read_at` (`now_nanos`): when it is all whole messages, served on the lease
-/// (`serve::serve_leased`: framed, answered and written at once, with no
-/// core lock) and the buffer goes back to the ring. `Err`: the lease went
+/// buffer `buf`, reaped at `read_at` (`now_nanos`): when it is all whole
+/// messages, served on the lease (`serve::serve_leased`: framed, answered
+/// and written at once, with no core lock) and the buffer goes back to the
+/// ring. `Err`: the lease went
 /// back to the core, and the buffer's bytes from this offset on are still
 /// to be fed to it.
 fn serve_on_lease(
