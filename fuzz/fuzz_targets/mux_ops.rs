@@ -483,7 +483,9 @@ fuzz_target!(|input: Input| {
                                 if let Some(r) = done {
                                     msgs.push(l.take_done()[r].to_vec());
                                 }
-                                msgs.extend(connmux_core::run::ranges(&out).into_iter().map(|r| data[from..][r].to_vec()));
+                                msgs.extend(
+                                    connmux_core::run::ranges(&out).into_iter().map(|r| data[from..][r].to_vec()),
+                                );
                                 ps.wire.drain(..k);
                                 ps.lease = Some((l, s));
                                 let id = ps.id;
