@@ -14,8 +14,9 @@
 //!   read back with the same xid and answer; `handle_marked` on the record
 //!   marked in any number of fragments answers byte for byte the same;
 //! - `null_fast_run` over the records (each marked as one fragment, back to
-//!   back) answers the leading ones `null_fast` answers, byte for byte, and
-//!   stops at the first it declines;
+//!   back), and over a run of three copies of the first, answers the
+//!   leading ones `null_fast` answers, byte for byte, and stops at the
+//!   first it declines;
 //! - any reply `encode_reply` writes decodes to itself;
 //! - nothing panics.
 #![no_main]
@@ -120,6 +121,16 @@ fn null_runs(records: &[Vec<u8>]) {
         let mut out = bytes::BytesMut::from(&b"x"[..]);
         assert_eq!(reg.null_fast_run(ranges.iter().map(|r| &data[r.clone()]), &mut out), n);
         assert_eq!(&out[..], &want[..]);
+        // A run of equal records end to end, as a read's runs give them.
+        if let Some(r) = ranges.first().filter(|r| !r.is_empty()) {
+            let one = &data[r.clone()];
+            let run = one.repeat(3);
+            let mut out = bytes::BytesMut::new();
+            let n = reg.null_fast_run(run.chunks_exact(one.len()), &mut out);
+            let want = reg.null_fast(one).map_or(Vec::new(), |reply| reply.repeat(3));
+            assert_eq!(n, want.len() / connmux_oncrpc::service::NULL_REPLY_LEN);
+            assert_eq!(&out[..], &want[..]);
+        }
     }
 }
 
