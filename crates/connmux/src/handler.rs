@@ -244,3 +244,74 @@ impl Lanes {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use connmux_core::run::Run;
+
+    /// Answers by a request's last byte: `a` echoes it appended, `n` no
+    /// reply, `e` says appended but appends nothing, `s` a small reply of
+    /// its own, `b` a reply too large to append, `c` close.
+    struct ByLast;
+
+    impl Handler for ByLast {
+        fn handle(&self, _request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
+            Verdict::NoReply
+        }
+        fn handle_in_place(&self, request: &[u8], _from: PsockId, _s: &mut BytesMut, out: &mut BytesMut) -> Verdict {
+            match request.last() {
+                Some(b'a') => {
+                    out.extend_from_slice(request);
+                    Verdict::Appended
+                }
+                Some(b'e') => Verdict::Appended,
+                Some(b's') => Verdict::Reply(Bytes::from_static(b"small")),
+                Some(b'b') => Verdict::Reply(Bytes::from(vec![b'b'; RUN_APPEND_MAX + 1])),
+                Some(b'c') => Verdict::Close,
+                _ => Verdict::NoReply,
+            }
+        }
+    }
+
+    const FROM: PsockId = PsockId { index: 1, generation: 1 };
+
+    fn serve(data: &[u8], runs: &[Run], skip: usize) -> (usize, u32, Option<&'static str>, Vec<u8>) {
+        let (mut scratch, mut out) = (BytesMut::new(), BytesMut::from(&b"<"[..]));
+        let served = ByLast.handle_run_in_place(Messages::new(data, runs).after(skip), FROM, &mut scratch, &mut out);
+        let stop = served.stop.map(|v| match v {
+            Verdict::Close => "close",
+            Verdict::Reply(_) => "reply",
+            _ => "other",
+        });
+        (served.handled, served.appended, stop, out.to_vec())
+    }
+
+    #[test]
+    fn the_default_run_answers_every_run_in_order_and_stops_where_a_verdict_is_not_appended() {
+        // Two-byte messages "xa xs xn" (whole), then three-byte ones whose
+        // last two bytes are received ("yya yye"), then "zc zza".
+        let data = b"xaxsxnyyayyezczza";
+        let runs = [
+            Run::whole(0, 2, 3),
+            Run { at: 6, stride: 3, count: 2, skip: 1, len: 2 },
+            Run::whole(12, 2, 1),
+            Run::whole(14, 3, 1),
+        ];
+        // Everything before the close: xa appended, xs appended here, xn and
+        // yye silent, ya appended; the close stops it with its own verdict.
+        assert_eq!(serve(data, &runs, 0), (6, 3, Some("close"), b"<xasmallya".to_vec()));
+        // From the message after the close on: the rest is answered.
+        assert_eq!(serve(data, &runs, 6), (1, 1, None, b"<zza".to_vec()));
+        // From inside the cut run: its second message, then the close.
+        assert_eq!(serve(data, &runs, 4), (2, 0, Some("close"), b"<".to_vec()));
+    }
+
+    #[test]
+    fn a_reply_too_large_to_append_stops_the_run_and_leaves_out_as_it_was() {
+        let data = b"1a2b3a";
+        let runs = [Run::whole(0, 2, 3)];
+        assert_eq!(serve(data, &runs, 0), (2, 1, Some("reply"), b"<1a".to_vec()));
+        assert_eq!(serve(data, &runs, 2), (1, 1, None, b"<3a".to_vec()));
+    }
+}
