@@ -117,16 +117,6 @@ impl<'a> Messages<'a> {
         Messages { data, runs: &runs[..good], taken: 0, len }
     }
 
-    /// No messages.
-    pub fn empty() -> Messages<'static> {
-        Messages { data: &[], runs: &[], taken: 0, len: 0 }
-    }
-
-    /// The bytes the runs are of.
-    pub fn data(&self) -> &'a [u8] {
-        self.data
-    }
-
     /// How many messages.
     #[inline]
     pub fn len(&self) -> usize {

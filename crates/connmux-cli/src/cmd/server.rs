@@ -344,14 +344,8 @@ impl Handler for RpcHandler {
         // Bounded: each turn handles at least one record or ends.
         while let Some(run) = rest.first_run() {
             let fast = match (run.is_whole(), run.count) {
-                // One call (one in flight): its reply straight in.
-                (true, 1) => match self.registry.null_fast(run.wire) {
-                    Some(reply) => {
-                        out.extend_from_slice(&reply);
-                        1
-                    }
-                    None => 0,
-                },
+                // One call (one in flight): no `chunks_exact` to set up.
+                (true, 1) => self.registry.null_fast_run([run.wire], out),
                 (true, _) => self.registry.null_fast_run(run.wire.chunks_exact(run.stride), out),
                 (false, _) => 0,
             };
