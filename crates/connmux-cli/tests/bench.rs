@@ -124,6 +124,55 @@ fn every_uneven_server_echoes_whole_messages_split_anywhere() {
 }
 
 #[test]
+fn hand_written_loops_spend_their_read_work_before_answering() {
+    let uring = connmux_sys::uring::supported().then_some("uring");
+    for engine in std::iter::once("epoll").chain(uring) {
+        let s = spawn_server(Command::new(BIN).args([
+            "bench",
+            "uneven-server",
+            "-l",
+            "127.0.0.1:0",
+            "--engine",
+            engine,
+            "--cpus",
+            "0",
+            "--read-work-ns",
+            "3000000",
+            "--duration",
+            "30",
+        ]));
+        let mut c = TcpStream::connect(s.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        for t in 0..3u32 {
+            // A light message: only the read's work stands between it and
+            // its echo, so the echo never comes sooner than that.
+            let m = uneven_msg(0, t);
+            let sent = Instant::now();
+            c.write_all(&m).unwrap();
+            let mut got = vec![0u8; m.len()];
+            c.read_exact(&mut got).unwrap_or_else(|e| panic!("{engine}: {e}"));
+            let took = sent.elapsed();
+            assert_eq!(got, m, "{engine}: echoed");
+            assert!(took >= Duration::from_millis(3), "{engine}: echo after {took:?}, before the read's 3 ms of work");
+        }
+    }
+}
+
+#[test]
+fn read_work_is_refused_where_it_would_not_apply() {
+    for engine in ["connmux", "thread"] {
+        let out = Command::new(BIN)
+            .args(["bench", "uneven-server", "-l", "127.0.0.1:0", "--engine", engine])
+            .args(["--read-work-ns", "100", "--duration", "5"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{engine}: accepted --read-work-ns");
+        assert!(text.contains("--read-work-ns"), "{engine}: {text}");
+    }
+}
+
+#[test]
 fn bench_uneven_quick_prints_every_variant() {
     let out = Command::new(BIN)
         .args(["bench", "uneven", "--quick", "--heavy-conns", "1", "--light-conns", "2", "-a", "4"])

@@ -118,6 +118,13 @@ pub struct ServerArgs {
     /// Every read through the shared core (connmux only; `Tuning::lease` off).
     #[arg(long)]
     pub no_lease: bool,
+    /// CPU time a hand-written loop (epoll, uring) spends on each read it
+    /// answers besides the echo, in nanoseconds, before the write: what a
+    /// server's own work a batch costs when it shares a CPU with its
+    /// client (`docs/performance.md`, "The light worker's batch, timed in
+    /// place").
+    #[arg(long, default_value_t = 0)]
+    pub read_work_ns: u64,
     /// Stop after this many seconds (default: until killed).
     #[arg(long)]
     pub duration: Option<f64>,
@@ -144,7 +151,7 @@ pub struct LoadArgs {
 }
 
 /// Burn the CPU for `d` (a busy loop on the clock: no sleeping, no yielding).
-fn burn(d: Duration) {
+pub(super) fn burn(d: Duration) {
     let end = Instant::now() + d;
     let mut spins = 0u64;
     while Instant::now() < end {
@@ -195,6 +202,10 @@ impl Handler for Uneven {
 
 pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
     let heavy = Duration::from_micros(a.heavy_us);
+    let read_work = Duration::from_nanos(a.read_work_ns);
+    if a.read_work_ns > 0 && !matches!(a.engine.as_str(), "epoll" | "uring") {
+        bail!("--read-work-ns: the hand-written loops' only (--engine epoll or uring)");
+    }
     let stop_at = a.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
     let wait = || loop {
         if stop_at.is_some_and(|t| Instant::now() >= t) {
@@ -249,13 +260,13 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
         "epoll" => {
             let l = TcpListener::bind(a.listen)?;
             println!("uneven-server (an epoll loop per CPU) listening on {}", l.local_addr()?);
-            super::uneven_epoll::serve(l, &a.cpus, heavy)?;
+            super::uneven_epoll::serve(l, &a.cpus, heavy, read_work)?;
             wait();
         }
         "uring" => {
             let l = TcpListener::bind(a.listen)?;
             println!("uneven-server (an io_uring loop per CPU) listening on {}", l.local_addr()?);
-            super::uneven_uring::serve(l, &a.cpus, heavy)?;
+            super::uneven_uring::serve(l, &a.cpus, heavy, read_work)?;
             wait();
         }
         o => bail!("--engine {o}: connmux, thread, epoll or uring"),

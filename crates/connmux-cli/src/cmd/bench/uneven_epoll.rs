@@ -21,7 +21,7 @@ use std::time::Duration;
 use connmux_sys::epoll::{Epoll, Events, Interest};
 use crossbeam::channel::{Receiver, Sender};
 
-use super::uneven::{echo_whole, READ_BUF};
+use super::uneven::{burn, echo_whole, READ_BUF};
 
 /// One thread's share: its epoll and the connections handed to it.
 struct Loop {
@@ -30,7 +30,7 @@ struct Loop {
 }
 
 /// Serve `l` on one thread per CPU of `cpus` until the process ends.
-pub fn serve(l: TcpListener, cpus: &[usize], heavy: Duration) -> anyhow::Result<()> {
+pub fn serve(l: TcpListener, cpus: &[usize], heavy: Duration, read_work: Duration) -> anyhow::Result<()> {
     let mut hands: Vec<(Arc<Epoll>, Sender<TcpStream>)> = Vec::new();
     for &cpu in cpus {
         let epoll = Arc::new(Epoll::new()?);
@@ -38,7 +38,7 @@ pub fn serve(l: TcpListener, cpus: &[usize], heavy: Duration) -> anyhow::Result<
         let lp = Loop { epoll: epoll.clone(), conns: rx };
         std::thread::Builder::new().name(format!("epoll-{cpu}")).spawn(move || {
             let _ = connmux_sys::affinity::pin_current_thread(cpu);
-            run(lp, heavy)
+            run(lp, heavy, read_work)
         })?;
         hands.push((epoll, tx));
     }
@@ -80,7 +80,7 @@ pub(super) fn place_incoming(l: TcpListener, cpus: &[usize], mut hand: impl FnMu
 
 /// One thread: wait, then for each readable connection one read, the echo of
 /// its whole messages and one write.
-fn run(lp: Loop, heavy: Duration) {
+fn run(lp: Loop, heavy: Duration, read_work: Duration) {
     let mut evs = Events::with_capacity(256);
     let mut conns: HashMap<u64, (TcpStream, Vec<u8>)> = HashMap::new();
     let mut buf = vec![0u8; READ_BUF];
@@ -110,6 +110,9 @@ fn run(lp: Loop, heavy: Duration) {
                     Some(used) => {
                         carry.clear();
                         carry.extend_from_slice(&buf[used..have]);
+                        if !read_work.is_zero() {
+                            burn(read_work);
+                        }
                         write_all(c, &out)
                     }
                     None => false,

@@ -19,14 +19,14 @@ use connmux_sys::eventfd::EventFd;
 use connmux_sys::uring::{Completion, Ring, RingConfig};
 use crossbeam::channel::{Receiver, Sender};
 
-use super::uneven::echo_whole;
+use super::uneven::{burn, echo_whole};
 use super::uneven_epoll::{place_incoming, write_all};
 
 /// The token of the thread's eventfd poll (a connection's token is its fd).
 const WAKE: u64 = u64::MAX;
 
 /// Serve `l` on one thread per CPU of `cpus` until the process ends.
-pub fn serve(l: TcpListener, cpus: &[usize], heavy: Duration) -> anyhow::Result<()> {
+pub fn serve(l: TcpListener, cpus: &[usize], heavy: Duration, read_work: Duration) -> anyhow::Result<()> {
     let mut hands: Vec<(Arc<EventFd>, Sender<TcpStream>)> = Vec::new();
     for &cpu in cpus {
         let wake = Arc::new(EventFd::new()?);
@@ -34,7 +34,7 @@ pub fn serve(l: TcpListener, cpus: &[usize], heavy: Duration) -> anyhow::Result<
         let w = wake.clone();
         std::thread::Builder::new().name(format!("uring-{cpu}")).spawn(move || {
             let _ = connmux_sys::affinity::pin_current_thread(cpu);
-            if let Err(e) = run(&rx, &w, heavy) {
+            if let Err(e) = run(&rx, &w, heavy, read_work) {
                 eprintln!("uneven-server uring-{cpu}: {e}");
             }
         })?;
@@ -61,7 +61,7 @@ struct Conn {
 
 /// One thread: wait, then for each receive the echo of its whole messages
 /// and one write.
-fn run(new: &Receiver<TcpStream>, wake: &EventFd, heavy: Duration) -> std::io::Result<()> {
+fn run(new: &Receiver<TcpStream>, wake: &EventFd, heavy: Duration, read_work: Duration) -> std::io::Result<()> {
     let config = RingConfig {
         entries: 256,
         cq_entries: 4096,
@@ -112,6 +112,9 @@ fn run(new: &Receiver<TcpStream>, wake: &EventFd, heavy: Duration) -> std::io::R
                                     // never the carry itself.)
                                     conn.carry.clear();
                                     conn.carry.extend_from_slice(&whole[used..]);
+                                    if !read_work.is_zero() {
+                                        burn(read_work);
+                                    }
                                     write_all(&mut conn.stream, &out)
                                 }
                                 None => false,
