@@ -27,6 +27,7 @@ pub(crate) fn cvt_size(ret: libc::ssize_t) -> io::Result<usize> {
 pub(crate) const EINTR_RETRIES: usize = 64;
 
 /// Runs `f` again while it fails with `EINTR`, at most [`EINTR_RETRIES`] times.
+#[inline]
 pub(crate) fn retry_eintr<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
     let mut tries = 0;
     loop {

@@ -493,6 +493,7 @@ pub(crate) enum LentOut<'a> {
 
 impl LentOut<'_> {
     /// One write of `iov`: the bytes taken (as `writev` counts them).
+    #[inline]
     fn write(self, sh: &Shared, iov: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
         match self {
             LentOut::Plain(fd) | LentOut::Later(fd) => connmux_sys::socket::writev(fd, iov),
@@ -504,6 +505,7 @@ impl LentOut<'_> {
 /// Write the replies lent reads left for later ([`LentOut::Later`]), if
 /// any: in the run, and (replies of their own buffers) in `outs`, which
 /// then hold only replies to that psock.
+#[inline(always)]
 pub(crate) fn flush_deferred(sh: &Shared, bufs: &mut ServeBufs, events: &mut Vec<Event>) {
     let Some((p, fd)) = bufs.deferred.take() else { return };
     if bufs.outs.is_empty() {
@@ -711,6 +713,7 @@ fn revoked(rt: &PsockRt) -> bool {
 
 /// Write a leased psock's run of `msgs` appended replies straight from
 /// `bufs.run_buf` (emptied after, its memory kept).
+#[inline(always)]
 fn write_run(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>, msgs: u32, events: &mut Vec<Event>) {
     let want = bufs.run_buf.len();
     let res = out.write(sh, &[std::io::IoSlice::new(&bufs.run_buf)]);

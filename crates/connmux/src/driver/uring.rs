@@ -126,6 +126,10 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
 }
 
 impl Io for UringIo {
+    /// (Inlined into the worker loop, so that after the ring's wait, which
+    /// switches to other threads, no return goes through a frame made
+    /// before it but the system call's own: `worker::wait`.)
+    #[inline(always)]
     fn wait(&mut self, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke {
         let ring = &mut self.ring;
         if !self.waker_armed {
@@ -260,9 +264,11 @@ fn serve_on_lease(
     }
 }
 
-/// Write the replies lent reads left for later (`serve::flush_deferred`);
-/// a write that runs short gives its lease back, which the pass's hold
-/// must then see (`Woke::leased_only`).
+/// Write the replies lent reads left for later (`serve::flush_deferred`)
+/// before a completion that is not the next read of their psock; a write
+/// that runs short gives its lease back, which the pass's hold must then
+/// see (`Woke::leased_only`). Those the last reads of a wait leave are
+/// written by the worker loop (`worker::wait`).
 fn flush_deferred(w: &mut Worker<'_>, woke: &mut Woke) {
     let lent = w.bufs.own.leases.len();
     crate::serve::flush_deferred(w.sh, &mut w.bufs, &mut w.events);
@@ -323,7 +329,9 @@ fn tls_read(w: &mut Worker<'_>, ring: &mut WRing, conn: &mut Conn, buf: u16, pla
 }
 
 impl UringIo {
-    /// Act on what the ring reports.
+    /// Act on what the ring reports. (A call of its own: one copy, however
+    /// many places the loop waits in.)
+    #[inline(never)]
     fn completions(&mut self, w: &mut Worker<'_>, comps: &[Completion], woke: &mut Woke) {
         let sh = w.sh;
         let reaped_at = connmux_sys::clock::now_nanos();
@@ -526,8 +534,9 @@ impl UringIo {
                 }
             }
         }
+        // (The replies the last lent reads left for later are written by
+        // the worker loop as soon as the wait returns: `worker::wait`.)
         drop(core);
-        flush_deferred(w, woke);
     }
 
     fn run_command(&mut self, w: &mut Worker<'_>, c: Command) {

@@ -60,7 +60,9 @@ pub(crate) trait Io {
     /// Wait for I/O, at most `timeout` (`None`: until something comes),
     /// and act on what it reports: bytes
     /// read are fed to the core, a write's result reaches it
-    /// (`shared::ReadEnd`, `shared::Wrote`).
+    /// (`shared::ReadEnd`, `shared::Wrote`). Replies of lent reads it
+    /// leaves for later (`ServeBufs::deferred`) the loop writes as soon as
+    /// it returns ([`wait`]).
     fn wait(&mut self, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke;
 
     /// Serve the messages reads framed in place in buffers the driver must
@@ -121,7 +123,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     while !sh.stop.load(Ordering::Acquire) {
         let timeout = wait_timeout(sh, &w, due(next_deadline, &w), keeper);
         let woke = if w.bufs.own.lease_used.is_empty() || timeout == Some(Duration::ZERO) || tell_on_request {
-            io.wait(&mut w, timeout)
+            wait(io, &mut w, timeout)
         } else {
             // Lease counts untold, and an idle timeout: never asleep with
             // them (a busy worker tells them every `Tuning::lease_sync`, an
@@ -129,7 +131,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
             // while such looks find work; otherwise they are told at once,
             // then the worker sleeps.
             let woke = match look.now() {
-                true => io.wait(&mut w, Some(Duration::ZERO)),
+                true => wait(io, &mut w, Some(Duration::ZERO)),
                 false => Woke::default(),
             };
             look.found(woke.reported);
@@ -138,7 +140,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                 false => {
                     hold(sh, me, &mut w, &mut next_deadline);
                     let timeout = wait_timeout(sh, &w, due(next_deadline, &w), keeper);
-                    io.wait(&mut w, timeout)
+                    wait(io, &mut w, timeout)
                 }
             }
         };
@@ -208,6 +210,27 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let now = sh.now();
     w.bufs.own.hold(&mut sh.lock(), now);
     me.held(false);
+}
+
+/// The driver's wait, then the replies its lent reads left for later
+/// (`serve::flush_deferred`: the io_uring driver writes a psock's reads in
+/// a row with one `sendto`), written here in the loop's own frame rather
+/// than at the end of the driver's pass over its completions. Why: the
+/// write wakes the client, which often runs before the write returns, and
+/// after a context switch every return through a frame made before it is
+/// mispredicted (~12 ns each on the 2-CPU VM of `docs/performance.md`):
+/// from here that is the system call's wrapper alone, from the driver it
+/// was three frames more. A write that runs short gives its lease back,
+/// which the pass's hold must then see (`Woke::leased_only`).
+#[inline(always)]
+fn wait(io: &mut impl Io, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke {
+    let mut woke = io.wait(w, timeout);
+    if w.bufs.deferred.is_some() {
+        let lent = w.bufs.own.leases.len();
+        crate::serve::flush_deferred(w.sh, &mut w.bufs, &mut w.events);
+        woke.leased_only &= w.bufs.own.leases.len() == lent;
+    }
+    woke
 }
 
 /// Whether a worker about to sleep with lease counts untold first looks for
