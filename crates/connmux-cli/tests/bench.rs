@@ -89,24 +89,22 @@ fn uneven_msg(kind: u8, tag: u32) -> Vec<u8> {
     m
 }
 
+/// `bench uneven-server --engine engine` on CPU 0 for at most 30 s, with
+/// `extra` arguments.
+fn uneven_server(engine: &str, extra: &[&str]) -> Server {
+    spawn_server(
+        Command::new(BIN)
+            .args(["bench", "uneven-server", "-l", "127.0.0.1:0", "--engine", engine, "--cpus", "0"])
+            .args(extra)
+            .args(["--duration", "30"]),
+    )
+}
+
 #[test]
 fn every_uneven_server_echoes_whole_messages_split_anywhere() {
     let uring = connmux_sys::uring::supported().then_some("uring");
     for engine in ["connmux", "thread", "epoll"].into_iter().chain(uring) {
-        let s = spawn_server(Command::new(BIN).args([
-            "bench",
-            "uneven-server",
-            "-l",
-            "127.0.0.1:0",
-            "--engine",
-            engine,
-            "--cpus",
-            "0",
-            "--heavy-us",
-            "50",
-            "--duration",
-            "30",
-        ]));
+        let s = uneven_server(engine, &["--heavy-us", "50"]);
         let mut c = TcpStream::connect(s.addr).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let wire: Vec<u8> = (0..40u32).flat_map(|t| uneven_msg((t % 5 == 0) as u8, t)).collect();
@@ -127,20 +125,7 @@ fn every_uneven_server_echoes_whole_messages_split_anywhere() {
 fn hand_written_loops_spend_their_read_work_before_answering() {
     let uring = connmux_sys::uring::supported().then_some("uring");
     for engine in std::iter::once("epoll").chain(uring) {
-        let s = spawn_server(Command::new(BIN).args([
-            "bench",
-            "uneven-server",
-            "-l",
-            "127.0.0.1:0",
-            "--engine",
-            engine,
-            "--cpus",
-            "0",
-            "--read-work-ns",
-            "3000000",
-            "--duration",
-            "30",
-        ]));
+        let s = uneven_server(engine, &["--read-work-ns", "3000000"]);
         let mut c = TcpStream::connect(s.addr).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         for t in 0..3u32 {
@@ -206,18 +191,7 @@ fn bench_uneven_quick_prints_every_variant() {
 /// grow; its calls add up to the report's rates.
 #[test]
 fn uneven_load_per_conn_reports_each_connection() {
-    let s = spawn_server(Command::new(BIN).args([
-        "bench",
-        "uneven-server",
-        "-l",
-        "127.0.0.1:0",
-        "--cpus",
-        "0",
-        "--heavy-us",
-        "20",
-        "--duration",
-        "30",
-    ]));
+    let s = uneven_server("connmux", &["--heavy-us", "20"]);
     let out = Command::new(BIN)
         .args(["bench", "uneven-load", "--heavy-conns", "1", "--light-conns", "2", "-a", "2", "-d", "0.3"])
         .args(["--cpus", "0", "--per-conn"])

@@ -230,9 +230,8 @@ impl Io for UringIo {
 /// buffer `buf`, reaped at `read_at` (`now_nanos`): when it is all whole
 /// messages, served on the lease (`serve::serve_leased`: framed, answered
 /// and written at once, with no core lock) and the buffer goes back to the
-/// ring. `Err`: the lease went
-/// back to the core, and the buffer's bytes from this offset on are still
-/// to be fed to it.
+/// ring. `Err`: the lease went back to the core, and the buffer's bytes
+/// from this offset on are still to be fed to it.
 fn serve_on_lease(
     w: &mut Worker<'_>,
     ring: &mut WRing,
@@ -262,17 +261,6 @@ fn serve_on_lease(
         }
         Err(g) => Err(g.from),
     }
-}
-
-/// Write the replies lent reads left for later (`serve::flush_deferred`)
-/// before a completion that is not the next read of their psock; a write
-/// that runs short gives its lease back, which the pass's hold must then
-/// see (`Woke::leased_only`). Those the last reads of a wait leave are
-/// written by the worker loop (`worker::wait`).
-fn flush_deferred(w: &mut Worker<'_>, woke: &mut Woke) {
-    let lent = w.bufs.own.leases.len();
-    crate::serve::flush_deferred(w.sh, &mut w.bufs, &mut w.events);
-    woke.leased_only &= w.bufs.own.leases.len() == lent;
 }
 
 /// A receive of TLS psock `conn` in ring buffer `buf`, on a serving worker
@@ -383,7 +371,9 @@ impl UringIo {
             if let Some((q, _)) = w.bufs.deferred {
                 if !(lent_read && read_of == Some(q)) {
                     core = None;
-                    flush_deferred(w, woke);
+                    // (Those the last reads of a wait leave the worker
+                    // loop writes: `worker::wait`.)
+                    worker::flush_deferred(w, woke);
                 }
             }
             if let Some(p) = read_of.filter(|p| !lent_read && !lent_dry && w.bufs.own.leases.contains_key(p)) {

@@ -220,17 +220,26 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
 /// after a context switch every return through a frame made before it is
 /// mispredicted (~12 ns each on the 2-CPU VM of `docs/performance.md`):
 /// from here that is the system call's wrapper alone, from the driver it
-/// was three frames more. A write that runs short gives its lease back,
-/// which the pass's hold must then see (`Woke::leased_only`).
+/// was three frames more.
 #[inline(always)]
 fn wait(io: &mut impl Io, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke {
     let mut woke = io.wait(w, timeout);
     if w.bufs.deferred.is_some() {
-        let lent = w.bufs.own.leases.len();
-        crate::serve::flush_deferred(w.sh, &mut w.bufs, &mut w.events);
-        woke.leased_only &= w.bufs.own.leases.len() == lent;
+        flush_deferred(w, &mut woke);
     }
     woke
+}
+
+/// Write the replies lent reads left for later (`serve::flush_deferred`):
+/// after the wait ([`wait`]), and in the io_uring driver before a
+/// completion that is not the next read of their psock. A write that runs
+/// short gives its lease back, which the pass's hold must then see
+/// (`Woke::leased_only`).
+#[inline(always)]
+pub(crate) fn flush_deferred(w: &mut Worker<'_>, woke: &mut Woke) {
+    let lent = w.bufs.own.leases.len();
+    crate::serve::flush_deferred(w.sh, &mut w.bufs, &mut w.events);
+    woke.leased_only &= w.bufs.own.leases.len() == lent;
 }
 
 /// Whether a worker about to sleep with lease counts untold first looks for
