@@ -242,3 +242,76 @@ fn a_post_during_take_all_is_seen_in_the_next_pass() {
         assert_eq!(got.len(), 2);
     });
 }
+
+/// A worker's passes as the runtime's worker sleeps while its lane posts
+/// quietly (`Inbox::post_quiet`): before each sleep it asks whether it may
+/// sleep with no bound; if so only a wake-up ends the sleep (a lost one
+/// leaves it asleep in `poll`: loom reports a deadlock), else the sleep is
+/// bounded, which ends by itself (here: it does not block).
+fn worker_passes_quiet(inbox: &Inbox<u32>, waker: &EventFd, want: usize) -> Vec<u32> {
+    let mut got = Vec::new();
+    for _ in 0..2 * want {
+        if got.len() == want {
+            break;
+        }
+        if inbox.sleep_unbounded() {
+            waker.poll();
+        }
+        inbox.awake();
+        waker.drain();
+        inbox.take_all(&mut got);
+    }
+    got
+}
+
+/// A lane thread posts a verdict quietly while the worker is about to
+/// sleep: either the worker finds it posted (and bounds its sleep) or the
+/// poster finds the worker asleep with no bound (and wakes it).
+#[test]
+fn a_quiet_post_wakes_a_worker_asleep_with_no_bound() {
+    builder(3).check(|| {
+        let inbox = Arc::new(Inbox::default());
+        let waker = Arc::new(EventFd::default());
+        let poster = {
+            let (inbox, waker) = (inbox.clone(), waker.clone());
+            thread::spawn(move || {
+                if inbox.post_quiet(1u32) {
+                    waker.notify();
+                }
+            })
+        };
+        let got = worker_passes_quiet(&inbox, &waker, 1);
+        poster.join().unwrap();
+        assert_eq!(got, vec![1]);
+    });
+}
+
+/// One lane thread posts loudly, another quietly, in any order against the
+/// worker's passes: the worker sees both, never asleep for ever.
+#[test]
+fn quiet_and_loud_posts_both_reach_the_worker() {
+    builder(2).check(|| {
+        let inbox = Arc::new(Inbox::default());
+        let waker = Arc::new(EventFd::default());
+        let posters: Vec<_> = (0..2u32)
+            .map(|i| {
+                let (inbox, waker) = (inbox.clone(), waker.clone());
+                thread::spawn(move || {
+                    let wake = match i {
+                        0 => inbox.post(i),
+                        _ => inbox.post_quiet(i),
+                    };
+                    if wake {
+                        waker.notify();
+                    }
+                })
+            })
+            .collect();
+        let mut got = worker_passes_quiet(&inbox, &waker, 2);
+        for p in posters {
+            p.join().unwrap();
+        }
+        got.sort();
+        assert_eq!(got, vec![0, 1]);
+    });
+}

@@ -221,6 +221,8 @@ pub(crate) struct Done {
     pub short: bool,
     /// The request's length (the offering worker counts what its lane holds).
     pub len: usize,
+    /// Posted quietly (`Inbox::post_quiet`): the lane is behind.
+    pub quiet: bool,
 }
 
 /// The lanes of one `Mux::serve`: one per worker, and each worker's inbox

@@ -34,9 +34,14 @@
 //! A taker never touches the core or the connection: it runs the handler
 //! and posts the verdict to the worker that offered the message
 //! (`sync::inbox`, one eventfd wake-up per batch), which queues the reply
-//! and settles the request as it does for its own. Nothing a taker holds is
-//! waited for by anyone else, so a helper preempted for as long as its CPU
-//! is busy delays only the one message it took.
+//! and settles the request as it does for its own. While the lane is far
+//! behind (`Tuning::lane_quiet_from` messages queued) a taker posts quietly:
+//! the worker is not woken for the reply but takes it when it looks next,
+//! within `Tuning::lane_reply_wait` (it bounds its sleeps meanwhile), and
+//! writes it with the others that came (`driver::worker::lane_sleep`).
+//! Nothing a taker holds is waited for by anyone else, so a helper
+//! preempted for as long as its CPU is busy delays only the one message it
+//! took.
 //!
 //! With helpers, a heavy connection's replies may leave in another order
 //! than its requests came, as under KCM (protocols that match replies by
@@ -72,6 +77,8 @@ const IDLE: Duration = Duration::from_secs(1);
 pub(crate) struct Heavy {
     /// Bytes of this worker's requests in its lane (offered, not answered).
     bytes: usize,
+    /// How many requests that is.
+    out: usize,
     conns: rustc_hash::FxHashMap<PsockId, HeavyConn>,
     /// `Tuning::lane_return_after`.
     return_after: u32,
@@ -95,7 +102,7 @@ impl Heavy {
     /// No heavy connection yet; one goes back to its worker after
     /// `return_after` short runs in a row.
     pub fn new(return_after: u32) -> Heavy {
-        Heavy { bytes: 0, conns: Default::default(), return_after }
+        Heavy { bytes: 0, out: 0, conns: Default::default(), return_after }
     }
 
     /// Whether `p`'s messages go to the lane.
@@ -122,9 +129,16 @@ impl Heavy {
         self.bytes + len <= limit
     }
 
+    /// Whether requests are in the lane (offered, not answered).
+    #[inline]
+    pub fn out(&self) -> bool {
+        self.out > 0
+    }
+
     /// A message of `p`, `len` bytes, went to the lane.
     pub fn offered(&mut self, p: PsockId, len: usize) {
         self.bytes += len;
+        self.out += 1;
         self.conns.entry(p).or_default().in_lane += 1;
     }
 
@@ -132,6 +146,7 @@ impl Heavy {
     /// no longer heavy).
     pub fn answered(&mut self, p: PsockId, short: bool, len: usize) -> bool {
         self.bytes = self.bytes.saturating_sub(len);
+        self.out = self.out.saturating_sub(1);
         let Some(c) = self.conns.get_mut(&p) else { return false };
         c.in_lane = c.in_lane.saturating_sub(1);
         c.short = if short { c.short + 1 } else { 0 };
@@ -205,6 +220,12 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         Taker::Home(_) => None,
     };
     let idle = if helper.is_some() { HELPER_IDLE } else { IDLE };
+    // Replies are posted quietly while the lane holds this many messages
+    // (`Tuning::lane_quiet_from`).
+    let quiet_from = match (sh.tuning.lane_quiet_from, sh.tuning.lane_reply_wait.is_zero()) {
+        (0, _) | (_, true) => usize::MAX,
+        (n, false) => n,
+    };
     let mut scratch = BytesMut::new();
     while let Some((lane, job)) = lanes.crew.next(ctx.who, idle) {
         let len = job.data.len();
@@ -223,7 +244,20 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         };
         let took = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0);
         let short = Duration::from_nanos(took) < slow;
-        if lanes.inboxes[lane].post(Done { psock: job.psock, verdict, short, len }) {
+        // The worker is woken for the first reply it has not taken yet,
+        // unless the lane is far behind: then it takes the reply when it
+        // looks next, with those that came meanwhile, and within
+        // `lane_reply_wait` if it was asleep (`driver::worker::lane_sleep`).
+        let quiet = lanes.crew.queued(lane) >= quiet_from;
+        let done = Done { psock: job.psock, verdict, short, len, quiet };
+        let wake = match quiet {
+            false => lanes.inboxes[lane].post(done),
+            true => {
+                sh.lane_quiet.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                lanes.inboxes[lane].post_quiet(done)
+            }
+        };
+        if wake {
             let _ = sh.workers[lane].waker.notify();
         }
         if let (Some(h), Some(wall0)) = (helper, wall0) {

@@ -252,6 +252,7 @@ impl Mux {
             tls: Default::default(),
             lane_moves: AtomicU64::new(0),
             lane_returns: AtomicU64::new(0),
+            lane_quiet: AtomicU64::new(0),
             unattach_drained: AtomicBool::new(false),
             tuning: config.tuning.in_range(),
         });
@@ -710,6 +711,17 @@ impl Mux {
     pub fn lane_returns(&self) -> u64 {
         match &self.imp {
             MuxImp::User(u) => u.shared.lane_returns.load(Ordering::Relaxed),
+            MuxImp::Kernel(_) => 0,
+        }
+    }
+
+    /// Replies of a heavy lane posted to their worker without waking it,
+    /// because the lane held `Tuning::lane_quiet_from` messages or more: the
+    /// worker wrote them with others, within `Tuning::lane_reply_wait`.
+    /// Always 0 on the kernel backend.
+    pub fn lane_quiet_replies(&self) -> u64 {
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lane_quiet.load(Ordering::Relaxed),
             MuxImp::Kernel(_) => 0,
         }
     }

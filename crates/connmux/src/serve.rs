@@ -125,6 +125,10 @@ pub(crate) struct ServeBufs {
     settle: Vec<(PsockId, u64)>,
     /// This worker's heavy connections (`crate::lane`).
     heavy: Heavy,
+    /// The lane posts its replies quietly (it is far behind): the worker's
+    /// sleeps are bounded by `Tuning::lane_reply_wait` until one runs out
+    /// with nothing posted (`driver::worker::lane_awake`).
+    pub lane_quiet: bool,
     /// Verdicts taken from the inbox.
     done: Vec<Done>,
     /// The hand-off between this worker's reads, dispatch and `serve`.
@@ -244,6 +248,14 @@ impl ServeBufs {
         sv.lanes.crew.offer(sv.index, job)?;
         self.heavy.offered(psock, len);
         Ok(())
+    }
+
+    /// Whether requests this worker offered to its lane are still out
+    /// (their verdicts not taken yet): its lane may post replies quietly
+    /// (`driver::worker::lane_sleep`).
+    #[inline]
+    pub(crate) fn lane_out(&self) -> bool {
+        self.heavy.out()
     }
 
     /// Before a run of `psock`'s requests: its thread CPU time when it is
@@ -989,6 +1001,7 @@ pub(crate) fn take_done(
     let mut done = std::mem::take(&mut bufs.done);
     inbox.take_all(&mut done);
     for d in done.drain(..) {
+        bufs.lane_quiet |= d.quiet;
         if bufs.heavy.answered(d.psock, d.short, d.len) {
             sh.lane_returns.fetch_add(1, Ordering::Relaxed);
         }

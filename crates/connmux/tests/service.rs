@@ -499,6 +499,37 @@ fn one_heavy_connection_runs_on_two_cpus_at_once() {
     svc.shutdown();
 }
 
+/// A heavy connection far behind (1 ms of CPU a request, 24 in flight) on
+/// a worker that sleeps with no timer (worker 1: worker 0 keeps the mux's
+/// time): its lane posts the replies without waking the worker
+/// (`Tuning::lane_quiet_from`), and every one still comes back (a post the
+/// worker slept through would leave the client's read to time out). With
+/// `lane_quiet_from` 0 every reply wakes the worker.
+fn a_lane_far_behind_posts_its_replies_quietly() {
+    // One at a time: a helper takes only where its CPU has time to spare,
+    // and two heavy-lane tests at once leave each other none.
+    let _alone = serial();
+    for quiet_from in [4, 0] {
+        let mux = mux_with(|c| {
+            c.workers = 2;
+            // In turn: the first connection to worker 0, the heavy one to 1.
+            c.incoming_cpu = false;
+            c.tuning.lane_quiet_from = quiet_from;
+        });
+        let svc = heavy_echo(mux, Duration::from_millis(1));
+        let _first = TcpStream::connect(svc.local_addr()).unwrap();
+        eventually(|| (svc.mux().stats().psocks == 1).then_some(()));
+        let heavy_id = u32::from_be_bytes([b'H', 0, 0, 1]);
+        client_round_trips(svc.local_addr(), heavy_id, 400, 24, false);
+        let quiet = svc.mux().lane_quiet_replies();
+        match quiet_from {
+            0 => assert_eq!(quiet, 0, "replies posted quietly with lane_quiet_from 0"),
+            _ => assert!(quiet > 0, "400 requests, 24 in flight, and no reply posted quietly"),
+        }
+        svc.shutdown();
+    }
+}
+
 /// With `Config::lane_in_order` a heavy connection is answered by its own
 /// worker's lane alone, and its replies come back in request order.
 fn lane_in_order_keeps_a_heavy_connections_replies_in_order() {
@@ -556,6 +587,7 @@ fn a_lane_full_by_bytes_leaves_requests_to_the_worker() {
 on_both_drivers!(
     a_lane_full_by_bytes_leaves_requests_to_the_worker,
     one_heavy_connection_runs_on_two_cpus_at_once,
+    a_lane_far_behind_posts_its_replies_quietly,
     lane_in_order_keeps_a_heavy_connections_replies_in_order,
     heavy_connection_goes_to_the_lane,
     light_requests_are_not_answered_behind_heavy_ones,

@@ -223,11 +223,50 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
 /// was three frames more.
 #[inline(always)]
 fn wait(io: &mut impl Io, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke {
+    let lane = w.bufs.lane_out() && timeout != Some(Duration::ZERO);
+    let timeout = match lane {
+        true => lane_sleep(w, timeout),
+        false => timeout,
+    };
     let mut woke = io.wait(w, timeout);
+    if lane {
+        lane_awake(w, &woke);
+    }
     if w.bufs.deferred.is_some() {
         flush_deferred(w, &mut woke);
     }
     woke
+}
+
+/// A worker with requests in its lane, about to sleep at most `timeout`.
+/// The lane's takers post replies quietly while it is far behind
+/// (`Tuning::lane_quiet_from`; `lane::run`): one wake-up and one write
+/// then serve several. So the worker sleeps at most `Tuning::lane_reply_wait`
+/// while its lane posts quietly (`ServeBufs::lane_quiet`) or a post waits;
+/// otherwise with no bound, and a quiet post wakes it
+/// (`Inbox::sleep_unbounded`, until [`lane_awake`]).
+#[inline(never)]
+fn lane_sleep(w: &Worker<'_>, timeout: Option<Duration>) -> Option<Duration> {
+    let bound = w.sh.tuning.lane_reply_wait;
+    let Some(sv) = w.serving.as_ref().filter(|_| !bound.is_zero()) else { return timeout };
+    match w.bufs.lane_quiet || !sv.lanes.inboxes[sv.index].sleep_unbounded() {
+        true => Some(timeout.map_or(bound, |t| t.min(bound))),
+        false => timeout,
+    }
+}
+
+/// After the wait [`lane_sleep`] bounded or announced: a wait that found
+/// nothing (it ran out) with nothing posted means the lane no longer posts
+/// quietly (it caught up, or its requests run long), and the next sleep
+/// need not be bounded.
+#[inline(never)]
+fn lane_awake(w: &mut Worker<'_>, woke: &Woke) {
+    let Some(sv) = w.serving.as_ref() else { return };
+    let inbox = &sv.lanes.inboxes[sv.index];
+    inbox.awake();
+    if w.bufs.lane_quiet && !woke.reported && !inbox.pending() {
+        w.bufs.lane_quiet = false;
+    }
 }
 
 /// Write the replies lent reads left for later (`serve::flush_deferred`):

@@ -290,6 +290,9 @@ pub(crate) struct Shared {
     pub lane_moves: AtomicU64,
     /// Psocks steered back from a lane to their worker.
     pub lane_returns: AtomicU64,
+    /// Replies a lane posted without waking their worker (it was far
+    /// behind: `Tuning::lane_quiet_from`).
+    pub lane_quiet: AtomicU64,
     /// Unattach a psock once it is drained (`Event::PsockDrained`), not
     /// only shut its write side down: a service's connections are its own.
     pub unattach_drained: AtomicBool,

@@ -107,6 +107,11 @@ impl<T> Crew<T> {
         self.helpers.len()
     }
 
+    /// Messages lane `lane` holds (offered, not yet taken).
+    pub fn queued(&self, lane: usize) -> usize {
+        self.lanes[lane].len()
+    }
+
     /// The worker of lane `lane`: queue `job` for the takers, or give it
     /// back when the lane is full (the worker then runs it itself).
     pub fn offer(&self, lane: usize, job: T) -> Result<(), T> {

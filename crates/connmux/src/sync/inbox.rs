@@ -13,20 +13,40 @@
 //! visible to the owner's pops after it; a post after that `swap(false)`
 //! finds the flag down and wakes the owner again. The wake-up itself is the
 //! caller's (a worker's eventfd): [`Inbox::post`] says when one is owed.
+//!
+//! A *quiet* post ([`Inbox::post_quiet`]) wakes the owner only if it sleeps
+//! with no bound on its wait; an owner that finds posts waiting before it
+//! sleeps bounds its wait instead, and picks them up when that ends. A
+//! Dekker pair (each side writes, fences, then reads the other's variable):
+//!
+//! ```text
+//!  poster (post_quiet)                       owner (sleep_unbounded)
+//!  queue.push(item)                          unbounded.swap(true)
+//!  if notified.swap(true): return (owed)     fence(SeqCst)
+//!  fence(SeqCst)                             if notified.load(): unbounded.swap(false)
+//!  if unbounded.load(): wake owner               sleep at most the bound
+//!                                            else sleep; unbounded.swap(false)
+//! ```
+//!
+//! Either the owner sees the post (and bounds its sleep) or the poster sees
+//! the owner's unbounded sleep (and wakes it); a post that found the flag
+//! up already is covered by the post that raised it.
 
-use super::prim::AtomicBool;
-use super::prim::{Ordering, Queue};
+use super::prim::{fence, AtomicBool, Ordering, Queue};
 
 /// Items for one owner thread.
 pub struct Inbox<T> {
     queue: Queue<T>,
     /// Up from a post until the owner's next [`Inbox::take_all`].
     notified: AtomicBool,
+    /// Up while the owner sleeps with no bound on its wait
+    /// ([`Inbox::sleep_unbounded`]): a quiet post must wake it.
+    unbounded: AtomicBool,
 }
 
 impl<T> Default for Inbox<T> {
     fn default() -> Self {
-        Inbox { queue: Queue::default(), notified: AtomicBool::new(false) }
+        Inbox { queue: Queue::default(), notified: AtomicBool::new(false), unbounded: AtomicBool::new(false) }
     }
 }
 
@@ -37,6 +57,39 @@ impl<T> Inbox<T> {
     pub fn post(&self, item: T) -> bool {
         self.queue.push(item);
         !self.notified.swap(true, Ordering::AcqRel)
+    }
+
+    /// Post `item` without waking the owner unless it must: returns `true`
+    /// when the caller must wake it (the first post since the owner last
+    /// looked, and the owner sleeps with no bound on its wait). An owner
+    /// that is awake, or sleeps bounded, takes it when it looks next.
+    #[must_use = "an owner asleep with no bound sleeps until woken"]
+    pub fn post_quiet(&self, item: T) -> bool {
+        self.queue.push(item);
+        if self.notified.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        fence(Ordering::SeqCst);
+        self.unbounded.load(Ordering::Acquire)
+    }
+
+    /// The owner, about to sleep: whether it may sleep with no bound on
+    /// its wait (then a quiet post wakes it, until [`Inbox::awake`]).
+    /// `false`: posts wait, some perhaps posted quietly: the owner sleeps
+    /// at most the bound their posters count on.
+    pub fn sleep_unbounded(&self) -> bool {
+        self.unbounded.swap(true, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
+        if self.notified.load(Ordering::Acquire) {
+            self.unbounded.swap(false, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// The owner is awake again after [`Inbox::sleep_unbounded`].
+    pub fn awake(&self) {
+        self.unbounded.store(false, Ordering::Release);
     }
 
     /// Whether posts may be waiting (one load: the owner looks every pass).

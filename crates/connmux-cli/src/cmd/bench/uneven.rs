@@ -71,6 +71,15 @@ pub struct Args {
     /// one (`Tuning::lane_steal_from`; connmux only).
     #[arg(long, default_value_t = connmux::Tuning::default().lane_steal_from)]
     pub lane_steal_from: usize,
+    /// Messages a heavy lane must hold for its replies to be posted
+    /// without waking the worker (`Tuning::lane_quiet_from`; 0: never;
+    /// connmux only).
+    #[arg(long, default_value_t = connmux::Tuning::default().lane_quiet_from)]
+    pub lane_quiet_from: usize,
+    /// How long such a reply may wait for its worker, microseconds
+    /// (`Tuning::lane_reply_wait`; 0: each wakes it; connmux only).
+    #[arg(long, default_value_t = connmux::Tuning::default().lane_reply_wait.as_micros() as u64)]
+    pub lane_reply_wait_us: u64,
     /// connmux without lane helpers (`--lane-in-order`): a heavy
     /// connection's requests answered in order on one CPU.
     #[arg(long)]
@@ -111,6 +120,15 @@ pub struct ServerArgs {
     /// one (`Tuning::lane_steal_from`; connmux only).
     #[arg(long, default_value_t = connmux::Tuning::default().lane_steal_from)]
     pub lane_steal_from: usize,
+    /// Messages a heavy lane must hold for its replies to be posted
+    /// without waking the worker (`Tuning::lane_quiet_from`; 0: never;
+    /// connmux only).
+    #[arg(long, default_value_t = connmux::Tuning::default().lane_quiet_from)]
+    pub lane_quiet_from: usize,
+    /// How long such a reply may wait for its worker, microseconds
+    /// (`Tuning::lane_reply_wait`; 0: each wakes it; connmux only).
+    #[arg(long, default_value_t = connmux::Tuning::default().lane_reply_wait.as_micros() as u64)]
+    pub lane_reply_wait_us: u64,
     /// No lane helpers (connmux only): a heavy connection's requests
     /// answered in order on one CPU.
     #[arg(long)]
@@ -220,6 +238,8 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             c.placement = Placement::Cpus(a.cpus.clone());
             c.lane_nice = a.lane_nice;
             c.tuning.lane_steal_from = a.lane_steal_from;
+            c.tuning.lane_quiet_from = a.lane_quiet_from;
+            c.tuning.lane_reply_wait = Duration::from_micros(a.lane_reply_wait_us);
             c.lane_in_order = a.lane_in_order;
             c.tuning.lease = !a.no_lease;
             c.driver = match a.driver.as_str() {
@@ -546,6 +566,8 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             .args(["--heavy-us", &a.heavy_us.to_string()])
             .args(["--lane-nice", &a.lane_nice.to_string()])
             .args(["--lane-steal-from", &a.lane_steal_from.to_string()])
+            .args(["--lane-quiet-from", &a.lane_quiet_from.to_string()])
+            .args(["--lane-reply-wait-us", &a.lane_reply_wait_us.to_string()])
             .args(a.lane_in_order.then_some("--lane-in-order"))
             .args(a.no_lease.then_some("--no-lease"));
         servers.push(Proc::spawn(name, cmd, port)?);
