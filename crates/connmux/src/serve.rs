@@ -125,9 +125,10 @@ pub(crate) struct ServeBufs {
     settle: Vec<(PsockId, u64)>,
     /// This worker's heavy connections (`crate::lane`).
     heavy: Heavy,
-    /// The lane posts its replies quietly (it is far behind): the worker's
-    /// sleeps are bounded by `Tuning::lane_reply_wait` until one runs out
-    /// with nothing posted (`driver::worker::lane_awake`).
+    /// The lane posts its replies quietly (it is far behind; the last
+    /// verdicts taken include such a post): the worker's sleeps are bounded
+    /// by `Tuning::lane_reply_wait` until it takes only loud posts or one
+    /// runs out with nothing posted (`driver::worker::lane_awake`).
     pub lane_quiet: bool,
     /// Verdicts taken from the inbox.
     done: Vec<Done>,
@@ -1000,8 +1001,13 @@ pub(crate) fn take_done(
     }
     let mut done = std::mem::take(&mut bufs.done);
     inbox.take_all(&mut done);
+    // The lane posts quietly as long as what it posted last was: a lane
+    // that caught up posts loudly again, and the worker's sleeps need no
+    // bound (it may be woken too often by others to see one run out).
+    if !done.is_empty() {
+        bufs.lane_quiet = done.iter().any(|d| d.quiet);
+    }
     for d in done.drain(..) {
-        bufs.lane_quiet |= d.quiet;
         if bufs.heavy.answered(d.psock, d.short, d.len) {
             sh.lane_returns.fetch_add(1, Ordering::Relaxed);
         }
