@@ -47,33 +47,6 @@ pub(crate) enum Out {
 /// ([`ServeBufs::time_run`]).
 const TIME_EVERY: u8 = 4;
 
-/// Which light runs are timed: one in `TIME_EVERY` on average, picked by
-/// a xorshift generator, not by a count. A count has a period that the
-/// order of a worker's connections can fall into: with four connections
-/// served in turn, the one served fourth after the timed one was never
-/// timed, and a heavy connection there was never found (a lane test saw
-/// it on a loaded machine).
-struct Sample(u32);
-
-impl Default for Sample {
-    fn default() -> Sample {
-        // Any state but 0 (which xorshift keeps).
-        Sample(0x9E37_79B9)
-    }
-}
-
-impl Sample {
-    #[inline]
-    fn next(&mut self) -> u32 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        self.0 = x;
-        x
-    }
-}
-
 /// Timed runs without a slow one after which the connections whose runs
 /// looked slow are forgotten ([`ServeBufs::time_run`]): many more than a
 /// worker serves of other connections between two runs of a busy one (a
@@ -128,8 +101,8 @@ pub(crate) struct ServeBufs {
     slow_hits: rustc_hash::FxHashMap<PsockId, u32>,
     /// A psock that has just turned out heavy (for [`to_lane`]).
     pub slow: Option<PsockId>,
-    /// Picks the light runs that are timed ([`ServeBufs::time_run`]).
-    sample: Sample,
+    /// In-place runs since the last one timed ([`ServeBufs::time_run`]).
+    untimed: u8,
     /// Runs timed since the last slow one while `slow_hits` is not empty.
     suspect_runs: u16,
     /// A psock whose runs looked slow `Tuning::slow_hits` times in a row by
@@ -180,7 +153,7 @@ impl ServeBufs {
 
     /// Whether the next in-place run is timed: every run while some
     /// connection's runs looked slow (until it is found heavy or not),
-    /// else one in `TIME_EVERY`, picked at random ([`Sample`]). The clock reading after a run is a good
+    /// else one in `TIME_EVERY`. The clock reading after a run is a good
     /// share of a light request's cost, and a heavy connection is caught
     /// all the same, a few runs later. A suspect not seen slow again within
     /// `SUSPECT_RUNS` timed runs is forgotten (a preempted run of a
@@ -195,7 +168,12 @@ impl ServeBufs {
             }
             return true;
         }
-        self.sample.next().is_multiple_of(u32::from(TIME_EVERY))
+        self.untimed += 1;
+        if self.untimed < TIME_EVERY {
+            return false;
+        }
+        self.untimed = 0;
+        true
     }
 
     /// Close the current run of coalesced replies, if any.
@@ -1048,48 +1026,20 @@ mod tests {
     use super::{ServeBufs, SUSPECT_RUNS, TIME_EVERY};
     use connmux_core::mux::PsockId;
 
-    /// About one in `TIME_EVERY` of `n` runs (the generator is seeded: the
-    /// count is the same every time).
-    fn about_one_in_four(timed: usize, n: usize) -> bool {
-        let want = n / usize::from(TIME_EVERY);
-        timed.abs_diff(want) <= want / 8
-    }
-
     #[test]
     fn one_light_run_in_four_is_timed_and_every_run_while_one_looks_slow() {
         let mut b = ServeBufs::new(&crate::Tuning::default());
         let timed = |b: &mut ServeBufs, n: usize| (0..n).filter(|_| b.time_run()).count();
-        let t = timed(&mut b, 4096);
-        assert!(about_one_in_four(t, 4096), "{t} of 4096 timed");
+        assert_eq!(timed(&mut b, 4 * usize::from(TIME_EVERY)), 4, "one in {TIME_EVERY}");
         let p = PsockId { index: 1, generation: 1 };
         let slow = b.limits.slow_handler_ns;
         assert!(b.note_time(p, slow), "a run at the threshold is slow");
         assert_eq!(timed(&mut b, 100), 100, "every run timed while a connection looks slow");
         assert!(!b.note_time(p, 0), "a fast run of it clears it");
-        let t = timed(&mut b, 4096);
-        assert!(about_one_in_four(t, 4096), "{t} of 4096 timed again");
+        assert_eq!(timed(&mut b, 4 * usize::from(TIME_EVERY)), 4, "one in {TIME_EVERY} again");
         // A suspect never seen again (closed) is forgotten after SUSPECT_RUNS.
         b.note_time(p, slow);
         assert_eq!(timed(&mut b, usize::from(SUSPECT_RUNS)), usize::from(SUSPECT_RUNS));
-        let t = timed(&mut b, 4096);
-        assert!(about_one_in_four(t, 4096), "{t} of 4096 timed after");
-    }
-
-    /// Connections served in turn, as many as `TIME_EVERY` (or twice as
-    /// many): each one's runs are timed, about one in `TIME_EVERY` of them.
-    /// (Timed by a count, the one served just before the timed one never
-    /// was.)
-    #[test]
-    fn connections_served_in_turn_are_each_timed() {
-        for conns in [usize::from(TIME_EVERY), 2 * usize::from(TIME_EVERY), 3] {
-            let mut b = ServeBufs::new(&crate::Tuning::default());
-            let mut timed = vec![0usize; conns];
-            for i in 0..conns * 4096 {
-                if b.time_run() {
-                    timed[i % conns] += 1;
-                }
-            }
-            assert!(timed.iter().all(|&t| about_one_in_four(t, 4096)), "{conns} in turn: {timed:?}");
-        }
+        assert_eq!(timed(&mut b, 4 * usize::from(TIME_EVERY)), 4, "then one in {TIME_EVERY}");
     }
 }
