@@ -25,7 +25,7 @@
 //!  if notified.swap(true): return (owed)     fence(SeqCst)
 //!  fence(SeqCst)                             if notified.load(): unbounded.swap(false)
 //!  if unbounded.load(): wake owner               sleep at most the bound
-//!                                            else sleep; unbounded.swap(false)
+//!                                            else sleep; awake(): unbounded = false
 //! ```
 //!
 //! Either the owner sees the post (and bounds its sleep) or the poster sees
