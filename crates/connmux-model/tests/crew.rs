@@ -22,16 +22,36 @@ use std::time::Duration;
 
 const IDLE: Duration = Duration::from_secs(1);
 
-/// A worker's passes until it has `want` posts: wait on its eventfd, drain
-/// it, take the inbox (bounded: a lost wake-up leaves it asleep in `poll`,
-/// which loom reports as a deadlock).
-fn worker_passes(inbox: &Inbox<u32>, waker: &EventFd, want: usize) -> Vec<u32> {
+/// How a worker sleeps before each pass.
+#[derive(Clone, Copy)]
+enum Sleeps {
+    /// On its eventfd, every time.
+    Always,
+    /// As the runtime's worker sleeps while its lane posts quietly
+    /// (`Inbox::post_quiet`): on its eventfd only when
+    /// `Inbox::sleep_unbounded` says it may sleep with no bound; a bounded
+    /// sleep ends by itself (here: it does not block).
+    Unbounded,
+}
+
+/// A worker's passes until it has `want` posts: sleep as `sleeps` says,
+/// drain its eventfd, take the inbox (bounded: a lost wake-up leaves it
+/// asleep in `poll`, which loom reports as a deadlock).
+fn worker_passes(inbox: &Inbox<u32>, waker: &EventFd, want: usize, sleeps: Sleeps) -> Vec<u32> {
     let mut got = Vec::new();
     for _ in 0..2 * want {
         if got.len() == want {
             break;
         }
-        waker.poll();
+        match sleeps {
+            Sleeps::Always => waker.poll(),
+            Sleeps::Unbounded => {
+                if inbox.sleep_unbounded() {
+                    waker.poll();
+                }
+                inbox.awake();
+            }
+        }
         waker.drain();
         inbox.take_all(&mut got);
     }
@@ -209,7 +229,7 @@ fn a_worker_sees_every_verdict_posted_to_its_inbox() {
                 })
             })
             .collect();
-        let mut got = worker_passes(&inbox, &waker, 2);
+        let mut got = worker_passes(&inbox, &waker, 2, Sleeps::Always);
         for p in posters {
             p.join().unwrap();
         }
@@ -237,31 +257,10 @@ fn a_post_during_take_all_is_seen_in_the_next_pass() {
                 }
             })
         };
-        let got = worker_passes(&inbox, &waker, 2);
+        let got = worker_passes(&inbox, &waker, 2, Sleeps::Always);
         poster.join().unwrap();
         assert_eq!(got.len(), 2);
     });
-}
-
-/// A worker's passes as the runtime's worker sleeps while its lane posts
-/// quietly (`Inbox::post_quiet`): before each sleep it asks whether it may
-/// sleep with no bound; if so only a wake-up ends the sleep (a lost one
-/// leaves it asleep in `poll`: loom reports a deadlock), else the sleep is
-/// bounded, which ends by itself (here: it does not block).
-fn worker_passes_quiet(inbox: &Inbox<u32>, waker: &EventFd, want: usize) -> Vec<u32> {
-    let mut got = Vec::new();
-    for _ in 0..2 * want {
-        if got.len() == want {
-            break;
-        }
-        if inbox.sleep_unbounded() {
-            waker.poll();
-        }
-        inbox.awake();
-        waker.drain();
-        inbox.take_all(&mut got);
-    }
-    got
 }
 
 /// A lane thread posts a verdict quietly while the worker is about to
@@ -280,7 +279,7 @@ fn a_quiet_post_wakes_a_worker_asleep_with_no_bound() {
                 }
             })
         };
-        let got = worker_passes_quiet(&inbox, &waker, 1);
+        let got = worker_passes(&inbox, &waker, 1, Sleeps::Unbounded);
         poster.join().unwrap();
         assert_eq!(got, vec![1]);
     });
@@ -307,7 +306,7 @@ fn quiet_and_loud_posts_both_reach_the_worker() {
                 })
             })
             .collect();
-        let mut got = worker_passes_quiet(&inbox, &waker, 2);
+        let mut got = worker_passes(&inbox, &waker, 2, Sleeps::Unbounded);
         for p in posters {
             p.join().unwrap();
         }
