@@ -43,9 +43,50 @@ pub(crate) enum Out {
     Close(PsockId),
 }
 
-/// In-place runs of light connections: one in this many is timed
-/// ([`ServeBufs::time_run`]).
+/// In-place runs of light connections: one in this many is timed, on
+/// average ([`ServeBufs::time_run`]).
 const TIME_EVERY: u8 = 4;
+
+/// Which light runs are timed: the first at run `TIME_EVERY`, then after
+/// `TIME_EVERY - 1`, `TIME_EVERY` or `TIME_EVERY + 1` more, picked by a
+/// xorshift generator. A fixed period is one the order of a worker's
+/// connections can fall into: with four connections served in turn, only
+/// the fourth was ever timed, and a heavy one among the other three was
+/// never found. A varied period walks the timed run over all of them; the
+/// first one stays at `TIME_EVERY`, so a heavy connection is found as soon
+/// as before.
+struct Sample {
+    untimed: u8,
+    period: u8,
+    rng: u32,
+}
+
+impl Default for Sample {
+    fn default() -> Sample {
+        // Any generator state but 0 (which xorshift keeps).
+        Sample { untimed: 0, period: TIME_EVERY, rng: 0x9E37_79B9 }
+    }
+}
+
+impl Sample {
+    /// Whether this run is timed.
+    #[inline]
+    fn next(&mut self) -> bool {
+        self.untimed += 1;
+        if self.untimed < self.period {
+            return false;
+        }
+        self.untimed = 0;
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.rng = x;
+        // The remainder of 3 is as good as uniform for a 32-bit state.
+        self.period = TIME_EVERY - 1 + (x % 3) as u8;
+        true
+    }
+}
 
 /// Timed runs without a slow one after which the connections whose runs
 /// looked slow are forgotten ([`ServeBufs::time_run`]): many more than a
@@ -101,8 +142,8 @@ pub(crate) struct ServeBufs {
     slow_hits: rustc_hash::FxHashMap<PsockId, u32>,
     /// A psock that has just turned out heavy (for [`to_lane`]).
     pub slow: Option<PsockId>,
-    /// In-place runs since the last one timed ([`ServeBufs::time_run`]).
-    untimed: u8,
+    /// Picks the light runs that are timed ([`ServeBufs::time_run`]).
+    sample: Sample,
     /// Runs timed since the last slow one while `slow_hits` is not empty.
     suspect_runs: u16,
     /// A psock whose runs looked slow `Tuning::slow_hits` times in a row by
@@ -153,7 +194,7 @@ impl ServeBufs {
 
     /// Whether the next in-place run is timed: every run while some
     /// connection's runs looked slow (until it is found heavy or not),
-    /// else one in `TIME_EVERY`. The clock reading after a run is a good
+    /// else one in `TIME_EVERY` on average ([`Sample`]). The clock reading after a run is a good
     /// share of a light request's cost, and a heavy connection is caught
     /// all the same, a few runs later. A suspect not seen slow again within
     /// `SUSPECT_RUNS` timed runs is forgotten (a preempted run of a
@@ -168,12 +209,7 @@ impl ServeBufs {
             }
             return true;
         }
-        self.untimed += 1;
-        if self.untimed < TIME_EVERY {
-            return false;
-        }
-        self.untimed = 0;
-        true
+        self.sample.next()
     }
 
     /// Close the current run of coalesced replies, if any.
@@ -1026,20 +1062,58 @@ mod tests {
     use super::{ServeBufs, SUSPECT_RUNS, TIME_EVERY};
     use connmux_core::mux::PsockId;
 
+    /// About one in `TIME_EVERY` of `n` runs (the generator is seeded: the
+    /// count is the same every time).
+    fn about_one_in_four(timed: usize, n: usize) -> bool {
+        let want = n / usize::from(TIME_EVERY);
+        timed.abs_diff(want) <= want / 8
+    }
+
     #[test]
     fn one_light_run_in_four_is_timed_and_every_run_while_one_looks_slow() {
         let mut b = ServeBufs::new(&crate::Tuning::default());
         let timed = |b: &mut ServeBufs, n: usize| (0..n).filter(|_| b.time_run()).count();
-        assert_eq!(timed(&mut b, 4 * usize::from(TIME_EVERY)), 4, "one in {TIME_EVERY}");
+        let first = (1..=8).find(|_| b.time_run());
+        assert_eq!(first, Some(usize::from(TIME_EVERY)), "the first timed run");
+        let t = timed(&mut b, 4096);
+        assert!(about_one_in_four(t, 4096), "{t} of 4096 timed");
         let p = PsockId { index: 1, generation: 1 };
         let slow = b.limits.slow_handler_ns;
         assert!(b.note_time(p, slow), "a run at the threshold is slow");
         assert_eq!(timed(&mut b, 100), 100, "every run timed while a connection looks slow");
         assert!(!b.note_time(p, 0), "a fast run of it clears it");
-        assert_eq!(timed(&mut b, 4 * usize::from(TIME_EVERY)), 4, "one in {TIME_EVERY} again");
+        let t = timed(&mut b, 4096);
+        assert!(about_one_in_four(t, 4096), "{t} of 4096 timed again");
         // A suspect never seen again (closed) is forgotten after SUSPECT_RUNS.
         b.note_time(p, slow);
         assert_eq!(timed(&mut b, usize::from(SUSPECT_RUNS)), usize::from(SUSPECT_RUNS));
-        assert_eq!(timed(&mut b, 4 * usize::from(TIME_EVERY)), 4, "then one in {TIME_EVERY}");
+        let t = timed(&mut b, 4096);
+        assert!(about_one_in_four(t, 4096), "{t} of 4096 timed after");
+    }
+
+    /// Connections served in turn, from 2 to twice `TIME_EVERY`: each one's
+    /// runs are timed, about one in `TIME_EVERY` of them, and none waits
+    /// long for its next. (By a fixed count, with four in turn only the
+    /// fourth was ever timed: `[0, 0, 0, 4096]`.)
+    #[test]
+    fn connections_served_in_turn_are_each_timed() {
+        for conns in 2..=2 * usize::from(TIME_EVERY) {
+            let mut b = ServeBufs::new(&crate::Tuning::default());
+            let mut timed = vec![0usize; conns];
+            let mut last = vec![0usize; conns];
+            let mut longest = 0;
+            for i in 0..conns * 4096 {
+                if b.time_run() {
+                    let c = i % conns;
+                    timed[c] += 1;
+                    longest = longest.max(i - last[c]);
+                    last[c] = i;
+                }
+            }
+            assert!(timed.iter().all(|&t| about_one_in_four(t, 4096)), "{conns} in turn: {timed:?}");
+            // Each is timed within a few rounds of the last: never left out
+            // for long, whatever the order.
+            assert!(longest < 64 * conns, "{conns} in turn: {longest} runs between two timed runs of one");
+        }
     }
 }
