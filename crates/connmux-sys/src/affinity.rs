@@ -52,6 +52,63 @@ pub fn idle_current_thread() -> io::Result<()> {
     Ok(())
 }
 
+/// `struct sched_attr` of `sched_setattr(2)` (the 56 bytes of its
+/// `SCHED_ATTR_SIZE_VER1`; the kernel takes any size it knows).
+#[repr(C)]
+#[derive(Default)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    /// For `SCHED_OTHER` since Linux 6.12: the thread's own slice
+    /// (clamped to 0.1–100 ms); 0: the kernel's default.
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+    util_min: u32,
+    util_max: u32,
+}
+
+/// The scheduling attributes of thread `tid` (0: the calling thread).
+fn sched_attr(tid: libc::pid_t) -> io::Result<SchedAttr> {
+    let mut attr = SchedAttr::default();
+    let size = std::mem::size_of::<SchedAttr>() as libc::c_uint;
+    // SAFETY: the kernel writes at most `size` bytes into `attr`, a live
+    // `repr(C)` struct of that size.
+    cvt(unsafe { libc::syscall(libc::SYS_sched_getattr, tid, &mut attr as *mut SchedAttr, size, 0) } as i32)?;
+    Ok(attr)
+}
+
+/// The slice the scheduler gives thread `tid` (0: the calling thread): its
+/// own ([`set_current_thread_slice`]) or the kernel's default (0.7 ms times
+/// 1 + log2 of the CPUs, up to 8 of them); `None` where the kernel does not
+/// say (before Linux 6.12, or a policy other than `SCHED_OTHER`/`SCHED_BATCH`).
+pub fn thread_slice(tid: libc::pid_t) -> io::Result<Option<std::time::Duration>> {
+    let attr = sched_attr(tid)?;
+    let fair = attr.policy == libc::SCHED_OTHER as u32 || attr.policy == libc::SCHED_BATCH as u32;
+    Ok((fair && attr.runtime > 0).then(|| std::time::Duration::from_nanos(attr.runtime)))
+}
+
+/// Asks the scheduler to run the calling thread in slices of `slice` (an
+/// EEVDF thread's own slice, `sched_attr.sched_runtime` under
+/// `SCHED_OTHER`: Linux 6.12 and later; the kernel clamps it to 0.1–100 ms).
+/// Its policy and nice value stay; `Duration::ZERO` goes back to the
+/// kernel's default. Returns the slice the kernel took ([`thread_slice`]):
+/// `None` on a kernel that takes the call and ignores the value (older
+/// ones). Needs no privilege.
+pub fn set_current_thread_slice(slice: std::time::Duration) -> io::Result<Option<std::time::Duration>> {
+    let mut attr = sched_attr(0)?;
+    attr.size = std::mem::size_of::<SchedAttr>() as u32;
+    attr.flags = 0;
+    attr.runtime = u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX);
+    // SAFETY: `attr` is a live `repr(C)` sched_attr whose `size` says how
+    // many bytes the kernel may read; tid 0 is the calling thread.
+    cvt(unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) } as i32)?;
+    thread_slice(0)
+}
+
 /// The CPU the calling thread runs on now (`sched_getcpu`); `None` where
 /// the kernel cannot tell.
 pub fn current_cpu() -> Option<usize> {
@@ -100,6 +157,39 @@ fn parse_cpu_idle(stat: &str, cpu: usize, hz: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// On a kernel with slices of a thread's own, a thread gets the one it
+    /// asks for (clamped), keeps its nice value, and another thread can
+    /// read it; elsewhere the call is refused or ignored, never half done.
+    #[test]
+    fn a_thread_sets_its_own_slice() {
+        let mine = thread_slice(0).unwrap();
+        std::thread::spawn(move || {
+            let _ = renice_current_thread(2);
+            let nice = sched_attr(0).unwrap().nice;
+            let tid = own_tid();
+            match set_current_thread_slice(std::time::Duration::from_millis(7)) {
+                Ok(Some(s)) => {
+                    assert_eq!(s, std::time::Duration::from_millis(7));
+                    assert_eq!(thread_slice(tid).unwrap(), Some(s), "read by its id");
+                    // Clamped to at most 100 ms.
+                    let s = set_current_thread_slice(std::time::Duration::from_secs(1)).unwrap();
+                    assert_eq!(s, Some(std::time::Duration::from_millis(100)));
+                    // Zero: the kernel's default again.
+                    assert_eq!(set_current_thread_slice(std::time::Duration::ZERO).unwrap(), mine);
+                }
+                Ok(None) | Err(_) => assert_eq!(thread_slice(0).unwrap(), mine, "nothing taken"),
+            }
+            assert_eq!(sched_attr(0).unwrap().nice, nice, "the nice value stays");
+        })
+        .join()
+        .unwrap();
+        assert_eq!(thread_slice(0).unwrap(), mine, "another thread's slice is its own");
+    }
+
+    fn own_tid() -> libc::pid_t {
+        std::fs::read_link("/proc/thread-self").unwrap().file_name().unwrap().to_str().unwrap().parse().unwrap()
+    }
 
     #[test]
     fn reads_a_cpus_idle_time_from_proc_stat() {

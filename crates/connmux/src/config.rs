@@ -145,6 +145,24 @@ pub struct Config {
     /// value (lowering its priority) needs no privilege; a negative value
     /// needs `CAP_SYS_NICE` and is left at the worker's without it. Default 3.
     pub lane_nice: i32,
+    /// The scheduler slice a worker asks for while its heavy lane has work
+    /// (`sched_setattr`: an EEVDF thread's own slice, Linux 6.12 and later;
+    /// older kernels ignore it, and the kernel clamps it to 0.1–100 ms).
+    /// Longer than the kernel's default for any thread (0.7 ms times 1 +
+    /// log2 of the CPUs, at most 2.8 ms): the lane's heavy handlers then
+    /// cut the worker's passes less often. It changes how the CPU is cut
+    /// up, not the worker's share of it. With 1 heavy and 7 light
+    /// connections on 2 CPUs the light calls' p99 went from 101–127 µs to
+    /// 64–81 µs (those of the light connections beside the heavy one from
+    /// 313–489 µs to 75–140), the heavy connection's rate down 7–10% (its
+    /// lane shares the CPU in longer turns). Only while the lane has work: asked of
+    /// every worker, it cost 7% of the NULL calls at `-j8 -a128` on one
+    /// CPU (eight clients waiting longer behind the worker). The worker
+    /// asks when a request goes to its lane and gives it back once its
+    /// lane took none for 4,096 passes (`docs/performance.md`, "A worker's
+    /// own slice beside its lane"). `Duration::ZERO`: never asked. Default
+    /// 4 ms.
+    pub lane_worker_slice: Duration,
     /// Whether a heavy connection's replies keep its requests' order.
     /// `false` (the default) starts a helper on every worker's CPU, which
     /// runs only in that CPU's spare time (`SCHED_IDLE`) and takes
@@ -367,6 +385,7 @@ impl Default for Config {
             incoming_cpu: true,
             recv_spin: std::time::Duration::from_micros(50),
             lane_nice: 3,
+            lane_worker_slice: Duration::from_millis(4),
             lane_in_order: false,
             lane_queue: 256,
             lane_bytes: 16 << 20,

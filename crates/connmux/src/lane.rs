@@ -20,7 +20,9 @@
 //! - lane `i`'s **home** thread, pinned on worker `i`'s CPU at
 //!   `Config::lane_nice` below the worker: the kernel shares that CPU
 //!   between the worker and its lane, so a light request waits for a time
-//!   slice, not for a heavy request to end;
+//!   slice, not for a heavy request to end (and while the lane has work the
+//!   worker runs in longer slices of its own, `Config::lane_worker_slice`,
+//!   so that the lane cuts its passes less often);
 //! - a **helper** on every worker's CPU, under `SCHED_IDLE`, takes messages
 //!   from the *other* workers' lanes while they are behind
 //!   (`Tuning::lane_steal_from` messages or more, 2): one heavy
@@ -79,6 +81,8 @@ pub(crate) struct Heavy {
     bytes: usize,
     /// How many requests that is.
     out: usize,
+    /// Requests ever offered to the lane (`Heavy::offers`).
+    offers: u64,
     conns: rustc_hash::FxHashMap<PsockId, HeavyConn>,
     /// `Tuning::lane_return_after`.
     return_after: u32,
@@ -102,7 +106,7 @@ impl Heavy {
     /// No heavy connection yet; one goes back to its worker after
     /// `return_after` short runs in a row.
     pub fn new(return_after: u32) -> Heavy {
-        Heavy { bytes: 0, out: 0, conns: Default::default(), return_after }
+        Heavy { bytes: 0, out: 0, offers: 0, conns: Default::default(), return_after }
     }
 
     /// Whether `p`'s messages go to the lane.
@@ -135,10 +139,18 @@ impl Heavy {
         self.out > 0
     }
 
+    /// Requests offered to the lane since the worker started: whether the
+    /// lane had work between two looks.
+    #[inline]
+    pub fn offers(&self) -> u64 {
+        self.offers
+    }
+
     /// A message of `p`, `len` bytes, went to the lane.
     pub fn offered(&mut self, p: PsockId, len: usize) {
         self.bytes += len;
         self.out += 1;
+        self.offers += 1;
         self.conns.entry(p).or_default().in_lane += 1;
     }
 

@@ -246,6 +246,7 @@ impl Mux {
             read_chunk: config.read_chunk.max(512),
             recv_spin: config.recv_spin,
             lane_nice: config.lane_nice,
+            lane_worker_slice: config.lane_worker_slice,
             events_tx,
             events_dropped: AtomicU64::new(0),
             clock_origin: connmux_sys::clock::now_nanos(),

@@ -295,6 +295,13 @@ impl ServeBufs {
         self.heavy.out()
     }
 
+    /// Requests this worker has offered to its lane so far
+    /// (`driver::worker::LaneSlice`).
+    #[inline]
+    pub(crate) fn lane_offers(&self) -> u64 {
+        self.heavy.offers()
+    }
+
     /// Before a run of `psock`'s requests: its thread CPU time when it is
     /// the one on probation (one comparison otherwise).
     #[inline]

@@ -584,6 +584,77 @@ fn a_lane_full_by_bytes_leaves_requests_to_the_worker() {
     }
 }
 
+/// This process's worker threads (`connmux-w…`) whose scheduler slice is
+/// `slice`.
+fn workers_with_slice(slice: Duration) -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .filter_map(|t| {
+            let t = t.ok()?;
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            let tid: libc::pid_t = t.file_name().to_str()?.parse().ok()?;
+            (comm.starts_with("connmux-w") && connmux_sys::affinity::thread_slice(tid).ok()?? == slice).then_some(())
+        })
+        .count()
+}
+
+/// A worker asks for `Config::lane_worker_slice` once a request goes to its
+/// lane, and gives it back after a stretch of passes with none (a slice no
+/// other test asks for, so only this mux's worker can have it). Skipped,
+/// and said so, on a kernel with no slice of a thread's own (before Linux
+/// 6.12).
+fn a_worker_beside_a_busy_lane_runs_in_long_slices() {
+    if connmux_sys::affinity::thread_slice(0).ok().flatten().is_none() {
+        eprintln!("SKIPPED: this kernel gives threads no slice of their own");
+        return;
+    }
+    let _alone = serial();
+    let slice = Duration::from_micros(7_300);
+    let mux = mux_with(|c| {
+        c.workers = 1;
+        c.lane_worker_slice = slice;
+    });
+    let svc = heavy_echo(mux, Duration::from_micros(300));
+    let addr = svc.local_addr();
+    let connect = || {
+        let c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        c.set_nodelay(true).unwrap();
+        c
+    };
+    let light = framed(&[0, 0, 0, 1]);
+    let mut c = connect();
+    for _ in 0..100 {
+        c.write_all(&light).unwrap();
+        assert_eq!(read_framed(&mut c), vec![0, 0, 0, 1]);
+    }
+    assert_eq!(workers_with_slice(slice), 0, "asked before its lane had work");
+    // Heavy requests (bounded: 2,000 of 300 µs) until the connection went to
+    // the lane and the worker asked.
+    let mut h = connect();
+    let heavy = framed(&[b'H', 0, 0, 1]);
+    let mut sent = 0;
+    while !(svc.mux().lane_moves() >= 1 && workers_with_slice(slice) == 1) {
+        assert!(sent < 2_000, "the worker never asked for its slice");
+        h.write_all(&heavy).unwrap();
+        assert_eq!(read_framed(&mut h), vec![b'H', 0, 0, 1]);
+        sent += 1;
+    }
+    drop(h);
+    // Light requests only: each is at least one pass of the worker with
+    // nothing offered (bounded: 100,000 round trips).
+    let mut calls = 0;
+    while workers_with_slice(slice) == 1 {
+        assert!(calls < 100_000, "the worker kept its slice with an idle lane");
+        for _ in 0..256 {
+            c.write_all(&light).unwrap();
+            assert_eq!(read_framed(&mut c), vec![0, 0, 0, 1]);
+        }
+        calls += 256;
+    }
+    svc.shutdown();
+}
+
 on_both_drivers!(
     a_lane_full_by_bytes_leaves_requests_to_the_worker,
     one_heavy_connection_runs_on_two_cpus_at_once,
@@ -591,7 +662,8 @@ on_both_drivers!(
     lane_in_order_keeps_a_heavy_connections_replies_in_order,
     heavy_connection_goes_to_the_lane,
     light_requests_are_not_answered_behind_heavy_ones,
-    connection_light_again_leaves_the_lane
+    connection_light_again_leaves_the_lane,
+    a_worker_beside_a_busy_lane_runs_in_long_slices
 );
 
 /// `stop_accepting`: new connections are refused, the attached ones are

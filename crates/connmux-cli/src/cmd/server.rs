@@ -87,6 +87,12 @@ pub struct Common {
     /// whose requests run long is answered there).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
+    /// The scheduler slice a worker asks for while its heavy lane has work,
+    /// microseconds (0: never asked; Linux 6.12 and later): longer than the
+    /// kernel's default, the lane's heavy handlers cut the worker's passes
+    /// less often.
+    #[arg(long, default_value_t = connmux::Config::default().lane_worker_slice.as_micros() as u64)]
+    pub lane_worker_slice_us: u64,
     /// Answer a heavy connection's requests in order, on its worker's CPU
     /// alone. By default a helper on every worker's CPU (in its spare time)
     /// answers the other workers' heavy requests too: one heavy connection
@@ -188,6 +194,7 @@ impl Common {
         c.driver = parse_driver(&self.driver)?;
         c.incoming_cpu = parse_attach(&self.attach)?;
         c.lane_nice = self.lane_nice;
+        c.lane_worker_slice = Duration::from_micros(self.lane_worker_slice_us);
         c.lane_in_order = self.lane_in_order;
         c.tuning.lease = !self.no_lease;
         c.core.max_msg_size = self.max_msg;

@@ -120,6 +120,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let keeper = index == 0;
     let _ = me.thread.set(std::thread::current().id());
     let mut look = Look::default();
+    let mut slice = LaneSlice::default();
     while !sh.stop.load(Ordering::Acquire) {
         let timeout = wait_timeout(sh, &w, due(next_deadline, &w), keeper);
         let woke = if w.bufs.own.lease_used.is_empty() || timeout == Some(Duration::ZERO) || tell_on_request {
@@ -203,6 +204,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
         }
         crate::serve::end_pass(w.serving.as_ref(), &mut w.bufs);
         io.end_pass(&mut w);
+        slice.follow(sh.lane_worker_slice, w.bufs.lane_offers());
     }
     // What the leases did since the last hold reaches the statistics before
     // the worker ends (nothing more is lent).
@@ -210,6 +212,63 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let now = sh.now();
     w.bufs.own.hold(&mut sh.lock(), now);
     me.held(false);
+}
+
+/// Passes of a worker in `Config::lane_worker_slice` slices with nothing
+/// offered to its lane, after which it gives the slice back: long enough
+/// that a heavy connection's pause between requests keeps it, short next to
+/// a second of a busy worker's passes.
+const SLICE_IDLE_PASSES: u32 = 4096;
+
+/// Whether this worker runs in `Config::lane_worker_slice` slices (while
+/// its lane has work) or the kernel's:
+///
+/// ```text
+///            request offered to the lane (sched_setattr)
+///   Kernel's ─────────────────────────────────────────► Long
+///      ▲                                                  │
+///      └──────────────────────────────────────────────────┘
+///        SLICE_IDLE_PASSES passes with none offered (sched_setattr, 0)
+/// ```
+#[derive(Default)]
+struct LaneSlice {
+    long: bool,
+    /// `Heavy::offers` at the last look.
+    offers: u64,
+    /// Passes since the last look, while `long`.
+    passes: u32,
+}
+
+impl LaneSlice {
+    /// Once a pass: ask for `slice`, or give it back, as the lane's offers
+    /// (`offers`, a running count) say.
+    #[inline]
+    fn follow(&mut self, slice: Duration, offers: u64) {
+        if !self.long {
+            if offers != self.offers && !slice.is_zero() {
+                self.set(slice);
+            }
+            self.offers = offers;
+            return;
+        }
+        self.passes += 1;
+        if self.passes < SLICE_IDLE_PASSES {
+            return;
+        }
+        self.passes = 0;
+        if offers == self.offers {
+            self.set(Duration::ZERO);
+        }
+        self.offers = offers;
+    }
+
+    #[cold]
+    fn set(&mut self, slice: Duration) {
+        self.long = !slice.is_zero();
+        // Best effort: a worker cut up as any thread still works. (Zero is
+        // the kernel's default again.)
+        let _ = connmux_sys::affinity::set_current_thread_slice(slice);
+    }
 }
 
 /// The driver's wait, then the replies its lent reads left for later

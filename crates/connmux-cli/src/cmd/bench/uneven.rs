@@ -67,6 +67,10 @@ pub struct Args {
     /// Nice steps below its worker at which connmux's heavy lane runs.
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
+    /// The scheduler slice a connmux worker asks for while its heavy lane has work, microseconds
+    /// (`Config::lane_worker_slice`; 0: the kernel's default).
+    #[arg(long, default_value_t = connmux::Config::default().lane_worker_slice.as_micros() as u64)]
+    pub lane_worker_slice_us: u64,
     /// Messages a heavy lane must hold before a helper on another CPU takes
     /// one (`Tuning::lane_steal_from`; connmux only).
     #[arg(long, default_value_t = connmux::Tuning::default().lane_steal_from)]
@@ -116,6 +120,10 @@ pub struct ServerArgs {
     /// Nice steps below its worker at which the heavy lane runs (connmux only).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
+    /// The scheduler slice a connmux worker asks for while its heavy lane has work, microseconds
+    /// (`Config::lane_worker_slice`; 0: the kernel's default; connmux only).
+    #[arg(long, default_value_t = connmux::Config::default().lane_worker_slice.as_micros() as u64)]
+    pub lane_worker_slice_us: u64,
     /// Messages a heavy lane must hold before a helper on another CPU takes
     /// one (`Tuning::lane_steal_from`; connmux only).
     #[arg(long, default_value_t = connmux::Tuning::default().lane_steal_from)]
@@ -237,6 +245,7 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             c.workers = a.cpus.len().max(1);
             c.placement = Placement::Cpus(a.cpus.clone());
             c.lane_nice = a.lane_nice;
+            c.lane_worker_slice = Duration::from_micros(a.lane_worker_slice_us);
             c.tuning.lane_steal_from = a.lane_steal_from;
             c.tuning.lane_quiet_from = a.lane_quiet_from;
             c.tuning.lane_reply_wait = Duration::from_micros(a.lane_reply_wait_us);
@@ -565,6 +574,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             .args(["--engine", engine, "--steering", steering, "--cpus", &cpu_list(&a.cpus), "--driver", &a.driver])
             .args(["--heavy-us", &a.heavy_us.to_string()])
             .args(["--lane-nice", &a.lane_nice.to_string()])
+            .args(["--lane-worker-slice-us", &a.lane_worker_slice_us.to_string()])
             .args(["--lane-steal-from", &a.lane_steal_from.to_string()])
             .args(["--lane-quiet-from", &a.lane_quiet_from.to_string()])
             .args(["--lane-reply-wait-us", &a.lane_reply_wait_us.to_string()])
