@@ -95,6 +95,12 @@ impl Sample {
 /// thousands of light ones is still caught.
 const SUSPECT_RUNS: u16 = 4096;
 
+/// Sleeps after its last run answered in place for which a worker still
+/// counts as serving light connections ([`ServeBufs::light_lately`]): a
+/// light connection's requests may skip a few of its passes (those that
+/// only take its lane's verdicts or write).
+const LIGHT_SLEEPS: u8 = 16;
+
 /// A worker's own copy of the `Tuning` values it reads per message.
 #[derive(Clone, Copy)]
 struct Limits {
@@ -171,6 +177,14 @@ pub(crate) struct ServeBufs {
     /// by `Tuning::lane_reply_wait` until it takes only loud posts or one
     /// runs out with nothing posted (`driver::worker::lane_awake`).
     pub lane_quiet: bool,
+    /// Runs of requests answered in place so far (a running count:
+    /// [`ServeBufs::light_lately`]).
+    in_place_runs: u32,
+    /// `in_place_runs` at the last [`ServeBufs::light_lately`].
+    runs_seen: u32,
+    /// Sleeps left for which the worker still counts as serving light
+    /// connections.
+    light_sleeps: u8,
     /// Verdicts taken from the inbox.
     done: Vec<Done>,
     /// The hand-off between this worker's reads, dispatch and `serve`.
@@ -293,6 +307,22 @@ impl ServeBufs {
     #[inline]
     pub(crate) fn lane_out(&self) -> bool {
         self.heavy.out()
+    }
+
+    /// The worker, about to sleep with requests in its lane: whether it has
+    /// answered requests in place within its last `LIGHT_SLEEPS` sleeps
+    /// (light connections keep it waking often). Such a worker sleeps with
+    /// no bound on its wait, and its lane's quiet posts wake it
+    /// (`driver::worker::lane_sleep`): a near timer on each of its many
+    /// sleeps cost its light connections more than the wake-ups it saves.
+    pub(crate) fn light_lately(&mut self) -> bool {
+        if self.in_place_runs != self.runs_seen {
+            self.runs_seen = self.in_place_runs;
+            self.light_sleeps = LIGHT_SLEEPS;
+            return true;
+        }
+        self.light_sleeps = self.light_sleeps.saturating_sub(1);
+        self.light_sleeps > 0
     }
 
     /// Requests this worker has offered to its lane so far
@@ -490,6 +520,7 @@ pub(crate) fn serve_in_place(
 fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) -> bool {
     let handler = &*sv.handler;
     let ReadView { msgs, psock: p, started } = read;
+    bufs.in_place_runs = bufs.in_place_runs.wrapping_add(1);
     let mut rest = msgs;
     let mut first = true;
     // Bounded: each turn handles at least one request.
@@ -1066,7 +1097,7 @@ pub(crate) fn take_done(
 
 #[cfg(test)]
 mod tests {
-    use super::{ServeBufs, SUSPECT_RUNS, TIME_EVERY};
+    use super::{ServeBufs, LIGHT_SLEEPS, SUSPECT_RUNS, TIME_EVERY};
     use connmux_core::mux::PsockId;
 
     /// About one in `TIME_EVERY` of `n` runs (the generator is seeded: the
@@ -1096,6 +1127,19 @@ mod tests {
         assert_eq!(timed(&mut b, usize::from(SUSPECT_RUNS)), usize::from(SUSPECT_RUNS));
         let t = timed(&mut b, 4096);
         assert!(about_one_in_four(t, 4096), "{t} of 4096 timed after");
+    }
+
+    /// A worker counts as serving light connections for `LIGHT_SLEEPS`
+    /// sleeps after a run answered in place, then not, until the next one.
+    #[test]
+    fn light_lately_lasts_a_few_sleeps_after_a_run_in_place() {
+        let mut b = ServeBufs::new(&crate::Tuning::default());
+        assert!(!b.light_lately(), "nothing answered in place yet");
+        b.in_place_runs += 1;
+        let light = (0..2 * usize::from(LIGHT_SLEEPS)).filter(|_| b.light_lately()).count();
+        assert_eq!(light, usize::from(LIGHT_SLEEPS));
+        b.in_place_runs += 3;
+        assert!(b.light_lately(), "a run since: light again");
     }
 
     /// Connections served in turn, from 2 to twice `TIME_EVERY`: each one's

@@ -303,14 +303,25 @@ fn wait(io: &mut impl Io, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke
 /// then serve several. So the worker sleeps at most `Tuning::lane_reply_wait`
 /// while its lane posts quietly (`ServeBufs::lane_quiet`) or a post waits;
 /// otherwise with no bound, and a quiet post wakes it
-/// (`Inbox::sleep_unbounded`, until [`lane_awake`]).
+/// (`Inbox::sleep_unbounded`, until [`lane_awake`]). A worker that also
+/// serves light connections (`ServeBufs::light_lately`) never bounds its
+/// sleep: the timer, reprogrammed on each of its many sleeps, cost its
+/// light connections 15% of their calls beside a lane far behind
+/// (`docs/performance.md`, "Replies of a lane that is far behind"); it
+/// sleeps unbounded, or takes waiting posts at once.
 #[inline(never)]
-fn lane_sleep(w: &Worker<'_>, timeout: Option<Duration>) -> Option<Duration> {
+fn lane_sleep(w: &mut Worker<'_>, timeout: Option<Duration>) -> Option<Duration> {
     let bound = w.sh.tuning.lane_reply_wait;
     let Some(sv) = w.serving.as_ref().filter(|_| !bound.is_zero()) else { return timeout };
-    match w.bufs.lane_quiet || !sv.lanes.inboxes[sv.index].sleep_unbounded() {
-        true => Some(timeout.map_or(bound, |t| t.min(bound))),
-        false => timeout,
+    let light = w.bufs.light_lately();
+    let bounded = Some(timeout.map_or(bound, |t| t.min(bound)));
+    if w.bufs.lane_quiet && !light {
+        return bounded;
+    }
+    match (sv.lanes.inboxes[sv.index].sleep_unbounded(), light) {
+        (true, _) => timeout,
+        (false, true) => Some(Duration::ZERO),
+        (false, false) => bounded,
     }
 }
 
