@@ -155,13 +155,13 @@ pub struct Config {
     /// connections on 2 CPUs the light calls' p99 went from 101–127 µs to
     /// 64–81 µs (those of the light connections beside the heavy one from
     /// 313–489 µs to 75–140), the heavy connection's rate down 7–10% (its
-    /// lane shares the CPU in longer turns). Only while the lane has work: asked of
-    /// every worker, it cost 7% of the NULL calls at `-j8 -a128` on one
-    /// CPU (eight clients waiting longer behind the worker). The worker
-    /// asks when a request goes to its lane and gives it back once its
-    /// lane took none for 4,096 passes (`docs/performance.md`, "A worker's
-    /// own slice beside its lane"). `Duration::ZERO`: never asked. Default
-    /// 4 ms.
+    /// lane shares the CPU in longer turns). Only while the lane has work:
+    /// asked of every worker, it cost 7% of the NULL calls at `-j8 -a128`
+    /// on one CPU (eight clients waiting longer behind the worker). The
+    /// worker asks when a request goes to its lane and gives it back once
+    /// its lane took none for 4,096 passes (`docs/performance.md`, "A
+    /// worker's own slice beside its lane"). `Duration::ZERO`: never
+    /// asked. Default 4 ms.
     pub lane_worker_slice: Duration,
     /// Whether a heavy connection's replies keep its requests' order.
     /// `false` (the default) starts a helper on every worker's CPU, which

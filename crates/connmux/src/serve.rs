@@ -208,11 +208,12 @@ impl ServeBufs {
 
     /// Whether the next in-place run is timed: every run while some
     /// connection's runs looked slow (until it is found heavy or not),
-    /// else one in `TIME_EVERY` on average ([`Sample`]). The clock reading after a run is a good
-    /// share of a light request's cost, and a heavy connection is caught
-    /// all the same, a few runs later. A suspect not seen slow again within
-    /// `SUSPECT_RUNS` timed runs is forgotten (a preempted run of a
-    /// connection that then closed would otherwise keep every run timed).
+    /// else one in `TIME_EVERY` on average ([`Sample`]). The clock reading
+    /// after a run is a good share of a light request's cost, and a heavy
+    /// connection is caught all the same, a few runs later. A suspect not
+    /// seen slow again within `SUSPECT_RUNS` timed runs is forgotten (a
+    /// preempted run of a connection that then closed would otherwise keep
+    /// every run timed).
     #[inline]
     fn time_run(&mut self) -> bool {
         if !self.slow_hits.is_empty() {

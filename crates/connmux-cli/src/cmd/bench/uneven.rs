@@ -67,8 +67,8 @@ pub struct Args {
     /// Nice steps below its worker at which connmux's heavy lane runs.
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
-    /// The scheduler slice a connmux worker asks for while its heavy lane has work, microseconds
-    /// (`Config::lane_worker_slice`; 0: the kernel's default).
+    /// The scheduler slice a connmux worker asks for while its heavy lane
+    /// has work, microseconds (`Config::lane_worker_slice`; 0: never asked).
     #[arg(long, default_value_t = connmux::Config::default().lane_worker_slice.as_micros() as u64)]
     pub lane_worker_slice_us: u64,
     /// Messages a heavy lane must hold before a helper on another CPU takes
@@ -120,8 +120,9 @@ pub struct ServerArgs {
     /// Nice steps below its worker at which the heavy lane runs (connmux only).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
-    /// The scheduler slice a connmux worker asks for while its heavy lane has work, microseconds
-    /// (`Config::lane_worker_slice`; 0: the kernel's default; connmux only).
+    /// The scheduler slice a connmux worker asks for while its heavy lane
+    /// has work, microseconds (`Config::lane_worker_slice`; 0: never
+    /// asked; connmux only).
     #[arg(long, default_value_t = connmux::Config::default().lane_worker_slice.as_micros() as u64)]
     pub lane_worker_slice_us: u64,
     /// Messages a heavy lane must hold before a helper on another CPU takes
