@@ -585,7 +585,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     }
     println!(
         "connmux bench uneven: {} heavy connection(s) ({} us of CPU per request) and {} light ones, -a{} each; \
-         servers with one worker per CPU {:?} (connmux driver {}, lane nice +{}{}); {} round(s) of {} s, interleaved; medians; load avg {}",
+         servers with one worker per CPU {:?} (connmux driver {}, lane nice +{}, worker slice beside a lane {} us{}); {} round(s) of {} s, interleaved; medians; load avg {}",
         a.heavy_conns,
         a.heavy_us,
         a.light_conns,
@@ -593,6 +593,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.cpus,
         a.driver,
         a.lane_nice,
+        a.lane_worker_slice_us,
         if a.lane_in_order { ", lanes in order" } else { "" },
         a.rounds,
         a.seconds,
