@@ -50,7 +50,9 @@ fn main() {
             eprintln!("connmux: stop signals not handled: {e:#}");
         }
     }
-    let r = match cli.command {
+    // (Unwound, not aborted, so that a closed standard output still stops
+    // what the command started: `cmd::pipe::install`.)
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::EchoServer(a) => cmd::server::run_echo(a),
         Command::RpcServer(a) => cmd::server::run_rpc(a),
@@ -61,7 +63,8 @@ fn main() {
         Command::Stat(a) => cmd::stat::run(a),
         Command::Parse(a) => cmd::parse::run(a),
         Command::Bench(a) => cmd::bench::run(a),
-    };
+    }))
+    .unwrap_or_else(|payload| cmd::pipe::unwound(payload));
     match r {
         Ok(code) => std::process::exit(code),
         Err(e) => {

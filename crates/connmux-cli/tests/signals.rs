@@ -418,6 +418,62 @@ fn a_closed_stdout_ends_the_command_quietly() {
     assert!(out.status.success());
 }
 
+/// The ids of processes whose command line holds every one of `args` (as
+/// separate arguments).
+fn processes_with_args(args: &[&str]) -> Vec<i32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else { continue };
+        let argv: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        if args.iter().all(|a| argv.contains(&a.as_bytes())) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// A bench whose standard output is closed stops the servers it started
+/// before it ends by SIGPIPE (it used to die at its first print and leave
+/// them running). The servers are known by a heavy request's cost no other
+/// test uses; any left are killed before the test fails.
+#[test]
+fn a_bench_into_a_closed_pipe_stops_its_servers() {
+    let dir = Scratch::new("bench-pipe");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    // Standard error to a file: servers left running would hold a pipe open.
+    let err = dir.0.join("stderr");
+    let mut child = Command::new(BIN)
+        .args(["bench", "uneven", "--quick", "--heavy-us", "1237"])
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the bench did not end within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let left = processes_with_args(&["uneven-server", "--heavy-us", "1237"]);
+    for &pid in &left {
+        // What this test started: a failure leaves nothing running.
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    let stderr = std::fs::read_to_string(&err).unwrap_or_default();
+    assert_eq!(st.signal(), Some(libc::SIGPIPE), "{st:?} {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(left.is_empty(), "servers left running: {left:?}");
+}
+
 /// `connmux parse --bpf FILE`, with its exit, stderr, time and peak RSS.
 fn parse_bpf(file: &str) -> (signal::Exit, String, Duration) {
     parse_measured(&["--bpf", file])

@@ -31,7 +31,11 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
 
 /// Install a panic hook that ends the process quietly when a print to a
 /// closed standard output (or error) panicked; any other panic is reported as
-/// before.
+/// before. On the main thread the panic unwinds first, silently, so that
+/// what the command started is stopped on the way out (a bench's servers
+/// are child processes, killed when their handles drop; dying at once left
+/// them running after `connmux bench uneven | head -1`): `main` then ends
+/// the process ([`unwound`]).
 pub fn install() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -43,8 +47,21 @@ pub fn install() {
             .unwrap_or("");
         let printing = msg.starts_with("failed printing to stdout") || msg.starts_with("failed printing to stderr");
         if printing && closed() {
+            if std::thread::current().name() == Some("main") {
+                return;
+            }
             die();
         }
         default(info);
     }));
+}
+
+/// `main`, after the command panicked and unwound: a print to a closed
+/// standard output ends the process as `SIGPIPE` would have; any other
+/// panic goes on (already reported by the hook).
+pub fn unwound(payload: Box<dyn std::any::Any + Send>) -> ! {
+    if closed() {
+        die();
+    }
+    std::panic::resume_unwind(payload)
 }
