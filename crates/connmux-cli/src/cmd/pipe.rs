@@ -39,14 +39,7 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
 pub fn install() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| info.payload().downcast_ref::<&str>().copied())
-            .unwrap_or("");
-        let printing = msg.starts_with("failed printing to stdout") || msg.starts_with("failed printing to stderr");
-        if printing && closed() {
+        if printed_to_closed(info.payload()) {
             if std::thread::current().name() == Some("main") {
                 return;
             }
@@ -56,11 +49,23 @@ pub fn install() {
     }));
 }
 
+/// Whether a panic (its payload) is a print to a standard output (or error)
+/// that lost its reader.
+fn printed_to_closed(payload: &(dyn std::any::Any + Send)) -> bool {
+    let msg = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("");
+    let printing = msg.starts_with("failed printing to stdout") || msg.starts_with("failed printing to stderr");
+    printing && closed()
+}
+
 /// `main`, after the command panicked and unwound: a print to a closed
 /// standard output ends the process as `SIGPIPE` would have; any other
 /// panic goes on (already reported by the hook).
 pub fn unwound(payload: Box<dyn std::any::Any + Send>) -> ! {
-    if closed() {
+    if printed_to_closed(&*payload) {
         die();
     }
     std::panic::resume_unwind(payload)
