@@ -177,13 +177,9 @@ pub(crate) struct ServeBufs {
     /// by `Tuning::lane_reply_wait` until it takes only loud posts or one
     /// runs out with nothing posted (`driver::worker::lane_awake`).
     pub lane_quiet: bool,
-    /// Runs of requests answered in place so far (a running count:
-    /// [`ServeBufs::light_lately`]).
-    in_place_runs: u32,
-    /// `in_place_runs` at the last [`ServeBufs::light_lately`].
-    runs_seen: u32,
     /// Sleeps left for which the worker still counts as serving light
-    /// connections.
+    /// connections (`LIGHT_SLEEPS` after each run answered in place:
+    /// [`ServeBufs::light_lately`]).
     light_sleeps: u8,
     /// Verdicts taken from the inbox.
     done: Vec<Done>,
@@ -317,13 +313,9 @@ impl ServeBufs {
     /// (`driver::worker::lane_sleep`): a near timer on each of its many
     /// sleeps cost its light connections more than the wake-ups it saves.
     pub(crate) fn light_lately(&mut self) -> bool {
-        if self.in_place_runs != self.runs_seen {
-            self.runs_seen = self.in_place_runs;
-            self.light_sleeps = LIGHT_SLEEPS;
-            return true;
-        }
+        let light = self.light_sleeps > 0;
         self.light_sleeps = self.light_sleeps.saturating_sub(1);
-        self.light_sleeps > 0
+        light
     }
 
     /// Requests this worker has offered to its lane so far
@@ -521,7 +513,7 @@ pub(crate) fn serve_in_place(
 fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) -> bool {
     let handler = &*sv.handler;
     let ReadView { msgs, psock: p, started } = read;
-    bufs.in_place_runs = bufs.in_place_runs.wrapping_add(1);
+    bufs.light_sleeps = LIGHT_SLEEPS;
     let mut rest = msgs;
     let mut first = true;
     // Bounded: each turn handles at least one request.
@@ -1136,10 +1128,10 @@ mod tests {
     fn light_lately_lasts_a_few_sleeps_after_a_run_in_place() {
         let mut b = ServeBufs::new(&crate::Tuning::default());
         assert!(!b.light_lately(), "nothing answered in place yet");
-        b.in_place_runs += 1;
+        b.light_sleeps = LIGHT_SLEEPS; // a run answered in place
         let light = (0..2 * usize::from(LIGHT_SLEEPS)).filter(|_| b.light_lately()).count();
         assert_eq!(light, usize::from(LIGHT_SLEEPS));
-        b.in_place_runs += 3;
+        b.light_sleeps = LIGHT_SLEEPS; // another
         assert!(b.light_lately(), "a run since: light again");
     }
 
