@@ -163,6 +163,20 @@ pub struct Config {
     /// worker's own slice beside its lane"). `Duration::ZERO`: never
     /// asked. Default 4 ms.
     pub lane_worker_slice: Duration,
+    /// The scheduler slice a lane's home thread asks for (`sched_setattr`,
+    /// as `lane_worker_slice`; older kernels ignore it). Short: a lane runs
+    /// handlers of hundreds of microseconds and more, and a worker woken for
+    /// light requests on its CPU may cut in only once the lane's slice is
+    /// used up, or at the scheduler's next tick (4 ms at `HZ=250`). It
+    /// changes how often the lane gives way, not its share of the CPU.
+    /// With 1 heavy and 7 light connections on 2 CPUs whose light calls
+    /// fill the lane's CPU, the light calls' p99 went from 722–779 µs to
+    /// 340–369 µs, the heavy connection's rate unchanged (884–976/s against
+    /// 889–982); one heavy connection alone, and one beside one light
+    /// connection, unchanged (`docs/performance.md`, "A lane's own short
+    /// slice"). `Duration::ZERO`: the kernel's default. Default 100 µs (the
+    /// shortest the kernel takes).
+    pub lane_slice: Duration,
     /// Whether a heavy connection's replies keep its requests' order.
     /// `false` (the default) starts a helper on every worker's CPU, which
     /// runs only in that CPU's spare time (`SCHED_IDLE`) and takes
@@ -388,6 +402,7 @@ impl Default for Config {
             recv_spin: std::time::Duration::from_micros(50),
             lane_nice: 3,
             lane_worker_slice: Duration::from_millis(4),
+            lane_slice: Duration::from_micros(100),
             lane_in_order: false,
             lane_queue: 256,
             lane_bytes: 16 << 20,

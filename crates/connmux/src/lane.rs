@@ -11,7 +11,7 @@
 //! them (`sync::crew`):
 //!
 //! ```text
-//!  worker i ──offer(msg)──► lane i (bounded queue) ──► home i  (CPU i, nice +3)
+//!  worker i ──offer(msg)──► lane i (bounded queue) ──► home i  (CPU i, nice +3, short slices)
 //!     ▲                                          └───► help j  (CPU j ≠ i, SCHED_IDLE): steals
 //!     └──────────── inbox i ◄── Done { psock, verdict } ─────┘
 //!  worker i queues the reply on the connection and writes it (the owner writes)
@@ -22,7 +22,9 @@
 //!   between the worker and its lane, so a light request waits for a time
 //!   slice, not for a heavy request to end (and while the lane has work the
 //!   worker runs in longer slices of its own, `Config::lane_worker_slice`,
-//!   so that the lane cuts its passes less often);
+//!   so that the lane cuts its passes less often), in short slices of its
+//!   own (`Config::lane_slice`), so that a worker woken for light requests
+//!   cuts in soon;
 //! - a **helper** on every worker's CPU, under `SCHED_IDLE`, takes messages
 //!   from the *other* workers' lanes while they are behind
 //!   (`Tuning::lane_steal_from` messages or more, 2): one heavy
@@ -223,8 +225,15 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
     // Best effort: a lane at the worker's priority still works.
     if matches!(ctx.who, Taker::Helper(_)) {
         let _ = connmux_sys::affinity::idle_current_thread();
-    } else if ctx.nice != 0 {
-        let _ = connmux_sys::affinity::renice_current_thread(ctx.nice);
+    } else {
+        if ctx.nice != 0 {
+            let _ = connmux_sys::affinity::renice_current_thread(ctx.nice);
+        }
+        // Short turns: a light request on this CPU waits for the lane's
+        // slice to end, not for the scheduler's next tick.
+        if !sh.lane_slice.is_zero() {
+            let _ = connmux_sys::affinity::set_current_thread_slice(sh.lane_slice);
+        }
     }
     let slow = sh.tuning.slow_handler;
     let helper = match ctx.who {

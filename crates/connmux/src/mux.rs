@@ -247,6 +247,7 @@ impl Mux {
             recv_spin: config.recv_spin,
             lane_nice: config.lane_nice,
             lane_worker_slice: config.lane_worker_slice,
+            lane_slice: config.lane_slice,
             events_tx,
             events_dropped: AtomicU64::new(0),
             clock_origin: connmux_sys::clock::now_nanos(),

@@ -587,13 +587,19 @@ fn a_lane_full_by_bytes_leaves_requests_to_the_worker() {
 /// This process's worker threads (`connmux-w…`) whose scheduler slice is
 /// `slice`.
 fn workers_with_slice(slice: Duration) -> usize {
+    threads_with_slice("connmux-w", slice)
+}
+
+/// This process's threads whose name starts with `prefix` that run in
+/// scheduler slices of `slice`.
+fn threads_with_slice(prefix: &str, slice: Duration) -> usize {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
     tasks
         .filter_map(|t| {
             let t = t.ok()?;
             let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
             let tid: libc::pid_t = t.file_name().to_str()?.parse().ok()?;
-            (comm.starts_with("connmux-w") && connmux_sys::affinity::thread_slice(tid).ok()?? == slice).then_some(())
+            (comm.starts_with(prefix) && connmux_sys::affinity::thread_slice(tid).ok()?? == slice).then_some(())
         })
         .count()
 }
@@ -652,6 +658,33 @@ fn a_worker_beside_a_busy_lane_runs_in_long_slices() {
         }
         calls += 256;
     }
+    svc.shutdown();
+}
+
+/// A lane's home thread runs in `Config::lane_slice` slices from its start
+/// (a slice no other test asks for, so only this mux's lane can have it);
+/// the worker does not. Skipped, and said so, on a kernel with no slice of
+/// a thread's own (before Linux 6.12).
+#[test]
+fn a_lane_runs_in_short_slices() {
+    if connmux_sys::affinity::thread_slice(0).ok().flatten().is_none() {
+        eprintln!("SKIPPED: this kernel gives threads no slice of their own");
+        return;
+    }
+    let _alone = serial();
+    let slice = Duration::from_micros(170);
+    let mux = mux_with(|c| {
+        c.workers = 1;
+        c.lane_slice = slice;
+    });
+    let svc = heavy_echo(mux, Duration::from_micros(300));
+    // The lane asks as its thread starts: wait for that (bounded).
+    let deadline = std::time::Instant::now() + WAIT;
+    while threads_with_slice("connmux-lane", slice) != 1 {
+        assert!(std::time::Instant::now() < deadline, "the lane never asked for its slice");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(threads_with_slice("connmux-w", slice), 0, "a worker took the lane's slice");
     svc.shutdown();
 }
 

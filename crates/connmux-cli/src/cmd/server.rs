@@ -93,6 +93,11 @@ pub struct Common {
     /// less often.
     #[arg(long, default_value_t = connmux::Config::default().lane_worker_slice.as_micros() as u64)]
     pub lane_worker_slice_us: u64,
+    /// The scheduler slice a heavy lane asks for, microseconds (0: the
+    /// kernel's default; Linux 6.12 and later): short, so that light
+    /// requests on its CPU wait less behind its heavy handlers.
+    #[arg(long, default_value_t = connmux::Config::default().lane_slice.as_micros() as u64)]
+    pub lane_slice_us: u64,
     /// Answer a heavy connection's requests in order, on its worker's CPU
     /// alone. By default a helper on every worker's CPU (in its spare time)
     /// answers the other workers' heavy requests too: one heavy connection
@@ -195,6 +200,7 @@ impl Common {
         c.incoming_cpu = parse_attach(&self.attach)?;
         c.lane_nice = self.lane_nice;
         c.lane_worker_slice = Duration::from_micros(self.lane_worker_slice_us);
+        c.lane_slice = Duration::from_micros(self.lane_slice_us);
         c.lane_in_order = self.lane_in_order;
         c.tuning.lease = !self.no_lease;
         c.core.max_msg_size = self.max_msg;

@@ -283,6 +283,8 @@ pub(crate) struct Shared {
     pub lane_nice: i32,
     /// `Config::lane_worker_slice`.
     pub lane_worker_slice: std::time::Duration,
+    /// `Config::lane_slice`.
+    pub lane_slice: std::time::Duration,
     pub events_tx: crossbeam::channel::Sender<PsockEvent>,
     pub events_dropped: AtomicU64,
     /// `connmux_sys::clock::now_nanos` when the mux started: the core's time 0.

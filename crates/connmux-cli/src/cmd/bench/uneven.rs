@@ -71,6 +71,10 @@ pub struct Args {
     /// has work, microseconds (`Config::lane_worker_slice`; 0: never asked).
     #[arg(long, default_value_t = connmux::Config::default().lane_worker_slice.as_micros() as u64)]
     pub lane_worker_slice_us: u64,
+    /// The scheduler slice connmux's heavy lanes ask for, microseconds
+    /// (`Config::lane_slice`; 0: the kernel's default).
+    #[arg(long, default_value_t = connmux::Config::default().lane_slice.as_micros() as u64)]
+    pub lane_slice_us: u64,
     /// Messages a heavy lane must hold before a helper on another CPU takes
     /// one (`Tuning::lane_steal_from`; connmux only).
     #[arg(long, default_value_t = connmux::Tuning::default().lane_steal_from)]
@@ -125,6 +129,10 @@ pub struct ServerArgs {
     /// asked; connmux only).
     #[arg(long, default_value_t = connmux::Config::default().lane_worker_slice.as_micros() as u64)]
     pub lane_worker_slice_us: u64,
+    /// The scheduler slice a heavy lane asks for, microseconds
+    /// (`Config::lane_slice`; 0: the kernel's default; connmux only).
+    #[arg(long, default_value_t = connmux::Config::default().lane_slice.as_micros() as u64)]
+    pub lane_slice_us: u64,
     /// Messages a heavy lane must hold before a helper on another CPU takes
     /// one (`Tuning::lane_steal_from`; connmux only).
     #[arg(long, default_value_t = connmux::Tuning::default().lane_steal_from)]
@@ -247,6 +255,7 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             c.placement = Placement::Cpus(a.cpus.clone());
             c.lane_nice = a.lane_nice;
             c.lane_worker_slice = Duration::from_micros(a.lane_worker_slice_us);
+            c.lane_slice = Duration::from_micros(a.lane_slice_us);
             c.tuning.lane_steal_from = a.lane_steal_from;
             c.tuning.lane_quiet_from = a.lane_quiet_from;
             c.tuning.lane_reply_wait = Duration::from_micros(a.lane_reply_wait_us);
@@ -576,6 +585,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             .args(["--heavy-us", &a.heavy_us.to_string()])
             .args(["--lane-nice", &a.lane_nice.to_string()])
             .args(["--lane-worker-slice-us", &a.lane_worker_slice_us.to_string()])
+            .args(["--lane-slice-us", &a.lane_slice_us.to_string()])
             .args(["--lane-steal-from", &a.lane_steal_from.to_string()])
             .args(["--lane-quiet-from", &a.lane_quiet_from.to_string()])
             .args(["--lane-reply-wait-us", &a.lane_reply_wait_us.to_string()])
@@ -585,7 +595,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     }
     println!(
         "connmux bench uneven: {} heavy connection(s) ({} us of CPU per request) and {} light ones, -a{} each; \
-         servers with one worker per CPU {:?} (connmux driver {}, lane nice +{}, worker slice beside a lane {} us{}); {} round(s) of {} s, interleaved; medians; load avg {}",
+         servers with one worker per CPU {:?} (connmux driver {}, lane nice +{}, worker slice beside a lane {} us, lane slice {} us{}); {} round(s) of {} s, interleaved; medians; load avg {}",
         a.heavy_conns,
         a.heavy_us,
         a.light_conns,
@@ -594,6 +604,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.driver,
         a.lane_nice,
         a.lane_worker_slice_us,
+        a.lane_slice_us,
         if a.lane_in_order { ", lanes in order" } else { "" },
         a.rounds,
         a.seconds,
