@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use connmux_9p::rmsg::Rmsg;
 use connmux_9p::types::getattr;
 use connmux_9p::{Dirent, MsgType, Qid, QidType, SetAttr, Tmsg, NOFID};
+use rand::rngs::SmallRng;
+use rand::{RngCore, SeedableRng};
 
 mod common;
 use common::{spawn_server, Server, BIN};
@@ -40,17 +42,12 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-/// Deterministic bytes that differ at every offset class (catches shifted reads).
+/// Seeded random bytes: the same for a seed, and no run of them repeats at a
+/// small shift (catches shifted reads).
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
+    let mut b = vec![0u8; len];
+    SmallRng::seed_from_u64(u64::from(seed)).fill_bytes(&mut b);
+    b
 }
 
 fn have(tool: &str) -> bool {

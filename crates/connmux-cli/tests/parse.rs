@@ -13,6 +13,8 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
 /// Most time one run of the command may take (inputs are at most a few MiB).
@@ -309,12 +311,9 @@ fn length_prefix_builtin_and_bpf_across_read_chunks() {
     // command's 64 KiB reads at every kind of offset.
     let mut wire = Vec::new();
     let mut want = Vec::new();
-    let mut x = 0x1234_5678u32;
+    let mut rng = SmallRng::seed_from_u64(0x1234_5678);
     for i in 0..400u32 {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        let n = if i % 50 == 0 { 70_000 } else { (x % 2000) as usize };
+        let n = if i % 50 == 0 { 70_000 } else { rng.gen_range(0..2000) };
         want.push((wire.len() as u64, 4 + n as u64));
         wire.extend(l4(&vec![i as u8; n]));
     }

@@ -7,6 +7,8 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use connmux::{PsockError, SendFlags, SockType};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 use crate::backend::{frame, new_mux, tcp_pair, Ep, Got, Kind, Mx, Opts};
 
@@ -743,12 +745,9 @@ fn case_30_interleaved_senders_never_interleave_within_a_message(kind: Kind) -> 
         std::thread::scope(|sc| {
             for (t, ep) in eps.iter().enumerate() {
                 sc.spawn(move || {
-                    let mut x = 0x9e3779b9u32.wrapping_mul(t as u32 + 1);
+                    let mut rng = SmallRng::seed_from_u64(t as u64 + 1);
                     for i in 0..N {
-                        x ^= x << 13;
-                        x ^= x >> 17;
-                        x ^= x << 5;
-                        let len = 1 + (x as usize % (16 << 10));
+                        let len = rng.gen_range(1..=16 << 10);
                         let _ = ep.send(&frame(&vec![(t * N + i) as u8; len]), SendFlags::default());
                     }
                 });

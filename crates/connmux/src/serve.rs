@@ -15,6 +15,8 @@ use std::sync::Arc;
 use connmux_core::mux::{Event, LeaseRead, MuxError, PsockId};
 use connmux_core::run::{Messages, Run};
 use connmux_core::Bytes;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 use crate::config::Tuning;
 use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
@@ -49,22 +51,21 @@ const TIME_EVERY: u8 = 4;
 
 /// Which light runs are timed: the first at run `TIME_EVERY`, then after
 /// `TIME_EVERY - 1`, `TIME_EVERY` or `TIME_EVERY + 1` more, picked by a
-/// xorshift generator. A fixed period is one the order of a worker's
-/// connections can fall into: with four connections served in turn, only
-/// the fourth was ever timed, and a heavy one among the other three was
-/// never found. A varied period walks the timed run over all of them; the
-/// first one stays at `TIME_EVERY`, so a heavy connection is found as soon
-/// as before.
+/// seeded `SmallRng` (the same picks every time). A fixed period is one the
+/// order of a worker's connections can fall into: with four connections
+/// served in turn, only the fourth was ever timed, and a heavy one among the
+/// other three was never found. A varied period walks the timed run over all
+/// of them; the first one stays at `TIME_EVERY`, so a heavy connection is
+/// found as soon as before.
 struct Sample {
     untimed: u8,
     period: u8,
-    rng: u32,
+    rng: SmallRng,
 }
 
 impl Default for Sample {
     fn default() -> Sample {
-        // Any generator state but 0 (which xorshift keeps).
-        Sample { untimed: 0, period: TIME_EVERY, rng: 0x9E37_79B9 }
+        Sample { untimed: 0, period: TIME_EVERY, rng: SmallRng::seed_from_u64(0x9E37_79B9) }
     }
 }
 
@@ -77,13 +78,7 @@ impl Sample {
             return false;
         }
         self.untimed = 0;
-        let mut x = self.rng;
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        self.rng = x;
-        // The remainder of 3 is as good as uniform for a 32-bit state.
-        self.period = TIME_EVERY - 1 + (x % 3) as u8;
+        self.period = TIME_EVERY - 1 + self.rng.gen_range(0..3u8);
         true
     }
 }

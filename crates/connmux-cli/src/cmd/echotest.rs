@@ -23,6 +23,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use rand::rngs::SmallRng;
+use rand::{RngCore, SeedableRng};
 use serde::Serialize;
 
 use super::loadgen::{self, target::parse_count, CommonArgs, Target, Units};
@@ -120,16 +122,11 @@ impl EchoClient {
 }
 
 fn pattern(size: usize) -> Vec<u8> {
-    // xorshift: cheap, not periodic at any small stride.
-    let mut x: u32 = 0x9e37_79b9;
-    (0..size + SHIFTS)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x >> 24) as u8
-        })
-        .collect()
+    // Seeded random bytes: the same every run, and no window of them repeats
+    // at a small shift, so a shifted echo is caught.
+    let mut p = vec![0u8; size + SHIFTS];
+    SmallRng::seed_from_u64(0x9e37_79b9).fill_bytes(&mut p);
+    p
 }
 
 impl loadgen::Client for EchoClient {

@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{RngCore, SeedableRng};
 use serde_json::{json, Value};
 use socket2::{Domain, Socket, Type};
 
@@ -461,7 +463,7 @@ fn slowloris(t: Target, addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
 
 /// Bad inputs in turn; each connection should be closed by the server.
 fn garbage(t: Target, addr: SocketAddr, end: Instant, seen: &Seen) {
-    let mut x: u32 = 0x9e37_79b9;
+    let mut rng = SmallRng::seed_from_u64(0x9e37_79b9);
     let mut k = 0u64;
     while Instant::now() < end {
         k += 1;
@@ -473,14 +475,11 @@ fn garbage(t: Target, addr: SocketAddr, end: Instant, seen: &Seen) {
             // Well framed, but not a request.
             (2, Some(bad)) => bad,
             // Random bytes.
-            _ => (0..256)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 17;
-                    x ^= x << 5;
-                    x as u8
-                })
-                .collect(),
+            _ => {
+                let mut b = vec![0u8; 256];
+                rng.fill_bytes(&mut b);
+                b
+            }
         };
         let Ok(mut c) = connect_with(addr, None) else {
             seen.add("connect_errors", 1);

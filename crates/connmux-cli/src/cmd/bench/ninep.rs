@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context;
+use rand::rngs::SmallRng;
+use rand::{RngCore, SeedableRng};
 
 use super::rpc::placement;
 use super::{cpu_list, exe, free_port, loadavg, loadgen, ratio, taskset, verdict, Figures, Proc, Rounds};
@@ -120,15 +122,8 @@ fn make_export() -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("connmux-bench-9p-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("small"), b"small file\n")?;
-    let mut x: u32 = 0x9e37_79b9;
-    let big: Vec<u8> = (0..2 * MIB)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect();
+    let mut big = vec![0u8; 2 * MIB as usize];
+    SmallRng::seed_from_u64(0x9e37_79b9).fill_bytes(&mut big);
     std::fs::write(dir.join("big"), big)?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
     for f in ["small", "big"] {
