@@ -584,10 +584,14 @@ fn a_lane_full_by_bytes_leaves_requests_to_the_worker() {
     }
 }
 
-/// This process's worker threads (`connmux-w…`) whose scheduler slice is
-/// `slice`.
-fn workers_with_slice(slice: Duration) -> usize {
-    threads_with_slice("connmux-w", slice)
+/// Whether this kernel gives threads no scheduler slice of their own
+/// (before Linux 6.12): the slice tests are skipped there, and say so.
+fn no_thread_slices() -> bool {
+    let none = connmux_sys::affinity::thread_slice(0).ok().flatten().is_none();
+    if none {
+        eprintln!("SKIPPED: this kernel gives threads no slice of their own");
+    }
+    none
 }
 
 /// This process's threads whose name starts with `prefix` that run in
@@ -610,8 +614,7 @@ fn threads_with_slice(prefix: &str, slice: Duration) -> usize {
 /// and said so, on a kernel with no slice of a thread's own (before Linux
 /// 6.12).
 fn a_worker_beside_a_busy_lane_runs_in_long_slices() {
-    if connmux_sys::affinity::thread_slice(0).ok().flatten().is_none() {
-        eprintln!("SKIPPED: this kernel gives threads no slice of their own");
+    if no_thread_slices() {
         return;
     }
     let _alone = serial();
@@ -634,13 +637,13 @@ fn a_worker_beside_a_busy_lane_runs_in_long_slices() {
         c.write_all(&light).unwrap();
         assert_eq!(read_framed(&mut c), vec![0, 0, 0, 1]);
     }
-    assert_eq!(workers_with_slice(slice), 0, "asked before its lane had work");
+    assert_eq!(threads_with_slice("connmux-w", slice), 0, "asked before its lane had work");
     // Heavy requests (bounded: 2,000 of 300 µs) until the connection went to
     // the lane and the worker asked.
     let mut h = connect();
     let heavy = framed(&[b'H', 0, 0, 1]);
     let mut sent = 0;
-    while !(svc.mux().lane_moves() >= 1 && workers_with_slice(slice) == 1) {
+    while !(svc.mux().lane_moves() >= 1 && threads_with_slice("connmux-w", slice) == 1) {
         assert!(sent < 2_000, "the worker never asked for its slice");
         h.write_all(&heavy).unwrap();
         assert_eq!(read_framed(&mut h), vec![b'H', 0, 0, 1]);
@@ -650,7 +653,7 @@ fn a_worker_beside_a_busy_lane_runs_in_long_slices() {
     // Light requests only: each is at least one pass of the worker with
     // nothing offered (bounded: 100,000 round trips).
     let mut calls = 0;
-    while workers_with_slice(slice) == 1 {
+    while threads_with_slice("connmux-w", slice) == 1 {
         assert!(calls < 100_000, "the worker kept its slice with an idle lane");
         for _ in 0..256 {
             c.write_all(&light).unwrap();
@@ -667,8 +670,7 @@ fn a_worker_beside_a_busy_lane_runs_in_long_slices() {
 /// a thread's own (before Linux 6.12).
 #[test]
 fn a_lane_runs_in_short_slices() {
-    if connmux_sys::affinity::thread_slice(0).ok().flatten().is_none() {
-        eprintln!("SKIPPED: this kernel gives threads no slice of their own");
+    if no_thread_slices() {
         return;
     }
     let _alone = serial();
