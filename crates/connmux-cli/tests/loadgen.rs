@@ -407,7 +407,18 @@ impl ConnmuxServer {
 }
 
 impl Drop for ConnmuxServer {
+    /// A stop signal first, so that the server removes what it wrote at
+    /// default places (a generated CA); killed if it is still there after
+    /// a few seconds.
     fn drop(&mut self) {
+        let _ = connmux_sys::signal::kill(self.child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -42,11 +42,13 @@ struct Server {
 }
 
 impl Server {
-    /// `connmux <args> -l 127.0.0.1:0 --stats-socket DIR/s.sock`; waits for
-    /// the listening line.
+    /// `connmux <args> -l 127.0.0.1:0 --stats-socket DIR/s.sock`, with DIR
+    /// as its `XDG_RUNTIME_DIR` (where files at default places go); waits
+    /// for the listening line.
     fn start(args: &[&str], dir: &Path) -> Server {
         let socket = dir.join("s.sock");
         let mut child = Command::new(BIN)
+            .env("XDG_RUNTIME_DIR", dir)
             .args(args)
             // Unpinned: tests run side by side, and every server pinned to
             // CPU 0 would starve the others.
@@ -328,6 +330,27 @@ fn sighup_stops_like_sigterm() {
     assert!(out.contains("SIGHUP: stopping"), "{out}");
     assert!(out.contains("every connection closed"), "{out}");
     assert!(!s.socket.exists());
+}
+
+/// A server with a generated TLS certificate writes its CA where clients
+/// find it (the default place: `$XDG_RUNTIME_DIR/connmux`), and removes it
+/// when it stops: the CA is made anew each run.
+#[test]
+fn a_generated_ca_is_removed_when_the_server_stops() {
+    let dir = Scratch::new("tls-ca");
+    for what in ["rpc-server", "echo-server"] {
+        let mut s = Server::start(&[what, "--tls", "--grace-ms", "60000"], &dir.0);
+        let line = s.wait_line("--tls-ca ", Duration::from_secs(10));
+        let ca = PathBuf::from(line.rsplit("--tls-ca ").next().unwrap().trim());
+        assert!(ca.starts_with(dir.0.join("connmux")), "{what}: CA at {} ({line})", ca.display());
+        let pem = std::fs::read_to_string(&ca).unwrap();
+        assert!(pem.starts_with("-----BEGIN CERTIFICATE-----"), "{what}: {pem}");
+        s.signal(libc::SIGTERM);
+        let st = s.wait_exit(Duration::from_secs(10));
+        assert_eq!(st.code(), Some(0), "{what}: {st:?}");
+        assert!(!ca.exists(), "{what}: the generated CA {} left behind", ca.display());
+        assert!(!s.socket.exists(), "{what}: statistics socket left behind");
+    }
 }
 
 /// A connection that stays open but idle does not hold the stop for the

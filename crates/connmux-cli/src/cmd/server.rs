@@ -501,7 +501,7 @@ fn run_service(
         match &tls {
             None => Service::start(mux, cfg, handler),
             // TLS psocks: the handshake and the records run in the workers.
-            Some((config, _)) => Service::start_tls(mux, cfg, handler, config.clone()),
+            Some(t) => Service::start_tls(mux, cfg, handler, t.config.clone()),
         }
         .with_context(|| format!("starting {what} on {listen}"))?,
     );
@@ -527,8 +527,8 @@ fn run_service(
         svc.mux().driver(),
         endpoint.as_ref().map(|e| format!("; statistics: connmux stat {}", e.path().display())).unwrap_or_default()
     );
-    if let Some((_, note)) = &tls {
-        println!("{note}");
+    if let Some(t) = &tls {
+        println!("{}", t.note);
     }
     // Line by line even into a pipe: a script waits for these two lines.
     let _ = std::io::Write::flush(&mut std::io::stdout());
@@ -546,6 +546,7 @@ fn run_service(
     print_stats(&svc, started);
     drop(registration);
     drop(endpoint);
+    drop(tls);
     drop(trimmer);
     if stopped.forced() {
         std::process::exit(stopped.finish());

@@ -32,7 +32,9 @@ pub struct ServerTls {
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// Where to write the generated CA certificate (PEM) [default:
-    /// <server>-<pid>-ca.pem in $XDG_RUNTIME_DIR/connmux or /tmp/connmux-<uid>].
+    /// <server>-<pid>-ca.pem in $XDG_RUNTIME_DIR/connmux or /tmp/connmux-<uid>,
+    /// removed when the server stops: the CA is made anew each run]. A file
+    /// named here is left in place.
     #[arg(long, value_name = "FILE", conflicts_with = "tls_cert")]
     pub tls_ca_out: Option<PathBuf>,
 }
@@ -43,22 +45,18 @@ impl ServerTls {
         self.tls || self.tls_cert.is_some()
     }
 
-    /// The server configuration `--tls` asks for (None without --tls), and a
-    /// line saying where the certificate comes from.
-    pub fn config(
-        &self,
-        listen: SocketAddr,
-        what: &str,
-    ) -> anyhow::Result<Option<(Arc<rustls::ServerConfig>, String)>> {
+    /// The server configuration `--tls` asks for (None without --tls): see
+    /// [`ServerTlsSetup`].
+    pub fn config(&self, listen: SocketAddr, what: &str) -> anyhow::Result<Option<ServerTlsSetup>> {
         if !self.wanted() {
             return Ok(None);
         }
-        let (chain, key, note) = match (&self.tls_cert, &self.tls_key) {
+        let (chain, key, note, ca_file) = match (&self.tls_cert, &self.tls_key) {
             (Some(c), Some(k)) => {
                 let chain = read_certs(c)?;
                 let key =
                     PrivateKeyDer::from_pem_file(k).with_context(|| format!("reading the key {}", k.display()))?;
-                (chain, key, format!("TLS certificate {}", c.display()))
+                (chain, key, format!("TLS certificate {}", c.display()), None)
             }
             _ => {
                 let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
@@ -66,9 +64,11 @@ impl ServerTls {
                     names.push(listen.ip().to_string());
                 }
                 let g = generate(&names)?;
-                let out = match &self.tls_ca_out {
-                    Some(p) => p.clone(),
-                    None => crate::cmd::stat::default_dir().join(format!("{what}-{}-ca.pem", std::process::id())),
+                let (out, ours) = match &self.tls_ca_out {
+                    Some(p) => (p.clone(), false),
+                    None => {
+                        (crate::cmd::stat::default_dir().join(format!("{what}-{}-ca.pem", std::process::id())), true)
+                    }
                 };
                 if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -79,7 +79,8 @@ impl ServerTls {
                     names.join(", "),
                     out.display()
                 );
-                (vec![g.cert], PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(g.key)), note)
+                let ca_file = ours.then(|| RemovedOnDrop(out));
+                (vec![g.cert], PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(g.key)), note, ca_file)
             }
         };
         let cfg = rustls::ServerConfig::builder_with_provider(provider())
@@ -87,7 +88,26 @@ impl ServerTls {
             .with_no_client_auth()
             .with_single_cert(chain, key)
             .context("the certificate and key do not go together")?;
-        Ok(Some((Arc::new(cfg), note)))
+        Ok(Some(ServerTlsSetup { config: Arc::new(cfg), note, _ca_file: ca_file }))
+    }
+}
+
+/// What a server's `--tls` set up: the rustls configuration, a line saying
+/// where the certificate comes from, and the generated CA's file when it
+/// lies at the default place (removed when this is dropped, as the server
+/// stops: the CA is only good for this run).
+pub struct ServerTlsSetup {
+    pub config: Arc<rustls::ServerConfig>,
+    pub note: String,
+    _ca_file: Option<RemovedOnDrop>,
+}
+
+/// A file removed when this is dropped.
+struct RemovedOnDrop(PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 

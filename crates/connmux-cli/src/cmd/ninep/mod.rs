@@ -84,7 +84,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let svc = Arc::new(
         match &tls {
             None => Service::start(mux, cfg, handler.clone()),
-            Some((config, _)) => Service::start_tls(mux, cfg, handler.clone(), config.clone()),
+            Some(t) => Service::start_tls(mux, cfg, handler.clone(), t.config.clone()),
         }
         .with_context(|| format!("starting {what} on {}", a.listen))?,
     );
@@ -114,8 +114,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         svc.mux().driver(),
         endpoint.as_ref().map(|e| format!("; statistics: connmux stat {}", e.path().display())).unwrap_or_default()
     );
-    if let Some((_, note)) = &tls {
-        println!("{note}");
+    if let Some(t) = &tls {
+        println!("{}", t.note);
     }
     let _ = std::io::Write::flush(&mut std::io::stdout());
     let report = || print!("{}", counters(&svc, &handler));
@@ -132,6 +132,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     );
     print!("{}", counters(&svc, &handler));
     drop(endpoint);
+    drop(tls);
     if stopped.forced() {
         std::process::exit(stopped.finish());
     }
