@@ -510,6 +510,15 @@ impl StreamParser {
         }
         // Zero-copy: the message shares the read buffer's allocation.
         let raw = self.buf.split_to(full_len).freeze();
+        if self.buf.is_empty() && (full_len >= LEND_MIN || self.buf.capacity() < MIN_GROW) {
+            // Nothing left of the read: let go of the allocation, which the
+            // empty rest would keep alive (a large message's whole buffer)
+            // for as long as the connection stays quiet, outside what the
+            // core counts. The next bytes get a buffer of their own. (A
+            // small message's read buffer with room left is kept: the next
+            // read goes there without an allocation.)
+            self.buf = BytesMut::new();
+        }
         self.frame = Frame::Idle;
         self.started = None;
         self.stats.msgs += 1;

@@ -642,6 +642,17 @@ impl Mux {
         }
     }
 
+    /// Bytes the multiplexor holds now (`MuxStats::mem_used`, against
+    /// `mem_limit`), without first asking the workers what their leases did
+    /// (a lease's counts hold no bytes). The kernel backend keeps no such
+    /// figure: 0 there.
+    pub fn memory_used(&self) -> usize {
+        match &self.imp {
+            MuxImp::User(u) => u.shared.lock().mux.memory_used(),
+            MuxImp::Kernel(_) => 0,
+        }
+    }
+
     /// How many psocks are attached now (without listing them).
     pub fn psock_count(&self) -> usize {
         match &self.imp {
