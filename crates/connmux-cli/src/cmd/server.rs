@@ -491,9 +491,7 @@ fn run_service(
     rpcbind: Option<(SocketAddr, Vec<(u32, u32)>)>,
     what: &str,
 ) -> anyhow::Result<i32> {
-    // Large buffers in their own mappings, so that what peers held goes
-    // back to the system when they leave (see connmux_sys::malloc).
-    connmux_sys::malloc::set_mmap_threshold(128 << 10);
+    keep_message_buffers(common.max_msg);
     let mux = Mux::new(common.mux_config()?)?;
     let cfg = ServiceConfig { listen, sock_type: SockType::Dgram, parser };
     let tls = common.tls.config(listen, what)?;
@@ -557,9 +555,31 @@ fn run_service(
     Ok(stopped.finish())
 }
 
-/// Gives free allocator pages back to the system after connections leave
-/// (glibc keeps freed heap pages otherwise): once a second at most, when
-/// connections closed since the last look.
+/// Where the allocator puts message buffers (see `connmux_sys::malloc`):
+/// in its heap arenas, so that the next message reuses the pages the last
+/// one freed, rather than each large message in a mapping of its own, whose
+/// page faults, zeroing and unmapping cost more than its copies where faults
+/// are dear (1 MiB messages: 485 against 1,311 a second on one connection
+/// in a virtual machine; `docs/performance.md`, "Message size"). Up to
+/// `max_msg` (and at most glibc's own ceiling, 32 MiB) from the arenas;
+/// an arena's free top given back past twice that (glibc's own rule when
+/// it moves the thresholds itself). What peers held inside the arenas goes
+/// back at the [`Trimmer`]'s trims.
+fn keep_message_buffers(max_msg: usize) {
+    let block = (max_msg + (64 << 10)).clamp(1 << 20, 32 << 20);
+    connmux_sys::malloc::set_mmap_threshold(block);
+    connmux_sys::malloc::set_trim_threshold(2 * block);
+}
+
+/// What the core's memory must fall by, from the most it held since the
+/// last trim, for the [`Trimmer`] to trim without a connection closing: a
+/// burst of large messages from peers that stay.
+const TRIM_AFTER_FREED: usize = 16 << 20;
+
+/// Gives free allocator pages back to the system (glibc keeps freed arena
+/// pages otherwise): when connections closed since the last look (every
+/// 250 ms), or when what the core holds fell by [`TRIM_AFTER_FREED`];
+/// each time twice, the second 750 ms after the first.
 struct Trimmer {
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -573,17 +593,23 @@ impl Trimmer {
         let thread = std::thread::Builder::new()
             .name("connmux-trim".into())
             .spawn(move || {
-                let mut seen = 0;
+                let (mut seen, mut high) = (0, 0);
                 while !s.load(Acquire) {
                     std::thread::sleep(Duration::from_millis(250));
                     let st = svc.stats();
                     let closed = st.closed.load(Relaxed) + st.refused.load(Relaxed);
-                    if closed != seen {
+                    let held = svc.mux().memory_used();
+                    high = high.max(held);
+                    if closed != seen || high - held >= TRIM_AFTER_FREED {
                         seen = closed;
                         connmux_sys::malloc::trim();
-                        // A second look a moment later: the reaper may still
-                        // be unattaching the rest of a burst.
+                        // Once more a moment later: the reaper may still be
+                        // unattaching the rest of a burst, and a message the
+                        // core let go of is freed when its last holder (a
+                        // reply being written) lets go.
                         std::thread::sleep(Duration::from_millis(750));
+                        connmux_sys::malloc::trim();
+                        high = svc.mux().memory_used();
                     }
                 }
             })
