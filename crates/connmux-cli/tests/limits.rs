@@ -364,6 +364,67 @@ fn memory_of_peers_that_stay_returns_uring() {
     memory_of_peers_that_stay_returns("uring");
 }
 
+/// 40 peers, one after the other, each send one 1 MiB message, read its
+/// echo and go quiet, under a 32 MiB budget: never more than one message in
+/// flight, so none of them may be paused or aborted for memory (a receive
+/// the server arms ahead for a quiet peer's next message must not count
+/// them out), and each is answered when it speaks again.
+fn quiet_peers_after_large_messages_stay(driver: &str) {
+    let s = start(
+        &format!("quiet-{driver}"),
+        &[
+            "echo-server",
+            "--mode",
+            "message",
+            "--parser",
+            "l4",
+            "--driver",
+            driver,
+            "-w",
+            "2",
+            "--no-pin",
+            "--mem-limit",
+            "32M",
+        ],
+    );
+    let mut wire = ((MIB - 4) as u32).to_be_bytes().to_vec();
+    wire.resize(MIB, 0x5a);
+    let mut peers = Vec::new();
+    for i in 0..40 {
+        let mut c = connect(s.addr);
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(&wire).unwrap();
+        let mut echo = vec![0u8; MIB];
+        c.read_exact(&mut echo).unwrap_or_else(|e| panic!("{driver}: peer {i}'s echo: {e}"));
+        peers.push(c);
+    }
+    // What the server holds for them now is at most half the budget (the
+    // room it may arm ahead for messages only predicted) and a message.
+    let st = stat(&s);
+    assert!(counter(&st, "mem_used") <= 17 * MIB as u64, "{driver}: quiet peers held against the budget: {st}");
+    let small = [0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8];
+    for (i, c) in peers.iter_mut().enumerate() {
+        c.write_all(&small).unwrap();
+        let mut echo = [0u8; 12];
+        c.read_exact(&mut echo).unwrap_or_else(|e| panic!("{driver}: peer {i}, quiet, then a small message: {e}"));
+        assert_eq!(echo, small, "{driver}: peer {i}");
+    }
+    let st = stat(&s);
+    assert_eq!(counter(&st, "mem_aborts"), 0, "{driver}: {st}");
+    assert_eq!(counter(&st, "mem_pauses"), 0, "{driver}: {st}");
+    assert_eq!(counter(&st, "psocks"), 40, "{driver}: {st}");
+}
+
+#[test]
+fn quiet_peers_after_large_messages_stay_epoll() {
+    quiet_peers_after_large_messages_stay("epoll");
+}
+
+#[test]
+fn quiet_peers_after_large_messages_stay_uring() {
+    quiet_peers_after_large_messages_stay("uring");
+}
+
 #[test]
 fn connections_past_max_conns_are_refused_and_counted() {
     let s = start("maxconns", &["rpc-server", "--max-conns", "5"]);

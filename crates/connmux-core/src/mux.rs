@@ -1313,6 +1313,34 @@ impl Mux {
         self.rx_capacity(p) > 0 && self.psock(p).is_ok_and(|ps| ps.stream.would_lend())
     }
 
+    /// [`Mux::rx_lend`] for a driver that arms a receive before the bytes
+    /// come (io_uring). A loan counts whole from the moment it is made, and
+    /// one for a message only predicted (the last was large) stays out for
+    /// as long as the peer sends nothing: every quiet peer that once sent a
+    /// large message would hold one against the memory budget, whose pauses
+    /// then abort them. So a predicted loan is made only while the budget's
+    /// low mark (half of `mem_limit`) has room for it; past it, the driver
+    /// receives as for small messages until a message begins.
+    pub fn rx_lend_ahead(&mut self, p: PsockId) -> Option<RxLoan> {
+        match self.ahead_ok(p) {
+            true => self.rx_lend(p),
+            false => None,
+        }
+    }
+
+    /// Whether [`Mux::rx_lend_ahead`] would lend now (without lending).
+    pub fn rx_would_lend_ahead(&self, p: PsockId) -> bool {
+        self.ahead_ok(p) && self.rx_would_lend(p)
+    }
+
+    fn ahead_ok(&self, p: PsockId) -> bool {
+        match self.psock(p).map(|ps| ps.stream.lend_predicted()) {
+            Ok(Some(len)) => self.mem_total().saturating_add(len) <= self.config.mem_limit / 2,
+            Ok(None) => true,
+            Err(_) => false,
+        }
+    }
+
     /// Give back a loan of [`Mux::rx_lend`]: the bytes appended to it are
     /// taken as [`Mux::feed`] takes bytes (complete messages are steered).
     ///

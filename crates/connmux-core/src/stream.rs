@@ -330,6 +330,16 @@ impl StreamParser {
         self.lend_plan().is_some()
     }
 
+    /// The bytes a lend now would be for a message only predicted (none of
+    /// its bytes here yet, [`StreamParser::lend`]): its predicted length.
+    /// `None` when a message has begun, or nothing is predicted.
+    pub fn lend_predicted(&self) -> Option<usize> {
+        match self.buf.is_empty() && self.lent.is_none() && !self.stopped {
+            true => self.predicted_len(),
+            false => None,
+        }
+    }
+
     /// Lend the assembly buffer for a read of at most `max` bytes straight
     /// into it (`max` is the caller's bound: what the psock may still hold).
     /// `None` when the stream reads through `feed` or `max` is 0.

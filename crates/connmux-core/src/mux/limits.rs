@@ -80,7 +80,7 @@ impl Mux {
 
     /// [`Mux::memory_used`] in O(sockets): the psocks' part is kept as a sum.
     #[inline]
-    fn mem_total(&self) -> usize {
+    pub(super) fn mem_total(&self) -> usize {
         let socks: usize = self.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
         self.rx_held_sum + socks + self.hold_mem
     }

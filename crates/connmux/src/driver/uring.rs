@@ -698,8 +698,9 @@ impl UringIo {
             }
             if conn.rt.tls.is_none() && !own.leases.contains_key(&conn.rt.id) {
                 // A large message: one receive straight into the psock's
-                // assembly buffer, no more than the message needs.
-                let loan = sh.lock().mux.rx_lend(conn.rt.id);
+                // assembly buffer, no more than the message needs (one only
+                // predicted while the budget has room: `Mux::rx_lend_ahead`).
+                let loan = sh.lock().mux.rx_lend_ahead(conn.rt.id);
                 if let Some(mut loan) = loan {
                     let buf = std::mem::take(loan.buf());
                     let limit = loan.limit();

@@ -288,7 +288,7 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
     if let Some(errno) = conn.eof.take() {
         let _ = core.mux.rx_closed(id, errno);
         conn.rx_stopped = true;
-    } else if conn.recv_armed && !conn.recv_cancelled && conn.loan.is_none() && core.mux.rx_would_lend(id) {
+    } else if conn.recv_armed && !conn.recv_cancelled && conn.loan.is_none() && core.mux.rx_would_lend_ahead(id) {
         // A large message began: end the multishot receive (what it still
         // delivers is fed first) so that the next one goes straight into the
         // psock's assembly buffer.
