@@ -138,6 +138,44 @@ fn after_a_large_message_the_next_read_is_lent_for_whole_messages_of_that_size()
     assert_eq!(m.psock_stats(p).unwrap().rx_bytes, (got.len() * len) as u64);
 }
 
+/// A receive armed ahead (io_uring) for a message only predicted counts
+/// whole while the peer sends nothing: such loans are made only while the
+/// budget's low mark (half of `mem_limit`) has room; a message begun is
+/// lent as always.
+#[test]
+fn a_loan_ahead_for_a_predicted_message_is_made_only_below_half_the_budget() {
+    let cfg = MuxConfig { mem_limit: 3 * BIG, ..big_cfg() };
+    let mut m = Mux::new(cfg);
+    let s = m.socket(SockType::Dgram);
+    let (p1, p2) = (m.attach(L4::boxed(), PsockConfig::default()), m.attach(L4::boxed(), PsockConfig::default()));
+    for (p, tag) in [(p1, 1), (p2, 2)] {
+        m.feed(p, &l4_total(BIG, tag), t(0)).unwrap();
+    }
+    assert_eq!(recv_all(&mut m, s).len(), 2);
+    assert_eq!(m.memory_used(), 0, "both messages taken: the psocks are quiet");
+    // Both predict a BIG message; the low mark (1.5 BIG) has room for one.
+    assert!(m.rx_would_lend_ahead(p1));
+    let ahead = m.rx_lend_ahead(p1).expect("room below the low mark: lent ahead");
+    assert_eq!(ahead.limit(), BIG, "for the predicted message");
+    assert_eq!(m.memory_used(), BIG, "counted whole while out");
+    assert!(!m.rx_would_lend_ahead(p2), "a second would pass the low mark");
+    assert!(m.rx_lend_ahead(p2).is_none());
+    assert!(m.rx_would_lend(p2), "a loan once the bytes are there is still offered");
+    // p2's next message begins: its loan is for bytes the peer sends.
+    let next = l4_total(BIG, 3);
+    m.feed(p2, &next[..100], t(1)).unwrap();
+    assert!(m.rx_would_lend_ahead(p2));
+    let mut loan = m.rx_lend_ahead(p2).expect("a message begun is lent");
+    read_into(&mut loan, &next[100..]);
+    m.rx_commit(loan, t(1)).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![next]);
+    // The loan ahead comes back empty: room again.
+    m.rx_commit(ahead, t(2)).unwrap();
+    assert_eq!(m.memory_used(), 0);
+    assert!(m.rx_would_lend_ahead(p2));
+    assert!(m.rx_lend_ahead(p2).is_some(), "below the low mark again");
+}
+
 #[test]
 fn a_predicted_message_larger_than_the_read_ahead_is_read_in_one_loan() {
     // 300 KiB messages, 256 KiB of read-ahead: between messages the loan
