@@ -350,6 +350,14 @@ pub enum Event {
     /// that worker ([`Mux::lease`]): the worker should give it back
     /// ([`Mux::unlease`]). Raised once per lease.
     PsockLeaseRevoked(PsockId),
+    /// The memory budget paused psock `p` while its assembly buffer is lent
+    /// ([`Mux::rx_lend`]): end the read that holds the loan and give it back
+    /// ([`Mux::rx_commit`]). A loan counts whole while it is out, and one
+    /// armed ahead for a message only predicted ([`Mux::rx_lend_ahead`])
+    /// stays out for as long as the peer is quiet: kept, it would have the
+    /// budget abort a peer that sends nothing. A driver whose loans come
+    /// back by themselves (a read at once) has nothing to do.
+    PsockRxRecall(PsockId),
 }
 
 /// A view of the bytes a psock should write next: one or more whole-message

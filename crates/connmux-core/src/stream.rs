@@ -399,6 +399,13 @@ impl StreamParser {
             return Unlend::Refused;
         }
         self.buf = loan.buf;
+        if len == 0 && self.buf.capacity() >= LEND_MIN {
+            // A loan back with nothing (a read ahead recalled, a receive
+            // that could not be armed): its allocation, as large as the
+            // message it was for, is not kept for a quiet connection
+            // outside what the core counts.
+            self.buf = BytesMut::new();
+        }
         Unlend::Took(len - loan.start)
     }
 

@@ -96,6 +96,50 @@ fn over_budget_pauses_largest_first_then_aborts_the_stuck() {
     assert_eq!(m.poll_timeout(), None, "nothing left to look at");
 }
 
+/// A quiet psock whose driver armed a read ahead for its next message (the
+/// last was large: `Mux::rx_lend_ahead`) holds that loan, counted whole,
+/// while it sends nothing. Paused by the budget, it has the loan recalled
+/// and holds nothing at its grace's end: the stuck psocks are aborted, not
+/// the quiet one, though its loan was the largest holding.
+#[test]
+fn a_loan_out_for_a_quiet_psock_is_recalled_when_paused_and_the_quiet_psock_kept() {
+    let (mut m, k) = dgram_mux(budget_config());
+    let quiet = attach_l4(&mut m);
+    let a = attach_l4(&mut m);
+    let b = attach_l4(&mut m);
+    // One large message, taken: the next is predicted as large.
+    m.feed(quiet, &l4_total(40_000, 0x1), ms(0)).unwrap();
+    assert_eq!(recv_all(&mut m, k).len(), 1);
+    let ahead = m.rx_lend_ahead(quiet).expect("room below the low mark: lent ahead");
+    assert_eq!(m.memory_used(), ahead.limit(), "the loan counts whole while out");
+    assert!(ahead.limit() >= 40_000);
+    // Two stuck senders take the total over the limit.
+    m.feed(a, &partial(35_000, 0xa), ms(10)).unwrap();
+    m.feed(b, &partial(30_000, 0xb), ms(10)).unwrap();
+    assert!(m.memory_used() > LIMIT);
+    assert!(m.mem_paused(quiet) && m.mem_paused(a) && m.mem_paused(b));
+    let ev = events(&mut m);
+    assert_eq!(
+        ev.iter().filter(|e| matches!(e, Event::PsockRxRecall(_))).collect::<Vec<_>>(),
+        vec![&Event::PsockRxRecall(quiet)],
+        "only the psock whose buffer is lent is asked for it: {ev:?}"
+    );
+    // The driver ends the read: nothing came.
+    m.rx_commit(ahead, ms(20)).unwrap();
+    assert_eq!(m.memory_used(), 65_000, "the quiet psock holds nothing now");
+    assert!(m.rx_lend_ahead(quiet).is_none(), "paused: no loan");
+    // The grace ends: the largest stuck holder goes until the low mark.
+    m.handle_timeout(ms(1010));
+    let ev = events(&mut m);
+    assert_eq!(failures(&ev), vec![(a, PsockError::Rx(RxError::MemLimit { held: 35_000, limit: LIMIT }))]);
+    assert!(ev.contains(&Event::PsockRxResume(quiet)), "read again: {ev:?}");
+    // The quiet peer's next message is served.
+    let next = l4_total(40_000, 0x2);
+    m.feed(quiet, &next, ms(1020)).unwrap();
+    assert_eq!(recv_all(&mut m, k), vec![next]);
+    assert_eq!(m.stats().mem_aborts, 1);
+}
+
 #[test]
 fn paused_psocks_read_again_below_the_low_mark() {
     let (mut m, k) = dgram_mux(MuxConfig { sock_rcvbuf: 1 << 20, ..budget_config() });

@@ -311,7 +311,8 @@ impl Runtime {
                 Event::PsockRxResume(_)
                 | Event::PsockFailed(..)
                 | Event::PsockDrained(_)
-                | Event::PsockLeaseRevoked(_) => {}
+                | Event::PsockLeaseRevoked(_)
+                | Event::PsockRxRecall(_) => {}
                 Event::PsockReleased(_) => {
                     self.released.fetch_add(1, Ordering::AcqRel);
                 }

@@ -33,6 +33,10 @@
 //!   aborted until the total is at the low mark (`mem_aborts`,
 //!   `PsockFailed(Rx(MemLimit))`, which the runtime turns into a reset). Its
 //!   assembly buffer is freed at once.
+//! - A psock paused while its assembly buffer is lent (a receive armed
+//!   ahead for a message only predicted, which counts whole while out) has
+//!   the loan recalled (`PsockRxRecall`): a quiet peer then holds nothing,
+//!   and is not taken for a stuck one.
 //! - At or below the low mark every paused psock is read again
 //!   (`PsockRxResume`).
 //!
@@ -194,6 +198,11 @@ impl Mux {
                 }
                 ps.mem = MemState::Paused { since: now, held: held_now };
                 self.counters.mem_pauses += 1;
+                if ps.stream.is_lent() {
+                    // What the loan counts may never come: have it back, so
+                    // that a quiet psock holds nothing at its grace's end.
+                    self.events.push_back(Event::PsockRxRecall(p));
+                }
             }
         }
         self.mem_next = self

@@ -580,6 +580,16 @@ impl UringIo {
                 drop(core);
                 self.to_arm.push(token);
             }
+            Command::Recall(p) => {
+                // The receive's completion gives the loan back (with what
+                // it read); the psock is paused, so the next arm lends
+                // nothing (`after_recv`, `arm`).
+                let token = psock_token(p);
+                let Some(conn) = self.conns.get_mut(&token) else { return };
+                if conn.loan.is_some() && conn.recv_armed && !conn.recv_cancelled {
+                    conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+                }
+            }
             Command::StopRx(p) => {
                 let token = psock_token(p);
                 let Some(conn) = self.conns.get_mut(&token) else { return };

@@ -59,6 +59,9 @@ pub(crate) enum Command {
     Attach(Arc<PsockRt>),
     /// The core takes bytes from this psock again (`PsockRxResume`).
     Resume(PsockId),
+    /// The budget paused the psock while its assembly buffer is lent
+    /// (`PsockRxRecall`): end the receive that holds the loan.
+    Recall(PsockId),
     /// The psock failed: stop receiving from it.
     StopRx(PsockId),
     /// The psock has bytes to write that another thread could not.
@@ -835,6 +838,16 @@ impl Shared {
                         if rt.tls.is_some() && matches!(self.workers[rt.worker()].io, WorkerIo::Epoll(_)) {
                             // Decrypted bytes held back announce no readiness.
                             self.workers[rt.worker()].command(Command::Resume(p));
+                        }
+                    }
+                }
+                Event::PsockRxRecall(p) => {
+                    // Only an io_uring worker keeps a loan out between
+                    // passes (a receive armed into it); epoll's come back
+                    // with the read.
+                    if let Some(rt) = self.psock_rt(p) {
+                        if let WorkerIo::Uring = self.workers[rt.worker()].io {
+                            self.workers[rt.worker()].command(Command::Recall(p));
                         }
                     }
                 }
