@@ -5,6 +5,11 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 
+/// The system allocator, counting large blocks in use: the servers trim
+/// the allocator when that count falls (`cmd::server`'s `Trimmer`).
+#[global_allocator]
+static ALLOC: connmux_sys::malloc::Counting = connmux_sys::malloc::Counting;
+
 #[derive(Parser)]
 #[command(name = "connmux", version, about = "Message-based interface over TCP: servers, load generators and tools", long_about = None)]
 struct Cli {

@@ -20,8 +20,8 @@
 //! - [`uring`]: io_uring with a provided-buffer ring: multishot receives, sends, polls,
 //!   cancellation, completions as a safe enum;
 //! - [`bpf`]: the bpf(2) system call (program load, test run);
-//! - [`malloc`]: glibc's `mallopt` thresholds, `mallinfo2`'s bytes in use and
-//!   `malloc_trim`, so freed buffers go back to the system.
+//! - [`malloc`]: glibc's `mallopt` thresholds and `malloc_trim`, and a global
+//!   allocator counting large blocks in use, so freed buffers go back to the system.
 //!
 //! What it does **not** do: own any policy. It does not decide what to read, when to
 //! retry or how to react to an error (beyond retrying `EINTR` where a call says so);

@@ -571,18 +571,19 @@ fn keep_message_buffers(max_msg: usize) {
     connmux_sys::malloc::set_trim_threshold(2 * block);
 }
 
-/// What the allocator's bytes in use must fall by, from the most since the
-/// last trim, for the [`Trimmer`] to trim without a connection closing: a
-/// burst of large messages from peers that stay.
+/// What the large blocks in use must fall by, from the most since the last
+/// trim, for the [`Trimmer`] to trim without a connection closing: a burst
+/// of large messages from peers that stay.
 const TRIM_AFTER_FREED: usize = 16 << 20;
 
 /// Gives free allocator pages back to the system (glibc keeps freed arena
 /// pages otherwise): when connections closed since the last look (every
-/// 250 ms), or when the bytes the program holds in the allocator's arenas
-/// fell by [`TRIM_AFTER_FREED`]; each time twice, the second 750 ms after
-/// the first. The allocator's count, not the core's: a message the core
-/// let go of may still be a reply being written to a slow reader, freed
-/// seconds later.
+/// 250 ms), or when the large blocks the program holds
+/// (`connmux_sys::malloc::large_in_use`, counted by the binary's global
+/// allocator) fell by [`TRIM_AFTER_FREED`]; each time twice, the second
+/// 750 ms after the first. The allocator's count, not the core's: a message
+/// the core let go of may still be a reply being written to a slow reader,
+/// freed seconds later.
 struct Trimmer {
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -601,7 +602,7 @@ impl Trimmer {
                     std::thread::sleep(Duration::from_millis(250));
                     let st = svc.stats();
                     let closed = st.closed.load(Relaxed) + st.refused.load(Relaxed);
-                    let held = connmux_sys::malloc::in_use().unwrap_or(0);
+                    let held = connmux_sys::malloc::large_in_use();
                     high = high.max(held);
                     if closed != seen || high - held >= TRIM_AFTER_FREED {
                         seen = closed;
@@ -610,7 +611,7 @@ impl Trimmer {
                         // unattaching the rest of a burst.
                         std::thread::sleep(Duration::from_millis(750));
                         connmux_sys::malloc::trim();
-                        high = connmux_sys::malloc::in_use().unwrap_or(0);
+                        high = connmux_sys::malloc::large_in_use();
                     }
                 }
             })
