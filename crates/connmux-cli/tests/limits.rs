@@ -336,19 +336,20 @@ fn memory_of_peers_that_stay_returns(driver: &str) {
         assert!(echo == wire, "{driver}: peer {i}'s echo differs");
         std::thread::sleep(Duration::from_millis(75));
     }
-    // What stays is what the core still counts (the io_uring driver keeps
-    // a receive armed into each psock's buffer for its next message, as
-    // large as the last, counted whole), and little else: free memory the
-    // allocator keeps (its arenas' tops, up to twice the largest message
-    // each, and what a trim has not reached yet), and the io_uring driver's
-    // provided buffers, in RSS once used (256 × 16 KiB a worker). A quiet
-    // psock that kept its last message's buffer would keep 40 MB.
+    // What stays: nothing the core counts (the io_uring driver's receive
+    // armed ahead into each psock's buffer for its next message, as large
+    // as the last, is recalled once it has been out `AHEAD_QUIET` with
+    // nothing read), and little else: free memory the allocator keeps (its
+    // arenas' tops, up to twice the largest message each, and what a trim
+    // has not reached yet), and the io_uring driver's provided buffers, in
+    // RSS once used (256 × 16 KiB a worker). A quiet psock that kept its
+    // last message's buffer would keep 40 MB.
     let slack = if driver == "uring" { 24 * MIB } else { 16 * MIB } as u64;
     let (mut rss, mut counted) = (0, 0);
     let back = wait_for(Duration::from_secs(15), || {
         counted = counter(&stat(&s), "mem_used");
         rss = vm(pid, "VmRSS");
-        rss <= rss_start + counted + slack
+        counted == 0 && rss <= rss_start + slack
     });
     eprintln!(
         "{driver}: RSS start {} MB, holding {} MB, {} MB after the echoes ({} MB counted by the core)",

@@ -82,6 +82,7 @@ use crate::time::Timestamp;
 mod deadlines;
 mod lease;
 mod limits;
+pub use limits::AHEAD_QUIET;
 mod slab;
 use deadlines::{Armed, Deadlines};
 pub use lease::{Lease, LeaseRead};
@@ -350,13 +351,16 @@ pub enum Event {
     /// that worker ([`Mux::lease`]): the worker should give it back
     /// ([`Mux::unlease`]). Raised once per lease.
     PsockLeaseRevoked(PsockId),
-    /// The memory budget paused psock `p` while its assembly buffer is lent
-    /// ([`Mux::rx_lend`]): end the read that holds the loan and give it back
-    /// ([`Mux::rx_commit`]). A loan counts whole while it is out, and one
-    /// armed ahead for a message only predicted ([`Mux::rx_lend_ahead`])
-    /// stays out for as long as the peer is quiet: kept, it would have the
-    /// budget abort a peer that sends nothing. A driver whose loans come
-    /// back by themselves (a read at once) has nothing to do.
+    /// End the read that holds psock `p`'s loan of its assembly buffer
+    /// ([`Mux::rx_lend`]) and give it back ([`Mux::rx_commit`]): the memory
+    /// budget paused the psock while the buffer was lent, or a loan made
+    /// ahead for a message only predicted ([`Mux::rx_lend_ahead`]) stayed
+    /// out [`AHEAD_QUIET`] with nothing read. A loan counts whole while it
+    /// is out, and one made ahead stays out for as long as the peer is
+    /// quiet: kept, it would have the budget abort a peer that sends
+    /// nothing, and hold memory for a message that may never come. A
+    /// driver whose loans come back by themselves (a read at once) has
+    /// nothing to do.
     PsockRxRecall(PsockId),
 }
 
@@ -653,6 +657,10 @@ struct Psock {
     handshake_deadline: Option<Timestamp>,
     /// The partial record the layer below the parser holds must end by then.
     record_deadline: Option<Timestamp>,
+    /// When the loan out was made ahead, for a message only predicted
+    /// ([`Mux::rx_lend_ahead`]); past [`AHEAD_QUIET`] with nothing read the
+    /// scan recalls it and the prediction is forgotten.
+    ahead_since: Option<Timestamp>,
     /// Records below the parser that did not end in time (they count as
     /// assembly timeouts: they are the start of a message the parser never saw).
     record_timeouts: u64,
@@ -1076,6 +1084,7 @@ impl Mux {
             last_active: self.now,
             handshake_deadline: None,
             record_deadline: None,
+            ahead_since: None,
             record_timeouts: 0,
             stats: PsockStats::default(),
             leased: None,
@@ -1329,11 +1338,25 @@ impl Mux {
     /// then abort them. So a predicted loan is made only while the budget's
     /// low mark (half of `mem_limit`) has room for it; past it, the driver
     /// receives as for small messages until a message begins.
+    ///
+    /// A loan for a message only predicted that is still out, nothing read,
+    /// [`AHEAD_QUIET`] later is recalled ([`Event::PsockRxRecall`], from the
+    /// deadline scan: [`Mux::poll_timeout`]) and the prediction forgotten:
+    /// a peer that went quiet holds nothing until it sends again.
     pub fn rx_lend_ahead(&mut self, p: PsockId) -> Option<RxLoan> {
-        match self.ahead_ok(p) {
-            true => self.rx_lend(p),
-            false => None,
+        if !self.ahead_ok(p) {
+            return None;
         }
+        let predicted = self.psock(p).is_ok_and(|ps| ps.stream.lend_predicted().is_some());
+        let loan = self.rx_lend(p)?;
+        if predicted {
+            let at = self.now;
+            if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+                ps.ahead_since = Some(at);
+            }
+            self.ahead_scan_at(at);
+        }
+        Some(loan)
     }
 
     /// Whether [`Mux::rx_lend_ahead`] would lend now (without lending).
@@ -1369,6 +1392,7 @@ impl Mux {
         self.note_time(now);
         let p = loan.psock;
         let ps = self.psock_mut(p)?;
+        ps.ahead_since = None;
         match ps.stream.unlend(loan.loan) {
             Unlend::Took(0) | Unlend::Stale => {
                 self.recount(p, now);

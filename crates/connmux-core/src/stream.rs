@@ -330,6 +330,12 @@ impl StreamParser {
         self.lend_plan().is_some()
     }
 
+    /// Predict nothing for the next message (the peer went quiet after a
+    /// large one): the next lend waits for its header.
+    pub fn forget_prediction(&mut self) {
+        self.last_len = 0;
+    }
+
     /// The bytes a lend now would be for a message only predicted (none of
     /// its bytes here yet, [`StreamParser::lend`]): its predicted length.
     /// `None` when a message has begun, or nothing is predicted.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::*;
 use connmux_core::mux::{
     Direct, Event, Mux, MuxConfig, MuxError, PsockConfig, PsockError, PsockId, RxError, RxLoan, SockId, SockType,
-    Steering,
+    Steering, AHEAD_QUIET,
 };
 use connmux_core::stream::{StreamLimits, StreamParser, Unlend, LEND_CHUNK, LEND_MIN, LEND_PAGE_OFFSET};
 use connmux_core::Timestamp;
@@ -174,6 +174,47 @@ fn a_loan_ahead_for_a_predicted_message_is_made_only_below_half_the_budget() {
     assert_eq!(m.memory_used(), 0);
     assert!(m.rx_would_lend_ahead(p2));
     assert!(m.rx_lend_ahead(p2).is_some(), "below the low mark again");
+}
+
+/// A loan made ahead for a predicted message that stays out with nothing
+/// read for `AHEAD_QUIET` is recalled and the prediction forgotten: the
+/// quiet peer holds nothing; its next message is read as the first was
+/// (header, then a loan). One whose message comes in time is not recalled.
+#[test]
+fn a_loan_ahead_that_stays_out_quiet_is_recalled_and_the_prediction_forgotten() {
+    let (mut m, s, p) = setup(big_cfg());
+    let quiet_for = AHEAD_QUIET.as_millis() as u64;
+    m.feed(p, &l4_total(BIG, 1), t(0)).unwrap();
+    assert_eq!(recv_all(&mut m, s).len(), 1);
+    // A message that comes within the time: no recall.
+    let ahead = m.rx_lend_ahead(p).expect("lent ahead");
+    assert_eq!(m.poll_timeout(), Some(t(quiet_for)), "the scan looks at it then");
+    let mut loan = ahead;
+    let next = l4_total(BIG, 2);
+    read_into(&mut loan, &next);
+    m.rx_commit(loan, t(500)).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![next]);
+    let ahead = m.rx_lend_ahead(p).expect("lent ahead again");
+    m.handle_timeout(t(quiet_for));
+    assert!(!events(&mut m).contains(&Event::PsockRxRecall(p)), "a loan made at 500 ms is not due at {quiet_for} ms");
+    // Quiet: recalled once it has been out that long.
+    let due = m.poll_timeout().expect("the scan looks again");
+    assert!(due <= t(500 + quiet_for), "{due:?}");
+    m.handle_timeout(t(500 + quiet_for));
+    assert_eq!(events(&mut m), vec![Event::PsockRxRecall(p)]);
+    assert_eq!(m.memory_used(), BIG, "counted until the driver gives it back");
+    m.rx_commit(ahead, t(500 + quiet_for)).unwrap();
+    assert_eq!(m.memory_used(), 0, "the quiet peer holds nothing");
+    assert!(m.rx_lend_ahead(p).is_none(), "nothing predicted any more");
+    assert!(!m.rx_would_lend(p));
+    assert_eq!(m.poll_timeout(), None, "nothing left to look at");
+    // Its next message: the header first, then the body lent.
+    let later = l4_total(BIG, 3);
+    m.feed(p, &later[..100], t(5000)).unwrap();
+    let mut loan = m.rx_lend_ahead(p).expect("a message begun is lent");
+    read_into(&mut loan, &later[100..]);
+    m.rx_commit(loan, t(5000)).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![later]);
 }
 
 #[test]

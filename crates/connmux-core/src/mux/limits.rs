@@ -75,6 +75,15 @@ pub(crate) const MEM_FLOOR: usize = 16 << 10;
 /// Pass over the psocks for handshake deadlines at most this often.
 const SCAN_FLOOR: Duration = Duration::from_millis(10);
 
+/// How long a loan made ahead for a message only predicted
+/// ([`Mux::rx_lend_ahead`]) may stay out with nothing read before it is
+/// recalled: a peer that sent a large message and went quiet would keep
+/// the memory of the next one it may never send (counted, and in the
+/// process), up to half the budget for all such peers. A second: peers
+/// that stream large messages send the next well within it; one that
+/// comes later is read as the first was (its header, then a loan).
+pub const AHEAD_QUIET: Duration = Duration::from_secs(1);
+
 impl Mux {
     /// The budget's low mark: paused psocks read again at or below it.
     #[inline]
@@ -295,6 +304,12 @@ impl Mux {
         }
     }
 
+    /// A loan was made ahead at `at`: the scan looks at it once it may
+    /// have been out for [`AHEAD_QUIET`].
+    pub(super) fn ahead_scan_at(&mut self, at: Timestamp) {
+        self.scan_at(at.add(AHEAD_QUIET));
+    }
+
     fn scan_at(&mut self, t: Timestamp) {
         if self.scan_next.is_none_or(|n| t < n) {
             self.scan_next = Some(t);
@@ -344,7 +359,8 @@ impl Mux {
     }
 
     /// One pass over the psocks: fail those past their handshake deadline or
-    /// idle for the idle timeout; set when to look again.
+    /// idle for the idle timeout, recall loans made ahead that stayed out
+    /// [`AHEAD_QUIET`]; set when to look again.
     pub(super) fn scan_psock_deadlines(&mut self, now: Timestamp) {
         self.note_time(now);
         let idle = self.config.idle_timeout;
@@ -355,6 +371,19 @@ impl Mux {
                 continue;
             }
             let p = PsockId { index: i, generation: g };
+            if let Some(at) = ps.ahead_since {
+                let t = at.add(AHEAD_QUIET);
+                if t <= now {
+                    // Asked once; the loan comes back empty, and no other
+                    // is made ahead until a message comes.
+                    ps.ahead_since = None;
+                    ps.stream.forget_prediction();
+                    self.events.push_back(Event::PsockRxRecall(p));
+                } else {
+                    let t = t.max(now.add(SCAN_FLOOR));
+                    next = Some(next.map_or(t, |n| n.min(t)));
+                }
+            }
             if let Some(t) = ps.handshake_deadline {
                 if t <= now {
                     ps.handshake_deadline = None;

@@ -582,8 +582,8 @@ impl UringIo {
             }
             Command::Recall(p) => {
                 // The receive's completion gives the loan back (with what
-                // it read); the psock is paused, so the next arm lends
-                // nothing (`after_recv`, `arm`).
+                // it read); the next arm lends nothing (`after_recv`, `arm`):
+                // the psock is paused, or its prediction forgotten.
                 let token = psock_token(p);
                 let Some(conn) = self.conns.get_mut(&token) else { return };
                 if conn.loan.is_some() && conn.recv_armed && !conn.recv_cancelled {

@@ -59,8 +59,9 @@ pub(crate) enum Command {
     Attach(Arc<PsockRt>),
     /// The core takes bytes from this psock again (`PsockRxResume`).
     Resume(PsockId),
-    /// The budget paused the psock while its assembly buffer is lent
-    /// (`PsockRxRecall`): end the receive that holds the loan.
+    /// The core wants the loan of the psock's assembly buffer back
+    /// (`PsockRxRecall`: paused by the budget, or a loan made ahead that
+    /// stayed out with nothing read): end the receive that holds it.
     Recall(PsockId),
     /// The psock failed: stop receiving from it.
     StopRx(PsockId),
