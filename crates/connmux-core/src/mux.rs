@@ -1344,10 +1344,7 @@ impl Mux {
     /// deadline scan: [`Mux::poll_timeout`]) and the prediction forgotten:
     /// a peer that went quiet holds nothing until it sends again.
     pub fn rx_lend_ahead(&mut self, p: PsockId) -> Option<RxLoan> {
-        if !self.ahead_ok(p) {
-            return None;
-        }
-        let predicted = self.psock(p).is_ok_and(|ps| ps.stream.lend_predicted().is_some());
+        let predicted = self.ahead_check(p)?;
         let loan = self.rx_lend(p)?;
         if predicted {
             let at = self.now;
@@ -1361,14 +1358,16 @@ impl Mux {
 
     /// Whether [`Mux::rx_lend_ahead`] would lend now (without lending).
     pub fn rx_would_lend_ahead(&self, p: PsockId) -> bool {
-        self.ahead_ok(p) && self.rx_would_lend(p)
+        self.ahead_check(p).is_some() && self.rx_would_lend(p)
     }
 
-    fn ahead_ok(&self, p: PsockId) -> bool {
-        match self.psock(p).map(|ps| ps.stream.lend_predicted()) {
-            Ok(Some(len)) => self.mem_total().saturating_add(len) <= self.config.mem_limit / 2,
-            Ok(None) => true,
-            Err(_) => false,
+    /// Whether a lend now is allowed by the rule of [`Mux::rx_lend_ahead`]
+    /// (`None`: not), and if so whether it would be for a message only
+    /// predicted.
+    fn ahead_check(&self, p: PsockId) -> Option<bool> {
+        match self.psock(p).ok()?.stream.lend_predicted() {
+            Some(len) => (self.mem_total().saturating_add(len) <= self.config.mem_limit / 2).then_some(true),
+            None => Some(false),
         }
     }
 
