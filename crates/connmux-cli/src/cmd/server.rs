@@ -580,8 +580,8 @@ const TRIM_AFTER_FREED: usize = 16 << 20;
 /// pages otherwise): when connections closed since the last look (every
 /// 250 ms), or when the large blocks the program holds
 /// (`connmux_sys::malloc::large_in_use`, counted by the binary's global
-/// allocator) fell by [`TRIM_AFTER_FREED`]; each time twice, the second
-/// 750 ms after the first. The allocator's count, not the core's: a message
+/// allocator) fell by [`TRIM_AFTER_FREED`]; each time again 750 ms later,
+/// and every 750 ms after while that count still falls. The allocator's count, not the core's: a message
 /// the core let go of may still be a reply being written to a slow reader,
 /// freed seconds later.
 struct Trimmer {
@@ -607,10 +607,20 @@ impl Trimmer {
                     if closed != seen || high - held >= TRIM_AFTER_FREED {
                         seen = closed;
                         connmux_sys::malloc::trim();
-                        // Once more a moment later: the reaper may still be
-                        // unattaching the rest of a burst.
-                        std::thread::sleep(Duration::from_millis(750));
-                        connmux_sys::malloc::trim();
+                        // Again a moment later, and as long as the count
+                        // still falls: the reaper may still be unattaching
+                        // the rest of a burst, replies to slow readers are
+                        // freed as they are read (bounded: 30 s).
+                        let mut last = held;
+                        for _ in 0..40 {
+                            std::thread::sleep(Duration::from_millis(750));
+                            connmux_sys::malloc::trim();
+                            let now = connmux_sys::malloc::large_in_use();
+                            if now >= last || s.load(Acquire) {
+                                break;
+                            }
+                            last = now;
+                        }
                         high = connmux_sys::malloc::large_in_use();
                     }
                 }
