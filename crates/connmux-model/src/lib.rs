@@ -1,6 +1,6 @@
 //! Concurrency models of connmux's cross-thread protocols, checked with loom.
 //!
-//! The runtime (`crates/connmux/src/shared/`, `serve.rs`, `driver/`, `socket.rs`)
+//! The runtime (`crates/connmux/src/shared/`, `serve/`, `driver/`, `socket.rs`)
 //! shares three things between threads; each is modelled here line for line
 //! with loom's primitives in place of std's, so loom can run every
 //! interleaving (up to a preemption bound):

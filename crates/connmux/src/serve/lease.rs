@@ -1,0 +1,361 @@
+//! Serving on a lease: a lent psock's reads framed, answered and written
+//! by its worker with no hold of the core lock (`Own::leases`), the lease
+//! given back when a read is not for it or a write falls short.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use connmux_core::mux::{Event, LeaseRead, PsockId};
+use connmux_core::run::{Messages, Run};
+use connmux_core::Bytes;
+
+use super::{run_in_place, send_outs, Out, ReadView, ServeBufs, Serving};
+use crate::shared::tls::PsockTls;
+use crate::shared::{PsockRt, Shared, Wrote};
+
+/// Where a lent psock's replies are written: straight to its connection,
+/// or made into records by its TLS session first.
+#[derive(Clone, Copy)]
+pub(crate) enum LentOut<'a> {
+    Plain(std::os::fd::RawFd),
+    /// `Plain`, but replies appended to the run wait for the caller's
+    /// [`flush_deferred`] (the io_uring driver: one write for a psock's
+    /// reads in a row; the caller flushes before anything else serves).
+    Later(std::os::fd::RawFd),
+    Tls(&'a PsockRt, &'a std::sync::Mutex<PsockTls>),
+}
+
+impl LentOut<'_> {
+    /// One write of `iov`: the bytes taken (as `writev` counts them).
+    #[inline]
+    fn write(self, sh: &Shared, iov: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            LentOut::Plain(fd) | LentOut::Later(fd) => connmux_sys::socket::writev(fd, iov),
+            LentOut::Tls(rt, tls) => crate::shared::tls::lease_write(sh, rt, tls, iov),
+        }
+    }
+}
+
+/// Write the replies lent reads left for later ([`LentOut::Later`]), if
+/// any: in the run, and (replies of their own buffers) in `outs`, which
+/// then hold only replies to that psock.
+#[inline(always)]
+pub(crate) fn flush_deferred(sh: &Shared, bufs: &mut ServeBufs, events: &mut Vec<Event>) {
+    let Some((p, fd)) = bufs.deferred.take() else { return };
+    if bufs.outs.is_empty() {
+        match bufs.run.take() {
+            Some((q, n)) if q == p && n > 0 => write_run(sh, bufs, p, LentOut::Plain(fd), n, events),
+            run => bufs.run = run,
+        }
+        return;
+    }
+    bufs.end_run();
+    write_outs(sh, bufs, p, LentOut::Plain(fd), events);
+}
+
+/// A read of psock `p`, lent to this worker (`Own::leases`; `fd` is its
+/// connection): the handler answers its whole messages where they lie and
+/// their replies are written here, with no hold of the core lock (the counts
+/// reach the core in the worker's pass hold). A read that ends inside a
+/// message leaves its start on the lease, and the next reads complete it
+/// (`Lease::frame_read`, [`serve_kept`]). A close gives the lease back and
+/// goes the usual way after the handler. `Err` when the read is not for the
+/// lease (a message too large or bad to keep, the connection turned heavy,
+/// the lease revoked): the lease is back with the core, which the caller
+/// feeds the read's bytes from [`GivenBack::from`] on as usual. Inlined into
+/// its three callers (the drivers' lent reads), as [`run_in_place`] is.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn serve_leased(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    data: &[u8],
+    p: PsockId,
+    out: LentOut<'_>,
+    started: u64,
+    events: &mut Vec<Event>,
+    dirty: &mut Vec<Arc<PsockRt>>,
+) -> Result<(), GivenBack> {
+    if bufs.deferred.is_some_and(|(q, _)| q != p) {
+        // (The caller flushes before another psock's read: not reached.)
+        flush_deferred(sh, bufs, events);
+    }
+    let Some(l) = bufs.own.leases.get_mut(&p) else { return Err(GivenBack { rt: None, from: 0 }) };
+    if bufs.heavy.contains(p) || revoked(&l.rt) {
+        return Err(give_back_read(sh, bufs, p, started, 0, events));
+    }
+    let mut runs = std::mem::take(&mut bufs.runs);
+    runs.clear();
+    // The common read, all whole messages and nothing kept before it:
+    // served where it lies. Anything else out of line.
+    let from = match !l.lease.keeps() && l.lease.frame(data, &mut runs) == data.len() {
+        true => 0,
+        false => match serve_kept(sh, sv, bufs, data, p, started, &mut runs, events) {
+            Kept::Serve(from) => from,
+            Kept::Nothing => {
+                bufs.runs = runs;
+                bufs.own.lease_used(p, 0, 0);
+                return Ok(());
+            }
+            Kept::Back(g) => {
+                bufs.runs = runs;
+                return Err(g);
+            }
+        },
+    };
+    if !runs.is_empty() {
+        run_in_place(sv, bufs, ReadView { msgs: Messages::new(&data[from..], &runs), psock: p, started });
+    }
+    // Empty for the next read (its runs are pushed after what is here).
+    runs.clear();
+    bufs.runs = runs;
+    // A message sent from elsewhere while the handler ran waits on the
+    // psock's queue: these replies go behind it, the ordinary way.
+    let behind = bufs.own.leases.get(&p).is_some_and(|l| revoked(&l.rt));
+    if !behind && bufs.outs.is_empty() {
+        // The common case: every reply appended to the run (none of its own
+        // buffer, no close): written from the run's buffer, which is then
+        // used again (no copy, no buffer handed anywhere).
+        match (bufs.run.take(), out) {
+            (Some((q, n)), LentOut::Later(fd)) if q == p && n > 0 => {
+                bufs.run = Some((q, n));
+                bufs.deferred = Some((p, fd));
+            }
+            (Some((q, n)), _) if q == p && n > 0 => write_run(sh, bufs, p, out, n, events),
+            _ => bufs.own.lease_used(p, 0, 0),
+        }
+        return Ok(());
+    }
+    // (Replies left for later are in the run and `outs`: they go first.)
+    bufs.deferred = None;
+    bufs.end_run();
+    if behind || !bufs.outs.iter().all(|o| matches!(o, Out::Replies(q, ..) if *q == p)) {
+        // Revoked, or a close: the psock is the core's again before
+        // anything else (`unlease` takes this read's counts back with it).
+        bufs.own.give_back(sh, p, started, events);
+        send_outs(sh, sv, bufs, events, dirty, None);
+        return Ok(());
+    }
+    match out {
+        // Replies of their own buffers (larger than the run takes) wait too.
+        LentOut::Later(fd) => bufs.deferred = Some((p, fd)),
+        _ => write_outs(sh, bufs, p, out, events),
+    }
+    Ok(())
+}
+
+/// Write the replies in `bufs.outs`, all of lent psock `p`, at once.
+fn write_outs(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>, events: &mut Vec<Event>) {
+    bufs.slices.clear();
+    bufs.slice_msgs.clear();
+    for o in bufs.outs.drain(..) {
+        if let Out::Replies(_, b, n) = o {
+            bufs.slices.push(b);
+            bufs.slice_msgs.push(n);
+        }
+    }
+    write_leased(sh, bufs, p, out, events);
+}
+
+/// A lent read the lease did not take as it came (see [`serve_leased`]).
+pub(crate) struct GivenBack {
+    /// The connection, when the lease was here to give back.
+    pub rt: Option<Arc<PsockRt>>,
+    /// The read's bytes before this went to the core with the lease (the
+    /// start of a message it kept): the caller feeds the rest.
+    pub from: usize,
+}
+
+/// What [`serve_kept`] left to [`serve_leased`].
+enum Kept {
+    /// Serve the runs framed, which are of the read from this offset.
+    Serve(usize),
+    /// The read all went on a kept message: nothing to serve.
+    Nothing,
+    /// The lease went back.
+    Back(GivenBack),
+}
+
+/// A lent read that is not all whole messages, or that goes on with a
+/// message the lease kept: framed by `Lease::frame_read` within the room
+/// the worker's bound leaves (`Keep::room_for`); a message it made whole
+/// is served first, from the lease's own buffer. Out of line: the common
+/// read never comes here.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn serve_kept(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    data: &[u8],
+    p: PsockId,
+    started: u64,
+    runs: &mut Vec<Run>,
+    events: &mut Vec<Event>,
+) -> Kept {
+    runs.clear();
+    let now = sh.timestamp(started);
+    let Some(l) = bufs.own.leases.get_mut(&p) else { return Kept::Back(GivenBack { rt: None, from: 0 }) };
+    let room = bufs.own.keep.room_for(l.lease.kept());
+    let before = l.lease.kept();
+    let read = l.lease.frame_read(data, now, room, runs);
+    // (Counted before a give-back, which takes what the lease keeps now
+    // off the worker's count.)
+    bufs.own.keep.changed(before, l.lease.kept(), l.lease.kept_due());
+    let (r, from, msg) = match read {
+        LeaseRead::GiveBack { from } => return Kept::Back(give_back_read(sh, bufs, p, started, from, events)),
+        LeaseRead::Kept => return Kept::Nothing,
+        LeaseRead::Serve { done: None, from } => return Kept::Serve(from),
+        LeaseRead::Serve { done: Some(r), from } => (r, from, l.lease.take_done()),
+    };
+    let done = [Run::one(0, msg.len(), r)];
+    let closed = run_in_place(sv, bufs, ReadView { msgs: Messages::new(&msg, &done), psock: p, started });
+    if closed {
+        // Nothing after the close is answered.
+        runs.clear();
+    }
+    Kept::Serve(from)
+}
+
+/// Give lease `p` back for a read it did not take (before `from`, what the
+/// lease kept goes to the core with it; the caller feeds the rest). Replies
+/// of its earlier reads left for later are written first.
+fn give_back_read(
+    sh: &Shared,
+    bufs: &mut ServeBufs,
+    p: PsockId,
+    started: u64,
+    from: usize,
+    events: &mut Vec<Event>,
+) -> GivenBack {
+    flush_deferred(sh, bufs, events);
+    let mut core = sh.lock();
+    let rt = bufs.own.unlease_rt(&mut core, p, sh.timestamp(started));
+    core.drain_events(events);
+    GivenBack { rt, from }
+}
+
+/// Whether the lease of `rt` was revoked: a send from another thread waits
+/// on its queue, and its worker has not been told yet. Such a send has
+/// returned only after the flag was set (`Shared::dispatch`), so a reply
+/// the handler made after it (having seen its effect) never overtakes it.
+#[inline]
+fn revoked(rt: &PsockRt) -> bool {
+    rt.lease_revoked.load(Ordering::Acquire)
+}
+
+/// Write a leased psock's run of `msgs` appended replies straight from
+/// `bufs.run_buf` (emptied after, its memory kept).
+#[inline(always)]
+fn write_run(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>, msgs: u32, events: &mut Vec<Event>) {
+    let want = bufs.run_buf.len();
+    let res = out.write(sh, &[std::io::IoSlice::new(&bufs.run_buf)]);
+    // One call: it took bytes or failed, never both.
+    let (sent, failed) = match Wrote::of_io(&res) {
+        Wrote::Bytes(n) if n >= want => {
+            bufs.run_buf.clear();
+            bufs.own.lease_used(p, msgs, want);
+            return;
+        }
+        Wrote::Bytes(n) => (n, None),
+        Wrote::Again => (0, None),
+        Wrote::Failed(e) => (0, Some(e)),
+    };
+    let chunk = bufs.run_buf.split().freeze();
+    lease_short(sh, bufs, p, Unsent { chunk, sent, msgs }, failed, events);
+}
+
+/// Write a leased psock's replies (`bufs.slices`, with `bufs.slice_msgs`
+/// replies each) at once.
+fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>, events: &mut Vec<Event>) {
+    let want: usize = bufs.slices.iter().map(|b| b.len()).sum();
+    let msgs = bufs.slice_msgs.iter().fold(0u32, |a, n| a.saturating_add(*n));
+    let mut sent = 0;
+    let mut failed = None;
+    // Bounded: each round writes all of its slices or stops.
+    for chunk in bufs.slices.chunks(sh.tuning.max_iov) {
+        let len: usize = chunk.iter().map(|b| b.len()).sum();
+        match Wrote::of_io(&crate::shared::with_iov(chunk, |iov| out.write(sh, iov))) {
+            Wrote::Bytes(n) if n >= len => sent += n,
+            Wrote::Bytes(n) => {
+                sent += n;
+                break;
+            }
+            Wrote::Again => break,
+            // After earlier rounds went out: what they wrote stays written.
+            Wrote::Failed(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    if sent >= want {
+        bufs.slices.clear();
+        bufs.own.lease_used(p, msgs, want);
+        return;
+    }
+    // The slices written whole are counted as written; the rest, from the
+    // one cut short, goes back (one copy where it is several: a slow peer).
+    let (mut whole, mut whole_bytes, mut whole_msgs) = (0, 0, 0u32);
+    for (b, n) in bufs.slices.iter().zip(&bufs.slice_msgs) {
+        if whole_bytes + b.len() > sent {
+            break;
+        }
+        (whole, whole_bytes, whole_msgs) = (whole + 1, whole_bytes + b.len(), whole_msgs.saturating_add(*n));
+    }
+    if whole_msgs > 0 {
+        bufs.own.lease_used(p, whole_msgs, whole_bytes);
+    }
+    let chunk = match &bufs.slices[whole..] {
+        [one] => one.clone(),
+        rest => {
+            let mut all = bytes::BytesMut::with_capacity(want - whole_bytes);
+            for b in rest {
+                all.extend_from_slice(b);
+            }
+            all.freeze()
+        }
+    };
+    bufs.slices.clear();
+    let unsent = Unsent { chunk, sent: sent - whole_bytes, msgs: msgs - whole_msgs };
+    lease_short(sh, bufs, p, unsent, failed, events);
+}
+
+/// What of a leased psock's replies did not go out: `chunk`, `msgs` whole
+/// replies, of which the first `sent` bytes did.
+struct Unsent {
+    chunk: Bytes,
+    sent: usize,
+    msgs: u32,
+}
+
+/// A leased psock's replies went out only in part (`unsent`), because the
+/// connection would block or failed (`failed`: its errno): the lease goes
+/// back with the rest first on the psock's queue, for its writable event; a
+/// failure then fails the psock's transmit as any write's would (the rest
+/// is dropped, counted as addressed drops). An interrupted write is not
+/// here: `connmux_sys::socket::writev` writes again on EINTR (bounded), as
+/// every write does, and what still ends interrupted waits for the writable
+/// event as one that would block.
+fn lease_short(
+    sh: &Shared,
+    bufs: &mut ServeBufs,
+    p: PsockId,
+    unsent: Unsent,
+    failed: Option<i32>,
+    events: &mut Vec<Event>,
+) {
+    let Some(l) = bufs.own.take_lease(p) else { return };
+    let now = sh.now();
+    let mut core = sh.lock();
+    core.mux.unlease_unsent(l.lease, unsent.chunk, unsent.sent, unsent.msgs, now);
+    if let Some(errno) = failed {
+        core.mux.tx_failed(p, errno);
+    }
+    core.drain_events(events);
+    drop(core);
+    if failed.is_none() {
+        sh.want_write(&l.rt);
+    }
+}

@@ -1,0 +1,283 @@
+//! A worker's own hand-off state (`Own`): messages its reads handed
+//! straight to its serving socket, writes it made and has not told the core
+//! of, and the psocks lent to it (leases) with what they keep; and the feeds
+//! of a read's bytes into the core on its behalf.
+
+use rustc_hash::FxHashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use connmux_core::mux::{Event, PsockId, SockId};
+use connmux_core::{Bytes, Timestamp};
+
+use super::{Core, PsockRt, Shared};
+
+/// A worker's own hand-off between its reads, its event dispatch and its
+/// in-place `serve`: the worker keeps it (in its serving buffers) and passes
+/// it down explicitly; nothing else sees it.
+#[derive(Default)]
+pub(crate) struct Own {
+    /// The socket this worker serves in place, and the most messages a read
+    /// may put straight on it (`Tuning::serve_batch`). `None`: it does not
+    /// serve, and reads queue their messages as any feed does.
+    pub serve: Option<(SockId, usize)>,
+    /// That socket became readable in this worker's dispatch and nobody has
+    /// looked since (the worker serves, or raises the eventfd at the end of
+    /// its pass).
+    pub pending: bool,
+    /// Messages reads handed straight to that socket (see [`feed_read`]),
+    /// not yet served.
+    pub direct: Vec<(Bytes, PsockId)>,
+    /// Chunks this worker wrote whole and has not told the core of yet
+    /// ([`Shared::write_owned`]): completed in its next hold of the core
+    /// lock, at the latest before it waits ([`Shared::complete_owned`]).
+    pub wrote: Vec<(Arc<PsockRt>, usize)>,
+    /// Whether this worker takes leases (`Tuning::lease`, on a driver that
+    /// lends); TLS psocks' too (the driver decrypts their reads itself).
+    pub can_lease: bool,
+    /// The psocks lent to this worker (`Mux::lease`): read, framed,
+    /// answered and written here with no hold of the core lock.
+    pub leases: FxHashMap<PsockId, Leased>,
+    /// Leased psocks that did something since the last hold, with the
+    /// replies (messages, bytes) written for them: synced in the next hold
+    /// ([`Own::hold`]; see [`Own::hold_can_wait`]).
+    pub lease_used: Vec<(PsockId, u32, usize)>,
+    /// Psocks served in place this pass, to lend to this worker in the
+    /// pass's hold if nothing else involves them then.
+    pub lease_try: Vec<Arc<PsockRt>>,
+    /// The clock reading (`connmux_sys::clock::now_nanos`) of this
+    /// worker's latest read of a lent psock.
+    pub read_at: u64,
+    /// When `lease_used` was last told to the core (same clock).
+    pub synced_at: u64,
+    /// What the leases keep of messages begun, and may.
+    pub keep: Keep,
+}
+
+/// The bytes a worker's leases keep of messages a read ended inside
+/// (`connmux_core::mux::Lease::frame_read`): bounded per lease and in all
+/// (`Tuning::lease_keep`, `lease_keep_total`; the core's budget does not
+/// see them), and each only until its assembly deadline, which the worker
+/// keeps by giving the lease back in its hold ([`Own::hold`]).
+#[derive(Default)]
+pub(crate) struct Keep {
+    /// The most one lease keeps (0: none).
+    pub each: usize,
+    /// The most all of this worker's leases keep together.
+    pub total: usize,
+    /// What they keep now.
+    pub kept: usize,
+    /// No kept message's deadline is earlier than this (`None`: none runs).
+    pub due: Option<Timestamp>,
+}
+
+impl Keep {
+    /// The most a lease keeping `kept` now may keep after its next read.
+    #[inline]
+    pub fn room_for(&self, kept: usize) -> usize {
+        self.each.min(self.total.saturating_sub(self.kept.saturating_sub(kept)))
+    }
+
+    /// A lease's read took what it keeps from `before` to `after` bytes,
+    /// the message's assembly deadline `due` (`Lease::kept_due`).
+    #[inline]
+    pub fn changed(&mut self, before: usize, after: usize, due: Option<Timestamp>) {
+        self.kept = self.kept.saturating_sub(before) + after;
+        if let Some(due) = due {
+            if self.due.is_none_or(|u| due < u) {
+                self.due = Some(due);
+            }
+        }
+    }
+}
+
+/// Entries of `Own::lease_used` past which a worker tells the core at once
+/// (several lent psocks taking turns add one a read).
+const LEASE_USED_MAX: usize = 64;
+
+/// A psock lent to a worker, with its connection.
+pub(crate) struct Leased {
+    pub lease: connmux_core::mux::Lease,
+    pub rt: Arc<PsockRt>,
+}
+
+impl Own {
+    /// Whether reads handed messages to the serving socket that `serve` has
+    /// not taken yet.
+    pub fn has_direct(&self) -> bool {
+        !self.direct.is_empty()
+    }
+
+    /// Whether the serving socket became readable since the last call.
+    pub fn take_pending(&mut self) -> bool {
+        std::mem::replace(&mut self.pending, false)
+    }
+
+    /// A worker's hold of the core lock once per pass, before it waits:
+    /// the writes it made whole ([`Shared::write_owned`]), the counts of
+    /// its leased psocks that did something (a revoked one is given back),
+    /// and leases for the psocks it served that nothing else involves now.
+    pub fn hold(&mut self, core: &mut Core, now: Timestamp) {
+        if !self.wrote.is_empty() {
+            Shared::complete_owned(core, self);
+        }
+        // (Taken out for the loop, its memory kept: a give-back looks in it.)
+        let mut used = std::mem::take(&mut self.lease_used);
+        for (p, msgs, bytes) in used.drain(..) {
+            let Some(l) = self.leases.get_mut(&p) else { continue };
+            l.lease.wrote(msgs, bytes);
+            if !core.mux.lease_sync(&mut l.lease, now) {
+                self.unlease(core, p, now);
+            }
+        }
+        self.lease_used = used;
+        if self.keep.due.is_some_and(|t| t <= now) {
+            self.expire_kept(core, now);
+        }
+        if let Some((sock, _)) = self.serve {
+            for rt in self.lease_try.drain(..) {
+                // Not while a message of it waits here: it would be passed.
+                if self.leases.contains_key(&rt.id) || self.direct.iter().any(|(_, q)| *q == rt.id) {
+                    continue;
+                }
+                if let Some(lease) = core.mux.lease(rt.id, sock) {
+                    rt.lease_revoked.store(false, Ordering::Relaxed);
+                    self.leases.insert(rt.id, Leased { lease, rt });
+                }
+            }
+        }
+        self.lease_try.clear();
+    }
+
+    /// Whether a pass may go without its hold ([`Own::hold`]) at clock
+    /// reading `now`: no write waits to be completed, no psock to lend, and
+    /// what the leases did may wait (told no longer than `every` ago, and
+    /// not piling up).
+    pub fn hold_can_wait(&self, now: u64, every: u64) -> bool {
+        self.wrote.is_empty()
+            && self.lease_try.is_empty()
+            && (self.lease_used.is_empty()
+                || (now.saturating_sub(self.synced_at) < every && self.lease_used.len() < LEASE_USED_MAX))
+    }
+
+    /// Note that leased psock `p` did something this pass, and wrote
+    /// `msgs` replies of `bytes` (told to the core at a later hold).
+    #[inline]
+    pub fn lease_used(&mut self, p: PsockId, msgs: u32, bytes: usize) {
+        match self.lease_used.last_mut() {
+            Some((q, m, b)) if *q == p => {
+                *m = m.saturating_add(msgs);
+                *b += bytes;
+            }
+            _ => self.lease_used.push((p, msgs, bytes)),
+        }
+    }
+
+    /// Give psock `p`'s lease back, if this worker holds it (with what it
+    /// did since the last hold).
+    pub fn unlease(&mut self, core: &mut Core, p: PsockId, now: Timestamp) {
+        self.unlease_rt(core, p, now);
+    }
+
+    /// [`Own::unlease`] in a hold of its own, at `at` (a clock reading),
+    /// the core's events appended to `events`: what the psock reads next
+    /// goes the usual way.
+    pub fn give_back(&mut self, sh: &Shared, p: PsockId, at: u64, events: &mut Vec<Event>) {
+        let mut core = sh.lock();
+        self.unlease(&mut core, p, sh.timestamp(at));
+        core.drain_events(events);
+    }
+
+    /// [`Own::unlease`] returning the connection (the caller goes on with it).
+    pub fn unlease_rt(&mut self, core: &mut Core, p: PsockId, now: Timestamp) -> Option<Arc<PsockRt>> {
+        let l = self.take_lease(p)?;
+        core.mux.unlease(l.lease, now);
+        Some(l.rt)
+    }
+
+    /// Give back every lease whose kept message's assembly deadline has
+    /// passed at `now`: the core holds its bytes as read at their time, and
+    /// its own deadline (already due) times the message out. A scan of the
+    /// leases, at most once per assembly timeout.
+    #[cold]
+    fn expire_kept(&mut self, core: &mut Core, now: Timestamp) {
+        let late: Vec<PsockId> =
+            self.leases.iter().filter(|(_, l)| l.lease.kept_due().is_some_and(|t| t <= now)).map(|(p, _)| *p).collect();
+        for p in late {
+            self.unlease(core, p, now);
+        }
+        self.keep.due = self.leases.values().filter_map(|l| l.lease.kept_due()).min();
+    }
+
+    /// Take lease `p` back from this worker (to give it back to the core):
+    /// what it did since the last hold is in it.
+    pub fn take_lease(&mut self, p: PsockId) -> Option<Leased> {
+        let mut l = self.leases.remove(&p)?;
+        self.keep.kept = self.keep.kept.saturating_sub(l.lease.kept());
+        for (q, msgs, bytes) in self.lease_used.iter_mut() {
+            if *q == p {
+                l.lease.wrote(*msgs, *bytes);
+                (*msgs, *bytes) = (0, 0);
+            }
+        }
+        Some(l)
+    }
+}
+
+/// Feed bytes read from a psock: straight to the worker's own serving socket
+/// where steering sends them there and its queue is empty (held in
+/// `own.direct` for its next `serve`, at most one serve batch), else queued.
+pub(crate) fn feed_read(
+    core: &mut Core,
+    own: &mut Own,
+    p: PsockId,
+    data: &[u8],
+    now: Timestamp,
+) -> Result<(), connmux_core::mux::MuxError> {
+    match own.serve {
+        Some((sock, batch)) => {
+            let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
+            core.mux.feed_direct(p, data, now, &mut d)
+        }
+        None => core.mux.feed(p, data, now),
+    }
+}
+
+/// [`feed_read`] that also frames whole messages where they lie in `data`
+/// (`Mux::feed_in_place`) for the caller to serve at once: their runs go to
+/// `runs`. Not while messages of this psock wait in the direct list (they
+/// are older and are served first, by `serve`).
+pub(crate) fn feed_read_in_place(
+    core: &mut Core,
+    own: &mut Own,
+    p: PsockId,
+    data: &[u8],
+    now: Timestamp,
+    runs: &mut Vec<connmux_core::run::Run>,
+) -> Result<(), connmux_core::mux::MuxError> {
+    match own.serve {
+        Some((sock, batch)) => {
+            let limit = if own.direct.iter().any(|(_, q)| *q == p) { 0 } else { batch };
+            let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
+            core.mux.feed_in_place(p, data, now, &mut d, limit, runs)
+        }
+        None => core.mux.feed(p, data, now),
+    }
+}
+
+/// [`feed_read`] for bytes read straight into a psock's assembly buffer
+/// (`Mux::rx_lend`): the loan goes back, its bytes taken the same way.
+pub(crate) fn commit_read(
+    core: &mut Core,
+    own: &mut Own,
+    loan: connmux_core::mux::RxLoan,
+    now: Timestamp,
+) -> Result<(), connmux_core::mux::MuxError> {
+    match own.serve {
+        Some((sock, batch)) => {
+            let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
+            core.mux.rx_commit_direct(loan, now, &mut d)
+        }
+        None => core.mux.rx_commit(loan, now),
+    }
+}
