@@ -64,6 +64,18 @@ pub struct Args {
     /// `docs/performance.md`), uring or auto. Heavy lanes work on both.
     #[arg(long, default_value = "epoll")]
     pub driver: String,
+    #[command(flatten)]
+    pub lanes: LaneArgs,
+    /// A smoke run: one round of 0.5 s.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// connmux's heavy lanes and leases, as both the bench and its server take
+/// them (the bench hands them on to each `uneven-server`; the other
+/// engines ignore them).
+#[derive(clap::Args, Debug, Clone)]
+pub struct LaneArgs {
     /// Nice steps below its worker at which connmux's heavy lane runs.
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub lane_nice: i32,
@@ -76,29 +88,57 @@ pub struct Args {
     #[arg(long, default_value_t = connmux::Config::default().lane_slice.as_micros() as u64)]
     pub lane_slice_us: u64,
     /// Messages a heavy lane must hold before a helper on another CPU takes
-    /// one (`Tuning::lane_steal_from`; connmux only).
+    /// one (`Tuning::lane_steal_from`).
     #[arg(long, default_value_t = connmux::Tuning::default().lane_steal_from)]
     pub lane_steal_from: usize,
     /// Messages a heavy lane must hold for its replies to be posted
-    /// without waking the worker (`Tuning::lane_quiet_from`; 0: never;
-    /// connmux only).
+    /// without waking the worker (`Tuning::lane_quiet_from`; 0: never).
     #[arg(long, default_value_t = connmux::Tuning::default().lane_quiet_from)]
     pub lane_quiet_from: usize,
     /// How long such a reply may wait for its worker, microseconds
-    /// (`Tuning::lane_reply_wait`; 0: each wakes it; connmux only).
+    /// (`Tuning::lane_reply_wait`; 0: each wakes it).
     #[arg(long, default_value_t = connmux::Tuning::default().lane_reply_wait.as_micros() as u64)]
     pub lane_reply_wait_us: u64,
-    /// connmux without lane helpers (`--lane-in-order`): a heavy
-    /// connection's requests answered in order on one CPU.
+    /// No lane helpers: a heavy connection's requests answered in order on
+    /// one CPU.
     #[arg(long)]
     pub lane_in_order: bool,
-    /// connmux serves every read through its shared core (`Tuning::lease`
-    /// off), for comparisons.
+    /// Every read through connmux's shared core (`Tuning::lease` off), for
+    /// comparisons.
     #[arg(long)]
     pub no_lease: bool,
-    /// A smoke run: one round of 0.5 s.
-    #[arg(long)]
-    pub quick: bool,
+}
+
+impl LaneArgs {
+    /// Set them on a connmux server's configuration.
+    fn apply(&self, c: &mut Config) {
+        c.lane_nice = self.lane_nice;
+        c.lane_worker_slice = Duration::from_micros(self.lane_worker_slice_us);
+        c.lane_slice = Duration::from_micros(self.lane_slice_us);
+        c.tuning.lane_steal_from = self.lane_steal_from;
+        c.tuning.lane_quiet_from = self.lane_quiet_from;
+        c.tuning.lane_reply_wait = Duration::from_micros(self.lane_reply_wait_us);
+        c.lane_in_order = self.lane_in_order;
+        c.tuning.lease = !self.no_lease;
+    }
+
+    /// The same flags on a command line (for `uneven-server`).
+    fn to_args(&self) -> Vec<String> {
+        let mut v: Vec<String> = [
+            ("--lane-nice", self.lane_nice.to_string()),
+            ("--lane-worker-slice-us", self.lane_worker_slice_us.to_string()),
+            ("--lane-slice-us", self.lane_slice_us.to_string()),
+            ("--lane-steal-from", self.lane_steal_from.to_string()),
+            ("--lane-quiet-from", self.lane_quiet_from.to_string()),
+            ("--lane-reply-wait-us", self.lane_reply_wait_us.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_owned(), v])
+        .collect();
+        v.extend(self.lane_in_order.then(|| "--lane-in-order".to_owned()));
+        v.extend(self.no_lease.then(|| "--no-lease".to_owned()));
+        v
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -121,38 +161,8 @@ pub struct ServerArgs {
     pub cpus: Vec<usize>,
     #[arg(long, default_value_t = 200)]
     pub heavy_us: u64,
-    /// Nice steps below its worker at which the heavy lane runs (connmux only).
-    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
-    pub lane_nice: i32,
-    /// The scheduler slice a connmux worker asks for while its heavy lane
-    /// has work, microseconds (`Config::lane_worker_slice`; 0: never
-    /// asked; connmux only).
-    #[arg(long, default_value_t = connmux::Config::default().lane_worker_slice.as_micros() as u64)]
-    pub lane_worker_slice_us: u64,
-    /// The scheduler slice a heavy lane asks for, microseconds
-    /// (`Config::lane_slice`; 0: the kernel's default; connmux only).
-    #[arg(long, default_value_t = connmux::Config::default().lane_slice.as_micros() as u64)]
-    pub lane_slice_us: u64,
-    /// Messages a heavy lane must hold before a helper on another CPU takes
-    /// one (`Tuning::lane_steal_from`; connmux only).
-    #[arg(long, default_value_t = connmux::Tuning::default().lane_steal_from)]
-    pub lane_steal_from: usize,
-    /// Messages a heavy lane must hold for its replies to be posted
-    /// without waking the worker (`Tuning::lane_quiet_from`; 0: never;
-    /// connmux only).
-    #[arg(long, default_value_t = connmux::Tuning::default().lane_quiet_from)]
-    pub lane_quiet_from: usize,
-    /// How long such a reply may wait for its worker, microseconds
-    /// (`Tuning::lane_reply_wait`; 0: each wakes it; connmux only).
-    #[arg(long, default_value_t = connmux::Tuning::default().lane_reply_wait.as_micros() as u64)]
-    pub lane_reply_wait_us: u64,
-    /// No lane helpers (connmux only): a heavy connection's requests
-    /// answered in order on one CPU.
-    #[arg(long)]
-    pub lane_in_order: bool,
-    /// Every read through the shared core (connmux only; `Tuning::lease` off).
-    #[arg(long)]
-    pub no_lease: bool,
+    #[command(flatten)]
+    pub lanes: LaneArgs,
     /// CPU time a hand-written loop (epoll, uring) spends on each read it
     /// answers besides the echo, in nanoseconds, before the write: what a
     /// server's own work a batch costs when it shares a CPU with its
@@ -253,14 +263,7 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             let mut c = Config::default();
             c.workers = a.cpus.len().max(1);
             c.placement = Placement::Cpus(a.cpus.clone());
-            c.lane_nice = a.lane_nice;
-            c.lane_worker_slice = Duration::from_micros(a.lane_worker_slice_us);
-            c.lane_slice = Duration::from_micros(a.lane_slice_us);
-            c.tuning.lane_steal_from = a.lane_steal_from;
-            c.tuning.lane_quiet_from = a.lane_quiet_from;
-            c.tuning.lane_reply_wait = Duration::from_micros(a.lane_reply_wait_us);
-            c.lane_in_order = a.lane_in_order;
-            c.tuning.lease = !a.no_lease;
+            a.lanes.apply(&mut c);
             c.driver = match a.driver.as_str() {
                 "auto" => connmux::Driver::Auto,
                 "epoll" => connmux::Driver::Epoll,
@@ -583,14 +586,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         cmd.args(["bench", "uneven-server", "-l", &format!("127.0.0.1:{port}")])
             .args(["--engine", engine, "--steering", steering, "--cpus", &cpu_list(&a.cpus), "--driver", &a.driver])
             .args(["--heavy-us", &a.heavy_us.to_string()])
-            .args(["--lane-nice", &a.lane_nice.to_string()])
-            .args(["--lane-worker-slice-us", &a.lane_worker_slice_us.to_string()])
-            .args(["--lane-slice-us", &a.lane_slice_us.to_string()])
-            .args(["--lane-steal-from", &a.lane_steal_from.to_string()])
-            .args(["--lane-quiet-from", &a.lane_quiet_from.to_string()])
-            .args(["--lane-reply-wait-us", &a.lane_reply_wait_us.to_string()])
-            .args(a.lane_in_order.then_some("--lane-in-order"))
-            .args(a.no_lease.then_some("--no-lease"));
+            .args(a.lanes.to_args());
         servers.push(Proc::spawn(name, cmd, port)?);
     }
     println!(
@@ -602,10 +598,10 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.inflight,
         a.cpus,
         a.driver,
-        a.lane_nice,
-        a.lane_worker_slice_us,
-        a.lane_slice_us,
-        if a.lane_in_order { ", lanes in order" } else { "" },
+        a.lanes.lane_nice,
+        a.lanes.lane_worker_slice_us,
+        a.lanes.lane_slice_us,
+        if a.lanes.lane_in_order { ", lanes in order" } else { "" },
         a.rounds,
         a.seconds,
         loadavg()
@@ -727,4 +723,35 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         aff.total_rate / rr.total_rate
     );
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LaneArgs;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Server {
+        #[command(flatten)]
+        lanes: LaneArgs,
+    }
+
+    /// What the bench hands each `uneven-server` is what it was given:
+    /// every flag of `LaneArgs` survives `to_args` and parsing.
+    #[test]
+    fn lane_flags_reach_the_server_unchanged() {
+        let given = LaneArgs {
+            lane_nice: -2,
+            lane_worker_slice_us: 1234,
+            lane_slice_us: 56,
+            lane_steal_from: 7,
+            lane_quiet_from: 0,
+            lane_reply_wait_us: 89,
+            lane_in_order: true,
+            no_lease: true,
+        };
+        let argv = std::iter::once("uneven-server".to_owned()).chain(given.to_args());
+        let got = Server::try_parse_from(argv).expect("the server parses the bench's flags").lanes;
+        assert_eq!(format!("{got:?}"), format!("{given:?}"));
+    }
 }
