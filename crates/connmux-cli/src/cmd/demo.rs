@@ -21,6 +21,7 @@ use connmux::{Config, Placement};
 use serde_json::Value;
 
 use crate::cmd::baseline::Baseline;
+use crate::cmd::loadgen::report::median;
 use crate::cmd::server::{registry, start_rpc_service};
 
 #[derive(clap::Args, Debug)]
@@ -68,19 +69,6 @@ struct Figures {
     rate: f64,
     p50_us: f64,
     p99_us: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// Run one round of rpctest against `addr` and read its JSON report.

@@ -31,6 +31,7 @@ use connmux::{Config, Mux, Placement, PsockId, SockType, TxPolicy};
 use connmux_oncrpc::check_reply;
 use serde::Serialize;
 
+use super::loadgen::report::median;
 use super::loadgen::{CommonArgs, Target};
 
 /// `--tx-policy`.
@@ -90,19 +91,6 @@ struct Median {
     rtt_us_p50: f64,
     rtt_us_p99: f64,
     per_server: Vec<u64>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// Runs the rounds; the exit status.

@@ -214,19 +214,7 @@ pub fn cpu_list(cpus: &[usize]) -> String {
     cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
 }
 
-/// Median (mean of the middle two for an even count); 0 for none.
-pub fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
+pub use crate::cmd::loadgen::report::median;
 
 /// A command run under `taskset -c CPUS`.
 pub fn taskset(cpus: &[usize], program: impl AsRef<std::ffi::OsStr>) -> Command {
