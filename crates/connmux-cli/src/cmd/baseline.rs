@@ -154,24 +154,26 @@ fn report(b: &Baseline, started: Instant) {
     );
 }
 
+/// What a baseline server's statistics endpoint answers: its counters now.
+fn snapshot(what: &'static str, b: &Baseline, started: Instant) -> Arc<dyn Fn() -> String + Send + Sync> {
+    let (stats, local) = (b.stats.clone(), b.local);
+    Arc::new(move || {
+        format!(
+            "{what} (thread per connection) pid={} listen={local} uptime_s={:.1}\naccepted={}\ncalls={}\nclosed_bad={}\n",
+            std::process::id(),
+            started.elapsed().as_secs_f64(),
+            stats.accepted.load(Ordering::Relaxed),
+            stats.calls.load(Ordering::Relaxed),
+            stats.closed_bad.load(Ordering::Relaxed)
+        )
+    })
+}
+
 pub fn run_rpc(a: &RpcArgs, reg: connmux_oncrpc::Registry) -> anyhow::Result<i32> {
     let rpcbind = a.rpcbind.map(|addr| (addr, crate::cmd::server::rpcbind_entries(&reg)));
     let b = Baseline::start_rpc(a.listen, reg)?;
     let started = Instant::now();
-    let snap = {
-        let (stats, local) = (b.stats.clone(), b.local);
-        Arc::new(move || {
-            format!(
-                "rpc-server (thread per connection) pid={} listen={local} uptime_s={:.1}\naccepted={}\ncalls={}\nclosed_bad={}\n",
-                std::process::id(),
-                started.elapsed().as_secs_f64(),
-                stats.accepted.load(Ordering::Relaxed),
-                stats.calls.load(Ordering::Relaxed),
-                stats.closed_bad.load(Ordering::Relaxed)
-            )
-        }) as Arc<dyn Fn() -> String + Send + Sync>
-    };
-    let endpoint = a.common.stats_endpoint("rpc-server", snap)?;
+    let endpoint = a.common.stats_endpoint("rpc-server", snapshot("rpc-server", &b, started))?;
     println!("rpc-server (thread per connection) listening on {}", b.local);
     let registration = crate::cmd::server::register_rpcbind(rpcbind, b.local)?;
     stop::flush();
@@ -198,20 +200,7 @@ fn drain(b: &Baseline, what: &str, ending: stop::Ending, args: &stop::StopArgs) 
 pub fn run_echo(a: &EchoArgs) -> anyhow::Result<i32> {
     let b = Baseline::start_echo(a.listen)?;
     let started = Instant::now();
-    let snap = {
-        let (stats, local) = (b.stats.clone(), b.local);
-        Arc::new(move || {
-            format!(
-                "echo-server (thread per connection) pid={} listen={local} uptime_s={:.1}\naccepted={}\ncalls={}\nclosed_bad={}\n",
-                std::process::id(),
-                started.elapsed().as_secs_f64(),
-                stats.accepted.load(Ordering::Relaxed),
-                stats.calls.load(Ordering::Relaxed),
-                stats.closed_bad.load(Ordering::Relaxed)
-            )
-        }) as Arc<dyn Fn() -> String + Send + Sync>
-    };
-    let endpoint = a.common.stats_endpoint("echo-server", snap)?;
+    let endpoint = a.common.stats_endpoint("echo-server", snapshot("echo-server", &b, started))?;
     println!("echo-server (thread per connection) listening on {}", b.local);
     stop::flush();
     let ending = wait_and_report(&a.common, || report(&b, started));
