@@ -486,6 +486,7 @@ impl Mux {
                 flush_queued: AtomicBool::new(false),
                 lease_revoked: AtomicBool::new(false),
                 tls: tls.map(Mutex::new),
+                tls_peer: std::sync::OnceLock::new(),
             });
             core.psocks.insert(id, rt.clone());
             ATTACHED.lock().unwrap().insert(ino);

@@ -87,6 +87,20 @@ impl Mux {
         Ok(id)
     }
 
+    /// The certificate chain the TLS peer of psock `p` presented in its
+    /// handshake, leaf first, as the connection's verifier accepted it: with
+    /// mutual TLS (a `rustls::ServerConfig` built with a client certificate
+    /// verifier, e.g. `rustls::server::WebPkiClientVerifier`) the client's
+    /// certificate, from which a handler can tell who its peer is. `None`
+    /// until the handshake has completed, for a peer that presented none,
+    /// and for a psock not attached with TLS (or no longer attached). One
+    /// look in the mux's psock table: meant once per connection, not per
+    /// message.
+    pub fn tls_peer_certificates(&self, p: PsockId) -> Option<Vec<rustls::pki_types::CertificateDer<'static>>> {
+        self.user()?;
+        self.shared().psock_rt(p)?.tls_peer.get().cloned()
+    }
+
     /// TLS counters (handshakes, failures, errors).
     pub fn tls_stats(&self) -> TlsStats {
         if self.user().is_none() {

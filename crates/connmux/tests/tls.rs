@@ -769,7 +769,112 @@ fn a_lent_tls_connection_closes_in_order_after_a_half_close() {
     assert_eq!(svc.mux().tls_stats().errors, 0);
 }
 
+/// A client certificate signed by `ca` (rcgen), its chain and key.
+fn client_cert(
+    ca_of: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+    name: &str,
+) -> (CertificateDer<'static>, Vec<u8>) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name.push(rcgen::DnType::CommonName, name);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, ca_of).unwrap();
+    (cert.der().clone(), key.serialize_der())
+}
+
+/// Mutual TLS: a service whose rustls configuration asks every client for a
+/// certificate its client CA signed. The handler learns who each client is
+/// from `Mux::tls_peer_certificates` (it answers with the leaf's DER); a
+/// client with no certificate, or with one another CA signed, fails its
+/// handshake alone (counted), and the good clients lose nothing.
+fn mutual_tls_tells_the_handler_who_the_client_is() {
+    use connmux::service::{Service, ServiceConfig, Verdict};
+    let p = pki();
+    let ca_of = |cn: &str| {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
+        rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap()
+    };
+    let clients_ca = ca_of("client CA");
+    let strangers_ca = ca_of("another CA");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(clients_ca.der().clone()).unwrap();
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build().unwrap();
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(p.key.clone()));
+    let server = Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(vec![p.cert.clone()], key)
+            .unwrap(),
+    );
+    // The handler asks the service's own mux, which exists once it started.
+    let mux_of_svc: Arc<std::sync::OnceLock<connmux::Mux>> = Arc::default();
+    let m = mux_of_svc.clone();
+    let who = move |_req: connmux::Bytes, from: connmux::PsockId, _: &mut bytes::BytesMut| {
+        let chain = m.get().and_then(|m| m.tls_peer_certificates(from)).unwrap_or_default();
+        let leaf = chain.first().map(|c| c.as_ref().to_vec()).unwrap_or_default();
+        Verdict::Reply(connmux::Bytes::from(framed(&leaf)))
+    };
+    let cfg =
+        ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) };
+    let svc = Service::start_tls(mux_with(|_| {}), cfg, Arc::new(who), server).unwrap();
+    let _ = mux_of_svc.set(svc.mux().clone());
+
+    let connect = |cert: Option<&(CertificateDer<'static>, Vec<u8>)>| {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(p.ca.clone()).unwrap();
+        let b = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let config = match cert {
+            Some((c, k)) => b
+                .with_client_auth_cert(vec![c.clone()], PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(k.clone())))
+                .unwrap(),
+            None => b.with_no_client_auth(),
+        };
+        let conn = rustls::ClientConnection::new(Arc::new(config), ServerName::try_from("localhost").unwrap()).unwrap();
+        let s = TcpStream::connect(svc.local_addr()).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        rustls::StreamOwned::new(conn, s)
+    };
+    let alice = client_cert(&clients_ca, "alice");
+    let bob = client_cert(&clients_ca, "bob");
+    let mallory = client_cert(&strangers_ca, "mallory");
+    let (mut a, mut b) = (connect(Some(&alice)), connect(Some(&bob)));
+    for _ in 0..3 {
+        for (c, cert) in [(&mut a, &alice.0), (&mut b, &bob.0)] {
+            c.write_all(&framed(b"who am I?")).unwrap();
+            c.flush().unwrap();
+            assert_eq!(read_msg(c), cert.as_ref(), "the handler saw the client's own certificate on {:?}", driver());
+        }
+    }
+    // Refused: no certificate, and a certificate of another CA. The server
+    // decides after the client's last handshake flight, so the client hears
+    // of it when it reads (an alert, or the connection closed).
+    for cert in [None, Some(&mallory)] {
+        let mut c = connect(cert);
+        let sent = c.write_all(&framed(b"let me in")).and_then(|_| c.flush());
+        let mut buf = [0u8; 1];
+        let got = sent.and_then(|_| c.read(&mut buf));
+        assert!(matches!(got, Err(_) | Ok(0)), "refused client got {got:?} on {:?}", driver());
+    }
+    eventually(|| (svc.mux().tls_stats().handshake_failures == 2).then_some(()));
+    // The good clients go on.
+    a.write_all(&framed(b"still me")).unwrap();
+    a.flush().unwrap();
+    assert_eq!(read_msg(&mut a), alice.0.as_ref());
+    let t = svc.mux().tls_stats();
+    assert_eq!((t.handshakes, t.handshake_failures, t.errors), (2, 2, 0), "on {:?}", driver());
+}
+
 on_both_drivers!(
+    mutual_tls_tells_the_handler_who_the_client_is,
     service_over_tls,
     a_forged_record_on_a_lent_tls_connection_fails_it,
     a_lent_tls_connection_closes_in_order_after_a_half_close,

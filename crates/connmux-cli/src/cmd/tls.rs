@@ -1,6 +1,9 @@
 //! `--tls` for the servers and the load generators: certificates from PEM
 //! files, or generated for a loopback demo; client trust from a CA file, or
-//! none at all with `--tls-insecure` (loopback demos and benchmarks only).
+//! none at all with `--tls-insecure` (loopback demos and benchmarks only);
+//! mutual TLS with `--tls-client-ca` (a server asks every client for a
+//! certificate that CA signed) and `--tls-client-cert`/`--tls-client-key`
+//! (a load generator presents one).
 //!
 //! The servers run TLS in the connmux runtime (`Service::start_tls`, TLS
 //! psocks); the load generators use rustls over their own blocking sockets
@@ -37,6 +40,12 @@ pub struct ServerTls {
     /// named here is left in place.
     #[arg(long, value_name = "FILE", conflicts_with = "tls_cert")]
     pub tls_ca_out: Option<PathBuf>,
+    /// Mutual TLS: ask every client for a certificate and accept only one
+    /// this CA (PEM) signed. A client with none, or with another CA's,
+    /// fails the handshake and its connection is closed (counted in
+    /// tls_handshake_failures). Needs --tls.
+    #[arg(long, value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 impl ServerTls {
@@ -49,9 +58,12 @@ impl ServerTls {
     /// [`ServerTlsSetup`].
     pub fn config(&self, listen: SocketAddr, what: &str) -> anyhow::Result<Option<ServerTlsSetup>> {
         if !self.wanted() {
+            if self.tls_client_ca.is_some() {
+                bail!("--tls-client-ca asks clients for certificates over TLS: add --tls");
+            }
             return Ok(None);
         }
-        let (chain, key, note, ca_file) = match (&self.tls_cert, &self.tls_key) {
+        let (chain, key, mut note, ca_file) = match (&self.tls_cert, &self.tls_key) {
             (Some(c), Some(k)) => {
                 let chain = read_certs(c)?;
                 let key =
@@ -83,11 +95,18 @@ impl ServerTls {
                 (vec![g.cert], PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(g.key)), note, ca_file)
             }
         };
-        let cfg = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .context("the certificate and key do not go together")?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+        let builder = match &self.tls_client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots(ca)?, provider())
+                    .build()
+                    .with_context(|| format!("{}: cannot check client certificates with it", ca.display()))?;
+                note.push_str(&format!("; clients must present a certificate signed by {}", ca.display()));
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let cfg = builder.with_single_cert(chain, key).context("the certificate and key do not go together")?;
         Ok(Some(ServerTlsSetup { config: Arc::new(cfg), note, _ca_file: ca_file }))
     }
 }
@@ -130,6 +149,13 @@ pub struct ClientTls {
     /// host as given, or its address].
     #[arg(long, value_name = "NAME", requires = "tls")]
     pub tls_name: Option<String>,
+    /// Mutual TLS: the certificate chain (PEM, leaf first) to present to a
+    /// server that asks for one (`--tls-client-ca` there).
+    #[arg(long, value_name = "FILE", requires_all = ["tls", "tls_client_key"])]
+    pub tls_client_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-client-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_client_cert")]
+    pub tls_client_key: Option<PathBuf>,
 }
 
 /// A client's TLS: configuration and the name the certificate must carry.
@@ -147,17 +173,23 @@ impl ClientTls {
             return Ok(None);
         }
         let builder = rustls::ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
-        let config = if self.tls_insecure {
-            builder.dangerous().with_custom_certificate_verifier(Arc::new(NoCheck(provider()))).with_no_client_auth()
+        let builder = if self.tls_insecure {
+            builder.dangerous().with_custom_certificate_verifier(Arc::new(NoCheck(provider())))
         } else {
             let Some(ca) = &self.tls_ca else {
                 bail!("--tls needs --tls-ca FILE (the server's CA) or --tls-insecure");
             };
-            let mut roots = rustls::RootCertStore::empty();
-            for c in read_certs(ca)? {
-                roots.add(c).with_context(|| format!("{}: not a usable CA certificate", ca.display()))?;
+            builder.with_root_certificates(roots(ca)?)
+        };
+        let config = match (&self.tls_client_cert, &self.tls_client_key) {
+            (Some(c), Some(k)) => {
+                let key =
+                    PrivateKeyDer::from_pem_file(k).with_context(|| format!("reading the key {}", k.display()))?;
+                builder.with_client_auth_cert(read_certs(c)?, key).with_context(|| {
+                    format!("{} with {}: not a usable client certificate and key", c.display(), k.display())
+                })?
             }
-            builder.with_root_certificates(roots).with_no_client_auth()
+            _ => builder.with_no_client_auth(),
         };
         let name = match (&self.tls_name, host) {
             (Some(n), _) => n.clone(),
@@ -173,6 +205,15 @@ impl ClientTls {
 /// The crypto of every configuration here: ring, the one provider built.
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The CA certificates of a PEM file, as trust anchors.
+fn roots(ca: &Path) -> anyhow::Result<Arc<rustls::RootCertStore>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in read_certs(ca)? {
+        roots.add(c).with_context(|| format!("{}: not a usable CA certificate", ca.display()))?;
+    }
+    Ok(Arc::new(roots))
 }
 
 fn read_certs(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {

@@ -176,6 +176,10 @@ pub(crate) struct PsockRt {
     pub lease_revoked: AtomicBool,
     /// TLS state of a psock attached with `Mux::attach_tls`.
     pub tls: Option<Mutex<tls::PsockTls>>,
+    /// The certificate chain its TLS peer presented (leaf first), set once
+    /// as the handshake completes (`Mux::tls_peer_certificates`): read with
+    /// no lock, so a handler may ask while the TLS state is busy.
+    pub tls_peer: OnceLock<Vec<rustls::pki_types::CertificateDer<'static>>>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]

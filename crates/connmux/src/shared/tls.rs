@@ -326,6 +326,9 @@ fn rx_records(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events:
         if !st.established && !st.conn.is_handshaking() {
             st.established = true;
             sh.tls.handshakes.fetch_add(1, Ordering::Relaxed);
+            if let Some(chain) = st.conn.peer_certificates() {
+                let _ = rt.tls_peer.set(chain.iter().map(|c| c.clone().into_owned()).collect());
+            }
             let _ = sh.lock().mux.set_handshake_deadline(rt.id, None);
             // Messages that waited for the handshake can go now.
             events.push(Event::PsockTransmit(rt.id));
