@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 secs=${FUZZ_SECONDS:-20}
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(stream_split bpf_program oncrpc_wire mux_ops)
+    targets=(stream_split bpf_program oncrpc_wire ninep_wire mux_ops)
 fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
