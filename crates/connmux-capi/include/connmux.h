@@ -29,17 +29,19 @@
  *   connmux_mux     connmux_mux_new                      -> connmux_mux_free
  *   connmux_sock    connmux_socket, connmux_sock_clone   -> connmux_sock_close
  *   connmux_parser  connmux_parser_from_*                -> connmux_parser_free
+ *   connmux_tls     connmux_tls_server_new, _client_new  -> connmux_tls_free
  * Handles are independent: a socket keeps its mux running after
  * connmux_mux_free, a parser template may be freed while connections attached
  * with it go on. Buffers passed in are only borrowed for the call; strings
  * returned (connmux_version, connmux_last_error) belong to the library.
- * connmux_attach duplicates the TCP descriptor: the caller keeps (and closes)
- * its own. The descriptor of connmux_sock_fd belongs to the socket.
+ * connmux_attach and connmux_attach_tls duplicate the TCP descriptor: the
+ * caller keeps (and closes) its own. The descriptor of connmux_sock_fd
+ * belongs to the socket.
  *
- * THREADS. A connmux_mux and a connmux_parser may be used from any number of
- * threads at once. A connmux_sock may be used by one thread at a time (give
- * each thread its own with connmux_sock_clone; connmux_sock_fd is the
- * exception and may be called from any thread). Releasing a handle must not
+ * THREADS. A connmux_mux, a connmux_parser and a connmux_tls may be used
+ * from any number of threads at once. A connmux_sock may be used by one
+ * thread at a time (give each thread its own with connmux_sock_clone;
+ * connmux_sock_fd is the exception and may be called from any thread). Releasing a handle must not
  * race with other calls on that same handle. Blocking calls block only the
  * calling thread; the library's I/O runs on its own worker threads.
  *
@@ -176,6 +178,17 @@ typedef struct connmux_parser connmux_parser;
  * by `connmux_sock_close`.
  */
 typedef struct connmux_sock connmux_sock;
+
+/**
+ * A TLS configuration for `connmux_attach_tls`: a server's (its certificate
+ * and key, and with mutual TLS the CA whose client certificates it
+ * accepts) or a client's (the CA it trusts, the name the server's
+ * certificate must carry, and optionally its own certificate). Immutable
+ * and thread-safe: one serves any number of connections. Created by
+ * `connmux_tls_server_new`/`connmux_tls_client_new`, released by
+ * `connmux_tls_free` (connections attached with it go on).
+ */
+typedef struct connmux_tls connmux_tls;
 
 /**
  * Mux configuration. Fill it with `connmux_config_init`, then change fields.
@@ -402,6 +415,30 @@ typedef struct {
    */
   connmux_psock_id psock;
 } connmux_msg;
+
+/**
+ * TLS counters of a mux (`connmux_tls_get_stats`).
+ */
+typedef struct {
+  /**
+   * Connections attached with TLS.
+   */
+  uint64_t attached;
+  /**
+   * Handshakes completed.
+   */
+  uint64_t handshakes;
+  /**
+   * Handshakes that failed (not TLS, a refused certificate, an alert, a
+   * close during the handshake).
+   */
+  uint64_t handshake_failures;
+  /**
+   * Errors after the handshake (an alert, a forged record, a close in
+   * the middle of a message).
+   */
+  uint64_t errors;
+} connmux_tls_stats;
 
 /**
  * "No connection": in `connmux_msg.psock` for a send, the mux picks one.
@@ -824,6 +861,100 @@ int connmux_sock_flush(const connmux_sock *sock, uint64_t timeout_ms);
  * `sock` is a live handle.
  */
 ptrdiff_t connmux_sock_queued(const connmux_sock *sock);
+
+/**
+ * A server's TLS configuration (TLS 1.2/1.3, rustls with ring) from PEM
+ * files: `cert_pem` its certificate chain (leaf first) and `key_pem` its
+ * private key (PKCS#8, PKCS#1 or SEC1). With `client_ca_pem` (NULL: none)
+ * every client must present a certificate that CA signed (mutual TLS); a
+ * client with none, or another CA's, fails its handshake, a psock failure
+ * counted in `handshake_failures`. Returns 0 and the configuration in
+ * `*out` (free it with `connmux_tls_free`); -ENOENT (or the file's errno)
+ * for a file that cannot be read, -EINVAL for one that holds no usable
+ * certificate or key, or a key that does not go with the certificate.
+ *
+ * # Safety
+ * `cert_pem` and `key_pem` are NUL-terminated paths, `client_ca_pem` is
+ * NULL or one; `out` is writable.
+ */
+int connmux_tls_server_new(const char *cert_pem,
+                           const char *key_pem,
+                           const char *client_ca_pem,
+                           connmux_tls **out_tls);
+
+/**
+ * A client's TLS configuration from PEM files: it trusts the server
+ * certificates `ca_pem` signed and checks that they are for
+ * `server_name` (a DNS name or an IP address). With `cert_pem` and
+ * `key_pem` (both NULL: none) it presents that certificate to a server
+ * that asks for one. Returns 0 and the configuration in `*out`; errors
+ * as `connmux_tls_server_new`, and -EINVAL for a bad server name or only
+ * one of `cert_pem` and `key_pem`.
+ *
+ * # Safety
+ * `ca_pem` and `server_name` are NUL-terminated strings, `cert_pem` and
+ * `key_pem` NULL or such; `out` is writable.
+ */
+int connmux_tls_client_new(const char *ca_pem,
+                           const char *server_name,
+                           const char *cert_pem,
+                           const char *key_pem,
+                           connmux_tls **out_tls);
+
+/**
+ * Release a TLS configuration (NULL is ignored). Connections attached
+ * with it keep it.
+ *
+ * # Safety
+ * `tls` is NULL or a live configuration, not used again after this call.
+ */
+void connmux_tls_free(connmux_tls *tls);
+
+/**
+ * SIOCKCMATTACH for a connection that speaks TLS: as `connmux_attach`
+ * (the mux takes its own duplicate of `fd`; the caller closes its own),
+ * with the parser framing the decrypted stream and `tls` saying which side
+ * this end is. The handshake runs on the mux's worker; messages are framed
+ * once it has completed, and messages sent before then wait. A failed
+ * handshake or a TLS error is a psock failure (`connmux_next_event`,
+ * `CONNMUX_PSOCK_ERR_RX` with EBADMSG) counted in `connmux_tls_get_stats`.
+ * Errors as `connmux_attach`; -EOPNOTSUPP on a mux running on the
+ * kernel's AF_KCM.
+ *
+ * # Safety
+ * `mux`, `parser` and `tls` are live handles; `fd` stays open during the
+ * call; `psock` is NULL or writable.
+ */
+int connmux_attach_tls(const connmux_mux *mux,
+                       int fd,
+                       const connmux_parser *parser,
+                       const connmux_tls *tls,
+                       connmux_psock_id *psock);
+
+/**
+ * The certificate the TLS peer of `psock` presented in its handshake (the
+ * leaf, DER): with mutual TLS, the client's, from which a server tells who
+ * its client is. Returns the certificate's length, and copies it into
+ * `buf` when that is at most `len` (call with `len` 0 to learn the size);
+ * -ENOENT while the handshake has not completed, for a peer that presented
+ * none, and for a connection not attached with TLS.
+ *
+ * # Safety
+ * `mux` is a live handle; `buf` is valid for writing `len` bytes (or `len`
+ * is 0).
+ */
+ptrdiff_t connmux_tls_peer_certificate(const connmux_mux *mux,
+                                       connmux_psock_id psock,
+                                       void *buf,
+                                       size_t len);
+
+/**
+ * The mux's TLS counters into `*st`. Returns 0.
+ *
+ * # Safety
+ * `mux` is a live handle; `st` is writable.
+ */
+int connmux_tls_get_stats(const connmux_mux *mux, connmux_tls_stats *st);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -15,6 +15,7 @@
 #![allow(non_camel_case_types)]
 
 mod error;
+mod tls;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::fd::{AsRawFd, BorrowedFd};

@@ -2,7 +2,8 @@
 //! to libconnmux.a): errno returns and messages, TRUNC/EOR/PEEK, SEQPACKET
 //! parts, MORE, batch receive and send, addressed receive and send,
 //! receive-disable, the pollable descriptor with poll(2), psock failure
-//! events, statistics, and a BPF parser from an ELF object.
+//! events, statistics, a BPF parser from an ELF object, and TLS (mutual,
+//! with certificates made here).
 
 mod common;
 
@@ -13,9 +14,11 @@ fn c_unit_checks_pass() {
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let bin = common::compile("unit", &[manifest.join("tests/c/unit.c")], common::Link::Static);
     let obj = common::bpf_object("len_prefix");
+    let tls = tls_files();
     let mut cmd = std::process::Command::new(&bin);
-    cmd.arg(&obj);
+    cmd.arg(&obj).arg(&tls);
     let out = common::run(cmd, Duration::from_secs(120)).expect("run the C checks");
+    let _ = std::fs::remove_dir_all(&tls);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let summary = stdout.lines().last().unwrap_or("");
@@ -26,4 +29,41 @@ fn c_unit_checks_pass() {
     );
     let passed: usize = summary.split(' ').next().and_then(|n| n.parse().ok()).expect("a count");
     assert!(passed >= 100, "only {passed} C checks ran:\n{stdout}");
+}
+
+/// A directory with what `test_tls` in unit.c reads: the server's CA
+/// (`ca.pem`), a certificate for localhost it signed (`server.pem`,
+/// `server.key`), a CA for clients (`clientca.pem`) and a client
+/// certificate it signed (`client.pem`, `client.key`, and `client.der`, the
+/// bytes the server must report).
+fn tls_files() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("connmux-capi-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = |cn: &str| {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        p.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
+        rcgen::CertifiedIssuer::self_signed(p, rcgen::KeyPair::generate().unwrap()).unwrap()
+    };
+    let write = |name: &str, data: &[u8]| std::fs::write(dir.join(name), data).unwrap();
+    let server_ca = ca("server CA");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert =
+        rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&key, &server_ca).unwrap();
+    write("ca.pem", server_ca.pem().as_bytes());
+    write("server.pem", cert.pem().as_bytes());
+    write("server.key", key.serialize_pem().as_bytes());
+    let client_ca = ca("client CA");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name.push(rcgen::DnType::CommonName, "a C client");
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = p.signed_by(&key, &client_ca).unwrap();
+    write("clientca.pem", client_ca.pem().as_bytes());
+    write("client.pem", cert.pem().as_bytes());
+    write("client.key", key.serialize_pem().as_bytes());
+    write("client.der", cert.der());
+    dir
 }

@@ -1,7 +1,8 @@
 /*
  * C-level checks of libconnmux through include/connmux.h, over real TCP on
- * loopback. Run by tests/c_api.rs:  unit [BPF_OBJECT]
- * (BPF_OBJECT: bpf/len_prefix.c built with clang -target bpf).
+ * loopback. Run by tests/c_api.rs:  unit [BPF_OBJECT [TLS_DIR]]
+ * (BPF_OBJECT: bpf/len_prefix.c built with clang -target bpf; TLS_DIR: the
+ * certificates and keys tests/c_api.rs makes for test_tls).
  * Prints "FAIL file:line: condition" for each failed check and ends with
  * "N passed, M failed"; exits 1 if any failed.
  */
@@ -736,6 +737,136 @@ static void test_flush(void)
 	connmux_mux_free(m);
 }
 
+/* A file of `dir` by name, in a static buffer per call site's use. */
+static const char *in_dir(const char *dir, const char *name, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s/%s", dir, name);
+	return buf;
+}
+
+/* TLS from C: configurations from PEM files (errors typed), a client psock of
+ * one mux talking to a server psock of another over loopback with mutual
+ * TLS, each side seeing the other's certificate; a client without a
+ * certificate refused by that server, alone (a psock failure, counted).
+ * `dir` holds what tests/c_api.rs made: ca.pem (the server's CA),
+ * server.pem/.key, clientca.pem, client.pem/.key and client.der. */
+static void test_tls(const char *dir)
+{
+	char a[512], b[512], c[512], d[512];
+	connmux_tls *srv = NULL, *cli = NULL, *anon = NULL, *bad = (connmux_tls *)1;
+
+	/* Errors: a missing file, a file with no certificate, half a client pair. */
+	EQ(connmux_tls_server_new(in_dir(dir, "nope.pem", a, sizeof a), in_dir(dir, "server.key", b, sizeof b), NULL,
+				  &bad),
+	   -ENOENT);
+	CHECK(bad == NULL);
+	CHECK(strstr(connmux_last_error(), "nope.pem") != NULL);
+	EQ(connmux_tls_server_new(in_dir(dir, "server.key", a, sizeof a), in_dir(dir, "server.key", b, sizeof b), NULL,
+				  &bad),
+	   -EINVAL);
+	EQ(connmux_tls_client_new(in_dir(dir, "ca.pem", a, sizeof a), "localhost", in_dir(dir, "client.pem", b, sizeof b),
+				  NULL, &bad),
+	   -EINVAL);
+	EQ(connmux_tls_client_new(in_dir(dir, "ca.pem", a, sizeof a), "not a name!", NULL, NULL, &bad), -EINVAL);
+
+	MUST(connmux_tls_server_new(in_dir(dir, "server.pem", a, sizeof a), in_dir(dir, "server.key", b, sizeof b),
+				    in_dir(dir, "clientca.pem", c, sizeof c), &srv));
+	MUST(connmux_tls_client_new(in_dir(dir, "ca.pem", a, sizeof a), "localhost", in_dir(dir, "client.pem", b, sizeof b),
+				    in_dir(dir, "client.key", d, sizeof d), &cli));
+	MUST(connmux_tls_client_new(in_dir(dir, "ca.pem", a, sizeof a), "localhost", NULL, NULL, &anon));
+
+	connmux_mux *sm = new_mux(), *cm = new_mux();
+	connmux_parser *l4;
+	MUST(connmux_parser_from_spec("l4", &l4));
+	connmux_sock *ss, *cs;
+	MUST(connmux_socket(sm, CONNMUX_SOCK_DGRAM, &ss));
+	MUST(connmux_socket(cm, CONNMUX_SOCK_DGRAM, &cs));
+	MUST(connmux_set_timeouts(ss, 5000, 5000));
+	MUST(connmux_set_timeouts(cs, 5000, 5000));
+	int peer, near;
+	tcp_pair(&peer, &near);
+	connmux_psock_id sp, cp;
+	EQ(connmux_attach_tls(sm, near, l4, NULL, &sp), -EFAULT);
+	MUST(connmux_attach_tls(sm, near, l4, srv, &sp));
+	MUST(connmux_attach_tls(cm, peer, l4, cli, &cp));
+	close(near);
+	close(peer);
+	/* Both configurations serve any number of connections: freed here. */
+	connmux_tls_free(srv);
+	connmux_tls_free(cli);
+
+	uint8_t msg[64], got[2048];
+	size_t n = frame(msg, "over TLS from C");
+	EQ(connmux_send(cs, msg, n, 0), (long long)n);
+	EQ(connmux_recv(ss, got, sizeof got, 0), (long long)n);
+	CHECK(memcmp(got, msg, n) == 0);
+
+	/* Who the client is: its certificate, byte for byte. */
+	uint8_t want[2048];
+	FILE *f = fopen(in_dir(dir, "client.der", a, sizeof a), "rb");
+	size_t wn = f ? fread(want, 1, sizeof want, f) : 0;
+	if (f)
+		fclose(f);
+	CHECK(wn > 0);
+	EQ(connmux_tls_peer_certificate(sm, sp, NULL, 0), (long long)wn);
+	EQ(connmux_tls_peer_certificate(sm, sp, got, sizeof got), (long long)wn);
+	CHECK(memcmp(got, want, wn) == 0);
+	n = frame(msg, "and back");
+	EQ(connmux_send_to(ss, msg, n, sp, 0), (long long)n);
+	EQ(connmux_recv(cs, got, sizeof got, 0), (long long)n);
+	CHECK(memcmp(got, msg, n) == 0);
+	/* The client sees the server's certificate; a plain psock has none. */
+	CHECK(connmux_tls_peer_certificate(cm, cp, NULL, 0) > 0);
+	int pp, pn;
+	tcp_pair(&pp, &pn);
+	connmux_psock_id plain;
+	MUST(connmux_attach(sm, pn, l4, &plain));
+	EQ(connmux_tls_peer_certificate(sm, plain, NULL, 0), -ENOENT);
+	MUST(connmux_unattach_psock(sm, plain));
+	close(pp);
+	close(pn);
+
+	/* A client with no certificate: its handshake fails on the server, alone. */
+	int p2, n2;
+	tcp_pair(&p2, &n2);
+	connmux_tls *srv2;
+	MUST(connmux_tls_server_new(in_dir(dir, "server.pem", a, sizeof a), in_dir(dir, "server.key", b, sizeof b),
+				    in_dir(dir, "clientca.pem", c, sizeof c), &srv2));
+	connmux_psock_id sp2, cp2;
+	MUST(connmux_attach_tls(sm, n2, l4, srv2, &sp2));
+	MUST(connmux_attach_tls(cm, p2, l4, anon, &cp2));
+	close(n2);
+	close(p2);
+	connmux_tls_free(srv2);
+	connmux_tls_free(anon);
+	n = frame(msg, "let me in");
+	connmux_send_to(cs, msg, n, cp2, 0);
+	connmux_event ev = { 0 };
+	EQ(connmux_next_event(sm, &ev, 5000), 1);
+	EQ(ev.psock, sp2);
+	EQ(ev.kind, CONNMUX_PSOCK_ERR_RX);
+	EQ(ev.err, EBADMSG);
+	connmux_tls_stats st;
+	MUST(connmux_tls_get_stats(sm, &st));
+	EQ(st.attached, 2);
+	EQ(st.handshakes, 1);
+	EQ(st.handshake_failures, 1);
+	EQ(st.errors, 0);
+	MUST(connmux_abort_psock(sm, sp2));
+	/* The first pair goes on. */
+	n = frame(msg, "still here");
+	EQ(connmux_send_to(cs, msg, n, cp, 0), (long long)n);
+	EQ(connmux_recv(ss, got, sizeof got, 0), (long long)n);
+	CHECK(memcmp(got, msg, n) == 0);
+
+	connmux_tls_free(NULL);
+	connmux_parser_free(l4);
+	connmux_sock_close(ss);
+	connmux_sock_close(cs);
+	connmux_mux_free(sm);
+	connmux_mux_free(cm);
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(strlen(connmux_version()) > 0);
@@ -748,6 +879,8 @@ int main(int argc, char **argv)
 	test_attach_opts();
 	if (argc > 1)
 		test_bpf(argv[1]);
+	if (argc > 2)
+		test_tls(argv[2]);
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }
