@@ -576,14 +576,30 @@ fn keep_message_buffers(max_msg: usize) {
 /// of large messages from peers that stay.
 const TRIM_AFTER_FREED: usize = 16 << 20;
 
+/// Less than [`TRIM_AFTER_FREED`] is enough when it is half of that most
+/// (all that was held at the end of a trim's round, freed later, must not
+/// stay for want of 16 MiB), but no less than this: a trim holds each
+/// arena's lock while it walks its free blocks, and a busy server's large
+/// blocks come and go.
+const TRIM_AFTER_HALF: usize = 4 << 20;
+
+/// Whether large blocks in use falling from `high` (their most since the
+/// last trim) to `held` is reason enough to trim: [`TRIM_AFTER_FREED`], or
+/// half of `high` when that is at least [`TRIM_AFTER_HALF`].
+fn freed_enough(high: usize, held: usize) -> bool {
+    let freed = high.saturating_sub(held);
+    freed >= TRIM_AFTER_FREED || (freed >= TRIM_AFTER_HALF && freed * 2 >= high)
+}
+
 /// Gives free allocator pages back to the system (glibc keeps freed arena
 /// pages otherwise): when connections closed since the last look (every
 /// 250 ms), or when the large blocks the program holds
 /// (`connmux_sys::malloc::large_in_use`, counted by the binary's global
-/// allocator) fell by [`TRIM_AFTER_FREED`]; each time again 750 ms later,
-/// and every 750 ms after while that count still falls. The allocator's count, not the core's: a message
-/// the core let go of may still be a reply being written to a slow reader,
-/// freed seconds later.
+/// allocator) fell by [`TRIM_AFTER_FREED`], or by half of their most since
+/// the last trim (at least [`TRIM_AFTER_HALF`]); each time again 750 ms
+/// later, and every 750 ms after while that count still falls. The
+/// allocator's count, not the core's: a message the core let go of may
+/// still be a reply being written to a slow reader, freed seconds later.
 struct Trimmer {
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -604,7 +620,7 @@ impl Trimmer {
                     let closed = st.closed.load(Relaxed) + st.refused.load(Relaxed);
                     let held = connmux_sys::malloc::large_in_use();
                     high = high.max(held);
-                    if closed != seen || high - held >= TRIM_AFTER_FREED {
+                    if closed != seen || freed_enough(high, held) {
                         seen = closed;
                         connmux_sys::malloc::trim();
                         // Again a moment later, and as long as the count
@@ -719,4 +735,25 @@ pub fn start_rpc_service(config: Config, listen: SocketAddr, reg: connmux_oncrpc
         Arc::new(RpcHandler::new(reg)),
     )
     .with_context(|| format!("starting rpc-server on {listen}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::freed_enough;
+
+    const MIB: usize = 1 << 20;
+
+    /// What was still held when a trim's rounds stopped (here 15 MiB), freed
+    /// later, is trimmed although it is less than 16 MiB; small swings of a
+    /// busy server's large blocks are not.
+    #[test]
+    fn a_trim_follows_frees_of_half_what_was_held_or_16_mib() {
+        assert!(freed_enough(15 * MIB, 0), "all of 15 MiB freed after the rounds stopped");
+        assert!(freed_enough(8 * MIB, 4 * MIB), "half of 8 MiB");
+        assert!(freed_enough(100 * MIB, 84 * MIB), "16 MiB of 100");
+        assert!(!freed_enough(100 * MIB, 85 * MIB), "15 MiB of 100");
+        assert!(!freed_enough(15 * MIB, 8 * MIB), "less than half");
+        assert!(!freed_enough(3 * MIB, 0), "under 4 MiB, whatever the share");
+        assert!(!freed_enough(2 * MIB, 3 * MIB), "grown, not freed");
+    }
 }
