@@ -369,6 +369,52 @@ fn sock_stats_to_c(s: &SockStats) -> connmux_sock_stats {
 // Pointer checks (the only places that turn C pointers into references)
 // ---------------------------------------------------------------------------
 
+/// A handle C holds: made by `Box::into_raw`, told apart by its magic.
+trait Handle {
+    /// Its magic, cleared as it is released (a use after that is refused
+    /// as long as the memory still reads the same).
+    fn magic(&mut self) -> &mut u64;
+}
+
+impl Handle for connmux_mux {
+    fn magic(&mut self) -> &mut u64 {
+        &mut self.magic
+    }
+}
+
+impl Handle for connmux_sock {
+    fn magic(&mut self) -> &mut u64 {
+        &mut self.magic
+    }
+}
+
+impl Handle for connmux_parser {
+    fn magic(&mut self) -> &mut u64 {
+        &mut self.magic
+    }
+}
+
+/// Release handle `p` (NULL is ignored): `check`, its kind's `*_ref`,
+/// refuses a pointer that is not a live handle of that kind; then its box is
+/// dropped, its magic cleared.
+///
+/// # Safety
+/// `p` is NULL or a live handle of its kind, not used again after this call.
+unsafe fn release<'a, T: Handle + 'a>(p: *mut T, check: unsafe fn(*const T) -> Result<&'a T, Fail>) {
+    guard(|| {
+        if p.is_null() {
+            return Ok(0);
+        }
+        // SAFETY: forwarded contract; checks the magic before taking ownership.
+        unsafe { check(p) }?;
+        // SAFETY: a live handle from Box::into_raw, never used again (contract).
+        let mut b = unsafe { Box::from_raw(p) };
+        *b.magic() = 0;
+        drop(b);
+        Ok(0)
+    });
+}
+
 /// # Safety
 /// `p` is null or a pointer from `connmux_mux_new` not yet freed.
 unsafe fn mux_ref<'a>(p: *const connmux_mux) -> Result<&'a connmux_mux, Fail> {
@@ -617,18 +663,8 @@ pub unsafe extern "C" fn connmux_mux_new(cfg: *const connmux_config, out_mux: *m
 /// `mux` is NULL or a live handle, not used again after this call.
 #[no_mangle]
 pub unsafe extern "C" fn connmux_mux_free(mux: *mut connmux_mux) {
-    guard(|| {
-        if mux.is_null() {
-            return Ok(0);
-        }
-        // SAFETY: forwarded contract; checks the magic before taking ownership.
-        unsafe { mux_ref(mux) }?;
-        // SAFETY: a live handle from Box::into_raw, never used again (contract).
-        let mut b = unsafe { Box::from_raw(mux) };
-        b.magic = 0;
-        drop(b);
-        Ok(0)
-    });
+    // SAFETY: forwarded contract of this function.
+    unsafe { release(mux, mux_ref) }
 }
 
 /// Number of I/O worker threads, or a negative errno.
@@ -755,18 +791,8 @@ pub unsafe extern "C" fn connmux_parser_from_bpf_mem(
 /// `parser` is NULL or a live template, not used again after this call.
 #[no_mangle]
 pub unsafe extern "C" fn connmux_parser_free(parser: *mut connmux_parser) {
-    guard(|| {
-        if parser.is_null() {
-            return Ok(0);
-        }
-        // SAFETY: forwarded contract; checks the magic before taking ownership.
-        unsafe { parser_ref(parser) }?;
-        // SAFETY: a live template from Box::into_raw, never used again (contract).
-        let mut b = unsafe { Box::from_raw(parser) };
-        b.magic = 0;
-        drop(b);
-        Ok(0)
-    });
+    // SAFETY: forwarded contract of this function.
+    unsafe { release(parser, parser_ref) }
 }
 
 // ---------------------------------------------------------------------------
@@ -1128,18 +1154,8 @@ pub unsafe extern "C" fn connmux_sock_clone(sock: *const connmux_sock, out_sock:
 /// `sock` is NULL or a live handle, not used again after this call.
 #[no_mangle]
 pub unsafe extern "C" fn connmux_sock_close(sock: *mut connmux_sock) {
-    guard(|| {
-        if sock.is_null() {
-            return Ok(0);
-        }
-        // SAFETY: forwarded contract; checks the magic before taking ownership.
-        unsafe { sock_ref(sock) }?;
-        // SAFETY: a live handle from Box::into_raw, never used again (contract).
-        let mut b = unsafe { Box::from_raw(sock) };
-        b.magic = 0;
-        drop(b);
-        Ok(0)
-    });
+    // SAFETY: forwarded contract of this function.
+    unsafe { release(sock, sock_ref) }
 }
 
 /// A descriptor that is readable (POLLIN) while messages wait on this socket,

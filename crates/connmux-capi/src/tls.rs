@@ -61,6 +61,12 @@ unsafe fn tls_ref<'a>(p: *const connmux_tls) -> Result<&'a connmux_tls, Fail> {
     Ok(t)
 }
 
+impl crate::Handle for connmux_tls {
+    fn magic(&mut self) -> &mut u64 {
+        &mut self.magic
+    }
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -201,18 +207,8 @@ pub unsafe extern "C" fn connmux_tls_client_new(
 /// `tls` is NULL or a live configuration, not used again after this call.
 #[no_mangle]
 pub unsafe extern "C" fn connmux_tls_free(tls: *mut connmux_tls) {
-    guard(|| {
-        if tls.is_null() {
-            return Ok(0);
-        }
-        // SAFETY: forwarded contract; checks the magic before taking ownership.
-        unsafe { tls_ref(tls) }?;
-        // SAFETY: a live configuration from Box::into_raw, never used again (contract).
-        let mut b = unsafe { Box::from_raw(tls) };
-        b.magic = 0;
-        drop(b);
-        Ok(0)
-    });
+    // SAFETY: forwarded contract of this function.
+    unsafe { crate::release(tls, tls_ref) }
 }
 
 /// SIOCKCMATTACH for a connection that speaks TLS: as `connmux_attach`

@@ -347,8 +347,8 @@ fn openssl(args: &[&str]) {
 /// `rpc-server --tls --tls-client-ca` answers rpctest presenting the client
 /// certificate (`--tls-client-cert/--tls-client-key`); rpctest without one
 /// and with the stranger's fails, and `openssl s_client` without one is
-/// told why (TLS 1.3's "certificate required" alert). Each refusal is a
-/// handshake failure in the server's counters.
+/// told why (TLS 1.3's "certificate required" alert). (The refusals'
+/// counters are checked in `crates/connmux/tests/tls.rs`.)
 #[test]
 fn mutual_tls_with_client_certificates() {
     let dir = scratch("mtls");
@@ -444,8 +444,6 @@ fn mutual_tls_with_client_certificates() {
         Duration::from_secs(20),
     );
     assert!(err.contains("certificate required"), "openssl s_client without a certificate: {err}");
-    // (The server's statistics socket is off here; its counters are the
-    // library's, checked in crates/connmux/tests/tls.rs.)
 
     // Asked for without --tls: a clear error, not a plain server.
     let (ok, _, err) = run(
