@@ -455,6 +455,18 @@ unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, Fail> {
     unsafe { p.as_mut() }.ok_or_else(|| Fail::null(what))
 }
 
+/// Write an attached connection's id where the caller asked for it
+/// (`psock` NULL: not asked).
+///
+/// # Safety
+/// `psock` is NULL or valid for writing one id.
+unsafe fn put_psock(psock: *mut connmux_psock_id, id: PsockId) {
+    // SAFETY: by the caller's contract `psock` is NULL or writable.
+    if let Some(slot) = unsafe { psock.as_mut() } {
+        *slot = psock_to_c(id);
+    }
+}
+
 /// # Safety
 /// `p` is null or valid for reading one `T`.
 unsafe fn inp<'a, T>(p: *const T, what: &str) -> Result<&'a T, Fail> {
@@ -825,10 +837,8 @@ pub unsafe extern "C" fn connmux_attach(
         // SAFETY: forwarded contract of this function.
         let conn = unsafe { borrow_fd(fd) }?;
         let id = m.mux.attach(&conn, p.kind.build()?)?;
-        if !psock.is_null() {
-            // SAFETY: non-null and writable by contract.
-            *unsafe { out(psock, "psock") }? = psock_to_c(id);
-        }
+        // SAFETY: forwarded contract of this function.
+        unsafe { put_psock(psock, id) };
         Ok(0)
     })
 }
@@ -854,10 +864,8 @@ pub unsafe extern "C" fn connmux_attach_spec(
         // SAFETY: forwarded contract of this function.
         let conn = unsafe { borrow_fd(fd) }?;
         let id = m.mux.attach(&conn, parser)?;
-        if !psock.is_null() {
-            // SAFETY: non-null and writable by contract.
-            *unsafe { out(psock, "psock") }? = psock_to_c(id);
-        }
+        // SAFETY: forwarded contract of this function.
+        unsafe { put_psock(psock, id) };
         Ok(0)
     })
 }
@@ -926,10 +934,8 @@ pub unsafe extern "C" fn connmux_attach_with(
         // SAFETY: forwarded contract of this function.
         let conn = unsafe { borrow_fd(fd) }?;
         let id = m.mux.attach_with(&conn, a)?;
-        if !psock.is_null() {
-            // SAFETY: non-null and writable by contract.
-            *unsafe { out(psock, "psock") }? = psock_to_c(id);
-        }
+        // SAFETY: forwarded contract of this function.
+        unsafe { put_psock(psock, id) };
         Ok(0)
     })
 }

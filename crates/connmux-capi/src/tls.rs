@@ -13,7 +13,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use crate::error::{guard, guard_int, Fail};
 use crate::{borrow_fd, bytes_mut, c_str, connmux_mux, connmux_parser, connmux_psock_id, error, mux_ref, ok, out};
-use crate::{parser_ref, psock_required, psock_to_c};
+use crate::{parser_ref, psock_required, put_psock};
 
 const TLS_MAGIC: u64 = 0x636f_6e6e_746c_7331; // "conntls1"
 
@@ -248,10 +248,8 @@ pub unsafe extern "C" fn connmux_attach_tls(
             }
         };
         let id = m.mux.attach_tls(conn, session, p.kind.build()?)?;
-        if !psock.is_null() {
-            // SAFETY: non-null and writable by contract.
-            *unsafe { out(psock, "psock") }? = psock_to_c(id);
-        }
+        // SAFETY: forwarded contract of this function.
+        unsafe { put_psock(psock, id) };
         Ok(0)
     })
 }
