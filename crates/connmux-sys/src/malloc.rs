@@ -61,6 +61,9 @@ pub const COUNTED_FROM: usize = 16 << 10;
 
 static LARGE_IN_USE: AtomicUsize = AtomicUsize::new(0);
 
+/// The most [`LARGE_IN_USE`] reached since the last [`take_large_high`].
+static LARGE_HIGH: AtomicUsize = AtomicUsize::new(0);
+
 /// The system allocator, counting the bytes of the blocks of at least
 /// [`COUNTED_FROM`] it holds for the program ([`large_in_use`]). What that
 /// count falls by is what frees left in the arenas for a [`trim`] to give
@@ -72,10 +75,15 @@ pub struct Counting;
 #[inline]
 fn counted(size: usize, grow: bool) {
     if size >= COUNTED_FROM {
-        match grow {
-            true => LARGE_IN_USE.fetch_add(size, Ordering::Relaxed),
-            false => LARGE_IN_USE.fetch_sub(size, Ordering::Relaxed),
-        };
+        if grow {
+            let now = LARGE_IN_USE.fetch_add(size, Ordering::Relaxed) + size;
+            // The read first: a new most is rare, a locked update dear.
+            if now > LARGE_HIGH.load(Ordering::Relaxed) {
+                LARGE_HIGH.fetch_max(now, Ordering::Relaxed);
+            }
+        } else {
+            LARGE_IN_USE.fetch_sub(size, Ordering::Relaxed);
+        }
     }
 }
 
@@ -121,6 +129,14 @@ unsafe impl GlobalAlloc for Counting {
 /// [`Counting`] counts them (0 where it is not the global allocator).
 pub fn large_in_use() -> usize {
     LARGE_IN_USE.load(Ordering::Relaxed)
+}
+
+/// The most bytes [`large_in_use`] reached since the last call (or since
+/// the program started), and from now on the most since this call. A
+/// program that looks at [`large_in_use`] now and then misses a burst of
+/// large blocks taken and freed between two looks; this one does not.
+pub fn take_large_high() -> usize {
+    LARGE_HIGH.swap(large_in_use(), Ordering::Relaxed)
 }
 
 /// Give free pages of the allocator's arenas back to the system

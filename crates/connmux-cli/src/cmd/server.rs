@@ -596,7 +596,8 @@ fn freed_enough(high: usize, held: usize) -> bool {
 /// 250 ms), or when the large blocks the program holds
 /// (`connmux_sys::malloc::large_in_use`, counted by the binary's global
 /// allocator) fell by [`TRIM_AFTER_FREED`], or by half of their most since
-/// the last trim (at least [`TRIM_AFTER_HALF`]); each time again 750 ms
+/// the last trim (at least [`TRIM_AFTER_HALF`]; the allocator's most, so
+/// that blocks taken and freed all between two looks count); each time again 750 ms
 /// later, and every 750 ms after while that count still falls. The
 /// allocator's count, not the core's: a message the core let go of may
 /// still be a reply being written to a slow reader, freed seconds later.
@@ -613,16 +614,23 @@ impl Trimmer {
         let thread = std::thread::Builder::new()
             .name("connmux-trim".into())
             .spawn(move || {
+                // The allocator's most counts from each trim on.
+                let trim = || {
+                    connmux_sys::malloc::take_large_high();
+                    connmux_sys::malloc::trim();
+                };
                 let (mut seen, mut high) = (0, 0);
                 while !s.load(Acquire) {
                     std::thread::sleep(Duration::from_millis(250));
                     let st = svc.stats();
                     let closed = st.closed.load(Relaxed) + st.refused.load(Relaxed);
                     let held = connmux_sys::malloc::large_in_use();
-                    high = high.max(held);
+                    // The allocator's most, not only what this look sees:
+                    // a burst of frees all within one sleep is a fall too.
+                    high = high.max(connmux_sys::malloc::take_large_high()).max(held);
                     if closed != seen || freed_enough(high, held) {
                         seen = closed;
-                        connmux_sys::malloc::trim();
+                        trim();
                         // Again a moment later, and as long as the count
                         // still falls: the reaper may still be unattaching
                         // the rest of a burst, replies to slow readers are
@@ -630,14 +638,14 @@ impl Trimmer {
                         let mut last = held;
                         for _ in 0..40 {
                             std::thread::sleep(Duration::from_millis(750));
-                            connmux_sys::malloc::trim();
+                            trim();
                             let now = connmux_sys::malloc::large_in_use();
                             if now >= last || s.load(Acquire) {
                                 break;
                             }
                             last = now;
                         }
-                        high = connmux_sys::malloc::large_in_use();
+                        high = 0;
                     }
                 }
             })
