@@ -721,6 +721,7 @@ struct MuxCounters {
     handshake_timeouts: u64,
     leases: u64,
     lease_returns: u64,
+    lease_backlogs: u64,
 }
 
 /// The multiplexor.
@@ -2583,6 +2584,7 @@ impl Mux {
             handshake_timeouts: self.counters.handshake_timeouts,
             leases: self.counters.leases,
             lease_returns: self.counters.lease_returns,
+            lease_backlogs: self.counters.lease_backlogs,
             kcms: self.socks.len(),
             psocks: self.psocks.len(),
             psock: agg,

@@ -41,6 +41,10 @@ pub struct MuxStats {
     /// Times a lease came back to the mux (`Mux::unlease`: a read the
     /// worker could not serve alone, a close, a send from elsewhere, ...; new).
     pub lease_returns: u64,
+    /// Times a lent psock's connection took less than its worker wrote and
+    /// the lease stayed, the rest of the replies waiting on it for the
+    /// connection to take more (`Lease::backed_up`, new).
+    pub lease_backlogs: u64,
     /// Live KCM sockets.
     pub kcms: usize,
     /// Live psocks.

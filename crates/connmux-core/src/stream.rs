@@ -451,6 +451,29 @@ impl StreamParser {
         self.reset();
     }
 
+    /// Hand over the start of the current message, for a lease to complete
+    /// (`Mux::lease_keeping`), with when its first byte was seen (its
+    /// deadline's origin): only when all that is buffered is that start as
+    /// the parser last saw it (never bytes not framed yet), at most `max`
+    /// bytes, and nothing is lent. The stream is then empty (`None`: it
+    /// keeps what it has).
+    pub fn take_partial(&mut self, max: usize) -> Option<(Vec<u8>, Option<Timestamp>)> {
+        if self.stopped || self.lent.is_some() || self.buf.len() > max {
+            return None;
+        }
+        let only_start = match self.frame {
+            Frame::Idle => self.buf.is_empty(),
+            Frame::Header { asked, hint } => self.buf.len() < asked + hint,
+            Frame::Body { full_len } => self.buf.len() < full_len,
+        };
+        if !only_start {
+            return None;
+        }
+        let taken = (self.buf.to_vec(), self.started);
+        self.reset();
+        Some(taken)
+    }
+
     /// Drop whatever is buffered (a partial message at end of stream).
     pub fn discard(&mut self) {
         self.reset();

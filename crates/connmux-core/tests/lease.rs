@@ -463,3 +463,42 @@ fn bytes_a_lease_kept_do_not_make_the_psock_look_idle_when_given_back() {
     m.feed(p, &msg[9..], at(171)).unwrap();
     assert_eq!(recv_all(&mut m, s), vec![msg]);
 }
+
+#[test]
+fn a_psock_holding_a_message_begun_is_lent_with_it_within_the_room_given() {
+    let t = std::time::Duration::from_millis(100);
+    let at = |ms: u64| Timestamp::from_nanos(ms * 1_000_000);
+    let cfg = MuxConfig { assembly_timeout: Some(t), ..MuxConfig::default() };
+    let msg = l4(b"a message that reads cut");
+    // Whole messages and the start of one, read at 10 ms: the start stays
+    // in the stream, its deadline running.
+    let (mut m, s, p) = served_in(cfg.clone(), 1024, Box::new(Whole(L4::new())));
+    let first: Vec<u8> = [l4(b"whole"), msg[..9].to_vec()].concat();
+    m.feed(p, &first, at(10)).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![l4(b"whole")]);
+    m.rx_settle(p, 1);
+    assert_eq!(m.poll_timeout(), Some(at(110)));
+    assert!(m.lease(p, s).is_none(), "not without room for what it holds");
+    assert!(m.lease_keeping(p, s, 8).is_none(), "nor with less room than that");
+    let mut lease = m.lease_keeping(p, s, 9).expect("lent with its 9 bytes");
+    assert_eq!((lease.kept(), lease.kept_due()), (9, Some(at(110))), "the deadline from its first byte");
+    assert_eq!(m.poll_timeout(), None, "the mux's deadline went with the bytes");
+    assert_eq!(m.memory_used(), 0, "and the mux holds nothing");
+    // The next read completes it on the lease, with one more whole.
+    let rest: Vec<u8> = [msg[9..].to_vec(), l4(b"next")].concat();
+    assert_eq!(serve_read(&mut lease, &rest, at(20), 1024), Ok(vec![msg.clone(), l4(b"next")]));
+    assert!(m.lease_sync(&mut lease, at(20)));
+    let st = m.psock_stats(p).unwrap();
+    assert_eq!((st.rx_msgs, st.rx_bytes), (3, (l4(b"whole").len() + msg.len() + l4(b"next").len()) as u64));
+
+    // Given back before it is whole: the mux has it again as read at its
+    // first byte, and times it out then.
+    let (mut m, s, p) = served_in(cfg, 1024, Box::new(Whole(L4::new())));
+    m.feed(p, &msg[..9], at(10)).unwrap();
+    let lease = m.lease_keeping(p, s, 64).unwrap();
+    m.unlease(lease, at(50));
+    assert_eq!(m.poll_timeout(), Some(at(110)));
+    m.feed(p, &msg[9..], at(60)).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![msg]);
+    assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 1, "counted once");
+}

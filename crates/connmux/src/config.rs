@@ -348,6 +348,18 @@ pub struct Tuning {
     /// core: when it passes, the worker gives the lease back and the core
     /// times the message out. Default 1 MiB.
     pub lease_keep_total: usize,
+    /// Bytes of replies a lent psock holds when its connection takes less
+    /// than was written (epoll): the lease stays, its worker writes them
+    /// when the connection takes more, and the replies of its next reads
+    /// go behind them. Past this (a peer that reads slowly or not at all)
+    /// the lease goes back with all of it on the psock's queue, where the
+    /// core's bounds on a connection's replies (`psock_sndbuf`) apply. On
+    /// io_uring, and for TLS psocks, a short write gives the lease back.
+    /// 0: a short write always gives the lease back. Default 256 KiB.
+    pub lease_backlog: usize,
+    /// Bytes of such replies all of one worker's leases hold together (the
+    /// core's memory budget does not see them). Default 4 MiB.
+    pub lease_backlog_total: usize,
 }
 
 impl Default for Tuning {
@@ -370,6 +382,8 @@ impl Default for Tuning {
             lease_sync: Duration::from_millis(1),
             lease_keep: 16 << 10,
             lease_keep_total: 1 << 20,
+            lease_backlog: 256 << 10,
+            lease_backlog_total: 4 << 20,
         }
     }
 }

@@ -412,6 +412,102 @@ fn a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again() {
     assert_eq!(st.tx_addressed_drops, 0);
 }
 
+/// A client that has stopped reading, briefly: the lease's write falls
+/// short. On epoll the lease stays (`Tuning::lease_backlog`): the rest
+/// waits on it, with the replies of the reads after it behind, and goes
+/// out when the connection takes more; on io_uring the lease goes back
+/// (the core's queue and ring sends take the rest). Either way every
+/// reply arrives once, in order, and is counted once.
+fn a_short_write_keeps_the_lease_on_epoll_and_replies_stay_in_order() {
+    let svc = echo_service(true);
+    // A small receive buffer: the server's writes run short sooner.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&svc.local_addr().into()).unwrap();
+    let mut c: TcpStream = sock.into();
+    c.set_nodelay(true).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    let (p, pings) = leased_conn_counted(&svc, &mut c);
+    let before = svc.mux().stats();
+    // Requests of 1 KiB in rounds of 32, none of the replies read, each
+    // round read by the server before the next is sent, until a write of
+    // its replies runs short (the connection's buffers are full: a few
+    // MB on loopback; bounded at 16 MB). Then nothing more is sent: what
+    // waits is at most a round's replies.
+    let body = |i: u32| {
+        let mut b = vec![0x5au8; 1020];
+        b[..4].copy_from_slice(&i.to_be_bytes());
+        b
+    };
+    let mut sent = 0u32;
+    let short = loop {
+        let round: Vec<u8> = (sent..sent + 32).flat_map(|i| framed(&body(i))).collect();
+        write_all(&mut c, &round);
+        sent += 32;
+        let read = pings + u64::from(sent);
+        eventually(|| (svc.mux().psock_stats(p).unwrap().rx_msgs >= read).then_some(()));
+        let st = svc.mux().stats();
+        if st.lease_backlogs > before.lease_backlogs || st.lease_returns > before.lease_returns {
+            break st;
+        }
+        assert!(sent < 16 * 1024, "no write ran short in 16 MB of replies");
+    };
+    match driver() {
+        connmux::Driver::Epoll => {
+            assert_eq!(short.lease_backlogs, before.lease_backlogs + 1, "the rest waited on the lease");
+            assert_eq!(short.lease_returns, before.lease_returns, "and the lease stayed");
+        }
+        _ => assert!(short.lease_returns > before.lease_returns, "the lease went back"),
+    }
+    for i in 0..sent {
+        let got = read_framed(&mut c);
+        assert_eq!(got.len(), 1020);
+        assert_eq!(u32::from_be_bytes(got[..4].try_into().unwrap()), i, "reply {i} out of order");
+    }
+    // The connection takes them all now; the lease answers the next call.
+    call(&mut c, b"after");
+    if driver() == connmux::Driver::Epoll {
+        assert!(svc.mux().psock_leased(p), "still lent");
+        assert_eq!(svc.mux().stats().lease_returns, before.lease_returns, "never given back");
+    }
+    let calls = pings + u64::from(sent) + 1;
+    let st = eventually(|| {
+        let st = svc.mux().psock_stats(p).unwrap();
+        (st.tx_msgs >= calls).then_some(st)
+    });
+    assert_eq!((st.tx_msgs, st.tx_bytes), (calls, 8 * pings + 1024 * u64::from(sent) + 9));
+    assert_eq!(st.tx_addressed_drops, 0);
+}
+
+/// A connection whose reads end inside messages (a stream of messages that
+/// reads cut) is lent with the message begun (`Mux::lease_keeping`): here
+/// its first read is only the start of a message (nothing is framed in
+/// place: the core's stream takes it), then the rest with a whole one and
+/// another start; the lease completes each and never goes back. Epoll:
+/// its worker offers every psock whose read the stream took for a lease.
+#[test]
+fn a_connection_whose_reads_end_inside_messages_is_lent_with_the_message_begun() {
+    common::run_on(connmux::Driver::Epoll, || {
+        let svc = echo_service(true);
+        let mut c = client(&svc);
+        let first = framed(b"the first message, cut");
+        write_all(&mut c, &first[..5]);
+        let p = eventually(|| svc.mux().psocks().first().copied());
+        eventually(|| svc.mux().psock_leased(p).then_some(()));
+        let returns = svc.mux().stats().lease_returns;
+        let third = framed(b"third");
+        write_all(&mut c, &[&first[5..], &framed(b"second")[..], &third[..3]].concat());
+        assert_eq!(read_framed(&mut c), b"the first message, cut");
+        assert_eq!(read_framed(&mut c), b"second");
+        write_all(&mut c, &third[3..]);
+        assert_eq!(read_framed(&mut c), b"third");
+        assert!(svc.mux().psock_leased(p), "still lent");
+        assert_eq!(svc.mux().stats().lease_returns, returns, "never given back");
+        let st = eventually(|| svc.mux().psock_stats(p).ok().filter(|st| st.rx_msgs >= 3));
+        assert_eq!((st.rx_msgs, st.tx_msgs), (3, 3), "each counted once");
+    })
+}
+
 /// Echo, except that a request whose body is "hold" keeps its worker for
 /// 100 ms (once it has begun, `entered` is set).
 #[derive(Default)]
@@ -577,6 +673,7 @@ on_both_drivers!(
     what_a_worker_s_leases_keep_together_is_bounded,
     after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once,
     a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again,
+    a_short_write_keeps_the_lease_on_epoll_and_replies_stay_in_order,
     nothing_is_lent_when_leases_are_off,
     a_reply_on_the_lease_never_overtakes_a_send_from_another_thread,
     two_lent_connections_read_in_one_wait_are_each_answered_once_in_order,

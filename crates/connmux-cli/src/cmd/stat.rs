@@ -102,7 +102,7 @@ pub fn format_mux_stats(mux: &Mux) -> String {
     let p = &st.psock;
     let mut out = mux.proc_kcm_stats();
     out.push('\n');
-    let pairs: [(&str, u64); 29] = [
+    let pairs: [(&str, u64); 30] = [
         ("rx_msgs", st.rx_msgs),
         ("rx_bytes", st.rx_bytes),
         ("tx_msgs", st.tx_msgs),
@@ -132,6 +132,7 @@ pub fn format_mux_stats(mux: &Mux) -> String {
         ("handshake_timeouts", st.handshake_timeouts),
         ("leases", st.leases),
         ("lease_returns", st.lease_returns),
+        ("lease_backlogs", st.lease_backlogs),
     ];
     for (k, v) in pairs {
         out.push_str(&format!("{k}={v}\n"));

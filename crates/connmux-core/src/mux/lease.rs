@@ -5,8 +5,9 @@
 //! ([`Mux::lease_sync`]) instead of for every read.
 //!
 //! ```text
-//!            lease(p, s): Open, nothing buffered, ready, held, queued
-//!            or out, steered to s (affinity), s's queue empty
+//!            lease(p, s): Open, nothing buffered (lease_keeping: at
+//!            most a message begun, which the lease takes), ready, held,
+//!            queued or out, steered to s (affinity), s's queue empty
 //!   Owned ────────────────────────────────────────────────► Leased
 //!     ▲                                                       │
 //!     │ unlease / unlease_unsent (the worker: a message too   │ anything else touches p
@@ -34,7 +35,8 @@
 //! What a lease keeps true:
 //! - **Order and atomicity.** A lease exists only while the psock holds no
 //!   byte of a message (nothing buffered, none ready, none in a socket's
-//!   queue, none unsettled) and has nothing to write; while it is out the
+//!   queue, none unsettled; `lease_keeping`: the start of the next message
+//!   moves to the lease, its deadline with it) and has nothing to write; while it is out the
 //!   psock counts as having a chunk out (`tx_busy`), so a message another
 //!   thread sends to it waits on its queue, whole, until the lease comes back.
 //! - **Steering.** Only under `Steering::Affinity` with the psock's tag on
@@ -112,6 +114,8 @@ struct Counts {
     last_len: usize,
     /// Bytes of a message begun were read (the psock is not idle).
     touched: bool,
+    /// Short writes whose rest waited on the lease (`Lease::backed_up`).
+    backlogs: u64,
 }
 
 impl std::fmt::Debug for Lease {
@@ -285,6 +289,13 @@ impl Lease {
         self.counts.tx_msgs += u64::from(msgs);
         self.counts.tx_bytes += bytes as u64;
     }
+
+    /// A write of the lease's replies fell short and the rest waits with
+    /// its worker, which keeps the lease (counted in
+    /// `MuxStats::lease_backlogs` at the next sync).
+    pub fn backed_up(&mut self) {
+        self.counts.backlogs += 1;
+    }
 }
 
 /// Stands in for a leased psock's parser in its stream parser: the mux
@@ -306,6 +317,23 @@ impl Mux {
     /// Lend psock `p` to the worker that serves socket `s`, if nothing else
     /// involves it now (see the module's top). `None`: serve it as usual.
     pub fn lease(&mut self, p: PsockId, s: SockId) -> Option<Lease> {
+        self.lease_keeping(p, s, 0)
+    }
+
+    /// [`Mux::lease`], also when the psock holds the start of a message of
+    /// at most `keep` bytes (a stream of messages that reads cut): the lease
+    /// keeps it, its assembly deadline with it, and completes it from the
+    /// next reads (`Lease::frame_read`).
+    pub fn lease_keeping(&mut self, p: PsockId, s: SockId, keep: usize) -> Option<Lease> {
+        let lease = self.lend(p, s, keep)?;
+        if lease.keeps() {
+            // The deadline went with the bytes.
+            self.sync_deadline(p);
+        }
+        Some(lease)
+    }
+
+    fn lend(&mut self, p: PsockId, s: SockId, keep: usize) -> Option<Lease> {
         let Mux { psocks, socks, config, hold, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation)?;
         let sock = socks.get(s.index, s.generation)?;
@@ -320,7 +348,8 @@ impl Mux {
             && ps.ready.is_none()
             && ps.holds == 0
             && ps.below == 0
-            && ps.timer.is_none()
+            // (An assembly deadline runs only for a message begun.)
+            && (ps.timer.is_none() || ps.stream.buffered() > 0)
             && ps.handshake_deadline.is_none()
             && ps.record_deadline.is_none()
             && ps.mem == super::limits::MemState::Reading
@@ -328,13 +357,15 @@ impl Mux {
             && !ps.tx_busy
             && !ps.tx_stopped
             && ps.tx_kcm.is_none()
-            && ps.stream.buffered() == 0
+            && ps.stream.buffered() <= keep
             && !ps.stream.is_lent()
             && !ps.stream.is_stopped()
             && ps.stream.parser().frames_in_place();
         if !steered_here || !quiet || queued_anywhere(socks, hold, p) {
             return None;
         }
+        // Only the start of one message, as framed so far; else not now.
+        let (tail, since) = ps.stream.take_partial(keep)?;
         let name = ps.stream.parser().name().to_string();
         let parser = ps.stream.swap_parser(Box::new(LentParser { name }));
         ps.leased = Some(s);
@@ -351,8 +382,8 @@ impl Mux {
             max_len,
             whole,
             counts: Counts::default(),
-            tail: Vec::new(),
-            since: None,
+            since: since.filter(|_| !tail.is_empty()),
+            tail,
             done: Vec::new(),
             timeout: ps.stream.limits().assembly_timeout,
         })
@@ -365,6 +396,7 @@ impl Mux {
     pub fn lease_sync(&mut self, lease: &mut Lease, now: Timestamp) -> bool {
         self.note_time(now);
         let c = std::mem::take(&mut lease.counts);
+        self.counters.lease_backlogs += c.backlogs;
         let p = lease.psock;
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return false };
         if ps.leased.is_none() {

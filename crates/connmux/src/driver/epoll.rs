@@ -76,9 +76,18 @@ impl Io for EpollIo<'_> {
                 t => {
                     let p = token_psock(t);
                     let mut readable = ev.readable || ev.hup || ev.error;
-                    // A psock lent to this worker: no core lock (a plain
-                    // one's writes never wait: a short one gives it back; a
-                    // TLS one's records may, for its flush below).
+                    let mut writable = ev.writable;
+                    // A psock lent to this worker: no core lock. Replies its
+                    // connection did not take wait on the lease for this
+                    // (a TLS one's records wait in its session, for the
+                    // core's flush below).
+                    if writable && w.bufs.own.leases.get(&p).is_some_and(|l| !l.backlog.is_empty()) {
+                        crate::serve::write_backlog(sh, &mut w.bufs, p, &mut w.events);
+                        writable = false;
+                        if !readable {
+                            continue;
+                        }
+                    }
                     let lease = match readable {
                         true => w.bufs.own.leases.get(&p).map(|l| (l.rt.fd(), l.rt.tls.is_some())),
                         false => None,
@@ -91,7 +100,7 @@ impl Io for EpollIo<'_> {
                         }
                         // (A lease given back took the core lock.)
                         woke.leased_only &= w.bufs.own.leases.len() == lent;
-                        if !ev.writable {
+                        if !writable {
                             continue;
                         }
                         readable = false;
@@ -107,7 +116,7 @@ impl Io for EpollIo<'_> {
                         });
                         (rt, rx)
                     };
-                    if ev.writable {
+                    if writable {
                         sh.set_interest(&rt, |i| i.write = false);
                         if !rt.flush_queued.swap(true, Ordering::AcqRel) {
                             w.dirty.push(rt.clone());
@@ -138,6 +147,10 @@ impl Io for EpollIo<'_> {
     }
 
     fn leases(&self) -> bool {
+        true
+    }
+
+    fn waits_on_leases(&self) -> bool {
         true
     }
 

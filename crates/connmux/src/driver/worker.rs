@@ -89,6 +89,14 @@ pub(crate) trait Io {
     fn leases(&self) -> bool {
         false
     }
+
+    /// Whether this driver watches a lent connection's writability for
+    /// the replies it did not take (`Own::backlog`, written by
+    /// `serve::write_backlog`); otherwise a short write gives the lease
+    /// back.
+    fn waits_on_leases(&self) -> bool {
+        false
+    }
 }
 
 /// Run worker `index` until the mux stops.
@@ -106,6 +114,10 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     };
     w.bufs.own.keep =
         crate::shared::Keep { each: sh.tuning.lease_keep, total: sh.tuning.lease_keep_total, ..Default::default() };
+    if io.waits_on_leases() {
+        w.bufs.own.backlog =
+            crate::shared::BacklogRoom { each: sh.tuning.lease_backlog, total: sh.tuning.lease_backlog_total, held: 0 };
+    }
     // How long the leases' counts may wait (`Tuning::lease_sync`): never so
     // long that untold activity could look like idleness.
     let sync_every = idle.map_or(sh.tuning.lease_sync, |d| sh.tuning.lease_sync.min(d / 16));
@@ -478,6 +490,12 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
                 let read = crate::serve::ReadView { msgs, psock: rt.id, started: read_at };
                 crate::serve::serve_in_place(sh, sv, bufs, read, events, dirty, Some(rt));
                 runs.clear();
+            } else if rt.tls.is_none() {
+                // The stream took the read (it holds a message begun, which
+                // frames nothing in place): a stream of messages that reads
+                // cut would never be lent otherwise. Lent at the pass's
+                // hold with that start, if quiet then.
+                bufs.try_lease(rt);
             }
             bufs.runs = runs;
         }

@@ -11,7 +11,7 @@ use connmux_core::Bytes;
 
 use super::{run_in_place, send_outs, Out, ReadView, ServeBufs, Serving};
 use crate::shared::tls::PsockTls;
-use crate::shared::{PsockRt, Shared, Wrote};
+use crate::shared::{Own, PsockRt, Shared, Wrote};
 
 /// Where a lent psock's replies are written: straight to its connection,
 /// or made into records by its TLS session first.
@@ -85,6 +85,8 @@ pub(crate) fn serve_leased(
     if bufs.heavy.contains(p) || revoked(&l.rt) {
         return Err(give_back_read(sh, bufs, p, started, 0, events));
     }
+    // Replies an earlier write left wait: this read's go behind them.
+    let backed = !l.backlog.is_empty();
     let mut runs = std::mem::take(&mut bufs.runs);
     runs.clear();
     // The common read, all whole messages and nothing kept before it:
@@ -122,7 +124,11 @@ pub(crate) fn serve_leased(
                 bufs.run = Some((q, n));
                 bufs.deferred = Some((p, fd));
             }
-            (Some((q, n)), _) if q == p && n > 0 => write_run(sh, bufs, p, out, n, events),
+            (Some((q, n)), _) if q == p && n > 0 && !backed => write_run(sh, bufs, p, out, n, events),
+            (Some((q, n)), _) if q == p && n > 0 => {
+                let chunk = bufs.run_buf.split().freeze();
+                write_behind(sh, bufs, p, chunk, n, events)
+            }
             _ => bufs.own.lease_used(p, 0, 0),
         }
         return Ok(());
@@ -271,6 +277,14 @@ fn write_run(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>, ms
 fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>, events: &mut Vec<Event>) {
     let want: usize = bufs.slices.iter().map(|b| b.len()).sum();
     let msgs = bufs.slice_msgs.iter().fold(0u32, |a, n| a.saturating_add(*n));
+    if bufs.own.leases.get(&p).is_some_and(|l| !l.backlog.is_empty()) {
+        // Behind what waits, as one chunk.
+        let mut all = bytes::BytesMut::with_capacity(want);
+        for b in bufs.slices.drain(..) {
+            all.extend_from_slice(&b);
+        }
+        return write_behind(sh, bufs, p, all.freeze(), msgs, events);
+    }
     let mut sent = 0;
     let mut failed = None;
     // Bounded: each round writes all of its slices or stops.
@@ -346,16 +360,97 @@ fn lease_short(
     failed: Option<i32>,
     events: &mut Vec<Event>,
 ) {
-    let Some(l) = bufs.own.take_lease(p) else { return };
+    if failed.is_none() {
+        // Kept on the lease, within its room, for its writable event.
+        if let Ok(was_empty) = bufs.own.back_up(p, unsent.chunk.slice(unsent.sent..), unsent.msgs) {
+            // (Also what tells the core of the backlog at the next hold.)
+            bufs.own.lease_used(p, 0, unsent.sent);
+            if let Some(l) = bufs.own.leases.get_mut(&p).filter(|_| was_empty) {
+                l.lease.backed_up();
+                sh.set_interest(&l.rt, |i| i.write = true);
+            }
+            return;
+        }
+    }
+    let Some(mut l) = bufs.own.take_lease(p) else { return };
     let now = sh.now();
     let mut core = sh.lock();
-    core.mux.unlease_unsent(l.lease, unsent.chunk, unsent.sent, unsent.msgs, now);
+    let rt = match l.backlog.is_empty() {
+        true => {
+            core.mux.unlease_unsent(l.lease, unsent.chunk, unsent.sent, unsent.msgs, now);
+            l.rt
+        }
+        // Behind what an earlier write left: all of it on the queue.
+        false => {
+            l.lease.wrote(0, unsent.sent);
+            l.backlog.push(unsent.chunk.slice(unsent.sent..), unsent.msgs);
+            Own::return_lease(&mut core, l, now)
+        }
+    };
     if let Some(errno) = failed {
         core.mux.tx_failed(p, errno);
     }
     core.drain_events(events);
     drop(core);
     if failed.is_none() {
-        sh.want_write(&l.rt);
+        sh.want_write(&rt);
+    }
+}
+
+/// Replies of lent psock `p` (`chunk`, `msgs` whole ones) made while its
+/// backlog waits: behind it, then as much of it all written as the
+/// connection takes. Past the backlog's room the lease goes back with all
+/// of it.
+#[inline(never)]
+fn write_behind(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, chunk: Bytes, msgs: u32, events: &mut Vec<Event>) {
+    match bufs.own.back_up(p, chunk, msgs) {
+        Ok(_) => write_backlog(sh, bufs, p, events),
+        Err(chunk) => lease_short(sh, bufs, p, Unsent { chunk, sent: 0, msgs }, None, events),
+    }
+}
+
+/// Write lease `p`'s backlog, as much as its connection takes now (it was
+/// reported writable, or replies were queued behind). All of it out: the
+/// connection's writability is no longer watched. A failed write gives the
+/// lease back and fails the psock's transmit, as any write's failure does
+/// (what is left is dropped, counted).
+pub(crate) fn write_backlog(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, events: &mut Vec<Event>) {
+    let Some(l) = bufs.own.leases.get_mut(&p) else { return };
+    let fd = l.rt.fd();
+    let (mut wrote, mut msgs, mut failed) = (0, 0u32, None);
+    // Bounded: each round writes all it offers or stops.
+    while !l.backlog.is_empty() {
+        let chunks = l.backlog.chunks();
+        let offer = &chunks[..chunks.len().min(sh.tuning.max_iov)];
+        let len: usize = offer.iter().map(|b| b.len()).sum();
+        match Wrote::of_io(&crate::shared::with_iov(offer, |iov| connmux_sys::socket::writev(fd, iov))) {
+            Wrote::Bytes(n) => {
+                wrote += n;
+                msgs = msgs.saturating_add(l.backlog.advance(n));
+                if n < len {
+                    break;
+                }
+            }
+            Wrote::Again => break,
+            Wrote::Failed(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    if l.backlog.is_empty() && failed.is_none() {
+        sh.set_interest(&l.rt, |i| i.write = false);
+    }
+    bufs.own.backlog.held = bufs.own.backlog.held.saturating_sub(wrote);
+    if wrote > 0 {
+        bufs.own.lease_used(p, msgs, wrote);
+    }
+    if let Some(errno) = failed {
+        let Some(l) = bufs.own.take_lease(p) else { return };
+        let now = sh.now();
+        let mut core = sh.lock();
+        Own::return_lease(&mut core, l, now);
+        core.mux.tx_failed(p, errno);
+        core.drain_events(events);
     }
 }

@@ -25,7 +25,7 @@ use crate::lane::Heavy;
 use crate::shared::{Ctx, PsockRt, Shared, SockRt};
 
 mod lease;
-pub(crate) use lease::{flush_deferred, serve_leased, GivenBack, LentOut};
+pub(crate) use lease::{flush_deferred, serve_leased, write_backlog, GivenBack, LentOut};
 
 /// What a serving worker serves (from `Command::Serve`): its own socket and
 /// the handler, and the lanes it offers heavy connections' messages to.
@@ -187,6 +187,15 @@ pub(crate) struct ServeBufs {
 
 impl ServeBufs {
     /// Empty buffers for a worker of a mux tuned with `t`.
+    /// Offer `rt`, read and served by this worker in this pass, for a
+    /// lease at the pass's hold (`Own::hold`: lent there if nothing else
+    /// involves it then). Not a heavy connection, which its lane serves.
+    pub(crate) fn try_lease(&mut self, rt: &Arc<PsockRt>) {
+        if self.own.can_lease && !self.heavy.contains(rt.id) {
+            self.own.lease_try.push(rt.clone());
+        }
+    }
+
     pub fn new(t: &Tuning) -> ServeBufs {
         ServeBufs { limits: Limits::from(t), heavy: Heavy::new(t.lane_return_after), ..ServeBufs::default() }
     }
@@ -493,11 +502,9 @@ pub(crate) fn serve_in_place(
     }
     bufs.handled(p, read.msgs.len() as u64);
     run_in_place(sv, bufs, read);
-    if bufs.own.can_lease && !bufs.heavy.contains(p) {
-        if let Some(rt) = write_now {
-            // Perhaps the next read needs nobody else (`Own::hold`).
-            bufs.own.lease_try.push(rt.clone());
-        }
+    if let Some(rt) = write_now {
+        // Perhaps the next read needs nobody else.
+        bufs.try_lease(rt);
     }
     send_outs(sh, sv, bufs, events, dirty, write_now);
 }

@@ -28,7 +28,7 @@ use connmux_sys::eventfd::EventFd;
 mod own;
 pub(crate) mod tls;
 
-pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Keep, Own};
+pub(crate) use own::{commit_read, feed_read, feed_read_in_place, BacklogRoom, Keep, Own};
 
 use crate::config::Tuning;
 use crate::handler::{Handler, Lanes, ServiceStats};

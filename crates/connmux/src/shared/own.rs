@@ -4,6 +4,7 @@
 //! of a read's bytes into the core on its behalf.
 
 use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -52,6 +53,115 @@ pub(crate) struct Own {
     pub synced_at: u64,
     /// What the leases keep of messages begun, and may.
     pub keep: Keep,
+    /// What the leases' backlogs hold of replies their connections have
+    /// not taken, and may.
+    pub backlog: BacklogRoom,
+}
+
+/// The bytes of replies a worker's leases hold because their connections
+/// took less than was written ([`Backlog`]): bounded per lease and in all
+/// (`Tuning::lease_backlog`, `lease_backlog_total`; the core's budget does
+/// not see them). 0 each where the driver does not wait for a lent
+/// connection to take more (io_uring, whose worker hands the rest to the
+/// core and its ring sends) and for TLS psocks.
+#[derive(Default)]
+pub(crate) struct BacklogRoom {
+    /// The most one lease holds.
+    pub each: usize,
+    /// The most all of this worker's leases hold together.
+    pub total: usize,
+    /// What they hold now.
+    pub held: usize,
+}
+
+/// Replies of a lent psock that its connection has not taken yet (a write
+/// fell short), in order: its worker writes them when the connection takes
+/// more, and the replies of the lease's next reads go behind them. A
+/// connection that would block keeps its lease while this stays within
+/// [`BacklogRoom`]; past it (a peer that reads slowly or not at all) the
+/// lease goes back with all of it first on the psock's queue, where the
+/// core's own bounds on a connection's replies apply.
+///
+/// ```text
+///             a write falls short, within room
+///   Empty ─────────────────────────────────────► Waiting(chunks)
+///     ▲   ◄─────────────────────────────────────   │  │ more replies: behind,
+///     │     the connection took all of it           │◄─┘ within room
+///     │                                             │
+///     └── (the lease goes back: the chunks first ◄──┘ past room, a failed
+///          on the psock's queue, in one)             write, any give-back
+/// ```
+#[derive(Default)]
+pub(crate) struct Backlog {
+    /// What is left of each chunk written short or queued behind.
+    chunks: VecDeque<Bytes>,
+    /// The whole replies in each chunk (counted once the chunk is out).
+    msgs: VecDeque<u32>,
+    /// Bytes in `chunks`.
+    bytes: usize,
+}
+
+impl Backlog {
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// Bytes waiting.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn push(&mut self, chunk: Bytes, msgs: u32) {
+        if chunk.is_empty() {
+            return;
+        }
+        self.bytes += chunk.len();
+        self.chunks.push_back(chunk);
+        self.msgs.push_back(msgs);
+    }
+
+    /// The chunks in order, for one write.
+    pub fn chunks(&mut self) -> &[Bytes] {
+        self.chunks.make_contiguous()
+    }
+
+    /// `n` bytes of the chunks went out: returns the whole replies that
+    /// did (those of every chunk now all out).
+    pub fn advance(&mut self, mut n: usize) -> u32 {
+        self.bytes -= n.min(self.bytes);
+        let mut done = 0u32;
+        while n > 0 {
+            let Some(front) = self.chunks.front_mut() else { break };
+            if n < front.len() {
+                bytes::Buf::advance(front, n);
+                break;
+            }
+            n -= front.len();
+            self.chunks.pop_front();
+            done = done.saturating_add(self.msgs.pop_front().unwrap_or(0));
+        }
+        done
+    }
+
+    /// All of it as one chunk, with its whole replies (for the core's
+    /// queue when the lease goes back). A copy where it is several.
+    fn take_all(&mut self) -> Option<(Bytes, u32)> {
+        let msgs = self.msgs.drain(..).fold(0u32, |a, n| a.saturating_add(n));
+        self.bytes = 0;
+        let chunk = match self.chunks.len() {
+            0 => return None,
+            1 => self.chunks.pop_front()?,
+            _ => {
+                let mut all = bytes::BytesMut::with_capacity(self.chunks.iter().map(|c| c.len()).sum());
+                for c in self.chunks.drain(..) {
+                    all.extend_from_slice(&c);
+                }
+                all.freeze()
+            }
+        };
+        Some((chunk, msgs))
+    }
 }
 
 /// The bytes a worker's leases keep of messages a read ended inside
@@ -99,6 +209,8 @@ const LEASE_USED_MAX: usize = 64;
 pub(crate) struct Leased {
     pub lease: connmux_core::mux::Lease,
     pub rt: Arc<PsockRt>,
+    /// Replies the connection has not taken yet.
+    pub backlog: Backlog,
 }
 
 impl Own {
@@ -140,9 +252,11 @@ impl Own {
                 if self.leases.contains_key(&rt.id) || self.direct.iter().any(|(_, q)| *q == rt.id) {
                     continue;
                 }
-                if let Some(lease) = core.mux.lease(rt.id, sock) {
+                // A message begun comes too, within what the leases may keep.
+                if let Some(lease) = core.mux.lease_keeping(rt.id, sock, self.keep.room_for(0)) {
+                    self.keep.changed(0, lease.kept(), lease.kept_due());
                     rt.lease_revoked.store(false, Ordering::Relaxed);
-                    self.leases.insert(rt.id, Leased { lease, rt });
+                    self.leases.insert(rt.id, Leased { lease, rt, backlog: Backlog::default() });
                 }
             }
         }
@@ -191,8 +305,36 @@ impl Own {
     /// [`Own::unlease`] returning the connection (the caller goes on with it).
     pub fn unlease_rt(&mut self, core: &mut Core, p: PsockId, now: Timestamp) -> Option<Arc<PsockRt>> {
         let l = self.take_lease(p)?;
-        core.mux.unlease(l.lease, now);
-        Some(l.rt)
+        Some(Own::return_lease(core, l, now))
+    }
+
+    /// Give lease `l` (taken from this worker) back to the core: its
+    /// backlog first on the psock's queue, for the core to write when the
+    /// connection takes more (its writability is watched already).
+    pub fn return_lease(core: &mut Core, mut l: Leased, now: Timestamp) -> Arc<PsockRt> {
+        match l.backlog.take_all() {
+            None => core.mux.unlease(l.lease, now),
+            Some((chunk, msgs)) => core.mux.unlease_unsent(l.lease, chunk, 0, msgs, now),
+        }
+        l.rt
+    }
+
+    /// Queue `chunk` (`msgs` whole replies, not yet written) on lease `p`'s
+    /// backlog, if it is there and has room. Returns whether it took it,
+    /// and whether the backlog was empty before (the caller then watches
+    /// the connection's writability).
+    pub fn back_up(&mut self, p: PsockId, chunk: Bytes, msgs: u32) -> Result<bool, Bytes> {
+        let Some(l) = self.leases.get_mut(&p) else { return Err(chunk) };
+        let room = &mut self.backlog;
+        let len = chunk.len();
+        // (A TLS psock's records wait in its session, flushed the core's way.)
+        if room.each == 0 || l.rt.tls.is_some() || l.backlog.bytes() + len > room.each || room.held + len > room.total {
+            return Err(chunk);
+        }
+        room.held += len;
+        let was_empty = l.backlog.is_empty();
+        l.backlog.push(chunk, msgs);
+        Ok(was_empty)
     }
 
     /// Give back every lease whose kept message's assembly deadline has
@@ -214,6 +356,7 @@ impl Own {
     pub fn take_lease(&mut self, p: PsockId) -> Option<Leased> {
         let mut l = self.leases.remove(&p)?;
         self.keep.kept = self.keep.kept.saturating_sub(l.lease.kept());
+        self.backlog.held = self.backlog.held.saturating_sub(l.backlog.bytes());
         for (q, msgs, bytes) in self.lease_used.iter_mut() {
             if *q == p {
                 l.lease.wrote(*msgs, *bytes);
