@@ -1,6 +1,8 @@
 //! Serving on a lease: a lent psock's reads framed, answered and written
-//! by its worker with no hold of the core lock (`Own::leases`), the lease
-//! given back when a read is not for it or a write falls short.
+//! by its worker with no hold of the core lock (`Own::leases`), replies
+//! its connection did not take kept on the lease for its writable event
+//! (`Backlog`, epoll), and the lease given back when a read is not for it
+//! or a write falls short past that.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -345,8 +347,12 @@ struct Unsent {
 }
 
 /// A leased psock's replies went out only in part (`unsent`), because the
-/// connection would block or failed (`failed`: its errno): the lease goes
-/// back with the rest first on the psock's queue, for its writable event; a
+/// connection would block or failed (`failed`: its errno). Would block,
+/// within the backlog's room (`Own::back_up`; a driver that waits on
+/// leases): the rest waits on the lease, and the worker watches the
+/// connection's writability ([`write_backlog`]). Otherwise the lease goes
+/// back with the rest (behind what its backlog held) first on the psock's
+/// queue, for its writable event; a
 /// failure then fails the psock's transmit as any write's would (the rest
 /// is dropped, counted as addressed drops). An interrupted write is not
 /// here: `connmux_sys::socket::writev` writes again on EINTR (bounded), as

@@ -186,7 +186,6 @@ pub(crate) struct ServeBufs {
 }
 
 impl ServeBufs {
-    /// Empty buffers for a worker of a mux tuned with `t`.
     /// Offer `rt`, read and served by this worker in this pass, for a
     /// lease at the pass's hold (`Own::hold`: lent there if nothing else
     /// involves it then). Not a heavy connection, which its lane serves.
@@ -196,6 +195,7 @@ impl ServeBufs {
         }
     }
 
+    /// Empty buffers for a worker of a mux tuned with `t`.
     pub fn new(t: &Tuning) -> ServeBufs {
         ServeBufs { limits: Limits::from(t), heavy: Heavy::new(t.lane_return_after), ..ServeBufs::default() }
     }

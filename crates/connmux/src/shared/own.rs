@@ -320,13 +320,16 @@ impl Own {
     }
 
     /// Queue `chunk` (`msgs` whole replies, not yet written) on lease `p`'s
-    /// backlog, if it is there and has room. Returns whether it took it,
-    /// and whether the backlog was empty before (the caller then watches
-    /// the connection's writability).
+    /// backlog, if it is there and has room (`Err`: the chunk, to give back
+    /// with the lease); `Ok`: whether the backlog was empty before it (the
+    /// caller then watches the connection's writability).
     pub fn back_up(&mut self, p: PsockId, chunk: Bytes, msgs: u32) -> Result<bool, Bytes> {
         let Some(l) = self.leases.get_mut(&p) else { return Err(chunk) };
         let room = &mut self.backlog;
         let len = chunk.len();
+        if len == 0 {
+            return Ok(false); // nothing waits
+        }
         // (A TLS psock's records wait in its session, flushed the core's way.)
         if room.each == 0 || l.rt.tls.is_some() || l.backlog.bytes() + len > room.each || room.held + len > room.total {
             return Err(chunk);
