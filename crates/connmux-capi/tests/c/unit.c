@@ -750,6 +750,20 @@ static const char *in_dir(const char *dir, const char *name, char *buf, size_t l
  * certificate refused by that server, alone (a psock failure, counted).
  * `dir` holds what tests/c_api.rs made: ca.pem (the server's CA),
  * server.pem/.key, clientca.pem, client.pem/.key and client.der. */
+/* A TCP connection whose ends are attached with TLS: one to `sm` as
+ * `srv`'s server (`*sp`), the other to `cm` as `cli`'s client (`*cp`). The
+ * muxes hold duplicates of the descriptors: these are closed here. */
+static void attach_tls_pair(connmux_mux *sm, connmux_mux *cm, connmux_parser *p, connmux_tls *srv, connmux_tls *cli,
+			    connmux_psock_id *sp, connmux_psock_id *cp)
+{
+	int peer, near;
+	tcp_pair(&peer, &near);
+	MUST(connmux_attach_tls(sm, near, p, srv, sp));
+	MUST(connmux_attach_tls(cm, peer, p, cli, cp));
+	close(near);
+	close(peer);
+}
+
 static void test_tls(const char *dir)
 {
 	char a[512], b[512], c[512], d[512];
@@ -783,14 +797,8 @@ static void test_tls(const char *dir)
 	MUST(connmux_socket(cm, CONNMUX_SOCK_DGRAM, &cs));
 	MUST(connmux_set_timeouts(ss, 5000, 5000));
 	MUST(connmux_set_timeouts(cs, 5000, 5000));
-	int peer, near;
-	tcp_pair(&peer, &near);
 	connmux_psock_id sp, cp;
-	EQ(connmux_attach_tls(sm, near, l4, NULL, &sp), -EFAULT);
-	MUST(connmux_attach_tls(sm, near, l4, srv, &sp));
-	MUST(connmux_attach_tls(cm, peer, l4, cli, &cp));
-	close(near);
-	close(peer);
+	attach_tls_pair(sm, cm, l4, srv, cli, &sp, &cp);
 	/* Both configurations serve any number of connections: freed here. */
 	connmux_tls_free(srv);
 	connmux_tls_free(cli);
@@ -820,6 +828,7 @@ static void test_tls(const char *dir)
 	int pp, pn;
 	tcp_pair(&pp, &pn);
 	connmux_psock_id plain;
+	EQ(connmux_attach_tls(sm, pn, l4, NULL, &plain), -EFAULT);
 	MUST(connmux_attach(sm, pn, l4, &plain));
 	EQ(connmux_tls_peer_certificate(sm, plain, NULL, 0), -ENOENT);
 	MUST(connmux_unattach_psock(sm, plain));
@@ -827,16 +836,11 @@ static void test_tls(const char *dir)
 	close(pn);
 
 	/* A client with no certificate: its handshake fails on the server, alone. */
-	int p2, n2;
-	tcp_pair(&p2, &n2);
 	connmux_tls *srv2;
 	MUST(connmux_tls_server_new(in_dir(dir, "server.pem", a, sizeof a), in_dir(dir, "server.key", b, sizeof b),
 				    in_dir(dir, "clientca.pem", c, sizeof c), &srv2));
 	connmux_psock_id sp2, cp2;
-	MUST(connmux_attach_tls(sm, n2, l4, srv2, &sp2));
-	MUST(connmux_attach_tls(cm, p2, l4, anon, &cp2));
-	close(n2);
-	close(p2);
+	attach_tls_pair(sm, cm, l4, srv2, anon, &sp2, &cp2);
 	connmux_tls_free(srv2);
 	connmux_tls_free(anon);
 	n = frame(msg, "let me in");
