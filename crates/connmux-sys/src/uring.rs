@@ -657,6 +657,15 @@ impl<B: AsRef<[u8]>> Ring<B> {
         self.push(slot, entry)
     }
 
+    /// Queues a one-shot wait for `fd` to take more bytes (a connection whose
+    /// send buffer was full); its completion is [`Completion::Poll`] with
+    /// `POLLOUT` (or `POLLERR`/`POLLHUP`: a write then reports the error).
+    pub fn poll_writable(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
+        let slot = self.slots.alloc(Op::Poll { token });
+        let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32).build().user_data(slot as u64);
+        self.push(slot, entry)
+    }
+
     /// Queues cancellation of every operation on `fd`; each one then completes (with
     /// `-ECANCELED` unless it finished first). Call it before closing the fd.
     pub fn cancel_fd(&mut self, fd: RawFd) -> io::Result<()> {
@@ -1216,6 +1225,36 @@ mod tests {
         reap_until(&mut ring, &mut out, |c| !c.is_empty());
         assert_eq!(out, vec![Completion::Poll { token: 5, res: libc::POLLIN as i32 }]);
         assert_eq!(efd.drain().unwrap(), 1);
+    }
+
+    #[test]
+    fn poll_writable_completes_when_a_full_connection_takes_more() {
+        let (a, mut b) = pair();
+        a.set_nonblocking(true).unwrap();
+        // Fill the connection: bounded by its buffers (a few MiB at most).
+        let chunk = [7u8; 64 << 10];
+        let mut written = 0usize;
+        for _ in 0..4096 {
+            match (&a).write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(matches!((&a).write(&chunk), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock), "not full");
+        let mut ring: Ring = Ring::new(RingConfig::default()).unwrap();
+        ring.poll_writable(a.as_raw_fd(), 9).unwrap();
+        ring.wait(1, Some(Duration::from_millis(30))).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(ring.reap(&mut out), 0, "nothing to report while the connection is full");
+        // The peer reads it all: room again.
+        let mut buf = vec![0u8; 64 << 10];
+        let mut read = 0usize;
+        while read < written {
+            read += b.read(&mut buf).unwrap();
+        }
+        reap_until(&mut ring, &mut out, |c| !c.is_empty());
+        assert!(matches!(out[..], [Completion::Poll { token: 9, res }] if res & libc::POLLOUT as i32 != 0), "{out:?}");
     }
 
     #[test]

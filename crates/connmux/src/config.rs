@@ -349,13 +349,15 @@ pub struct Tuning {
     /// times the message out. Default 1 MiB.
     pub lease_keep_total: usize,
     /// Bytes of replies a lent psock holds when its connection takes less
-    /// than was written (epoll): the lease stays, its worker writes them
-    /// when the connection takes more, and the replies of its next reads
-    /// go behind them. Past this (a peer that reads slowly or not at all)
-    /// the lease goes back with all of it on the psock's queue, where the
-    /// core's bounds on a connection's replies (`psock_sndbuf`) apply. On
-    /// io_uring, and for TLS psocks, a short write gives the lease back.
-    /// 0: a short write always gives the lease back. Default 256 KiB.
+    /// than was written: the lease stays, its worker writes them when the
+    /// connection takes more (epoll: its writable event; io_uring: a
+    /// `POLLOUT` poll), and the replies of its next reads go behind them.
+    /// Past this (a peer that reads slowly or not at all) the lease goes
+    /// back with all of it on the psock's queue, where the core's bounds on
+    /// a connection's replies (`psock_sndbuf`) apply. For TLS psocks a
+    /// short write gives the lease back (their records wait in their
+    /// sessions). 0: a short write always gives the lease back. Default
+    /// 256 KiB.
     pub lease_backlog: usize,
     /// Bytes of such replies all of one worker's leases hold together (the
     /// core's memory budget does not see them). Default 4 MiB.

@@ -412,36 +412,41 @@ fn a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again() {
     assert_eq!(st.tx_addressed_drops, 0);
 }
 
-/// A client that has stopped reading, briefly: the lease's write falls
-/// short. On epoll the lease stays (`Tuning::lease_backlog`): the rest
-/// waits on it, with the replies of the reads after it behind, and goes
-/// out when the connection takes more; on io_uring the lease goes back
-/// (the core's queue and ring sends take the rest). Either way every
-/// reply arrives once, in order, and is counted once.
-fn a_short_write_keeps_the_lease_on_epoll_and_replies_stay_in_order() {
-    let svc = echo_service(true);
-    // A small receive buffer: the server's writes run short sooner.
+/// A 1 KiB request numbered `i` (its first four bytes).
+fn numbered(i: u32) -> Vec<u8> {
+    let mut b = vec![0x5au8; 1020];
+    b[..4].copy_from_slice(&i.to_be_bytes());
+    framed(&b)
+}
+
+/// What [`back_up_replies`] left: the lent psock, the calls that got it
+/// lent, the numbered requests sent (none of their replies read), and the
+/// mux's statistics before.
+struct BackedUp {
+    p: PsockId,
+    pings: u64,
+    sent: u32,
+    before: connmux::MuxStats,
+}
+
+/// A client with a small receive buffer, its connection lent, that stops
+/// reading: requests of 1 KiB in rounds of 32, each round read by the
+/// server before the next is sent, until a write of its replies runs
+/// short (the connection's buffers are full: a few MB on loopback; bounded
+/// at 16 MB). Then nothing more is sent: what waits is at most a round's
+/// replies. Asserts that the rest waited on the lease, which stayed.
+fn back_up_replies(svc: &Service) -> (TcpStream, BackedUp) {
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
     sock.connect(&svc.local_addr().into()).unwrap();
     let mut c: TcpStream = sock.into();
     c.set_nodelay(true).unwrap();
     c.set_read_timeout(Some(WAIT)).unwrap();
-    let (p, pings) = leased_conn_counted(&svc, &mut c);
+    let (p, pings) = leased_conn_counted(svc, &mut c);
     let before = svc.mux().stats();
-    // Requests of 1 KiB in rounds of 32, none of the replies read, each
-    // round read by the server before the next is sent, until a write of
-    // its replies runs short (the connection's buffers are full: a few
-    // MB on loopback; bounded at 16 MB). Then nothing more is sent: what
-    // waits is at most a round's replies.
-    let body = |i: u32| {
-        let mut b = vec![0x5au8; 1020];
-        b[..4].copy_from_slice(&i.to_be_bytes());
-        b
-    };
     let mut sent = 0u32;
     let short = loop {
-        let round: Vec<u8> = (sent..sent + 32).flat_map(|i| framed(&body(i))).collect();
+        let round: Vec<u8> = (sent..sent + 32).flat_map(numbered).collect();
         write_all(&mut c, &round);
         sent += 32;
         let read = pings + u64::from(sent);
@@ -452,60 +457,127 @@ fn a_short_write_keeps_the_lease_on_epoll_and_replies_stay_in_order() {
         }
         assert!(sent < 16 * 1024, "no write ran short in 16 MB of replies");
     };
-    match driver() {
-        connmux::Driver::Epoll => {
-            assert_eq!(short.lease_backlogs, before.lease_backlogs + 1, "the rest waited on the lease");
-            assert_eq!(short.lease_returns, before.lease_returns, "and the lease stayed");
-        }
-        _ => assert!(short.lease_returns > before.lease_returns, "the lease went back"),
-    }
+    assert_eq!(short.lease_backlogs, before.lease_backlogs + 1, "the rest waited on the lease");
+    assert_eq!(short.lease_returns, before.lease_returns, "and the lease stayed");
+    assert!(svc.mux().psock_leased(p), "still lent");
+    (c, BackedUp { p, pings, sent, before })
+}
+
+/// The `sent` numbered replies, in order.
+fn read_numbered(c: &mut TcpStream, sent: u32) {
     for i in 0..sent {
-        let got = read_framed(&mut c);
+        let got = read_framed(c);
         assert_eq!(got.len(), 1020);
         assert_eq!(u32::from_be_bytes(got[..4].try_into().unwrap()), i, "reply {i} out of order");
     }
+}
+
+/// A client that has stopped reading, briefly: the lease's write falls
+/// short. The lease stays (`Tuning::lease_backlog`): the rest waits on it,
+/// with the replies of the reads after it behind, and goes out when the
+/// connection takes more (epoll: its writable event; io_uring: a `POLLOUT`
+/// poll). Every reply arrives once, in order, and is counted once.
+fn a_short_write_keeps_the_lease_and_replies_stay_in_order() {
+    let svc = echo_service(true);
+    let (mut c, mut b) = back_up_replies(&svc);
+    // A round more while they wait: its replies go behind them.
+    let round: Vec<u8> = (b.sent..b.sent + 32).flat_map(numbered).collect();
+    write_all(&mut c, &round);
+    b.sent += 32;
+    let read = b.pings + u64::from(b.sent);
+    eventually(|| (svc.mux().psock_stats(b.p).unwrap().rx_msgs >= read).then_some(()));
+    read_numbered(&mut c, b.sent);
     // The connection takes them all now; the lease answers the next call.
     call(&mut c, b"after");
-    if driver() == connmux::Driver::Epoll {
-        assert!(svc.mux().psock_leased(p), "still lent");
-        assert_eq!(svc.mux().stats().lease_returns, before.lease_returns, "never given back");
-    }
-    let calls = pings + u64::from(sent) + 1;
+    assert!(svc.mux().psock_leased(b.p), "still lent");
+    assert_eq!(svc.mux().stats().lease_returns, b.before.lease_returns, "never given back");
+    let calls = b.pings + u64::from(b.sent) + 1;
     let st = eventually(|| {
-        let st = svc.mux().psock_stats(p).unwrap();
+        let st = svc.mux().psock_stats(b.p).unwrap();
         (st.tx_msgs >= calls).then_some(st)
     });
-    assert_eq!((st.tx_msgs, st.tx_bytes), (calls, 8 * pings + 1024 * u64::from(sent) + 9));
+    assert_eq!((st.tx_msgs, st.tx_bytes), (calls, 8 * b.pings + 1024 * u64::from(b.sent) + 9));
     assert_eq!(st.tx_addressed_drops, 0);
+}
+
+/// Replies waiting on a lease when another thread sends to its
+/// connection: the lease goes back with them first on the psock's queue,
+/// and the send goes out after them once the client reads (the writable
+/// event the worker waited for, or the core's own write, takes the queue).
+fn a_send_behind_a_backlog_goes_out_after_it() {
+    let svc = echo_service(true);
+    let (mut c, b) = back_up_replies(&svc);
+    let sock = svc.mux().socket(SockType::Dgram).unwrap();
+    sock.send_to(&framed(b"pushed"), b.p).unwrap();
+    eventually(|| (svc.mux().stats().lease_returns > b.before.lease_returns).then_some(()));
+    read_numbered(&mut c, b.sent);
+    assert_eq!(read_framed(&mut c), b"pushed", "after the replies made before it");
+    call(&mut c, b"after");
+    let calls = b.pings + u64::from(b.sent) + 1;
+    let st = eventually(|| {
+        let st = svc.mux().psock_stats(b.p).unwrap();
+        (st.tx_msgs > calls).then_some(st)
+    });
+    assert_eq!(st.tx_msgs, calls + 1, "each reply and the send counted once");
+    assert_eq!(st.tx_addressed_drops, 0);
+}
+
+/// Aborting a connection whose replies wait on its lease closes it, and
+/// its wait for writability ends with it (io_uring: the poll is cancelled
+/// with the connection's other operations): the peer sees the end after
+/// what it had been sent, and the psock is gone.
+fn aborting_a_connection_whose_replies_back_up_closes_it() {
+    let svc = echo_service(true);
+    let (mut c, b) = back_up_replies(&svc);
+    match svc.mux().abort(b.p) {
+        Ok(()) => {}
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}"),
+    }
+    // Bounded: at most what the connection's buffers held, then the end.
+    let mut buf = vec![0u8; 64 << 10];
+    let mut total = 0usize;
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => total += n,
+            Err(e) => {
+                let kind = e.kind();
+                assert!(
+                    kind != std::io::ErrorKind::WouldBlock && kind != std::io::ErrorKind::TimedOut,
+                    "still open {WAIT:?} after the abort ({total} bytes read)"
+                );
+                break;
+            }
+        }
+        assert!(total <= 64 << 20, "more than was ever sent");
+    }
+    eventually(|| (svc.mux().psock_count() == 0).then_some(()));
 }
 
 /// A connection whose reads end inside messages (a stream of messages that
 /// reads cut) is lent with the message begun (`Mux::lease_keeping`): here
 /// its first read is only the start of a message (nothing is framed in
 /// place: the core's stream takes it), then the rest with a whole one and
-/// another start; the lease completes each and never goes back. Epoll:
-/// its worker offers every psock whose read the stream took for a lease.
-#[test]
+/// another start; the lease completes each and never goes back. Each
+/// driver offers every psock whose read the stream took for a lease.
 fn a_connection_whose_reads_end_inside_messages_is_lent_with_the_message_begun() {
-    common::run_on(connmux::Driver::Epoll, || {
-        let svc = echo_service(true);
-        let mut c = client(&svc);
-        let first = framed(b"the first message, cut");
-        write_all(&mut c, &first[..5]);
-        let p = eventually(|| svc.mux().psocks().first().copied());
-        eventually(|| svc.mux().psock_leased(p).then_some(()));
-        let returns = svc.mux().stats().lease_returns;
-        let third = framed(b"third");
-        write_all(&mut c, &[&first[5..], &framed(b"second")[..], &third[..3]].concat());
-        assert_eq!(read_framed(&mut c), b"the first message, cut");
-        assert_eq!(read_framed(&mut c), b"second");
-        write_all(&mut c, &third[3..]);
-        assert_eq!(read_framed(&mut c), b"third");
-        assert!(svc.mux().psock_leased(p), "still lent");
-        assert_eq!(svc.mux().stats().lease_returns, returns, "never given back");
-        let st = eventually(|| svc.mux().psock_stats(p).ok().filter(|st| st.rx_msgs >= 3));
-        assert_eq!((st.rx_msgs, st.tx_msgs), (3, 3), "each counted once");
-    })
+    let svc = echo_service(true);
+    let mut c = client(&svc);
+    let first = framed(b"the first message, cut");
+    write_all(&mut c, &first[..5]);
+    let p = eventually(|| svc.mux().psocks().first().copied());
+    eventually(|| svc.mux().psock_leased(p).then_some(()));
+    let returns = svc.mux().stats().lease_returns;
+    let third = framed(b"third");
+    write_all(&mut c, &[&first[5..], &framed(b"second")[..], &third[..3]].concat());
+    assert_eq!(read_framed(&mut c), b"the first message, cut");
+    assert_eq!(read_framed(&mut c), b"second");
+    write_all(&mut c, &third[3..]);
+    assert_eq!(read_framed(&mut c), b"third");
+    assert!(svc.mux().psock_leased(p), "still lent");
+    assert_eq!(svc.mux().stats().lease_returns, returns, "never given back");
+    let st = eventually(|| svc.mux().psock_stats(p).ok().filter(|st| st.rx_msgs >= 3));
+    assert_eq!((st.rx_msgs, st.tx_msgs), (3, 3), "each counted once");
 }
 
 /// Echo, except that a request whose body is "hold" keeps its worker for
@@ -673,7 +745,10 @@ on_both_drivers!(
     what_a_worker_s_leases_keep_together_is_bounded,
     after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once,
     a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again,
-    a_short_write_keeps_the_lease_on_epoll_and_replies_stay_in_order,
+    a_short_write_keeps_the_lease_and_replies_stay_in_order,
+    a_send_behind_a_backlog_goes_out_after_it,
+    aborting_a_connection_whose_replies_back_up_closes_it,
+    a_connection_whose_reads_end_inside_messages_is_lent_with_the_message_begun,
     nothing_is_lent_when_leases_are_off,
     a_reply_on_the_lease_never_overtakes_a_send_from_another_thread,
     two_lent_connections_read_in_one_wait_are_each_answered_once_in_order,

@@ -36,6 +36,19 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     worker::run(&sh, index, &mut io);
 }
 
+/// Lent connections whose replies backed up (`Own::to_watch`): wait for
+/// each to take more (write interest; its event writes the backlog, or
+/// flushes the psock's queue where the lease went back meanwhile).
+#[cold]
+fn watch_backlogs(w: &mut Worker<'_>) {
+    for rt in std::mem::take(&mut w.bufs.own.to_watch) {
+        // (A backlog the connection took all of since needs no event.)
+        if !w.bufs.own.leases.get(&rt.id).is_some_and(|l| l.backlog.is_empty()) {
+            w.sh.set_interest(&rt, |i| i.write = true);
+        }
+    }
+}
+
 /// A worker's epoll: readiness, then a read into the worker's one buffer
 /// (whose messages for its own socket are served before the next read).
 struct EpollIo<'a> {
@@ -57,6 +70,9 @@ impl Io for EpollIo<'_> {
     fn wait(&mut self, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke {
         let mut woke = Woke { serve_ready: self.serve_unwatched, ..Woke::default() };
         let sh = w.sh;
+        if !w.bufs.own.to_watch.is_empty() {
+            watch_backlogs(w);
+        }
         let timeout = match self.serve_unwatched {
             false => timeout,
             true => crate::driver::unwatched_wait(timeout),
@@ -147,10 +163,6 @@ impl Io for EpollIo<'_> {
     }
 
     fn leases(&self) -> bool {
-        true
-    }
-
-    fn waits_on_leases(&self) -> bool {
         true
     }
 

@@ -131,6 +131,9 @@ impl Io for UringIo {
     /// before it but the system call's own: `worker::wait`.)
     #[inline(always)]
     fn wait(&mut self, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke {
+        if !w.bufs.own.to_watch.is_empty() {
+            self.watch_backlogs(w);
+        }
         let ring = &mut self.ring;
         if !self.waker_armed {
             self.waker_armed = ring.poll_readable(self.waker, WAKE_TOKEN).is_ok();
@@ -197,6 +200,12 @@ impl Io for UringIo {
                 crate::serve::serve_in_place(w.sh, sv, &mut w.bufs, read, &mut w.events, &mut w.dirty, rt.as_ref());
             }
         }
+        if w.serving.is_some() {
+            for rt in lent.offers.drain(..) {
+                w.bufs.try_lease(&rt);
+            }
+        }
+        lent.offers.clear();
         lent.batches.clear();
         lent.runs.clear();
         for buf in lent.recycle.drain(..) {
@@ -393,7 +402,29 @@ impl UringIo {
                     self.serve_armed = false;
                     woke.serve_ready = true;
                 }
-                Completion::Poll { .. } => {}
+                Completion::Poll { token, .. } => {
+                    let Some(conn) = self.conns.get_mut(&token) else { continue };
+                    conn.out_polled = false;
+                    if conn.released {
+                        if conn.idle() {
+                            self.conns.remove(&token);
+                        }
+                        continue;
+                    }
+                    // The connection takes more: the lease's backlog, or,
+                    // where the lease went back meanwhile, the psock's queue
+                    // the core's way.
+                    core = None;
+                    let rt = conn.rt.clone();
+                    if w.bufs.own.leases.get(&rt.id).is_some_and(|l| !l.backlog.is_empty()) {
+                        crate::serve::write_backlog(sh, &mut w.bufs, rt.id, &mut w.events);
+                        if w.bufs.own.leases.get(&rt.id).is_some_and(|l| !l.backlog.is_empty()) {
+                            w.bufs.own.to_watch.push(rt);
+                        }
+                    } else if !rt.flush_queued.swap(true, Ordering::AcqRel) {
+                        w.dirty.push(rt);
+                    }
+                }
                 Completion::Recv { token, buf_id, more, .. } => {
                     let Some(conn) = self.conns.get_mut(&token) else {
                         ring.recycle(buf_id);
@@ -554,6 +585,7 @@ impl UringIo {
                         eof: None,
                         rx_stopped: false,
                         sending: None,
+                        out_polled: false,
                         released: false,
                         tls_out: None,
                         loan: None,
@@ -689,6 +721,30 @@ impl UringIo {
         // Keep the vector's room for the next pass.
         if w.dirty.is_empty() {
             w.dirty = dirty;
+        }
+    }
+
+    /// Lent connections whose replies backed up (`Own::to_watch`): a
+    /// `POLLOUT` poll each, whose completion writes the backlog. One that
+    /// cannot be queued gives its lease back (the core's ring send takes
+    /// the rest).
+    #[cold]
+    fn watch_backlogs(&mut self, w: &mut Worker<'_>) {
+        let dirty = w.dirty.len();
+        for rt in std::mem::take(&mut w.bufs.own.to_watch) {
+            let token = psock_token(rt.id);
+            let Some(conn) = self.conns.get_mut(&token).filter(|c| !c.released && !c.out_polled) else { continue };
+            conn.out_polled = self.ring.poll_writable(rt.fd(), token).is_ok();
+            if !conn.out_polled {
+                w.bufs.own.give_back(w.sh, rt.id, connmux_sys::clock::now_nanos(), &mut w.events);
+                if !rt.flush_queued.swap(true, Ordering::AcqRel) {
+                    w.dirty.push(rt);
+                }
+            }
+        }
+        // (Sent with the wait about to begin, not after it.)
+        if w.dirty.len() > dirty {
+            self.flush_dirty(w);
         }
     }
 

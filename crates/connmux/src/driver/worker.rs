@@ -89,14 +89,6 @@ pub(crate) trait Io {
     fn leases(&self) -> bool {
         false
     }
-
-    /// Whether this driver watches a lent connection's writability for
-    /// the replies it did not take (`Own::backlog`, written by
-    /// `serve::write_backlog`); otherwise a short write gives the lease
-    /// back.
-    fn waits_on_leases(&self) -> bool {
-        false
-    }
 }
 
 /// Run worker `index` until the mux stops.
@@ -114,10 +106,8 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     };
     w.bufs.own.keep =
         crate::shared::Keep { each: sh.tuning.lease_keep, total: sh.tuning.lease_keep_total, ..Default::default() };
-    if io.waits_on_leases() {
-        w.bufs.own.backlog =
-            crate::shared::BacklogRoom { each: sh.tuning.lease_backlog, total: sh.tuning.lease_backlog_total, held: 0 };
-    }
+    w.bufs.own.backlog =
+        crate::shared::BacklogRoom { each: sh.tuning.lease_backlog, total: sh.tuning.lease_backlog_total, held: 0 };
     // How long the leases' counts may wait (`Tuning::lease_sync`): never so
     // long that untold activity could look like idleness.
     let sync_every = idle.map_or(sh.tuning.lease_sync, |d| sh.tuning.lease_sync.min(d / 16));

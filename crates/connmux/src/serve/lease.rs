@@ -1,8 +1,8 @@
 //! Serving on a lease: a lent psock's reads framed, answered and written
 //! by its worker with no hold of the core lock (`Own::leases`), replies
 //! its connection did not take kept on the lease for its writable event
-//! (`Backlog`, epoll), and the lease given back when a read is not for it
-//! or a write falls short past that.
+//! (`Backlog`), and the lease given back when a read is not for it or a
+//! write falls short past that.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -122,7 +122,9 @@ pub(crate) fn serve_leased(
         // buffer, no close): written from the run's buffer, which is then
         // used again (no copy, no buffer handed anywhere).
         match (bufs.run.take(), out) {
-            (Some((q, n)), LentOut::Later(fd)) if q == p && n > 0 => {
+            // (Behind a backlog they go at once, after it: never a
+            // deferred write that would overtake it.)
+            (Some((q, n)), LentOut::Later(fd)) if q == p && n > 0 && !backed => {
                 bufs.run = Some((q, n));
                 bufs.deferred = Some((p, fd));
             }
@@ -373,7 +375,8 @@ fn lease_short(
             bufs.own.lease_used(p, 0, unsent.sent);
             if let Some(l) = bufs.own.leases.get_mut(&p).filter(|_| was_empty) {
                 l.lease.backed_up();
-                sh.set_interest(&l.rt, |i| i.write = true);
+                // (Watched by the driver before its next wait.)
+                bufs.own.to_watch.push(l.rt.clone());
             }
             return;
         }
@@ -448,9 +451,9 @@ pub(crate) fn write_backlog(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, event
         sh.set_interest(&l.rt, |i| i.write = false);
     }
     bufs.own.backlog.held = bufs.own.backlog.held.saturating_sub(wrote);
-    if wrote > 0 {
-        bufs.own.lease_used(p, msgs, wrote);
-    }
+    // (Even with nothing written: a read whose replies all went behind the
+    // backlog is told to the core by the next hold, as any lent read is.)
+    bufs.own.lease_used(p, msgs, wrote);
     if let Some(errno) = failed {
         let Some(l) = bufs.own.take_lease(p) else { return };
         let now = sh.now();

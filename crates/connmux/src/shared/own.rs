@@ -56,14 +56,19 @@ pub(crate) struct Own {
     /// What the leases' backlogs hold of replies their connections have
     /// not taken, and may.
     pub backlog: BacklogRoom,
+    /// Connections whose lease's backlog began since the driver last
+    /// looked: before its next wait the driver watches their writability
+    /// (epoll: write interest; io_uring: a `POLLOUT` poll). The event writes
+    /// the backlog (`serve::write_backlog`), or, where the lease has gone
+    /// back meanwhile, flushes the psock's queue the core's way.
+    pub to_watch: Vec<Arc<PsockRt>>,
 }
 
 /// The bytes of replies a worker's leases hold because their connections
 /// took less than was written ([`Backlog`]): bounded per lease and in all
 /// (`Tuning::lease_backlog`, `lease_backlog_total`; the core's budget does
-/// not see them). 0 each where the driver does not wait for a lent
-/// connection to take more (io_uring, whose worker hands the rest to the
-/// core and its ring sends) and for TLS psocks.
+/// not see them). Never for TLS psocks (their records wait in their
+/// sessions, flushed the core's way).
 #[derive(Default)]
 pub(crate) struct BacklogRoom {
     /// The most one lease holds.

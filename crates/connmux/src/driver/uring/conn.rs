@@ -46,6 +46,9 @@ pub(super) struct Conn {
     pub(super) rx_stopped: bool,
     /// A send is in flight, of this many bytes.
     pub(super) sending: Option<usize>,
+    /// A `POLLOUT` poll is in flight: the lease's replies backed up
+    /// (`Own::to_watch`), waiting for the connection to take more.
+    pub(super) out_polled: bool,
     /// The core released it: waiting for its operations to end.
     pub(super) released: bool,
     /// TLS: the records of the send in flight, or what a short send left.
@@ -58,7 +61,7 @@ pub(super) struct Conn {
 
 impl Conn {
     pub(super) fn idle(&self) -> bool {
-        !self.recv_armed && self.sending.is_none()
+        !self.recv_armed && self.sending.is_none() && !self.out_polled
     }
 
     /// Bytes delivered and not yet taken by the core: wait for them to be
@@ -100,6 +103,11 @@ pub(super) struct Lent {
     pub(super) batches: Vec<(PsockId, u16, usize, usize)>,
     /// Buffers fully fed whose messages are still to be served.
     pub(super) recycle: Vec<u16>,
+    /// Psocks whose reads the core's stream took (a message begun: nothing
+    /// framed in place), offered for a lease after the pass as the epoll
+    /// driver's are (`worker::feed_bytes`): a stream of messages that reads
+    /// cut would never be lent otherwise.
+    pub(super) offers: Vec<Arc<PsockRt>>,
 }
 
 impl Lent {
@@ -250,6 +258,7 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
         conn.spill = Vec::new();
         conn.spill_off = 0;
     }
+    let (runs_before, mut fed_any) = (lent.runs.len(), false);
     // Bounded: each round feeds at least one byte, or stops.
     while let Some(h) = conn.held.front_mut() {
         let cap = core.mux.rx_capacity(id);
@@ -270,6 +279,7 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
             }
             lent.batches.push((id, h.buf, a, lent.runs.len()));
         }
+        fed_any |= end > h.off;
         h.off = end;
         let done = h.off >= data.len();
         if done {
@@ -284,6 +294,9 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
             stop_rx(ring, conn, token, lent);
             return;
         }
+    }
+    if fed_any && lent.runs.len() == runs_before && own.can_lease && conn.rt.tls.is_none() {
+        lent.offers.push(conn.rt.clone());
     }
     if let Some(errno) = conn.eof.take() {
         let _ = core.mux.rx_closed(id, errno);
