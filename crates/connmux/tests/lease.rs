@@ -554,6 +554,26 @@ fn aborting_a_connection_whose_replies_back_up_closes_it() {
     eventually(|| (svc.mux().psock_count() == 0).then_some(()));
 }
 
+/// A client that goes on sending, slowly, while its replies wait on the
+/// lease (it does not read them): its reads count as activity although
+/// their replies go behind the backlog and nothing is written, so the
+/// idle timeout (300 ms here) leaves it alone over four times that; then
+/// it reads every reply, in order.
+fn a_lent_connection_sending_while_its_replies_back_up_is_not_idle() {
+    let mux = mux_with(|c| c.core.idle_timeout = Some(Duration::from_millis(300)));
+    let svc = l4_service(mux, Arc::new(Echo));
+    let (mut c, mut b) = back_up_replies(&svc);
+    // (The pace of the requests is the case itself: time passing.)
+    for _ in 0..12 {
+        std::thread::sleep(Duration::from_millis(100));
+        write_all(&mut c, &numbered(b.sent));
+        b.sent += 1;
+    }
+    read_numbered(&mut c, b.sent);
+    call(&mut c, b"after");
+    assert_eq!(svc.mux().stats().idle_timeouts, 0, "closed as idle while it sent");
+}
+
 /// A connection whose reads end inside messages (a stream of messages that
 /// reads cut) is lent with the message begun (`Mux::lease_keeping`): here
 /// its first read is only the start of a message (nothing is framed in
@@ -748,6 +768,7 @@ on_both_drivers!(
     a_short_write_keeps_the_lease_and_replies_stay_in_order,
     a_send_behind_a_backlog_goes_out_after_it,
     aborting_a_connection_whose_replies_back_up_closes_it,
+    a_lent_connection_sending_while_its_replies_back_up_is_not_idle,
     a_connection_whose_reads_end_inside_messages_is_lent_with_the_message_begun,
     nothing_is_lent_when_leases_are_off,
     a_reply_on_the_lease_never_overtakes_a_send_from_another_thread,
