@@ -557,15 +557,16 @@ fn aborting_a_connection_whose_replies_back_up_closes_it() {
 /// A client that goes on sending, slowly, while its replies wait on the
 /// lease (it does not read them): its reads count as activity although
 /// their replies go behind the backlog and nothing is written, so the
-/// idle timeout (300 ms here) leaves it alone over four times that; then
-/// it reads every reply, in order.
+/// idle timeout (1 s here) leaves it alone over twice that; then it reads
+/// every reply, in order.
 fn a_lent_connection_sending_while_its_replies_back_up_is_not_idle() {
-    let mux = mux_with(|c| c.core.idle_timeout = Some(Duration::from_millis(300)));
+    let mux = mux_with(|c| c.core.idle_timeout = Some(Duration::from_secs(1)));
     let svc = l4_service(mux, Arc::new(Echo));
     let (mut c, mut b) = back_up_replies(&svc);
-    // (The pace of the requests is the case itself: time passing.)
-    for _ in 0..12 {
-        std::thread::sleep(Duration::from_millis(100));
+    // (The pace of the requests is the case itself: time passing, a
+    // request every quarter of the timeout.)
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(250));
         write_all(&mut c, &numbered(b.sent));
         b.sent += 1;
     }
