@@ -576,13 +576,13 @@ fn a_lent_connection_sending_while_its_replies_back_up_is_not_idle() {
 }
 
 /// Echo, except that a request whose body is "big" is answered with a
-/// reply of 192 KiB.
+/// reply of 48 KiB.
 struct BigReply;
 
 impl Handler for BigReply {
     fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
         match request.get(4..) == Some(&b"big"[..]) {
-            true => Verdict::Reply(Bytes::from(framed(&vec![b'b'; 192 << 10]))),
+            true => Verdict::Reply(Bytes::from(framed(&vec![b'b'; 48 << 10]))),
             false => Verdict::Reply(request),
         }
     }
@@ -615,12 +615,12 @@ fn a_connection_whose_replies_back_up_before_it_is_lent_is_lent_with_them() {
     assert!(svc.mux().stats().lease_backlogs > before.lease_backlogs, "lent with the replies queued");
     // Requests behind it; then every reply, in order, once.
     write_all(&mut c, &(0..32).flat_map(numbered).collect::<Vec<u8>>());
-    assert_eq!(read_framed(&mut c), vec![b'b'; 192 << 10]);
+    assert_eq!(read_framed(&mut c), vec![b'b'; 48 << 10]);
     read_numbered(&mut c, 32);
     call(&mut c, b"after");
     assert!(svc.mux().psock_leased(p), "still lent");
     let st = eventually(|| svc.mux().psock_stats(p).ok().filter(|st| st.tx_msgs >= 34));
-    assert_eq!((st.tx_msgs, st.tx_bytes), (34, (4 + (192 << 10)) + 1024 * 32 + 9));
+    assert_eq!((st.tx_msgs, st.tx_bytes), (34, (4 + (48 << 10)) + 1024 * 32 + 9));
     assert_eq!(svc.mux().stats().lease_returns, before.lease_returns, "never given back");
 }
 

@@ -268,10 +268,13 @@ impl Own {
                     continue;
                 }
                 // A message begun comes too, within what the leases may
-                // keep, and replies its queue holds, within what their
-                // backlogs may (written first, when the connection takes
-                // more: its writability is watched before the next wait).
-                let unsent = self.backlog.room_for(&rt);
+                // keep, and replies its queue holds, within a quarter of
+                // what its backlog may hold (written first, when the
+                // connection takes more: watched before the next wait). A
+                // quarter: a lease taken nearly full goes back at its next
+                // short write, with a copy of all of it, and a slow reader's
+                // connection would be lent and given back over and over.
+                let unsent = self.backlog.room_for(&rt) / 4;
                 if let Some(mut lease) = core.mux.lease_taking(rt.id, sock, self.keep.room_for(0), unsent) {
                     self.keep.changed(0, lease.kept(), lease.kept_due());
                     rt.lease_revoked.store(false, Ordering::Relaxed);
