@@ -7,7 +7,8 @@
 //! ```text
 //!            lease(p, s): Open, nothing buffered (lease_keeping: at
 //!            most a message begun, which the lease takes), ready, held,
-//!            queued or out, steered to s (affinity), s's queue empty
+//!            queued or out (lease_taking: s's replies queued, which the
+//!            lease takes), steered to s (affinity), s's queue empty
 //!   Owned ────────────────────────────────────────────────► Leased
 //!     ▲                                                       │
 //!     │ unlease / unlease_unsent (the worker: a message too   │ anything else touches p
@@ -36,7 +37,9 @@
 //! - **Order and atomicity.** A lease exists only while the psock holds no
 //!   byte of a message (nothing buffered, none ready, none in a socket's
 //!   queue, none unsettled; `lease_keeping`: the start of the next message
-//!   moves to the lease, its deadline with it) and has nothing to write; while it is out the
+//!   moves to the lease, its deadline with it) and has nothing to write
+//!   (`lease_taking`: replies of the lease's socket queued, none out, move
+//!   to the lease, which writes them before its own); while it is out the
 //!   psock counts as having a chunk out (`tx_busy`), so a message another
 //!   thread sends to it waits on its queue, whole, until the lease comes back.
 //! - **Steering.** Only under `Steering::Affinity` with the psock's tag on
