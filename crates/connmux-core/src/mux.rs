@@ -2284,6 +2284,9 @@ impl Mux {
     pub fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
         slices.clear();
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return false };
+        // The kick is answered even when there is nothing to begin (a lease
+        // took the queue since): the next message queued kicks again.
+        ps.tx_kicked = false;
         if ps.tx_busy || ps.tx_stopped || ps.tx_queue.is_empty() {
             return false;
         }
@@ -2301,7 +2304,6 @@ impl Mux {
         }
         ps.tx_inflight = slices.len();
         ps.tx_busy = true;
-        ps.tx_kicked = false;
         true
     }
     /// `n` bytes of the chunk were written (a short write keeps the rest first).

@@ -220,6 +220,67 @@ fn a_short_write_on_a_lease_puts_the_rest_first_and_counts_it_once() {
 }
 
 #[test]
+fn replies_queued_are_taken_with_the_lease_within_the_room_and_counted_once() {
+    // Two sends of replies; a write took all of the first and 5 bytes of
+    // the rest, and the connection would block (no chunk out now).
+    let first = l4(b"first reply");
+    let rest: Vec<u8> = [l4(b"second"), l4(b"third")].concat();
+    let sent = 5;
+    let queue = |m: &mut Mux, s: SockId, p: PsockId| {
+        m.send_msgs_to(s, p, Bytes::from(first.clone()), 1).unwrap();
+        m.send_msgs_to(s, p, Bytes::from(rest.clone()), 2).unwrap();
+        assert_eq!(m.tx_begin(p).unwrap().len(), first.len() + rest.len());
+        m.tx_complete(p, first.len() + sent);
+    };
+
+    // The ordinary path: the rest written by the mux's writer.
+    let (mut m, s, p) = served(1024);
+    queue(&mut m, s, p);
+    assert_eq!(flush(&mut m, p), rest[sent..]);
+    let want = (m.psock_stats(p).unwrap(), m.sock_stats(s).unwrap());
+
+    // Lent with them: only within the room given, and only with room.
+    let (mut m, s, p) = served(1024);
+    queue(&mut m, s, p);
+    assert!(m.lease(p, s).is_none(), "a lease that takes nothing queued");
+    assert!(m.lease_taking(p, s, 0, rest.len() - sent - 1).is_none(), "one byte short");
+    let mut lease = m.lease_taking(p, s, 0, rest.len() - sent).expect("lent with the rest");
+    assert_eq!(lease.take_unsent(), vec![(Bytes::from(rest[sent..].to_vec()), 2)]);
+    let sock = m.sock_stats(s).unwrap();
+    assert_eq!((sock.tx_queued, sock.tx_mem), (0, 0), "out of the socket's send buffer");
+    assert!(m.tx_begin(p).is_none(), "its holder writes them");
+    // The holder writes them, in two parts told apart (the first part is
+    // bytes of no whole message), then gives the lease back: counted once.
+    lease.wrote(0, 3);
+    assert!(m.lease_sync(&mut lease, T0));
+    assert_eq!(m.psock_stats(p).unwrap().tx_bytes, want.0.tx_bytes - (rest.len() - sent - 3) as u64);
+    lease.wrote(2, rest.len() - sent - 3);
+    m.unlease(lease, T0);
+    assert!(m.tx_begin(p).is_none(), "nothing left to write");
+    assert_eq!(m.psock_stats(p).unwrap(), want.0);
+    assert_eq!(m.sock_stats(s).unwrap(), want.1);
+
+    // Given back before its holder took them: first on the queue again,
+    // and written then as if never lent.
+    let (mut m, s, p) = served(1024);
+    queue(&mut m, s, p);
+    let lease = m.lease_taking(p, s, 0, 1 << 10).unwrap();
+    m.send_msg(s, Some(p), Bytes::from(l4(b"later")), false).unwrap();
+    m.unlease(lease, T0);
+    assert_eq!(flush(&mut m, p), [&rest[sent..], &l4(b"later")[..]].concat());
+    let st = m.psock_stats(p).unwrap();
+    assert_eq!((st.tx_msgs, st.tx_bytes), (want.0.tx_msgs + 1, want.0.tx_bytes + l4(b"later").len() as u64));
+    let sock = m.sock_stats(s).unwrap();
+    assert_eq!((sock.tx_msgs, sock.tx_queued, sock.tx_mem), (want.1.tx_msgs + 1, 0, 0));
+
+    // A queued message of another socket: not lent.
+    let (mut m, s, p) = served(1024);
+    let other = m.socket(SockType::Dgram);
+    m.send_msg(other, Some(p), Bytes::from(l4(b"theirs")), false).unwrap();
+    assert!(m.lease_taking(p, s, 0, 1 << 10).is_none());
+}
+
+#[test]
 fn bytes_of_a_reply_written_in_parts_on_a_lease_are_counted_at_each_sync() {
     // A reply whose connection takes it in parts (a backlog written as the
     // connection takes more): the syncs between the parts hold bytes of no
@@ -237,6 +298,27 @@ fn bytes_of_a_reply_written_in_parts_on_a_lease_are_counted_at_each_sync() {
     let sock = m.sock_stats(s).unwrap();
     assert_eq!((sock.tx_msgs, sock.tx_bytes), (1, reply.len() as u64));
     m.unlease(lease, T0);
+}
+
+#[test]
+fn a_queue_taken_by_a_lease_after_its_kick_leaves_the_next_send_kicked() {
+    // A reply queued asks for its writer (`PsockTransmit`); before the
+    // writer comes, a lease takes the queue, so the writer finds nothing to
+    // begin. A message sent after the lease goes back must ask again.
+    let (mut m, s, p) = served(1024);
+    let reply = l4(b"queued");
+    m.send_msg(s, Some(p), Bytes::from(reply.clone()), false).unwrap();
+    assert!(events(&mut m).contains(&Event::PsockTransmit(p)));
+    let mut lease = m.lease_taking(p, s, 0, 1 << 10).expect("lent with the reply");
+    assert_eq!(lease.take_unsent(), vec![(Bytes::from(reply.clone()), 1)]);
+    assert!(m.tx_begin(p).is_none(), "the lease writes it");
+    lease.wrote(1, reply.len());
+    m.unlease(lease, T0);
+    events(&mut m);
+    let other = m.socket(SockType::Dgram);
+    m.send_msg(other, Some(p), Bytes::from(l4(b"theirs")), false).unwrap();
+    assert!(events(&mut m).contains(&Event::PsockTransmit(p)), "no writer asked for");
+    assert_eq!(flush(&mut m, p), l4(b"theirs"));
 }
 
 #[test]

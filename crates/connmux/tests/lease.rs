@@ -575,6 +575,55 @@ fn a_lent_connection_sending_while_its_replies_back_up_is_not_idle() {
     assert_eq!(svc.mux().stats().idle_timeouts, 0, "closed as idle while it sent");
 }
 
+/// Echo, except that a request whose body is "big" is answered with a
+/// reply of 48 KiB.
+struct BigReply;
+
+impl Handler for BigReply {
+    fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
+        match request.get(4..) == Some(&b"big"[..]) {
+            true => Verdict::Reply(Bytes::from(framed(&vec![b'b'; 48 << 10]))),
+            false => Verdict::Reply(request),
+        }
+    }
+}
+
+/// A connection whose replies back up before it is lent (its first
+/// request's reply is larger than its small send buffer takes: the rest
+/// waits on the psock's queue) is lent with them (`Mux::lease_taking`):
+/// the lease writes them first, then the replies of its next reads, in
+/// order.
+fn a_connection_whose_replies_back_up_before_it_is_lent_is_lent_with_them() {
+    let svc = l4_service(mux_with(|c| c.tuning.lease = true), Arc::new(BigReply));
+    // The server's end made by hand, with a small send buffer (no
+    // autotuning), attached to the serving mux.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&l.local_addr().unwrap().into()).unwrap();
+    let mut c: TcpStream = sock.into();
+    c.set_nodelay(true).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    let (server, _) = l.accept().unwrap();
+    socket2::SockRef::from(&server).set_send_buffer_size(4096).unwrap();
+    let before = svc.mux().stats();
+    let p = svc.mux().attach(&server, l4()).unwrap();
+    drop(server);
+    write_all(&mut c, &framed(b"big"));
+    // Lent, with what its connection had not taken.
+    eventually(|| svc.mux().psock_leased(p).then_some(()));
+    assert!(svc.mux().stats().lease_backlogs > before.lease_backlogs, "lent with the replies queued");
+    // Requests behind it; then every reply, in order, once.
+    write_all(&mut c, &(0..32).flat_map(numbered).collect::<Vec<u8>>());
+    assert_eq!(read_framed(&mut c), vec![b'b'; 48 << 10]);
+    read_numbered(&mut c, 32);
+    call(&mut c, b"after");
+    assert!(svc.mux().psock_leased(p), "still lent");
+    let st = eventually(|| svc.mux().psock_stats(p).ok().filter(|st| st.tx_msgs >= 34));
+    assert_eq!((st.tx_msgs, st.tx_bytes), (34, (4 + (48 << 10)) + 1024 * 32 + 9));
+    assert_eq!(svc.mux().stats().lease_returns, before.lease_returns, "never given back");
+}
+
 /// A connection whose reads end inside messages (a stream of messages that
 /// reads cut) is lent with the message begun (`Mux::lease_keeping`): here
 /// its first read is only the start of a message (nothing is framed in
@@ -770,6 +819,7 @@ on_both_drivers!(
     a_send_behind_a_backlog_goes_out_after_it,
     aborting_a_connection_whose_replies_back_up_closes_it,
     a_lent_connection_sending_while_its_replies_back_up_is_not_idle,
+    a_connection_whose_replies_back_up_before_it_is_lent_is_lent_with_them,
     a_connection_whose_reads_end_inside_messages_is_lent_with_the_message_begun,
     nothing_is_lent_when_leases_are_off,
     a_reply_on_the_lease_never_overtakes_a_send_from_another_thread,

@@ -7,7 +7,8 @@
 //! ```text
 //!            lease(p, s): Open, nothing buffered (lease_keeping: at
 //!            most a message begun, which the lease takes), ready, held,
-//!            queued or out, steered to s (affinity), s's queue empty
+//!            queued or out (lease_taking: s's replies queued, which the
+//!            lease takes), steered to s (affinity), s's queue empty
 //!   Owned ────────────────────────────────────────────────► Leased
 //!     ▲                                                       │
 //!     │ unlease / unlease_unsent (the worker: a message too   │ anything else touches p
@@ -36,7 +37,9 @@
 //! - **Order and atomicity.** A lease exists only while the psock holds no
 //!   byte of a message (nothing buffered, none ready, none in a socket's
 //!   queue, none unsettled; `lease_keeping`: the start of the next message
-//!   moves to the lease, its deadline with it) and has nothing to write; while it is out the
+//!   moves to the lease, its deadline with it) and has nothing to write
+//!   (`lease_taking`: replies of the lease's socket queued, none out, move
+//!   to the lease, which writes them before its own); while it is out the
 //!   psock counts as having a chunk out (`tx_busy`), so a message another
 //!   thread sends to it waits on its queue, whole, until the lease comes back.
 //! - **Steering.** Only under `Steering::Affinity` with the psock's tag on
@@ -81,6 +84,10 @@ pub struct Lease {
     done: Vec<u8>,
     /// The psock's assembly timeout (from a message's first byte).
     timeout: Option<std::time::Duration>,
+    /// Replies of the lease's socket the psock's queue held, not yet
+    /// written, taken with the lease ([`Mux::lease_taking`]): what is left
+    /// of each message, and the whole messages in it.
+    unsent: Vec<(Bytes, u32)>,
 }
 
 /// What [`Lease::frame_read`] made of a read.
@@ -163,6 +170,12 @@ impl Lease {
             true => taken as u64,
             false => runs.iter().map(|r| (r.len * r.count) as u64).sum::<u64>(),
         };
+    }
+
+    /// The replies the lease took from the psock's queue when it was made
+    /// ([`Mux::lease_taking`]), in order: the worker writes them first.
+    pub fn take_unsent(&mut self) -> Vec<(Bytes, u32)> {
+        std::mem::take(&mut self.unsent)
     }
 
     /// Whether the lease keeps the start of a message (the next read goes
@@ -325,18 +338,67 @@ impl Mux {
     /// keeps it, its assembly deadline with it, and completes it from the
     /// next reads (`Lease::frame_read`).
     pub fn lease_keeping(&mut self, p: PsockId, s: SockId, keep: usize) -> Option<Lease> {
-        let lease = self.lend(p, s, keep)?;
+        self.lease_taking(p, s, keep, 0)
+    }
+
+    /// [`Mux::lease_keeping`], also when the psock's queue holds replies of
+    /// `s` not yet written (a connection whose peer reads slowly), at most
+    /// `unsent` bytes of them, none out: the lease takes them
+    /// ([`Lease::take_unsent`]), for its worker to write before anything
+    /// else. They leave the socket's send buffer and its counts (the lease
+    /// counts them when written, as its own replies); a message written in
+    /// part leaves the rest. Not when any queued message is another
+    /// socket's or held back by a batch of its socket.
+    pub fn lease_taking(&mut self, p: PsockId, s: SockId, keep: usize, unsent: usize) -> Option<Lease> {
+        let mut lease = self.lend(p, s, keep, unsent)?;
         if lease.keeps() {
             // The deadline went with the bytes.
             self.sync_deadline(p);
         }
+        self.take_queue(&mut lease);
         Some(lease)
     }
 
-    fn lend(&mut self, p: PsockId, s: SockId, keep: usize) -> Option<Lease> {
+    /// Move lent psock `lease.psock`'s queued replies (all `lease.sock`'s,
+    /// checked by `lend`) to the lease, undoing what queueing them counted.
+    fn take_queue(&mut self, lease: &mut Lease) {
+        let (p, s) = (lease.psock, lease.sock);
+        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        if ps.tx_queue.is_empty() {
+            return;
+        }
+        let (mut len, mut rest, mut msgs) = (0usize, 0usize, 0u32);
+        for m in ps.tx_queue.drain(..) {
+            ps.tx_addr_bytes -= m.data.len();
+            len += m.data.len();
+            rest += m.data.len() - m.sent;
+            msgs = msgs.saturating_add(m.msgs);
+            lease.unsent.push((m.data.slice(m.sent..), m.msgs));
+        }
+        // Placed, and counted as the socket's sends, again when the lease
+        // writes them (`lease_sync`); the part written before stays counted.
+        ps.tx_placed -= u64::from(msgs);
+        self.uncharge(s, len, msgs);
+        if let Some(sock) = self.socks.get_mut(s.index, s.generation) {
+            sock.stats.tx_msgs -= u64::from(msgs);
+            sock.stats.tx_bytes -= rest as u64;
+        }
+    }
+
+    fn lend(&mut self, p: PsockId, s: SockId, keep: usize, unsent: usize) -> Option<Lease> {
         let Mux { psocks, socks, config, hold, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation)?;
         let sock = socks.get(s.index, s.generation)?;
+        // Replies queued: all of `s` (addressed to this psock, none held
+        // back by a batch), within `unsent` bytes, and not so many that the
+        // psock stopped being read (its peer reads none: a lease would
+        // read it again).
+        let queue_takes = ps.tx_queue.is_empty()
+            || (unsent > 0
+                && ps.tx_addr_bytes < super::backlog_pause(config)
+                && !sock.held_psocks.contains(&p)
+                && ps.tx_queue.iter().all(|m| m.addressed && m.owner == s)
+                && ps.tx_queue.iter().map(|m| m.data.len() - m.sent).sum::<usize>() <= unsent);
         let steered_here = config.steering == Steering::Affinity
             && ps.affinity.is_some()
             && sock.affinity == ps.affinity
@@ -353,7 +415,7 @@ impl Mux {
             && ps.handshake_deadline.is_none()
             && ps.record_deadline.is_none()
             && ps.mem == super::limits::MemState::Reading
-            && ps.tx_queue.is_empty()
+            && queue_takes
             && !ps.tx_busy
             && !ps.tx_stopped
             && ps.tx_kcm.is_none()
@@ -386,6 +448,7 @@ impl Mux {
             tail,
             done: Vec::new(),
             timeout: ps.stream.limits().assembly_timeout,
+            unsent: Vec::new(),
         })
     }
 
@@ -427,7 +490,8 @@ impl Mux {
     /// assembly deadline runs from then, as if the mux had framed it.
     pub fn unlease(&mut self, mut lease: Lease, now: Timestamp) {
         self.lease_sync(&mut lease, now);
-        let p = lease.psock;
+        let (p, s) = (lease.psock, lease.sock);
+        let unsent = std::mem::take(&mut lease.unsent);
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
         if ps.leased.is_none() {
             return;
@@ -450,6 +514,11 @@ impl Mux {
                 ps.last_active = ps.last_active.max(active);
             }
         }
+        // Replies it took from the queue and its worker never had: back
+        // first on the queue, as they were.
+        for (chunk, msgs) in unsent.into_iter().rev() {
+            self.unsent_first(p, s, chunk, 0, msgs);
+        }
         self.kick(p);
     }
 
@@ -466,6 +535,14 @@ impl Mux {
         if sent >= chunk.len() || msgs == 0 {
             return;
         }
+        self.unsent_first(p, s, chunk, sent, msgs);
+        self.kick(p);
+    }
+
+    /// Put `chunk` (`msgs` whole replies of socket `s`, of which the first
+    /// `sent` bytes went out) first on psock `p`'s queue, charged and
+    /// counted as a send of them.
+    fn unsent_first(&mut self, p: PsockId, s: SockId, chunk: Bytes, sent: usize, msgs: u32) {
         let Mux { psocks, socks, .. } = self;
         let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
         let Some(sock) = socks.get_mut(s.index, s.generation) else { return };
@@ -476,7 +553,6 @@ impl Mux {
         ps.tx_placed += u64::from(msgs);
         ps.stats.tx_bytes += sent as u64;
         ps.tx_queue.push_front(super::TxMsg { data: chunk, sent, owner: s, addressed: true, balanced: false, msgs });
-        self.kick(p);
     }
 
     /// Whether psock `p` is lent to its worker now.

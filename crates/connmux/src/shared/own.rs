@@ -79,6 +79,16 @@ pub(crate) struct BacklogRoom {
     pub held: usize,
 }
 
+impl BacklogRoom {
+    /// What a new lease of `rt` may hold (0 for a TLS psock).
+    fn room_for(&self, rt: &PsockRt) -> usize {
+        match rt.tls {
+            Some(_) => 0,
+            None => self.each.min(self.total.saturating_sub(self.held)),
+        }
+    }
+}
+
 /// Replies of a lent psock that its connection has not taken yet (a write
 /// fell short), in order: its worker writes them when the connection takes
 /// more, and the replies of the lease's next reads go behind them. A
@@ -257,11 +267,29 @@ impl Own {
                 if self.leases.contains_key(&rt.id) || self.direct.iter().any(|(_, q)| *q == rt.id) {
                     continue;
                 }
-                // A message begun comes too, within what the leases may keep.
-                if let Some(lease) = core.mux.lease_keeping(rt.id, sock, self.keep.room_for(0)) {
+                // A message begun comes too, within what the leases may
+                // keep, and replies its queue holds, within a quarter of
+                // what its backlog may hold (written first, when the
+                // connection takes more: watched before the next wait). A
+                // quarter: a lease taken nearly full goes back at its next
+                // short write, with a copy of all of it, and a slow reader's
+                // connection would be lent and given back over and over.
+                let unsent = self.backlog.room_for(&rt) / 4;
+                if let Some(mut lease) = core.mux.lease_taking(rt.id, sock, self.keep.room_for(0), unsent) {
                     self.keep.changed(0, lease.kept(), lease.kept_due());
                     rt.lease_revoked.store(false, Ordering::Relaxed);
-                    self.leases.insert(rt.id, Leased { lease, rt, backlog: Backlog::default() });
+                    let mut backlog = Backlog::default();
+                    for (chunk, msgs) in lease.take_unsent() {
+                        self.backlog.held += chunk.len();
+                        backlog.push(chunk, msgs);
+                    }
+                    if !backlog.is_empty() {
+                        // (Counted at the lease's next sync.)
+                        lease.backed_up();
+                        self.lease_used.push((rt.id, 0, 0));
+                        self.to_watch.push(rt.clone());
+                    }
+                    self.leases.insert(rt.id, Leased { lease, rt, backlog });
                 }
             }
         }
