@@ -243,8 +243,8 @@ fn replies_queued_are_taken_with_the_lease_within_the_room_and_counted_once() {
     let (mut m, s, p) = served(1024);
     queue(&mut m, s, p);
     assert!(m.lease(p, s).is_none(), "a lease that takes nothing queued");
-    assert!(m.lease_taking(p, s, 0, rest.len() - sent - 1).is_none(), "one byte short");
-    let mut lease = m.lease_taking(p, s, 0, rest.len() - sent).expect("lent with the rest");
+    assert!(m.lease_taking(p, s, 0, rest.len() - sent - 1, 0).is_none(), "one byte short");
+    let mut lease = m.lease_taking(p, s, 0, rest.len() - sent, 0).expect("lent with the rest");
     assert_eq!(lease.take_unsent(), vec![(Bytes::from(rest[sent..].to_vec()), 2)]);
     let sock = m.sock_stats(s).unwrap();
     assert_eq!((sock.tx_queued, sock.tx_mem), (0, 0), "out of the socket's send buffer");
@@ -264,7 +264,7 @@ fn replies_queued_are_taken_with_the_lease_within_the_room_and_counted_once() {
     // and written then as if never lent.
     let (mut m, s, p) = served(1024);
     queue(&mut m, s, p);
-    let lease = m.lease_taking(p, s, 0, 1 << 10).unwrap();
+    let lease = m.lease_taking(p, s, 0, 1 << 10, 0).unwrap();
     m.send_msg(s, Some(p), Bytes::from(l4(b"later")), false).unwrap();
     m.unlease(lease, T0);
     assert_eq!(flush(&mut m, p), [&rest[sent..], &l4(b"later")[..]].concat());
@@ -277,7 +277,7 @@ fn replies_queued_are_taken_with_the_lease_within_the_room_and_counted_once() {
     let (mut m, s, p) = served(1024);
     let other = m.socket(SockType::Dgram);
     m.send_msg(other, Some(p), Bytes::from(l4(b"theirs")), false).unwrap();
-    assert!(m.lease_taking(p, s, 0, 1 << 10).is_none());
+    assert!(m.lease_taking(p, s, 0, 1 << 10, 0).is_none());
 }
 
 #[test]
@@ -309,7 +309,7 @@ fn a_queue_taken_by_a_lease_after_its_kick_leaves_the_next_send_kicked() {
     let reply = l4(b"queued");
     m.send_msg(s, Some(p), Bytes::from(reply.clone()), false).unwrap();
     assert!(events(&mut m).contains(&Event::PsockTransmit(p)));
-    let mut lease = m.lease_taking(p, s, 0, 1 << 10).expect("lent with the reply");
+    let mut lease = m.lease_taking(p, s, 0, 1 << 10, 0).expect("lent with the reply");
     assert_eq!(lease.take_unsent(), vec![(Bytes::from(reply.clone()), 1)]);
     assert!(m.tx_begin(p).is_none(), "the lease writes it");
     lease.wrote(1, reply.len());

@@ -14,7 +14,8 @@
 //!  worker i ──offer(msg)──► lane i (bounded queue) ──► home i  (CPU i, nice +3, short slices)
 //!     ▲                                          └───► help j  (CPU j ≠ i, SCHED_IDLE): steals
 //!     └──────────── inbox i ◄── Done { psock, verdict } ─────┘
-//!  worker i queues the reply on the connection and writes it (the owner writes)
+//!  worker i queues the reply on the connection and writes it (the owner writes;
+//!  on a lent connection's lease, with no core lock: `serve::lease`)
 //! ```
 //!
 //! - lane `i`'s **home** thread, pinned on worker `i`'s CPU at
@@ -100,6 +101,9 @@ impl Default for Heavy {
 struct HeavyConn {
     /// Its messages offered and not yet answered.
     in_lane: u32,
+    /// Of those, the ones the core framed (not its lease): the core counts
+    /// them as held until their verdicts settle them.
+    framed: u32,
     /// Short runs in a row.
     short: u32,
 }
@@ -148,21 +152,35 @@ impl Heavy {
         self.offers
     }
 
-    /// A message of `p`, `len` bytes, went to the lane.
-    pub fn offered(&mut self, p: PsockId, len: usize) {
+    /// A message of `p`, `len` bytes, went to the lane (`lent`: framed on
+    /// its lease).
+    pub fn offered(&mut self, p: PsockId, len: usize, lent: bool) {
         self.bytes += len;
         self.out += 1;
         self.offers += 1;
-        self.conns.entry(p).or_default().in_lane += 1;
+        let c = self.conns.entry(p).or_default();
+        c.in_lane += 1;
+        c.framed += u32::from(!lent);
     }
 
-    /// A message of `p` came back. Returns whether `p` is light again (and
-    /// no longer heavy).
-    pub fn answered(&mut self, p: PsockId, short: bool, len: usize) -> bool {
+    /// Messages of `p` the core framed that are in the lane: held by the
+    /// core until their verdicts come back (`Mux::lease_taking`'s `held`).
+    #[inline]
+    pub fn held(&self, p: PsockId) -> u64 {
+        match self.conns.is_empty() {
+            true => 0,
+            false => self.conns.get(&p).map_or(0, |c| u64::from(c.framed)),
+        }
+    }
+
+    /// A message of `p` (`lent`: framed on its lease) came back. Returns
+    /// whether `p` is light again (and no longer heavy).
+    pub fn answered(&mut self, p: PsockId, short: bool, len: usize, lent: bool) -> bool {
         self.bytes = self.bytes.saturating_sub(len);
         self.out = self.out.saturating_sub(1);
         let Some(c) = self.conns.get_mut(&p) else { return false };
         c.in_lane = c.in_lane.saturating_sub(1);
+        c.framed = c.framed.saturating_sub(u32::from(!lent));
         c.short = if short { c.short + 1 } else { 0 };
         if c.short >= self.return_after && c.in_lane == 0 {
             self.conns.remove(&p);
@@ -270,7 +288,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         // looks next, with those that came meanwhile, and within
         // `lane_reply_wait` if it was asleep (`driver::worker::lane_sleep`).
         let quiet = lanes.crew.queued(lane) >= quiet_from;
-        let done = Done { psock: job.psock, verdict, short, len, quiet };
+        let done = Done { psock: job.psock, verdict, short, len, quiet, lent: job.lent };
         let wake = match quiet {
             false => lanes.inboxes[lane].post(done),
             true => {

@@ -624,6 +624,133 @@ fn a_connection_whose_replies_back_up_before_it_is_lent_is_lent_with_them() {
     assert_eq!(svc.mux().stats().lease_returns, before.lease_returns, "never given back");
 }
 
+/// Echo; a request whose body starts with `H` first burns 300 µs of its
+/// thread's CPU time (what the worker's heavy probe looks for), and counts
+/// whether a lane thread ran it.
+#[derive(Default)]
+struct HeavyEcho {
+    on_lane: std::sync::atomic::AtomicU64,
+}
+
+impl Handler for HeavyEcho {
+    fn handle(&self, request: Bytes, _from: PsockId, _scratch: &mut BytesMut) -> Verdict {
+        if request.get(4) == Some(&b'H') {
+            let t = connmux_sys::clock::thread_cpu_nanos();
+            while connmux_sys::clock::thread_cpu_nanos().saturating_sub(t) < 300_000 {
+                std::hint::spin_loop();
+            }
+            if std::thread::current().name().is_some_and(|n| n.starts_with("connmux-lane")) {
+                self.on_lane.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Verdict::Reply(request)
+    }
+}
+
+/// A lent connection whose handler turns out to run long stays lent: its
+/// worker frames its reads on the lease and offers the messages to its lane,
+/// and writes the lane's verdicts on the lease (no core lock either way);
+/// every reply comes once, in order (one worker: its lane has one taker).
+fn a_heavy_connection_stays_lent_and_its_lane_answers_it() {
+    // One at a time: heavy requests burn a CPU.
+    let _alone = serial();
+    let h = Arc::new(HeavyEcho::default());
+    let svc = l4_service(
+        mux_with(|c| {
+            c.workers = 1;
+            c.tuning.lease = true;
+        }),
+        h.clone(),
+    );
+    let mut c = client(&svc);
+    let (p, calls) = leased_conn_counted(&svc, &mut c);
+    let before = svc.mux().stats();
+    heavy_calls(&mut c, 200, |_| {});
+    assert!(svc.mux().lane_moves() >= 1, "never found heavy");
+    assert!(h.on_lane.load(Ordering::Relaxed) > 0, "the lane answered none");
+    assert!(svc.mux().psock_leased(p), "given back");
+    assert_eq!(svc.mux().stats().lease_returns, before.lease_returns, "given back on the way");
+    let all = calls + 200;
+    let st = eventually(|| svc.mux().psock_stats(p).ok().filter(|st| st.tx_msgs >= all));
+    assert_eq!((st.rx_msgs, st.tx_msgs), (all, all));
+    closes_in_order(&mut c);
+}
+
+/// `n` requests of [`HeavyEcho`]'s heavy kind, four in flight, each
+/// written whole (no read ends inside one); every reply checked in order.
+/// `each(i)` after the `i`th reply.
+fn heavy_calls(c: &mut TcpStream, n: u32, mut each: impl FnMut(u32)) {
+    let body = |i: u32| [&b"H"[..], &i.to_be_bytes()[..]].concat();
+    let (mut sent, mut got) = (0, 0);
+    while got < n {
+        while sent < n && sent - got < 4 {
+            write_all(c, &framed(&body(sent)));
+            sent += 1;
+        }
+        assert_eq!(read_framed(c), body(got), "reply {got}");
+        each(got);
+        got += 1;
+    }
+}
+
+/// The client closes its side: the server, with every request answered
+/// and settled (none left held), closes its own.
+fn closes_in_order(c: &mut TcpStream) {
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut b = [0u8; 16];
+    assert_eq!(c.read(&mut b).expect("the server's close within the wait"), 0, "bytes after the last reply");
+}
+
+/// A heavy connection given back (a read that ends inside a message: its
+/// messages all go to the lane, framed by the core) while its lane holds
+/// some of its messages, and never quiet after (four in flight: the lane
+/// always holds some, which the core counts as held), is lent again with
+/// them in the lane: their verdicts come back to its worker, are written
+/// on the lease, in order, and settled.
+fn a_heavy_connection_is_lent_again_with_its_messages_in_the_lane() {
+    let _alone = serial();
+    let svc = l4_service(
+        mux_with(|c| {
+            c.workers = 1;
+            c.tuning.lease = true;
+        }),
+        Arc::new(HeavyEcho::default()),
+    );
+    let mut c = client(&svc);
+    let (p, calls) = leased_conn_counted(&svc, &mut c);
+    heavy_calls(&mut c, 100, |_| {});
+    assert!(svc.mux().lane_moves() >= 1 && svc.mux().psock_leased(p), "heavy and lent");
+    let returns = svc.mux().stats().lease_returns;
+    // Three in flight, then a fourth cut: the lease goes back.
+    let body = |i: u32| [&b"H"[..], &i.to_be_bytes()[..]].concat();
+    for i in 0..3 {
+        write_all(&mut c, &framed(&body(i)));
+    }
+    let cut = framed(&body(3));
+    write_all(&mut c, &cut[..5]);
+    eventually(|| (svc.mux().stats().lease_returns > returns).then_some(()));
+    write_all(&mut c, &cut[5..]);
+    // Four in flight from here on; lent again on the way.
+    const N: u32 = 300;
+    let (mut sent, mut got, mut lent_again) = (4, 0, None);
+    while got < N {
+        while sent < N && sent - got < 4 {
+            write_all(&mut c, &framed(&body(sent)));
+            sent += 1;
+        }
+        assert_eq!(read_framed(&mut c), body(got), "reply {got}");
+        if lent_again.is_none() && svc.mux().psock_leased(p) {
+            lent_again = Some(got);
+        }
+        got += 1;
+    }
+    let lent_again = lent_again.expect("never lent again while its lane held its messages");
+    let all = calls + 100 + u64::from(N);
+    let st = eventually(|| svc.mux().psock_stats(p).ok().filter(|st| st.tx_msgs >= all));
+    assert_eq!((st.rx_msgs, st.tx_msgs), (all, all), "lent again after reply {lent_again}");
+    closes_in_order(&mut c);
+}
+
 /// A connection whose reads end inside messages (a stream of messages that
 /// reads cut) is lent with the message begun (`Mux::lease_keeping`): here
 /// its first read is only the start of a message (nothing is framed in
@@ -821,6 +948,8 @@ on_both_drivers!(
     a_lent_connection_sending_while_its_replies_back_up_is_not_idle,
     a_connection_whose_replies_back_up_before_it_is_lent_is_lent_with_them,
     a_connection_whose_reads_end_inside_messages_is_lent_with_the_message_begun,
+    a_heavy_connection_stays_lent_and_its_lane_answers_it,
+    a_heavy_connection_is_lent_again_with_its_messages_in_the_lane,
     nothing_is_lent_when_leases_are_off,
     a_reply_on_the_lease_never_overtakes_a_send_from_another_thread,
     two_lent_connections_read_in_one_wait_are_each_answered_once_in_order,

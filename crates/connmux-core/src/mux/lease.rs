@@ -6,15 +6,17 @@
 //!
 //! ```text
 //!            lease(p, s): Open, nothing buffered (lease_keeping: at
-//!            most a message begun, which the lease takes), ready, held,
+//!            most a message begun, which the lease takes), ready, held
+//!            (lease_taking: but those its holder answers on the lease),
 //!            queued or out (lease_taking: s's replies queued, which the
 //!            lease takes), steered to s (affinity), s's queue empty
 //!   Owned ────────────────────────────────────────────────► Leased
 //!     ▲                                                       │
 //!     │ unlease / unlease_unsent (the worker: a message too   │ anything else touches p
 //!     │ large or bad to keep, a short write, an end of        │ (a send queued on it, unattach,
-//!     │ stream, a close, a heavy handler, a kept message's    │ an abort, a steering change):
-//!     │ deadline); what the lease kept is fed to the mux      │ revoked, PsockLeaseRevoked(p) once
+//!     │ stream, a close, a heavy connection's cut read, a     │ an abort, a steering change):
+//!     │ kept message's deadline); what the lease kept is fed  │ revoked, PsockLeaseRevoked(p) once
+//!     │ to the mux                                            │
 //!     └───────────────────────────────────────────────────────┤
 //! ```
 //!
@@ -36,7 +38,8 @@
 //! What a lease keeps true:
 //! - **Order and atomicity.** A lease exists only while the psock holds no
 //!   byte of a message (nothing buffered, none ready, none in a socket's
-//!   queue, none unsettled; `lease_keeping`: the start of the next message
+//!   queue, none unsettled but those its holder answers on the lease itself;
+//!   `lease_keeping`: the start of the next message
 //!   moves to the lease, its deadline with it) and has nothing to write
 //!   (`lease_taking`: replies of the lease's socket queued, none out, move
 //!   to the lease, which writes them before its own); while it is out the
@@ -338,7 +341,7 @@ impl Mux {
     /// keeps it, its assembly deadline with it, and completes it from the
     /// next reads (`Lease::frame_read`).
     pub fn lease_keeping(&mut self, p: PsockId, s: SockId, keep: usize) -> Option<Lease> {
-        self.lease_taking(p, s, keep, 0)
+        self.lease_taking(p, s, keep, 0, 0)
     }
 
     /// [`Mux::lease_keeping`], also when the psock's queue holds replies of
@@ -349,8 +352,15 @@ impl Mux {
     /// counts them when written, as its own replies); a message written in
     /// part leaves the rest. Not when any queued message is another
     /// socket's or held back by a batch of its socket.
-    pub fn lease_taking(&mut self, p: PsockId, s: SockId, keep: usize, unsent: usize) -> Option<Lease> {
-        let mut lease = self.lend(p, s, keep, unsent)?;
+    ///
+    /// `held`: messages of `p` taken from a holding socket and not settled
+    /// yet that the caller has in hand and answers on the lease itself
+    /// (a heavy connection's messages in its worker's lane, whose verdicts
+    /// come back to that worker): lent only when the psock has exactly that
+    /// many ([`Mux::rx_holds`]), none held elsewhere; their settles come
+    /// as usual ([`Mux::rx_settle`]).
+    pub fn lease_taking(&mut self, p: PsockId, s: SockId, keep: usize, unsent: usize, held: u64) -> Option<Lease> {
+        let mut lease = self.lend(p, s, keep, unsent, held)?;
         if lease.keeps() {
             // The deadline went with the bytes.
             self.sync_deadline(p);
@@ -385,7 +395,7 @@ impl Mux {
         }
     }
 
-    fn lend(&mut self, p: PsockId, s: SockId, keep: usize, unsent: usize) -> Option<Lease> {
+    fn lend(&mut self, p: PsockId, s: SockId, keep: usize, unsent: usize, held: u64) -> Option<Lease> {
         let Mux { psocks, socks, config, hold, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation)?;
         let sock = socks.get(s.index, s.generation)?;
@@ -408,7 +418,7 @@ impl Mux {
             && ps.leased.is_none()
             && !ps.paused
             && ps.ready.is_none()
-            && ps.holds == 0
+            && ps.holds == held
             && ps.below == 0
             // (An assembly deadline runs only for a message begun.)
             && (ps.timer.is_none() || ps.stream.buffered() > 0)

@@ -212,7 +212,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     // the worker ends (nothing more is lent).
     w.bufs.own.lease_try.clear();
     let now = sh.now();
-    w.bufs.own.hold(&mut sh.lock(), now);
+    w.bufs.hold(&mut sh.lock(), now);
     me.held(false);
 }
 
@@ -444,7 +444,7 @@ fn hold(sh: &Shared, me: &WorkerRef, w: &mut Worker<'_>, next_deadline: &mut Opt
     let now = sh.timestamp(at);
     w.bufs.own.synced_at = at;
     let mut core = sh.lock();
-    w.bufs.own.hold(&mut core, now);
+    w.bufs.hold(&mut core, now);
     core.drain_events(&mut w.events);
     *next_deadline = core.mux.poll_timeout();
     if let Some(t) = *next_deadline {

@@ -84,9 +84,10 @@ pub(crate) fn serve_leased(
         flush_deferred(sh, bufs, events);
     }
     let Some(l) = bufs.own.leases.get_mut(&p) else { return Err(GivenBack { rt: None, from: 0 }) };
-    if bufs.heavy.contains(p) || revoked(&l.rt) {
+    if revoked(&l.rt) {
         return Err(give_back_read(sh, bufs, p, started, 0, events));
     }
+    let heavy = bufs.heavy.contains(p);
     // Replies an earlier write left wait: this read's go behind them.
     let backed = !l.backlog.is_empty();
     let mut runs = std::mem::take(&mut bufs.runs);
@@ -95,6 +96,13 @@ pub(crate) fn serve_leased(
     // served where it lies. Anything else out of line.
     let from = match !l.lease.keeps() && l.lease.frame(data, &mut runs) == data.len() {
         true => 0,
+        // A heavy connection's messages all go to its lane, in order, none
+        // run here ahead of them: a read that is not all whole messages
+        // goes the core's way, which frames them for the lane.
+        false if heavy => {
+            bufs.runs = runs;
+            return Err(give_back_read(sh, bufs, p, started, 0, events));
+        }
         false => match serve_kept(sh, sv, bufs, data, p, started, &mut runs, events) {
             Kept::Serve(from) => from,
             Kept::Nothing => {
@@ -108,8 +116,14 @@ pub(crate) fn serve_leased(
             }
         },
     };
-    if !runs.is_empty() {
-        run_in_place(sv, bufs, ReadView { msgs: Messages::new(&data[from..], &runs), psock: p, started });
+    let mut msgs = Messages::new(&data[from..], &runs);
+    if heavy {
+        // To the lane; their verdicts come back to this worker
+        // (`write_lane_verdicts`). Those the full lane refuses run here.
+        msgs = bufs.offer_read(sv, p, msgs, true);
+    }
+    if !msgs.is_empty() {
+        run_in_place(sv, bufs, ReadView { msgs, psock: p, started });
     }
     // Empty for the next read (its runs are pushed after what is here).
     runs.clear();
@@ -153,6 +167,62 @@ pub(crate) fn serve_leased(
         _ => write_outs(sh, bufs, p, out, events),
     }
     Ok(())
+}
+
+/// Write the lanes' verdicts `done` (`serve::take_done`: each for a psock
+/// lent to this worker when it was taken) on the leases, a psock's in the
+/// order posted, with no hold of the core lock. A psock whose lease went
+/// back meanwhile, or one the lane closes, goes the core's way.
+pub(crate) fn write_lane_verdicts(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    done: &mut Vec<crate::handler::Done>,
+    events: &mut Vec<Event>,
+    dirty: &mut Vec<Arc<PsockRt>>,
+) {
+    // Replies of a lent read left for later go first.
+    flush_deferred(sh, bufs, events);
+    // A psock's verdicts together (a stable sort keeps their order).
+    done.sort_by_key(|d| (d.psock.index, d.psock.generation));
+    let mut cur = None;
+    for d in done.drain(..) {
+        if let Some(q) = cur.filter(|q| *q != d.psock) {
+            write_verdicts(sh, sv, bufs, q, events, dirty);
+        }
+        cur = Some(d.psock);
+        bufs.push(d.psock, d.verdict);
+    }
+    if let Some(q) = cur {
+        write_verdicts(sh, sv, bufs, q, events, dirty);
+    }
+}
+
+/// Write the verdicts in `bufs` (the run and `outs`), all for psock `p`, on
+/// its lease; or, the lease gone, revoked or a close among them, give it
+/// back and queue them the core's way.
+fn write_verdicts(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    p: PsockId,
+    events: &mut Vec<Event>,
+    dirty: &mut Vec<Arc<PsockRt>>,
+) {
+    bufs.end_run();
+    let rt = match bufs.own.leases.get(&p) {
+        Some(l) if !revoked(&l.rt) && bufs.outs.iter().all(|o| matches!(o, Out::Replies(..))) => l.rt.clone(),
+        Some(_) => {
+            bufs.own.give_back(sh, p, connmux_sys::clock::now_nanos(), events);
+            return send_outs(sh, sv, bufs, events, dirty, None);
+        }
+        None => return send_outs(sh, sv, bufs, events, dirty, None),
+    };
+    let out = match &rt.tls {
+        Some(tls) => LentOut::Tls(&rt, tls),
+        None => LentOut::Plain(rt.fd()),
+    };
+    write_outs(sh, bufs, p, out, events);
 }
 
 /// Write the replies in `bufs.outs`, all of lent psock `p`, at once.

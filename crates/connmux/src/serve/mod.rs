@@ -181,6 +181,8 @@ pub(crate) struct ServeBufs {
     light_sleeps: u8,
     /// Verdicts taken from the inbox.
     done: Vec<Done>,
+    /// Those of them for psocks lent to this worker.
+    done_lent: Vec<Done>,
     /// The hand-off between this worker's reads, dispatch and `serve`.
     pub own: crate::shared::Own,
 }
@@ -188,11 +190,23 @@ pub(crate) struct ServeBufs {
 impl ServeBufs {
     /// Offer `rt`, read and served by this worker in this pass, for a
     /// lease at the pass's hold (`Own::hold`: lent there if nothing else
-    /// involves it then). Not a heavy connection, which its lane serves.
+    /// involves it then). A heavy connection too: its lease offers its
+    /// messages to the lane, and its worker writes the verdicts on it
+    /// (`lease::write_lane_verdicts`); lent only once none of the messages
+    /// the core framed for it is still in the lane.
     pub(crate) fn try_lease(&mut self, rt: &Arc<PsockRt>) {
-        if self.own.can_lease && !self.heavy.contains(rt.id) {
+        if self.own.can_lease {
             self.own.lease_try.push(rt.clone());
         }
+    }
+
+    /// The worker's hold of the core lock in its pass (`Own::hold`): a
+    /// heavy connection is lent with its messages the core framed still in
+    /// the lane (their verdicts come back here and are written on the
+    /// lease).
+    pub(crate) fn hold(&mut self, core: &mut crate::shared::Core, now: connmux_core::Timestamp) {
+        let heavy = &self.heavy;
+        self.own.hold(core, now, |p| heavy.held(p));
     }
 
     /// Empty buffers for a worker of a mux tuned with `t`.
@@ -300,9 +314,27 @@ impl ServeBufs {
         if !self.heavy.room(len, sv.lanes.bytes) {
             return Err(job);
         }
+        let lent = job.lent;
         sv.lanes.crew.offer(sv.index, job)?;
-        self.heavy.offered(psock, len);
+        self.heavy.offered(psock, len, lent);
         Ok(())
+    }
+
+    /// A heavy connection's messages of one read to the lane (copied out of
+    /// the read buffer; `lent`: framed on its lease), in order, while it
+    /// takes them: returns those the full lane refused, which run here.
+    fn offer_read<'a>(&mut self, sv: &Serving, p: PsockId, mut msgs: Messages<'a>, lent: bool) -> Messages<'a> {
+        while let Some(m) = msgs.first() {
+            // (Checked before the copy: a full lane costs no allocation.)
+            if !self.heavy.room(m.len(), sv.lanes.bytes) {
+                break;
+            }
+            if self.offer(sv, Job { data: Bytes::copy_from_slice(m), psock: p, lent }).is_err() {
+                break;
+            }
+            msgs = msgs.after(1);
+        }
+        msgs
     }
 
     /// Whether requests this worker offered to its lane are still out
@@ -420,7 +452,7 @@ pub(crate) fn serve(
             // A heavy connection's message goes to the lane (settled when
             // its verdict comes back), unless the lane is full.
             let data = match bufs.heavy.contains(psock) && !closed {
-                true => match bufs.offer(sv, Job { data, psock }) {
+                true => match bufs.offer(sv, Job { data, psock, lent: false }) {
                     Ok(()) => continue,
                     Err(job) => job.data,
                 },
@@ -484,19 +516,12 @@ pub(crate) fn serve_in_place(
 ) {
     let p = read.psock;
     if bufs.heavy.contains(p) {
-        // A heavy connection's messages go to the lane (copied out of the
-        // read buffer), those the full lane refuses are run here.
-        while let Some(m) = read.msgs.first() {
-            // (Checked before the copy: a full lane costs no allocation.)
-            if !bufs.heavy.room(m.len(), sv.lanes.bytes) {
-                break;
-            }
-            if bufs.offer(sv, Job { data: Bytes::copy_from_slice(m), psock: p }).is_err() {
-                break;
-            }
-            read.msgs = read.msgs.after(1);
-        }
+        read.msgs = bufs.offer_read(sv, p, read.msgs, false);
         if read.msgs.is_empty() {
+            if let Some(rt) = write_now {
+                // Its lease would serve it the same way, with no lock.
+                bufs.try_lease(rt);
+            }
             return;
         }
     }
@@ -732,18 +757,30 @@ pub(crate) fn take_done(
     if !done.is_empty() {
         bufs.lane_quiet = done.iter().any(|d| d.quiet);
     }
+    let mut lent = std::mem::take(&mut bufs.done_lent);
     for d in done.drain(..) {
-        if bufs.heavy.answered(d.psock, d.short, d.len) {
+        if bufs.heavy.answered(d.psock, d.short, d.len, d.lent) {
             sh.lane_returns.fetch_add(1, Ordering::Relaxed);
         }
-        bufs.handled(d.psock, 1);
+        if !d.lent {
+            bufs.handled(d.psock, 1);
+        }
         if !bufs.closed.is_empty() && bufs.closed.contains(&d.psock) {
+            continue;
+        }
+        if bufs.own.leases.contains_key(&d.psock) {
+            // Written on its lease, below.
+            lent.push(d);
             continue;
         }
         bufs.push(d.psock, d.verdict);
     }
     bufs.done = done;
     send_outs(sh, sv, bufs, events, dirty, None);
+    if !lent.is_empty() {
+        lease::write_lane_verdicts(sh, sv, bufs, &mut lent, events, dirty);
+    }
+    bufs.done_lent = lent;
 }
 
 #[cfg(test)]

@@ -244,7 +244,10 @@ impl Own {
     /// the writes it made whole ([`Shared::write_owned`]), the counts of
     /// its leased psocks that did something (a revoked one is given back),
     /// and leases for the psocks it served that nothing else involves now.
-    pub fn hold(&mut self, core: &mut Core, now: Timestamp) {
+    ///
+    /// `lane_held`: a psock's messages the core holds that this worker's
+    /// lane has (their verdicts come back here: lent all the same).
+    pub fn hold(&mut self, core: &mut Core, now: Timestamp, lane_held: impl Fn(PsockId) -> u64) {
         if !self.wrote.is_empty() {
             Shared::complete_owned(core, self);
         }
@@ -275,7 +278,8 @@ impl Own {
                 // short write, with a copy of all of it, and a slow reader's
                 // connection would be lent and given back over and over.
                 let unsent = self.backlog.room_for(&rt) / 4;
-                if let Some(mut lease) = core.mux.lease_taking(rt.id, sock, self.keep.room_for(0), unsent) {
+                let held = lane_held(rt.id);
+                if let Some(mut lease) = core.mux.lease_taking(rt.id, sock, self.keep.room_for(0), unsent, held) {
                     self.keep.changed(0, lease.kept(), lease.kept_due());
                     rt.lease_revoked.store(false, Ordering::Relaxed);
                     let mut backlog = Backlog::default();
