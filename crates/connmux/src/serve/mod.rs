@@ -192,8 +192,8 @@ impl ServeBufs {
     /// lease at the pass's hold (`Own::hold`: lent there if nothing else
     /// involves it then). A heavy connection too: its lease offers its
     /// messages to the lane, and its worker writes the verdicts on it
-    /// (`lease::write_lane_verdicts`); lent only once none of the messages
-    /// the core framed for it is still in the lane.
+    /// (`lease::write_lane_verdicts`), also those of the messages the core
+    /// framed for it that are still in the lane ([`ServeBufs::hold`]).
     pub(crate) fn try_lease(&mut self, rt: &Arc<PsockRt>) {
         if self.own.can_lease {
             self.own.lease_try.push(rt.clone());
