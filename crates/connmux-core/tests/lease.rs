@@ -220,6 +220,31 @@ fn a_short_write_on_a_lease_puts_the_rest_first_and_counts_it_once() {
 }
 
 #[test]
+fn chunks_a_lease_gives_back_unwritten_go_first_in_order_and_are_counted_once() {
+    // A backlog of three chunks: 5 bytes of the first went out while lent
+    // (the lease's), a message sent from elsewhere meanwhile waits.
+    let chunks = [[l4(b"first reply"), l4(b"second")].concat(), l4(b"third"), l4(b"fourth")];
+    let (mut m, s, p) = served(1024);
+    let mut lease = m.lease(p, s).unwrap();
+    lease.wrote(0, 5);
+    m.send_msg(s, Some(p), Bytes::from(l4(b"later")), false).unwrap();
+    let unsent = vec![
+        (Bytes::from(chunks[0][5..].to_vec()), 2),
+        (Bytes::from(chunks[1].clone()), 1),
+        (Bytes::new(), 0),
+        (Bytes::from(chunks[2].clone()), 1),
+    ];
+    m.unlease_queued(lease, unsent, T0);
+    let wire = flush(&mut m, p);
+    let all = chunks.concat();
+    assert_eq!(wire, [&all[5..], &l4(b"later")[..]].concat());
+    let st = m.psock_stats(p).unwrap();
+    assert_eq!((st.tx_msgs, st.tx_bytes), (5, (all.len() + l4(b"later").len()) as u64));
+    let sock = m.sock_stats(s).unwrap();
+    assert_eq!((sock.tx_msgs, sock.tx_queued, sock.tx_mem), (5, 0, 0));
+}
+
+#[test]
 fn replies_queued_are_taken_with_the_lease_within_the_room_and_counted_once() {
     // Two sends of replies; a write took all of the first and 5 bytes of
     // the rest, and the connection would block (no chunk out now).

@@ -549,6 +549,22 @@ impl Mux {
         self.kick(p);
     }
 
+    /// [`Mux::unlease`] with replies its holder has not written, `unsent`:
+    /// chunks of whole replies of the lease's socket, in order, the first
+    /// perhaps begun (the bytes of it written were the lease's,
+    /// [`Lease::wrote`]). They go first on the psock's queue as they are
+    /// (no copy into one), each counted as a send of its replies.
+    pub fn unlease_queued(&mut self, lease: Lease, unsent: Vec<(Bytes, u32)>, now: Timestamp) {
+        let (p, s) = (lease.psock, lease.sock);
+        self.unlease(lease, now);
+        for (chunk, msgs) in unsent.into_iter().rev() {
+            if !chunk.is_empty() {
+                self.unsent_first(p, s, chunk, 0, msgs);
+            }
+        }
+        self.kick(p);
+    }
+
     /// Put `chunk` (`msgs` whole replies of socket `s`, of which the first
     /// `sent` bytes went out) first on psock `p`'s queue, charged and
     /// counted as a send of them.

@@ -352,7 +352,15 @@ fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>,
     let want: usize = bufs.slices.iter().map(|b| b.len()).sum();
     let msgs = bufs.slice_msgs.iter().fold(0u32, |a, n| a.saturating_add(*n));
     if bufs.own.leases.get(&p).is_some_and(|l| !l.backlog.is_empty()) {
-        // Behind what waits, as one chunk.
+        if bufs.own.backlog_fits(p, want) {
+            // Behind what waits, each reply slice as it is.
+            for (b, n) in bufs.slices.drain(..).zip(bufs.slice_msgs.drain(..)) {
+                // (All of them fit: none is refused.)
+                let _ = bufs.own.back_up(p, b, n);
+            }
+            return write_backlog(sh, bufs, p, events);
+        }
+        // Past the room: as one chunk, which goes back with the lease.
         let mut all = bytes::BytesMut::with_capacity(want);
         for b in bufs.slices.drain(..) {
             all.extend_from_slice(&b);

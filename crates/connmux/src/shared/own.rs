@@ -104,7 +104,7 @@ impl BacklogRoom {
 ///     │     the connection took all of it           │◄─┘ within room
 ///     │                                             │
 ///     └── (the lease goes back: the chunks first ◄──┘ past room, a failed
-///          on the psock's queue, in one)             write, any give-back
+///          on the psock's queue, as they are)        write, any give-back
 /// ```
 #[derive(Default)]
 pub(crate) struct Backlog {
@@ -159,23 +159,11 @@ impl Backlog {
         done
     }
 
-    /// All of it as one chunk, with its whole replies (for the core's
-    /// queue when the lease goes back). A copy where it is several.
-    fn take_all(&mut self) -> Option<(Bytes, u32)> {
-        let msgs = self.msgs.drain(..).fold(0u32, |a, n| a.saturating_add(n));
+    /// Its chunks with their whole replies, in order, emptied (for the
+    /// core's queue when the lease goes back, as they are).
+    fn take_all(&mut self) -> Vec<(Bytes, u32)> {
         self.bytes = 0;
-        let chunk = match self.chunks.len() {
-            0 => return None,
-            1 => self.chunks.pop_front()?,
-            _ => {
-                let mut all = bytes::BytesMut::with_capacity(self.chunks.iter().map(|c| c.len()).sum());
-                for c in self.chunks.drain(..) {
-                    all.extend_from_slice(&c);
-                }
-                all.freeze()
-            }
-        };
-        Some((chunk, msgs))
+        self.chunks.drain(..).zip(self.msgs.drain(..)).collect()
     }
 }
 
@@ -275,7 +263,7 @@ impl Own {
                 // what its backlog may hold (written first, when the
                 // connection takes more: watched before the next wait). A
                 // quarter: a lease taken nearly full goes back at its next
-                // short write, with a copy of all of it, and a slow reader's
+                // short write, with all of it, and a slow reader's
                 // connection would be lent and given back over and over.
                 let unsent = self.backlog.room_for(&rt) / 4;
                 let held = lane_held(rt.id);
@@ -349,9 +337,9 @@ impl Own {
     /// backlog first on the psock's queue, for the core to write when the
     /// connection takes more (its writability is watched already).
     pub fn return_lease(core: &mut Core, mut l: Leased, now: Timestamp) -> Arc<PsockRt> {
-        match l.backlog.take_all() {
-            None => core.mux.unlease(l.lease, now),
-            Some((chunk, msgs)) => core.mux.unlease_unsent(l.lease, chunk, 0, msgs, now),
+        match l.backlog.is_empty() {
+            true => core.mux.unlease(l.lease, now),
+            false => core.mux.unlease_queued(l.lease, l.backlog.take_all(), now),
         }
         l.rt
     }
@@ -361,20 +349,27 @@ impl Own {
     /// with the lease); `Ok`: whether the backlog was empty before it (the
     /// caller then watches the connection's writability).
     pub fn back_up(&mut self, p: PsockId, chunk: Bytes, msgs: u32) -> Result<bool, Bytes> {
-        let Some(l) = self.leases.get_mut(&p) else { return Err(chunk) };
-        let room = &mut self.backlog;
         let len = chunk.len();
+        let fits = self.backlog_fits(p, len);
+        let Some(l) = self.leases.get_mut(&p) else { return Err(chunk) };
         if len == 0 {
             return Ok(false); // nothing waits
         }
-        // (A TLS psock's records wait in its session, flushed the core's way.)
-        if room.each == 0 || l.rt.tls.is_some() || l.backlog.bytes() + len > room.each || room.held + len > room.total {
+        if !fits {
             return Err(chunk);
         }
-        room.held += len;
+        self.backlog.held += len;
         let was_empty = l.backlog.is_empty();
         l.backlog.push(chunk, msgs);
         Ok(was_empty)
+    }
+
+    /// Whether `len` more bytes fit on lease `p`'s backlog ([`BacklogRoom`]).
+    pub fn backlog_fits(&self, p: PsockId, len: usize) -> bool {
+        let Some(l) = self.leases.get(&p) else { return false };
+        let room = &self.backlog;
+        // (A TLS psock's records wait in its session, flushed the core's way.)
+        room.each > 0 && l.rt.tls.is_none() && l.backlog.bytes() + len <= room.each && room.held + len <= room.total
     }
 
     /// Give back every lease whose kept message's assembly deadline has
