@@ -526,7 +526,7 @@ impl Mux {
         }
         // Replies it took from the queue and its worker never had: back
         // first on the queue, as they were.
-        for (chunk, msgs) in unsent.into_iter().rev() {
+        for (chunk, msgs) in unsent.into_iter().rev().filter(|(c, _)| !c.is_empty()) {
             self.unsent_first(p, s, chunk, 0, msgs);
         }
         self.kick(p);
@@ -554,15 +554,11 @@ impl Mux {
     /// perhaps begun (the bytes of it written were the lease's,
     /// [`Lease::wrote`]). They go first on the psock's queue as they are
     /// (no copy into one), each counted as a send of its replies.
-    pub fn unlease_queued(&mut self, lease: Lease, unsent: Vec<(Bytes, u32)>, now: Timestamp) {
-        let (p, s) = (lease.psock, lease.sock);
+    pub fn unlease_queued(&mut self, mut lease: Lease, unsent: Vec<(Bytes, u32)>, now: Timestamp) {
+        // Behind what it took from the queue and did not write (older):
+        // `unlease` puts them all back.
+        lease.unsent.extend(unsent);
         self.unlease(lease, now);
-        for (chunk, msgs) in unsent.into_iter().rev() {
-            if !chunk.is_empty() {
-                self.unsent_first(p, s, chunk, 0, msgs);
-            }
-        }
-        self.kick(p);
     }
 
     /// Put `chunk` (`msgs` whole replies of socket `s`, of which the first

@@ -183,8 +183,11 @@ pub(crate) fn write_lane_verdicts(
 ) {
     // Replies of a lent read left for later go first.
     flush_deferred(sh, bufs, events);
-    // A psock's verdicts together (a stable sort keeps their order).
-    done.sort_by_key(|d| (d.psock.index, d.psock.generation));
+    // A psock's verdicts together (a stable sort keeps their order); most
+    // often they are all one psock's, and need none.
+    if done.windows(2).any(|w| w[0].psock != w[1].psock) {
+        done.sort_by_key(|d| (d.psock.index, d.psock.generation));
+    }
     let mut cur = None;
     for d in done.drain(..) {
         if let Some(q) = cur.filter(|q| *q != d.psock) {
