@@ -80,6 +80,12 @@ pub(crate) struct BacklogRoom {
 }
 
 impl BacklogRoom {
+    /// Whether `len` more bytes fit on lease `l`'s backlog.
+    fn fits(&self, l: &Leased, len: usize) -> bool {
+        // (A TLS psock's records wait in its session, flushed the core's way.)
+        self.each > 0 && l.rt.tls.is_none() && l.backlog.bytes() + len <= self.each && self.held + len <= self.total
+    }
+
     /// What a new lease of `rt` may hold (0 for a TLS psock).
     fn room_for(&self, rt: &PsockRt) -> usize {
         match rt.tls {
@@ -350,12 +356,11 @@ impl Own {
     /// caller then watches the connection's writability).
     pub fn back_up(&mut self, p: PsockId, chunk: Bytes, msgs: u32) -> Result<bool, Bytes> {
         let len = chunk.len();
-        let fits = self.backlog_fits(p, len);
         let Some(l) = self.leases.get_mut(&p) else { return Err(chunk) };
         if len == 0 {
             return Ok(false); // nothing waits
         }
-        if !fits {
+        if !self.backlog.fits(l, len) {
             return Err(chunk);
         }
         self.backlog.held += len;
@@ -366,10 +371,7 @@ impl Own {
 
     /// Whether `len` more bytes fit on lease `p`'s backlog ([`BacklogRoom`]).
     pub fn backlog_fits(&self, p: PsockId, len: usize) -> bool {
-        let Some(l) = self.leases.get(&p) else { return false };
-        let room = &self.backlog;
-        // (A TLS psock's records wait in its session, flushed the core's way.)
-        room.each > 0 && l.rt.tls.is_none() && l.backlog.bytes() + len <= room.each && room.held + len <= room.total
+        self.leases.get(&p).is_some_and(|l| self.backlog.fits(l, len))
     }
 
     /// Give back every lease whose kept message's assembly deadline has
