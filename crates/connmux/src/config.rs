@@ -230,11 +230,22 @@ pub struct Tuning {
     /// or an echo is a few hundred nanoseconds), well below what a waiting
     /// light request notices. Default 50 µs.
     pub slow_handler: Duration,
+    /// A run of one connection's requests that keeps its worker
+    /// `slow_handler` or longer in all, at this much each or more, counts
+    /// as slow too: a connection with many such requests in flight (a busy
+    /// one, not only one with long requests) holds its worker as long as
+    /// one heavy request does, and its messages are worth spreading over
+    /// the CPUs once each costs well more than crossing to a lane (a copy,
+    /// two queue operations and the verdict's post: about a microsecond
+    /// here). A heavy connection whose requests run at least this long
+    /// stays heavy. Default 10 µs (`docs/performance.md`, "Busy
+    /// connections: many medium requests").
+    pub busy_handler: Duration,
     /// Slow runs in a row (`slow_handler`) that make a connection heavy: one
     /// long run can be a preemption, several in a row are a heavy
     /// connection. Default 3.
     pub slow_hits: u32,
-    /// Short handler runs in a row (under `slow_handler`) after which a heavy
+    /// Short handler runs in a row (under `busy_handler`) after which a heavy
     /// connection leaves its lane and is served by its worker again: many
     /// more than the slow runs that sent it there, so a connection mixing
     /// heavy and light requests does not go back and forth. Default 64.
@@ -261,7 +272,12 @@ pub struct Tuning {
     /// is far behind"). Below it, each reply wakes the worker at once (a
     /// lane with a few requests, such as one beside light connections:
     /// there a worker's bounded sleeps would cost more, see
-    /// `lane_reply_wait`). 0: never quietly. Default 8.
+    /// `lane_reply_wait`). And only while the work queued ahead, at the
+    /// cost of the request just answered, lasts `lane_reply_wait` or
+    /// longer: a lane of short requests (a busy connection's, see
+    /// `busy_handler`) drains before its quiet replies are taken, and its
+    /// takers then wait for the client's next requests. 0: never quietly.
+    /// Default 8.
     pub lane_quiet_from: usize,
     /// How long a worker whose lane posts quietly (`lane_quiet_from`) sleeps
     /// at most, and so how long such a reply may wait for it. Only then: a
@@ -370,6 +386,7 @@ impl Default for Tuning {
             serve_batch: 256,
             coalesce_max: 512,
             slow_handler: Duration::from_micros(50),
+            busy_handler: Duration::from_micros(10),
             slow_hits: 3,
             lane_return_after: 64,
             lane_steal_from: 2,

@@ -5,7 +5,8 @@
 //! A worker that serves in place runs the handler on its own thread, so one
 //! connection whose requests burn the CPU would keep the worker's other
 //! connections waiting behind each request. When the worker finds such a
-//! connection (`Tuning::slow_handler`, `Tuning::slow_hits` runs in a row) it marks it
+//! connection (`Tuning::slow_handler`, `Tuning::slow_hits` runs in a row;
+//! or a busy one, many requests of `Tuning::busy_handler` or more) it marks it
 //! heavy, in its own state (no lock, nothing shared changes), and from then
 //! on offers that connection's messages to its lane instead of running
 //! them (`sync::crew`):
@@ -253,7 +254,8 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
             let _ = connmux_sys::affinity::set_current_thread_slice(sh.lane_slice);
         }
     }
-    let slow = sh.tuning.slow_handler;
+    // A request this long keeps its connection heavy (`Tuning::busy_handler`).
+    let busy = sh.tuning.busy_handler;
     let helper = match ctx.who {
         Taker::Helper(h) => Some(h),
         Taker::Home(_) => None,
@@ -265,6 +267,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         (0, _) | (_, true) => usize::MAX,
         (n, false) => n,
     };
+    let reply_wait_ns = u64::try_from(sh.tuning.lane_reply_wait.as_nanos()).unwrap_or(u64::MAX);
     let mut scratch = BytesMut::new();
     while let Some((lane, job)) = lanes.crew.next(ctx.who, idle) {
         let len = job.data.len();
@@ -282,12 +285,18 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
             v => v,
         };
         let took = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0);
-        let short = Duration::from_nanos(took) < slow;
+        let short = Duration::from_nanos(took) < busy;
         // The worker is woken for the first reply it has not taken yet,
         // unless the lane is far behind: then it takes the reply when it
         // looks next, with those that came meanwhile, and within
         // `lane_reply_wait` if it was asleep (`driver::worker::lane_sleep`).
-        let quiet = lanes.crew.queued(lane) >= quiet_from;
+        // Far behind is in messages and in time: the work queued ahead
+        // (at this one's cost each) lasts at least that wait, so the reply
+        // holds up nothing the lane would get to sooner; a lane of short
+        // requests whose replies waited drained meanwhile and left its
+        // takers idle (the client sends its next requests on the replies).
+        let queued = lanes.crew.queued(lane);
+        let quiet = queued >= quiet_from && (queued as u64).saturating_mul(took) >= reply_wait_ns;
         let done = Done { psock: job.psock, verdict, short, len, quiet, lent: job.lent };
         let wake = match quiet {
             false => lanes.inboxes[lane].post(done),

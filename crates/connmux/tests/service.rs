@@ -345,6 +345,74 @@ fn light_requests_are_not_answered_behind_heavy_ones() {
     svc.shutdown();
 }
 
+/// A busy connection goes to the lane though none of its requests is long:
+/// sixteen at a time of 20 µs of CPU each hold its worker 320 µs a read
+/// (`Tuning::busy_handler`, 10 µs, under `slow_handler`, 50 µs). With the
+/// busy rule off (`busy_handler` at `slow_handler`) the same load stays
+/// with its worker. Replies come back in order either way (one worker: its
+/// lane has one taker). Its lane, up to 15 requests behind, posts no reply
+/// quietly: that is 300 µs of work ahead, less than a reply may wait
+/// (`Tuning::lane_reply_wait`, 1 ms), though more requests than
+/// `lane_quiet_from` (set to 4 here); without the time rule, about 11
+/// replies of each round of 16 would be.
+fn a_busy_connection_of_medium_requests_goes_to_the_lane() {
+    // One at a time: a helper takes only where its CPU has time to spare,
+    // and two heavy-lane tests at once leave each other none.
+    let _alone = serial();
+    for busy_rule in [true, false] {
+        let mux = mux_with(|c| {
+            c.workers = 1;
+            c.tuning.lane_quiet_from = 4;
+            if !busy_rule {
+                c.tuning.busy_handler = c.tuning.slow_handler;
+            }
+        });
+        let svc = heavy_echo(mux, Duration::from_micros(20));
+        let mut c = TcpStream::connect(svc.local_addr()).unwrap();
+        c.set_nodelay(true).unwrap();
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        let req = |i: u32| {
+            let mut body = vec![b'H'];
+            body.extend_from_slice(&i.to_be_bytes());
+            body
+        };
+        // Rounds of 16 requests in one write (one read for the worker, one
+        // run of 320 µs), their replies read before the next: at most 400
+        // rounds; with the rule, until 10 rounds after the move.
+        let (mut seq, mut after_move) = (0u32, 0);
+        for _ in 0..400 {
+            let batch: Vec<u8> = (seq..seq + 16).flat_map(|i| framed(&req(i))).collect();
+            c.write_all(&batch).unwrap();
+            for i in seq..seq + 16 {
+                assert_eq!(read_framed(&mut c), req(i), "reply {i} out of order (busy rule {busy_rule})");
+            }
+            seq += 16;
+            if svc.mux().lane_moves() >= 1 {
+                after_move += 1;
+                if after_move == 10 {
+                    break;
+                }
+            }
+            if !busy_rule && seq >= 100 * 16 {
+                break;
+            }
+        }
+        match busy_rule {
+            true => {
+                assert!(after_move == 10, "the busy connection never went to the lane ({seq} requests)");
+                // (One request that took far longer, preempted by the
+                // machine's host, may look like much work ahead.)
+                let quiet = svc.mux().lane_quiet_replies();
+                assert!(quiet <= 4, "a lane of short requests posted {quiet} replies quietly");
+            }
+            // (The worker's probe reads CPU time: 20 µs each is not slow
+            // however long a preempted run takes by the clock.)
+            false => assert_eq!(svc.mux().lane_moves(), 0, "moved to the lane with the busy rule off"),
+        }
+        svc.shutdown();
+    }
+}
+
 /// A connection heavy for a while goes to the lane, and back to its worker
 /// once its requests run short again; every reply comes back, in order,
 /// through both moves (two in flight, so a request is always waiting).
@@ -739,6 +807,7 @@ on_both_drivers!(
     heavy_connection_goes_to_the_lane,
     light_requests_are_not_answered_behind_heavy_ones,
     connection_light_again_leaves_the_lane,
+    a_busy_connection_of_medium_requests_goes_to_the_lane,
     a_worker_beside_a_busy_lane_runs_in_long_slices
 );
 

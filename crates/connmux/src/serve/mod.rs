@@ -107,7 +107,20 @@ struct Limits {
     /// `Tuning::slow_handler` in nanoseconds: compared on every run, where
     /// making and comparing a `Duration` shows in a light call's cost.
     slow_handler_ns: u64,
+    /// `Tuning::busy_handler` in nanoseconds.
+    busy_handler_ns: u64,
     slow_hits: u32,
+}
+
+impl Limits {
+    /// Whether a run of `n` requests of one connection that took `each`
+    /// nanoseconds apiece counts as slow: one long request, or a busy run
+    /// (`Tuning::busy_handler`).
+    #[inline]
+    fn slow(&self, each: u64, n: usize) -> bool {
+        each >= self.slow_handler_ns
+            || (each >= self.busy_handler_ns && each.saturating_mul(n as u64) >= self.slow_handler_ns)
+    }
 }
 
 impl From<&Tuning> for Limits {
@@ -116,6 +129,7 @@ impl From<&Tuning> for Limits {
             serve_batch: t.serve_batch,
             coalesce_max: t.coalesce_max,
             slow_handler_ns: u64::try_from(t.slow_handler.as_nanos()).unwrap_or(u64::MAX),
+            busy_handler_ns: u64::try_from(t.busy_handler.as_nanos()).unwrap_or(u64::MAX),
             slow_hits: t.slow_hits,
         }
     }
@@ -273,20 +287,21 @@ impl ServeBufs {
     }
 
     /// Note how long a run of `n` requests of `psock` took: slow when their
-    /// mean is (one clock reading per run, not per request).
+    /// mean is, or when the run was busy ([`Limits::slow`]; one clock
+    /// reading per run, not per request).
     #[inline]
     fn timed_run(&mut self, psock: PsockId, t0: u64, n: usize) -> bool {
-        let each = since(t0) / n.max(1) as u64;
-        self.note_time(psock, each)
+        let n = n.max(1);
+        self.note_time(psock, since(t0) / n as u64, n)
     }
 
     fn timed_slow(&mut self, psock: PsockId, t0: u64) -> bool {
-        self.note_time(psock, since(t0))
+        self.note_time(psock, since(t0), 1)
     }
 
-    /// A run took `took_ns` per request.
-    fn note_time(&mut self, psock: PsockId, took_ns: u64) -> bool {
-        if took_ns >= self.limits.slow_handler_ns {
+    /// A run of `n` requests took `each_ns` per request.
+    fn note_time(&mut self, psock: PsockId, each_ns: u64, n: usize) -> bool {
+        if self.limits.slow(each_ns, n) {
             if self.slow_hits.len() >= 4096 {
                 self.slow_hits.clear();
             }
@@ -371,13 +386,14 @@ impl ServeBufs {
         (self.probe == Some(psock)).then(connmux_sys::clock::thread_cpu_nanos)
     }
 
-    /// After that run of `n` requests: heavy if they took
-    /// `Tuning::slow_handler` of CPU each, else it was the clock (preemption).
+    /// After that run of `n` requests: heavy if they were slow in CPU time
+    /// ([`Limits::slow`]), else it was the clock (preemption).
     fn probe_end(&mut self, psock: PsockId, cpu0: Option<u64>, n: usize) {
         let Some(cpu0) = cpu0 else { return };
         self.probe = None;
-        let each = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0) / n.max(1) as u64;
-        if each >= self.limits.slow_handler_ns {
+        let n = n.max(1);
+        let each = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0) / n as u64;
+        if self.limits.slow(each, n) {
             self.slow.get_or_insert(psock);
         } else {
             self.slow_hits.remove(&psock);
@@ -785,7 +801,7 @@ pub(crate) fn take_done(
 
 #[cfg(test)]
 mod tests {
-    use super::{ServeBufs, LIGHT_SLEEPS, SUSPECT_RUNS, TIME_EVERY};
+    use super::{Limits, ServeBufs, LIGHT_SLEEPS, SUSPECT_RUNS, TIME_EVERY};
     use connmux_core::mux::PsockId;
 
     /// About one in `TIME_EVERY` of `n` runs (the generator is seeded: the
@@ -805,16 +821,31 @@ mod tests {
         assert!(about_one_in_four(t, 4096), "{t} of 4096 timed");
         let p = PsockId { index: 1, generation: 1 };
         let slow = b.limits.slow_handler_ns;
-        assert!(b.note_time(p, slow), "a run at the threshold is slow");
+        assert!(b.note_time(p, slow, 1), "a run at the threshold is slow");
         assert_eq!(timed(&mut b, 100), 100, "every run timed while a connection looks slow");
-        assert!(!b.note_time(p, 0), "a fast run of it clears it");
+        assert!(!b.note_time(p, 0, 1), "a fast run of it clears it");
         let t = timed(&mut b, 4096);
         assert!(about_one_in_four(t, 4096), "{t} of 4096 timed again");
         // A suspect never seen again (closed) is forgotten after SUSPECT_RUNS.
-        b.note_time(p, slow);
+        b.note_time(p, slow, 1);
         assert_eq!(timed(&mut b, usize::from(SUSPECT_RUNS)), usize::from(SUSPECT_RUNS));
         let t = timed(&mut b, 4096);
         assert!(about_one_in_four(t, 4096), "{t} of 4096 timed after");
+    }
+
+    /// A run is slow for one long request or for many medium ones that
+    /// hold the worker as long; many light ones never are.
+    #[test]
+    fn a_busy_run_of_medium_requests_counts_as_slow_and_a_run_of_light_ones_does_not() {
+        let l = Limits::default();
+        let (slow, busy) = (l.slow_handler_ns, l.busy_handler_ns);
+        assert!(busy < slow, "the defaults: a busy request is shorter than a slow one");
+        assert!(l.slow(slow, 1), "one long request");
+        assert!(!l.slow(busy, 1), "one medium request alone");
+        let fill = usize::try_from(slow.div_ceil(busy)).unwrap();
+        assert!(l.slow(busy, fill), "medium requests holding the worker {slow} ns in all");
+        assert!(!l.slow(busy, fill - 1), "medium requests holding it less");
+        assert!(!l.slow(busy - 1, 10_000), "requests under busy_handler, however many");
     }
 
     /// A worker counts as serving light connections for `LIGHT_SLEEPS`

@@ -103,6 +103,11 @@ pub struct LaneArgs {
     /// one CPU.
     #[arg(long)]
     pub lane_in_order: bool,
+    /// CPU time from which a busy run's requests count as slow,
+    /// microseconds (`Tuning::busy_handler`; at `Tuning::slow_handler`,
+    /// 50, or above, only long requests make a connection heavy).
+    #[arg(long, default_value_t = connmux::Tuning::default().busy_handler.as_micros() as u64)]
+    pub busy_us: u64,
     /// Every read through connmux's shared core (`Tuning::lease` off), for
     /// comparisons.
     #[arg(long)]
@@ -119,6 +124,7 @@ impl LaneArgs {
         c.tuning.lane_quiet_from = self.lane_quiet_from;
         c.tuning.lane_reply_wait = Duration::from_micros(self.lane_reply_wait_us);
         c.lane_in_order = self.lane_in_order;
+        c.tuning.busy_handler = Duration::from_micros(self.busy_us);
         c.tuning.lease = !self.no_lease;
     }
 
@@ -131,6 +137,7 @@ impl LaneArgs {
             ("--lane-steal-from", self.lane_steal_from.to_string()),
             ("--lane-quiet-from", self.lane_quiet_from.to_string()),
             ("--lane-reply-wait-us", self.lane_reply_wait_us.to_string()),
+            ("--busy-us", self.busy_us.to_string()),
         ]
         .into_iter()
         .flat_map(|(k, v)| [k.to_owned(), v])
@@ -748,6 +755,7 @@ mod tests {
             lane_quiet_from: 0,
             lane_reply_wait_us: 89,
             lane_in_order: true,
+            busy_us: 33,
             no_lease: true,
         };
         let argv = std::iter::once("uneven-server".to_owned()).chain(given.to_args());
