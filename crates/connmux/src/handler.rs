@@ -220,7 +220,8 @@ pub(crate) struct Job {
 pub(crate) struct Done {
     pub psock: PsockId,
     pub verdict: Verdict,
-    /// The handler ran shorter than `Tuning::busy_handler`.
+    /// The handler ran shorter than `Tuning::busy_handler` (its taker's CPU
+    /// time since its last message).
     pub short: bool,
     /// The request's length (the offering worker counts what its lane holds).
     pub len: usize,

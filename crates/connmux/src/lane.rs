@@ -269,14 +269,30 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
     };
     let reply_wait_ns = u64::try_from(sh.tuning.lane_reply_wait.as_nanos()).unwrap_or(u64::MAX);
     let mut scratch = BytesMut::new();
-    while let Some((lane, job)) = lanes.crew.next(ctx.who, idle) {
+    // This thread's CPU time when it began its message: CPU time, not the
+    // clock, because a helper runs in its CPU's spare time and may be
+    // preempted for long in the middle of a short request. Read once a
+    // message where one follows another (the end of one is the start of
+    // the next, with the post between them: a system call is ~0.8 µs on the
+    // machines of `docs/performance.md`, 4% of a 20 µs request), and again
+    // after a wait: a park and its wake-up cost several µs of CPU, which
+    // would make every light request of a lane that keeps up look busy.
+    let mut cpu_mark = connmux_sys::clock::thread_cpu_nanos();
+    loop {
+        let (lane, job) = match lanes.crew.try_next(ctx.who) {
+            Some(next) => next,
+            None => match lanes.crew.next(ctx.who, idle) {
+                Some(next) => {
+                    cpu_mark = connmux_sys::clock::thread_cpu_nanos();
+                    next
+                }
+                None => break,
+            },
+        };
         let len = job.data.len();
         if scratch.capacity() - scratch.len() < SCRATCH_LOW {
             scratch.reserve(SCRATCH_CHUNK);
         }
-        // CPU time, not the clock: a helper runs in its CPU's spare time and
-        // may be preempted for long in the middle of a short request.
-        let cpu0 = connmux_sys::clock::thread_cpu_nanos();
         // (A helper also reads the clock: did its message wait?)
         let wall0 = helper.map(|_| connmux_sys::clock::now_nanos());
         let verdict = match handler.handle(job.data, job.psock, &mut scratch) {
@@ -284,7 +300,8 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
             Verdict::Appended => Verdict::NoReply,
             v => v,
         };
-        let took = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0);
+        let cpu = connmux_sys::clock::thread_cpu_nanos();
+        let took = cpu.saturating_sub(std::mem::replace(&mut cpu_mark, cpu));
         let short = Duration::from_nanos(took) < busy;
         // The worker is woken for the first reply it has not taken yet,
         // unless the lane is far behind: then it takes the reply when it

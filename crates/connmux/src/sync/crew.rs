@@ -142,6 +142,15 @@ impl<T> Crew<T> {
         Ok(())
     }
 
+    /// A taker: the next message for it now, with the lane it came from,
+    /// if there is one (no wait).
+    pub fn try_next(&self, who: Taker) -> Option<(usize, T)> {
+        if self.stop.load(Ordering::Acquire) {
+            return None;
+        }
+        self.take(who)
+    }
+
     /// A taker: the next message for it, with the lane it came from; waits
     /// (parked, at most `idle` per look) while there is none. `None` once
     /// [`Crew::stop`] was called.
