@@ -236,12 +236,11 @@ pub struct Tuning {
     /// one, not only one with long requests) holds its worker as long as
     /// one heavy request does, and its messages are worth spreading over
     /// the CPUs once each costs well more than crossing to a lane (a copy,
-    /// two queue operations and the verdict's post: about a microsecond
-    /// here). A heavy connection whose requests run at least this long
+    /// two queue operations, the verdict's post and often a wake-up). A heavy connection whose requests run at least this long
     /// stays heavy. Default 10 µs (`docs/performance.md`, "Busy
     /// connections: many medium requests").
     pub busy_handler: Duration,
-    /// Slow runs in a row (`slow_handler`) that make a connection heavy: one
+    /// Slow runs in a row (`slow_handler`, `busy_handler`) that make a connection heavy: one
     /// long run can be a preemption, several in a row are a heavy
     /// connection. Default 3.
     pub slow_hits: u32,
