@@ -102,7 +102,7 @@ pub fn format_mux_stats(mux: &Mux) -> String {
     let p = &st.psock;
     let mut out = mux.proc_kcm_stats();
     out.push('\n');
-    let pairs: [(&str, u64); 30] = [
+    let pairs: [(&str, u64); 33] = [
         ("rx_msgs", st.rx_msgs),
         ("rx_bytes", st.rx_bytes),
         ("tx_msgs", st.tx_msgs),
@@ -133,6 +133,11 @@ pub fn format_mux_stats(mux: &Mux) -> String {
         ("leases", st.leases),
         ("lease_returns", st.lease_returns),
         ("lease_backlogs", st.lease_backlogs),
+        // Connections found heavy or busy and moved to a heavy lane, back
+        // with their workers, and lane replies posted without a wake-up.
+        ("lane_moves", mux.lane_moves()),
+        ("lane_returns", mux.lane_returns()),
+        ("lane_quiet_replies", mux.lane_quiet_replies()),
     ];
     for (k, v) in pairs {
         out.push_str(&format!("{k}={v}\n"));
