@@ -250,6 +250,21 @@ fn heavy_echo_counted(mux: connmux::Mux, burn: Duration, done: Arc<std::sync::at
     l4_service(mux, handler)
 }
 
+/// A client of [`heavy_echo`]: no Nagle delay, reads bounded by `WAIT`.
+fn heavy_client(addr: std::net::SocketAddr) -> TcpStream {
+    let c = TcpStream::connect(addr).unwrap();
+    c.set_nodelay(true).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    c
+}
+
+/// Heavy request `i` for [`heavy_echo`] (its echo is the same bytes).
+fn heavy_request(i: u32) -> Vec<u8> {
+    let mut body = vec![b'H'];
+    body.extend_from_slice(&i.to_be_bytes());
+    body
+}
+
 /// A connection whose requests take long (300 µs of CPU each) is handed to
 /// the heavy lanes, the others stay; every client still gets every reply,
 /// once, for its own requests (the light ones in order).
@@ -368,14 +383,8 @@ fn a_busy_connection_of_medium_requests_goes_to_the_lane() {
             }
         });
         let svc = heavy_echo(mux, Duration::from_micros(20));
-        let mut c = TcpStream::connect(svc.local_addr()).unwrap();
-        c.set_nodelay(true).unwrap();
-        c.set_read_timeout(Some(WAIT)).unwrap();
-        let req = |i: u32| {
-            let mut body = vec![b'H'];
-            body.extend_from_slice(&i.to_be_bytes());
-            body
-        };
+        let mut c = heavy_client(svc.local_addr());
+        let req = heavy_request;
         // Rounds of 16 requests in one write (one read for the worker, one
         // run of 320 µs), their replies read before the next: at most 400
         // rounds; with the rule, until 10 rounds after the move.
@@ -559,14 +568,8 @@ fn one_heavy_connection_runs_on_two_cpus_at_once() {
     let runs = Arc::new(LaneRuns::default());
     let Some(svc) = recording_heavy_echo(Duration::from_millis(1), false, runs.clone()) else { return };
     let jiffies = cpu_jiffies();
-    let mut c = TcpStream::connect(svc.local_addr()).unwrap();
-    c.set_nodelay(true).unwrap();
-    c.set_read_timeout(Some(WAIT)).unwrap();
-    let req = |i: u32| {
-        let mut body = vec![b'H'];
-        body.extend_from_slice(&i.to_be_bytes());
-        body
-    };
+    let mut c = heavy_client(svc.local_addr());
+    let req = heavy_request;
     const MAX: u32 = 5_000;
     let mut answered = vec![false; MAX as usize];
     let deadline = std::time::Instant::now() + WAIT;
