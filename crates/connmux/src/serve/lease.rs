@@ -357,10 +357,8 @@ fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>,
     if bufs.own.leases.get(&p).is_some_and(|l| !l.backlog.is_empty()) {
         if bufs.own.backlog_fits(p, want) {
             // Behind what waits, each reply slice as it is.
-            for (b, n) in bufs.slices.drain(..).zip(bufs.slice_msgs.drain(..)) {
-                // (All of them fit: none is refused.)
-                let _ = bufs.own.back_up(p, b, n);
-            }
+            let slices = bufs.slices.drain(..).zip(bufs.slice_msgs.drain(..));
+            bufs.own.back_up_all(p, want, slices);
             return write_backlog(sh, bufs, p, events);
         }
         // Past the room: as one chunk, which goes back with the lease.

@@ -369,6 +369,18 @@ impl Own {
         Ok(was_empty)
     }
 
+    /// Queue `chunks` (`len` bytes in all, which [`Own::backlog_fits`]
+    /// said fit) on lease `p`'s backlog, each as it is: one look-up for
+    /// them all.
+    pub fn back_up_all(&mut self, p: PsockId, len: usize, chunks: impl Iterator<Item = (Bytes, u32)>) {
+        let Some(l) = self.leases.get_mut(&p) else { return };
+        debug_assert!(self.backlog.fits(l, len), "checked by the caller");
+        self.backlog.held += len;
+        for (chunk, msgs) in chunks {
+            l.backlog.push(chunk, msgs);
+        }
+    }
+
     /// Whether `len` more bytes fit on lease `p`'s backlog ([`BacklogRoom`]).
     pub fn backlog_fits(&self, p: PsockId, len: usize) -> bool {
         self.leases.get(&p).is_some_and(|l| self.backlog.fits(l, len))
