@@ -152,7 +152,8 @@ impl KcmSocket {
             SockImp::Kernel(k) => k.set_nonblocking(nb),
         }
     }
-    /// SO_RCVTIMEO for blocking receives (`None`: wait forever).
+    /// SO_RCVTIMEO for blocking receives (`None`: wait forever), counted from
+    /// the call's first wait.
     pub fn set_read_timeout(&self, t: Option<Duration>) {
         match &self.imp {
             SockImp::User(rt) => *rt.rcvtimeo.lock().unwrap() = t,
@@ -160,7 +161,8 @@ impl KcmSocket {
             SockImp::Kernel(k) => drop(k.set_read_timeout(t)),
         }
     }
-    /// SO_SNDTIMEO for blocking sends (`None`: wait forever).
+    /// SO_SNDTIMEO for blocking sends (`None`: wait forever), counted from the
+    /// call's first wait.
     pub fn set_write_timeout(&self, t: Option<Duration>) {
         match &self.imp {
             SockImp::User(rt) => *rt.sndtimeo.lock().unwrap() = t,
@@ -225,11 +227,20 @@ impl KcmSocket {
         r
     }
 
-    /// Wait until `ready` is set, honouring non-blocking mode and the timeout.
-    fn wait(rt: &SockRt, ready: &Ready, deadline: Option<Instant>, spin: Duration) -> io::Result<()> {
+    /// Wait until `ready` is set, honouring non-blocking mode and the timeout
+    /// (`timeo`). The call's deadline is set by its first wait: a call that
+    /// finds what it wants reads no clock and takes no timeout lock.
+    fn wait(
+        rt: &SockRt,
+        ready: &Ready,
+        timeo: &Mutex<Option<Duration>>,
+        deadline: &mut Option<Option<Instant>>,
+        spin: Duration,
+    ) -> io::Result<()> {
         if rt.nonblocking.load(Ordering::Relaxed) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
+        let deadline = *deadline.get_or_insert_with(|| Self::deadline(timeo));
         if !spin.is_zero() {
             // Spin briefly, then sleep: a message that comes within `spin`
             // is taken without the wake-up (see `Config::recv_spin`).
@@ -271,7 +282,7 @@ impl KcmSocket {
         mut attempt: impl FnMut(&mut crate::shared::Core) -> Result<T, MuxError>,
     ) -> io::Result<T> {
         let sh = self.mux.shared();
-        let deadline = Self::deadline(&rt.rcvtimeo);
+        let mut deadline = None;
         let mut events = Vec::new();
         loop {
             let r = {
@@ -291,7 +302,7 @@ impl KcmSocket {
                 sh.dispatch(&mut events, &mut Ctx::App);
             }
             match r {
-                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.rx, deadline, sh.recv_spin)?,
+                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.rx, &rt.rcvtimeo, &mut deadline, sh.recv_spin)?,
                 other => return other.map_err(io_err),
             }
         }
@@ -372,7 +383,7 @@ impl KcmSocket {
         mut attempt: impl FnMut(&mut connmux_core::mux::Mux) -> Result<usize, MuxError>,
     ) -> io::Result<usize> {
         let sh = self.mux.shared();
-        let deadline = Self::deadline(&rt.sndtimeo);
+        let mut deadline = None;
         let mut events = Vec::new();
         loop {
             let r = {
@@ -390,7 +401,7 @@ impl KcmSocket {
                 sh.dispatch(&mut events, &mut Ctx::App);
             }
             match r {
-                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.tx, deadline, Duration::ZERO)?,
+                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.tx, &rt.sndtimeo, &mut deadline, Duration::ZERO)?,
                 other => return other.map_err(io_err),
             }
         }
