@@ -207,10 +207,11 @@ fn a_send_to_a_leased_psock_waits_whole_and_asks_for_the_lease_back() {
 #[test]
 fn a_short_write_on_a_lease_puts_the_rest_first_and_counts_it_once() {
     let (mut m, s, p) = served(1024);
-    let lease = m.lease(p, s).unwrap();
+    let mut lease = m.lease(p, s).unwrap();
     let replies: Vec<u8> = [l4(b"first reply"), l4(b"second")].concat();
     // 5 bytes went out; a send from elsewhere comes after the rest.
-    m.unlease_unsent(lease, Bytes::from(replies.clone()), 5, 2, T0);
+    lease.wrote(0, 5);
+    m.unlease_queued(lease, vec![(Bytes::from(replies[5..].to_vec()), 2)], T0);
     m.send_msg(s, Some(p), Bytes::from(l4(b"later")), false).unwrap();
     let wire = flush(&mut m, p);
     assert_eq!(wire, [&replies[5..], &l4(b"later")[..]].concat());
@@ -371,7 +372,8 @@ fn a_write_that_fails_midway_on_a_lease_counts_what_went_out_and_drops_only_the_
     let (mut m, s, p) = served(1024);
     let mut lease = m.lease(p, s).unwrap();
     lease.wrote(1, first.len());
-    m.unlease_unsent(lease, Bytes::from(rest.clone()), sent, 2, T0);
+    lease.wrote(0, sent);
+    m.unlease_queued(lease, vec![(Bytes::from(rest[sent..].to_vec()), 2)], T0);
     m.tx_failed(p, EPIPE);
     let evs = events(&mut m);
     let failed = Event::PsockFailed(p, connmux_core::mux::PsockError::Tx(EPIPE));

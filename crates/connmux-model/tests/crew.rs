@@ -22,6 +22,13 @@ use std::time::Duration;
 
 const IDLE: Duration = Duration::from_secs(1);
 
+/// A taker's next message as the lane threads ask for it
+/// (`connmux::lane`): a look without a wait, then a wait whose sleep is
+/// announced before each look.
+fn next(crew: &Crew<u32>, who: Taker) -> Option<(usize, u32)> {
+    crew.try_next(who).or_else(|| crew.wait_next(who, IDLE))
+}
+
 /// How a worker sleeps before each pass.
 #[derive(Clone, Copy)]
 enum Sleeps {
@@ -65,7 +72,7 @@ fn an_offer_wakes_the_lanes_home_thread() {
         let crew = Arc::new(Crew::new(1, 4, 0, 2));
         let home = {
             let crew = crew.clone();
-            thread::spawn(move || crew.next(Taker::Home(0), IDLE))
+            thread::spawn(move || next(&crew, Taker::Home(0)))
         };
         crew.offer(0, 7u32).unwrap();
         assert_eq!(home.join().unwrap(), Some((0, 7)));
@@ -88,7 +95,7 @@ fn home_and_helper_take_each_message_once() {
             .map(|who| {
                 let (crew, taken, count) = (crew.clone(), taken.clone(), count.clone());
                 thread::spawn(move || {
-                    while let Some((lane, m)) = crew.next(who, IDLE) {
+                    while let Some((lane, m)) = next(&crew, who) {
                         assert_eq!(lane, 0);
                         taken.lock().unwrap().push(m);
                         count.fetch_add(1, Ordering::AcqRel);
@@ -153,7 +160,7 @@ fn stop_ends_sleeping_takers() {
             .into_iter()
             .map(|who| {
                 let crew = crew.clone();
-                thread::spawn(move || crew.next(who, IDLE))
+                thread::spawn(move || next(&crew, who))
             })
             .collect();
         let scout = {
@@ -178,7 +185,7 @@ fn the_scout_wakes_a_helper_once_its_cpu_has_time() {
         let crew = Arc::new(Crew::<u32>::new(2, 4, 2, 2));
         let helper = {
             let crew = crew.clone();
-            thread::spawn(move || crew.next(Taker::Helper(1), IDLE))
+            thread::spawn(move || next(&crew, Taker::Helper(1)))
         };
         let scout = {
             let crew = crew.clone();

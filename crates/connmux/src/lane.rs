@@ -281,7 +281,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
     loop {
         let (lane, job) = match lanes.crew.try_next(ctx.who) {
             Some(next) => next,
-            None => match lanes.crew.next(ctx.who, idle) {
+            None => match lanes.crew.wait_next(ctx.who, idle) {
                 Some(next) => {
                     cpu_mark = connmux_sys::clock::thread_cpu_nanos();
                     next

@@ -12,7 +12,7 @@
 //!            lease takes), steered to s (affinity), s's queue empty
 //!   Owned ────────────────────────────────────────────────► Leased
 //!     ▲                                                       │
-//!     │ unlease / unlease_unsent (the worker: a message too   │ anything else touches p
+//!     │ unlease / unlease_queued (the worker: a message too   │ anything else touches p
 //!     │ large or bad to keep, a short write, an end of        │ (a send queued on it, unattach,
 //!     │ stream, a close, a heavy connection's cut read, a     │ an abort, a steering change):
 //!     │ kept message's deadline); what the lease kept is fed  │ revoked, PsockLeaseRevoked(p) once
@@ -527,33 +527,19 @@ impl Mux {
         // Replies it took from the queue and its worker never had: back
         // first on the queue, as they were.
         for (chunk, msgs) in unsent.into_iter().rev().filter(|(c, _)| !c.is_empty()) {
-            self.unsent_first(p, s, chunk, 0, msgs);
+            self.unsent_first(p, s, chunk, msgs);
         }
-        self.kick(p);
-    }
-
-    /// [`Mux::unlease`] after a write that took only `sent` bytes of
-    /// `chunk` (`msgs` whole replies to the lease's socket): the rest goes
-    /// first on the psock's queue, charged and counted as a send of them,
-    /// for the driver to write when the connection takes more. `chunk` is
-    /// only what did not go out whole: replies written whole before it are
-    /// the lease's ([`Lease::wrote`]). A write that failed is then
-    /// [`Mux::tx_failed`], which drops the rest as any addressed message.
-    pub fn unlease_unsent(&mut self, lease: Lease, chunk: Bytes, sent: usize, msgs: u32, now: Timestamp) {
-        let (p, s) = (lease.psock, lease.sock);
-        self.unlease(lease, now);
-        if sent >= chunk.len() || msgs == 0 {
-            return;
-        }
-        self.unsent_first(p, s, chunk, sent, msgs);
         self.kick(p);
     }
 
     /// [`Mux::unlease`] with replies its holder has not written, `unsent`:
     /// chunks of whole replies of the lease's socket, in order, the first
-    /// perhaps begun (the bytes of it written were the lease's,
-    /// [`Lease::wrote`]). They go first on the psock's queue as they are
-    /// (no copy into one), each counted as a send of its replies.
+    /// perhaps begun (after a short write: the bytes of it written were the
+    /// lease's, [`Lease::wrote`]). They go first on the psock's queue as
+    /// they are (no copy into one), each counted as a send of its replies,
+    /// for the driver to write when the connection takes more. A write that
+    /// failed is then [`Mux::tx_failed`], which drops them as any addressed
+    /// message.
     pub fn unlease_queued(&mut self, mut lease: Lease, unsent: Vec<(Bytes, u32)>, now: Timestamp) {
         // Behind what it took from the queue and did not write (older):
         // `unlease` puts them all back.
@@ -561,20 +547,19 @@ impl Mux {
         self.unlease(lease, now);
     }
 
-    /// Put `chunk` (`msgs` whole replies of socket `s`, of which the first
-    /// `sent` bytes went out) first on psock `p`'s queue, charged and
-    /// counted as a send of them.
-    fn unsent_first(&mut self, p: PsockId, s: SockId, chunk: Bytes, sent: usize, msgs: u32) {
+    /// Put `chunk` (`msgs` whole replies of socket `s`, none of its bytes
+    /// written) first on psock `p`'s queue, charged and counted as a send
+    /// of them.
+    fn unsent_first(&mut self, p: PsockId, s: SockId, chunk: Bytes, msgs: u32) {
         let Mux { psocks, socks, .. } = self;
         let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
         let Some(sock) = socks.get_mut(s.index, s.generation) else { return };
         let len = chunk.len();
-        // Counted as `send_msgs_to` counts them, with the sent part done.
+        // Counted as `send_msgs_to` counts them.
         sock.charge(len, msgs);
         ps.tx_addr_bytes += len;
         ps.tx_placed += u64::from(msgs);
-        ps.stats.tx_bytes += sent as u64;
-        ps.tx_queue.push_front(super::TxMsg { data: chunk, sent, owner: s, addressed: true, balanced: false, msgs });
+        ps.tx_queue.push_front(super::TxMsg { data: chunk, sent: 0, owner: s, addressed: true, balanced: false, msgs });
     }
 
     /// Whether psock `p` is lent to its worker now.

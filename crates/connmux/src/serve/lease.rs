@@ -154,11 +154,7 @@ pub(crate) fn serve_leased(
     // (Replies left for later are in the run and `outs`: they go first.)
     bufs.deferred = None;
     bufs.end_run();
-    if behind || !bufs.outs.iter().all(|o| matches!(o, Out::Replies(q, ..) if *q == p)) {
-        // Revoked, or a close: the psock is the core's again before
-        // anything else (`unlease` takes this read's counts back with it).
-        bufs.own.give_back(sh, p, started, events);
-        send_outs(sh, sv, bufs, events, dirty, None);
+    if !outs_stay_lent(sh, sv, bufs, p, started, events, dirty) {
         return Ok(());
     }
     match out {
@@ -213,19 +209,45 @@ fn write_verdicts(
     dirty: &mut Vec<Arc<PsockRt>>,
 ) {
     bufs.end_run();
-    let rt = match bufs.own.leases.get(&p) {
-        Some(l) if !revoked(&l.rt) && bufs.outs.iter().all(|o| matches!(o, Out::Replies(..))) => l.rt.clone(),
-        Some(_) => {
-            bufs.own.give_back(sh, p, connmux_sys::clock::now_nanos(), events);
-            return send_outs(sh, sv, bufs, events, dirty, None);
-        }
-        None => return send_outs(sh, sv, bufs, events, dirty, None),
-    };
+    if !outs_stay_lent(sh, sv, bufs, p, connmux_sys::clock::now_nanos(), events, dirty) {
+        return;
+    }
+    let Some(rt) = bufs.own.leases.get(&p).map(|l| l.rt.clone()) else { return };
     let out = match &rt.tls {
         Some(tls) => LentOut::Tls(&rt, tls),
         None => LentOut::Plain(rt.fd()),
     };
     write_outs(sh, bufs, p, out, events);
+}
+
+/// Whether the replies in `bufs.outs` (the run ended), all psock `p`'s,
+/// are written on its lease: it is here, not revoked (a message sent from
+/// elsewhere waits on the psock's queue, and these go behind it), and
+/// none of them is a close. Otherwise the psock is the core's again before
+/// anything else (`unlease` takes the lease's counts back with it) and
+/// they are queued the core's way.
+fn outs_stay_lent(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    p: PsockId,
+    at: u64,
+    events: &mut Vec<Event>,
+    dirty: &mut Vec<Arc<PsockRt>>,
+) -> bool {
+    let lent = match bufs.own.leases.get(&p) {
+        Some(l) => !revoked(&l.rt),
+        None => {
+            send_outs(sh, sv, bufs, events, dirty, None);
+            return false;
+        }
+    };
+    if lent && bufs.outs.iter().all(|o| matches!(o, Out::Replies(q, ..) if *q == p)) {
+        return true;
+    }
+    bufs.own.give_back(sh, p, at, events);
+    send_outs(sh, sv, bufs, events, dirty, None);
+    false
 }
 
 /// Write the replies in `bufs.outs`, all of lent psock `p`, at once.
@@ -461,20 +483,13 @@ fn lease_short(
         }
     }
     let Some(mut l) = bufs.own.take_lease(p) else { return };
+    // The written part is the lease's; the rest goes behind what earlier
+    // writes left, all of it first on the psock's queue.
+    l.lease.wrote(0, unsent.sent);
+    l.backlog.push(unsent.chunk.slice(unsent.sent..), unsent.msgs);
     let now = sh.now();
     let mut core = sh.lock();
-    let rt = match l.backlog.is_empty() {
-        true => {
-            core.mux.unlease_unsent(l.lease, unsent.chunk, unsent.sent, unsent.msgs, now);
-            l.rt
-        }
-        // Behind what an earlier write left: all of it on the queue.
-        false => {
-            l.lease.wrote(0, unsent.sent);
-            l.backlog.push(unsent.chunk.slice(unsent.sent..), unsent.msgs);
-            Own::return_lease(&mut core, l, now)
-        }
-    };
+    let rt = Own::return_lease(&mut core, l, now);
     if let Some(errno) = failed {
         core.mux.tx_failed(p, errno);
     }

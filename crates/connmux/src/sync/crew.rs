@@ -20,7 +20,7 @@
 //! pair: each side writes, fences, then reads the other's variable):
 //!
 //! ```text
-//!  worker (offer)                 taker (next)
+//!  worker (offer)                 taker (wait_next)
 //!  lane.push(job)                 sleeping.swap(true)
 //!  fence(SeqCst)                  fence(SeqCst)
 //!  if sleeping.swap(false):       if let Some(job) = take(): sleeping.swap(false); run it
@@ -151,19 +151,14 @@ impl<T> Crew<T> {
         self.take(who)
     }
 
-    /// A taker: the next message for it, with the lane it came from; waits
-    /// (parked, at most `idle` per look) while there is none. `None` once
-    /// [`Crew::stop`] was called.
-    pub fn next(&self, who: Taker, idle: Duration) -> Option<(usize, T)> {
+    /// A taker whose [`Crew::try_next`] found nothing: the next message for
+    /// it, with the lane it came from; waits (parked, at most `idle` per
+    /// look) while there is none, its sleep announced before each look.
+    /// `None` once [`Crew::stop`] was called.
+    pub fn wait_next(&self, who: Taker, idle: Duration) -> Option<(usize, T)> {
         let me = self.sleeper(who);
         me.thread.set_current();
         loop {
-            if self.stop.load(Ordering::Acquire) {
-                return None;
-            }
-            if let Some(got) = self.take(who) {
-                return Some(got);
-            }
             me.sleeping.swap(true, Ordering::AcqRel);
             fence(Ordering::SeqCst);
             if self.stop.load(Ordering::Acquire) {
@@ -275,7 +270,7 @@ impl<T> Crew<T> {
         }
     }
 
-    /// End every taker's [`Crew::next`] (what is still queued is dropped
+    /// End every taker's [`Crew::wait_next`] (what is still queued is dropped
     /// with the crew).
     pub fn stop(&self) {
         self.stop.swap(true, Ordering::AcqRel);
