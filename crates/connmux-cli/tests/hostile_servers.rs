@@ -326,6 +326,55 @@ fn half_close_gets_every_reply(service: Service, driver: &str, n: u32) {
     assert!(done.load(Ordering::Relaxed) > 0, "{service:?}/{driver}: the good client got no reply");
 }
 
+/// Many half-closing clients at once, each round a new connection of `n`
+/// pipelined requests, beside a good client: every round gets every reply,
+/// then FIN. The service lets each connection go once it is drained; a
+/// reaper that reset such a connection before its worker released it threw
+/// away the replies its peer had not read yet (an `ECONNRESET` a few rounds
+/// in a thousand). Bounded: `rounds` a thread and 60 s.
+fn parallel_half_closes_get_every_reply(service: Service, driver: &str, n: u32, rounds: u32) {
+    let _one = serial();
+    let s = server(service, driver);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let good = good_client(s.addr, service, done.clone(), stop.clone());
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (addr, driver) = (s.addr, driver.to_string());
+            std::thread::spawn(move || {
+                for run in 0..rounds {
+                    if t0.elapsed() > Duration::from_secs(60) {
+                        break;
+                    }
+                    let (replies, end) = half_close_run(addr, service, n);
+                    assert!(
+                        replies == u64::from(n) && end.is_ok(),
+                        "{service:?}/{driver} thread {t} round {run}: {replies} of {n} replies, then {end:?} \
+                         (expected all, then FIN)"
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    stop.store(true, Ordering::Release);
+    good.join().unwrap().unwrap_or_else(|e| panic!("{service:?}/{driver}: good client: {e}"));
+    assert!(done.load(Ordering::Relaxed) > 0, "{service:?}/{driver}: the good client got no reply");
+}
+
+#[test]
+fn parallel_half_closes_get_every_reply_then_fin_on_epoll() {
+    parallel_half_closes_get_every_reply(Service::Rpc, "epoll", 5_000, 150);
+}
+
+#[test]
+fn parallel_half_closes_get_every_reply_then_fin_on_uring() {
+    parallel_half_closes_get_every_reply(Service::Rpc, "uring", 5_000, 150);
+}
+
 #[test]
 fn half_close_after_50000_calls_gets_every_reply_then_fin_on_epoll() {
     half_close_gets_every_reply(Service::Rpc, "epoll", 50_000);

@@ -547,15 +547,31 @@ impl Mux {
     }
 
     /// Unattach and reset the connection (the peer sees RST): what a server does
-    /// with a connection whose peer misbehaved.
+    /// with a connection whose peer misbehaved. A psock that is no longer
+    /// attached is left alone (`NotFound`): one the mux closed in order
+    /// (its peer closed, every reply written, then FIN: a service lets it
+    /// go) keeps its descriptor open while its worker finishes with it, and
+    /// a reset then would throw away the last replies its peer has not read
+    /// yet. So the psock is unattached first, in the same hold of the core
+    /// lock that finds it attached, and reset after.
     pub fn abort(&self, p: PsockId) -> io::Result<()> {
         if let MuxImp::Kernel(k) = &self.imp {
             return k.k.abort(p);
         }
-        if let Some(rt) = self.shared().psock_rt(p) {
+        let sh = self.shared();
+        let mut events = Vec::new();
+        let rt = {
+            let mut core = sh.lock();
+            core.mux.unattach(p).map_err(io_err)?;
+            core.drain_events(&mut events);
+            core.psocks.get(&p).cloned()
+        };
+        // (The connection's descriptor lives as long as `rt`.)
+        if let Some(rt) = rt {
             let _ = connmux_sys::socket::abort(rt.fd());
         }
-        self.unattach_id(p)
+        sh.dispatch(&mut events, &mut Ctx::App);
+        Ok(())
     }
 
     /// Whether psock `p`'s peer closed its write side in order (FIN) and the
