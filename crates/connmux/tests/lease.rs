@@ -955,4 +955,44 @@ on_both_drivers!(
     two_lent_connections_read_in_one_wait_are_each_answered_once_in_order,
     connections_first_read_together_are_lent_after_that_pass,
     a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout,
+    a_connection_read_every_pass_is_lent,
 );
+
+/// A client that pipelines far more than one read takes is read in every
+/// pass of its worker: it is lent all the same (before a read, in that
+/// read's hold: `ServeBufs::lend_before_read`), not only once its stream
+/// runs dry. Here 480 KB of requests wait in the socket, a "gate" among
+/// them, and more behind it: when the worker is held in the gate's handler
+/// the connection is lent, and every echo comes back in order.
+fn a_connection_read_every_pass_is_lent() {
+    const BEFORE: u32 = 40_000;
+    const AFTER: u32 = 40_000;
+    let gate = Arc::new(Gate::default());
+    let svc = l4_service(mux_with(|_| {}), gate.clone());
+    let mut c = client(&svc);
+    let mut w = c.try_clone().unwrap();
+    let body = |i: u32| i.to_be_bytes().repeat(2);
+    let writer = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        (0..BEFORE).for_each(|i| all.extend_from_slice(&framed(&body(i))));
+        all.extend_from_slice(&framed(b"gate"));
+        (0..AFTER).for_each(|i| all.extend_from_slice(&framed(&body(BEFORE + i))));
+        write_all(&mut w, &all);
+    });
+    let reader = std::thread::spawn(move || {
+        for i in 0..BEFORE {
+            assert_eq!(read_framed(&mut c), body(i), "echo {i}");
+        }
+        assert_eq!(read_framed(&mut c), b"gate");
+        for i in 0..AFTER {
+            assert_eq!(read_framed(&mut c), body(BEFORE + i), "echo {}", BEFORE + i);
+        }
+    });
+    eventually(|| gate.entered.load(Ordering::Acquire).then_some(()));
+    let p = svc.mux().psocks()[0];
+    let lent = svc.mux().psock_leased(p);
+    gate.pushed.store(true, Ordering::Release);
+    writer.join().unwrap();
+    reader.join().unwrap();
+    assert!(lent, "not lent while its requests kept coming, on {:?}", driver());
+}

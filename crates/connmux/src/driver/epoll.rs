@@ -122,15 +122,20 @@ impl Io for EpollIo<'_> {
                         readable = false;
                     }
                     woke.leased_only = false;
-                    // The psock and what the core will take: one lock hold.
-                    let (rt, rx) = {
+                    // The psock, lent first if it may be, and what the core
+                    // will take: one lock hold.
+                    let (rt, rx, lent) = {
                         let mut core = sh.lock();
                         let Some(rt) = core.psocks.get(&p).cloned() else { continue };
-                        let rx = readable.then(|| match rt.tls {
+                        let lent = readable && w.bufs.lend_before_read(&mut core, &rt);
+                        if lent {
+                            core.drain_events(&mut w.events);
+                        }
+                        let rx = (readable && !lent).then(|| match rt.tls {
                             None => RxRoom::of(core.mux.rx_room(p)),
                             Some(_) => RxRoom { cap: core.mux.rx_capacity(p), loan: None },
                         });
-                        (rt, rx)
+                        (rt, rx, lent)
                     };
                     if writable {
                         sh.set_interest(&rt, |i| i.write = false);
@@ -138,7 +143,9 @@ impl Io for EpollIo<'_> {
                             w.dirty.push(rt.clone());
                         }
                     }
-                    if readable {
+                    if lent {
+                        read_leased(w, p, rt.fd(), &mut self.buf);
+                    } else if readable {
                         read_psock(w, &rt, rx, &mut self.buf, &mut self.plain);
                     }
                 }

@@ -468,10 +468,24 @@ impl UringIo {
                         core = None; // TLS lock before the core lock
                         pump_tls(sh, ring, conn, &mut w.events);
                     } else {
-                        conn.held.push_back(Held { buf: buf_id, off: 0 });
-                        let core = core.get_or_insert_with(|| sh.lock());
-                        let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
-                        pump(conn, &mut Feed { core, ring, now, events, lent, own });
+                        let c = core.get_or_insert_with(|| sh.lock());
+                        // Lent first if it may be (`ServeBufs::lend_before_read`):
+                        // then served as a lent read is.
+                        if !conn.holds_bytes() && w.bufs.lend_before_read(c, &conn.rt) {
+                            c.drain_events(&mut w.events);
+                            core = None;
+                            let read_at = first_read_at.take().unwrap_or_else(connmux_sys::clock::now_nanos);
+                            if let Err(off) = serve_on_lease(w, ring, buf_id, p, conn.rt.fd(), read_at) {
+                                conn.held.push_back(Held { buf: buf_id, off });
+                                let core = core.get_or_insert_with(|| sh.lock());
+                                let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
+                                pump(conn, &mut Feed { core, ring, now, events, lent, own });
+                            }
+                        } else {
+                            conn.held.push_back(Held { buf: buf_id, off: 0 });
+                            let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
+                            pump(conn, &mut Feed { core: c, ring, now, events, lent, own });
+                        }
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
                 }

@@ -214,6 +214,23 @@ impl ServeBufs {
         }
     }
 
+    /// Lend `rt` before a read of it that would go the core's way, under
+    /// the hold that read takes anyway, if nothing else involves it now
+    /// (`Own::lend`): the read is then served on the lease. Why not only
+    /// in the pass's hold: a connection that brings a read every pass (a
+    /// client pipelining thousands of requests) has that read's messages
+    /// in the core when the hold looks, so it was never lent, and its
+    /// messages queued on the worker's socket kept every other connection
+    /// of the worker off leases too (a socket with messages queued lends
+    /// none), their requests queued behind its thousands.
+    pub(crate) fn lend_before_read(&mut self, core: &mut crate::shared::Core, rt: &Arc<PsockRt>) -> bool {
+        if !self.own.can_lease || rt.tls.is_some() {
+            return false;
+        }
+        let held = self.heavy.held(rt.id);
+        self.own.lend(core, rt, held)
+    }
+
     /// The worker's hold of the core lock in its pass (`Own::hold`): a
     /// heavy connection is lent with its messages the core framed still in
     /// the lane (their verdicts come back here and are written on the

@@ -258,40 +258,51 @@ impl Own {
         if self.keep.due.is_some_and(|t| t <= now) {
             self.expire_kept(core, now);
         }
-        if let Some((sock, _)) = self.serve {
-            for rt in self.lease_try.drain(..) {
-                // Not while a message of it waits here: it would be passed.
-                if self.leases.contains_key(&rt.id) || self.direct.iter().any(|(_, q)| *q == rt.id) {
-                    continue;
-                }
-                // A message begun comes too, within what the leases may
-                // keep, and replies its queue holds, within a quarter of
-                // what its backlog may hold (written first, when the
-                // connection takes more: watched before the next wait). A
-                // quarter: a lease taken nearly full goes back at its next
-                // short write, with all of it, and a slow reader's
-                // connection would be lent and given back over and over.
-                let unsent = self.backlog.room_for(&rt) / 4;
-                let held = lane_held(rt.id);
-                if let Some(mut lease) = core.mux.lease_taking(rt.id, sock, self.keep.room_for(0), unsent, held) {
-                    self.keep.changed(0, lease.kept(), lease.kept_due());
-                    rt.lease_revoked.store(false, Ordering::Relaxed);
-                    let mut backlog = Backlog::default();
-                    for (chunk, msgs) in lease.take_unsent() {
-                        self.backlog.held += chunk.len();
-                        backlog.push(chunk, msgs);
-                    }
-                    if !backlog.is_empty() {
-                        // (Counted at the lease's next sync.)
-                        lease.backed_up();
-                        self.lease_used.push((rt.id, 0, 0));
-                        self.to_watch.push(rt.clone());
-                    }
-                    self.leases.insert(rt.id, Leased { lease, rt, backlog });
-                }
-            }
+        let mut tries = std::mem::take(&mut self.lease_try);
+        for rt in tries.drain(..) {
+            self.lend(core, &rt, lane_held(rt.id));
         }
-        self.lease_try.clear();
+        self.lease_try = tries;
+    }
+
+    /// Lend `rt` to this worker now if nothing else involves it (the core
+    /// decides: `Mux::lease_taking`) and it serves: in its pass's hold, or
+    /// under the hold a read of it that would go the core's way takes
+    /// (`lend_before_read`). Returns whether it is lent.
+    ///
+    /// `held`: its messages the core holds that this worker's lane has
+    /// (their verdicts come back here: lent all the same).
+    pub fn lend(&mut self, core: &mut Core, rt: &Arc<PsockRt>, held: u64) -> bool {
+        let Some((sock, _)) = self.serve else { return false };
+        // Not while a message of it waits here: it would be passed.
+        if self.leases.contains_key(&rt.id) || self.direct.iter().any(|(_, q)| *q == rt.id) {
+            return false;
+        }
+        // A message begun comes too, within what the leases may keep, and
+        // replies its queue holds, within a quarter of what its backlog may
+        // hold (written first, when the connection takes more: watched
+        // before the next wait). A quarter: a lease taken nearly full goes
+        // back at its next short write, with all of it, and a slow reader's
+        // connection would be lent and given back over and over.
+        let unsent = self.backlog.room_for(rt) / 4;
+        let Some(mut lease) = core.mux.lease_taking(rt.id, sock, self.keep.room_for(0), unsent, held) else {
+            return false;
+        };
+        self.keep.changed(0, lease.kept(), lease.kept_due());
+        rt.lease_revoked.store(false, Ordering::Relaxed);
+        let mut backlog = Backlog::default();
+        for (chunk, msgs) in lease.take_unsent() {
+            self.backlog.held += chunk.len();
+            backlog.push(chunk, msgs);
+        }
+        if !backlog.is_empty() {
+            // (Counted at the lease's next sync.)
+            lease.backed_up();
+            self.lease_used.push((rt.id, 0, 0));
+            self.to_watch.push(rt.clone());
+        }
+        self.leases.insert(rt.id, Leased { lease, rt: rt.clone(), backlog });
+        true
     }
 
     /// Whether a pass may go without its hold ([`Own::hold`]) at clock
