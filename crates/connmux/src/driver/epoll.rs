@@ -127,7 +127,8 @@ impl Io for EpollIo<'_> {
                     let (rt, rx, lent) = {
                         let mut core = sh.lock();
                         let Some(rt) = core.psocks.get(&p).cloned() else { continue };
-                        let lent = readable && w.bufs.lend_before_read(&mut core, &rt);
+                        let me = w.serving.as_ref().map(|s| &sh.workers[s.index]);
+                        let lent = readable && me.is_some_and(|me| w.bufs.lend_before_read(&mut core, &rt, me));
                         if lent {
                             core.drain_events(&mut w.events);
                         }

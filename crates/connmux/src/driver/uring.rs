@@ -471,7 +471,8 @@ impl UringIo {
                         let c = core.get_or_insert_with(|| sh.lock());
                         // Lent first if it may be (`ServeBufs::lend_before_read`):
                         // then served as a lent read is.
-                        if !conn.holds_bytes() && w.bufs.lend_before_read(c, &conn.rt) {
+                        let me = w.serving.as_ref().map(|s| &sh.workers[s.index]);
+                        if !conn.holds_bytes() && me.is_some_and(|me| w.bufs.lend_before_read(c, &conn.rt, me)) {
                             c.drain_events(&mut w.events);
                             core = None;
                             let read_at = first_read_at.take().unwrap_or_else(connmux_sys::clock::now_nanos);

@@ -222,13 +222,25 @@ impl ServeBufs {
     /// in the core when the hold looks, so it was never lent, and its
     /// messages queued on the worker's socket kept every other connection
     /// of the worker off leases too (a socket with messages queued lends
-    /// none), their requests queued behind its thousands.
-    pub(crate) fn lend_before_read(&mut self, core: &mut crate::shared::Core, rt: &Arc<PsockRt>) -> bool {
+    /// none), their requests queued behind its thousands. `me`: this
+    /// worker, marked as holding leases at once (`WorkerRef::lending`), so
+    /// that a reader of the statistics asks it to tell what this lease
+    /// does before the pass's hold.
+    pub(crate) fn lend_before_read(
+        &mut self,
+        core: &mut crate::shared::Core,
+        rt: &Arc<PsockRt>,
+        me: &crate::shared::WorkerRef,
+    ) -> bool {
         if !self.own.can_lease || rt.tls.is_some() {
             return false;
         }
         let held = self.heavy.held(rt.id);
-        self.own.lend(core, rt, held)
+        let lent = self.own.lend(core, rt, held);
+        if lent {
+            me.lending();
+        }
+        lent
     }
 
     /// The worker's hold of the core lock in its pass (`Own::hold`): a

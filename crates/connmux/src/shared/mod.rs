@@ -267,6 +267,16 @@ impl WorkerRef {
         let _ = self.waker.notify();
     }
 
+    /// The worker lent itself a psock outside its hold
+    /// (`ServeBufs::lend_before_read`), before it serves any read of it: a
+    /// reader of the statistics asks it to tell from now on, as it would
+    /// after the hold (which follows in the same pass).
+    pub fn lending(&self) {
+        if !self.lent.load(Ordering::Relaxed) {
+            self.lent.store(true, Ordering::SeqCst);
+        }
+    }
+
     /// The worker held (it holds `lent` psocks now): what its leases did
     /// so far is the core's.
     pub fn held(&self, lent: bool) {
