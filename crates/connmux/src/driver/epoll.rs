@@ -127,11 +127,7 @@ impl Io for EpollIo<'_> {
                     let (rt, rx, lent) = {
                         let mut core = sh.lock();
                         let Some(rt) = core.psocks.get(&p).cloned() else { continue };
-                        let me = w.serving.as_ref().map(|s| &sh.workers[s.index]);
-                        let lent = readable && me.is_some_and(|me| w.bufs.lend_before_read(&mut core, &rt, me));
-                        if lent {
-                            core.drain_events(&mut w.events);
-                        }
+                        let lent = readable && worker::lend_before_read(w, &mut core, &rt);
                         let rx = (readable && !lent).then(|| match rt.tls {
                             None => RxRoom::of(core.mux.rx_room(p)),
                             Some(_) => RxRoom { cap: core.mux.rx_capacity(p), loan: None },

@@ -471,9 +471,7 @@ impl UringIo {
                         let c = core.get_or_insert_with(|| sh.lock());
                         // Lent first if it may be (`ServeBufs::lend_before_read`):
                         // then served as a lent read is.
-                        let me = w.serving.as_ref().map(|s| &sh.workers[s.index]);
-                        if !conn.holds_bytes() && me.is_some_and(|me| w.bufs.lend_before_read(c, &conn.rt, me)) {
-                            c.drain_events(&mut w.events);
+                        if !conn.holds_bytes() && worker::lend_before_read(w, c, &conn.rt) {
                             core = None;
                             let read_at = first_read_at.take().unwrap_or_else(connmux_sys::clock::now_nanos);
                             if let Err(off) = serve_on_lease(w, ring, buf_id, p, conn.rt.fd(), read_at) {

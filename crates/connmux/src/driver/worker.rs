@@ -458,6 +458,19 @@ fn hold(sh: &Shared, me: &WorkerRef, w: &mut Worker<'_>, next_deadline: &mut Opt
     me.held(!w.bufs.own.leases.is_empty());
 }
 
+/// A read of `rt` that would go the core's way, on either driver: the psock
+/// lent to this serving worker first if it may be
+/// (`ServeBufs::lend_before_read`), under `core`, the hold that read takes
+/// anyway. `true`: lent, and the read is to be served on the lease.
+pub(crate) fn lend_before_read(w: &mut Worker<'_>, core: &mut crate::shared::Core, rt: &Arc<PsockRt>) -> bool {
+    let Some(sv) = w.serving.as_ref() else { return false };
+    let lent = w.bufs.lend_before_read(core, rt, &w.sh.workers[sv.index]);
+    if lent {
+        core.drain_events(&mut w.events);
+    }
+    lent
+}
+
 /// The bytes of one read of `rt`, read at `read_at`, to the core; on a
 /// serving worker, the whole messages for its own socket served at once,
 /// where they lie in `data`.
