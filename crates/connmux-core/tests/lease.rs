@@ -631,3 +631,38 @@ fn a_psock_holding_a_message_begun_is_lent_with_it_within_the_room_given() {
     assert_eq!(recv_all(&mut m, s), vec![msg]);
     assert_eq!(m.psock_stats(p).unwrap().rx_msgs, 1, "counted once");
 }
+
+#[test]
+fn a_psock_of_large_messages_is_not_lent_while_they_are_read_into_their_buffers() {
+    let big = l4(&vec![b'x'; 64 << 10]);
+    let (mut m, s, p) = served(1 << 20);
+    assert!(m.lease(p, s).is_some_and(|l| {
+        m.unlease(l, T0);
+        true
+    }));
+    // One large message, whole: the next is predicted as large and read
+    // straight into its assembly buffer, which a lease would not do.
+    m.feed(p, &big, T0).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![big.clone()]);
+    m.rx_settle(p, 1);
+    assert!(m.rx_would_lend(p), "the next read goes into a loan");
+    assert!(m.lease(p, s).is_none(), "not lent while its messages are large");
+    assert!(m.lease_keeping(p, s, 1 << 20).is_none(), "whatever room a lease would keep");
+    // A small message again: lent again.
+    let mut loan = m.rx_lend(p).expect("a loan for the predicted message");
+    loan.buf().extend_from_slice(&l4(b"small"));
+    m.rx_commit(loan, T0).unwrap();
+    assert_eq!(recv_all(&mut m, s), vec![l4(b"small")]);
+    m.rx_settle(p, 1);
+    assert!(!m.rx_would_lend(p));
+    let mut lease = m.lease(p, s).expect("lent once its messages are small");
+
+    // A large message framed whole on the lease counts as the last one:
+    // once told and given back, the psock is not lent again.
+    let (taken, ranges) = frame(&mut lease, &big);
+    assert_eq!((taken, ranges.len()), (big.len(), 1));
+    assert!(m.lease_sync(&mut lease, T0));
+    m.unlease(lease, T0);
+    assert!(m.rx_would_lend(p));
+    assert!(m.lease(p, s).is_none());
+}

@@ -928,6 +928,26 @@ fn a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout() {
     eventually(|| (svc.mux().stats().idle_timeouts == 1).then_some(()));
 }
 
+/// A connection of large messages (64 KiB here, two in flight) is read
+/// straight into each message's assembly buffer, one read a message where
+/// it has all come: it is not lent, which would read each into the
+/// worker's buffer, find it longer than a lease keeps, give the lease back
+/// and copy it (a lease and a return every message, before).
+fn a_connection_of_large_messages_is_not_lent_for_each_one() {
+    const MSGS: u32 = 300;
+    let svc = echo_service(true);
+    let mut c = client(&svc);
+    let mut w = c.try_clone().unwrap();
+    let body = |i: u32| i.to_be_bytes().repeat(16 << 10);
+    let writer = std::thread::spawn(move || (0..MSGS).for_each(|i| write_all(&mut w, &framed(&body(i)))));
+    for i in 0..MSGS {
+        assert_eq!(read_framed(&mut c), body(i), "echo {i}");
+    }
+    writer.join().unwrap();
+    let st = svc.mux().stats();
+    assert!(st.leases <= 2, "lent {} times for {MSGS} messages on {:?}", st.leases, driver());
+}
+
 on_both_drivers!(
     a_quiet_connection_is_lent_and_its_counts_reach_the_statistics,
     every_reply_on_the_lease_is_counted_by_the_time_its_client_has_it,
@@ -956,6 +976,7 @@ on_both_drivers!(
     connections_first_read_together_are_lent_after_that_pass,
     a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout,
     a_connection_read_every_pass_is_lent,
+    a_connection_of_large_messages_is_not_lent_for_each_one,
 );
 
 /// A client that pipelines far more than one read takes is read in every

@@ -431,6 +431,12 @@ impl Mux {
             && ps.tx_kcm.is_none()
             && ps.stream.buffered() <= keep
             && !ps.stream.is_lent()
+            // Large messages (as framed so far, or predicted from the last)
+            // are read straight into the assembly buffer, each read ending
+            // on a message boundary; a lease would read them into its
+            // worker's buffer and, the message not fitting what it keeps,
+            // give itself back with all of it to copy, each message.
+            && !ps.stream.would_lend()
             && !ps.stream.is_stopped()
             && ps.stream.parser().frames_in_place();
         if !steered_here || !quiet || queued_anywhere(socks, hold, p) {
