@@ -352,8 +352,11 @@ pub struct Tuning {
     /// inside it (`connmux_core::mux::Lease::frame_read`): the next reads
     /// complete it on the lease. A larger message (or a longer start) gives
     /// the lease back and goes the core's way (a message of 16 KiB or more
-    /// is read straight into its assembly buffer there). 0: a read that
-    /// ends inside a message always gives the lease back. Default 16 KiB.
+    /// is read straight into its assembly buffer there, and a connection
+    /// whose last message was that large is not lent until a smaller one
+    /// comes: its reads then each bring one message, with no copy). 0: a
+    /// read that ends inside a message always gives the lease back.
+    /// Default 16 KiB.
     pub lease_keep: usize,
     /// Bytes all of one worker's leases keep together: a message begun is
     /// kept only while all of it fits beside what the others keep, else

@@ -9,7 +9,8 @@
 //!            most a message begun, which the lease takes), ready, held
 //!            (lease_taking: but those its holder answers on the lease),
 //!            queued or out (lease_taking: s's replies queued, which the
-//!            lease takes), steered to s (affinity), s's queue empty
+//!            lease takes), steered to s (affinity), s's queue empty, its
+//!            reads not lent to its assembly buffer (large messages)
 //!   Owned ────────────────────────────────────────────────► Leased
 //!     ▲                                                       │
 //!     │ unlease / unlease_queued (the worker: a message too   │ anything else touches p
