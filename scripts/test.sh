@@ -14,8 +14,8 @@ cargo test --release --workspace -- --test-threads=2
 
 # ---- AddressSanitizer, when nightly is installed ----
 # The unsafe code (connmux-sys) and every test of the runtime built on it
-# (connmux), in a sanitized release build: about 2 minutes on 2 CPUs, build
-# included. Skipped without nightly.
+# (connmux), in a sanitized release build with debug assertions on: about
+# 2 minutes on 2 CPUs, build included. Skipped without nightly.
 bash scripts/asan.sh
 
 # ---- KCM conformance (connmux-conformance): the §7 acceptance cases against the
