@@ -933,7 +933,8 @@ fn a_lent_connection_that_goes_quiet_is_closed_by_the_idle_timeout() {
 /// message where it has all come: it is not lent, which would read each
 /// into the worker's buffer, find it longer than a lease keeps, give the
 /// lease back and copy it (a lease and a return every message, before).
-/// Smaller ones, which reads cut, stay on one lease, their starts kept.
+/// Smaller ones, which reads cut, are lent and keep their lease, their
+/// starts kept, but for a return now and then.
 fn a_connection_of_large_messages_is_not_lent_for_each_one() {
     for (size, msgs) in [(1000, 3000), (4000, 3000), (16 << 10, 600), (64 << 10, 300), (512 << 10, 40)] {
         let svc = echo_service(true);
@@ -946,7 +947,11 @@ fn a_connection_of_large_messages_is_not_lent_for_each_one() {
         }
         writer.join().unwrap();
         let st = svc.mux().stats();
-        assert!(st.leases <= 2, "lent {} times for {msgs} messages of {size} B on {:?}", st.leases, driver());
+        // Lent, at most, now and then (a small message's read that ends
+        // past what a lease keeps, a ring out of buffers), never message
+        // by message.
+        let most = (u64::from(msgs) / 100).max(2);
+        assert!(st.leases <= most, "lent {} times for {msgs} messages of {size} B on {:?}", st.leases, driver());
         if size < 16 << 10 {
             assert!(st.leases >= 1, "{size} B messages never lent on {:?}", driver());
         }
