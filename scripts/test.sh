@@ -12,14 +12,12 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 cargo build --release --workspace --all-targets
 cargo test --release --workspace -- --test-threads=2
 
-# ---- AddressSanitizer over the unsafe code (connmux-sys), when nightly is installed ----
-# A sanitized release build with debug assertions on. The full run adds
-# every test of the runtime (`bash scripts/asan.sh`, about 2 minutes): it
-# passes there, but its timing-bound lane tests can fail under the
-# sanitizer on a loaded machine (a light request running past
-# `Tuning::busy_handler` keeps its connection heavy; once in CI), so CI
-# runs this part. Skipped without nightly.
-bash scripts/asan.sh -p connmux-sys
+# ---- AddressSanitizer, when nightly is installed ----
+# A sanitized release build with debug assertions on, over the unsafe code
+# (connmux-sys) and every test of the runtime built on it (connmux:
+# loopback, service, lease, torture, TLS, hostile peers). About 2 minutes.
+# Skipped without nightly.
+bash scripts/asan.sh
 
 # ---- KCM conformance (connmux-conformance): the §7 acceptance cases against the
 # userspace runtime here and against the kernel's AF_KCM in the kcmvm VM (one
