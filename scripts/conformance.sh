@@ -2,9 +2,10 @@
 # The KCM conformance run: the acceptance cases of kcm-semantics §7 against the
 # userspace runtime on this machine, then against the kernel's AF_KCM (and the
 # userspace runtime again) inside the kcmvm VM, which boots once; then the
-# side-by-side receive benchmark in the same boot, then the kernel's own 9P
+# side-by-side receive benchmark in the same boot, the C API's checks on
+# AF_KCM (crates/connmux-capi/tests/c/backend.c), then the kernel's own 9P
 # client mounting `connmux 9p-server` (scripts/ninep-vm.sh). Prints one table,
-# exits non-zero if any case or 9P check FAILed or the VM gave no result.
+# exits non-zero if any case, C API or 9P check FAILed or the VM gave no result.
 #
 #   scripts/conformance.sh            # everything
 #   CONFORMANCE_NO_VM=1 scripts/conformance.sh   # this machine only
@@ -34,6 +35,17 @@ RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$target" \
 bin="$target/x86_64-unknown-linux-gnu/release/connmux-conformance"
 ninep=${CONFORMANCE_NO_9P:-0}
 vm_files=(-a "$bin")
+# The C API on AF_KCM: crates/connmux-capi/tests/c/backend.c linked
+# statically with libconnmux.a, run in the VM as `backend kernel` (on this
+# machine `cargo test -p connmux-capi` runs it as `backend here`).
+RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$target" \
+    cargo build --release --target x86_64-unknown-linux-gnu -p connmux-capi >&2
+capi_bin="$target/connmux-capi-backend"
+"${CC:-cc}" -static -s -std=c11 -O1 -Wall -Wextra -Werror -pthread -I "$root/crates/connmux-capi/include" \
+    -o "$capi_bin" "$root/crates/connmux-capi/tests/c/backend.c" \
+    "$target/x86_64-unknown-linux-gnu/release/libconnmux.a" -ldl -lm -lrt 2>"$target/capi-link.log" \
+    || { cat "$target/capi-link.log" >&2; exit 1; }
+vm_files+=(-a "$capi_bin")
 if [ "$ninep" != 1 ]; then
     RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$target" \
         cargo build --release --target x86_64-unknown-linux-gnu -p connmux-cli --bin connmux >&2
@@ -56,6 +68,7 @@ if [ "${CONFORMANCE_NO_VM:-0}" != 1 ] && [ -n "$harness" ]; then
 #!/bin/sh
 /test/connmux-conformance --backend all; rc=\$?
 /test/connmux-conformance --bench $bench || rc=1
+/test/connmux-capi-backend kernel || rc=1
 if [ -x /test/ninep-vm.sh ]; then sh /test/ninep-vm.sh || rc=1; fi
 exit \$rc
 DRIVER
@@ -96,7 +109,10 @@ BEGIN {
 }'
 echo
 grep -h '^SKIP\|^INFO\|^SUMMARY' "$work/host.txt" | sed 's/^/host: /'
-grep -h '^SKIP\|^INFO\|^SUMMARY\|^BENCH\|^FAILED\|^NINEP' "$work/vm.txt" | sed 's/^/vm:   /' || true
+grep -h '^SKIP\|^INFO\|^SUMMARY\|^BENCH\|^FAILED\|^NINEP\|^CAPI\|^FAIL ' "$work/vm.txt" | sed 's/^/vm:   /' || true
+if [ "$vm_rc" != skipped ] && ! grep -q '^CAPI SUMMARY passed=[1-9][0-9]* failed=0$' "$work/vm.txt"; then
+    echo "the C API on AF_KCM in the VM did not pass"; rc=1
+fi
 if [ "$ninep" != 1 ] && [ "$vm_rc" != skipped ] && ! grep -q '^NINEP SUMMARY .* failed=0$' "$work/vm.txt"; then
     echo "9P in the VM did not pass"; rc=1
 fi

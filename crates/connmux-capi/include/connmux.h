@@ -138,6 +138,44 @@
 #define CONNMUX_TX_LEAST_OUTSTANDING 1
 
 /**
+ * Backend (default): connmux's own runtime, on any Linux; every call works.
+ */
+#define CONNMUX_BACKEND_USERSPACE 0
+
+/**
+ * Backend: the kernel's AF_KCM. `connmux_mux_new` fails with -EOPNOTSUPP
+ * where AF_KCM cannot be created. There are no worker threads; the calls
+ * that name a connection (`connmux_send_to`, `connmux_send_batch` with a
+ * `psock`), `connmux_sock_flush`, `connmux_attach_tls` and per-connection
+ * size limits or deadlines are refused with -EOPNOTSUPP, and a received
+ * message's `psock` is `CONNMUX_PSOCK_NONE` (AF_KCM does not say which
+ * connection it came from). Statistics are the network namespace's.
+ */
+#define CONNMUX_BACKEND_KERNEL 1
+
+/**
+ * Backend: `CONNMUX_BACKEND_KERNEL` where AF_KCM can be created, else
+ * `CONNMUX_BACKEND_USERSPACE`; `connmux_mux_backend` says which was chosen.
+ */
+#define CONNMUX_BACKEND_AUTO 2
+
+/**
+ * I/O driver of the userspace backend's workers (default): io_uring where
+ * it works here, else epoll.
+ */
+#define CONNMUX_DRIVER_AUTO 0
+
+/**
+ * I/O driver: readiness with epoll.
+ */
+#define CONNMUX_DRIVER_EPOLL 1
+
+/**
+ * I/O driver: io_uring; `connmux_mux_new` fails where io_uring does not work.
+ */
+#define CONNMUX_DRIVER_URING 2
+
+/**
  * In `connmux_attach_opts`: use the mux's value.
  */
 #define CONNMUX_ATTACH_MUX_DEFAULT -1
@@ -263,6 +301,18 @@ typedef struct {
    * ETIMEDOUT (`CONNMUX_PSOCK_ERR_RX`). 0: never (default, as AF_KCM).
    */
   uint64_t idle_timeout_ms;
+  /**
+   * `CONNMUX_BACKEND_*`: connmux's runtime or the kernel's AF_KCM.
+   * Default `CONNMUX_BACKEND_USERSPACE`, where every call works on every
+   * kernel. On the kernel backend only `max_msg_size` and
+   * `assembly_timeout_ms` of this structure apply.
+   */
+  int backend;
+  /**
+   * `CONNMUX_DRIVER_*`: the userspace backend's I/O driver. Default
+   * `CONNMUX_DRIVER_AUTO`.
+   */
+  int driver;
 } connmux_config;
 
 /**
@@ -490,12 +540,33 @@ int connmux_mux_new(const connmux_config *cfg, connmux_mux **out_mux);
 void connmux_mux_free(connmux_mux *mux);
 
 /**
- * Number of I/O worker threads, or a negative errno.
+ * Number of I/O worker threads (0 on the kernel backend), or a negative errno.
  *
  * # Safety
  * `mux` is NULL or a live handle.
  */
 int connmux_mux_workers(const connmux_mux *mux);
+
+/**
+ * The backend this mux runs on: `CONNMUX_BACKEND_USERSPACE` or
+ * `CONNMUX_BACKEND_KERNEL` (what `CONNMUX_BACKEND_AUTO` chose), or a
+ * negative errno.
+ *
+ * # Safety
+ * `mux` is NULL or a live handle.
+ */
+int connmux_mux_backend(const connmux_mux *mux);
+
+/**
+ * The I/O driver this mux's workers run: `CONNMUX_DRIVER_EPOLL` or
+ * `CONNMUX_DRIVER_URING` (what `CONNMUX_DRIVER_AUTO` chose);
+ * `CONNMUX_DRIVER_AUTO` on the kernel backend, which has no workers; or a
+ * negative errno.
+ *
+ * # Safety
+ * `mux` is NULL or a live handle.
+ */
+int connmux_mux_driver(const connmux_mux *mux);
 
 /**
  * A built-in parser from a spec string: `l4`, `len:offset=N,width=1..8,

@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use connmux_bpf::{BpfParser, Program};
 use connmux_rs::{
-    AttachOptions, Config, KcmSocket, Mux, MuxStats, Parser, Placement, PsockError, PsockId, PsockStats, RecvFlags,
-    RecvInfo, SendFlags, SockStats, SockType, Steering, TxPolicy,
+    AttachOptions, Backend, Config, Driver, KcmSocket, Mux, MuxStats, Parser, Placement, PsockError, PsockId,
+    PsockStats, RecvFlags, RecvInfo, SendFlags, SockStats, SockType, Steering, TxPolicy,
 };
 
 use error::{guard, guard_int, Fail};
@@ -76,6 +76,28 @@ pub const CONNMUX_TX_ROUND_ROBIN: c_int = 0;
 /// requests not yet answered (messages sent on it minus messages received
 /// from it), passing over connections whose peer closed or failed.
 pub const CONNMUX_TX_LEAST_OUTSTANDING: c_int = 1;
+
+/// Backend (default): connmux's own runtime, on any Linux; every call works.
+pub const CONNMUX_BACKEND_USERSPACE: c_int = 0;
+/// Backend: the kernel's AF_KCM. `connmux_mux_new` fails with -EOPNOTSUPP
+/// where AF_KCM cannot be created. There are no worker threads; the calls
+/// that name a connection (`connmux_send_to`, `connmux_send_batch` with a
+/// `psock`), `connmux_sock_flush`, `connmux_attach_tls` and per-connection
+/// size limits or deadlines are refused with -EOPNOTSUPP, and a received
+/// message's `psock` is `CONNMUX_PSOCK_NONE` (AF_KCM does not say which
+/// connection it came from). Statistics are the network namespace's.
+pub const CONNMUX_BACKEND_KERNEL: c_int = 1;
+/// Backend: `CONNMUX_BACKEND_KERNEL` where AF_KCM can be created, else
+/// `CONNMUX_BACKEND_USERSPACE`; `connmux_mux_backend` says which was chosen.
+pub const CONNMUX_BACKEND_AUTO: c_int = 2;
+
+/// I/O driver of the userspace backend's workers (default): io_uring where
+/// it works here, else epoll.
+pub const CONNMUX_DRIVER_AUTO: c_int = 0;
+/// I/O driver: readiness with epoll.
+pub const CONNMUX_DRIVER_EPOLL: c_int = 1;
+/// I/O driver: io_uring; `connmux_mux_new` fails where io_uring does not work.
+pub const CONNMUX_DRIVER_URING: c_int = 2;
 
 /// In `connmux_attach_opts`: use the mux's value.
 pub const CONNMUX_ATTACH_MUX_DEFAULT: c_int = -1;
@@ -198,6 +220,14 @@ pub struct connmux_config {
     /// A connection that sends nothing for this many milliseconds fails with
     /// ETIMEDOUT (`CONNMUX_PSOCK_ERR_RX`). 0: never (default, as AF_KCM).
     pub idle_timeout_ms: u64,
+    /// `CONNMUX_BACKEND_*`: connmux's runtime or the kernel's AF_KCM.
+    /// Default `CONNMUX_BACKEND_USERSPACE`, where every call works on every
+    /// kernel. On the kernel backend only `max_msg_size` and
+    /// `assembly_timeout_ms` of this structure apply.
+    pub backend: c_int,
+    /// `CONNMUX_DRIVER_*`: the userspace backend's I/O driver. Default
+    /// `CONNMUX_DRIVER_AUTO`.
+    pub driver: c_int,
 }
 
 /// Options of one attach (`connmux_attach_with`). Fill it with
@@ -594,6 +624,8 @@ pub unsafe extern "C" fn connmux_config_init(cfg: *mut connmux_config) -> c_int 
             mem_limit: d.core.mem_limit,
             mem_grace_ms: d.core.mem_grace.as_millis() as u64,
             idle_timeout_ms: d.core.idle_timeout.map_or(0, |t| t.as_millis() as u64),
+            backend: backend_to_c(d.backend),
+            driver: driver_to_c(d.driver),
         };
         Ok(0)
     })
@@ -635,7 +667,35 @@ fn config_from_c(c: &connmux_config) -> Result<Config, Fail> {
         CONNMUX_TX_LEAST_OUTSTANDING => TxPolicy::LeastOutstanding,
         v => return Err(Fail::inval(format!("unknown transmit policy {v}"))),
     };
+    cfg.backend = match c.backend {
+        CONNMUX_BACKEND_USERSPACE => Backend::Userspace,
+        CONNMUX_BACKEND_KERNEL => Backend::Kernel,
+        CONNMUX_BACKEND_AUTO => Backend::Auto,
+        v => return Err(Fail::inval(format!("unknown backend {v} (CONNMUX_BACKEND_USERSPACE, _KERNEL, _AUTO)"))),
+    };
+    cfg.driver = match c.driver {
+        CONNMUX_DRIVER_AUTO => Driver::Auto,
+        CONNMUX_DRIVER_EPOLL => Driver::Epoll,
+        CONNMUX_DRIVER_URING => Driver::Uring,
+        v => return Err(Fail::inval(format!("unknown driver {v} (CONNMUX_DRIVER_AUTO, _EPOLL, _URING)"))),
+    };
     Ok(cfg)
+}
+
+fn backend_to_c(b: Backend) -> c_int {
+    match b {
+        Backend::Userspace => CONNMUX_BACKEND_USERSPACE,
+        Backend::Kernel => CONNMUX_BACKEND_KERNEL,
+        Backend::Auto => CONNMUX_BACKEND_AUTO,
+    }
+}
+
+fn driver_to_c(d: Driver) -> c_int {
+    match d {
+        Driver::Auto => CONNMUX_DRIVER_AUTO,
+        Driver::Epoll => CONNMUX_DRIVER_EPOLL,
+        Driver::Uring => CONNMUX_DRIVER_URING,
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -679,7 +739,7 @@ pub unsafe extern "C" fn connmux_mux_free(mux: *mut connmux_mux) {
     unsafe { release(mux, mux_ref) }
 }
 
-/// Number of I/O worker threads, or a negative errno.
+/// Number of I/O worker threads (0 on the kernel backend), or a negative errno.
 ///
 /// # Safety
 /// `mux` is NULL or a live handle.
@@ -689,6 +749,37 @@ pub unsafe extern "C" fn connmux_mux_workers(mux: *const connmux_mux) -> c_int {
         // SAFETY: forwarded contract of this function.
         let m = unsafe { mux_ref(mux) }?;
         ok(m.mux.workers())
+    })
+}
+
+/// The backend this mux runs on: `CONNMUX_BACKEND_USERSPACE` or
+/// `CONNMUX_BACKEND_KERNEL` (what `CONNMUX_BACKEND_AUTO` chose), or a
+/// negative errno.
+///
+/// # Safety
+/// `mux` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn connmux_mux_backend(mux: *const connmux_mux) -> c_int {
+    guard_int(|| {
+        // SAFETY: forwarded contract of this function.
+        let m = unsafe { mux_ref(mux) }?;
+        Ok(backend_to_c(m.mux.backend()) as isize)
+    })
+}
+
+/// The I/O driver this mux's workers run: `CONNMUX_DRIVER_EPOLL` or
+/// `CONNMUX_DRIVER_URING` (what `CONNMUX_DRIVER_AUTO` chose);
+/// `CONNMUX_DRIVER_AUTO` on the kernel backend, which has no workers; or a
+/// negative errno.
+///
+/// # Safety
+/// `mux` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn connmux_mux_driver(mux: *const connmux_mux) -> c_int {
+    guard_int(|| {
+        // SAFETY: forwarded contract of this function.
+        let m = unsafe { mux_ref(mux) }?;
+        Ok(driver_to_c(m.mux.driver()) as isize)
     })
 }
 

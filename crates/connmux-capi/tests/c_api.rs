@@ -3,7 +3,8 @@
 //! parts, MORE, batch receive and send, addressed receive and send,
 //! receive-disable, the pollable descriptor with poll(2), psock failure
 //! events, statistics, a BPF parser from an ELF object, and TLS (mutual,
-//! with certificates made here).
+//! with certificates made here); and tests/c/backend.c: the backend and
+//! driver chosen in the configuration, on each that runs here.
 
 mod common;
 
@@ -29,6 +30,37 @@ fn c_unit_checks_pass() {
     );
     let passed: usize = summary.split(' ').next().and_then(|n| n.parse().ok()).expect("a count");
     assert!(passed >= 100, "only {passed} C checks ran:\n{stdout}");
+}
+
+/// tests/c/backend.c on this machine: `connmux_config.backend` and
+/// `.driver`, `connmux_mux_backend`/`connmux_mux_driver`, the kernel
+/// backend working or refused with -EOPNOTSUPP (and `CONNMUX_BACKEND_AUTO`
+/// then choosing the userspace one), and the same messages on every backend
+/// and driver that runs here. The VM run of the conformance script runs it
+/// on the kernel's AF_KCM (`backend kernel`).
+#[test]
+fn c_backend_checks_pass() {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let bin = common::compile("backend", &[manifest.join("tests/c/backend.c")], common::Link::Static);
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.arg("here");
+    let out = common::run(cmd, Duration::from_secs(120)).expect("run the C backend checks");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let summary = stdout.lines().last().unwrap_or("");
+    assert!(
+        out.status.success() && summary.starts_with("CAPI SUMMARY ") && summary.ends_with(" failed=0"),
+        "C backend checks failed ({}):\n{stdout}{stderr}",
+        out.status
+    );
+    let passed: usize = summary
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("passed="))
+        .and_then(|n| n.parse().ok())
+        .expect("a count");
+    // Config checks and three runs of the messages (auto, epoll, io_uring
+    // where it works): ~110 here.
+    assert!(passed >= 70, "only {passed} C backend checks ran:\n{stdout}");
 }
 
 /// A directory with what `test_tls` in unit.c reads: the server's CA
