@@ -196,6 +196,23 @@
 #define CONNMUX_PSOCK_ERR_CLOSED 3
 
 /**
+ * A handler's answer (`connmux_handler_fn`): no reply to this request.
+ */
+#define CONNMUX_REPLY_NONE 0
+
+/**
+ * A handler's answer: the peer misbehaved; reset and unattach its connection
+ * (after the replies already made for it are written).
+ */
+#define CONNMUX_REPLY_CLOSE -1
+
+/**
+ * The room a handler gets for its reply when `connmux_service_start` is
+ * given 0 (`reply_max`).
+ */
+#define CONNMUX_REPLY_MAX_DEFAULT (64 * 1024)
+
+/**
  * A multiplexor. Thread-safe: any thread may use it at any time, also while
  * other threads use its sockets. Created by `connmux_mux_new`, released by
  * `connmux_mux_free`.
@@ -208,6 +225,13 @@ typedef struct connmux_mux connmux_mux;
  * Created by `connmux_parser_from_*`, released by `connmux_parser_free`.
  */
 typedef struct connmux_parser connmux_parser;
+
+/**
+ * A running service (`connmux_service_start`): a listener, its
+ * connections, and the handler serving them. Released by
+ * `connmux_service_free`.
+ */
+typedef struct connmux_service connmux_service;
 
 /**
  * A KCM socket. One thread at a time may use a socket handle (give each
@@ -465,6 +489,59 @@ typedef struct {
    */
   connmux_psock_id psock;
 } connmux_msg;
+
+/**
+ * A request handler for `connmux_service_start`. Called with one whole
+ * request (`request`, `len` bytes, as the parser framed it, header
+ * included) from connection `from`, and `reply_cap` bytes at `reply` to
+ * write the reply in: one whole message in the protocol's framing. Returns
+ * the reply's length (1 to `reply_cap`), `CONNMUX_REPLY_NONE` (0) for no
+ * reply, or `CONNMUX_REPLY_CLOSE` to reset the connection. Any other value
+ * (another negative one, or more than `reply_cap`) closes the connection
+ * too and is counted in `connmux_service_stats.handler_errors`.
+ *
+ * It runs on the mux's I/O workers, and a connection whose requests run
+ * long (50 µs or more, several in a row) has them run on lane threads on
+ * every worker's CPU: many calls at once, on any thread, so `ctx` must be
+ * safe to share. Keep it short and never block. Both pointers are valid
+ * only during the call. Replies of one connection leave in request order,
+ * except a heavy connection's, whose replies may leave in another order
+ * (as under KCM: protocols that match replies by tag or xid need none).
+ */
+typedef ptrdiff_t (*connmux_handler_fn)(void *ctx,
+                                        const uint8_t *request,
+                                        size_t len,
+                                        connmux_psock_id from,
+                                        uint8_t *reply,
+                                        size_t reply_cap);
+
+/**
+ * Counters of a service (`connmux_service_get_stats`).
+ */
+typedef struct {
+  /**
+   * Connections accepted and attached.
+   */
+  uint64_t accepted;
+  /**
+   * Connections accepted whose attach failed (closed at once).
+   */
+  uint64_t attach_errors;
+  /**
+   * Connections closed: the peer failed (bad framing, a reset, an end
+   * of stream) or the handler answered `CONNMUX_REPLY_CLOSE`.
+   */
+  uint64_t closed;
+  /**
+   * Connections refused (reset at once) past `connmux_service_set_max_conns`.
+   */
+  uint64_t refused;
+  /**
+   * Handler answers that were neither a reply, `CONNMUX_REPLY_NONE` nor
+   * `CONNMUX_REPLY_CLOSE` (each closed its connection).
+   */
+  uint64_t handler_errors;
+} connmux_service_stats;
 
 /**
  * TLS counters of a mux (`connmux_tls_get_stats`).
@@ -932,6 +1009,75 @@ int connmux_sock_flush(const connmux_sock *sock, uint64_t timeout_ms);
  * `sock` is a live handle.
  */
 ptrdiff_t connmux_sock_queued(const connmux_sock *sock);
+
+/**
+ * Start a service on `mux`: listen on `listen` ("IP:port"; port 0 takes a
+ * free one, `connmux_service_port` says which), attach each accepted
+ * connection with a fresh parser from `parser`, and answer each request
+ * with `handler` (`connmux_handler_fn`) on the mux's workers, the reply
+ * written on the connection the request came from. `reply_max`: the room
+ * a handler gets for one reply (0: `CONNMUX_REPLY_MAX_DEFAULT`, 64 KiB).
+ * A connection that fails (bad framing, too large a message, a reset) is
+ * reset and unattached; one whose peer only closed its sending side gets
+ * its replies, then a close. A mux serves at most one handler (-EEXIST
+ * for a second); the application may still attach connections of its own
+ * to it, which the handler then serves too. Stores a new handle in `*out`
+ * and returns 0, or a negative errno: -EINVAL (address, `reply_max` over
+ * 64 MiB, NULL handler), -EOPNOTSUPP on the kernel backend (AF_KCM has no
+ * workers to serve on), -EADDRINUSE and the like from the listener.
+ *
+ * # Safety
+ * `mux` and `parser` are live handles; `listen` a NUL-terminated string;
+ * `out` writable. `handler` and `ctx` stay valid, and `ctx` safe to use from
+ * any thread at once, until `connmux_service_free` and `connmux_mux_free`
+ * (and `connmux_sock_close` of every socket of this mux) have all
+ * returned: a worker may call the handler until the mux's workers stop.
+ */
+int connmux_service_start(const connmux_mux *mux,
+                          const char *listen,
+                          const connmux_parser *parser,
+                          connmux_handler_fn handler,
+                          void *ctx,
+                          size_t reply_max,
+                          connmux_service **out_svc);
+
+/**
+ * The port the service listens on (the one chosen for port 0), or a
+ * negative errno.
+ *
+ * # Safety
+ * `svc` is NULL or a live handle.
+ */
+int connmux_service_port(const connmux_service *svc);
+
+/**
+ * Cap the connections attached at once: past `max` a new connection is
+ * reset as soon as it is accepted and counted in `refused` (0: no cap,
+ * the default). Returns 0 or a negative errno.
+ *
+ * # Safety
+ * `svc` is NULL or a live handle.
+ */
+int connmux_service_set_max_conns(const connmux_service *svc, size_t max);
+
+/**
+ * Fill `*st` with the service's counters. Returns 0 or a negative errno.
+ *
+ * # Safety
+ * `svc` is NULL or a live handle; `st` is writable.
+ */
+int connmux_service_get_stats(const connmux_service *svc, connmux_service_stats *st);
+
+/**
+ * Stop the service (NULL is ignored): stop accepting, unattach every
+ * connection (closing it), stop its threads. The mux's workers keep the
+ * handler until the mux stops (see `connmux_service_start`). Must not race
+ * with other calls on the same handle.
+ *
+ * # Safety
+ * `svc` is NULL or a live handle, not used again after this call.
+ */
+void connmux_service_free(connmux_service *svc);
 
 /**
  * A server's TLS configuration (TLS 1.2/1.3, rustls with ring) from PEM

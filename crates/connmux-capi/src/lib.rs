@@ -15,6 +15,7 @@
 #![allow(non_camel_case_types)]
 
 mod error;
+mod service;
 mod tls;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -163,6 +164,7 @@ pub struct connmux_parser {
     kind: ParserKind,
 }
 
+#[derive(Clone)]
 enum ParserKind {
     Spec(String),
     Bpf { program: Arc<Program>, name: String },

@@ -3,8 +3,9 @@
 //! parts, MORE, batch receive and send, addressed receive and send,
 //! receive-disable, the pollable descriptor with poll(2), psock failure
 //! events, statistics, a BPF parser from an ELF object, and TLS (mutual,
-//! with certificates made here); and tests/c/backend.c: the backend and
-//! driver chosen in the configuration, on each that runs here.
+//! with certificates made here); tests/c/backend.c: the backend and
+//! driver chosen in the configuration, on each that runs here; and
+//! tests/c/service.c: a service answered by a C handler.
 
 mod common;
 
@@ -61,6 +62,27 @@ fn c_backend_checks_pass() {
     // Config checks and three runs of the messages (auto, epoll, io_uring
     // where it works): ~110 here.
     assert!(passed >= 70, "only {passed} C backend checks ran:\n{stdout}");
+}
+
+/// tests/c/service.c: `connmux_service_start` with a C handler over real
+/// TCP: 4 connections of 2,000 pipelined echoes each (every reply once, in
+/// order), no reply, a close, a bad answer (closed and counted), bad framing
+/// from the peer, 64 heavy requests (all answered once, on the lanes), the
+/// counters, a cap on connections, and the calls it refuses.
+#[test]
+fn c_service_checks_pass() {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let bin = common::compile("service", &[manifest.join("tests/c/service.c")], common::Link::Static);
+    let out =
+        common::run(std::process::Command::new(&bin), Duration::from_secs(120)).expect("run the C service checks");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let summary = stdout.lines().last().unwrap_or("");
+    assert!(
+        out.status.success() && summary.starts_with("CAPI SUMMARY ") && summary.ends_with(" failed=0"),
+        "C service checks failed ({}):\n{stdout}{stderr}",
+        out.status
+    );
 }
 
 /// A directory with what `test_tls` in unit.c reads: the server's CA

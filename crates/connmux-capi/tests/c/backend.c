@@ -157,6 +157,14 @@ static int is_frame(const connmux_msg *m, const char *body)
 	       memcmp(m->buf, want, n) == 0;
 }
 
+/* A handler for the service the kernel backend refuses: never called. */
+static ptrdiff_t no_reply(void *ctx, const uint8_t *req, size_t len, connmux_psock_id from, uint8_t *reply,
+			  size_t cap)
+{
+	(void)ctx, (void)req, (void)len, (void)from, (void)reply, (void)cap;
+	return CONNMUX_REPLY_NONE;
+}
+
 static const char *backend_name(int b)
 {
 	return b == CONNMUX_BACKEND_KERNEL ? "kernel" : b == CONNMUX_BACKEND_USERSPACE ? "userspace" : "auto";
@@ -286,12 +294,19 @@ static void messages(int backend, int driver, int expect)
 	CHECK(peer_reads(peer, "first"));
 	CHECK(peer_reads(peer, "second"));
 
-	/* The calls that name a connection, and flush: refused by AF_KCM. */
+	/* The calls that name a connection, flush, and a service (no workers
+	 * to run a handler on): refused by AF_KCM. */
 	n = frame(wire, "to");
 	if (kernel) {
 		EQ(connmux_send_to(s, wire, n, id, 0), -EOPNOTSUPP);
 		CHECK(strstr(connmux_last_error(), "kernel backend") != NULL);
 		EQ(connmux_sock_flush(s, 1000), -EOPNOTSUPP);
+		connmux_parser *p;
+		MUST(connmux_parser_from_spec("l4", &p));
+		connmux_service *svc = NULL;
+		EQ(connmux_service_start(m, "127.0.0.1:0", p, no_reply, NULL, 0, &svc), -EOPNOTSUPP);
+		CHECK(svc == NULL);
+		connmux_parser_free(p);
 	} else {
 		EQ(connmux_send_to(s, wire, n, id, 0), (long long)n);
 		CHECK(peer_reads(peer, "to"));
