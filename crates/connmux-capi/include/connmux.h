@@ -1023,8 +1023,9 @@ ptrdiff_t connmux_sock_queued(const connmux_sock *sock);
  * for a second); the application may still attach connections of its own
  * to it, which the handler then serves too. Stores a new handle in `*out`
  * and returns 0, or a negative errno: -EINVAL (address, `reply_max` over
- * 64 MiB, NULL handler), -EOPNOTSUPP on the kernel backend (AF_KCM has no
- * workers to serve on), -EADDRINUSE and the like from the listener.
+ * 64 MiB), -EFAULT (a NULL handler or handle), -EOPNOTSUPP on the kernel
+ * backend (AF_KCM has no workers to serve on), -EADDRINUSE and the like
+ * from the listener.
  *
  * # Safety
  * `mux` and `parser` are live handles; `listen` a NUL-terminated string;
@@ -1040,6 +1041,28 @@ int connmux_service_start(const connmux_mux *mux,
                           void *ctx,
                           size_t reply_max,
                           connmux_service **out_svc);
+
+/**
+ * `connmux_service_start` for TLS clients: every accepted connection is
+ * attached with a server connection of `tls` (`connmux_tls_server_new`;
+ * with a client CA, mutual TLS), the handshake and the records run on the
+ * workers, and the handler sees the decrypted requests; a failed
+ * handshake resets the connection (counted in `connmux_tls_get_stats`).
+ * -EINVAL for a client's configuration; otherwise as
+ * `connmux_service_start`. The service keeps its own reference to the
+ * configuration: `tls` may be freed once this returns.
+ *
+ * # Safety
+ * As `connmux_service_start`; `tls` is a live handle.
+ */
+int connmux_service_start_tls(const connmux_mux *mux,
+                              const char *listen,
+                              const connmux_parser *parser,
+                              const connmux_tls *tls,
+                              connmux_handler_fn handler,
+                              void *ctx,
+                              size_t reply_max,
+                              connmux_service **out_svc);
 
 /**
  * The port the service listens on (the one chosen for port 0), or a

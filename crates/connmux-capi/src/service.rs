@@ -14,9 +14,11 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use connmux_rs::service::{Handler, Service, ServiceConfig, Verdict};
+use connmux_rs::tls::rustls::ServerConfig;
 use connmux_rs::{Bytes, Parser, PsockId, SockType};
 
 use crate::error::{guard_int, Fail};
+use crate::tls::connmux_tls;
 use crate::{c_str, connmux_mux, connmux_parser, connmux_psock_id, mux_ref, out, parser_ref, psock_to_c, release};
 use crate::{Handle, ParserKind};
 
@@ -196,8 +198,9 @@ fn running(s: &connmux_service) -> Result<&Service, Fail> {
 /// for a second); the application may still attach connections of its own
 /// to it, which the handler then serves too. Stores a new handle in `*out`
 /// and returns 0, or a negative errno: -EINVAL (address, `reply_max` over
-/// 64 MiB, NULL handler), -EOPNOTSUPP on the kernel backend (AF_KCM has no
-/// workers to serve on), -EADDRINUSE and the like from the listener.
+/// 64 MiB), -EFAULT (a NULL handler or handle), -EOPNOTSUPP on the kernel
+/// backend (AF_KCM has no workers to serve on), -EADDRINUSE and the like
+/// from the listener.
 ///
 /// # Safety
 /// `mux` and `parser` are live handles; `listen` a NUL-terminated string;
@@ -220,38 +223,91 @@ pub unsafe extern "C" fn connmux_service_start(
         let slot = unsafe { out(out_svc, "out") }?;
         *slot = std::ptr::null_mut();
         // SAFETY: forwarded contract of this function.
-        let m = unsafe { mux_ref(mux) }?;
-        // SAFETY: forwarded contract of this function.
-        let listen = unsafe { c_str(listen, "listen") }?;
-        // SAFETY: forwarded contract of this function.
-        let p = unsafe { parser_ref(parser) }?;
-        let f = handler.ok_or_else(|| Fail::null("handler"))?;
-        let listen: SocketAddr =
-            listen.parse().map_err(|e| Fail::inval(format!("listen address {listen:?}: {e} (want IP:port)")))?;
-        let reply_max = match reply_max {
-            0 => CONNMUX_REPLY_MAX_DEFAULT,
-            n if n > REPLY_MAX_LIMIT => {
-                return Err(Fail::inval(format!("reply_max {n} is over {REPLY_MAX_LIMIT} bytes")));
-            }
-            n => n,
-        };
-        // Built once here, so that a parser which cannot be made fails the
-        // call rather than each accepted connection.
-        p.kind.build()?;
-        let kind: ParserKind = p.kind.clone();
-        let make = Arc::new(move || -> Box<dyn Parser> {
-            // Made once above from the same description: a spec parses the
-            // same each time and a BPF program is already loaded.
-            kind.build().unwrap_or_else(|e| unreachable!("parser built once already: {}", e.msg))
-        });
-        let errors = Arc::new(AtomicU64::new(0));
-        let h = CHandler { f, ctx: Ctx(ctx), reply_max, errors: errors.clone() };
-        let cfg = ServiceConfig { listen, sock_type: SockType::Dgram, parser: make };
-        let svc = Service::start(m.mux.clone(), cfg, Arc::new(h))?;
-        *slot =
-            Box::into_raw(Box::new(connmux_service { magic: SERVICE_MAGIC, svc: Some(svc), handler_errors: errors }));
+        let s = unsafe { start(mux, listen, parser, None, handler, ctx, reply_max) }?;
+        *slot = Box::into_raw(Box::new(s));
         Ok(0)
     })
+}
+
+/// `connmux_service_start` for TLS clients: every accepted connection is
+/// attached with a server connection of `tls` (`connmux_tls_server_new`;
+/// with a client CA, mutual TLS), the handshake and the records run on the
+/// workers, and the handler sees the decrypted requests; a failed
+/// handshake resets the connection (counted in `connmux_tls_get_stats`).
+/// -EINVAL for a client's configuration; otherwise as
+/// `connmux_service_start`. The service keeps its own reference to the
+/// configuration: `tls` may be freed once this returns.
+///
+/// # Safety
+/// As `connmux_service_start`; `tls` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn connmux_service_start_tls(
+    mux: *const connmux_mux,
+    listen: *const c_char,
+    parser: *const connmux_parser,
+    tls: *const connmux_tls,
+    handler: connmux_handler_fn,
+    ctx: *mut c_void,
+    reply_max: usize,
+    out_svc: *mut *mut connmux_service,
+) -> c_int {
+    guard_int(|| {
+        // SAFETY: forwarded contract of this function.
+        let slot = unsafe { out(out_svc, "out") }?;
+        *slot = std::ptr::null_mut();
+        // SAFETY: forwarded contract of this function.
+        let server = unsafe { crate::tls::server_config(tls) }?;
+        // SAFETY: forwarded contract of this function.
+        let s = unsafe { start(mux, listen, parser, Some(server), handler, ctx, reply_max) }?;
+        *slot = Box::into_raw(Box::new(s));
+        Ok(0)
+    })
+}
+
+/// The two start calls' common part.
+///
+/// # Safety
+/// `connmux_service_start`'s contract.
+unsafe fn start(
+    mux: *const connmux_mux,
+    listen: *const c_char,
+    parser: *const connmux_parser,
+    tls: Option<Arc<ServerConfig>>,
+    handler: connmux_handler_fn,
+    ctx: *mut c_void,
+    reply_max: usize,
+) -> Result<connmux_service, Fail> {
+    // SAFETY: forwarded contract of this function.
+    let m = unsafe { mux_ref(mux) }?;
+    // SAFETY: forwarded contract of this function.
+    let listen = unsafe { c_str(listen, "listen") }?;
+    // SAFETY: forwarded contract of this function.
+    let p = unsafe { parser_ref(parser) }?;
+    let f = handler.ok_or_else(|| Fail::null("handler"))?;
+    let listen: SocketAddr =
+        listen.parse().map_err(|e| Fail::inval(format!("listen address {listen:?}: {e} (want IP:port)")))?;
+    let reply_max = match reply_max {
+        0 => CONNMUX_REPLY_MAX_DEFAULT,
+        n if n > REPLY_MAX_LIMIT => return Err(Fail::inval(format!("reply_max {n} is over {REPLY_MAX_LIMIT} bytes"))),
+        n => n,
+    };
+    // Built once here, so that a parser which cannot be made fails the
+    // call rather than each accepted connection.
+    p.kind.build()?;
+    let kind: ParserKind = p.kind.clone();
+    let make = Arc::new(move || -> Box<dyn Parser> {
+        // Made once above from the same description: a spec parses the
+        // same each time and a BPF program is already loaded.
+        kind.build().unwrap_or_else(|e| unreachable!("parser built once already: {}", e.msg))
+    });
+    let errors = Arc::new(AtomicU64::new(0));
+    let h = Arc::new(CHandler { f, ctx: Ctx(ctx), reply_max, errors: errors.clone() });
+    let cfg = ServiceConfig { listen, sock_type: SockType::Dgram, parser: make };
+    let svc = match tls {
+        None => Service::start(m.mux.clone(), cfg, h)?,
+        Some(t) => Service::start_tls(m.mux.clone(), cfg, h, t)?,
+    };
+    Ok(connmux_service { magic: SERVICE_MAGIC, svc: Some(svc), handler_errors: errors })
 }
 
 /// The port the service listens on (the one chosen for port 0), or a

@@ -67,6 +67,19 @@ impl crate::Handle for connmux_tls {
     }
 }
 
+/// A server's configuration, for a service's connections
+/// (`connmux_service_start_tls`); -EINVAL for a client's.
+///
+/// # Safety
+/// `p` is null or a pointer from `connmux_tls_*_new` not yet freed.
+pub(crate) unsafe fn server_config(p: *const connmux_tls) -> Result<Arc<rustls::ServerConfig>, Fail> {
+    // SAFETY: forwarded contract of this function.
+    match &unsafe { tls_ref(p) }?.side {
+        Side::Server(c) => Ok(c.clone()),
+        Side::Client(..) => Err(Fail::inval("a service needs a server's TLS configuration (connmux_tls_server_new)")),
+    }
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

@@ -16,7 +16,7 @@ fn c_unit_checks_pass() {
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let bin = common::compile("unit", &[manifest.join("tests/c/unit.c")], common::Link::Static);
     let obj = common::bpf_object("len_prefix");
-    let tls = tls_files();
+    let tls = tls_files("unit");
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg(&obj).arg(&tls);
     let out = common::run(cmd, Duration::from_secs(120)).expect("run the C checks");
@@ -68,13 +68,18 @@ fn c_backend_checks_pass() {
 /// TCP: 4 connections of 2,000 pipelined echoes each (every reply once, in
 /// order), no reply, a close, a bad answer (closed and counted), bad framing
 /// from the peer, 64 heavy requests (all answered once, on the lanes), the
-/// counters, a cap on connections, and the calls it refuses.
+/// counters, a cap on connections, the calls it refuses; and the same
+/// handler behind TLS (200 echoes from a TLS client mux; a plain client
+/// reset).
 #[test]
 fn c_service_checks_pass() {
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let bin = common::compile("service", &[manifest.join("tests/c/service.c")], common::Link::Static);
-    let out =
-        common::run(std::process::Command::new(&bin), Duration::from_secs(120)).expect("run the C service checks");
+    let tls = tls_files("service");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.arg(&tls);
+    let out = common::run(cmd, Duration::from_secs(120)).expect("run the C service checks");
+    let _ = std::fs::remove_dir_all(&tls);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let summary = stdout.lines().last().unwrap_or("");
@@ -85,13 +90,14 @@ fn c_service_checks_pass() {
     );
 }
 
-/// A directory with what `test_tls` in unit.c reads: the server's CA
+/// A directory with what `test_tls` in unit.c and `tls_service` in service.c read: the server's CA
 /// (`ca.pem`), a certificate for localhost it signed (`server.pem`,
 /// `server.key`), a CA for clients (`clientca.pem`) and a client
 /// certificate it signed (`client.pem`, `client.key`, and `client.der`, the
 /// bytes the server must report).
-fn tls_files() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("connmux-capi-tls-{}", std::process::id()));
+fn tls_files(test: &str) -> std::path::PathBuf {
+    // One folder a test: the tests of this file run at once.
+    let dir = std::env::temp_dir().join(format!("connmux-capi-tls-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let ca = |cn: &str| {

@@ -6,6 +6,8 @@
  *   'E' echo (the reply is the request),   'N' no reply,
  *   'C' close the connection,               'B' a bad answer (closes, counted),
  *   'H' echo after 300 us of CPU (heavy: the lanes take these).
+ * With a directory of certificates (tests/c_api.rs makes it), the same
+ * handler behind TLS too:   service [TLS_DIR]
  * Prints "FAIL file:line: condition" for each failed check and ends with
  * "CAPI SUMMARY passed=N failed=M"; exits 1 if any failed, 2 if it could not
  * run.
@@ -259,7 +261,77 @@ static void echoes(int port)
 	}
 }
 
-int main(void)
+static const char *in_dir(const char *dir, const char *name, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s/%s", dir, name);
+	return buf;
+}
+
+/*
+ * The same handler behind TLS (connmux_service_start_tls): a client mux
+ * attaches its connection with TLS and sends 200 echoes through a KCM
+ * socket; each comes back whole. A client that speaks plain TCP to it is
+ * reset (its handshake fails). `dir` holds ca.pem, server.pem, server.key.
+ */
+static void tls_service(const char *dir, struct seen *seen)
+{
+	char a[512], b[512];
+	connmux_tls *srv, *cli;
+	MUST(connmux_tls_server_new(in_dir(dir, "server.pem", a, sizeof a), in_dir(dir, "server.key", b, sizeof b), NULL,
+				    &srv));
+	MUST(connmux_tls_client_new(in_dir(dir, "ca.pem", a, sizeof a), "localhost", NULL, NULL, &cli));
+	connmux_mux *sm, *cm;
+	MUST(connmux_mux_new(NULL, &sm));
+	MUST(connmux_mux_new(NULL, &cm));
+	connmux_parser *p;
+	MUST(connmux_parser_from_spec("l4", &p));
+	connmux_service *svc = (connmux_service *)1;
+	/* A client's configuration cannot serve. */
+	EQ(connmux_service_start_tls(sm, "127.0.0.1:0", p, cli, handle, seen, 0, &svc), -EINVAL);
+	CHECK(svc == NULL);
+	MUST(connmux_service_start_tls(sm, "127.0.0.1:0", p, srv, handle, seen, 0, &svc));
+	connmux_tls_free(srv);
+	int port = connmux_service_port(svc);
+
+	int fd = connect_to(port);
+	MUST(connmux_attach_tls(cm, fd, p, cli, NULL));
+	close(fd);
+	connmux_sock *s;
+	MUST(connmux_socket(cm, CONNMUX_SOCK_DGRAM, &s));
+	MUST(connmux_set_timeouts(s, 5000, 5000));
+	enum { N = 200 };
+	int ok = 1;
+	for (unsigned i = 0; i < N && ok; i++) {
+		uint8_t req[16], got[64];
+		size_t n = request(req, 'E', i);
+		ok = connmux_send(s, req, n, 0) == (ptrdiff_t)n;
+		connmux_msg m = { .buf = got, .len = sizeof got };
+		ok = ok && connmux_recvmsg(s, &m, 0) == (ptrdiff_t)n && (m.flags & CONNMUX_MSG_EOR) &&
+		     memcmp(got, req, n) == 0;
+	}
+	CHECK(ok);
+	connmux_tls_stats ts;
+	MUST(connmux_tls_get_stats(sm, &ts));
+	EQ(ts.handshakes, 1);
+
+	/* Plain TCP to the TLS service: not TLS, reset. */
+	fd = connect_to(port);
+	uint8_t buf[16];
+	write_all(fd, buf, request(buf, 'E', 1));
+	CHECK(closed_soon(fd));
+	close(fd);
+	MUST(connmux_tls_get_stats(sm, &ts));
+	EQ(ts.handshake_failures, 1);
+
+	connmux_sock_close(s);
+	connmux_service_free(svc);
+	connmux_parser_free(p);
+	connmux_tls_free(cli);
+	connmux_mux_free(cm);
+	connmux_mux_free(sm);
+}
+
+int main(int argc, char **argv)
 {
 	struct seen seen = { 0 };
 	connmux_config cfg;
@@ -376,6 +448,8 @@ int main(void)
 	connmux_service_free(svc);
 	EQ(connmux_service_port(NULL), -EFAULT);
 	connmux_mux_free(m);
+	if (argc > 1)
+		tls_service(argv[1], &seen);
 	printf("handler calls %ld\n", atomic_load(&seen.calls));
 	printf("CAPI SUMMARY passed=%d failed=%d\n", passed, failed);
 	return failed ? 1 : 0;
