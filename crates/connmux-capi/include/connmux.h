@@ -978,8 +978,9 @@ ptrdiff_t connmux_send_to(const connmux_sock *sock,
 /**
  * sendmmsg(): send `msgs[0..count]`, each a whole message (`buf`, `len`), on
  * `msgs[i].psock` or, where that is `CONNMUX_PSOCK_NONE`, on a connection the
- * mux picks; sets each sent entry's `n`. When no entry is addressed the batch
- * goes out together (`CONNMUX_MSG_BATCH` on all but the last). `flags`:
+ * mux picks; sets each sent entry's `n`. The batch goes out together
+ * (`CONNMUX_MSG_BATCH` on all but the last): each connection's messages of
+ * it in one write, the replies to a `connmux_recv_batch` too. `flags`:
  * `CONNMUX_MSG_DONTWAIT`. Returns how many were sent: fewer than `count` when
  * one failed after the first, or a negative errno if the first failed.
  *

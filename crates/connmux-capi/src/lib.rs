@@ -1565,8 +1565,9 @@ pub unsafe extern "C" fn connmux_send_to(
 
 /// sendmmsg(): send `msgs[0..count]`, each a whole message (`buf`, `len`), on
 /// `msgs[i].psock` or, where that is `CONNMUX_PSOCK_NONE`, on a connection the
-/// mux picks; sets each sent entry's `n`. When no entry is addressed the batch
-/// goes out together (`CONNMUX_MSG_BATCH` on all but the last). `flags`:
+/// mux picks; sets each sent entry's `n`. The batch goes out together
+/// (`CONNMUX_MSG_BATCH` on all but the last): each connection's messages of
+/// it in one write, the replies to a `connmux_recv_batch` too. `flags`:
 /// `CONNMUX_MSG_DONTWAIT`. Returns how many were sent: fewer than `count` when
 /// one failed after the first, or a negative errno if the first failed.
 ///
@@ -1595,22 +1596,9 @@ pub unsafe extern "C" fn connmux_send_batch(
         let sent = if msgs.iter().all(|m| m.psock == CONNMUX_PSOCK_NONE) {
             with_mode(s, dontwait, |k| k.send_batch(&datas))?
         } else {
-            let mut n = 0;
-            for (m, d) in msgs.iter().zip(&datas) {
-                let r = match m.psock {
-                    CONNMUX_PSOCK_NONE => {
-                        with_mode(s, dontwait, |k| k.send_flags(d, SendFlags { eor: true, ..Default::default() }))
-                            .map_err(Fail::from)
-                    }
-                    p => send_to_one(s, d, p, flags),
-                };
-                match r {
-                    Ok(_) => n += 1,
-                    Err(e) if n == 0 => return Err(e),
-                    Err(_) => break,
-                }
-            }
-            n
+            let to: Vec<(Option<PsockId>, &[u8])> =
+                msgs.iter().zip(&datas).map(|(m, d)| (psock_from_c(m.psock), *d)).collect();
+            with_mode(s, dontwait, |k| k.send_batch_to(&to))?
         };
         for (m, d) in msgs.iter_mut().zip(&datas).take(sent) {
             m.n = d.len();

@@ -1842,6 +1842,21 @@ impl Mux {
         Ok(data.len())
     }
 
+    /// End the batch socket `s` has open (sends with `batch` and none
+    /// without it since): what it holds goes out now, as the next send
+    /// without `batch` would have taken it (KCM's `kcm_push`). For a caller
+    /// whose batch stops early (a send of it failed): the messages already
+    /// accepted must not wait for a send that is not coming. Nothing to do
+    /// for a socket with no batch open.
+    pub fn end_batch(&mut self, s: SockId) -> Result<(), MuxError> {
+        let sock = self.sock_mut(s)?;
+        if std::mem::take(&mut sock.wait_more) {
+            self.tx_push(s);
+            self.kick_held(s);
+        }
+        Ok(())
+    }
+
     /// Send buffer full: remember to raise SockWritable; flush a held batch
     /// first (KCM `kcm_push` before it waits for memory).
     fn would_block(&mut self, s: SockId) -> MuxError {

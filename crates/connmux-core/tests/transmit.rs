@@ -529,6 +529,39 @@ fn addressed_batch_defers_the_transmit_event() {
 }
 
 #[test]
+fn end_batch_sends_what_a_batch_stopped_early_holds() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    let t2 = attach_l4(&mut m);
+    events(&mut m);
+    // Nothing open: nothing to do.
+    m.end_batch(k).unwrap();
+    assert!(events(&mut m).is_empty());
+    // Addressed to two connections and a plain one, all held...
+    m.send_to(k, t1, &l4_total(10, 1), BATCH).unwrap();
+    m.send_to(k, t2, &l4_total(10, 2), BATCH).unwrap();
+    m.send_to(k, t1, &l4_total(10, 3), BATCH).unwrap();
+    m.send(k, &l4_total(10, 4), BATCH).unwrap();
+    assert!(events(&mut m).is_empty(), "no connection told while the batch is open");
+    // ...until the batch ends: each connection's messages in one writev.
+    m.end_batch(k).unwrap();
+    let mut told = transmit_events(&events(&mut m));
+    told.sort_by_key(|e| format!("{e:?}"));
+    told.dedup();
+    assert_eq!(told.len(), 2, "both connections told: {told:?}");
+    let c1 = m.tx_begin(t1).unwrap();
+    let plain_on_t1 = c1.slices.len() == 3;
+    m.tx_complete(t1, c1.len());
+    let c2 = m.tx_begin(t2).unwrap();
+    assert_eq!(c1.slices.len() + c2.slices.len(), 4, "every message out once");
+    assert_eq!(c2.slices.len(), if plain_on_t1 { 1 } else { 2 });
+    m.tx_complete(t2, c2.len());
+    // Ended: the next send without BATCH has nothing held to push.
+    m.end_batch(k).unwrap();
+    assert!(events(&mut m).is_empty());
+}
+
+#[test]
 fn one_writer_at_a_time_and_a_transmit_event_only_when_idle() {
     let (mut m, k) = dgram_mux(rr_config());
     let t1 = attach_l4(&mut m);

@@ -76,7 +76,7 @@ pub enum Driver {
 /// | `workers` | 0 (no worker threads); `driver` is `Driver::Auto` |
 /// | `serve` | refused (`BackendError::Unsupported`): no workers to serve on |
 /// | `recv`, `recv_flags` (PEEK), `send`, `send_flags` (MORE, EOR, BATCH), `send_batch` | same (`recvmsg`, `sendmsg`, `sendmmsg`); `RecvInfo::psock` is [`crate::UNKNOWN_PSOCK`] |
-/// | `recv_msg`, `recv_from`, `recv_batch`, `send_to`, `send_msg` to a psock | refused (`BackendError::Unsupported`): AF_KCM does not say which connection a message came from, nor take one to send on; `send_msg(msg, None)` is a send |
+/// | `recv_msg`, `recv_from`, `recv_batch`, `send_to`, `send_msg` or `send_batch_to` to a psock | refused (`BackendError::Unsupported`): AF_KCM does not say which connection a message came from, nor take one to send on; `send_msg(msg, None)` is a send |
 /// | `set_nonblocking`, `set_read_timeout`, `set_write_timeout`, `set_recv_disable`, `recv_disabled`, `set_rcvbuf`, `set_sndbuf` | same (`MSG_DONTWAIT`, `SO_RCVTIMEO`, `SO_SNDTIMEO`, `KCM_RECV_DISABLE`, `SO_RCVBUF`, `SO_SNDBUF`: the kernel doubles the buffer sizes) |
 /// | `set_affinity` | refused (`BackendError::Unsupported`): the kernel steers messages itself |
 /// | `KcmSocket::stats`, `queued` | same (the socket's `/proc/net/kcm` line) |

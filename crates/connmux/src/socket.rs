@@ -467,6 +467,58 @@ impl KcmSocket {
         Ok(msgs.len())
     }
 
+    /// sendmmsg to chosen connections: each message whole on its psock
+    /// (`None`: on one the mux picks, as [`KcmSocket::send`]), the batch
+    /// accepted under one hold of the core (every message but the last
+    /// carries BATCH), so each connection's messages of the batch leave in
+    /// one write. What a server answering a batch received with
+    /// [`KcmSocket::recv_batch`] sends back. A full send buffer pushes what
+    /// the batch holds and waits per the socket's mode before the rest;
+    /// another error ends the batch (what it holds goes out). Returns the
+    /// number of messages sent: fewer than `msgs.len()` when one failed
+    /// after the first (then the error is lost, as sendmmsg's), or the
+    /// error when the first did. On the kernel backend only unaddressed
+    /// messages (`None`) may be sent.
+    pub fn send_batch_to(&self, msgs: &[(Option<PsockId>, &[u8])]) -> io::Result<usize> {
+        let rt = match &self.imp {
+            SockImp::User(rt) => rt,
+            SockImp::Kernel(k) if msgs.iter().all(|(p, _)| p.is_none()) => {
+                let datas: Vec<&[u8]> = msgs.iter().map(|(_, d)| *d).collect();
+                return k.send_batch(&datas);
+            }
+            SockImp::Kernel(_) => return Err(kernel::unsupported("KcmSocket::send_batch_to a psock", NO_ADDRESS)),
+        };
+        let id = rt.id;
+        let n = msgs.len();
+        let mut sent = 0;
+        let r = self.send_loop(rt, |m| {
+            while sent < n {
+                let (p, data) = msgs[sent];
+                let flags = SendFlags { eor: true, batch: sent + 1 < n, more: false };
+                let r = match p {
+                    Some(p) => m.send_to(id, p, data, flags),
+                    None => m.send(id, data, flags),
+                };
+                match r {
+                    Ok(_) => sent += 1,
+                    // The core pushed what the batch held; `send_loop`
+                    // waits (or returns WouldBlock) and comes back here.
+                    Err(MuxError::WouldBlock) => return Err(MuxError::WouldBlock),
+                    Err(e) => {
+                        // Not coming back: the batch so far goes out.
+                        let _ = m.end_batch(id);
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(sent)
+        });
+        match r {
+            Err(_) if sent > 0 => Ok(sent),
+            other => other,
+        }
+    }
+
     /// This socket's counters (`/proc/net/kcm` kcm-N line).
     pub fn stats(&self) -> io::Result<SockStats> {
         match &self.imp {

@@ -443,6 +443,75 @@ fn addressed_mode_replies_reach_the_right_client() {
     }
 }
 
+/// `send_batch_to`: replies to a batch received from three connections go
+/// back each on its own, interleaved in the batch, in order per connection;
+/// an unaddressed one among them takes a connection the mux picks. A batch
+/// stopped by a connection that is gone returns the count before it, and
+/// what it had accepted still goes out (nothing waits for a send that is
+/// not coming).
+fn send_batch_to_answers_each_connection_and_a_short_batch_still_goes_out() {
+    let mux = mux_with(|c| c.workers = 2);
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT));
+    let mut peers = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (ours, peer) = pair();
+        ids.push(mux.attach(&ours, l4()).unwrap());
+        peers.push((ours, peer));
+    }
+    let replies: Vec<(usize, Vec<u8>)> = (0..30).map(|i| (i % 3, framed(format!("reply {i}").as_bytes()))).collect();
+    let batch: Vec<(Option<connmux::PsockId>, &[u8])> =
+        replies.iter().map(|(c, r)| (Some(ids[*c]), r.as_slice())).collect();
+    assert_eq!(sock.send_batch_to(&batch).unwrap(), 30);
+    for (c, (_, peer)) in peers.iter_mut().enumerate() {
+        for (_, r) in replies.iter().filter(|(to, _)| *to == c) {
+            assert_eq!(read_framed(peer), r[4..], "connection {c} on {:?}", driver());
+        }
+    }
+    // An unaddressed message in the batch: on one of the three.
+    let plain = framed(b"plain");
+    let one = framed(b"to 0");
+    assert_eq!(sock.send_batch_to(&[(None, &plain[..]), (Some(ids[0]), &one[..])]).unwrap(), 2);
+    // (Each peer read until both came, within the deadline.)
+    let deadline = Instant::now() + WAIT;
+    let mut got = Vec::new();
+    for (_, peer) in peers.iter_mut() {
+        peer.set_nonblocking(true).unwrap();
+    }
+    while got.len() < 2 && Instant::now() < deadline {
+        for (c, (_, peer)) in peers.iter_mut().enumerate() {
+            let mut head = [0u8; 4];
+            if peer.peek(&mut head).is_ok_and(|n| n == 4) {
+                let len = u32::from_be_bytes(head) as usize;
+                let mut m = vec![0u8; 4 + len];
+                if peer.peek(&mut m).is_ok_and(|n| n == m.len()) {
+                    peer.read_exact(&mut m).unwrap();
+                    got.push((c, m[4..].to_vec()));
+                }
+            }
+        }
+        std::thread::yield_now();
+    }
+    for (_, peer) in peers.iter_mut() {
+        peer.set_nonblocking(false).unwrap();
+    }
+    assert!(got.iter().any(|(c, m)| *c == 0 && m == b"to 0"), "the addressed one: {got:?}");
+    assert!(got.iter().any(|(_, m)| m == b"plain"), "the plain one on some connection: {got:?}");
+    // A connection gone in the middle: the count before it, and those go out.
+    let (gone_ours, _gone_peer) = pair();
+    let gone = mux.attach(&gone_ours, l4()).unwrap();
+    mux.unattach_id(gone).unwrap();
+    let (a, b) = (framed(b"before"), framed(b"after"));
+    let short = [(Some(ids[1]), &a[..]), (Some(gone), &a[..]), (Some(ids[1]), &b[..])];
+    assert_eq!(sock.send_batch_to(&short).unwrap(), 1, "on {:?}", driver());
+    let peer = &mut peers[1].1;
+    peer.set_read_timeout(Some(WAIT)).unwrap();
+    assert_eq!(read_framed(peer), b"before", "held by a batch nobody ends, on {:?}", driver());
+    // The first message refused: its error.
+    assert!(sock.send_batch_to(&[(Some(gone), &a[..])]).is_err());
+}
+
 on_both_drivers!(
     case_01_create_dgram_and_seqpacket,
     case_02_clone_same_mux_same_type,
@@ -463,6 +532,7 @@ on_both_drivers!(
     case_40_closing_app_fd_keeps_attachment_until_last_socket_closes,
     case_43_statistics_over_real_tcp,
     addressed_mode_replies_reach_the_right_client,
+    send_batch_to_answers_each_connection_and_a_short_batch_still_goes_out,
 );
 
 // ---- receive semantics on real sockets (§7 cases 10, 17-26) ----
