@@ -128,7 +128,11 @@ impl CHandler {
     /// Run the C handler with `reply_max` bytes of room at the end of `buf`;
     /// `Ok` once its reply is there, else the verdict it asked for.
     fn call(&self, request: &[u8], from: PsockId, buf: &mut BytesMut) -> Result<(), Verdict> {
-        buf.reserve(self.reply_max);
+        if buf.capacity() - buf.len() < self.reply_max {
+            // Twice the room: replies split off `buf` keep its allocation,
+            // and room for one more only would make a new one a request.
+            buf.reserve(2 * self.reply_max);
+        }
         let start = buf.len();
         let room = buf.spare_capacity_mut();
         let cap = room.len().min(self.reply_max);
