@@ -222,15 +222,8 @@ pub unsafe extern "C" fn connmux_service_start(
     reply_max: usize,
     out_svc: *mut *mut connmux_service,
 ) -> c_int {
-    guard_int(|| {
-        // SAFETY: forwarded contract of this function.
-        let slot = unsafe { out(out_svc, "out") }?;
-        *slot = std::ptr::null_mut();
-        // SAFETY: forwarded contract of this function.
-        let s = unsafe { start(mux, listen, parser, None, handler, ctx, reply_max) }?;
-        *slot = Box::into_raw(Box::new(s));
-        Ok(0)
-    })
+    // SAFETY: forwarded contract of this function.
+    unsafe { start_into(out_svc, || start(mux, listen, parser, None, handler, ctx, reply_max)) }
 }
 
 /// `connmux_service_start` for TLS clients: every accepted connection is
@@ -255,15 +248,29 @@ pub unsafe extern "C" fn connmux_service_start_tls(
     reply_max: usize,
     out_svc: *mut *mut connmux_service,
 ) -> c_int {
+    // SAFETY: forwarded contract of this function.
+    unsafe {
+        start_into(out_svc, || {
+            let server = crate::tls::server_config(tls)?;
+            start(mux, listen, parser, Some(server), handler, ctx, reply_max)
+        })
+    }
+}
+
+/// `*out_svc` cleared, then the service `make` starts stored there: 0, or
+/// the negative errno it failed with.
+///
+/// # Safety
+/// `out_svc` is writable; `make` upholds the start calls' contract.
+unsafe fn start_into(
+    out_svc: *mut *mut connmux_service,
+    make: impl FnOnce() -> Result<connmux_service, Fail>,
+) -> c_int {
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let slot = unsafe { out(out_svc, "out") }?;
         *slot = std::ptr::null_mut();
-        // SAFETY: forwarded contract of this function.
-        let server = unsafe { crate::tls::server_config(tls) }?;
-        // SAFETY: forwarded contract of this function.
-        let s = unsafe { start(mux, listen, parser, Some(server), handler, ctx, reply_max) }?;
-        *slot = Box::into_raw(Box::new(s));
+        *slot = Box::into_raw(Box::new(make()?));
         Ok(0)
     })
 }

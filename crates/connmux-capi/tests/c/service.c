@@ -13,65 +13,11 @@
  * run.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <stdatomic.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
+#include <stddef.h>
 
-#include "connmux.h"
-
-static int passed, failed;
-
-#define CHECK(cond)                                                                                  \
-	do {                                                                                         \
-		if (cond) {                                                                          \
-			passed++;                                                                    \
-		} else {                                                                             \
-			failed++;                                                                    \
-			const char *le_ = connmux_last_error();                                      \
-			printf("FAIL %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond,       \
-			       le_ ? le_ : "none");                                                  \
-		}                                                                                    \
-	} while (0)
-
-#define EQ(a, b)                                                                                     \
-	do {                                                                                         \
-		long long a_ = (long long)(a), b_ = (long long)(b);                                  \
-		if (a_ == b_) {                                                                      \
-			passed++;                                                                    \
-		} else {                                                                             \
-			failed++;                                                                    \
-			const char *le_ = connmux_last_error();                                      \
-			printf("FAIL %s:%d: %s == %s: %lld != %lld (last error: %s)\n", __FILE__,    \
-			       __LINE__, #a, #b, a_, b_, le_ ? le_ : "none");                        \
-		}                                                                                    \
-	} while (0)
-
-#define MUST(call)                                                                                   \
-	do {                                                                                         \
-		long long r_ = (long long)(call);                                                    \
-		if (r_ < 0) {                                                                        \
-			printf("FATAL %s:%d: %s = %lld (%s)\n", __FILE__, __LINE__, #call, r_,       \
-			       connmux_last_error());                                                \
-			exit(2);                                                                     \
-		}                                                                                    \
-	} while (0)
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+#include "check.h"
 
 static int64_t thread_cpu_ns(void)
 {
@@ -141,38 +87,6 @@ static size_t request(uint8_t *out, char k, unsigned i)
 	memcpy(out, &be, 4);
 	memcpy(out + 4, body, (size_t)n);
 	return 4 + (size_t)n;
-}
-
-static void write_all(int fd, const void *buf, size_t n)
-{
-	const uint8_t *p = buf;
-	while (n > 0) {
-		ssize_t k = write(fd, p, n);
-		if (k <= 0) {
-			perror("write");
-			exit(2);
-		}
-		p += k;
-		n -= (size_t)k;
-	}
-}
-
-/* Read exactly n bytes within 5 s; returns 0, or -1 (timeout, end or error). */
-static int read_exact(int fd, void *buf, size_t n)
-{
-	size_t got = 0;
-	int64_t end = now_ms() + 5000;
-	while (got < n) {
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		int left = (int)(end - now_ms());
-		if (left <= 0 || poll(&p, 1, left) <= 0)
-			return -1;
-		ssize_t k = read(fd, (char *)buf + got, n - got);
-		if (k <= 0)
-			return -1;
-		got += (size_t)k;
-	}
-	return 0;
 }
 
 /* Whether the connection is closed (end of stream or reset) within 5 s. */
