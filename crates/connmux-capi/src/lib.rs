@@ -1588,19 +1588,13 @@ pub unsafe extern "C" fn connmux_send_batch(
         // SAFETY: forwarded contract of this function.
         let msgs = unsafe { msgs_mut(msgs, count) }?;
         let dontwait = flags & CONNMUX_MSG_DONTWAIT != 0;
-        let mut datas: Vec<&[u8]> = Vec::with_capacity(msgs.len());
+        let mut to: Vec<(Option<PsockId>, &[u8])> = Vec::with_capacity(msgs.len());
         for m in msgs.iter() {
             // SAFETY: forwarded contract of this function (each entry's buffer).
-            datas.push(unsafe { bytes(m.buf, m.len, "msgs[i].buf") }?);
+            to.push((psock_from_c(m.psock), unsafe { bytes(m.buf, m.len, "msgs[i].buf") }?));
         }
-        let sent = if msgs.iter().all(|m| m.psock == CONNMUX_PSOCK_NONE) {
-            with_mode(s, dontwait, |k| k.send_batch(&datas))?
-        } else {
-            let to: Vec<(Option<PsockId>, &[u8])> =
-                msgs.iter().zip(&datas).map(|(m, d)| (psock_from_c(m.psock), *d)).collect();
-            with_mode(s, dontwait, |k| k.send_batch_to(&to))?
-        };
-        for (m, d) in msgs.iter_mut().zip(&datas).take(sent) {
+        let sent = with_mode(s, dontwait, |k| k.send_batch_to(&to))?;
+        for (m, (_, d)) in msgs.iter_mut().zip(&to).take(sent) {
             m.n = d.len();
         }
         ok(sent)

@@ -46,22 +46,25 @@ fn c_backend_checks_pass() {
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg("here");
     let out = common::run(cmd, Duration::from_secs(120)).expect("run the C backend checks");
+    let passed = capi_summary_passed("backend", &out);
+    // Config checks and three runs of the messages (auto, epoll, io_uring
+    // where it works): ~110 here.
+    assert!(passed >= 70, "only {passed} C backend checks ran:\n{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// The checks passed by a C program that ends with "CAPI SUMMARY passed=N
+/// failed=M" (check.h's counts), after asserting that it exited 0 with none
+/// failed (its output in the message otherwise).
+fn capi_summary_passed(what: &str, out: &std::process::Output) -> usize {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let summary = stdout.lines().last().unwrap_or("");
     assert!(
         out.status.success() && summary.starts_with("CAPI SUMMARY ") && summary.ends_with(" failed=0"),
-        "C backend checks failed ({}):\n{stdout}{stderr}",
+        "C {what} checks failed ({}):\n{stdout}{stderr}",
         out.status
     );
-    let passed: usize = summary
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("passed="))
-        .and_then(|n| n.parse().ok())
-        .expect("a count");
-    // Config checks and three runs of the messages (auto, epoll, io_uring
-    // where it works): ~110 here.
-    assert!(passed >= 70, "only {passed} C backend checks ran:\n{stdout}");
+    summary.split_whitespace().find_map(|w| w.strip_prefix("passed=")).and_then(|n| n.parse().ok()).expect("a count")
 }
 
 /// tests/c/service.c: `connmux_service_start` with a C handler over real
@@ -80,14 +83,7 @@ fn c_service_checks_pass() {
     cmd.arg(&tls);
     let out = common::run(cmd, Duration::from_secs(120)).expect("run the C service checks");
     let _ = std::fs::remove_dir_all(&tls);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let summary = stdout.lines().last().unwrap_or("");
-    assert!(
-        out.status.success() && summary.starts_with("CAPI SUMMARY ") && summary.ends_with(" failed=0"),
-        "C service checks failed ({}):\n{stdout}{stderr}",
-        out.status
-    );
+    capi_summary_passed("service", &out);
 }
 
 /// A directory with what `test_tls` in unit.c and `tls_service` in service.c read: the server's CA

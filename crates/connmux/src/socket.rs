@@ -447,24 +447,13 @@ impl KcmSocket {
     }
 
     /// sendmmsg: every message but the last carries BATCH, so the batch goes out
-    /// together on one connection. Returns the number of messages sent.
+    /// together on one connection, accepted under one hold of the core.
+    /// Returns the number of messages sent (as [`KcmSocket::send_batch_to`]).
     pub fn send_batch(&self, msgs: &[&[u8]]) -> io::Result<usize> {
-        if let SockImp::Kernel(k) = &self.imp {
-            return k.send_batch(msgs);
+        match &self.imp {
+            SockImp::User(rt) => self.send_each(rt, msgs.len(), |i| (None, msgs[i])),
+            SockImp::Kernel(k) => k.send_batch(msgs),
         }
-        for (i, m) in msgs.iter().enumerate() {
-            let last = i + 1 == msgs.len();
-            let r = self.send_flags(m, SendFlags { eor: true, batch: !last, more: false });
-            if let Err(e) = r {
-                if i > 0 {
-                    // sendmmsg returns a short count; the core pushes out what
-                    // was batched before it refuses a message (kcm_push).
-                    return Ok(i);
-                }
-                return Err(e);
-            }
-        }
-        Ok(msgs.len())
     }
 
     /// sendmmsg to chosen connections: each message whole on its psock
@@ -480,20 +469,29 @@ impl KcmSocket {
     /// error when the first did. On the kernel backend only unaddressed
     /// messages (`None`) may be sent.
     pub fn send_batch_to(&self, msgs: &[(Option<PsockId>, &[u8])]) -> io::Result<usize> {
-        let rt = match &self.imp {
-            SockImp::User(rt) => rt,
+        match &self.imp {
+            SockImp::User(rt) => self.send_each(rt, msgs.len(), |i| msgs[i]),
             SockImp::Kernel(k) if msgs.iter().all(|(p, _)| p.is_none()) => {
                 let datas: Vec<&[u8]> = msgs.iter().map(|(_, d)| *d).collect();
-                return k.send_batch(&datas);
+                k.send_batch(&datas)
             }
-            SockImp::Kernel(_) => return Err(kernel::unsupported("KcmSocket::send_batch_to a psock", NO_ADDRESS)),
-        };
+            SockImp::Kernel(_) => Err(kernel::unsupported("KcmSocket::send_batch_to a psock", NO_ADDRESS)),
+        }
+    }
+
+    /// The userspace side of both batch sends: message `msg(i)` of `n`, each
+    /// whole, BATCH on all but the last.
+    fn send_each<'a>(
+        &self,
+        rt: &SockRt,
+        n: usize,
+        msg: impl Fn(usize) -> (Option<PsockId>, &'a [u8]),
+    ) -> io::Result<usize> {
         let id = rt.id;
-        let n = msgs.len();
         let mut sent = 0;
         let r = self.send_loop(rt, |m| {
             while sent < n {
-                let (p, data) = msgs[sent];
+                let (p, data) = msg(sent);
                 let flags = SendFlags { eor: true, batch: sent + 1 < n, more: false };
                 let r = match p {
                     Some(p) => m.send_to(id, p, data, flags),
@@ -514,6 +512,8 @@ impl KcmSocket {
             Ok(sent)
         });
         match r {
+            // (sendmmsg returns a short count; the core has pushed out what
+            // was batched before the refusal.)
             Err(_) if sent > 0 => Ok(sent),
             other => other,
         }
