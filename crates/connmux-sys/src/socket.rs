@@ -16,32 +16,57 @@ use crate::util::{cvt, cvt_size, retry_eintr};
 const TCP_CLOSE: u8 = 7;
 const TCP_LISTEN: u8 = 10;
 
-/// `read(2)` through `syscall(2)`, not libc's wrapper: the wrapper is a
-/// thread-cancellation point and brackets every call with two libc calls
-/// that switch asynchronous cancellation on and off (`docs/performance.md`
-/// counts them); nothing here uses `pthread_cancel`.
+/// `recvfrom(2)` with no address, through `syscall(2)`, not libc's wrapper:
+/// the wrapper is a thread-cancellation point and brackets every call with
+/// two libc calls that switch asynchronous cancellation on and off
+/// (`docs/performance.md` counts them); nothing here uses `pthread_cancel`.
 ///
 /// # Safety
-/// As `read(2)`: `buf` must be valid for writes of `len` bytes.
-unsafe fn raw_read(fd: RawFd, buf: *mut libc::c_void, len: usize) -> libc::ssize_t {
-    // SAFETY: the caller's contract is read(2)'s.
-    unsafe { libc::syscall(libc::SYS_read, fd as libc::c_long, buf, len) as libc::ssize_t }
+/// As `recv(2)`: `buf` must be valid for writes of `len` bytes.
+unsafe fn raw_recv(fd: RawFd, buf: *mut libc::c_void, len: usize, flags: libc::c_int) -> libc::ssize_t {
+    // SAFETY: the caller's contract is recv(2)'s; no address is asked for.
+    unsafe {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd as libc::c_long,
+            buf,
+            len,
+            flags as libc::c_long,
+            std::ptr::null_mut::<libc::sockaddr>(),
+            std::ptr::null_mut::<libc::socklen_t>(),
+        ) as libc::ssize_t
+    }
 }
 
-/// Reads into `buf` (`read(2)`); 0 means end of stream (or an empty `buf`). On a
-/// non-blocking fd with nothing to read the error kind is `WouldBlock`.
+/// Reads from a socket into `buf` (`recv(2)` with `MSG_DONTWAIT`: never
+/// blocks, whatever the descriptor's `O_NONBLOCK`, so a connection that
+/// [`recv_wait`] reads blocking at times is read here without a wait);
+/// 0 means end of stream (or an empty `buf`); nothing to read is
+/// `WouldBlock`. Costs what `read(2)` does.
 #[inline]
 pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     retry_eintr(|| {
         // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
-        cvt_size(unsafe { raw_read(fd, buf.as_mut_ptr().cast(), buf.len()) })
+        cvt_size(unsafe { raw_recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) })
     })
 }
 
-/// Reads at most `max` bytes onto the end of `buf` (`read(2)` into its spare
-/// capacity, which grows to `max` first if smaller): the bytes land where they
-/// will be used, with no copy and no zeroing. Returns the bytes read (0: end of
-/// stream, or `max == 0`); `buf` is unchanged on error.
+/// Reads from a socket into `buf`, waiting for bytes as the socket's mode
+/// says (`recv(2)`, no flags): on a blocking socket until bytes come, the
+/// end of the stream, an error, or its receive timeout ([`set_rcvtimeo`];
+/// then `WouldBlock`). A signal is `Interrupted`, not retried: the caller
+/// decides whether to wait again.
+#[inline]
+pub fn recv_wait(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+    cvt_size(unsafe { raw_recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) })
+}
+
+/// Reads at most `max` bytes from a socket onto the end of `buf` (as [`read`],
+/// never blocking, into its spare capacity, which grows to `max` first if
+/// smaller): the bytes land where they will be used, with no copy and no
+/// zeroing. Returns the bytes read (0: end of stream, or `max == 0`); `buf`
+/// is unchanged on error.
 pub fn read_into(fd: RawFd, buf: &mut bytes::BytesMut, max: usize) -> io::Result<usize> {
     if buf.capacity() - buf.len() < max {
         buf.reserve(max);
@@ -51,7 +76,7 @@ pub fn read_into(fd: RawFd, buf: &mut bytes::BytesMut, max: usize) -> io::Result
     let n = retry_eintr(|| {
         // SAFETY: the kernel writes at most `want` bytes, all within the spare
         // capacity (`want <= spare.len()`); it never reads them.
-        cvt_size(unsafe { raw_read(fd, spare.as_mut_ptr().cast(), want) })
+        cvt_size(unsafe { raw_recv(fd, spare.as_mut_ptr().cast(), want, libc::MSG_DONTWAIT) })
     })?;
     let n = n.min(want);
     // SAFETY: the first `n` bytes of the spare capacity were written by `read`.
@@ -101,7 +126,7 @@ pub(crate) fn sendmsg_flags(fd: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int)
     msg.msg_iovlen = iovlen as _;
     retry_eintr(|| {
         // SAFETY: `msg` points at `iovlen` live iovecs borrowed from `bufs` for the call.
-        // (Through `syscall(2)`, not libc's cancellable wrapper: see `raw_read`.)
+        // (Through `syscall(2)`, not libc's cancellable wrapper: see `raw_recv`.)
         cvt_size(unsafe {
             libc::syscall(libc::SYS_sendmsg, fd as libc::c_long, &msg as *const libc::msghdr, flags as libc::c_long)
                 as libc::ssize_t

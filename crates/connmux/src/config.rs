@@ -380,6 +380,27 @@ pub struct Tuning {
     /// Bytes of such replies all of one worker's leases hold together (the
     /// core's memory budget does not see them). Default 4 MiB.
     pub lease_backlog_total: usize,
+    /// An epoll worker whose one connection is lent, busy and plain reads it
+    /// the way a thread per connection would: a blocking `recv` in place of
+    /// its wait and its read, one system call a batch fewer (one light
+    /// connection at `-a32`, a hand-written epoll loop: 0.87–0.92× of the
+    /// blocking thread's calls/s without it, 0.99–1.04× with;
+    /// `docs/performance.md`, "A sole connection read blocking"). Busy:
+    /// its last two reads came within `sole_gap`. Cost: while such a read
+    /// waits, what other threads ask of the worker (a command, a message
+    /// for its socket, a second connection) waits for the connection's
+    /// next bytes or for `sole_timeout`, which the kernel counts in whole
+    /// scheduler ticks (1–4 ms a tick; up to two ticks), after which the
+    /// worker goes back to its epoll wait until the connection is busy
+    /// again. Off: every wait is the epoll wait. Default on.
+    pub sole_read: bool,
+    /// Reads of a worker's one connection this close together make it busy
+    /// (`sole_read`). Default 500 µs.
+    pub sole_gap: Duration,
+    /// How long a blocking read of a sole connection waits
+    /// (`SO_RCVTIMEO`, rounded up by the kernel to a scheduler tick).
+    /// Default 1 ms.
+    pub sole_timeout: Duration,
 }
 
 impl Default for Tuning {
@@ -405,6 +426,9 @@ impl Default for Tuning {
             lease_keep_total: 1 << 20,
             lease_backlog: 256 << 10,
             lease_backlog_total: 4 << 20,
+            sole_read: true,
+            sole_gap: Duration::from_micros(500),
+            sole_timeout: Duration::from_millis(1),
         }
     }
 }

@@ -323,7 +323,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
             }
         };
         if wake {
-            let _ = sh.workers[lane].waker.notify();
+            let _ = sh.workers[lane].wake();
         }
         if let (Some(h), Some(wall0)) = (helper, wall0) {
             lanes.crew.ran(h, took);

@@ -137,7 +137,7 @@ impl Drop for MuxInner {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         for w in &self.shared.workers {
-            let _ = w.waker.notify();
+            let _ = w.wake();
         }
         for t in self.threads.lock().unwrap().drain(..) {
             let _ = t.join();
@@ -501,7 +501,7 @@ impl Mux {
                 }
                 if rt.tls.is_some() {
                     // Its worker waits for the new handshake deadline.
-                    let _ = sh.workers[worker].waker.notify();
+                    let _ = sh.workers[worker].wake();
                 }
             }
             WorkerIo::Uring => sh.workers[worker].command(Command::Attach(rt.clone())),

@@ -136,7 +136,7 @@ impl Mux {
                 lanes: serving.lanes.clone(),
                 index: i,
             });
-            sh.workers[i].waker.notify()?;
+            sh.workers[i].wake()?;
         }
         // Returns once every worker serves: a read a worker makes before it
         // has taken its command (a worker's wait reads before it takes its

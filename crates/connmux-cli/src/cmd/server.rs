@@ -109,6 +109,10 @@ pub struct Common {
     /// connection to its worker (`Tuning::lease`; for comparisons).
     #[arg(long)]
     pub no_lease: bool,
+    /// Read a worker's one busy connection through the epoll wait, never
+    /// by a blocking read (`Tuning::sole_read` off; for comparisons).
+    #[arg(long)]
+    pub no_sole_read: bool,
     #[command(flatten)]
     pub tls: crate::cmd::tls::ServerTls,
     #[command(flatten)]
@@ -203,6 +207,7 @@ impl Common {
         c.lane_slice = Duration::from_micros(self.lane_slice_us);
         c.lane_in_order = self.lane_in_order;
         c.tuning.lease = !self.no_lease;
+        c.tuning.sole_read = !self.no_sole_read;
         c.core.max_msg_size = self.max_msg;
         c.core.assembly_timeout =
             (self.assembly_timeout_ms > 0).then(|| Duration::from_millis(self.assembly_timeout_ms));

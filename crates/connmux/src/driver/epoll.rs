@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use connmux_core::mux::Event;
+use connmux_core::mux::{Event, PsockId};
 use connmux_sys::epoll::{Epoll, Events, Interest};
 
 use crate::driver::worker::{self, Io, Woke, Worker};
@@ -32,8 +32,13 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     }
     let WorkerIo::Epoll(epoll) = &sh.workers[index].io else { unreachable!("epoll worker on a non-epoll WorkerRef") };
     let buf = vec![0u8; sh.read_chunk];
-    let mut io = EpollIo { epoll, evs: Events::with_capacity(256), buf, plain: Vec::new(), serve_unwatched: false };
+    let me = &sh.workers[index];
+    let sole = Sole::new(&sh.tuning);
+    let mut io =
+        EpollIo { epoll, me, evs: Events::with_capacity(256), buf, plain: Vec::new(), serve_unwatched: false, sole };
     worker::run(&sh, index, &mut io);
+    // (The descriptor goes back to the mode it was attached in.)
+    io.sole.end();
 }
 
 /// Lent connections whose replies backed up (`Own::to_watch`): wait for
@@ -53,6 +58,8 @@ fn watch_backlogs(w: &mut Worker<'_>) {
 /// (whose messages for its own socket are served before the next read).
 struct EpollIo<'a> {
     epoll: &'a Epoll,
+    /// This worker's handles (its psock count, its `woken` flag).
+    me: &'a crate::shared::WorkerRef,
     evs: Events,
     buf: Vec<u8>,
     /// A TLS psock's read, decrypted in the worker (`read_tls_psock`).
@@ -60,6 +67,134 @@ struct EpollIo<'a> {
     /// The serving socket's readiness could not be added to the epoll: its
     /// messages are looked for every pass, and no sleep is long.
     serve_unwatched: bool,
+    /// Its one connection read blocking while busy (`Tuning::sole_read`).
+    sole: Sole,
+}
+
+/// An epoll worker's one connection, read the way a thread per connection
+/// reads it while it is busy (`Tuning::sole_read`): a blocking `recv` in
+/// place of the epoll wait and the read that follows it.
+///
+/// ```text
+///           a wait brings only a lent read of the worker's one psock,
+///           within sole_gap of its read before
+///   Epoll ──────────────────────────────────────────────────► Hot
+///     ▲                                                        │ its next wait
+///     │ sole_timeout with no bytes, a read later than          ▼ (O_NONBLOCK off,
+///     │ sole_gap, or anything else for the worker          Blocking  SO_RCVTIMEO on)
+///     └──────────── (O_NONBLOCK on, SO_RCVTIMEO off) ──────────┘ each wait a recv
+/// ```
+///
+/// The worker's other reads and every write stay non-blocking by their
+/// flags (`connmux_sys::socket::read`, `writev`), whatever the
+/// descriptor's mode, so a connection given back meanwhile is read and
+/// written as any other until the next wait puts its mode back.
+struct Sole {
+    on: bool,
+    gap_ns: u64,
+    timeout: Duration,
+    /// The psock the last wait read on its lease, and when.
+    last: Option<(PsockId, u64)>,
+    /// The next wait may read this psock blocking.
+    hot: Option<PsockId>,
+    /// The psock whose descriptor blocks now (held: its number cannot be
+    /// taken by another connection while its mode is ours).
+    blocking: Option<Arc<PsockRt>>,
+}
+
+/// A wait bounded sooner than this many `sole_timeout`s (a deadline due)
+/// is the epoll wait: the blocking read could overrun it by a tick.
+const SOLE_TIMEOUTS_AHEAD: u32 = 10;
+
+impl Sole {
+    fn new(t: &crate::Tuning) -> Sole {
+        Sole {
+            on: t.sole_read,
+            gap_ns: t.sole_gap.as_nanos() as u64,
+            timeout: t.sole_timeout.max(Duration::from_micros(1)),
+            last: None,
+            hot: None,
+            blocking: None,
+        }
+    }
+
+    /// A wait brought a lent read of `p` at `at`, and nothing else: hot if
+    /// its read before came within the gap.
+    #[inline]
+    fn saw(&mut self, p: PsockId, at: u64) {
+        self.hot = match self.last {
+            Some((q, t)) if q == p && at.saturating_sub(t) <= self.gap_ns => Some(p),
+            _ => None,
+        };
+        self.last = Some((p, at));
+    }
+
+    /// Back to the epoll wait: the descriptor's mode as it was.
+    #[cold]
+    fn end(&mut self) {
+        self.hot = None;
+        if let Some(rt) = self.blocking.take() {
+            let _ = connmux_sys::socket::set_rcvtimeo(rt.fd(), None);
+            let _ = connmux_sys::socket::set_nonblocking(rt.fd(), true);
+        }
+    }
+}
+
+impl EpollIo<'_> {
+    /// The psock a wait may read blocking (`Sole`): hot, the worker's one
+    /// psock, lent (plain, nothing backed up, not revoked), nothing in its
+    /// lane, no wake, no message for its socket.
+    #[inline]
+    fn sole_psock(&self, w: &Worker<'_>) -> Option<Arc<PsockRt>> {
+        let p = self.sole.hot?;
+        if self.me.psocks.load(Ordering::Relaxed) != 1
+            || self.me.woken.load(Ordering::SeqCst)
+            || w.serving.as_ref().is_none_or(|sv| sv.sock.rx.is_set())
+            || w.bufs.lane_out()
+            || w.bufs.own.leases.len() != 1
+        {
+            return None;
+        }
+        let l = w.bufs.own.leases.get(&p)?;
+        let plain = l.rt.tls.is_none() && l.backlog.is_empty() && !l.rt.lease_revoked.load(Ordering::Acquire);
+        plain.then(|| l.rt.clone())
+    }
+
+    /// One blocking read of the sole psock `rt`, served as a lent read:
+    /// `None` when it timed out (or was interrupted), for the epoll wait.
+    #[inline(always)]
+    fn sole_read(&mut self, w: &mut Worker<'_>, rt: Arc<PsockRt>) -> Option<Woke> {
+        let (p, fd) = (rt.id, rt.fd());
+        if self.sole.blocking.is_none() {
+            self.begin_sole(rt)?;
+        }
+        let res = connmux_sys::socket::recv_wait(fd, &mut self.buf);
+        if matches!(ReadEnd::of_io(&res), ReadEnd::Again) {
+            return None;
+        }
+        let lent = w.bufs.own.leases.len();
+        read_leased(w, p, fd, &self.buf, res);
+        let kept = w.bufs.own.leases.len() == lent;
+        match kept {
+            true => self.sole.saw(p, w.bufs.own.read_at),
+            false => self.sole.hot = None,
+        }
+        Some(Woke {
+            commands: self.me.woken.load(Ordering::SeqCst),
+            serve_ready: w.serving.as_ref().is_some_and(|sv| sv.sock.rx.is_set()),
+            reported: true,
+            leased_only: kept,
+        })
+    }
+
+    /// `rt`'s descriptor made blocking, with the read's timeout.
+    #[cold]
+    fn begin_sole(&mut self, rt: Arc<PsockRt>) -> Option<()> {
+        let fd = rt.fd();
+        connmux_sys::socket::set_rcvtimeo(fd, Some(self.sole.timeout)).ok()?;
+        self.sole.blocking = Some(rt);
+        connmux_sys::socket::set_nonblocking(fd, false).ok()
+    }
 }
 
 impl Io for EpollIo<'_> {
@@ -77,7 +212,20 @@ impl Io for EpollIo<'_> {
             false => timeout,
             true => crate::driver::unwatched_wait(timeout),
         };
-        if self.epoll.wait(&mut self.evs, timeout).unwrap_or(0) == 0 {
+        // (A wait bounded sooner, a deadline due, is the epoll wait; what
+        // is hot stays so.)
+        let ahead = self.sole.timeout * SOLE_TIMEOUTS_AHEAD;
+        if (self.sole.hot.is_some() || self.sole.blocking.is_some()) && timeout.is_none_or(|t| t >= ahead) {
+            match self.sole_psock(w) {
+                Some(rt) => match self.sole_read(w, rt) {
+                    Some(woke) => return woke,
+                    None => self.sole.end(),
+                },
+                None => self.sole.end(),
+            }
+        }
+        let n = self.epoll.wait(&mut self.evs, timeout).unwrap_or(0);
+        if n == 0 {
             return woke;
         }
         woke.reported = true;
@@ -111,7 +259,13 @@ impl Io for EpollIo<'_> {
                     if let Some((fd, tls)) = lease {
                         let lent = w.bufs.own.leases.len();
                         match tls {
-                            false => read_leased(w, p, fd, &mut self.buf),
+                            false => {
+                                let res = connmux_sys::socket::read(fd, &mut self.buf);
+                                read_leased(w, p, fd, &self.buf, res);
+                                if n == 1 && self.sole.on && w.bufs.own.leases.len() == lent {
+                                    self.sole.saw(p, w.bufs.own.read_at);
+                                }
+                            }
                             true => read_leased_tls(w, p, &mut self.buf, &mut self.plain),
                         }
                         // (A lease given back took the core lock.)
@@ -141,7 +295,8 @@ impl Io for EpollIo<'_> {
                         }
                     }
                     if lent {
-                        read_leased(w, p, rt.fd(), &mut self.buf);
+                        let res = connmux_sys::socket::read(rt.fd(), &mut self.buf);
+                        read_leased(w, p, rt.fd(), &self.buf, res);
                     } else if readable {
                         read_psock(w, &rt, rx, &mut self.buf, &mut self.plain);
                     }
@@ -290,10 +445,9 @@ fn read_tls(
 /// lease goes back and the read goes the usual way. Inlined into the wait,
 /// its one caller, for the same reason as the wait into the loop.
 #[inline(always)]
-fn read_leased(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, fd: std::os::fd::RawFd, buf: &mut [u8]) {
+fn read_leased(w: &mut Worker<'_>, p: PsockId, fd: std::os::fd::RawFd, buf: &[u8], res: std::io::Result<usize>) {
     let sh = w.sh;
     let Some(sv) = w.serving.as_ref() else { return };
-    let res = connmux_sys::socket::read(fd, buf);
     let read_at = connmux_sys::clock::now_nanos();
     w.bufs.own.read_at = read_at;
     match ReadEnd::of_io(&res) {
@@ -318,7 +472,7 @@ fn read_leased(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, fd: std::os::f
 /// [`read_leased`] for a TLS psock: decrypted here; plaintext that is all
 /// whole messages is served on the lease and its replies made into records
 /// and written (`LentOut::Tls`). Anything else gives the lease back first.
-fn read_leased_tls(w: &mut Worker<'_>, p: connmux_core::mux::PsockId, buf: &mut [u8], plain: &mut Vec<u8>) {
+fn read_leased_tls(w: &mut Worker<'_>, p: PsockId, buf: &mut [u8], plain: &mut Vec<u8>) {
     let Some(rt) = w.bufs.own.leases.get(&p).map(|l| l.rt.clone()) else { return };
     let Some(tls) = &rt.tls else { return };
     // (A lent psock holds nothing: the core would take a whole buffer.)

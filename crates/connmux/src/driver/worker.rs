@@ -154,6 +154,11 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
             // posted in between leaves it readable for the next wait rather
             // than being slept through.
             let _ = me.waker.drain();
+            // (Lowered after the drain: a wake between the two leaves the
+            // eventfd readable, which costs a pass; lowered before, a wake
+            // in between would leave the flag up with nothing behind it.
+            // The commands are taken after both.)
+            me.woken.store(false, Ordering::SeqCst);
             let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
             for c in cmds {
                 match c {

@@ -244,6 +244,11 @@ pub(crate) struct WorkerRef {
     /// Its thread, once running: a reader on that thread (a handler) does
     /// not wait for it.
     pub thread: OnceLock<ThreadId>,
+    /// Woken since it last took its commands ([`WorkerRef::wake`]): an
+    /// epoll worker reading its sole connection blocking
+    /// (`Tuning::sole_read`) looks here before each such read, not at the
+    /// waker's eventfd.
+    pub woken: AtomicBool,
 }
 
 impl WorkerRef {
@@ -258,13 +263,21 @@ impl WorkerRef {
             lent: AtomicBool::new(false),
             told: AtomicU64::new(0),
             thread: OnceLock::new(),
+            woken: AtomicBool::new(false),
         }
     }
 
     /// Queue a command and wake the worker.
     pub fn command(&self, c: Command) {
         self.commands.lock().unwrap().push(c);
-        let _ = self.waker.notify();
+        let _ = self.wake();
+    }
+
+    /// Wake the worker: `woken`, then its waker's eventfd (what a wait
+    /// watches). What the wake is for is in place before.
+    pub fn wake(&self) -> std::io::Result<()> {
+        self.woken.store(true, Ordering::SeqCst);
+        self.waker.notify()
     }
 
     /// The worker lent itself a psock outside its hold

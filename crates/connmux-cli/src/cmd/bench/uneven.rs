@@ -112,6 +112,10 @@ pub struct LaneArgs {
     /// comparisons.
     #[arg(long)]
     pub no_lease: bool,
+    /// An epoll worker's one busy connection read through its epoll wait,
+    /// never by a blocking read (`Tuning::sole_read` off), for comparisons.
+    #[arg(long)]
+    pub no_sole_read: bool,
 }
 
 impl LaneArgs {
@@ -126,6 +130,7 @@ impl LaneArgs {
         c.lane_in_order = self.lane_in_order;
         c.tuning.busy_handler = Duration::from_micros(self.busy_us);
         c.tuning.lease = !self.no_lease;
+        c.tuning.sole_read = !self.no_sole_read;
     }
 
     /// The same flags on a command line (for `uneven-server`).
@@ -144,6 +149,7 @@ impl LaneArgs {
         .collect();
         v.extend(self.lane_in_order.then(|| "--lane-in-order".to_owned()));
         v.extend(self.no_lease.then(|| "--no-lease".to_owned()));
+        v.extend(self.no_sole_read.then(|| "--no-sole-read".to_owned()));
         v
     }
 }
@@ -757,6 +763,7 @@ mod tests {
             lane_in_order: true,
             busy_us: 33,
             no_lease: true,
+            no_sole_read: true,
         };
         let argv = std::iter::once("uneven-server".to_owned()).chain(given.to_args());
         let got = Server::try_parse_from(argv).expect("the server parses the bench's flags").lanes;
