@@ -133,6 +133,12 @@ impl Sole {
     #[cold]
     fn end(&mut self) {
         self.hot = None;
+        self.put_back();
+    }
+
+    /// The blocking descriptor's mode as it was, if there is one.
+    #[cold]
+    fn put_back(&mut self) {
         if let Some(rt) = self.blocking.take() {
             let _ = connmux_sys::socket::set_rcvtimeo(rt.fd(), None);
             let _ = connmux_sys::socket::set_nonblocking(rt.fd(), true);
@@ -165,7 +171,9 @@ impl EpollIo<'_> {
     #[inline(always)]
     fn sole_read(&mut self, w: &mut Worker<'_>, rt: Arc<PsockRt>) -> Option<Woke> {
         let (p, fd) = (rt.id, rt.fd());
-        if self.sole.blocking.is_none() {
+        if !matches!(&self.sole.blocking, Some(b) if b.id == p) {
+            // (Another connection's episode, if any, ends first.)
+            self.sole.put_back();
             self.begin_sole(rt)?;
         }
         let res = connmux_sys::socket::recv_wait(fd, &mut self.buf);
@@ -508,5 +516,29 @@ fn read_lent(
     match ReadEnd::of_io(&res) {
         ReadEnd::Data(_) => core.drain_events(events),
         end => read_ended(sh, rt, core, end, events),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_is_hot_only_after_two_reads_within_the_gap() {
+        let t = crate::Tuning { sole_gap: Duration::from_micros(500), ..crate::Tuning::default() };
+        let mut s = Sole::new(&t);
+        let (a, b) = (PsockId { index: 1, generation: 1 }, PsockId { index: 2, generation: 1 });
+        s.saw(a, 1_000_000);
+        assert_eq!(s.hot, None, "one read tells nothing");
+        s.saw(a, 1_400_000);
+        assert_eq!(s.hot, Some(a), "two within 500 µs");
+        s.saw(a, 2_000_000);
+        assert_eq!(s.hot, None, "600 µs after the last: quiet");
+        s.saw(a, 2_100_000);
+        assert_eq!(s.hot, Some(a), "busy again");
+        s.saw(b, 2_200_000);
+        assert_eq!(s.hot, None, "another connection's read: not the same one");
+        s.end();
+        assert_eq!((s.hot, s.blocking.is_none()), (None, true));
     }
 }

@@ -133,7 +133,12 @@ fn one_run(
     match kind {
         "connmux" => {
             // io_uring does not run under valgrind: the epoll driver.
-            cmd.arg(exe()?).args(["bench", "mux-server", "-l", &listen, "--cpus", "0"]);
+            // (Never heavy: ~50 times as slow under callgrind, a NULL call
+            // would look heavy at times and go to a lane.)
+            cmd.arg(exe()?).args(["bench", "mux-server", "-l", &listen, "--cpus", "0", "--never-heavy"]);
+            if std::env::var_os("CONNMUX_INSTR_NO_SOLE").is_some() {
+                cmd.arg("--no-sole-read");
+            }
             cmd.args(["--driver", "epoll", "--duration", &secs]);
         }
         "raw" => {

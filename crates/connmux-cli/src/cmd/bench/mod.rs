@@ -144,6 +144,16 @@ pub struct MuxServerArgs {
     /// Stop after this many seconds (default: until killed).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// No connection is ever found heavy (`Tuning::slow_handler` and
+    /// `busy_handler` at their most): under an instruction counter
+    /// (`bench instructions`, callgrind) every request runs ~50 times as
+    /// long, so a NULL call would look heavy and go to a lane at times.
+    #[arg(long)]
+    pub never_heavy: bool,
+    /// A worker's one busy connection read through the epoll wait
+    /// (`Tuning::sole_read` off), for comparisons.
+    #[arg(long)]
+    pub no_sole_read: bool,
 }
 
 /// `connmux rpc-server` as `crate::cmd::server` builds it, but with the
@@ -158,6 +168,11 @@ fn run_mux_server(a: MuxServerArgs) -> anyhow::Result<i32> {
         "uring" => connmux::Driver::Uring,
         o => bail!("--driver {o}: auto, epoll or uring"),
     };
+    if a.never_heavy {
+        c.tuning.slow_handler = Duration::MAX;
+        c.tuning.busy_handler = Duration::MAX;
+    }
+    c.tuning.sole_read = !a.no_sole_read;
     let svc = crate::cmd::server::start_rpc_service(c, a.listen, crate::cmd::server::registry(&[])?)?;
     println!("mux-server listening on {} (driver {:?})", svc.local_addr(), svc.mux().driver());
     let start = Instant::now();
