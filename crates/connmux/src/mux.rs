@@ -338,6 +338,12 @@ impl Mux {
     /// its own descriptor for the connection (as KCM keeps a file reference), so
     /// closing the caller's descriptor neither detaches nor closes it.
     ///
+    /// Its descriptor shares the caller's open file, whose mode is the
+    /// mux's while attached: non-blocking (`O_NONBLOCK` set here), and, on
+    /// the epoll driver, blocking with a receive timeout while it is its
+    /// worker's one busy connection (`Tuning::sole_read`), put back when
+    /// that ends.
+    ///
     /// Userspace: the connection is read by the worker pinned on the CPU where
     /// its packets arrive (`Config::incoming_cpu`), else by the workers in
     /// turn; [`Mux::attach_on`] chooses the worker.

@@ -94,7 +94,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         let (svc, h) = (Arc::downgrade(&svc), handler.clone());
         std::thread::Builder::new().name("connmux-9p-sweep".into()).spawn(move || {
             while let Some(svc) = svc.upgrade() {
-                h.sweep(&svc.mux().psocks());
+                h.sweep(|| svc.mux().psocks());
                 drop(svc);
                 std::thread::sleep(Duration::from_secs(1));
             }

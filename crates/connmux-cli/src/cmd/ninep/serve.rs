@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -41,11 +41,14 @@ pub struct Conn {
     /// for its reply.
     in_flight: Mutex<HashMap<u16, InFlight>>,
     msize: AtomicU32,
+    /// The handler's sweep epoch when this state was made
+    /// ([`NinepHandler::sweep`]).
+    born: u64,
 }
 
 impl Conn {
-    fn new(max_fids: usize) -> Conn {
-        Conn { fids: Mutex::default(), max_fids, in_flight: Mutex::default(), msize: AtomicU32::new(0) }
+    fn new(max_fids: usize, born: u64) -> Conn {
+        Conn { fids: Mutex::default(), max_fids, in_flight: Mutex::default(), msize: AtomicU32::new(0), born }
     }
 }
 
@@ -122,6 +125,8 @@ pub struct NinepHandler {
     pub stats: Arc<NinepStats>,
     max_msize: u32,
     max_fids: usize,
+    /// Sweeps begun ([`NinepHandler::sweep`]).
+    epoch: AtomicU64,
 }
 
 /// The file-system threads' shared part.
@@ -148,18 +153,28 @@ impl NinepHandler {
             stats: stats.clone(),
             max_msize,
             max_fids,
+            epoch: AtomicU64::new(0),
         };
         (Arc::new(h), Arc::new(Pool { jobs: rx, export, stats, senders: OnceLock::new() }))
     }
 
     fn conn(&self, p: PsockId) -> Arc<Conn> {
-        self.conns.lock().unwrap().entry(p).or_insert_with(|| Arc::new(Conn::new(self.max_fids))).clone()
+        let mut conns = self.conns.lock().unwrap();
+        let born = self.epoch.load(SeqCst);
+        conns.entry(p).or_insert_with(|| Arc::new(Conn::new(self.max_fids, born))).clone()
     }
 
-    /// Forget the connections that are gone (`live`: those attached now).
-    pub fn sweep(&self, live: &[PsockId]) {
-        let live: std::collections::HashSet<_> = live.iter().collect();
-        self.conns.lock().unwrap().retain(|p, _| live.contains(p));
+    /// Forget the connections that are gone: not among `live()`, the
+    /// connections attached now, and older than that look. A connection
+    /// whose state was made after the sweep began may be missing from it
+    /// (attached after the look), so it stays: forgotten, its fids would
+    /// be gone a moment after its attach made them (its next walk EBADF).
+    pub fn sweep(&self, live: impl FnOnce() -> Vec<PsockId>) {
+        // (State made before this mark belongs to a connection attached
+        // before it, hence before the look.)
+        let mark = self.epoch.fetch_add(1, SeqCst) + 1;
+        let live: std::collections::HashSet<_> = live().into_iter().collect();
+        self.conns.lock().unwrap().retain(|p, c| c.born >= mark || live.contains(p));
     }
 
     /// Connections with state.
@@ -456,5 +471,41 @@ impl Pool {
             | Tmsg::Xattrcreate { .. } => return Err(Errno::INVAL),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sweep_keeps_the_state_of_a_connection_attached_while_it_looks() {
+        let dir = std::env::temp_dir().join(format!("connmux-9p-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let export = Arc::new(Export::open(&dir, true).unwrap());
+        let (h, _pool) = NinepHandler::new(export, 65536, 4, 16);
+        let (gone, old, new) = (
+            PsockId { index: 1, generation: 1 },
+            PsockId { index: 2, generation: 1 },
+            PsockId { index: 3, generation: 1 },
+        );
+        h.conn(gone);
+        h.conn(old);
+        // `new` attaches, and its first request makes its state, after the
+        // sweep's look at the attached connections (which saw `old` only).
+        h.sweep(|| {
+            let live = vec![old];
+            h.conn(new);
+            live
+        });
+        let mut kept: Vec<PsockId> = h.conns.lock().unwrap().keys().copied().collect();
+        kept.sort();
+        assert_eq!(kept, vec![old, new], "the gone one forgotten, the new one kept");
+        // The next sweep, which sees it, keeps it; one that does not, forgets it.
+        h.sweep(|| vec![old, new]);
+        assert_eq!(h.conns(), 2);
+        h.sweep(|| vec![new]);
+        assert_eq!(h.conns(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
