@@ -147,11 +147,11 @@ impl Sole {
 }
 
 impl EpollIo<'_> {
-    /// The psock a wait may read blocking (`Sole`): hot, the worker's one
-    /// psock, lent (plain, nothing backed up, not revoked), nothing in its
-    /// lane, no wake, no message for its socket.
+    /// The psock a wait may read blocking (`Sole`), and its descriptor:
+    /// hot, the worker's one psock, lent (plain, nothing backed up, not
+    /// revoked), nothing in its lane, no wake, no message for its socket.
     #[inline]
-    fn sole_psock(&self, w: &Worker<'_>) -> Option<Arc<PsockRt>> {
+    fn sole_psock(&self, w: &Worker<'_>) -> Option<(PsockId, std::os::fd::RawFd)> {
         let p = self.sole.hot?;
         if self.me.psocks.load(Ordering::Relaxed) != 1
             || self.me.woken.load(Ordering::SeqCst)
@@ -163,18 +163,18 @@ impl EpollIo<'_> {
         }
         let l = w.bufs.own.leases.get(&p)?;
         let plain = l.rt.tls.is_none() && l.backlog.is_empty() && !l.rt.lease_revoked.load(Ordering::Acquire);
-        plain.then(|| l.rt.clone())
+        plain.then(|| (p, l.rt.fd()))
     }
 
-    /// One blocking read of the sole psock `rt`, served as a lent read:
-    /// `None` when it timed out (or was interrupted), for the epoll wait.
+    /// One blocking read of the sole psock `p` (descriptor `fd`), served
+    /// as a lent read: `None` when it timed out (or was interrupted), for
+    /// the epoll wait.
     #[inline(always)]
-    fn sole_read(&mut self, w: &mut Worker<'_>, rt: Arc<PsockRt>) -> Option<Woke> {
-        let (p, fd) = (rt.id, rt.fd());
+    fn sole_read(&mut self, w: &mut Worker<'_>, p: PsockId, fd: std::os::fd::RawFd) -> Option<Woke> {
         if !matches!(&self.sole.blocking, Some(b) if b.id == p) {
             // (Another connection's episode, if any, ends first.)
             self.sole.put_back();
-            self.begin_sole(rt)?;
+            self.begin_sole(w.bufs.own.leases.get(&p)?.rt.clone())?;
         }
         let res = connmux_sys::socket::recv_wait(fd, &mut self.buf);
         if matches!(ReadEnd::of_io(&res), ReadEnd::Again) {
@@ -225,7 +225,7 @@ impl Io for EpollIo<'_> {
         let ahead = self.sole.timeout * SOLE_TIMEOUTS_AHEAD;
         if (self.sole.hot.is_some() || self.sole.blocking.is_some()) && timeout.is_none_or(|t| t >= ahead) {
             match self.sole_psock(w) {
-                Some(rt) => match self.sole_read(w, rt) {
+                Some((p, fd)) => match self.sole_read(w, p, fd) {
                     Some(woke) => return woke,
                     None => self.sole.end(),
                 },
