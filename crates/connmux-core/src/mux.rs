@@ -685,6 +685,12 @@ impl Psock {
     fn rx_held(&self) -> usize {
         self.stream.buffered() + self.ready.as_ref().map_or(0, |m| m.remaining())
     }
+    /// What the memory budget counts of the psock's receive side: the
+    /// assembly buffer's allocation ([`StreamParser::memory`]) and a ready
+    /// message.
+    fn rx_mem(&self) -> usize {
+        self.stream.memory() + self.ready.as_ref().map_or(0, |m| m.remaining())
+    }
     fn tx_pending_bytes(&self) -> usize {
         self.tx_queue.iter().map(|m| m.data.len() - m.sent).sum()
     }
@@ -764,6 +770,10 @@ pub struct Mux {
     mem_next: Option<Timestamp>,
     /// When the next idle or handshake deadline may have passed.
     scan_next: Option<Timestamp>,
+    /// Psocks read again after the server held them back, whose assembly
+    /// deadline restarts at the next time the mux is told
+    /// ([`Mux::rx_resume`]: the calls that resume carry no time).
+    restarts: Vec<PsockId>,
     /// `TxPolicy::LeastOutstanding`: the index of the psock chosen last (ties
     /// go to the next one).
     tx_last: u32,
@@ -841,6 +851,7 @@ impl Mux {
             mem_over: false,
             mem_next: None,
             scan_next: None,
+            restarts: Vec::new(),
             tx_last: u32::MAX,
         }
     }
@@ -867,6 +878,20 @@ impl Mux {
     fn note_time(&mut self, now: Timestamp) {
         if now > self.now {
             self.now = now;
+        }
+        if !self.restarts.is_empty() {
+            self.restart_deadlines();
+        }
+    }
+
+    /// The deadlines [`Mux::rx_resume`] held run again, in full, from now.
+    #[cold]
+    fn restart_deadlines(&mut self) {
+        for p in std::mem::take(&mut self.restarts) {
+            if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+                ps.stream.restart_deadline(self.now);
+            }
+            self.sync_deadline(p);
         }
     }
 
@@ -929,7 +954,7 @@ impl Mux {
                 ps.stats.unreserved += 1;
             }
             if backlog_drained(&self.config, before, after) {
-                self.events.push_back(Event::PsockRxResume(p));
+                self.rx_resume(p);
             }
             if reserved_by_s {
                 self.psock_now_avail(p);
@@ -1689,7 +1714,7 @@ impl Mux {
             self.rx_pass(p, now, None);
             self.recount_only(p);
             if self.rx_capacity(p) > 0 {
-                self.events.push_back(Event::PsockRxResume(p));
+                self.rx_resume(p);
             }
         }
     }
@@ -1778,7 +1803,7 @@ impl Mux {
             self.check_drained(p);
         }
         if resume && self.rx_capacity(p) > 0 {
-            self.events.push_back(Event::PsockRxResume(p));
+            self.rx_resume(p);
         }
     }
 
@@ -2370,16 +2395,17 @@ impl Mux {
             }
         }
         ps.tx_inflight = 0;
-        if backlog_drained(&self.config, backlog_before, ps.tx_addr_bytes) {
-            // The peer read its replies: read it again.
-            self.events.push_back(Event::PsockRxResume(p));
-        }
+        // The peer read its replies: read it again.
+        let resume = backlog_drained(&self.config, backlog_before, ps.tx_addr_bytes);
         let release = match ps.tx_kcm {
             Some(s) if ps.tx_rsvd_msgs == 0 => {
                 self.socks.get(s.index, s.generation).is_none_or(|sock| sock.tx_queue.is_empty())
             }
             _ => false,
         };
+        if resume {
+            self.rx_resume(p);
+        }
         if let Some(last) = last {
             for i in 0..self.tx_done.len() {
                 let (owner, len, msgs) = self.tx_done[i];
@@ -2534,7 +2560,9 @@ impl Mux {
     /// The earliest assembly deadline of any psock (O(1)), or the time the
     /// memory budget, an idle or a handshake deadline wants a look.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
-        [self.deadlines.next(), self.mem_next, self.scan_next].into_iter().flatten().min()
+        // Deadlines to restart: at once, with the caller's time.
+        let restart = (!self.restarts.is_empty()).then_some(self.now);
+        [self.deadlines.next(), self.mem_next, self.scan_next, restart].into_iter().flatten().min()
     }
     /// Abort, with ETIMEDOUT, every psock whose message's deadline is at or
     /// before `now`, earliest deadline first. Costs O(log n) per deadline that
@@ -2549,6 +2577,15 @@ impl Mux {
                 continue; // stale: cleared, re-armed, or another psock in the slot
             }
             self.deadlines.fired(&mut ps.timer);
+            if Self::held_back(ps, &self.config) {
+                // The server is not reading this psock (its replies backed
+                // up, its messages not taken, the memory budget): the time
+                // is the server's. The deadline runs again, in full, when
+                // reading resumes (`rx_resume`).
+                ps.stream.hold_deadline();
+                self.sync_deadline(p);
+                continue;
+            }
             if let Err(e) = ps.stream.check_timeout(now) {
                 if matches!(ps.life, Life::Open | Life::PeerClosed) {
                     ps.life = Life::Failed;
@@ -2567,6 +2604,31 @@ impl Mux {
             self.mem_check(now);
         }
     }
+    /// Whether the server itself holds psock `ps`'s reading back (the
+    /// reasons [`Mux::rx_capacity`] gives 0 for, but for a stopped or
+    /// failed receive side).
+    fn held_back(ps: &Psock, config: &MuxConfig) -> bool {
+        !ps.life.rx_over()
+            && !ps.stream.is_stopped()
+            && (ps.paused || ps.mem != MemState::Reading || ps.queued_full || ps.tx_addr_bytes >= backlog_pause(config))
+    }
+
+    /// Psock `p` is read again after the server held it back: its current
+    /// message's assembly deadline restarts from now (the peer gets its
+    /// whole timeout to send the rest), and the driver is told to read
+    /// (`PsockRxResume`).
+    fn rx_resume(&mut self, p: PsockId) {
+        // Held until the next call that carries the time (this one may
+        // carry none, and the mux's last reading may be older than the
+        // timeout): `poll_timeout` asks for that call at once.
+        if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+            ps.stream.hold_deadline();
+            self.restarts.push(p);
+        }
+        self.sync_deadline(p);
+        self.events.push_back(Event::PsockRxResume(p));
+    }
+
     /// Deadline entries held (live and stale): at most 2 × armed + 64.
     #[doc(hidden)]
     pub fn deadline_entries(&self) -> usize {
@@ -2623,7 +2685,7 @@ impl Mux {
     /// Every byte the core holds now: psock buffers and ready messages, socket
     /// receive and send queues (open messages included), the hold queue.
     pub fn memory_used(&self) -> usize {
-        let psocks: usize = self.psocks.iter().map(|(_, _, ps)| ps.rx_held() + ps.below).sum();
+        let psocks: usize = self.psocks.iter().map(|(_, _, ps)| ps.rx_mem() + ps.below).sum();
         let socks: usize = self.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
         psocks + socks + self.hold_mem
     }

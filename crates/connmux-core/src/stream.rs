@@ -184,14 +184,21 @@ pub struct StreamParser {
     /// Always begins at the current message's first byte.
     buf: BytesMut,
     frame: Frame,
-    /// When the current message's first byte was seen (deadline origin).
+    /// When the current message's first byte was seen (deadline origin),
+    /// or when reading it last resumed after the server stopped.
     started: Option<Timestamp>,
+    /// The assembly deadline is held: the server stopped reading this
+    /// stream (backpressure) when it came due; it runs again, in full, from
+    /// [`StreamParser::restart_deadline`].
+    deadline_held: bool,
     stopped: bool,
     stats: StreamStats,
     /// Length of the last complete message (predicts the next one's).
     last_len: usize,
     /// The loan out, if any: its id, the bytes it started with, its limit.
     lent: Option<(u64, usize, usize)>,
+    /// The lent buffer's allocation (what it holds in memory while out).
+    lent_cap: usize,
     loans: u64,
 }
 
@@ -214,6 +221,8 @@ impl StreamParser {
             buf: BytesMut::new(),
             frame: Frame::Idle,
             started: None,
+            deadline_held: false,
+            lent_cap: 0,
             stopped: false,
             stats: StreamStats::default(),
             last_len: 0,
@@ -241,6 +250,20 @@ impl StreamParser {
         match self.lent {
             Some((_, start, limit)) => start + limit,
             None => self.buf.len(),
+        }
+    }
+
+    /// Memory held for the stream, as the memory budget counts it: the
+    /// assembly buffer's allocation while it holds bytes or is lent (room
+    /// reserved for the rest of a message is memory the process holds, and
+    /// pages reused from earlier buffers are resident), never less than
+    /// [`StreamParser::buffered`]. An empty buffer between messages counts
+    /// nothing (a small read buffer kept for the next read).
+    pub fn memory(&self) -> usize {
+        match self.lent {
+            Some((_, start, limit)) => (start + limit).max(self.lent_cap),
+            None if self.buf.is_empty() => 0,
+            None => self.buf.capacity().max(self.buf.len()),
         }
     }
     /// True while the assembly buffer is lent ([`StreamParser::lend`]).
@@ -373,6 +396,21 @@ impl StreamParser {
             // The room left after the last messages, or after the bytes of
             // this one (which would have to move to go elsewhere).
             base + per * more.min((spare - base) / per)
+        } else if max < base && spare >= max && !self.buf.is_empty() {
+            // The memory budget allows less than the message needs: into
+            // the room already there.
+            max
+        } else if max < base {
+            // The same, with no room: a buffer for what the budget allows,
+            // at least as large again as what is kept (so that a message
+            // read this way moves O(log n) times, not once a read). The
+            // budget counts the allocation ([`StreamParser::memory`]), so
+            // reserving the whole message here would hold memory it does
+            // not see (a thousand peers each sending most of a large
+            // message).
+            let alloc = max.max(self.buf.len()).min(base);
+            self.buf = lend_buffer(&self.buf, alloc);
+            alloc
         } else {
             // A new buffer for the whole plan. Between messages, rather than
             // a shorter read into the room left, which would leave whole
@@ -387,6 +425,7 @@ impl StreamParser {
         self.loans += 1;
         let start = self.buf.len();
         self.lent = Some((self.loans, start, limit));
+        self.lent_cap = self.buf.capacity();
         Some(Loan { buf: std::mem::take(&mut self.buf), start, limit, id: self.loans })
     }
 
@@ -431,8 +470,26 @@ impl StreamParser {
     /// The assembly deadline of the current message, if one is running.
     pub fn deadline(&self) -> Option<Timestamp> {
         match (self.started, self.limits.assembly_timeout) {
-            (Some(t), Some(d)) if !self.stopped => Some(t.add(d)),
+            (Some(t), Some(d)) if !self.stopped && !self.deadline_held => Some(t.add(d)),
             _ => None,
+        }
+    }
+
+    /// The server is not reading this stream (its replies backed up, its
+    /// readers full, the memory budget): the assembly deadline of the
+    /// current message stops, since the time is the server's, not the
+    /// peer's. Until [`StreamParser::restart_deadline`].
+    pub fn hold_deadline(&mut self) {
+        self.deadline_held = true;
+    }
+
+    /// Reading resumed at `now`: the current message's assembly deadline
+    /// runs again from `now`, in full (a held one, or one that ran while the
+    /// server was not reading).
+    pub fn restart_deadline(&mut self, now: Timestamp) {
+        self.deadline_held = false;
+        if self.started.is_some() {
+            self.started = Some(now);
         }
     }
 
@@ -483,6 +540,7 @@ impl StreamParser {
         self.buf = BytesMut::new();
         self.frame = Frame::Idle;
         self.started = None;
+        self.deadline_held = false;
         // A loan out is dropped when it comes back (`Unlend::Stale`).
         self.lent = None;
     }
@@ -567,6 +625,7 @@ impl StreamParser {
         }
         self.frame = Frame::Idle;
         self.started = None;
+        self.deadline_held = false;
         self.stats.msgs += 1;
         self.stats.bytes += full_len as u64;
         self.last_len = full_len;

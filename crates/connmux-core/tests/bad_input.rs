@@ -124,7 +124,9 @@ fn stalled_message_past_its_deadline_aborts_only_that_psock() {
     let (ev, st, _) = with_neighbours(L4::boxed(), cfg, |m, b| {
         let before = m.memory_used();
         m.feed(b, &l4_total(500, 0xb)[..100], ms(1)).unwrap();
-        assert_eq!(m.memory_used(), before + 100);
+        // The budget counts the assembly buffer's allocation: at least the
+        // bytes held.
+        assert!(m.memory_used() >= before + 100, "{} held", m.memory_used() - before);
         assert_eq!(m.poll_timeout(), Some(ms(101)));
         m.handle_timeout(ms(100));
         assert!(m.rx_capacity(b) > 0, "not yet");

@@ -564,6 +564,23 @@ impl<B: AsRef<[u8]>> Ring<B> {
         self.push(slot, entry)
     }
 
+    /// Queues one receive on `fd` into one provided buffer (at most a buffer's
+    /// size): the single-shot kind of [`recv_multishot`](Ring::recv_multishot),
+    /// for a caller that must bound what one wait delivers (a multishot
+    /// receive goes on filling buffers for as long as bytes come). Its one
+    /// completion is a [`Completion::Recv`] with `more` false, or a
+    /// [`Completion::RecvEnd`].
+    pub fn recv_once(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
+        let slot = self.slots.alloc(Op::Recv { token });
+        // Length 0 with a selected buffer: the buffer's own length.
+        let entry = opcode::Recv::new(types::Fd(fd), std::ptr::null_mut(), 0)
+            .buf_group(BGID)
+            .build()
+            .flags(squeue::Flags::BUFFER_SELECT)
+            .user_data(slot as u64);
+        self.push(slot, entry)
+    }
+
     /// Queues one receive of at most `max` bytes from `fd` onto the end of `buf`
     /// (into its spare capacity, grown to `max` first if smaller): for a caller that
     /// knows where the bytes should land, with no provided buffer and no copy. The

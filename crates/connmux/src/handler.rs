@@ -205,6 +205,10 @@ pub struct ServiceStats {
     /// Connections refused at accept (closed with a reset at once) because
     /// the service already had [`Service::set_max_conns`](crate::service::Service::set_max_conns) attached.
     pub refused: AtomicU64,
+    /// Connections reset at the cap to make room for a new one, because
+    /// they had been idle for [`EVICT_IDLE`](crate::service::EVICT_IDLE)
+    /// or longer, the longest idle first (also counted in `closed`).
+    pub evicted: AtomicU64,
 }
 
 /// A heavy connection's message, offered by its worker.

@@ -684,6 +684,20 @@ impl Mux {
         }
     }
 
+    /// The psock idle longest (nothing received, nothing being written) and
+    /// for how long; `None` with no psock, and on the kernel backend, which
+    /// keeps no such time. A lent psock's activity is what its worker last
+    /// synced (within `Tuning::lease_sync`).
+    pub fn idlest(&self) -> Option<(PsockId, std::time::Duration)> {
+        match &self.imp {
+            MuxImp::User(u) => {
+                let now = u.shared.now();
+                u.shared.lock().mux.idlest(now)
+            }
+            MuxImp::Kernel(_) => None,
+        }
+    }
+
     /// One psock's statistics (a lent psock's told by its worker first, as
     /// for [`Mux::stats`]).
     pub fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {

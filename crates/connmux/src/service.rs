@@ -241,9 +241,13 @@ impl Service {
         Ok(Service { mux, local, stop, stop_accept, max_conns, threads, stats, _serving: serving })
     }
 
-    /// Cap the connections attached at once: past `max` a new connection is
-    /// closed with a reset as soon as it is accepted, and counted in
-    /// [`ServiceStats::refused`] (`None`: no cap, the default). Why: every
+    /// Cap the connections attached at once: past `max`, the connection
+    /// idle longest makes room for the new one if it has been idle (nothing
+    /// received, nothing being written) for [`EVICT_IDLE`] or longer: it is
+    /// reset and counted in [`ServiceStats::evicted`]. Otherwise the new
+    /// connection is closed with a reset as soon as it is accepted, and
+    /// counted in [`ServiceStats::refused`] (`None`: no cap, the default).
+    /// So connections that never send cannot keep every new client out. Why: every
     /// connection costs a descriptor and its buffers; without a cap a peer
     /// that opens connections faster than they fail uses them all. AF_KCM has
     /// no such knob (the listener's backlog and `RLIMIT_NOFILE` are the
@@ -311,6 +315,13 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(sock.into())
 }
 
+/// How long a connection must have been idle for a new one to take its
+/// place at the connection cap ([`Service::set_max_conns`]). A second: a
+/// peer that holds slots without sending loses them as soon as others
+/// want them, and a client between two requests of a busy exchange is not
+/// one of them.
+pub const EVICT_IDLE: Duration = Duration::from_secs(1);
+
 /// What the accept loop checks before attaching.
 struct Accept {
     max_conns: Arc<AtomicUsize>,
@@ -331,9 +342,19 @@ fn accept_loop(
                 stats.accepted.fetch_add(1, Ordering::Relaxed);
                 let max = limit.max_conns.load(Ordering::Acquire);
                 if max > 0 && mux.psock_count() >= max {
-                    stats.refused.fetch_add(1, Ordering::Relaxed);
-                    let _ = connmux_sys::socket::abort(conn.as_raw_fd());
-                    continue;
+                    // At the cap, the connection idle longest makes room if
+                    // it has been idle for EVICT_IDLE: connections that
+                    // never send cannot keep every new client out.
+                    match mux.idlest() {
+                        Some((p, idle)) if idle >= EVICT_IDLE && mux.abort(p).is_ok() => {
+                            stats.evicted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ => {
+                            stats.refused.fetch_add(1, Ordering::Relaxed);
+                            let _ = connmux_sys::socket::abort(conn.as_raw_fd());
+                            continue;
+                        }
+                    }
                 }
                 // The mux keeps its own descriptor; ours closes at the end of scope.
                 let attached = match tls {

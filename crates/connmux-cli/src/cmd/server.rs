@@ -398,10 +398,12 @@ fn print_stats(svc: &Service, started: Instant) {
     let st = svc.stats();
     use std::sync::atomic::Ordering::Relaxed;
     println!(
-        "after {:.1}s: accepted={} closed={} refused={} rx_msgs={} tx_msgs={} rx_bytes={} tx_bytes={} too_big={} bad_len={} parser_errors={} timeouts={} mem_aborts={} idle_timeouts={} handshake_timeouts={} leases={} lease_returns={}",
+        "after {:.1}s: accepted={} closed={} attach_errors={} open={} refused={} rx_msgs={} tx_msgs={} rx_bytes={} tx_bytes={} too_big={} bad_len={} parser_errors={} timeouts={} mem_aborts={} idle_timeouts={} handshake_timeouts={} leases={} lease_returns={}",
         started.elapsed().as_secs_f64(),
         st.accepted.load(Relaxed),
         st.closed.load(Relaxed),
+        st.attach_errors.load(Relaxed),
+        s.psocks,
         st.refused.load(Relaxed),
         s.rx_msgs,
         s.tx_msgs,

@@ -20,9 +20,11 @@ use connmux::Mux;
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Exit status:
-  0  every server listed answered
+  0  every server listed answered (also when standard output is a pipe
+     closed early, as `connmux stat | head` does)
   1  a server listed could not be reached (each is named on standard error),
-     or none was found")]
+     or none was found, or standard output could not be written (the error
+     is named on standard error)")]
 pub struct Args {
     /// Statistics sockets of running servers (default: every one in the
     /// default directory).
@@ -174,12 +176,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         a.sockets
     };
     let mut unreachable = Vec::new();
+    let mut out = std::io::stdout().lock();
     for p in &paths {
         match read_one(p) {
             Ok(text) => {
-                println!("==> {} <==", p.display());
-                print!("{text}");
-                println!();
+                if let Err(e) = write!(out, "==> {} <==\n{text}\n", p.display()).and_then(|()| out.flush()) {
+                    return Ok(stdout_failed(&e));
+                }
             }
             Err(e) => {
                 eprintln!("connmux stat: {e:#}");
@@ -199,6 +202,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         unreachable.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     );
     Ok(EXIT_UNREACHABLE)
+}
+
+/// What a failed write of the listing means: a reader that closed the pipe
+/// early wanted no more (status 0, as for `head`); any other error (a full
+/// disk, `/dev/full`) is named, with status 1.
+fn stdout_failed(e: &std::io::Error) -> i32 {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        return 0;
+    }
+    eprintln!("connmux stat: writing to standard output: {e}");
+    EXIT_UNREACHABLE
 }
 
 /// Exit status when a server could not be reached (or none was found).

@@ -82,8 +82,12 @@ pub struct Lease {
     counts: Counts,
     /// The start of a message a read ended inside (see the module's top).
     tail: Vec<u8>,
-    /// When its first byte was read (its assembly deadline's origin).
+    /// When its first byte was read (its assembly deadline's origin), or
+    /// when reading the psock resumed after its worker held it back.
     since: Option<Timestamp>,
+    /// The kept message's deadline is held: its worker is not reading the
+    /// psock (its replies backed up) ([`Lease::hold_kept`]).
+    held: bool,
     /// A message `tail` became whole in the last read, not yet served.
     done: Vec<u8>,
     /// The psock's assembly timeout (from a message's first byte).
@@ -203,7 +207,26 @@ impl Lease {
     /// psock has no timeout): the lease must be given back by then, and
     /// the mux times the message out as it would have.
     pub fn kept_due(&self) -> Option<Timestamp> {
+        if self.held {
+            return None;
+        }
         Some(self.since?.add(self.timeout?))
+    }
+
+    /// The worker stopped reading the psock (its replies backed up): the
+    /// kept message's deadline stops, the time being the server's, until
+    /// [`Lease::restart_kept`].
+    pub fn hold_kept(&mut self) {
+        self.held = true;
+    }
+
+    /// Reading the psock resumed at `now`: the kept message's deadline runs
+    /// again from `now`, in full.
+    pub fn restart_kept(&mut self, now: Timestamp) {
+        self.held = false;
+        if self.since.is_some() {
+            self.since = Some(now);
+        }
     }
 
     /// Frame a read of the psock, read at `now`, whatever it holds: the
@@ -462,6 +485,7 @@ impl Mux {
             whole,
             counts: Counts::default(),
             since: since.filter(|_| !tail.is_empty()),
+            held: false,
             tail,
             done: Vec::new(),
             timeout: ps.stream.limits().assembly_timeout,
@@ -525,7 +549,10 @@ impl Mux {
             // assembly deadline's origin), which must not make the psock
             // look idle since then.
             let active = ps.last_active;
-            let fed = self.feed(p, &lease.tail, lease.since.unwrap_or(now));
+            // (A held deadline restarts here: the mux's own holds it again
+            // while the psock's replies stay backed up.)
+            let at = if lease.held { now } else { lease.since.unwrap_or(now) };
+            let fed = self.feed(p, &lease.tail, at);
             debug_assert!(fed.is_ok(), "kept bytes refused: {fed:?}");
             if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
                 ps.last_active = ps.last_active.max(active);

@@ -111,7 +111,7 @@ impl Mux {
     #[inline]
     pub(super) fn recount_only(&mut self, p: PsockId) {
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
-        let held = ps.rx_held() + ps.below;
+        let held = ps.rx_mem() + ps.below;
         self.rx_held_sum = self.rx_held_sum + held - ps.counted;
         ps.counted = held;
     }
@@ -149,7 +149,7 @@ impl Mux {
     /// replies queued for it.
     #[inline]
     fn holding(ps: &super::Psock) -> usize {
-        ps.rx_held() + ps.below + ps.tx_addr_bytes
+        ps.rx_mem() + ps.below + ps.tx_addr_bytes
     }
 
     /// The budget's decision (module documentation): abort, pause, resume.
@@ -232,7 +232,7 @@ impl Mux {
     fn mem_abort(&mut self, p: PsockId, held: usize) -> usize {
         let limit = self.config.mem_limit;
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return 0 };
-        let before = ps.rx_held() + ps.below;
+        let before = ps.rx_mem() + ps.below;
         // The driver drops what it held below the parser with the psock.
         ps.below = 0;
         ps.stream.stop();
@@ -246,7 +246,7 @@ impl Mux {
         self.sync_deadline(p);
         self.revoke(p);
         self.recount_only(p);
-        let after = self.psocks.get(p.index, p.generation).map_or(0, |ps| ps.rx_held() + ps.below);
+        let after = self.psocks.get(p.index, p.generation).map_or(0, |ps| ps.rx_mem() + ps.below);
         before - after
     }
 
@@ -263,7 +263,7 @@ impl Mux {
         self.mem_next = None;
         for p in resumed {
             if self.rx_capacity(p) > 0 {
-                self.events.push_back(Event::PsockRxResume(p));
+                self.rx_resume(p);
             }
         }
     }
@@ -281,6 +281,14 @@ impl Mux {
         if self.mem_over && self.mem_total() <= self.mem_low() {
             self.mem_check(self.now);
         }
+    }
+
+    /// Whether the memory budget is over its limit now (psocks holding much
+    /// are paused, reads are at most what is left or [`MEM_FLOOR`]): a
+    /// driver whose receives run ahead of the core (io_uring's multishot
+    /// receive) then receives one buffer at a time.
+    pub fn mem_tight(&self) -> bool {
+        self.mem_over
     }
 
     /// Whether psock `p` is paused by the memory budget now.
@@ -356,6 +364,20 @@ impl Mux {
             self.scan_at(t);
         }
         Ok(())
+    }
+
+    /// The psock that has been idle longest (nothing received, nothing being
+    /// written), and for how long at `now`: the one a server at its
+    /// connection cap lets go to take a new connection, so that idle
+    /// connections cannot hold every slot (`connmux::Service`). O(psocks);
+    /// asked only at the cap. A lent psock's activity is what its worker
+    /// last synced, as for the idle timeout.
+    pub fn idlest(&self, now: Timestamp) -> Option<(PsockId, Duration)> {
+        self.psocks
+            .iter()
+            .filter(|(_, _, ps)| !ps.life.rx_over() && (!ps.tx_busy || ps.leased.is_some()))
+            .min_by_key(|(i, g, ps)| (ps.last_active, *i, *g))
+            .map(|(i, g, ps)| (PsockId { index: i, generation: g }, now.since(ps.last_active)))
     }
 
     /// One pass over the psocks: fail those past their handshake deadline or

@@ -147,3 +147,14 @@ pub fn dgram_mux(cfg: MuxConfig) -> (Mux, SockId) {
     let s = m.socket(SockType::Dgram);
     (m, s)
 }
+
+/// The memory budget counts allocations, not payload: `used` holds `bytes`
+/// of payload in buffers no larger than twice it plus a page or two (a
+/// buffer's growth, a lent buffer's alignment). Exact when `bytes` is 0.
+#[track_caller]
+pub fn assert_holds(used: usize, bytes: usize, what: &str) {
+    assert!(
+        used >= bytes && used <= 2 * bytes + (8 << 10) && (bytes > 0 || used == 0),
+        "{what}: {used} counted for {bytes} bytes held"
+    );
+}

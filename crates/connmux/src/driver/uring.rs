@@ -539,7 +539,14 @@ impl UringIo {
                         // The core took the messages when they became records:
                         // here only the records' own progress matters.
                         let sent = conn.tls_out.take().unwrap_or_default();
-                        if res < 0 || (res == 0 && want > 0) {
+                        if res == -libc::EAGAIN {
+                            // The socket buffer is full (the ring honours
+                            // O_NONBLOCK): the records wait for room.
+                            conn.tls_out = Some(sent);
+                            if wait_for_room(ring, conn, token) {
+                                continue;
+                            }
+                        } else if res < 0 || (res == 0 && want > 0) {
                             core = None;
                             let errno = if res < 0 { -res } else { libc::EPIPE };
                             crate::shared::tls::tx_failed(sh, &conn.rt, errno, &mut w.events);
@@ -555,8 +562,13 @@ impl UringIo {
                         let core = core.get_or_insert_with(|| sh.lock());
                         // A short count (the connection failed part way) is
                         // followed by the error on the next send.
-                        Wrote::of_cqe(res, want).apply(core, conn.rt.id);
+                        let wrote = Wrote::of_cqe(res, want);
+                        wrote.apply(core, conn.rt.id);
                         core.drain_events(&mut w.events);
+                        if wrote == Wrote::Again && wait_for_room(ring, conn, token) {
+                            // Written again when the poll says there is room.
+                            continue;
+                        }
                         // More may have been queued meanwhile (no transmit event is
                         // raised while a chunk is out).
                         if !conn.rt.flush_queued.swap(true, Ordering::AcqRel) {
@@ -770,6 +782,11 @@ impl UringIo {
             return;
         }
         let mut keep = Vec::new();
+        // Over the memory budget, a receive takes one ring buffer, not as
+        // many as the peer's bytes fill: a multishot receive of each of
+        // hundreds of peers sending large messages would deliver far more
+        // than the budget's room in one wait, all of it to be held.
+        let tight = sh.lock().mux.mem_tight();
         for token in std::mem::take(&mut self.to_arm) {
             let Some(conn) = self.conns.get_mut(&token) else { continue };
             if conn.released || conn.rx_stopped || conn.recv_armed || conn.eof.is_some() || conn.holds_bytes() {
@@ -803,7 +820,11 @@ impl UringIo {
                 keep.push(token);
                 continue;
             }
-            if ring.recv_multishot(conn.rt.fd(), token).is_ok() {
+            let armed = match tight {
+                true => ring.recv_once(conn.rt.fd(), token),
+                false => ring.recv_multishot(conn.rt.fd(), token),
+            };
+            if armed.is_ok() {
                 conn.recv_armed = true;
             } else {
                 keep.push(token);
@@ -813,6 +834,16 @@ impl UringIo {
         keep.dedup();
         self.to_arm = keep;
     }
+}
+
+/// A send found the socket buffer full: a `POLLOUT` poll whose completion
+/// writes again (the flush then takes the psock's queue). False when no
+/// poll could be queued (write again at once, as before).
+fn wait_for_room(ring: &mut WRing, conn: &mut Conn, token: u64) -> bool {
+    if !conn.out_polled {
+        conn.out_polled = ring.poll_writable(conn.rt.fd(), token).is_ok();
+    }
+    conn.out_polled
 }
 
 /// After a receive completion: rearm, or forget a released psock.

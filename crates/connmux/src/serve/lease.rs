@@ -521,6 +521,7 @@ pub(crate) fn write_backlog(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, event
     let Some(l) = bufs.own.leases.get_mut(&p) else { return };
     let fd = l.rt.fd();
     let (mut wrote, mut msgs, mut failed) = (0, 0u32, None);
+    let backed_up = !l.backlog.is_empty();
     // Bounded: each round writes all it offers or stops.
     while !l.backlog.is_empty() {
         let chunks = l.backlog.chunks();
@@ -541,8 +542,18 @@ pub(crate) fn write_backlog(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, event
             }
         }
     }
+    let mut restarted = None;
     if l.backlog.is_empty() && failed.is_none() {
         sh.set_interest(&l.rt, |i| i.write = false);
+        if backed_up && l.lease.kept() > 0 {
+            // Read again: a message begun gets its whole assembly timeout
+            // from now (its deadline was held while replies backed up).
+            l.lease.restart_kept(sh.now());
+            restarted = l.lease.kept_due();
+        }
+    }
+    if let Some(due) = restarted {
+        bufs.own.keep.due = Some(bufs.own.keep.due.map_or(due, |d| d.min(due)));
     }
     bufs.own.backlog.held = bufs.own.backlog.held.saturating_sub(wrote);
     // (Even with nothing written: a read whose replies all went behind the

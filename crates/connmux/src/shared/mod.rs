@@ -450,6 +450,10 @@ impl Wrote {
             n if n > 0 => Wrote::Bytes(n as usize),
             0 if want == 0 => Wrote::Bytes(0),
             0 => Wrote::Failed(libc::EPIPE),
+            // The ring honours the descriptor's O_NONBLOCK: a full socket
+            // buffer ends the send with EAGAIN (the driver then waits for
+            // room), not with a failure of the connection.
+            e if -e == libc::EAGAIN => Wrote::Again,
             e => Wrote::Failed(-e),
         }
     }

@@ -401,12 +401,19 @@ impl Own {
     /// passed at `now`: the core holds its bytes as read at their time, and
     /// its own deadline (already due) times the message out. A scan of the
     /// leases, at most once per assembly timeout.
+    ///
+    /// A lease whose replies are backed up is not read by this worker: its
+    /// deadline is held instead (the time is the server's, not the peer's),
+    /// and restarts when the backlog is written (`serve::write_backlog`).
     #[cold]
     fn expire_kept(&mut self, core: &mut Core, now: Timestamp) {
         let late: Vec<PsockId> =
             self.leases.iter().filter(|(_, l)| l.lease.kept_due().is_some_and(|t| t <= now)).map(|(p, _)| *p).collect();
         for p in late {
-            self.unlease(core, p, now);
+            match self.leases.get_mut(&p) {
+                Some(l) if !l.backlog.is_empty() => l.lease.hold_kept(),
+                _ => self.unlease(core, p, now),
+            }
         }
         self.keep.due = self.leases.values().filter_map(|l| l.lease.kept_due()).min();
     }

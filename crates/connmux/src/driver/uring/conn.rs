@@ -37,7 +37,7 @@ pub(super) struct Conn {
     /// before anything held (they came first), from `spill_off`.
     pub(super) spill: Vec<u8>,
     pub(super) spill_off: usize,
-    /// The spill's unfed bytes as last told to the core (`Mux::set_rx_below`).
+    /// The spill's memory as last told to the core (`Mux::set_rx_below`).
     pub(super) spill_counted: usize,
     /// The receive ended with end of stream (None) or an error: reported to the
     /// core once the held bytes before it have been fed.
@@ -74,6 +74,10 @@ impl Conn {
     /// the spill and give the buffers back (after the messages framed in
     /// them are served).
     pub(super) fn spill_held(&mut self, ring: &mut WRing, lent: &mut Lent) {
+        // One allocation of the size needed (the budget counts it whole).
+        let more: usize =
+            self.held.iter().map(|h| ring.buffer(h.buf).map_or(0, |d| d.len().saturating_sub(h.off))).sum();
+        self.spill.reserve_exact(more);
         for h in self.held.drain(..) {
             if let Some(data) = ring.buffer(h.buf) {
                 self.spill.extend_from_slice(&data[h.off.min(data.len())..]);
@@ -217,7 +221,12 @@ pub(super) struct Feed<'a> {
 /// the core's memory budget as the psock's.
 pub(super) fn pump(conn: &mut Conn, f: &mut Feed<'_>) {
     pump_held(conn, f);
-    let below = conn.spill.len() - conn.spill_off;
+    // The spill's allocation while any of it is unfed (it is freed whole
+    // once all is fed).
+    let below = match conn.spill.len() > conn.spill_off {
+        true => conn.spill.capacity(),
+        false => 0,
+    };
     if below != conn.spill_counted {
         conn.spill_counted = below;
         f.core.mux.set_rx_below(conn.rt.id, below);
@@ -240,7 +249,7 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
     while conn.spill_off < conn.spill.len() {
         let cap = core.mux.rx_capacity(id).min(ring.buf_size());
         if cap == 0 {
-            pause_psock(core, ring, conn, token, lent);
+            pause(ring, conn, token, lent);
             core.drain_events(events);
             return;
         }
@@ -264,7 +273,7 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
         let cap = core.mux.rx_capacity(id);
         let data = ring.buffer(h.buf).unwrap_or(&[]);
         if h.off < data.len() && cap == 0 {
-            pause_psock(core, ring, conn, token, lent);
+            pause(ring, conn, token, lent);
             core.drain_events(events);
             return;
         }
@@ -310,22 +319,12 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
     core.drain_events(events);
 }
 
-/// [`pause`], except for a psock the memory budget paused: that one keeps
-/// its ring buffers (memory the ring has anyway) instead of copying them into
-/// new memory, since the budget pauses when memory is short; it resumes or,
-/// stuck past `MuxConfig::mem_grace`, is aborted, and either gives them back.
-fn pause_psock(core: &Core, ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
-    if core.mux.mem_paused(conn.rt.id) {
-        if conn.recv_armed && !conn.recv_cancelled {
-            conn.recv_cancelled = ring.cancel_recv(token).is_ok();
-        }
-    } else {
-        pause(ring, conn, token, lent);
-    }
-}
-
-/// Backpressure on a psock: close the window as epoll would (stop reading),
-/// and give its ring buffers back (their rest is spilled).
+/// Backpressure on a psock, or the memory budget's pause: close the window
+/// as epoll would (stop reading), and give its ring buffers back (their rest
+/// is spilled). A psock the budget paused gives them back too: the ring is
+/// shared by every psock of the worker, and hundreds of paused peers each
+/// keeping a buffer would leave none for the psocks still read. The spill
+/// counts in the budget as the psock's (`Mux::set_rx_below`).
 fn pause(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
     if conn.recv_armed && !conn.recv_cancelled {
         conn.recv_cancelled = ring.cancel_recv(token).is_ok();

@@ -1,0 +1,512 @@
+//! Hostile peers, round two, against the real `connmux` binary on loopback,
+//! on both I/O drivers, each beside a good client where a rate is at stake:
+//! - connections each holding a partial record of about 1 MiB under a small
+//!   memory budget: the budget pauses them, and the good client and new
+//!   clients are still answered (on io_uring a paused connection gives its
+//!   ring buffers back);
+//! - a client that pipelines its requests, half-closes, and only starts
+//!   reading a second later: every reply, then FIN;
+//! - a reader too slow for its replies, whose requests the server stops
+//!   reading mid-message for longer than the assembly timeout: every echo
+//!   (the assembly deadline stops while the server is not reading);
+//! - idle connections that fill the connection cap: a new client is
+//!   answered, the idlest connection making room for it;
+//! - `connmux stat` writing to a full device: an error, not a panic.
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{spawn_server, Server, BIN};
+
+/// One test at a time: each measures rates or holds many connections.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn start(args: &[&str]) -> Server {
+    spawn_server(Command::new(BIN).args(args).args(["-l", "127.0.0.1:0", "--duration", "300", "--no-stats-socket"]))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Service {
+    Rpc,
+    Echo,
+}
+
+impl Service {
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Service::Rpc => &["rpc-server"],
+            Service::Echo => &["echo-server", "--mode", "message", "--parser", "l4"],
+        }
+    }
+}
+
+/// One request: a NULL call in one record, or an `l4` message of `body`
+/// bytes (at least 4: the sequence number first).
+fn request(service: Service, n: u32, body: usize) -> Vec<u8> {
+    match service {
+        Service::Rpc => {
+            let mut b = Vec::new();
+            for w in [n, 0, 2, 100_003, 3, 0, 0, 0, 0, 0] {
+                b.extend_from_slice(&w.to_be_bytes());
+            }
+            let mut rec = (0x8000_0000u32 | b.len() as u32).to_be_bytes().to_vec();
+            rec.extend_from_slice(&b);
+            rec
+        }
+        Service::Echo => {
+            let mut m = (body as u32).to_be_bytes().to_vec();
+            m.extend_from_slice(&n.to_be_bytes());
+            m.resize(4 + body, 0x5a);
+            m
+        }
+    }
+}
+
+/// Counts whole replies in a byte stream (both services answer with a
+/// 4-byte header whose low 31 bits are the length that follows).
+#[derive(Default)]
+struct Counter {
+    buf: Vec<u8>,
+    replies: u64,
+}
+
+impl Counter {
+    fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+        let mut at = 0;
+        while self.buf.len() - at >= 4 {
+            let len = (u32::from_be_bytes(self.buf[at..at + 4].try_into().unwrap()) & 0x7fff_ffff) as usize;
+            if self.buf.len() - at < 4 + len {
+                break;
+            }
+            at += 4 + len;
+            self.replies += 1;
+        }
+        self.buf.drain(..at);
+    }
+}
+
+/// How long one call of a good or new client may wait for its reply.
+const CALL_LIMIT: Duration = Duration::from_secs(5);
+
+fn one_call(c: &mut TcpStream, service: Service, n: u32) -> io::Result<()> {
+    c.set_read_timeout(Some(CALL_LIMIT))?;
+    c.write_all(&request(service, n, 36))?;
+    let mut counter = Counter::default();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + CALL_LIMIT;
+    while counter.replies == 0 {
+        if Instant::now() >= deadline {
+            return Err(io::Error::from(ErrorKind::TimedOut));
+        }
+        match c.read(&mut buf)? {
+            0 => return Err(io::Error::from(ErrorKind::UnexpectedEof)),
+            k => counter.push(&buf[..k]),
+        }
+    }
+    Ok(())
+}
+
+/// A good client, one call at a time until `stop`; counts each reply.
+fn good_client(
+    addr: SocketAddr,
+    service: Service,
+    done: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<io::Result<()>> {
+    std::thread::spawn(move || {
+        let mut c = TcpStream::connect(addr)?;
+        c.set_nodelay(true)?;
+        let mut n = 0u32;
+        while !stop.load(Ordering::Acquire) {
+            one_call(&mut c, service, n)?;
+            n = n.wrapping_add(1);
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    })
+}
+
+/// Replies per second the good client gets over `window`.
+fn rate(done: &AtomicU64, window: Duration) -> f64 {
+    let a = done.load(Ordering::Relaxed);
+    let t = Instant::now();
+    std::thread::sleep(window);
+    (done.load(Ordering::Relaxed) - a) as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Resident memory of process `pid` in KiB (`VmRSS`).
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Connections that each send all but the last 16 bytes of a record (or
+/// message) of 1 MiB less 64 bytes (within the servers' largest message),
+/// then nothing: they hold what the server read of it. Reconnects those
+/// the server resets, until `stop`.
+fn partial_holders(addr: SocketAddr, service: Service, n: usize, stop: Arc<AtomicBool>) -> Vec<JoinHandle<()>> {
+    const LEN: usize = (1 << 20) - 64;
+    let mut head = match service {
+        Service::Rpc => (0x8000_0000u32 | LEN as u32).to_be_bytes().to_vec(),
+        Service::Echo => (LEN as u32).to_be_bytes().to_vec(),
+    };
+    head.resize(LEN + 4 - 16, 0x33);
+    let head = Arc::new(head);
+    // A few threads, each holding its share of the connections.
+    (0..4)
+        .map(|t| {
+            let (head, stop) = (head.clone(), stop.clone());
+            let share = n / 4 + usize::from(t < n % 4);
+            std::thread::spawn(move || {
+                let mut conns: Vec<Option<TcpStream>> = (0..share).map(|_| None).collect();
+                while !stop.load(Ordering::Acquire) {
+                    for slot in conns.iter_mut() {
+                        if stop.load(Ordering::Acquire) {
+                            break;
+                        }
+                        let alive = slot.as_mut().is_some_and(|c| {
+                            let mut b = [0u8; 1];
+                            c.set_nonblocking(true).ok();
+                            match c.peek(&mut b) {
+                                Ok(k) => k > 0,
+                                Err(e) => e.kind() == ErrorKind::WouldBlock,
+                            }
+                        });
+                        if alive {
+                            continue;
+                        }
+                        *slot = None;
+                        let Ok(mut c) = TcpStream::connect(addr) else { continue };
+                        // The server may stop reading part way (its budget):
+                        // a bounded write, the rest left unsent.
+                        c.set_write_timeout(Some(Duration::from_millis(200))).ok();
+                        let _ = c.write_all(&head);
+                        *slot = Some(c);
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        })
+        .collect()
+}
+
+/// 300 partial 1 MiB records under a 64 MiB budget: the good client keeps at
+/// least half its rate alone, a new client is answered, and the server's
+/// RSS stays within 1.3 times the budget above its idle RSS.
+fn partial_records_under_a_small_budget(service: Service, driver: &str) {
+    let _one = serial();
+    let s = start(&[service.args(), &["--driver", driver, "--mem-limit", "64M"]].concat());
+    let pid = s.child.id();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let good = good_client(s.addr, service, done.clone(), stop.clone());
+    // Warm up, then the good client's rate alone.
+    let _ = rate(&done, Duration::from_millis(300));
+    let alone = rate(&done, Duration::from_secs(1));
+    let idle_rss = rss_kib(pid);
+    let attack_stop = Arc::new(AtomicBool::new(false));
+    let attackers = partial_holders(s.addr, service, 300, attack_stop.clone());
+    let mut peak = 0;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(2) {
+        peak = peak.max(rss_kib(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let a = done.load(Ordering::Relaxed);
+    let t1 = Instant::now();
+    while t1.elapsed() < Duration::from_secs(3) {
+        peak = peak.max(rss_kib(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let beside = (done.load(Ordering::Relaxed) - a) as f64 / t1.elapsed().as_secs_f64();
+    // A new client, answered while the attack goes on.
+    let t = Instant::now();
+    let mut fresh = TcpStream::connect(s.addr).unwrap();
+    let fresh_result = one_call(&mut fresh, service, 7);
+    let fresh_took = t.elapsed();
+    attack_stop.store(true, Ordering::Release);
+    for t in attackers {
+        t.join().unwrap();
+    }
+    stop.store(true, Ordering::Release);
+    good.join().unwrap().unwrap_or_else(|e| panic!("{service:?}/{driver}: good client: {e}"));
+    // The fixed base: the idle server's RSS, and on io_uring each worker's
+    // ring of provided buffers (256 x 16 KiB by default, one worker a CPU),
+    // whose pages become resident as they are first used.
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let rings = if driver == "uring" { workers * 256 * 16 } else { 0 };
+    let bound = idle_rss + rings + 64 * 1024 * 13 / 10;
+    eprintln!(
+        "{service:?}/{driver}: good client alone {alone:.0}/s, beside 300 partial records {beside:.0}/s ({:.2}x); \
+         new client answered in {fresh_took:?}; RSS idle {idle_rss} KiB, peak {peak} KiB (bound {bound} KiB)",
+        beside / alone
+    );
+    fresh_result.unwrap_or_else(|e| panic!("{service:?}/{driver}: a new client beside the attack: {e}"));
+    assert!(
+        beside >= alone * 0.5,
+        "{service:?}/{driver}: the good client got {beside:.0}/s beside the attack, {alone:.0}/s alone"
+    );
+    assert!(
+        peak <= bound,
+        "{service:?}/{driver}: RSS peaked at {peak} KiB, over 1.3 x 64 MiB + {idle_rss} KiB + rings {rings} KiB"
+    );
+}
+
+#[test]
+fn partial_records_under_a_small_budget_rpc_epoll() {
+    partial_records_under_a_small_budget(Service::Rpc, "epoll");
+}
+
+#[test]
+fn partial_records_under_a_small_budget_rpc_uring() {
+    partial_records_under_a_small_budget(Service::Rpc, "uring");
+}
+
+#[test]
+fn partial_records_under_a_small_budget_echo_epoll() {
+    partial_records_under_a_small_budget(Service::Echo, "epoll");
+}
+
+#[test]
+fn partial_records_under_a_small_budget_echo_uring() {
+    partial_records_under_a_small_budget(Service::Echo, "uring");
+}
+
+/// `n` pipelined requests of `body` bytes written while a reader that
+/// starts `late` after the connection reads `chunk` bytes at a time, a
+/// `pause` after each read; the write side is shut down after the last
+/// request. Returns the replies counted and how the stream ended.
+fn late_reader(
+    addr: SocketAddr,
+    service: Service,
+    n: u32,
+    body: usize,
+    late: Duration,
+    chunk: usize,
+    pause: Duration,
+) -> (u64, io::Result<()>) {
+    let mut c = TcpStream::connect(addr).unwrap();
+    let mut w = c.try_clone().unwrap();
+    let writer = std::thread::spawn(move || -> io::Result<()> {
+        let mut batch = Vec::new();
+        let mut i = 0;
+        while i < n {
+            batch.clear();
+            for _ in 0..256.min(n - i) {
+                batch.extend_from_slice(&request(service, i, body));
+                i += 1;
+            }
+            w.write_all(&batch)?;
+        }
+        w.shutdown(Shutdown::Write)
+    });
+    std::thread::sleep(late);
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut counter = Counter::default();
+    let mut buf = vec![0u8; chunk];
+    let t0 = Instant::now();
+    let end = loop {
+        if t0.elapsed() > Duration::from_secs(120) {
+            break Err(io::Error::from(ErrorKind::TimedOut));
+        }
+        match c.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(k) => counter.push(&buf[..k]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => break Err(e),
+        }
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+    };
+    let _ = writer.join().unwrap();
+    (counter.replies, end)
+}
+
+fn every_reply_to_a_late_reader(
+    service: Service,
+    driver: &str,
+    extra: &[&str],
+    n: u32,
+    body: usize,
+    runs: usize,
+    chunk: usize,
+    pause: Duration,
+) {
+    let _one = serial();
+    let s = start(&[service.args(), &["--driver", driver], extra].concat());
+    for run in 0..runs {
+        let (replies, end) = late_reader(s.addr, service, n, body, Duration::from_secs(1), chunk, pause);
+        assert!(
+            replies == u64::from(n) && end.is_ok(),
+            "{service:?}/{driver} {extra:?} run {run}: {replies} of {n} replies, then {end:?} (expected all, then FIN)"
+        );
+    }
+}
+
+/// 200,000 pipelined NULL calls, half-close, the reader a second late:
+/// every reply then FIN, five runs.
+#[test]
+fn late_reader_after_half_close_gets_every_reply_epoll() {
+    every_reply_to_a_late_reader(Service::Rpc, "epoll", &[], 200_000, 36, 5, 64 << 10, Duration::ZERO);
+}
+
+#[test]
+fn late_reader_after_half_close_gets_every_reply_uring() {
+    every_reply_to_a_late_reader(Service::Rpc, "uring", &[], 200_000, 36, 5, 64 << 10, Duration::ZERO);
+}
+
+/// 10,000 echoes of 1 KiB, half-close, a reader a second late that reads
+/// 4 KiB a millisecond.
+#[test]
+fn slow_reader_of_echoes_after_half_close_gets_every_one_epoll() {
+    every_reply_to_a_late_reader(Service::Echo, "epoll", &[], 10_000, 1024, 1, 4096, Duration::from_micros(500));
+}
+
+#[test]
+fn slow_reader_of_echoes_after_half_close_gets_every_one_uring() {
+    every_reply_to_a_late_reader(Service::Echo, "uring", &[], 10_000, 1024, 1, 4096, Duration::from_micros(500));
+}
+
+/// 10,000 echoes of 8 KiB whose reader starts late and reads slowly: the
+/// server stops reading the connection mid-message (its replies back up)
+/// for longer than the assembly timeout (500 ms here), and that is the
+/// server's pause, not the peer's: every echo, no `rx_msg_timeouts`.
+#[test]
+fn backpressure_longer_than_the_assembly_timeout_loses_nothing_epoll() {
+    every_reply_to_a_late_reader(
+        Service::Echo,
+        "epoll",
+        &["--assembly-timeout-ms", "500"],
+        10_000,
+        8 << 10,
+        1,
+        16 << 10,
+        Duration::from_micros(500),
+    );
+}
+
+#[test]
+fn backpressure_longer_than_the_assembly_timeout_loses_nothing_uring() {
+    every_reply_to_a_late_reader(
+        Service::Echo,
+        "uring",
+        &["--assembly-timeout-ms", "500"],
+        10_000,
+        8 << 10,
+        1,
+        16 << 10,
+        Duration::from_micros(500),
+    );
+}
+
+/// Raise this process's soft descriptor limit to its hard limit; returns it.
+fn raise_nofile() -> u64 {
+    let out = Command::new("sh").args(["-c", "ulimit -Hn"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(1024)
+}
+
+/// Connections that never send fill the cap: a new client is answered,
+/// within a second of the idlest having been idle for `EVICT_IDLE`.
+fn idle_connections_at_the_cap(driver: &str) {
+    let _one = serial();
+    // The test holds `n` descriptors, the server as many: within the hard
+    // limit the server raises its own to (both run as this user).
+    let hard = raise_nofile();
+    let n: usize = if hard >= 22_000 { 10_000 } else { ((hard as usize).saturating_sub(200) / 2).min(10_000) };
+    let cap = n.to_string();
+    let s = start(&["rpc-server", "--driver", driver, "--max-conns", &cap]);
+    let mut idle = Vec::with_capacity(n);
+    for _ in 0..n {
+        idle.push(TcpStream::connect(s.addr).unwrap());
+    }
+    // All attached (the cap is reached): wait until a connection past it is
+    // reset, or answered because the idle ones have already aged.
+    let t0 = Instant::now();
+    let mut fresh = None;
+    while t0.elapsed() < Duration::from_secs(10) {
+        let mut c = TcpStream::connect(s.addr).unwrap();
+        match one_call(&mut c, Service::Rpc, 1) {
+            Ok(()) => {
+                fresh = Some(t0.elapsed());
+                break;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    let took = fresh.unwrap_or_else(|| {
+        panic!("{driver}: no new client answered within 10 s beside {n} idle connections at the cap")
+    });
+    eprintln!("{driver}: {n} idle connections at a cap of {n}: a new client answered {took:?} after they connected");
+    // Bounded by the eviction rule: idle for a second, plus connect time.
+    assert!(took < Duration::from_secs(6), "{driver}: a new client waited {took:?}");
+    // The slots freed went to new clients, one each: most idle ones remain.
+    let mut gone = 0;
+    for c in idle.iter_mut() {
+        let mut b = [0u8; 1];
+        c.set_nonblocking(true).unwrap();
+        if !matches!(c.read(&mut b), Err(ref e) if e.kind() == ErrorKind::WouldBlock) {
+            gone += 1;
+        }
+    }
+    assert!(gone < n / 2, "{driver}: {gone} of {n} idle connections closed for a handful of new clients");
+}
+
+#[test]
+fn idle_connections_at_the_cap_make_room_epoll() {
+    idle_connections_at_the_cap("epoll");
+}
+
+#[test]
+fn idle_connections_at_the_cap_make_room_uring() {
+    idle_connections_at_the_cap("uring");
+}
+
+/// `connmux stat` whose standard output is a full device: an error named on
+/// standard error and status 1, no panic; a pipe closed early: status 0.
+#[test]
+fn stat_to_a_full_device_fails_cleanly() {
+    let _one = serial();
+    let dir = std::env::temp_dir().join(format!("connmux-stat-full-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("rpc.sock");
+    let s = spawn_server(
+        Command::new(BIN).args(["rpc-server", "-l", "127.0.0.1:0", "--duration", "60", "--stats-socket"]).arg(&sock),
+    );
+    let t0 = Instant::now();
+    while !sock.exists() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out =
+        Command::new(BIN).arg("stat").arg(&sock).stdout(Stdio::from(full)).stderr(Stdio::piped()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stat > /dev/full: {err}");
+    assert!(!err.contains("panicked"), "stat > /dev/full panicked: {err}");
+    assert!(err.contains("standard output"), "stat > /dev/full names the failed write: {err}");
+    // A reader that closes the pipe at once.
+    let mut child =
+        Command::new(BIN).arg("stat").arg(&sock).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "stat | (closed): {err}");
+    assert_eq!(out.status.code(), Some(0), "stat | (closed): {err}");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
