@@ -769,8 +769,65 @@ fn case_30_interleaved_senders_never_interleave_within_a_message(kind: Kind) -> 
     })
 }
 
-fn case_31_messages_queued_while_one_is_written_follow_it_on_the_same_connection(_kind: Kind) -> Outcome {
-    NotRun("needs the first message to be still in flight while the next are queued; not reproducible on demand over loopback".into())
+fn case_31_messages_queued_while_one_is_written_follow_it_on_the_same_connection(kind: Kind) -> Outcome {
+    run(|| {
+        let m = mux(kind)?;
+        let s = sock(&*m, SockType::Dgram)?;
+        // Room for the queued messages behind the stalled one (AF_KCM takes
+        // a new message only while the socket's queue is under SO_SNDBUF).
+        s.set_sndbuf(4 << 20).ctx("sndbuf")?;
+        if let Some(fd) = s.raw() {
+            // The kernel caps SO_SNDBUF at wmem_max; the runner is root there.
+            connmux_sys::socket::setsockopt_int(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUFFORCE,
+                8 << 20,
+            )
+            .ctx("SO_SNDBUFFORCE")?;
+        }
+        let (p1, l1) = stalling_pair()?;
+        let (p2, l2) = stalling_pair()?;
+        m.attach(l1.as_fd(), "l4").ctx("attach T1")?;
+        m.attach(l2.as_fd(), "l4").ctx("attach T2")?;
+        let body: Vec<u8> = (0..(800u32 << 10)).map(|i| (i % 251) as u8).collect();
+        let big = frame(&body);
+        let small: Vec<Vec<u8>> = (0..3u8).map(|i| msg(i, 10)).collect();
+        std::thread::scope(|t| {
+            // The big message stalls on the connection it starts on (its peer
+            // does not read); the next three are sent while it is in flight.
+            let sender = t.spawn(|| {
+                let mut sent = vec![s.send(&big, SendFlags::default())];
+                for m in &small {
+                    sent.push(s.send(m, SendFlags::default()));
+                }
+                sent
+            });
+            let first = first_to_receive(&p1, &p2)?;
+            let (mut first_peer, mut other_peer) = match first {
+                1 => (p1, p2),
+                _ => (p2, p1),
+            };
+            let sent = sender.join().map_err(|_| "sender panicked".to_string())?;
+            let want: Vec<usize> = std::iter::once(big.len()).chain(small.iter().map(Vec::len)).collect();
+            let got: Vec<usize> = sent.iter().map(|r| r.as_ref().map_or(0, |n| *n)).collect();
+            ensure!(got == want, "sends: {sent:?}");
+            // The other connection is idle, yet nothing goes there.
+            ensure!(peer_quiet(&mut other_peer), "a queued message went to the idle connection T{}", 3 - first);
+            let b = read_peer(&mut first_peer, big.len())?;
+            ensure!(b == big, "the first message did not arrive whole on T{first}");
+            for (i, m) in small.iter().enumerate() {
+                let b = read_peer(&mut first_peer, m.len())?;
+                ensure!(&b == m, "message {} out of order on T{first}", i + 2);
+            }
+            ensure!(peer_quiet(&mut other_peer), "a message reached the idle connection T{}", 3 - first);
+            Ok(Pass(format!(
+                "3 messages sent while {} B were in flight on T{first} followed it there, in order; T{} idle got none",
+                big.len(),
+                3 - first
+            )))
+        })
+    })
 }
 
 fn case_32_idle_psocks_rotate_in_lru_order(kind: Kind) -> Outcome {
