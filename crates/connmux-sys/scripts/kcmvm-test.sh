@@ -10,7 +10,7 @@ root=$(cd "$(dirname "$0")/../../.." && pwd)
 # The VM harness: the project's own (scripts/kcmvm.sh), or KCMVM_RUN names another.
 harness=${KCMVM_RUN:-$root/scripts/kcmvm.sh}
 [ -x "$harness" ] || { echo "kcmvm-test: no kcmvm harness at $harness" >&2; exit 1; }
-target=${CARGO_TARGET_DIR:-$root/target}-static
+target=${CARGO_TARGET_DIR:-$root/target}/static
 cd "$root"
 # The guest has no libc: link the test binary statically.
 bin=$(RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$target" \
