@@ -42,6 +42,8 @@
 # Exit status: the program's; 124 when it ran past -t; 125 when the harness
 # itself failed (no kernel, no qemu, no result from the guest).
 set -euo pipefail
+# depmod lives in sbin, which a user's PATH may lack.
+PATH=$PATH:/usr/sbin:/sbin
 
 cache=${KCMVM_CACHE:-/var/cache/connmux-kcmvm}
 modules=${KCMVM_MODULES:-kcm}
