@@ -99,6 +99,10 @@ pub struct AllArgs {
     /// Shorter rounds everywhere (a smoke run, not a measurement).
     #[arg(long)]
     pub quick: bool,
+    /// Directory of an external ceiling server's limit_server.c, passed to
+    /// the modes that measure it (rpc, scale, instructions).
+    #[arg(long)]
+    pub yardstick: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -114,13 +118,18 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::Ninep(a) => ninep::run(a),
         Mode::All(a) => {
             let q: &[&str] = if a.quick { &["bench", "--quick"] } else { &["bench"] };
+            let dir = a.yardstick.as_ref().map(|d| d.to_string_lossy().into_owned());
+            let mut qy: Vec<&str> = q.to_vec();
+            if let Some(d) = &dir {
+                qy.extend(["--yardstick", d.as_str()]);
+            }
             let mut rc = 0;
-            rc |= rpc::run(defaults(q))?;
+            rc |= rpc::run(defaults(&qy))?;
             rc |= uneven::run(defaults(q))?;
-            rc |= scale::run(defaults(q))?;
+            rc |= scale::run(defaults(&qy))?;
             rc |= size::run(defaults(q))?;
             rc |= recv::run(defaults(q))?;
-            rc |= instr::run(defaults(q))?;
+            rc |= instr::run(defaults(&qy))?;
             Ok(rc)
         }
         Mode::MuxServer(a) => run_mux_server(a),
