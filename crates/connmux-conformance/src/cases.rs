@@ -1033,9 +1033,9 @@ fn read_within(peer: &mut TcpStream, n: usize, within: Duration) -> Vec<u8> {
 
 /// §7: the peer resets the connection a message is partly written on; the
 /// message is sent again, whole, on another connection. The userspace
-/// runtime does so by itself. AF_KCM (6.1) does not: nothing drives its
-/// transmit once the reset connection stops taking bytes, so the message
-/// stays there, with the error (EPIPE) posted on the TCP socket, until the
+/// runtime does so by itself. AF_KCM (6.1) usually does not: unless a
+/// write-space wakeup races with the reset, nothing drives its transmit once
+/// the reset connection stops taking bytes, so the message stays there, with the error (EPIPE) posted on the TCP socket, until the
 /// application unattaches that socket, which the kernel's KCM documentation
 /// asks it to do on an error; then the message goes out whole on the other.
 /// Both are judged within deadlines: the kernel's as a departure (D) when it
