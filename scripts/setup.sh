@@ -55,8 +55,9 @@ if ! command -v diodcat >/dev/null || ! command -v diod >/dev/null; then
 fi
 
 # ---- KCM conformance (scripts/conformance.sh): qemu and the tools the kcmvm
-# harness uses to boot Debian's 6.1 kernel, and glibc's static libraries for the
-# static runner the guest needs.
+# harness (scripts/kcmvm.sh) uses to fetch and boot Debian's kernel (apt-get
+# download, dpkg-deb, depmod, a static busybox for the guest), and glibc's
+# static libraries for the static runner the guest needs.
 vm_need=()
 command -v qemu-system-x86_64 >/dev/null || vm_need+=(qemu-system-x86)
 command -v cpio >/dev/null || vm_need+=(cpio)
@@ -64,7 +65,10 @@ command -v modinfo >/dev/null || vm_need+=(kmod)
 command -v zstd >/dev/null || vm_need+=(zstd)
 command -v xz >/dev/null || vm_need+=(xz-utils)
 command -v readelf >/dev/null || vm_need+=(binutils)
-[ -e /bin/busybox ] || vm_need+=(busybox-static)
+# The guest has no libc: busybox must be the static build.
+if [ ! -x /bin/busybox ] || LC_ALL=C readelf -lW /bin/busybox 2>/dev/null | grep -q 'program interpreter'; then
+    vm_need+=(busybox-static)
+fi
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || vm_need+=(libc6-dev)
 if [ ${#vm_need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then

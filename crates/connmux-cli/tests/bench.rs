@@ -52,6 +52,27 @@ fn bench_rpc_quick_prints_a_table_with_every_server() {
     }
 }
 
+/// Nothing outside connmux runs by default: the external ceiling server
+/// (and ganesha) only with `--yardstick DIR`, and naming it without one is
+/// an error, not a silent skip.
+#[test]
+fn bench_rpc_runs_only_its_own_servers_unless_given_a_yardstick() {
+    let out = Command::new(BIN).args(["bench", "rpc", "--quick"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("yardstick") && !text.contains("ganesha") && !text.contains("vs_yard"), "{text}");
+    for server in ["connmux", "raw", "thread"] {
+        assert!(
+            text.lines().any(|l| l.starts_with("cpu0") && l.split_whitespace().nth(3) == Some(server)),
+            "no {server} row in\n{text}"
+        );
+    }
+    assert!(text.contains("x raw RPC/s"), "the targets against the raw loop: {text}");
+    let out = Command::new(BIN).args(["bench", "rpc", "--quick", "--servers", "connmux,yardstick"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--yardstick DIR"));
+}
+
 #[test]
 fn raw_server_answers_fragmented_and_auth_sys_calls() {
     let s = raw_server();

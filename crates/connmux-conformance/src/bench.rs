@@ -23,7 +23,7 @@ fn one(kind: Kind, n: usize) -> Result<f64, String> {
     let s = m.socket(SockType::Dgram).map_err(|e| e.to_string())?;
     s.set_timeout(Some(Duration::from_secs(5)));
     if let Some(fd) = s.raw() {
-        // A KCM message is charged a whole skb (kcmvm caveat 3): a big buffer.
+        // A KCM message is charged a whole skb (docs/kcmvm.md, "Receive buffers"): a big buffer.
         let _ = connmux_sys::socket::setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 64 << 20);
     }
     let (mut peer, low) = tcp_pair().map_err(|e| e.to_string())?;

@@ -342,7 +342,8 @@ mod tests {
         assert_eq!(errno(sendmsg(a.as_raw_fd(), &[IoSlice::new(b"x")], libc::MSG_NOSIGNAL)), libc::EPIPE);
     }
 
-    /// Checks against a kernel that has AF_KCM (run in the kcmvm harness: Debian 6.1).
+    /// Checks against a kernel that has AF_KCM (run in the kcmvm harness, scripts/kcmvm.sh:
+    /// Debian's kernel).
     mod real_kcm {
         use super::*;
         use crate::socket::tcp_check_attachable;
@@ -353,7 +354,8 @@ mod tests {
 
         /// `r6 = r1; r0 = ld_abs_w[0]; r0 += 4; exit`: a 4-byte big-endian length
         /// header, then that many bytes. (Correct while each message starts a segment;
-        /// see kcmvm's README, caveat 2, so the tests send one message at a time.)
+        /// see docs/kcmvm.md, "Parsers read from the segment", so the tests send one
+        /// message at a time.)
         fn length_parser() -> OwnedFd {
             let insns: [[u8; 8]; 4] = [
                 [0xbf, 0x16, 0, 0, 0, 0, 0, 0], // mov r6, r1

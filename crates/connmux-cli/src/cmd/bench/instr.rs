@@ -27,8 +27,9 @@ pub struct Args {
     /// In-flight settings (-j1 -aA).
     #[arg(long, value_delimiter = ',', default_value = "1,32")]
     pub inflight: Vec<u64>,
-    /// Servers: connmux, raw, yardstick.
-    #[arg(long, value_delimiter = ',', default_value = "connmux,raw,yardstick")]
+    /// Servers: connmux, raw; yardstick (an external C ceiling server) when
+    /// --yardstick DIR is given.
+    #[arg(long, value_delimiter = ',', default_value = "connmux,raw")]
     pub servers: Vec<String>,
     /// How long each server runs under callgrind (all calls must fit in it).
     #[arg(long, default_value_t = 15.0)]
@@ -44,8 +45,10 @@ pub struct Args {
     /// Directory for the callgrind output files [default: a temporary one].
     #[arg(long)]
     pub keep: Option<PathBuf>,
-    #[arg(long, default_value = super::YARDSTICK_DIR)]
-    pub yardstick: PathBuf,
+    /// Directory of an external ceiling server's limit_server.c (built at
+    /// run time); without it only connmux's own servers run.
+    #[arg(long)]
+    pub yardstick: Option<PathBuf>,
     /// A smoke run: 2 000 calls at -a1 only, connmux only.
     #[arg(long)]
     pub quick: bool,
@@ -180,7 +183,8 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         None => std::env::temp_dir().join(format!("connmux-bench-callgrind-{}", std::process::id())),
     };
     std::fs::create_dir_all(&dir)?;
-    let yard = a.servers.iter().any(|s| s == "yardstick").then(|| build_yardstick(&a.yardstick)).flatten();
+    super::with_external(&mut a.servers, a.yardstick.as_deref(), &["yardstick"])?;
+    let yard = a.servers.iter().any(|s| s == "yardstick").then(|| build_yardstick(a.yardstick.as_deref())).flatten();
     println!(
         "connmux bench instructions: user-space instructions (callgrind Ir, all threads) per NULL call, \
          (Ir(2N) - Ir(N)) / N, one worker, -j1; output in {}",

@@ -3,7 +3,7 @@
 //!
 //! | mode | what it measures |
 //! |---|---|
-//! | `rpc` | ONC RPC NULL calls: the rpc-server, a raw-epoll server of our own, the thread-per-connection server, and when present the C yardstick and nfs-ganesha, under one load and one CPU placement |
+//! | `rpc` | ONC RPC NULL calls: the rpc-server, a raw-epoll server of our own, and the thread-per-connection server (with `--yardstick DIR`, also an external C ceiling server and nfs-ganesha), under one load and one CPU placement |
 //! | `uneven` | one connection's requests burn CPU, the others are light: connmux's default steering, KCM's round robin, thread per connection |
 //! | `scale` | 8, 1 000 and 10 000 connections with one call in flight each; RSS per idle connection |
 //! | `size` | message echo from 64 B to 1 MiB against a plain read/write echo of the same bytes |
@@ -54,7 +54,7 @@ pub struct Args {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Mode {
-    /// NULL-call RPC/s and RTT: rpc-server vs raw epoll, thread per connection, yardstick, ganesha.
+    /// NULL-call RPC/s and RTT: rpc-server vs raw epoll and thread per connection (--yardstick DIR adds a C ceiling server and ganesha).
     Rpc(rpc::Args),
     /// Uneven work: heavy requests on one connection, light on the others.
     Uneven(uneven::Args),
@@ -99,6 +99,10 @@ pub struct AllArgs {
     /// Shorter rounds everywhere (a smoke run, not a measurement).
     #[arg(long)]
     pub quick: bool,
+    /// Directory of an external ceiling server's limit_server.c, passed to
+    /// the modes that measure it (rpc, scale, instructions).
+    #[arg(long)]
+    pub yardstick: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -114,13 +118,18 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::Ninep(a) => ninep::run(a),
         Mode::All(a) => {
             let q: &[&str] = if a.quick { &["bench", "--quick"] } else { &["bench"] };
+            let dir = a.yardstick.as_ref().map(|d| d.to_string_lossy().into_owned());
+            let mut qy: Vec<&str> = q.to_vec();
+            if let Some(d) = &dir {
+                qy.extend(["--yardstick", d.as_str()]);
+            }
             let mut rc = 0;
-            rc |= rpc::run(defaults(q))?;
+            rc |= rpc::run(defaults(&qy))?;
             rc |= uneven::run(defaults(q))?;
-            rc |= scale::run(defaults(q))?;
+            rc |= scale::run(defaults(&qy))?;
             rc |= size::run(defaults(q))?;
             rc |= recv::run(defaults(q))?;
-            rc |= instr::run(defaults(q))?;
+            rc |= instr::run(defaults(&qy))?;
             Ok(rc)
         }
         Mode::MuxServer(a) => run_mux_server(a),
@@ -405,17 +414,16 @@ pub fn loadgen(
     })
 }
 
-/// Where the yardstick's sources are looked for (`--yardstick` overrides):
-/// `shared/yardstick` beside the checkout this binary was built from.
-pub const YARDSTICK_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/yardstick");
-
-/// Build the yardstick's `limit_server` from `dir` into a scratch directory
-/// (gcc -O2, as its Makefile does). `None` (with the reason printed) when the
+/// The yardstick is an external ceiling server (a C `limit_server.c`), not
+/// part of connmux: it runs only when `--yardstick DIR` names its sources,
+/// and is then built into a scratch directory (gcc -O2, as its Makefile
+/// does). `None` (with the reason printed) without a directory, or when the
 /// sources or the compiler are missing.
-pub fn build_yardstick(dir: &Path) -> Option<PathBuf> {
+pub fn build_yardstick(dir: Option<&Path>) -> Option<PathBuf> {
+    let dir = dir?;
     let src = dir.join("limit_server.c");
     if !src.exists() {
-        eprintln!("bench: no yardstick at {} (skipped)", dir.display());
+        eprintln!("bench: no limit_server.c in --yardstick {} (yardstick skipped)", dir.display());
         return None;
     }
     let out_dir = std::env::temp_dir().join(format!("connmux-bench-yardstick-{}", std::process::id()));
@@ -431,6 +439,24 @@ pub fn build_yardstick(dir: &Path) -> Option<PathBuf> {
             None
         }
     }
+}
+
+/// The servers to measure: those asked for, plus `extra` (the external
+/// servers that `--yardstick DIR` brings) when a directory is given and
+/// they were not named. Naming one of `extra` without a directory is an
+/// error: nothing outside the checkout is looked for by default.
+pub fn with_external(servers: &mut Vec<String>, dir: Option<&Path>, extra: &[&str]) -> anyhow::Result<()> {
+    for e in extra {
+        let named = servers.iter().any(|s| s == e);
+        match dir {
+            Some(_) if !named => servers.push((*e).to_string()),
+            None if named => {
+                anyhow::bail!("{e} is not part of connmux: give --yardstick DIR (the directory of limit_server.c)")
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Whether a program is on PATH.

@@ -2,9 +2,10 @@
 //! have, under the same load and the same CPU placement, in one run.
 //!
 //! Servers: `rpc-server` (connmux), `raw` (`bench raw-server`: the same job on
-//! bare epoll), `thread` (`rpc-server --engine thread`), and, when present,
-//! `yardstick` (the C `limit_server`, built at run time) and `ganesha`
-//! (nfs-ganesha, started in its own network namespace by the yardstick's
+//! bare epoll), `thread` (`rpc-server --engine thread`): all in this binary.
+//! External ceilings only when asked for: with `--yardstick DIR`, also
+//! `yardstick` (the C `limit_server` from DIR, built at run time) and
+//! `ganesha` (nfs-ganesha, started in its own network namespace by DIR's
 //! `ganesha/run.sh` when `ganesha.nfsd` is installed).
 //!
 //! Placements: `cpu0` puts every server (one worker) and the load generator on
@@ -17,7 +18,9 @@
 //!
 //! Rounds are interleaved: every round runs every placement, setting and
 //! server once (servers in a rotating order), and the table shows the median
-//! over rounds of RPC/s, median RTT and p99 RTT, with ratios to the yardstick.
+//! over rounds of RPC/s, median RTT and p99 RTT, with ratios to the raw loop,
+//! thread per connection and (when run) the yardstick. The targets compare
+//! rpc-server with the ceiling: the yardstick when it runs, else the raw loop.
 
 use std::path::PathBuf;
 
@@ -41,16 +44,18 @@ pub struct Args {
     /// Placements: cpu0 (everything on CPU 0), spread (one worker per CPU 0 and 1).
     #[arg(long, value_delimiter = ',', default_value = "cpu0,spread")]
     pub placements: Vec<String>,
-    /// Servers to measure (those missing are skipped): connmux, raw, thread, yardstick, ganesha;
+    /// Servers to measure: connmux, raw, thread; yardstick and ganesha with --yardstick;
     /// also connmux-epoll, connmux-uring (one driver), connmux-in-turn
     /// (connections to the workers in turn, not by incoming CPU) and
     /// connmux-default (rpc-server with its default flags: one worker per CPU
     /// of the placement's affinity mask).
-    #[arg(long, value_delimiter = ',', default_value = "connmux,raw,thread,yardstick,ganesha")]
+    #[arg(long, value_delimiter = ',', default_value = "connmux,raw,thread")]
     pub servers: Vec<String>,
-    /// Directory with the yardstick's limit_server.c.
-    #[arg(long, default_value = super::YARDSTICK_DIR)]
-    pub yardstick: PathBuf,
+    /// Directory of an external ceiling server's limit_server.c (built at run
+    /// time; its ganesha/run.sh starts nfs-ganesha where installed). Adds the
+    /// columns yardstick and ganesha; without it only connmux's own servers run.
+    #[arg(long)]
+    pub yardstick: Option<PathBuf>,
     /// A smoke run: one round of 0.3 s, settings 1:1 and 1:32, CPU 0 only, no ganesha.
     #[arg(long)]
     pub quick: bool,
@@ -194,13 +199,19 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.run = Rounds::quick(1);
         a.settings = vec!["1:1".into(), "1:32".into()];
         a.placements = vec!["cpu0".into()];
+    }
+    super::with_external(&mut a.servers, a.yardstick.as_deref(), &["yardstick", "ganesha"])?;
+    if a.quick {
         a.servers.retain(|s| s != "ganesha");
     }
     a.run.check()?;
     let settings = a.settings.iter().map(|s| parse_setting(s)).collect::<anyhow::Result<Vec<_>>>()?;
     let placements = a.placements.iter().map(|p| placement(p)).collect::<anyhow::Result<Vec<_>>>()?;
-    let yard =
-        if a.servers.iter().any(|s| s == "yardstick" || s == "ganesha") { build_yardstick(&a.yardstick) } else { None };
+    let yard = if a.servers.iter().any(|s| s == "yardstick" || s == "ganesha") {
+        build_yardstick(a.yardstick.as_deref())
+    } else {
+        None
+    };
     // Ganesha is one process for the whole run: it only runs in the first placement
     // it is started for, so start it per placement in turn (see below).
     let kinds: Vec<&str> = a.servers.iter().map(String::as_str).collect();
@@ -234,7 +245,10 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     let mut has_ganesha = vec![false; placements.len()];
     for round in 0..a.run.rounds {
         for (pi, p) in placements.iter().enumerate() {
-            let ganesha = if want_ganesha { start_ganesha(p, &a.yardstick)? } else { None };
+            let ganesha = match (&a.yardstick, want_ganesha) {
+                (Some(dir), true) => start_ganesha(p, dir)?,
+                _ => None,
+            };
             if ganesha.is_some() {
                 has_ganesha[pi] = true;
             }
@@ -255,10 +269,21 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     }
     drop(servers);
 
+    // The yardstick's column only when it ran.
+    let has_yard = names.iter().flatten().any(|n| n == "yardstick");
+    let yard_col = |v: String| if has_yard { format!(" {v:>9}") } else { String::new() };
     println!();
     println!(
-        "{:<7} {:<12} {:<15} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "place", "setting", "server", "RPC/s", "p50_us", "p99_us", "vs_yard", "vs_raw", "vs_thread"
+        "{:<7} {:<12} {:<15} {:>11} {:>9} {:>9} {:>9} {:>9}{}",
+        "place",
+        "setting",
+        "server",
+        "RPC/s",
+        "p50_us",
+        "p99_us",
+        "vs_raw",
+        "vs_thread",
+        yard_col("vs_yard".into())
     );
     let mut table = Vec::new();
     for (pi, p) in placements.iter().enumerate() {
@@ -273,16 +298,16 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 let Some(m) = m else { continue };
                 let r = |b: Option<Figures>| b.map_or("-".into(), |b| ratio(m.rate, b.rate));
                 println!(
-                    "{:<7} {:<12} {:<15} {:>11.0} {:>9.1} {:>9.1} {:>9} {:>9} {:>9}",
+                    "{:<7} {:<12} {:<15} {:>11.0} {:>9.1} {:>9.1} {:>9} {:>9}{}",
                     p.name,
                     s.to_string(),
                     nm[vi],
                     m.rate,
                     m.p50_us,
                     m.p99_us,
-                    r(yard_f),
                     r(raw_f),
-                    r(thr_f)
+                    r(thr_f),
+                    yard_col(r(yard_f))
                 );
                 table.push((p.name.clone(), *s, nm[vi].clone(), *m));
             }
@@ -296,7 +321,8 @@ fn short(name: &str) -> String {
     name.split('@').next().unwrap_or(name).to_string()
 }
 
-/// Print the targets of the rpc benchmark with PASS/MISS.
+/// Print the targets of the rpc benchmark with PASS/MISS. The ceiling is
+/// the yardstick when it ran, else connmux's own raw epoll loop.
 fn targets(table: &[(String, Setting, String, Figures)], _has_ganesha: &[bool]) {
     let find = |place: &str, s: Setting, server: &str| {
         table
@@ -309,15 +335,16 @@ fn targets(table: &[(String, Setting, String, Figures)], _has_ganesha: &[bool]) 
         if n != "connmux" {
             continue;
         }
-        if let Some(y) = find(p, *s, "yardstick") {
+        let ceiling = ["yardstick", "raw"].into_iter().find_map(|c| find(p, *s, c).map(|f| (c, f)));
+        if let Some((c, y)) = ceiling {
             let spread_target = p == "spread" && s.inflight == 128 && (s.threads == 2 || s.threads == 8);
             if p == "cpu0" || spread_target {
                 let r = f.rate / y.rate;
-                lines.push(format!("{} rpc-server >= 0.9x yardstick RPC/s, {p} {s}: {r:.2}x", verdict(r >= 0.9)));
+                lines.push(format!("{} rpc-server >= 0.9x {c} RPC/s, {p} {s}: {r:.2}x", verdict(r >= 0.9)));
             }
             if s.threads == 1 && s.inflight == 1 {
                 let r = f.p50_us / y.p50_us;
-                lines.push(format!("{} median RTT <= 1.1x yardstick, {p} {s}: {r:.2}x", verdict(r <= 1.1)));
+                lines.push(format!("{} median RTT <= 1.1x {c}, {p} {s}: {r:.2}x", verdict(r <= 1.1)));
             }
         }
         if s.inflight == 128 {

@@ -42,11 +42,14 @@ pub struct Args {
     /// Placement of servers and load: cpu0 or spread.
     #[arg(long, default_value = "cpu0")]
     pub placement: String,
-    /// Servers: connmux, raw, yardstick.
-    #[arg(long, value_delimiter = ',', default_value = "connmux,raw,yardstick")]
+    /// Servers: connmux, raw; yardstick (an external C ceiling server) when
+    /// --yardstick DIR is given.
+    #[arg(long, value_delimiter = ',', default_value = "connmux,raw")]
     pub servers: Vec<String>,
-    #[arg(long, default_value = super::YARDSTICK_DIR)]
-    pub yardstick: PathBuf,
+    /// Directory of an external ceiling server's limit_server.c (built at
+    /// run time); without it only connmux's own servers run.
+    #[arg(long)]
+    pub yardstick: Option<PathBuf>,
     /// A smoke run: 8 and 200 connections, one round of 0.5 s, idle 200.
     #[arg(long)]
     pub quick: bool,
@@ -202,7 +205,8 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         a.seconds = 0.5;
     }
     let p = placement(&a.placement)?;
-    let yard = a.servers.iter().any(|s| s == "yardstick").then(|| build_yardstick(&a.yardstick)).flatten();
+    super::with_external(&mut a.servers, a.yardstick.as_deref(), &["yardstick"])?;
+    let yard = a.servers.iter().any(|s| s == "yardstick").then(|| build_yardstick(a.yardstick.as_deref())).flatten();
     println!(
         "connmux bench scale: one NULL call in flight per connection, one epoll load thread on CPU {}; servers on {:?}; \
          {} round(s) of {} s, interleaved; medians; load avg {}",

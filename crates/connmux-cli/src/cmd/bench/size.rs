@@ -36,8 +36,8 @@ pub struct Args {
     #[arg(long, default_value = "cpu0")]
     pub placement: String,
     /// Unused (kept so every mode takes the same options).
-    #[arg(long, default_value = super::YARDSTICK_DIR, hide = true)]
-    pub yardstick: PathBuf,
+    #[arg(long, hide = true)]
+    pub yardstick: Option<PathBuf>,
     /// A smoke run: 64 B and 64 KiB, one round of 0.3 s.
     #[arg(long)]
     pub quick: bool,
