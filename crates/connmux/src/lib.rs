@@ -50,6 +50,8 @@ mod handler;
 
 mod shared;
 
+mod events;
+
 mod kernel;
 
 mod lane;
@@ -66,7 +68,10 @@ pub mod tls;
 
 pub mod service;
 
-pub use config::{Backend, Config, Driver, Placement, Tuning};
+pub use config::{
+    default_workers, Backend, Config, Driver, Placement, Tuning, DEFAULT_ASSEMBLY_TIMEOUT, DEFAULT_MAX_CONNS,
+    DEFAULT_MEM_LIMIT,
+};
 pub use connmux_core::mux::{
     Event as CoreEvent, MuxConfig, PsockError, PsockId, RecvFlags, RecvInfo, RxError, SendFlags, SockId, SockType,
     Steering, TxPolicy,
@@ -76,6 +81,7 @@ pub use connmux_core::parsers;
 pub use connmux_core::stats::{MuxStats, PsockStats, SockStats};
 pub use connmux_core::Bytes;
 pub use connmux_kernel::{KernelError, KernelMux, KernelSocket};
+pub use events::Events;
 pub use kernel::{BackendError, UNKNOWN_PSOCK};
 pub use mux::{AttachOptions, BpfProgram, Mux};
 pub use shared::PsockEvent;

@@ -14,6 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["sync", "config"],
     &["handler"],
     &["shared"],
+    &["events"],
     &["kernel"],
     &["lane"],
     &["serve"],

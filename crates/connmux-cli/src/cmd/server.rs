@@ -38,17 +38,17 @@ pub struct Common {
     /// On by default: a peer that sends a message's first bytes and then
     /// nothing (slowloris) would otherwise hold its connection and buffer
     /// forever. Counted in `rx_msg_timeouts`.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = connmux::DEFAULT_ASSEMBLY_TIMEOUT.as_millis() as u64)]
     pub assembly_timeout_ms: u64,
     /// Memory budget for all connections together: assembly buffers, queued
     /// requests and replies (e.g. 64M, 1G, or bytes). Past it the largest
     /// holders stop being read; those still stuck a second later are reset
     /// (counted in `mem_pauses`, `mem_aborts`).
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value_t = connmux::DEFAULT_MEM_LIMIT, value_parser = parse_size)]
     pub mem_limit: usize,
     /// Most connections attached at once; past it a new connection is reset
     /// as soon as it is accepted (counted in `refused`; 0 = no cap).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = connmux::DEFAULT_MAX_CONNS)]
     pub max_conns: usize,
     /// TLS handshake timeout in milliseconds: a handshake not finished by
     /// then resets the connection (counted in `handshake_timeouts`; 0 = none).
@@ -212,6 +212,7 @@ impl Common {
         c.core.assembly_timeout =
             (self.assembly_timeout_ms > 0).then(|| Duration::from_millis(self.assembly_timeout_ms));
         c.core.mem_limit = self.mem_limit;
+        c.max_conns = (self.max_conns > 0).then_some(self.max_conns);
         c.core.handshake_timeout =
             (self.handshake_timeout_ms > 0).then(|| Duration::from_millis(self.handshake_timeout_ms));
         c.core.idle_timeout = (self.idle_timeout_ms > 0).then(|| Duration::from_millis(self.idle_timeout_ms));
