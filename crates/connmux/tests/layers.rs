@@ -21,6 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["driver"],
     &["mux"],
     &["socket"],
+    &["async_socket"],
     &["tls"],
     &["service"],
 ];
