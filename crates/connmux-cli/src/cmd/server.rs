@@ -770,4 +770,27 @@ mod tests {
         assert!(!freed_enough(3 * MIB, 0), "under 4 MiB, whatever the share");
         assert!(!freed_enough(2 * MIB, 3 * MIB), "grown, not freed");
     }
+
+    /// A server given no flags runs with the library's defaults: the values
+    /// have one source (`connmux::DEFAULT_*`).
+    #[test]
+    fn the_servers_defaults_are_the_librarys() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Args {
+            #[command(flatten)]
+            common: super::Common,
+        }
+        let a = Args::parse_from(["server"]);
+        let c = a.common.mux_config().unwrap();
+        let d = connmux::Config::default();
+        assert_eq!(c.core.assembly_timeout, d.core.assembly_timeout);
+        assert_eq!(c.core.assembly_timeout, Some(connmux::DEFAULT_ASSEMBLY_TIMEOUT));
+        assert_eq!(c.core.mem_limit, connmux::DEFAULT_MEM_LIMIT);
+        assert_eq!(c.max_conns, d.max_conns);
+        assert_eq!(a.common.max_conns, connmux::DEFAULT_MAX_CONNS);
+        assert_eq!(c.core.handshake_timeout, d.core.handshake_timeout);
+        assert_eq!(c.core.idle_timeout, d.core.idle_timeout);
+        assert_eq!(c.core.max_msg_size, d.core.max_msg_size);
+    }
 }
