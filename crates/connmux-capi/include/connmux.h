@@ -257,7 +257,8 @@ typedef struct connmux_tls connmux_tls;
  */
 typedef struct {
   /**
-   * I/O worker threads (each owns the connections attached to it). Default 1; at least 1.
+   * I/O worker threads (each owns the connections attached to it). Default:
+   * one per CPU this process may run on; at least 1.
    */
   uint32_t workers;
   /**
@@ -280,7 +281,7 @@ typedef struct {
   size_t max_msg_size;
   /**
    * Assembly deadline in milliseconds from a message's first byte (ETIMEDOUT);
-   * 0: wait forever (default).
+   * 0: wait forever. Default 10000.
    */
   uint64_t assembly_timeout_ms;
   /**
@@ -312,7 +313,7 @@ typedef struct {
    * Bytes the mux holds for all connections together (assembly buffers,
    * queued messages); past it the largest holders stop being read, and
    * those still holding as much after `mem_grace_ms` fail with ENOBUFS.
-   * Default 1 GiB; 0: no limit beyond the per-connection ones.
+   * Default 256 MiB; 0: no limit beyond the per-connection ones.
    */
   size_t mem_limit;
   /**

@@ -183,7 +183,8 @@ impl ParserKind {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct connmux_config {
-    /// I/O worker threads (each owns the connections attached to it). Default 1; at least 1.
+    /// I/O worker threads (each owns the connections attached to it). Default:
+    /// one per CPU this process may run on; at least 1.
     pub workers: u32,
     /// 1: pin worker i to the i-th CPU this process may use (default); 0: no pinning.
     pub pin_workers: c_int,
@@ -196,7 +197,7 @@ pub struct connmux_config {
     /// with EMSGSIZE. Default 1 MiB.
     pub max_msg_size: usize,
     /// Assembly deadline in milliseconds from a message's first byte (ETIMEDOUT);
-    /// 0: wait forever (default).
+    /// 0: wait forever. Default 10000.
     pub assembly_timeout_ms: u64,
     /// Receive-queue bound per socket in bytes (SO_RCVBUF). Default 4 MiB.
     pub sock_rcvbuf: usize,
@@ -214,7 +215,7 @@ pub struct connmux_config {
     /// Bytes the mux holds for all connections together (assembly buffers,
     /// queued messages); past it the largest holders stop being read, and
     /// those still holding as much after `mem_grace_ms` fail with ENOBUFS.
-    /// Default 1 GiB; 0: no limit beyond the per-connection ones.
+    /// Default 256 MiB; 0: no limit beyond the per-connection ones.
     pub mem_limit: usize,
     /// How long a connection paused by `mem_limit` may stay so before it
     /// fails. Default 1000.
@@ -1282,8 +1283,8 @@ pub unsafe extern "C" fn connmux_set_nonblocking(sock: *const connmux_sock, nonb
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let s = unsafe { sock_ref(sock) }?;
+        s.sock.set_nonblocking(nonblocking != 0)?;
         s.nonblocking.store(nonblocking != 0, Ordering::Relaxed);
-        s.sock.set_nonblocking(nonblocking != 0);
         Ok(0)
     })
 }
@@ -1298,8 +1299,8 @@ pub unsafe extern "C" fn connmux_set_timeouts(sock: *const connmux_sock, recv_ms
     guard_int(|| {
         // SAFETY: forwarded contract of this function.
         let s = unsafe { sock_ref(sock) }?;
-        s.sock.set_read_timeout((recv_ms > 0).then(|| Duration::from_millis(recv_ms)));
-        s.sock.set_write_timeout((send_ms > 0).then(|| Duration::from_millis(send_ms)));
+        s.sock.set_read_timeout((recv_ms > 0).then(|| Duration::from_millis(recv_ms)))?;
+        s.sock.set_write_timeout((send_ms > 0).then(|| Duration::from_millis(send_ms)))?;
         Ok(0)
     })
 }
@@ -1371,15 +1372,21 @@ pub unsafe extern "C" fn connmux_sock_get_stats(sock: *const connmux_sock, st: *
 
 /// Runs `f` non-blocking if `dontwait` asks for it and the socket is
 /// blocking; restores blocking mode afterwards (also on unwind).
-fn with_mode<T>(s: &connmux_sock, dontwait: bool, f: impl FnOnce(&KcmSocket) -> T) -> T {
+fn with_mode<T>(
+    s: &connmux_sock,
+    dontwait: bool,
+    f: impl FnOnce(&KcmSocket) -> std::io::Result<T>,
+) -> std::io::Result<T> {
     struct Restore<'a>(&'a KcmSocket);
     impl Drop for Restore<'_> {
         fn drop(&mut self) {
-            self.0.set_nonblocking(false);
+            // (A drop has no caller to tell; the mode is a flag, which
+            // setting does not fail.)
+            let _ = self.0.set_nonblocking(false);
         }
     }
     if dontwait && !s.nonblocking.load(Ordering::Relaxed) {
-        s.sock.set_nonblocking(true);
+        s.sock.set_nonblocking(true)?;
         let _restore = Restore(&s.sock);
         f(&s.sock)
     } else {

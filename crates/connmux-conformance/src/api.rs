@@ -70,7 +70,7 @@ pub fn case_44_backend_choice_auto_and_kernel(kind: Kind) -> Outcome {
         // The mux of this kind carries a message.
         let m = mux(kind)?;
         let s = ctx(m.socket(SockType::Dgram), "socket")?;
-        s.set_read_timeout(Some(WAIT));
+        ctx(s.set_read_timeout(Some(WAIT)), "SO_RCVTIMEO")?;
         let (mut peer, low) = ctx(tcp_pair(), "tcp")?;
         ctx(m.attach(&low, connmux::parsers::from_spec("l4").unwrap()), "attach")?;
         ctx(peer.write_all(&frame(b"hello")), "write")?;
@@ -106,7 +106,7 @@ pub fn case_45_calls_without_a_kernel_form_are_refused(kind: Kind) -> Outcome {
     run(|| {
         let m = mux(kind)?;
         let s = ctx(m.socket(SockType::Dgram), "socket")?;
-        s.set_read_timeout(Some(WAIT));
+        ctx(s.set_read_timeout(Some(WAIT)), "SO_RCVTIMEO")?;
         let (mut peer, low) = ctx(tcp_pair(), "tcp")?;
         let p = ctx(m.attach(&low, connmux::parsers::from_spec("l4").unwrap()), "attach")?;
         ctx(peer.write_all(&frame(b"one")), "write")?;
@@ -183,7 +183,7 @@ fn kind_of(e: &PsockError) -> &'static str {
 fn bad(kind: Kind, spec: &str, bytes: &[u8], want: &str, good: fn(&[u8]) -> Vec<u8>) -> Result<String, String> {
     let m = mux(kind)?;
     let s = ctx(m.socket(SockType::Dgram), "socket")?;
-    s.set_read_timeout(Some(WAIT));
+    ctx(s.set_read_timeout(Some(WAIT)), "SO_RCVTIMEO")?;
     let (mut pa, la) = ctx(tcp_pair(), "tcp")?;
     let (mut pb, lb) = ctx(tcp_pair(), "tcp")?;
     let a = ctx(m.attach(&la, connmux::parsers::from_spec(spec).unwrap()), "attach A")?;
@@ -208,7 +208,7 @@ fn bad(kind: Kind, spec: &str, bytes: &[u8], want: &str, good: fn(&[u8]) -> Vec<
     let mut buf = [0u8; 64];
     let n = ctx(s.recv(&mut buf), "recv B")?;
     ensure!(buf[..n] == good(b"bee")[..], "got {n} B: {:?}", &buf[..n]);
-    s.set_read_timeout(Some(QUIET));
+    ctx(s.set_read_timeout(Some(QUIET)), "SO_RCVTIMEO")?;
     ensure!(s.recv(&mut buf).is_err(), "A delivered after its error");
     // abort: unattached and reset.
     ctx(m.abort(a), "abort")?;

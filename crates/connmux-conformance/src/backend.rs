@@ -48,8 +48,8 @@ pub trait Ep: Send + Sync {
     fn try_clone(&self) -> io::Result<Box<dyn Ep>>;
     fn set_recv_disable(&self, d: bool) -> io::Result<()>;
     fn recv_disabled(&self) -> io::Result<bool>;
-    fn set_nonblocking(&self, nb: bool);
-    fn set_timeout(&self, t: Option<Duration>);
+    fn set_nonblocking(&self, nb: bool) -> io::Result<()>;
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()>;
     fn set_rcvbuf(&self, b: usize) -> io::Result<()>;
     fn set_sndbuf(&self, b: usize) -> io::Result<()>;
     fn stats(&self) -> io::Result<SockStats>;
@@ -167,12 +167,12 @@ impl Ep for UserEp {
     fn recv_disabled(&self) -> io::Result<bool> {
         self.0.recv_disabled()
     }
-    fn set_nonblocking(&self, nb: bool) {
+    fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
         self.0.set_nonblocking(nb)
     }
-    fn set_timeout(&self, t: Option<Duration>) {
-        self.0.set_read_timeout(t);
-        self.0.set_write_timeout(t);
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.0.set_read_timeout(t)?;
+        self.0.set_write_timeout(t)
     }
     fn set_rcvbuf(&self, b: usize) -> io::Result<()> {
         self.0.set_rcvbuf(b)

@@ -21,7 +21,7 @@ const PER_WRITE: usize = 64;
 fn one(kind: Kind, n: usize) -> Result<f64, String> {
     let m = new_mux(kind, Opts::default()).map_err(|e| e.to_string())?;
     let s = m.socket(SockType::Dgram).map_err(|e| e.to_string())?;
-    s.set_timeout(Some(Duration::from_secs(5)));
+    s.set_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
     if let Some(fd) = s.raw() {
         // A KCM message is charged a whole skb (docs/kcmvm.md, "Receive buffers"): a big buffer.
         let _ = connmux_sys::socket::setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 64 << 20);

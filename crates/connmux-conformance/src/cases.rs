@@ -50,7 +50,7 @@ fn mux(kind: Kind) -> Result<Box<dyn Mx>, String> {
 
 fn sock(m: &dyn Mx, ty: SockType) -> Result<Box<dyn Ep>, String> {
     let s = m.socket(ty).ctx("socket")?;
-    s.set_timeout(Some(WAIT));
+    s.set_timeout(Some(WAIT)).ctx("timeouts")?;
     Ok(s)
 }
 
@@ -64,11 +64,10 @@ fn recv(ep: &dyn Ep, cap: usize) -> Result<(Vec<u8>, Got), String> {
 
 /// Whether a non-blocking receive finds nothing.
 fn empty(ep: &dyn Ep) -> bool {
-    ep.set_nonblocking(true);
     let mut b = [0u8; 16];
-    let r = ep.recv(&mut b, true);
-    ep.set_nonblocking(false);
-    matches!(r, Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
+    let r = ep.set_nonblocking(true).and_then(|()| ep.recv(&mut b, true));
+    let back = ep.set_nonblocking(false);
+    back.is_ok() && matches!(r, Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 /// Wait until `ep` has a message (peek), up to WAIT.
@@ -86,7 +85,9 @@ fn wait_readable(ep: &dyn Ep) -> bool {
 /// Count the messages queued on `ep` (draining them).
 fn drain(ep: &dyn Ep) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    ep.set_nonblocking(true);
+    if ep.set_nonblocking(true).is_err() {
+        return out;
+    }
     let mut buf = vec![0u8; 1 << 16];
     for _ in 0..10_000 {
         match ep.recv(&mut buf, false) {
@@ -94,7 +95,8 @@ fn drain(ep: &dyn Ep) -> Vec<Vec<u8>> {
             Err(_) => break,
         }
     }
-    ep.set_nonblocking(false);
+    // (A blocking socket again or the error, which the next call meets.)
+    let _ = ep.set_nonblocking(false);
     out
 }
 
@@ -516,10 +518,10 @@ fn case_19_seqpacket_short_read_keeps_the_rest(kind: Kind) -> Outcome {
         wait_readable(&*s);
         let mut a = [0u8; 4];
         let g1 = s.recv(&mut a, false).ctx("recv")?;
-        s.set_nonblocking(true);
+        s.set_nonblocking(true).ctx("set_nonblocking")?;
         let mut b = [0u8; 16];
         let g2 = s.recv(&mut b, false);
-        s.set_nonblocking(false);
+        s.set_nonblocking(false).ctx("set_nonblocking")?;
         match (kind, g2) {
             (_, Ok(g2)) if g1.len == 4 && !g1.eor && g2.len == 6 && g2.eor && b[..6] == msg(11, 6)[4..] => {
                 Ok(Pass("4 without EOR, then 6 with EOR".into()))
@@ -564,7 +566,7 @@ fn case_22_one_read_pass_goes_to_one_socket(kind: Kind) -> Outcome {
     run(|| {
         let (m, k1, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         let k2 = k1.try_clone().ctx("clone")?;
-        k2.set_timeout(Some(WAIT));
+        k2.set_timeout(Some(WAIT)).ctx("timeouts")?;
         let burst = |peer: &mut TcpStream, base: u8| -> io::Result<()> {
             let w: Vec<u8> = (0..5).flat_map(|i| msg(base + i, 4)).collect();
             peer.write_all(&w)
@@ -585,7 +587,7 @@ fn case_23_recv_disable_moves_queued_messages(kind: Kind) -> Outcome {
     run(|| {
         let (_m, k1, mut peer, _low, _) = setup(kind, SockType::Dgram, "l4")?;
         let k2 = k1.try_clone().ctx("clone")?;
-        k2.set_timeout(Some(WAIT));
+        k2.set_timeout(Some(WAIT)).ctx("timeouts")?;
         let w: Vec<u8> = (0..3).flat_map(|i| msg(i, 4)).collect();
         peer.write_all(&w).ctx("write")?;
         std::thread::sleep(Duration::from_millis(200));
@@ -913,7 +915,7 @@ fn case_34_sends_queue_without_psock_then_flush_on_attach(kind: Kind) -> Outcome
         let m = mux(kind)?;
         let s = sock(&*m, SockType::Dgram)?;
         s.set_sndbuf(4096).ctx("sndbuf")?;
-        s.set_nonblocking(true);
+        s.set_nonblocking(true).ctx("set_nonblocking")?;
         let mut n = 0usize;
         let mut last = None;
         while n < 10_000 {
@@ -925,7 +927,7 @@ fn case_34_sends_queue_without_psock_then_flush_on_attach(kind: Kind) -> Outcome
                 }
             }
         }
-        s.set_nonblocking(false);
+        s.set_nonblocking(false).ctx("set_nonblocking")?;
         let would_block = last.as_ref().is_some_and(|e| e.kind() == io::ErrorKind::WouldBlock);
         let (mut peer, low) = tcp_pair().ctx("tcp")?;
         m.attach(low.as_fd(), "l4").ctx("attach")?;
@@ -941,7 +943,7 @@ fn case_35_one_message_larger_than_sndbuf_is_accepted(kind: Kind) -> Outcome {
         let m = mux(kind)?;
         let s = sock(&*m, SockType::Dgram)?;
         s.set_sndbuf(4096).ctx("sndbuf")?;
-        s.set_nonblocking(true);
+        s.set_nonblocking(true).ctx("set_nonblocking")?;
         let r = s.send(&msg(1, 100_000), SendFlags::default());
         ensure!(matches!(r, Ok(100_004)), "{r:?}");
         Ok(Pass("100004 B accepted on an empty queue with SO_SNDBUF 4096".into()))
@@ -1260,7 +1262,7 @@ pub fn rewritten_textbook_parser() -> String {
         .concat();
         let m = connmux::Mux::new(crate::backend::config(Kind::Kernel, Default::default())).ctx("mux")?;
         let s = m.socket(SockType::Dgram).ctx("socket")?;
-        s.set_read_timeout(Some(WAIT));
+        s.set_read_timeout(Some(WAIT)).ctx("SO_RCVTIMEO")?;
         let (mut peer, low) = tcp_pair().ctx("tcp")?;
         s.attach_bpf(&low, &connmux::BpfProgram::Bytecode(code)).ctx("attach_bpf")?;
         let mut w = msg(0, 2);

@@ -657,6 +657,10 @@ impl KernelSocket {
     pub fn set_nonblocking(&self, nb: bool) {
         self.nonblocking.store(nb, std::sync::atomic::Ordering::Relaxed);
     }
+    /// Whether calls are non-blocking (`set_nonblocking`).
+    pub fn nonblocking(&self) -> bool {
+        self.nonblocking.load(std::sync::atomic::Ordering::Relaxed)
+    }
     /// SO_RCVTIMEO (`None`: wait forever).
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         connmux_sys::socket::set_rcvtimeo(self.fd.as_raw_fd(), t)

@@ -20,6 +20,8 @@
 //! - [`uring`]: io_uring with a provided-buffer ring: multishot receives, sends, polls,
 //!   cancellation, completions as a safe enum;
 //! - [`bpf`]: the bpf(2) system call (program load, test run);
+//! - `async_fd` (feature `tokio`): tokio's `AsyncFd` over an owned descriptor
+//!   (its constructor is `unsafe`);
 //! - [`malloc`]: glibc's `mallopt` thresholds and `malloc_trim`, and a global
 //!   allocator counting large blocks in use, so freed buffers go back to the system.
 //!
@@ -31,6 +33,8 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod affinity;
+#[cfg(feature = "tokio")]
+pub mod async_fd;
 pub mod bpf;
 pub mod clock;
 pub mod epoll;

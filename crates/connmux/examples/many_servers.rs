@@ -88,7 +88,7 @@ fn run(
     cfg.core.tx_policy = policy;
     let mux = Mux::new(cfg)?;
     let sock = mux.socket(SockType::SeqPacket)?;
-    sock.set_read_timeout(Some(Duration::from_millis(20)));
+    sock.set_read_timeout(Some(Duration::from_millis(20)))?;
     for s in servers.iter().flatten() {
         let conn = TcpStream::connect(s.local_addr())?;
         mux.attach(&conn, l4())?;

@@ -99,13 +99,61 @@ pub enum Backend {
     Auto,
 }
 
+/// The default [`MuxConfig::assembly_timeout`] of a [`Config`]: 10 s from a
+/// message's first byte. A peer that sends the start of a message and then
+/// nothing (slowloris) would otherwise hold its connection and its assembly
+/// buffer forever. The servers' `--assembly-timeout-ms` default.
+pub const DEFAULT_ASSEMBLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default [`MuxConfig::mem_limit`] of a [`Config`]: 256 MiB for all
+/// connections together (assembly buffers, queued requests and replies).
+/// The servers' `--mem-limit` default.
+pub const DEFAULT_MEM_LIMIT: usize = 256 << 20;
+
+/// The default [`Config::max_conns`]: 10,000 connections attached at once
+/// by a [`crate::service::Service`]. The servers' `--max-conns` default.
+pub const DEFAULT_MAX_CONNS: usize = 10_000;
+
+/// One worker per CPU this process may run on
+/// ([`std::thread::available_parallelism`], which follows the affinity mask
+/// and a cgroup's CPU quota); 1 where that cannot be told.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Mux configuration.
+///
+/// `Config::default()` is what the servers (`connmux rpc-server`,
+/// `echo-server`) run with when given no flags: a worker per CPU, and an
+/// assembly timeout, a memory budget and a connection cap
+/// ([`DEFAULT_ASSEMBLY_TIMEOUT`], [`DEFAULT_MEM_LIMIT`],
+/// [`DEFAULT_MAX_CONNS`]); each field can be set after it.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Limits and steering of the core (sizes, deadlines, queue bounds).
+    /// Limits and steering of the core (sizes, deadlines, queue bounds):
+    /// [`MuxConfig::default`] except for two values, which here are the
+    /// servers' defaults:
+    ///
+    /// - `core.assembly_timeout`: `Some(`[`DEFAULT_ASSEMBLY_TIMEOUT`]`)`
+    ///   (10 s; the core's own default, AF_KCM's, waits forever). `None`
+    ///   waits forever.
+    /// - `core.mem_limit`: [`DEFAULT_MEM_LIMIT`] (256 MiB; the core's own
+    ///   is 1 GiB).
     pub core: MuxConfig,
-    /// I/O worker threads (each owns the psocks attached to it). Default 1.
+    /// I/O worker threads (each owns the psocks attached to it). Default
+    /// [`default_workers`]: one per CPU this process may run on, so that the
+    /// messages of one heavy connection are answered on every CPU (by the
+    /// workers' heavy lanes and helpers under [`crate::Mux::serve`], or by
+    /// application threads on cloned sockets). Set 1 for a mux that should
+    /// hold one thread only (a client's, a test's).
     pub workers: usize,
+    /// Most connections a [`crate::service::Service`] on this mux keeps
+    /// attached at once: past it a new connection is reset as soon as it is
+    /// accepted (counted in `refused`). `None`: no cap.
+    /// [`crate::service::Service::set_max_conns`] changes it while running.
+    /// [`crate::Mux::attach`] itself is not capped: the application chose
+    /// that connection. Default `Some(`[`DEFAULT_MAX_CONNS`]`)`.
+    pub max_conns: Option<usize>,
     /// CPU placement of the workers. Default `Pinned`.
     pub placement: Placement,
     /// Bytes read from a connection per read call (also the per-worker read
@@ -450,8 +498,13 @@ impl Tuning {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            core: MuxConfig::default(),
-            workers: 1,
+            core: MuxConfig {
+                assembly_timeout: Some(DEFAULT_ASSEMBLY_TIMEOUT),
+                mem_limit: DEFAULT_MEM_LIMIT,
+                ..MuxConfig::default()
+            },
+            workers: default_workers(),
+            max_conns: Some(DEFAULT_MAX_CONNS),
             placement: Placement::Pinned,
             read_chunk: 64 << 10,
             event_queue: 4096,

@@ -102,7 +102,7 @@ pub(crate) fn check_program(p: &KernelParser, name: &str) -> io::Result<()> {
 /// A kernel mux and its error thread.
 pub(crate) struct KMux {
     pub k: KernelMux,
-    pub events_rx: crossbeam::channel::Receiver<PsockEvent>,
+    pub events_rx: crate::events::Events,
     pub dropped: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -118,7 +118,7 @@ impl KMux {
             Err(KernelError::Unsupported(e)) => return Ok(Err(e)),
             Err(e) => return Err(e.into()),
         };
-        let (tx, events_rx) = crossbeam::channel::bounded(config.event_queue.max(1));
+        let (tx, events_rx) = crate::events::Events::bounded(config.event_queue);
         let stop = Arc::new(AtomicBool::new(false));
         let dropped = Arc::new(AtomicU64::new(0));
         let thread = {

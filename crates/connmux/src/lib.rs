@@ -36,6 +36,40 @@
 //! (addressed receive and send, serving in place, affinity) return an
 //! `Unsupported` error holding a [`BackendError`]. [`Backend`] has the table.
 //!
+//! # Async use (cargo feature `tokio`)
+//!
+//! A [`KcmSocket`] waits by blocking its thread; with the `tokio` feature,
+//! `AsyncKcmSocket` wraps one for a tokio runtime: `recv`, `recv_from`,
+//! `recv_msg`, `recv_batch`, `send`, `send_to`, `send_msg` are `async fn`s
+//! that wait on the socket's readiness descriptor (the eventfd its `AsFd`
+//! gives, readable while messages are queued) through
+//! `tokio::io::unix::AsyncFd`, and it is a `futures_core::Stream` of
+//! received messages. The mux's workers still read and write the
+//! connections; the tasks only take whole messages and hand back whole
+//! replies, so one socket per task, cloned (`AsyncKcmSocket::try_clone`,
+//! AF_KCM's `SIOCKCMCLONE`), spreads a connection's requests over the
+//! runtime's threads.
+//!
+//! ```ignore
+//! // connmux = { features = ["tokio"] }
+//! let mux = Mux::new(Config::default())?;
+//! let first = AsyncKcmSocket::new(mux.socket(SockType::Dgram)?)?;
+//! let mut socks = vec![];
+//! for _ in 1..4 {
+//!     socks.push(first.try_clone()?);
+//! }
+//! socks.push(first); // every socket receives: none holds messages unread
+//! for s in socks {
+//!     tokio::spawn(async move {
+//!         while let Ok(m) = s.recv_msg().await {
+//!             let _ = s.send_to(&m.data, m.psock).await; // echo
+//!         }
+//!     });
+//! }
+//! ```
+//!
+//! `examples/tokio_rpc_null.rs` serves ONC RPC NULL this way.
+//!
 //! What this crate does **not** do: it has no `unsafe` of its own (that is in
 //! `connmux-sys`), and it does not listen or accept (see [`service`]).
 #![forbid(unsafe_code)]
@@ -50,6 +84,8 @@ mod handler;
 
 mod shared;
 
+mod events;
+
 mod kernel;
 
 mod lane;
@@ -62,11 +98,17 @@ mod mux;
 
 mod socket;
 
+#[cfg(feature = "tokio")]
+mod async_socket;
+
 pub mod tls;
 
 pub mod service;
 
-pub use config::{Backend, Config, Driver, Placement, Tuning};
+pub use config::{
+    default_workers, Backend, Config, Driver, Placement, Tuning, DEFAULT_ASSEMBLY_TIMEOUT, DEFAULT_MAX_CONNS,
+    DEFAULT_MEM_LIMIT,
+};
 pub use connmux_core::mux::{
     Event as CoreEvent, MuxConfig, PsockError, PsockId, RecvFlags, RecvInfo, RxError, SendFlags, SockId, SockType,
     Steering, TxPolicy,
@@ -76,7 +118,11 @@ pub use connmux_core::parsers;
 pub use connmux_core::stats::{MuxStats, PsockStats, SockStats};
 pub use connmux_core::Bytes;
 pub use connmux_kernel::{KernelError, KernelMux, KernelSocket};
+pub use events::Events;
 pub use kernel::{BackendError, UNKNOWN_PSOCK};
 pub use mux::{AttachOptions, BpfProgram, Mux};
 pub use shared::PsockEvent;
 pub use socket::{KcmSocket, Message};
+
+#[cfg(feature = "tokio")]
+pub use async_socket::AsyncKcmSocket;

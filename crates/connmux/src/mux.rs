@@ -23,7 +23,7 @@ use crate::config::{Backend, Config, Driver};
 use crate::driver;
 use crate::kernel::{self, KMux};
 use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerIo, WorkerRef};
-use crate::shared::{Command, PsockEvent, ATTACHED};
+use crate::shared::{Command, ATTACHED};
 
 /// Options of one attach: the parser, and the limits of this connection where
 /// they differ from the mux's (`MuxConfig::max_msg_size`,
@@ -106,8 +106,10 @@ pub(crate) struct MuxInner {
     pub lane_queue: usize,
     /// `Config::lane_bytes`.
     pub lane_bytes: usize,
-    pub events_rx: crossbeam::channel::Receiver<PsockEvent>,
+    pub events_rx: crate::events::Events,
     pub serving: AtomicBool,
+    /// `Config::max_conns`: a service's cap until it sets its own.
+    pub max_conns: Option<usize>,
 }
 
 impl MuxInner {
@@ -234,7 +236,7 @@ impl Mux {
             };
             refs.push(WorkerRef::new(io, waker, cpu));
         }
-        let (events_tx, events_rx) = crossbeam::channel::bounded(config.event_queue.max(1));
+        let (events_tx, events_rx) = crate::events::Events::bounded(config.event_queue);
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 mux: CoreMux::new(config.core.clone()),
@@ -299,6 +301,7 @@ impl Mux {
             lane_bytes: config.lane_bytes,
             events_rx,
             serving: AtomicBool::new(false),
+            max_conns: config.max_conns,
         };
         match failed {
             // Dropping `inner` stops and joins the workers that did start.
@@ -623,7 +626,7 @@ impl Mux {
     }
 
     /// The psock failures reported so far (KCM: POLLERR on each TCP socket).
-    pub fn events(&self) -> &crossbeam::channel::Receiver<PsockEvent> {
+    pub fn events(&self) -> &crate::events::Events {
         match &self.imp {
             MuxImp::User(u) => &u.events_rx,
             MuxImp::Kernel(k) => &k.events_rx,

@@ -210,7 +210,7 @@ impl Service {
         let serving = mux.serve_counting(cfg.sock_type, handler, Some(stats.clone()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop_accept = Arc::new(AtomicBool::new(false));
-        let max_conns = Arc::new(AtomicUsize::new(0));
+        let max_conns = Arc::new(AtomicUsize::new(mux.user().and_then(|u| u.max_conns).unwrap_or(0)));
         let mut threads = Vec::new();
         {
             let (mux, stop, stats, parser) = (mux.clone(), stop_accept.clone(), stats.clone(), cfg.parser.clone());
@@ -246,8 +246,10 @@ impl Service {
     /// received, nothing being written) for [`EVICT_IDLE`] or longer: it is
     /// reset and counted in [`ServiceStats::evicted`]. Otherwise the new
     /// connection is closed with a reset as soon as it is accepted, and
-    /// counted in [`ServiceStats::refused`] (`None`: no cap, the default).
-    /// So connections that never send cannot keep every new client out. Why: every
+    /// counted in [`ServiceStats::refused`] (`None`: no cap). So connections
+    /// that never send cannot keep every new client out. It starts at the
+    /// mux's [`Config::max_conns`](crate::Config::max_conns) (by default
+    /// [`DEFAULT_MAX_CONNS`](crate::DEFAULT_MAX_CONNS)). Why: every
     /// connection costs a descriptor and its buffers; without a cap a peer
     /// that opens connections faster than they fail uses them all. AF_KCM has
     /// no such knob (the listener's backlog and `RLIMIT_NOFILE` are the

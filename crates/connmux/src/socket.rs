@@ -5,7 +5,7 @@
 //! `tls` or `service`; the workers never call up into it.
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -146,27 +146,46 @@ impl KcmSocket {
         }
     }
 
-    pub fn set_nonblocking(&self, nb: bool) {
+    /// Non-blocking mode (`O_NONBLOCK`): receives and sends that would wait
+    /// return `WouldBlock` instead. Kernel backend: `MSG_DONTWAIT` on each
+    /// call. As [`std::net::TcpStream::set_nonblocking`], it returns a result
+    /// (it cannot fail on either backend today).
+    pub fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
         match &self.imp {
             SockImp::User(rt) => rt.nonblocking.store(nb, Ordering::Relaxed),
             SockImp::Kernel(k) => k.set_nonblocking(nb),
         }
+        Ok(())
     }
     /// SO_RCVTIMEO for blocking receives (`None`: wait forever), counted from
-    /// the call's first wait.
-    pub fn set_read_timeout(&self, t: Option<Duration>) {
+    /// the call's first wait; such a receive then fails with `WouldBlock`.
+    /// Kernel backend: `setsockopt(SO_RCVTIMEO)`, whose error is returned.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match &self.imp {
-            SockImp::User(rt) => *rt.rcvtimeo.lock().unwrap() = t,
-            // setsockopt(SO_RCVTIMEO) on an open socket does not fail.
-            SockImp::Kernel(k) => drop(k.set_read_timeout(t)),
+            SockImp::User(rt) => {
+                *rt.rcvtimeo.lock().unwrap_or_else(|e| e.into_inner()) = t;
+                Ok(())
+            }
+            SockImp::Kernel(k) => k.set_read_timeout(t),
         }
     }
     /// SO_SNDTIMEO for blocking sends (`None`: wait forever), counted from the
-    /// call's first wait.
-    pub fn set_write_timeout(&self, t: Option<Duration>) {
+    /// call's first wait; such a send then fails with `WouldBlock`. Kernel
+    /// backend: `setsockopt(SO_SNDTIMEO)`, whose error is returned.
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match &self.imp {
-            SockImp::User(rt) => *rt.sndtimeo.lock().unwrap() = t,
-            SockImp::Kernel(k) => drop(k.set_write_timeout(t)),
+            SockImp::User(rt) => {
+                *rt.sndtimeo.lock().unwrap_or_else(|e| e.into_inner()) = t;
+                Ok(())
+            }
+            SockImp::Kernel(k) => k.set_write_timeout(t),
+        }
+    }
+    /// Whether the socket is in non-blocking mode.
+    pub fn nonblocking(&self) -> bool {
+        match &self.imp {
+            SockImp::User(rt) => rt.nonblocking.load(Ordering::Relaxed),
+            SockImp::Kernel(k) => k.nonblocking(),
         }
     }
     /// KCM_RECV_DISABLE.
@@ -586,11 +605,37 @@ impl KcmSocket {
 
 impl AsRawFd for KcmSocket {
     /// Readable while messages are queued (an eventfd; on the kernel backend
-    /// the AF_KCM socket itself).
+    /// the AF_KCM socket itself). The same descriptor as [`AsFd::as_fd`].
     fn as_raw_fd(&self) -> RawFd {
+        self.as_fd().as_raw_fd()
+    }
+}
+
+impl AsFd for KcmSocket {
+    /// The socket's receive readiness: readable while messages are queued
+    /// (an eventfd the runtime keeps non-zero exactly then; on the kernel
+    /// backend the AF_KCM socket itself), so the socket fits into any event
+    /// loop (`poll`, epoll, tokio's `AsyncFd`). Level-triggered: a reader
+    /// that takes the last message makes it unreadable again. Only for
+    /// waiting: reading or writing it is not a receive or a send.
+    fn as_fd(&self) -> BorrowedFd<'_> {
         match &self.imp {
-            SockImp::User(rt) => rt.rx.fd.as_raw_fd(),
-            SockImp::Kernel(k) => k.as_raw_fd(),
+            SockImp::User(rt) => rt.rx.fd.as_fd(),
+            SockImp::Kernel(k) => k.as_fd(),
+        }
+    }
+}
+
+impl KcmSocket {
+    /// The descriptor that says a send can start: on the userspace backend
+    /// an eventfd readable while the socket's send buffer has room (after a
+    /// send that found none, until room comes back), on the kernel backend
+    /// the AF_KCM socket (writable when it has room).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn send_ready_fd(&self) -> (BorrowedFd<'_>, bool) {
+        match &self.imp {
+            SockImp::User(rt) => (rt.tx.fd.as_fd(), false),
+            SockImp::Kernel(k) => (k.as_fd(), true),
         }
     }
 }

@@ -43,7 +43,7 @@ fn auto_takes_the_kernel_only_where_af_kcm_exists() {
     assert_eq!(m.backend(), want);
     // Whichever it took carries a message.
     let s = m.socket(SockType::Dgram).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5)));
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let (mut peer, conn) = pair();
     m.attach(&conn, connmux::parsers::from_spec("l4").unwrap()).unwrap();
     peer.write_all(&frame(b"auto")).unwrap();
@@ -79,7 +79,7 @@ fn kernel_without_af_kcm_is_a_typed_error() {
 fn attach_bpf_frames_from_the_message_start() {
     let m = Mux::new(config(Backend::Userspace)).unwrap();
     let s = m.socket(SockType::Dgram).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5)));
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let (mut peer, conn) = pair();
     let code: Vec<u8> = [
         [0xbf, 0x16, 0, 0, 0, 0, 0, 0], // r6 = r1

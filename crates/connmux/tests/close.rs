@@ -78,7 +78,7 @@ fn close_wait_delivers_every_accepted_message() {
 fn flush_reports_unsent_messages_at_its_deadline() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_nonblocking(true);
+    sock.set_nonblocking(true).unwrap();
     for i in 0..3u8 {
         sock.send(&framed(&[i; 16])).unwrap();
     }

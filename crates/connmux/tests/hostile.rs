@@ -427,7 +427,7 @@ fn peer_that_never_reads_backpressures_the_sender_only() {
     let push = server.mux.socket(SockType::Dgram).unwrap();
     // This socket only transmits: it must not be offered received messages.
     push.set_recv_disable(true).unwrap();
-    push.set_nonblocking(true);
+    push.set_nonblocking(true).unwrap();
     let msg = framed(&vec![0xabu8; 32 << 10]);
     let mut sent = 0u64;
     let mut blocked = false;
@@ -456,8 +456,8 @@ fn peer_that_never_reads_backpressures_the_sender_only() {
     println!("[never reads] {sent} messages accepted; {} bytes queued in the core", st.tx_mem);
     assert!(st.tx_mem < server.cfg.core.sock_sndbuf + msg.len(), "SO_SNDBUF bound broken: {}", st.tx_mem);
     // A blocking send with a timeout waits, then gives up.
-    push.set_nonblocking(false);
-    push.set_write_timeout(Some(Duration::from_millis(100)));
+    push.set_nonblocking(false).unwrap();
+    push.set_write_timeout(Some(Duration::from_millis(100))).unwrap();
     let t = Instant::now();
     let e = push.send_to(&msg, p).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::WouldBlock);

@@ -64,7 +64,7 @@ fn write_in_pieces(mut peer: TcpStream, wire: Vec<u8>, seed: u64) -> TcpStream {
 fn large_and_small_messages_arrive_whole_in_order_and_counted_once() {
     let mux = mux_with(|c| c.core.max_msg_size = 1 << 20);
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, peer) = pair();
     let p = mux.attach(&ours, l4()).unwrap();
     let mut rng = StdRng::seed_from_u64(0x1a7e);
@@ -89,7 +89,7 @@ fn timeout_mid_large_body_drops_it_and_counts_once() {
         c.core.assembly_timeout = Some(Duration::from_millis(150));
     });
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     let p = mux.attach(&ours, l4()).unwrap();
     // A whole large message first (later reads are lent), then most of another.
@@ -109,7 +109,7 @@ fn timeout_mid_large_body_drops_it_and_counts_once() {
     let _peer = w.join().unwrap();
     let st = mux.psock_stats(p).unwrap();
     assert_eq!((st.rx_msg_timeouts, st.rx_msgs, st.rx_bytes), (1, 1, (300 << 10) + 4), "on {:?}", driver());
-    sock.set_nonblocking(true);
+    sock.set_nonblocking(true).unwrap();
     assert!(sock.recv_msg().is_err(), "nothing partial is delivered");
     // Another connection still carries large messages.
     let (o2, mut p2) = pair();
@@ -120,7 +120,7 @@ fn timeout_mid_large_body_drops_it_and_counts_once() {
         p2.write_all(&m2).unwrap();
         p2
     });
-    sock.set_nonblocking(false);
+    sock.set_nonblocking(false).unwrap();
     assert!(sock.recv_msg().unwrap().data[..] == m[..]);
     let _p2 = w.join().unwrap();
 }
@@ -133,7 +133,7 @@ fn large_messages_wait_under_backpressure_and_lose_nothing() {
         c.core.sock_rcvbuf = 64 << 10;
     });
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, peer) = pair();
     let p = mux.attach(&ours, l4()).unwrap();
     let msgs: Vec<Vec<u8>> = (0..12).map(|i| framed(&body(i, [150 << 10, 70 << 10, 500][i as usize % 3]))).collect();
@@ -191,7 +191,7 @@ fn echo_service_returns_large_messages_intact() {
 fn memory_used_follows_a_large_message_until_it_is_taken() {
     let mux = mux_with(|c| c.core.max_msg_size = 1 << 20);
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     let _p = mux.attach(&ours, l4()).unwrap();
     assert_eq!(mux.memory_used(), 0, "nothing read yet");

@@ -53,7 +53,7 @@ fn case_04_attach_twice_is_ealready_and_first_still_works() {
     let mux = mux_with(|_| {});
     let other = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     mux.attach(&ours, l4()).unwrap();
     assert_eq!(errno(mux.attach(&ours, l4()).unwrap_err()), libc::EALREADY);
@@ -78,7 +78,7 @@ fn case_05_unattach_not_attached_or_twice_is_enoent() {
 fn case_08_two_messages_in_one_segment_are_framed_apart() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     mux.attach(&ours, l4()).unwrap();
     let mut both = framed(b"abcdef");
@@ -94,7 +94,7 @@ fn case_08_two_messages_in_one_segment_are_framed_apart() {
 fn case_09_message_over_three_segments_is_delivered_once_whole() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_nonblocking(true);
+    sock.set_nonblocking(true).unwrap();
     let (ours, mut peer) = pair();
     mux.attach(&ours, l4()).unwrap();
     let (fence_ours, mut fence) = pair();
@@ -122,7 +122,7 @@ fn settled_rx(sock: &connmux::KcmSocket, ours: &TcpStream, fence: &mut TcpStream
     use std::os::fd::AsRawFd;
     eventually(|| (connmux_sys::socket::inq(ours.as_raw_fd()).unwrap() == 0).then_some(()));
     write_all(fence, &framed(b"fence"));
-    sock.set_nonblocking(true);
+    sock.set_nonblocking(true).unwrap();
     let mut before = Vec::new();
     // Bounded: each turn takes one message, and `eventually` gives up after WAIT.
     loop {
@@ -138,7 +138,7 @@ fn settled_rx(sock: &connmux::KcmSocket, ours: &TcpStream, fence: &mut TcpStream
 fn case_11_bytes_queued_before_attach_are_delivered() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     write_all(&mut peer, &framed(b"early"));
     // The bytes are in the connection's receive queue before the attach.
@@ -165,7 +165,7 @@ fn good_neighbour(mux: &connmux::Mux, sock: &connmux::KcmSocket) -> (TcpStream, 
 fn case_12_oversize_length_aborts_that_psock_only() {
     let mux = mux_with(|c| c.core.max_msg_size = 1000);
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     let bad = mux.attach(&ours, l4()).unwrap();
     let mut hdr = framed(&[7u8; 10]);
@@ -179,14 +179,14 @@ fn case_12_oversize_length_aborts_that_psock_only() {
     let (_o2, mut p2) = good_neighbour(&mux, &sock);
     write_all(&mut p2, &framed(b"after"));
     assert_eq!(&sock.recv_msg().unwrap().data[..], &framed(b"after")[..]);
-    sock.set_nonblocking(true);
+    sock.set_nonblocking(true).unwrap();
     assert_eq!(sock.recv_msg().unwrap_err().kind(), ErrorKind::WouldBlock);
 }
 
 fn case_15_assembly_timeout_from_first_byte() {
     let mux = mux_with(|c| c.core.assembly_timeout = Some(Duration::from_millis(100)));
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     let p = mux.attach(&ours, l4()).unwrap();
     let start = Instant::now();
@@ -223,7 +223,7 @@ fn case_15_no_timeout_waits_indefinitely() {
             None => {
                 assert!(ev.is_none(), "{ev:?} with no assembly timeout");
                 write_all(&mut peer, &msg[10..]);
-                sock.set_read_timeout(Some(WAIT));
+                sock.set_read_timeout(Some(WAIT)).unwrap();
                 assert_eq!(&sock.recv_msg().unwrap().data[..], &msg[..]);
             }
         }
@@ -233,7 +233,7 @@ fn case_15_no_timeout_waits_indefinitely() {
 fn case_16_big_message_without_stall() {
     let mux = mux_with(|c| c.core.max_msg_size = 1 << 20);
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     mux.attach(&ours, l4()).unwrap();
     let body: Vec<u8> = (0..(600 << 10)).map(|i| (i % 251) as u8).collect();
@@ -291,7 +291,7 @@ fn case_30_atomic_sends_from_eight_threads_over_two_connections() {
     let mut senders = Vec::new();
     for t in 0..THREADS {
         let s = sock.try_clone().unwrap();
-        s.set_write_timeout(Some(Duration::from_secs(20)));
+        s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
         senders.push(std::thread::spawn(move || {
             use rand::{Rng, SeedableRng};
             let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
@@ -339,7 +339,7 @@ fn case_32_idle_psocks_rotate_in_lru_order() {
 fn case_34_sends_queue_without_psock_then_flush_on_attach() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_nonblocking(true);
+    sock.set_nonblocking(true).unwrap();
     sock.set_sndbuf(1000).unwrap();
     let mut sent = 0u32;
     loop {
@@ -370,14 +370,14 @@ fn case_39_peer_fin_reports_error_and_keeps_delivered_messages() {
     let ev = mux.events().recv_timeout(WAIT).unwrap();
     assert_eq!(ev, connmux::PsockEvent { psock: p, error: PsockError::Closed });
     assert_eq!(mux.psock_error(p), Some(PsockError::Closed));
-    sock.set_nonblocking(true);
+    sock.set_nonblocking(true).unwrap();
     assert_eq!(&sock.recv_msg().unwrap().data[..], &framed(b"before fin")[..]);
 }
 
 fn case_40_closing_app_fd_keeps_attachment_until_last_socket_closes() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     mux.attach(&ours, l4()).unwrap();
     drop(ours);
@@ -393,7 +393,7 @@ fn case_40_closing_app_fd_keeps_attachment_until_last_socket_closes() {
 fn case_43_statistics_over_real_tcp() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     let p = mux.attach(&ours, l4()).unwrap();
     for _ in 0..3 {
@@ -420,7 +420,7 @@ fn case_43_statistics_over_real_tcp() {
 fn addressed_mode_replies_reach_the_right_client() {
     let mux = mux_with(|c| c.workers = 2);
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let mut peers = Vec::new();
     for _ in 0..4 {
         let (ours, peer) = pair();
@@ -452,7 +452,7 @@ fn addressed_mode_replies_reach_the_right_client() {
 fn send_batch_to_answers_each_connection_and_a_short_batch_still_goes_out() {
     let mux = mux_with(|c| c.workers = 2);
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let mut peers = Vec::new();
     let mut ids = Vec::new();
     for _ in 0..3 {
@@ -545,7 +545,7 @@ fn wait_queued(s: &connmux::KcmSocket, n: usize) {
 fn case_10_header_split_two_plus_two_needs_more_once() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     let p = mux.attach(&ours, l4()).unwrap();
     let msg = framed(b"split header");
@@ -559,7 +559,7 @@ fn case_10_header_split_two_plus_two_needs_more_once() {
 fn case_17_18_21_dgram_truncation_zero_read_and_eor() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     mux.attach(&ours, l4()).unwrap();
     let (m1, m2, m3, m4) = (framed(b"abcdef"), framed(b"second"), framed(b"third!"), framed(b"whole"));
@@ -585,7 +585,7 @@ fn case_17_18_21_dgram_truncation_zero_read_and_eor() {
 fn case_19_20_seqpacket_partial_reads_and_peek() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::SeqPacket).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     mux.attach(&ours, l4()).unwrap();
     let msg = framed(b"ten bytes!"); // 14 bytes
@@ -637,7 +637,7 @@ fn case_23_recv_disable_moves_queued_messages() {
     assert_eq!(k1.queued(), 0, "case 23 on {:?}", driver());
     write_all(&mut peer, &framed(b"new"));
     wait_queued(&k2, 4);
-    k2.set_read_timeout(Some(WAIT));
+    k2.set_read_timeout(Some(WAIT)).unwrap();
     for i in 0..3u8 {
         assert_eq!(&k2.recv_msg().unwrap().data[..], &framed(&[i; 3])[..], "case 23 order on {:?}", driver());
     }
@@ -646,7 +646,7 @@ fn case_23_recv_disable_moves_queued_messages() {
     k1.set_recv_disable(false).unwrap();
     k2.set_recv_disable(true).unwrap();
     write_all(&mut peer, &framed(b"k1 again"));
-    k1.set_read_timeout(Some(WAIT));
+    k1.set_read_timeout(Some(WAIT)).unwrap();
     assert_eq!(&k1.recv_msg().unwrap().data[..], &framed(b"k1 again")[..], "case 23 on {:?}", driver());
 }
 
@@ -715,7 +715,7 @@ fn case_24_backpressure_closes_the_window_and_loses_nothing() {
     assert_eq!(sock.queued(), 0);
     // Re-enable: every message, in per-connection order.
     sock.set_recv_disable(false).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let total: u32 = sent.iter().sum();
     let mut next = vec![0u32; CONNS as usize];
     for _ in 0..total {
@@ -741,7 +741,7 @@ fn case_25_closing_a_socket_moves_its_unread_messages() {
     wait_queued(&k1, 3);
     k2.set_recv_disable(false).unwrap();
     drop(k1);
-    k2.set_read_timeout(Some(WAIT));
+    k2.set_read_timeout(Some(WAIT)).unwrap();
     for i in 0..3u8 {
         assert_eq!(&k2.recv_msg().unwrap().data[..], &framed(&[i; 5])[..], "case 25 on {:?}", driver());
     }
@@ -751,7 +751,7 @@ fn case_26_small_rcvbuf_still_takes_a_bigger_message() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
     sock.set_rcvbuf(1024).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     mux.attach(&ours, l4()).unwrap();
     let msg = framed(&vec![9u8; 64 << 10]);
@@ -845,7 +845,7 @@ fn case_36_reset_mid_message_resends_it_whole_elsewhere() {
     use std::os::fd::AsRawFd;
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_write_timeout(Some(WAIT));
+    sock.set_write_timeout(Some(WAIT)).unwrap();
     let (o1, p1) = pair();
     let (o2, mut p2) = pair();
     socket2::SockRef::from(&o1).set_send_buffer_size(32 << 10).unwrap();
@@ -876,7 +876,7 @@ fn case_36_reset_mid_message_resends_it_whole_elsewhere() {
 fn case_42_closing_the_last_socket_releases_every_connection() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (o1, mut p1) = pair();
     let (o2, mut p2) = pair();
     mux.attach(&o1, l4()).unwrap();
@@ -1003,7 +1003,7 @@ fn case_06_recv_disable_reads_back_and_takes_effect() {
     assert!(!k1.recv_disabled().unwrap(), "case 6 on {:?}: get after set(0) returns 0", driver());
     k2.set_recv_disable(true).unwrap();
     write_all(&mut peer, &framed(b"to k1"));
-    k1.set_read_timeout(Some(WAIT));
+    k1.set_read_timeout(Some(WAIT)).unwrap();
     // K2's three moved to K1 when K2 was disabled; the new one follows them.
     for i in 0..3u8 {
         assert_eq!(&k1.recv_msg().unwrap().data[..], &framed(&[i; 4])[..], "case 6 on {:?}", driver());
@@ -1031,7 +1031,7 @@ impl connmux::Parser for RefusesEe {
 fn case_13_parser_error_is_posted_with_its_errno() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     let p = mux.attach(&ours, Box::new(RefusesEe)).unwrap();
     // One good message, the refused one, then more that must not be parsed.
@@ -1049,7 +1049,7 @@ fn case_13_parser_error_is_posted_with_its_errno() {
     // Receive stopped on that connection; the socket has no error.
     write_all(&mut peer, &framed(b"\x03later"));
     let _ = good_neighbour(&mux, &sock);
-    sock.set_nonblocking(true);
+    sock.set_nonblocking(true).unwrap();
     assert_eq!(sock.recv_msg().unwrap_err().kind(), ErrorKind::WouldBlock, "case 13 on {:?}", driver());
     assert_eq!(mux.psock_stats(p).unwrap().rx_msgs, 1);
 }
@@ -1090,10 +1090,10 @@ fn case_14_length_inside_gathered_bytes_is_eproto() {
     assert_eq!(st.rx_msgs, 0, "case 14 on {:?}", driver());
     assert_eq!(mux.psock_error(p), Some(ev.error.clone()));
     // Nothing was delivered and the socket has no error.
-    sock.set_nonblocking(true);
+    sock.set_nonblocking(true).unwrap();
     assert_eq!(sock.recv_msg().unwrap_err().kind(), ErrorKind::WouldBlock);
-    sock.set_nonblocking(false);
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_nonblocking(false).unwrap();
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let _ = good_neighbour(&mux, &sock);
 }
 
@@ -1161,7 +1161,7 @@ fn case_35_one_message_larger_than_sndbuf_is_accepted() {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
     sock.set_sndbuf(4096).unwrap();
-    sock.set_nonblocking(true);
+    sock.set_nonblocking(true).unwrap();
     // Empty queue, no connection yet: a 100,004-byte message is accepted whole.
     let body: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     let msg = framed(&body);
@@ -1172,8 +1172,8 @@ fn case_35_one_message_larger_than_sndbuf_is_accepted() {
     let p = mux.attach(&ours, l4()).unwrap();
     assert!(read_framed(&mut peer) == body, "case 35 on {:?}: delivered whole", driver());
     // Written out: a new message can start again.
-    sock.set_nonblocking(false);
-    sock.set_write_timeout(Some(WAIT));
+    sock.set_nonblocking(false).unwrap();
+    sock.set_write_timeout(Some(WAIT)).unwrap();
     sock.send(&framed(b"next")).unwrap();
     assert_eq!(read_framed(&mut peer), b"next");
     // A message that is already open continues past SO_SNDBUF (DGRAM MORE).
@@ -1225,7 +1225,7 @@ fn case_41_close_drops_unsent_messages() {
     let mux = mux_with(|_| {});
     let k1 = mux.socket(SockType::Dgram).unwrap();
     let k2 = k1.try_clone().unwrap();
-    k1.set_nonblocking(true);
+    k1.set_nonblocking(true).unwrap();
     for i in 0..3u8 {
         k1.send(&framed(&[i; 8])).unwrap(); // no connection yet: queued
     }
@@ -1246,7 +1246,7 @@ fn case_41_close_mid_message_aborts_that_connection() {
     let mux = mux_with(|_| {});
     let k1 = mux.socket(SockType::Dgram).unwrap();
     let k2 = k1.try_clone().unwrap();
-    k2.set_write_timeout(Some(WAIT));
+    k2.set_write_timeout(Some(WAIT)).unwrap();
     let (o1, p1) = stalling_pair();
     let (o2, mut p2) = pair();
     let t1 = mux.attach(&o1, l4()).unwrap();

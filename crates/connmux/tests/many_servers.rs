@@ -64,7 +64,7 @@ impl Server {
 fn client(policy: TxPolicy, servers: &[Server]) -> (Mux, KcmSocket, Vec<PsockId>) {
     let mux = mux_with(|c| c.core.tx_policy = policy);
     let sock = mux.socket(SockType::SeqPacket).unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(50)));
+    sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
     let psocks = servers
         .iter()
         .map(|s| {
@@ -221,7 +221,7 @@ fn attach_options_limit_one_psock() {
         c.core.assembly_timeout = None;
     });
     let sock = mux.socket(SockType::SeqPacket).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (small, mut small_peer) = pair();
     let (slow, mut slow_peer) = pair();
     let (plain, mut plain_peer) = pair();

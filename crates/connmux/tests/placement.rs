@@ -46,7 +46,7 @@ fn connection_goes_to_the_worker_on_its_cpu() {
         c.placement = Placement::Cpus(cpus.clone());
     });
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let mut conns = Vec::new();
     for (i, cpu) in [1, 1, 0, 1, 0, 0, 1].into_iter().enumerate() {

@@ -15,7 +15,7 @@ use connmux::SockType;
 fn timeout_shorter_than_spin_is_kept() {
     let mux = mux_with(|c| c.recv_spin = Duration::from_millis(300));
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(20)));
+    sock.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
     let t = Instant::now();
     assert_eq!(sock.recv_msg().unwrap_err().kind(), ErrorKind::WouldBlock);
     let took = t.elapsed();
@@ -29,7 +29,7 @@ fn messages_during_and_after_the_spin_arrive_in_order() {
     for spin in [Duration::from_millis(5), Duration::ZERO] {
         let mux = mux_with(|c| c.recv_spin = spin);
         let sock = mux.socket(SockType::Dgram).unwrap();
-        sock.set_read_timeout(Some(WAIT));
+        sock.set_read_timeout(Some(WAIT)).unwrap();
         let (ours, mut peer) = pair();
         mux.attach(&ours, l4()).unwrap();
         let sender = std::thread::spawn(move || {

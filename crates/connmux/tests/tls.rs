@@ -113,7 +113,7 @@ fn server_frames_decrypted_messages_both_ways() {
     let p = pki();
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, peer) = pair();
     let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
     let mut c = client(&p, peer);
@@ -198,7 +198,7 @@ fn client_psock_to_a_rustls_server() {
     let p = pki();
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let cfg = server_config(&p);
@@ -240,7 +240,7 @@ fn bad_peers_fail_alone() {
     let other = pki(); // a CA that did not sign the server's certificate
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, peer) = pair();
     let good = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
     let mut c = client(&p, peer);
@@ -310,7 +310,7 @@ fn forged_record_after_the_handshake() {
     let p = pki();
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, peer) = pair();
     let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
     let mut raw = peer.try_clone().unwrap();
@@ -347,7 +347,7 @@ fn close_notify_between_and_inside_messages() {
     let p = pki();
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
 
     let (ours, peer) = pair();
     let clean = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
@@ -414,7 +414,7 @@ fn backpressure_loses_nothing() {
     let parsed = mux.psock_stats(psock).unwrap().rx_msgs;
     assert!(parsed < 100, "{parsed} messages parsed while nobody can take them, on {:?}", driver());
     sock.set_recv_disable(false).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let end = Instant::now() + Duration::from_secs(60);
     for i in 0..N {
         assert!(Instant::now() < end);
@@ -435,7 +435,7 @@ fn end_after_backpressure_comes_after_the_last_message() {
         c.core.max_msg_size = 16 << 10;
     });
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, peer) = pair();
     socket2::SockRef::from(&ours).set_recv_buffer_size(32 << 10).unwrap();
     let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
@@ -475,7 +475,7 @@ fn unattach_closes_the_connection() {
     let p = pki();
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, peer) = pair();
     let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
     let mut c = client(&p, peer);

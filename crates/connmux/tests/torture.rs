@@ -127,8 +127,8 @@ fn torture() {
     let mut receivers = Vec::new();
     for r in 0..RECEIVERS {
         let s = sock.try_clone().unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(100)));
-        s.set_write_timeout(Some(READ_TIMEOUT));
+        s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        s.set_write_timeout(Some(READ_TIMEOUT)).unwrap();
         let (received, bytes_in, psock_conn) = (received.clone(), bytes_in.clone(), psock_conn.clone());
         receivers.push(std::thread::spawn(move || {
             let mut last: Vec<Option<u32>> = vec![None; CONNS];

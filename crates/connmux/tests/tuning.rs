@@ -121,7 +121,7 @@ fn queued_messages_stay_within_one_read_of_their_bound() {
         c.tuning = Tuning { ring_buf_size: STEP as u32, ring_buf_count: 64, ..Tuning::default() };
     });
     let sock = mux.socket(connmux::SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT));
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     sock.attach(&ours, l4()).unwrap();
     let wire: Vec<u8> = (0..MSGS).flat_map(|i| framed(&i.to_be_bytes())).collect();

@@ -221,7 +221,7 @@ fn round(
     cfg.core.tx_policy = policy.into();
     let mux = Mux::new(cfg)?;
     let sock = mux.socket(SockType::SeqPacket)?;
-    sock.set_read_timeout(Some(Duration::from_millis(20).min(io_timeout)));
+    sock.set_read_timeout(Some(Duration::from_millis(20).min(io_timeout)))?;
     let mut index: HashMap<PsockId, usize> = HashMap::new();
     for (i, t) in servers.iter().enumerate() {
         let conn = connect(t, io_timeout)?;

@@ -38,17 +38,17 @@ pub struct Common {
     /// On by default: a peer that sends a message's first bytes and then
     /// nothing (slowloris) would otherwise hold its connection and buffer
     /// forever. Counted in `rx_msg_timeouts`.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = connmux::DEFAULT_ASSEMBLY_TIMEOUT.as_millis() as u64)]
     pub assembly_timeout_ms: u64,
     /// Memory budget for all connections together: assembly buffers, queued
     /// requests and replies (e.g. 64M, 1G, or bytes). Past it the largest
     /// holders stop being read; those still stuck a second later are reset
     /// (counted in `mem_pauses`, `mem_aborts`).
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value_t = connmux::DEFAULT_MEM_LIMIT, value_parser = parse_size)]
     pub mem_limit: usize,
     /// Most connections attached at once; past it a new connection is reset
     /// as soon as it is accepted (counted in `refused`; 0 = no cap).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = connmux::DEFAULT_MAX_CONNS)]
     pub max_conns: usize,
     /// TLS handshake timeout in milliseconds: a handshake not finished by
     /// then resets the connection (counted in `handshake_timeouts`; 0 = none).
@@ -212,6 +212,7 @@ impl Common {
         c.core.assembly_timeout =
             (self.assembly_timeout_ms > 0).then(|| Duration::from_millis(self.assembly_timeout_ms));
         c.core.mem_limit = self.mem_limit;
+        c.max_conns = (self.max_conns > 0).then_some(self.max_conns);
         c.core.handshake_timeout =
             (self.handshake_timeout_ms > 0).then(|| Duration::from_millis(self.handshake_timeout_ms));
         c.core.idle_timeout = (self.idle_timeout_ms > 0).then(|| Duration::from_millis(self.idle_timeout_ms));
@@ -770,5 +771,28 @@ mod tests {
         assert!(!freed_enough(15 * MIB, 8 * MIB), "less than half");
         assert!(!freed_enough(3 * MIB, 0), "under 4 MiB, whatever the share");
         assert!(!freed_enough(2 * MIB, 3 * MIB), "grown, not freed");
+    }
+
+    /// A server given no flags runs with the library's defaults: the values
+    /// have one source (`connmux::DEFAULT_*`).
+    #[test]
+    fn the_servers_defaults_are_the_librarys() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Args {
+            #[command(flatten)]
+            common: super::Common,
+        }
+        let a = Args::parse_from(["server"]);
+        let c = a.common.mux_config().unwrap();
+        let d = connmux::Config::default();
+        assert_eq!(c.core.assembly_timeout, d.core.assembly_timeout);
+        assert_eq!(c.core.assembly_timeout, Some(connmux::DEFAULT_ASSEMBLY_TIMEOUT));
+        assert_eq!(c.core.mem_limit, connmux::DEFAULT_MEM_LIMIT);
+        assert_eq!(c.max_conns, d.max_conns);
+        assert_eq!(a.common.max_conns, connmux::DEFAULT_MAX_CONNS);
+        assert_eq!(c.core.handshake_timeout, d.core.handshake_timeout);
+        assert_eq!(c.core.idle_timeout, d.core.idle_timeout);
+        assert_eq!(c.core.max_msg_size, d.core.max_msg_size);
     }
 }

@@ -128,8 +128,8 @@ impl<'a> Rx<'a> {
                 c.core.max_msg_size = 2 << 20;
                 let mux = connmux::Mux::new(c).with_context(|| format!("a mux on {driver:?}"))?;
                 let sock = mux.socket(connmux::SockType::Dgram)?;
-                sock.set_read_timeout(Some(Duration::from_secs(10)));
-                sock.set_write_timeout(Some(Duration::from_secs(10)));
+                sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+                sock.set_write_timeout(Some(Duration::from_secs(10)))?;
                 let parser = connmux::parsers::from_spec("l4").context("l4 parser")?;
                 mux.attach(conn, parser)?;
                 Ok(Rx::Mux { _mux: mux, sock, conn, batch: batched.then(Vec::new) })

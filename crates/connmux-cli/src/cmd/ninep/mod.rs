@@ -67,6 +67,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         // Only for sending: no request is steered here.
         s.set_recv_disable(true)?;
         s.set_sndbuf(usize::MAX / 4)?;
+        s.set_write_timeout(Some(serve::SEND_TIMEOUT))?;
         senders.push(s);
     }
     let _ = pool.senders.set(senders);

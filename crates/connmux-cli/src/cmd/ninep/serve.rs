@@ -270,7 +270,8 @@ impl Handler for NinepHandler {
 
 /// How long a pool thread waits to queue a reply before it gives up on the
 /// connection (a peer that reads nothing cannot hold the thread longer).
-const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Set on each sender when it is made.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Pool {
     /// Runs pool thread `i` until the handler (and its sender) is gone,
@@ -281,7 +282,6 @@ impl Pool {
             let _ = connmux_sys::affinity::renice_current_thread(nice);
         }
         let sock = &self.senders.get().expect("senders set before the service starts")[i];
-        sock.set_write_timeout(Some(SEND_TIMEOUT));
         while let Ok(job) = self.jobs.recv() {
             // Each reply is its own buffer, handed to the mux without a copy
             // (a copy of a large read would be made under the mux's lock).
