@@ -107,9 +107,30 @@ impl Export {
         }
     }
 
-    /// `openat2` beneath the export, following no symlink.
+    /// `openat2` beneath the export, following no symlink, and never
+    /// waiting: with `O_NONBLOCK`, as the name may be a FIFO (whose open
+    /// waits for the other end) or a device, and a file-system thread
+    /// blocked in `open(2)` would be lost to every client. Callers that hand
+    /// the descriptor on clear the flag where it changes nothing but the
+    /// wait ([`Export::settle`]).
     pub fn open_beneath(&self, p: &Path, flags: OFlags, mode: Mode) -> R<OwnedFd> {
-        rfs::openat2(&self.root, Self::rel(p), flags | OFlags::CLOEXEC | OFlags::NOFOLLOW, mode, RESOLVE)
+        // (openat2 refuses O_NONBLOCK beside O_PATH, which opens nothing.)
+        let nb = if flags.contains(OFlags::PATH) { OFlags::empty() } else { OFlags::NONBLOCK };
+        rfs::openat2(&self.root, Self::rel(p), flags | OFlags::CLOEXEC | OFlags::NOFOLLOW | nb, mode, RESOLVE)
+    }
+
+    /// An opened descriptor handed to a client: a regular file gets the
+    /// client's own `O_NONBLOCK` (it means nothing to a regular file's I/O
+    /// anyway); anything else (a FIFO, a device) stays non-blocking, so no
+    /// read or write on it waits in a file-system thread either.
+    fn settle(fd: &OwnedFd, st: &rfs::Stat, asked: OFlags) -> R<()> {
+        if rfs::FileType::from_raw_mode(st.st_mode as _) == rfs::FileType::RegularFile
+            && !asked.contains(OFlags::NONBLOCK)
+        {
+            let fl = rfs::fcntl_getfl(fd)?;
+            rfs::fcntl_setfl(fd, fl - OFlags::NONBLOCK)?;
+        }
+        Ok(())
     }
 
     fn node(&self, p: &Path) -> R<(OwnedFd, Qid)> {
@@ -203,6 +224,10 @@ impl Export {
     pub fn lopen(&self, fid: &Fid, flags: u32) -> R<(Open, Qid)> {
         let path = fid.path.lock().unwrap().clone();
         let fl = open_flags(flags);
+        // As open(2): a directory is opened for reading only.
+        if fid.qid.ty == QidType::DIR && fl.intersects(OFlags::WRONLY | OFlags::RDWR | OFlags::TRUNC) {
+            return Err(Errno::ISDIR);
+        }
         if fl.intersects(OFlags::WRONLY | OFlags::RDWR | OFlags::TRUNC | OFlags::APPEND) {
             self.writable()?;
         }
@@ -212,6 +237,7 @@ impl Export {
         }
         let fd = self.open_beneath(&path, fl, Mode::empty())?;
         let st = rfs::fstat(&fd)?;
+        Self::settle(&fd, &st, fl)?;
         Ok((Open::File(File::from(fd)), qid_of(&st)))
     }
 
@@ -226,12 +252,13 @@ impl Export {
         let fd = rfs::openat2(
             &dfd,
             name,
-            fl | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            fl | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK,
             Mode::from_raw_mode(mode & 0o7777),
             RESOLVE,
         )?;
         path.push(name);
         let st = rfs::fstat(&fd)?;
+        Self::settle(&fd, &st, fl)?;
         let qid = qid_of(&st);
         let node = self.open_beneath(&path, OFlags::PATH, Mode::empty())?;
         Ok((Fid { path: Mutex::new(path), node, qid, open: Some(Open::File(File::from(fd))) }, qid))
@@ -417,6 +444,10 @@ impl Export {
 
     /// Treadlink.
     pub fn readlink(&self, fid: &Fid) -> R<String> {
+        // As readlink(2) on anything but a link.
+        if fid.qid.ty != QidType::SYMLINK {
+            return Err(Errno::INVAL);
+        }
         let t = rfs::readlinkat(&fid.node, "", Vec::new())?;
         t.into_string().map_err(|_| Errno::ILSEQ)
     }
@@ -434,7 +465,11 @@ impl Export {
     pub fn renameat(&self, odir: &Fid, oname: &str, ndir: &Fid, nname: &str) -> R<(PathBuf, PathBuf)> {
         self.writable()?;
         let (oname, nname) = (check_name(oname)?, check_name(nname)?);
-        let (op, np) = (odir.path.lock().unwrap().clone(), ndir.path.lock().unwrap().clone());
+        // One path lock at a time, each released before the next: the two
+        // fids may be one (a rename within a directory), and a lock taken
+        // twice by one thread never returns.
+        let op = odir.path.lock().unwrap().clone();
+        let np = ndir.path.lock().unwrap().clone();
         let (ofd, nfd) = (self.dir(&op)?, self.dir(&np)?);
         rfs::renameat(&ofd, oname, &nfd, nname)?;
         Ok((op.join(oname), np.join(nname)))
