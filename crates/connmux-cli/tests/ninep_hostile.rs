@@ -216,11 +216,9 @@ fn renames_within_one_directory_fid_are_answered() {
     for (i, (old, new)) in names.iter().enumerate() {
         c.send_tag(100 + i as u16, &Tmsg::Renameat { olddirfid: 0, oldname: old, newdirfid: 0, newname: new });
     }
-    let mut answered = 0;
-    for _ in 0..16 {
+    for answered in 0..16 {
         let b = c.recv().unwrap_or_else(|e| panic!("only {answered} of 16 renames answered: {e}"));
         assert_eq!(type_of(&b), MsgType::RRENAMEAT, "{:?}", Rmsg::decode(&b));
-        answered += 1;
     }
     let beside = good_client(s.addr, &ex, Duration::from_secs(1));
     eprintln!("good client: {alone:.0} reads/s alone, {beside:.0} after 16 same-fid renames");
