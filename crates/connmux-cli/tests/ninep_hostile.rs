@@ -27,7 +27,19 @@ struct Server {
 
 impl Server {
     fn start(export: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(BIN)
+        Server::start_in(Command::new(BIN), export, extra)
+    }
+
+    /// Started by `sh` with umask 022 (what a login shell has), so a mode
+    /// the server lets the umask cut shows.
+    fn start_umask_022(export: &Path, extra: &[&str]) -> Server {
+        let mut sh = Command::new("sh");
+        sh.args(["-c", "umask 022; exec \"$0\" \"$@\"", BIN]);
+        Server::start_in(sh, export, extra)
+    }
+
+    fn start_in(mut cmd: Command, export: &Path, extra: &[&str]) -> Server {
+        let mut child = cmd
             .args(["9p-server", "--export"])
             .arg(export)
             .args(["-l", "127.0.0.1:0", "--duration", "300", "--no-pin", "--fs-threads", "8"])
@@ -411,4 +423,58 @@ fn stop_signals_end_the_server_with_its_totals() {
         assert!(!sock.exists(), "{name}: the statistics socket is left behind");
         let _ = std::fs::remove_dir_all(&ex);
     }
+}
+
+fn errno_of(b: &[u8]) -> Option<u32> {
+    match Rmsg::decode(b).unwrap().1 {
+        Rmsg::Lerror { errno } => Some(errno),
+        _ => None,
+    }
+}
+
+/// What open(2), readlink(2), mkdir(2) and creat(2) do locally, the server
+/// does for its clients: a directory opened for writing is EISDIR, a create
+/// without O_EXCL of an existing name opens it, readlink of a file is
+/// EINVAL, modes land exactly as sent (the server's umask 022 takes nothing
+/// away), and an msize too small for the replies is refused.
+#[test]
+fn opens_creates_readlinks_and_modes_as_on_linux() {
+    const EEXIST: u32 = 17;
+    const EISDIR: u32 = 21;
+    const EINVAL: u32 = 22;
+    let ex = export_with_good_file("linux");
+    std::fs::create_dir(ex.join("d")).unwrap();
+    let s = Server::start_umask_022(&ex, &["--no-stats-socket"]);
+    let mut small = Client::connect(s.addr);
+    let b = small.call(&Tmsg::Version { msize: 1024, version: "9P2000.L" });
+    assert_eq!(errno_of(&b), Some(EINVAL), "msize 1024: {:?}", Rmsg::decode(&b));
+    let mut c = Client::session(s.addr, &ex);
+    for (flags, what) in [(1u32, "O_WRONLY"), (2, "O_RDWR"), (0o1000, "O_TRUNC")] {
+        c.ok(&Tmsg::Walk { fid: 0, newfid: 1, names: vec!["d"] });
+        let b = c.call(&Tmsg::Lopen { fid: 1, flags });
+        assert_eq!(errno_of(&b), Some(EISDIR), "Tlopen of a directory {what}");
+        c.ok(&Tmsg::Clunk { fid: 1 });
+    }
+    c.ok(&Tmsg::Walk { fid: 0, newfid: 1, names: vec!["good"] });
+    let b = c.call(&Tmsg::Readlink { fid: 1 });
+    assert_eq!(errno_of(&b), Some(EINVAL), "Treadlink of a regular file");
+    c.ok(&Tmsg::Clunk { fid: 1 });
+    // Tlcreate of an existing name: opened without O_EXCL (contents kept), EEXIST with it.
+    c.ok(&Tmsg::Walk { fid: 0, newfid: 1, names: vec![] });
+    c.ok(&Tmsg::Lcreate { fid: 1, name: "good", flags: 0, mode: 0o600, gid: 0 });
+    let b = c.ok(&Tmsg::Read { fid: 1, offset: 0, count: 16 });
+    let Rmsg::Data { data, .. } = Rmsg::decode(&b).unwrap().1 else { panic!() };
+    assert_eq!(data, &[7u8; 16][..], "the existing file opened, not emptied");
+    c.ok(&Tmsg::Clunk { fid: 1 });
+    c.ok(&Tmsg::Walk { fid: 0, newfid: 1, names: vec![] });
+    let b = c.call(&Tmsg::Lcreate { fid: 1, name: "good", flags: 0o200, mode: 0o600, gid: 0 });
+    assert_eq!(errno_of(&b), Some(EEXIST), "Tlcreate O_EXCL of an existing name");
+    // Modes as sent.
+    c.ok(&Tmsg::Mkdir { dfid: 0, name: "open", mode: 0o777, gid: 0 });
+    c.ok(&Tmsg::Lcreate { fid: 1, name: "shared", flags: 1, mode: 0o666, gid: 0 });
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |n: &str| std::fs::metadata(ex.join(n)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("open"), 0o777, "Tmkdir 0777");
+    assert_eq!(mode("shared"), 0o666, "Tlcreate 0666");
+    let _ = std::fs::remove_dir_all(&ex);
 }

@@ -242,22 +242,34 @@ impl Export {
     }
 
     /// Tlcreate: creates `name` in directory `dir` and opens it; the fid
-    /// becomes the new file.
+    /// becomes the new file. As open(2) with `O_CREAT`: without `O_EXCL` an
+    /// existing file of that name is opened instead.
     pub fn lcreate(&self, dir: &Fid, name: &str, flags: u32, mode: u32) -> R<(Fid, Qid)> {
         self.writable()?;
         let name = check_name(name)?;
         let mut path = dir.path.lock().unwrap().clone();
         let dfd = self.dir(&path)?;
-        let fl = open_flags(flags) | OFlags::CREATE | OFlags::EXCL;
-        let fd = rfs::openat2(
-            &dfd,
-            name,
-            fl | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK,
-            Mode::from_raw_mode(mode & 0o7777),
-            RESOLVE,
-        )?;
+        let fl = open_flags(flags);
+        let open = |extra: OFlags, mode: u32| {
+            let fl = fl | extra | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK;
+            rfs::openat2(&dfd, name, fl, Mode::from_raw_mode(mode & 0o7777), RESOLVE)
+        };
+        // Created here (then its mode is made exact), or found.
+        let (fd, created) = match open(OFlags::CREATE | OFlags::EXCL, mode) {
+            Ok(fd) => (fd, true),
+            Err(Errno::EXIST) if !OFlags::from_bits_retain(flags).contains(OFlags::EXCL) => {
+                (open(OFlags::empty(), 0)?, false)
+            }
+            Err(e) => return Err(e),
+        };
         path.push(name);
         let st = rfs::fstat(&fd)?;
+        if !created && rfs::FileType::from_raw_mode(st.st_mode as _) == rfs::FileType::Directory {
+            return Err(Errno::ISDIR);
+        }
+        if created {
+            exact_mode(&fd, &st, mode)?;
+        }
         Self::settle(&fd, &st, fl)?;
         let qid = qid_of(&st);
         let node = self.open_beneath(&path, OFlags::PATH, Mode::empty())?;
@@ -417,7 +429,18 @@ impl Export {
         let name = check_name(name)?;
         let dfd = self.dir(&dir.path.lock().unwrap())?;
         rfs::mkdirat(&dfd, name, Mode::from_raw_mode(mode & 0o7777))?;
-        Ok(qid_of(&rfs::statat(&dfd, name, AtFlags::SYMLINK_NOFOLLOW)?))
+        let st = rfs::statat(&dfd, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        if st.st_mode & 0o7777 != mode & 0o7777 {
+            let fd = rfs::openat2(
+                &dfd,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::empty(),
+                RESOLVE,
+            )?;
+            exact_mode(&fd, &st, mode)?;
+        }
+        Ok(qid_of(&st))
     }
 
     /// Tsymlink: the target is stored as given and never followed here.
@@ -439,7 +462,15 @@ impl Export {
         }
         let dfd = self.dir(&dir.path.lock().unwrap())?;
         rfs::mknodat(&dfd, name, ft, Mode::from_raw_mode(mode & 0o7777), 0)?;
-        Ok(qid_of(&rfs::statat(&dfd, name, AtFlags::SYMLINK_NOFOLLOW)?))
+        let st = rfs::statat(&dfd, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        // A socket cannot be opened to fchmod it (and chmod by name would
+        // follow a link put in its place): it keeps the umask's mode.
+        if st.st_mode & 0o7777 != mode & 0o7777 && ft != rfs::FileType::Socket {
+            let fl = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+            let fd = rfs::openat2(&dfd, name, fl, Mode::empty(), RESOLVE)?;
+            exact_mode(&fd, &st, mode)?;
+        }
+        Ok(qid_of(&st))
     }
 
     /// Treadlink.
@@ -549,6 +580,15 @@ fn open_flags(flags: u32) -> OFlags {
         | OFlags::NOATIME
         | OFlags::LARGEFILE;
     OFlags::from_bits_retain(flags) & keep
+}
+
+/// The mode a client asked for, exactly: the client has applied its own
+/// umask already, and the server's must not take more bits away.
+fn exact_mode(fd: &OwnedFd, st: &rfs::Stat, mode: u32) -> R<()> {
+    if st.st_mode & 0o7777 != mode & 0o7777 {
+        rfs::fchmod(fd, Mode::from_raw_mode(mode & 0o7777))?;
+    }
+    Ok(())
 }
 
 /// The errno of an I/O error (EIO when it has none).

@@ -233,6 +233,17 @@ pub struct NinepHandler {
     epoch: AtomicU64,
 }
 
+/// A connection waiting for room.
+struct Paused {
+    conn: Arc<Conn>,
+    psock: PsockId,
+    /// When the waker looks next, and the wait after that (doubled each
+    /// look that finds no room: a peer that never reads costs a look a
+    /// [`WAKE_MAX`], not one a [`WAKE_FIRST`]).
+    next: Instant,
+    nap: Duration,
+}
+
 /// The file-system threads' shared part.
 pub struct Pool {
     jobs: crossbeam::channel::Receiver<Job>,
@@ -242,7 +253,7 @@ pub struct Pool {
     /// Requests of one connection with the pool at a time, at most.
     share: usize,
     /// Connections paused for room, looked at by the waker.
-    paused: Mutex<Vec<(Arc<Conn>, PsockId)>>,
+    paused: Mutex<Vec<Paused>>,
     wake: Condvar,
     /// Sockets to send replies on, one per thread (set once the mux runs).
     pub senders: OnceLock<Vec<KcmSocket>>,
@@ -449,8 +460,10 @@ impl Handler for NinepHandler {
 /// connection (a peer that reads nothing cannot hold the thread longer).
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often the waker looks at the paused connections.
-const WAKE_EVERY: Duration = Duration::from_millis(2);
+/// The waker's first look at a paused connection comes after this, and
+/// the looks after it ever further apart, up to [`WAKE_MAX`].
+const WAKE_FIRST: Duration = Duration::from_millis(1);
+const WAKE_MAX: Duration = Duration::from_millis(100);
 
 impl Pool {
     /// Runs pool thread `i` until the handler (and its sender) is gone,
@@ -498,7 +511,8 @@ impl Pool {
                         self.stats.paused.fetch_add(1, Relaxed);
                         let (c, p) = (conn.clone(), w.backlog[0].psock);
                         drop(w);
-                        self.paused.lock().unwrap().push((c, p));
+                        let next = Instant::now() + WAKE_FIRST;
+                        self.paused.lock().unwrap().push(Paused { conn: c, psock: p, next, nap: WAKE_FIRST });
                         self.wake.notify_one();
                     }
                     return None;
@@ -598,8 +612,14 @@ impl Pool {
                 std::mem::take(&mut *l)
             };
             let mut still = Vec::new();
-            for (conn, p) in list {
-                let room = match self.unwritten(&conn, p, &mux) {
+            let now = Instant::now();
+            for mut e in list {
+                if e.next > now {
+                    still.push(e);
+                    continue;
+                }
+                let conn = e.conn.clone();
+                let room = match self.unwritten(&conn, e.psock, &mux) {
                     None => {
                         conn.gone.store(true, SeqCst);
                         true
@@ -607,7 +627,9 @@ impl Pool {
                     Some(n) => n < ROOM,
                 };
                 if !room {
-                    still.push((conn, p));
+                    e.nap = (e.nap * 2).min(WAKE_MAX);
+                    e.next = now + e.nap;
+                    still.push(e);
                     continue;
                 }
                 let mut w = conn.work.lock().unwrap();
@@ -630,9 +652,16 @@ impl Pool {
                     let _ = self.tx.send(j);
                 }
             }
-            if !still.is_empty() {
-                self.paused.lock().unwrap().extend(still);
-                std::thread::sleep(WAKE_EVERY);
+            if let Some(first) = still.iter().map(|e| e.next).min() {
+                let mut l = self.paused.lock().unwrap();
+                let fresh = !l.is_empty();
+                l.extend(still);
+                // Until the next look is due, or a connection is paused
+                // meanwhile (its first look is due sooner).
+                if !fresh {
+                    let wait = first.saturating_duration_since(Instant::now()).max(WAKE_FIRST);
+                    drop(self.wake.wait_timeout(l, wait).unwrap());
+                }
             }
         }
     }
