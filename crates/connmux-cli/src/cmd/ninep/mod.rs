@@ -44,8 +44,8 @@ pub struct Args {
     #[arg(long, default_value_t = 16_384)]
     pub max_fids: usize,
     /// Requests of one connection with the file-system threads at a time,
-    /// at most; the rest wait in the connection's own backlog (default: a
-    /// quarter of the threads, at least 1).
+    /// at most; the rest wait in the connection's own backlog (default:
+    /// half of the threads, at least 1).
     #[arg(long)]
     pub fs_share: Option<usize>,
     /// Nice steps of the file-system threads below the workers (0: none).
@@ -67,7 +67,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let threads = a.fs_threads.unwrap_or((a.common.worker_count() * 4).max(8)).max(1);
     // msize is capped by the largest message the parser accepts.
     let max_msize = a.common.max_msg.min(u32::MAX as usize) as u32;
-    let share = a.fs_share.unwrap_or(threads / 4).max(1);
+    // Half: one connection (a kernel mount is one) keeps much of the
+    // parallelism, and the other half is always left to the others.
+    let share = a.fs_share.unwrap_or(threads / 2).max(1);
     let (handler, pool) = serve::NinepHandler::new(export.clone(), max_msize, a.fs_queue, a.max_fids, share);
     let mut senders = Vec::with_capacity(threads);
     for _ in 0..threads {
