@@ -495,8 +495,8 @@ impl Pool {
     /// for this thread to run when the queue has no room for it.
     fn serve(&self, job: Job, sock: &KcmSocket, mux: &connmux::Mux) -> Option<Job> {
         let conn = job.conn.clone();
-        let stale = conn.gone.load(SeqCst) || conn.session.load(SeqCst) != job.session;
-        if !stale && job.large() {
+        let stale = || conn.gone.load(SeqCst) || conn.session.load(SeqCst) != job.session;
+        if !stale() && job.large() {
             match self.unwritten(&conn, job.psock, mux) {
                 None => conn.gone.store(true, SeqCst),
                 Some(n) if n >= ROOM => {
@@ -521,7 +521,8 @@ impl Pool {
             }
         }
         let mut out = Vec::with_capacity(128);
-        let cancelled = stale || conn.work.lock().unwrap().cancelled.contains(&job.id);
+        // (A request of a connection gone or of an ended session is not run.)
+        let cancelled = stale() || conn.work.lock().unwrap().cancelled.contains(&job.id);
         if !cancelled {
             if let Ok((tag, m)) = Tmsg::decode(&job.msg) {
                 if let Err(e) = self.answer(&conn, job.session, tag, &m, &mut out) {
