@@ -301,6 +301,43 @@ fn reads_nobody_collects_neither_block_nor_spin() {
     let _ = std::fs::remove_dir_all(&ex);
 }
 
+/// A connection that queues more requests than its backlog holds (its
+/// replies uncollected, so they wait) is closed, and counted; the good
+/// client is served beside it.
+#[test]
+fn a_connection_over_its_backlog_is_closed() {
+    let ex = export_with_good_file("overload");
+    std::fs::write(ex.join("big"), vec![1u8; 4 << 20]).unwrap();
+    let dir = scratch("overload-stat");
+    let sock = dir.join("s.sock");
+    let s = Server::start(&ex, &["--fs-queue", "16", "--stats-socket", sock.to_str().unwrap()]);
+    let mut a = Client::session(s.addr, &ex);
+    a.open(1, "big");
+    let mut req = Vec::new();
+    for i in 0..64u16 {
+        Tmsg::Read { fid: 1, offset: u64::from(i % 4) << 20, count: 1 << 20 }.encode(1000 + i, &mut req);
+    }
+    a.c.write_all(&req).unwrap();
+    let beside = good_client(s.addr, &ex, Duration::from_secs(1));
+    // Its replies are read now: some reads were answered, then the close.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut answered = 0;
+    let closed = loop {
+        assert!(Instant::now() < deadline, "still open after {answered} replies");
+        match a.recv() {
+            Ok(_) => answered += 1,
+            Err(e) => break e,
+        }
+        assert!(answered < 64, "every read answered: nothing was refused");
+    };
+    let out = Command::new(BIN).arg("stat").arg(&sock).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().any(|l| l.starts_with("overloads=") && l != "overloads=0"), "{text}");
+    eprintln!("closed after {answered} of 64 reads ({closed}); good client {beside:.0} reads/s beside");
+    let _ = std::fs::remove_dir_all(&ex);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A connection whose reads wait (its replies uncollected) flushes the
 /// last of them: the Rflush comes, the flushed read is never answered, and
 /// the connection goes on.
