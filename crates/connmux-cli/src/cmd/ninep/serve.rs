@@ -15,13 +15,13 @@
 //! hold at most its share of the file-system threads and never the queue
 //! the others' requests pass through.
 //!
-//! Room: a request whose reply may be large (Tread, Treaddir) is run only
-//! while its connection's unwritten replies are under [`ROOM`]. A
-//! connection over it is paused (its requests stay in its backlog, nothing
-//! is read or built for it) and a waker thread looks at it every few
-//! milliseconds until the peer has taken enough: a peer that sends reads and
-//! never collects the replies holds no thread and no CPU, and no more than
-//! [`ROOM`] plus its share of replies in memory.
+//! Room: a request is run only while its connection's unwritten replies are
+//! under [`ROOM`]. A connection over it is paused (its requests stay in its
+//! backlog, nothing is read or built for it) and a waker thread looks at it
+//! ever less often (1 ms doubling to 100 ms) until the peer has taken
+//! enough: a peer that sends reads and never collects the replies holds no
+//! thread and no CPU, and no more than [`ROOM`] plus its share of replies
+//! in memory.
 //!
 //! Flush: a Tflush is answered at once. A flushed request still waiting is
 //! dropped; one already running is marked, and its reply is not sent. The
@@ -47,8 +47,7 @@ use rustix::io::Errno;
 
 use super::fs::{Export, Fid, R};
 
-/// Unwritten reply bytes of a connection above which its large requests
-/// wait: half the mux's backlog of replies per connection (4 MiB), so the
+/// Unwritten reply bytes of a connection above which its requests wait: half the mux's backlog of replies per connection (4 MiB), so the
 /// replies of the requests let through still fit in it.
 pub const ROOM: u64 = 2 << 20;
 
@@ -69,6 +68,9 @@ pub struct Conn {
     /// Reply bytes handed to the mux for this connection; less the bytes the
     /// mux has written, what waits to be written ([`ROOM`]).
     replied: AtomicU64,
+    /// The mux's count of bytes written, as last looked at: it only grows,
+    /// so while `replied` is less than [`ROOM`] past it no look is needed.
+    written: AtomicU64,
     /// Set when the connection was found gone: its backlog is dropped.
     gone: AtomicBool,
     /// The handler's sweep epoch when this state was made
@@ -131,6 +133,7 @@ impl Conn {
             work: Mutex::default(),
             msize: AtomicU32::new(0),
             replied: AtomicU64::new(0),
+            written: AtomicU64::new(0),
             gone: AtomicBool::new(false),
             born,
         }
@@ -210,13 +213,6 @@ struct Job {
     id: u64,
     session: u64,
     msg: Bytes,
-}
-
-impl Job {
-    /// Whether the reply may be large: a read or a directory listing.
-    fn large(&self) -> bool {
-        matches!(self.msg.get(4).copied(), Some(t) if t == MsgType::TREAD.0 || t == MsgType::TREADDIR.0)
-    }
 }
 
 /// The handler run by the I/O workers.
@@ -485,10 +481,18 @@ impl Pool {
         }
     }
 
-    /// Unwritten reply bytes of a connection, or `None` when it is gone.
+    /// Unwritten reply bytes of a connection (or less, when under
+    /// [`ROOM`]), or `None` when it is gone.
     fn unwritten(&self, conn: &Conn, p: PsockId, mux: &connmux::Mux) -> Option<u64> {
+        let replied = conn.replied.load(Relaxed);
+        let seen = replied.saturating_sub(conn.written.load(Relaxed));
+        if seen < ROOM {
+            // Under ROOM by the last look: under it now (no look, no lock).
+            return Some(seen);
+        }
         let written = mux.psock_stats(p).ok()?.tx_bytes;
-        Some(conn.replied.load(Relaxed).saturating_sub(written))
+        conn.written.fetch_max(written, Relaxed);
+        Some(replied.saturating_sub(written))
     }
 
     /// Answers one request; returns the next of its connection's backlog
@@ -496,7 +500,9 @@ impl Pool {
     fn serve(&self, job: Job, sock: &KcmSocket, mux: &connmux::Mux) -> Option<Job> {
         let conn = job.conn.clone();
         let stale = || conn.gone.load(SeqCst) || conn.session.load(SeqCst) != job.session;
-        if !stale() && job.large() {
+        // Every request, not only reads: a peer that collects no reply would
+        // otherwise hold threads in `send_reply` with small ones too.
+        if !stale() {
             match self.unwritten(&conn, job.psock, mux) {
                 None => conn.gone.store(true, SeqCst),
                 Some(n) if n >= ROOM => {
