@@ -391,6 +391,43 @@ fn a_flush_of_a_waiting_read_is_answered_and_the_read_never_is() {
     let _ = std::fs::remove_dir_all(&ex);
 }
 
+/// A flushed walk that made its fid is answered before the Rflush; one
+/// whose reply the Rflush replaces made none: the client's view of which
+/// fids exist stays the server's, whichever way each race falls.
+#[test]
+fn a_flushed_walk_either_answers_first_or_makes_no_fid() {
+    let ex = export_with_good_file("flushwalk");
+    let s = Server::start(&ex, &["--no-stats-socket"]);
+    let mut c = Client::session(s.addr, &ex);
+    let (mut answered, mut dropped) = (0, 0);
+    for round in 0..300 {
+        c.send_tag(10, &Tmsg::Walk { fid: 0, newfid: 7, names: vec!["good"] });
+        c.send_tag(11, &Tmsg::Flush { oldtag: 10 });
+        let mut walked = false;
+        // Bounded: the walk's reply and the Rflush.
+        for _ in 0..2 {
+            let b = c.recv().unwrap_or_else(|e| panic!("round {round}: no Rflush: {e}"));
+            match tag_of(&b) {
+                10 => walked = true,
+                11 => break,
+                t => panic!("round {round}: tag {t}"),
+            }
+        }
+        c.send_tag(12, &Tmsg::Clunk { fid: 7 });
+        let b = c.recv().unwrap();
+        assert_eq!(tag_of(&b), 12, "round {round}");
+        let made = type_of(&b) == MsgType::RCLUNK;
+        assert_eq!(made, walked, "round {round}: the walk answered: {walked}, its fid made: {made}");
+        if walked {
+            answered += 1
+        } else {
+            dropped += 1
+        }
+    }
+    eprintln!("flushed walks: answered first {answered}, dropped {dropped}");
+    let _ = std::fs::remove_dir_all(&ex);
+}
+
 /// A second Tversion over pending reads: after the Rversion no reply of the
 /// old session comes, and its fids are gone.
 #[test]

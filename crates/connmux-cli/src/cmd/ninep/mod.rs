@@ -157,7 +157,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 fn counters(svc: &Service, h: &serve::NinepHandler) -> String {
     let (st, n) = (svc.stats(), &h.stats);
     format!(
-        "accepted={}\nclosed={}\nconnections={}\nrequests={}\nfs_thread_requests={}\nerrors={}\nflushes={}\nreplies_dropped={}\npaused={}\nbad_messages={}\noverloads={}\nsend_failures={}\n",
+        "accepted={}\nclosed={}\nconnections={}\nrequests={}\nfs_thread_requests={}\nerrors={}\nflushes={}\nflushes_deferred={}\nreplies_dropped={}\npaused={}\nbad_messages={}\noverloads={}\nsend_failures={}\n",
         st.accepted.load(Relaxed),
         st.closed.load(Relaxed),
         h.conns(),
@@ -165,6 +165,7 @@ fn counters(svc: &Service, h: &serve::NinepHandler) -> String {
         n.to_pool.load(Relaxed),
         n.errors.load(Relaxed),
         n.flushes.load(Relaxed),
+        n.flushes_deferred.load(Relaxed),
         n.replies_dropped.load(Relaxed),
         n.paused.load(Relaxed),
         n.bad_messages.load(Relaxed),

@@ -87,6 +87,15 @@ struct Work {
     /// Requests flushed (or cancelled by Tversion) while with the pool:
     /// their replies are dropped.
     cancelled: HashSet<u64>,
+    /// Running requests that may change the connection's state (a fid
+    /// made, opened or removed, a file created): a flush of one is answered
+    /// right after its reply, never instead of it, or the client would take
+    /// as undone what was done (and, say, reuse a fid number still held).
+    changes: HashSet<u64>,
+    /// Such a request's id → the Tflushes (tags) answered after its reply.
+    deferred: HashMap<u64, Vec<u16>>,
+    /// A deferred Tflush's tag → the replies it still waits for.
+    flush_waits: HashMap<u16, usize>,
     next_id: u64,
     /// Requests with the pool (queued for a thread or running).
     running: usize,
@@ -106,21 +115,68 @@ impl Work {
             }
         }
     }
-    /// Drops the waiting requests of `tag` (all when `None`) and marks the
-    /// running ones cancelled.
-    fn cancel(&mut self, tag: Option<u16>) {
-        let ids: Vec<u64> = match tag {
-            Some(t) => self.tags.remove(&t).unwrap_or_default(),
-            None => self.tags.drain().flat_map(|(_, v)| v).collect(),
-        };
-        for id in ids {
-            if let Some(i) = self.backlog.iter().position(|j| j.id == id) {
-                let j = self.backlog.remove(i).expect("found");
-                self.backlog_bytes -= j.msg.len();
+    /// Tflush `ftag` of `tag`: drops its waiting requests and marks its
+    /// running ones cancelled, but for those that may change state, whose
+    /// replies the Rflush then follows. Returns whether the Rflush waits.
+    fn flush(&mut self, tag: u16, ftag: u16) -> bool {
+        let mut waits = 0;
+        for id in self.tags.remove(&tag).unwrap_or_default() {
+            // (One an earlier Tflush waits for stays: that Rflush needs its reply.)
+            if !self.deferred.contains_key(&id) && self.drop_waiting(id) {
+                continue;
+            }
+            if self.changes.contains(&id) {
+                self.deferred.entry(id).or_default().push(ftag);
+                waits += 1;
             } else {
                 self.cancelled.insert(id);
             }
         }
+        if waits > 0 {
+            *self.flush_waits.entry(ftag).or_default() += waits;
+        }
+        waits > 0
+    }
+
+    /// Tversion: every request is dropped or cancelled (the old session's
+    /// fids go with it, so no change of one matters), and so are the
+    /// Tflushes waiting for them.
+    fn cancel_all(&mut self) {
+        let ids: Vec<u64> = self.tags.drain().flat_map(|(_, v)| v).collect();
+        for id in ids {
+            if !self.drop_waiting(id) {
+                self.cancelled.insert(id);
+            }
+        }
+        self.deferred.clear();
+        self.flush_waits.clear();
+    }
+
+    /// Removes request `id` from the backlog, if it waits there.
+    fn drop_waiting(&mut self, id: u64) -> bool {
+        let Some(i) = self.backlog.iter().position(|j| j.id == id) else { return false };
+        let j = self.backlog.remove(i).expect("found");
+        self.backlog_bytes -= j.msg.len();
+        self.changes.remove(&id);
+        true
+    }
+
+    /// Request `id` is answered (or dropped): the Tflushes that waited for
+    /// it and for nothing else now, whose Rflush is to be sent.
+    fn done(&mut self, tag: u16, id: u64) -> Vec<u16> {
+        self.forget(tag, id);
+        self.changes.remove(&id);
+        let mut ready = Vec::new();
+        for ftag in self.deferred.remove(&id).unwrap_or_default() {
+            if let Some(n) = self.flush_waits.get_mut(&ftag) {
+                *n -= 1;
+                if *n == 0 {
+                    self.flush_waits.remove(&ftag);
+                    ready.push(ftag);
+                }
+            }
+        }
+        ready
     }
 }
 
@@ -194,6 +250,8 @@ pub struct NinepStats {
     pub to_pool: AtomicU64,
     pub errors: AtomicU64,
     pub flushes: AtomicU64,
+    /// Tflushes answered after the reply of a request that may change state.
+    pub flushes_deferred: AtomicU64,
     /// Replies not sent: their request was flushed or its session ended.
     pub replies_dropped: AtomicU64,
     /// Times a connection was paused: its unwritten replies over [`ROOM`].
@@ -213,6 +271,23 @@ struct Job {
     id: u64,
     session: u64,
     msg: Bytes,
+}
+
+impl Job {
+    /// Whether the request may change the connection's or the export's
+    /// state: all but those that only read.
+    fn changes(&self) -> bool {
+        const READ_ONLY: [MsgType; 6] = [
+            MsgType::TREAD,
+            MsgType::TREADDIR,
+            MsgType::TSTATFS,
+            MsgType::TREADLINK,
+            MsgType::TGETLOCK,
+            MsgType::TFSYNC,
+        ];
+        let ty = self.msg.get(4).copied().unwrap_or(0);
+        !READ_ONLY.iter().any(|t| t.0 == ty)
+    }
 }
 
 /// The handler run by the I/O workers.
@@ -344,7 +419,7 @@ impl NinepHandler {
                 // A new session: what is pending of the old one is
                 // cancelled (no reply of it follows the Rversion) and every
                 // fid is gone. Lock order: work, then fids.
-                conn.work.lock().unwrap().cancel(None);
+                conn.work.lock().unwrap().cancel_all();
                 {
                     let mut fids = conn.fids.lock().unwrap();
                     conn.session.fetch_add(1, SeqCst);
@@ -361,7 +436,11 @@ impl NinepHandler {
             Tmsg::Auth { .. } => Err(Errno::NOENT),
             Tmsg::Flush { oldtag } => {
                 self.stats.flushes.fetch_add(1, Relaxed);
-                conn.work.lock().unwrap().cancel(Some(*oldtag));
+                if conn.work.lock().unwrap().flush(*oldtag, tag) {
+                    // Answered by the file-system thread, after the reply.
+                    self.stats.flushes_deferred.fetch_add(1, Relaxed);
+                    return Some(Ok(()));
+                }
                 rmsg::empty(out, MsgType::RFLUSH, tag);
                 Ok(())
             }
@@ -385,6 +464,9 @@ impl NinepHandler {
         let id = w.next_id;
         w.next_id += 1;
         let job = Job { conn: conn.clone(), psock, tag, id, session: conn.session.load(SeqCst), msg };
+        if job.changes() {
+            w.changes.insert(id);
+        }
         if w.paused || w.running >= self.pool.share {
             if w.backlog.len() >= self.backlog_max {
                 return false;
@@ -581,15 +663,17 @@ impl Pool {
                 if !reply.is_empty() {
                     self.stats.replies_dropped.fetch_add(1, Relaxed);
                 }
-                w.forget(job.tag, job.id);
-                return true;
+                let flushes = w.done(job.tag, job.id);
+                return self.send_flushes(job, &flushes, sock);
             }
             let len = reply.len() as u64;
             match sock.send_msg(reply.clone(), Some(job.psock)) {
                 Ok(()) => {
                     job.conn.replied.fetch_add(len, Relaxed);
-                    w.forget(job.tag, job.id);
-                    return true;
+                    // Under the same lock: the Rflushes that waited for this
+                    // reply go right after it.
+                    let flushes = w.done(job.tag, job.id);
+                    return self.send_flushes(job, &flushes, sock);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
                     drop(w);
@@ -597,11 +681,26 @@ impl Pool {
                     nap = (nap * 2).min(Duration::from_millis(50));
                 }
                 Err(_) => {
-                    w.forget(job.tag, job.id);
+                    w.done(job.tag, job.id);
                     return false;
                 }
             }
         }
+    }
+
+    /// Rflushes of `tags` on the job's connection (called under its work
+    /// lock, right after the reply they waited for). A full backlog is not
+    /// waited out here: the connection is aborted (`false`).
+    fn send_flushes(&self, job: &Job, tags: &[u16], sock: &KcmSocket) -> bool {
+        let mut ok = true;
+        for &ftag in tags {
+            let mut out = Vec::with_capacity(7);
+            rmsg::empty(&mut out, MsgType::RFLUSH, ftag);
+            let len = out.len() as u64;
+            ok &= sock.send_msg(Bytes::from(out), Some(job.psock)).is_ok();
+            job.conn.replied.fetch_add(len, Relaxed);
+        }
+        ok
     }
 
     /// The waker: resumes each paused connection once it has room, and
