@@ -24,11 +24,16 @@
 //! in memory.
 //!
 //! Flush: a Tflush is answered at once. A flushed request still waiting is
-//! dropped; one already running is marked, and its reply is not sent. The
-//! mark and the send are under the connection's work lock, so the reply
-//! either left before the Rflush was produced or never leaves. A second
-//! Tversion does the same to every request of the connection, and drops
-//! its fids; a request of the old session still running changes no fid of
+//! dropped; a running one that only reads (Tread, Treaddir, ...) is marked,
+//! and its reply is not sent. The mark and the send are under the
+//! connection's work lock, so the reply either left before the Rflush was
+//! produced or never leaves. A running request that may change state (a
+//! walk makes a fid, a create a file) is answered, and the Rflush right
+//! after it: a dropped reply would have the client take as undone what
+//! was done. No open waits, so that reply comes promptly. A second
+//! Tversion drops or cancels every request of the connection (all of
+//! them: the old session's fids go too), and its Rversion is sent at once;
+//! a request of the old session still running changes no fid of
 //! the new one.
 
 use std::collections::{HashMap, HashSet, VecDeque};
