@@ -48,7 +48,7 @@ enum Command {
 fn main() {
     cmd::pipe::install();
     let cli = Cli::parse();
-    if matches!(cli.command, Command::EchoServer(_) | Command::RpcServer(_)) {
+    if matches!(cli.command, Command::EchoServer(_) | Command::RpcServer(_) | Command::NinepServer(_)) {
         // Before any thread starts: every thread inherits the mask, and the
         // main thread takes the stop signals (see cmd::stop).
         if let Err(e) = cmd::stop::block() {

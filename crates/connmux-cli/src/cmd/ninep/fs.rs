@@ -107,9 +107,30 @@ impl Export {
         }
     }
 
-    /// `openat2` beneath the export, following no symlink.
+    /// `openat2` beneath the export, following no symlink, and never
+    /// waiting: with `O_NONBLOCK`, as the name may be a FIFO (whose open
+    /// waits for the other end) or a device, and a file-system thread
+    /// blocked in `open(2)` would be lost to every client. Callers that hand
+    /// the descriptor on clear the flag where it changes nothing but the
+    /// wait ([`Export::settle`]).
     pub fn open_beneath(&self, p: &Path, flags: OFlags, mode: Mode) -> R<OwnedFd> {
-        rfs::openat2(&self.root, Self::rel(p), flags | OFlags::CLOEXEC | OFlags::NOFOLLOW, mode, RESOLVE)
+        // (openat2 refuses O_NONBLOCK beside O_PATH, which opens nothing.)
+        let nb = if flags.contains(OFlags::PATH) { OFlags::empty() } else { OFlags::NONBLOCK };
+        rfs::openat2(&self.root, Self::rel(p), flags | OFlags::CLOEXEC | OFlags::NOFOLLOW | nb, mode, RESOLVE)
+    }
+
+    /// An opened descriptor handed to a client: a regular file gets the
+    /// client's own `O_NONBLOCK` (it means nothing to a regular file's I/O
+    /// anyway); anything else (a FIFO, a device) stays non-blocking, so no
+    /// read or write on it waits in a file-system thread either.
+    fn settle(fd: &OwnedFd, st: &rfs::Stat, asked: OFlags) -> R<()> {
+        if rfs::FileType::from_raw_mode(st.st_mode as _) == rfs::FileType::RegularFile
+            && !asked.contains(OFlags::NONBLOCK)
+        {
+            let fl = rfs::fcntl_getfl(fd)?;
+            rfs::fcntl_setfl(fd, fl - OFlags::NONBLOCK)?;
+        }
+        Ok(())
     }
 
     fn node(&self, p: &Path) -> R<(OwnedFd, Qid)> {
@@ -203,6 +224,10 @@ impl Export {
     pub fn lopen(&self, fid: &Fid, flags: u32) -> R<(Open, Qid)> {
         let path = fid.path.lock().unwrap().clone();
         let fl = open_flags(flags);
+        // As open(2): a directory is opened for reading only.
+        if fid.qid.ty == QidType::DIR && fl.intersects(OFlags::WRONLY | OFlags::RDWR | OFlags::TRUNC) {
+            return Err(Errno::ISDIR);
+        }
         if fl.intersects(OFlags::WRONLY | OFlags::RDWR | OFlags::TRUNC | OFlags::APPEND) {
             self.writable()?;
         }
@@ -212,26 +237,40 @@ impl Export {
         }
         let fd = self.open_beneath(&path, fl, Mode::empty())?;
         let st = rfs::fstat(&fd)?;
+        Self::settle(&fd, &st, fl)?;
         Ok((Open::File(File::from(fd)), qid_of(&st)))
     }
 
     /// Tlcreate: creates `name` in directory `dir` and opens it; the fid
-    /// becomes the new file.
+    /// becomes the new file. As open(2) with `O_CREAT`: without `O_EXCL` an
+    /// existing file of that name is opened instead.
     pub fn lcreate(&self, dir: &Fid, name: &str, flags: u32, mode: u32) -> R<(Fid, Qid)> {
         self.writable()?;
         let name = check_name(name)?;
         let mut path = dir.path.lock().unwrap().clone();
         let dfd = self.dir(&path)?;
-        let fl = open_flags(flags) | OFlags::CREATE | OFlags::EXCL;
-        let fd = rfs::openat2(
-            &dfd,
-            name,
-            fl | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::from_raw_mode(mode & 0o7777),
-            RESOLVE,
-        )?;
+        let fl = open_flags(flags);
+        let open = |extra: OFlags, mode: u32| {
+            let fl = fl | extra | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK;
+            rfs::openat2(&dfd, name, fl, Mode::from_raw_mode(mode & 0o7777), RESOLVE)
+        };
+        // Created here (then its mode is made exact), or found.
+        let (fd, created) = match open(OFlags::CREATE | OFlags::EXCL, mode) {
+            Ok(fd) => (fd, true),
+            Err(Errno::EXIST) if !OFlags::from_bits_retain(flags).contains(OFlags::EXCL) => {
+                (open(OFlags::empty(), 0)?, false)
+            }
+            Err(e) => return Err(e),
+        };
         path.push(name);
         let st = rfs::fstat(&fd)?;
+        if !created && rfs::FileType::from_raw_mode(st.st_mode as _) == rfs::FileType::Directory {
+            return Err(Errno::ISDIR);
+        }
+        if created {
+            exact_mode(&fd, &st, mode)?;
+        }
+        Self::settle(&fd, &st, fl)?;
         let qid = qid_of(&st);
         let node = self.open_beneath(&path, OFlags::PATH, Mode::empty())?;
         Ok((Fid { path: Mutex::new(path), node, qid, open: Some(Open::File(File::from(fd))) }, qid))
@@ -390,7 +429,18 @@ impl Export {
         let name = check_name(name)?;
         let dfd = self.dir(&dir.path.lock().unwrap())?;
         rfs::mkdirat(&dfd, name, Mode::from_raw_mode(mode & 0o7777))?;
-        Ok(qid_of(&rfs::statat(&dfd, name, AtFlags::SYMLINK_NOFOLLOW)?))
+        let st = rfs::statat(&dfd, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        if st.st_mode & 0o7777 != mode & 0o7777 {
+            let fd = rfs::openat2(
+                &dfd,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::empty(),
+                RESOLVE,
+            )?;
+            exact_mode(&fd, &st, mode)?;
+        }
+        Ok(qid_of(&st))
     }
 
     /// Tsymlink: the target is stored as given and never followed here.
@@ -412,11 +462,23 @@ impl Export {
         }
         let dfd = self.dir(&dir.path.lock().unwrap())?;
         rfs::mknodat(&dfd, name, ft, Mode::from_raw_mode(mode & 0o7777), 0)?;
-        Ok(qid_of(&rfs::statat(&dfd, name, AtFlags::SYMLINK_NOFOLLOW)?))
+        let st = rfs::statat(&dfd, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        // A socket cannot be opened to fchmod it (and chmod by name would
+        // follow a link put in its place): it keeps the umask's mode.
+        if st.st_mode & 0o7777 != mode & 0o7777 && ft != rfs::FileType::Socket {
+            let fl = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+            let fd = rfs::openat2(&dfd, name, fl, Mode::empty(), RESOLVE)?;
+            exact_mode(&fd, &st, mode)?;
+        }
+        Ok(qid_of(&st))
     }
 
     /// Treadlink.
     pub fn readlink(&self, fid: &Fid) -> R<String> {
+        // As readlink(2) on anything but a link.
+        if fid.qid.ty != QidType::SYMLINK {
+            return Err(Errno::INVAL);
+        }
         let t = rfs::readlinkat(&fid.node, "", Vec::new())?;
         t.into_string().map_err(|_| Errno::ILSEQ)
     }
@@ -434,7 +496,11 @@ impl Export {
     pub fn renameat(&self, odir: &Fid, oname: &str, ndir: &Fid, nname: &str) -> R<(PathBuf, PathBuf)> {
         self.writable()?;
         let (oname, nname) = (check_name(oname)?, check_name(nname)?);
-        let (op, np) = (odir.path.lock().unwrap().clone(), ndir.path.lock().unwrap().clone());
+        // One path lock at a time, each released before the next: the two
+        // fids may be one (a rename within a directory), and a lock taken
+        // twice by one thread never returns.
+        let op = odir.path.lock().unwrap().clone();
+        let np = ndir.path.lock().unwrap().clone();
         let (ofd, nfd) = (self.dir(&op)?, self.dir(&np)?);
         rfs::renameat(&ofd, oname, &nfd, nname)?;
         Ok((op.join(oname), np.join(nname)))
@@ -514,6 +580,15 @@ fn open_flags(flags: u32) -> OFlags {
         | OFlags::NOATIME
         | OFlags::LARGEFILE;
     OFlags::from_bits_retain(flags) & keep
+}
+
+/// The mode a client asked for, exactly: the client has applied its own
+/// umask already, and the server's must not take more bits away.
+fn exact_mode(fd: &OwnedFd, st: &rfs::Stat, mode: u32) -> R<()> {
+    if st.st_mode & 0o7777 != mode & 0o7777 {
+        rfs::fchmod(fd, Mode::from_raw_mode(mode & 0o7777))?;
+    }
+    Ok(())
 }
 
 /// The errno of an I/O error (EIO when it has none).

@@ -43,9 +43,16 @@ pub struct Args {
     /// process's descriptor limit must cover connections × this).
     #[arg(long, default_value_t = 16_384)]
     pub max_fids: usize,
-    /// Nice steps of the file-system threads below the workers: under CPU
-    /// contention the small requests answered on the workers go first.
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
+    /// Requests of one connection with the file-system threads at a time,
+    /// at most; the rest wait in the connection's own backlog (default:
+    /// half of the threads, at least 1).
+    #[arg(long)]
+    pub fs_share: Option<usize>,
+    /// Nice steps of the file-system threads below the workers (0: none).
+    /// A positive value lets the small requests answered on the workers go
+    /// first under CPU contention, but starves file I/O beside busy
+    /// processes of the host.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub fs_nice: i32,
     #[command(flatten)]
     pub common: Common,
@@ -60,7 +67,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let threads = a.fs_threads.unwrap_or((a.common.worker_count() * 4).max(8)).max(1);
     // msize is capped by the largest message the parser accepts.
     let max_msize = a.common.max_msg.min(u32::MAX as usize) as u32;
-    let (handler, pool) = serve::NinepHandler::new(export.clone(), max_msize, a.fs_queue, a.max_fids);
+    // Half: one connection (a kernel mount is one) keeps much of the
+    // parallelism, and the other half is always left to the others.
+    let share = a.fs_share.unwrap_or(threads / 2).max(1);
+    let (handler, pool) = serve::NinepHandler::new(export.clone(), max_msize, a.fs_queue, a.max_fids, share);
     let mut senders = Vec::with_capacity(threads);
     for _ in 0..threads {
         let s = mux.socket(SockType::Dgram)?;
@@ -71,6 +81,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         senders.push(s);
     }
     let _ = pool.senders.set(senders);
+    let _ = pool.mux.set(mux.clone());
+    {
+        let pool = pool.clone();
+        std::thread::Builder::new().name("connmux-9p-waker".into()).spawn(move || pool.waker())?;
+    }
     for i in 0..threads {
         let (pool, mux, nice) = (pool.clone(), mux.clone(), a.fs_nice);
         std::thread::Builder::new().name(format!("connmux-9p-fs{i}")).spawn(move || pool.run(i, mux, nice))?;
@@ -143,7 +158,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 fn counters(svc: &Service, h: &serve::NinepHandler) -> String {
     let (st, n) = (svc.stats(), &h.stats);
     format!(
-        "accepted={}\nclosed={}\nconnections={}\nrequests={}\nfs_thread_requests={}\nerrors={}\nflushes={}\nflushes_deferred={}\nbad_messages={}\nsend_failures={}\n",
+        "accepted={}\nclosed={}\nconnections={}\nrequests={}\nfs_thread_requests={}\nerrors={}\nflushes={}\nflushes_deferred={}\nreplies_dropped={}\npaused={}\nbad_messages={}\noverloads={}\nsend_failures={}\n",
         st.accepted.load(Relaxed),
         st.closed.load(Relaxed),
         h.conns(),
@@ -152,7 +167,10 @@ fn counters(svc: &Service, h: &serve::NinepHandler) -> String {
         n.errors.load(Relaxed),
         n.flushes.load(Relaxed),
         n.flushes_deferred.load(Relaxed),
+        n.replies_dropped.load(Relaxed),
+        n.paused.load(Relaxed),
         n.bad_messages.load(Relaxed),
+        n.overloads.load(Relaxed),
         n.send_failures.load(Relaxed),
     )
 }

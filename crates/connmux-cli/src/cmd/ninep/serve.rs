@@ -10,17 +10,37 @@
 //! the file system wait. The pool sends with an addressed send
 //! (`KcmSocket::send_to`) on sockets of the same mux that take no messages.
 //!
-//! Flush: a request handed to the pool is in flight until its reply is sent.
-//! A Tflush of a tag in flight is answered by the pool thread that sends
-//! that tag's reply, right after it (9P lets the reply come first; then the
-//! client takes it); a Tflush of any other tag is answered at once. Either
-//! way no reply to the old tag follows the Rflush.
+//! Fairness: a connection has at most `share` requests with the pool at a
+//! time; the rest wait in its own backlog, so one client's slow requests
+//! hold at most its share of the file-system threads and never the queue
+//! the others' requests pass through.
+//!
+//! Room: a request is run only while its connection's unwritten replies are
+//! under [`ROOM`]. A connection over it is paused (its requests stay in its
+//! backlog, nothing is read or built for it) and a waker thread looks at it
+//! ever less often (1 ms doubling to 100 ms) until the peer has taken
+//! enough: a peer that sends reads and never collects the replies holds no
+//! thread and no CPU, and no more than [`ROOM`] plus its share of replies
+//! in memory.
+//!
+//! Flush: a Tflush is answered at once. A flushed request still waiting is
+//! dropped; a running one that only reads (Tread, Treaddir, ...) is marked,
+//! and its reply is not sent. The mark and the send are under the
+//! connection's work lock, so the reply either left before the Rflush was
+//! produced or never leaves. A running request that may change state (a
+//! walk makes a fid, a create a file) is answered, and the Rflush right
+//! after it: a dropped reply would have the client take as undone what
+//! was done. No open waits, so that reply comes promptly. A second
+//! Tversion drops or cancels every request of the connection (all of
+//! them: the old session's fids go too), and its Rversion is sent at once;
+//! a request of the old session still running changes no fid of
+//! the new one.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use connmux::service::{Handler, Verdict};
@@ -32,23 +52,152 @@ use rustix::io::Errno;
 
 use super::fs::{Export, Fid, R};
 
+/// Unwritten reply bytes of a connection above which its requests wait: half the mux's backlog of replies per connection (4 MiB), so the
+/// replies of the requests let through still fit in it.
+pub const ROOM: u64 = 2 << 20;
+
+/// The smallest msize accepted in Tversion: every reply but a read's or a
+/// directory listing's (which are cut to msize) fits in it.
+pub const MIN_MSIZE: u32 = 4096;
+
 /// Per-connection state: fids and requests in flight.
 pub struct Conn {
     fids: Mutex<HashMap<u32, Arc<Fid>>>,
+    /// Tversions seen: a request of an older session changes no fid.
+    /// Changed under the `fids` lock.
+    session: AtomicU64,
     /// Most fids this connection may hold (each holds a descriptor).
     max_fids: usize,
-    /// Tags handed to the pool, each with the tags of the Tflushes waiting
-    /// for its reply.
-    in_flight: Mutex<HashMap<u16, InFlight>>,
+    work: Mutex<Work>,
     msize: AtomicU32,
+    /// Reply bytes handed to the mux for this connection; less the bytes the
+    /// mux has written, what waits to be written ([`ROOM`]).
+    replied: AtomicU64,
+    /// The mux's count of bytes written, as last looked at: it only grows,
+    /// so while `replied` is less than [`ROOM`] past it no look is needed.
+    written: AtomicU64,
+    /// Set when the connection was found gone: its backlog is dropped.
+    gone: AtomicBool,
     /// The handler's sweep epoch when this state was made
     /// ([`NinepHandler::sweep`]).
     born: u64,
 }
 
+/// The requests of a connection that are not answered yet.
+#[derive(Default)]
+struct Work {
+    /// Each tag's requests (ids) not answered. A client may reuse a tag once
+    /// it has the reply or the Rflush, so a tag may have more than one.
+    tags: HashMap<u16, Vec<u64>>,
+    /// Requests flushed (or cancelled by Tversion) while with the pool:
+    /// their replies are dropped.
+    cancelled: HashSet<u64>,
+    /// Running requests that may change the connection's state (a fid
+    /// made, opened or removed, a file created): a flush of one is answered
+    /// right after its reply, never instead of it, or the client would take
+    /// as undone what was done (and, say, reuse a fid number still held).
+    changes: HashSet<u64>,
+    /// Such a request's id → the Tflushes (tags) answered after its reply.
+    deferred: HashMap<u64, Vec<u16>>,
+    /// A deferred Tflush's tag → the replies it still waits for.
+    flush_waits: HashMap<u16, usize>,
+    next_id: u64,
+    /// Requests with the pool (queued for a thread or running).
+    running: usize,
+    /// Requests waiting for the connection's share or for room.
+    backlog: VecDeque<Job>,
+    backlog_bytes: usize,
+    /// Waiting for room: nothing of the backlog goes to the pool.
+    paused: bool,
+}
+
+impl Work {
+    fn forget(&mut self, tag: u16, id: u64) {
+        if let Some(ids) = self.tags.get_mut(&tag) {
+            ids.retain(|&i| i != id);
+            if ids.is_empty() {
+                self.tags.remove(&tag);
+            }
+        }
+    }
+    /// Tflush `ftag` of `tag`: drops its waiting requests and marks its
+    /// running ones cancelled, but for those that may change state, whose
+    /// replies the Rflush then follows. Returns whether the Rflush waits.
+    fn flush(&mut self, tag: u16, ftag: u16) -> bool {
+        let mut waits = 0;
+        for id in self.tags.remove(&tag).unwrap_or_default() {
+            // (One an earlier Tflush waits for stays: that Rflush needs its reply.)
+            if !self.deferred.contains_key(&id) && self.drop_waiting(id) {
+                continue;
+            }
+            if self.changes.contains(&id) {
+                self.deferred.entry(id).or_default().push(ftag);
+                waits += 1;
+            } else {
+                self.cancelled.insert(id);
+            }
+        }
+        if waits > 0 {
+            *self.flush_waits.entry(ftag).or_default() += waits;
+        }
+        waits > 0
+    }
+
+    /// Tversion: every request is dropped or cancelled (the old session's
+    /// fids go with it, so no change of one matters), and so are the
+    /// Tflushes waiting for them.
+    fn cancel_all(&mut self) {
+        let ids: Vec<u64> = self.tags.drain().flat_map(|(_, v)| v).collect();
+        for id in ids {
+            if !self.drop_waiting(id) {
+                self.cancelled.insert(id);
+            }
+        }
+        self.deferred.clear();
+        self.flush_waits.clear();
+    }
+
+    /// Removes request `id` from the backlog, if it waits there.
+    fn drop_waiting(&mut self, id: u64) -> bool {
+        let Some(i) = self.backlog.iter().position(|j| j.id == id) else { return false };
+        let j = self.backlog.remove(i).expect("found");
+        self.backlog_bytes -= j.msg.len();
+        self.changes.remove(&id);
+        true
+    }
+
+    /// Request `id` is answered (or dropped): the Tflushes that waited for
+    /// it and for nothing else now, whose Rflush is to be sent.
+    fn done(&mut self, tag: u16, id: u64) -> Vec<u16> {
+        self.forget(tag, id);
+        self.changes.remove(&id);
+        let mut ready = Vec::new();
+        for ftag in self.deferred.remove(&id).unwrap_or_default() {
+            if let Some(n) = self.flush_waits.get_mut(&ftag) {
+                *n -= 1;
+                if *n == 0 {
+                    self.flush_waits.remove(&ftag);
+                    ready.push(ftag);
+                }
+            }
+        }
+        ready
+    }
+}
+
 impl Conn {
     fn new(max_fids: usize, born: u64) -> Conn {
-        Conn { fids: Mutex::default(), max_fids, in_flight: Mutex::default(), msize: AtomicU32::new(0), born }
+        Conn {
+            fids: Mutex::default(),
+            session: AtomicU64::new(0),
+            max_fids,
+            work: Mutex::default(),
+            msize: AtomicU32::new(0),
+            replied: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            gone: AtomicBool::new(false),
+            born,
+        }
     }
 }
 
@@ -56,8 +205,11 @@ impl Conn {
     fn fid(&self, fid: u32) -> R<Arc<Fid>> {
         self.fids.lock().unwrap().get(&fid).cloned().ok_or(Errno::BADF)
     }
-    fn insert_new(&self, fid: u32, f: Fid) -> R<()> {
+    fn insert_new(&self, session: u64, fid: u32, f: Fid) -> R<()> {
         let mut fids = self.fids.lock().unwrap();
+        if self.session.load(SeqCst) != session {
+            return Err(Errno::CANCELED);
+        }
         if fids.contains_key(&fid) {
             return Err(Errno::BADF);
         }
@@ -67,13 +219,23 @@ impl Conn {
         fids.insert(fid, Arc::new(f));
         Ok(())
     }
-    fn replace(&self, fid: u32, f: Fid) -> R<()> {
+    fn replace(&self, session: u64, fid: u32, f: Fid) -> R<()> {
         let mut fids = self.fids.lock().unwrap();
+        if self.session.load(SeqCst) != session {
+            return Err(Errno::CANCELED);
+        }
         if fids.len() >= self.max_fids && !fids.contains_key(&fid) {
             return Err(Errno::MFILE);
         }
         fids.insert(fid, Arc::new(f));
         Ok(())
+    }
+    fn remove(&self, session: u64, fid: u32) -> R<Arc<Fid>> {
+        let mut fids = self.fids.lock().unwrap();
+        if self.session.load(SeqCst) != session {
+            return Err(Errno::CANCELED);
+        }
+        fids.remove(&fid).ok_or(Errno::BADF)
     }
     /// After a rename: the fids at or below `old` now lie below `new`.
     fn moved(&self, old: &Path, new: &Path) {
@@ -86,16 +248,6 @@ impl Conn {
     }
 }
 
-/// The requests of one tag in the pool. A client may reuse a tag as soon as
-/// it has the reply, which can be before the pool thread that sent it has
-/// counted it done: so a tag counts its requests, and the Tflushes of that
-/// tag are answered once none is left.
-#[derive(Default)]
-struct InFlight {
-    requests: u32,
-    flushes: Vec<u16>,
-}
-
 /// Counters shown by `connmux stat`.
 #[derive(Default)]
 pub struct NinepStats {
@@ -103,9 +255,16 @@ pub struct NinepStats {
     pub to_pool: AtomicU64,
     pub errors: AtomicU64,
     pub flushes: AtomicU64,
+    /// Tflushes answered after the reply of a request that may change state.
     pub flushes_deferred: AtomicU64,
+    /// Replies not sent: their request was flushed or its session ended.
+    pub replies_dropped: AtomicU64,
+    /// Times a connection was paused: its unwritten replies over [`ROOM`].
+    pub paused: AtomicU64,
     /// Connections closed for a malformed message.
     pub bad_messages: AtomicU64,
+    /// Connections closed for more requests waiting than `--fs-queue`.
+    pub overloads: AtomicU64,
     /// Connections closed because a reply could not be queued in time.
     pub send_failures: AtomicU64,
 }
@@ -114,48 +273,109 @@ struct Job {
     conn: Arc<Conn>,
     psock: PsockId,
     tag: u16,
+    id: u64,
+    session: u64,
     msg: Bytes,
+}
+
+impl Job {
+    /// Whether the request may change the connection's or the export's
+    /// state: all but those that only read.
+    fn changes(&self) -> bool {
+        const READ_ONLY: [MsgType; 6] = [
+            MsgType::TREAD,
+            MsgType::TREADDIR,
+            MsgType::TSTATFS,
+            MsgType::TREADLINK,
+            MsgType::TGETLOCK,
+            MsgType::TFSYNC,
+        ];
+        let ty = self.msg.get(4).copied().unwrap_or(0);
+        !READ_ONLY.iter().any(|t| t.0 == ty)
+    }
 }
 
 /// The handler run by the I/O workers.
 pub struct NinepHandler {
     export: Arc<Export>,
     conns: Mutex<HashMap<PsockId, Arc<Conn>>>,
-    jobs: crossbeam::channel::Sender<Job>,
+    pool: Arc<Pool>,
     pub stats: Arc<NinepStats>,
     max_msize: u32,
     max_fids: usize,
+    /// Requests of one connection waiting in its backlog, at most.
+    backlog_max: usize,
     /// Sweeps begun ([`NinepHandler::sweep`]).
     epoch: AtomicU64,
+}
+
+/// A connection waiting for room.
+struct Paused {
+    conn: Arc<Conn>,
+    psock: PsockId,
+    /// When the waker looks next, and the wait after that (doubled each
+    /// look that finds no room: a peer that never reads costs a look a
+    /// [`WAKE_MAX`], not one a [`WAKE_FIRST`]).
+    next: Instant,
+    nap: Duration,
 }
 
 /// The file-system threads' shared part.
 pub struct Pool {
     jobs: crossbeam::channel::Receiver<Job>,
+    tx: crossbeam::channel::Sender<Job>,
     export: Arc<Export>,
     stats: Arc<NinepStats>,
+    /// Requests of one connection with the pool at a time, at most.
+    share: usize,
+    /// Connections paused for room, looked at by the waker.
+    paused: Mutex<Vec<Paused>>,
+    wake: Condvar,
     /// Sockets to send replies on, one per thread (set once the mux runs).
     pub senders: OnceLock<Vec<KcmSocket>>,
+    /// The mux (set once it runs): what it has written of each connection.
+    pub mux: OnceLock<connmux::Mux>,
 }
 
 impl NinepHandler {
-    /// `queue`: requests waiting for a file-system thread, at most. A worker
-    /// that finds the queue full waits for room (its connections' TCP windows
-    /// close meanwhile), so the memory held is bounded by `queue` × msize,
-    /// whatever clients send.
-    pub fn new(export: Arc<Export>, max_msize: u32, queue: usize, max_fids: usize) -> (Arc<NinepHandler>, Arc<Pool>) {
+    /// `queue`: requests waiting for a file-system thread, at most, and
+    /// requests one connection may have waiting in its own backlog (more,
+    /// and the connection is closed: `overloads`). A worker that finds the
+    /// queue full waits for room (its connections' TCP windows close
+    /// meanwhile); a connection's backlog holds at most `queue` × msize.
+    /// `share`: a connection's requests with the file-system threads at a
+    /// time, at most.
+    pub fn new(
+        export: Arc<Export>,
+        max_msize: u32,
+        queue: usize,
+        max_fids: usize,
+        share: usize,
+    ) -> (Arc<NinepHandler>, Arc<Pool>) {
         let (tx, rx) = crossbeam::channel::bounded(queue.max(1));
         let stats = Arc::new(NinepStats::default());
-        let h = NinepHandler {
+        let pool = Arc::new(Pool {
+            jobs: rx,
+            tx,
             export: export.clone(),
-            conns: Mutex::default(),
-            jobs: tx,
             stats: stats.clone(),
-            max_msize,
+            share: share.max(1),
+            paused: Mutex::default(),
+            wake: Condvar::new(),
+            senders: OnceLock::new(),
+            mux: OnceLock::new(),
+        });
+        let h = NinepHandler {
+            export,
+            conns: Mutex::default(),
+            pool: pool.clone(),
+            stats,
+            max_msize: max_msize.max(MIN_MSIZE),
             max_fids,
+            backlog_max: queue.max(1),
             epoch: AtomicU64::new(0),
         };
-        (Arc::new(h), Arc::new(Pool { jobs: rx, export, stats, senders: OnceLock::new() }))
+        (Arc::new(h), pool)
     }
 
     fn conn(&self, p: PsockId) -> Arc<Conn> {
@@ -174,7 +394,16 @@ impl NinepHandler {
         // before it, hence before the look.)
         let mark = self.epoch.fetch_add(1, SeqCst) + 1;
         let live: std::collections::HashSet<_> = live().into_iter().collect();
-        self.conns.lock().unwrap().retain(|p, c| c.born >= mark || live.contains(p));
+        self.conns.lock().unwrap().retain(|p, c| {
+            let keep = c.born >= mark || live.contains(p);
+            if !keep {
+                c.gone.store(true, SeqCst);
+                let mut w = c.work.lock().unwrap();
+                w.backlog.clear();
+                w.backlog_bytes = 0;
+            }
+            keep
+        });
     }
 
     /// Connections with state.
@@ -186,10 +415,21 @@ impl NinepHandler {
     fn inline(&self, conn: &Conn, tag: u16, m: &Tmsg<'_>, out: &mut Vec<u8>) -> Option<R<()>> {
         Some(match m {
             Tmsg::Version { msize, version } => {
+                // Below the floor some replies would not fit.
+                if *msize < MIN_MSIZE {
+                    return Some(Err(Errno::INVAL));
+                }
                 let msize = (*msize).min(self.max_msize);
                 conn.msize.store(msize, Relaxed);
-                // A new session: every fid of the old one is gone.
-                conn.fids.lock().unwrap().clear();
+                // A new session: what is pending of the old one is
+                // cancelled (no reply of it follows the Rversion) and every
+                // fid is gone. Lock order: work, then fids.
+                conn.work.lock().unwrap().cancel_all();
+                {
+                    let mut fids = conn.fids.lock().unwrap();
+                    conn.session.fetch_add(1, SeqCst);
+                    fids.clear();
+                }
                 let v = if version.starts_with(connmux_9p::VERSION_L) { connmux_9p::VERSION_L } else { "unknown" };
                 let mut e = Encoder::begin(out, MsgType::RVERSION, tag);
                 e.u32(msize).str(v);
@@ -201,8 +441,8 @@ impl NinepHandler {
             Tmsg::Auth { .. } => Err(Errno::NOENT),
             Tmsg::Flush { oldtag } => {
                 self.stats.flushes.fetch_add(1, Relaxed);
-                if let Some(f) = conn.in_flight.lock().unwrap().get_mut(oldtag) {
-                    f.flushes.push(tag);
+                if conn.work.lock().unwrap().flush(*oldtag, tag) {
+                    // Answered by the file-system thread, after the reply.
                     self.stats.flushes_deferred.fetch_add(1, Relaxed);
                     return Some(Ok(()));
                 }
@@ -219,6 +459,34 @@ impl NinepHandler {
             Tmsg::Xattrwalk { .. } | Tmsg::Xattrcreate { .. } => Err(Errno::OPNOTSUPP),
             _ => return None,
         })
+    }
+
+    /// Hands a request to the pool, or to its connection's backlog when the
+    /// connection has its share with the pool or waits for room. `false`:
+    /// the backlog is full, and the connection is to be closed.
+    fn submit(&self, conn: Arc<Conn>, psock: PsockId, tag: u16, msg: Bytes) -> bool {
+        let mut w = conn.work.lock().unwrap();
+        let id = w.next_id;
+        w.next_id += 1;
+        let job = Job { conn: conn.clone(), psock, tag, id, session: conn.session.load(SeqCst), msg };
+        if job.changes() {
+            w.changes.insert(id);
+        }
+        if w.paused || w.running >= self.pool.share {
+            if w.backlog.len() >= self.backlog_max {
+                return false;
+            }
+            w.tags.entry(tag).or_default().push(id);
+            w.backlog_bytes += job.msg.len();
+            w.backlog.push_back(job);
+            return true;
+        }
+        w.tags.entry(tag).or_default().push(id);
+        w.running += 1;
+        drop(w);
+        self.stats.to_pool.fetch_add(1, Relaxed);
+        let _ = self.pool.tx.send(job);
+        true
     }
 }
 
@@ -237,6 +505,7 @@ impl Handler for NinepHandler {
                 let mut out = Vec::with_capacity(11);
                 reply_error(&mut out, peek_tag(&request).unwrap_or(0), Errno::OPNOTSUPP);
                 self.stats.errors.fetch_add(1, Relaxed);
+                self.conn(from).replied.fetch_add(out.len() as u64, Relaxed);
                 return Verdict::Reply(Bytes::from(out));
             }
             Err(_) => {
@@ -248,21 +517,23 @@ impl Handler for NinepHandler {
         let mut out = Vec::new();
         match self.inline(&conn, tag, &m, &mut out) {
             Some(Ok(())) if out.is_empty() => Verdict::NoReply,
-            Some(Ok(())) => {
-                scratch.extend_from_slice(&out);
-                Verdict::Reply(scratch.split().freeze())
-            }
-            Some(Err(e)) => {
-                self.stats.errors.fetch_add(1, Relaxed);
-                reply_error(&mut out, tag, e);
+            Some(r) => {
+                if let Err(e) = r {
+                    self.stats.errors.fetch_add(1, Relaxed);
+                    out.clear();
+                    reply_error(&mut out, tag, e);
+                }
+                conn.replied.fetch_add(out.len() as u64, Relaxed);
                 scratch.extend_from_slice(&out);
                 Verdict::Reply(scratch.split().freeze())
             }
             None => {
-                conn.in_flight.lock().unwrap().entry(tag).or_default().requests += 1;
-                self.stats.to_pool.fetch_add(1, Relaxed);
-                let _ = self.jobs.send(Job { conn, psock: from, tag, msg: request });
-                Verdict::NoReply
+                if self.submit(conn, from, tag, request) {
+                    Verdict::NoReply
+                } else {
+                    self.stats.overloads.fetch_add(1, Relaxed);
+                    Verdict::Close
+                }
             }
         }
     }
@@ -273,49 +544,242 @@ impl Handler for NinepHandler {
 /// Set on each sender when it is made.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The waker's first look at a paused connection comes after this, and
+/// the looks after it ever further apart, up to [`WAKE_MAX`].
+const WAKE_FIRST: Duration = Duration::from_millis(1);
+const WAKE_MAX: Duration = Duration::from_millis(100);
+
 impl Pool {
     /// Runs pool thread `i` until the handler (and its sender) is gone,
-    /// `nice` steps below the workers: a light request answered on a worker
-    /// is not kept waiting for a CPU behind a large read's copy.
+    /// `nice` steps below the workers (0: beside them).
     pub fn run(&self, i: usize, mux: connmux::Mux, nice: i32) {
         if nice != 0 {
             let _ = connmux_sys::affinity::renice_current_thread(nice);
         }
         let sock = &self.senders.get().expect("senders set before the service starts")[i];
+        // Never waits inside the mux: a full backlog is waited out here,
+        // sleeping (`send_reply`), not by retrying at once. (A userspace
+        // socket's mode cannot fail to change.)
+        let _ = sock.set_nonblocking(true);
         while let Ok(job) = self.jobs.recv() {
-            // Each reply is its own buffer, handed to the mux without a copy
-            // (a copy of a large read would be made under the mux's lock).
-            let mut out = Vec::with_capacity(128);
-            let Ok((tag, m)) = Tmsg::decode(&job.msg) else { continue };
-            if let Err(e) = self.answer(&job.conn, tag, &m, &mut out) {
-                out.clear();
-                self.stats.errors.fetch_add(1, Relaxed);
-                reply_error(&mut out, tag, e);
-            }
-            let mut ok = sock.send_msg(Bytes::from(out), Some(job.psock)).is_ok();
-            let waiting = {
-                let mut inf = job.conn.in_flight.lock().unwrap();
-                match inf.get_mut(&job.tag) {
-                    Some(f) if f.requests > 1 => {
-                        f.requests -= 1;
-                        Vec::new()
-                    }
-                    _ => inf.remove(&job.tag).map(|f| f.flushes).unwrap_or_default(),
-                }
-            };
-            for ftag in waiting {
-                let mut out = Vec::with_capacity(7);
-                rmsg::empty(&mut out, MsgType::RFLUSH, ftag);
-                ok &= sock.send_msg(Bytes::from(out), Some(job.psock)).is_ok();
-            }
-            if !ok {
-                self.stats.send_failures.fetch_add(1, Relaxed);
-                let _ = mux.abort(job.psock);
+            let mut next = Some(job);
+            // Bounded: each turn answers or parks a request of the backlog.
+            while let Some(job) = next.take() {
+                next = self.serve(job, sock, &mux);
             }
         }
     }
 
-    fn answer(&self, conn: &Conn, tag: u16, m: &Tmsg<'_>, out: &mut Vec<u8>) -> R<()> {
+    /// Unwritten reply bytes of a connection (or less, when under
+    /// [`ROOM`]), or `None` when it is gone.
+    fn unwritten(&self, conn: &Conn, p: PsockId, mux: &connmux::Mux) -> Option<u64> {
+        let replied = conn.replied.load(Relaxed);
+        let seen = replied.saturating_sub(conn.written.load(Relaxed));
+        if seen < ROOM {
+            // Under ROOM by the last look: under it now (no look, no lock).
+            return Some(seen);
+        }
+        let written = mux.psock_stats(p).ok()?.tx_bytes;
+        conn.written.fetch_max(written, Relaxed);
+        Some(replied.saturating_sub(written))
+    }
+
+    /// Answers one request; returns the next of its connection's backlog
+    /// for this thread to run when the queue has no room for it.
+    fn serve(&self, job: Job, sock: &KcmSocket, mux: &connmux::Mux) -> Option<Job> {
+        let conn = job.conn.clone();
+        let stale = || conn.gone.load(SeqCst) || conn.session.load(SeqCst) != job.session;
+        // Every request, not only reads: a peer that collects no reply would
+        // otherwise hold threads in `send_reply` with small ones too.
+        if !stale() {
+            match self.unwritten(&conn, job.psock, mux) {
+                None => conn.gone.store(true, SeqCst),
+                Some(n) if n >= ROOM => {
+                    // No room: the request waits, first in line, and the
+                    // connection is paused until its peer reads.
+                    let mut w = conn.work.lock().unwrap();
+                    w.running -= 1;
+                    w.backlog_bytes += job.msg.len();
+                    w.backlog.push_front(job);
+                    if !w.paused {
+                        w.paused = true;
+                        self.stats.paused.fetch_add(1, Relaxed);
+                        let (c, p) = (conn.clone(), w.backlog[0].psock);
+                        drop(w);
+                        let next = Instant::now() + WAKE_FIRST;
+                        self.paused.lock().unwrap().push(Paused { conn: c, psock: p, next, nap: WAKE_FIRST });
+                        self.wake.notify_one();
+                    }
+                    return None;
+                }
+                Some(_) => {}
+            }
+        }
+        let mut out = Vec::with_capacity(128);
+        // (A request of a connection gone or of an ended session is not run.)
+        let cancelled = stale() || conn.work.lock().unwrap().cancelled.contains(&job.id);
+        if !cancelled {
+            if let Ok((tag, m)) = Tmsg::decode(&job.msg) {
+                if let Err(e) = self.answer(&conn, job.session, tag, &m, &mut out) {
+                    out.clear();
+                    self.stats.errors.fetch_add(1, Relaxed);
+                    reply_error(&mut out, tag, e);
+                }
+            }
+        }
+        let ok = self.send_reply(&job, out, sock);
+        if !ok {
+            self.stats.send_failures.fetch_add(1, Relaxed);
+            let _ = mux.abort(job.psock);
+            conn.gone.store(true, SeqCst);
+        }
+        let mut w = conn.work.lock().unwrap();
+        w.running -= 1;
+        if w.paused || conn.gone.load(SeqCst) {
+            if conn.gone.load(SeqCst) {
+                w.backlog.clear();
+                w.backlog_bytes = 0;
+            }
+            return None;
+        }
+        let next = w.backlog.pop_front()?;
+        w.backlog_bytes -= next.msg.len();
+        w.running += 1;
+        drop(w);
+        self.stats.to_pool.fetch_add(1, Relaxed);
+        // Behind the others' requests when there is room; else this thread
+        // runs it (it cannot wait for room in the queue it takes from).
+        match self.tx.try_send(next) {
+            Ok(()) => None,
+            Err(e) => Some(e.into_inner()),
+        }
+    }
+
+    /// Sends a job's reply unless the request was cancelled, under the
+    /// connection's work lock (so no Rflush can come between the check and
+    /// the send), and forgets the request. `false`: the reply could not be
+    /// queued within [`SEND_TIMEOUT`].
+    fn send_reply(&self, job: &Job, out: Vec<u8>, sock: &KcmSocket) -> bool {
+        let reply = Bytes::from(out);
+        let deadline = Instant::now() + SEND_TIMEOUT;
+        let mut nap = Duration::from_millis(1);
+        // Bounded by the deadline: each turn that finds no room sleeps.
+        loop {
+            let mut w = job.conn.work.lock().unwrap();
+            if w.cancelled.remove(&job.id) || reply.is_empty() {
+                if !reply.is_empty() {
+                    self.stats.replies_dropped.fetch_add(1, Relaxed);
+                }
+                let flushes = w.done(job.tag, job.id);
+                return self.send_flushes(job, &flushes, sock);
+            }
+            let len = reply.len() as u64;
+            match sock.send_msg(reply.clone(), Some(job.psock)) {
+                Ok(()) => {
+                    job.conn.replied.fetch_add(len, Relaxed);
+                    // Under the same lock: the Rflushes that waited for this
+                    // reply go right after it.
+                    let flushes = w.done(job.tag, job.id);
+                    return self.send_flushes(job, &flushes, sock);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    drop(w);
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(Duration::from_millis(50));
+                }
+                Err(_) => {
+                    w.done(job.tag, job.id);
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Rflushes of `tags` on the job's connection (called under its work
+    /// lock, right after the reply they waited for). A full backlog is not
+    /// waited out here: the connection is aborted (`false`).
+    fn send_flushes(&self, job: &Job, tags: &[u16], sock: &KcmSocket) -> bool {
+        let mut ok = true;
+        for &ftag in tags {
+            let mut out = Vec::with_capacity(7);
+            rmsg::empty(&mut out, MsgType::RFLUSH, ftag);
+            let len = out.len() as u64;
+            ok &= sock.send_msg(Bytes::from(out), Some(job.psock)).is_ok();
+            job.conn.replied.fetch_add(len, Relaxed);
+        }
+        ok
+    }
+
+    /// The waker: resumes each paused connection once it has room, and
+    /// drops the backlog of one that is gone. Runs for the life of the
+    /// process, asleep while no connection is paused.
+    pub fn waker(self: Arc<Self>) {
+        let mux = self.mux.get().expect("mux set before the waker starts").clone();
+        loop {
+            let list = {
+                let mut l = self.paused.lock().unwrap();
+                // Sleeps while none is paused: no CPU when all is well.
+                while l.is_empty() {
+                    l = self.wake.wait(l).unwrap();
+                }
+                std::mem::take(&mut *l)
+            };
+            let mut still = Vec::new();
+            let now = Instant::now();
+            for mut e in list {
+                if e.next > now {
+                    still.push(e);
+                    continue;
+                }
+                let conn = e.conn.clone();
+                let room = match self.unwritten(&conn, e.psock, &mux) {
+                    None => {
+                        conn.gone.store(true, SeqCst);
+                        true
+                    }
+                    Some(n) => n < ROOM,
+                };
+                if !room {
+                    e.nap = (e.nap * 2).min(WAKE_MAX);
+                    e.next = now + e.nap;
+                    still.push(e);
+                    continue;
+                }
+                let mut w = conn.work.lock().unwrap();
+                w.paused = false;
+                if conn.gone.load(SeqCst) {
+                    w.backlog.clear();
+                    w.backlog_bytes = 0;
+                    continue;
+                }
+                let mut resumed = Vec::new();
+                while w.running < self.share {
+                    let Some(j) = w.backlog.pop_front() else { break };
+                    w.backlog_bytes -= j.msg.len();
+                    w.running += 1;
+                    resumed.push(j);
+                }
+                drop(w);
+                for j in resumed {
+                    self.stats.to_pool.fetch_add(1, Relaxed);
+                    let _ = self.tx.send(j);
+                }
+            }
+            if let Some(first) = still.iter().map(|e| e.next).min() {
+                let mut l = self.paused.lock().unwrap();
+                let fresh = !l.is_empty();
+                l.extend(still);
+                // Until the next look is due, or a connection is paused
+                // meanwhile (its first look is due sooner).
+                if !fresh {
+                    let wait = first.saturating_duration_since(Instant::now()).max(WAKE_FIRST);
+                    drop(self.wake.wait_timeout(l, wait).unwrap());
+                }
+            }
+        }
+    }
+
+    fn answer(&self, conn: &Conn, session: u64, tag: u16, m: &Tmsg<'_>, out: &mut Vec<u8>) -> R<()> {
         let x = &*self.export;
         let msize = conn.msize.load(Relaxed).max(4096) as usize;
         match m {
@@ -325,7 +789,7 @@ impl Pool {
                 }
                 let f = x.attach()?;
                 let q = f.qid;
-                conn.insert_new(*fid, f)?;
+                conn.insert_new(session, *fid, f)?;
                 rmsg::qid(out, MsgType::RATTACH, tag, &q);
             }
             Tmsg::Walk { fid, newfid, names } => {
@@ -335,7 +799,7 @@ impl Pool {
                 }
                 let (qids, new) = x.walk(&from, names)?;
                 if let Some(f) = new {
-                    conn.replace(*newfid, f)?;
+                    conn.replace(session, *newfid, f)?;
                 }
                 let mut e = Encoder::begin(out, MsgType::RWALK, tag);
                 e.u16(qids.len() as u16);
@@ -352,7 +816,7 @@ impl Pool {
                 let (open, q) = x.lopen(&f, *flags)?;
                 let node = f.node.try_clone().map_err(|_| Errno::MFILE)?;
                 let path = f.path.lock().unwrap().clone();
-                conn.replace(*fid, Fid { path: Mutex::new(path), node, qid: q, open: Some(open) })?;
+                conn.replace(session, *fid, Fid { path: Mutex::new(path), node, qid: q, open: Some(open) })?;
                 let mut e = Encoder::begin(out, MsgType::RLOPEN, tag);
                 e.qid(&q).u32(0);
                 e.finish();
@@ -360,7 +824,7 @@ impl Pool {
             Tmsg::Lcreate { fid, name, flags, mode, gid: _ } => {
                 let dir = conn.fid(*fid)?;
                 let (nf, q) = x.lcreate(&dir, name, *flags, *mode)?;
-                conn.replace(*fid, nf)?;
+                conn.replace(session, *fid, nf)?;
                 let mut e = Encoder::begin(out, MsgType::RLCREATE, tag);
                 e.qid(&q).u32(0);
                 e.finish();
@@ -399,7 +863,7 @@ impl Pool {
             }
             Tmsg::Remove { fid } => {
                 // The fid is clunked whether or not the removal succeeds.
-                let f = conn.fids.lock().unwrap().remove(fid).ok_or(Errno::BADF)?;
+                let f = conn.remove(session, *fid)?;
                 x.remove(&f)?;
                 rmsg::empty(out, MsgType::RREMOVE, tag);
             }
@@ -483,7 +947,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("connmux-9p-sweep-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let export = Arc::new(Export::open(&dir, true).unwrap());
-        let (h, _pool) = NinepHandler::new(export, 65536, 4, 16);
+        let (h, _pool) = NinepHandler::new(export, 65536, 4, 16, 2);
         let (gone, old, new) = (
             PsockId { index: 1, generation: 1 },
             PsockId { index: 2, generation: 1 },
