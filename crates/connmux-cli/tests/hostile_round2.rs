@@ -287,71 +287,68 @@ fn partial_records_under_a_small_budget_echo_uring() {
     partial_records_under_a_small_budget(Service::Echo, "uring");
 }
 
-/// `n` pipelined requests of `body` bytes written while a reader that
-/// starts `late` after the connection reads `chunk` bytes at a time, a
-/// `pause` after each read; the write side is shut down after the last
-/// request. Returns the replies counted and how the stream ended.
-fn late_reader(
-    addr: SocketAddr,
-    service: Service,
+/// A client that pipelines `n` requests of `body` bytes, shuts its write
+/// side after the last, and reads only from a second after it connected,
+/// `chunk` bytes at a time with `pause` after each read.
+#[derive(Clone, Copy)]
+struct LateReader {
     n: u32,
     body: usize,
-    late: Duration,
     chunk: usize,
     pause: Duration,
-) -> (u64, io::Result<()>) {
-    let mut c = TcpStream::connect(addr).unwrap();
-    let mut w = c.try_clone().unwrap();
-    let writer = std::thread::spawn(move || -> io::Result<()> {
-        let mut batch = Vec::new();
-        let mut i = 0;
-        while i < n {
-            batch.clear();
-            for _ in 0..256.min(n - i) {
-                batch.extend_from_slice(&request(service, i, body));
-                i += 1;
-            }
-            w.write_all(&batch)?;
-        }
-        w.shutdown(Shutdown::Write)
-    });
-    std::thread::sleep(late);
-    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut counter = Counter::default();
-    let mut buf = vec![0u8; chunk];
-    let t0 = Instant::now();
-    let end = loop {
-        if t0.elapsed() > Duration::from_secs(120) {
-            break Err(io::Error::from(ErrorKind::TimedOut));
-        }
-        match c.read(&mut buf) {
-            Ok(0) => break Ok(()),
-            Ok(k) => counter.push(&buf[..k]),
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => break Err(e),
-        }
-        if !pause.is_zero() {
-            std::thread::sleep(pause);
-        }
-    };
-    let _ = writer.join().unwrap();
-    (counter.replies, end)
 }
 
-fn every_reply_to_a_late_reader(
-    service: Service,
-    driver: &str,
-    extra: &[&str],
-    n: u32,
-    body: usize,
-    runs: usize,
-    chunk: usize,
-    pause: Duration,
-) {
+impl LateReader {
+    /// Runs one such client; returns the replies counted and how the
+    /// stream ended.
+    fn run(self, addr: SocketAddr, service: Service) -> (u64, io::Result<()>) {
+        let LateReader { n, body, chunk, pause } = self;
+        let mut c = TcpStream::connect(addr).unwrap();
+        let mut w = c.try_clone().unwrap();
+        let writer = std::thread::spawn(move || -> io::Result<()> {
+            let mut batch = Vec::new();
+            let mut i = 0;
+            while i < n {
+                batch.clear();
+                for _ in 0..256.min(n - i) {
+                    batch.extend_from_slice(&request(service, i, body));
+                    i += 1;
+                }
+                w.write_all(&batch)?;
+            }
+            w.shutdown(Shutdown::Write)
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut counter = Counter::default();
+        let mut buf = vec![0u8; chunk];
+        let t0 = Instant::now();
+        let end = loop {
+            if t0.elapsed() > Duration::from_secs(120) {
+                break Err(io::Error::from(ErrorKind::TimedOut));
+            }
+            match c.read(&mut buf) {
+                Ok(0) => break Ok(()),
+                Ok(k) => counter.push(&buf[..k]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => break Err(e),
+            }
+            if !pause.is_zero() {
+                std::thread::sleep(pause);
+            }
+        };
+        let _ = writer.join().unwrap();
+        (counter.replies, end)
+    }
+}
+
+/// `runs` late readers, one after another, each gets every reply, then FIN.
+fn every_reply_to_a_late_reader(service: Service, driver: &str, extra: &[&str], client: LateReader, runs: usize) {
     let _one = serial();
     let s = start(&[service.args(), &["--driver", driver], extra].concat());
+    let n = client.n;
     for run in 0..runs {
-        let (replies, end) = late_reader(s.addr, service, n, body, Duration::from_secs(1), chunk, pause);
+        let (replies, end) = client.run(s.addr, service);
         assert!(
             replies == u64::from(n) && end.is_ok(),
             "{service:?}/{driver} {extra:?} run {run}: {replies} of {n} replies, then {end:?} (expected all, then FIN)"
@@ -359,28 +356,36 @@ fn every_reply_to_a_late_reader(
     }
 }
 
+/// 200,000 NULL calls, read 64 KiB at a time as fast as they come.
+const PIPELINED: LateReader = LateReader { n: 200_000, body: 36, chunk: 64 << 10, pause: Duration::ZERO };
+/// 10,000 echoes of 1 KiB, read 4 KiB at a time, half a millisecond apart.
+const SLOW_ECHOES: LateReader = LateReader { n: 10_000, body: 1024, chunk: 4096, pause: Duration::from_micros(500) };
+/// 10,000 echoes of 8 KiB, read 16 KiB at a time, half a millisecond apart.
+const SLOW_LARGE_ECHOES: LateReader =
+    LateReader { n: 10_000, body: 8 << 10, chunk: 16 << 10, pause: Duration::from_micros(500) };
+
 /// 200,000 pipelined NULL calls, half-close, the reader a second late:
 /// every reply then FIN, five runs.
 #[test]
 fn late_reader_after_half_close_gets_every_reply_epoll() {
-    every_reply_to_a_late_reader(Service::Rpc, "epoll", &[], 200_000, 36, 5, 64 << 10, Duration::ZERO);
+    every_reply_to_a_late_reader(Service::Rpc, "epoll", &[], PIPELINED, 5);
 }
 
 #[test]
 fn late_reader_after_half_close_gets_every_reply_uring() {
-    every_reply_to_a_late_reader(Service::Rpc, "uring", &[], 200_000, 36, 5, 64 << 10, Duration::ZERO);
+    every_reply_to_a_late_reader(Service::Rpc, "uring", &[], PIPELINED, 5);
 }
 
 /// 10,000 echoes of 1 KiB, half-close, a reader a second late that reads
 /// 4 KiB a millisecond.
 #[test]
 fn slow_reader_of_echoes_after_half_close_gets_every_one_epoll() {
-    every_reply_to_a_late_reader(Service::Echo, "epoll", &[], 10_000, 1024, 1, 4096, Duration::from_micros(500));
+    every_reply_to_a_late_reader(Service::Echo, "epoll", &[], SLOW_ECHOES, 1);
 }
 
 #[test]
 fn slow_reader_of_echoes_after_half_close_gets_every_one_uring() {
-    every_reply_to_a_late_reader(Service::Echo, "uring", &[], 10_000, 1024, 1, 4096, Duration::from_micros(500));
+    every_reply_to_a_late_reader(Service::Echo, "uring", &[], SLOW_ECHOES, 1);
 }
 
 /// 10,000 echoes of 8 KiB whose reader starts late and reads slowly: the
@@ -389,30 +394,12 @@ fn slow_reader_of_echoes_after_half_close_gets_every_one_uring() {
 /// server's pause, not the peer's: every echo, no `rx_msg_timeouts`.
 #[test]
 fn backpressure_longer_than_the_assembly_timeout_loses_nothing_epoll() {
-    every_reply_to_a_late_reader(
-        Service::Echo,
-        "epoll",
-        &["--assembly-timeout-ms", "500"],
-        10_000,
-        8 << 10,
-        1,
-        16 << 10,
-        Duration::from_micros(500),
-    );
+    every_reply_to_a_late_reader(Service::Echo, "epoll", &["--assembly-timeout-ms", "500"], SLOW_LARGE_ECHOES, 1);
 }
 
 #[test]
 fn backpressure_longer_than_the_assembly_timeout_loses_nothing_uring() {
-    every_reply_to_a_late_reader(
-        Service::Echo,
-        "uring",
-        &["--assembly-timeout-ms", "500"],
-        10_000,
-        8 << 10,
-        1,
-        16 << 10,
-        Duration::from_micros(500),
-    );
+    every_reply_to_a_late_reader(Service::Echo, "uring", &["--assembly-timeout-ms", "500"], SLOW_LARGE_ECHOES, 1);
 }
 
 /// Raise this process's soft descriptor limit to its hard limit; returns it.
