@@ -189,7 +189,11 @@ pub struct MuxConfig {
     /// Largest message a psock accepts (AF_KCM: the TCP socket's SO_RCVBUF).
     pub max_msg_size: usize,
     /// Assembly deadline from a message's first byte (AF_KCM: the TCP socket's
-    /// SO_RCVTIMEO). `None` waits forever.
+    /// SO_RCVTIMEO). `None` waits forever. It measures the peer, not the
+    /// server: while the mux itself does not read the psock (its replies
+    /// backed up past half of `psock_sndbuf`, its messages not taken, the
+    /// memory budget's pause) a deadline that comes due is held, and every
+    /// resume (`PsockRxResume`) restarts it in full. AF_KCM's timer runs on.
     pub assembly_timeout: Option<Duration>,
     /// Default receive-queue bound per KCM socket in bytes (SO_RCVBUF on the KCM
     /// socket). A socket at or above it is not offered new messages.
@@ -224,8 +228,9 @@ pub struct MuxConfig {
     /// For `Steering::Affinity`: queue length beyond which messages go elsewhere.
     pub imbalance: usize,
     /// Budget in bytes for everything the core holds for all psocks together
-    /// ([`Mux::memory_used`]: assembly buffers, ready messages, socket receive
-    /// and send queues). The per-psock limits alone let N peers hold N times
+    /// ([`Mux::memory_used`]: assembly buffers as allocated, not only the
+    /// bytes in them, lent buffers, bytes a driver holds below the parser,
+    /// ready messages, socket receive and send queues). The per-psock limits alone let N peers hold N times
     /// them; past this budget the largest holders stop being read, and those
     /// still stuck after `mem_grace` are aborted (`RxError::MemLimit`,
     /// counted in `mem_aborts`). AF_KCM has no such knob: the kernel's

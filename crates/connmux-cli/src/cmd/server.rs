@@ -37,7 +37,9 @@ pub struct Common {
     /// Assembly timeout in milliseconds from a message's first byte (0 = none).
     /// On by default: a peer that sends a message's first bytes and then
     /// nothing (slowloris) would otherwise hold its connection and buffer
-    /// forever. Counted in `rx_msg_timeouts`.
+    /// forever. The clock stops while the server itself is not reading the
+    /// connection (its replies backed up, the memory budget) and restarts in
+    /// full when it reads again. Counted in `rx_msg_timeouts`.
     #[arg(long, default_value_t = connmux::DEFAULT_ASSEMBLY_TIMEOUT.as_millis() as u64)]
     pub assembly_timeout_ms: u64,
     /// Memory budget for all connections together: assembly buffers, queued
@@ -46,8 +48,10 @@ pub struct Common {
     /// (counted in `mem_pauses`, `mem_aborts`).
     #[arg(long, value_name = "SIZE", default_value_t = connmux::DEFAULT_MEM_LIMIT, value_parser = parse_size)]
     pub mem_limit: usize,
-    /// Most connections attached at once; past it a new connection is reset
-    /// as soon as it is accepted (counted in `refused`; 0 = no cap).
+    /// Most connections attached at once; past it the connection idle
+    /// longest, if idle for a second or more, is reset to make room
+    /// (counted in `evicted`), else the new connection is reset as soon as
+    /// it is accepted (counted in `refused`; 0 = no cap).
     #[arg(long, default_value_t = connmux::DEFAULT_MAX_CONNS)]
     pub max_conns: usize,
     /// TLS handshake timeout in milliseconds: a handshake not finished by
@@ -399,13 +403,14 @@ fn print_stats(svc: &Service, started: Instant) {
     let st = svc.stats();
     use std::sync::atomic::Ordering::Relaxed;
     println!(
-        "after {:.1}s: accepted={} closed={} attach_errors={} open={} refused={} rx_msgs={} tx_msgs={} rx_bytes={} tx_bytes={} too_big={} bad_len={} parser_errors={} timeouts={} mem_aborts={} idle_timeouts={} handshake_timeouts={} leases={} lease_returns={}",
+        "after {:.1}s: accepted={} closed={} attach_errors={} open={} refused={} evicted={} rx_msgs={} tx_msgs={} rx_bytes={} tx_bytes={} too_big={} bad_len={} parser_errors={} timeouts={} mem_aborts={} idle_timeouts={} handshake_timeouts={} leases={} lease_returns={}",
         started.elapsed().as_secs_f64(),
         st.accepted.load(Relaxed),
         st.closed.load(Relaxed),
         st.attach_errors.load(Relaxed),
         s.psocks,
         st.refused.load(Relaxed),
+        st.evicted.load(Relaxed),
         s.rx_msgs,
         s.tx_msgs,
         s.rx_bytes,
@@ -443,7 +448,7 @@ fn service_snapshot(what: &str, svc: &Service, started: Instant) -> String {
         String::new()
     };
     format!(
-        "{what} pid={} listen={} uptime_s={:.1}\naccepted={}\nattach_errors={}\nclosed={}\nrefused={}\n{tls}\n{}\n{}",
+        "{what} pid={} listen={} uptime_s={:.1}\naccepted={}\nattach_errors={}\nclosed={}\nrefused={}\nevicted={}\n{tls}\n{}\n{}",
         std::process::id(),
         svc.local_addr(),
         started.elapsed().as_secs_f64(),
@@ -451,6 +456,7 @@ fn service_snapshot(what: &str, svc: &Service, started: Instant) -> String {
         st.attach_errors.load(Relaxed),
         st.closed.load(Relaxed),
         st.refused.load(Relaxed),
+        st.evicted.load(Relaxed),
         svc.mux().proc_kcm(),
         stat::format_mux_stats(svc.mux()),
     )
