@@ -509,9 +509,9 @@ fn stat_counter(sock: &std::path::Path, name: &str) -> u64 {
 }
 
 /// 100 clients that send 64 KiB echoes and never read them, under the
-/// default budget (256 MiB): past the budget it pauses them (`mem_pauses`
-/// > 0), and the server's RSS stays within 1.3 times the budget above its
-/// idle RSS (1.4 on io_uring).
+/// default budget (256 MiB): past the budget it pauses them (counted in
+/// `mem_pauses`), and the server's RSS stays within 1.3 times the budget
+/// above its idle RSS (1.4 on io_uring).
 fn non_readers_of_large_echoes_within_the_budget(driver: &str) {
     let _one = serial();
     let dir = std::env::temp_dir().join(format!("connmux-nonreaders-{}-{driver}", std::process::id()));
