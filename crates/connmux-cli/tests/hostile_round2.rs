@@ -595,3 +595,97 @@ fn non_readers_of_large_echoes_within_the_budget_epoll() {
 fn non_readers_of_large_echoes_within_the_budget_uring() {
     non_readers_of_large_echoes_within_the_budget("uring");
 }
+
+/// Over TLS: 20,000 NULL calls written whole (they fit in the buffers, so
+/// one thread writes them all before it reads), then `close_notify` and a
+/// shutdown of the write side; a second later the client reads: every
+/// reply, the server's `close_notify`, then FIN.
+fn tls_late_reader_gets_every_reply(driver: &str) {
+    use connmux::tls::rustls;
+    use rustls::pki_types::pem::PemObject;
+    let _one = serial();
+    let dir = std::env::temp_dir().join(format!("connmux-tls-late-{}-{driver}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.pem");
+    let s = start(&["rpc-server", "--driver", driver, "--tls", "--tls-ca-out", ca.to_str().unwrap()]);
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(&ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    const N: u32 = 20_000;
+    for run in 0..3 {
+        let mut tls = rustls::ClientConnection::new(Arc::new(config.clone()), name.clone()).unwrap();
+        let mut tcp = TcpStream::connect(s.addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        while tls.is_handshaking() {
+            tls.complete_io(&mut tcp).unwrap();
+        }
+        let mut calls = Vec::new();
+        for i in 0..N {
+            calls.extend_from_slice(&request(Service::Rpc, i, 36));
+        }
+        // All of them queued as records at once (rustls keeps 64 KiB by default).
+        tls.set_buffer_limit(None);
+        tls.writer().write_all(&calls).unwrap();
+        tls.send_close_notify();
+        while tls.wants_write() {
+            tls.write_tls(&mut tcp).unwrap();
+        }
+        tcp.shutdown(Shutdown::Write).unwrap();
+        std::thread::sleep(Duration::from_secs(1));
+        let mut counter = Counter::default();
+        let mut plain = vec![0u8; 64 << 10];
+        let t0 = Instant::now();
+        let end: io::Result<()> = loop {
+            if t0.elapsed() > Duration::from_secs(60) {
+                break Err(io::Error::from(ErrorKind::TimedOut));
+            }
+            match tls.read_tls(&mut tcp) {
+                Ok(0) => break Ok(()),
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => break Err(e),
+            }
+            if let Err(e) = tls.process_new_packets() {
+                break Err(io::Error::other(e));
+            }
+            loop {
+                match tls.reader().read(&mut plain) {
+                    Ok(0) => break,
+                    Ok(k) => counter.push(&plain[..k]),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        eprintln!("{driver}: plaintext read: {e}");
+                        break;
+                    }
+                }
+            }
+        };
+        // A clean close: the server's close_notify came before its FIN.
+        let notified = tls.reader().read(&mut plain).is_ok_and(|k| k == 0);
+        assert!(
+            counter.replies == u64::from(N) && end.is_ok() && notified,
+            "TLS/{driver} run {run}: {} of {N} replies, then {end:?}, close_notify {notified} (expected all, close_notify, FIN)",
+            counter.replies
+        );
+    }
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tls_late_reader_after_half_close_gets_every_reply_epoll() {
+    tls_late_reader_gets_every_reply("epoll");
+}
+
+#[test]
+fn tls_late_reader_after_half_close_gets_every_reply_uring() {
+    tls_late_reader_gets_every_reply("uring");
+}
