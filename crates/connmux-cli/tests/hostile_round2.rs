@@ -22,6 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod common;
+use common::peers::{good_client, one_call, rate, request, Counter, Service, CALL_LIMIT};
 use common::{spawn_server, Server, BIN};
 
 /// One test at a time: each measures rates or holds many connections.
@@ -33,116 +34,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 fn start(args: &[&str]) -> Server {
     spawn_server(Command::new(BIN).args(args).args(["-l", "127.0.0.1:0", "--duration", "300", "--no-stats-socket"]))
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Service {
-    Rpc,
-    Echo,
-}
-
-impl Service {
-    fn args(self) -> &'static [&'static str] {
-        match self {
-            Service::Rpc => &["rpc-server"],
-            Service::Echo => &["echo-server", "--mode", "message", "--parser", "l4"],
-        }
-    }
-}
-
-/// One request: a NULL call in one record, or an `l4` message of `body`
-/// bytes (at least 4: the sequence number first).
-fn request(service: Service, n: u32, body: usize) -> Vec<u8> {
-    match service {
-        Service::Rpc => {
-            let mut b = Vec::new();
-            for w in [n, 0, 2, 100_003, 3, 0, 0, 0, 0, 0] {
-                b.extend_from_slice(&w.to_be_bytes());
-            }
-            let mut rec = (0x8000_0000u32 | b.len() as u32).to_be_bytes().to_vec();
-            rec.extend_from_slice(&b);
-            rec
-        }
-        Service::Echo => {
-            let mut m = (body as u32).to_be_bytes().to_vec();
-            m.extend_from_slice(&n.to_be_bytes());
-            m.resize(4 + body, 0x5a);
-            m
-        }
-    }
-}
-
-/// Counts whole replies in a byte stream (both services answer with a
-/// 4-byte header whose low 31 bits are the length that follows).
-#[derive(Default)]
-struct Counter {
-    buf: Vec<u8>,
-    replies: u64,
-}
-
-impl Counter {
-    fn push(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
-        let mut at = 0;
-        while self.buf.len() - at >= 4 {
-            let len = (u32::from_be_bytes(self.buf[at..at + 4].try_into().unwrap()) & 0x7fff_ffff) as usize;
-            if self.buf.len() - at < 4 + len {
-                break;
-            }
-            at += 4 + len;
-            self.replies += 1;
-        }
-        self.buf.drain(..at);
-    }
-}
-
-/// How long one call of a good or new client may wait for its reply.
-const CALL_LIMIT: Duration = Duration::from_secs(5);
-
-fn one_call(c: &mut TcpStream, service: Service, n: u32) -> io::Result<()> {
-    c.set_read_timeout(Some(CALL_LIMIT))?;
-    c.write_all(&request(service, n, 36))?;
-    let mut counter = Counter::default();
-    let mut buf = [0u8; 4096];
-    let deadline = Instant::now() + CALL_LIMIT;
-    while counter.replies == 0 {
-        if Instant::now() >= deadline {
-            return Err(io::Error::from(ErrorKind::TimedOut));
-        }
-        match c.read(&mut buf)? {
-            0 => return Err(io::Error::from(ErrorKind::UnexpectedEof)),
-            k => counter.push(&buf[..k]),
-        }
-    }
-    Ok(())
-}
-
-/// A good client, one call at a time until `stop`; counts each reply.
-fn good_client(
-    addr: SocketAddr,
-    service: Service,
-    done: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-) -> JoinHandle<io::Result<()>> {
-    std::thread::spawn(move || {
-        let mut c = TcpStream::connect(addr)?;
-        c.set_nodelay(true)?;
-        let mut n = 0u32;
-        while !stop.load(Ordering::Acquire) {
-            one_call(&mut c, service, n)?;
-            n = n.wrapping_add(1);
-            done.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
-    })
-}
-
-/// Replies per second the good client gets over `window`.
-fn rate(done: &AtomicU64, window: Duration) -> f64 {
-    let a = done.load(Ordering::Relaxed);
-    let t = Instant::now();
-    std::thread::sleep(window);
-    (done.load(Ordering::Relaxed) - a) as f64 / t.elapsed().as_secs_f64()
 }
 
 /// Resident memory of process `pid` in KiB (`VmRSS`).
@@ -237,7 +128,7 @@ fn partial_records_under_a_small_budget(service: Service, driver: &str) {
     // A new client, answered while the attack goes on.
     let t = Instant::now();
     let mut fresh = TcpStream::connect(s.addr).unwrap();
-    let fresh_result = one_call(&mut fresh, service, 7);
+    let fresh_result = one_call(&mut fresh, service, 7, CALL_LIMIT);
     let fresh_took = t.elapsed();
     attack_stop.store(true, Ordering::Release);
     for t in attackers {
@@ -428,7 +319,7 @@ fn idle_connections_at_the_cap(driver: &str) {
     let mut fresh = None;
     while t0.elapsed() < Duration::from_secs(10) {
         let mut c = TcpStream::connect(s.addr).unwrap();
-        match one_call(&mut c, Service::Rpc, 1) {
+        match one_call(&mut c, Service::Rpc, 1, CALL_LIMIT) {
             Ok(()) => {
                 fresh = Some(t0.elapsed());
                 break;

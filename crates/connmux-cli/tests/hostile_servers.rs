@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod common;
+use common::peers::{good_client, one_call, rate, request, Counter, Service, CALL_LIMIT};
 use common::{spawn_server, Server, BIN};
 
 /// One test at a time: each measures a good client's rate, which the other
@@ -31,116 +32,11 @@ fn start(args: &[&str]) -> Server {
     spawn_server(Command::new(BIN).args(args).args(["-l", "127.0.0.1:0", "--duration", "120", "--no-stats-socket"]))
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Service {
-    Rpc,
-    Echo,
-}
-
 fn server(service: Service, driver: &str) -> Server {
     match service {
         Service::Rpc => start(&["rpc-server", "--driver", driver]),
         Service::Echo => start(&["echo-server", "--driver", driver]),
     }
-}
-
-/// One request of the service: a NULL call (NFS v3, AUTH_NONE) in one
-/// record, or a 40-byte `l4` message.
-fn request(service: Service, n: u32) -> Vec<u8> {
-    match service {
-        Service::Rpc => {
-            let mut body = Vec::new();
-            for w in [n, 0, 2, 100_003, 3, 0, 0, 0, 0, 0] {
-                body.extend_from_slice(&w.to_be_bytes());
-            }
-            let mut rec = (0x8000_0000u32 | body.len() as u32).to_be_bytes().to_vec();
-            rec.extend_from_slice(&body);
-            rec
-        }
-        Service::Echo => {
-            let mut m = 36u32.to_be_bytes().to_vec();
-            m.extend_from_slice(&n.to_be_bytes());
-            m.extend_from_slice(&[0x5a; 32]);
-            m
-        }
-    }
-}
-
-/// Count whole replies in a byte stream: both services answer with a 4-byte
-/// header whose low 31 bits are the length that follows.
-#[derive(Default)]
-struct Counter {
-    buf: Vec<u8>,
-    replies: u64,
-}
-
-impl Counter {
-    fn push(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
-        let mut at = 0;
-        while self.buf.len() - at >= 4 {
-            let len = (u32::from_be_bytes(self.buf[at..at + 4].try_into().unwrap()) & 0x7fff_ffff) as usize;
-            if self.buf.len() - at < 4 + len {
-                break;
-            }
-            at += 4 + len;
-            self.replies += 1;
-        }
-        self.buf.drain(..at);
-    }
-}
-
-/// Send one request and wait for its reply, within `limit`.
-fn one_call(c: &mut TcpStream, service: Service, n: u32, limit: Duration) -> io::Result<()> {
-    c.set_read_timeout(Some(limit))?;
-    c.write_all(&request(service, n))?;
-    let mut counter = Counter::default();
-    let mut buf = [0u8; 4096];
-    let deadline = Instant::now() + limit;
-    while counter.replies == 0 {
-        if Instant::now() >= deadline {
-            return Err(io::Error::from(ErrorKind::TimedOut));
-        }
-        match c.read(&mut buf)? {
-            0 => return Err(io::Error::from(ErrorKind::UnexpectedEof)),
-            k => counter.push(&buf[..k]),
-        }
-    }
-    Ok(())
-}
-
-/// How long any one call of the good client, or of a new client beside the
-/// attack, may wait for its reply.
-const CALL_LIMIT: Duration = Duration::from_secs(5);
-
-/// A good client: one call at a time, counting replies, until `stop`.
-/// Returns the calls answered; an error or a reply later than `CALL_LIMIT`
-/// fails.
-fn good_client(
-    addr: SocketAddr,
-    service: Service,
-    done: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-) -> JoinHandle<io::Result<()>> {
-    std::thread::spawn(move || {
-        let mut c = TcpStream::connect(addr)?;
-        c.set_nodelay(true)?;
-        let mut n = 0u32;
-        while !stop.load(Ordering::Acquire) {
-            one_call(&mut c, service, n, CALL_LIMIT)?;
-            n = n.wrapping_add(1);
-            done.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
-    })
-}
-
-/// Calls the good client completes per second over `window`.
-fn rate(done: &AtomicU64, window: Duration) -> f64 {
-    let a = done.load(Ordering::Relaxed);
-    let t = Instant::now();
-    std::thread::sleep(window);
-    (done.load(Ordering::Relaxed) - a) as f64 / t.elapsed().as_secs_f64()
 }
 
 /// A client with a 4 KiB receive buffer that pipelines requests and never
@@ -159,7 +55,7 @@ fn non_reader(addr: SocketAddr, service: Service, blocked: Arc<AtomicU64>, stop:
         let mut c: TcpStream = sock.into();
         let mut batch = Vec::new();
         for i in 0..256 {
-            batch.extend_from_slice(&request(service, i));
+            batch.extend_from_slice(&request(service, i, 36));
         }
         let mut counted = false;
         let t0 = Instant::now();
@@ -282,7 +178,7 @@ fn half_close_run(addr: SocketAddr, service: Service, n: u32) -> (u64, io::Resul
         while i < n {
             batch.clear();
             for _ in 0..256.min(n - i) {
-                batch.extend_from_slice(&request(service, i));
+                batch.extend_from_slice(&request(service, i, 36));
                 i += 1;
             }
             w.write_all(&batch)?;

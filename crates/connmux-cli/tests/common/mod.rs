@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test file uses its part
 
+pub mod peers;
+
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,129 @@
+//! Clients of the RPC and echo servers that the hostile-peer tests share: a
+//! request of each service, a count of whole replies, one call with a
+//! deadline, a good client and its rate.
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The server a test attacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    /// `rpc-server`: NULL calls in marked records.
+    Rpc,
+    /// `echo-server --mode message --parser l4`: each message comes back.
+    Echo,
+}
+
+impl Service {
+    /// The server's command and the flags that make it this service.
+    pub fn args(self) -> &'static [&'static str] {
+        match self {
+            Service::Rpc => &["rpc-server"],
+            Service::Echo => &["echo-server", "--mode", "message", "--parser", "l4"],
+        }
+    }
+}
+
+/// One request: a NULL call (NFS v3, AUTH_NONE) in one record, or an `l4`
+/// message of `body` bytes (at least 4: the sequence number first).
+pub fn request(service: Service, n: u32, body: usize) -> Vec<u8> {
+    match service {
+        Service::Rpc => {
+            let mut b = Vec::new();
+            for w in [n, 0, 2, 100_003, 3, 0, 0, 0, 0, 0] {
+                b.extend_from_slice(&w.to_be_bytes());
+            }
+            let mut rec = (0x8000_0000u32 | b.len() as u32).to_be_bytes().to_vec();
+            rec.extend_from_slice(&b);
+            rec
+        }
+        Service::Echo => {
+            let mut m = (body as u32).to_be_bytes().to_vec();
+            m.extend_from_slice(&n.to_be_bytes());
+            m.resize(4 + body, 0x5a);
+            m
+        }
+    }
+}
+
+/// Counts whole replies in a byte stream: both services answer with a
+/// 4-byte header whose low 31 bits are the length that follows.
+#[derive(Default)]
+pub struct Counter {
+    buf: Vec<u8>,
+    pub replies: u64,
+}
+
+impl Counter {
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+        let mut at = 0;
+        while self.buf.len() - at >= 4 {
+            let len = (u32::from_be_bytes(self.buf[at..at + 4].try_into().unwrap()) & 0x7fff_ffff) as usize;
+            if self.buf.len() - at < 4 + len {
+                break;
+            }
+            at += 4 + len;
+            self.replies += 1;
+        }
+        self.buf.drain(..at);
+    }
+}
+
+/// How long any one call of a good client, or of a new client beside an
+/// attack, may wait for its reply.
+pub const CALL_LIMIT: Duration = Duration::from_secs(5);
+
+/// Send one request (a 36-byte body for echo) and wait for its reply,
+/// within `limit`.
+pub fn one_call(c: &mut TcpStream, service: Service, n: u32, limit: Duration) -> io::Result<()> {
+    c.set_read_timeout(Some(limit))?;
+    c.write_all(&request(service, n, 36))?;
+    let mut counter = Counter::default();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + limit;
+    while counter.replies == 0 {
+        if Instant::now() >= deadline {
+            return Err(io::Error::from(ErrorKind::TimedOut));
+        }
+        match c.read(&mut buf)? {
+            0 => return Err(io::Error::from(ErrorKind::UnexpectedEof)),
+            k => counter.push(&buf[..k]),
+        }
+    }
+    Ok(())
+}
+
+/// A good client: one call at a time, counting replies in `done`, until
+/// `stop`. An error or a reply later than [`CALL_LIMIT`] ends it with
+/// that error.
+pub fn good_client(
+    addr: SocketAddr,
+    service: Service,
+    done: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<io::Result<()>> {
+    std::thread::spawn(move || {
+        let mut c = TcpStream::connect(addr)?;
+        c.set_nodelay(true)?;
+        let mut n = 0u32;
+        while !stop.load(Ordering::Acquire) {
+            one_call(&mut c, service, n, CALL_LIMIT)?;
+            n = n.wrapping_add(1);
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    })
+}
+
+/// Replies per second a good client gets over `window`.
+pub fn rate(done: &AtomicU64, window: Duration) -> f64 {
+    let a = done.load(Ordering::Relaxed);
+    let t = Instant::now();
+    std::thread::sleep(window);
+    (done.load(Ordering::Relaxed) - a) as f64 / t.elapsed().as_secs_f64()
+}
