@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::peers::{good_client, one_call, rate, request, Counter, Service, CALL_LIMIT};
+use common::peers::{good_client, one_call, rate, request, Counter, LateReader, Service, CALL_LIMIT};
 use common::{spawn_server, Server, BIN};
 
 /// One test at a time: each measures rates or holds many connections.
@@ -178,61 +178,6 @@ fn partial_records_under_a_small_budget_echo_uring() {
     partial_records_under_a_small_budget(Service::Echo, "uring");
 }
 
-/// A client that pipelines `n` requests of `body` bytes, shuts its write
-/// side after the last, and reads only from a second after it connected,
-/// `chunk` bytes at a time with `pause` after each read.
-#[derive(Clone, Copy)]
-struct LateReader {
-    n: u32,
-    body: usize,
-    chunk: usize,
-    pause: Duration,
-}
-
-impl LateReader {
-    /// Runs one such client; returns the replies counted and how the
-    /// stream ended.
-    fn run(self, addr: SocketAddr, service: Service) -> (u64, io::Result<()>) {
-        let LateReader { n, body, chunk, pause } = self;
-        let mut c = TcpStream::connect(addr).unwrap();
-        let mut w = c.try_clone().unwrap();
-        let writer = std::thread::spawn(move || -> io::Result<()> {
-            let mut batch = Vec::new();
-            let mut i = 0;
-            while i < n {
-                batch.clear();
-                for _ in 0..256.min(n - i) {
-                    batch.extend_from_slice(&request(service, i, body));
-                    i += 1;
-                }
-                w.write_all(&batch)?;
-            }
-            w.shutdown(Shutdown::Write)
-        });
-        std::thread::sleep(Duration::from_secs(1));
-        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut counter = Counter::default();
-        let mut buf = vec![0u8; chunk];
-        let t0 = Instant::now();
-        let end = loop {
-            if t0.elapsed() > Duration::from_secs(120) {
-                break Err(io::Error::from(ErrorKind::TimedOut));
-            }
-            match c.read(&mut buf) {
-                Ok(0) => break Ok(()),
-                Ok(k) => counter.push(&buf[..k]),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => break Err(e),
-            }
-            if !pause.is_zero() {
-                std::thread::sleep(pause);
-            }
-        };
-        let _ = writer.join().unwrap();
-        (counter.replies, end)
-    }
-}
-
 /// `runs` late readers, one after another, each gets every reply, then FIN.
 fn every_reply_to_a_late_reader(service: Service, driver: &str, extra: &[&str], client: LateReader, runs: usize) {
     let _one = serial();
@@ -248,12 +193,19 @@ fn every_reply_to_a_late_reader(service: Service, driver: &str, extra: &[&str], 
 }
 
 /// 200,000 NULL calls, read 64 KiB at a time as fast as they come.
-const PIPELINED: LateReader = LateReader { n: 200_000, body: 36, chunk: 64 << 10, pause: Duration::ZERO };
+const PIPELINED: LateReader =
+    LateReader { n: 200_000, body: 36, late: Duration::from_secs(1), chunk: 64 << 10, pause: Duration::ZERO };
 /// 10,000 echoes of 1 KiB, read 4 KiB at a time, half a millisecond apart.
-const SLOW_ECHOES: LateReader = LateReader { n: 10_000, body: 1024, chunk: 4096, pause: Duration::from_micros(500) };
+const SLOW_ECHOES: LateReader =
+    LateReader { n: 10_000, body: 1024, late: Duration::from_secs(1), chunk: 4096, pause: Duration::from_micros(500) };
 /// 10,000 echoes of 8 KiB, read 16 KiB at a time, half a millisecond apart.
-const SLOW_LARGE_ECHOES: LateReader =
-    LateReader { n: 10_000, body: 8 << 10, chunk: 16 << 10, pause: Duration::from_micros(500) };
+const SLOW_LARGE_ECHOES: LateReader = LateReader {
+    n: 10_000,
+    body: 8 << 10,
+    late: Duration::from_secs(1),
+    chunk: 16 << 10,
+    pause: Duration::from_micros(500),
+};
 
 /// 200,000 pipelined NULL calls, half-close, the reader a second late:
 /// every reply then FIN, five runs.

@@ -6,8 +6,8 @@
 //! - a client that sends its requests, shuts down its write side and reads
 //!   to the end gets every reply, then FIN (not RST).
 
-use std::io::{self, ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::io::{self, ErrorKind, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::peers::{good_client, one_call, rate, request, Counter, Service, CALL_LIMIT};
+use common::peers::{good_client, one_call, rate, request, LateReader, Service, CALL_LIMIT};
 use common::{spawn_server, Server, BIN};
 
 /// One test at a time: each measures a good client's rate, which the other
@@ -167,41 +167,11 @@ fn non_readers_do_not_starve_the_echo_server_on_uring() {
     non_readers_do_not_starve_others(Service::Echo, "uring");
 }
 
-/// Send `n` pipelined requests, shut down the write side, read to the end:
-/// returns the replies counted and how the stream ended.
+/// Send `n` pipelined requests, shut down the write side, read to the end
+/// as the replies come: returns the replies counted and how the stream
+/// ended.
 fn half_close_run(addr: SocketAddr, service: Service, n: u32) -> (u64, io::Result<()>) {
-    let mut c = TcpStream::connect(addr).unwrap();
-    let mut w = c.try_clone().unwrap();
-    let writer = std::thread::spawn(move || -> io::Result<()> {
-        let mut batch = Vec::new();
-        let mut i = 0;
-        while i < n {
-            batch.clear();
-            for _ in 0..256.min(n - i) {
-                batch.extend_from_slice(&request(service, i, 36));
-                i += 1;
-            }
-            w.write_all(&batch)?;
-        }
-        w.shutdown(Shutdown::Write)
-    });
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut counter = Counter::default();
-    let mut buf = vec![0u8; 64 << 10];
-    let t0 = Instant::now();
-    let end = loop {
-        if t0.elapsed() > Duration::from_secs(30) {
-            break Err(io::Error::from(ErrorKind::TimedOut));
-        }
-        match c.read(&mut buf) {
-            Ok(0) => break Ok(()),
-            Ok(k) => counter.push(&buf[..k]),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => break Err(e),
-        }
-    };
-    writer.join().unwrap().unwrap();
-    (counter.replies, end)
+    LateReader { n, body: 36, late: Duration::ZERO, chunk: 64 << 10, pause: Duration::ZERO }.run(addr, service)
 }
 
 fn half_close_gets_every_reply(service: Service, driver: &str, n: u32) {

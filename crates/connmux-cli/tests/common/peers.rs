@@ -3,7 +3,7 @@
 //! deadline, a good client and its rate.
 
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -126,4 +126,60 @@ pub fn rate(done: &AtomicU64, window: Duration) -> f64 {
     let t = Instant::now();
     std::thread::sleep(window);
     (done.load(Ordering::Relaxed) - a) as f64 / t.elapsed().as_secs_f64()
+}
+
+/// A client that pipelines `n` requests of `body` bytes, shuts its write
+/// side after the last, and reads from `late` after it connected, `chunk`
+/// bytes at a time with `pause` after each read, to the end of the stream.
+#[derive(Clone, Copy)]
+pub struct LateReader {
+    pub n: u32,
+    pub body: usize,
+    pub late: Duration,
+    pub chunk: usize,
+    pub pause: Duration,
+}
+
+impl LateReader {
+    /// Runs one such client; returns the replies counted and how the
+    /// stream ended.
+    pub fn run(self, addr: SocketAddr, service: Service) -> (u64, io::Result<()>) {
+        let LateReader { n, body, late, chunk, pause } = self;
+        let mut c = TcpStream::connect(addr).unwrap();
+        let mut w = c.try_clone().unwrap();
+        let writer = std::thread::spawn(move || -> io::Result<()> {
+            let mut batch = Vec::new();
+            let mut i = 0;
+            while i < n {
+                batch.clear();
+                for _ in 0..256.min(n - i) {
+                    batch.extend_from_slice(&request(service, i, body));
+                    i += 1;
+                }
+                w.write_all(&batch)?;
+            }
+            w.shutdown(Shutdown::Write)
+        });
+        std::thread::sleep(late);
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut counter = Counter::default();
+        let mut buf = vec![0u8; chunk];
+        let t0 = Instant::now();
+        let end = loop {
+            if t0.elapsed() > Duration::from_secs(120) {
+                break Err(io::Error::from(ErrorKind::TimedOut));
+            }
+            match c.read(&mut buf) {
+                Ok(0) => break Ok(()),
+                Ok(k) => counter.push(&buf[..k]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => break Err(e),
+            }
+            if !pause.is_zero() {
+                std::thread::sleep(pause);
+            }
+        };
+        let _ = writer.join().unwrap();
+        (counter.replies, end)
+    }
 }
