@@ -9,7 +9,7 @@
 //! | attack | what it does |
 //! |---|---|
 //! | `non-readers` | connections with `SO_RCVBUF` 4096 pipelining NULL calls and never reading |
-//! | `half-close` | rounds of many pipelined calls, `shutdown(SHUT_WR)`, then reading to the end: calls sent vs replies read, FIN or RST |
+//! | `half-close` | rounds of many pipelined calls, `shutdown(SHUT_WR)`, then reading to the end (from `--half-close-late-ms` after connecting): calls sent vs replies read, FIN or RST |
 //! | `partial` | connections each holding one record of about 1 MiB, all but its last byte sent |
 //! | `slowloris` | connections sending a call one byte at a time, a byte every 100 ms each |
 //! | `garbage` | connections sending bad record marks (2 GiB, zero-length fragments) or random bytes |
@@ -132,6 +132,11 @@ pub struct Args {
     /// Calls pipelined before each half-close.
     #[arg(long, default_value_t = 10_000)]
     pub half_close_calls: usize,
+    /// Milliseconds each half-closing client waits before it starts to read
+    /// its replies (its replies back up meanwhile: the server must write
+    /// them all, then FIN, once it reads). 0: it reads at once.
+    #[arg(long, default_value_t = 0)]
+    pub half_close_late_ms: u64,
     /// Connections holding a partial record of about 1 MiB.
     #[arg(long, default_value_t = 32)]
     pub partials: usize,
@@ -344,8 +349,9 @@ fn non_readers(t: Target, addr: SocketAddr, n: usize, end: Instant, seen: &Seen)
     seen.add("calls_sent", seen.get("bytes_sent") / t.request(0).len() as u64);
 }
 
-/// Rounds of `calls` pipelined calls, half-close, read to the end.
-fn half_close(t: Target, addr: SocketAddr, calls: usize, end: Instant, seen: &Seen) {
+/// Rounds of `calls` pipelined calls, half-close, read to the end from
+/// `late` after connecting.
+fn half_close(t: Target, addr: SocketAddr, calls: usize, late: Duration, end: Instant, seen: &Seen) {
     let all: Vec<u8> = (0..calls as u32).flat_map(|x| t.request(x)).collect();
     while Instant::now() < end {
         let Ok(mut c) = connect_with(addr, None) else {
@@ -363,6 +369,7 @@ fn half_close(t: Target, addr: SocketAddr, calls: usize, end: Instant, seen: &Se
             let _ = w.shutdown(Shutdown::Write);
             ok
         });
+        std::thread::sleep(late);
         // A server that neither answers nor closes: the round ends after 5 s
         // of silence (counted as stalled).
         let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
@@ -617,10 +624,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     for (name, s) in &seen {
         let s = s.clone();
         let (non_readers_n, calls, partials_n, slow_n) = (a.non_readers, a.half_close_calls, a.partials, a.slowloris);
+        let late = Duration::from_millis(a.half_close_late_ms);
         let name = *name;
         attackers.push(std::thread::spawn(move || match name {
             "non-readers" => non_readers(t, addr, non_readers_n, end, &s),
-            "half-close" => half_close(t, addr, calls, end, &s),
+            "half-close" => half_close(t, addr, calls, late, end, &s),
             "partial" => partials(t, addr, partials_n, end, &s),
             "slowloris" => slowloris(t, addr, slow_n, end, &s),
             "garbage" => garbage(t, addr, end, &s),
