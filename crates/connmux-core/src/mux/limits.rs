@@ -6,7 +6,11 @@
 //!
 //! The per-psock bounds (`max_msg_size + psock_rx_buf` received,
 //! `psock_sndbuf` of replies) hold per connection; N connections may hold N
-//! times them. `MuxConfig::mem_limit` bounds the sum, [`Mux::memory_used`]:
+//! times them. `MuxConfig::mem_limit` bounds the sum, [`Mux::memory_used`],
+//! which counts memory as the process holds it: an assembly buffer's
+//! allocation (room reserved for a message's rest is memory; a page reused
+//! from an earlier buffer is resident), not only the bytes in it, and a
+//! loan of it is no larger than the budget's room:
 //!
 //! ```text
 //!             over the limit, holding at least MEM_FLOOR

@@ -15,7 +15,13 @@
 //!   without buffers to receive into. With DEFER_TASKRUN nothing is delivered
 //!   between two waits, so a spill holds at most what one wait delivered (at
 //!   most the ring, `Tuning::ring_buf_count` × `ring_buf_size`), and it is
-//!   fed to the core before the psock's receive is armed again.
+//!   fed to the core before the psock's receive is armed again. While the
+//!   memory budget is over its limit a receive is armed one-shot (one ring
+//!   buffer), so hundreds of peers sending large messages cannot have the
+//!   ring deliver far more than the budget's room in one wait.
+//!   A send that finds the socket buffer full (the ring honours
+//!   `O_NONBLOCK`: `-EAGAIN`) waits for a `POLLOUT` poll, never counted as
+//!   a failure of the connection.
 //! - transmit: the psocks that have something to write after a pass get one
 //!   `sendmsg` each (all of the core's chunk: the replies of the pass), all
 //!   submitted with the next wait; the kernel completes each one whole.
