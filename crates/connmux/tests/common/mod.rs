@@ -43,9 +43,18 @@ pub fn driver() -> Driver {
     DRIVER.with(|d| d.get())
 }
 
-/// Whether `d` can run here (io_uring may be disabled or missing).
+/// Whether `d` can run here (io_uring may be disabled or missing). Where
+/// the test run says io_uring must be there (`CONNMUX_TEST_REQUIRE_URING`,
+/// which `scripts/test.sh` sets on a kernel that has it), a missing ring
+/// fails the test instead of skipping it: a probe that fails for a wrong
+/// reason must not pass every io_uring test in silence.
 pub fn available(d: Driver) -> bool {
-    d != Driver::Uring || connmux_sys::uring::supported()
+    if d != Driver::Uring || connmux_sys::uring::supported() {
+        return true;
+    }
+    let required = std::env::var("CONNMUX_TEST_REQUIRE_URING").is_ok_and(|v| !v.is_empty() && v != "0");
+    assert!(!required, "io_uring is required here (CONNMUX_TEST_REQUIRE_URING) but the ring cannot be set up");
+    false
 }
 
 /// Run a test body with every mux it makes on driver `d`; a driver that cannot
