@@ -20,11 +20,11 @@ use connmux::Mux;
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Exit status:
-  0  every server listed answered (also when standard output is a pipe
-     closed early, as `connmux stat | head` does)
+  0  every server listed answered
   1  a server listed could not be reached (each is named on standard error),
      or none was found, or standard output could not be written (the error
-     is named on standard error)")]
+     is named on standard error; a reader that left, as `| head` does, ends
+     it quietly by SIGPIPE instead)")]
 pub struct Args {
     /// Statistics sockets of running servers (default: every one in the
     /// default directory).
@@ -204,12 +204,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     Ok(EXIT_UNREACHABLE)
 }
 
-/// What a failed write of the listing means: a reader that closed the pipe
-/// early wanted no more (status 0, as for `head`); any other error (a full
-/// disk, `/dev/full`) is named, with status 1.
+/// What a failed write of the listing means: a reader that left wanted no
+/// more (the process ends quietly, as `SIGPIPE` ends `cat`:
+/// `crate::cmd::pipe`); any other error (a full disk, `/dev/full`) is
+/// named, with status 1.
 fn stdout_failed(e: &std::io::Error) -> i32 {
-    if e.kind() == std::io::ErrorKind::BrokenPipe {
-        return 0;
+    if e.kind() == std::io::ErrorKind::BrokenPipe && crate::cmd::pipe::closed() {
+        crate::cmd::pipe::die();
     }
     eprintln!("connmux stat: writing to standard output: {e}");
     EXIT_UNREACHABLE

@@ -29,7 +29,12 @@ impl Drop for Server {
 pub fn spawn_server(cmd: &mut Command) -> Server {
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn connmux");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut line).unwrap();
+    // The rest is read and dropped: a server whose standard output lost its
+    // reader ends at its next print, as `SIGPIPE` ends `cat` (a TLS server
+    // prints where its CA is right after it listens).
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     let addr = line
         .split_whitespace()
         .find_map(|w| w.parse::<SocketAddr>().ok())
