@@ -107,7 +107,8 @@ fn read_peer(peer: &mut TcpStream, n: usize) -> Result<Vec<u8>, String> {
     Ok(b)
 }
 
-/// Whether the peer receives nothing for QUIET.
+/// The peer receives nothing within `QUIET`: a negative check (a message
+/// that must not be sent), whose window is the assertion itself.
 fn peer_quiet(peer: &mut TcpStream) -> bool {
     let _ = peer.set_read_timeout(Some(QUIET));
     let mut b = [0u8; 64];
@@ -364,12 +365,15 @@ fn case_09_message_over_three_segments_is_delivered_once_whole(kind: Kind) -> Ou
             peer.write_all(part).ctx("write")?;
         }
         let (a, _) = recv(&*s, 256)?;
-        ensure!(a == w && wait_gone(&*s), "got {} B", a.len());
+        ensure!(a == w && stays_empty(&*s), "got {} B", a.len());
         Ok(Pass("delivered once, intact, after the last part".into()))
     })
 }
 
-fn wait_gone(ep: &dyn Ep) -> bool {
+/// Nothing more comes to `ep` within 50 ms: a negative check (a second
+/// copy of a message delivered once must not appear), so a window is the
+/// assertion itself, not a wait for threads to settle.
+fn stays_empty(ep: &dyn Ep) -> bool {
     std::thread::sleep(Duration::from_millis(50));
     empty(ep)
 }
