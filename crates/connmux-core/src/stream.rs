@@ -512,10 +512,11 @@ impl StreamParser {
     /// (`Mux::lease_keeping`), with when its first byte was seen (its
     /// deadline's origin): only when all that is buffered is that start as
     /// the parser last saw it (never bytes not framed yet), at most `max`
-    /// bytes, and nothing is lent. The stream is then empty (`None`: it
-    /// keeps what it has).
+    /// bytes, nothing is lent and its deadline is not held. The stream is
+    /// then empty (`None`: it keeps what it has).
     pub fn take_partial(&mut self, max: usize) -> Option<(Vec<u8>, Option<Timestamp>)> {
-        if self.stopped || self.lent.is_some() || self.buf.len() > max {
+        // A held deadline's origin is stale until it restarts: not handed over.
+        if self.stopped || self.lent.is_some() || self.deadline_held || self.buf.len() > max {
             return None;
         }
         let only_start = match self.frame {
