@@ -788,21 +788,27 @@ impl UringIo {
             return;
         }
         let mut keep = Vec::new();
-        // Over the memory budget, a receive takes one ring buffer, not as
-        // many as the peer's bytes fill: a multishot receive of each of
-        // hundreds of peers sending large messages would deliver far more
-        // than the budget's room in one wait, all of it to be held.
-        let tight = sh.lock().mux.mem_tight();
         for token in std::mem::take(&mut self.to_arm) {
             let Some(conn) = self.conns.get_mut(&token) else { continue };
             if conn.released || conn.rx_stopped || conn.recv_armed || conn.eof.is_some() || conn.holds_bytes() {
                 continue;
             }
+            // Over the memory budget, a receive takes one ring buffer, not
+            // as many as the peer's bytes fill: a multishot receive of each
+            // of hundreds of peers sending large messages would deliver far
+            // more than the budget's room in one wait, all of it to be held.
+            // (A lent psock's reads are served as they come, held by no
+            // one: it keeps its multishot receive, and takes no lock here.)
+            let mut tight = false;
             if conn.rt.tls.is_none() && !own.leases.contains_key(&conn.rt.id) {
                 // A large message: one receive straight into the psock's
                 // assembly buffer, no more than the message needs (one only
                 // predicted while the budget has room: `Mux::rx_lend_ahead`).
-                let loan = sh.lock().mux.rx_lend_ahead(conn.rt.id);
+                let loan = {
+                    let mut core = sh.lock();
+                    tight = core.mux.mem_tight();
+                    core.mux.rx_lend_ahead(conn.rt.id)
+                };
                 if let Some(mut loan) = loan {
                     let buf = std::mem::take(loan.buf());
                     let limit = loan.limit();
