@@ -949,8 +949,13 @@ fn a_connection_of_large_messages_is_not_lent_for_each_one() {
         let st = svc.mux().stats();
         // Lent, at most, now and then (a small message's read that ends
         // past what a lease keeps, a ring out of buffers), never message
-        // by message.
-        let most = (u64::from(msgs) / 100).max(2);
+        // by message. A checked build (debug assertions: the
+        // AddressSanitizer run, `scripts/asan.sh`) runs each read several
+        // times as long, and reads end inside a message more often: 32–73
+        // leases for 3,000 messages of 4,000 B there, against 3,000 if
+        // lent one by one.
+        let per = if cfg!(debug_assertions) { 20 } else { 100 };
+        let most = (u64::from(msgs) / per).max(2);
         assert!(st.leases <= most, "lent {} times for {msgs} messages of {size} B on {:?}", st.leases, driver());
         if size < 16 << 10 {
             assert!(st.leases >= 1, "{size} B messages never lent on {:?}", driver());
