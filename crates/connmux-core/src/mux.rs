@@ -2699,7 +2699,12 @@ impl Mux {
     pub fn memory_bound(&self) -> usize {
         // Saturating: a socket may set an effectively unlimited SO_SNDBUF
         // (the in-place service does; its replies are bounded per psock).
-        let psocks: usize = self.psocks.iter().map(|(_, _, ps)| ps.rx_limit).fold(0, usize::saturating_add);
+        // A psock's buffer is counted as allocated (`StreamParser::memory`).
+        let psocks: usize = self
+            .psocks
+            .iter()
+            .map(|(_, _, ps)| crate::stream::memory_bound(ps.rx_limit))
+            .fold(0, usize::saturating_add);
         let socks: usize = self
             .socks
             .iter()

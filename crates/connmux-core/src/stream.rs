@@ -58,6 +58,13 @@ pub const ENODATA: i32 = 61;
 /// reallocate for every few bytes.
 const MIN_GROW: usize = 16 << 10;
 
+/// The most memory ([`StreamParser::memory`]) an assembly buffer holding at
+/// most `held` bytes can have: growth at least doubles and takes at least
+/// [`MIN_GROW`], and a lent buffer places its first byte within a page.
+pub fn memory_bound(held: usize) -> usize {
+    2 * held.max(MIN_GROW) + PAGE
+}
+
 /// Messages of at least this many bytes are read straight into the assembly
 /// buffer ([`StreamParser::lend`]): below it, a read into the driver's buffer
 /// and a copy cost less than the extra syscalls of reads that stop at each
