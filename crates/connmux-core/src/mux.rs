@@ -46,7 +46,8 @@
 //! or below [`Mux::memory_bound`]:
 //!
 //! ```text
-//!   Σ psocks  (psock_rx_buf + max_msg_size_p)        assembly + read-ahead + the one ready message
+//!   Σ psocks  stream::memory_bound(psock_rx_buf + max_msg_size_p)
+//!                                                    assembly + read-ahead + the one ready message, as allocated
 //! + Σ sockets (rcvbuf_peak + max_msg_size)           receive queue (exceeds SO_RCVBUF by ≤ 1 message)
 //! + hold_budget                                      messages moved off closed sockets while no socket could take them
 //! + Σ sockets (sndbuf_peak + tx_msg_peak)            send queue (one message may exceed SO_SNDBUF, case 35)
