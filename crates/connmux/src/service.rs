@@ -338,6 +338,10 @@ fn accept_loop(
     tls: Option<&Arc<crate::tls::rustls::ServerConfig>>,
     limit: &Accept,
 ) {
+    // No connection can have been idle for EVICT_IDLE before this: the
+    // look over every psock (under the core lock) is not made again for
+    // each connection of a flood at the cap.
+    let mut no_idlest_until = std::time::Instant::now();
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((conn, _)) => {
@@ -347,11 +351,20 @@ fn accept_loop(
                     // At the cap, the connection idle longest makes room if
                     // it has been idle for EVICT_IDLE: connections that
                     // never send cannot keep every new client out.
-                    match mux.idlest() {
+                    let now = std::time::Instant::now();
+                    let idlest = match now >= no_idlest_until {
+                        true => mux.idlest(),
+                        false => None,
+                    };
+                    match idlest {
                         Some((p, idle)) if idle >= EVICT_IDLE && mux.abort(p).is_ok() => {
                             stats.evicted.fetch_add(1, Ordering::Relaxed);
                         }
                         _ => {
+                            if now >= no_idlest_until {
+                                let idle = idlest.map_or(Duration::ZERO, |(_, idle)| idle);
+                                no_idlest_until = now + EVICT_IDLE.saturating_sub(idle);
+                            }
                             stats.refused.fetch_add(1, Ordering::Relaxed);
                             let _ = connmux_sys::socket::abort(conn.as_raw_fd());
                             continue;
