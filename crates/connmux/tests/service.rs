@@ -214,8 +214,8 @@ on_both_drivers!(slow_reader_gets_every_large_reply_in_order);
 fn shutdown_wakes_idle_lanes() {
     for _ in 0..3 {
         let svc = echo_service(2, Steering::Affinity, 1 << 16);
-        // Let the lanes reach their sleep.
-        std::thread::sleep(Duration::from_millis(50));
+        // Until the lanes have reached their sleep.
+        eventually(|| lanes_asleep().then_some(()));
         let t = std::time::Instant::now();
         svc.shutdown();
         let took = t.elapsed();
@@ -224,6 +224,27 @@ fn shutdown_wakes_idle_lanes() {
 }
 
 on_both_drivers!(shutdown_wakes_idle_lanes);
+
+/// Whether every lane thread of this process (`connmux-lane*`,
+/// `connmux-help*`) is asleep (`S` in `/proc/self/task/*/stat`) and there is
+/// at least one.
+fn lanes_asleep() -> bool {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return false };
+    let mut lanes = 0;
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !(comm.starts_with("connmux-lane") || comm.starts_with("connmux-help")) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // The state follows the command name's closing parenthesis.
+        match stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()) {
+            Some('S') => lanes += 1,
+            _ => return false,
+        }
+    }
+    lanes > 0
+}
 
 /// An echo service whose requests starting with `H` first burn `burn` of
 /// the handler thread's CPU time.
