@@ -83,12 +83,16 @@ use crate::time::Timestamp;
 mod deadlines;
 mod lease;
 mod limits;
+mod psock;
+mod sock;
 pub use limits::AHEAD_QUIET;
 mod slab;
-use deadlines::{Armed, Deadlines};
+use deadlines::Deadlines;
 pub use lease::{Lease, LeaseRead};
 use limits::MemState;
+use psock::{Life, Psock, Tx};
 use slab::Slab;
+use sock::Sock;
 
 /// KCM socket type (`socket(AF_KCM, type, 0)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -387,9 +391,9 @@ impl TxChunk {
 }
 
 /// Most whole messages handed out by one `tx_begin` (one writev).
-const TX_CHUNK_SLICES: usize = 64;
+pub(super) const TX_CHUNK_SLICES: usize = 64;
 /// Bytes after which `tx_begin` stops adding whole messages to a chunk.
-const TX_CHUNK_BYTES: usize = 256 << 10;
+pub(super) const TX_CHUNK_BYTES: usize = 256 << 10;
 /// EPIPE, posted on a psock whose transmit KCM aborts.
 const EPIPE: i32 = crate::parser::EPIPE;
 
@@ -479,246 +483,6 @@ struct OutAtRelease {
     msgs: Vec<Result<TxMsg, usize>>,
 }
 
-/// A KCM socket.
-#[derive(Debug)]
-struct Sock {
-    ty: SockType,
-    rx_disabled: bool,
-    rcvbuf: usize,
-    sndbuf: usize,
-    rcvbuf_peak: usize,
-    sndbuf_peak: usize,
-    affinity: Option<u32>,
-    /// Takes only the messages of psocks with its affinity tag: never chosen
-    /// by round robin, spill-over or key hashing (`Mux::set_tag_only`).
-    tag_only: bool,
-    /// Messages its reader takes are held until settled (`Mux::set_holds`).
-    holds: bool,
-    // ---- receive ----
-    rx_queue: VecDeque<RxMsg>,
-    /// Bytes of the receive queue not yet read (`sk_rmem_alloc`).
-    rx_mem: usize,
-    /// On the mux's receive-waiter list (KCM `rx_wait`): able to take messages.
-    on_waiters: bool,
-    // ---- transmit ----
-    /// The message being built (DGRAM MORE / SEQPACKET without EOR: `seq_skb`).
-    open: Option<BytesMut>,
-    /// Complete messages not yet handed to a psock (no psock, or MSG_BATCH).
-    tx_queue: VecDeque<Bytes>,
-    /// Bytes charged to SO_SNDBUF: the open message plus every complete message
-    /// not fully written (`sk_wmem_queued`).
-    tx_mem: usize,
-    /// Complete messages not fully written (Send-Q).
-    tx_msgs: usize,
-    /// The reserved psock (`tx_psock`).
-    tx_psock: Option<PsockId>,
-    /// On the mux's transmit-waiter list (`tx_wait`).
-    tx_waiting: bool,
-    /// A MSG_BATCH send is holding transmission (`tx_wait_more`).
-    wait_more: bool,
-    /// A send got WouldBlock: raise SockWritable when space returns.
-    want_writable: bool,
-    /// Largest message this socket has built (memory bound term).
-    tx_msg_peak: usize,
-    /// Psocks whose PsockTransmit a MSG_BATCH addressed send deferred.
-    held_psocks: Vec<PsockId>,
-    stats: SockStats,
-}
-
-impl Sock {
-    fn new(ty: SockType, cfg: &MuxConfig) -> Sock {
-        let rcvbuf = cfg.sock_rcvbuf.max(1);
-        let sndbuf = cfg.sock_sndbuf.max(1);
-        Sock {
-            ty,
-            rx_disabled: false,
-            rcvbuf,
-            sndbuf,
-            rcvbuf_peak: rcvbuf,
-            sndbuf_peak: sndbuf,
-            affinity: None,
-            tag_only: false,
-            holds: false,
-            rx_queue: VecDeque::new(),
-            rx_mem: 0,
-            on_waiters: false,
-            open: None,
-            tx_queue: VecDeque::new(),
-            tx_mem: 0,
-            tx_msgs: 0,
-            tx_psock: None,
-            tx_waiting: false,
-            wait_more: false,
-            want_writable: false,
-            tx_msg_peak: 0,
-            held_psocks: Vec::new(),
-            stats: SockStats::default(),
-        }
-    }
-
-    #[inline]
-    fn able(&self) -> bool {
-        !self.rx_disabled && self.rx_mem < self.rcvbuf
-    }
-
-    /// `msgs` whole messages of `len` bytes in all taken from this socket
-    /// for one psock: charged to its send buffer and counted as sent.
-    #[inline]
-    fn charge(&mut self, len: usize, msgs: u32) {
-        self.tx_mem += len;
-        self.tx_msgs += msgs as usize;
-        self.tx_msg_peak = self.tx_msg_peak.max(len);
-        self.stats.tx_msgs += u64::from(msgs);
-        self.stats.tx_bytes += len as u64;
-    }
-}
-
-/// A psock's lifecycle (receive side and close), as the core decides it:
-///
-/// ```text
-///            rx_closed(p, None): FIN             nothing to deliver, no hold,
-///   Open ───────────────────────────► PeerClosed ────────────────────────────► Drained
-///    │      PsockFailed(Closed)          │       nothing to write               PsockDrained
-///    │                                   │                                      (close with FIN)
-///    │ parse error, oversize, timeout,   │ tx_failed, rx_abort
-///    │ rx_abort, rx_closed(p, Some(e))   │
-///    ▼                                   ▼
-///  Failed ◄──────────────────────────────┘
-///  PsockFailed(Rx | Tx | Closed): the driver aborts the connection (RST)
-/// ```
-///
-/// In `PeerClosed` the whole messages already buffered are still cut and
-/// delivered (the partial one is dropped) and the transmit queue is still
-/// written; only `Open` takes new bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Life {
-    Open,
-    PeerClosed,
-    Drained,
-    Failed,
-}
-
-impl Life {
-    /// Receive is over (no new bytes are taken).
-    #[inline]
-    fn rx_over(self) -> bool {
-        self != Life::Open
-    }
-}
-
-/// An attached connection.
-#[derive(Debug)]
-struct Psock {
-    stream: StreamParser,
-    affinity: Option<u32>,
-    /// Hard cap on receive bytes held (buffer + ready message).
-    rx_limit: usize,
-    // ---- receive ----
-    /// A complete message no socket could take (`ready_rx_msg`).
-    ready: Option<RxMsg>,
-    /// Paused by backpressure, on the mux's ready list (`strp.paused`).
-    paused: bool,
-    /// Where it is in its life (see [`Life`]).
-    life: Life,
-    /// Messages handed to holding sockets' readers and not yet settled
-    /// ([`Mux::set_holds`], [`Mux::rx_settle`]): requests still being answered.
-    holds: u64,
-    /// Its messages waiting in sockets' receive queues (or the hold queue),
-    /// not yet taken by a reader (`MuxConfig::psock_queued_max`).
-    queued: usize,
-    /// `queued` reached `psock_queued_max`: the psock is not read until it
-    /// is down to half (then `PsockRxResume`).
-    queued_full: bool,
-    // ---- transmit ----
-    tx_queue: VecDeque<TxMsg>,
-    /// A chunk is out with the driver (one writer at a time).
-    tx_busy: bool,
-    /// Messages of the queue's head that the outstanding chunk covers.
-    tx_inflight: usize,
-    /// PsockTransmit raised since the last tx_begin.
-    tx_kicked: bool,
-    tx_stopped: bool,
-    /// The socket holding the reservation (`tx_kcm`).
-    tx_kcm: Option<SockId>,
-    /// Messages of `tx_kcm` on the queue.
-    tx_rsvd_msgs: usize,
-    /// Bytes of addressed messages on the queue not yet fully written.
-    tx_addr_bytes: usize,
-    /// Messages ever queued on it (the first term of its outstanding work).
-    tx_placed: u64,
-    in_avail: bool,
-    /// The assembly deadline armed in the mux's [`Deadlines`], if any (it
-    /// mirrors `stream.deadline()` after every call).
-    timer: Option<Armed>,
-    /// Whether the memory budget lets it be read (see [`limits`]).
-    mem: MemState,
-    /// Its `rx_held` plus `below` as last added to `Mux::rx_held_sum`.
-    counted: usize,
-    /// Bytes the driver holds for it below the parser, not yet fed
-    /// ([`Mux::set_rx_below`]): counted in the memory budget.
-    below: usize,
-    /// Last time bytes were received or written (idle timeout).
-    last_active: Timestamp,
-    /// The handshake of the layer below the parser must end by then.
-    handshake_deadline: Option<Timestamp>,
-    /// The partial record the layer below the parser holds must end by then.
-    record_deadline: Option<Timestamp>,
-    /// When the loan out was made ahead, for a message only predicted
-    /// ([`Mux::rx_lend_ahead`]); past [`AHEAD_QUIET`] with nothing read the
-    /// scan recalls it and the prediction is forgotten.
-    ahead_since: Option<Timestamp>,
-    /// Records below the parser that did not end in time (they count as
-    /// assembly timeouts: they are the start of a message the parser never saw).
-    record_timeouts: u64,
-    stats: PsockStats,
-    /// Lent to the worker serving this socket ([`Mux::lease`]).
-    leased: Option<SockId>,
-    /// The lease was asked back (`PsockLeaseRevoked` raised).
-    lease_revoked: bool,
-}
-
-impl Psock {
-    /// One more of its messages waits in a socket's queue.
-    #[inline]
-    fn count_queued(&mut self, config: &MuxConfig) {
-        self.queued += 1;
-        if self.queued >= config.psock_queued_max {
-            self.queued_full = true;
-        }
-    }
-
-    #[inline]
-    fn rx_held(&self) -> usize {
-        self.stream.buffered() + self.ready.as_ref().map_or(0, |m| m.remaining())
-    }
-    /// What the memory budget counts of the psock's receive side: the
-    /// assembly buffer's allocation ([`StreamParser::memory`]) and a ready
-    /// message.
-    fn rx_mem(&self) -> usize {
-        self.stream.memory() + self.ready.as_ref().map_or(0, |m| m.remaining())
-    }
-    fn tx_pending_bytes(&self) -> usize {
-        self.tx_queue.iter().map(|m| m.data.len() - m.sent).sum()
-    }
-    /// Full statistics: transmit side plus the stream parser's counters.
-    fn full_stats(&self) -> PsockStats {
-        let st = self.stream.stats();
-        let mut s = self.stats.clone();
-        s.rx_msgs = st.msgs;
-        s.rx_bytes = st.bytes;
-        s.rx_need_more_hdr = st.need_more_hdr;
-        s.rx_bad_hdr_len = st.bad_hdr_len;
-        s.rx_msg_too_big = st.msg_too_big;
-        s.rx_msg_timeouts = st.msg_timeouts + self.record_timeouts;
-        s.rx_interrupted = st.interrupted;
-        s.rx_unrecov_intr = st.unrecov_intr;
-        // A per-psock flag, as in the 2017 kernel (current kernels print 0).
-        s.rx_aborts =
-            u64::from(st.bad_hdr_len + st.msg_too_big + s.rx_msg_timeouts + st.interrupted + st.unrecov_intr > 0);
-        s
-    }
-}
-
 /// Mux-level counters (`struct kcm_mux_stats`).
 #[derive(Clone, Debug, Default)]
 struct MuxCounters {
@@ -804,25 +568,6 @@ fn pid(i: (u32, u32)) -> PsockId {
 /// whose backlog is at least this fraction of the buffer (see
 /// `send_addressed_kick`).
 const SNDBUF_SHARE: usize = 8;
-
-/// The reply backlog (`tx_addr_bytes`) at which a psock stops being read.
-#[inline]
-fn backlog_pause(config: &MuxConfig) -> usize {
-    config.psock_sndbuf / 2
-}
-
-/// A psock's reply backlog went from at or over the pause mark to under it:
-/// it is read again (`PsockRxResume`).
-#[inline]
-fn backlog_drained(config: &MuxConfig, before: usize, after: usize) -> bool {
-    before >= backlog_pause(config) && after < backlog_pause(config)
-}
-
-/// Messages queued on a psock minus messages received from it.
-#[inline]
-fn outstanding(ps: &Psock) -> u64 {
-    ps.tx_placed.saturating_sub(ps.stream.stats().msgs)
-}
 
 /// splitmix64 finaliser: spreads steering keys evenly.
 fn mix(mut x: u64) -> u64 {
@@ -934,12 +679,12 @@ impl Mux {
         for p in ids {
             let Ok(ps) = self.psock_mut(p) else { continue };
             let mid_message =
-                ps.tx_queue.iter().enumerate().any(|(i, m)| m.owner == s && (i < ps.tx_inflight || m.sent > 0));
-            if mid_message && !ps.tx_stopped {
+                ps.tx_queue.iter().enumerate().any(|(i, m)| m.owner == s && (i < ps.tx.inflight() || m.sent > 0));
+            if mid_message && ps.tx != Tx::Stopped {
                 self.tx_abort(p, EPIPE);
                 continue;
             }
-            let inflight = ps.tx_inflight;
+            let inflight = ps.tx.inflight();
             let mut i = 0;
             let mut addr_dropped = 0;
             ps.tx_queue.retain(|m| {
@@ -959,7 +704,7 @@ impl Mux {
                 ps.tx_kcm = None;
                 ps.stats.unreserved += 1;
             }
-            if backlog_drained(&self.config, before, after) {
+            if psock::backlog_drained(&self.config, before, after) {
                 self.rx_resume(p);
             }
             if reserved_by_s {
@@ -1094,16 +839,12 @@ impl Mux {
             affinity: cfg.affinity,
             rx_limit: max_msg_size + read_ahead,
             ready: None,
-            paused: false,
             life: Life::Open,
             holds: 0,
             queued: 0,
             queued_full: false,
             tx_queue: VecDeque::new(),
-            tx_busy: false,
-            tx_inflight: 0,
-            tx_kicked: false,
-            tx_stopped: false,
+            tx: Tx::Idle,
             tx_kcm: None,
             tx_rsvd_msgs: 0,
             tx_addr_bytes: 0,
@@ -1136,29 +877,28 @@ impl Mux {
         let ps = self.psock_mut(p)?;
         ps.stream.stop();
         let dropped_ready = ps.ready.take().is_some();
-        let paused = std::mem::replace(&mut ps.paused, false);
         let reserved = ps.tx_kcm.is_some();
         let in_avail = std::mem::replace(&mut ps.in_avail, false);
+        // A chunk being written is counted when its writer reports.
+        let (writer_out, inflight) = (ps.tx.busy(), ps.tx.inflight());
         if reserved {
             // KCM aborts a reserved psock: it may be out of sync mid-message.
             ps.stats.tx_aborts += 1;
-            ps.tx_stopped = true;
+            ps.tx = Tx::Stopped;
             self.counters.psock_unattach_rsvd += 1;
+        } else if ps.tx != Tx::Stopped {
+            ps.tx = Tx::Idle;
         }
         if dropped_ready {
             self.counters.rx_ready_drops += 1;
-        }
-        if paused {
             self.psocks_ready.retain(|x| *x != p);
         }
         if in_avail {
             self.psocks_avail.retain(|x| *x != p);
         }
         self.counters.psock_unattach += 1;
-        // Give back what it was to send: reserved messages go elsewhere whole;
-        // a chunk being written is counted when its writer reports.
-        let writer_out = self.psocks.get(p.index, p.generation).is_some_and(|ps| ps.tx_busy);
-        self.tx_evacuate(p, writer_out);
+        // Give back what it was to send: reserved messages go elsewhere whole.
+        self.tx_evacuate(p, writer_out, inflight);
         let ps = self.psocks.remove(p.index, p.generation).expect("psock present");
         if self.deadlines.forget(ps.timer) {
             self.clean_deadlines();
@@ -1184,13 +924,7 @@ impl Mux {
     /// Bytes the psock will accept now (0 = paused or stopped).
     pub fn rx_capacity(&self, p: PsockId) -> usize {
         match self.psock(p) {
-            Ok(ps) if !ps.paused && !ps.life.rx_over() && !ps.stream.is_stopped() && ps.mem == MemState::Reading => {
-                if ps.tx_addr_bytes >= backlog_pause(&self.config) || ps.queued_full {
-                    // Its peer is not reading our replies, or readers have
-                    // not taken its messages: stop reading it
-                    // (PsockRxResume when the backlog drains).
-                    return 0;
-                }
+            Ok(ps) if ps.rx_running() && !ps.held_back(&self.config) => {
                 ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held())).min(self.mem_room())
             }
             _ => 0,
@@ -1298,7 +1032,7 @@ impl Mux {
             && s.affinity == ps.affinity
             && s.on_waiters
             && s.rx_queue.is_empty();
-        if !steered_here || ps.paused || ps.ready.is_some() || ps.life.rx_over() {
+        if !steered_here || ps.ready.is_some() || ps.life.rx_over() {
             return Ok((0, false));
         }
         let taken = ps.stream.frame_in_place(data, limit, out);
@@ -1322,7 +1056,7 @@ impl Mux {
         }
         ps.stream.feed(data);
         ps.last_active = now;
-        if !ps.paused {
+        if ps.ready.is_none() {
             self.rx_pass(p, now, direct);
         }
         self.recount(p, now);
@@ -1433,7 +1167,7 @@ impl Mux {
             Unlend::Took(_) => {}
         }
         ps.last_active = now;
-        if !ps.paused {
+        if ps.ready.is_none() {
             self.rx_pass(p, now, direct);
         }
         self.recount(p, now);
@@ -1456,7 +1190,7 @@ impl Mux {
             return Ok(());
         }
         ps.life = if errno.is_none() { Life::PeerClosed } else { Life::Failed };
-        if !ps.paused {
+        if ps.ready.is_none() {
             ps.stream.stop();
             self.sync_deadline(p);
         }
@@ -1520,7 +1254,7 @@ impl Mux {
             || ps.holds > 0
             || ps.ready.is_some()
             || !ps.stream.is_stopped()
-            || ps.tx_busy
+            || ps.tx.busy()
             || !ps.tx_queue.is_empty()
         {
             return;
@@ -1547,7 +1281,7 @@ impl Mux {
             return Ok(());
         }
         ps.life = Life::Failed;
-        if !ps.paused {
+        if ps.ready.is_none() {
             ps.stream.stop();
         }
         self.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
@@ -1614,7 +1348,6 @@ impl Mux {
                 None => {
                     // Nobody can take it: keep it, pause (TCP pushes back).
                     ps.ready = Some(msg);
-                    ps.paused = true;
                     psocks_ready.push_back(p);
                     break;
                 }
@@ -1698,7 +1431,6 @@ impl Mux {
         let mut resumed = Vec::new();
         while let Some(p) = self.psocks_ready.pop_front() {
             let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
-            ps.paused = false;
             let msg = ps.ready.take();
             resumed.push(p);
             if let Some(msg) = msg {
@@ -2001,7 +1733,7 @@ impl Mux {
     }
 
     fn check_addressed(&self, p: PsockId) -> Result<(), MuxError> {
-        if self.psock(p)?.tx_stopped {
+        if self.psock(p)?.tx == Tx::Stopped {
             return Err(MuxError::Pipe);
         }
         Ok(())
@@ -2094,8 +1826,8 @@ impl Mux {
     /// told since its last `tx_begin`.
     fn kick(&mut self, p: PsockId) {
         if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
-            if !ps.tx_busy && !ps.tx_kicked && !ps.tx_stopped && !ps.tx_queue.is_empty() {
-                ps.tx_kicked = true;
+            if ps.tx == Tx::Idle && !ps.tx_queue.is_empty() {
+                ps.tx = Tx::Kicked;
                 self.events.push_back(Event::PsockTransmit(p));
             }
         }
@@ -2187,15 +1919,15 @@ impl Mux {
         let after = self.tx_last;
         self.psocks
             .iter()
-            .filter(|(_, _, ps)| !ps.tx_stopped && !ps.life.rx_over() && !ps.stream.is_stopped())
-            .min_by_key(|(i, _, ps)| (outstanding(ps), i.wrapping_sub(after).wrapping_sub(1)))
+            .filter(|(_, _, ps)| ps.tx != Tx::Stopped && !ps.life.rx_over() && !ps.stream.is_stopped())
+            .min_by_key(|(i, _, ps)| (ps.outstanding(), i.wrapping_sub(after).wrapping_sub(1)))
             .map(|(i, g, _)| pid((i, g)))
     }
 
     /// Messages queued on psock `p` over its life minus messages received
     /// from it (never below 0): what `TxPolicy::LeastOutstanding` compares.
     pub fn psock_outstanding(&self, p: PsockId) -> Result<u64, MuxError> {
-        Ok(outstanding(self.psock(p)?))
+        Ok(self.psock(p)?.outstanding())
     }
 
     /// `TxPolicy::LeastOutstanding`: psock `p` can no longer answer (its
@@ -2206,7 +1938,7 @@ impl Mux {
             return;
         }
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
-        let keep = ps.tx_inflight;
+        let keep = ps.tx.inflight();
         let mut owners: Vec<SockId> = Vec::new();
         let mut back: Vec<TxMsg> = Vec::new();
         let mut i = 0;
@@ -2236,7 +1968,7 @@ impl Mux {
         while let Some(p) = self.psocks_avail.pop_front() {
             let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
             ps.in_avail = false;
-            if ps.tx_stopped {
+            if ps.tx == Tx::Stopped {
                 continue;
             }
             ps.tx_kcm = Some(s);
@@ -2261,7 +1993,7 @@ impl Mux {
             return;
         }
         let Some(ps) = self.psocks.get(p.index, p.generation) else { return };
-        if ps.tx_stopped || ps.tx_kcm.is_some() || ps.in_avail {
+        if ps.tx == Tx::Stopped || ps.tx_kcm.is_some() || ps.in_avail {
             return;
         }
         while let Some(w) = self.tx_waiters.pop_front() {
@@ -2329,80 +2061,18 @@ impl Mux {
     /// a chunk to write.
     pub fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
         slices.clear();
-        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return false };
-        // The kick is answered even when there is nothing to begin (a lease
-        // took the queue since): the next message queued kicks again.
-        ps.tx_kicked = false;
-        if ps.tx_busy || ps.tx_stopped || ps.tx_queue.is_empty() {
-            return false;
-        }
-        let mut bytes = 0;
-        // By index: the queue usually holds one message (a served batch's
-        // replies), where setting up an iterator costs more than the walk.
-        for i in 0..ps.tx_queue.len().min(TX_CHUNK_SLICES) {
-            if bytes >= TX_CHUNK_BYTES && !slices.is_empty() {
-                break;
-            }
-            let m = &ps.tx_queue[i];
-            let b = if m.sent == 0 { m.data.clone() } else { m.data.slice(m.sent..) };
-            bytes += b.len();
-            slices.push(b);
-        }
-        ps.tx_inflight = slices.len();
-        ps.tx_busy = true;
-        true
+        self.psocks.get_mut(p.index, p.generation).is_some_and(|ps| ps.poll_transmit(slices))
     }
     /// `n` bytes of the chunk were written (a short write keeps the rest first).
     pub fn tx_complete(&mut self, p: PsockId, n: usize) {
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else {
             return self.released_complete(p, n);
         };
-        if !ps.tx_busy {
-            return;
-        }
-        ps.tx_busy = false;
-        if n > 0 {
-            ps.last_active = self.now;
-        }
+        let Some(inflight) = ps.tx.end_chunk() else { return };
         let backlog_before = ps.tx_addr_bytes;
-        let mut left = n;
-        // Owners to uncharge once `ps` is let go: consecutive messages of one
-        // owner (a served batch's replies) as one entry, the last one kept
-        // out of `tx_done` (usually the only one).
-        let mut last: Option<(SockId, usize, u32)> = None;
-        for _ in 0..ps.tx_inflight {
-            if left == 0 {
-                break;
-            }
-            let m = ps.tx_queue.front_mut().expect("inflight message");
-            let k = left.min(m.data.len() - m.sent);
-            m.sent += k;
-            left -= k;
-            ps.stats.tx_bytes += k as u64;
-            if m.sent == m.data.len() {
-                let m = ps.tx_queue.pop_front().expect("inflight message");
-                ps.stats.tx_msgs += u64::from(m.msgs);
-                if m.addressed {
-                    ps.tx_addr_bytes -= m.data.len();
-                } else if !m.balanced {
-                    ps.tx_rsvd_msgs -= 1;
-                }
-                match &mut last {
-                    Some((owner, len, msgs)) if *owner == m.owner && msgs.checked_add(m.msgs).is_some() => {
-                        *len += m.data.len();
-                        *msgs += m.msgs;
-                    }
-                    _ => {
-                        if let Some(prev) = last.replace((m.owner, m.data.len(), m.msgs)) {
-                            self.tx_done.push(prev);
-                        }
-                    }
-                }
-            }
-        }
-        ps.tx_inflight = 0;
+        let last = ps.on_written(inflight, n, self.now, &mut self.tx_done);
         // The peer read its replies: read it again.
-        let resume = backlog_drained(&self.config, backlog_before, ps.tx_addr_bytes);
+        let resume = psock::backlog_drained(&self.config, backlog_before, ps.tx_addr_bytes);
         let release = match ps.tx_kcm {
             Some(s) if ps.tx_rsvd_msgs == 0 => {
                 self.socks.get(s.index, s.generation).is_none_or(|sock| sock.tx_queue.is_empty())
@@ -2456,7 +2126,7 @@ impl Mux {
     pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
         self.revoke(p);
         match self.psocks.get(p.index, p.generation) {
-            Some(ps) if !ps.tx_stopped => self.tx_abort(p, errno),
+            Some(ps) if ps.tx != Tx::Stopped => self.tx_abort(p, errno),
             _ => {}
         }
     }
@@ -2465,14 +2135,15 @@ impl Mux {
     /// messages given back (KCM `kcm_abort_tx_psock` + retry).
     fn tx_abort(&mut self, p: PsockId, errno: i32) {
         let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
-        ps.tx_stopped = true;
+        let inflight = ps.tx.inflight();
+        ps.tx = Tx::Stopped;
         ps.life = Life::Failed;
         ps.stats.tx_aborts += 1;
         if std::mem::replace(&mut ps.in_avail, false) {
             self.psocks_avail.retain(|x| *x != p);
         }
         self.events.push_back(Event::PsockFailed(p, PsockError::Tx(errno)));
-        self.tx_evacuate(p, false);
+        self.tx_evacuate(p, false, inflight);
     }
 
     /// Empty a psock's transmit queue that will not be written: the reserving
@@ -2481,10 +2152,10 @@ impl Mux {
     /// addressed messages are dropped (tx_addressed_drops). With `writer_out`
     /// (an unattach while a writer has the chunk), the chunk's addressed
     /// messages wait for the writer's report instead ([`OutAtRelease`]).
-    fn tx_evacuate(&mut self, p: PsockId, writer_out: bool) {
+    /// `inflight`: the messages of the chunk that was out (its state is the
+    /// caller's to have set: `Stopped`, or `Idle` for an unattach).
+    fn tx_evacuate(&mut self, p: PsockId, writer_out: bool, inflight: usize) {
         let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
-        let inflight = std::mem::take(&mut ps.tx_inflight);
-        ps.tx_busy = false;
         let kcm = ps.tx_kcm.take();
         if kcm.is_some() {
             ps.stats.unreserved += 1;
@@ -2583,7 +2254,7 @@ impl Mux {
                 continue; // stale: cleared, re-armed, or another psock in the slot
             }
             self.deadlines.fired(&mut ps.timer);
-            if Self::held_back(ps, &self.config) {
+            if ps.rx_running() && ps.held_back(&self.config) {
                 // The server is not reading this psock (its replies backed
                 // up, its messages not taken, the memory budget): the time
                 // is the server's. The deadline runs again, in full, when
@@ -2610,15 +2281,6 @@ impl Mux {
             self.mem_check(now);
         }
     }
-    /// Whether the server itself holds psock `ps`'s reading back (the
-    /// reasons [`Mux::rx_capacity`] gives 0 for, but for a stopped or
-    /// failed receive side).
-    fn held_back(ps: &Psock, config: &MuxConfig) -> bool {
-        !ps.life.rx_over()
-            && !ps.stream.is_stopped()
-            && (ps.paused || ps.mem != MemState::Reading || ps.queued_full || ps.tx_addr_bytes >= backlog_pause(config))
-    }
-
     /// Psock `p` is read again after the server held it back: its current
     /// message's assembly deadline restarts from now (the peer gets its
     /// whole timeout to send the rest), and the driver is told to read
@@ -2780,7 +2442,7 @@ impl Mux {
                 ps.tx_queue.len(),
                 ps.tx_pending_bytes()
             );
-            if ps.tx_stopped {
+            if ps.tx == Tx::Stopped {
                 out.push_str("TxStop ");
             }
             if ps.stream.is_stopped() {
@@ -2789,7 +2451,7 @@ impl Mux {
             if let Some(s) = ps.tx_kcm {
                 let _ = write!(out, "Rsvd-{} ", s.index);
             }
-            if !ps.paused && ps.ready.is_none() {
+            if ps.ready.is_none() {
                 if ps.stream.buffered() > 0 {
                     match ps.stream.need() {
                         Some(n) if n > 0 => {
@@ -2799,12 +2461,9 @@ impl Mux {
                     }
                 }
             } else {
-                if ps.paused {
-                    out.push_str("RxPause ");
-                }
-                if ps.ready.is_some() {
-                    out.push_str("RdyRx ");
-                }
+                // (KCM prints both for a psock holding a message no socket
+                // could take: it is paused because of it.)
+                out.push_str("RxPause RdyRx ");
             }
             out.push('\n');
         }

@@ -44,7 +44,7 @@
 //!   moves to the lease, its deadline with it) and has nothing to write
 //!   (`lease_taking`: replies of the lease's socket queued, none out, move
 //!   to the lease, which writes them before its own); while it is out the
-//!   psock counts as having a chunk out (`tx_busy`), so a message another
+//!   psock counts as having a chunk out (`Tx::Lent`), so a message another
 //!   thread sends to it waits on its queue, whole, until the lease comes back.
 //! - **Steering.** Only under `Steering::Affinity` with the psock's tag on
 //!   the socket the worker serves, whose queue is empty: exactly where the
@@ -64,7 +64,7 @@
 
 use std::ops::Range;
 
-use super::{Event, Life, Mux, PsockId, SockId, Steering};
+use super::{Event, Life, Mux, PsockId, SockId, Steering, Tx};
 use crate::parser::{Parse, Parser};
 use crate::run::Run;
 use crate::stats::PsockStats;
@@ -429,7 +429,7 @@ impl Mux {
         // read it again).
         let queue_takes = ps.tx_queue.is_empty()
             || (unsent > 0
-                && ps.tx_addr_bytes < super::backlog_pause(config)
+                && ps.tx_addr_bytes < super::psock::backlog_pause(config)
                 && !sock.held_psocks.contains(&p)
                 && ps.tx_queue.iter().all(|m| m.addressed && m.owner == s)
                 && ps.tx_queue.iter().map(|m| m.data.len() - m.sent).sum::<usize>() <= unsent);
@@ -440,7 +440,6 @@ impl Mux {
             && sock.rx_queue.is_empty();
         let quiet = ps.life == Life::Open
             && ps.leased.is_none()
-            && !ps.paused
             && ps.ready.is_none()
             && ps.holds == held
             && ps.below == 0
@@ -450,8 +449,7 @@ impl Mux {
             && ps.record_deadline.is_none()
             && ps.mem == super::limits::MemState::Reading
             && queue_takes
-            && !ps.tx_busy
-            && !ps.tx_stopped
+            && matches!(ps.tx, Tx::Idle | Tx::Kicked)
             && ps.tx_kcm.is_none()
             && ps.stream.buffered() <= keep
             && !ps.stream.is_lent()
@@ -473,7 +471,7 @@ impl Mux {
         ps.leased = Some(s);
         ps.lease_revoked = false;
         // Nobody else writes it meanwhile: a send to it waits on its queue.
-        ps.tx_busy = true;
+        ps.tx = Tx::Lent;
         let max_len = ps.stream.limits().max_msg_size;
         let whole = parser.delivers_whole();
         self.counters.leases += 1;
@@ -540,8 +538,9 @@ impl Mux {
         ps.stream.swap_parser(lease.parser);
         ps.leased = None;
         ps.lease_revoked = false;
-        ps.tx_busy = false;
-        ps.tx_inflight = 0;
+        if ps.tx == Tx::Lent {
+            ps.tx = Tx::Idle;
+        }
         self.counters.lease_returns += 1;
         if !lease.tail.is_empty() {
             // Shorter than the size limit, and the psock held nothing:

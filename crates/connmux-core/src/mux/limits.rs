@@ -379,7 +379,7 @@ impl Mux {
     pub fn idlest(&self, now: Timestamp) -> Option<(PsockId, Duration)> {
         self.psocks
             .iter()
-            .filter(|(_, _, ps)| !ps.life.rx_over() && (!ps.tx_busy || ps.leased.is_some()))
+            .filter(|(_, _, ps)| !ps.life.rx_over() && (!ps.tx.busy() || ps.leased.is_some()))
             .min_by_key(|(i, g, ps)| (ps.last_active, *i, *g))
             .map(|(i, g, ps)| (PsockId { index: i, generation: g }, now.since(ps.last_active)))
     }
@@ -434,7 +434,7 @@ impl Mux {
                 // chunk out with the driver is activity in progress. A lent
                 // psock counts as busy only to keep other writers off: its
                 // activity is what its worker last synced (`lease_sync`).
-                if due <= now && (!ps.tx_busy || ps.leased.is_some()) {
+                if due <= now && (!ps.tx.busy() || ps.leased.is_some()) {
                     failed.push((p, RxError::IdleTimeout));
                     continue;
                 }

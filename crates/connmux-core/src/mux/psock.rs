@@ -1,0 +1,348 @@
+//! One attached connection's state (a psock): its stream parser, its life,
+//! its transmit queue, its deadlines and its counters. What a psock owns is
+//! here; where its messages go (sockets, steering, reservation) is the
+//! mux's (`super`).
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use super::deadlines::Armed;
+use super::limits::MemState;
+use super::{MuxConfig, RxMsg, SockId, TxMsg, TX_CHUNK_BYTES, TX_CHUNK_SLICES};
+use crate::stats::PsockStats;
+use crate::stream::StreamParser;
+use crate::time::Timestamp;
+
+/// A psock's lifecycle (receive side and close), as the core decides it:
+///
+/// ```text
+///            rx_closed(p, None): FIN             nothing to deliver, no hold,
+///   Open ───────────────────────────► PeerClosed ────────────────────────────► Drained
+///    │      PsockFailed(Closed)          │       nothing to write               PsockDrained
+///    │                                   │                                      (close with FIN)
+///    │ parse error, oversize, timeout,   │ tx_failed, rx_abort
+///    │ rx_abort, rx_closed(p, Some(e))   │
+///    ▼                                   ▼
+///  Failed ◄──────────────────────────────┘
+///  PsockFailed(Rx | Tx | Closed): the driver aborts the connection (RST)
+/// ```
+///
+/// In `PeerClosed` the whole messages already buffered are still cut and
+/// delivered (the partial one is dropped) and the transmit queue is still
+/// written; only `Open` takes new bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Life {
+    Open,
+    PeerClosed,
+    Drained,
+    Failed,
+}
+
+impl Life {
+    /// Receive is over (no new bytes are taken).
+    #[inline]
+    pub(super) fn rx_over(self) -> bool {
+        self != Life::Open
+    }
+}
+
+/// A psock's transmit side: who may write it now. One writer at a time, so
+/// a message is never interleaved with another on the wire.
+///
+/// ```text
+///          a message queued:                 tx_begin
+///          PsockTransmit raised             (the driver)
+///   Idle ───────────────────────► Kicked ───────────────► Out { msgs }
+///    ▲ │                            │ tx_begin, nothing        │
+///    │ │ tx_begin ──────────────────┼──────────────────────────┤
+///    │ │                            ▼                          │ tx_complete
+///    │ └──────────────────────────► Idle ◄─────────────────────┘
+///    │ lease (a quiet psock)
+///    └──── Lent ── unlease ──► Idle
+///
+///   any ── tx_failed, a reserved psock unattached, its socket closed
+///          mid-message ──► Stopped (final: nothing more is written)
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tx {
+    /// Nothing out, and `PsockTransmit` not raised since the last `tx_begin`.
+    Idle,
+    /// `PsockTransmit` raised; the driver has not begun a chunk yet.
+    Kicked,
+    /// A chunk is out with a writer, covering the first `msgs` messages of
+    /// the queue (it reports with `tx_complete` or `tx_failed`).
+    Out { msgs: usize },
+    /// Lent to the worker serving its socket ([`Mux::lease`]): the lease
+    /// writes it, nobody else.
+    Lent,
+    /// Transmit is over for good.
+    Stopped,
+}
+
+impl Tx {
+    /// Messages at the queue's head the chunk out covers (0: none out).
+    #[inline]
+    pub(super) fn inflight(self) -> usize {
+        match self {
+            Tx::Out { msgs } => msgs,
+            _ => 0,
+        }
+    }
+    /// A writer (or a lease) has the psock: nobody else may begin a chunk.
+    #[inline]
+    pub(super) fn busy(self) -> bool {
+        matches!(self, Tx::Out { .. } | Tx::Lent)
+    }
+    /// The writer reports: back to `Idle`, with the messages its chunk
+    /// covered (`None`: no chunk was out, nothing to account).
+    #[inline]
+    pub(super) fn end_chunk(&mut self) -> Option<usize> {
+        let inflight = match *self {
+            Tx::Out { msgs } => msgs,
+            // (A lease's own writes are told with its counts; a report
+            // here only ends the loan of the transmit side.)
+            Tx::Lent => 0,
+            Tx::Idle | Tx::Kicked | Tx::Stopped => return None,
+        };
+        *self = Tx::Idle;
+        Some(inflight)
+    }
+}
+
+/// Bytes and messages written for one socket: what its send buffer is
+/// uncharged by (`(owner, bytes, messages)`).
+pub(super) type Charge = (SockId, usize, u32);
+
+/// An attached connection.
+#[derive(Debug)]
+pub(super) struct Psock {
+    pub(super) stream: StreamParser,
+    pub(super) affinity: Option<u32>,
+    /// Hard cap on receive bytes held (buffer + ready message).
+    pub(super) rx_limit: usize,
+    // ---- receive ----
+    /// A complete message no socket could take (`ready_rx_msg`): while it
+    /// is here the psock is paused (not read, so TCP pushes back on the
+    /// peer) and on the mux's ready list (`psocks_ready`, KCM's
+    /// `strp.paused`), until a socket becomes able and takes it.
+    pub(super) ready: Option<RxMsg>,
+    /// Where it is in its life (see [`Life`]).
+    pub(super) life: Life,
+    /// Messages handed to holding sockets' readers and not yet settled
+    /// ([`Mux::set_holds`], [`Mux::rx_settle`]): requests still being answered.
+    pub(super) holds: u64,
+    /// Its messages waiting in sockets' receive queues (or the hold queue),
+    /// not yet taken by a reader (`MuxConfig::psock_queued_max`).
+    pub(super) queued: usize,
+    /// `queued` reached `psock_queued_max`: the psock is not read until it
+    /// is down to half (then `PsockRxResume`).
+    pub(super) queued_full: bool,
+    // ---- transmit ----
+    pub(super) tx_queue: VecDeque<TxMsg>,
+    /// Who may write it now (see [`Tx`]).
+    pub(super) tx: Tx,
+    /// The socket holding the reservation (`tx_kcm`).
+    pub(super) tx_kcm: Option<SockId>,
+    /// Messages of `tx_kcm` on the queue.
+    pub(super) tx_rsvd_msgs: usize,
+    /// Bytes of addressed messages on the queue not yet fully written.
+    pub(super) tx_addr_bytes: usize,
+    /// Messages ever queued on it (the first term of its outstanding work).
+    pub(super) tx_placed: u64,
+    /// On the mux's list of psocks free for a reservation (`psocks_avail`).
+    pub(super) in_avail: bool,
+    /// The assembly deadline armed in the mux's [`Deadlines`], if any (it
+    /// mirrors `stream.deadline()` after every call).
+    pub(super) timer: Option<Armed>,
+    /// Whether the memory budget lets it be read (see [`limits`]).
+    pub(super) mem: MemState,
+    /// Its `rx_held` plus `below` as last added to `Mux::rx_held_sum`.
+    pub(super) counted: usize,
+    /// Bytes the driver holds for it below the parser, not yet fed
+    /// ([`Mux::set_rx_below`]): counted in the memory budget.
+    pub(super) below: usize,
+    /// Last time bytes were received or written (idle timeout).
+    pub(super) last_active: Timestamp,
+    /// The handshake of the layer below the parser must end by then.
+    pub(super) handshake_deadline: Option<Timestamp>,
+    /// The partial record the layer below the parser holds must end by then.
+    pub(super) record_deadline: Option<Timestamp>,
+    /// When the loan out was made ahead, for a message only predicted
+    /// ([`Mux::rx_lend_ahead`]); past [`AHEAD_QUIET`] with nothing read the
+    /// scan recalls it and the prediction is forgotten.
+    pub(super) ahead_since: Option<Timestamp>,
+    /// Records below the parser that did not end in time (they count as
+    /// assembly timeouts: they are the start of a message the parser never saw).
+    pub(super) record_timeouts: u64,
+    pub(super) stats: PsockStats,
+    /// Lent to the worker serving this socket ([`Mux::lease`]).
+    pub(super) leased: Option<SockId>,
+    /// The lease was asked back (`PsockLeaseRevoked` raised).
+    pub(super) lease_revoked: bool,
+}
+
+impl Psock {
+    /// Its receive side runs: open, its stream not stopped.
+    #[inline]
+    pub(super) fn rx_running(&self) -> bool {
+        !self.life.rx_over() && !self.stream.is_stopped()
+    }
+
+    /// Whether the server itself holds its reading back, its receive side
+    /// running or not: a message no socket could take, the memory budget,
+    /// readers that have not taken its queued messages, or a peer not
+    /// reading its replies (`PsockRxResume` when that ends).
+    #[inline]
+    pub(super) fn held_back(&self, config: &MuxConfig) -> bool {
+        self.ready.is_some()
+            || self.mem != MemState::Reading
+            || self.queued_full
+            || self.tx_addr_bytes >= backlog_pause(config)
+    }
+
+    /// Messages queued on it minus messages received from it: the requests
+    /// it has not answered yet, as `TxPolicy::LeastOutstanding` counts them.
+    #[inline]
+    pub(super) fn outstanding(&self) -> u64 {
+        self.tx_placed.saturating_sub(self.stream.stats().msgs)
+    }
+
+    /// The next chunk to write (`poll_transmit`, KCM's `kcm_write_msgs`):
+    /// the queue's head, up to [`TX_CHUNK_SLICES`] messages and about
+    /// [`TX_CHUNK_BYTES`], into `slices` (empty on entry). The transmit side
+    /// is `Out` until the writer reports ([`Psock::on_written`]); `false`
+    /// when nothing may be written now.
+    #[inline]
+    pub(super) fn poll_transmit(&mut self, slices: &mut Vec<Bytes>) -> bool {
+        match self.tx {
+            // The kick is answered even when there is nothing to begin (a
+            // lease took the queue since): the next message queued kicks again.
+            Tx::Kicked => self.tx = Tx::Idle,
+            Tx::Idle => {}
+            Tx::Out { .. } | Tx::Lent | Tx::Stopped => return false,
+        }
+        if self.tx_queue.is_empty() {
+            return false;
+        }
+        let mut bytes = 0;
+        // By index: the queue usually holds one message (a served batch's
+        // replies), where setting up an iterator costs more than the walk.
+        for i in 0..self.tx_queue.len().min(TX_CHUNK_SLICES) {
+            if bytes >= TX_CHUNK_BYTES && !slices.is_empty() {
+                break;
+            }
+            let m = &self.tx_queue[i];
+            let b = if m.sent == 0 { m.data.clone() } else { m.data.slice(m.sent..) };
+            bytes += b.len();
+            slices.push(b);
+        }
+        self.tx = Tx::Out { msgs: slices.len() };
+        true
+    }
+
+    /// `n` bytes of the chunk that covered `inflight` messages were written
+    /// (a short write keeps the rest first): the messages written whole
+    /// leave the queue. Their owners' charges are returned, consecutive
+    /// messages of one owner (a served batch's replies) as one entry: the
+    /// last in the return value (usually the only one), earlier ones pushed
+    /// on `done`.
+    #[inline]
+    pub(super) fn on_written(
+        &mut self,
+        inflight: usize,
+        n: usize,
+        now: Timestamp,
+        done: &mut Vec<Charge>,
+    ) -> Option<Charge> {
+        if n > 0 {
+            self.last_active = now;
+        }
+        let mut left = n;
+        let mut last: Option<Charge> = None;
+        for _ in 0..inflight {
+            if left == 0 {
+                break;
+            }
+            let m = self.tx_queue.front_mut().expect("inflight message");
+            let k = left.min(m.data.len() - m.sent);
+            m.sent += k;
+            left -= k;
+            self.stats.tx_bytes += k as u64;
+            if m.sent == m.data.len() {
+                let m = self.tx_queue.pop_front().expect("inflight message");
+                self.stats.tx_msgs += u64::from(m.msgs);
+                if m.addressed {
+                    self.tx_addr_bytes -= m.data.len();
+                } else if !m.balanced {
+                    self.tx_rsvd_msgs -= 1;
+                }
+                match &mut last {
+                    Some((owner, len, msgs)) if *owner == m.owner && msgs.checked_add(m.msgs).is_some() => {
+                        *len += m.data.len();
+                        *msgs += m.msgs;
+                    }
+                    _ => {
+                        if let Some(prev) = last.replace((m.owner, m.data.len(), m.msgs)) {
+                            done.push(prev);
+                        }
+                    }
+                }
+            }
+        }
+        last
+    }
+
+    /// One more of its messages waits in a socket's queue.
+    #[inline]
+    pub(super) fn count_queued(&mut self, config: &MuxConfig) {
+        self.queued += 1;
+        if self.queued >= config.psock_queued_max {
+            self.queued_full = true;
+        }
+    }
+
+    #[inline]
+    pub(super) fn rx_held(&self) -> usize {
+        self.stream.buffered() + self.ready.as_ref().map_or(0, |m| m.remaining())
+    }
+    /// What the memory budget counts of the psock's receive side: the
+    /// assembly buffer's allocation ([`StreamParser::memory`]) and a ready
+    /// message.
+    pub(super) fn rx_mem(&self) -> usize {
+        self.stream.memory() + self.ready.as_ref().map_or(0, |m| m.remaining())
+    }
+    pub(super) fn tx_pending_bytes(&self) -> usize {
+        self.tx_queue.iter().map(|m| m.data.len() - m.sent).sum()
+    }
+    /// Full statistics: transmit side plus the stream parser's counters.
+    pub(super) fn full_stats(&self) -> PsockStats {
+        let st = self.stream.stats();
+        let mut s = self.stats.clone();
+        s.rx_msgs = st.msgs;
+        s.rx_bytes = st.bytes;
+        s.rx_need_more_hdr = st.need_more_hdr;
+        s.rx_bad_hdr_len = st.bad_hdr_len;
+        s.rx_msg_too_big = st.msg_too_big;
+        s.rx_msg_timeouts = st.msg_timeouts + self.record_timeouts;
+        s.rx_interrupted = st.interrupted;
+        s.rx_unrecov_intr = st.unrecov_intr;
+        // A per-psock flag, as in the 2017 kernel (current kernels print 0).
+        s.rx_aborts =
+            u64::from(st.bad_hdr_len + st.msg_too_big + s.rx_msg_timeouts + st.interrupted + st.unrecov_intr > 0);
+        s
+    }
+}
+
+/// The reply backlog (`tx_addr_bytes`) at which a psock stops being read.
+#[inline]
+pub(super) fn backlog_pause(config: &MuxConfig) -> usize {
+    config.psock_sndbuf / 2
+}
+
+/// A psock's reply backlog went from at or over the pause mark to under it:
+/// it is read again (`PsockRxResume`).
+#[inline]
+pub(super) fn backlog_drained(config: &MuxConfig, before: usize, after: usize) -> bool {
+    before >= backlog_pause(config) && after < backlog_pause(config)
+}
