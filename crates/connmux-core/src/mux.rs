@@ -85,6 +85,7 @@ mod lease;
 mod limits;
 mod psock;
 mod sock;
+mod sockets;
 pub use limits::AHEAD_QUIET;
 mod slab;
 use deadlines::Deadlines;
@@ -93,6 +94,7 @@ use limits::MemState;
 use psock::{Life, Psock, Tx};
 use slab::Slab;
 use sock::Sock;
+use sockets::Sockets;
 
 /// KCM socket type (`socket(AF_KCM, type, 0)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -503,20 +505,10 @@ struct MuxCounters {
 /// The multiplexor.
 pub struct Mux {
     config: MuxConfig,
-    socks: Slab<Sock>,
+    /// What every psock shares: the KCM sockets and the mux's lists.
+    sk: Sockets,
+    /// What each attached connection owns.
     psocks: Slab<Psock>,
-    /// Able sockets, FIFO (`kcm_rx_waiters`).
-    rx_waiters: VecDeque<SockId>,
-    /// Paused psocks holding a ready message, FIFO (`psocks_ready`).
-    psocks_ready: VecDeque<PsockId>,
-    /// Messages moved off disabled/closed sockets that nobody could take.
-    hold: VecDeque<RxMsg>,
-    hold_mem: usize,
-    hold_budget: usize,
-    /// Psocks free for transmit, least recently used first (`psocks_avail`).
-    psocks_avail: VecDeque<PsockId>,
-    /// Sockets waiting for a psock, FIFO (`kcm_tx_waiters`).
-    tx_waiters: VecDeque<SockId>,
     events: VecDeque<Event>,
     /// Assembly deadlines of the psocks, earliest first.
     deadlines: Deadlines,
@@ -551,12 +543,12 @@ pub struct Mux {
 
 impl std::fmt::Debug for Mux {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mux").field("socks", &self.socks.len()).field("psocks", &self.psocks.len()).finish()
+        f.debug_struct("Mux").field("socks", &self.sk.socks.len()).field("psocks", &self.psocks.len()).finish()
     }
 }
 
 #[inline]
-fn sid(i: (u32, u32)) -> SockId {
+pub(super) fn sid(i: (u32, u32)) -> SockId {
     SockId { index: i.0, generation: i.1 }
 }
 #[inline]
@@ -570,7 +562,7 @@ fn pid(i: (u32, u32)) -> PsockId {
 const SNDBUF_SHARE: usize = 8;
 
 /// splitmix64 finaliser: spreads steering keys evenly.
-fn mix(mut x: u64) -> u64 {
+pub(super) fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d049bb133111eb);
     x ^ (x >> 31)
@@ -581,15 +573,8 @@ impl Mux {
         let max_msg_peak = config.max_msg_size;
         Mux {
             config,
-            socks: Slab::new(),
+            sk: Sockets::default(),
             psocks: Slab::new(),
-            rx_waiters: VecDeque::new(),
-            psocks_ready: VecDeque::new(),
-            hold: VecDeque::new(),
-            hold_mem: 0,
-            hold_budget: 0,
-            psocks_avail: VecDeque::new(),
-            tx_waiters: VecDeque::new(),
             events: VecDeque::new(),
             deadlines: Deadlines::default(),
             now: Timestamp::ZERO,
@@ -612,11 +597,11 @@ impl Mux {
 
     #[inline]
     fn sock(&self, s: SockId) -> Result<&Sock, MuxError> {
-        self.socks.get(s.index, s.generation).ok_or(MuxError::BadSock)
+        self.sk.socks.get(s.index, s.generation).ok_or(MuxError::BadSock)
     }
     #[inline]
     fn sock_mut(&mut self, s: SockId) -> Result<&mut Sock, MuxError> {
-        self.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)
+        self.sk.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)
     }
     #[inline]
     fn psock(&self, p: PsockId) -> Result<&Psock, MuxError> {
@@ -650,7 +635,7 @@ impl Mux {
 
     /// Create a KCM socket (the first `socket(AF_KCM, ty, 0)`).
     pub fn socket(&mut self, ty: SockType) -> SockId {
-        let s = sid(self.socks.insert(Sock::new(ty, &self.config)));
+        let s = sid(self.sk.socks.insert(Sock::new(ty, &self.config)));
         // A new socket is able at once: it takes held messages, then joins.
         self.rcv_ready(s);
         s
@@ -665,12 +650,12 @@ impl Mux {
     /// socket unattaches every psock.
     pub fn close(&mut self, s: SockId) -> Result<(), MuxError> {
         self.revoke_sock(s);
-        let sock = self.socks.remove(s.index, s.generation).ok_or(MuxError::BadSock)?;
+        let sock = self.sk.socks.remove(s.index, s.generation).ok_or(MuxError::BadSock)?;
         if sock.on_waiters {
-            self.rx_waiters.retain(|w| *w != s);
+            self.sk.rx_waiters.retain(|w| *w != s);
         }
         if sock.tx_waiting {
-            self.tx_waiters.retain(|w| *w != s);
+            self.sk.tx_waiters.retain(|w| *w != s);
         }
         // Transmit: its messages not yet started vanish from every psock queue;
         // a psock part-way through one of them is aborted (the peer may hold a
@@ -712,12 +697,12 @@ impl Mux {
             }
         }
         // Receive: queued messages move to other sockets or the hold queue.
-        if self.socks.len() == 0 {
+        if self.sk.socks.len() == 0 {
             self.release_all();
         } else {
             self.requeue(sock.rx_queue);
-            if !self.hold.is_empty() {
-                self.hold_budget += sock.rcvbuf_peak + self.max_msg_peak;
+            if !self.sk.hold.is_empty() {
+                self.sk.hold_budget += sock.rcvbuf_peak + self.max_msg_peak;
             }
         }
         Ok(())
@@ -729,11 +714,11 @@ impl Mux {
         for p in ids {
             let _ = self.unattach(p);
         }
-        self.hold.clear();
-        self.hold_mem = 0;
-        self.hold_budget = 0;
-        self.rx_waiters.clear();
-        self.tx_waiters.clear();
+        self.sk.hold.clear();
+        self.sk.hold_mem = 0;
+        self.sk.hold_budget = 0;
+        self.sk.rx_waiters.clear();
+        self.sk.tx_waiters.clear();
     }
 
     pub fn sock_type(&self, s: SockId) -> Result<SockType, MuxError> {
@@ -748,12 +733,12 @@ impl Mux {
         sock.rx_disabled = disable;
         if disable {
             self.revoke_sock(s);
-            let sock = self.socks.get_mut(s.index, s.generation).expect("checked");
+            let sock = self.sk.socks.get_mut(s.index, s.generation).expect("checked");
             let was_waiting = std::mem::replace(&mut sock.on_waiters, false);
             let msgs = std::mem::take(&mut sock.rx_queue);
             sock.rx_mem = 0;
             if was_waiting {
-                self.rx_waiters.retain(|w| *w != s);
+                self.sk.rx_waiters.retain(|w| *w != s);
             }
             self.requeue(msgs);
         } else {
@@ -771,7 +756,7 @@ impl Mux {
         sock.rcvbuf_peak = sock.rcvbuf_peak.max(sock.rcvbuf);
         if sock.on_waiters && !sock.able() {
             sock.on_waiters = false;
-            self.rx_waiters.retain(|w| *w != s);
+            self.sk.rx_waiters.retain(|w| *w != s);
         } else {
             self.rcv_ready(s);
         }
@@ -818,11 +803,11 @@ impl Mux {
         Ok(())
     }
     pub fn sock_count(&self) -> usize {
-        self.socks.len()
+        self.sk.socks.len()
     }
     /// Live KCM sockets, in index order.
     pub fn socks(&self) -> Vec<SockId> {
-        self.socks.iter().map(|(i, g, _)| sid((i, g))).collect()
+        self.sk.socks.iter().map(|(i, g, _)| sid((i, g))).collect()
     }
 
     // ---- psocks ----
@@ -891,10 +876,10 @@ impl Mux {
         }
         if dropped_ready {
             self.counters.rx_ready_drops += 1;
-            self.psocks_ready.retain(|x| *x != p);
+            self.sk.psocks_ready.retain(|x| *x != p);
         }
         if in_avail {
-            self.psocks_avail.retain(|x| *x != p);
+            self.sk.psocks_avail.retain(|x| *x != p);
         }
         self.counters.psock_unattach += 1;
         // Give back what it was to send: reserved messages go elsewhere whole.
@@ -985,7 +970,7 @@ impl Mux {
         let framed = crate::run::count(&out[first..]) as u64;
         if taken > 0 || framed > 0 {
             let holds = framed > 0 && {
-                let s = self.socks.get_mut(sock.index, sock.generation).expect("checked live");
+                let s = self.sk.socks.get_mut(sock.index, sock.generation).expect("checked live");
                 s.stats.rx_msgs += framed;
                 s.stats.rx_bytes += if whole {
                     taken as u64
@@ -1022,7 +1007,7 @@ impl Mux {
         limit: usize,
         out: &mut Vec<crate::run::Run>,
     ) -> Result<(usize, bool), MuxError> {
-        let Mux { psocks, socks, config, .. } = self;
+        let Mux { psocks, sk: Sockets { socks, .. }, config, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
         let Some(s) = socks.get(sock.index, sock.generation) else { return Ok((0, false)) };
         // Exactly where `steer` sends this psock's next message: its own
@@ -1259,9 +1244,7 @@ impl Mux {
         {
             return;
         }
-        let queued = self.socks.iter().any(|(_, _, s)| s.rx_queue.iter().any(|m| m.psock == p))
-            || self.hold.iter().any(|m| m.psock == p);
-        if queued {
+        if self.sk.holds_message_of(p) {
             return;
         }
         self.psocks.get_mut(p.index, p.generation).expect("live").life = Life::Drained;
@@ -1294,7 +1277,7 @@ impl Mux {
     /// complete message and steer it; stop when none is left or nobody can take one.
     fn rx_pass(&mut self, p: PsockId, now: Timestamp, mut direct: Option<&mut Direct<'_>>) {
         // Disjoint borrows of the mux's parts: this loop runs once per message.
-        let Mux { psocks, socks, rx_waiters, events, psocks_ready, config, .. } = self;
+        let Mux { psocks, sk, events, config, .. } = self;
         let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
         // Round robin: the socket reserved for this pass.
         let mut target: Option<SockId> = None;
@@ -1324,10 +1307,10 @@ impl Mux {
                 _ => None,
             };
             let msg = RxMsg { data, off: 0, psock: p };
-            match steer(config, socks, rx_waiters, ps.affinity, key, &mut target) {
+            match sk.steer(config, ps.affinity, key, &mut target) {
                 Some(s) => match direct.as_deref_mut() {
                     Some(d) if d.sock == s && d.out.len() < d.limit => {
-                        let sock = socks.get_mut(s.index, s.generation).expect("steered to a live socket");
+                        let sock = sk.socks.get_mut(s.index, s.generation).expect("steered to a live socket");
                         if sock.rx_queue.is_empty() {
                             sock.stats.rx_msgs += 1;
                             sock.stats.rx_bytes += msg.data.len() as u64;
@@ -1336,29 +1319,29 @@ impl Mux {
                             }
                             d.out.push((msg.data, p));
                         } else {
-                            enqueue_rx(socks, rx_waiters, events, s, msg);
+                            sk.enqueue_rx(events, s, msg);
                             ps.count_queued(config);
                         }
                     }
                     _ => {
-                        enqueue_rx(socks, rx_waiters, events, s, msg);
+                        sk.enqueue_rx(events, s, msg);
                         ps.count_queued(config);
                     }
                 },
                 None => {
                     // Nobody can take it: keep it, pause (TCP pushes back).
                     ps.ready = Some(msg);
-                    psocks_ready.push_back(p);
+                    sk.psocks_ready.push_back(p);
                     break;
                 }
             }
         }
         if let Some(t) = target {
             // End of the pass: the reserved socket goes to the tail.
-            if let Some(pos) = rx_waiters.iter().position(|w| *w == t) {
-                if pos + 1 != rx_waiters.len() {
-                    rx_waiters.remove(pos);
-                    rx_waiters.push_back(t);
+            if let Some(pos) = sk.rx_waiters.iter().position(|w| *w == t) {
+                if pos + 1 != sk.rx_waiters.len() {
+                    sk.rx_waiters.remove(pos);
+                    sk.rx_waiters.push_back(t);
                 }
             }
         }
@@ -1391,7 +1374,7 @@ impl Mux {
     /// Queue a message on a socket (which must be able).
     #[inline]
     fn enqueue_rx(&mut self, s: SockId, msg: RxMsg) {
-        enqueue_rx(&mut self.socks, &mut self.rx_waiters, &mut self.events, s, msg);
+        self.sk.enqueue_rx(&mut self.events, s, msg);
     }
 
     /// Messages leaving a disabled or closed socket: to the first waiting
@@ -1399,11 +1382,11 @@ impl Mux {
     /// `requeue_rx_msgs`).
     fn requeue(&mut self, msgs: VecDeque<RxMsg>) {
         for msg in msgs {
-            match self.rx_waiters.front().copied() {
+            match self.sk.rx_waiters.front().copied() {
                 Some(w) => self.enqueue_rx(w, msg),
                 None => {
-                    self.hold_mem += msg.remaining();
-                    self.hold.push_back(msg);
+                    self.sk.hold_mem += msg.remaining();
+                    self.sk.hold.push_back(msg);
                 }
             }
         }
@@ -1413,23 +1396,23 @@ impl Mux {
     /// takes the hold queue, then paused psocks' messages, then joins the
     /// waiter list (KCM `kcm_rcv_ready`).
     fn rcv_ready(&mut self, s: SockId) {
-        let Some(sock) = self.socks.get_mut(s.index, s.generation) else { return };
+        let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) else { return };
         if sock.on_waiters || !sock.able() {
             return;
         }
-        while let Some(msg) = self.hold.pop_front() {
-            self.hold_mem -= msg.remaining();
+        while let Some(msg) = self.sk.hold.pop_front() {
+            self.sk.hold_mem -= msg.remaining();
             self.enqueue_rx(s, msg);
-            if !self.socks.get(s.index, s.generation).expect("live").able() {
-                if self.hold.is_empty() {
-                    self.hold_budget = 0;
+            if !self.sk.socks.get(s.index, s.generation).expect("live").able() {
+                if self.sk.hold.is_empty() {
+                    self.sk.hold_budget = 0;
                 }
                 return;
             }
         }
-        self.hold_budget = 0;
+        self.sk.hold_budget = 0;
         let mut resumed = Vec::new();
-        while let Some(p) = self.psocks_ready.pop_front() {
+        while let Some(p) = self.sk.psocks_ready.pop_front() {
             let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
             let msg = ps.ready.take();
             resumed.push(p);
@@ -1437,14 +1420,14 @@ impl Mux {
                 ps.count_queued(&self.config);
                 self.enqueue_rx(s, msg);
             }
-            if !self.socks.get(s.index, s.generation).expect("live").able() {
+            if !self.sk.socks.get(s.index, s.generation).expect("live").able() {
                 break;
             }
         }
-        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
         if sock.able() && !sock.on_waiters {
             sock.on_waiters = true;
-            self.rx_waiters.push_back(s);
+            self.sk.rx_waiters.push_back(s);
         }
         // Resumed psocks parse what they had buffered, then read again.
         let now = self.now;
@@ -1462,7 +1445,7 @@ impl Mux {
     /// here it is offered again as soon as it is below SO_RCVBUF.
     #[inline]
     fn after_read(&mut self, s: SockId) {
-        if let Some(sock) = self.socks.get(s.index, s.generation) {
+        if let Some(sock) = self.sk.socks.get(s.index, s.generation) {
             if !sock.on_waiters && sock.able() {
                 self.rcv_ready(s);
             }
@@ -1623,7 +1606,7 @@ impl Mux {
     /// Send buffer full: remember to raise SockWritable; flush a held batch
     /// first (KCM `kcm_push` before it waits for memory).
     fn would_block(&mut self, s: SockId) -> MuxError {
-        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
         sock.want_writable = true;
         if std::mem::take(&mut sock.wait_more) {
             self.tx_push(s);
@@ -1635,7 +1618,7 @@ impl Mux {
     /// A complete message joins the socket's queue; without BATCH everything
     /// queued goes to the socket's psock.
     fn queue_msg(&mut self, s: SockId, msg: Bytes, batch: bool) {
-        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
         sock.tx_queue.push_back(msg);
         sock.tx_msgs += 1;
         sock.stats.tx_msgs += 1;
@@ -1756,7 +1739,7 @@ impl Mux {
     ) -> Result<(), MuxError> {
         let limit = self.config.psock_sndbuf;
         // The psock and the socket, each looked up once (disjoint fields).
-        let Mux { psocks, socks, .. } = self;
+        let Mux { psocks, sk: Sockets { socks, .. }, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation).expect("checked");
         if ps.tx_addr_bytes >= limit {
             ps.stats.tx_backlog_refusals += 1;
@@ -1842,7 +1825,7 @@ impl Mux {
 
     /// End of a batch: wake the psocks whose addressed messages it held.
     fn kick_held(&mut self, s: SockId) {
-        let Some(sock) = self.socks.get_mut(s.index, s.generation) else { return };
+        let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) else { return };
         if sock.held_psocks.is_empty() {
             return;
         }
@@ -1856,7 +1839,7 @@ impl Mux {
         if self.config.tx_policy == TxPolicy::LeastOutstanding {
             return self.tx_push_balanced(s);
         }
-        let Some(sock) = self.socks.get_mut(s.index, s.generation) else { return };
+        let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) else { return };
         if sock.tx_queue.is_empty() {
             return;
         }
@@ -1865,16 +1848,16 @@ impl Mux {
             None => match self.reserve(s) {
                 Some(p) => p,
                 None => {
-                    let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+                    let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
                     if !sock.tx_waiting {
                         sock.tx_waiting = true;
-                        self.tx_waiters.push_back(s);
+                        self.sk.tx_waiters.push_back(s);
                     }
                     return;
                 }
             },
         };
-        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
         let ps = self.psocks.get_mut(p.index, p.generation).expect("reserved psock is live");
         for data in sock.tx_queue.drain(..) {
             ps.tx_queue.push_back(TxMsg { data, sent: 0, owner: s, addressed: false, balanced: false, msgs: 1 });
@@ -1890,19 +1873,19 @@ impl Mux {
     /// answer, `s` waits as for a reservation.
     fn tx_push_balanced(&mut self, s: SockId) {
         loop {
-            let Some(sock) = self.socks.get(s.index, s.generation) else { return };
+            let Some(sock) = self.sk.socks.get(s.index, s.generation) else { return };
             if sock.tx_queue.is_empty() {
                 return;
             }
             let Some(p) = self.least_outstanding() else {
-                let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+                let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
                 if !sock.tx_waiting {
                     sock.tx_waiting = true;
-                    self.tx_waiters.push_back(s);
+                    self.sk.tx_waiters.push_back(s);
                 }
                 return;
             };
-            let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+            let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
             let data = sock.tx_queue.pop_front().expect("non-empty");
             let ps = self.psocks.get_mut(p.index, p.generation).expect("chosen psock is live");
             ps.tx_queue.push_back(TxMsg { data, sent: 0, owner: s, addressed: false, balanced: true, msgs: 1 });
@@ -1951,7 +1934,7 @@ impl Mux {
             }
         }
         for m in back.into_iter().rev() {
-            if let Some(sock) = self.socks.get_mut(m.owner.index, m.owner.generation) {
+            if let Some(sock) = self.sk.socks.get_mut(m.owner.index, m.owner.generation) {
                 sock.tx_queue.push_front(m.data);
                 if !owners.contains(&m.owner) {
                     owners.push(m.owner);
@@ -1965,7 +1948,7 @@ impl Mux {
 
     /// Reserve the least recently used free psock for `s`.
     fn reserve(&mut self, s: SockId) -> Option<PsockId> {
-        while let Some(p) = self.psocks_avail.pop_front() {
+        while let Some(p) = self.sk.psocks_avail.pop_front() {
             let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
             ps.in_avail = false;
             if ps.tx == Tx::Stopped {
@@ -1973,7 +1956,7 @@ impl Mux {
             }
             ps.tx_kcm = Some(s);
             ps.stats.reserved += 1;
-            self.socks.get_mut(s.index, s.generation).expect("live").tx_psock = Some(p);
+            self.sk.socks.get_mut(s.index, s.generation).expect("live").tx_psock = Some(p);
             return Some(p);
         }
         None
@@ -1984,8 +1967,8 @@ impl Mux {
     fn psock_now_avail(&mut self, p: PsockId) {
         if self.config.tx_policy == TxPolicy::LeastOutstanding {
             // No reservations: every waiting socket places its messages anew.
-            for w in std::mem::take(&mut self.tx_waiters) {
-                if let Some(sock) = self.socks.get_mut(w.index, w.generation) {
+            for w in std::mem::take(&mut self.sk.tx_waiters) {
+                if let Some(sock) = self.sk.socks.get_mut(w.index, w.generation) {
                     sock.tx_waiting = false;
                     self.tx_push(w);
                 }
@@ -1996,8 +1979,8 @@ impl Mux {
         if ps.tx == Tx::Stopped || ps.tx_kcm.is_some() || ps.in_avail {
             return;
         }
-        while let Some(w) = self.tx_waiters.pop_front() {
-            let Some(sock) = self.socks.get_mut(w.index, w.generation) else { continue };
+        while let Some(w) = self.sk.tx_waiters.pop_front() {
+            let Some(sock) = self.sk.socks.get_mut(w.index, w.generation) else { continue };
             sock.tx_waiting = false;
             if sock.tx_queue.is_empty() || sock.tx_psock.is_some() {
                 continue;
@@ -2010,7 +1993,7 @@ impl Mux {
             return;
         }
         self.psocks.get_mut(p.index, p.generation).expect("live").in_avail = true;
-        self.psocks_avail.push_back(p);
+        self.sk.psocks_avail.push_back(p);
     }
 
     /// Release `p`'s reservation (its socket's queue is written out).
@@ -2019,7 +2002,7 @@ impl Mux {
         let Some(s) = ps.tx_kcm.take() else { return };
         ps.stats.unreserved += 1;
         ps.tx_rsvd_msgs = 0;
-        if let Some(sock) = self.socks.get_mut(s.index, s.generation) {
+        if let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) {
             if sock.tx_psock == Some(p) {
                 sock.tx_psock = None;
             }
@@ -2029,7 +2012,7 @@ impl Mux {
 
     /// A message left the core (written, or dropped): uncharge its owner.
     fn uncharge(&mut self, owner: SockId, len: usize, msgs: u32) {
-        if let Some(sock) = self.socks.get_mut(owner.index, owner.generation) {
+        if let Some(sock) = self.sk.socks.get_mut(owner.index, owner.generation) {
             sock.tx_mem -= len;
             sock.tx_msgs -= msgs as usize;
             self.check_writable(owner);
@@ -2037,7 +2020,7 @@ impl Mux {
     }
 
     fn check_writable(&mut self, s: SockId) {
-        if let Some(sock) = self.socks.get_mut(s.index, s.generation) {
+        if let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) {
             if sock.want_writable && sock.tx_mem < sock.sndbuf {
                 sock.want_writable = false;
                 self.events.push_back(Event::SockWritable(s));
@@ -2075,7 +2058,7 @@ impl Mux {
         let resume = psock::backlog_drained(&self.config, backlog_before, ps.tx_addr_bytes);
         let release = match ps.tx_kcm {
             Some(s) if ps.tx_rsvd_msgs == 0 => {
-                self.socks.get(s.index, s.generation).is_none_or(|sock| sock.tx_queue.is_empty())
+                self.sk.socks.get(s.index, s.generation).is_none_or(|sock| sock.tx_queue.is_empty())
             }
             _ => false,
         };
@@ -2140,7 +2123,7 @@ impl Mux {
         ps.life = Life::Failed;
         ps.stats.tx_aborts += 1;
         if std::mem::replace(&mut ps.in_avail, false) {
-            self.psocks_avail.retain(|x| *x != p);
+            self.sk.psocks_avail.retain(|x| *x != p);
         }
         self.events.push_back(Event::PsockFailed(p, PsockError::Tx(errno)));
         self.tx_evacuate(p, false, inflight);
@@ -2169,7 +2152,7 @@ impl Mux {
         let mut retries = 0;
         for (i, m) in msgs.into_iter().enumerate() {
             let in_chunk = writer_out && i < inflight;
-            let live_owner = self.socks.get(m.owner.index, m.owner.generation).is_some();
+            let live_owner = self.sk.socks.get(m.owner.index, m.owner.generation).is_some();
             if in_chunk && m.addressed {
                 out.push(Ok(m));
                 continue;
@@ -2208,7 +2191,7 @@ impl Mux {
             self.uncharge(owner, len, msgs);
         }
         if let Some(s) = kcm {
-            if let Some(sock) = self.socks.get_mut(s.index, s.generation) {
+            if let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) {
                 if sock.tx_psock == Some(p) {
                     sock.tx_psock = None;
                 }
@@ -2221,7 +2204,7 @@ impl Mux {
         if !rebalance.is_empty() {
             let mut owners: Vec<SockId> = Vec::new();
             for (s, data) in rebalance.into_iter().rev() {
-                self.socks.get_mut(s.index, s.generation).expect("live owner").tx_queue.push_front(data);
+                self.sk.socks.get_mut(s.index, s.generation).expect("live owner").tx_queue.push_front(data);
                 if !owners.contains(&s) {
                     owners.push(s);
                 }
@@ -2332,7 +2315,7 @@ impl Mux {
             leases: self.counters.leases,
             lease_returns: self.counters.lease_returns,
             lease_backlogs: self.counters.lease_backlogs,
-            kcms: self.socks.len(),
+            kcms: self.sk.socks.len(),
             psocks: self.psocks.len(),
             psock: agg,
         }
@@ -2354,8 +2337,8 @@ impl Mux {
     /// receive and send queues (open messages included), the hold queue.
     pub fn memory_used(&self) -> usize {
         let psocks: usize = self.psocks.iter().map(|(_, _, ps)| ps.rx_mem() + ps.below).sum();
-        let socks: usize = self.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
-        psocks + socks + self.hold_mem
+        let socks: usize = self.sk.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
+        psocks + socks + self.sk.hold_mem
     }
     /// The most [`Mux::memory_used`] can be, from configuration and the
     /// options set (formula in the module documentation).
@@ -2369,13 +2352,14 @@ impl Mux {
             .map(|(_, _, ps)| crate::stream::memory_bound(ps.rx_limit))
             .fold(0, usize::saturating_add);
         let socks: usize = self
+            .sk
             .socks
             .iter()
             .map(|(_, _, s)| {
                 (s.rcvbuf_peak + self.max_msg_peak).saturating_add(s.sndbuf_peak).saturating_add(s.tx_msg_peak)
             })
             .fold(0, usize::saturating_add);
-        psocks.saturating_add(socks).saturating_add(self.hold_budget)
+        psocks.saturating_add(socks).saturating_add(self.sk.hold_budget)
     }
 
     /// The `/proc/net/kcm`-style live view of this mux.
@@ -2399,7 +2383,7 @@ impl Mux {
             "{:<6}{:<8} {:<10} {:<16} {:<10} {:<16} {:<8} {:<8} {:<8} {:<8} KCMs: {}, Psocks {}",
             "mux", "", st.rx_msgs, st.rx_bytes, st.tx_msgs, st.tx_bytes, "-", "-", "-", "-", st.kcms, st.psocks
         );
-        for (i, _, s) in self.socks.iter() {
+        for (i, _, s) in self.sk.socks.iter() {
             let _ = write!(
                 out,
                 "   kcm-{:<7} {:<10} {:<16} {:<10} {:<16} {:<8} {:<8} {:<8} {:<8} ",
@@ -2534,96 +2518,6 @@ impl Mux {
             ps.tx_addressed_drops
         );
         out
-    }
-}
-
-/// The steering policy: which able socket takes a message.
-fn steer(
-    config: &MuxConfig,
-    socks: &Slab<Sock>,
-    rx_waiters: &VecDeque<SockId>,
-    affinity: Option<u32>,
-    key: Option<u64>,
-    target: &mut Option<SockId>,
-) -> Option<SockId> {
-    let steering = config.steering;
-    let mut avoid = None;
-    // Sockets any psock's messages may go to (not tag-only ones).
-    let open = |w: &SockId| socks.get(w.index, w.generation).is_some_and(|s| !s.tag_only);
-    match steering {
-        Steering::RoundRobin => {}
-        Steering::Affinity => {
-            if let Some(tag) = affinity {
-                // Affinity until uneven: the socket with the psock's tag
-                // while its queue is short.
-                let own = rx_waiters
-                    .iter()
-                    .copied()
-                    .find(|w| socks.get(w.index, w.generation).is_some_and(|s| s.affinity == Some(tag)));
-                match own.map(|w| (w, socks.get(w.index, w.generation).expect("waiter present"))) {
-                    // A tag-only socket keeps its psocks however long its
-                    // queue: one reader answers them, in order.
-                    Some((w, sock)) if sock.tag_only || sock.rx_queue.len() <= config.imbalance => return Some(w),
-                    Some((w, _)) => avoid = Some(w),
-                    // Its tag-only socket cannot take more now: the message
-                    // waits for it rather than go to another reader.
-                    None if socks.iter().any(|(_, _, s)| s.tag_only && s.affinity == Some(tag)) => return None,
-                    None => {}
-                }
-            }
-        }
-        Steering::Key => {
-            if let Some(k) = key {
-                // Hash over the able sockets in index order (stable while
-                // the set of able sockets is).
-                let n = rx_waiters.iter().filter(|w| open(w)).count();
-                if n > 0 {
-                    let pick = (mix(k) % n as u64) as usize;
-                    return socks
-                        .iter()
-                        .filter(|(_, _, s)| s.on_waiters && !s.tag_only)
-                        .nth(pick)
-                        .map(|(i, g, _)| sid((i, g)));
-                }
-                return None;
-            }
-        }
-    }
-    // Round robin with per-pass batching.
-    if let Some(t) = *target {
-        if avoid != Some(t) && socks.get(t.index, t.generation).is_some_and(|s| s.on_waiters && !s.tag_only) {
-            return Some(t);
-        }
-    }
-    let next = match avoid {
-        // Uneven: another socket, else the psock's own after all.
-        Some(a) => rx_waiters.iter().copied().find(|w| *w != a && open(w)).or(Some(a)),
-        None => rx_waiters.iter().copied().find(|w| open(w)),
-    };
-    *target = next;
-    next
-}
-
-/// Queue a message on a socket (which must be able).
-#[inline]
-fn enqueue_rx(
-    socks: &mut Slab<Sock>,
-    rx_waiters: &mut VecDeque<SockId>,
-    events: &mut VecDeque<Event>,
-    s: SockId,
-    msg: RxMsg,
-) {
-    let sock = socks.get_mut(s.index, s.generation).expect("steered to a live socket");
-    let was_empty = sock.rx_queue.is_empty();
-    sock.rx_mem += msg.remaining();
-    sock.rx_queue.push_back(msg);
-    if sock.rx_mem >= sock.rcvbuf && sock.on_waiters {
-        // Full: leave the waiter list until reads make room.
-        sock.on_waiters = false;
-        rx_waiters.retain(|w| *w != s);
-    }
-    if was_empty {
-        events.push_back(Event::SockReadable(s));
     }
 }
 

@@ -413,14 +413,14 @@ impl Mux {
         // writes them (`lease_sync`); the part written before stays counted.
         ps.tx_placed -= u64::from(msgs);
         self.uncharge(s, len, msgs);
-        if let Some(sock) = self.socks.get_mut(s.index, s.generation) {
+        if let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) {
             sock.stats.tx_msgs -= u64::from(msgs);
             sock.stats.tx_bytes -= rest as u64;
         }
     }
 
     fn lend(&mut self, p: PsockId, s: SockId, keep: usize, unsent: usize, held: u64) -> Option<Lease> {
-        let Mux { psocks, socks, config, hold, .. } = self;
+        let Mux { psocks, sk: super::Sockets { socks, hold, .. }, config, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation)?;
         let sock = socks.get(s.index, s.generation)?;
         // Replies queued: all of `s` (addressed to this psock, none held
@@ -513,7 +513,7 @@ impl Mux {
             ps.stream.count_framed(c.rx_msgs, c.rx_bytes, c.last_len);
             add_tx(&mut ps.stats, c.tx_msgs, c.tx_bytes);
             ps.tx_placed += c.tx_msgs;
-            if let Some(sock) = self.socks.get_mut(lease.sock.index, lease.sock.generation) {
+            if let Some(sock) = self.sk.socks.get_mut(lease.sock.index, lease.sock.generation) {
                 sock.stats.rx_msgs += c.rx_msgs;
                 sock.stats.rx_bytes += c.rx_delivered;
                 sock.stats.tx_msgs += c.tx_msgs;
@@ -584,7 +584,7 @@ impl Mux {
     /// written) first on psock `p`'s queue, charged and counted as a send
     /// of them.
     fn unsent_first(&mut self, p: PsockId, s: SockId, chunk: Bytes, msgs: u32) {
-        let Mux { psocks, socks, .. } = self;
+        let Mux { psocks, sk: super::Sockets { socks, .. }, .. } = self;
         let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
         let Some(sock) = socks.get_mut(s.index, s.generation) else { return };
         let len = chunk.len();

@@ -98,8 +98,8 @@ impl Mux {
     /// [`Mux::memory_used`] in O(sockets): the psocks' part is kept as a sum.
     #[inline]
     pub(super) fn mem_total(&self) -> usize {
-        let socks: usize = self.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
-        self.rx_held_sum + socks + self.hold_mem
+        let socks: usize = self.sk.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
+        self.rx_held_sum + socks + self.sk.hold_mem
     }
 
     /// The most one read may take under the budget: what is left of it, but

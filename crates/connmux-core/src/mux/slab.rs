@@ -17,6 +17,12 @@ pub(crate) struct Slab<T> {
     len: usize,
 }
 
+impl<T> Default for Slab<T> {
+    fn default() -> Self {
+        Slab::new()
+    }
+}
+
 impl<T> Slab<T> {
     pub(crate) fn new() -> Self {
         Slab { slots: Vec::new(), free: BinaryHeap::new(), len: 0 }
