@@ -96,6 +96,8 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let me = &sh.workers[index];
     let mut w = Worker { sh, serving: None, bufs: ServeBufs::new(&sh.tuning), events: Vec::new(), dirty: Vec::new() };
     let rounds = sh.tuning.ring_rounds;
+    // Readers of the statistics waiting for this pass's hold (`Command::Tell`).
+    let mut tells: Vec<std::sync::mpsc::Sender<()>> = Vec::new();
 
     // The earliest assembly deadline as of the end of the last pass. Deadlines
     // start only when this worker feeds its own psocks (in the pass), so the
@@ -171,8 +173,8 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                         me.serving.store(true, Ordering::Release);
                     }
                     // The pass's hold below tells (a command wake never
-                    // skips it).
-                    Command::Tell => {}
+                    // skips it), then the reader is answered.
+                    Command::Tell(answer) => tells.push(answer),
                     Command::Unlease(p) => w.bufs.own.give_back(sh, p, connmux_sys::clock::now_nanos(), &mut w.events),
                     c => io.command(&mut w, c),
                 }
@@ -190,6 +192,9 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
             && w.bufs.own.hold_can_wait(w.bufs.own.read_at, sync_every_ns);
         if !quiet {
             hold(sh, me, &mut w, &mut next_deadline);
+        }
+        for answer in tells.drain(..) {
+            let _ = answer.send(());
         }
         // Dispatch, serve in place, write: until nothing is left to do here
         // (bounded; what remains is picked up by the next pass).
@@ -219,6 +224,9 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let now = sh.now();
     w.bufs.hold(&mut sh.lock(), now);
     me.held(false);
+    for answer in tells.drain(..) {
+        let _ = answer.send(());
+    }
 }
 
 /// Passes of a worker in `Config::lane_worker_slice` slices with nothing

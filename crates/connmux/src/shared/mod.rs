@@ -74,9 +74,9 @@ pub(crate) enum Command {
     Release(Arc<PsockRt>),
     /// Give the lease of this psock back to the core (`PsockLeaseRevoked`).
     Unlease(PsockId),
-    /// Tell the core what the lent psocks did (a reader of the statistics
-    /// waits for it: `Shared::tell_untold`).
-    Tell,
+    /// Tell the core what the lent psocks did, then answer on the channel
+    /// (a reader of the statistics waits for it: `Shared::tell_untold`).
+    Tell(std::sync::mpsc::Sender<()>),
 }
 
 /// Encode a psock id as an epoll token (index in the low half, generation high).
@@ -238,9 +238,6 @@ pub(crate) struct WorkerRef {
     /// told to the core yet, so a reader of the statistics asks it to tell
     /// (`Shared::tell_untold`).
     pub lent: AtomicBool,
-    /// Its holds so far (each tells the core what its leases did): a
-    /// reader that asked sees it move.
-    pub told: AtomicU64,
     /// Its thread, once running: a reader on that thread (a handler) does
     /// not wait for it.
     pub thread: OnceLock<ThreadId>,
@@ -261,7 +258,6 @@ impl WorkerRef {
             cpu,
             serving: AtomicBool::new(false),
             lent: AtomicBool::new(false),
-            told: AtomicU64::new(0),
             thread: OnceLock::new(),
             woken: AtomicBool::new(false),
         }
@@ -296,7 +292,6 @@ impl WorkerRef {
         if self.lent.load(Ordering::Relaxed) != lent {
             self.lent.store(lent, Ordering::Release);
         }
-        self.told.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -495,21 +490,22 @@ impl Shared {
     /// statistics) cannot be waited for: its counts are as of its last hold.
     fn tell_untold(&self) {
         let me = std::thread::current().id();
-        let mut asked: Vec<(&WorkerRef, u64)> = Vec::new();
+        let (told, answers) = std::sync::mpsc::channel();
+        let mut asked = 0;
         for w in &self.workers {
             if w.lent.load(Ordering::Acquire) && w.thread.get() != Some(&me) {
-                let told = w.told.load(Ordering::Acquire);
-                w.command(Command::Tell);
-                asked.push((w, told));
+                w.command(Command::Tell(told.clone()));
+                asked += 1;
             }
         }
+        // Only the workers hold senders now: a worker that ends answers
+        // (or drops its sender with its commands), so the wait ends early.
+        drop(told);
         let deadline = std::time::Instant::now() + TELL_WAIT;
-        for (w, told) in asked {
-            while w.told.load(Ordering::Acquire) == told
-                && !self.stop.load(Ordering::Acquire)
-                && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(Duration::from_micros(20));
+        for _ in 0..asked {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if answers.recv_timeout(left).is_err() {
+                break;
             }
         }
     }
