@@ -303,3 +303,34 @@ fn kcm_server_echoes_whole_messages_from_application_threads() {
         assert_eq!(echoes, sent, "{extra:?}: every message echoed whole, once");
     }
 }
+
+/// `bench hostile`'s attacks that run on their own: a slow reader, and idle
+/// connections filling a capped server; each with the good clients' rate
+/// beside it and its ratio to their rate alone.
+#[test]
+fn bench_hostile_runs_the_slow_reader_and_the_idle_cap_on_their_own() {
+    let out = Command::new(BIN)
+        .args(["bench", "hostile", "--seconds", "2", "--baseline-seconds", "0.5", "--json"])
+        .args(["--attacks", "slow-reader,idle-cap", "--idle-conns", "200", "--slow-messages", "20000"])
+        .args(["--", "--no-pin"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    for attack in ["slow-reader", "idle-cap"] {
+        let v = &doc["solo"][attack];
+        assert!(v["good_beside"]["calls"].as_u64().unwrap() > 0, "{attack}: {doc}");
+        assert!(v["good_alone"]["calls"].as_u64().unwrap() > 0, "{attack}: {doc}");
+        assert!(v["ratio"].as_f64().unwrap() > 0.0, "{attack}: {doc}");
+    }
+    let slow = &doc["solo"]["slow-reader"]["seen"];
+    assert!(slow["rounds"].as_u64().unwrap() >= 1 && slow["replies_read"].as_u64().unwrap() > 0, "{doc}");
+    let cap = &doc["solo"]["idle-cap"];
+    assert_eq!(cap["max_conns"], 200, "{doc}");
+    assert!(cap["seen"]["held_at_start"].as_u64().unwrap() > 0, "{doc}");
+    assert!(cap["newcomers"]["tried"].as_u64().unwrap() > 0, "{doc}");
+    assert!(cap["server_counters"]["evicted"].is_u64(), "{doc}");
+    // Nothing ran together: no such figures.
+    assert!(doc["attacks"].as_object().unwrap().is_empty(), "{doc}");
+}
