@@ -248,3 +248,89 @@ fn uneven_load_per_conn_reports_each_connection() {
     let doc: serde_json::Value = serde_json::from_slice(&plain.stdout).unwrap();
     assert!(doc["conns"].is_null() && doc["ok"] == true, "{doc}");
 }
+
+/// `bench kcm`, briefly: a row per shape and server, each with a rate, the
+/// ratio to thread per connection, and for two application threads the
+/// ratio to one.
+#[test]
+fn bench_kcm_quick_prints_every_shape_and_server() {
+    let out = Command::new(BIN)
+        .args(["bench", "kcm", "--quick", "--seconds", "0.2", "--shapes", "8x16,8x1,2x64"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for shape in ["8x16", "8x1", "2x64"] {
+        for server in ["thread", "kcm-1", "kcm-2", "kcm-batch-1", "kcm-batch-2"] {
+            let row = text
+                .lines()
+                .find(|l| l.split_whitespace().take(2).eq([shape, server]))
+                .unwrap_or_else(|| panic!("no {shape} {server} row in\n{text}"));
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            let rate: f64 = cols[2].parse().unwrap();
+            assert!(rate > 0.0, "{row}");
+            assert!(cols[3].ends_with('x'), "the ratio to thread per connection: {row}");
+            assert_eq!(cols[4].ends_with('x'), server.ends_with("-2"), "the ratio to one thread: {row}");
+        }
+    }
+}
+
+/// `bench kcm-server --engine kcm`: the echoes of messages split anywhere
+/// come back whole, each once, from application threads on cloned sockets
+/// (in any order: two threads answer one connection).
+#[test]
+fn kcm_server_echoes_whole_messages_from_application_threads() {
+    for extra in [&["--threads", "2"][..], &["--threads", "2", "--batch"][..], &["--engine", "thread"][..]] {
+        let s = spawn_server(
+            Command::new(BIN)
+                .args(["bench", "kcm-server", "-l", "127.0.0.1:0", "--cpus", "0", "--duration", "30"])
+                .args(extra),
+        );
+        let mut c = TcpStream::connect(s.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let msg = |t: u32| [20u32.to_be_bytes(), t.to_be_bytes(), [t as u8; 4], [1; 4], [2; 4], [3; 4]].concat();
+        let wire: Vec<u8> = (0..50u32).flat_map(msg).collect();
+        let (head, tail) = wire.split_at(7 * 40);
+        for piece in head.chunks(7) {
+            c.write_all(piece).unwrap();
+        }
+        c.write_all(tail).unwrap();
+        let mut got = vec![0u8; wire.len()];
+        c.read_exact(&mut got).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        let mut echoes: Vec<Vec<u8>> = got.chunks(24).map(<[u8]>::to_vec).collect();
+        echoes.sort_by_key(|m| u32::from_be_bytes(m[4..8].try_into().unwrap()));
+        let sent: Vec<Vec<u8>> = wire.chunks(24).map(<[u8]>::to_vec).collect();
+        assert_eq!(echoes, sent, "{extra:?}: every message echoed whole, once");
+    }
+}
+
+/// `bench hostile`'s attacks that run on their own: a slow reader, and idle
+/// connections filling a capped server; each with the good clients' rate
+/// beside it and its ratio to their rate alone.
+#[test]
+fn bench_hostile_runs_the_slow_reader_and_the_idle_cap_on_their_own() {
+    let out = Command::new(BIN)
+        .args(["bench", "hostile", "--seconds", "2", "--baseline-seconds", "0.5", "--json"])
+        .args(["--attacks", "slow-reader,idle-cap", "--idle-conns", "200", "--slow-messages", "20000"])
+        .args(["--", "--no-pin"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    for attack in ["slow-reader", "idle-cap"] {
+        let v = &doc["solo"][attack];
+        assert!(v["good_beside"]["calls"].as_u64().unwrap() > 0, "{attack}: {doc}");
+        assert!(v["good_alone"]["calls"].as_u64().unwrap() > 0, "{attack}: {doc}");
+        assert!(v["ratio"].as_f64().unwrap() > 0.0, "{attack}: {doc}");
+    }
+    let slow = &doc["solo"]["slow-reader"]["seen"];
+    assert!(slow["rounds"].as_u64().unwrap() >= 1 && slow["replies_read"].as_u64().unwrap() > 0, "{doc}");
+    let cap = &doc["solo"]["idle-cap"];
+    assert_eq!(cap["max_conns"], 200, "{doc}");
+    assert!(cap["seen"]["held_at_start"].as_u64().unwrap() > 0, "{doc}");
+    assert!(cap["newcomers"]["tried"].as_u64().unwrap() > 0, "{doc}");
+    assert!(cap["server_counters"]["evicted"].is_u64(), "{doc}");
+    // Nothing ran together: no such figures.
+    assert!(doc["attacks"].as_object().unwrap().is_empty(), "{doc}");
+}

@@ -98,13 +98,15 @@ impl Drop for StatsEndpoint {
 
 /// The library's `/proc/net/kcm_stats`-style table of `mux`, then every
 /// counter as `name=value` (greppable; the names are the fields of
-/// `MuxStats` and `PsockStats`).
+/// `MuxStats` and `PsockStats`), and the memory budget's parts
+/// ([`MemParts`]).
 pub fn format_mux_stats(mux: &Mux) -> String {
     let st = mux.stats();
+    let parts = MemParts::of(st.mem_used, &mux.proc_kcm());
     let p = &st.psock;
     let mut out = mux.proc_kcm_stats();
     out.push('\n');
-    let pairs: [(&str, u64); 33] = [
+    let pairs: [(&str, u64); 36] = [
         ("rx_msgs", st.rx_msgs),
         ("rx_bytes", st.rx_bytes),
         ("tx_msgs", st.tx_msgs),
@@ -128,6 +130,9 @@ pub fn format_mux_stats(mux: &Mux) -> String {
         ("tx_addressed_drops", p.tx_addressed_drops),
         ("tx_backlog_refusals", p.tx_backlog_refusals),
         ("mem_used", st.mem_used as u64),
+        ("mem_sock_rx", parts.sock_rx as u64),
+        ("mem_sock_tx", parts.sock_tx as u64),
+        ("mem_psock_rx", parts.psock_rx as u64),
         ("mem_pauses", st.mem_pauses),
         ("mem_aborts", st.mem_aborts),
         ("idle_timeouts", st.idle_timeouts),
@@ -145,6 +150,42 @@ pub fn format_mux_stats(mux: &Mux) -> String {
         out.push_str(&format!("{k}={v}\n"));
     }
     out
+}
+
+/// What the memory budget (`mem_used`, against `--mem-limit`) holds, in
+/// parts that add up to it. The library's statistics give the total
+/// (`MuxStats::mem_used`); the sockets' queues are its `/proc/net/kcm`
+/// view's `Rmem` and `Smem` columns (`Mux::proc_kcm`), as the budget counts
+/// them. The rest is the connections' receive side, which the library
+/// does not tell apart: assembly buffers as allocated, a message parsed and
+/// not yet queued, what lies below the parser (TLS, io_uring buffers
+/// spilled) and the hold queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemParts {
+    /// Messages queued on the KCM sockets for the application (or the
+    /// service's handler), bytes (`Rmem`).
+    pub sock_rx: usize,
+    /// Messages the sockets accepted and have not yet written (replies
+    /// waiting for their connection, open messages), bytes (`Smem`).
+    pub sock_tx: usize,
+    /// The rest of `mem_used`: the connections' receive side.
+    pub psock_rx: usize,
+}
+
+impl MemParts {
+    /// The parts of `mem_used` from a `Mux::proc_kcm` text taken just after it.
+    pub fn of(mem_used: usize, proc_kcm: &str) -> MemParts {
+        let (mut sock_rx, mut sock_tx) = (0usize, 0usize);
+        for l in proc_kcm.lines() {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            // kcm-N RX-Msgs RX-Bytes TX-Msgs TX-Bytes Recv-Q Rmem Send-Q Smem [status]
+            if cols.len() >= 9 && cols[0].starts_with("kcm-") {
+                sock_rx += cols[6].parse::<usize>().unwrap_or(0);
+                sock_tx += cols[8].parse::<usize>().unwrap_or(0);
+            }
+        }
+        MemParts { sock_rx, sock_tx, psock_rx: mem_used.saturating_sub(sock_rx + sock_tx) }
+    }
 }
 
 /// One server's snapshot.
@@ -218,3 +259,72 @@ fn stdout_failed(e: &std::io::Error) -> i32 {
 
 /// Exit status when a server could not be reached (or none was found).
 pub const EXIT_UNREACHABLE: i32 = 1;
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    use super::{format_mux_stats, MemParts};
+
+    fn counter(text: &str, name: &str) -> usize {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    }
+
+    /// A real mux over loopback: one whole message queued on a socket and
+    /// the start of another in assembly; the parts name each and add up to
+    /// `mem_used`.
+    #[test]
+    fn the_memory_budget_is_shown_in_its_parts() {
+        let mut c = connmux::Config::default();
+        c.workers = 1;
+        c.placement = connmux::Placement::Unpinned;
+        c.driver = connmux::Driver::Epoll;
+        let mux = connmux::Mux::new(c).unwrap();
+        let sock = mux.socket(connmux::SockType::Dgram).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (ours, _) = l.accept().unwrap();
+        mux.attach(&ours, connmux::parsers::from_spec("l4").unwrap()).unwrap();
+        let mut wire = 1000u32.to_be_bytes().to_vec();
+        wire.resize(1004, 7);
+        // The next message: 100,000 bytes announced, 5,000 sent.
+        wire.extend_from_slice(&100_000u32.to_be_bytes());
+        wire.resize(1004 + 4 + 5000, 9);
+        peer.write_all(&wire).unwrap();
+        let t0 = Instant::now();
+        let text = loop {
+            let text = format_mux_stats(&mux);
+            let st = sock.stats().unwrap();
+            if st.rx_queued == 1 && counter(&text, "mem_psock_rx") >= 5000 {
+                break text;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "never queued and assembling: {text}");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let (rx, tx, ps) =
+            (counter(&text, "mem_sock_rx"), counter(&text, "mem_sock_tx"), counter(&text, "mem_psock_rx"));
+        assert!(rx >= 1004, "the queued message: {text}");
+        assert_eq!(tx, 0, "nothing sent: {text}");
+        assert_eq!(rx + tx + ps, counter(&text, "mem_used"), "{text}");
+        drop(peer);
+    }
+
+    #[test]
+    fn parts_are_read_from_the_sockets_lines() {
+        let text = "\
+*** KCM statistics (1 MUX) ****
+Object         RX-Msgs    RX-Bytes         TX-Msgs    TX-Bytes         Recv-Q   Rmem     Send-Q   Smem     Status
+mux                       3          300              2          200              -        -        -        -        KCMs: 2, Psocks 1
+   kcm-0       1          100              1          100              1        120      1        64       RxWait
+   kcm-1       2          200              1          100              0        0        2        300      
+   psock-0     3          300              2          200              0        4096     0        0        RxWait
+";
+        assert_eq!(MemParts::of(10_000, text), MemParts { sock_rx: 120, sock_tx: 364, psock_rx: 10_000 - 484 });
+        assert_eq!(MemParts::of(100, text).psock_rx, 0, "saturates when the two views were taken apart");
+    }
+}

@@ -14,6 +14,13 @@
 //! | `slowloris` | connections sending a call one byte at a time, a byte every 100 ms each |
 //! | `garbage` | connections sending bad record marks (2 GiB, zero-length fragments) or random bytes |
 //! | `rst` | connect, half a call, then close with RST, as fast as one thread can |
+//! | `slow-reader` | rounds of `--slow-messages` requests (echo: 8 KiB messages) pipelined on one connection whose replies are read slowly (`--slow-read-bytes` every `--slow-read-pause-us`): the server stops reading it while its replies back up, and must deliver every one |
+//! | `idle-cap` | a second server of the same kind capped at `--idle-conns` connections (`--max-conns`), filled by connections that never send (reopened when closed): newcomers must be answered, the idlest making room |
+//!
+//! The first six run together, beside the good clients; `slow-reader` and
+//! `idle-cap` each run after them on their own beside the good clients (the
+//! capped server with its own baseline), so that the good clients' rate
+//! beside each is printed as a ratio to their rate alone.
 //!
 //! It prints the good clients' calls/s alone and under attack (and the
 //! ratio), their errors and reply times, how many new connections (one every
@@ -42,7 +49,10 @@ use socket2::{Domain, Socket, Type};
 use super::{exe, free_port, loadavg, ratio, rss_kib, Proc};
 
 /// Every attack, in the order they are printed.
-const ATTACKS: [&str; 6] = ["non-readers", "half-close", "partial", "slowloris", "garbage", "rst"];
+const ATTACKS: [&str; 8] =
+    ["non-readers", "half-close", "partial", "slowloris", "garbage", "rst", "slow-reader", "idle-cap"];
+/// The attacks that run each on its own, after the others.
+const SOLO: [&str; 2] = ["slow-reader", "idle-cap"];
 
 /// The server attacked, and what its requests look like.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -123,9 +133,30 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub good: usize,
     /// Which attacks (comma-separated): non-readers, half-close, partial,
-    /// slowloris, garbage, rst.
-    #[arg(long, value_delimiter = ',', default_value = "non-readers,half-close,partial,slowloris,garbage,rst")]
+    /// slowloris, garbage, rst (together), slow-reader, idle-cap (each on
+    /// its own).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "non-readers,half-close,partial,slowloris,garbage,rst,slow-reader,idle-cap"
+    )]
     pub attacks: Vec<String>,
+    /// Requests the slow reader pipelines in each round (rpc: NULL calls,
+    /// 200,000 by default; echo: messages of 8 KiB, 10,000).
+    #[arg(long)]
+    pub slow_messages: Option<usize>,
+    /// Bytes the slow reader reads at a time (rpc: 1 KiB by default, some
+    /// 2 MB/s of replies; echo: 16 KiB, 32 MB/s): either way its replies
+    /// back up for seconds.
+    #[arg(long)]
+    pub slow_read_bytes: Option<usize>,
+    /// Microseconds the slow reader waits after each read.
+    #[arg(long, default_value_t = 500)]
+    pub slow_read_pause_us: u64,
+    /// Idle connections filling the capped server of `idle-cap` (its
+    /// `--max-conns`).
+    #[arg(long, default_value_t = 1000)]
+    pub idle_conns: usize,
     /// Non-reading connections.
     #[arg(long, default_value_t = 10)]
     pub non_readers: usize,
@@ -525,6 +556,114 @@ fn rst_flood(t: Target, addr: SocketAddr, end: Instant, seen: &Seen) {
     }
 }
 
+/// What the slow reader sends: its requests and the length of each reply.
+fn slow_requests(t: Target, n: usize) -> (Vec<u8>, usize) {
+    match t {
+        Target::Rpc => ((0..n as u32).flat_map(null_call).collect(), t.reply_len()),
+        Target::Echo => {
+            const TOTAL: usize = 4 + (8 << 10);
+            let mut one = t.header(TOTAL).to_vec();
+            one.resize(TOTAL, 0x5a);
+            (one.repeat(n), TOTAL)
+        }
+    }
+}
+
+/// Rounds of one connection pipelining `n` requests while its replies are
+/// read `chunk` bytes at a time, `pause` apart, until every reply is in
+/// (or 5 s without a byte, or the connection ends), from `end` on no new round.
+fn slow_reader(t: Target, addr: SocketAddr, n: usize, chunk: usize, pause: Duration, end: Instant, seen: &Seen) {
+    let (all, reply_len) = slow_requests(t, n);
+    let all = Arc::new(all);
+    let want = n * reply_len;
+    while Instant::now() < end {
+        // A small receive buffer: the replies back up in the server, not here.
+        let Ok(mut c) = connect_with(addr, Some(64 << 10)) else {
+            seen.add("connect_errors", 1);
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        let Ok(mut w) = c.try_clone() else { continue };
+        let all = all.clone();
+        let writer = std::thread::spawn(move || w.write_all(&all).is_ok());
+        let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+        let t0 = Instant::now();
+        let mut buf = vec![0u8; chunk.max(1)];
+        let mut got = 0usize;
+        let ending = loop {
+            if got >= want {
+                break "complete";
+            }
+            match c.read(&mut buf) {
+                Ok(0) => break "closed",
+                Ok(k) => got += k,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break "stalled",
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break "rst",
+            }
+            std::thread::sleep(pause);
+        };
+        let took = t0.elapsed();
+        // (A writer still blocked on a connection the server gave up on
+        // returns once this end is closed.)
+        let _ = c.shutdown(Shutdown::Both);
+        drop(c);
+        let sent_all = writer.join().unwrap_or(false);
+        seen.add("rounds", 1);
+        seen.add("requests_sent", n as u64);
+        seen.add("replies_read", (got / reply_len) as u64);
+        seen.add(
+            match ending {
+                "complete" => "rounds_complete",
+                "closed" => "ended_closed",
+                "rst" => "ended_rst",
+                _ => "ended_stalled",
+            },
+            1,
+        );
+        let ms = took.as_millis() as u64;
+        let longest = seen.get("longest_round_ms");
+        if ms > longest {
+            seen.add("longest_round_ms", ms - longest);
+        }
+        if !sent_all {
+            seen.add("send_failed", 1);
+        }
+    }
+    seen.add("replies_lost", seen.get("requests_sent").saturating_sub(seen.get("replies_read")));
+}
+
+/// `n` connections that never send, reopened when the server closes one,
+/// until `end`.
+fn idle_holders(addr: SocketAddr, n: usize, end: Instant, seen: &Seen) {
+    let mut conns: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+    let mut first = true;
+    while Instant::now() < end {
+        for slot in conns.iter_mut() {
+            if let Some(c) = slot {
+                if !closed_within(c, Duration::from_millis(1)) {
+                    continue;
+                }
+                seen.add("closed_by_server", 1);
+                *slot = None;
+            }
+            match connect_with(addr, None) {
+                Ok(c) => {
+                    let _ = c.set_nonblocking(true);
+                    seen.add("connections", 1);
+                    *slot = Some(c);
+                }
+                Err(_) => seen.add("connect_errors", 1),
+            }
+        }
+        if first {
+            seen.add("held_at_start", conns.iter().flatten().count() as u64);
+            first = false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// VmRSS samples of a process until `stop`: (start, peak, last), KiB.
 fn sample_rss(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, u64, u64)> {
     std::thread::spawn(move || {
@@ -566,6 +705,11 @@ fn good_json(g: &Good, secs: f64) -> Value {
     })
 }
 
+/// What an attack saw, as JSON.
+fn seen_json(s: &Seen) -> Value {
+    Value::Object(s.pairs().into_iter().map(|(k, v)| (k.to_string(), Value::from(v))).collect())
+}
+
 /// `name=value` lines of a statistics snapshot.
 fn counters(text: &str) -> serde_json::Map<String, Value> {
     text.lines()
@@ -584,17 +728,22 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
     }
     let on = |name: &str| a.attacks.iter().any(|x| x == name);
+    let together: Vec<&str> = ATTACKS.iter().copied().filter(|n| on(n) && !SOLO.contains(n)).collect();
     let dir = std::env::temp_dir().join(format!("connmux-bench-hostile-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let t = a.server;
     let sock: PathBuf = dir.join(format!("{}.sock", t.name()));
     let port = free_port()?;
-    let mut cmd = std::process::Command::new(exe()?);
-    cmd.args(t.server_args())
-        .args(["-l", &format!("127.0.0.1:{port}"), "--driver", &a.driver, "--stats-socket"])
-        .arg(&sock)
-        .args(&a.server_args);
-    let mut server = Proc::spawn(t.name(), cmd, port)?;
+    let server_cmd = |port: u16, sock: &std::path::Path, extra: &[String]| -> anyhow::Result<std::process::Command> {
+        let mut cmd = std::process::Command::new(exe()?);
+        cmd.args(t.server_args())
+            .args(["-l", &format!("127.0.0.1:{port}"), "--driver", &a.driver, "--stats-socket"])
+            .arg(sock)
+            .args(&a.server_args)
+            .args(extra);
+        Ok(cmd)
+    };
+    let mut server = Proc::spawn(t.name(), server_cmd(port, &sock, &[])?, port)?;
     let pid = server.pid;
     let addr = server.addr;
     if !a.json {
@@ -617,9 +766,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 
     let alone = good_clients(t, addr, a.good, Instant::now() + Duration::from_secs_f64(a.baseline_seconds));
 
-    let end = Instant::now() + Duration::from_secs_f64(a.seconds);
-    let seen: Vec<(&'static str, Arc<Seen>)> =
-        ATTACKS.iter().filter(|n| on(n)).map(|n| (*n, Arc::new(Seen::default()))).collect();
+    // (Without an attack to run together, that phase takes no time.)
+    let together_secs = if together.is_empty() { 0.0 } else { a.seconds };
+    let end = Instant::now() + Duration::from_secs_f64(together_secs);
+    let seen: Vec<(&'static str, Arc<Seen>)> = together.iter().map(|n| (*n, Arc::new(Seen::default()))).collect();
     let mut attackers = Vec::new();
     for (name, s) in &seen {
         let s = s.clone();
@@ -643,6 +793,74 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         let _ = t.join();
     }
     let listen_drops = listen_drops().zip(drops0).map(|(b, a)| b.saturating_sub(a));
+
+    // The attacks that run on their own, each beside the good clients.
+    let mut solo = serde_json::Map::new();
+    let ratio_of = |beside: &Good, alone: &Good, alone_secs: f64| {
+        let r0 = alone.calls.load(Relaxed) as f64 / alone_secs;
+        let r1 = beside.calls.load(Relaxed) as f64 / a.seconds;
+        if r0 > 0.0 {
+            r1 / r0
+        } else {
+            0.0
+        }
+    };
+    if on("slow-reader") {
+        let s = Seen::default();
+        let end = Instant::now() + Duration::from_secs_f64(a.seconds);
+        let pause = Duration::from_micros(a.slow_read_pause_us);
+        let (n, chunk) = match t {
+            Target::Rpc => (a.slow_messages.unwrap_or(200_000), a.slow_read_bytes.unwrap_or(1 << 10)),
+            Target::Echo => (a.slow_messages.unwrap_or(10_000), a.slow_read_bytes.unwrap_or(16 << 10)),
+        };
+        let beside = std::thread::scope(|sc| {
+            sc.spawn(|| slow_reader(t, addr, n, chunk, pause, end, &s));
+            good_clients(t, addr, a.good, end)
+        });
+        solo.insert(
+            "slow-reader".into(),
+            json!({
+                "seen": seen_json(&s),
+                "good_alone": good_json(&alone, a.baseline_seconds),
+                "good_beside": good_json(&beside, a.seconds),
+                "ratio": ratio_of(&beside, &alone, a.baseline_seconds),
+            }),
+        );
+    }
+    if on("idle-cap") {
+        let csock = dir.join(format!("{}-capped.sock", t.name()));
+        let cport = free_port()?;
+        let cap = a.idle_conns.to_string();
+        let capped = Proc::spawn(
+            &format!("{} --max-conns {cap}", t.name()),
+            server_cmd(cport, &csock, &["--max-conns".into(), cap.clone()])?,
+            cport,
+        )?;
+        let caddr = capped.addr;
+        let alone_c = good_clients(t, caddr, a.good, Instant::now() + Duration::from_secs_f64(a.baseline_seconds));
+        let s = Seen::default();
+        let end = Instant::now() + Duration::from_secs_f64(a.seconds);
+        let (beside, (answered, tried, slowest)) = std::thread::scope(|sc| {
+            sc.spawn(|| idle_holders(caddr, a.idle_conns, end, &s));
+            let probe = sc.spawn(|| newcomers(t, caddr, end));
+            let g = good_clients(t, caddr, a.good, end);
+            (g, probe.join().unwrap_or((0, 0, 0)))
+        });
+        let c = counters(&crate::cmd::stat::read_one(&csock).unwrap_or_default());
+        drop(capped);
+        solo.insert(
+            "idle-cap".into(),
+            json!({
+                "max_conns": a.idle_conns,
+                "seen": seen_json(&s),
+                "newcomers": { "tried": tried, "answered": answered, "slowest_us": slowest },
+                "server_counters": { "evicted": c.get("evicted"), "refused": c.get("refused"), "accepted": c.get("accepted") },
+                "good_alone": good_json(&alone_c, a.baseline_seconds),
+                "good_beside": good_json(&beside, a.seconds),
+                "ratio": ratio_of(&beside, &alone_c, a.baseline_seconds),
+            }),
+        );
+    }
     stop_rss.store(true, Relaxed);
     let during = rss.join().unwrap_or((0, 0, 0));
     let peak_hwm = hwm_kib(pid);
@@ -671,10 +889,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         "good_under_attack": good_json(&under, a.seconds),
         "newcomers": { "tried": new_tried, "answered": new_answered, "slowest_us": new_slowest_us },
         "listen_drops": listen_drops,
-        "attacks": seen.iter().map(|(n, s)| (n.to_string(), Value::Object(s.pairs().into_iter().map(|(k, v)| (k.to_string(), Value::from(v))).collect()))).collect::<serde_json::Map<_, _>>(),
+        "attacks": seen.iter().map(|(n, s)| (n.to_string(), seen_json(s))).collect::<serde_json::Map<_, _>>(),
         "rss_kib": { "start": during.0, "peak_sampled": during.1, "peak_hwm": peak_hwm, "end_of_attacks": during.2, "after_1s": after_kib },
         "server_counters": server_counters,
         "stop": { "sigterm_exited": stopped, "ms": stop_ms, "stats_socket_left": socket_left },
+        "solo": solo,
     });
     if a.json {
         println!("{doc}");
@@ -684,28 +903,59 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let g1 = &doc["good_under_attack"];
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
     println!();
-    println!(
-        "good clients   alone: {:>9.0} calls/s, p99 {} µs   under attack: {:>9.0} calls/s ({}), p99 {} µs, max {} µs, errors {}, reconnects {}",
-        f(&g0["calls_per_s"]),
-        g0["p99_us"],
-        f(&g1["calls_per_s"]),
-        ratio(f(&g1["calls_per_s"]), f(&g0["calls_per_s"])),
-        g1["p99_us"],
-        g1["max_us"],
-        g1["errors"],
-        g1["reconnects"],
-    );
-    println!(
-        "newcomers      {new_answered} of {new_tried} new connections answered within 1 s (one call each, every 250 ms), slowest {:.1} ms",
-        new_slowest_us as f64 / 1000.0
-    );
-    println!(
-        "listen drops   {} (connections the kernel dropped at a full listener backlog, this machine's, during the attacks)",
-        listen_drops.map_or("?".to_string(), |n| n.to_string())
-    );
+    let under_attack = if together.is_empty() {
+        "no attack run together".to_string()
+    } else {
+        format!(
+            "under attack: {:>9.0} calls/s ({}), p99 {} µs, max {} µs, errors {}, reconnects {}",
+            f(&g1["calls_per_s"]),
+            ratio(f(&g1["calls_per_s"]), f(&g0["calls_per_s"])),
+            g1["p99_us"],
+            g1["max_us"],
+            g1["errors"],
+            g1["reconnects"],
+        )
+    };
+    println!("good clients   alone: {:>9.0} calls/s, p99 {} µs   {under_attack}", f(&g0["calls_per_s"]), g0["p99_us"]);
+    if !together.is_empty() {
+        println!(
+            "newcomers      {new_answered} of {new_tried} new connections answered within 1 s (one call each, every 250 ms), slowest {:.1} ms",
+            new_slowest_us as f64 / 1000.0
+        );
+        println!(
+            "listen drops   {} (connections the kernel dropped at a full listener backlog, this machine's, during the attacks)",
+            listen_drops.map_or("?".to_string(), |n| n.to_string())
+        );
+    }
     for (name, s) in &seen {
         let pairs = s.pairs().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
         println!("{name:<14} {pairs}");
+    }
+    for (name, v) in SOLO.iter().filter_map(|n| solo.get(*n).map(|v| (*n, v))) {
+        let seen = v["seen"]
+            .as_object()
+            .map_or(String::new(), |m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
+        let extra = match name {
+            "idle-cap" => format!(
+                "; capped at {}: newcomers {} of {} answered within 1 s (slowest {:.1} ms), evicted={} refused={}",
+                v["max_conns"],
+                v["newcomers"]["answered"],
+                v["newcomers"]["tried"],
+                f(&v["newcomers"]["slowest_us"]) / 1000.0,
+                v["server_counters"]["evicted"],
+                v["server_counters"]["refused"],
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "{name:<14} {seen}{extra}\n               good clients beside it: {:.0} calls/s ({:.2}x their {:.0} alone{}), p99 {} µs, errors {}",
+            f(&v["good_beside"]["calls_per_s"]),
+            f(&v["ratio"]),
+            f(&v["good_alone"]["calls_per_s"]),
+            if name == "idle-cap" { " on the capped server" } else { "" },
+            v["good_beside"]["p99_us"],
+            v["good_beside"]["errors"],
+        );
     }
     println!(
         "server RSS     start {}, peak {} (sampled {}), end of attacks {}, 1 s after the attackers left {}",

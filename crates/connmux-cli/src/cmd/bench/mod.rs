@@ -7,6 +7,7 @@
 //! | `uneven` | one connection's requests burn CPU, the others are light: connmux's default steering, KCM's round robin, thread per connection |
 //! | `scale` | 8, 1 000 and 10 000 connections with one call in flight each; RSS per idle connection |
 //! | `size` | message echo from 64 B to 1 MiB against a plain read/write echo of the same bytes |
+//! | `kcm` | the KCM model itself: application threads on cloned `KcmSocket`s (`recv_msg` + `send_to`, and `recv_batch` + `send_batch_to`) echoing pipelined small messages, against thread per connection, same client |
 //! | `recv` | messages/s and median one-way delay of whole messages read through connmux (epoll, io_uring) vs a plain blocking read loop on the same socket, 64 B, 1 KiB, 64 KiB |
 //! | `instructions` | user-space instructions per NULL call under callgrind (fixed call counts) |
 //! | `tls` | NULL calls to the rpc-server with and without `--tls`: RPC/s, median RTT, ratio |
@@ -25,6 +26,7 @@
 
 pub mod hostile;
 pub mod instr;
+pub mod kcm;
 pub mod ninep;
 #[path = "../rawepoll.rs"]
 pub mod rawepoll;
@@ -64,6 +66,9 @@ pub enum Mode {
     Size(size::Args),
     /// Receiving through connmux (epoll, io_uring) vs a blocking read loop on the same socket.
     Recv(recv::Args),
+    /// The KCM model: application threads on cloned KcmSockets echoing
+    /// small messages, against thread per connection.
+    Kcm(kcm::Args),
     /// User-space instructions per NULL call (callgrind).
     Instructions(instr::Args),
     /// The cost of TLS: RPC/s and median RTT of rpc-server with and without --tls.
@@ -92,6 +97,12 @@ pub enum Mode {
     /// The many-connection load generator of the scale benchmark.
     #[command(hide = true)]
     ScaleLoad(scale::LoadArgs),
+    /// The servers of the kcm benchmark.
+    #[command(hide = true)]
+    KcmServer(kcm::ServerArgs),
+    /// The load generator of the kcm benchmark.
+    #[command(hide = true)]
+    KcmLoad(kcm::LoadArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -112,6 +123,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::Scale(a) => scale::run(a),
         Mode::Size(a) => size::run(a),
         Mode::Recv(a) => recv::run(a),
+        Mode::Kcm(a) => kcm::run(a),
         Mode::Instructions(a) => instr::run(a),
         Mode::Tls(a) => tls::run(a),
         Mode::Hostile(a) => hostile::run(a),
@@ -137,6 +149,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::UnevenServer(a) => uneven::run_server(a),
         Mode::UnevenLoad(a) => uneven::run_load(a),
         Mode::ScaleLoad(a) => scale::run_load(a),
+        Mode::KcmServer(a) => kcm::run_server(a),
+        Mode::KcmLoad(a) => kcm::run_load(a),
     }
 }
 
