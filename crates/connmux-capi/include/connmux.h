@@ -542,6 +542,13 @@ typedef struct {
    * `CONNMUX_REPLY_CLOSE` (each closed its connection).
    */
   uint64_t handler_errors;
+  /**
+   * Connections reset at the cap (`connmux_service_set_max_conns`) to make
+   * room for a new one, because they had been idle (nothing received,
+   * nothing being written) for a second or longer, the idlest first
+   * (not counted in `closed`).
+   */
+  uint64_t evicted;
 } connmux_service_stats;
 
 /**
@@ -1076,9 +1083,12 @@ int connmux_service_start_tls(const connmux_mux *mux,
 int connmux_service_port(const connmux_service *svc);
 
 /**
- * Cap the connections attached at once: past `max` a new connection is
- * reset as soon as it is accepted and counted in `refused` (0: no cap,
- * the default). Returns 0 or a negative errno.
+ * Cap the connections attached at once (0: no cap; a service starts with
+ * the library's cap, 10,000). Past `max`, the connection idle longest
+ * (nothing received, nothing being written) makes room for the new one if
+ * it has been idle for a second or longer: it is reset and counted in
+ * `evicted`; otherwise the new connection is reset as soon as it is
+ * accepted and counted in `refused`. Returns 0 or a negative errno.
  *
  * # Safety
  * `svc` is NULL or a live handle.

@@ -104,6 +104,11 @@ pub struct connmux_service_stats {
     /// Handler answers that were neither a reply, `CONNMUX_REPLY_NONE` nor
     /// `CONNMUX_REPLY_CLOSE` (each closed its connection).
     pub handler_errors: u64,
+    /// Connections reset at the cap (`connmux_service_set_max_conns`) to make
+    /// room for a new one, because they had been idle (nothing received,
+    /// nothing being written) for a second or longer, the idlest first
+    /// (not counted in `closed`).
+    pub evicted: u64,
 }
 
 /// The C handler and its context, as a `connmux` handler.
@@ -335,9 +340,12 @@ pub unsafe extern "C" fn connmux_service_port(svc: *const connmux_service) -> c_
     })
 }
 
-/// Cap the connections attached at once: past `max` a new connection is
-/// reset as soon as it is accepted and counted in `refused` (0: no cap,
-/// the default). Returns 0 or a negative errno.
+/// Cap the connections attached at once (0: no cap; a service starts with
+/// the library's cap, 10,000). Past `max`, the connection idle longest
+/// (nothing received, nothing being written) makes room for the new one if
+/// it has been idle for a second or longer: it is reset and counted in
+/// `evicted`; otherwise the new connection is reset as soon as it is
+/// accepted and counted in `refused`. Returns 0 or a negative errno.
 ///
 /// # Safety
 /// `svc` is NULL or a live handle.
@@ -373,6 +381,7 @@ pub unsafe extern "C" fn connmux_service_get_stats(
             closed: get(&c.closed),
             refused: get(&c.refused),
             handler_errors: get(&s.handler_errors),
+            evicted: get(&c.evicted),
         };
         Ok(0)
     })

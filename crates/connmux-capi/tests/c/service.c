@@ -357,7 +357,34 @@ int main(int argc, char **argv)
 	CHECK(closed_soon(fd));
 	close(fd);
 	EQ(stat_reaches(svc, offsetof(connmux_service_stats, refused), 1), 1);
+
+	/* Once `keep` has been idle for a second, a newcomer at the cap takes
+	 * its place: `keep` is reset and counted in `evicted`, the newcomer
+	 * answered. Tried every 100 ms for at most 5 s; those
+	 * that come too early are refused (a reset, and `refused`). */
+	MUST(connmux_service_get_stats(svc, &st));
+	EQ(st.evicted, 0);
+	int64_t until = now_ms() + 5000;
+	int in = -1;
+	while (in < 0 && now_ms() < until) {
+		fd = connect_to(port);
+		n = request(buf, 'E', 8);
+		k = request(want, 'E', 8);
+		if (send(fd, buf, n, MSG_NOSIGNAL) == (ssize_t)n && read_exact(fd, buf, k) == 0 &&
+		    memcmp(buf, want, k) == 0) {
+			in = fd;
+			break;
+		}
+		close(fd);
+		struct timespec pause = { 0, 100000000 };
+		nanosleep(&pause, NULL);
+	}
+	CHECK(in >= 0);
+	CHECK(closed_soon(keep));
+	EQ(stat_reaches(svc, offsetof(connmux_service_stats, evicted), 1), 1);
 	close(keep);
+	if (in >= 0)
+		close(in);
 
 	connmux_service_free(svc);
 	EQ(connmux_service_port(NULL), -EFAULT);
