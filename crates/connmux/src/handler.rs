@@ -207,7 +207,8 @@ pub struct ServiceStats {
     pub refused: AtomicU64,
     /// Connections reset at the cap to make room for a new one, because
     /// they had been idle for [`EVICT_IDLE`](crate::service::EVICT_IDLE)
-    /// or longer, the longest idle first (also counted in `closed`).
+    /// or longer, the longest idle first (not counted in `closed`: the
+    /// service aborts them itself).
     pub evicted: AtomicU64,
 }
 
