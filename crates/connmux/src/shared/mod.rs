@@ -268,10 +268,17 @@ impl WorkerRef {
         }
     }
 
-    /// Queue a command and wake the worker.
+    /// Queue a command and wake the worker, unless a wake is pending: the
+    /// worker lowers `woken` (after draining its eventfd) and only then
+    /// takes the commands, so a command queued while the flag is up is
+    /// taken by that wake. (An application thread handing the worker its
+    /// sends, `Command::Write`, makes no system call while the worker is
+    /// awake.)
     pub fn command(&self, c: Command) {
         self.commands.lock().unwrap().push(c);
-        let _ = self.wake();
+        if !self.woken.swap(true, Ordering::SeqCst) {
+            let _ = self.waker.notify();
+        }
     }
 
     /// Wake the worker: `woken`, then its waker's eventfd (what a wait
