@@ -519,6 +519,51 @@ fn forged_handles_escapes_huge_counts_and_bad_xdr_are_refused_and_the_server_ser
 }
 
 #[test]
+fn a_client_that_collects_no_replies_holds_no_thread_from_the_others() {
+    let ex = scratch("hog");
+    let sock = ex.with_extension("sock");
+    std::fs::write(ex.join("f"), pattern(8 << 20, 5)).unwrap();
+    let s = start(&ex, &["--fs-threads", "4", "--stats-socket", sock.to_str().unwrap()]);
+    let mut good = Rpc::connect(s.addr);
+    let root = good.mnt(b"/").unwrap();
+    let (f, _) = good.lookup(&root, b"f").unwrap();
+    // The hog: 300 READs of 1 MiB sent, no reply read.
+    let mut hog = Rpc::connect(s.addr);
+    let mut calls = Vec::new();
+    for i in 0..300u32 {
+        let mut args = Vec::new();
+        NfsCall::Read { fh: &f, offset: u64::from(i % 8) << 20, count: 1 << 20 }.encode(&mut args);
+        let cred = Credential::None;
+        Call { xid: i, prog: NFS_PROGRAM, vers: 3, procedure: proc3::READ, cred, args: &args }
+            .encode(1, &mut calls)
+            .unwrap();
+    }
+    hog.s.write_all(&calls).unwrap();
+    // Its replies fill its backlog: paused, counted.
+    let t0 = Instant::now();
+    while counter(&sock, "paused") == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the hog's connection never paused");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The good client is served at once meanwhile (a thread held in a send
+    // to the hog would hold it for SEND_TIMEOUT, 10 s).
+    let t0 = Instant::now();
+    for i in 0..40u64 {
+        let (got, _) = good.read(&f, i * 65536, 65536).unwrap();
+        assert!(got == pattern(8 << 20, 5)[(i * 65536) as usize..((i + 1) * 65536) as usize]);
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "40 reads took {:?} beside the hog", t0.elapsed());
+    assert_eq!(counter(&sock, "send_failures"), 0);
+    // The hog, once it reads, gets every reply.
+    for _ in 0..300 {
+        let rec = hog.recv().expect("a reply to the hog");
+        let d = decode_reply(&rec).unwrap();
+        assert_eq!(res::decode_read(d.results).unwrap().unwrap().0.len(), 1 << 20);
+    }
+    let _ = std::fs::remove_dir_all(&ex);
+}
+
+#[test]
 fn read_only_export_refuses_changes() {
     let ex = scratch("ro");
     std::fs::write(ex.join("f"), b"keep").unwrap();

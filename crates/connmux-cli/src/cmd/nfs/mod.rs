@@ -43,6 +43,11 @@ pub struct Args {
     /// and sends it again).
     #[arg(long, default_value_t = 1024)]
     pub fs_queue: usize,
+    /// Calls of one connection with the file-system threads at a time, at
+    /// most; the rest wait in the connection's own backlog (default: half
+    /// of the threads, at least 1).
+    #[arg(long)]
+    pub fs_share: Option<usize>,
     #[command(flatten)]
     pub common: Common,
 }
@@ -62,7 +67,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let mux = Mux::new(a.common.mux_config()?)?;
     let threads = a.fs_threads.unwrap_or((a.common.worker_count() * 4).max(8)).max(1);
     let wt = wtmax(a.common.max_msg);
-    let (handler, pool) = serve::NfsHandler::new(export.clone(), a.fs_queue, wt);
+    let share = a.fs_share.unwrap_or(threads / 2).max(1);
+    let (handler, pool) = serve::NfsHandler::new(export.clone(), a.fs_queue, share, wt);
     let mut senders = Vec::with_capacity(threads);
     for _ in 0..threads {
         let s = mux.socket(SockType::Dgram)?;
@@ -73,6 +79,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         senders.push(s);
     }
     let _ = pool.senders.set(senders);
+    let _ = pool.mux.set(mux.clone());
+    {
+        let pool = pool.clone();
+        std::thread::Builder::new().name("connmux-nfs-waker".into()).spawn(move || pool.waker())?;
+    }
     for i in 0..threads {
         let (pool, mux) = (pool.clone(), mux.clone());
         std::thread::Builder::new().name(format!("connmux-nfs-fs{i}")).spawn(move || pool.run(i, mux))?;
@@ -92,6 +103,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .with_context(|| format!("starting {what} on {}", a.listen))?,
     );
     svc.set_max_conns((a.common.max_conns > 0).then_some(a.common.max_conns));
+    {
+        // Forget the state of connections that are gone.
+        let (svc, h) = (Arc::downgrade(&svc), handler.clone());
+        std::thread::Builder::new().name("connmux-nfs-sweep".into()).spawn(move || {
+            while let Some(svc) = svc.upgrade() {
+                h.sweep(|| svc.mux().psocks());
+                drop(svc);
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        })?;
+    }
     let started = Instant::now();
     let snap = {
         let (svc, h, x) = (svc.clone(), handler.clone(), export.clone());
@@ -99,7 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
     let endpoint = a.common.stats_endpoint(what, snap)?;
     println!(
-        "{what} listening on {} exporting {} ({} workers, {threads} fs threads, wtmax {wt}, {:?} driver){}",
+        "{what} listening on {} exporting {} ({} workers, {threads} fs threads, {share} a connection, wtmax {wt}, {:?} driver){}",
         svc.local_addr(),
         export.path.display(),
         a.common.worker_count(),
@@ -141,15 +163,17 @@ fn counters(svc: &Service, h: &serve::NfsHandler, x: &fs::Export) -> String {
         }
     }
     format!(
-        "accepted={}\nclosed={}\ncalls={}\nmount_calls={}\n{procs}nfs_errors={}\ngarbage_args={}\nbad_calls={}\noverloads={}\nsend_failures={}\nbad_handles={}\nstale_handles={}\nhandle_searches={}\nread_bytes={}\nwrite_bytes={}\n",
+        "accepted={}\nclosed={}\nconnections={}\ncalls={}\nmount_calls={}\n{procs}nfs_errors={}\ngarbage_args={}\nbad_calls={}\noverloads={}\npaused={}\nsend_failures={}\nbad_handles={}\nstale_handles={}\nhandle_searches={}\nread_bytes={}\nwrite_bytes={}\n",
         st.accepted.load(Relaxed),
         st.closed.load(Relaxed),
+        h.conns(),
         n.calls.load(Relaxed),
         n.mount_calls.load(Relaxed),
         n.nfs_errors.load(Relaxed),
         n.garbage_args.load(Relaxed),
         n.bad_calls.load(Relaxed),
         n.overloads.load(Relaxed),
+        n.paused.load(Relaxed),
         n.send_failures.load(Relaxed),
         n.bad_handles.load(Relaxed),
         n.stale_handles.load(Relaxed),
