@@ -564,6 +564,34 @@ fn a_client_that_collects_no_replies_holds_no_thread_from_the_others() {
 }
 
 #[test]
+fn rpctest_loads_getattr_lookup_read_and_write() {
+    let ex = scratch("rpctest");
+    std::fs::create_dir(ex.join("d")).unwrap();
+    std::fs::write(ex.join("d/f"), pattern(100_000, 4)).unwrap();
+    let s = start(&ex, &["--no-stats-socket"]);
+    let target = s.addr.to_string();
+    for (proc, file, size) in [
+        ("getattr", "d/f", "4096"),
+        ("lookup", "d/f", "4096"),
+        ("read", "d/f", "64K"),
+        ("read", "d/f", "1M"),
+        ("write", "d/new", "8K"),
+    ] {
+        let args = ["rpctest", "--proc", proc, "--file", file, "--size", size, "-j2", "-a4", "-c300", "-i2", &target];
+        let r = common::run_connmux(&args, Duration::from_secs(60));
+        assert_eq!(r.code, 0, "{args:?}: {}{}", r.stdout, r.stderr);
+        assert!(r.stdout.contains("result=ok") && r.stdout.contains("calls=1200"), "{args:?}: {}", r.stdout);
+    }
+    assert_eq!(std::fs::metadata(ex.join("d/new")).unwrap().len(), 8192, "written by the WRITEs");
+    // A file that is not there: the setup fails, and says why.
+    let r =
+        common::run_connmux(&["rpctest", "--proc", "read", "--file", "nope", "-c1", &target], Duration::from_secs(60));
+    assert_ne!(r.code, 0);
+    assert!((r.stdout.clone() + &r.stderr).contains("NFS3ERR_NOENT"), "{}{}", r.stdout, r.stderr);
+    let _ = std::fs::remove_dir_all(&ex);
+}
+
+#[test]
 fn read_only_export_refuses_changes() {
     let ex = scratch("ro");
     std::fs::write(ex.join("f"), b"keep").unwrap();

@@ -6,6 +6,7 @@
 //! connmux service.
 
 pub mod fs;
+pub mod load;
 pub mod serve;
 
 use std::net::SocketAddr;
