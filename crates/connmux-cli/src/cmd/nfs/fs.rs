@@ -17,7 +17,8 @@
 //! another process, a restarted server that has met nothing yet), the
 //! export is searched breadth first from its root (bounded, one search at
 //! a time, every file seen remembered); a handle not found is stale, and
-//! not searched for again for [`MISS_HOLD`]. A handle is never a path, so
+//! not searched for again for [`MISS_HOLD`], nor is any other handle not
+//! among the files remembered once a search has read the whole export. A handle is never a path, so
 //! none can name anything outside the export.
 
 use std::collections::{HashMap, VecDeque};
@@ -224,6 +225,11 @@ pub struct Export {
     files: Mutex<HashMap<Key, Arc<OpenFile>>>,
     misses: Mutex<HashMap<Key, Instant>>,
     search_lock: Mutex<()>,
+    /// When a search last read the whole export without finding its file:
+    /// for [`MISS_HOLD`] after it, a file not among those remembered is
+    /// not searched for (forged handles naming a new inode each cost no
+    /// more than one search every 5 s between them).
+    last_full: Mutex<Option<Instant>>,
     /// Searches of the export run.
     pub searches: AtomicU64,
 }
@@ -257,6 +263,7 @@ impl Export {
             files: Mutex::default(),
             misses: Mutex::default(),
             search_lock: Mutex::new(()),
+            last_full: Mutex::new(None),
             searches: AtomicU64::new(0),
         })
     }
@@ -419,6 +426,9 @@ impl Export {
         if let Some(n) = self.path_of(key).and_then(|p| self.node_at(p).ok()).filter(|n| n.key() == key) {
             return Some(n);
         }
+        if self.last_full.lock().unwrap().is_some_and(|t| t.elapsed() < MISS_HOLD) {
+            return None;
+        }
         self.searches.fetch_add(1, Relaxed);
         let mut queue = VecDeque::from([(PathBuf::new(), self.root_key)]);
         let mut seen = 0usize;
@@ -458,6 +468,9 @@ impl Export {
             if seen > SEARCH_MAX {
                 break;
             }
+        }
+        if seen <= SEARCH_MAX {
+            *self.last_full.lock().unwrap() = Some(Instant::now());
         }
         let mut m = self.misses.lock().unwrap();
         if m.len() > 100_000 {
