@@ -87,6 +87,10 @@ pub struct Args {
     /// The path given to MNT.
     #[arg(long, value_name = "PATH", default_value = "/")]
     pub mount: String,
+    /// MOUNT's port on the server's host, when it is not the NFS port
+    /// (nfs-ganesha, the kernel's nfsd) [default: the same connection].
+    #[arg(long, value_name = "PORT")]
+    pub mount_port: Option<u16>,
     /// RPC server, [user@]host[:port] (default port 62049); names are resolved
     /// [default: 127.0.0.1 unless -s is given].
     pub target: Option<String>,
@@ -314,7 +318,22 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if a.proc != crate::cmd::nfs::load::Proc::Null {
         anyhow::ensure!(specs.len() == 1, "--proc {:?}: one server", a.proc);
         anyhow::ensure!(a.size > 0 && a.size <= 1 << 20, "--size: 1 byte to 1 MiB");
-        let load = crate::cmd::nfs::load::NfsLoad { proc: a.proc, size: a.size as u32, file: a.file, mount: a.mount };
+        let mount_addr = match a.mount_port {
+            None => None,
+            Some(p) => Some(std::net::SocketAddr::new(
+                target.addrs.first().ok_or_else(|| anyhow::anyhow!("no address for the target"))?.ip(),
+                p,
+            )),
+        };
+        let sys = rpc.cred.as_ref().map(|c| (c.uid, c.gid));
+        let load = crate::cmd::nfs::load::NfsLoad {
+            proc: a.proc,
+            size: a.size as u32,
+            file: a.file,
+            mount: a.mount,
+            mount_addr,
+            sys,
+        };
         return loadgen::run_load(c, UNITS, &target, &load, load.clone());
     }
     let config = Config { prog: a.prog, vers: a.vers, auth: a.auth, fragments, call_bytes: sample.len() };

@@ -2,7 +2,8 @@
 //! load, on the loadgen engine rpctest's NULL calls run on.
 //!
 //! Each connection opens its session before the clock starts: MNT of
-//! `--mount` (default "/"), LOOKUP of each component of `--file`, and for
+//! `--mount` (default "/"; on the connection itself, or over one of its
+//! own to `--mount-port`), LOOKUP of each component of `--file`, and for
 //! WRITE a CREATE (UNCHECKED) of the file when it is missing. The call is
 //! then encoded once and each further one is a copy with its xid patched:
 //! GETATTR of the file (the export's root without `--file`), LOOKUP of the
@@ -42,6 +43,44 @@ pub struct NfsLoad {
     pub size: u32,
     pub file: Option<String>,
     pub mount: String,
+    /// Where MNT goes when not on the connection itself (a server with
+    /// MOUNT on a port of its own, as nfs-ganesha and nfsd).
+    pub mount_addr: Option<std::net::SocketAddr>,
+    /// AUTH_SYS with this uid and gid (`-A sys`), else AUTH_NONE.
+    pub sys: Option<(u32, u32)>,
+}
+
+/// MNT of `path` over a connection of its own to `addr`: the root handle.
+fn mnt_apart(addr: std::net::SocketAddr, path: &str, sys: Option<(u32, u32)>) -> Result<Vec<u8>, String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))
+        .map_err(|e| format!("MNT: connect to {addr}: {e}"))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    let mut args = Vec::new();
+    MountCall::Mnt(path.as_bytes()).encode(&mut args);
+    let mut out = Vec::new();
+    encode(sys, 1, MOUNT_PROGRAM, mount::mproc::MNT, &args, &mut out);
+    s.write_all(&out).map_err(|e| format!("MNT: {e}"))?;
+    let mut rr = RecordReader::new(RecordLimits::default());
+    let mut buf = [0u8; 4096];
+    // Bounded: each turn reads bytes or fails (the read has a timeout).
+    loop {
+        if let Some(rec) = rr.next_record().map_err(|e| format!("MNT: {e}"))? {
+            let d = decode_reply(rec).map_err(|e| format!("MNT: {e}"))?;
+            if d.reply != Reply::Success {
+                return Err(format!("MNT: {}", d.reply));
+            }
+            return match mount::decode_mnt(d.results).map_err(|e| e.to_string())? {
+                Ok(fh) => Ok(fh.to_vec()),
+                Err(st) => Err(format!("MNT {path}: mountstat3 {st}")),
+            };
+        }
+        match s.read(&mut buf) {
+            Ok(0) => return Err("MNT: connection closed".into()),
+            Ok(n) => rr.push(&buf[..n]),
+            Err(e) => return Err(format!("MNT: {e}")),
+        }
+    }
 }
 
 impl Workload for NfsLoad {
@@ -61,17 +100,22 @@ pub struct NfsClient {
     reader: RecordReader,
 }
 
-/// Encodes a call of `procedure` with AUTH_NONE, one fragment.
-fn encode(xid: u32, prog: u32, procedure: u32, args: &[u8], out: &mut Vec<u8>) {
-    let call = Call { xid, prog, vers: 3, procedure, cred: Credential::None, args };
-    call.encode(1, out).expect("AUTH_NONE");
+/// Encodes a call of `procedure`, one fragment: AUTH_SYS with `sys`'s uid
+/// and gid, else AUTH_NONE.
+fn encode(sys: Option<(u32, u32)>, xid: u32, prog: u32, procedure: u32, args: &[u8], out: &mut Vec<u8>) {
+    let cred = match sys {
+        None => Credential::None,
+        Some((uid, gid)) => Credential::Sys { stamp: 0, machine_name: b"rpctest", uid, gid, gids: &[] },
+    };
+    let call = Call { xid, prog, vers: 3, procedure, cred, args };
+    call.encode(1, out).expect("a credential within limits");
 }
 
 impl NfsClient {
     /// One call in the session's setup, its results returned.
     fn exchange(&mut self, ex: &mut Exchange<'_>, prog: u32, procedure: u32, args: &[u8]) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
-        encode(1, prog, procedure, args, &mut out);
+        encode(self.load.sys, 1, prog, procedure, args, &mut out);
         let mut reply = Vec::new();
         ex(&out, &mut reply)?;
         // Bounded: each turn reads bytes (the exchange fails on a stall).
@@ -102,12 +146,16 @@ fn stat_err(what: &str, s: Nfsstat3) -> String {
 
 impl Client for NfsClient {
     fn setup(&mut self, ex: &mut Exchange<'_>) -> Result<(), String> {
-        let mut args = Vec::new();
-        MountCall::Mnt(self.load.mount.as_bytes()).encode(&mut args);
-        let r = self.exchange(ex, MOUNT_PROGRAM, mount::mproc::MNT, &args)?;
-        let root = match mount::decode_mnt(&r).map_err(|e| e.to_string())? {
-            Ok(fh) => fh.to_vec(),
-            Err(s) => return Err(format!("MNT {}: mountstat3 {s}", self.load.mount)),
+        let root = if let Some(addr) = self.load.mount_addr {
+            mnt_apart(addr, &self.load.mount, self.load.sys)?
+        } else {
+            let mut args = Vec::new();
+            MountCall::Mnt(self.load.mount.as_bytes()).encode(&mut args);
+            let r = self.exchange(ex, MOUNT_PROGRAM, mount::mproc::MNT, &args)?;
+            match mount::decode_mnt(&r).map_err(|e| e.to_string())? {
+                Ok(fh) => fh.to_vec(),
+                Err(s) => return Err(format!("MNT {}: mountstat3 {s}", self.load.mount)),
+            }
         };
         let file = self.load.file.clone().unwrap_or_default();
         let names: Vec<&str> = file.split('/').filter(|n| !n.is_empty()).collect();
@@ -150,7 +198,7 @@ impl Client for NfsClient {
         let mut args = Vec::new();
         call.encode(&mut args);
         self.call.clear();
-        encode(0, NFS_PROGRAM, call.proc(), &args, &mut self.call);
+        encode(self.load.sys, 0, NFS_PROGRAM, call.proc(), &args, &mut self.call);
         Ok(())
     }
 

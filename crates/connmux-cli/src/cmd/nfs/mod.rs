@@ -53,6 +53,9 @@ pub struct Args {
     pub common: Common,
 }
 
+/// Bytes of the largest READ reply's data.
+const RTMAX_BYTES: usize = serve::RTMAX as usize + 4096;
+
 /// Largest WRITE the server takes (FSINFO's wtmax): a power of two that
 /// fits in a message of `max_msg` bytes with its headers, at most 1 MiB.
 pub fn wtmax(max_msg: usize) -> u32 {
@@ -65,6 +68,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         anyhow::bail!("nfs-server runs on the connmux runtime only (--engine connmux)");
     }
     let export = Arc::new(fs::Export::open(&a.export, a.read_only)?);
+    // Messages and READ replies (up to 1 MiB) from the allocator's arenas,
+    // as the RPC server's: no mapping, faults and unmapping per reply.
+    crate::cmd::server::keep_message_buffers(a.common.max_msg.max(RTMAX_BYTES));
     let mux = Mux::new(a.common.mux_config()?)?;
     let threads = a.fs_threads.unwrap_or((a.common.worker_count() * 4).max(8)).max(1);
     let wt = wtmax(a.common.max_msg);

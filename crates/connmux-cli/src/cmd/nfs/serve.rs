@@ -712,18 +712,24 @@ impl Pool {
                 let count = count.min(RTMAX) as usize;
                 let at = res::read_begin(out, Some(&a));
                 let start = out.len();
-                out.resize(start + count, 0);
-                let mut got = 0;
+                // Read into the spare capacity (no zeroing of what is about
+                // to be overwritten), kept to `count` (more would only be cut).
+                out.reserve_exact(count + 3);
+                if out.capacity() > start + count {
+                    out.shrink_to(start + count);
+                }
                 // Bounded: each turn reads at least a byte or ends. A short
                 // read before the end is retried (a short reply means eof).
-                while got < count {
-                    match f.file.read_at(&mut out[start + got..], offset.saturating_add(got as u64)) {
+                while out.len() - start < count {
+                    let off = offset.saturating_add((out.len() - start) as u64);
+                    match rustix::io::pread(&f.file, rustix::buffer::spare_capacity(out), off) {
                         Ok(0) => break,
-                        Ok(k) => got += k,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(errno(&e)).attr(Some(a)),
+                        Ok(_) => {}
+                        Err(Errno::INTR) => {}
+                        Err(e) => return Err(e).attr(Some(a)),
                     }
                 }
+                let got = (out.len() - start).min(count);
                 out.truncate(start + got);
                 self.stats.read_bytes.fetch_add(got as u64, Relaxed);
                 let eof = got < count || offset.saturating_add(got as u64) >= a.size;
