@@ -597,6 +597,20 @@ fn rpctest_loads_getattr_lookup_read_and_write() {
 }
 
 #[test]
+fn bench_nfs_quick_prints_every_load_beside_ganesha() {
+    if !have("ganesha.nfsd") || !have("rpcbind") {
+        eprintln!("SKIP: nfs-ganesha or rpcbind not installed (Debian packages nfs-ganesha nfs-ganesha-vfs rpcbind)");
+        return;
+    }
+    let r = common::run_connmux(&["bench", "nfs", "--quick", "--placement", "cpu0"], Duration::from_secs(240));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    for load in ["getattr -j8 -a16", "read 4 KiB -j8 -a16", "read 1 MiB -j1 -a1", "write 1 MiB -j1 -a1"] {
+        let line = r.stdout.lines().find(|l| l.starts_with(load)).unwrap_or_else(|| panic!("{load}:\n{}", r.stdout));
+        assert!(line.contains("ganesha: PASS") || line.contains("ganesha: MISS"), "{line}");
+    }
+}
+
+#[test]
 fn read_only_export_refuses_changes() {
     let ex = scratch("ro");
     std::fs::write(ex.join("f"), b"keep").unwrap();
