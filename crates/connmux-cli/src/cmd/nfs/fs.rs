@@ -110,7 +110,8 @@ impl Node {
     }
 }
 
-fn key_of(st: &Statx) -> Key {
+/// A file's identity from its attributes.
+pub fn key_of(st: &Statx) -> Key {
     Key { dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor), ino: st.stx_ino }
 }
 

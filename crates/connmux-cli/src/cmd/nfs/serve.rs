@@ -802,7 +802,7 @@ impl Pool {
                 })();
                 r.wcc(self.after(&d, w))?;
                 let st = nfs_fs::statx_at(&fd, Path::new("")).wcc(self.after(&d, w))?;
-                x.remember(d.key(), name, nfs_fs_key(x, &st));
+                x.remember(d.key(), name, nfs_fs::key_of(&st));
                 res::create_ok(out, Some(&x.handle_of(&st).bytes()), Some(&x.fattr(&st)), &self.after(&d, w));
             }
             NfsCall::Mkdir { at, attr } => {
@@ -843,7 +843,7 @@ impl Pool {
                 }
                 let flags = if rmdir { AtFlags::REMOVEDIR } else { AtFlags::empty() };
                 rfs::unlinkat(&dfd, name, flags).wcc(self.after(&d, w))?;
-                x.forget(d.key(), name, nfs_fs_key(x, &st));
+                x.forget(d.key(), name, nfs_fs::key_of(&st));
                 res::wcc_ok(out, &self.after(&d, w));
             }
             NfsCall::Rename { from, to } => {
@@ -861,9 +861,9 @@ impl Pool {
                 let src = nfs_fs::statx_at(&ffd, Path::new(fname)).map_err(|e| fail2(e.into(), tw))?;
                 let over = nfs_fs::statx_at(&tfd, Path::new(tname)).ok();
                 rfs::renameat(&ffd, fname, &tfd, tname).map_err(|e| fail2(e.into(), self.after(&td, tw)))?;
-                let key = nfs_fs_key(x, &src);
+                let key = nfs_fs::key_of(&src);
                 if let Some(o) = over {
-                    let ok = nfs_fs_key(x, &o);
+                    let ok = nfs_fs::key_of(&o);
                     if ok != key {
                         x.forget(td.key(), tname, ok);
                     }
@@ -990,7 +990,7 @@ impl Pool {
                 None => res::readdir_entry(out, fileid, name, next),
                 Some(_) => {
                     if let Some(st) = &plus {
-                        x.remember(d.key(), OsStr::from_bytes(name), nfs_fs_key(x, st));
+                        x.remember(d.key(), OsStr::from_bytes(name), nfs_fs::key_of(st));
                     }
                     let fa = plus.as_ref().map(|st| x.fattr(st));
                     let h = plus.as_ref().map(|st| x.handle_of(st).bytes());
@@ -1055,8 +1055,4 @@ fn errno(e: &std::io::Error) -> Errno {
 fn verf_time(v: &[u8; VERFSIZE]) -> (u32, u32) {
     let w = |i: usize| u32::from_be_bytes(v[i..i + 4].try_into().expect("4 bytes"));
     (w(0), w(4) % 1_000_000_000)
-}
-
-fn nfs_fs_key(x: &Export, st: &rustix::fs::Statx) -> nfs_fs::Key {
-    x.handle_of(st).key
 }
