@@ -152,6 +152,8 @@ struct Rpc {
     s: TcpStream,
     xid: u32,
     rr: RecordReader,
+    /// AUTH_SYS uid and gid of the calls (`None`: AUTH_NONE).
+    who: Option<(u32, u32)>,
 }
 
 impl Rpc {
@@ -160,12 +162,15 @@ impl Rpc {
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         s.set_nodelay(true).unwrap();
         let limits = RecordLimits { max_record_len: 4 << 20, ..RecordLimits::default() };
-        Rpc { s, xid: 0x1000, rr: RecordReader::new(limits) }
+        Rpc { s, xid: 0x1000, rr: RecordReader::new(limits), who: Some((0, 0)) }
     }
 
     fn send_call(&mut self, prog: u32, procedure: u32, args: &[u8]) -> u32 {
         self.xid += 1;
-        let cred = Credential::Sys { stamp: 1, machine_name: b"test", uid: 0, gid: 0, gids: &[] };
+        let cred = match self.who {
+            Some((uid, gid)) => Credential::Sys { stamp: 1, machine_name: b"test", uid, gid, gids: &[] },
+            None => Credential::None,
+        };
         let mut b = Vec::new();
         Call { xid: self.xid, prog, vers: 3, procedure, cred, args }.encode(1, &mut b).unwrap();
         self.s.write_all(&b).unwrap();
@@ -608,6 +613,77 @@ fn bench_nfs_quick_prints_every_load_beside_ganesha() {
         let line = r.stdout.lines().find(|l| l.starts_with(load)).unwrap_or_else(|| panic!("{load}:\n{}", r.stdout));
         assert!(line.contains("ganesha: PASS") || line.contains("ganesha: MISS"), "{line}");
     }
+}
+
+/// Whether this test process runs as root.
+fn root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1).map(|u| u == "0"))
+        .unwrap_or(false)
+}
+
+#[test]
+fn auth_sys_calls_run_as_their_caller() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !root() {
+        eprintln!("SKIP: --auth-sys needs the server to run as root");
+        return;
+    }
+    let ex = scratch("authsys");
+    std::fs::set_permissions(&ex, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(ex.join("secret"), b"root only").unwrap();
+    std::fs::set_permissions(ex.join("secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::create_dir(ex.join("home")).unwrap();
+    std::os::unix::fs::chown(ex.join("home"), Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(ex.join("home"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    for squash in [false, true] {
+        let extra: &[&str] = if squash { &["--auth-sys", "--root-squash"] } else { &["--auth-sys"] };
+        let s = start(&ex, &[&["--no-stats-socket"], extra].concat());
+        let mut rootc = Rpc::connect(s.addr);
+        let root_fh = rootc.mnt(b"/").unwrap();
+        let (secret, _) = rootc.lookup(&root_fh, b"secret").unwrap();
+        let (home, _) = rootc.lookup(&root_fh, b"home").unwrap();
+        // Root reads the secret, unless squashed.
+        let r = rootc.read(&secret, 0, 100);
+        if squash {
+            assert_eq!(r.map(|_| ()), Err(Nfsstat3::ERR_ACCES), "root squashed");
+        } else {
+            assert_eq!(r.unwrap().0, b"root only");
+        }
+        // uid 1000: not the secret, not a new file in the root's directory,
+        // but one in its own home, owned by it.
+        let mut user = Rpc::connect(s.addr);
+        user.who = Some((1000, 1000));
+        assert_eq!(user.read(&secret, 0, 100).map(|_| ()), Err(Nfsstat3::ERR_ACCES));
+        let how = CreateHow::Unchecked(Sattr3 { mode: Some(0o644), ..Sattr3::default() });
+        let at = DirOp { dir: &root_fh, name: b"intruder" };
+        assert_eq!(user.status(&NfsCall::Create { at, how }), Nfsstat3::ERR_ACCES);
+        let name = format!("mine{}", u8::from(squash));
+        let at = DirOp { dir: &home, name: name.as_bytes() };
+        let fh = res::decode_create(&user.nfs(&NfsCall::Create { at, how })).unwrap().unwrap().unwrap().to_vec();
+        let w = NfsCall::Write { fh: &fh, offset: 0, stable: StableHow::FileSync, data: b"hello" };
+        assert_eq!(user.status(&w), Nfsstat3::OK);
+        let md = std::fs::metadata(ex.join("home").join(&name)).unwrap();
+        assert_eq!((md.uid(), md.gid(), md.len()), (1000, 1000, 5), "made as its caller");
+        // ACCESS answers for the caller.
+        let r = user.nfs(&NfsCall::Access { fh: &secret, access: 0x01 });
+        let (_, mut rd) = res::status(&r).unwrap();
+        connmux_nfs::types::get_post_op_attr(&mut rd).unwrap();
+        assert_eq!(rd.u32("access").unwrap(), 0, "uid 1000 may not read the secret");
+        // AUTH_NONE: nobody, who may not enter uid 1000's home.
+        let mut anon = Rpc::connect(s.addr);
+        anon.who = None;
+        assert_eq!(anon.lookup(&home, name.as_bytes()).map(|_| ()), Err(Nfsstat3::ERR_ACCES));
+        // The threads came back to the server's identity: root again reads.
+        if !squash {
+            assert_eq!(rootc.read(&secret, 0, 100).unwrap().0, b"root only");
+        }
+    }
+    assert!(!ex.join("intruder").exists());
+    let _ = std::fs::remove_dir_all(&ex);
 }
 
 #[test]

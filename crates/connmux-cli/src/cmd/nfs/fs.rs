@@ -216,6 +216,9 @@ pub struct Export {
     pub given: PathBuf,
     /// Refuse every change (NFS3ERR_ROFS).
     pub read_only: bool,
+    /// Calls run as their callers: no open file is shared between calls
+    /// (one opened for one user must not serve another).
+    per_caller: bool,
     root_key: Key,
     /// The export's id in handles.
     pub id: u64,
@@ -237,7 +240,7 @@ pub struct Export {
 
 impl Export {
     /// Opens `dir` as the export.
-    pub fn open(dir: &Path, read_only: bool) -> anyhow::Result<Export> {
+    pub fn open(dir: &Path, read_only: bool, per_caller: bool) -> anyhow::Result<Export> {
         let path = std::fs::canonicalize(dir).map_err(|e| anyhow::anyhow!("--export {}: {e}", dir.display()))?;
         let root = rfs::open(&path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| anyhow::anyhow!("--export {}: {e}", path.display()))?;
@@ -257,6 +260,7 @@ impl Export {
             path,
             given: dir.to_path_buf(),
             read_only,
+            per_caller,
             root_key,
             id,
             fsid: id,
@@ -431,6 +435,9 @@ impl Export {
             return None;
         }
         self.searches.fetch_add(1, Relaxed);
+        // As the server: a caller's identity must not hide directories from
+        // a search whose result stands for every caller.
+        let _server = super::ids::as_server().ok()?;
         let mut queue = VecDeque::from([(PathBuf::new(), self.root_key)]);
         let mut seen = 0usize;
         let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
@@ -490,6 +497,18 @@ impl Export {
         }
         let key = node.key();
         let gen = gen_of(&node.st);
+        if self.per_caller {
+            // Opened as this caller, for this call only.
+            let fl = if write { OFlags::RDWR } else { OFlags::RDONLY };
+            let fd = self.open_beneath(&node.path, fl, Mode::empty()).map_err(status_of)?;
+            let flags = rfs::fcntl_getfl(&fd).map_err(status_of)?;
+            rfs::fcntl_setfl(&fd, flags - OFlags::NONBLOCK).map_err(status_of)?;
+            let st = statx_at(&fd, Path::new("")).map_err(status_of)?;
+            if key_of(&st) != key {
+                return Err(Nfsstat3::ERR_STALE);
+            }
+            return Ok(Arc::new(OpenFile { file: File::from(fd), writable: write, gen }));
+        }
         if let Some(f) = self.files.lock().unwrap().get(&key) {
             if f.gen == gen && (f.writable || !write) {
                 return Ok(f.clone());

@@ -6,6 +6,7 @@
 //! connmux service.
 
 pub mod fs;
+pub mod ids;
 pub mod load;
 pub mod serve;
 
@@ -35,6 +36,14 @@ pub struct Args {
     /// Refuse every change (NFS3ERR_ROFS).
     #[arg(long)]
     pub read_only: bool,
+    /// Run each call as its AUTH_SYS caller (uid, gid, groups; AUTH_NONE
+    /// calls as nobody, 65534). Needs the server to run as root. Without
+    /// it every call runs as the server's own user.
+    #[arg(long)]
+    pub auth_sys: bool,
+    /// With --auth-sys: calls from uid 0 run as nobody (65534).
+    #[arg(long, requires = "auth_sys")]
+    pub root_squash: bool,
     /// File-system threads: every procedure but NULL runs there
     /// (default: 4 per worker, at least 8).
     #[arg(long)]
@@ -67,7 +76,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if a.common.engine != "connmux" {
         anyhow::bail!("nfs-server runs on the connmux runtime only (--engine connmux)");
     }
-    let export = Arc::new(fs::Export::open(&a.export, a.read_only)?);
+    if a.auth_sys {
+        anyhow::ensure!(ids::is_root(), "--auth-sys: the server must run as root to take its callers' identities");
+        ids::init()?;
+    }
+    let export = Arc::new(fs::Export::open(&a.export, a.read_only, a.auth_sys)?);
     // Messages and READ replies (up to 1 MiB) from the allocator's arenas,
     // as the RPC server's: no mapping, faults and unmapping per reply.
     crate::cmd::server::keep_message_buffers(a.common.max_msg.max(RTMAX_BYTES));
@@ -75,7 +88,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let threads = a.fs_threads.unwrap_or((a.common.worker_count() * 4).max(8)).max(1);
     let wt = wtmax(a.common.max_msg);
     let share = a.fs_share.unwrap_or(threads / 2).max(1);
-    let (handler, pool) = serve::NfsHandler::new(export.clone(), a.fs_queue, share, wt);
+    let identity = a.auth_sys.then_some(a.root_squash);
+    let (handler, pool) = serve::NfsHandler::new(export.clone(), a.fs_queue, share, wt, identity);
     let mut senders = Vec::with_capacity(threads);
     for _ in 0..threads {
         let s = mux.socket(SockType::Dgram)?;
@@ -128,10 +142,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
     let endpoint = a.common.stats_endpoint(what, snap)?;
     println!(
-        "{what} listening on {} exporting {} ({} workers, {threads} fs threads, {share} a connection, wtmax {wt}, {:?} driver){}",
+        "{what} listening on {} exporting {} ({} workers, {threads} fs threads, {share} a connection, wtmax {wt}, calls as {}, {:?} driver){}",
         svc.local_addr(),
         export.path.display(),
         a.common.worker_count(),
+        match identity {
+            None => "the server's user",
+            Some(false) => "their AUTH_SYS caller",
+            Some(true) => "their AUTH_SYS caller, root squashed",
+        },
         svc.mux().driver(),
         endpoint.as_ref().map(|e| format!("; statistics: connmux stat {}", e.path().display())).unwrap_or_default()
     );

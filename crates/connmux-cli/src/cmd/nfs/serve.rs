@@ -160,6 +160,8 @@ pub struct Pool {
     /// The write verifier: fixed for the life of the process.
     verf: [u8; VERFSIZE],
     wtmax: u32,
+    /// `Some(root_squash)`: calls run as their AUTH_SYS caller.
+    identity: Option<bool>,
 }
 
 /// The programs served: NFS 3 and MOUNT 3, on one port.
@@ -186,7 +188,14 @@ impl NfsHandler {
     /// most, and calls one connection may have in its own backlog (more,
     /// and it is closed); `share`: calls of one connection with the
     /// threads at a time.
-    pub fn new(export: Arc<Export>, queue: usize, share: usize, wtmax: u32) -> (Arc<NfsHandler>, Arc<Pool>) {
+    /// `identity`: `Some(root_squash)` to run calls as their AUTH_SYS caller.
+    pub fn new(
+        export: Arc<Export>,
+        queue: usize,
+        share: usize,
+        wtmax: u32,
+        identity: Option<bool>,
+    ) -> (Arc<NfsHandler>, Arc<Pool>) {
         let (tx, rx) = crossbeam::channel::bounded(queue.max(1));
         let stats = Arc::new(Stats::default());
         // The verifier: this start's time, so that a client sees a restart
@@ -205,6 +214,7 @@ impl NfsHandler {
             mux: OnceLock::new(),
             verf,
             wtmax,
+            identity,
         });
         let h = NfsHandler {
             registry: registry(),
@@ -552,7 +562,12 @@ impl Pool {
                 if let Some(n) = self.stats.procs.get(proc as usize) {
                     n.fetch_add(1, Relaxed);
                 }
-                if let Err(f) = self.nfs(&c, &mut out) {
+                let who = self.identity.map(|squash| caller(&call, squash));
+                let r = match who.map(|c| super::ids::become_(Some(c))).transpose() {
+                    Ok(_as_caller) => self.nfs(&c, &mut out),
+                    Err(_) => Err(Nfsstat3::ERR_SERVERFAULT.into()),
+                };
+                if let Err(f) = r {
                     out.truncate(mark);
                     self.stats.nfs_errors.fetch_add(1, Relaxed);
                     if f.status == Nfsstat3::ERR_BADHANDLE {
@@ -1044,6 +1059,20 @@ impl Pool {
 
 const RESOLVE: rfs::ResolveFlags =
     rfs::ResolveFlags::BENEATH.union(rfs::ResolveFlags::NO_SYMLINKS).union(rfs::ResolveFlags::NO_MAGICLINKS);
+
+/// The identity a call runs as: its AUTH_SYS uid, gid and groups (uid 0
+/// as nobody when `squash`); nobody for any other credential.
+fn caller(call: &CallHeader<'_>, squash: bool) -> super::ids::Cred {
+    use super::ids::{Cred, NOBODY};
+    let nobody = Cred { uid: NOBODY, gid: NOBODY, gids: Vec::new() };
+    if call.cred().flavor != connmux_oncrpc::AuthFlavor::AUTH_SYS {
+        return nobody;
+    }
+    match connmux_oncrpc::AuthSysParams::parse(call.cred().body) {
+        Ok(p) if !(squash && p.uid == 0) => Cred { uid: p.uid, gid: p.gid, gids: p.gids().collect() },
+        _ => nobody,
+    }
+}
 
 /// The errno of an I/O error (EIO when it has none).
 fn errno(e: &std::io::Error) -> Errno {
