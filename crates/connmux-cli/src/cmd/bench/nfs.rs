@@ -153,8 +153,18 @@ fn start_ganesha(p: &super::rpc::Placement, dir: &Path, work: &Path) -> anyhow::
     Ok(Server { proc, extra })
 }
 
+/// An rpcbind of our own, stopped when dropped (whatever went wrong).
+struct OwnRpcbind(std::process::Child);
+
+impl Drop for OwnRpcbind {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// rpcbind for ganesha: none needed when one answers; else one of our own.
-fn ensure_rpcbind() -> anyhow::Result<Option<std::process::Child>> {
+fn ensure_rpcbind() -> anyhow::Result<Option<OwnRpcbind>> {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 111));
     if std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(300)).is_ok() {
         return Ok(None);
@@ -165,6 +175,7 @@ fn ensure_rpcbind() -> anyhow::Result<Option<std::process::Child>> {
         .stderr(std::process::Stdio::null())
         .spawn()
         .context("starting rpcbind (Debian package rpcbind) for ganesha")?;
+    let child = OwnRpcbind(child);
     let t0 = std::time::Instant::now();
     while std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200)).is_err() {
         anyhow::ensure!(t0.elapsed() < std::time::Duration::from_secs(10), "rpcbind did not start listening");
@@ -188,7 +199,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     let dir = make_export()?;
     let work = dir.with_extension("ganesha");
     std::fs::create_dir_all(&work)?;
-    let mut rpcbind = ensure_rpcbind()?;
+    let rpcbind = ensure_rpcbind()?;
     let loads = loads();
     let servers = [start_connmux(&p, &dir)?, start_ganesha(&p, &dir, &work)?];
     println!(
@@ -219,10 +230,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         Ok(())
     })();
     drop(servers);
-    if let Some(c) = rpcbind.as_mut() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    drop(rpcbind);
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&work);
     outcome?;
