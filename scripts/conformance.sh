@@ -4,13 +4,14 @@
 # userspace runtime again) inside the kcmvm VM (scripts/kcmvm.sh: Debian's kernel under qemu), which boots once; then the
 # side-by-side receive benchmark in the same boot, the C API's checks on
 # AF_KCM (crates/connmux-capi/tests/c/backend.c), then the kernel's own 9P
-# client mounting `connmux 9p-server` (scripts/ninep-vm.sh). Prints one table,
-# exits non-zero if any case, C API or 9P check FAILed or the VM gave no result.
+# client mounting `connmux 9p-server` (scripts/ninep-vm.sh) and its NFSv3
+# client mounting `connmux nfs-server` (scripts/nfs-vm.sh). Prints one table,
+# exits non-zero if any case, C API, 9P or NFS check FAILed or the VM gave no result.
 #
 #   scripts/conformance.sh            # everything
 #   CONFORMANCE_NO_VM=1 scripts/conformance.sh   # this machine only
 #   CONFORMANCE_BENCH="20000 3"       # messages and repetitions of the benchmark
-#   CONFORMANCE_NO_9P=1               # leave out the 9P mount in the VM
+#   CONFORMANCE_NO_9P=1               # leave out the 9P and NFS mounts in the VM
 #   KCMVM_RUN=PATH                    # another harness with scripts/kcmvm.sh's interface
 #
 # Without the VM (CONFORMANCE_NO_VM=1) the kernel column is not filled and the
@@ -56,8 +57,10 @@ if [ "$ninep" != 1 ]; then
     RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$target" \
         cargo build --release --target x86_64-unknown-linux-gnu -p connmux-cli --bin connmux >&2
     vm_files+=(-a "$target/x86_64-unknown-linux-gnu/release/connmux" -a "$root/scripts/ninep-vm.sh")
-    # The kernel's 9P client: the fd (TCP) transport and the file system.
-    export KCMVM_MODULES="${KCMVM_MODULES:-kcm 9pnet 9pnet_fd 9p}"
+    vm_files+=(-a "$root/scripts/nfs-vm.sh")
+    # The kernel's 9P client: the fd (TCP) transport and the file system;
+    # its NFSv3 client: sunrpc, lockd, grace, nfs, nfsv3.
+    export KCMVM_MODULES="${KCMVM_MODULES:-kcm 9pnet 9pnet_fd 9p sunrpc lockd grace nfs nfsv3}"
 fi
 t1=$(date +%s)
 
@@ -76,6 +79,7 @@ if [ "${CONFORMANCE_NO_VM:-0}" != 1 ]; then
 /test/connmux-conformance --bench $bench || rc=1
 /test/connmux-capi-backend kernel || rc=1
 if [ -x /test/ninep-vm.sh ]; then sh /test/ninep-vm.sh || rc=1; fi
+if [ -x /test/nfs-vm.sh ]; then sh /test/nfs-vm.sh || rc=1; fi
 exit \$rc
 DRIVER
     echo "conformance: kcmvm ($harness)" >&2
@@ -112,12 +116,15 @@ BEGIN {
 }'
 echo
 grep -h '^SKIP\|^INFO\|^SUMMARY' "$work/host.txt" | sed 's/^/host: /'
-grep -h '^SKIP\|^INFO\|^SUMMARY\|^BENCH\|^FAILED\|^NINEP\|^CAPI\|^FAIL ' "$work/vm.txt" | sed 's/^/vm:   /' || true
+grep -h '^SKIP\|^INFO\|^SUMMARY\|^BENCH\|^FAILED\|^NINEP\|^NFS \|^CAPI\|^FAIL ' "$work/vm.txt" | sed 's/^/vm:   /' || true
 if [ "$vm_rc" != skipped ] && ! grep -q '^CAPI SUMMARY passed=[1-9][0-9]* failed=0$' "$work/vm.txt"; then
     echo "the C API on AF_KCM in the VM did not pass"; rc=1
 fi
 if [ "$ninep" != 1 ] && [ "$vm_rc" != skipped ] && ! grep -q '^NINEP SUMMARY .* failed=0$' "$work/vm.txt"; then
     echo "9P in the VM did not pass"; rc=1
+fi
+if [ "$ninep" != 1 ] && [ "$vm_rc" != skipped ] && ! grep -q '^NFS SUMMARY .* failed=0$' "$work/vm.txt"; then
+    echo "NFS in the VM did not pass"; rc=1
 fi
 if [ "$vm_rc" = skipped ]; then
     echo "conformance: the VM part was SKIPPED (CONFORMANCE_NO_VM=1): the kernel backend, the C API on AF_KCM and 9P were not checked"

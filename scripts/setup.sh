@@ -54,6 +54,18 @@ if ! command -v diodcat >/dev/null || ! command -v diod >/dev/null; then
     apt-get install -y -qq --no-install-recommends diod >/dev/null
 fi
 
+# ---- NFS (crates/connmux-cli/tests/nfs.rs): libnfs's clients (nfs-ls,
+# nfs-cat, nfs-cp) read and write the nfs-server.
+if ! command -v nfs-cp >/dev/null; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "setup: missing libnfs-utils; run as root or install it" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends libnfs-utils >/dev/null
+fi
+
 # ---- KCM conformance (scripts/conformance.sh): qemu and the tools the kcmvm
 # harness (scripts/kcmvm.sh) uses to fetch and boot Debian's kernel (apt-get
 # download, dpkg-deb, depmod, a static busybox for the guest), and glibc's

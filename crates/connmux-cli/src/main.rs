@@ -31,6 +31,10 @@ enum Command {
     /// Run the 9P2000.L file server exporting one directory.
     #[command(name = "9p-server")]
     NinepServer(cmd::ninep::Args),
+    /// Run the NFS version 3 server (with MOUNT version 3 on the same port)
+    /// exporting one directory.
+    #[command(name = "nfs-server")]
+    NfsServer(cmd::nfs::Args),
     /// Load generator for 9P2000.L servers: getattr, walk+clunk, reads.
     #[command(name = "9ptest")]
     Ninetest(cmd::ninep::loadtest::Args),
@@ -48,7 +52,10 @@ enum Command {
 fn main() {
     cmd::pipe::install();
     let cli = Cli::parse();
-    if matches!(cli.command, Command::EchoServer(_) | Command::RpcServer(_) | Command::NinepServer(_)) {
+    if matches!(
+        cli.command,
+        Command::EchoServer(_) | Command::RpcServer(_) | Command::NinepServer(_) | Command::NfsServer(_)
+    ) {
         // Before any thread starts: every thread inherits the mask, and the
         // main thread takes the stop signals (see cmd::stop).
         if let Err(e) = cmd::stop::block() {
@@ -62,6 +69,7 @@ fn main() {
         Command::EchoServer(a) => cmd::server::run_echo(a),
         Command::RpcServer(a) => cmd::server::run_rpc(a),
         Command::NinepServer(a) => cmd::ninep::run(a),
+        Command::NfsServer(a) => cmd::nfs::run(a),
         Command::Ninetest(a) => cmd::ninep::loadtest::run(a),
         Command::Echotest(a) => cmd::echotest::run(a),
         Command::Rpctest(a) => cmd::rpctest::run(a),

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod demo;
 pub mod echotest;
 pub mod loadgen;
+pub mod nfs;
 pub mod ninep;
 pub mod parse;
 pub mod pipe;

@@ -15,6 +15,9 @@
 //! a denied reply, garbage, a record over 1 KiB, a closed connection, no reply
 //! within `--io-timeout`) fails the run with exit status 1.
 //!
+//! `--proc getattr|lookup|read|write` sends NFSv3 calls instead (see
+//! `cmd::nfs::load`): `--file`, `--size`, `--mount`.
+//!
 //! Output columns: see [`super::loadgen`]; the rate column is `RPC/s` and the
 //! summary key `rpc_per_s`. Not done: UDP (ksf's `-u`), `-m`, `-x`.
 
@@ -69,6 +72,25 @@ pub struct Args {
     /// With several servers: which connection carries each call.
     #[arg(long = "tx-policy", value_enum, default_value = "least-outstanding")]
     pub tx_policy: super::rpctest_mux::Policy,
+    /// The procedure of each call: null (--prog/--vers), or an NFSv3
+    /// getattr, lookup, read or write against an NFS server with MOUNT on
+    /// the same port (`connmux nfs-server`).
+    #[arg(long = "proc", value_enum, default_value = "null")]
+    pub proc: crate::cmd::nfs::load::Proc,
+    /// Bytes of each READ or WRITE (e.g. 4K, 1M).
+    #[arg(long, value_name = "SIZE", default_value = "4096", value_parser = crate::cmd::server::parse_size)]
+    pub size: usize,
+    /// The file of getattr, lookup, read and write, beneath the mount
+    /// (getattr: the root without it; write: created if missing).
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<String>,
+    /// The path given to MNT.
+    #[arg(long, value_name = "PATH", default_value = "/")]
+    pub mount: String,
+    /// MOUNT's port on the server's host, when it is not the NFS port
+    /// (nfs-ganesha, the kernel's nfsd) [default: the same connection].
+    #[arg(long, value_name = "PORT")]
+    pub mount_port: Option<u16>,
     /// RPC server, [user@]host[:port] (default port 62049); names are resolved
     /// [default: 127.0.0.1 unless -s is given].
     pub target: Option<String>,
@@ -292,6 +314,27 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             fragments,
             sample.len()
         );
+    }
+    if a.proc != crate::cmd::nfs::load::Proc::Null {
+        anyhow::ensure!(specs.len() == 1, "--proc {:?}: one server", a.proc);
+        anyhow::ensure!(a.size > 0 && a.size <= 1 << 20, "--size: 1 byte to 1 MiB");
+        let mount_addr = match a.mount_port {
+            None => None,
+            Some(p) => Some(std::net::SocketAddr::new(
+                target.addrs.first().ok_or_else(|| anyhow::anyhow!("no address for the target"))?.ip(),
+                p,
+            )),
+        };
+        let sys = rpc.cred.as_ref().map(|c| (c.uid, c.gid));
+        let load = crate::cmd::nfs::load::NfsLoad {
+            proc: a.proc,
+            size: a.size as u32,
+            file: a.file,
+            mount: a.mount,
+            mount_addr,
+            sys,
+        };
+        return loadgen::run_load(c, UNITS, &target, &load, load.clone());
     }
     let config = Config { prog: a.prog, vers: a.vers, auth: a.auth, fragments, call_bytes: sample.len() };
     if specs.len() > 1 {

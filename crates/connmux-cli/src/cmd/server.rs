@@ -579,7 +579,7 @@ fn run_service(
 /// an arena's free top given back past twice that (glibc's own rule when
 /// it moves the thresholds itself). What peers held inside the arenas goes
 /// back at the [`Trimmer`]'s trims.
-fn keep_message_buffers(max_msg: usize) {
+pub(crate) fn keep_message_buffers(max_msg: usize) {
     let block = (max_msg + (64 << 10)).clamp(1 << 20, 32 << 20);
     connmux_sys::malloc::set_mmap_threshold(block);
     connmux_sys::malloc::set_trim_threshold(2 * block);

@@ -13,6 +13,7 @@
 //! | `tls` | NULL calls to the rpc-server with and without `--tls`: RPC/s, median RTT, ratio |
 //! | `hostile` | good clients beside attacks (non-readers, half-close, partial records, slowloris, garbage, RST floods): their rate, errors, replies lost, the server's RSS and counters (not in `all`) |
 //! | `9p` | the 9p-server beside diod: getattr, walk+clunk, 1 MiB reads, an uneven mix |
+//! | `nfs` | the nfs-server beside nfs-ganesha (FSAL_VFS): GETATTR, 4 KiB and 1 MiB READs and WRITEs (not in `all`) |
 //! | `all` | all of the above with their defaults |
 //!
 //! Every server runs as its own process under `taskset`, and every load
@@ -27,6 +28,7 @@
 pub mod hostile;
 pub mod instr;
 pub mod kcm;
+pub mod nfs;
 pub mod ninep;
 #[path = "../rawepoll.rs"]
 pub mod rawepoll;
@@ -80,6 +82,9 @@ pub enum Mode {
     /// The 9p-server beside diod: small operations, 1 MiB reads, an uneven mix.
     #[command(name = "9p")]
     Ninep(ninep::Args),
+    /// The nfs-server beside nfs-ganesha (FSAL_VFS): GETATTR, 4 KiB and 1 MiB
+    /// READs and WRITEs. Not part of `all`.
+    Nfs(nfs::Args),
     /// Every benchmark with its defaults.
     All(AllArgs),
     /// The rpc-server's service (same handler, same parser) with a chosen I/O driver.
@@ -128,6 +133,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::Tls(a) => tls::run(a),
         Mode::Hostile(a) => hostile::run(a),
         Mode::Ninep(a) => ninep::run(a),
+        Mode::Nfs(a) => nfs::run(a),
         Mode::All(a) => {
             let q: &[&str] = if a.quick { &["bench", "--quick"] } else { &["bench"] };
             let dir = a.yardstick.as_ref().map(|d| d.to_string_lossy().into_owned());
