@@ -11,10 +11,11 @@
 //! opened that way.
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
 use connmux_9p::types::{getattr as gmask, setattr as smask};
 use connmux_9p::{Attr, Qid, QidType, SetAttr, StatFs};
@@ -26,9 +27,74 @@ pub type R<T> = Result<T, Errno>;
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS).union(ResolveFlags::NO_MAGICLINKS);
 
+/// Descriptors of one kind (open files, or `O_PATH` handles), capped in
+/// total and per connection: the descriptor budget.
+pub struct Budget {
+    /// Held at most, in all.
+    pub max_total: usize,
+    /// Held at most by one connection.
+    pub max_conn: usize,
+    total: AtomicUsize,
+    /// Takes refused (over either cap).
+    pub refused: AtomicU64,
+}
+
+impl Budget {
+    pub fn new(max_total: usize, max_conn: usize) -> Arc<Budget> {
+        Arc::new(Budget { max_total, max_conn, total: AtomicUsize::new(0), refused: AtomicU64::new(0) })
+    }
+
+    /// Held now.
+    pub fn used(&self) -> usize {
+        self.total.load(Relaxed)
+    }
+
+    /// One descriptor for a connection whose count is `mine`: EMFILE over
+    /// the connection's cap, ENFILE over the total.
+    pub fn take(self: &Arc<Self>, mine: &Arc<AtomicUsize>) -> R<Slot> {
+        if mine.fetch_add(1, Relaxed) >= self.max_conn {
+            mine.fetch_sub(1, Relaxed);
+            self.refused.fetch_add(1, Relaxed);
+            return Err(Errno::MFILE);
+        }
+        if self.total.fetch_add(1, Relaxed) >= self.max_total {
+            self.total.fetch_sub(1, Relaxed);
+            mine.fetch_sub(1, Relaxed);
+            self.refused.fetch_add(1, Relaxed);
+            return Err(Errno::NFILE);
+        }
+        Ok(Slot { budget: self.clone(), mine: mine.clone() })
+    }
+}
+
+/// One descriptor of a [`Budget`], given back when dropped.
+pub struct Slot {
+    budget: Arc<Budget>,
+    mine: Arc<AtomicUsize>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.mine.fetch_sub(1, Relaxed);
+        self.budget.total.fetch_sub(1, Relaxed);
+    }
+}
+
+/// A connection's counts against the export's budgets.
+#[derive(Default, Clone)]
+pub struct Quota {
+    pub open: Arc<AtomicUsize>,
+    pub handles: Arc<AtomicUsize>,
+}
+
 /// The exported directory.
 pub struct Export {
     root: OwnedFd,
+    /// Files and directories opened by clients (Tlopen, Tlcreate).
+    pub open_files: Arc<Budget>,
+    /// `O_PATH` handles kept by fids that are not open (a fid over this
+    /// budget keeps its path only, and is reopened by it when used).
+    pub handles: Arc<Budget>,
     /// The path clients name in Tattach (canonical).
     pub path: PathBuf,
     /// The path as given on the command line (also accepted in Tattach).
@@ -46,17 +112,41 @@ pub enum Open {
     Dir(Mutex<OwnedFd>),
 }
 
+/// How a fid that is not open reaches its file.
+pub enum Node {
+    /// An `O_PATH | O_NOFOLLOW` descriptor, within the handle budget:
+    /// attributes and links are read through it without a lookup.
+    Handle { fd: OwnedFd, _slot: Slot },
+    /// The path only (over the budget, or opened: the open descriptor
+    /// serves): looked up again, beneath the export, when used.
+    Path,
+}
+
 /// One fid of a connection.
 pub struct Fid {
     /// Path beneath the export ("" is the root); changes when a rename moves it.
     pub path: Mutex<PathBuf>,
-    /// `O_PATH | O_NOFOLLOW` descriptor of the file: attributes and links are
-    /// read through it, without reopening by name.
-    pub node: OwnedFd,
+    pub node: Node,
     /// The qid it was walked to.
     pub qid: Qid,
-    /// After Tlopen/Tlcreate.
-    pub open: Option<Open>,
+    /// After Tlopen/Tlcreate, with its place in the open-file budget.
+    pub open: Option<(Open, Slot)>,
+}
+
+impl Fid {
+    /// The open file, if the fid was opened as one.
+    fn file(&self) -> Option<&File> {
+        match &self.open {
+            Some((Open::File(f), _)) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// Whether attributes are read without a lookup or a lock (Tgetattr on
+    /// an I/O worker): a handle or an open file.
+    pub fn cheap(&self) -> bool {
+        matches!(self.node, Node::Handle { .. }) || self.file().is_some()
+    }
 }
 
 /// A checked single name: not empty, no `/`, not `.` or `..`, no NUL.
@@ -84,11 +174,37 @@ fn qid_of(st: &rfs::Stat) -> Qid {
 
 impl Export {
     /// Opens `dir` as the export.
-    pub fn open(dir: &Path, read_only: bool) -> anyhow::Result<Export> {
+    /// `open_files` and `handles`: the descriptor budgets.
+    pub fn open(dir: &Path, read_only: bool, open_files: Arc<Budget>, handles: Arc<Budget>) -> anyhow::Result<Export> {
         let path = std::fs::canonicalize(dir).map_err(|e| anyhow::anyhow!("--export {}: {e}", dir.display()))?;
         let root = rfs::open(&path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| anyhow::anyhow!("--export {}: {e}", path.display()))?;
-        Ok(Export { root, path, given: dir.to_path_buf(), read_only })
+        Ok(Export { root, open_files, handles, path, given: dir.to_path_buf(), read_only })
+    }
+
+    /// Runs `f` on a descriptor of the fid's file that reads its attributes:
+    /// its open file, its handle, or an `O_PATH` descriptor looked up by its
+    /// path for the call (closed after it).
+    pub fn with_node<T>(&self, fid: &Fid, f: impl FnOnce(BorrowedFd<'_>) -> R<T>) -> R<T> {
+        if let Some(file) = fid.file() {
+            return f(file.as_fd());
+        }
+        if let Node::Handle { fd, .. } = &fid.node {
+            return f(fd.as_fd());
+        }
+        let path = fid.path.lock().unwrap().clone();
+        let fd = self.open_beneath(&path, OFlags::PATH, Mode::empty())?;
+        f(fd.as_fd())
+    }
+
+    /// A fid at `path` whose file `fd` (`O_PATH`) is: it keeps `fd` while
+    /// the handle budget allows, else its path only.
+    fn fid_with(&self, path: PathBuf, fd: OwnedFd, qid: Qid, q: &Quota) -> Fid {
+        let node = match self.handles.take(&q.handles) {
+            Ok(_slot) => Node::Handle { fd, _slot },
+            Err(_) => Node::Path,
+        };
+        Fid { path: Mutex::new(path), node, qid, open: None }
     }
 
     /// Whether `aname` (Tattach's attach name) names this export: empty, or
@@ -152,23 +268,22 @@ impl Export {
     }
 
     /// The root's fid (Tattach).
-    pub fn attach(&self) -> R<Fid> {
-        self.fid_at(PathBuf::new())
-    }
-
-    fn fid_at(&self, path: PathBuf) -> R<Fid> {
-        let (node, qid) = self.node(&path)?;
-        Ok(Fid { path: Mutex::new(path), node, qid, open: None })
+    pub fn attach(&self, q: &Quota) -> R<Fid> {
+        let path = PathBuf::new();
+        let (fd, qid) = self.node(&path)?;
+        Ok(self.fid_with(path, fd, qid, q))
     }
 
     /// Twalk from `from` through `names`: the qids walked and, when every
     /// name was walked, the new fid. An error on the first name is the
     /// walk's error.
-    pub fn walk(&self, from: &Fid, names: &[&str]) -> R<(Vec<Qid>, Option<Fid>)> {
+    pub fn walk(&self, from: &Fid, names: &[&str], q: &Quota) -> R<(Vec<Qid>, Option<Fid>)> {
         let mut path = from.path.lock().unwrap().clone();
         if names.is_empty() {
-            let node = from.node.try_clone().map_err(|_| Errno::MFILE)?;
-            return Ok((Vec::new(), Some(Fid { path: Mutex::new(path), node, qid: from.qid, open: None })));
+            // A clone: its own handle, looked up again (the original's may be
+            // an open file, or none).
+            let (fd, _) = self.node(&path)?;
+            return Ok((Vec::new(), Some(self.fid_with(path, fd, from.qid, q))));
         }
         let mut qids = Vec::with_capacity(names.len());
         let mut last = None;
@@ -192,14 +307,14 @@ impl Export {
                 Err(_) => return Ok((qids, None)),
             }
         }
-        let node = last.expect("at least one name");
+        let fd = last.expect("at least one name");
         let qid = *qids.last().expect("at least one qid");
-        Ok((qids, Some(Fid { path: Mutex::new(path), node, qid, open: None })))
+        Ok((qids, Some(self.fid_with(path, fd, qid, q))))
     }
 
     /// Tgetattr.
     pub fn getattr(&self, fid: &Fid) -> R<(u64, Qid, Attr)> {
-        let st = rfs::fstat(&fid.node)?;
+        let st = self.with_node(fid, |fd| rfs::fstat(fd))?;
         let a = Attr {
             mode: st.st_mode,
             uid: st.st_uid,
@@ -210,18 +325,26 @@ impl Export {
             blksize: st.st_blksize as u64,
             blocks: st.st_blocks as u64,
             atime_sec: st.st_atime as u64,
-            atime_nsec: st.st_atime_nsec as u64,
+            atime_nsec: st.st_atime_nsec,
             mtime_sec: st.st_mtime as u64,
-            mtime_nsec: st.st_mtime_nsec as u64,
+            mtime_nsec: st.st_mtime_nsec,
             ctime_sec: st.st_ctime as u64,
-            ctime_nsec: st.st_ctime_nsec as u64,
+            ctime_nsec: st.st_ctime_nsec,
             ..Attr::default()
         };
         Ok((gmask::BASIC, qid_of(&st), a))
     }
 
-    /// Tlopen: the open file or directory and its qid.
-    pub fn lopen(&self, fid: &Fid, flags: u32) -> R<(Open, Qid)> {
+    /// Tlopen: a new fid for `fid`, opened, within the open-file budget,
+    /// and its qid.
+    pub fn lopen(&self, fid: &Fid, flags: u32, q: &Quota) -> R<(Fid, Qid)> {
+        let slot = self.open_files.take(&q.open)?;
+        let path = fid.path.lock().unwrap().clone();
+        let (open, qid) = self.open_fid(fid, flags)?;
+        Ok((Fid { path: Mutex::new(path), node: Node::Path, qid, open: Some((open, slot)) }, qid))
+    }
+
+    fn open_fid(&self, fid: &Fid, flags: u32) -> R<(Open, Qid)> {
         let path = fid.path.lock().unwrap().clone();
         let fl = open_flags(flags);
         // As open(2): a directory is opened for reading only.
@@ -244,9 +367,10 @@ impl Export {
     /// Tlcreate: creates `name` in directory `dir` and opens it; the fid
     /// becomes the new file. As open(2) with `O_CREAT`: without `O_EXCL` an
     /// existing file of that name is opened instead.
-    pub fn lcreate(&self, dir: &Fid, name: &str, flags: u32, mode: u32) -> R<(Fid, Qid)> {
+    pub fn lcreate(&self, dir: &Fid, name: &str, flags: u32, mode: u32, q: &Quota) -> R<(Fid, Qid)> {
         self.writable()?;
         let name = check_name(name)?;
+        let slot = self.open_files.take(&q.open)?;
         let mut path = dir.path.lock().unwrap().clone();
         let dfd = self.dir(&path)?;
         let fl = open_flags(flags);
@@ -272,13 +396,12 @@ impl Export {
         }
         Self::settle(&fd, &st, fl)?;
         let qid = qid_of(&st);
-        let node = self.open_beneath(&path, OFlags::PATH, Mode::empty())?;
-        Ok((Fid { path: Mutex::new(path), node, qid, open: Some(Open::File(File::from(fd))) }, qid))
+        Ok((Fid { path: Mutex::new(path), node: Node::Path, qid, open: Some((Open::File(File::from(fd)), slot)) }, qid))
     }
 
     /// Tread on an opened file: appends up to `count` bytes at `offset` to `out`.
     pub fn read(&self, fid: &Fid, offset: u64, count: usize, out: &mut Vec<u8>) -> R<usize> {
-        let Some(Open::File(f)) = &fid.open else {
+        let Some(f) = fid.file() else {
             return Err(Errno::BADF);
         };
         let start = out.len();
@@ -309,7 +432,7 @@ impl Export {
     /// Twrite.
     pub fn write(&self, fid: &Fid, offset: u64, data: &[u8]) -> R<u32> {
         self.writable()?;
-        let Some(Open::File(f)) = &fid.open else {
+        let Some(f) = fid.file() else {
             return Err(Errno::BADF);
         };
         f.write_at(data, offset).map(|n| n as u32).map_err(|e| errno_of(&e))
@@ -318,7 +441,7 @@ impl Export {
     /// Treaddir: appends entries from `offset` (a cookie from an earlier
     /// entry, or 0) while they fit in `count` bytes.
     pub fn readdir(&self, fid: &Fid, offset: u64, count: usize, out: &mut Vec<u8>) -> R<()> {
-        let Some(Open::Dir(d)) = &fid.open else {
+        let Some((Open::Dir(d), _)) = &fid.open else {
             return Err(Errno::BADF);
         };
         let fd = d.lock().unwrap();
@@ -374,7 +497,9 @@ impl Export {
             if a.valid & (smask::UID | smask::GID) != 0 {
                 let uid = (a.valid & smask::UID != 0).then(|| rustix::fs::Uid::from_raw(a.uid));
                 let gid = (a.valid & smask::GID != 0).then(|| rustix::fs::Gid::from_raw(a.gid));
-                rfs::chownat(&fid.node, "", uid, gid, AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW)?;
+                self.with_node(fid, |fd| {
+                    rfs::chownat(fd, "", uid, gid, AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW)
+                })?;
             }
         }
         if a.valid & (smask::ATIME | smask::MTIME) != 0 && fid.qid.ty != QidType::SYMLINK {
@@ -479,7 +604,7 @@ impl Export {
         if fid.qid.ty != QidType::SYMLINK {
             return Err(Errno::INVAL);
         }
-        let t = rfs::readlinkat(&fid.node, "", Vec::new())?;
+        let t = self.with_node(fid, |fd| rfs::readlinkat(fd, "", Vec::new()))?;
         t.into_string().map_err(|_| Errno::ILSEQ)
     }
 
@@ -520,8 +645,7 @@ impl Export {
 
     /// Tstatfs.
     pub fn statfs(&self, fid: &Fid) -> R<StatFs> {
-        let s = rfs::fstatfs(&fid.node)?;
-        let v = rfs::fstatvfs(&fid.node)?;
+        let (s, v) = self.with_node(fid, |fd| Ok((rfs::fstatfs(fd)?, rfs::fstatvfs(fd)?)))?;
         Ok(StatFs {
             fs_type: s.f_type as u32,
             bsize: v.f_bsize as u32,
@@ -537,7 +661,7 @@ impl Export {
 
     /// Tfsync.
     pub fn fsync(&self, fid: &Fid, datasync: bool) -> R<()> {
-        let Some(Open::File(f)) = &fid.open else {
+        let Some(f) = fid.file() else {
             return Ok(());
         };
         if datasync {
@@ -549,7 +673,7 @@ impl Export {
 
     /// Tlock as `flock` without waiting: 0 success, 1 blocked.
     pub fn lock(&self, fid: &Fid, lock_type: u8) -> R<u8> {
-        let Some(Open::File(f)) = &fid.open else {
+        let Some(f) = fid.file() else {
             return Err(Errno::BADF);
         };
         let op = match lock_type {

@@ -39,10 +39,20 @@ pub struct Args {
     /// they hold to this many times the message size limit).
     #[arg(long, default_value_t = 256)]
     pub fs_queue: usize,
-    /// Most fids one connection may hold (each holds a descriptor: the
-    /// process's descriptor limit must cover connections × this).
-    #[arg(long, default_value_t = 16_384)]
+    /// Most fids one connection may hold. A fid that is not open holds no
+    /// descriptor of its own beyond the handle budget (about 200 bytes of
+    /// memory each).
+    #[arg(long, default_value_t = 131_072)]
     pub max_fids: usize,
+    /// Files and directories open at once (Tlopen, Tlcreate), in all;
+    /// beyond it an open is answered ENFILE [default: a quarter of the
+    /// descriptor limit, which the server raises to its hard limit].
+    #[arg(long)]
+    pub max_open: Option<usize>,
+    /// Files and directories one connection may have open at once; beyond
+    /// it an open is answered EMFILE [default: a quarter of --max-open].
+    #[arg(long)]
+    pub max_open_conn: Option<usize>,
     /// Requests of one connection with the file-system threads at a time,
     /// at most; the rest wait in the connection's own backlog (default:
     /// half of the threads, at least 1).
@@ -62,7 +72,19 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if a.common.engine != "connmux" {
         anyhow::bail!("9p-server runs on the connmux runtime only (--engine connmux)");
     }
-    let export = Arc::new(fs::Export::open(&a.export, a.read_only)?);
+    // Descriptors: the soft limit raised to the hard one; open files and
+    // fids' O_PATH handles take a quarter of it each, at most, so sockets
+    // and the descriptors an operation opens for its length keep the rest.
+    let limit = connmux_sys::fileserver::raise_nofile_limit().context("RLIMIT_NOFILE")?;
+    let quarter = (limit / 4).max(16) as usize;
+    let max_open = a.max_open.unwrap_or(quarter).max(1);
+    let max_open_conn = a.max_open_conn.unwrap_or(max_open / 4).clamp(1, max_open);
+    if (max_open as u64).saturating_mul(2) > limit {
+        eprintln!("9p-server: --max-open {max_open} with a descriptor limit of {limit}: opens may meet EMFILE from the system before the budget");
+    }
+    let open_files = fs::Budget::new(max_open, max_open_conn);
+    let handles = fs::Budget::new(quarter, max_open_conn.min(quarter));
+    let export = Arc::new(fs::Export::open(&a.export, a.read_only, open_files, handles)?);
     let mux = Mux::new(a.common.mux_config()?)?;
     let threads = a.fs_threads.unwrap_or((a.common.worker_count() * 4).max(8)).max(1);
     // msize is capped by the largest message the parser accepts.
@@ -156,9 +178,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 fn counters(svc: &Service, h: &serve::NinepHandler) -> String {
-    let (st, n) = (svc.stats(), &h.stats);
+    let (st, n, x) = (svc.stats(), &h.stats, h.export());
     format!(
-        "accepted={}\nclosed={}\nconnections={}\nrequests={}\nfs_thread_requests={}\nerrors={}\nflushes={}\nflushes_deferred={}\nreplies_dropped={}\npaused={}\nbad_messages={}\noverloads={}\nsend_failures={}\n",
+        "accepted={}\nclosed={}\nconnections={}\nrequests={}\nfs_thread_requests={}\nerrors={}\nflushes={}\nflushes_deferred={}\nreplies_dropped={}\npaused={}\nbad_messages={}\noverloads={}\nsend_failures={}\nopen_files={}\nmax_open={}\nopen_refused={}\nhandles={}\nfds={}\nfd_limit={}\n",
         st.accepted.load(Relaxed),
         st.closed.load(Relaxed),
         h.conns(),
@@ -172,6 +194,12 @@ fn counters(svc: &Service, h: &serve::NinepHandler) -> String {
         n.bad_messages.load(Relaxed),
         n.overloads.load(Relaxed),
         n.send_failures.load(Relaxed),
+        x.open_files.used(),
+        x.open_files.max_total,
+        x.open_files.refused.load(Relaxed),
+        x.handles.used(),
+        std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0),
+        connmux_sys::fileserver::nofile_limit().unwrap_or(0),
     )
 }
 

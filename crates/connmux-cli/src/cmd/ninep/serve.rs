@@ -50,7 +50,7 @@ use connmux_9p::rmsg::{self, Encoder};
 use connmux_9p::{MsgType, Tmsg, WireError};
 use rustix::io::Errno;
 
-use super::fs::{Export, Fid, R};
+use super::fs::{Export, Fid, Quota, R};
 
 /// Unwritten reply bytes of a connection above which its requests wait: half the mux's backlog of replies per connection (4 MiB), so the
 /// replies of the requests let through still fit in it.
@@ -66,8 +66,10 @@ pub struct Conn {
     /// Tversions seen: a request of an older session changes no fid.
     /// Changed under the `fids` lock.
     session: AtomicU64,
-    /// Most fids this connection may hold (each holds a descriptor).
+    /// Most fids this connection may hold.
     max_fids: usize,
+    /// Its descriptors: open files and handles.
+    quota: Quota,
     work: Mutex<Work>,
     msize: AtomicU32,
     /// Reply bytes handed to the mux for this connection; less the bytes the
@@ -191,6 +193,7 @@ impl Conn {
             fids: Mutex::default(),
             session: AtomicU64::new(0),
             max_fids,
+            quota: Quota::default(),
             work: Mutex::default(),
             msize: AtomicU32::new(0),
             replied: AtomicU64::new(0),
@@ -282,8 +285,9 @@ impl Job {
     /// Whether the request may change the connection's or the export's
     /// state: all but those that only read.
     fn changes(&self) -> bool {
-        const READ_ONLY: [MsgType; 6] = [
+        const READ_ONLY: [MsgType; 7] = [
             MsgType::TREAD,
+            MsgType::TGETATTR,
             MsgType::TREADDIR,
             MsgType::TSTATFS,
             MsgType::TREADLINK,
@@ -406,6 +410,11 @@ impl NinepHandler {
         });
     }
 
+    /// The export served.
+    pub fn export(&self) -> &Export {
+        &self.export
+    }
+
     /// Connections with state.
     pub fn conns(&self) -> usize {
         self.conns.lock().unwrap().len()
@@ -452,10 +461,16 @@ impl NinepHandler {
             Tmsg::Clunk { fid } => {
                 conn.fids.lock().unwrap().remove(fid).map(|_| rmsg::empty(out, MsgType::RCLUNK, tag)).ok_or(Errno::BADF)
             }
-            Tmsg::Getattr { fid, .. } => conn
-                .fid(*fid)
-                .and_then(|f| self.export.getattr(&f))
-                .map(|(valid, q, a)| rmsg::getattr(out, tag, valid, &q, &a)),
+            // Here when it costs an fstat of a descriptor the fid holds; one
+            // to be looked up by path goes to the pool (a lookup may wait on
+            // the disk).
+            Tmsg::Getattr { fid, .. } => match conn.fid(*fid) {
+                Ok(f) if f.cheap() => {
+                    self.export.getattr(&f).map(|(valid, q, a)| rmsg::getattr(out, tag, valid, &q, &a))
+                }
+                Ok(_) => return None,
+                Err(e) => Err(e),
+            },
             Tmsg::Xattrwalk { .. } | Tmsg::Xattrcreate { .. } => Err(Errno::OPNOTSUPP),
             _ => return None,
         })
@@ -787,7 +802,7 @@ impl Pool {
                 if !x.accepts_aname(aname) {
                     return Err(Errno::NOENT);
                 }
-                let f = x.attach()?;
+                let f = x.attach(&conn.quota)?;
                 let q = f.qid;
                 conn.insert_new(session, *fid, f)?;
                 rmsg::qid(out, MsgType::RATTACH, tag, &q);
@@ -797,7 +812,7 @@ impl Pool {
                 if newfid != fid && conn.fids.lock().unwrap().contains_key(newfid) {
                     return Err(Errno::BADF);
                 }
-                let (qids, new) = x.walk(&from, names)?;
+                let (qids, new) = x.walk(&from, names, &conn.quota)?;
                 if let Some(f) = new {
                     conn.replace(session, *newfid, f)?;
                 }
@@ -813,17 +828,15 @@ impl Pool {
                 if f.open.is_some() {
                     return Err(Errno::BADF);
                 }
-                let (open, q) = x.lopen(&f, *flags)?;
-                let node = f.node.try_clone().map_err(|_| Errno::MFILE)?;
-                let path = f.path.lock().unwrap().clone();
-                conn.replace(session, *fid, Fid { path: Mutex::new(path), node, qid: q, open: Some(open) })?;
+                let (nf, q) = x.lopen(&f, *flags, &conn.quota)?;
+                conn.replace(session, *fid, nf)?;
                 let mut e = Encoder::begin(out, MsgType::RLOPEN, tag);
                 e.qid(&q).u32(0);
                 e.finish();
             }
             Tmsg::Lcreate { fid, name, flags, mode, gid: _ } => {
                 let dir = conn.fid(*fid)?;
-                let (nf, q) = x.lcreate(&dir, name, *flags, *mode)?;
+                let (nf, q) = x.lcreate(&dir, name, *flags, *mode, &conn.quota)?;
                 conn.replace(session, *fid, nf)?;
                 let mut e = Encoder::begin(out, MsgType::RLCREATE, tag);
                 e.qid(&q).u32(0);
@@ -925,12 +938,15 @@ impl Pool {
                 e.u8(2).u64(l.start).u64(l.length).u32(l.proc_id).str(l.client_id);
                 e.finish();
             }
+            Tmsg::Getattr { fid, .. } => {
+                let (valid, q, a) = x.getattr(&*conn.fid(*fid)?)?;
+                rmsg::getattr(out, tag, valid, &q, &a);
+            }
             // Answered on the workers.
             Tmsg::Version { .. }
             | Tmsg::Auth { .. }
             | Tmsg::Flush { .. }
             | Tmsg::Clunk { .. }
-            | Tmsg::Getattr { .. }
             | Tmsg::Xattrwalk { .. }
             | Tmsg::Xattrcreate { .. } => return Err(Errno::INVAL),
         }
@@ -946,7 +962,8 @@ mod tests {
     fn a_sweep_keeps_the_state_of_a_connection_attached_while_it_looks() {
         let dir = std::env::temp_dir().join(format!("connmux-9p-sweep-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let export = Arc::new(Export::open(&dir, true).unwrap());
+        let b = || super::super::fs::Budget::new(16, 16);
+        let export = Arc::new(Export::open(&dir, true, b(), b()).unwrap());
         let (h, _pool) = NinepHandler::new(export, 65536, 4, 16, 2);
         let (gone, old, new) = (
             PsockId { index: 1, generation: 1 },
