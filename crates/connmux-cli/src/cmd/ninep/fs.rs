@@ -22,6 +22,8 @@ use connmux_9p::{Attr, Qid, QidType, SetAttr, StatFs};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
+use super::users::User;
+
 /// A result whose error is the errno the client gets in Rlerror.
 pub type R<T> = Result<T, Errno>;
 
@@ -131,6 +133,8 @@ pub struct Fid {
     pub qid: Qid,
     /// After Tlopen/Tlcreate, with its place in the open-file budget.
     pub open: Option<(Open, Slot)>,
+    /// Whom the attach it was walked from named: its operations run as them.
+    pub user: Arc<User>,
 }
 
 impl Fid {
@@ -199,12 +203,12 @@ impl Export {
 
     /// A fid at `path` whose file `fd` (`O_PATH`) is: it keeps `fd` while
     /// the handle budget allows, else its path only.
-    fn fid_with(&self, path: PathBuf, fd: OwnedFd, qid: Qid, q: &Quota) -> Fid {
+    fn fid_with(&self, path: PathBuf, fd: OwnedFd, qid: Qid, q: &Quota, user: Arc<User>) -> Fid {
         let node = match self.handles.take(&q.handles) {
             Ok(_slot) => Node::Handle { fd, _slot },
             Err(_) => Node::Path,
         };
-        Fid { path: Mutex::new(path), node, qid, open: None }
+        Fid { path: Mutex::new(path), node, qid, open: None, user }
     }
 
     /// Whether `aname` (Tattach's attach name) names this export: empty, or
@@ -268,10 +272,10 @@ impl Export {
     }
 
     /// The root's fid (Tattach).
-    pub fn attach(&self, q: &Quota) -> R<Fid> {
+    pub fn attach(&self, q: &Quota, user: Arc<User>) -> R<Fid> {
         let path = PathBuf::new();
         let (fd, qid) = self.node(&path)?;
-        Ok(self.fid_with(path, fd, qid, q))
+        Ok(self.fid_with(path, fd, qid, q, user))
     }
 
     /// Twalk from `from` through `names`: the qids walked and, when every
@@ -283,7 +287,7 @@ impl Export {
             // A clone: its own handle, looked up again (the original's may be
             // an open file, or none).
             let (fd, _) = self.node(&path)?;
-            return Ok((Vec::new(), Some(self.fid_with(path, fd, from.qid, q))));
+            return Ok((Vec::new(), Some(self.fid_with(path, fd, from.qid, q, from.user.clone()))));
         }
         let mut qids = Vec::with_capacity(names.len());
         let mut last = None;
@@ -309,7 +313,7 @@ impl Export {
         }
         let fd = last.expect("at least one name");
         let qid = *qids.last().expect("at least one qid");
-        Ok((qids, Some(self.fid_with(path, fd, qid, q))))
+        Ok((qids, Some(self.fid_with(path, fd, qid, q, from.user.clone()))))
     }
 
     /// Tgetattr.
@@ -341,7 +345,8 @@ impl Export {
         let slot = self.open_files.take(&q.open)?;
         let path = fid.path.lock().unwrap().clone();
         let (open, qid) = self.open_fid(fid, flags)?;
-        Ok((Fid { path: Mutex::new(path), node: Node::Path, qid, open: Some((open, slot)) }, qid))
+        let user = fid.user.clone();
+        Ok((Fid { path: Mutex::new(path), node: Node::Path, qid, open: Some((open, slot)), user }, qid))
     }
 
     fn open_fid(&self, fid: &Fid, flags: u32) -> R<(Open, Qid)> {
@@ -396,7 +401,8 @@ impl Export {
         }
         Self::settle(&fd, &st, fl)?;
         let qid = qid_of(&st);
-        Ok((Fid { path: Mutex::new(path), node: Node::Path, qid, open: Some((Open::File(File::from(fd)), slot)) }, qid))
+        let (open, user) = (Some((Open::File(File::from(fd)), slot)), dir.user.clone());
+        Ok((Fid { path: Mutex::new(path), node: Node::Path, qid, open, user }, qid))
     }
 
     /// Tread on an opened file: appends up to `count` bytes at `offset` to `out`.

@@ -6,6 +6,7 @@
 pub mod fs;
 pub mod loadtest;
 pub mod serve;
+pub mod users;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -64,6 +65,12 @@ pub struct Args {
     /// processes of the host.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub fs_nice: i32,
+    /// Serve every attach as this server's own user, whoever it names.
+    /// Without it, a server run as root does each attach's file operations
+    /// as the user the attach names (`n_uname`, else `uname`), and one run
+    /// as another user refuses attaches as anyone but itself (EPERM).
+    #[arg(long)]
+    pub squash_users: bool,
     #[command(flatten)]
     pub common: Common,
 }
@@ -92,7 +99,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     // Half: one connection (a kernel mount is one) keeps much of the
     // parallelism, and the other half is always left to the others.
     let share = a.fs_share.unwrap_or(threads / 2).max(1);
-    let (handler, pool) = serve::NinepHandler::new(export.clone(), max_msize, a.fs_queue, a.max_fids, share);
+    let users = Arc::new(users::Users::for_this_process(a.squash_users)?);
+    let who = match &*users {
+        users::Users::Switch => "as each attach's user".to_string(),
+        users::Users::Own { me, .. } => format!("as uid {} only", me.uid),
+        users::Users::Squash { me } => format!("every attach as uid {}", me.uid),
+    };
+    let (handler, pool) = serve::NinepHandler::new(export.clone(), max_msize, a.fs_queue, a.max_fids, share, users);
     let mut senders = Vec::with_capacity(threads);
     for _ in 0..threads {
         let s = mux.socket(SockType::Dgram)?;
@@ -145,7 +158,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
     let endpoint = a.common.stats_endpoint(what, snap)?;
     println!(
-        "{what} listening on {} exporting {} ({} workers, {threads} fs threads, {:?} driver){}",
+        "{what} listening on {} exporting {} ({who}; {} workers, {threads} fs threads, {:?} driver){}",
         svc.local_addr(),
         export.path.display(),
         a.common.worker_count(),

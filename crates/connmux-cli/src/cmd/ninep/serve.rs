@@ -51,6 +51,7 @@ use connmux_9p::{MsgType, Tmsg, WireError};
 use rustix::io::Errno;
 
 use super::fs::{Export, Fid, Quota, R};
+use super::users::{self, Users};
 
 /// Unwritten reply bytes of a connection above which its requests wait: half the mux's backlog of replies per connection (4 MiB), so the
 /// replies of the requests let through still fit in it.
@@ -326,6 +327,8 @@ struct Paused {
 
 /// The file-system threads' shared part.
 pub struct Pool {
+    /// Whom attaches are served as.
+    users: Arc<Users>,
     jobs: crossbeam::channel::Receiver<Job>,
     tx: crossbeam::channel::Sender<Job>,
     export: Arc<Export>,
@@ -355,10 +358,12 @@ impl NinepHandler {
         queue: usize,
         max_fids: usize,
         share: usize,
+        users: Arc<Users>,
     ) -> (Arc<NinepHandler>, Arc<Pool>) {
         let (tx, rx) = crossbeam::channel::bounded(queue.max(1));
         let stats = Arc::new(NinepStats::default());
         let pool = Arc::new(Pool {
+            users,
             jobs: rx,
             tx,
             export: export.clone(),
@@ -502,6 +507,35 @@ impl NinepHandler {
         self.stats.to_pool.fetch_add(1, Relaxed);
         let _ = self.pool.tx.send(job);
         true
+    }
+}
+
+/// The fid whose user a request acts as, and the group a creation asks
+/// for (`None` for an attach, which names its user itself).
+fn acting_fid(m: &Tmsg<'_>) -> Option<(u32, Option<u32>)> {
+    let just = |f: &u32| Some((*f, None));
+    match m {
+        Tmsg::Lcreate { fid, gid, .. } | Tmsg::Symlink { fid, gid, .. } => Some((*fid, Some(*gid))),
+        Tmsg::Mkdir { dfid, gid, .. } | Tmsg::Mknod { dfid, gid, .. } => Some((*dfid, Some(*gid))),
+        Tmsg::Walk { fid, .. }
+        | Tmsg::Lopen { fid, .. }
+        | Tmsg::Read { fid, .. }
+        | Tmsg::Write { fid, .. }
+        | Tmsg::Readdir { fid, .. }
+        | Tmsg::Setattr { fid, .. }
+        | Tmsg::Getattr { fid, .. }
+        | Tmsg::Remove { fid }
+        | Tmsg::Readlink { fid }
+        | Tmsg::Rename { fid, .. }
+        | Tmsg::Statfs { fid }
+        | Tmsg::Fsync { fid, .. }
+        | Tmsg::Xattrwalk { fid, .. }
+        | Tmsg::Xattrcreate { fid, .. } => just(fid),
+        Tmsg::Unlinkat { dirfid, .. } => just(dirfid),
+        Tmsg::Link { dfid, .. } => just(dfid),
+        Tmsg::Renameat { olddirfid, .. } => just(olddirfid),
+        Tmsg::Lock(l) | Tmsg::Getlock(l) => just(&l.fid),
+        _ => None,
     }
 }
 
@@ -797,12 +831,22 @@ impl Pool {
     fn answer(&self, conn: &Conn, session: u64, tag: u16, m: &Tmsg<'_>, out: &mut Vec<u8>) -> R<()> {
         let x = &*self.export;
         let msize = conn.msize.load(Relaxed).max(4096) as usize;
+        // As the fid's user (the attach's, for an attach).
+        if self.users.switches() {
+            if let Some((fid, gid)) = acting_fid(m) {
+                users::become_user(&conn.fid(fid)?.user, gid)?;
+            }
+        }
         match m {
-            Tmsg::Attach { fid, afid: _, uname: _, aname, n_uname: _ } => {
+            Tmsg::Attach { fid, afid: _, uname, aname, n_uname } => {
                 if !x.accepts_aname(aname) {
                     return Err(Errno::NOENT);
                 }
-                let f = x.attach(&conn.quota)?;
+                let user = self.users.resolve(uname, *n_uname)?;
+                if self.users.switches() {
+                    users::become_user(&user, None)?;
+                }
+                let f = x.attach(&conn.quota, user)?;
                 let q = f.qid;
                 conn.insert_new(session, *fid, f)?;
                 rmsg::qid(out, MsgType::RATTACH, tag, &q);
@@ -964,7 +1008,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let b = || super::super::fs::Budget::new(16, 16);
         let export = Arc::new(Export::open(&dir, true, b(), b()).unwrap());
-        let (h, _pool) = NinepHandler::new(export, 65536, 4, 16, 2);
+        let me = Arc::new(super::super::users::User { uid: 0, gid: 0, groups: vec![0] });
+        let (h, _pool) = NinepHandler::new(export, 65536, 4, 16, 2, Arc::new(Users::Squash { me }));
         let (gone, old, new) = (
             PsockId { index: 1, generation: 1 },
             PsockId { index: 2, generation: 1 },
