@@ -87,11 +87,31 @@ impl Drop for Slot {
 pub struct Quota {
     pub open: Arc<AtomicUsize>,
     pub handles: Arc<AtomicUsize>,
+    /// Bytes of extended attributes held in fids ([`XATTR_HELD`]).
+    pub xattr_bytes: Arc<AtomicUsize>,
+}
+
+/// How an export is served.
+pub struct Options {
+    /// Refuse every change (EROFS).
+    pub read_only: bool,
+    /// Serve extended attributes (`user.*`, POSIX ACLs).
+    pub xattrs: bool,
+    /// The budget of open files.
+    pub open_files: Arc<Budget>,
+    /// The budget of fids' `O_PATH` handles.
+    pub handles: Arc<Budget>,
 }
 
 /// The exported directory.
 pub struct Export {
     root: OwnedFd,
+    /// Extended attributes served.
+    pub xattrs: bool,
+    /// Byte-range locks' holders, as clients described them.
+    locks: Arc<LockTable>,
+    /// Ids of opened fids (their locks' owners in [`LockTable`]).
+    next_open: AtomicU64,
     /// Files and directories opened by clients (Tlopen, Tlcreate).
     pub open_files: Arc<Budget>,
     /// `O_PATH` handles kept by fids that are not open (a fid over this
@@ -135,9 +155,154 @@ pub struct Fid {
     pub open: Option<(Open, Slot)>,
     /// Whom the attach it was walked from named: its operations run as them.
     pub user: Arc<User>,
+    /// The directory it was attached to: `..` stops there.
+    pub floor: Arc<PathBuf>,
+    /// An extended attribute read (Txattrwalk) or being written
+    /// (Txattrcreate) through this fid.
+    pub xattr: Option<Xattr>,
+    /// Of an opened fid: its id, the owner of its byte-range locks.
+    pub open_id: u64,
+    /// Set once it took a byte-range lock: its holders' records go with it.
+    locks: Locked,
+}
+
+/// The lock table an opened fid noted its locks in, and the inode and
+/// owner they were noted under: forgotten when the fid goes.
+#[derive(Default)]
+struct Locked(std::sync::OnceLock<(Arc<LockTable>, u64, u64)>);
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        if let Some((t, ino, owner)) = self.0.get() {
+            t.forget(*ino, *owner);
+        }
+    }
+}
+
+/// An extended attribute behind a fid, and its bytes in the connection's
+/// count ([`XATTR_HELD`]).
+pub enum Xattr {
+    /// Its value (or, for the empty name, the list of names), read by Tread.
+    Read { value: Vec<u8>, _held: Held },
+    /// To be set at Tclunk to the `size` bytes written by Twrite.
+    Write { name: String, size: usize, flags: u32, value: Mutex<Vec<u8>>, _held: Held },
+}
+
+/// Bytes of extended attributes a connection holds in fids, at most (ENOMEM
+/// beyond): a client cannot make the server hold a value in each of
+/// thousands of fids.
+pub const XATTR_HELD: usize = 1 << 20;
+/// The largest value or list (Linux's `XATTR_SIZE_MAX`).
+pub const XATTR_MAX: usize = 64 * 1024;
+
+/// Bytes counted against a connection's [`XATTR_HELD`], given back on drop.
+pub struct Held {
+    n: usize,
+    count: Arc<AtomicUsize>,
+}
+
+impl Held {
+    fn take(count: &Arc<AtomicUsize>, n: usize) -> R<Held> {
+        if count.fetch_add(n, Relaxed) + n > XATTR_HELD {
+            count.fetch_sub(n, Relaxed);
+            return Err(Errno::NOMEM);
+        }
+        Ok(Held { n, count: count.clone() })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.n, Relaxed);
+    }
+}
+
+/// Which extended attributes clients may read and write: the user
+/// namespace and POSIX ACLs (the kernel checks them as for a local caller);
+/// `trusted.*` and `security.*` are the server host's business.
+pub fn xattr_served(name: &str) -> bool {
+    name.starts_with("user.") || name == "system.posix_acl_access" || name == "system.posix_acl_default"
+}
+
+/// A byte-range lock taken through the server, and the holder its client
+/// described (Tlock's proc_id and client_id): the kernel reports a
+/// conflicting lock's range and type, these records say whose it is.
+struct HeldLock {
+    owner: u64,
+    start: u64,
+    /// Inclusive; `u64::MAX`: to the end of the file.
+    end: u64,
+    kind: u8,
+    proc_id: u32,
+    client_id: String,
+}
+
+/// The holders of locks, by inode.
+#[derive(Default)]
+pub struct LockTable {
+    m: Mutex<std::collections::HashMap<u64, Vec<HeldLock>>>,
+}
+
+impl LockTable {
+    /// After a lock or unlock of `[start, end]` by `owner`: its records
+    /// within the range go; a lock adds its own.
+    fn note(&self, ino: u64, owner: u64, start: u64, end: u64, lock: Option<(u8, u32, &str)>) {
+        let mut m = self.m.lock().unwrap();
+        let v = m.entry(ino).or_default();
+        v.retain(|h| h.owner != owner || h.start < start || h.end > end);
+        if let Some((kind, proc_id, client_id)) = lock {
+            v.push(HeldLock { owner, start, end, kind, proc_id, client_id: client_id.to_string() });
+        }
+        if v.is_empty() {
+            m.remove(&ino);
+        }
+    }
+
+    /// Who else holds a lock over `[start, end]` of `ino` (`kind` first).
+    fn holder(&self, ino: u64, me: u64, start: u64, end: u64, kind: u8) -> Option<(u32, String)> {
+        let m = self.m.lock().unwrap();
+        let v = m.get(&ino)?;
+        let over = |h: &&HeldLock| h.owner != me && h.start <= end && start <= h.end;
+        let h = v.iter().filter(over).find(|h| h.kind == kind).or_else(|| v.iter().find(over))?;
+        Some((h.proc_id, h.client_id.clone()))
+    }
+
+    fn forget(&self, ino: u64, owner: u64) {
+        let mut m = self.m.lock().unwrap();
+        if let Some(v) = m.get_mut(&ino) {
+            v.retain(|h| h.owner != owner);
+            if v.is_empty() {
+                m.remove(&ino);
+            }
+        }
+    }
+}
+
+/// Tgetlock's answer: the lock type (F_UNLCK when none conflicts), its
+/// range, and its holder.
+pub struct LockInfo {
+    pub kind: u8,
+    pub start: u64,
+    pub length: u64,
+    pub proc_id: u32,
+    pub client_id: String,
 }
 
 impl Fid {
+    fn bare(path: PathBuf, qid: Qid, user: Arc<User>, floor: Arc<PathBuf>) -> Fid {
+        Fid {
+            path: Mutex::new(path),
+            node: Node::Path,
+            qid,
+            open: None,
+            user,
+            floor,
+            xattr: None,
+            open_id: 0,
+            locks: Locked::default(),
+        }
+    }
+
     /// The open file, if the fid was opened as one.
     fn file(&self) -> Option<&File> {
         match &self.open {
@@ -179,11 +344,21 @@ fn qid_of(st: &rfs::Stat) -> Qid {
 impl Export {
     /// Opens `dir` as the export.
     /// `open_files` and `handles`: the descriptor budgets.
-    pub fn open(dir: &Path, read_only: bool, open_files: Arc<Budget>, handles: Arc<Budget>) -> anyhow::Result<Export> {
+    pub fn open(dir: &Path, o: Options) -> anyhow::Result<Export> {
         let path = std::fs::canonicalize(dir).map_err(|e| anyhow::anyhow!("--export {}: {e}", dir.display()))?;
         let root = rfs::open(&path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| anyhow::anyhow!("--export {}: {e}", path.display()))?;
-        Ok(Export { root, open_files, handles, path, given: dir.to_path_buf(), read_only })
+        Ok(Export {
+            root,
+            xattrs: o.xattrs,
+            locks: Arc::default(),
+            next_open: AtomicU64::new(1),
+            open_files: o.open_files,
+            handles: o.handles,
+            path,
+            given: dir.to_path_buf(),
+            read_only: o.read_only,
+        })
     }
 
     /// Runs `f` on a descriptor of the fid's file that reads its attributes:
@@ -203,20 +378,41 @@ impl Export {
 
     /// A fid at `path` whose file `fd` (`O_PATH`) is: it keeps `fd` while
     /// the handle budget allows, else its path only.
-    fn fid_with(&self, path: PathBuf, fd: OwnedFd, qid: Qid, q: &Quota, user: Arc<User>) -> Fid {
+    fn fid_with(&self, path: PathBuf, fd: OwnedFd, qid: Qid, q: &Quota, from: &Fid) -> Fid {
         let node = match self.handles.take(&q.handles) {
             Ok(_slot) => Node::Handle { fd, _slot },
             Err(_) => Node::Path,
         };
-        Fid { path: Mutex::new(path), node, qid, open: None, user }
+        Fid { node, ..Fid::bare(path, qid, from.user.clone(), from.floor.clone()) }
     }
 
-    /// Whether `aname` (Tattach's attach name) names this export: empty, or
-    /// its path (canonical or as given; compared by components, so a
-    /// trailing `/` does not matter). The name is never looked up: a client
-    /// learns nothing of paths outside the export from the answer.
-    pub fn accepts_aname(&self, aname: &str) -> bool {
-        aname.is_empty() || Path::new(aname) == self.path || Path::new(aname) == self.given
+    /// The directory beneath the export that `aname` (Tattach's attach
+    /// name) names: empty or the export's path (canonical or as given;
+    /// compared by components, so a trailing `/` does not matter) is its
+    /// root; a path beneath it, or a relative path, a sub-directory (which
+    /// the attach's fids cannot walk above). `None`: a path outside, or
+    /// with `..`. The name outside the export is never looked up: a client
+    /// learns nothing of paths outside from the answer.
+    pub fn attach_point(&self, aname: &str) -> Option<PathBuf> {
+        let a = Path::new(aname);
+        let rest = if aname.is_empty() {
+            Path::new("")
+        } else if a.is_absolute() {
+            a.strip_prefix(&self.path).or_else(|_| a.strip_prefix(&self.given)).ok()?
+        } else if a == self.given {
+            Path::new("")
+        } else {
+            a
+        };
+        let mut out = PathBuf::new();
+        for c in rest.components() {
+            match c {
+                std::path::Component::Normal(n) => out.push(check_name(n.to_str()?).ok()?),
+                std::path::Component::CurDir => {}
+                _ => return None,
+            }
+        }
+        Some(out)
     }
 
     fn rel(p: &Path) -> &Path {
@@ -272,10 +468,12 @@ impl Export {
     }
 
     /// The root's fid (Tattach).
-    pub fn attach(&self, q: &Quota, user: Arc<User>) -> R<Fid> {
-        let path = PathBuf::new();
-        let (fd, qid) = self.node(&path)?;
-        Ok(self.fid_with(path, fd, qid, q, user))
+    /// `at`: the directory beneath the export attached to ([`Export::attach_point`]).
+    pub fn attach(&self, q: &Quota, user: Arc<User>, at: PathBuf) -> R<Fid> {
+        let fd = self.open_beneath(&at, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+        let qid = qid_of(&rfs::fstat(&fd)?);
+        let floor = Arc::new(at.clone());
+        Ok(self.fid_with(at, fd, qid, q, &Fid::bare(PathBuf::new(), qid, user, floor)))
     }
 
     /// Twalk from `from` through `names`: the qids walked and, when every
@@ -287,15 +485,18 @@ impl Export {
             // A clone: its own handle, looked up again (the original's may be
             // an open file, or none).
             let (fd, _) = self.node(&path)?;
-            return Ok((Vec::new(), Some(self.fid_with(path, fd, from.qid, q, from.user.clone()))));
+            return Ok((Vec::new(), Some(self.fid_with(path, fd, from.qid, q, from))));
         }
         let mut qids = Vec::with_capacity(names.len());
         let mut last = None;
         for (i, name) in names.iter().enumerate() {
             let step = match *name {
-                // Lexically: the parent of the root is the root.
+                // Lexically: the parent of the root (the export's, or the
+                // directory attached to) is the root.
                 ".." => {
-                    path.pop();
+                    if path != *from.floor {
+                        path.pop();
+                    }
                     Ok(())
                 }
                 "." => Ok(()),
@@ -313,7 +514,7 @@ impl Export {
         }
         let fd = last.expect("at least one name");
         let qid = *qids.last().expect("at least one qid");
-        Ok((qids, Some(self.fid_with(path, fd, qid, q, from.user.clone()))))
+        Ok((qids, Some(self.fid_with(path, fd, qid, q, from))))
     }
 
     /// Tgetattr.
@@ -345,8 +546,9 @@ impl Export {
         let slot = self.open_files.take(&q.open)?;
         let path = fid.path.lock().unwrap().clone();
         let (open, qid) = self.open_fid(fid, flags)?;
-        let user = fid.user.clone();
-        Ok((Fid { path: Mutex::new(path), node: Node::Path, qid, open: Some((open, slot)), user }, qid))
+        let open_id = self.next_open.fetch_add(1, Relaxed);
+        let f = Fid { open: Some((open, slot)), open_id, ..Fid::bare(path, qid, fid.user.clone(), fid.floor.clone()) };
+        Ok((f, qid))
     }
 
     fn open_fid(&self, fid: &Fid, flags: u32) -> R<(Open, Qid)> {
@@ -401,12 +603,18 @@ impl Export {
         }
         Self::settle(&fd, &st, fl)?;
         let qid = qid_of(&st);
-        let (open, user) = (Some((Open::File(File::from(fd)), slot)), dir.user.clone());
-        Ok((Fid { path: Mutex::new(path), node: Node::Path, qid, open, user }, qid))
+        let (open, open_id) = (Some((Open::File(File::from(fd)), slot)), self.next_open.fetch_add(1, Relaxed));
+        Ok((Fid { open, open_id, ..Fid::bare(path, qid, dir.user.clone(), dir.floor.clone()) }, qid))
     }
 
     /// Tread on an opened file: appends up to `count` bytes at `offset` to `out`.
     pub fn read(&self, fid: &Fid, offset: u64, count: usize, out: &mut Vec<u8>) -> R<usize> {
+        if let Some(Xattr::Read { value: v, .. }) = &fid.xattr {
+            let from = (offset.min(v.len() as u64)) as usize;
+            let part = &v[from..(from + count).min(v.len())];
+            out.extend_from_slice(part);
+            return Ok(part.len());
+        }
         let Some(f) = fid.file() else {
             return Err(Errno::BADF);
         };
@@ -438,6 +646,16 @@ impl Export {
     /// Twrite.
     pub fn write(&self, fid: &Fid, offset: u64, data: &[u8]) -> R<u32> {
         self.writable()?;
+        if let Some(Xattr::Write { size, value, .. }) = &fid.xattr {
+            // Within the size Txattrcreate gave.
+            let end = offset.checked_add(data.len() as u64).filter(|&e| e <= *size as u64).ok_or(Errno::NOSPC)?;
+            let mut v = value.lock().unwrap();
+            if v.len() < end as usize {
+                v.resize(end as usize, 0);
+            }
+            v[offset as usize..end as usize].copy_from_slice(data);
+            return Ok(data.len() as u32);
+        }
         let Some(f) = fid.file() else {
             return Err(Errno::BADF);
         };
@@ -677,23 +895,153 @@ impl Export {
         }
     }
 
-    /// Tlock as `flock` without waiting: 0 success, 1 blocked.
-    pub fn lock(&self, fid: &Fid, lock_type: u8) -> R<u8> {
+    /// Tlock as an open-file-description byte-range lock (`F_OFD_SETLK`),
+    /// never waiting: 0 success, 1 blocked (the client retries a blocking
+    /// lock). Each opened fid is its own description, so two opens conflict
+    /// as two processes' locks do.
+    pub fn lock(&self, fid: &Fid, l: &connmux_9p::tmsg::Lock<'_>) -> R<u8> {
         let Some(f) = fid.file() else {
             return Err(Errno::BADF);
         };
-        let op = match lock_type {
-            0 => rfs::FlockOperation::NonBlockingLockShared,
-            1 => rfs::FlockOperation::NonBlockingLockExclusive,
-            2 => rfs::FlockOperation::Unlock,
-            _ => return Err(Errno::INVAL),
-        };
-        match rfs::flock(f.as_fd(), op) {
-            Ok(()) => Ok(0),
-            Err(Errno::WOULDBLOCK) => Ok(1),
-            Err(e) => Err(e),
+        let (rl, end) = range_lock(l.lock_type, l.start, l.length)?;
+        let took = connmux_sys::fileserver::ofd_setlk(f.as_fd(), &rl).map_err(|e| errno_of(&e))?;
+        if !took {
+            return Ok(1);
         }
+        let (t, _, _) = fid.locks.0.get_or_init(|| (self.locks.clone(), fid.qid.path, fid.open_id));
+        let what = (l.lock_type != 2).then_some((l.lock_type, l.proc_id, l.client_id));
+        t.note(fid.qid.path, fid.open_id, l.start, end, what);
+        Ok(0)
     }
+
+    /// Tgetlock (`F_OFD_GETLK`): the first lock that would conflict, with
+    /// the holder its client described (another client of this server), or
+    /// the local process's pid (0 when not known, as for another open file
+    /// description's lock taken outside the server).
+    pub fn getlock(&self, fid: &Fid, l: &connmux_9p::tmsg::Lock<'_>) -> R<LockInfo> {
+        let Some(f) = fid.file() else {
+            return Err(Errno::BADF);
+        };
+        let (rl, _) = range_lock(l.lock_type, l.start, l.length)?;
+        let none = LockInfo {
+            kind: 2,
+            start: l.start,
+            length: l.length,
+            proc_id: l.proc_id,
+            client_id: l.client_id.to_string(),
+        };
+        if l.lock_type == 2 {
+            return Ok(none);
+        }
+        let Some(c) = connmux_sys::fileserver::ofd_getlk(f.as_fd(), &rl).map_err(|e| errno_of(&e))? else {
+            return Ok(none);
+        };
+        let (start, length) = (c.start as u64, c.len as u64);
+        let end = if length == 0 { u64::MAX } else { start.saturating_add(length - 1) };
+        let kind = c.kind as u8;
+        let (proc_id, client_id) = self
+            .locks
+            .holder(fid.qid.path, fid.open_id, start, end, kind)
+            .unwrap_or_else(|| (c.pid.max(0) as u32, String::new()));
+        Ok(LockInfo { kind, start, length, proc_id, client_id })
+    }
+
+    /// Txattrwalk: a new fid holding `name`'s value (or, for the empty
+    /// name, the list of names served), and its size.
+    pub fn xattrwalk(&self, fid: &Fid, name: &str, q: &Quota) -> R<(Fid, u64)> {
+        if !self.xattrs {
+            return Err(Errno::OPNOTSUPP);
+        }
+        let mut buf = Vec::with_capacity(XATTR_MAX);
+        let value = if name.is_empty() {
+            self.with_node(fid, |fd| rfs::listxattr(proc_fd(fd), rustix::buffer::spare_capacity(&mut buf)))?;
+            // Only the names served.
+            let mut list = Vec::new();
+            for n in buf.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+                if std::str::from_utf8(n).is_ok_and(xattr_served) {
+                    list.extend_from_slice(n);
+                    list.push(0);
+                }
+            }
+            list
+        } else {
+            if !xattr_served(name) {
+                return Err(Errno::NODATA);
+            }
+            self.with_node(fid, |fd| rfs::getxattr(proc_fd(fd), name, rustix::buffer::spare_capacity(&mut buf)))?;
+            buf
+        };
+        let held = Held::take(&q.xattr_bytes, value.len())?;
+        let size = value.len() as u64;
+        let path = fid.path.lock().unwrap().clone();
+        let nf = Fid {
+            xattr: Some(Xattr::Read { value, _held: held }),
+            ..Fid::bare(path, fid.qid, fid.user.clone(), fid.floor.clone())
+        };
+        Ok((nf, size))
+    }
+
+    /// Txattrcreate: `fid` becomes a fid whose Twrites make `name`'s value,
+    /// set at its Tclunk ([`Export::xattr_commit`]).
+    pub fn xattrcreate(&self, fid: &Fid, name: &str, size: u64, flags: u32, q: &Quota) -> R<Fid> {
+        if !self.xattrs {
+            return Err(Errno::OPNOTSUPP);
+        }
+        self.writable()?;
+        if !xattr_served(name) {
+            return Err(Errno::OPNOTSUPP);
+        }
+        if size > XATTR_MAX as u64 {
+            return Err(Errno::TOOBIG);
+        }
+        if flags & !3 != 0 {
+            return Err(Errno::INVAL);
+        }
+        let size = size as usize;
+        let held = Held::take(&q.xattr_bytes, size)?;
+        let path = fid.path.lock().unwrap().clone();
+        let x = Xattr::Write { name: name.to_string(), size, flags, value: Mutex::new(Vec::new()), _held: held };
+        Ok(Fid { xattr: Some(x), ..Fid::bare(path, fid.qid, fid.user.clone(), fid.floor.clone()) })
+    }
+
+    /// At the Tclunk of a Txattrcreate fid: the value written is set (all
+    /// of its size, else EINVAL), or, for size 0 with `XATTR_REPLACE`, the
+    /// attribute removed (how Linux's client says removexattr).
+    pub fn xattr_commit(&self, fid: &Fid) -> R<()> {
+        let Some(Xattr::Write { name, size, flags, value, .. }) = &fid.xattr else {
+            return Ok(());
+        };
+        let v = value.lock().unwrap();
+        if v.len() != *size {
+            return Err(Errno::INVAL);
+        }
+        const XATTR_REPLACE: u32 = 2;
+        if *size == 0 && flags & XATTR_REPLACE != 0 {
+            return self.with_node(fid, |fd| rfs::removexattr(proc_fd(fd), name.as_str()));
+        }
+        let fl = rfs::XattrFlags::from_bits_retain(*flags);
+        self.with_node(fid, |fd| rfs::setxattr(proc_fd(fd), name.as_str(), &v, fl))
+    }
+}
+
+/// The path of a descriptor in `/proc`: the extended attribute calls by
+/// path follow it to the very file the descriptor is (an `O_PATH`
+/// descriptor, which the `f*xattr` calls refuse; a symlink's own, as
+/// walked, is the link).
+fn proc_fd(fd: BorrowedFd<'_>) -> String {
+    use std::os::fd::AsRawFd;
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// A Tlock/Tgetlock range as `fcntl` takes it, and its last byte (length
+/// 0, or one past the largest offset: to the end of the file).
+fn range_lock(kind: u8, start: u64, length: u64) -> R<(connmux_sys::fileserver::RangeLock, u64)> {
+    if kind > 2 || start > i64::MAX as u64 {
+        return Err(Errno::INVAL);
+    }
+    let len = if length > i64::MAX as u64 - start { 0 } else { length as i64 };
+    let end = if len == 0 { u64::MAX } else { start + length - 1 };
+    Ok((connmux_sys::fileserver::RangeLock { kind: kind as i16, start: start as i64, len, pid: 0 }, end))
 }
 
 /// Linux open flags from Tlopen/Tlcreate, less those a client may not ask

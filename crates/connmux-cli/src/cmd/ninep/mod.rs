@@ -65,6 +65,10 @@ pub struct Args {
     /// processes of the host.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub fs_nice: i32,
+    /// Answer Txattrwalk and Txattrcreate with EOPNOTSUPP (by default
+    /// `user.*` attributes and POSIX ACLs are served).
+    #[arg(long)]
+    pub no_xattrs: bool,
     /// Serve every attach as this server's own user, whoever it names.
     /// Without it, a server run as root does each attach's file operations
     /// as the user the attach names (`n_uname`, else `uname`), and one run
@@ -91,7 +95,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     let open_files = fs::Budget::new(max_open, max_open_conn);
     let handles = fs::Budget::new(quarter, max_open_conn.min(quarter));
-    let export = Arc::new(fs::Export::open(&a.export, a.read_only, open_files, handles)?);
+    let opts = fs::Options { read_only: a.read_only, xattrs: !a.no_xattrs, open_files, handles };
+    let export = Arc::new(fs::Export::open(&a.export, opts)?);
     let mux = Mux::new(a.common.mux_config()?)?;
     let threads = a.fs_threads.unwrap_or((a.common.worker_count() * 4).max(8)).max(1);
     // msize is capped by the largest message the parser accepts.

@@ -50,7 +50,7 @@ use connmux_9p::rmsg::{self, Encoder};
 use connmux_9p::{MsgType, Tmsg, WireError};
 use rustix::io::Errno;
 
-use super::fs::{Export, Fid, Quota, R};
+use super::fs::{Export, Fid, Quota, Xattr, R};
 use super::users::{self, Users};
 
 /// Unwritten reply bytes of a connection above which its requests wait: half the mux's backlog of replies per connection (4 MiB), so the
@@ -464,7 +464,12 @@ impl NinepHandler {
                 Ok(())
             }
             Tmsg::Clunk { fid } => {
-                conn.fids.lock().unwrap().remove(fid).map(|_| rmsg::empty(out, MsgType::RCLUNK, tag)).ok_or(Errno::BADF)
+                let mut fids = conn.fids.lock().unwrap();
+                // A Txattrcreate fid sets its attribute as it goes: on the pool.
+                if fids.get(fid).is_some_and(|f| matches!(f.xattr, Some(Xattr::Write { .. }))) {
+                    return None;
+                }
+                fids.remove(fid).map(|_| rmsg::empty(out, MsgType::RCLUNK, tag)).ok_or(Errno::BADF)
             }
             // Here when it costs an fstat of a descriptor the fid holds; one
             // to be looked up by path goes to the pool (a lookup may wait on
@@ -476,7 +481,7 @@ impl NinepHandler {
                 Ok(_) => return None,
                 Err(e) => Err(e),
             },
-            Tmsg::Xattrwalk { .. } | Tmsg::Xattrcreate { .. } => Err(Errno::OPNOTSUPP),
+            Tmsg::Xattrwalk { .. } | Tmsg::Xattrcreate { .. } if !self.export.xattrs => Err(Errno::OPNOTSUPP),
             _ => return None,
         })
     }
@@ -525,6 +530,7 @@ fn acting_fid(m: &Tmsg<'_>) -> Option<(u32, Option<u32>)> {
         | Tmsg::Setattr { fid, .. }
         | Tmsg::Getattr { fid, .. }
         | Tmsg::Remove { fid }
+        | Tmsg::Clunk { fid }
         | Tmsg::Readlink { fid }
         | Tmsg::Rename { fid, .. }
         | Tmsg::Statfs { fid }
@@ -839,14 +845,14 @@ impl Pool {
         }
         match m {
             Tmsg::Attach { fid, afid: _, uname, aname, n_uname } => {
-                if !x.accepts_aname(aname) {
+                let Some(at) = x.attach_point(aname) else {
                     return Err(Errno::NOENT);
-                }
+                };
                 let user = self.users.resolve(uname, *n_uname)?;
                 if self.users.switches() {
                     users::become_user(&user, None)?;
                 }
-                let f = x.attach(&conn.quota, user)?;
+                let f = x.attach(&conn.quota, user, at)?;
                 let q = f.qid;
                 conn.insert_new(session, *fid, f)?;
                 rmsg::qid(out, MsgType::RATTACH, tag, &q);
@@ -969,30 +975,45 @@ impl Pool {
                 rmsg::empty(out, MsgType::RFSYNC, tag);
             }
             Tmsg::Lock(l) => {
-                let status = x.lock(&*conn.fid(l.fid)?, l.lock_type)?;
+                let status = x.lock(&*conn.fid(l.fid)?, l)?;
                 let mut e = Encoder::begin(out, MsgType::RLOCK, tag);
                 e.u8(status);
                 e.finish();
             }
             Tmsg::Getlock(l) => {
-                conn.fid(l.fid)?;
-                // Locks are whole-file flocks held by this server: none is
-                // reported as a conflict (F_UNLCK).
+                let i = x.getlock(&*conn.fid(l.fid)?, l)?;
                 let mut e = Encoder::begin(out, MsgType::RGETLOCK, tag);
-                e.u8(2).u64(l.start).u64(l.length).u32(l.proc_id).str(l.client_id);
+                e.u8(i.kind).u64(i.start).u64(i.length).u32(i.proc_id).str(&i.client_id);
                 e.finish();
+            }
+            Tmsg::Xattrwalk { fid, newfid, name } => {
+                let f = conn.fid(*fid)?;
+                if newfid != fid && conn.fids.lock().unwrap().contains_key(newfid) {
+                    return Err(Errno::BADF);
+                }
+                let (nf, size) = x.xattrwalk(&f, name, &conn.quota)?;
+                conn.replace(session, *newfid, nf)?;
+                let mut e = Encoder::begin(out, MsgType::RXATTRWALK, tag);
+                e.u64(size);
+                e.finish();
+            }
+            Tmsg::Xattrcreate { fid, name, size, flags } => {
+                let nf = x.xattrcreate(&*conn.fid(*fid)?, name, *size, *flags, &conn.quota)?;
+                conn.replace(session, *fid, nf)?;
+                rmsg::empty(out, MsgType::RXATTRCREATE, tag);
+            }
+            // (Here only for a fid of Txattrcreate: its value is set now.)
+            Tmsg::Clunk { fid } => {
+                let f = conn.remove(session, *fid)?;
+                x.xattr_commit(&f)?;
+                rmsg::empty(out, MsgType::RCLUNK, tag);
             }
             Tmsg::Getattr { fid, .. } => {
                 let (valid, q, a) = x.getattr(&*conn.fid(*fid)?)?;
                 rmsg::getattr(out, tag, valid, &q, &a);
             }
             // Answered on the workers.
-            Tmsg::Version { .. }
-            | Tmsg::Auth { .. }
-            | Tmsg::Flush { .. }
-            | Tmsg::Clunk { .. }
-            | Tmsg::Xattrwalk { .. }
-            | Tmsg::Xattrcreate { .. } => return Err(Errno::INVAL),
+            Tmsg::Version { .. } | Tmsg::Auth { .. } | Tmsg::Flush { .. } => return Err(Errno::INVAL),
         }
         Ok(())
     }
@@ -1007,7 +1028,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("connmux-9p-sweep-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let b = || super::super::fs::Budget::new(16, 16);
-        let export = Arc::new(Export::open(&dir, true, b(), b()).unwrap());
+        let o = super::super::fs::Options { read_only: true, xattrs: false, open_files: b(), handles: b() };
+        let export = Arc::new(Export::open(&dir, o).unwrap());
         let me = Arc::new(super::super::users::User { uid: 0, gid: 0, groups: vec![0] });
         let (h, _pool) = NinepHandler::new(export, 65536, 4, 16, 2, Arc::new(Users::Squash { me }));
         let (gone, old, new) = (
