@@ -122,8 +122,9 @@ fn a_hundred_thousand_fids_on_one_connection() {
     );
     assert!(peak < limit, "{peak} descriptors against a limit of {limit}");
     // The handle budget is a quarter of the limit, a connection's share a
-    // sixteenth: 100,000 fids hold no more.
-    assert!(handles as usize <= limit / 16, "{handles} handles");
+    // sixteenth: 100,000 fids hold no more (beside a few of the good
+    // client's sessions, not yet swept).
+    assert!(handles as usize <= limit / 16 + 16, "{handles} handles");
     assert!(peak < base + limit / 16 + 64, "{peak} descriptors, {base} at start");
     assert!(beside >= alone * 0.5, "good client {beside:.0} reads/s beside, {alone:.0} alone");
     drop(c);

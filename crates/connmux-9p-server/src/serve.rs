@@ -50,8 +50,8 @@ use connmux_9p::rmsg::{self, Encoder};
 use connmux_9p::{MsgType, Tmsg, WireError};
 use rustix::io::Errno;
 
-use super::fs::{Export, Fid, Quota, Xattr, R};
-use super::users::{self, Users};
+use crate::fs::{Export, Fid, Quota, Xattr, R};
+use crate::users::{self, Users};
 
 /// Unwritten reply bytes of a connection above which its requests wait: half the mux's backlog of replies per connection (4 MiB), so the
 /// replies of the requests let through still fit in it.
@@ -342,6 +342,11 @@ pub struct Pool {
     pub senders: OnceLock<Vec<KcmSocket>>,
     /// The mux (set once it runs): what it has written of each connection.
     pub mux: OnceLock<connmux::Mux>,
+    /// Disconnected (its sender dropped) when the server stops: the
+    /// threads end.
+    quit: crossbeam::channel::Receiver<()>,
+    /// Set when the server stops: the waker ends.
+    stopping: AtomicBool,
 }
 
 impl NinepHandler {
@@ -359,6 +364,7 @@ impl NinepHandler {
         max_fids: usize,
         share: usize,
         users: Arc<Users>,
+        quit: crossbeam::channel::Receiver<()>,
     ) -> (Arc<NinepHandler>, Arc<Pool>) {
         let (tx, rx) = crossbeam::channel::bounded(queue.max(1));
         let stats = Arc::new(NinepStats::default());
@@ -373,6 +379,8 @@ impl NinepHandler {
             wake: Condvar::new(),
             senders: OnceLock::new(),
             mux: OnceLock::new(),
+            quit,
+            stopping: AtomicBool::new(false),
         });
         let h = NinepHandler {
             export,
@@ -605,8 +613,8 @@ const WAKE_FIRST: Duration = Duration::from_millis(1);
 const WAKE_MAX: Duration = Duration::from_millis(100);
 
 impl Pool {
-    /// Runs pool thread `i` until the handler (and its sender) is gone,
-    /// `nice` steps below the workers (0: beside them).
+    /// Runs pool thread `i` until the server stops (its quit channel is
+    /// disconnected), `nice` steps below the workers (0: beside them).
     pub fn run(&self, i: usize, mux: connmux::Mux, nice: i32) {
         if nice != 0 {
             let _ = connmux_sys::affinity::renice_current_thread(nice);
@@ -616,13 +624,33 @@ impl Pool {
         // sleeping (`send_reply`), not by retrying at once. (A userspace
         // socket's mode cannot fail to change.)
         let _ = sock.set_nonblocking(true);
-        while let Ok(job) = self.jobs.recv() {
+        loop {
+            let job = crossbeam::channel::select! {
+                recv(self.jobs) -> j => match j {
+                    Ok(j) => j,
+                    Err(_) => return,
+                },
+                recv(self.quit) -> _ => return,
+            };
             let mut next = Some(job);
             // Bounded: each turn answers or parks a request of the backlog.
             while let Some(job) = next.take() {
                 next = self.serve(job, sock, &mux);
             }
         }
+    }
+
+    /// Whom attaches are served as.
+    pub fn users(&self) -> &Users {
+        &self.users
+    }
+
+    /// Ends the waker (the file-system threads end when the quit channel's
+    /// sender is dropped).
+    pub fn stop(&self) {
+        self.stopping.store(true, SeqCst);
+        let _l = self.paused.lock().unwrap();
+        self.wake.notify_all();
     }
 
     /// Unwritten reply bytes of a connection (or less, when under
@@ -766,16 +794,19 @@ impl Pool {
     }
 
     /// The waker: resumes each paused connection once it has room, and
-    /// drops the backlog of one that is gone. Runs for the life of the
-    /// process, asleep while no connection is paused.
+    /// drops the backlog of one that is gone. Runs until the server stops
+    /// ([`Pool::stop`]), asleep while no connection is paused.
     pub fn waker(self: Arc<Self>) {
         let mux = self.mux.get().expect("mux set before the waker starts").clone();
         loop {
             let list = {
                 let mut l = self.paused.lock().unwrap();
                 // Sleeps while none is paused: no CPU when all is well.
-                while l.is_empty() {
+                while l.is_empty() && !self.stopping.load(SeqCst) {
                     l = self.wake.wait(l).unwrap();
+                }
+                if self.stopping.load(SeqCst) {
+                    return;
                 }
                 std::mem::take(&mut *l)
             };
@@ -1027,11 +1058,12 @@ mod tests {
     fn a_sweep_keeps_the_state_of_a_connection_attached_while_it_looks() {
         let dir = std::env::temp_dir().join(format!("connmux-9p-sweep-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let b = || super::super::fs::Budget::new(16, 16);
-        let o = super::super::fs::Options { read_only: true, xattrs: false, open_files: b(), handles: b() };
+        let b = || crate::fs::Budget::new(16, 16);
+        let o = crate::fs::Options { read_only: true, xattrs: false, open_files: b(), handles: b() };
         let export = Arc::new(Export::open(&dir, o).unwrap());
-        let me = Arc::new(super::super::users::User { uid: 0, gid: 0, groups: vec![0] });
-        let (h, _pool) = NinepHandler::new(export, 65536, 4, 16, 2, Arc::new(Users::Squash { me }));
+        let me = Arc::new(crate::users::User { uid: 0, gid: 0, groups: vec![0] });
+        let (_quit, rx) = crossbeam::channel::bounded(0);
+        let (h, _pool) = NinepHandler::new(export, 65536, 4, 16, 2, Arc::new(Users::Squash { me }), rx);
         let (gone, old, new) = (
             PsockId { index: 1, generation: 1 },
             PsockId { index: 2, generation: 1 },

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use connmux_sys::fileserver as sys;
 use rustix::io::Errno;
 
-use super::fs::R;
+use crate::fs::R;
 
 /// `n_uname` when the client names no uid.
 pub const NONUNAME: u32 = u32::MAX;
@@ -50,19 +50,19 @@ pub enum Users {
 impl Users {
     /// The mapping for this process: switching when it runs as root (and
     /// `squash` is not asked), else its own user.
-    pub fn for_this_process(squash: bool) -> anyhow::Result<Users> {
+    pub fn for_this_process(squash: bool) -> Users {
         let uid = rustix::process::geteuid().as_raw();
         let gid = rustix::process::getegid().as_raw();
         let entry = sys::user_by_uid(uid).ok().flatten();
         let me =
             Arc::new(User { uid, gid, groups: entry.as_ref().map(|e| e.groups.clone()).unwrap_or_else(|| vec![gid]) });
-        Ok(if squash {
+        if squash {
             Users::Squash { me }
         } else if uid == 0 {
             Users::Switch
         } else {
             Users::Own { me, name: entry.map(|e| e.name) }
-        })
+        }
     }
 
     /// Whether file operations change the thread's identity.

@@ -22,7 +22,7 @@ use connmux_9p::{Attr, Qid, QidType, SetAttr, StatFs};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
-use super::users::User;
+use crate::users::User;
 
 /// A result whose error is the errno the client gets in Rlerror.
 pub type R<T> = Result<T, Errno>;
@@ -344,10 +344,11 @@ fn qid_of(st: &rfs::Stat) -> Qid {
 impl Export {
     /// Opens `dir` as the export.
     /// `open_files` and `handles`: the descriptor budgets.
-    pub fn open(dir: &Path, o: Options) -> anyhow::Result<Export> {
-        let path = std::fs::canonicalize(dir).map_err(|e| anyhow::anyhow!("--export {}: {e}", dir.display()))?;
+    pub fn open(dir: &Path, o: Options) -> std::io::Result<Export> {
+        let ctx = |p: &Path, e: &dyn std::fmt::Display| std::io::Error::other(format!("export {}: {e}", p.display()));
+        let path = std::fs::canonicalize(dir).map_err(|e| ctx(dir, &e))?;
         let root = rfs::open(&path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-            .map_err(|e| anyhow::anyhow!("--export {}: {e}", path.display()))?;
+            .map_err(|e| ctx(&path, &e))?;
         Ok(Export {
             root,
             xattrs: o.xattrs,
