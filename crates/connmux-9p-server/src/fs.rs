@@ -127,11 +127,23 @@ pub struct Export {
 
 /// What a fid refers to once opened.
 pub enum Open {
-    /// A file opened with Tlopen/Tlcreate.
+    /// A regular file opened with Tlopen/Tlcreate.
+    Regular(File),
+    /// Anything else opened so (a FIFO, a socket, a device): non-blocking.
     File(File),
     /// A directory opened for Treaddir: the position is the descriptor's, so
     /// a seek and the read after it go together under the lock.
     Dir(Mutex<OwnedFd>),
+}
+
+impl Open {
+    fn of(fd: OwnedFd, st: &rfs::Stat) -> Open {
+        if rfs::FileType::from_raw_mode(st.st_mode as _) == rfs::FileType::RegularFile {
+            Open::Regular(File::from(fd))
+        } else {
+            Open::File(File::from(fd))
+        }
+    }
 }
 
 /// How a fid that is not open reaches its file.
@@ -306,7 +318,15 @@ impl Fid {
     /// The open file, if the fid was opened as one.
     fn file(&self) -> Option<&File> {
         match &self.open {
-            Some((Open::File(f), _)) => Some(f),
+            Some((Open::File(f) | Open::Regular(f), _)) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// The open file, if the fid was opened as a regular one.
+    pub fn regular(&self) -> Option<&File> {
+        match &self.open {
+            Some((Open::Regular(f), _)) => Some(f),
             _ => None,
         }
     }
@@ -569,7 +589,37 @@ impl Export {
         let fd = self.open_beneath(&path, fl, Mode::empty())?;
         let st = rfs::fstat(&fd)?;
         Self::settle(&fd, &st, fl)?;
-        Ok((Open::File(File::from(fd)), qid_of(&st)))
+        Ok((Open::of(fd, &st), qid_of(&st)))
+    }
+
+    /// Tread of a regular file's pages already in memory, done where it is
+    /// asked (an I/O worker) because it cannot wait: `preadv2` with
+    /// `RWF_NOWAIT`, which fails with EAGAIN rather than wait for the disk.
+    /// A short read is taken only at the end of the file (a client takes a
+    /// short read for the end); any error or doubt is EAGAIN, and the
+    /// request goes to a file-system thread.
+    pub fn read_cached(&self, fid: &Fid, offset: u64, count: usize, out: &mut Vec<u8>) -> R<usize> {
+        let Some(f) = fid.regular() else {
+            return Err(Errno::AGAIN);
+        };
+        let start = out.len();
+        out.resize(start + count, 0);
+        let r = rustix::io::preadv2(
+            f,
+            &mut [std::io::IoSliceMut::new(&mut out[start..])],
+            offset,
+            rustix::io::ReadWriteFlags::NOWAIT,
+        );
+        let n = match r {
+            Ok(n) if n == count || n > 0 && offset + n as u64 >= rfs::fstat(f)?.st_size as u64 => n,
+            Ok(0) if count == 0 || offset >= rfs::fstat(f)?.st_size as u64 => 0,
+            _ => {
+                out.truncate(start);
+                return Err(Errno::AGAIN);
+            }
+        };
+        out.truncate(start + n);
+        Ok(n)
     }
 
     /// Tlcreate: creates `name` in directory `dir` and opens it; the fid
@@ -604,7 +654,7 @@ impl Export {
         }
         Self::settle(&fd, &st, fl)?;
         let qid = qid_of(&st);
-        let (open, open_id) = (Some((Open::File(File::from(fd)), slot)), self.next_open.fetch_add(1, Relaxed));
+        let (open, open_id) = (Some((Open::of(fd, &st), slot)), self.next_open.fetch_add(1, Relaxed));
         Ok((Fid { open, open_id, ..Fid::bare(path, qid, dir.user.clone(), dir.floor.clone()) }, qid))
     }
 

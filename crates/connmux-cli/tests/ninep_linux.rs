@@ -353,3 +353,28 @@ fn an_attach_to_a_subdirectory_is_confined_to_it() {
     }
     let _ = std::fs::remove_dir_all(&ex);
 }
+
+/// Small reads (answered on the I/O worker when the pages are in memory)
+/// are exact: whole within the file, short only at its end, empty past it,
+/// and a read of a file changed locally sees the change.
+#[test]
+fn small_reads_are_exact_at_the_end_of_the_file() {
+    let ex = scratch("smallreads");
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(ex.join("f"), &data).unwrap();
+    let s = Server::start(&ex, &["--no-stats-socket"]);
+    let mut c = Client::session(s.addr, &ex);
+    c.open(1, "f");
+    for (offset, count) in
+        [(0u64, 32u32), (9_990, 32), (9_999, 1), (10_000, 32), (20_000, 32), (0, 16_384), (5_000, 8_000)]
+    {
+        let b = c.ok(&Tmsg::Read { fid: 1, offset, count });
+        let from = (offset as usize).min(data.len());
+        let to = (offset as usize + count as usize).min(data.len());
+        assert_eq!(&b[11..], &data[from..to], "read {count} at {offset}");
+    }
+    std::fs::write(ex.join("f"), b"changed").unwrap();
+    let b = c.ok(&Tmsg::Read { fid: 1, offset: 0, count: 32 });
+    assert_eq!(&b[11..], b"changed");
+    let _ = std::fs::remove_dir_all(&ex);
+}
