@@ -70,10 +70,14 @@ impl Users {
         matches!(self, Users::Switch)
     }
 
-    /// The identity of an attach. Root: `n_uname` when given (a uid the
-    /// user database does not know is served as that uid with the gid of
-    /// the same number and no other group), else `uname` looked up (ENOENT
-    /// when there is no such user). Not root: the server's own user, EPERM
+    /// The identity of an attach. Root: `n_uname` when given, else `uname`
+    /// (a number is a uid), looked up in the user database for its groups;
+    /// a uid the database does not know (or cannot be asked about: a static
+    /// binary without the C library's NSS modules) is served as that uid
+    /// with the gid of the same number and no other group, and a name it
+    /// does not know as `nobody` (uid and gid 65534, no other group: the
+    /// kernel's own client attaches its mount as `nobody` before it
+    /// attaches each user by uid). Not root: the server's own user, EPERM
     /// for anyone else.
     pub fn resolve(&self, uname: &str, n_uname: u32) -> R<Arc<User>> {
         match self {
@@ -91,22 +95,25 @@ impl Users {
                 }
             }
             Users::Switch => {
-                let entry = if n_uname != NONUNAME {
-                    sys::user_by_uid(n_uname).map_err(|_| Errno::IO)?
-                } else {
-                    sys::user_by_name(uname).map_err(|_| Errno::IO)?
+                let uid = if n_uname != NONUNAME { Some(n_uname) } else { uname.parse::<u32>().ok() };
+                let entry = match uid {
+                    Some(u) => sys::user_by_uid(u).ok().flatten(),
+                    None => sys::user_by_name(uname).ok().flatten(),
                 };
-                match entry {
-                    Some(e) => Ok(Arc::new(User { uid: e.uid, gid: e.gid, groups: e.groups })),
-                    None if n_uname != NONUNAME => {
-                        Ok(Arc::new(User { uid: n_uname, gid: n_uname, groups: vec![n_uname] }))
-                    }
-                    None => Err(Errno::NOENT),
-                }
+                let user = match (entry, uid) {
+                    (Some(e), _) => User { uid: e.uid, gid: e.gid, groups: e.groups },
+                    (None, Some(u)) => User { uid: u, gid: u, groups: vec![u] },
+                    (None, None) => User { uid: NOBODY, gid: NOBODY, groups: vec![NOBODY] },
+                };
+                Ok(Arc::new(user))
             }
         }
     }
 }
+
+/// The uid and gid an attach by a name the user database does not know is
+/// served as (the kernel's overflow uid).
+pub const NOBODY: u32 = 65534;
 
 thread_local! {
     /// The identity this thread's file-system calls run as now (`None`: the
