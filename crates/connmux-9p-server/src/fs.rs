@@ -171,7 +171,8 @@ pub struct Fid {
     pub floor: Arc<PathBuf>,
     /// An extended attribute read (Txattrwalk) or being written
     /// (Txattrcreate) through this fid.
-    pub xattr: Option<Xattr>,
+    /// (Boxed: most fids have none, and a fid is kept small.)
+    pub xattr: Option<Box<Xattr>>,
     /// Of an opened fid: its id, the owner of its byte-range locks.
     pub open_id: u64,
     /// Set once it took a byte-range lock: its holders' records go with it.
@@ -181,11 +182,12 @@ pub struct Fid {
 /// The lock table an opened fid noted its locks in, and the inode and
 /// owner they were noted under: forgotten when the fid goes.
 #[derive(Default)]
-struct Locked(std::sync::OnceLock<(Arc<LockTable>, u64, u64)>);
+struct Locked(std::sync::OnceLock<Box<(Arc<LockTable>, u64, u64)>>);
 
 impl Drop for Locked {
     fn drop(&mut self) {
-        if let Some((t, ino, owner)) = self.0.get() {
+        if let Some(b) = self.0.get() {
+            let (t, ino, owner) = &**b;
             t.forget(*ino, *owner);
         }
     }
@@ -299,6 +301,11 @@ pub struct LockInfo {
     pub proc_id: u32,
     pub client_id: String,
 }
+
+/// A fid's size in memory, beside its path's bytes and its map entry (a
+/// connection may hold 131,072 of them).
+pub const FID_SIZE: usize = std::mem::size_of::<Fid>();
+const _: () = assert!(FID_SIZE <= 160, "a fid grew");
 
 impl Fid {
     fn bare(path: PathBuf, qid: Qid, user: Arc<User>, floor: Arc<PathBuf>) -> Fid {
@@ -660,7 +667,7 @@ impl Export {
 
     /// Tread on an opened file: appends up to `count` bytes at `offset` to `out`.
     pub fn read(&self, fid: &Fid, offset: u64, count: usize, out: &mut Vec<u8>) -> R<usize> {
-        if let Some(Xattr::Read { value: v, .. }) = &fid.xattr {
+        if let Some(Xattr::Read { value: v, .. }) = fid.xattr.as_deref() {
             let from = (offset.min(v.len() as u64)) as usize;
             let part = &v[from..(from + count).min(v.len())];
             out.extend_from_slice(part);
@@ -697,7 +704,7 @@ impl Export {
     /// Twrite.
     pub fn write(&self, fid: &Fid, offset: u64, data: &[u8]) -> R<u32> {
         self.writable()?;
-        if let Some(Xattr::Write { size, value, .. }) = &fid.xattr {
+        if let Some(Xattr::Write { size, value, .. }) = fid.xattr.as_deref() {
             // Within the size Txattrcreate gave.
             let end = offset.checked_add(data.len() as u64).filter(|&e| e <= *size as u64).ok_or(Errno::NOSPC)?;
             let mut v = value.lock().unwrap();
@@ -959,7 +966,7 @@ impl Export {
         if !took {
             return Ok(1);
         }
-        let (t, _, _) = fid.locks.0.get_or_init(|| (self.locks.clone(), fid.qid.path, fid.open_id));
+        let (t, _, _) = &**fid.locks.0.get_or_init(|| Box::new((self.locks.clone(), fid.qid.path, fid.open_id)));
         let what = (l.lock_type != 2).then_some((l.lock_type, l.proc_id, l.client_id));
         t.note(fid.qid.path, fid.open_id, l.start, end, what);
         Ok(0)
@@ -1026,7 +1033,7 @@ impl Export {
         let size = value.len() as u64;
         let path = fid.path.lock().unwrap().clone();
         let nf = Fid {
-            xattr: Some(Xattr::Read { value, _held: held }),
+            xattr: Some(Box::new(Xattr::Read { value, _held: held })),
             ..Fid::bare(path, fid.qid, fid.user.clone(), fid.floor.clone())
         };
         Ok((nf, size))
@@ -1052,14 +1059,14 @@ impl Export {
         let held = Held::take(&q.xattr_bytes, size)?;
         let path = fid.path.lock().unwrap().clone();
         let x = Xattr::Write { name: name.to_string(), size, flags, value: Mutex::new(Vec::new()), _held: held };
-        Ok(Fid { xattr: Some(x), ..Fid::bare(path, fid.qid, fid.user.clone(), fid.floor.clone()) })
+        Ok(Fid { xattr: Some(Box::new(x)), ..Fid::bare(path, fid.qid, fid.user.clone(), fid.floor.clone()) })
     }
 
     /// At the Tclunk of a Txattrcreate fid: the value written is set (all
     /// of its size, else EINVAL), or, for size 0 with `XATTR_REPLACE`, the
     /// attribute removed (how Linux's client says removexattr).
     pub fn xattr_commit(&self, fid: &Fid) -> R<()> {
-        let Some(Xattr::Write { name, size, flags, value, .. }) = &fid.xattr else {
+        let Some(Xattr::Write { name, size, flags, value, .. }) = fid.xattr.as_deref() else {
             return Ok(());
         };
         let v = value.lock().unwrap();

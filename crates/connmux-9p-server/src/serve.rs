@@ -478,7 +478,7 @@ impl NinepHandler {
             Tmsg::Clunk { fid } => {
                 let mut fids = conn.fids.lock().unwrap();
                 // A Txattrcreate fid sets its attribute as it goes: on the pool.
-                if fids.get(fid).is_some_and(|f| matches!(f.xattr, Some(Xattr::Write { .. }))) {
+                if fids.get(fid).is_some_and(|f| matches!(f.xattr.as_deref(), Some(Xattr::Write { .. }))) {
                     return None;
                 }
                 fids.remove(fid).map(|_| rmsg::empty(out, MsgType::RCLUNK, tag)).ok_or(Errno::BADF)
