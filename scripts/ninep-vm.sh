@@ -114,22 +114,29 @@ many() { # $1: cache mode, $2: files
     i=0; ok=1
     while [ $i -lt $2 ]; do echo $i >$C/many/f$i || { ok=0; break; }; i=$((i + 1)); done
     check "cache=$1: $2 creates (stopped at $i)" test $ok = 1 -a "$(ls $EX/many | wc -l)" = $2
-    i=0; ok=1
-    while [ $i -lt $2 ]; do mv $C/many/f$i $C/many/g$i || { ok=0; break; }; i=$((i + 1)); done
-    check "cache=$1: $2 renames (stopped at $i)" test $ok = 1 -a -f $EX/many/g$(($2 - 1)) -a ! -e $EX/many/f0
-    check "cache=$1: contents after rename" test "$(cat $C/many/g$(($2 / 2)))" = $(($2 / 2))
-    rm -r $C/many
-    check "cache=$1: rm -r" test ! -e $EX/many
+    # One mv of them all (a rename each; one process: under TCG a fork
+    # per file would cost minutes).
+    mkdir $C/moved
+    mv $C/many/* $C/moved/
+    check "cache=$1: $2 renames" test "$(ls $EX/moved | wc -l)" = $2 -a "$(ls $EX/many | wc -l)" = 0
+    check "cache=$1: contents after rename" test "$(cat $C/moved/f$(($2 / 2)))" = $(($2 / 2))
+    rm -r $C/many $C/moved
+    check "cache=$1: rm -r" test ! -e $EX/many -a ! -e $EX/moved
     mkdir $C/after && rmdir $C/after
     check "cache=$1: mkdir and rmdir after" test ! -e $EX/after
     umount $C
     check "cache=$1: umount" test $? = 0
 }
-many loose 3000
-many mmap 1000
+# (The kernel's client failed cache=loose after about 313 files when each
+# fid held descriptors and the limit was 1,024.) Under TCG a create costs
+# 50-180 ms: NINEP_VM_FILES sets the count (3,000 passed in a run of its
+# own).
+many loose ${NINEP_VM_FILES:-400}
+many mmap $(((${NINEP_VM_FILES:-400} + 3) / 4))
 
 # Two users on a mount with access=user: each attaches by its uid and the
 # server does its operations as that user (it runs as root).
+mkdir -p /etc
 cat >>/etc/passwd <<PW
 u1000:x:1000:1000::/tmp:/bin/sh
 u1001:x:1001:1001::/tmp:/bin/sh
