@@ -23,7 +23,10 @@
 //! - `async_fd` (feature `tokio`): tokio's `AsyncFd` over an owned descriptor
 //!   (its constructor is `unsafe`);
 //! - [`malloc`]: glibc's `mallopt` thresholds and `malloc_trim`, and a global
-//!   allocator counting large blocks in use, so freed buffers go back to the system.
+//!   allocator counting large blocks in use, so freed buffers go back to the system;
+//! - [`fileserver`]: what a file server needs: the descriptor limit raised, a thread's
+//!   own file-system identity (`setfsuid`/`setfsgid`/per-thread groups), the user
+//!   database, open-file-description byte-range locks.
 //!
 //! What it does **not** do: own any policy. It does not decide what to read, when to
 //! retry or how to react to an error (beyond retrying `EINTR` where a call says so);
@@ -39,6 +42,7 @@ pub mod bpf;
 pub mod clock;
 pub mod epoll;
 pub mod eventfd;
+pub mod fileserver;
 pub mod kcm;
 pub mod malloc;
 pub mod poll;

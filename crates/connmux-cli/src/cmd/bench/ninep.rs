@@ -1,9 +1,12 @@
 //! `connmux bench 9p`: `connmux 9p-server` beside diod (Debian's threaded
 //! 9P2000.L server) under the same loads from `connmux 9ptest`, in
 //! interleaved rounds: small operations (getattr at -j1 -a1 and -j8 -a16,
-//! walk+clunk at -j8 -a16), 1 MiB reads (bytes/s), and an uneven mix (one
+//! walk+clunk at -j8 -a16), 1 MiB reads (bytes/s), an uneven mix (one
 //! connection streaming 1 MiB reads beside 7 doing getattr: the light
-//! connections' p99).
+//! connections' p99), and the seed's workload (nfs-ganesha's KCM patch
+//! measured one mount with 32 processes doing 32-byte I/O): one connection
+//! with 32 requests in flight, of getattr, 32-byte reads and 32-byte
+//! writes.
 //!
 //! diod serves only its own uid: as root it is started as `nobody` (uid
 //! 65534, with `setpriv`) and the load attaches as that uid; otherwise it runs
@@ -89,6 +92,24 @@ fn loads() -> Vec<Load> {
             bytes: MIB,
         },
         Load {
+            name: "seed: getattr -j1 -a32",
+            args: s(&["--op", "getattr", "--file", "small", "-j", "1", "-a", "32"]),
+            uneven: false,
+            bytes: 0,
+        },
+        Load {
+            name: "seed: read 32 B -j1 -a32",
+            args: s(&["--op", "read", "--file", "rw", "--size", "32", "-j", "1", "-a", "32"]),
+            uneven: false,
+            bytes: 0,
+        },
+        Load {
+            name: "seed: write 32 B -j1 -a32",
+            args: s(&["--op", "write", "--file", "rw", "--size", "32", "-j", "1", "-a", "32"]),
+            uneven: false,
+            bytes: 0,
+        },
+        Load {
             name: "uneven: 7 getattr + 1 reader",
             args: s(&["--op", "getattr", "--file", "small", "-j", "7", "-a", "1"]),
             uneven: true,
@@ -116,7 +137,8 @@ fn diod_path() -> Option<PathBuf> {
     ["/usr/sbin/diod", "/usr/bin/diod", "/usr/local/sbin/diod"].iter().map(PathBuf::from).find(|p| p.is_file())
 }
 
-/// The export: a small file, a 2 MiB file, readable by everyone.
+/// The export: a small file, a 2 MiB file, readable by everyone, and a
+/// 4 KiB file everyone may write (diod runs as `nobody`).
 fn make_export() -> anyhow::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let dir = std::env::temp_dir().join(format!("connmux-bench-9p-{}", std::process::id()));
@@ -125,10 +147,12 @@ fn make_export() -> anyhow::Result<PathBuf> {
     let mut big = vec![0u8; 2 * MIB as usize];
     SmallRng::seed_from_u64(0x9e37_79b9).fill_bytes(&mut big);
     std::fs::write(dir.join("big"), big)?;
+    std::fs::write(dir.join("rw"), vec![b'x'; 4096])?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
     for f in ["small", "big"] {
         std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o644))?;
     }
+    std::fs::set_permissions(dir.join("rw"), std::fs::Permissions::from_mode(0o666))?;
     Ok(dir)
 }
 
@@ -248,7 +272,11 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             (c.rate, d.rate, "ops/s")
         };
         let target = match l.name {
-            "getattr -j8 -a16" | "walk+clunk -j8 -a16" => {
+            "getattr -j8 -a16"
+            | "walk+clunk -j8 -a16"
+            | "seed: getattr -j1 -a32"
+            | "seed: read 32 B -j1 -a32"
+            | "seed: write 32 B -j1 -a32" => {
                 let ok = cr >= 2.0 * dr;
                 all_ok &= ok;
                 format!("ops/s >= 2x diod: {}", verdict(ok))

@@ -9,7 +9,9 @@
 //!   reply, Tclunk of that fid (one operation is both round trips);
 //! - `read`: `--size` bytes from offset 0, in Treads of at most msize−24
 //!   bytes one after another (diod negotiates 64 KiB, connmux up to its
-//!   `--max-msg`); every reply must carry exactly the bytes asked for.
+//!   `--max-msg`); every reply must carry exactly the bytes asked for;
+//! - `write`: one Twrite of `--size` bytes (at most msize−24) at offset 0 of
+//!   the file, opened for reading and writing; the reply must count them all.
 //!
 //! Every reply is checked against the request in flight under its tag: the
 //! expected type, the walk's one qid, the read's byte count. An Rlerror, a
@@ -37,6 +39,8 @@ pub enum Op {
     Walk,
     /// Tread of --size bytes.
     Read,
+    /// Twrite of --size bytes (one message).
+    Write,
 }
 
 #[derive(clap::Args, Debug)]
@@ -97,6 +101,7 @@ enum Phase {
     Walk,
     Clunk,
     Read,
+    Write,
 }
 
 /// One connection.
@@ -114,6 +119,8 @@ pub struct NinepClient {
     size: usize,
     skip: usize,
     follow: Vec<u8>,
+    /// What each Twrite writes.
+    data: Vec<u8>,
 }
 
 impl loadgen::Workload for Load {
@@ -128,6 +135,7 @@ impl loadgen::Workload for Load {
             size: 0,
             skip: 0,
             follow: Vec::new(),
+            data: Vec::new(),
         }
     }
 }
@@ -194,6 +202,13 @@ impl NinepClient {
                 Tmsg::Clunk { fid: WALK_FID_BASE + t as u32 }.encode(t, &mut self.follow);
             }
             Phase::Clunk if ty == MsgType::RCLUNK => done.push(etag),
+            Phase::Write if ty == MsgType::RWRITE => {
+                let asked = self.chunk.min(self.load.size);
+                if word != Some(asked) {
+                    return Err(format!("short write: {word:?} bytes of {asked}"));
+                }
+                done.push(etag);
+            }
             _ => return Err(format!("unexpected reply type {} (tag {t})", ty.0)),
         }
         Ok(())
@@ -256,10 +271,16 @@ impl loadgen::Client for NinepClient {
                 other => return Err(format!("walk to --file: {other:?}")),
             }
         }
-        if l.op == Op::Read {
+        if l.op == Op::Read || l.op == Op::Write {
             req.clear();
-            Tmsg::Lopen { fid: FILE_FID, flags: 0 }.encode(3, &mut req);
+            // O_RDONLY, or O_RDWR to write.
+            let flags = if l.op == Op::Write { 2 } else { 0 };
+            Tmsg::Lopen { fid: FILE_FID, flags }.encode(3, &mut req);
             expect_ok(&exchange_msg(exchange, &req)?, "lopen")?;
+        }
+        if l.op == Op::Write {
+            let n = self.chunk.min(l.size) as usize;
+            self.data = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
         }
         Ok(())
     }
@@ -282,6 +303,10 @@ impl loadgen::Client for NinepClient {
                 let names: Vec<&str> = l.names.iter().map(|s| s.as_str()).collect();
                 Tmsg::Walk { fid: 0, newfid: WALK_FID_BASE + t as u32, names }.encode(t, out);
                 Phase::Walk
+            }
+            Op::Write => {
+                Tmsg::Write { fid: FILE_FID, offset: 0, data: &self.data }.encode(t, out);
+                Phase::Write
             }
         };
         self.inflight.insert(t, (tag, phase));

@@ -1,21 +1,16 @@
-//! `connmux 9p-server`: a 9P2000.L file server exporting one directory.
-//!
-//! [`fs`] resolves and operates on the export; [`serve`] is the handler and
-//! the file-system threads; this module starts them on a connmux service.
+//! `connmux 9p-server`: a 9P2000.L file server exporting one directory,
+//! the `connmux-9p-server` library behind command-line flags.
 
-pub mod fs;
 pub mod loadtest;
-pub mod serve;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
-use connmux::service::{Service, ServiceConfig};
-use connmux::{Mux, SockType};
+use connmux::Mux;
+use connmux_9p_server::{Config, Server, Users};
 
 use crate::cmd::server::{wait_and_report, Common};
 use crate::cmd::{stat, stop};
@@ -39,10 +34,20 @@ pub struct Args {
     /// they hold to this many times the message size limit).
     #[arg(long, default_value_t = 256)]
     pub fs_queue: usize,
-    /// Most fids one connection may hold (each holds a descriptor: the
-    /// process's descriptor limit must cover connections × this).
-    #[arg(long, default_value_t = 16_384)]
+    /// Most fids one connection may hold. A fid that is not open holds no
+    /// descriptor of its own beyond the handle budget (about 200 bytes of
+    /// memory each).
+    #[arg(long, default_value_t = 131_072)]
     pub max_fids: usize,
+    /// Files and directories open at once (Tlopen, Tlcreate), in all;
+    /// beyond it an open is answered ENFILE [default: a quarter of the
+    /// descriptor limit, which the server raises to its hard limit].
+    #[arg(long)]
+    pub max_open: Option<usize>,
+    /// Files and directories one connection may have open at once; beyond
+    /// it an open is answered EMFILE [default: a quarter of --max-open].
+    #[arg(long)]
+    pub max_open_conn: Option<usize>,
     /// Requests of one connection with the file-system threads at a time,
     /// at most; the rest wait in the connection's own backlog (default:
     /// half of the threads, at least 1).
@@ -54,6 +59,16 @@ pub struct Args {
     /// processes of the host.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub fs_nice: i32,
+    /// Answer Txattrwalk and Txattrcreate with EOPNOTSUPP (by default
+    /// `user.*` attributes and POSIX ACLs are served).
+    #[arg(long)]
+    pub no_xattrs: bool,
+    /// Serve every attach as this server's own user, whoever it names.
+    /// Without it, a server run as root does each attach's file operations
+    /// as the user the attach names (`n_uname`, else `uname`), and one run
+    /// as another user refuses attaches as anyone but itself (EPERM).
+    #[arg(long)]
+    pub squash_users: bool,
     #[command(flatten)]
     pub common: Common,
 }
@@ -62,91 +77,76 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if a.common.engine != "connmux" {
         anyhow::bail!("9p-server runs on the connmux runtime only (--engine connmux)");
     }
-    let export = Arc::new(fs::Export::open(&a.export, a.read_only)?);
     let mux = Mux::new(a.common.mux_config()?)?;
-    let threads = a.fs_threads.unwrap_or((a.common.worker_count() * 4).max(8)).max(1);
-    // msize is capped by the largest message the parser accepts.
-    let max_msize = a.common.max_msg.min(u32::MAX as usize) as u32;
-    // Half: one connection (a kernel mount is one) keeps much of the
-    // parallelism, and the other half is always left to the others.
-    let share = a.fs_share.unwrap_or(threads / 2).max(1);
-    let (handler, pool) = serve::NinepHandler::new(export.clone(), max_msize, a.fs_queue, a.max_fids, share);
-    let mut senders = Vec::with_capacity(threads);
-    for _ in 0..threads {
-        let s = mux.socket(SockType::Dgram)?;
-        // Only for sending: no request is steered here.
-        s.set_recv_disable(true)?;
-        s.set_sndbuf(usize::MAX / 4)?;
-        s.set_write_timeout(Some(serve::SEND_TIMEOUT))?;
-        senders.push(s);
-    }
-    let _ = pool.senders.set(senders);
-    let _ = pool.mux.set(mux.clone());
-    {
-        let pool = pool.clone();
-        std::thread::Builder::new().name("connmux-9p-waker".into()).spawn(move || pool.waker())?;
-    }
-    for i in 0..threads {
-        let (pool, mux, nice) = (pool.clone(), mux.clone(), a.fs_nice);
-        std::thread::Builder::new().name(format!("connmux-9p-fs{i}")).spawn(move || pool.run(i, mux, nice))?;
-    }
-    let cfg = ServiceConfig {
-        listen: a.listen,
-        sock_type: SockType::Dgram,
-        parser: Arc::new(|| connmux::parsers::from_spec("9p").expect("built-in")),
-    };
     let what = "9p-server";
     let tls = a.common.tls.config(a.listen, what)?;
-    let svc = Arc::new(
-        match &tls {
-            None => Service::start(mux, cfg, handler.clone()),
-            Some(t) => Service::start_tls(mux, cfg, handler.clone(), t.config.clone()),
-        }
-        .with_context(|| format!("starting {what} on {}", a.listen))?,
+    let cfg = Config {
+        export: a.export.clone(),
+        listen: a.listen,
+        read_only: a.read_only,
+        xattrs: !a.no_xattrs,
+        fs_threads: a.fs_threads.unwrap_or((a.common.worker_count() * 4).max(8)).max(1),
+        fs_queue: a.fs_queue,
+        fs_share: a.fs_share,
+        fs_nice: a.fs_nice,
+        max_fids: a.max_fids,
+        max_open: a.max_open,
+        max_open_conn: a.max_open_conn,
+        // msize is capped by the largest message the parser accepts.
+        max_msize: a.common.max_msg.min(u32::MAX as usize) as u32,
+        squash_users: a.squash_users,
+        raise_fd_limit: true,
+        tls: tls.as_ref().map(|t| t.config.clone()),
+    };
+    let server = Arc::new(
+        Server::start(mux, cfg)
+            .with_context(|| format!("starting {what} on {} exporting {}", a.listen, a.export.display()))?,
     );
-    svc.set_max_conns((a.common.max_conns > 0).then_some(a.common.max_conns));
-    {
-        // Forget the state of connections that are gone.
-        let (svc, h) = (Arc::downgrade(&svc), handler.clone());
-        std::thread::Builder::new().name("connmux-9p-sweep".into()).spawn(move || {
-            while let Some(svc) = svc.upgrade() {
-                h.sweep(|| svc.mux().psocks());
-                drop(svc);
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        })?;
+    let x = server.export();
+    if x.open_files.max_total.saturating_mul(2) as u64 > connmux_sys::fileserver::nofile_limit().unwrap_or(0) {
+        eprintln!(
+            "9p-server: --max-open {} with a descriptor limit of {}: opens may meet EMFILE from the system before the budget",
+            x.open_files.max_total,
+            connmux_sys::fileserver::nofile_limit().unwrap_or(0)
+        );
     }
+    let who = match server.users() {
+        Users::Switch => "as each attach's user".to_string(),
+        Users::Own { me, .. } => format!("as uid {} only", me.uid),
+        Users::Squash { me } => format!("every attach as uid {}", me.uid),
+    };
     let started = Instant::now();
     let snap = {
-        let (svc, h) = (svc.clone(), handler.clone());
-        Arc::new(move || snapshot(&svc, &h, started)) as Arc<dyn Fn() -> String + Send + Sync>
+        let s = server.clone();
+        Arc::new(move || snapshot(&s, started)) as Arc<dyn Fn() -> String + Send + Sync>
     };
     let endpoint = a.common.stats_endpoint(what, snap)?;
     println!(
-        "{what} listening on {} exporting {} ({} workers, {threads} fs threads, {:?} driver){}",
-        svc.local_addr(),
-        export.path.display(),
+        "{what} listening on {} exporting {} ({who}; {} workers, {} fs threads, {:?} driver){}",
+        server.local_addr(),
+        x.path.display(),
         a.common.worker_count(),
-        svc.mux().driver(),
+        server.fs_threads(),
+        server.service().mux().driver(),
         endpoint.as_ref().map(|e| format!("; statistics: connmux stat {}", e.path().display())).unwrap_or_default()
     );
     if let Some(t) = &tls {
         println!("{}", t.note);
     }
     let _ = std::io::Write::flush(&mut std::io::stdout());
-    let report = || print!("{}", counters(&svc, &handler));
+    let report = || print!("{}", server.counters());
     let ending = wait_and_report(&a.common, report);
     let stopped = stop::drain(
         what,
         ending,
         &a.common.stop,
-        || svc.stop_accepting(),
+        || server.stop_accepting(),
         || {
-            let s = svc.mux().stats();
+            let s = server.service().mux().stats();
             stop::Progress { open: s.psocks as u64, moved: s.rx_bytes + s.tx_bytes }
         },
     );
-    print!("{}", counters(&svc, &handler));
+    print!("{}", server.counters());
     drop(endpoint);
     drop(tls);
     if stopped.forced() {
@@ -155,34 +155,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     Ok(stopped.finish())
 }
 
-fn counters(svc: &Service, h: &serve::NinepHandler) -> String {
-    let (st, n) = (svc.stats(), &h.stats);
-    format!(
-        "accepted={}\nclosed={}\nconnections={}\nrequests={}\nfs_thread_requests={}\nerrors={}\nflushes={}\nflushes_deferred={}\nreplies_dropped={}\npaused={}\nbad_messages={}\noverloads={}\nsend_failures={}\n",
-        st.accepted.load(Relaxed),
-        st.closed.load(Relaxed),
-        h.conns(),
-        n.requests.load(Relaxed),
-        n.to_pool.load(Relaxed),
-        n.errors.load(Relaxed),
-        n.flushes.load(Relaxed),
-        n.flushes_deferred.load(Relaxed),
-        n.replies_dropped.load(Relaxed),
-        n.paused.load(Relaxed),
-        n.bad_messages.load(Relaxed),
-        n.overloads.load(Relaxed),
-        n.send_failures.load(Relaxed),
-    )
-}
-
-fn snapshot(svc: &Service, h: &serve::NinepHandler, started: Instant) -> String {
+fn snapshot(s: &Server, started: Instant) -> String {
     format!(
         "9p-server pid={} listen={} uptime_s={:.1}\n{}\n{}\n{}",
         std::process::id(),
-        svc.local_addr(),
+        s.local_addr(),
         started.elapsed().as_secs_f64(),
-        counters(svc, h),
-        svc.mux().proc_kcm(),
-        stat::format_mux_stats(svc.mux()),
+        s.counters(),
+        s.service().mux().proc_kcm(),
+        stat::format_mux_stats(s.service().mux()),
     )
 }

@@ -50,11 +50,16 @@ use connmux_9p::rmsg::{self, Encoder};
 use connmux_9p::{MsgType, Tmsg, WireError};
 use rustix::io::Errno;
 
-use super::fs::{Export, Fid, R};
+use crate::fs::{Export, Fid, Quota, Xattr, R};
+use crate::users::{self, Users};
 
 /// Unwritten reply bytes of a connection above which its requests wait: half the mux's backlog of replies per connection (4 MiB), so the
 /// replies of the requests let through still fit in it.
 pub const ROOM: u64 = 2 << 20;
+
+/// Reads of at most this many bytes are answered on the I/O worker when
+/// their pages are in memory ([`Export::read_cached`]).
+pub const INLINE_READ: usize = 16 * 1024;
 
 /// The smallest msize accepted in Tversion: every reply but a read's or a
 /// directory listing's (which are cut to msize) fits in it.
@@ -66,8 +71,10 @@ pub struct Conn {
     /// Tversions seen: a request of an older session changes no fid.
     /// Changed under the `fids` lock.
     session: AtomicU64,
-    /// Most fids this connection may hold (each holds a descriptor).
+    /// Most fids this connection may hold.
     max_fids: usize,
+    /// Its descriptors: open files and handles.
+    quota: Quota,
     work: Mutex<Work>,
     msize: AtomicU32,
     /// Reply bytes handed to the mux for this connection; less the bytes the
@@ -191,6 +198,7 @@ impl Conn {
             fids: Mutex::default(),
             session: AtomicU64::new(0),
             max_fids,
+            quota: Quota::default(),
             work: Mutex::default(),
             msize: AtomicU32::new(0),
             replied: AtomicU64::new(0),
@@ -282,8 +290,9 @@ impl Job {
     /// Whether the request may change the connection's or the export's
     /// state: all but those that only read.
     fn changes(&self) -> bool {
-        const READ_ONLY: [MsgType; 6] = [
+        const READ_ONLY: [MsgType; 7] = [
             MsgType::TREAD,
+            MsgType::TGETATTR,
             MsgType::TREADDIR,
             MsgType::TSTATFS,
             MsgType::TREADLINK,
@@ -322,6 +331,8 @@ struct Paused {
 
 /// The file-system threads' shared part.
 pub struct Pool {
+    /// Whom attaches are served as.
+    users: Arc<Users>,
     jobs: crossbeam::channel::Receiver<Job>,
     tx: crossbeam::channel::Sender<Job>,
     export: Arc<Export>,
@@ -335,6 +346,11 @@ pub struct Pool {
     pub senders: OnceLock<Vec<KcmSocket>>,
     /// The mux (set once it runs): what it has written of each connection.
     pub mux: OnceLock<connmux::Mux>,
+    /// Disconnected (its sender dropped) when the server stops: the
+    /// threads end.
+    quit: crossbeam::channel::Receiver<()>,
+    /// Set when the server stops: the waker ends.
+    stopping: AtomicBool,
 }
 
 impl NinepHandler {
@@ -351,10 +367,13 @@ impl NinepHandler {
         queue: usize,
         max_fids: usize,
         share: usize,
+        users: Arc<Users>,
+        quit: crossbeam::channel::Receiver<()>,
     ) -> (Arc<NinepHandler>, Arc<Pool>) {
         let (tx, rx) = crossbeam::channel::bounded(queue.max(1));
         let stats = Arc::new(NinepStats::default());
         let pool = Arc::new(Pool {
+            users,
             jobs: rx,
             tx,
             export: export.clone(),
@@ -364,6 +383,8 @@ impl NinepHandler {
             wake: Condvar::new(),
             senders: OnceLock::new(),
             mux: OnceLock::new(),
+            quit,
+            stopping: AtomicBool::new(false),
         });
         let h = NinepHandler {
             export,
@@ -404,6 +425,11 @@ impl NinepHandler {
             }
             keep
         });
+    }
+
+    /// The export served.
+    pub fn export(&self) -> &Export {
+        &self.export
     }
 
     /// Connections with state.
@@ -450,13 +476,46 @@ impl NinepHandler {
                 Ok(())
             }
             Tmsg::Clunk { fid } => {
-                conn.fids.lock().unwrap().remove(fid).map(|_| rmsg::empty(out, MsgType::RCLUNK, tag)).ok_or(Errno::BADF)
+                let mut fids = conn.fids.lock().unwrap();
+                // A Txattrcreate fid sets its attribute as it goes: on the pool.
+                if fids.get(fid).is_some_and(|f| matches!(f.xattr.as_deref(), Some(Xattr::Write { .. }))) {
+                    return None;
+                }
+                fids.remove(fid).map(|_| rmsg::empty(out, MsgType::RCLUNK, tag)).ok_or(Errno::BADF)
             }
-            Tmsg::Getattr { fid, .. } => conn
-                .fid(*fid)
-                .and_then(|f| self.export.getattr(&f))
-                .map(|(valid, q, a)| rmsg::getattr(out, tag, valid, &q, &a)),
-            Tmsg::Xattrwalk { .. } | Tmsg::Xattrcreate { .. } => Err(Errno::OPNOTSUPP),
+            // Here when it costs an fstat of a descriptor the fid holds; one
+            // to be looked up by path goes to the pool (a lookup may wait on
+            // the disk).
+            Tmsg::Getattr { fid, .. } => match conn.fid(*fid) {
+                Ok(f) if f.cheap() => {
+                    self.export.getattr(&f).map(|(valid, q, a)| rmsg::getattr(out, tag, valid, &q, &a))
+                }
+                Ok(_) => return None,
+                Err(e) => Err(e),
+            },
+            Tmsg::Xattrwalk { .. } | Tmsg::Xattrcreate { .. } if !self.export.xattrs => Err(Errno::OPNOTSUPP),
+            // A small read of a regular file whose pages are in memory: here,
+            // as a getattr is (it cannot wait on the disk); anything else
+            // (a page to read from the disk, an error) on the pool.
+            Tmsg::Read { fid, offset, count } if *count as usize <= INLINE_READ => {
+                let f = conn.fid(*fid).ok()?;
+                f.regular()?;
+                let msize = conn.msize.load(Relaxed).max(MIN_MSIZE) as usize;
+                let count = (*count as usize).min(msize - connmux_9p::IO_HEADER);
+                let mut e = Encoder::begin(out, MsgType::RREAD, tag);
+                e.u32(0);
+                match self.export.read_cached(&f, *offset, count, e.buf()) {
+                    Ok(n) => {
+                        e.patch_u32(7, n as u32);
+                        e.finish();
+                        Ok(())
+                    }
+                    Err(_) => {
+                        out.clear();
+                        return None;
+                    }
+                }
+            }
             _ => return None,
         })
     }
@@ -487,6 +546,36 @@ impl NinepHandler {
         self.stats.to_pool.fetch_add(1, Relaxed);
         let _ = self.pool.tx.send(job);
         true
+    }
+}
+
+/// The fid whose user a request acts as, and the group a creation asks
+/// for (`None` for an attach, which names its user itself).
+fn acting_fid(m: &Tmsg<'_>) -> Option<(u32, Option<u32>)> {
+    let just = |f: &u32| Some((*f, None));
+    match m {
+        Tmsg::Lcreate { fid, gid, .. } | Tmsg::Symlink { fid, gid, .. } => Some((*fid, Some(*gid))),
+        Tmsg::Mkdir { dfid, gid, .. } | Tmsg::Mknod { dfid, gid, .. } => Some((*dfid, Some(*gid))),
+        Tmsg::Walk { fid, .. }
+        | Tmsg::Lopen { fid, .. }
+        | Tmsg::Read { fid, .. }
+        | Tmsg::Write { fid, .. }
+        | Tmsg::Readdir { fid, .. }
+        | Tmsg::Setattr { fid, .. }
+        | Tmsg::Getattr { fid, .. }
+        | Tmsg::Remove { fid }
+        | Tmsg::Clunk { fid }
+        | Tmsg::Readlink { fid }
+        | Tmsg::Rename { fid, .. }
+        | Tmsg::Statfs { fid }
+        | Tmsg::Fsync { fid, .. }
+        | Tmsg::Xattrwalk { fid, .. }
+        | Tmsg::Xattrcreate { fid, .. } => just(fid),
+        Tmsg::Unlinkat { dirfid, .. } => just(dirfid),
+        Tmsg::Link { dfid, .. } => just(dfid),
+        Tmsg::Renameat { olddirfid, .. } => just(olddirfid),
+        Tmsg::Lock(l) | Tmsg::Getlock(l) => just(&l.fid),
+        _ => None,
     }
 }
 
@@ -550,8 +639,8 @@ const WAKE_FIRST: Duration = Duration::from_millis(1);
 const WAKE_MAX: Duration = Duration::from_millis(100);
 
 impl Pool {
-    /// Runs pool thread `i` until the handler (and its sender) is gone,
-    /// `nice` steps below the workers (0: beside them).
+    /// Runs pool thread `i` until the server stops (its quit channel is
+    /// disconnected), `nice` steps below the workers (0: beside them).
     pub fn run(&self, i: usize, mux: connmux::Mux, nice: i32) {
         if nice != 0 {
             let _ = connmux_sys::affinity::renice_current_thread(nice);
@@ -561,13 +650,33 @@ impl Pool {
         // sleeping (`send_reply`), not by retrying at once. (A userspace
         // socket's mode cannot fail to change.)
         let _ = sock.set_nonblocking(true);
-        while let Ok(job) = self.jobs.recv() {
+        loop {
+            let job = crossbeam::channel::select! {
+                recv(self.jobs) -> j => match j {
+                    Ok(j) => j,
+                    Err(_) => return,
+                },
+                recv(self.quit) -> _ => return,
+            };
             let mut next = Some(job);
             // Bounded: each turn answers or parks a request of the backlog.
             while let Some(job) = next.take() {
                 next = self.serve(job, sock, &mux);
             }
         }
+    }
+
+    /// Whom attaches are served as.
+    pub fn users(&self) -> &Users {
+        &self.users
+    }
+
+    /// Ends the waker (the file-system threads end when the quit channel's
+    /// sender is dropped).
+    pub fn stop(&self) {
+        self.stopping.store(true, SeqCst);
+        let _l = self.paused.lock().unwrap();
+        self.wake.notify_all();
     }
 
     /// Unwritten reply bytes of a connection (or less, when under
@@ -711,16 +820,19 @@ impl Pool {
     }
 
     /// The waker: resumes each paused connection once it has room, and
-    /// drops the backlog of one that is gone. Runs for the life of the
-    /// process, asleep while no connection is paused.
+    /// drops the backlog of one that is gone. Runs until the server stops
+    /// ([`Pool::stop`]), asleep while no connection is paused.
     pub fn waker(self: Arc<Self>) {
         let mux = self.mux.get().expect("mux set before the waker starts").clone();
         loop {
             let list = {
                 let mut l = self.paused.lock().unwrap();
                 // Sleeps while none is paused: no CPU when all is well.
-                while l.is_empty() {
+                while l.is_empty() && !self.stopping.load(SeqCst) {
                     l = self.wake.wait(l).unwrap();
+                }
+                if self.stopping.load(SeqCst) {
+                    return;
                 }
                 std::mem::take(&mut *l)
             };
@@ -782,12 +894,22 @@ impl Pool {
     fn answer(&self, conn: &Conn, session: u64, tag: u16, m: &Tmsg<'_>, out: &mut Vec<u8>) -> R<()> {
         let x = &*self.export;
         let msize = conn.msize.load(Relaxed).max(4096) as usize;
+        // As the fid's user (the attach's, for an attach).
+        if self.users.switches() {
+            if let Some((fid, gid)) = acting_fid(m) {
+                users::become_user(&conn.fid(fid)?.user, gid)?;
+            }
+        }
         match m {
-            Tmsg::Attach { fid, afid: _, uname: _, aname, n_uname: _ } => {
-                if !x.accepts_aname(aname) {
+            Tmsg::Attach { fid, afid: _, uname, aname, n_uname } => {
+                let Some(at) = x.attach_point(aname) else {
                     return Err(Errno::NOENT);
+                };
+                let user = self.users.resolve(uname, *n_uname)?;
+                if self.users.switches() {
+                    users::become_user(&user, None)?;
                 }
-                let f = x.attach()?;
+                let f = x.attach(&conn.quota, user, at)?;
                 let q = f.qid;
                 conn.insert_new(session, *fid, f)?;
                 rmsg::qid(out, MsgType::RATTACH, tag, &q);
@@ -797,7 +919,7 @@ impl Pool {
                 if newfid != fid && conn.fids.lock().unwrap().contains_key(newfid) {
                     return Err(Errno::BADF);
                 }
-                let (qids, new) = x.walk(&from, names)?;
+                let (qids, new) = x.walk(&from, names, &conn.quota)?;
                 if let Some(f) = new {
                     conn.replace(session, *newfid, f)?;
                 }
@@ -813,17 +935,15 @@ impl Pool {
                 if f.open.is_some() {
                     return Err(Errno::BADF);
                 }
-                let (open, q) = x.lopen(&f, *flags)?;
-                let node = f.node.try_clone().map_err(|_| Errno::MFILE)?;
-                let path = f.path.lock().unwrap().clone();
-                conn.replace(session, *fid, Fid { path: Mutex::new(path), node, qid: q, open: Some(open) })?;
+                let (nf, q) = x.lopen(&f, *flags, &conn.quota)?;
+                conn.replace(session, *fid, nf)?;
                 let mut e = Encoder::begin(out, MsgType::RLOPEN, tag);
                 e.qid(&q).u32(0);
                 e.finish();
             }
             Tmsg::Lcreate { fid, name, flags, mode, gid: _ } => {
                 let dir = conn.fid(*fid)?;
-                let (nf, q) = x.lcreate(&dir, name, *flags, *mode)?;
+                let (nf, q) = x.lcreate(&dir, name, *flags, *mode, &conn.quota)?;
                 conn.replace(session, *fid, nf)?;
                 let mut e = Encoder::begin(out, MsgType::RLCREATE, tag);
                 e.qid(&q).u32(0);
@@ -912,27 +1032,45 @@ impl Pool {
                 rmsg::empty(out, MsgType::RFSYNC, tag);
             }
             Tmsg::Lock(l) => {
-                let status = x.lock(&*conn.fid(l.fid)?, l.lock_type)?;
+                let status = x.lock(&*conn.fid(l.fid)?, l)?;
                 let mut e = Encoder::begin(out, MsgType::RLOCK, tag);
                 e.u8(status);
                 e.finish();
             }
             Tmsg::Getlock(l) => {
-                conn.fid(l.fid)?;
-                // Locks are whole-file flocks held by this server: none is
-                // reported as a conflict (F_UNLCK).
+                let i = x.getlock(&*conn.fid(l.fid)?, l)?;
                 let mut e = Encoder::begin(out, MsgType::RGETLOCK, tag);
-                e.u8(2).u64(l.start).u64(l.length).u32(l.proc_id).str(l.client_id);
+                e.u8(i.kind).u64(i.start).u64(i.length).u32(i.proc_id).str(&i.client_id);
                 e.finish();
             }
+            Tmsg::Xattrwalk { fid, newfid, name } => {
+                let f = conn.fid(*fid)?;
+                if newfid != fid && conn.fids.lock().unwrap().contains_key(newfid) {
+                    return Err(Errno::BADF);
+                }
+                let (nf, size) = x.xattrwalk(&f, name, &conn.quota)?;
+                conn.replace(session, *newfid, nf)?;
+                let mut e = Encoder::begin(out, MsgType::RXATTRWALK, tag);
+                e.u64(size);
+                e.finish();
+            }
+            Tmsg::Xattrcreate { fid, name, size, flags } => {
+                let nf = x.xattrcreate(&*conn.fid(*fid)?, name, *size, *flags, &conn.quota)?;
+                conn.replace(session, *fid, nf)?;
+                rmsg::empty(out, MsgType::RXATTRCREATE, tag);
+            }
+            // (Here only for a fid of Txattrcreate: its value is set now.)
+            Tmsg::Clunk { fid } => {
+                let f = conn.remove(session, *fid)?;
+                x.xattr_commit(&f)?;
+                rmsg::empty(out, MsgType::RCLUNK, tag);
+            }
+            Tmsg::Getattr { fid, .. } => {
+                let (valid, q, a) = x.getattr(&*conn.fid(*fid)?)?;
+                rmsg::getattr(out, tag, valid, &q, &a);
+            }
             // Answered on the workers.
-            Tmsg::Version { .. }
-            | Tmsg::Auth { .. }
-            | Tmsg::Flush { .. }
-            | Tmsg::Clunk { .. }
-            | Tmsg::Getattr { .. }
-            | Tmsg::Xattrwalk { .. }
-            | Tmsg::Xattrcreate { .. } => return Err(Errno::INVAL),
+            Tmsg::Version { .. } | Tmsg::Auth { .. } | Tmsg::Flush { .. } => return Err(Errno::INVAL),
         }
         Ok(())
     }
@@ -946,8 +1084,12 @@ mod tests {
     fn a_sweep_keeps_the_state_of_a_connection_attached_while_it_looks() {
         let dir = std::env::temp_dir().join(format!("connmux-9p-sweep-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let export = Arc::new(Export::open(&dir, true).unwrap());
-        let (h, _pool) = NinepHandler::new(export, 65536, 4, 16, 2);
+        let b = || crate::fs::Budget::new(16, 16);
+        let o = crate::fs::Options { read_only: true, xattrs: false, open_files: b(), handles: b() };
+        let export = Arc::new(Export::open(&dir, o).unwrap());
+        let me = Arc::new(crate::users::User { uid: 0, gid: 0, groups: vec![0] });
+        let (_quit, rx) = crossbeam::channel::bounded(0);
+        let (h, _pool) = NinepHandler::new(export, 65536, 4, 16, 2, Arc::new(Users::Squash { me }), rx);
         let (gone, old, new) = (
             PsockId { index: 1, generation: 1 },
             PsockId { index: 2, generation: 1 },

@@ -1,0 +1,295 @@
+//! A 9P2000.L file server on the connmux runtime: one exported directory,
+//! served to the Linux kernel's client, diod's tools or any 9P2000.L
+//! client, on a [`Mux`] the program makes.
+//!
+//! ```no_run
+//! use connmux::{Config as MuxConfig, Mux};
+//! use connmux_9p_server::{Config, Server};
+//!
+//! let mux = Mux::new(MuxConfig::default())?;
+//! let cfg = Config { export: "/srv/share".into(), listen: "127.0.0.1:5640".parse()?, ..Config::default() };
+//! let server = Server::start(mux, cfg)?;
+//! println!("9P on {}", server.local_addr());
+//! // ... mount it: mount -t 9p -o trans=tcp,port=5640,version=9p2000.L 127.0.0.1 /mnt
+//! server.shutdown();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! What it does, how requests run and the security model are in
+//! `docs/9p.md`. In short: requests are decoded on the mux's workers; those
+//! that touch only the connection's fid table (or `fstat` a descriptor a
+//! fid holds) are answered there, the rest by a pool of file-system threads
+//! ([`serve`]); every path is resolved beneath the export, never following
+//! a symlink ([`fs`]); a server run as root does each attach's operations as
+//! the user it names ([`users`]); descriptors are spent from a budget
+//! ([`fs::Budget`]).
+//!
+//! `connmux 9p-server` is this crate behind command-line flags.
+
+pub mod fs;
+pub mod serve;
+pub mod users;
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use connmux::service::{Service, ServiceConfig};
+use connmux::{Mux, SockType};
+
+pub use serve::{NinepHandler, NinepStats};
+pub use users::Users;
+
+/// How the server is run. [`Config::default`] is what `connmux 9p-server`
+/// runs with, but for `export`.
+#[derive(Clone)]
+pub struct Config {
+    /// The directory to export.
+    pub export: PathBuf,
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Refuse every change (EROFS).
+    pub read_only: bool,
+    /// Serve `user.*` extended attributes and POSIX ACLs.
+    pub xattrs: bool,
+    /// File-system threads.
+    pub fs_threads: usize,
+    /// Requests waiting for a file-system thread, at most; also the most one
+    /// connection may have waiting in its own backlog (more close it).
+    pub fs_queue: usize,
+    /// Requests of one connection with the file-system threads at a time
+    /// (`None`: half of the threads).
+    pub fs_share: Option<usize>,
+    /// Nice steps of the file-system threads below the workers.
+    pub fs_nice: i32,
+    /// Fids one connection may hold.
+    pub max_fids: usize,
+    /// Open files in all (`None`: a quarter of the descriptor limit).
+    pub max_open: Option<usize>,
+    /// Open files of one connection (`None`: a quarter of `max_open`).
+    pub max_open_conn: Option<usize>,
+    /// The largest msize agreed in Tversion (at most the mux's largest
+    /// message).
+    pub max_msize: u32,
+    /// Serve every attach as this process's user.
+    pub squash_users: bool,
+    /// Raise the soft `RLIMIT_NOFILE` to the hard limit at start (the
+    /// process's, so an embedding program may want to say no).
+    pub raise_fd_limit: bool,
+    /// Serve TLS clients with this configuration.
+    pub tls: Option<Arc<connmux::tls::rustls::ServerConfig>>,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            export: PathBuf::new(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 5640)),
+            read_only: false,
+            xattrs: true,
+            fs_threads: 8,
+            fs_queue: 256,
+            fs_share: None,
+            fs_nice: 0,
+            max_fids: 131_072,
+            max_open: None,
+            max_open_conn: None,
+            max_msize: 1 << 20,
+            squash_users: false,
+            raise_fd_limit: true,
+            tls: None,
+        }
+    }
+}
+
+/// A running 9P server: its service on the mux, the file-system threads,
+/// the waker of paused connections and the sweeper of closed ones. Dropped
+/// or [`Server::shutdown`], it stops them all.
+pub struct Server {
+    svc: Option<Arc<Service>>,
+    handler: Arc<NinepHandler>,
+    pool: Arc<serve::Pool>,
+    quit: Option<crossbeam::channel::Sender<()>>,
+    threads: Vec<JoinHandle<()>>,
+    fs_threads: usize,
+}
+
+impl Server {
+    /// Opens the export and serves it on `mux`, listening on `cfg.listen`
+    /// (the mux's configuration caps the connections and their messages).
+    pub fn start(mux: Mux, cfg: Config) -> io::Result<Server> {
+        // Descriptors: open files and fids' O_PATH handles take a quarter
+        // of the limit each, at most, so sockets and the descriptors an
+        // operation opens for its length keep the rest.
+        let limit = if cfg.raise_fd_limit {
+            connmux_sys::fileserver::raise_nofile_limit()?
+        } else {
+            connmux_sys::fileserver::nofile_limit()?
+        };
+        let quarter = (limit / 4).max(16) as usize;
+        let max_open = cfg.max_open.unwrap_or(quarter).max(1);
+        let max_open_conn = cfg.max_open_conn.unwrap_or(max_open / 4).clamp(1, max_open);
+        let open_files = fs::Budget::new(max_open, max_open_conn);
+        let handles = fs::Budget::new(quarter, max_open_conn.min(quarter));
+        let opts = fs::Options { read_only: cfg.read_only, xattrs: cfg.xattrs, open_files, handles };
+        let export = Arc::new(fs::Export::open(&cfg.export, opts)?);
+        let threads = cfg.fs_threads.max(1);
+        // Half: one connection (a kernel mount is one) keeps much of the
+        // parallelism, and the other half is always left to the others.
+        let share = cfg.fs_share.unwrap_or(threads / 2).max(1);
+        let users = Arc::new(Users::for_this_process(cfg.squash_users));
+        let (quit, quit_rx) = crossbeam::channel::bounded(0);
+        let (handler, pool) =
+            NinepHandler::new(export, cfg.max_msize, cfg.fs_queue, cfg.max_fids, share, users, quit_rx);
+        let mut senders = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let s = mux.socket(SockType::Dgram)?;
+            // Only for sending: no request is steered here.
+            s.set_recv_disable(true)?;
+            s.set_sndbuf(usize::MAX / 4)?;
+            s.set_write_timeout(Some(serve::SEND_TIMEOUT))?;
+            senders.push(s);
+        }
+        let _ = pool.senders.set(senders);
+        let _ = pool.mux.set(mux.clone());
+        let mut server = Server {
+            svc: None,
+            handler: handler.clone(),
+            pool: pool.clone(),
+            quit: Some(quit),
+            threads: Vec::new(),
+            fs_threads: threads,
+        };
+        {
+            let pool = pool.clone();
+            server
+                .threads
+                .push(std::thread::Builder::new().name("connmux-9p-waker".into()).spawn(move || pool.waker())?);
+        }
+        for i in 0..threads {
+            let (pool, mux, nice) = (pool.clone(), mux.clone(), cfg.fs_nice);
+            let t =
+                std::thread::Builder::new().name(format!("connmux-9p-fs{i}")).spawn(move || pool.run(i, mux, nice))?;
+            server.threads.push(t);
+        }
+        let scfg = ServiceConfig {
+            listen: cfg.listen,
+            sock_type: SockType::Dgram,
+            parser: Arc::new(|| connmux::parsers::from_spec("9p").expect("built-in")),
+        };
+        let svc = Arc::new(match &cfg.tls {
+            None => Service::start(mux, scfg, handler.clone())?,
+            Some(t) => Service::start_tls(mux, scfg, handler.clone(), t.clone())?,
+        });
+        {
+            // Forget the state of connections that are gone; ends with the service.
+            let (svc, h) = (Arc::downgrade(&svc), handler);
+            let t = std::thread::Builder::new().name("connmux-9p-sweep".into()).spawn(move || {
+                while let Some(svc) = svc.upgrade() {
+                    h.sweep(|| svc.mux().psocks());
+                    drop(svc);
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            })?;
+            server.threads.push(t);
+        }
+        server.svc = Some(svc);
+        Ok(server)
+    }
+
+    /// The service: its address, statistics and mux.
+    pub fn service(&self) -> &Service {
+        self.svc.as_ref().expect("running")
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.service().local_addr()
+    }
+
+    /// The export served.
+    pub fn export(&self) -> &fs::Export {
+        self.handler.export()
+    }
+
+    /// The handler's counters.
+    pub fn stats(&self) -> &NinepStats {
+        &self.handler.stats
+    }
+
+    /// Whom attaches are served as.
+    pub fn users(&self) -> &Users {
+        self.pool.users()
+    }
+
+    /// File-system threads.
+    pub fn fs_threads(&self) -> usize {
+        self.fs_threads
+    }
+
+    /// Connections with state.
+    pub fn connections(&self) -> usize {
+        self.handler.conns()
+    }
+
+    /// Stops accepting connections; those attached go on being served.
+    pub fn stop_accepting(&self) {
+        self.service().stop_accepting();
+    }
+
+    /// The counters as `connmux stat` shows them, one `name=value` a line.
+    pub fn counters(&self) -> String {
+        let (st, n, x) = (self.service().stats(), self.stats(), self.export());
+        let fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
+        let mut out = String::new();
+        for (k, v) in [
+            ("accepted", st.accepted.load(Relaxed)),
+            ("closed", st.closed.load(Relaxed)),
+            ("connections", self.connections() as u64),
+            ("requests", n.requests.load(Relaxed)),
+            ("fs_thread_requests", n.to_pool.load(Relaxed)),
+            ("errors", n.errors.load(Relaxed)),
+            ("flushes", n.flushes.load(Relaxed)),
+            ("flushes_deferred", n.flushes_deferred.load(Relaxed)),
+            ("replies_dropped", n.replies_dropped.load(Relaxed)),
+            ("paused", n.paused.load(Relaxed)),
+            ("bad_messages", n.bad_messages.load(Relaxed)),
+            ("overloads", n.overloads.load(Relaxed)),
+            ("send_failures", n.send_failures.load(Relaxed)),
+            ("open_files", x.open_files.used() as u64),
+            ("max_open", x.open_files.max_total as u64),
+            ("open_refused", x.open_files.refused.load(Relaxed)),
+            ("handles", x.handles.used() as u64),
+            ("fds", fds as u64),
+            ("fd_limit", connmux_sys::fileserver::nofile_limit().unwrap_or(0)),
+        ] {
+            out.push_str(&format!("{k}={v}\n"));
+        }
+        out
+    }
+
+    /// Stops the service (every connection unattached), the file-system
+    /// threads, the waker and the sweeper.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        // The service first: no request reaches the pool after it.
+        drop(self.svc.take());
+        self.pool.stop();
+        drop(self.quit.take());
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
