@@ -518,8 +518,9 @@ impl Shared {
                 asked += 1;
             }
         }
-        // Only the workers hold senders now: a worker that ends answers
-        // (or drops its sender with its commands), so the wait ends early.
+        // Only the workers hold senders now: each answers after its next
+        // hold (one that ends answers what it took); one held up elsewhere,
+        // or stopped before taking the command, costs the wait below.
         drop(told);
         let deadline = std::time::Instant::now() + TELL_WAIT;
         for _ in 0..asked {
