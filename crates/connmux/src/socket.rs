@@ -396,15 +396,9 @@ impl KcmSocket {
         Ok(out.len() - start)
     }
 
-    /// `addressed`: every message of the call names its psock; the psocks'
-    /// owners write them (`Ctx::Handoff`). Otherwise this thread writes what
-    /// its call queued, as KCM's `sendmsg` does (the reservation of a psock
-    /// is released when its messages are written, so the next plain send
-    /// may go on another).
     fn send_loop(
         &self,
         rt: &SockRt,
-        addressed: bool,
         mut attempt: impl FnMut(&mut connmux_core::mux::Mux) -> Result<usize, MuxError>,
     ) -> io::Result<usize> {
         let sh = self.mux.shared();
@@ -423,7 +417,7 @@ impl KcmSocket {
                 r
             };
             if !events.is_empty() {
-                sh.dispatch(&mut events, &mut if addressed { Ctx::Handoff } else { Ctx::App });
+                sh.dispatch(&mut events, &mut Ctx::App);
             }
             match r {
                 Err(MuxError::WouldBlock) => Self::wait(rt, &rt.tx, &rt.sndtimeo, &mut deadline, Duration::ZERO)?,
@@ -437,7 +431,7 @@ impl KcmSocket {
         match &self.imp {
             SockImp::User(rt) => {
                 let id = rt.id;
-                self.send_loop(rt, false, |m| m.send(id, data, flags))
+                self.send_loop(rt, |m| m.send(id, data, flags))
             }
             SockImp::Kernel(k) => k.send_flags(data, flags),
         }
@@ -453,7 +447,7 @@ impl KcmSocket {
     pub fn send_to(&self, data: &[u8], psock: PsockId) -> io::Result<usize> {
         let rt = self.addressed("KcmSocket::send_to")?;
         let id = rt.id;
-        self.send_loop(rt, true, |m| m.send_to(id, psock, data, SendFlags { eor: true, ..Default::default() }))
+        self.send_loop(rt, |m| m.send_to(id, psock, data, SendFlags { eor: true, ..Default::default() }))
     }
 
     /// Addressed send of a message already in a `Bytes` (no copy). On the
@@ -468,7 +462,7 @@ impl KcmSocket {
         };
         let id = rt.id;
         let len = msg.len();
-        self.send_loop(rt, psock.is_some(), |m| m.send_msg(id, psock, msg.clone(), false).map(|_| len)).map(|_| ())
+        self.send_loop(rt, |m| m.send_msg(id, psock, msg.clone(), false).map(|_| len)).map(|_| ())
     }
 
     /// sendmmsg: every message but the last carries BATCH, so the batch goes out
@@ -514,8 +508,7 @@ impl KcmSocket {
     ) -> io::Result<usize> {
         let id = rt.id;
         let mut sent = 0;
-        let addressed = (0..n).all(|i| msg(i).0.is_some());
-        let r = self.send_loop(rt, addressed, |m| {
+        let r = self.send_loop(rt, |m| {
             while sent < n {
                 let (p, data) = msg(sent);
                 let flags = SendFlags { eor: true, batch: sent + 1 < n, more: false };

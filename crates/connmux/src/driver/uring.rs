@@ -596,7 +596,7 @@ impl UringIo {
         let ring = &mut self.ring;
         match c {
             // Taken by the loop (`worker::run`).
-            Command::Serve { .. } | Command::Unlease(_) | Command::Tell(_) | Command::Write(_) => {}
+            Command::Serve { .. } | Command::Unlease(_) | Command::Tell(_) => {}
             Command::Attach(rt) => {
                 // An unattach that overtook the attach leaves nothing to drive.
                 if !sh.lock().psocks.contains_key(&rt.id) {

@@ -175,8 +175,6 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                     // The pass's hold below tells (a command wake never
                     // skips it), then the reader is answered.
                     Command::Tell(answer) => tells.push(answer),
-                    // (`flush_queued` is set: the pass's flush writes it.)
-                    Command::Write(rt) => w.dirty.push(rt),
                     Command::Unlease(p) => w.bufs.own.give_back(sh, p, connmux_sys::clock::now_nanos(), &mut w.events),
                     c => io.command(&mut w, c),
                 }

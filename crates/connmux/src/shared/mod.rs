@@ -70,11 +70,6 @@ pub(crate) enum Command {
     StopRx(PsockId),
     /// The psock has bytes to write that another thread could not.
     Flush(PsockId),
-    /// Another thread queued messages on this psock (a `send` or `send_to`
-    /// of an application thread): the owner writes them in its pass, with
-    /// whatever else is queued by then, in one write. The sender set
-    /// `flush_queued`, so one command stands for every send until then.
-    Write(Arc<PsockRt>),
     /// The core released the psock: end its operations, then drop it.
     Release(Arc<PsockRt>),
     /// Give the lease of this psock back to the core (`PsockLeaseRevoked`).
@@ -271,9 +266,7 @@ impl WorkerRef {
     /// Queue a command and wake the worker, unless a wake is pending: the
     /// worker lowers `woken` (after draining its eventfd) and only then
     /// takes the commands, so a command queued while the flag is up is
-    /// taken by that wake. (An application thread handing the worker its
-    /// sends, `Command::Write`, makes no system call while the worker is
-    /// awake.)
+    /// taken by that wake.
     pub fn command(&self, c: Command) {
         self.commands.lock().unwrap().push(c);
         if !self.woken.swap(true, Ordering::SeqCst) {
@@ -487,12 +480,6 @@ pub(crate) enum Ctx<'a> {
     /// An application thread (or the API's own calls): it writes what its
     /// call queued on a psock at once.
     App,
-    /// An application thread's addressed sends: the psock's owner writes
-    /// them, in its pass, with whatever else is queued by then (one
-    /// `Command::Write` a psock until it has written), so the replies of
-    /// many sends leave in one write and the sender makes no write of its
-    /// own. Otherwise as `App`.
-    Handoff,
     /// A worker: the psocks to write at the end of its pass, and its own
     /// hand-off state.
     Worker(&'a mut Vec<Arc<PsockRt>>, &'a mut Own),
@@ -609,11 +596,6 @@ impl Shared {
                             }
                         }
                         Ctx::App => self.flush(&rt, events),
-                        Ctx::Handoff => {
-                            if !rt.flush_queued.swap(true, Ordering::AcqRel) {
-                                self.workers[rt.worker()].command(Command::Write(rt));
-                            }
-                        }
                     }
                 }
                 Event::PsockRxResume(p) => {
