@@ -15,7 +15,9 @@ use std::sync::Arc;
 use connmux_sys::fileserver as sys;
 use rustix::io::Errno;
 
-use crate::fs::R;
+/// A file operation's result (as `crate::fs::R`; this module sits below
+/// `fs`, which names `User`).
+type R<T> = Result<T, Errno>;
 
 /// `n_uname` when the client names no uid.
 pub const NONUNAME: u32 = u32::MAX;
