@@ -17,6 +17,8 @@
 //! - [`clock`]: `CLOCK_MONOTONIC` in nanoseconds;
 //! - [`kcm`]: the kernel's AF_KCM (socket, attach/unattach/clone ioctls, `KCM_RECV_DISABLE`)
 //!   and the message calls (`sendmsg`, `recvmsg`, `sendmmsg`, `recvmmsg`);
+//! - [`udp`]: datagrams in batches on a UDP socket (`recvmmsg` with each source
+//!   address, `sendmmsg` with each destination);
 //! - [`uring`]: io_uring with a provided-buffer ring: multishot receives, sends, polls,
 //!   cancellation, completions as a safe enum;
 //! - [`bpf`]: the bpf(2) system call (program load, test run);
@@ -48,6 +50,7 @@ pub mod malloc;
 pub mod poll;
 pub mod signal;
 pub mod socket;
+pub mod udp;
 pub mod uring;
 
 mod util;

@@ -19,6 +19,27 @@ pub enum Placement {
     Unpinned,
 }
 
+impl Placement {
+    /// The CPU of each of `workers` threads placed this way (`None`: not
+    /// pinned): `Pinned` takes the CPUs this process may use, in order,
+    /// wrapping; `Cpus` its list, wrapping. The workers' own rule, for
+    /// threads that run beside them (`crate::udp`).
+    pub fn cpus(&self, workers: usize) -> Vec<Option<usize>> {
+        match self {
+            Placement::Unpinned => vec![None; workers],
+            Placement::Cpus(list) if !list.is_empty() => (0..workers).map(|i| Some(list[i % list.len()])).collect(),
+            _ => {
+                let avail = connmux_sys::affinity::available_cpus().unwrap_or_default();
+                if avail.is_empty() {
+                    vec![None; workers]
+                } else {
+                    (0..workers).map(|i| Some(avail[i % avail.len()])).collect()
+                }
+            }
+        }
+    }
+}
+
 /// The I/O driver of the worker threads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Driver {

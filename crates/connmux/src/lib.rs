@@ -105,6 +105,8 @@ pub mod tls;
 
 pub mod service;
 
+pub mod udp;
+
 pub use config::{
     default_workers, Backend, Config, Driver, Placement, Tuning, DEFAULT_ASSEMBLY_TIMEOUT, DEFAULT_MAX_CONNS,
     DEFAULT_MEM_LIMIT,

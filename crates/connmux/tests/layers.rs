@@ -24,6 +24,7 @@ const LAYERS: &[&[&str]] = &[
     &["async_socket"],
     &["tls"],
     &["service"],
+    &["udp"],
 ];
 
 fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -1,0 +1,385 @@
+//! Serving datagrams: a [`Handler`] answers UDP datagrams as it answers a
+//! TCP service's messages, one datagram being one whole message.
+//!
+//! [`UdpService::start`] binds one UDP socket per worker to the service's
+//! address (`SO_REUSEPORT`: the kernel spreads the peers over the sockets
+//! by their addresses, and with [`Config::incoming_cpu`] prefers the socket
+//! of the CPU that received the datagram, `SO_INCOMING_CPU`), and runs one
+//! thread per socket, pinned as the mux's workers are ([`Config::workers`],
+//! [`Config::placement`]). Each thread takes up to [`UdpConfig::batch`]
+//! datagrams with one `recvmmsg`, runs the handler on each where it lies
+//! ([`Handler::handle_in_place`]), and sends the replies with one
+//! `sendmmsg`, each to the address its request came from. UDP has its own
+//! loop, on either driver: no connection, nothing to parse or to assemble.
+//!
+//! What the handler's answers mean here:
+//!
+//! | verdict | over UDP |
+//! |---|---|
+//! | `Appended`, `Reply` | one datagram back to the sender; a reply longer than [`UdpConfig::max_datagram`] is not sent and counted in `refused_too_large` |
+//! | `NoReply` | nothing sent |
+//! | `Close` | the datagram is dropped and counted in `malformed` (there is no connection to close) |
+//!
+//! A datagram longer than [`UdpConfig::max_datagram`] is cut by the kernel:
+//! it is dropped unanswered and counted in `truncated`.
+//!
+//! `from`: every datagram is handed over with `from` =
+//! [`udp_psock`]`(worker)`, a `PsockId` no connection has (index
+//! [`UDP_PSOCK_INDEX`], generation the worker's index), so a handler can
+//! tell a datagram from a connection's message; it names no peer, and
+//! nothing may be sent to it (`KcmSocket::send_to` fails: no such psock).
+//! A handler answers a datagram only through its verdict.
+//!
+//! Stop: [`UdpService::shutdown`] (or drop) sets a flag and shuts each
+//! socket's receive side down, which wakes a thread blocked in `recvmmsg`
+//! (a receive timeout of [`WAKE_EVERY`] bounds the wait where that does not
+//! wake it); it returns once every thread has ended.
+//!
+//! Names `config` and `handler` only.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use connmux_core::mux::PsockId;
+use connmux_core::Bytes;
+use connmux_sys::udp::{recv_batch, send_batch, RecvBatch, SendBatch};
+
+use crate::config::Config;
+use crate::handler::{Handler, Verdict};
+
+/// The largest UDP payload over IPv4 (65,535 less the IP and UDP headers).
+pub const MAX_UDP_PAYLOAD: usize = 65_507;
+
+/// The `PsockId` index that datagrams are handed to a handler with.
+pub const UDP_PSOCK_INDEX: u32 = u32::MAX - 1;
+
+/// The `from` of datagrams taken by worker `worker`.
+pub const fn udp_psock(worker: u32) -> PsockId {
+    PsockId { index: UDP_PSOCK_INDEX, generation: worker }
+}
+
+/// Whether `from` is a datagram's, not a connection's.
+pub const fn is_udp(from: PsockId) -> bool {
+    from.index == UDP_PSOCK_INDEX
+}
+
+/// The longest a thread waits in `recvmmsg` before it looks at its stop
+/// flag again, where shutting the socket down did not wake it.
+pub const WAKE_EVERY: Duration = Duration::from_millis(200);
+
+/// Configuration of a [`UdpService`].
+#[derive(Clone, Debug)]
+pub struct UdpConfig {
+    /// The address to bind (port 0: one the kernel picks; every worker's
+    /// socket then binds that port).
+    pub listen: SocketAddr,
+    /// Largest datagram taken and largest reply sent, bytes. Default
+    /// [`MAX_UDP_PAYLOAD`]. Each worker holds `batch` buffers of this size.
+    pub max_datagram: usize,
+    /// Datagrams one `recvmmsg` takes at most (1 to 1024). Default 32.
+    pub batch: usize,
+    /// `SO_RCVBUF` asked for each socket (the kernel caps it at
+    /// `net.core.rmem_max`, and doubles it): datagrams that arrive while the
+    /// buffer is full are dropped by the kernel (`RcvbufErrors` in
+    /// `/proc/net/snmp`). `None`: the system's default. Default 4 MiB.
+    pub rcvbuf: Option<usize>,
+}
+
+impl UdpConfig {
+    /// The defaults, on `listen`.
+    pub fn new(listen: SocketAddr) -> UdpConfig {
+        UdpConfig { listen, max_datagram: MAX_UDP_PAYLOAD, batch: 32, rcvbuf: Some(4 << 20) }
+    }
+}
+
+/// What a [`UdpService`] counted, all workers together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdpStats {
+    /// Datagrams received.
+    pub datagrams_in: u64,
+    /// Replies sent.
+    pub datagrams_out: u64,
+    /// Datagrams the handler refused (`Verdict::Close`): dropped.
+    pub malformed: u64,
+    /// Datagrams longer than `max_datagram`: dropped.
+    pub truncated: u64,
+    /// Replies longer than `max_datagram`: not sent.
+    pub refused_too_large: u64,
+    /// Replies the kernel refused to send (`sendmmsg` errors).
+    pub send_errors: u64,
+    /// `recvmmsg` calls that returned a batch.
+    pub batches: u64,
+}
+
+/// One worker's counters, on a cache line of its own.
+#[derive(Default)]
+#[repr(align(64))]
+struct Counters {
+    datagrams_in: AtomicU64,
+    datagrams_out: AtomicU64,
+    malformed: AtomicU64,
+    truncated: AtomicU64,
+    refused_too_large: AtomicU64,
+    send_errors: AtomicU64,
+    batches: AtomicU64,
+}
+
+/// A running UDP service: one socket and one thread per worker.
+pub struct UdpService {
+    local: SocketAddr,
+    stop: Arc<AtomicBool>,
+    sockets: Vec<Arc<std::net::UdpSocket>>,
+    threads: Vec<JoinHandle<()>>,
+    counters: Arc<Vec<Counters>>,
+}
+
+/// A UDP socket bound to `addr` with `SO_REUSEPORT` (and `SO_RCVBUF` when
+/// given), receiving with a timeout of [`WAKE_EVERY`].
+fn bind(addr: SocketAddr, rcvbuf: Option<usize>, cpu: Option<usize>) -> io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_reuse_port(true)?;
+    if let Some(b) = rcvbuf {
+        // The kernel caps it at rmem_max: a smaller buffer is no error.
+        let _ = s.set_recv_buffer_size(b);
+    }
+    if let Some(c) = cpu {
+        // Where the kernel can, it gives this socket the datagrams received
+        // on its CPU; older kernels ignore it for UDP.
+        let _ = s.set_cpu_affinity(c);
+    }
+    s.set_read_timeout(Some(WAKE_EVERY))?;
+    s.bind(&addr.into())?;
+    Ok(s.into())
+}
+
+impl UdpService {
+    /// Bind `cfg.listen` once per worker of `mux_cfg` and serve `handler`
+    /// there (see the module's documentation).
+    pub fn start(mux_cfg: &Config, cfg: UdpConfig, handler: Arc<dyn Handler>) -> io::Result<UdpService> {
+        let workers = mux_cfg.workers.max(1);
+        let cpus = mux_cfg.placement.cpus(workers);
+        let steer = |i: usize| if mux_cfg.incoming_cpu { cpus[i] } else { None };
+        let first = bind(cfg.listen, cfg.rcvbuf, steer(0))?;
+        let local = first.local_addr()?;
+        let mut sockets = vec![Arc::new(first)];
+        for i in 1..workers {
+            sockets.push(Arc::new(bind(local, cfg.rcvbuf, steer(i))?));
+        }
+        let counters: Arc<Vec<Counters>> = Arc::new((0..workers).map(|_| Counters::default()).collect());
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut svc = UdpService { local, stop, sockets: sockets.clone(), threads: Vec::new(), counters };
+        for (i, sock) in sockets.into_iter().enumerate() {
+            let w = Worker {
+                index: i,
+                cpu: cpus[i],
+                sock,
+                handler: handler.clone(),
+                stop: svc.stop.clone(),
+                counters: svc.counters.clone(),
+                max: cfg.max_datagram.clamp(1, MAX_UDP_PAYLOAD),
+                batch: cfg.batch.clamp(1, connmux_sys::udp::MAX_BATCH),
+            };
+            // An error here drops `svc`, which stops the threads started.
+            let t = std::thread::Builder::new().name(format!("connmux-udp{i}")).spawn(move || w.run())?;
+            svc.threads.push(t);
+        }
+        Ok(svc)
+    }
+
+    /// The address the sockets are bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Threads (and sockets) serving.
+    pub fn workers(&self) -> usize {
+        self.sockets.len()
+    }
+
+    /// The counters, all workers summed.
+    pub fn stats(&self) -> UdpStats {
+        let mut s = UdpStats::default();
+        for c in self.counters.iter() {
+            s.datagrams_in += c.datagrams_in.load(Relaxed);
+            s.datagrams_out += c.datagrams_out.load(Relaxed);
+            s.malformed += c.malformed.load(Relaxed);
+            s.truncated += c.truncated.load(Relaxed);
+            s.refused_too_large += c.refused_too_large.load(Relaxed);
+            s.send_errors += c.send_errors.load(Relaxed);
+            s.batches += c.batches.load(Relaxed);
+        }
+        s
+    }
+
+    /// Stop every thread and close the sockets; returns once the threads
+    /// have ended.
+    pub fn shutdown(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        for s in &self.sockets {
+            // On an unconnected UDP socket this answers ENOTCONN but still
+            // marks the receive side shut and wakes its blocked readers.
+            let _ = socket2::SockRef::from(&**s).shutdown(std::net::Shutdown::Read);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for UdpService {
+    fn drop(&mut self) {
+        self.stop_threads();
+    }
+}
+
+/// A reply waiting for the batch's `sendmmsg`: bytes of the run buffer, or
+/// a buffer of its own; and the request it answers.
+enum Out {
+    Span(usize, usize),
+    Own(Bytes),
+}
+
+struct Worker {
+    index: usize,
+    cpu: Option<usize>,
+    sock: Arc<std::net::UdpSocket>,
+    handler: Arc<dyn Handler>,
+    stop: Arc<AtomicBool>,
+    counters: Arc<Vec<Counters>>,
+    max: usize,
+    batch: usize,
+}
+
+impl Worker {
+    fn run(self) {
+        if let Some(c) = self.cpu {
+            // Unpinned if the CPU went away: it still serves.
+            let _ = connmux_sys::affinity::pin_current_thread(c);
+        }
+        let fd = self.sock.as_raw_fd();
+        let c = &self.counters[self.index];
+        let from = udp_psock(self.index as u32);
+        let mut rb = RecvBatch::new(self.batch, self.max);
+        let mut sb = SendBatch::new();
+        let mut out = BytesMut::with_capacity(crate::handler::SCRATCH_CHUNK);
+        let mut scratch = BytesMut::with_capacity(crate::handler::SCRATCH_CHUNK);
+        let mut replies: Vec<(Out, usize)> = Vec::with_capacity(self.batch);
+        // Bounded by the stop flag, looked at after every wake (at most
+        // WAKE_EVERY apart).
+        while !self.stop.load(std::sync::atomic::Ordering::Acquire) {
+            let n = match recv_batch(fd, &mut rb, libc::MSG_WAITFORONE) {
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    continue
+                }
+                Err(_) => {
+                    // An error queued on the socket (e.g. from an ICMP
+                    // message) is cleared by reading it: look again.
+                    continue;
+                }
+            };
+            if self.stop.load(std::sync::atomic::Ordering::Acquire) {
+                break;
+            }
+            c.batches.fetch_add(1, Relaxed);
+            c.datagrams_in.fetch_add(n as u64, Relaxed);
+            let (mut malformed, mut truncated, mut refused) = (0u64, 0u64, 0u64);
+            for i in 0..n {
+                if rb.truncated(i) {
+                    truncated += 1;
+                    continue;
+                }
+                if scratch.capacity() - scratch.len() < crate::handler::SCRATCH_LOW {
+                    scratch.reserve(crate::handler::SCRATCH_CHUNK);
+                }
+                let mark = out.len();
+                match self.handler.handle_in_place(rb.datagram(i), from, &mut scratch, &mut out) {
+                    Verdict::Appended if out.len() > mark => {
+                        if out.len() - mark > self.max {
+                            out.truncate(mark);
+                            refused += 1;
+                        } else {
+                            replies.push((Out::Span(mark, out.len()), i));
+                        }
+                    }
+                    Verdict::Appended | Verdict::NoReply => out.truncate(mark),
+                    Verdict::Reply(b) => {
+                        out.truncate(mark);
+                        if b.len() > self.max {
+                            refused += 1;
+                        } else {
+                            replies.push((Out::Own(b), i));
+                        }
+                    }
+                    Verdict::Close => {
+                        out.truncate(mark);
+                        malformed += 1;
+                    }
+                }
+            }
+            let (sent, errors) = self.send(fd, &mut sb, &rb, &out, &replies);
+            c.datagrams_out.fetch_add(sent, Relaxed);
+            for (counter, v) in [
+                (&c.malformed, malformed),
+                (&c.truncated, truncated),
+                (&c.refused_too_large, refused),
+                (&c.send_errors, errors),
+            ] {
+                if v > 0 {
+                    counter.fetch_add(v, Relaxed);
+                }
+            }
+            replies.clear();
+            out.clear();
+            if out.capacity() > 4 * crate::handler::SCRATCH_CHUNK {
+                // A batch of large replies: do not keep their room.
+                out = BytesMut::with_capacity(crate::handler::SCRATCH_CHUNK);
+            }
+        }
+    }
+
+    /// Sends every reply of a batch, in `sendmmsg` calls of what is left;
+    /// a reply the kernel refuses is skipped. Returns (sent, refused).
+    fn send(&self, fd: i32, sb: &mut SendBatch, rb: &RecvBatch, out: &[u8], replies: &[(Out, usize)]) -> (u64, u64) {
+        let (mut k, mut errors) = (0, 0u64);
+        // Bounded: each turn sends at least one reply or skips one.
+        while k < replies.len() {
+            let items = replies[k..].iter().map(|(o, i)| {
+                let bytes: &[u8] = match o {
+                    Out::Span(a, b) => &out[*a..*b],
+                    Out::Own(b) => b,
+                };
+                (bytes, Some(rb.peer(*i)))
+            });
+            match send_batch(fd, sb, items, libc::MSG_NOSIGNAL) {
+                Ok(0) => {
+                    errors += 1;
+                    k += 1;
+                }
+                Ok(n) => k += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    errors += 1;
+                    k += 1;
+                }
+            }
+        }
+        (k as u64 - errors, errors)
+    }
+}

@@ -1,0 +1,177 @@
+//! `connmux::udp`: a handler answering datagrams over real UDP on loopback.
+//! UDP has its own loop (recvmmsg/sendmmsg), whatever `Config::driver` says:
+//! these tests cover it once.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use connmux::service::{Handler, Verdict};
+use connmux::udp::{is_udp, UdpConfig, UdpService, UdpStats};
+use connmux::{Bytes, Config, Placement, PsockId};
+
+/// Echoes a datagram; `!` first: refused (`Close`); `?` first: no reply;
+/// `+N` first: a reply of N bytes of its own buffer.
+struct Echo;
+
+impl Handler for Echo {
+    fn handle(&self, request: Bytes, from: PsockId, _scratch: &mut BytesMut) -> Verdict {
+        assert!(is_udp(from));
+        Verdict::Reply(request)
+    }
+    fn handle_in_place(&self, request: &[u8], from: PsockId, _s: &mut BytesMut, out: &mut BytesMut) -> Verdict {
+        assert!(is_udp(from), "{from:?}");
+        match request.first() {
+            Some(b'!') => Verdict::Close,
+            Some(b'?') => Verdict::NoReply,
+            Some(b'+') => {
+                let n: usize = std::str::from_utf8(&request[1..]).unwrap().parse().unwrap();
+                Verdict::Reply(Bytes::from(vec![b'x'; n]))
+            }
+            _ => {
+                out.extend_from_slice(request);
+                Verdict::Appended
+            }
+        }
+    }
+}
+
+fn config(workers: usize) -> Config {
+    let mut c = Config::default();
+    c.workers = workers;
+    c.placement = Placement::Unpinned;
+    c
+}
+
+fn start(workers: usize, max: usize) -> UdpService {
+    let mut u = UdpConfig::new("127.0.0.1:0".parse().unwrap());
+    u.max_datagram = max;
+    UdpService::start(&config(workers), u, Arc::new(Echo)).unwrap()
+}
+
+fn client(to: SocketAddr) -> UdpSocket {
+    let c = UdpSocket::bind("127.0.0.1:0").unwrap();
+    c.connect(to).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    c
+}
+
+/// Waits (at most 10 s) until `f(stats)` holds.
+fn wait_for(svc: &UdpService, f: impl Fn(&UdpStats) -> bool) -> UdpStats {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = svc.stats();
+        if f(&s) {
+            return s;
+        }
+        assert!(Instant::now() < end, "counters never got there: {s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn datagrams_are_echoed_to_their_senders_by_every_worker() {
+    let svc = start(2, 2048);
+    assert_eq!(svc.workers(), 2);
+    // Many senders: SO_REUSEPORT spreads them over both sockets.
+    let clients: Vec<UdpSocket> = (0..16).map(|_| client(svc.local_addr())).collect();
+    for round in 0..20u32 {
+        for (i, c) in clients.iter().enumerate() {
+            c.send(format!("hello {i} {round}").as_bytes()).unwrap();
+        }
+        for (i, c) in clients.iter().enumerate() {
+            let mut buf = [0u8; 64];
+            let n = c.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..n], format!("hello {i} {round}").as_bytes());
+        }
+    }
+    let s = wait_for(&svc, |s| s.datagrams_out == 320);
+    assert_eq!((s.datagrams_in, s.malformed, s.truncated, s.refused_too_large), (320, 0, 0, 0));
+    assert!(s.batches >= 1 && s.batches <= 320, "{s:?}");
+}
+
+#[test]
+fn a_refused_datagram_is_counted_and_dropped_and_the_sender_still_answered() {
+    let svc = start(1, 2048);
+    let c = client(svc.local_addr());
+    c.send(b"!garbage").unwrap();
+    c.send(b"?quiet").unwrap();
+    c.send(b"after").unwrap();
+    let mut buf = [0u8; 64];
+    let n = c.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"after", "the refused and the silent datagram get nothing");
+    let s = wait_for(&svc, |s| s.malformed == 1);
+    assert_eq!((s.datagrams_in, s.datagrams_out), (3, 1));
+}
+
+#[test]
+fn datagrams_and_replies_over_the_limit_are_dropped_and_counted() {
+    let svc = start(1, 1000);
+    let c = client(svc.local_addr());
+    // A request longer than max_datagram is cut by the kernel: dropped.
+    c.send(&[b'a'; 1500]).unwrap();
+    // A reply longer than max_datagram is not sent.
+    c.send(b"+1001").unwrap();
+    // One that fits is.
+    c.send(b"+1000").unwrap();
+    let mut buf = [0u8; 4096];
+    let n = c.recv(&mut buf).unwrap();
+    assert_eq!(n, 1000);
+    let s = wait_for(&svc, |s| s.truncated == 1 && s.refused_too_large == 1);
+    assert_eq!((s.datagrams_in, s.datagrams_out), (3, 1));
+}
+
+#[test]
+fn a_burst_the_socket_buffer_holds_is_answered_whole() {
+    let svc = start(1, 2048);
+    let c = client(svc.local_addr());
+    // 64 datagrams of 64 bytes at once: what the smallest default socket
+    // buffers (208 KiB, each datagram costing about 2 KiB there) hold both ways.
+    for i in 0..64u32 {
+        let mut m = [0u8; 64];
+        m[..4].copy_from_slice(&i.to_be_bytes());
+        c.send(&m).unwrap();
+    }
+    let mut seen = vec![false; 64];
+    for _ in 0..64 {
+        let mut buf = [0u8; 128];
+        let n = c.recv(&mut buf).unwrap();
+        assert_eq!(n, 64);
+        seen[u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize] = true;
+    }
+    assert!(seen.iter().all(|s| *s));
+    let s = wait_for(&svc, |s| s.datagrams_out == 64);
+    assert_eq!((s.datagrams_in, s.send_errors), (64, 0));
+}
+
+fn udp_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|n| n.starts_with("connmux-udp"))
+        .count()
+}
+
+#[test]
+fn shutdown_ends_every_thread_and_frees_the_port() {
+    let svc = start(3, 2048);
+    let addr = svc.local_addr();
+    let c = client(addr);
+    c.send(b"ping").unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(c.recv(&mut buf).unwrap(), 4);
+    assert!(udp_threads() >= 3);
+    let t0 = Instant::now();
+    svc.shutdown();
+    // Woken by the shutdown of each socket, not by the receive timeout.
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // Other tests of this file may run their own services meanwhile: wait
+    // for this one's threads to be gone from the count by binding the port,
+    // which only works once all its sockets are closed.
+    let end = Instant::now() + Duration::from_secs(10);
+    while UdpSocket::bind(addr).is_err() {
+        assert!(Instant::now() < end, "the port stays bound");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
