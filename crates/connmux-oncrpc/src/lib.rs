@@ -14,7 +14,10 @@
 //!   for clients;
 //! - [`service`]: [`Registry::handle`], a NULL-only server's answer to one call.
 //!
-//! What it does **not** do: any I/O, threads or clocks; UDP; XDR for
+//! Over UDP a call is one datagram with no record mark:
+//! [`Registry::handle_datagram`] answers one.
+//!
+//! What it does **not** do: any I/O, threads or clocks; XDR for
 //! procedure arguments or results (only the headers and AUTH_SYS); RPCSEC_GSS,
 //! AUTH_DH or any verifier other than AUTH_NONE; rpcbind registration;
 //! procedures other than NULL.

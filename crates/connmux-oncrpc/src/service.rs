@@ -104,6 +104,16 @@ fn null_shape(marked: &[u8], strict: bool) -> Option<&[u8; NULL_CALL_LEN]> {
         .then_some(head)
 }
 
+/// [`null_shape`]'s test past the mark: `head` (a mark and the call's first
+/// 40 bytes) holds a version 2 call of procedure 0 with empty AUTH_NONE
+/// credential and verifier, and `args` bytes follow (none, when `strict`).
+fn null_shape_args(head: &[u8; NULL_CALL_LEN], args: usize, strict: bool) -> bool {
+    be32(head, 8) == MsgType::CALL.0
+        && be32(head, 12) == RPC_VERSION
+        && head[24..NULL_CALL_LEN].iter().all(|b| *b == 0)
+        && !(strict && args != 0)
+}
+
 /// The SUCCESS reply to the NULL call `head`: the template with its xid.
 #[inline]
 fn null_reply(head: &[u8; NULL_CALL_LEN]) -> [u8; NULL_REPLY_LEN] {
@@ -144,6 +154,11 @@ pub enum CloseReason {
     /// The record marks do not describe the record (only from `handle_marked`).
     #[error("bad record marks: {0}")]
     Marks(MarkError),
+    /// A datagram that holds a record-marked call: RPC over UDP has no
+    /// record marks (RFC 5531 §11), so it is dropped (only from
+    /// `handle_datagram`).
+    #[error("a record mark in a datagram")]
+    MarkedDatagram,
 }
 
 /// What [`Registry::handle`] did.
@@ -382,6 +397,54 @@ impl Registry {
         }
         let (prog, vers) = (Program(be32(&prog_vers, 0)), be32(&prog_vers, 4));
         self.programs.iter().any(|e| e.prog == prog && (e.low..=e.high).contains(&vers))
+    }
+
+    /// [`null_fast`](Self::null_fast) for a call datagram (RPC over UDP:
+    /// no record mark): the 24-byte SUCCESS reply, unmarked, for a NULL call
+    /// with empty AUTH_NONE credential and verifier to a served program and
+    /// version; `None` for every other datagram.
+    #[inline]
+    pub fn null_fast_datagram(&self, call: &[u8]) -> Option<[u8; NULL_REPLY_LEN - MARK_LEN]> {
+        // The same test as a record's, on the call behind a mark.
+        let mut head = [0u8; NULL_CALL_LEN];
+        head[MARK_LEN..].copy_from_slice(call.get(..NULL_CALL_LEN - MARK_LEN)?);
+        let args = call.len() - (NULL_CALL_LEN - MARK_LEN);
+        let ok = null_shape_args(&head, args, self.strict_null_args) && self.serves(prog_vers(&head));
+        ok.then(|| {
+            let r = null_reply(&head);
+            r[MARK_LEN..].try_into().expect("24 bytes")
+        })
+    }
+
+    /// Answers one call datagram (RPC over UDP, RFC 5531 §11: one datagram
+    /// holds one whole call, with no record mark): appends the reply,
+    /// unmarked, to `out`, or appends nothing and says the datagram is to be
+    /// dropped ([`Outcome::CloseConnection`]: nothing is closed over UDP).
+    /// A datagram that holds a record-marked call (its first word the mark
+    /// of the rest, then a call) is dropped with
+    /// [`CloseReason::MarkedDatagram`]: its words read as an unmarked call
+    /// never start one (an unmarked call has CALL then version 2 in words 1
+    /// and 2; a marked one has CALL in word 2), so no call is taken for one.
+    pub fn handle_datagram(&self, dgram: &[u8], out: &mut Vec<u8>) -> Outcome {
+        if let Some(r) = self.null_fast_datagram(dgram) {
+            out.extend_from_slice(&r);
+            return Outcome::Replied { xid: be32(&r, 0), reply: Reply::Success };
+        }
+        let word = |i: usize| dgram.get(i * 4..i * 4 + 4).map(|w| be32(w, 0));
+        let unmarked_call = word(1) == Some(MsgType::CALL.0) && word(2) == Some(RPC_VERSION);
+        if !unmarked_call
+            && word(0) == Some(LAST_FRAGMENT | (dgram.len() - MARK_LEN) as u32)
+            && word(2) == Some(MsgType::CALL.0)
+        {
+            return Outcome::CloseConnection(CloseReason::MarkedDatagram);
+        }
+        let at = out.len();
+        let o = self.handle(dgram, out);
+        if matches!(o, Outcome::Replied { .. }) {
+            // `handle` writes a record: the mark goes.
+            out.drain(at..at + MARK_LEN);
+        }
+        o
     }
 
     /// Answers one call record given *without* record marks (as

@@ -619,3 +619,52 @@ fn null_fast_run_keeps_the_argument_rule() {
     assert_eq!(strict.null_fast_run(recs(&data, &ranges[35..]), &mut out), 0);
     assert_eq!(strict.null_fast_run(recs(&data, &ranges[36..]), &mut out), 4);
 }
+
+#[test]
+fn a_datagram_is_answered_unmarked_and_a_marked_or_broken_one_dropped() {
+    let reg = Registry::default();
+    let marked = capture_null_call(9);
+    let call = &marked[4..];
+    // The NULL call, fast: the record's reply without its mark.
+    let mut out = Vec::new();
+    assert_eq!(reg.handle_datagram(call, &mut out), Outcome::Replied { xid: 9, reply: Reply::Success });
+    let mut want = Vec::new();
+    reg.handle_marked(&marked, &mut want);
+    assert_eq!(out, want[4..]);
+    assert_eq!(reg.null_fast_datagram(call).unwrap()[..], want[4..]);
+    // Decoded: an AUTH_SYS call, and a refusal, each unmarked.
+    // AUTH_SYS: stamp, empty machine name, uid, gid, no groups; AUTH_NONE verifier.
+    let sys = call_body(10, 2, 100003, 3, 0, &[1, 20, 0, 0, 0, 0, 0, 0, 0]);
+    for (body, reply) in [(&sys, Reply::Success), (&call_body(11, 2, 100099, 1, 0, &[0, 0, 0, 0]), Reply::ProgUnavail)]
+    {
+        let mut out = Vec::new();
+        let o = reg.handle_datagram(body, &mut out);
+        let Outcome::Replied { xid, reply: r } = o else { panic!("{o:?}") };
+        assert_eq!(r, reply);
+        let mut want = Vec::new();
+        reg.handle(body, &mut want);
+        assert_eq!(out, want[4..], "xid {xid}");
+    }
+    // A record mark in a datagram: dropped, for any xid (0 included).
+    for xid in [0, 1, 0x8000_0028] {
+        let mut out = Vec::new();
+        assert_eq!(
+            reg.handle_datagram(&capture_null_call(xid), &mut out),
+            Outcome::CloseConnection(CloseReason::MarkedDatagram),
+            "xid {xid:#x}"
+        );
+        assert!(out.is_empty());
+    }
+    // An unmarked call whose xid looks like a mark is still a call.
+    let mut tricky = marked[4..].to_vec();
+    let fake_mark = 0x8000_0000u32 | (tricky.len() as u32 - 4);
+    tricky[..4].copy_from_slice(&fake_mark.to_be_bytes());
+    assert!(matches!(reg.handle_datagram(&tricky, &mut Vec::new()), Outcome::Replied { reply: Reply::Success, .. }));
+    // Every truncation of the call, and a reply: dropped, nothing written.
+    for n in 0..call.len() {
+        let mut out = Vec::new();
+        assert!(matches!(reg.handle_datagram(&call[..n], &mut out), Outcome::CloseConnection(_)), "{n}");
+        assert!(out.is_empty());
+    }
+    assert!(matches!(reg.handle_datagram(&capture_reply(1)[4..], &mut Vec::new()), Outcome::CloseConnection(_)));
+}

@@ -175,7 +175,7 @@ pub fn run_rpc(a: &RpcArgs, reg: connmux_oncrpc::Registry) -> anyhow::Result<i32
     let started = Instant::now();
     let endpoint = a.common.stats_endpoint("rpc-server", snapshot("rpc-server", &b, started))?;
     println!("rpc-server (thread per connection) listening on {}", b.local);
-    let registration = crate::cmd::server::register_rpcbind(rpcbind, b.local)?;
+    let registration = crate::cmd::server::register_rpcbind(rpcbind, b.local, false)?;
     stop::flush();
     let ending = wait_and_report(&a.common, || report(&b, started));
     let stopped = drain(&b, "rpc-server", ending, &a.common.stop);

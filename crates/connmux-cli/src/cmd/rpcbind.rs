@@ -1,7 +1,8 @@
 //! Registration with the local rpcbind (portmapper version 2, RFC 1833 §3),
 //! so that clients which ask rpcbind for the port (`rpcinfo -t HOST PROG VERS`,
 //! NFS clients) find the RPC server. A server registers every version of every
-//! program it serves for TCP on start and withdraws them when it stops.
+//! program it serves for TCP (and UDP, when it answers there too) on start and
+//! withdraws them when it stops.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -15,13 +16,15 @@ const PMAP_VERS: u32 = 2;
 const PMAPPROC_SET: u32 = 1;
 const PMAPPROC_UNSET: u32 = 2;
 const IPPROTO_TCP: u32 = 6;
+const IPPROTO_UDP: u32 = 17;
 
-/// One call to rpcbind: `proc` with the mapping (prog, vers, TCP, port).
-fn call(rpcbind: SocketAddr, xid: u32, proc_: u32, prog: u32, vers: u32, port: u16) -> anyhow::Result<bool> {
+/// One call to rpcbind: `proc` with the mapping (prog, vers, protocol, port).
+fn call(rpcbind: SocketAddr, xid: u32, proc_: u32, map: (u32, u32, u32), port: u16) -> anyhow::Result<bool> {
+    let (prog, vers, prot) = map;
     let mut body = Vec::with_capacity(56);
     // xid, CALL, RPC version 2, program, version, procedure, AUTH_NONE
     // credential and verifier, then the mapping.
-    for w in [xid, 0, 2, PMAP_PROG, PMAP_VERS, proc_, 0, 0, 0, 0, prog, vers, IPPROTO_TCP, port as u32] {
+    for w in [xid, 0, 2, PMAP_PROG, PMAP_VERS, proc_, 0, 0, 0, 0, prog, vers, prot, port as u32] {
         body.extend_from_slice(&w.to_be_bytes());
     }
     let mut wire = (0x8000_0000u32 | body.len() as u32).to_be_bytes().to_vec();
@@ -53,15 +56,24 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Register (prog, vers) for TCP on `port` for every pair in `entries`.
-    /// A stale mapping left by an earlier server is replaced.
-    pub fn register(rpcbind: SocketAddr, port: u16, entries: Vec<(u32, u32)>) -> anyhow::Result<Registration> {
+    /// Register (prog, vers) for TCP on `port` for every pair in `entries`,
+    /// and for UDP on the same port when `udp`. A stale mapping left by an
+    /// earlier server is replaced (UNSET withdraws every protocol's).
+    pub fn register(
+        rpcbind: SocketAddr,
+        port: u16,
+        entries: Vec<(u32, u32)>,
+        udp: bool,
+    ) -> anyhow::Result<Registration> {
         let xid0 = std::process::id().wrapping_mul(2654435761);
+        let prots: &[u32] = if udp { &[IPPROTO_TCP, IPPROTO_UDP] } else { &[IPPROTO_TCP] };
         for (i, &(prog, vers)) in entries.iter().enumerate() {
-            let xid = xid0.wrapping_add(2 * i as u32);
-            let _ = call(rpcbind, xid, PMAPPROC_UNSET, prog, vers, 0);
-            if !call(rpcbind, xid + 1, PMAPPROC_SET, prog, vers, port)? {
-                bail!("rpcbind did not accept program {prog} version {vers} on port {port}");
+            let xid = xid0.wrapping_add(4 * i as u32);
+            let _ = call(rpcbind, xid, PMAPPROC_UNSET, (prog, vers, IPPROTO_TCP), 0);
+            for (k, &prot) in prots.iter().enumerate() {
+                if !call(rpcbind, xid + 1 + k as u32, PMAPPROC_SET, (prog, vers, prot), port)? {
+                    bail!("rpcbind did not accept program {prog} version {vers} on port {port} (protocol {prot})");
+                }
             }
         }
         Ok(Registration { rpcbind, port, entries })
@@ -75,7 +87,7 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         for (i, &(prog, vers)) in self.entries.iter().enumerate() {
-            let _ = call(self.rpcbind, 0x5eed_0000 + i as u32, PMAPPROC_UNSET, prog, vers, 0);
+            let _ = call(self.rpcbind, 0x5eed_0000 + i as u32, PMAPPROC_UNSET, (prog, vers, IPPROTO_TCP), 0);
         }
     }
 }

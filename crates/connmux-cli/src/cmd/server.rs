@@ -154,6 +154,64 @@ pub fn parse_attach(s: &str) -> anyhow::Result<bool> {
     }
 }
 
+/// UDP beside TCP (the echo, RPC and NFS servers).
+#[derive(clap::Args, Debug, Clone)]
+pub struct UdpArgs {
+    /// Do not answer on UDP. By default the server also answers datagrams
+    /// on the same port number over UDP (one datagram is one whole message:
+    /// an echo, an RPC call without record mark), on one SO_REUSEPORT socket
+    /// and thread per worker, pinned like the workers. Off with --tls (UDP
+    /// would be plaintext) and --engine thread.
+    #[arg(long)]
+    pub no_udp: bool,
+    /// Datagrams one recvmmsg takes at most (each worker keeps this many
+    /// buffers of --udp-max bytes).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub udp_batch: u32,
+    /// Largest datagram taken and largest reply sent over UDP, bytes
+    /// (longer requests are dropped, longer replies refused; both counted).
+    #[arg(long, default_value_t = connmux::udp::MAX_UDP_PAYLOAD, value_parser = parse_udp_max)]
+    pub udp_max: usize,
+}
+
+fn parse_udp_max(s: &str) -> Result<usize, String> {
+    let n = parse_size(s)?;
+    if n > connmux::udp::MAX_UDP_PAYLOAD {
+        return Err(format!("{s:?}: at most {}", connmux::udp::MAX_UDP_PAYLOAD));
+    }
+    Ok(n)
+}
+
+impl UdpArgs {
+    /// The UDP service beside `tcp` (its port) with `common`'s workers, or
+    /// `None` when turned off (or with TLS).
+    pub fn start(
+        &self,
+        common: &Common,
+        tcp: SocketAddr,
+        handler: Arc<dyn Handler>,
+    ) -> anyhow::Result<Option<connmux::udp::UdpService>> {
+        if self.no_udp || common.tls.wanted() {
+            return Ok(None);
+        }
+        let mut cfg = connmux::udp::UdpConfig::new(tcp);
+        cfg.batch = self.udp_batch as usize;
+        cfg.max_datagram = self.udp_max;
+        let u = connmux::udp::UdpService::start(&common.mux_config()?, cfg, handler)
+            .with_context(|| format!("binding UDP {tcp} (--no-udp turns UDP off)"))?;
+        Ok(Some(u))
+    }
+}
+
+/// The UDP counters as `name=value` lines (`connmux stat`).
+pub fn udp_lines(u: &connmux::udp::UdpService) -> String {
+    let s = u.stats();
+    format!(
+        "udp_datagrams_in={}\nudp_datagrams_out={}\nudp_malformed={}\nudp_truncated={}\nudp_refused_too_large={}\nudp_send_errors={}\nudp_batches={}\n",
+        s.datagrams_in, s.datagrams_out, s.malformed, s.truncated, s.refused_too_large, s.send_errors, s.batches
+    )
+}
+
 impl Common {
     /// `--workers`, or one per CPU: the `--cpus` list, else the CPUs in this
     /// process's affinity mask (a server should use the machine it is given).
@@ -234,8 +292,11 @@ pub struct EchoArgs {
     #[arg(long, default_value = "message")]
     pub mode: String,
     /// Parser for message mode (a built-in parser spec, e.g. l4, oncrpc, 9p).
+    /// Over UDP each datagram is echoed whole, whatever it holds.
     #[arg(long, default_value = "l4")]
     pub parser: String,
+    #[command(flatten)]
+    pub udp: UdpArgs,
     #[command(flatten)]
     pub common: Common,
 }
@@ -249,10 +310,13 @@ pub struct RpcArgs {
     /// NFS (100003, versions 3-4) is always registered.
     #[arg(long = "register")]
     pub register: Vec<String>,
-    /// Register the served programs with rpcbind (portmapper v2) for TCP, and
-    /// withdraw them at exit; ADDR defaults to 127.0.0.1:111.
+    /// Register the served programs with rpcbind (portmapper v2) for TCP
+    /// (and UDP unless --no-udp), and withdraw them at exit; ADDR defaults
+    /// to 127.0.0.1:111.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:111")]
     pub rpcbind: Option<SocketAddr>,
+    #[command(flatten)]
+    pub udp: UdpArgs,
     #[command(flatten)]
     pub common: Common,
 }
@@ -313,6 +377,30 @@ impl RpcHandler {
         self.answer_general(request, out)
     }
 
+    /// A call datagram (RPC over UDP: no record mark), its reply appended
+    /// to `out` unmarked; `false`: not a call, or a marked one (dropped).
+    fn answer_datagram(&self, dgram: &[u8], out: &mut BytesMut) -> bool {
+        if let Some(reply) = self.registry.null_fast_datagram(dgram) {
+            out.extend_from_slice(&reply);
+            return true;
+        }
+        thread_local!(static OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) });
+        OUT.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.clear();
+            match self.registry.handle_datagram(dgram, &mut buf) {
+                connmux_oncrpc::Outcome::Replied { .. } => {
+                    out.extend_from_slice(&buf);
+                    true
+                }
+                connmux_oncrpc::Outcome::CloseConnection(_) => {
+                    self.bad_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    false
+                }
+            }
+        })
+    }
+
     /// [`RpcHandler::answer`] for a record that is not the common NULL call.
     fn answer_general(&self, request: &[u8], out: &mut BytesMut) -> bool {
         // The registry writes into a Vec; reuse one per worker thread so the
@@ -337,15 +425,25 @@ impl RpcHandler {
 }
 
 impl Handler for RpcHandler {
-    fn handle(&self, request: Bytes, _from: PsockId, scratch: &mut BytesMut) -> Verdict {
-        if self.answer(&request, scratch) {
+    fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict {
+        let answered = match connmux::udp::is_udp(from) {
+            true => self.answer_datagram(&request, scratch),
+            false => self.answer(&request, scratch),
+        };
+        if answered {
             Verdict::Reply(scratch.split().freeze())
         } else {
             Verdict::Close
         }
     }
-    fn handle_in_place(&self, request: &[u8], _from: PsockId, _scratch: &mut BytesMut, out: &mut BytesMut) -> Verdict {
-        if self.answer(request, out) {
+    /// A record (TCP: marked), or a datagram (UDP: unmarked, `from` says so;
+    /// a `Close` there drops the datagram).
+    fn handle_in_place(&self, request: &[u8], from: PsockId, _scratch: &mut BytesMut, out: &mut BytesMut) -> Verdict {
+        let answered = match connmux::udp::is_udp(from) {
+            true => self.answer_datagram(request, out),
+            false => self.answer(request, out),
+        };
+        if answered {
             Verdict::Appended
         } else {
             Verdict::Close
@@ -396,6 +494,14 @@ pub fn registry(extra: &[String]) -> anyhow::Result<connmux_oncrpc::Registry> {
         reg.register(prog.parse()?, lo.parse()?, hi.parse()?).map_err(|e| anyhow::anyhow!("--register {r}: {e:?}"))?;
     }
     Ok(reg)
+}
+
+fn print_udp_stats(u: &connmux::udp::UdpService) {
+    let s = u.stats();
+    println!(
+        "udp: datagrams_in={} datagrams_out={} malformed={} truncated={} refused_too_large={} send_errors={} batches={}",
+        s.datagrams_in, s.datagrams_out, s.malformed, s.truncated, s.refused_too_large, s.send_errors, s.batches
+    );
 }
 
 fn print_stats(svc: &Service, started: Instant) {
@@ -481,13 +587,18 @@ pub fn rpcbind_entries(reg: &connmux_oncrpc::Registry) -> Vec<(u32, u32)> {
 pub fn register_rpcbind(
     rpcbind: Option<(SocketAddr, Vec<(u32, u32)>)>,
     local: SocketAddr,
+    udp: bool,
 ) -> anyhow::Result<Option<Registration>> {
     match rpcbind {
         None => Ok(None),
         Some((addr, entries)) => {
-            let r = Registration::register(addr, local.port(), entries)
+            let r = Registration::register(addr, local.port(), entries, udp)
                 .with_context(|| format!("registering with rpcbind at {addr}"))?;
-            println!("registered with rpcbind at {addr} for TCP port {}", r.port());
+            println!(
+                "registered with rpcbind at {addr} for TCP{} port {}",
+                if udp { " and UDP" } else { "" },
+                r.port()
+            );
             Ok(Some(r))
         }
     }
@@ -496,8 +607,10 @@ pub fn register_rpcbind(
 /// Extra `name=value` lines a server adds to its statistics.
 type Extra = Arc<dyn Fn() -> String + Send + Sync>;
 
+#[allow(clippy::too_many_arguments)]
 fn run_service(
     common: &Common,
+    udp: &UdpArgs,
     listen: SocketAddr,
     parser: Arc<dyn Fn() -> Box<dyn connmux::Parser> + Send + Sync>,
     handler: Arc<dyn Handler>,
@@ -511,19 +624,23 @@ fn run_service(
     let tls = common.tls.config(listen, what)?;
     let svc = Arc::new(
         match &tls {
-            None => Service::start(mux, cfg, handler),
+            None => Service::start(mux, cfg, handler.clone()),
             // TLS psocks: the handshake and the records run in the workers.
-            Some(t) => Service::start_tls(mux, cfg, handler, t.config.clone()),
+            Some(t) => Service::start_tls(mux, cfg, handler.clone(), t.config.clone()),
         }
         .with_context(|| format!("starting {what} on {listen}"))?,
     );
     svc.set_max_conns((common.max_conns > 0).then_some(common.max_conns));
+    let udp_svc = udp.start(common, svc.local_addr(), handler.clone())?.map(Arc::new);
     let trimmer = Trimmer::start(svc.clone());
     let started = Instant::now();
     let snap = {
-        let (svc, what) = (svc.clone(), what.to_string());
+        let (svc, what, u) = (svc.clone(), what.to_string(), udp_svc.clone());
         Arc::new(move || {
             let mut text = service_snapshot(&what, &svc, started);
+            if let Some(u) = &u {
+                text.push_str(&udp_lines(u));
+            }
             if let Some(x) = &extra {
                 text.push_str(&x());
             }
@@ -531,12 +648,13 @@ fn run_service(
         }) as Arc<dyn Fn() -> String + Send + Sync>
     };
     let endpoint = common.stats_endpoint(what, snap)?;
-    let registration = register_rpcbind(rpcbind, svc.local_addr())?;
+    let registration = register_rpcbind(rpcbind, svc.local_addr(), udp_svc.is_some())?;
     println!(
-        "{what} listening on {} ({} workers, {:?} driver){}",
+        "{what} listening on {} ({} workers, {:?} driver{}){}",
         svc.local_addr(),
         common.worker_count(),
         svc.mux().driver(),
+        if udp_svc.is_some() { "; UDP on the same port" } else { "" },
         endpoint.as_ref().map(|e| format!("; statistics: connmux stat {}", e.path().display())).unwrap_or_default()
     );
     if let Some(t) = &tls {
@@ -544,7 +662,13 @@ fn run_service(
     }
     // Line by line even into a pipe: a script waits for these two lines.
     let _ = std::io::Write::flush(&mut std::io::stdout());
-    let ending = wait_and_report(common, || print_stats(&svc, started));
+    let report = || {
+        print_stats(&svc, started);
+        if let Some(u) = &udp_svc {
+            print_udp_stats(u);
+        }
+    };
+    let ending = wait_and_report(common, report);
     let stopped = stop::drain(
         what,
         ending,
@@ -555,9 +679,13 @@ fn run_service(
             stop::Progress { open: s.psocks as u64, moved: s.rx_bytes + s.tx_bytes }
         },
     );
-    print_stats(&svc, started);
+    report();
     drop(registration);
     drop(endpoint);
+    // The UDP threads end before the service's workers.
+    if let Some(u) = udp_svc.and_then(|u| Arc::try_unwrap(u).ok()) {
+        u.shutdown();
+    }
     drop(tls);
     drop(trimmer);
     if stopped.forced() {
@@ -723,7 +851,7 @@ pub fn run_echo(a: EchoArgs) -> anyhow::Result<i32> {
         }
         other => anyhow::bail!("--mode {other}: want message or bytes"),
     };
-    run_service(&a.common, a.listen, parser, Arc::new(Echo), None, None, "echo-server")
+    run_service(&a.common, &a.udp, a.listen, parser, Arc::new(Echo), None, None, "echo-server")
 }
 
 pub fn run_rpc(a: RpcArgs) -> anyhow::Result<i32> {
@@ -739,7 +867,7 @@ pub fn run_rpc(a: RpcArgs) -> anyhow::Result<i32> {
     let extra: Extra =
         Arc::new(move || format!("rpc_bad_calls={}\n", h.bad_calls.load(std::sync::atomic::Ordering::Relaxed)));
     let rpcbind = a.rpcbind.map(|addr| (addr, rpcbind_entries(&handler.registry)));
-    run_service(&a.common, a.listen, rpc_parser(), handler, Some(extra), rpcbind, "rpc-server")
+    run_service(&a.common, &a.udp, a.listen, rpc_parser(), handler, Some(extra), rpcbind, "rpc-server")
 }
 
 /// Records are framed by the core's ONC RPC parser with fragment marks kept;

@@ -9,6 +9,7 @@ pub mod fs;
 pub mod ids;
 pub mod load;
 pub mod serve;
+pub mod udp;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,7 +21,7 @@ use anyhow::Context;
 use connmux::service::{Service, ServiceConfig};
 use connmux::{Mux, SockType};
 
-use crate::cmd::server::{wait_and_report, Common};
+use crate::cmd::server::{udp_lines, wait_and_report, Common, UdpArgs};
 use crate::cmd::{stat, stop};
 
 #[derive(clap::Args, Debug)]
@@ -58,6 +59,10 @@ pub struct Args {
     /// of the threads, at least 1).
     #[arg(long)]
     pub fs_share: Option<usize>,
+    /// (Over UDP every call runs on the UDP thread that took it, and READ,
+    /// READDIR and READDIRPLUS counts are cut to fit a datagram: docs/nfs.md.)
+    #[command(flatten)]
+    pub udp: UdpArgs,
     #[command(flatten)]
     pub common: Common,
 }
@@ -124,6 +129,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .with_context(|| format!("starting {what} on {}", a.listen))?,
     );
     svc.set_max_conns((a.common.max_conns > 0).then_some(a.common.max_conns));
+    let udp_handler = Arc::new(udp::NfsUdp::new(pool.clone(), handler.stats.clone(), a.udp.udp_max));
+    let udp_svc = a.udp.start(&a.common, svc.local_addr(), udp_handler)?.map(Arc::new);
     {
         // Forget the state of connections that are gone.
         let (svc, h) = (Arc::downgrade(&svc), handler.clone());
@@ -137,12 +144,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     let started = Instant::now();
     let snap = {
-        let (svc, h, x) = (svc.clone(), handler.clone(), export.clone());
-        Arc::new(move || snapshot(&svc, &h, &x, started)) as Arc<dyn Fn() -> String + Send + Sync>
+        let (svc, h, x, u) = (svc.clone(), handler.clone(), export.clone(), udp_svc.clone());
+        Arc::new(move || snapshot(&svc, &h, &x, started) + &u.as_deref().map(udp_lines).unwrap_or_default())
+            as Arc<dyn Fn() -> String + Send + Sync>
     };
     let endpoint = a.common.stats_endpoint(what, snap)?;
     println!(
-        "{what} listening on {} exporting {} ({} workers, {threads} fs threads, {share} a connection, wtmax {wt}, calls as {}, {:?} driver){}",
+        "{what} listening on {} exporting {} ({} workers, {threads} fs threads, {share} a connection, wtmax {wt}, calls as {}, {:?} driver{}){}",
         svc.local_addr(),
         export.path.display(),
         a.common.worker_count(),
@@ -152,13 +160,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             Some(true) => "their AUTH_SYS caller, root squashed",
         },
         svc.mux().driver(),
+        if udp_svc.is_some() { "; UDP on the same port" } else { "" },
         endpoint.as_ref().map(|e| format!("; statistics: connmux stat {}", e.path().display())).unwrap_or_default()
     );
     if let Some(t) = &tls {
         println!("{}", t.note);
     }
     let _ = std::io::Write::flush(&mut std::io::stdout());
-    let report = || print!("{}", counters(&svc, &handler, &export));
+    let report =
+        || print!("{}{}", counters(&svc, &handler, &export), udp_svc.as_deref().map(udp_lines).unwrap_or_default());
     let ending = wait_and_report(&a.common, report);
     let stopped = stop::drain(
         what,
@@ -170,8 +180,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             stop::Progress { open: s.psocks as u64, moved: s.rx_bytes + s.tx_bytes }
         },
     );
-    print!("{}", counters(&svc, &handler, &export));
+    report();
     drop(endpoint);
+    if let Some(u) = udp_svc.and_then(|u| Arc::try_unwrap(u).ok()) {
+        u.shutdown();
+    }
     drop(tls);
     if stopped.forced() {
         std::process::exit(stopped.finish());
