@@ -133,7 +133,7 @@ fn a_burst_the_socket_buffer_holds_is_answered_whole() {
         m[..4].copy_from_slice(&i.to_be_bytes());
         c.send(&m).unwrap();
     }
-    let mut seen = vec![false; 64];
+    let mut seen = [false; 64];
     for _ in 0..64 {
         let mut buf = [0u8; 128];
         let n = c.recv(&mut buf).unwrap();

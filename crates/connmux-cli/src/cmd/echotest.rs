@@ -17,8 +17,15 @@
 //! the read that brought its last byte. Unlike ksf's echotest, the echoed
 //! bytes are verified, and both directions' bytes count towards `Mbps`.
 //!
+//! With `-u` (ksf's UDP) each message is one datagram, echoed whole by
+//! `connmux echo-server` (which answers on UDP on its TCP port): the l4
+//! header in msg mode, then the message's 4-byte tag and a window of the
+//! pattern chosen by the tag (so `--size` is at least 4 there), checked
+//! byte for byte; replies may come in any order, and a message unanswered
+//! for `--udp-retry` is counted lost.
+//!
 //! Output columns: see [`super::loadgen`]; the rate column is `msgs/s` and the
-//! summary key `msg_per_s`. Not done: UDP (ksf's `-u`).
+//! summary key `msg_per_s`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -180,6 +187,52 @@ impl loadgen::Client for EchoClient {
     }
 }
 
+/// One echo datagram: [l4 header][tag][pattern window chosen by the tag].
+struct EchoDgram {
+    size: usize,
+    header: bool,
+    pattern: Arc<Vec<u8>>,
+}
+
+impl EchoDgram {
+    fn window(&self, tag: u32) -> &[u8] {
+        let start = (tag as usize) % SHIFTS;
+        &self.pattern[start..start + self.size - 4]
+    }
+}
+
+impl loadgen::udp::DgramWorkload for Echo {
+    type Client = EchoDgram;
+    fn client(&self, _conn: usize) -> EchoDgram {
+        EchoDgram { size: self.size, header: self.header, pattern: self.pattern.clone() }
+    }
+}
+
+impl loadgen::udp::Dgram for EchoDgram {
+    fn encode(&mut self, tag: u32, out: &mut Vec<u8>) {
+        if self.header {
+            out.extend_from_slice(&(self.size as u32).to_be_bytes());
+        }
+        out.extend_from_slice(&tag.to_be_bytes());
+        out.extend_from_slice(self.window(tag));
+    }
+
+    fn decode(&mut self, d: &[u8]) -> Result<u32, String> {
+        let hl = if self.header { 4 } else { 0 };
+        if d.len() != hl + self.size {
+            return Err(format!("an echo of {} bytes, not {}", d.len(), hl + self.size));
+        }
+        if self.header && d[..4] != (self.size as u32).to_be_bytes() {
+            return Err(format!("echo header {:02x?} altered", &d[..4]));
+        }
+        let tag = u32::from_be_bytes(d[hl..hl + 4].try_into().expect("4 bytes"));
+        if d[hl + 4..] != *self.window(tag) {
+            return Err(format!("echo of tag {tag:#010x} differs from what was sent"));
+        }
+        Ok(tag)
+    }
+}
+
 pub fn run(a: Args) -> anyhow::Result<i32> {
     if !(1..=MAX_SIZE).contains(&a.size) {
         anyhow::bail!("--size must be 1..{MAX_SIZE}, got {}", a.size);
@@ -193,10 +246,20 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             a.size
         );
     }
+    if a.common.udp && !(4..=(loadgen::udp::MAX_REPLY as u64 - 8)).contains(&a.size) {
+        anyhow::bail!(
+            "-u: --size must be 4..{} (a message is one datagram, its tag first)",
+            loadgen::udp::MAX_REPLY - 8
+        );
+    }
     let target = Target::resolve(&a.target, DEFAULT_PORT)?;
     let size = a.size as usize;
     let w = Echo { size, header: a.mode == Mode::Msg, pattern: Arc::new(pattern(size)) };
-    loadgen::run_load(&a.common, UNITS, &target, &w, Config { size: a.size, mode: a.mode })
+    let config = Config { size: a.size, mode: a.mode };
+    if a.common.udp {
+        return loadgen::run_load_udp(&a.common, UNITS, &target, &w, config);
+    }
+    loadgen::run_load(&a.common, UNITS, &target, &w, config)
 }
 
 #[cfg(test)]
@@ -257,5 +320,21 @@ mod tests {
         let e = c.decode(&wire, &mut done).unwrap_err();
         assert!(e.contains("no message was in flight"), "{e}");
         assert_eq!(done, vec![1]);
+    }
+
+    #[test]
+    fn an_echo_datagram_carries_its_tag_and_is_checked_whole() {
+        use crate::cmd::loadgen::udp::{Dgram, DgramWorkload};
+        let w = Echo { size: 16, header: true, pattern: Arc::new(pattern(16)) };
+        let mut c = DgramWorkload::client(&w, 0);
+        let mut d = Vec::new();
+        c.encode(0x0102_0304, &mut d);
+        assert_eq!(d.len(), 20);
+        assert_eq!(&d[..8], &[0, 0, 0, 16, 1, 2, 3, 4]);
+        assert_eq!(c.decode(&d), Ok(0x0102_0304));
+        let mut bad = d.clone();
+        bad[19] ^= 1;
+        assert!(c.decode(&bad).unwrap_err().contains("differs"));
+        assert!(c.decode(&d[..19]).is_err());
     }
 }

@@ -18,8 +18,14 @@
 //! `--proc getattr|lookup|read|write` sends NFSv3 calls instead (see
 //! `cmd::nfs::load`): `--file`, `--size`, `--mount`.
 //!
+//! `-u` sends the NULL calls over UDP (ksf's `-u`): one call per datagram,
+//! without record mark (RFC 5531 §11), each reply checked as above and
+//! matched by xid; a call unanswered for `--udp-retry` is counted lost and
+//! its slot sends a new one. Not with `-f`/`--fragments` (no record marks
+//! over UDP), `--proc` other than null, or several servers.
+//!
 //! Output columns: see [`super::loadgen`]; the rate column is `RPC/s` and the
-//! summary key `rpc_per_s`. Not done: UDP (ksf's `-u`), `-m`, `-x`.
+//! summary key `rpc_per_s`. Not done: `-m`, `-x`.
 
 use connmux_oncrpc::record::MARK_LEN;
 use connmux_oncrpc::{check_reply, Call, Credential, RecordLimits, RecordMark, RecordReader};
@@ -285,6 +291,41 @@ impl loadgen::Client for RpcClient {
     }
 }
 
+/// One NULL call per datagram (no record mark), a template with the xid
+/// patched in.
+pub struct RpcDgram {
+    call: Vec<u8>,
+    usual: Vec<u8>,
+    done: Vec<u32>,
+}
+
+impl loadgen::udp::DgramWorkload for Rpc {
+    type Client = RpcDgram;
+    fn client(&self, _conn: usize) -> RpcDgram {
+        let mut marked = Vec::new();
+        self.call(0, &mut marked);
+        // One fragment (checked by `run`): the call is the record's body.
+        RpcDgram { call: marked.split_off(MARK_LEN), usual: usual_reply_tail(), done: Vec::with_capacity(1) }
+    }
+}
+
+impl loadgen::udp::Dgram for RpcDgram {
+    fn encode(&mut self, tag: u32, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.extend_from_slice(&self.call);
+        out[at..at + 4].copy_from_slice(&tag.to_be_bytes());
+    }
+
+    fn decode(&mut self, d: &[u8]) -> Result<u32, String> {
+        if d.len() > MAX_REPLY {
+            return Err(format!("a {}-byte reply (NULL replies are at most {MAX_REPLY})", d.len()));
+        }
+        self.done.clear();
+        check(d, &self.usual, &mut self.done)?;
+        Ok(self.done[0])
+    }
+}
+
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let mut specs: Vec<&str> =
         a.target.iter().chain(&a.servers).flat_map(|s| s.split(',')).filter(|s| !s.is_empty()).collect();
@@ -335,6 +376,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             sys,
         };
         return loadgen::run_load(c, UNITS, &target, &load, load.clone());
+    }
+    if c.udp {
+        anyhow::ensure!(fragments == 1, "-u: a call is one datagram, with no record marks (no -f, --fragments)");
+        anyhow::ensure!(a.proc == crate::cmd::nfs::load::Proc::Null, "-u: NULL calls only (--proc null)");
+        anyhow::ensure!(specs.len() == 1, "-u: one server");
+        let config = Config { prog: a.prog, vers: a.vers, auth: a.auth, fragments: 0, call_bytes: sample.len() - 4 };
+        return loadgen::run_load_udp(c, UNITS, &target, &rpc, config);
     }
     let config = Config { prog: a.prog, vers: a.vers, auth: a.auth, fragments, call_bytes: sample.len() };
     if specs.len() > 1 {
@@ -426,5 +474,22 @@ mod tests {
             c.decode(&wire[cut..], &mut done).unwrap();
             assert_eq!(done, vec![11, 12], "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn a_udp_call_is_the_record_without_its_mark() {
+        use crate::cmd::loadgen::udp::{Dgram, DgramWorkload};
+        let r = rpc(1);
+        let mut c = DgramWorkload::client(&r, 0);
+        let (mut d, mut marked) = (Vec::new(), Vec::new());
+        c.encode(77, &mut d);
+        r.call(77, &mut marked);
+        assert_eq!(d, marked[4..]);
+        let mut reply = Vec::new();
+        encode_reply(77, &Reply::Success, &mut reply);
+        assert_eq!(c.decode(&reply[4..]), Ok(77));
+        reply.clear();
+        encode_reply(78, &Reply::ProgUnavail, &mut reply);
+        assert!(c.decode(&reply[4..]).unwrap_err().contains("PROG_UNAVAIL"));
     }
 }

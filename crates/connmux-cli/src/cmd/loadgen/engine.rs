@@ -116,10 +116,12 @@ pub struct ConnStats {
     /// This connection's own failure (not counting being stopped because
     /// another connection failed).
     pub error: Option<String>,
+    /// Over UDP: requests given up as lost.
+    pub lost: Option<u64>,
 }
 
 impl ConnStats {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         ConnStats {
             calls: 0,
             elapsed_ns: 0,
@@ -129,6 +131,7 @@ impl ConnStats {
             writes: 0,
             hist: new_histogram(),
             error: None,
+            lost: None,
         }
     }
 }

@@ -83,13 +83,18 @@
 //!   header (it is not a toggle); `-d` is the round duration (ksf's `-d` is
 //!   a gnuplot data directory; here `--plot` draws the chart itself).
 //! - Requests of one batch go out in one `send`, not one `send` per request.
-//! - Not done: UDP (`-u`), `-m` running averages and `-x` columns.
+//! - `-u` (UDP, echotest and rpctest's NULL calls): one socket per thread,
+//!   a request per datagram, replies matched by tag in any order; a request
+//!   unanswered for `--udp-retry` is counted lost (`lost=` in the summary,
+//!   `lost` in the JSON rows) and its slot sends a new one ([`udp`]).
+//! - Not done: `-m` running averages and `-x` columns.
 
 pub mod conn;
 pub mod engine;
 pub mod plot;
 pub mod report;
 pub mod target;
+pub mod udp;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -168,6 +173,14 @@ pub struct CommonArgs {
     /// Also print per-connection figures on stderr after each round.
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Send over UDP (echotest; rpctest NULL calls): one socket per thread,
+    /// one request per datagram, one reply datagram per request.
+    #[arg(short = 'u', long = "udp", conflicts_with = "tls")]
+    pub udp: bool,
+    /// Over UDP: a request unanswered this long (ms) is counted lost and its
+    /// slot sends a new one (the summary's `lost=`).
+    #[arg(long = "udp-retry", value_name = "MS", default_value = "200", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub udp_retry_ms: u64,
     #[command(flatten)]
     pub tls: crate::cmd::tls::ClientTls,
 }
@@ -313,6 +326,38 @@ pub fn run_load<W: Workload, C: Serialize>(
     w: &W,
     own_config: C,
 ) -> anyhow::Result<i32> {
+    anyhow::ensure!(!args.udp, "{}: -u is not done for this load", units.tool);
+    run_rounds(args, units, target, own_config, &mut |plan, progress| {
+        engine::run_round(w, &target.addrs, plan, progress)
+    })
+}
+
+/// [`run_load`] over UDP (`-u`): the same rounds, rows and summary (with
+/// the requests given up as lost).
+pub fn run_load_udp<W: udp::DgramWorkload, C: Serialize>(
+    args: &CommonArgs,
+    units: Units,
+    target: &Target,
+    w: &W,
+    own_config: C,
+) -> anyhow::Result<i32> {
+    let retry = Duration::from_millis(args.udp_retry_ms);
+    run_rounds(args, units, target, own_config, &mut |plan, progress| {
+        udp::run_round(w, &target.addrs, plan, retry, progress)
+    })
+}
+
+/// One round of a run: the plan and the progress display in, the round's
+/// outcome out.
+type RoundFn<'a> = dyn FnMut(&engine::RoundPlan, &mut dyn engine::Progress) -> engine::RoundOutcome + 'a;
+
+fn run_rounds<C: Serialize>(
+    args: &CommonArgs,
+    units: Units,
+    target: &Target,
+    own_config: C,
+    round: &mut RoundFn<'_>,
+) -> anyhow::Result<i32> {
     let mut plan = args.plan()?;
     let host = target::split_host_port(&target.name, 0).ok().map(|(h, _)| h);
     plan.tls = args.tls.setup(host.as_deref(), target.addrs.first().map(|a| a.ip()))?;
@@ -356,7 +401,7 @@ pub fn run_load<W: Workload, C: Serialize>(
     for r in 1..=args.rounds {
         progress.round = r;
         let cpu0 = process_cpu_s();
-        let outcome = engine::run_round(w, &target.addrs, &plan, &mut progress);
+        let outcome = round(&plan, &mut progress);
         let cpu_s = process_cpu_s().zip(cpu0).map(|(b, a)| b - a);
         progress.clear();
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());

@@ -69,6 +69,10 @@ pub struct Row {
     /// Client process CPU (user + sys) during the round, seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_s: Option<f64>,
+    /// Over UDP (`-u`): requests given up as lost (no reply within
+    /// `--udp-retry`), all connections; the median row has the total.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost: Option<u64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conns: Vec<ConnRow>,
 }
@@ -123,6 +127,7 @@ impl Row {
             errors: 0,
             error: None,
             cpu_s,
+            lost: None,
             conns: Vec::with_capacity(out.conns.len()),
         };
         let mut max_ns = 0;
@@ -133,6 +138,9 @@ impl Row {
             row.rx_bytes += c.rx_bytes;
             row.reads += c.reads;
             row.writes += c.writes;
+            if let Some(l) = c.lost {
+                *row.lost.get_or_insert(0) += l;
+            }
             max_ns = max_ns.max(c.elapsed_ns);
             if let Some(e) = &c.error {
                 row.errors += 1;
@@ -194,6 +202,7 @@ impl Row {
             errors: rows.iter().map(|r| r.errors).sum(),
             error: rows.iter().find_map(|r| r.error.clone()),
             cpu_s: rows.iter().map(|r| r.cpu_s).sum(),
+            lost: rows.iter().map(|r| r.lost).sum(),
             conns: Vec::new(),
         }
     }
@@ -287,10 +296,13 @@ pub fn summary_line(
     all: &Histogram<u64>,
     errors: usize,
 ) -> String {
-    let cpu = match med.cpu_s {
+    let mut cpu = match med.cpu_s {
         Some(c) if total_calls > 0 => format!(" cpu_us_per_call={:.2}", c * 1e6 / total_calls as f64),
         _ => String::new(),
     };
+    if let Some(l) = med.lost {
+        cpu.push_str(&format!(" lost={l}"));
+    }
     format!(
         "summary tool={} target={} j={} a={} rounds={} calls={} {}={:.0} rtt_us_p50={:.1} rtt_us_p99={:.1} \
          rtt_us_p999={:.1} rtt_us_min={:.1} rtt_us_max={:.1} mbps={:.1}{} errors={} result={}",
@@ -413,6 +425,7 @@ mod tests {
             errors: 0,
             error: None,
             cpu_s: None,
+            lost: None,
             conns: vec![],
         };
         let l = line(&row, "1");
