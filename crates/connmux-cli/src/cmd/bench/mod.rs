@@ -14,6 +14,7 @@
 //! | `hostile` | good clients beside attacks (non-readers, half-close, partial records, slowloris, garbage, RST floods): their rate, errors, replies lost, the server's RSS and counters (not in `all`) |
 //! | `9p` | the 9p-server beside diod: getattr, walk+clunk, 1 MiB reads, an uneven mix |
 //! | `nfs` | the nfs-server beside nfs-ganesha (FSAL_VFS): GETATTR, 4 KiB and 1 MiB READs and WRITEs (not in `all`) |
+//! | `udp` | NULL calls over UDP (`rpctest -u`): the rpc-server's UDP service vs a hand-written recvmmsg/sendmmsg loop and thread per socket (not in `all`) |
 //! | `all` | all of the above with their defaults |
 //!
 //! Every server runs as its own process under `taskset`, and every load
@@ -37,6 +38,7 @@ pub mod rpc;
 pub mod scale;
 pub mod size;
 pub mod tls;
+pub mod udp;
 pub mod uneven;
 mod uneven_epoll;
 mod uneven_uring;
@@ -85,6 +87,9 @@ pub enum Mode {
     /// The nfs-server beside nfs-ganesha (FSAL_VFS): GETATTR, 4 KiB and 1 MiB
     /// READs and WRITEs. Not part of `all`.
     Nfs(nfs::Args),
+    /// NULL calls over UDP: the rpc-server's UDP service vs a hand-written
+    /// recvmmsg/sendmmsg loop and thread per socket. Not part of `all`.
+    Udp(udp::Args),
     /// Every benchmark with its defaults.
     All(AllArgs),
     /// The rpc-server's service (same handler, same parser) with a chosen I/O driver.
@@ -108,6 +113,12 @@ pub enum Mode {
     /// The load generator of the kcm benchmark.
     #[command(hide = true)]
     KcmLoad(kcm::LoadArgs),
+    /// The hand-written recvmmsg/sendmmsg UDP NULL server of the udp benchmark.
+    #[command(hide = true)]
+    UdpLoopServer(udp::ServerArgs),
+    /// The thread-per-socket UDP NULL server of the udp benchmark.
+    #[command(hide = true)]
+    UdpThreadServer(udp::ServerArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -134,6 +145,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::Hostile(a) => hostile::run(a),
         Mode::Ninep(a) => ninep::run(a),
         Mode::Nfs(a) => nfs::run(a),
+        Mode::Udp(a) => udp::run(a),
         Mode::All(a) => {
             let q: &[&str] = if a.quick { &["bench", "--quick"] } else { &["bench"] };
             let dir = a.yardstick.as_ref().map(|d| d.to_string_lossy().into_owned());
@@ -157,6 +169,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Mode::ScaleLoad(a) => scale::run_load(a),
         Mode::KcmServer(a) => kcm::run_server(a),
         Mode::KcmLoad(a) => kcm::run_load(a),
+        Mode::UdpLoopServer(a) | Mode::UdpThreadServer(a) => udp::run_server(a),
     }
 }
 
@@ -305,6 +318,26 @@ impl Proc {
         };
         p.wait_listening(limit)?;
         Ok(p)
+    }
+
+    /// Spawn `cmd` (stdout discarded, stderr inherited) without waiting for
+    /// a TCP listener: the caller waits its own way (a UDP server).
+    pub fn spawn_detached(name: &str, mut cmd: Command, port: u16) -> anyhow::Result<Proc> {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {name}: {cmd:?}"))?;
+        let pid = child.id();
+        Ok(Proc {
+            name: name.into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            child: Some(child),
+            pid,
+            client_prefix: Vec::new(),
+            on_drop: None,
+        })
     }
 
     /// A server that something else started and stops (`stop` runs on drop).
