@@ -218,11 +218,27 @@ pub fn recv_batch(fd: RawFd, b: &mut RecvBatch, flags: libc::c_int) -> io::Resul
     Ok(n)
 }
 
+/// `SOL_UDP` and its `UDP_SEGMENT` option (`linux/udp.h`): a send of one
+/// buffer the kernel cuts into datagrams of this size (UDP GSO, Linux 4.18).
+const SOL_UDP: libc::c_int = 17;
+const UDP_SEGMENT: libc::c_int = 103;
+
+/// Most datagrams one segmented send may carry (the kernel's
+/// `UDP_MAX_SEGMENTS` before Linux 6.9; 128 since).
+pub const MAX_SEGMENTS: usize = 64;
+
+/// A control message holding one `u16` (`UDP_SEGMENT`'s), aligned as
+/// `cmsghdr` is.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(8))]
+struct SegCmsg([u8; 32]);
+
 /// The headers of [`send_batch`], kept between calls.
 #[derive(Default)]
 pub struct SendBatch {
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
+    cmsgs: Vec<SegCmsg>,
 }
 
 impl SendBatch {
@@ -263,6 +279,64 @@ where
     // over a borrowed datagram and at its borrowed peer address (or none);
     // they live for the call ('a outlives it). The kernel only reads the
     // datagrams and the addresses, and writes `msg_len`.
+    let n = cvt(unsafe { libc::sendmmsg(fd, b.hdrs.as_mut_ptr(), b.hdrs.len() as libc::c_uint, flags as _) })?;
+    Ok(n as usize)
+}
+
+/// [`send_batch`] where each entry may be several datagrams of `seg` bytes
+/// back to back (the last may be shorter), sent as one segmented buffer
+/// (UDP GSO, `UDP_SEGMENT`): the kernel's way down runs once for them all.
+/// `seg` 0 (or not less than the entry) sends the entry as one datagram.
+/// An entry holds at most [`MAX_SEGMENTS`] datagrams and 65,507 bytes.
+/// A kernel without UDP GSO answers `EINVAL` or `EIO`, `ENOPROTOOPT`:
+/// the caller then sends each datagram apart.
+pub fn send_batch_segmented<'a, I>(fd: RawFd, b: &mut SendBatch, msgs: I, flags: libc::c_int) -> io::Result<usize>
+where
+    I: IntoIterator<Item = (&'a [u8], Option<&'a Peer>, u16)>,
+{
+    b.iovs.clear();
+    b.hdrs.clear();
+    b.cmsgs.clear();
+    let mut segs: [u16; MAX_BATCH] = [0; MAX_BATCH];
+    for (k, (m, peer, seg)) in msgs.into_iter().take(MAX_BATCH).enumerate() {
+        b.iovs.push(libc::iovec { iov_base: m.as_ptr() as *mut libc::c_void, iov_len: m.len() });
+        // SAFETY: msghdr is plain data; all-zero is "no name, no iov, no control".
+        let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+        if let Some(p) = peer {
+            hdr.msg_name = (&p.addr as *const libc::sockaddr_storage).cast_mut().cast();
+            hdr.msg_namelen = p.len;
+        }
+        segs[k] = if seg > 0 && usize::from(seg) < m.len() { seg } else { 0 };
+        b.hdrs.push(libc::mmsghdr { msg_hdr: hdr, msg_len: 0 });
+        b.cmsgs.push(SegCmsg::default());
+    }
+    if b.hdrs.is_empty() {
+        return Ok(0);
+    }
+    // SAFETY: CMSG_SPACE and CMSG_LEN only compute sizes.
+    let (space, len) = unsafe { (libc::CMSG_SPACE(2) as usize, libc::CMSG_LEN(2) as usize) };
+    debug_assert!(space <= std::mem::size_of::<SegCmsg>());
+    for (k, ((h, iov), c)) in b.hdrs.iter_mut().zip(b.iovs.iter_mut()).zip(b.cmsgs.iter_mut()).enumerate() {
+        h.msg_hdr.msg_iov = iov;
+        h.msg_hdr.msg_iovlen = 1;
+        if segs[k] > 0 {
+            h.msg_hdr.msg_control = c.0.as_mut_ptr().cast();
+            h.msg_hdr.msg_controllen = space as _;
+            // SAFETY: the header points at `c`, a zeroed, aligned buffer of
+            // at least CMSG_SPACE(2) bytes: CMSG_FIRSTHDR gives its start.
+            let cm = unsafe { libc::CMSG_FIRSTHDR(&h.msg_hdr) };
+            // SAFETY: `cm` is that start, in bounds and aligned for cmsghdr;
+            // CMSG_DATA is within the CMSG_LEN(2) bytes written.
+            unsafe {
+                (*cm).cmsg_level = SOL_UDP;
+                (*cm).cmsg_type = UDP_SEGMENT;
+                (*cm).cmsg_len = len as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), segs[k]);
+            }
+        }
+    }
+    // SAFETY: as in `send_batch`, and each header's control buffer is its
+    // own entry of `cmsgs`, alive for the call; the kernel only reads it.
     let n = cvt(unsafe { libc::sendmmsg(fd, b.hdrs.as_mut_ptr(), b.hdrs.len() as libc::c_uint, flags as _) })?;
     Ok(n as usize)
 }
@@ -327,6 +401,32 @@ mod tests {
         let e = recv_batch(server.as_raw_fd(), &mut b, libc::MSG_DONTWAIT).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn a_segmented_send_arrives_as_separate_datagrams() {
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let c = UdpSocket::bind("127.0.0.1:0").unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let to = Peer::from_std(c.local_addr().unwrap());
+        // Three datagrams of 4 bytes and one of 2, in one buffer; then a
+        // plain one.
+        let buf = b"aaaabbbbccccdd";
+        let mut sb = SendBatch::new();
+        let items = [(&buf[..], Some(&to), 4u16), (&b"plain"[..], Some(&to), 0)];
+        match send_batch_segmented(server.as_raw_fd(), &mut sb, items, 0) {
+            Ok(n) => assert_eq!(n, 2),
+            // A kernel without UDP GSO.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT)) => return,
+            Err(e) => panic!("{e}"),
+        }
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            let mut b = [0u8; 16];
+            let n = c.recv(&mut b).unwrap();
+            got.push(b[..n].to_vec());
+        }
+        assert_eq!(got, [&b"aaaa"[..], b"bbbb", b"cccc", b"dd", b"plain"]);
     }
 
     #[test]

@@ -48,7 +48,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use connmux_core::mux::PsockId;
 use connmux_core::Bytes;
-use connmux_sys::udp::{recv_batch, send_batch, RecvBatch, SendBatch};
+use connmux_sys::udp::{recv_batch, RecvBatch, SendBatch};
 
 use crate::config::Config;
 use crate::handler::{Handler, Verdict};
@@ -89,12 +89,18 @@ pub struct UdpConfig {
     /// buffer is full are dropped by the kernel (`RcvbufErrors` in
     /// `/proc/net/snmp`). `None`: the system's default. Default 4 MiB.
     pub rcvbuf: Option<usize>,
+    /// Send the replies of a batch that go to one peer, back to back and of
+    /// one size, as one segmented buffer (UDP GSO, `UDP_SEGMENT`, Linux
+    /// 4.18): the kernel's send path runs once for them (the peer still
+    /// receives separate datagrams). Turned off by itself where the kernel
+    /// refuses it. Default `true`.
+    pub gso: bool,
 }
 
 impl UdpConfig {
     /// The defaults, on `listen`.
     pub fn new(listen: SocketAddr) -> UdpConfig {
-        UdpConfig { listen, max_datagram: MAX_UDP_PAYLOAD, batch: 32, rcvbuf: Some(4 << 20) }
+        UdpConfig { listen, max_datagram: MAX_UDP_PAYLOAD, batch: 32, rcvbuf: Some(4 << 20), gso: true }
     }
 }
 
@@ -185,6 +191,7 @@ impl UdpService {
                 counters: svc.counters.clone(),
                 max: cfg.max_datagram.clamp(1, MAX_UDP_PAYLOAD),
                 batch: cfg.batch.clamp(1, connmux_sys::udp::MAX_BATCH),
+                gso: cfg.gso,
             };
             // An error here drops `svc`, which stops the threads started.
             let t = std::thread::Builder::new().name(format!("connmux-udp{i}")).spawn(move || w.run())?;
@@ -259,6 +266,7 @@ struct Worker {
     counters: Arc<Vec<Counters>>,
     max: usize,
     batch: usize,
+    gso: bool,
 }
 
 impl Worker {
@@ -275,6 +283,9 @@ impl Worker {
         let mut out = BytesMut::with_capacity(crate::handler::SCRATCH_CHUNK);
         let mut scratch = BytesMut::with_capacity(crate::handler::SCRATCH_CHUNK);
         let mut replies: Vec<(Out, usize)> = Vec::with_capacity(self.batch);
+        // Replies to one peer sent as one segmented buffer, until the
+        // kernel refuses it.
+        let mut gso = self.gso;
         // Bounded by the stop flag, looked at after every wake (at most
         // WAKE_EVERY apart).
         while !self.stop.load(std::sync::atomic::Ordering::Acquire) {
@@ -333,7 +344,7 @@ impl Worker {
                     }
                 }
             }
-            let (sent, errors) = self.send(fd, &mut sb, &rb, &out, &replies);
+            let (sent, errors) = self.send(fd, &mut sb, &rb, &out, &replies, &mut gso);
             c.datagrams_out.fetch_add(sent, Relaxed);
             for (counter, v) in [
                 (&c.malformed, malformed),
@@ -355,31 +366,91 @@ impl Worker {
     }
 
     /// Sends every reply of a batch, in `sendmmsg` calls of what is left;
-    /// a reply the kernel refuses is skipped. Returns (sent, refused).
-    fn send(&self, fd: i32, sb: &mut SendBatch, rb: &RecvBatch, out: &[u8], replies: &[(Out, usize)]) -> (u64, u64) {
-        let (mut k, mut errors) = (0, 0u64);
-        // Bounded: each turn sends at least one reply or skips one.
+    /// a reply the kernel refuses is skipped. Replies to one peer that lie
+    /// back to back in `out`, of one size (the last may be shorter), go as
+    /// one segmented send (UDP GSO) while the kernel takes them. Returns
+    /// (sent, refused).
+    fn send(
+        &self,
+        fd: i32,
+        sb: &mut SendBatch,
+        rb: &RecvBatch,
+        out: &[u8],
+        replies: &[(Out, usize)],
+        gso: &mut bool,
+    ) -> (u64, u64) {
+        // (bytes, the request's index, segment size, datagrams)
+        let mut items: Vec<(&[u8], usize, u16, u64)> = Vec::with_capacity(replies.len());
+        let mut k = 0;
+        // Bounded: each turn takes at least one reply.
         while k < replies.len() {
-            let items = replies[k..].iter().map(|(o, i)| {
-                let bytes: &[u8] = match o {
-                    Out::Span(a, b) => &out[*a..*b],
-                    Out::Own(b) => b,
-                };
-                (bytes, Some(rb.peer(*i)))
-            });
-            match send_batch(fd, sb, items, libc::MSG_NOSIGNAL) {
+            let (o, i) = &replies[k];
+            let (bytes, mut end) = match o {
+                Out::Span(a, b) => (&out[*a..*b], *b),
+                Out::Own(b) => (&b[..], usize::MAX),
+            };
+            let (at, seg) = (end.wrapping_sub(bytes.len()), bytes.len());
+            let mut n = 1;
+            k += 1;
+            if *gso && end != usize::MAX && seg <= usize::from(u16::MAX) {
+                // Bounded: each turn adds a reply to the group or stops.
+                while let Some((Out::Span(a, b), j)) = replies.get(k) {
+                    let len = b - a;
+                    if *a != end
+                        || len > seg
+                        || n >= connmux_sys::udp::MAX_SEGMENTS
+                        || b - at > MAX_UDP_PAYLOAD
+                        || rb.peer(*j) != rb.peer(*i)
+                    {
+                        break;
+                    }
+                    end = *b;
+                    n += 1;
+                    k += 1;
+                    if len < seg {
+                        break;
+                    }
+                }
+            }
+            let bytes = if n > 1 { &out[at..end] } else { bytes };
+            items.push((bytes, *i, if n > 1 { seg as u16 } else { 0 }, n as u64));
+        }
+        let (mut k, mut sent, mut errors) = (0, 0u64, 0u64);
+        // Bounded: each turn sends at least one entry or skips one.
+        while k < items.len() {
+            let list = items[k..].iter().map(|&(b, i, seg, _)| (b, Some(rb.peer(i)), seg));
+            match connmux_sys::udp::send_batch_segmented(fd, sb, list, libc::MSG_NOSIGNAL) {
                 Ok(0) => {
-                    errors += 1;
+                    errors += items[k].3;
                     k += 1;
                 }
-                Ok(n) => k += n,
+                Ok(n) => {
+                    sent += items[k..k + n].iter().map(|x| x.3).sum::<u64>();
+                    k += n;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if items[k].2 > 0
+                        && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT)) =>
+                {
+                    // No UDP GSO here: the rest one datagram at a time.
+                    *gso = false;
+                    let rest: Vec<(&[u8], usize, u16, u64)> = items[k..]
+                        .iter()
+                        .flat_map(|&(b, i, seg, _)| {
+                            let seg = if seg > 0 { usize::from(seg) } else { b.len().max(1) };
+                            b.chunks(seg).map(move |c| (c, i, 0u16, 1u64))
+                        })
+                        .collect();
+                    items.truncate(k);
+                    items.extend(rest);
+                }
                 Err(_) => {
-                    errors += 1;
+                    errors += items[k].3;
                     k += 1;
                 }
             }
         }
-        (k as u64 - errors, errors)
+        (sent, errors)
     }
 }

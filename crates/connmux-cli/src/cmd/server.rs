@@ -172,6 +172,10 @@ pub struct UdpArgs {
     /// (longer requests are dropped, longer replies refused; both counted).
     #[arg(long, default_value_t = connmux::udp::MAX_UDP_PAYLOAD, value_parser = parse_udp_max)]
     pub udp_max: usize,
+    /// Send each UDP reply on its own, never a batch's replies to one peer
+    /// as one segmented buffer (UDP GSO; for comparisons).
+    #[arg(long)]
+    pub no_udp_gso: bool,
 }
 
 fn parse_udp_max(s: &str) -> Result<usize, String> {
@@ -197,6 +201,7 @@ impl UdpArgs {
         let mut cfg = connmux::udp::UdpConfig::new(tcp);
         cfg.batch = self.udp_batch as usize;
         cfg.max_datagram = self.udp_max;
+        cfg.gso = !self.no_udp_gso;
         let u = connmux::udp::UdpService::start(&common.mux_config()?, cfg, handler)
             .with_context(|| format!("binding UDP {tcp} (--no-udp turns UDP off)"))?;
         Ok(Some(u))

@@ -45,7 +45,8 @@ pub struct Args {
     /// Placements: cpu0 (everything on CPU 0), spread (a socket per CPU 0 and 1).
     #[arg(long, value_delimiter = ',', default_value = "cpu0,spread")]
     pub placements: Vec<String>,
-    /// Servers: connmux, loop (hand-written recvmmsg/sendmmsg), thread (thread per socket).
+    /// Servers: connmux, loop (hand-written recvmmsg/sendmmsg), thread
+    /// (thread per socket); also connmux-nogso (each reply sent apart).
     #[arg(long, value_delimiter = ',', default_value = "connmux,loop,thread")]
     pub servers: Vec<String>,
     /// A smoke run: one round of 0.3 s, settings 1:1 and 1:32, CPU 0 only.
@@ -185,8 +186,11 @@ fn start(kind: &str, p: &Placement) -> anyhow::Result<Proc> {
     let (n, cpus, exe) = (p.cpus.len().to_string(), cpu_list(&p.cpus), exe()?);
     let mut c = taskset(&p.cpus, &exe);
     match kind {
-        "connmux" => {
+        "connmux" | "connmux-nogso" => {
             c.args(["rpc-server", "-l", &listen, "--workers", &n, "--cpus", &cpus, "--no-stats-socket"]);
+            if kind == "connmux-nogso" {
+                c.arg("--no-udp-gso");
+            }
         }
         "loop" => {
             c.args(["bench", "udp-loop-server", "-l", &listen, "--cpus", &cpus, "--pin"]);
@@ -194,7 +198,7 @@ fn start(kind: &str, p: &Placement) -> anyhow::Result<Proc> {
         "thread" => {
             c.args(["bench", "udp-thread-server", "-l", &listen, "--cpus", &cpus, "--batch", "0"]);
         }
-        other => bail!("unknown server {other:?} (connmux, loop, thread)"),
+        other => bail!("unknown server {other:?} (connmux, connmux-nogso, loop, thread)"),
     }
     let name = format!("{kind}@{}", p.name);
     let proc_ = Proc::spawn_detached(&name, c, port)?;
