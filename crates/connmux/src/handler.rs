@@ -57,6 +57,12 @@ pub enum Verdict {
 /// `Tuning::coalesce_max`, is 512 by default too).
 const RUN_APPEND_MAX: usize = 512;
 
+///
+/// The same handler can answer UDP datagrams ([`crate::udp::UdpService`]):
+/// there one datagram is one request, `from` is
+/// [`crate::udp::udp_psock`]`(worker)` (tell it with
+/// [`crate::udp::is_udp`]; it names no connection), `Close` drops the
+/// datagram, and only `handle_in_place` is called.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, request: Bytes, from: PsockId, scratch: &mut BytesMut) -> Verdict;
 

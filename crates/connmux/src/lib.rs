@@ -70,6 +70,9 @@
 //!
 //! `examples/tokio_rpc_null.rs` serves ONC RPC NULL this way.
 //!
+//! UDP: [`udp::UdpService`] answers datagrams with the same [`service::Handler`]
+//! (one datagram one message), on a socket and a pinned thread per worker.
+//!
 //! What this crate does **not** do: it has no `unsafe` of its own (that is in
 //! `connmux-sys`), and it does not listen or accept (see [`service`]).
 #![forbid(unsafe_code)]

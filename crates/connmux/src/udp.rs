@@ -257,6 +257,24 @@ enum Out {
     Own(Bytes),
 }
 
+/// Where the bytes of one send lie: a range of the run buffer, or the
+/// reply (by its index) that has a buffer of its own.
+#[derive(Clone, Copy)]
+enum Src {
+    Out(usize, usize),
+    Own(usize),
+}
+
+/// One entry of a `sendmmsg`: `n` datagrams of `seg` bytes (the last may
+/// be shorter; `seg` 0: one datagram) to the peer of request `peer`.
+#[derive(Clone, Copy)]
+struct Item {
+    src: Src,
+    peer: usize,
+    seg: u16,
+    n: u32,
+}
+
 struct Worker {
     index: usize,
     cpu: Option<usize>,
@@ -286,6 +304,7 @@ impl Worker {
         // Replies to one peer sent as one segmented buffer, until the
         // kernel refuses it.
         let mut gso = self.gso;
+        let mut items: Vec<Item> = Vec::with_capacity(self.batch);
         // Bounded by the stop flag, looked at after every wake (at most
         // WAKE_EVERY apart).
         while !self.stop.load(std::sync::atomic::Ordering::Acquire) {
@@ -344,7 +363,7 @@ impl Worker {
                     }
                 }
             }
-            let (sent, errors) = self.send(fd, &mut sb, &rb, &out, &replies, &mut gso);
+            let (sent, errors) = self.send(fd, &mut sb, &rb, &out, &replies, &mut items, &mut gso);
             c.datagrams_out.fetch_add(sent, Relaxed);
             for (counter, v) in [
                 (&c.malformed, malformed),
@@ -368,8 +387,9 @@ impl Worker {
     /// Sends every reply of a batch, in `sendmmsg` calls of what is left;
     /// a reply the kernel refuses is skipped. Replies to one peer that lie
     /// back to back in `out`, of one size (the last may be shorter), go as
-    /// one segmented send (UDP GSO) while the kernel takes them. Returns
-    /// (sent, refused).
+    /// one segmented send (UDP GSO) while the kernel takes them (`gso`).
+    /// `items` is room kept between batches. Returns (sent, refused).
+    #[allow(clippy::too_many_arguments)]
     fn send(
         &self,
         fd: i32,
@@ -377,22 +397,26 @@ impl Worker {
         rb: &RecvBatch,
         out: &[u8],
         replies: &[(Out, usize)],
+        items: &mut Vec<Item>,
         gso: &mut bool,
     ) -> (u64, u64) {
-        // (bytes, the request's index, segment size, datagrams)
-        let mut items: Vec<(&[u8], usize, u16, u64)> = Vec::with_capacity(replies.len());
+        items.clear();
         let mut k = 0;
         // Bounded: each turn takes at least one reply.
         while k < replies.len() {
             let (o, i) = &replies[k];
-            let (bytes, mut end) = match o {
-                Out::Span(a, b) => (&out[*a..*b], *b),
-                Out::Own(b) => (&b[..], usize::MAX),
+            let (at, mut end) = match o {
+                Out::Span(a, b) => (*a, *b),
+                Out::Own(_) => {
+                    items.push(Item { src: Src::Own(k), peer: *i, seg: 0, n: 1 });
+                    k += 1;
+                    continue;
+                }
             };
-            let (at, seg) = (end.wrapping_sub(bytes.len()), bytes.len());
+            let seg = end - at;
             let mut n = 1;
             k += 1;
-            if *gso && end != usize::MAX && seg <= usize::from(u16::MAX) {
+            if *gso && seg <= usize::from(u16::MAX) {
                 // Bounded: each turn adds a reply to the group or stops.
                 while let Some((Out::Span(a, b), j)) = replies.get(k) {
                     let len = b - a;
@@ -412,41 +436,62 @@ impl Worker {
                     }
                 }
             }
-            let bytes = if n > 1 { &out[at..end] } else { bytes };
-            items.push((bytes, *i, if n > 1 { seg as u16 } else { 0 }, n as u64));
+            let seg = if n > 1 { seg as u16 } else { 0 };
+            items.push(Item { src: Src::Out(at, end), peer: *i, seg, n: n as u32 });
         }
+        let bytes = |src: Src| -> &[u8] {
+            match src {
+                Src::Out(a, b) => &out[a..b],
+                Src::Own(r) => match &replies[r].0 {
+                    Out::Own(b) => b,
+                    Out::Span(a, b) => &out[*a..*b],
+                },
+            }
+        };
         let (mut k, mut sent, mut errors) = (0, 0u64, 0u64);
-        // Bounded: each turn sends at least one entry or skips one.
+        // Bounded: each turn sends at least one entry, skips one, or (once)
+        // splits the rest into single datagrams.
         while k < items.len() {
-            let list = items[k..].iter().map(|&(b, i, seg, _)| (b, Some(rb.peer(i)), seg));
+            let list = items[k..].iter().map(|it| (bytes(it.src), Some(rb.peer(it.peer)), it.seg));
             match connmux_sys::udp::send_batch_segmented(fd, sb, list, libc::MSG_NOSIGNAL) {
                 Ok(0) => {
-                    errors += items[k].3;
+                    errors += u64::from(items[k].n);
                     k += 1;
                 }
                 Ok(n) => {
-                    sent += items[k..k + n].iter().map(|x| x.3).sum::<u64>();
+                    sent += items[k..k + n].iter().map(|x| u64::from(x.n)).sum::<u64>();
                     k += n;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e)
-                    if items[k].2 > 0
+                    if items[k].seg > 0
                         && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT)) =>
                 {
                     // No UDP GSO here: the rest one datagram at a time.
                     *gso = false;
-                    let rest: Vec<(&[u8], usize, u16, u64)> = items[k..]
+                    let rest: Vec<Item> = items[k..]
                         .iter()
-                        .flat_map(|&(b, i, seg, _)| {
-                            let seg = if seg > 0 { usize::from(seg) } else { b.len().max(1) };
-                            b.chunks(seg).map(move |c| (c, i, 0u16, 1u64))
+                        .flat_map(|it| {
+                            let (src, seg) = (it.src, usize::from(it.seg));
+                            let (a, b) = match src {
+                                Src::Out(a, b) if seg > 0 => (a, b),
+                                _ => (0, 0),
+                            };
+                            let one = (seg == 0).then_some(Item { n: 1, ..*it });
+                            let cut = (a..b).step_by(seg.max(1)).map(move |x| Item {
+                                src: Src::Out(x, (x + seg).min(b)),
+                                peer: it.peer,
+                                seg: 0,
+                                n: 1,
+                            });
+                            one.into_iter().chain(cut)
                         })
                         .collect();
                     items.truncate(k);
                     items.extend(rest);
                 }
                 Err(_) => {
-                    errors += items[k].3;
+                    errors += u64::from(items[k].n);
                     k += 1;
                 }
             }
