@@ -224,3 +224,40 @@ fn nfs_over_udp_answers_rpcinfo_and_cuts_a_read_to_a_datagram() {
     assert_eq!(counter(&sock, "udp_refused_too_large"), 0);
     let _ = std::fs::remove_dir_all(&ex);
 }
+
+#[test]
+fn bench_udp_quick_prints_every_server_and_the_targets() {
+    let r = run_connmux(&["bench", "udp", "--quick"], Duration::from_secs(120));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    for server in ["connmux", "loop", "thread"] {
+        assert!(r.stdout.lines().any(|l| l.starts_with("cpu0") && l.contains(server)), "{server}: {}", r.stdout);
+    }
+    assert!(r.stdout.contains("connmux >= 1.0x loop RPC/s, cpu0 -j1 -a32"), "{}", r.stdout);
+    assert!(r.stdout.contains("no request lost"), "{}", r.stdout);
+}
+
+#[test]
+fn the_baselines_answer_null_calls_and_drop_garbage() {
+    for engine in ["udp-loop-server", "udp-thread-server"] {
+        // Any free port: the baselines bind UDP alone.
+        let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let mut child = Command::new(BIN)
+            .args(["bench", engine, "-l", &addr.to_string(), "--cpus", "0"])
+            .args(if engine == "udp-thread-server" { &["--batch", "0"][..] } else { &[][..] })
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut line).unwrap();
+        assert!(line.contains("listening"), "{line}");
+        let c = client(addr);
+        c.send(b"junk").unwrap();
+        c.send(&call(3, 100_003, 3, 0, &[])).unwrap();
+        let mut buf = [0u8; 256];
+        let n = c.recv(&mut buf).unwrap();
+        assert_eq!(decode_reply(&buf[..n]).unwrap().xid, 3, "{engine}");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
