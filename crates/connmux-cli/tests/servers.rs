@@ -279,6 +279,8 @@ for engine in connmux thread; do
   rpcinfo -t 127.0.0.1 100003 4
   rpcinfo -t 127.0.0.1 100005 2
   rpcinfo -p 127.0.0.1 | grep -c ' tcp ' | sed 's/^/tcp registrations: /'
+  rpcinfo -p 127.0.0.1 | grep -c ' udp ' | sed 's/^/udp registrations: /'
+  if [ $engine = connmux ]; then rpcinfo -u 127.0.0.1 100003 3 | sed 's/^/udp: /'; fi
   wait $SV
   rpcinfo -p 127.0.0.1 | grep -q 100003 && echo "still registered after exit" || echo "withdrawn after exit"
 done
@@ -295,6 +297,13 @@ done
         }
         // rpcbind's own three TCP versions, plus NFS v3, v4 and 100005 v1-3.
         assert!(part.contains("tcp registrations: 8"), "{engine}: {text}");
+        // Over UDP too where the server answers there (connmux: by default;
+        // the thread engine: TCP only): rpcbind's own three beside them.
+        let udp = if engine == "connmux" { 8 } else { 3 };
+        assert!(part.contains(&format!("udp registrations: {udp}")), "{engine}: {text}");
+        if engine == "connmux" {
+            assert!(part.contains("udp: program 100003 version 3 ready and waiting"), "{text}");
+        }
         assert!(part.contains("withdrawn after exit"), "{engine}: {text}");
     }
 }

@@ -320,7 +320,9 @@ impl Worker {
                 }
                 Err(_) => {
                     // An error queued on the socket (e.g. from an ICMP
-                    // message) is cleared by reading it: look again.
+                    // message) is cleared by reading it: look again, a
+                    // moment later (an error that stays must not spin).
+                    std::thread::sleep(Duration::from_millis(1));
                     continue;
                 }
             };
