@@ -43,7 +43,7 @@ fn build() -> PathBuf {
     let t0 = Instant::now();
     let r = Command::new(go())
         .current_dir(&src)
-        .args(["build", "-mod=readonly", "-o"])
+        .args(["build", "-mod=readonly", "-buildvcs=false", "-o"])
         .arg(&out)
         .arg(".")
         // The toolchain found, never one fetched for the build.
