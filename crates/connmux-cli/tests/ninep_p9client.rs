@@ -5,9 +5,9 @@
 //! entries read at several buffer sizes, setattr, rename/renameat/unlinkat,
 //! renameat with one directory fid, the escapes (`..`, symlinks out, `/` in
 //! a name), a Tflush of a stuck open and a second Tversion. Every row must
-//! pass on connmux; diod's rows are printed beside them (it follows no
-//! escape either, but a Trename of an open fid kills it: its rows run one
-//! process each, and diod is started again when it is gone).
+//! pass on connmux; diod's rows are printed beside them (each row a
+//! process of its own, diod started again if one killed it; the row whose
+//! Trename of an open fid kills diod 1.0.24 is not run there).
 //!
 //! The program is `tests/p9client` (go.mod, go.sum), built here with the Go
 //! toolchain (/usr/local/go/bin/go, else `go` on the PATH; 1.20 or later:
@@ -80,13 +80,21 @@ fn run(client: &Path, addr: &str, aname: &str, only: Option<&str>) -> Vec<(Strin
         .collect()
 }
 
+/// Rows not run against diod, and why.
+const DIOD_NOT_RUN: [(&str, &str); 1] = [(
+    "rename/renameat/unlinkat",
+    "not run: a Trename of an open fid kills diod 1.0.24 (assertion failure, ioctx.c:380, and a core of ~290 MB)",
+)];
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// diod on `export`, listening on `port`, once it answers.
 fn start_diod(diod: &Path, export: &Path, port: u16) -> Child {
+    // (In the export's parent: were it to die, its core lands there.)
     let child = Command::new(diod)
+        .current_dir(export.parent().unwrap_or(export))
         .args(["-f", "-n", "-L", "/dev/null", "-e"])
         .arg(export)
         .args(["-l", &format!("127.0.0.1:{port}")])
@@ -132,6 +140,10 @@ fn gvisor_p9_client_runs_the_script_against_connmux_and_diod() {
             let mut d = start_diod(diod, &dex, port);
             let t0 = Instant::now();
             for n in &names {
+                if let Some((_, why)) = DIOD_NOT_RUN.iter().find(|(k, _)| k == n) {
+                    dd.push((n.clone(), Some(why.to_string())));
+                    continue;
+                }
                 // (A row that killed diod: it may take a moment to go.)
                 if d.try_wait().unwrap().is_some() || std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
                     let _ = d.kill();
