@@ -84,6 +84,7 @@ impl KcmSocket {
             rcvtimeo: Mutex::new(None),
             sndtimeo: Mutex::new(None),
             corked: Mutex::new(Vec::new()),
+            backlog: AtomicBool::new(false),
         });
         // A new socket can always start a message until it fills its buffer.
         rt.tx.set();
@@ -312,6 +313,9 @@ impl KcmSocket {
                 // every enqueue takes: no eventfd call unless it changes.
                 if core.mux.rx_queued(rt.id).unwrap_or(0) > 0 {
                     rt.rx.set();
+                    if r.is_ok() && !rt.backlog.load(Ordering::Relaxed) {
+                        rt.backlog.store(true, Ordering::Relaxed);
+                    }
                 } else {
                     rt.rx.clear();
                 }
@@ -324,7 +328,14 @@ impl KcmSocket {
             match r {
                 Err(MuxError::WouldBlock) => {
                     sh.uncork(rt);
-                    Self::wait(rt, &rt.rx, &rt.rcvtimeo, &mut deadline, sh.recv_spin)?
+                    // Spin only while messages come one at a time (the
+                    // latency of each is what a wake-up would add to); past
+                    // a backlog, sleep, and the next wake finds a batch.
+                    let spin = match rt.backlog.swap(false, Ordering::Relaxed) {
+                        true => Duration::ZERO,
+                        false => sh.recv_spin,
+                    };
+                    Self::wait(rt, &rt.rx, &rt.rcvtimeo, &mut deadline, spin)?
                 }
                 other => return other.map_err(io_err),
             }

@@ -159,6 +159,10 @@ pub(crate) struct SockRt {
     /// send made with nothing queued to receive, its next wait and its
     /// close write them, and each psock's worker was asked to.
     pub corked: Mutex<Vec<Arc<PsockRt>>>,
+    /// A receive since the socket last waited left more messages queued:
+    /// a backlog forms, and its next wait sleeps at once rather than spin
+    /// (`Config::recv_spin`).
+    pub backlog: AtomicBool,
 }
 
 /// Psocks a socket keeps corked at most: past it a send writes at once.
