@@ -66,6 +66,29 @@ if ! command -v nfs-cp >/dev/null; then
     apt-get install -y -qq --no-install-recommends libnfs-utils >/dev/null
 fi
 
+# ---- gVisor's 9P client (crates/connmux-cli/tests/ninep_p9client.rs builds
+# tests/p9client with Go): Go 1.20 or later (github.com/hugelgupf/p9 v0.3.0
+# needs it). Debian 12's golang-go is 1.19, so when no Go of 1.20 or later is
+# found (on the PATH or in /usr/local/go), the official release is unpacked
+# into /usr/local/go. Its modules come from the Go module proxy at the first
+# build and from the module cache after.
+go_ok() {
+    local v
+    v=$("$1" env GOVERSION 2>/dev/null | sed -n 's/^go\([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
+    [ -n "$v" ] && set -- $v && { [ "$1" -gt 1 ] || [ "$2" -ge 20 ]; }
+}
+if ! { [ -x /usr/local/go/bin/go ] && go_ok /usr/local/go/bin/go; } \
+    && ! { command -v go >/dev/null && go_ok "$(command -v go)"; }; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "setup: Go 1.20 or later is missing (for tests/p9client); run as root or install it" >&2
+        exit 1
+    fi
+    command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends curl ca-certificates >/dev/null; }
+    go_tar=go1.22.12.linux-$(dpkg --print-architecture).tar.gz
+    curl -fsSL "https://go.dev/dl/$go_tar" -o "/tmp/$go_tar"
+    rm -rf /usr/local/go && tar -C /usr/local -xzf "/tmp/$go_tar" && rm -f "/tmp/$go_tar"
+fi
+
 # ---- KCM conformance (scripts/conformance.sh): qemu and the tools the kcmvm
 # harness (scripts/kcmvm.sh) uses to fetch and boot Debian's kernel (apt-get
 # download, dpkg-deb, depmod, a static busybox for the guest), and glibc's

@@ -19,7 +19,7 @@
 //! `docs/9p.md`. In short: requests are decoded on the mux's workers; those
 //! that touch only the connection's fid table (or `fstat` a descriptor a
 //! fid holds) are answered there, the rest by a pool of file-system threads
-//! ([`serve`]); every path is resolved beneath the export, never following
+//! ([`serve`], on `connmux-fsd`'s pool); every path is resolved beneath the export, never following
 //! a symlink ([`fs`]); a server run as root does each attach's operations as
 //! the user it names ([`users`]); descriptors are spent from a budget
 //! ([`fs::Budget`]).
@@ -35,8 +35,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use connmux::service::{Service, ServiceConfig};
 use connmux::{Mux, SockType};
@@ -106,16 +104,13 @@ impl Default for Config {
     }
 }
 
-/// A running 9P server: its service on the mux, the file-system threads,
-/// the waker of paused connections and the sweeper of closed ones. Dropped
-/// or [`Server::shutdown`], it stops them all.
+/// A running 9P server: its service on the mux and the file-system
+/// threads (with the waker of paused connections, which also forgets the
+/// state of closed ones: `connmux-fsd`). Dropped or [`Server::shutdown`],
+/// it stops them all.
 pub struct Server {
     svc: Option<Arc<Service>>,
     handler: Arc<NinepHandler>,
-    pool: Arc<serve::Pool>,
-    quit: Option<crossbeam::channel::Sender<()>>,
-    threads: Vec<JoinHandle<()>>,
-    fs_threads: usize,
 }
 
 impl Server {
@@ -138,67 +133,35 @@ impl Server {
         let opts = fs::Options { read_only: cfg.read_only, xattrs: cfg.xattrs, open_files, handles };
         let export = Arc::new(fs::Export::open(&cfg.export, opts)?);
         let threads = cfg.fs_threads.max(1);
-        // Half: one connection (a kernel mount is one) keeps much of the
-        // parallelism, and the other half is always left to the others.
-        let share = cfg.fs_share.unwrap_or(threads / 2).max(1);
-        let users = Arc::new(Users::for_this_process(cfg.squash_users));
-        let (quit, quit_rx) = crossbeam::channel::bounded(0);
-        let (handler, pool) =
-            NinepHandler::new(export, cfg.max_msize, cfg.fs_queue, cfg.max_fids, share, users, quit_rx);
-        let mut senders = Vec::with_capacity(threads);
-        for _ in 0..threads {
-            let s = mux.socket(SockType::Dgram)?;
-            // Only for sending: no request is steered here.
-            s.set_recv_disable(true)?;
-            s.set_sndbuf(usize::MAX / 4)?;
-            s.set_write_timeout(Some(serve::SEND_TIMEOUT))?;
-            senders.push(s);
-        }
-        let _ = pool.senders.set(senders);
-        let _ = pool.mux.set(mux.clone());
-        let mut server = Server {
-            svc: None,
-            handler: handler.clone(),
-            pool: pool.clone(),
-            quit: Some(quit),
-            threads: Vec::new(),
-            fs_threads: threads,
+        let pool = connmux_fsd::Options {
+            name: "connmux-9p".into(),
+            threads,
+            queue: cfg.fs_queue,
+            // Half: one connection (a kernel mount is one) keeps much of the
+            // parallelism, and the other half is always left to the others.
+            share: cfg.fs_share.unwrap_or(threads / 2).max(1),
+            nice: cfg.fs_nice,
+            ..connmux_fsd::Options::default()
         };
-        {
-            let pool = pool.clone();
-            server
-                .threads
-                .push(std::thread::Builder::new().name("connmux-9p-waker".into()).spawn(move || pool.waker())?);
-        }
-        for i in 0..threads {
-            let (pool, mux, nice) = (pool.clone(), mux.clone(), cfg.fs_nice);
-            let t =
-                std::thread::Builder::new().name(format!("connmux-9p-fs{i}")).spawn(move || pool.run(i, mux, nice))?;
-            server.threads.push(t);
-        }
+        let users = Arc::new(Users::for_this_process(cfg.squash_users));
+        let handler = NinepHandler::start(&mux, export, cfg.max_msize, cfg.max_fids, users, pool)?;
         let scfg = ServiceConfig {
             listen: cfg.listen,
             sock_type: SockType::Dgram,
             parser: Arc::new(|| connmux::parsers::from_spec("9p").expect("built-in")),
         };
-        let svc = Arc::new(match &cfg.tls {
-            None => Service::start(mux, scfg, handler.clone())?,
-            Some(t) => Service::start_tls(mux, scfg, handler.clone(), t.clone())?,
-        });
-        {
-            // Forget the state of connections that are gone; ends with the service.
-            let (svc, h) = (Arc::downgrade(&svc), handler);
-            let t = std::thread::Builder::new().name("connmux-9p-sweep".into()).spawn(move || {
-                while let Some(svc) = svc.upgrade() {
-                    h.sweep(|| svc.mux().psocks());
-                    drop(svc);
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-            })?;
-            server.threads.push(t);
-        }
-        server.svc = Some(svc);
-        Ok(server)
+        let svc = match &cfg.tls {
+            None => Service::start(mux, scfg, handler.clone()),
+            Some(t) => Service::start_tls(mux, scfg, handler.clone(), t.clone()),
+        };
+        let svc = match svc {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                handler.pool().stop();
+                return Err(e);
+            }
+        };
+        Ok(Server { svc: Some(svc), handler })
     }
 
     /// The service: its address, statistics and mux.
@@ -222,12 +185,17 @@ impl Server {
 
     /// Whom attaches are served as.
     pub fn users(&self) -> &Users {
-        self.pool.users()
+        self.handler.pool().server().users()
     }
 
     /// File-system threads.
     pub fn fs_threads(&self) -> usize {
-        self.fs_threads
+        self.handler.pool().options().threads
+    }
+
+    /// The file-system threads' counters.
+    pub fn pool_stats(&self) -> &connmux_fsd::PoolStats {
+        &self.handler.pool().stats
     }
 
     /// Connections with state.
@@ -243,6 +211,7 @@ impl Server {
     /// The counters as `connmux stat` shows them, one `name=value` a line.
     pub fn counters(&self) -> String {
         let (st, n, x) = (self.service().stats(), self.stats(), self.export());
+        let p = self.pool_stats();
         let fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
         let mut out = String::new();
         for (k, v) in [
@@ -250,15 +219,15 @@ impl Server {
             ("closed", st.closed.load(Relaxed)),
             ("connections", self.connections() as u64),
             ("requests", n.requests.load(Relaxed)),
-            ("fs_thread_requests", n.to_pool.load(Relaxed)),
+            ("fs_thread_requests", p.queued.load(Relaxed)),
             ("errors", n.errors.load(Relaxed)),
             ("flushes", n.flushes.load(Relaxed)),
             ("flushes_deferred", n.flushes_deferred.load(Relaxed)),
             ("replies_dropped", n.replies_dropped.load(Relaxed)),
-            ("paused", n.paused.load(Relaxed)),
+            ("paused", p.paused.load(Relaxed)),
             ("bad_messages", n.bad_messages.load(Relaxed)),
-            ("overloads", n.overloads.load(Relaxed)),
-            ("send_failures", n.send_failures.load(Relaxed)),
+            ("overloads", p.overloads.load(Relaxed)),
+            ("send_failures", p.send_failures.load(Relaxed)),
             ("open_files", x.open_files.used() as u64),
             ("max_open", x.open_files.max_total as u64),
             ("open_refused", x.open_files.refused.load(Relaxed)),
@@ -271,8 +240,8 @@ impl Server {
         out
     }
 
-    /// Stops the service (every connection unattached), the file-system
-    /// threads, the waker and the sweeper.
+    /// Stops the service (every connection unattached) and the file-system
+    /// threads with their waker, and joins them.
     pub fn shutdown(mut self) {
         self.stop();
     }
@@ -280,11 +249,7 @@ impl Server {
     fn stop(&mut self) {
         // The service first: no request reaches the pool after it.
         drop(self.svc.take());
-        self.pool.stop();
-        drop(self.quit.take());
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        self.handler.pool().stop();
     }
 }
 

@@ -22,6 +22,10 @@ type R<T> = Result<T, Errno>;
 /// `n_uname` when the client names no uid.
 pub const NONUNAME: u32 = u32::MAX;
 
+/// The gid of a create that names no group (`(gid_t)-1`, as gVisor's p9
+/// client sends): the user's primary group.
+pub const NOGID: u32 = u32::MAX;
+
 /// An identity file operations run as.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct User {
@@ -125,9 +129,10 @@ thread_local! {
 
 /// Makes the calling thread's file-system calls run as `user`, its files
 /// created with group `gid` (the user's primary group unless given and
-/// allowed). Nothing is called when the thread already has that identity.
+/// allowed; [`NOGID`] gives none). Nothing is called when the thread
+/// already has that identity.
 pub fn become_user(user: &User, gid: Option<u32>) -> R<()> {
-    let gid = gid.filter(|g| user.may_use_gid(*g)).unwrap_or(user.gid);
+    let gid = gid.filter(|g| *g != NOGID && user.may_use_gid(*g)).unwrap_or(user.gid);
     CURRENT.with(|c| {
         let mut c = c.borrow_mut();
         if let Some((u, g, groups)) = &*c {

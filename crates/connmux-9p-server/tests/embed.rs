@@ -1,6 +1,6 @@
 //! A Rust program serves 9P on its own `Mux` through the library: a client
 //! over TCP on loopback reads and writes the export, the counters count it,
-//! and shutdown ends the server (the port is refused after it).
+//! and shutdown ends the server: its threads joined, the port refused after it.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -25,6 +25,15 @@ fn call(c: &mut TcpStream, tag: u16, m: &Tmsg<'_>) -> Vec<u8> {
         panic!("{m:?}: Rlerror {errno}");
     }
     r
+}
+
+/// Threads of this process whose name starts with `prefix` (`comm`).
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.starts_with(prefix))
+        .count()
 }
 
 #[test]
@@ -57,7 +66,14 @@ fn a_program_serves_9p_on_its_own_mux() {
     assert!(counters.contains("open_files=2\n"), "{counters}");
     assert_eq!(server.stats().errors.load(std::sync::atomic::Ordering::Relaxed), 0);
 
+    // The file-system threads and the waker run while it serves; shutdown
+    // joins them, promptly.
+    assert!(threads_named("connmux-9p-") >= 3, "2 file-system threads and the waker");
+    let t0 = std::time::Instant::now();
     server.shutdown();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
+    assert_eq!(threads_named("connmux-9p-"), 0, "a thread of the server outlived its shutdown");
     // Its connection is gone, and nothing listens.
     let mut b = [0u8; 1];
     assert!(matches!(c.read(&mut b), Ok(0) | Err(_)));

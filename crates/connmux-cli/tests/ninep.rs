@@ -472,6 +472,15 @@ fn bench_9p_quick_prints_the_9p_server_beside_diod() {
         assert!(rates.len() >= 2 && rates[0] > 0.0 && rates[1] > 0.0, "{line}");
         assert!(line.contains('x'), "{line}");
     }
+    // With busy processes on the servers' CPUs: the 60 KiB read row alone,
+    // and the busy processes gone after it.
+    let out = Command::new(BIN).args(["bench", "9p", "--quick", "--busy", "1"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line = text.lines().find(|l| l.starts_with("read 60 KiB")).unwrap_or_else(|| panic!("no busy row:\n{text}"));
+    let rates: Vec<f64> = line[30..].split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    assert!(rates.len() >= 2 && rates[0] > 0.0 && rates[1] > 0.0, "{line}");
+    assert!(!text.contains("getattr -j1 -a1"), "--busy measures the reads only:\n{text}");
 }
 
 #[test]

@@ -1,9 +1,15 @@
-//! Side by side: one receive workload through the userspace engine and
-//! through the kernel's KCM, alternated in one run, medians and ratios.
+//! Side by side: two workloads through the userspace engine and through
+//! the kernel's KCM, alternated in one run, medians and ratios.
 //!
-//! Workload: a peer thread writes N messages of 64 bytes (4-byte length + a
-//! 60-byte body carrying a sequence number), 64 messages per write; the
-//! endpoint receives them one `recv` at a time and checks the sequence.
+//! - receive: a peer thread writes N messages of 64 bytes (4-byte length +
+//!   a 60-byte body carrying a sequence number), 64 messages per write; the
+//!   endpoint receives them one `recv` at a time and checks the sequence.
+//! - echo (the KCM model, `connmux bench kcm`'s program on one connection):
+//!   a client keeps [`INFLIGHT`] messages of 28 bytes in flight; an
+//!   application thread answers each with `recv` then `send` (a plain send:
+//!   one connection, so the reply lands where the request came from on
+//!   both backends); the client checks every echo's sequence.
+//!
 //! Figures are messages per second; under an emulated VM only the ratio
 //! means anything.
 
@@ -11,12 +17,15 @@ use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
-use connmux::SockType;
+use connmux::{SendFlags, SockType};
 
 use crate::backend::{new_mux, tcp_pair, Kind, Opts};
 
 const MSG: usize = 64;
 const PER_WRITE: usize = 64;
+/// The echo workload's message size and messages in flight.
+const ECHO_MSG: usize = 28;
+const INFLIGHT: usize = 16;
 
 fn one(kind: Kind, n: usize) -> Result<f64, String> {
     let m = new_mux(kind, Opts::default()).map_err(|e| e.to_string())?;
@@ -62,6 +71,56 @@ fn one(kind: Kind, n: usize) -> Result<f64, String> {
     Ok(n as f64 / secs)
 }
 
+/// The echo workload: `n` messages through an application thread.
+fn echo(kind: Kind, n: usize) -> Result<f64, String> {
+    let m = new_mux(kind, Opts::default()).map_err(|e| e.to_string())?;
+    let s = m.socket(SockType::Dgram).map_err(|e| e.to_string())?;
+    s.set_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    let (mut peer, low) = tcp_pair().map_err(|e| e.to_string())?;
+    m.attach(low.as_fd(), "l4").map_err(|e| e.to_string())?;
+    peer.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    let client = std::thread::spawn(move || -> Result<f64, String> {
+        let t = Instant::now();
+        let (mut sent, mut got) = (0usize, 0usize);
+        let mut out = Vec::with_capacity(ECHO_MSG * INFLIGHT);
+        let mut inb = vec![0u8; 64 << 10];
+        let mut have = 0;
+        // Bounded: each round reads at least one byte, or fails.
+        while got < n {
+            out.clear();
+            while sent < n && sent - got < INFLIGHT {
+                out.extend_from_slice(&((ECHO_MSG - 4) as u32).to_be_bytes());
+                out.extend_from_slice(&(sent as u64).to_le_bytes());
+                out.resize(out.len() + ECHO_MSG - 12, 0x5a);
+                sent += 1;
+            }
+            peer.write_all(&out).map_err(|e| format!("client write: {e}"))?;
+            let r = std::io::Read::read(&mut peer, &mut inb[have..]).map_err(|e| format!("client read: {e}"))?;
+            if r == 0 {
+                return Err(format!("closed after {got} echoes"));
+            }
+            have += r;
+            let whole = have / ECHO_MSG;
+            for i in 0..whole {
+                let at = i * ECHO_MSG;
+                if inb[at + 4..at + 12] != (got as u64).to_le_bytes() {
+                    return Err(format!("echo {got} out of sequence"));
+                }
+                got += 1;
+            }
+            inb.copy_within(whole * ECHO_MSG..have, 0);
+            have -= whole * ECHO_MSG;
+        }
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    });
+    let mut buf = [0u8; 256];
+    for i in 0..n {
+        let g = s.recv(&mut buf, false).map_err(|e| format!("recv {i}: {e}"))?;
+        s.send(&buf[..g.len], SendFlags { eor: true, ..Default::default() }).map_err(|e| format!("send {i}: {e}"))?;
+    }
+    client.join().map_err(|_| "client panicked")?
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -72,27 +131,32 @@ pub fn run(n: usize, reps: usize) -> i32 {
     let kernel = connmux_kernel::KernelMux::supported();
     println!("BENCH n={n} msg={MSG}B per_write={PER_WRITE} reps={reps} kernel_kcm={kernel}");
     let kinds: Vec<Kind> = if kernel { vec![Kind::User, Kind::Kernel] } else { vec![Kind::User] };
-    let mut res: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
-    for r in 0..reps.max(1) {
-        for (i, k) in kinds.iter().enumerate() {
-            match one(*k, n) {
-                Ok(rate) => {
-                    println!("BENCH rep={} backend={:<9} rate={:.0} msg/s", r + 1, k.name(), rate);
-                    res[i].push(rate);
-                }
-                Err(e) => {
-                    println!("BENCH rep={} backend={} FAILED: {e}", r + 1, k.name());
-                    return 1;
+    // The echo crosses threads twice per message: a quarter as many.
+    let workloads: [(&str, usize, fn(Kind, usize) -> Result<f64, String>); 2] =
+        [("receive", n, one), ("echo", (n / 4).max(1), echo)];
+    for (name, n, f) in workloads {
+        let mut res: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+        for r in 0..reps.max(1) {
+            for (i, k) in kinds.iter().enumerate() {
+                match f(*k, n) {
+                    Ok(rate) => {
+                        println!("BENCH {name} n={n} rep={} backend={:<9} rate={:.0} msg/s", r + 1, k.name(), rate);
+                        res[i].push(rate);
+                    }
+                    Err(e) => {
+                        println!("BENCH {name} rep={} backend={} FAILED: {e}", r + 1, k.name());
+                        return 1;
+                    }
                 }
             }
         }
-    }
-    let meds: Vec<f64> = res.iter_mut().map(|v| median(v)).collect();
-    for (k, m) in kinds.iter().zip(&meds) {
-        println!("BENCH median backend={:<9} {:.0} msg/s", k.name(), m);
-    }
-    if meds.len() == 2 {
-        println!("BENCH ratio userspace/kernel = {:.2}", meds[0] / meds[1]);
+        let meds: Vec<f64> = res.iter_mut().map(|v| median(v)).collect();
+        for (k, m) in kinds.iter().zip(&meds) {
+            println!("BENCH {name} median backend={:<9} {:.0} msg/s", k.name(), m);
+        }
+        if meds.len() == 2 {
+            println!("BENCH {name} ratio userspace/kernel = {:.2}", meds[0] / meds[1]);
+        }
     }
     0
 }

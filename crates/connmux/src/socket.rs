@@ -83,6 +83,8 @@ impl KcmSocket {
             nonblocking: AtomicBool::new(false),
             rcvtimeo: Mutex::new(None),
             sndtimeo: Mutex::new(None),
+            corked: Mutex::new(Vec::new()),
+            backlog: AtomicBool::new(false),
         });
         // A new socket can always start a message until it fills its buffer.
         rt.tx.set();
@@ -311,6 +313,9 @@ impl KcmSocket {
                 // every enqueue takes: no eventfd call unless it changes.
                 if core.mux.rx_queued(rt.id).unwrap_or(0) > 0 {
                     rt.rx.set();
+                    if r.is_ok() && !rt.backlog.load(Ordering::Relaxed) {
+                        rt.backlog.store(true, Ordering::Relaxed);
+                    }
                 } else {
                     rt.rx.clear();
                 }
@@ -321,7 +326,17 @@ impl KcmSocket {
                 sh.dispatch(&mut events, &mut Ctx::App);
             }
             match r {
-                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.rx, &rt.rcvtimeo, &mut deadline, sh.recv_spin)?,
+                Err(MuxError::WouldBlock) => {
+                    sh.uncork(rt);
+                    // Spin only while messages come one at a time (the
+                    // latency of each is what a wake-up would add to); past
+                    // a backlog, sleep, and the next wake finds a batch.
+                    let spin = match rt.backlog.swap(false, Ordering::Relaxed) {
+                        true => Duration::ZERO,
+                        false => sh.recv_spin,
+                    };
+                    Self::wait(rt, &rt.rx, &rt.rcvtimeo, &mut deadline, spin)?
+                }
                 other => return other.map_err(io_err),
             }
         }
@@ -396,16 +411,20 @@ impl KcmSocket {
         Ok(out.len() - start)
     }
 
+    /// The send forms' loop: try under the core lock, write what the send
+    /// queued (or cork it: `addressed` sends made while more messages wait
+    /// to be received, [`Ctx::Cork`]), wait per the socket's mode.
     fn send_loop(
         &self,
         rt: &SockRt,
+        addressed: bool,
         mut attempt: impl FnMut(&mut connmux_core::mux::Mux) -> Result<usize, MuxError>,
     ) -> io::Result<usize> {
         let sh = self.mux.shared();
         let mut deadline = None;
         let mut events = Vec::new();
         loop {
-            let r = {
+            let (r, cork) = {
                 let mut core = sh.lock();
                 let r = attempt(&mut core.mux);
                 if !matches!(r, Err(MuxError::WouldBlock)) || core.mux.writable(rt.id).unwrap_or(false) {
@@ -413,12 +432,20 @@ impl KcmSocket {
                 } else {
                     rt.tx.clear();
                 }
+                let cork = addressed && r.is_ok() && core.mux.rx_queued(rt.id).unwrap_or(0) > 0;
                 core.drain_events(&mut events);
-                r
+                (r, cork)
             };
+            if cork {
+                sh.dispatch(&mut events, &mut Ctx::Cork(rt));
+                return r.map_err(io_err);
+            }
             if !events.is_empty() {
                 sh.dispatch(&mut events, &mut Ctx::App);
             }
+            // Nothing more to answer soon (or a plain send): what is
+            // corked goes now, and before any wait.
+            sh.uncork(rt);
             match r {
                 Err(MuxError::WouldBlock) => Self::wait(rt, &rt.tx, &rt.sndtimeo, &mut deadline, Duration::ZERO)?,
                 other => return other.map_err(io_err),
@@ -431,7 +458,7 @@ impl KcmSocket {
         match &self.imp {
             SockImp::User(rt) => {
                 let id = rt.id;
-                self.send_loop(rt, |m| m.send(id, data, flags))
+                self.send_loop(rt, false, |m| m.send(id, data, flags))
             }
             SockImp::Kernel(k) => k.send_flags(data, flags),
         }
@@ -444,10 +471,21 @@ impl KcmSocket {
 
     /// Addressed send: one whole message on the connection `psock`.
     /// Refused on the kernel backend.
+    ///
+    /// While this socket has more messages queued to receive, the message
+    /// is *corked*: queued on its connection and written with the answers
+    /// to those messages (one write for many replies, as a server reading a
+    /// connection's requests in one read answers them), by this socket's
+    /// next send made with nothing queued, its next wait (a receive or a
+    /// send that blocks, or returns `WouldBlock`), [`KcmSocket::flush`] or
+    /// close, or the connection's worker, which is asked at once: a corked
+    /// reply never waits for the application to call again. The same holds
+    /// for [`KcmSocket::send_msg`] to a psock and an all-addressed
+    /// [`KcmSocket::send_batch_to`]; plain sends are written at once.
     pub fn send_to(&self, data: &[u8], psock: PsockId) -> io::Result<usize> {
         let rt = self.addressed("KcmSocket::send_to")?;
         let id = rt.id;
-        self.send_loop(rt, |m| m.send_to(id, psock, data, SendFlags { eor: true, ..Default::default() }))
+        self.send_loop(rt, true, |m| m.send_to(id, psock, data, SendFlags { eor: true, ..Default::default() }))
     }
 
     /// Addressed send of a message already in a `Bytes` (no copy). On the
@@ -462,7 +500,7 @@ impl KcmSocket {
         };
         let id = rt.id;
         let len = msg.len();
-        self.send_loop(rt, |m| m.send_msg(id, psock, msg.clone(), false).map(|_| len)).map(|_| ())
+        self.send_loop(rt, psock.is_some(), |m| m.send_msg(id, psock, msg.clone(), false).map(|_| len)).map(|_| ())
     }
 
     /// sendmmsg: every message but the last carries BATCH, so the batch goes out
@@ -508,7 +546,8 @@ impl KcmSocket {
     ) -> io::Result<usize> {
         let id = rt.id;
         let mut sent = 0;
-        let r = self.send_loop(rt, |m| {
+        let addressed = (0..n).all(|i| msg(i).0.is_some());
+        let r = self.send_loop(rt, addressed, |m| {
             while sent < n {
                 let (p, data) = msg(sent);
                 let flags = SendFlags { eor: true, batch: sent + 1 < n, more: false };
@@ -565,6 +604,9 @@ impl KcmSocket {
     /// MORE/without EOR and never ended is not waited for (it cannot be sent).
     /// Unsupported on the kernel backend (AF_KCM's close drops them too).
     pub fn flush(&self, timeout: Duration) -> io::Result<()> {
+        if let SockImp::User(rt) = &self.imp {
+            self.mux.shared().uncork(rt);
+        }
         let deadline = Instant::now() + timeout;
         let mut nap = Duration::from_micros(50);
         // Bounded by the deadline (and the count, should the clock stand still).
@@ -648,6 +690,7 @@ impl Drop for KcmSocket {
         // A kernel socket closes when its `KernelSocket` drops.
         let SockImp::User(rt) = &self.imp else { return };
         let sh = self.mux.shared().clone();
+        sh.uncork(rt);
         let mut events = Vec::new();
         {
             let mut core = sh.lock();

@@ -319,13 +319,25 @@ impl Io for EpollIo<'_> {
     }
 
     fn command(&mut self, w: &mut Worker<'_>, c: Command) {
-        // A TLS psock may take bytes again (see `tls::epoll_read`). Other
+        // A TLS psock may take bytes again (see `tls::epoll_read`); an
+        // application thread's corked sends wait to be written. Other
         // threads reach epoll psocks through epoll_ctl: no other command
         // comes here.
-        if let Command::Resume(p) = c {
-            if let Some(rt) = w.sh.psock_rt(p) {
-                read_psock(w, &rt, None, &mut self.buf, &mut self.plain);
+        match c {
+            Command::Resume(p) => {
+                if let Some(rt) = w.sh.psock_rt(p) {
+                    read_psock(w, &rt, None, &mut self.buf, &mut self.plain);
+                }
             }
+            // An application thread's corked sends (`Ctx::Cork`).
+            Command::Flush(p) => {
+                if let Some(rt) = w.sh.psock_rt(p) {
+                    if !rt.flush_queued.swap(true, Ordering::AcqRel) {
+                        w.dirty.push(rt);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 

@@ -154,7 +154,19 @@ pub(crate) struct SockRt {
     pub nonblocking: AtomicBool,
     pub rcvtimeo: Mutex<Option<Duration>>,
     pub sndtimeo: Mutex<Option<Duration>>,
+    /// Psocks holding this socket's addressed sends not yet written
+    /// (corked: [`Ctx::Cork`]), at most [`CORK_MAX`]; the socket's next
+    /// send made with nothing queued to receive, its next wait and its
+    /// close write them, and each psock's worker was asked to.
+    pub corked: Mutex<Vec<Arc<PsockRt>>>,
+    /// A receive since the socket last waited left more messages queued:
+    /// a backlog forms, and its next wait sleeps at once rather than spin
+    /// (`Config::recv_spin`).
+    pub backlog: AtomicBool,
 }
+
+/// Psocks a socket keeps corked at most: past it a send writes at once.
+pub(crate) const CORK_MAX: usize = 64;
 
 /// Runtime side of a psock: the connection and which worker owns it.
 pub(crate) struct PsockRt {
@@ -480,6 +492,15 @@ pub(crate) enum Ctx<'a> {
     /// An application thread (or the API's own calls): it writes what its
     /// call queued on a psock at once.
     App,
+    /// An application thread's addressed send made while its socket has
+    /// more messages queued to receive: the replies to those will follow
+    /// on the same psocks, so the psock is corked (`SockRt::corked`)
+    /// rather than written now, and the replies leave together. The
+    /// psock's worker is asked to write it (`Command::Flush`), so a
+    /// corked reply never waits on the application: whichever comes
+    /// first, the worker's pass or the sender's next send with nothing
+    /// queued (or its wait), writes.
+    Cork(&'a SockRt),
     /// A worker: the psocks to write at the end of its pass, and its own
     /// hand-off state.
     Worker(&'a mut Vec<Arc<PsockRt>>, &'a mut Own),
@@ -595,6 +616,19 @@ impl Shared {
                                 list.push(rt);
                             }
                         }
+                        Ctx::Cork(sock) => {
+                            let mut corked = sock.corked.lock().unwrap();
+                            if corked.iter().any(|c| c.id == p) {
+                                continue;
+                            }
+                            if corked.len() < CORK_MAX {
+                                self.workers[rt.worker()].command(Command::Flush(p));
+                                corked.push(rt);
+                                continue;
+                            }
+                            drop(corked);
+                            self.flush(&rt, events)
+                        }
                         Ctx::App => self.flush(&rt, events),
                     }
                 }
@@ -694,6 +728,19 @@ impl Shared {
     }
     pub fn psock_rt(&self, p: PsockId) -> Option<Arc<PsockRt>> {
         self.lock().psocks.get(&p).cloned()
+    }
+
+    /// Write what `sock`'s corked psocks hold ([`Ctx::Cork`]).
+    pub fn uncork(&self, sock: &SockRt) {
+        let corked = std::mem::take(&mut *sock.corked.lock().unwrap());
+        if corked.is_empty() {
+            return;
+        }
+        let mut events = Vec::new();
+        for rt in &corked {
+            self.flush(rt, &mut events);
+        }
+        self.dispatch(&mut events, &mut Ctx::App);
     }
 
     /// Change a psock's epoll interest (from any thread: epoll_ctl is thread-safe).

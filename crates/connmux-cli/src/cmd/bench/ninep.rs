@@ -6,7 +6,8 @@
 //! connections' p99), and the seed's workload (nfs-ganesha's KCM patch
 //! measured one mount with 32 processes doing 32-byte I/O): one connection
 //! with 32 requests in flight, of getattr, 32-byte reads and 32-byte
-//! writes.
+//! writes. `--busy N` measures 60 KiB reads alone, with N processes
+//! spinning on the servers' CPUs: file I/O on a host whose CPUs others want.
 //!
 //! diod serves only its own uid: as root it is started as `nobody` (uid
 //! 65534, with `setpriv`) and the load attaches as that uid; otherwise it runs
@@ -42,6 +43,36 @@ pub struct Args {
     /// A smoke run: two rounds of 0.3 s.
     #[arg(long)]
     pub quick: bool,
+    /// Busy processes (a shell loop each) on the servers' CPUs for the
+    /// whole run; with it only 60 KiB reads are measured: file I/O on a
+    /// host whose CPUs other processes want.
+    #[arg(long, default_value_t = 0)]
+    pub busy: usize,
+}
+
+/// Processes that spin on the given CPUs until dropped (killed and reaped
+/// by their handles).
+struct Busy(Vec<std::process::Child>);
+
+impl Busy {
+    fn start(n: usize, cpus: &[usize]) -> anyhow::Result<Busy> {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut c = taskset(cpus, "sh");
+            c.args(["-c", "while :; do :; done"]);
+            v.push(c.spawn().context("starting a busy process (taskset, sh)")?);
+        }
+        Ok(Busy(v))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 const MIB: u64 = 1 << 20;
@@ -57,6 +88,17 @@ struct Load {
 
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
+}
+
+/// 60 KiB reads, one at a time: what a reader of files gets beside busy
+/// processes (`--busy`).
+fn busy_loads(busy: usize) -> Vec<Load> {
+    vec![Load {
+        name: if busy == 1 { "read 60 KiB -j1 -a1, 1 busy" } else { "read 60 KiB -j1 -a1, busy" },
+        args: s(&["--op", "read", "--file", "big", "--size", "61440", "-j", "1", "-a", "1"]),
+        uneven: false,
+        bytes: 61440,
+    }]
 }
 
 fn loads() -> Vec<Load> {
@@ -231,17 +273,19 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     };
     let p = placement(&a.placement)?;
     let dir = make_export()?;
-    let loads = loads();
+    let loads = if a.busy > 0 { busy_loads(a.busy) } else { loads() };
     let servers = [start_connmux(&p, &a.driver, &dir)?, start_diod(&p, &diod, &dir)?];
     println!(
         "connmux bench 9p: 9p-server vs diod over loopback, CPUs {} for servers and load, driver {}; {} round(s) of {} s, \
-         interleaved; medians over rounds; load avg {}",
+         interleaved; medians over rounds; load avg {}{}",
         cpu_list(&p.cpus),
         a.driver,
         a.run.rounds,
         a.run.seconds,
-        loadavg()
+        loadavg(),
+        if a.busy > 0 { format!("; {} busy processes on those CPUs", a.busy) } else { String::new() }
     );
+    let busy = Busy::start(a.busy, &p.cpus)?;
     // results[load][0 = connmux, 1 = diod]
     let mut results: Vec<[Vec<Figures>; 2]> = (0..loads.len()).map(|_| [Vec::new(), Vec::new()]).collect();
     for round in 0..a.run.rounds {
@@ -255,6 +299,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         }
         eprintln!("bench 9p: round {}/{} done (load avg {})", round + 1, a.run.rounds, loadavg());
     }
+    drop(busy);
     drop(servers);
     let _ = std::fs::remove_dir_all(&dir);
     println!();
@@ -281,7 +326,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
                 all_ok &= ok;
                 format!("ops/s >= 2x diod: {}", verdict(ok))
             }
-            "read 1 MiB -j1 -a1" => {
+            "read 1 MiB -j1 -a1" | "read 60 KiB -j1 -a1, 1 busy" | "read 60 KiB -j1 -a1, busy" => {
                 let ok = cr >= dr;
                 all_ok &= ok;
                 format!("bytes/s >= 1.0x diod: {}", verdict(ok))

@@ -94,26 +94,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let wt = wtmax(a.common.max_msg);
     let share = a.fs_share.unwrap_or(threads / 2).max(1);
     let identity = a.auth_sys.then_some(a.root_squash);
-    let (handler, pool) = serve::NfsHandler::new(export.clone(), a.fs_queue, share, wt, identity);
-    let mut senders = Vec::with_capacity(threads);
-    for _ in 0..threads {
-        let s = mux.socket(SockType::Dgram)?;
-        // Only for sending: no request is steered here.
-        s.set_recv_disable(true)?;
-        s.set_sndbuf(usize::MAX / 4)?;
-        s.set_write_timeout(Some(serve::SEND_TIMEOUT))?;
-        senders.push(s);
-    }
-    let _ = pool.senders.set(senders);
-    let _ = pool.mux.set(mux.clone());
-    {
-        let pool = pool.clone();
-        std::thread::Builder::new().name("connmux-nfs-waker".into()).spawn(move || pool.waker())?;
-    }
-    for i in 0..threads {
-        let (pool, mux) = (pool.clone(), mux.clone());
-        std::thread::Builder::new().name(format!("connmux-nfs-fs{i}")).spawn(move || pool.run(i, mux))?;
-    }
+    let pool = connmux_fsd::Options {
+        name: "connmux-nfs".into(),
+        threads,
+        queue: a.fs_queue,
+        share,
+        ..connmux_fsd::Options::default()
+    };
+    let handler = serve::NfsHandler::start(&mux, export.clone(), wt, identity, pool)?;
     let cfg = ServiceConfig {
         listen: a.listen,
         sock_type: SockType::Dgram,
@@ -129,19 +117,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .with_context(|| format!("starting {what} on {}", a.listen))?,
     );
     svc.set_max_conns((a.common.max_conns > 0).then_some(a.common.max_conns));
-    let udp_handler = Arc::new(udp::NfsUdp::new(pool.clone(), handler.stats.clone(), a.udp.udp_max));
+    let udp_handler = Arc::new(udp::NfsUdp::new(handler.clone(), a.udp.udp_max));
     let udp_svc = a.udp.start(&a.common, svc.local_addr(), udp_handler)?.map(Arc::new);
-    {
-        // Forget the state of connections that are gone.
-        let (svc, h) = (Arc::downgrade(&svc), handler.clone());
-        std::thread::Builder::new().name("connmux-nfs-sweep".into()).spawn(move || {
-            while let Some(svc) = svc.upgrade() {
-                h.sweep(|| svc.mux().psocks());
-                drop(svc);
-                std::thread::sleep(std::time::Duration::from_secs(1));
-            }
-        })?;
-    }
     let started = Instant::now();
     let snap = {
         let (svc, h, x, u) = (svc.clone(), handler.clone(), export.clone(), udp_svc.clone());
@@ -185,6 +162,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if let Some(u) = udp_svc.and_then(|u| Arc::try_unwrap(u).ok()) {
         u.shutdown();
     }
+    // The file-system threads (and the waker) end and are joined.
+    handler.pool().stop();
     drop(tls);
     if stopped.forced() {
         std::process::exit(stopped.finish());
@@ -193,7 +172,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 fn counters(svc: &Service, h: &serve::NfsHandler, x: &fs::Export) -> String {
-    let (st, n) = (svc.stats(), &h.stats);
+    let (st, n, p) = (svc.stats(), &h.stats, &h.pool().stats);
     let mut procs = String::new();
     for (i, c) in n.procs.iter().enumerate() {
         let c = c.load(Relaxed);
@@ -211,9 +190,9 @@ fn counters(svc: &Service, h: &serve::NfsHandler, x: &fs::Export) -> String {
         n.nfs_errors.load(Relaxed),
         n.garbage_args.load(Relaxed),
         n.bad_calls.load(Relaxed),
-        n.overloads.load(Relaxed),
-        n.paused.load(Relaxed),
-        n.send_failures.load(Relaxed),
+        p.overloads.load(Relaxed),
+        p.paused.load(Relaxed),
+        p.send_failures.load(Relaxed),
         n.bad_handles.load(Relaxed),
         n.stale_handles.load(Relaxed),
         x.searches.load(Relaxed),

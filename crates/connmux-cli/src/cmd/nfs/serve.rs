@@ -1,37 +1,35 @@
 //! The NFS version 3 and MOUNT version 3 service: calls checked on the I/O
 //! workers (RPC header, credential, program, version; NULL answered there),
-//! every other procedure handed to a pool of file-system threads, which
-//! decode its arguments, run it against the export and send the reply on
-//! the connection themselves (`KcmSocket::send_to` on sockets of the same
-//! mux that take no messages), as the 9P server does: a call that waits on
-//! the disk holds one of those threads, never a worker.
+//! every other procedure handed to the file-system threads
+//! ([`connmux_fsd::Pool`], shared with the 9P server), which decode its
+//! arguments, run it against the export and send the reply on the
+//! connection themselves: a call that waits on the disk holds one of those
+//! threads, never a worker.
 //!
 //! NFS replies carry the call's xid, so they may leave in any order: the
 //! pool's threads answer one connection's calls in parallel.
 //!
-//! Fairness and room, as in the 9P server: a connection has at most
-//! `share` calls with the pool at a time (the rest wait in its own
-//! backlog, at most `queue` of them, past which the connection is closed,
-//! counted in `overloads`), so one client's slow calls hold at most its
-//! share of the threads. A call is run only while its connection's
-//! unwritten replies are under [`ROOM`]; a connection over it is paused
-//! (nothing of its backlog is run) and a waker thread looks at it ever
-//! less often (1 ms doubling to 100 ms) until its peer has read enough: a
-//! peer that sends READs and never reads the replies holds no thread.
+//! Fairness and room are the pool's, as in the 9P server: a connection has
+//! at most `share` calls with the threads at a time (the rest wait in its
+//! own backlog, at most `queue` of them, past which the connection is
+//! closed, counted in `overloads`), so one client's slow calls hold at most
+//! its share of the threads. A call is run only while its connection's
+//! unwritten replies are under [`connmux_fsd::ROOM`]; a connection over it is paused
+//! until its peer has read enough: a peer that sends READs and never reads
+//! the replies holds no thread.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use bytes::BytesMut;
 use connmux::service::{Handler, Verdict};
-use connmux::{Bytes, KcmSocket, PsockId};
+use connmux::{Bytes, PsockId};
+use connmux_fsd::{Pool, Replier, Serve};
 use connmux_nfs::res::{self, FailAttrs};
 use connmux_nfs::{
     mount, types::access as acc, types::fsf, CreateHow, DirOp, Fattr3, MountCall, NfsCall, Nfsstat3, Nfstime3, Sattr3,
@@ -43,10 +41,6 @@ use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::fs::{self as nfs_fs, check_name, status_of, Export, Node};
-
-/// How long a pool thread waits to queue a reply before it gives up on the
-/// connection (a peer that reads nothing cannot hold the thread longer).
-pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Largest READ answered (FSINFO's rtmax); a larger count is cut to it.
 pub const RTMAX: u32 = 1 << 20;
@@ -68,13 +62,6 @@ pub struct Stats {
     pub garbage_args: AtomicU64,
     /// Records that were no RPC call: the connection was closed.
     pub bad_calls: AtomicU64,
-    /// Calls refused because their connection's backlog was full
-    /// (connection closed).
-    pub overloads: AtomicU64,
-    /// Times a connection was paused for want of room for its replies.
-    pub paused: AtomicU64,
-    /// Replies that could not be queued in time (connection aborted).
-    pub send_failures: AtomicU64,
     /// Handles that were none of ours.
     pub bad_handles: AtomicU64,
     /// Handles of files gone or of another export.
@@ -85,78 +72,17 @@ pub struct Stats {
     pub write_bytes: AtomicU64,
 }
 
-/// Unwritten reply bytes of a connection above which its calls wait:
-/// half the mux's backlog of replies per connection (4 MiB), so that the
-/// replies of the calls let through still fit in it.
-pub const ROOM: u64 = 2 << 20;
-
-/// The waker's first look at a paused connection comes after this, and
-/// the looks after it ever further apart, up to [`WAKE_MAX`].
-const WAKE_FIRST: Duration = Duration::from_millis(1);
-const WAKE_MAX: Duration = Duration::from_millis(100);
-
-/// A call for the pool.
-pub struct Job {
-    conn: Arc<Conn>,
-    psock: PsockId,
-    record: Bytes,
-}
-
-/// A connection's calls not answered yet, and its replies not written.
-pub struct Conn {
-    work: Mutex<Work>,
-    /// Reply bytes handed to the mux for this connection.
-    replied: AtomicU64,
-    /// The mux's count of bytes written to it, as last looked at.
-    written: AtomicU64,
-    /// Found gone: its backlog is dropped.
-    gone: AtomicBool,
-    /// The sweep epoch when this state was made.
-    born: u64,
-}
-
-#[derive(Default)]
-struct Work {
-    /// Calls with the pool (queued for a thread or running).
-    running: usize,
-    /// Calls waiting for the connection's share or for room.
-    backlog: VecDeque<Job>,
-    /// Waiting for room: nothing of the backlog goes to the pool.
-    paused: bool,
-}
-
-/// A connection waiting for room.
-struct Paused {
-    conn: Arc<Conn>,
-    psock: PsockId,
-    next: Instant,
-    nap: Duration,
-}
-
 /// The handler on the workers.
 pub struct NfsHandler {
     registry: Registry,
-    pool: Arc<Pool>,
-    conns: Mutex<HashMap<PsockId, Arc<Conn>>>,
-    epoch: AtomicU64,
-    backlog_max: usize,
+    pool: Arc<Pool<Nfs>>,
     pub stats: Arc<Stats>,
 }
 
-/// The file-system threads' side.
-pub struct Pool {
+/// The file-system threads' side: what a call is run against.
+pub struct Nfs {
     export: Arc<Export>,
-    rx: crossbeam::channel::Receiver<Job>,
-    tx: crossbeam::channel::Sender<Job>,
     pub stats: Arc<Stats>,
-    /// Calls of one connection with the pool at a time, at most.
-    share: usize,
-    paused: Mutex<Vec<Paused>>,
-    wake: Condvar,
-    /// One sender per thread, set before the service starts.
-    pub senders: OnceLock<Vec<KcmSocket>>,
-    /// The mux (set once it runs): what it has written of each connection.
-    pub mux: OnceLock<connmux::Mux>,
     /// The write verifier: fixed for the life of the process.
     verf: [u8; VERFSIZE],
     wtmax: u32,
@@ -184,106 +110,36 @@ fn body(marked: &[u8]) -> Option<Cow<'_, [u8]>> {
 }
 
 impl NfsHandler {
-    /// The handler and its pool. `queue`: calls waiting for a thread at
-    /// most, and calls one connection may have in its own backlog (more,
-    /// and it is closed); `share`: calls of one connection with the
-    /// threads at a time.
+    /// The handler and its file-system threads on `mux` (`pool`: their
+    /// number, the queue — calls waiting for a thread at most, and calls
+    /// one connection may have in its own backlog, more and it is closed —
+    /// and a connection's share of the threads).
     /// `identity`: `Some(root_squash)` to run calls as their AUTH_SYS caller.
-    pub fn new(
+    pub fn start(
+        mux: &connmux::Mux,
         export: Arc<Export>,
-        queue: usize,
-        share: usize,
         wtmax: u32,
         identity: Option<bool>,
-    ) -> (Arc<NfsHandler>, Arc<Pool>) {
-        let (tx, rx) = crossbeam::channel::bounded(queue.max(1));
+        pool: connmux_fsd::Options,
+    ) -> std::io::Result<Arc<NfsHandler>> {
         let stats = Arc::new(Stats::default());
         // The verifier: this start's time, so that a client sees a restart
         // (and writes its unstable data again).
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let verf = (t.as_nanos() as u64 ^ u64::from(std::process::id())).to_be_bytes();
-        let pool = Arc::new(Pool {
-            export,
-            rx,
-            tx,
-            stats: stats.clone(),
-            share: share.max(1),
-            paused: Mutex::default(),
-            wake: Condvar::new(),
-            senders: OnceLock::new(),
-            mux: OnceLock::new(),
-            verf,
-            wtmax,
-            identity,
-        });
-        let h = NfsHandler {
-            registry: registry(),
-            pool: pool.clone(),
-            conns: Mutex::default(),
-            epoch: AtomicU64::new(0),
-            backlog_max: queue.max(1),
-            stats,
-        };
-        (Arc::new(h), pool)
+        let nfs = Nfs { export, stats: stats.clone(), verf, wtmax, identity };
+        let pool = Pool::start(mux, pool, nfs)?;
+        Ok(Arc::new(NfsHandler { registry: registry(), pool, stats }))
     }
 
-    fn conn(&self, p: PsockId) -> Arc<Conn> {
-        let mut conns = self.conns.lock().unwrap();
-        let born = self.epoch.load(SeqCst);
-        conns
-            .entry(p)
-            .or_insert_with(|| {
-                Arc::new(Conn {
-                    work: Mutex::default(),
-                    replied: AtomicU64::new(0),
-                    written: AtomicU64::new(0),
-                    gone: AtomicBool::new(false),
-                    born,
-                })
-            })
-            .clone()
-    }
-
-    /// Forgets the connections that are gone: not among `live()` and
-    /// older than that look (one made meanwhile may be missing from it).
-    pub fn sweep(&self, live: impl FnOnce() -> Vec<PsockId>) {
-        let mark = self.epoch.fetch_add(1, SeqCst) + 1;
-        let live: std::collections::HashSet<_> = live().into_iter().collect();
-        self.conns.lock().unwrap().retain(|p, c| {
-            let keep = c.born >= mark || live.contains(p);
-            if !keep {
-                c.gone.store(true, SeqCst);
-                c.work.lock().unwrap().backlog.clear();
-            }
-            keep
-        });
+    /// The file-system threads.
+    pub fn pool(&self) -> &Pool<Nfs> {
+        &self.pool
     }
 
     /// Connections with state.
     pub fn conns(&self) -> usize {
-        self.conns.lock().unwrap().len()
-    }
-
-    /// Hands a call to the pool, or to its connection's backlog when the
-    /// connection has its share with the pool or waits for room. `false`:
-    /// the backlog is full.
-    fn submit(&self, psock: PsockId, record: Bytes) -> bool {
-        let conn = self.conn(psock);
-        let mut w = conn.work.lock().unwrap();
-        let job = Job { conn: conn.clone(), psock, record };
-        if w.paused || w.running >= self.pool.share {
-            if w.backlog.len() >= self.backlog_max {
-                return false;
-            }
-            w.backlog.push_back(job);
-            return true;
-        }
-        w.running += 1;
-        drop(w);
-        // Waits while the queue is full (bounded: every connection has at
-        // most its share there); the connections of this worker wait too.
-        let _ = self.pool.tx.send(job);
-        true
+        self.pool.conns()
     }
 
     fn reply(v: Vec<u8>, scratch: &mut BytesMut) -> Verdict {
@@ -305,12 +161,13 @@ impl Handler for NfsHandler {
             Some((call.xid(), self.registry.decide(&call, call.args().len())))
         });
         match decided {
-            // A procedure of a program and version served: for the pool.
+            // A procedure of a program and version served: for the pool
+            // (or the connection's backlog; full, the connection goes).
             Some((_, Reply::ProcUnavail)) => {
-                if self.submit(from, request) {
+                let conn = self.pool.conn(from, || ());
+                if self.pool.submit(&conn, |_| request) {
                     Verdict::NoReply
                 } else {
-                    self.stats.overloads.fetch_add(1, Relaxed);
                     Verdict::Close
                 }
             }
@@ -329,6 +186,16 @@ impl Handler for NfsHandler {
                 }
             },
         }
+    }
+}
+
+impl Serve for Nfs {
+    type Req = Bytes;
+    type Conn = ();
+    type Work = ();
+
+    fn serve(&self, conn: &connmux_fsd::Conn<Nfs>, record: Bytes, out: &Replier<'_, Nfs>) -> bool {
+        out.send(conn, Bytes::from(self.answer(&record)))
     }
 }
 
@@ -376,173 +243,7 @@ impl<T, E: Into<Fail>> With<T> for Result<T, E> {
     }
 }
 
-impl Pool {
-    /// Runs pool thread `i` for the life of the process.
-    pub fn run(&self, i: usize, mux: connmux::Mux) {
-        let sock = &self.senders.get().expect("senders set before the service starts")[i];
-        let _ = sock.set_nonblocking(true);
-        while let Ok(job) = self.rx.recv() {
-            let mut next = Some(job);
-            // Bounded: each turn answers or parks a call of the backlog.
-            while let Some(job) = next.take() {
-                next = self.serve(job, sock, &mux);
-            }
-        }
-    }
-
-    /// Unwritten reply bytes of a connection (or less, when under
-    /// [`ROOM`]), or `None` when it is gone.
-    fn unwritten(&self, conn: &Conn, p: PsockId, mux: &connmux::Mux) -> Option<u64> {
-        let replied = conn.replied.load(Relaxed);
-        let seen = replied.saturating_sub(conn.written.load(Relaxed));
-        if seen < ROOM {
-            return Some(seen);
-        }
-        let written = mux.psock_stats(p).ok()?.tx_bytes;
-        conn.written.fetch_max(written, Relaxed);
-        Some(replied.saturating_sub(written))
-    }
-
-    /// Answers one call; returns the next of its connection's backlog for
-    /// this thread to run when the queue has no room for it.
-    fn serve(&self, job: Job, sock: &KcmSocket, mux: &connmux::Mux) -> Option<Job> {
-        let conn = job.conn.clone();
-        if !conn.gone.load(SeqCst) {
-            match self.unwritten(&conn, job.psock, mux) {
-                None => conn.gone.store(true, SeqCst),
-                Some(n) if n >= ROOM => {
-                    // No room: the call waits, first in line, and the
-                    // connection is paused until its peer reads.
-                    let mut w = conn.work.lock().unwrap();
-                    w.running -= 1;
-                    let psock = job.psock;
-                    w.backlog.push_front(job);
-                    if !w.paused {
-                        w.paused = true;
-                        drop(w);
-                        self.stats.paused.fetch_add(1, Relaxed);
-                        let next = Instant::now() + WAKE_FIRST;
-                        self.paused.lock().unwrap().push(Paused { conn, psock, next, nap: WAKE_FIRST });
-                        self.wake.notify_one();
-                    }
-                    return None;
-                }
-                Some(_) => {}
-            }
-        }
-        if !conn.gone.load(SeqCst) {
-            let out = self.answer(&job.record);
-            let len = out.len() as u64;
-            if !out.is_empty() {
-                if self.send(sock, job.psock, out) {
-                    conn.replied.fetch_add(len, Relaxed);
-                } else {
-                    self.stats.send_failures.fetch_add(1, Relaxed);
-                    let _ = mux.abort(job.psock);
-                    conn.gone.store(true, SeqCst);
-                }
-            }
-        }
-        let mut w = conn.work.lock().unwrap();
-        w.running -= 1;
-        if conn.gone.load(SeqCst) {
-            w.backlog.clear();
-            return None;
-        }
-        if w.paused {
-            return None;
-        }
-        let next = w.backlog.pop_front()?;
-        w.running += 1;
-        drop(w);
-        // Behind the others' calls when there is room; else this thread
-        // runs it (it cannot wait for room in the queue it takes from).
-        match self.tx.try_send(next) {
-            Ok(()) => None,
-            Err(e) => Some(e.into_inner()),
-        }
-    }
-
-    /// The waker: resumes each paused connection once it has room, and
-    /// drops the backlog of one that is gone. Asleep while none is paused.
-    pub fn waker(self: Arc<Self>) {
-        let mux = self.mux.get().expect("mux set before the waker starts").clone();
-        loop {
-            let list = {
-                let mut l = self.paused.lock().unwrap();
-                while l.is_empty() {
-                    l = self.wake.wait(l).unwrap();
-                }
-                std::mem::take(&mut *l)
-            };
-            let mut still = Vec::new();
-            let now = Instant::now();
-            for mut e in list {
-                if e.next > now {
-                    still.push(e);
-                    continue;
-                }
-                let conn = e.conn.clone();
-                let room = match self.unwritten(&conn, e.psock, &mux) {
-                    None => {
-                        conn.gone.store(true, SeqCst);
-                        true
-                    }
-                    Some(n) => n < ROOM,
-                };
-                if !room {
-                    e.nap = (e.nap * 2).min(WAKE_MAX);
-                    e.next = now + e.nap;
-                    still.push(e);
-                    continue;
-                }
-                let mut w = conn.work.lock().unwrap();
-                w.paused = false;
-                if conn.gone.load(SeqCst) {
-                    w.backlog.clear();
-                    continue;
-                }
-                let mut resumed = Vec::new();
-                while w.running < self.share {
-                    let Some(j) = w.backlog.pop_front() else { break };
-                    w.running += 1;
-                    resumed.push(j);
-                }
-                drop(w);
-                for j in resumed {
-                    let _ = self.tx.send(j);
-                }
-            }
-            if let Some(first) = still.iter().map(|e| e.next).min() {
-                let mut l = self.paused.lock().unwrap();
-                let fresh = !l.is_empty();
-                l.extend(still);
-                if !fresh {
-                    let wait = first.saturating_duration_since(Instant::now()).max(WAKE_FIRST);
-                    drop(self.wake.wait_timeout(l, wait).unwrap());
-                }
-            }
-        }
-    }
-
-    /// Queues a reply, waiting out a full backlog up to [`SEND_TIMEOUT`].
-    fn send(&self, sock: &KcmSocket, psock: PsockId, out: Vec<u8>) -> bool {
-        let reply = Bytes::from(out);
-        let deadline = Instant::now() + SEND_TIMEOUT;
-        let mut nap = Duration::from_millis(1);
-        // Bounded by the deadline: each turn that finds no room sleeps.
-        loop {
-            match sock.send_msg(reply.clone(), Some(psock)) {
-                Ok(()) => return true,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
-                    std::thread::sleep(nap);
-                    nap = (nap * 2).min(Duration::from_millis(50));
-                }
-                Err(_) => return false,
-            }
-        }
-    }
-
+impl Nfs {
     /// The record-marked reply to one call record (checked on a worker).
     pub fn answer(&self, record: &[u8]) -> Vec<u8> {
         let Some(b) = body(record) else { return Vec::new() };

@@ -29,7 +29,7 @@ use connmux_nfs::NFS_PROGRAM;
 use connmux_oncrpc::reply::Reply;
 use connmux_oncrpc::{CallHeader, Outcome, Registry};
 
-use super::serve::{Pool, Stats};
+use super::serve::NfsHandler;
 
 /// Bytes kept for the RPC and NFS headers and attributes of a READ or
 /// READDIR reply, beside its data.
@@ -43,21 +43,21 @@ const READDIRPLUS: u32 = 17;
 /// The NFS and MOUNT service for datagrams.
 pub struct NfsUdp {
     registry: Registry,
-    pool: Arc<Pool>,
-    stats: Arc<Stats>,
+    nfs: Arc<NfsHandler>,
     /// Largest count a READ or READDIR may ask for over UDP.
     max_count: u32,
 }
 
 impl NfsUdp {
     /// `max_datagram`: the UDP service's (replies longer are refused).
-    pub fn new(pool: Arc<Pool>, stats: Arc<Stats>, max_datagram: usize) -> NfsUdp {
+    /// Over the TCP handler's file-system side (its export and counters).
+    pub fn new(nfs: Arc<NfsHandler>, max_datagram: usize) -> NfsUdp {
         let max_count = max_datagram.saturating_sub(REPLY_ROOM).max(512) as u32;
-        NfsUdp { registry: super::serve::registry(), pool, stats, max_count }
+        NfsUdp { registry: super::serve::registry(), nfs, max_count }
     }
 
     fn answer(&self, dgram: &[u8], out: &mut BytesMut) -> bool {
-        self.stats.calls.fetch_add(1, Relaxed);
+        self.nfs.stats.calls.fetch_add(1, Relaxed);
         if let Some(r) = self.registry.null_fast_datagram(dgram) {
             out.extend_from_slice(&r);
             return true;
@@ -78,9 +78,9 @@ impl NfsUdp {
                     let count = u32::from_be_bytes(record[at..].try_into().expect("4 bytes"));
                     record[at..].copy_from_slice(&count.min(self.max_count).to_be_bytes());
                 }
-                let reply = self.pool.answer(&record);
+                let reply = self.nfs.pool().server().answer(&record);
                 if reply.len() < 4 {
-                    self.stats.bad_calls.fetch_add(1, Relaxed);
+                    self.nfs.stats.bad_calls.fetch_add(1, Relaxed);
                     return false;
                 }
                 out.extend_from_slice(&reply[4..]);
@@ -96,7 +96,7 @@ impl NfsUdp {
                         true
                     }
                     Outcome::CloseConnection(_) => {
-                        self.stats.bad_calls.fetch_add(1, Relaxed);
+                        self.nfs.stats.bad_calls.fetch_add(1, Relaxed);
                         false
                     }
                 }

@@ -1,0 +1,331 @@
+//! The pool: its threads, the queue they take requests from, submitting a
+//! request, running one, and stopping.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use connmux::{KcmSocket, Mux, PsockId, SockType};
+use crossbeam::channel::{self, Receiver, Sender};
+
+use crate::conn::{Conn, Conns};
+use crate::send::Replier;
+use crate::waker::Paused;
+use crate::Serve;
+
+/// How the pool is run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Its threads are named `{name}-fs{i}` and `{name}-waker`.
+    pub name: String,
+    /// File-system threads.
+    pub threads: usize,
+    /// Requests waiting for a thread, at most; also the most one
+    /// connection may have waiting in its own backlog (more, and
+    /// [`Pool::submit`] refuses). A worker that finds the queue full waits
+    /// for room (its connections' TCP windows close meanwhile).
+    pub queue: usize,
+    /// Requests of one connection with the threads at a time, at most.
+    pub share: usize,
+    /// Nice steps of the threads below the workers (0: beside them).
+    pub nice: i32,
+    /// Unwritten reply bytes of a connection above which its requests
+    /// wait ([`ROOM`]).
+    pub room: u64,
+    /// How long a thread waits to queue a reply before it gives up on the
+    /// connection ([`SEND_TIMEOUT`]).
+    pub send_timeout: Duration,
+}
+
+/// The default room: half the mux's backlog of replies per connection
+/// (4 MiB), so that the replies of the requests let through still fit in it.
+pub const ROOM: u64 = 2 << 20;
+
+/// The default send timeout: a peer that reads nothing cannot hold a
+/// thread longer.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            name: "connmux-fsd".into(),
+            threads: 8,
+            queue: 256,
+            share: 4,
+            nice: 0,
+            room: ROOM,
+            send_timeout: SEND_TIMEOUT,
+        }
+    }
+}
+
+/// The pool's counters.
+#[derive(Default, Debug)]
+pub struct PoolStats {
+    /// Requests handed to the threads.
+    pub queued: AtomicU64,
+    /// Times a connection was paused: its unwritten replies over the room.
+    pub paused: AtomicU64,
+    /// Requests refused because their connection's backlog was full.
+    pub overloads: AtomicU64,
+    /// Replies that could not be queued in time (connection aborted).
+    pub send_failures: AtomicU64,
+}
+
+/// A request for a thread.
+pub(crate) struct Job<T: Serve> {
+    pub(crate) conn: Arc<Conn<T>>,
+    pub(crate) req: T::Req,
+}
+
+/// The file-system threads of a server `T`, and the state of the
+/// connections it serves.
+pub struct Pool<T: Serve> {
+    server: T,
+    pub(crate) mux: Mux,
+    pub(crate) opts: Options,
+    jobs: Receiver<Job<T>>,
+    pub(crate) tx: Sender<Job<T>>,
+    pub(crate) conns: Conns<T>,
+    /// Connections paused for room, looked at by the waker.
+    pub(crate) paused: Mutex<Vec<Paused<T>>>,
+    pub(crate) wake: Condvar,
+    /// Set when the pool stops: every loop and wait of its threads ends.
+    pub(crate) stopping: AtomicBool,
+    /// Disconnected (its sender dropped) when the pool stops: the threads
+    /// waiting for a request, and anyone waiting to queue one, end.
+    pub(crate) quit: Receiver<()>,
+    quit_tx: Mutex<Option<Sender<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    pub stats: PoolStats,
+}
+
+impl<T: Serve> Pool<T> {
+    /// Starts `opts.threads` file-system threads serving `server` and the
+    /// waker, each thread with a socket of `mux` to send replies on.
+    pub fn start(mux: &Mux, opts: Options, server: T) -> io::Result<Arc<Pool<T>>> {
+        let opts = Options {
+            threads: opts.threads.max(1),
+            queue: opts.queue.max(1),
+            share: opts.share.max(1),
+            room: opts.room.max(1),
+            ..opts
+        };
+        let mut senders = Vec::with_capacity(opts.threads);
+        for _ in 0..opts.threads {
+            let s = mux.socket(SockType::Dgram)?;
+            // Only for sending: no request is steered here.
+            s.set_recv_disable(true)?;
+            s.set_sndbuf(usize::MAX / 4)?;
+            s.set_write_timeout(Some(opts.send_timeout))?;
+            // Never waits inside the mux: a full backlog is waited out by
+            // the thread (`Replier`), which can also see the pool stop.
+            s.set_nonblocking(true)?;
+            senders.push(s);
+        }
+        let (tx, jobs) = channel::bounded(opts.queue);
+        let (quit_tx, quit) = channel::bounded(0);
+        let pool = Arc::new(Pool {
+            server,
+            mux: mux.clone(),
+            opts,
+            jobs,
+            tx,
+            conns: Conns::new(),
+            paused: Mutex::default(),
+            wake: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            quit,
+            quit_tx: Mutex::new(Some(quit_tx)),
+            threads: Mutex::default(),
+            stats: PoolStats::default(),
+        });
+        let name = pool.opts.name.clone();
+        let spawn = |tname: String, f: Box<dyn FnOnce() + Send>| std::thread::Builder::new().name(tname).spawn(f);
+        let mut threads = Vec::with_capacity(pool.opts.threads + 1);
+        let started = (|| -> io::Result<()> {
+            let p = pool.clone();
+            threads.push(spawn(format!("{name}-waker"), Box::new(move || p.waker()))?);
+            for (i, sock) in senders.into_iter().enumerate() {
+                let p = pool.clone();
+                threads.push(spawn(format!("{name}-fs{i}"), Box::new(move || p.run(sock)))?);
+            }
+            Ok(())
+        })();
+        *pool.threads.lock().unwrap() = threads;
+        if let Err(e) = started {
+            pool.stop();
+            return Err(e);
+        }
+        Ok(pool)
+    }
+
+    /// The server the threads run requests for.
+    pub fn server(&self) -> &T {
+        &self.server
+    }
+
+    /// How it runs.
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    /// The state of connection `p`, made (with `data`) at its first request.
+    pub fn conn(&self, p: PsockId, data: impl FnOnce() -> T::Conn) -> Arc<Conn<T>> {
+        self.conns.get(p, data)
+    }
+
+    /// Connections with state.
+    pub fn conns(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Forgets the connections that are gone: not among `live()` and
+    /// older than that look. The waker does it once a second with the
+    /// mux's psocks; for a caller that knows better sooner.
+    pub fn sweep(&self, live: impl FnOnce() -> Vec<PsockId>) {
+        self.conns.sweep(live)
+    }
+
+    /// Hands a request to the threads, or to its connection's backlog
+    /// while the connection has its share with the threads or waits for
+    /// room. `make` builds it under the connection's lock (with the
+    /// server's state kept there). `false`: the backlog is full (counted
+    /// in `overloads`; the server closes the connection), or the pool
+    /// stops.
+    pub fn submit(&self, conn: &Arc<Conn<T>>, make: impl FnOnce(&mut T::Work) -> T::Req) -> bool {
+        let mut q = conn.lock();
+        let wait = q.paused || q.running >= self.opts.share;
+        if wait && q.backlog.len() >= self.opts.queue {
+            self.stats.overloads.fetch_add(1, Relaxed);
+            return false;
+        }
+        let req = make(&mut q.work);
+        if wait {
+            q.backlog.push_back(req);
+            return true;
+        }
+        q.running += 1;
+        drop(q);
+        self.queue(Job { conn: conn.clone(), req })
+    }
+
+    /// Puts a job on the queue, waiting while it is full (bounded: every
+    /// connection has at most its share there) unless the pool stops.
+    pub(crate) fn queue(&self, job: Job<T>) -> bool {
+        if self.stopping() {
+            return false;
+        }
+        self.stats.queued.fetch_add(1, Relaxed);
+        channel::select! {
+            send(self.tx, job) -> r => r.is_ok(),
+            recv(self.quit) -> _ => false,
+        }
+    }
+
+    /// Stops the threads and joins them: a thread waiting for a request
+    /// ends at once, one running a request when that request's reply is
+    /// queued or given up (a reply waiting for room is given up at once).
+    /// The requests not yet run are dropped. Idempotent.
+    pub fn stop(&self) {
+        self.stopping.store(true, SeqCst);
+        drop(self.quit_tx.lock().unwrap().take());
+        {
+            let _l = self.paused.lock().unwrap();
+            self.wake.notify_all();
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap());
+        let me = std::thread::current().id();
+        for t in threads {
+            // (A thread of the pool that stops it cannot join itself.)
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// Whether [`Pool::stop`] was called.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(SeqCst)
+    }
+
+    /// Runs one file-system thread until the pool stops.
+    fn run(&self, sock: KcmSocket) {
+        if self.opts.nice != 0 {
+            let _ = connmux_sys::affinity::renice_current_thread(self.opts.nice);
+        }
+        let out = Replier { pool: self, sock: &sock };
+        loop {
+            let job = channel::select! {
+                recv(self.jobs) -> j => match j {
+                    Ok(j) => j,
+                    Err(_) => return,
+                },
+                recv(self.quit) -> _ => return,
+            };
+            let mut next = Some(job);
+            // Bounded: each turn answers or parks a request of the backlog.
+            while let Some(job) = next.take() {
+                if self.stopping() {
+                    return;
+                }
+                next = self.run_one(job, &out);
+            }
+        }
+    }
+
+    /// Runs one request; returns the next of its connection's backlog for
+    /// this thread to run when the queue has no room for it.
+    fn run_one(&self, job: Job<T>, out: &Replier<'_, T>) -> Option<Job<T>> {
+        let Job { conn, req } = job;
+        if !conn.gone() {
+            match conn.unwritten(self.opts.room, &self.mux) {
+                None => conn.set_gone(),
+                Some(n) if n >= self.opts.room => {
+                    // No room: the request waits, first in line, and the
+                    // connection is paused until its peer reads. (Every
+                    // request, not only reads: a peer that collects no
+                    // reply would otherwise hold threads in the replier
+                    // with small ones too.)
+                    let mut q = conn.lock();
+                    q.running -= 1;
+                    q.backlog.push_front(req);
+                    if !q.paused {
+                        q.paused = true;
+                        drop(q);
+                        self.stats.paused.fetch_add(1, Relaxed);
+                        self.pause(conn);
+                    }
+                    return None;
+                }
+                Some(_) => {}
+            }
+        }
+        if !conn.gone() && !self.server.serve(&conn, req, out) {
+            self.stats.send_failures.fetch_add(1, Relaxed);
+            let _ = self.mux.abort(conn.psock());
+            conn.set_gone();
+        }
+        let mut q = conn.lock();
+        q.running -= 1;
+        if conn.gone() {
+            q.backlog.clear();
+            return None;
+        }
+        if q.paused {
+            return None;
+        }
+        let next = q.backlog.pop_front()?;
+        q.running += 1;
+        drop(q);
+        self.stats.queued.fetch_add(1, Relaxed);
+        // Behind the others' requests when there is room; else this thread
+        // runs it (it cannot wait for room in the queue it takes from).
+        match self.tx.try_send(Job { conn, req: next }) {
+            Ok(()) => None,
+            Err(e) => Some(e.into_inner()),
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Addressed sends made while the socket has more messages queued to receive
+//! are corked (the replies to a backlog leave together): a corked reply
+//! still reaches its peer when the application receives nothing more (the
+//! psock's worker writes it), and replies to many connections, answered one
+//! message at a time or in batches, arrive whole and in order.
+
+#[macro_use]
+mod common;
+
+use std::io::Read;
+use std::net::TcpStream;
+
+use common::*;
+use connmux::SockType;
+
+/// The peer's next L4 message, or a failure naming what was waited for.
+fn reply(peer: &mut TcpStream, what: &str) -> Vec<u8> {
+    let mut hdr = [0u8; 4];
+    peer.read_exact(&mut hdr).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut body = vec![0u8; u32::from_be_bytes(hdr) as usize];
+    peer.read_exact(&mut body).unwrap_or_else(|e| panic!("{what}: {e}"));
+    body
+}
+
+/// Four requests queued; the application answers the first and receives no
+/// more: the answer still arrives (corked, then written by the worker).
+fn a_corked_reply_arrives_without_another_receive() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT)).unwrap();
+    let (ours, mut peer) = pair();
+    peer.set_read_timeout(Some(WAIT)).unwrap();
+    mux.attach(&ours, l4()).unwrap();
+    let mut burst = Vec::new();
+    for i in 0..4u8 {
+        burst.extend_from_slice(&framed(&[i; 8]));
+    }
+    write_all(&mut peer, &burst);
+    eventually(|| (sock.queued() == 4).then_some(()));
+    let m = sock.recv_msg().unwrap();
+    assert_eq!(sock.queued(), 3, "the rest stays queued");
+    sock.send_to(b"\0\0\0\x06answer", m.psock).unwrap();
+    assert_eq!(reply(&mut peer, "the corked answer"), b"answer");
+    eventually(|| (sock.unsent().unwrap() == 0).then_some(()));
+}
+
+/// Four connections pipelining 200 requests each at an application thread
+/// that answers every request where it came from (`recv_msg` + `send_to`,
+/// then `recv_batch` + `send_batch_to`): each peer gets its 200 answers in
+/// order.
+fn answers_to_a_backlog_arrive_in_order() {
+    for batch in [false, true] {
+        let mux = mux_with(|_| {});
+        let sock = mux.socket(SockType::Dgram).unwrap();
+        sock.set_read_timeout(Some(WAIT)).unwrap();
+        const CONNS: usize = 4;
+        const EACH: u32 = 200;
+        let mut peers = Vec::new();
+        for _ in 0..CONNS {
+            let (ours, peer) = pair();
+            peer.set_read_timeout(Some(WAIT)).unwrap();
+            mux.attach(&ours, l4()).unwrap();
+            peers.push(peer);
+        }
+        let mut readers = Vec::new();
+        for (c, mut peer) in peers.into_iter().enumerate() {
+            let mut all = Vec::new();
+            for i in 0..EACH {
+                all.extend_from_slice(&framed(&(c as u32 * 1000 + i).to_be_bytes()));
+            }
+            readers.push(std::thread::spawn(move || {
+                write_all(&mut peer, &all);
+                for i in 0..EACH {
+                    let got = reply(&mut peer, &format!("answer {i} of connection {c}"));
+                    assert_eq!(got, (c as u32 * 1000 + i).to_be_bytes(), "batch {batch}, connection {c}, answer {i}");
+                }
+            }));
+        }
+        let total = CONNS * EACH as usize;
+        let mut answered = 0;
+        let mut got = Vec::new();
+        while answered < total {
+            if batch {
+                got.clear();
+                sock.recv_batch(&mut got, 16).unwrap();
+                let out: Vec<_> = got.iter().map(|m| (Some(m.psock), &m.data[..])).collect();
+                let mut sent = 0;
+                while sent < out.len() {
+                    sent += sock.send_batch_to(&out[sent..]).unwrap();
+                }
+                answered += got.len();
+            } else {
+                let m = sock.recv_msg().unwrap();
+                sock.send_to(&m.data, m.psock).unwrap();
+                answered += 1;
+            }
+        }
+        for r in readers {
+            r.join().unwrap();
+        }
+    }
+}
+
+on_both_drivers!(a_corked_reply_arrives_without_another_receive, answers_to_a_backlog_arrive_in_order);
