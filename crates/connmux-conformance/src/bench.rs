@@ -121,6 +121,9 @@ fn echo(kind: Kind, n: usize) -> Result<f64, String> {
     client.join().map_err(|_| "client panicked")?
 }
 
+/// One workload: messages per second through a backend, or what failed.
+type Workload = fn(Kind, usize) -> Result<f64, String>;
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -132,8 +135,7 @@ pub fn run(n: usize, reps: usize) -> i32 {
     println!("BENCH n={n} msg={MSG}B per_write={PER_WRITE} reps={reps} kernel_kcm={kernel}");
     let kinds: Vec<Kind> = if kernel { vec![Kind::User, Kind::Kernel] } else { vec![Kind::User] };
     // The echo crosses threads twice per message: a quarter as many.
-    let workloads: [(&str, usize, fn(Kind, usize) -> Result<f64, String>); 2] =
-        [("receive", n, one), ("echo", (n / 4).max(1), echo)];
+    let workloads: [(&str, usize, Workload); 2] = [("receive", n, one), ("echo", (n / 4).max(1), echo)];
     for (name, n, f) in workloads {
         let mut res: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
         for r in 0..reps.max(1) {
