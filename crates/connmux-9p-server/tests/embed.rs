@@ -68,7 +68,12 @@ fn a_program_serves_9p_on_its_own_mux() {
 
     // The file-system threads and the waker run while it serves; shutdown
     // joins them, promptly.
-    assert!(threads_named("connmux-9p-") >= 3, "2 file-system threads and the waker");
+    // (A thread names itself when it first runs.)
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while threads_named("connmux-9p-") < 3 {
+        assert!(std::time::Instant::now() < end, "2 file-system threads and the waker not there after 10 s");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let t0 = std::time::Instant::now();
     server.shutdown();
     let took = t0.elapsed();

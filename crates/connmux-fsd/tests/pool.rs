@@ -125,7 +125,8 @@ fn stop_within(pool: &Arc<Pool<Sized>>, within: Duration) -> Duration {
 #[test]
 fn a_peer_that_reads_nothing_is_paused_alone_and_resumed_when_it_reads() {
     let r = rig("fsdp", connmux_fsd::Options::default().room);
-    assert_eq!(threads_named("fsdp-"), 5, "4 file-system threads and the waker");
+    // (A thread names itself when it first runs.)
+    wait_for("4 file-system threads and the waker", Duration::from_secs(10), || threads_named("fsdp-") == 5);
     let mut hog = TcpStream::connect(r.addr).unwrap();
     for _ in 0..64 {
         ask(&mut hog, 1 << 20);
