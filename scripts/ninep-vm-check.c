@@ -194,6 +194,18 @@ static size_t names_of(const char *path, char *list, char **out, size_t max) {
     return k;
 }
 
+/* As many bytes as fit, short only at the end of the file. */
+static ssize_t read_full(int fd, char *buf, size_t size) {
+    size_t got = 0;
+    while (got < size) {
+        ssize_t n = read(fd, buf + got, size - got);
+        if (n < 0) return -1;
+        if (n == 0) break;
+        got += (size_t)n;
+    }
+    return (ssize_t)got;
+}
+
 static void compare(const char *a, const char *b, int *seen) {
     struct stat sa, sb;
     if (lstat(a, &sa) < 0) die("lstat", a);
@@ -231,7 +243,7 @@ static void compare(const char *a, const char *b, int *seen) {
         if (fb < 0) die("open", b);
         static char ba[65536], bb[65536];
         for (;;) {
-            ssize_t x = read(fa, ba, sizeof ba), y = read(fb, bb, (size_t)(x > 0 ? x : 1));
+            ssize_t x = read_full(fa, ba, sizeof ba), y = read_full(fb, bb, sizeof bb);
             if (x < 0 || y < 0) die("read", a);
             if (x != y || memcmp(ba, bb, (size_t)x)) {
                 differ("%s and %s: other bytes", a, b);

@@ -106,7 +106,7 @@ fi
 V=/test/ninep-vm-check
 cmp_tree() { # $1, $2: trees that must be alike; what differs is printed
     $V compare "$1" "$2" >/tmp/cmp.out 2>&1; r=$?
-    grep -v '^INFO' /tmp/cmp.out | head -20
+    grep -v "^INFO" /tmp/cmp.out | head -20 | sed "s/^/NINEP INFO /"
     return $r
 }
 mkdir -p $EX/xd
