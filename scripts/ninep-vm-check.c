@@ -9,8 +9,10 @@
  *   ninep-vm-check copy SRC DST       copy SRC to DST as `cp -a` does: bytes,
  *                                     every xattr (listxattr/getxattr/
  *                                     setxattr), mode, mtime; symlinks as links
- *   ninep-vm-check compare A B        every name, xattr name and value, byte,
- *                                     mode and mtime alike, or say what differs
+ *   ninep-vm-check compare A B [seconds]
+ *                                     every name, xattr name and value, byte,
+ *                                     mode and mtime (to the second with
+ *                                     `seconds`) alike, or say what differs
  *   ninep-vm-check locks PATH_A PATH_B [remote-view]
  *                                     process A (this one) opens PATH_A,
  *                                     process B (a child) opens PATH_B (the
@@ -45,6 +47,9 @@
 #define XMAX 65536
 
 static int bad;
+/* Compare mtimes to the second only (Linux 6.1's 9P client keeps its
+ * inodes' times to the second: its super block's time granularity). */
+static int whole_seconds;
 
 static void differ(const char *fmt, ...) {
     va_list ap;
@@ -215,7 +220,7 @@ static void compare(const char *a, const char *b, int *seen) {
     }
     (*seen)++;
     if (sa.st_mode != sb.st_mode) differ("%s: mode %o, %s: %o", a, sa.st_mode, b, sb.st_mode);
-    if (!S_ISLNK(sa.st_mode) && (sa.st_mtim.tv_sec != sb.st_mtim.tv_sec || sa.st_mtim.tv_nsec != sb.st_mtim.tv_nsec))
+    if (!S_ISLNK(sa.st_mode) && (sa.st_mtim.tv_sec != sb.st_mtim.tv_sec || (!whole_seconds && sa.st_mtim.tv_nsec != sb.st_mtim.tv_nsec)))
         differ("%s: mtime %ld.%09ld, %s: %ld.%09ld", a, (long)sa.st_mtim.tv_sec, sa.st_mtim.tv_nsec, b,
                (long)sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
     if (S_ISLNK(sa.st_mode)) {
@@ -482,14 +487,15 @@ int main(int argc, char **argv) {
     signal(SIGALRM, on_alarm);
     if (argc == 3 && !strcmp(argv[1], "mktree")) return mktree(argv[2]);
     if (argc == 4 && !strcmp(argv[1], "copy")) return copy(argv[2], argv[3]);
-    if (argc == 4 && !strcmp(argv[1], "compare")) {
+    if ((argc == 4 || (argc == 5 && !strcmp(argv[4], "seconds"))) && !strcmp(argv[1], "compare")) {
         int seen = 0;
+        whole_seconds = argc == 5;
         compare(argv[2], argv[3], &seen);
         printf("INFO compared %d entries: %s\n", seen, bad ? "DIFFERENT" : "alike");
         return bad;
     }
     if ((argc == 4 || argc == 5) && !strcmp(argv[1], "locks"))
         return locks(argv[2], argv[3], argc == 5 && !strcmp(argv[4], "remote-view"));
-    fprintf(stderr, "usage: ninep-vm-check mktree DIR | copy SRC DST | compare A B | locks PATH_A PATH_B [remote-view]\n");
+    fprintf(stderr, "usage: ninep-vm-check mktree DIR | copy SRC DST | compare A B [seconds] | locks PATH_A PATH_B [remote-view]\n");
     return 2;
 }
