@@ -58,9 +58,22 @@ if [ "$ninep" != 1 ]; then
         cargo build --release --target x86_64-unknown-linux-gnu -p connmux-cli --bin connmux >&2
     vm_files+=(-a "$target/x86_64-unknown-linux-gnu/release/connmux" -a "$root/scripts/ninep-vm.sh")
     vm_files+=(-a "$root/scripts/nfs-vm.sh")
+    # What busybox cannot do on the 9P mount (xattrs as `cp -a` copies them,
+    # fcntl byte-range locks from two processes): scripts/ninep-vm-check.c.
+    "${CC:-cc}" -static -s -std=c11 -O1 -Wall -Wextra -Werror -o "$target/ninep-vm-check" \
+        "$root/scripts/ninep-vm-check.c"
+    vm_files+=(-a "$target/ninep-vm-check")
+    # The guest's tmpfs keeps no user.* xattrs (Linux 6.1): an ext4 disk for
+    # the export, with values larger than a block (ea_inode), 8 KiB gzipped.
+    rm -f "$target/ninep-xattr.img"
+    PATH=$PATH:/usr/sbin:/sbin mkfs.ext4 -q -F -b 4096 -O ^has_journal,^metadata_csum,ea_inode -N 256 \
+        -E root_owner=0:0 "$target/ninep-xattr.img" 8M >/dev/null
+    gzip -9 -f "$target/ninep-xattr.img"
+    vm_files+=(-a "$target/ninep-xattr.img.gz")
     # The kernel's 9P client: the fd (TCP) transport and the file system;
-    # its NFSv3 client: sunrpc, lockd, grace, nfs, nfsv3.
-    export KCMVM_MODULES="${KCMVM_MODULES:-kcm 9pnet 9pnet_fd 9p sunrpc lockd grace nfs nfsv3}"
+    # its NFSv3 client: sunrpc, lockd, grace, nfs, nfsv3; the xattr disk:
+    # loop, crc32c_generic (ea_inode's checksums), ext4.
+    export KCMVM_MODULES="${KCMVM_MODULES:-kcm 9pnet 9pnet_fd 9p sunrpc lockd grace nfs nfsv3 loop crc32c_generic ext4}"
 fi
 t1=$(date +%s)
 

@@ -98,6 +98,76 @@ if [ $ok != 1 ]; then
     for t in /proc/$srv/task/*; do echo "thread $(cat $t/comm) $(cat $t/wchan 2>/dev/null) $(cut -d' ' -f3 $t/stat)"; done
 fi
 
+# Extended attributes, copied as `cp -a` copies them. The guest's tmpfs
+# (Linux 6.1) keeps no user.* xattrs, so the export gets an ext4 disk
+# (ea_inode: values past a block) in a loop device under it; busybox has no
+# setfattr and its `cp -a` copies no xattrs, so ninep-vm-check does the
+# calls (listxattr, getxattr, setxattr, bytes, mode, mtime).
+V=/test/ninep-vm-check
+cmp_tree() { # $1, $2: trees that must be alike; what differs is printed
+    # Mtimes to the second: Linux 6.1's 9P client truncates the times it
+    # sets to its super block's granularity, one second.
+    $V compare "$1" "$2" seconds >/tmp/cmp.out 2>&1; r=$?
+    grep -v "^INFO" /tmp/cmp.out | head -20 | sed "s/^/NINEP INFO /"
+    return $r
+}
+mkdir -p $EX/xd
+if [ -x $V ] && [ -f /test/ninep-xattr.img.gz ] && gunzip -c /test/ninep-xattr.img.gz >/tmp/xattr.img \
+    && mount -t ext4 -o loop /tmp/xattr.img $EX/xd; then
+    $V mktree $EX/xd/src
+    check "xattrs: a tree copied in through the mount" $V copy $EX/xd/src $M/xd/in
+    check "xattrs: on the server's disk every name, value, byte, mode and mtime alike" cmp_tree $EX/xd/src $EX/xd/in
+    check "xattrs: read back through the mount alike" cmp_tree $EX/xd/src $M/xd/in
+    check "xattrs: the tree copied out of the mount" $V copy $M/xd/in $EX/xd/out
+    check "xattrs: the copy out alike" cmp_tree $EX/xd/src $EX/xd/out
+    cp -a $EX/xd/src $M/xd/bb
+    if $V compare $EX/xd/src $EX/xd/bb >/tmp/bb.out 2>&1; then
+        echo "NINEP INFO busybox cp -a copies xattrs too"
+    else
+        echo "NINEP INFO busybox cp -a copies no xattrs ($(grep -c xattrs /tmp/bb.out) entries differ in xattrs only: $(grep -vc xattrs /tmp/bb.out) other lines)"
+    fi
+    rm -r $M/xd/in $M/xd/bb
+    check "xattrs: rm -r of the copy" test ! -e $EX/xd/in
+    umount $EX/xd
+else
+    fail "xattrs: an ext4 disk for the export (modules loop ext4, /test/ninep-xattr.img.gz, $V)"
+fi
+
+# POSIX byte-range locks (fcntl) from two processes, as on the guest's own
+# disk first: the same file through one mount (the client's own lock table
+# decides, then the server), through two mounts (two clients: only the
+# server's locks decide), and a local process on the server's disk beside
+# one through a mount. A blocked F_SETLKW through a mount is retried by the
+# client every `locktimeout` seconds (default 30): the second mount uses 1.
+M2=/mnt/9p2
+mkdir -p $M2
+if ! mount -t 9p -o trans=tcp,port=$P,version=9p2000.L,locktimeout=1 127.0.0.1 $M2; then
+    echo "NINEP INFO no locktimeout option: a blocked F_SETLKW retries every 30 s"
+    mount -t 9p -o trans=tcp,port=$P,version=9p2000.L 127.0.0.1 $M2 || fail "locks: a second mount"
+fi
+lockrun() { # $1: label, then ninep-vm-check's locks arguments
+    label=$1; shift
+    $V locks "$@" >/tmp/lk.out 2>&1
+    while read -r r rest; do
+        case $r in
+            PASS) pass "locks, $label: $rest" ;;
+            FAIL) fail "locks, $label: $rest" ;;
+            *) echo "NINEP INFO locks, $label: $r $rest" ;;
+        esac
+    done </tmp/lk.out
+    grep '^INFO' /tmp/lk.out | grep -v took >/tmp/lk.$label
+    if [ -f /tmp/lk.local ] && ! cmp -s /tmp/lk.local /tmp/lk.$label; then
+        echo "NINEP INFO locks, $label differs from the local disk: $(diff /tmp/lk.local /tmp/lk.$label | grep '^[-+]I' | tr '\n' ';')"
+    fi
+}
+if [ -x $V ]; then
+    lockrun local /tmp/lk /tmp/lk
+    lockrun one-mount $M/lk1 $M/lk1
+    lockrun two-mounts $M/lk2 $M2/lk2
+    lockrun disk-and-mount $EX/lk3 $M2/lk3 remote-view
+fi
+umount $M2
+
 umount $M
 check "umount" test $? = 0
 

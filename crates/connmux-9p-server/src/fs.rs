@@ -975,12 +975,15 @@ impl Export {
     /// Tgetlock (`F_OFD_GETLK`): the first lock that would conflict, with
     /// the holder its client described (another client of this server), or
     /// the local process's pid (0 when not known, as for another open file
-    /// description's lock taken outside the server).
+    /// description's lock taken outside the server). Linux's client sends
+    /// every F_GETLK as type UNLCK (`v9fs_file_getlock`): that is answered
+    /// as a write lock's question, any other holder's lock over the range.
     pub fn getlock(&self, fid: &Fid, l: &connmux_9p::tmsg::Lock<'_>) -> R<LockInfo> {
         let Some(f) = fid.file() else {
             return Err(Errno::BADF);
         };
-        let (rl, _) = range_lock(l.lock_type, l.start, l.length)?;
+        let asked = if l.lock_type == 2 { 1 } else { l.lock_type };
+        let (rl, _) = range_lock(asked, l.start, l.length)?;
         let none = LockInfo {
             kind: 2,
             start: l.start,
@@ -988,9 +991,6 @@ impl Export {
             proc_id: l.proc_id,
             client_id: l.client_id.to_string(),
         };
-        if l.lock_type == 2 {
-            return Ok(none);
-        }
         let Some(c) = connmux_sys::fileserver::ofd_getlk(f.as_fd(), &rl).map_err(|e| errno_of(&e))? else {
             return Ok(none);
         };

@@ -184,6 +184,10 @@ fn byte_range_locks_conflict_by_range_and_name_their_holder() {
     assert_eq!(getlock(&mut b, 1, wr, 0, 0), (wr, 0, 10, 4242, "host-a".to_string()));
     assert_eq!(getlock(&mut a, 1, wr, 12, 1), (wr, 10, 10, 77, "host-b".to_string()));
     assert_eq!(getlock(&mut a, 1, wr, 30, 5).0, un, "nothing there");
+    // Linux's client asks every F_GETLK as UNLCK: answered as a write
+    // lock's question.
+    assert_eq!(getlock(&mut b, 1, un, 5, 1), (wr, 0, 10, 4242, "host-a".to_string()));
+    assert_eq!(getlock(&mut a, 1, un, 30, 5).0, un, "nothing there");
     // A local process sees them (an open file description of its own).
     let local = std::fs::OpenOptions::new().read(true).write(true).open(ex.join("f")).unwrap();
     let w = |start, len| connmux_sys::fileserver::RangeLock { kind: libc::F_WRLCK as _, start, len, pid: 0 };
@@ -196,6 +200,7 @@ fn byte_range_locks_conflict_by_range_and_name_their_holder() {
     assert_eq!(lock(&mut a, 1, rd, 100, 10, (4242, "host-a")), 0);
     assert_eq!(lock(&mut b, 1, rd, 100, 10, (77, "host-b")), 0);
     assert_eq!(lock(&mut b, 1, wr, 105, 1, (77, "host-b")), 1);
+    assert_eq!(getlock(&mut b, 1, un, 105, 1).0, rd, "a's read lock, asked as UNLCK");
     // An unlock lets b in; a's clunk drops its read lock.
     assert_eq!(lock(&mut a, 1, un, 0, 10, (4242, "host-a")), 0);
     assert_eq!(lock(&mut b, 1, wr, 5, 1, (77, "host-b")), 0);
