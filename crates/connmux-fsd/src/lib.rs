@@ -21,7 +21,7 @@
 //! - **Room**: a request is run only while its connection's unwritten
 //!   replies are under [`Options::room`]. A connection over it is paused
 //!   (nothing of its backlog is run or built) until its peer has read
-//!   enough ([`waker`]): a peer that sends reads and never collects the
+//!   enough ([`waker`], then `Pool::look`): a peer that sends reads and never collects the
 //!   replies holds no thread, no CPU, and no more than the room plus its
 //!   share of replies in memory.
 //! - **Send**: a reply the mux refuses (the connection's own backlog is
@@ -35,11 +35,13 @@
 mod conn;
 mod pool;
 mod send;
+mod stats;
 pub mod waker;
 
 pub use conn::{Conn, Queue};
-pub use pool::{Options, Pool, PoolStats, ROOM, SEND_TIMEOUT};
+pub use pool::{Options, Pool, ROOM, SEND_TIMEOUT};
 pub use send::{Replier, Sent};
+pub use stats::PoolStats;
 
 /// A file server's side of the pool: what a request is, what the server
 /// keeps of a connection, and how a request is run.

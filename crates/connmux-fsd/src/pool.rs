@@ -2,8 +2,8 @@
 //! request, running one, and stopping.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -12,7 +12,8 @@ use crossbeam::channel::{self, Receiver, Sender};
 
 use crate::conn::{Conn, Conns};
 use crate::send::Replier;
-use crate::waker::Paused;
+use crate::stats::PoolStats;
+use crate::waker::Waker;
 use crate::Serve;
 
 /// How the pool is run.
@@ -61,19 +62,6 @@ impl Default for Options {
     }
 }
 
-/// The pool's counters.
-#[derive(Default, Debug)]
-pub struct PoolStats {
-    /// Requests handed to the threads.
-    pub queued: AtomicU64,
-    /// Times a connection was paused: its unwritten replies over the room.
-    pub paused: AtomicU64,
-    /// Requests refused because their connection's backlog was full.
-    pub overloads: AtomicU64,
-    /// Replies that could not be queued in time (connection aborted).
-    pub send_failures: AtomicU64,
-}
-
 /// A request for a thread.
 pub(crate) struct Job<T: Serve> {
     pub(crate) conn: Arc<Conn<T>>,
@@ -89,9 +77,8 @@ pub struct Pool<T: Serve> {
     jobs: Receiver<Job<T>>,
     pub(crate) tx: Sender<Job<T>>,
     pub(crate) conns: Conns<T>,
-    /// Connections paused for room, looked at by the waker.
-    pub(crate) paused: Mutex<Vec<Paused<T>>>,
-    pub(crate) wake: Condvar,
+    /// Connections paused for room, looked at by the waker thread.
+    waker: Waker<T>,
     /// Set when the pool stops: every loop and wait of its threads ends.
     pub(crate) stopping: AtomicBool,
     /// Disconnected (its sender dropped) when the pool stops: the threads
@@ -134,8 +121,7 @@ impl<T: Serve> Pool<T> {
             jobs,
             tx,
             conns: Conns::new(),
-            paused: Mutex::default(),
-            wake: Condvar::new(),
+            waker: Waker::new(),
             stopping: AtomicBool::new(false),
             quit,
             quit_tx: Mutex::new(Some(quit_tx)),
@@ -147,7 +133,7 @@ impl<T: Serve> Pool<T> {
         let mut threads = Vec::with_capacity(pool.opts.threads + 1);
         let started = (|| -> io::Result<()> {
             let p = pool.clone();
-            threads.push(spawn(format!("{name}-waker"), Box::new(move || p.waker()))?);
+            threads.push(spawn(format!("{name}-waker"), Box::new(move || p.wake_paused()))?);
             for (i, sock) in senders.into_iter().enumerate() {
                 let p = pool.clone();
                 threads.push(spawn(format!("{name}-fs{i}"), Box::new(move || p.run(sock)))?);
@@ -232,10 +218,7 @@ impl<T: Serve> Pool<T> {
     pub fn stop(&self) {
         self.stopping.store(true, SeqCst);
         drop(self.quit_tx.lock().unwrap().take());
-        {
-            let _l = self.paused.lock().unwrap();
-            self.wake.notify_all();
-        }
+        self.waker.stop();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap());
         let me = std::thread::current().id();
         for t in threads {
@@ -244,6 +227,43 @@ impl<T: Serve> Pool<T> {
                 let _ = t.join();
             }
         }
+    }
+
+    /// The waker thread: until the pool stops, resumes each paused
+    /// connection once it has room ([`Pool::look`]) and sweeps the state of
+    /// connections the mux no longer has.
+    fn wake_paused(&self) {
+        self.waker.run(&self.stopping, || self.conns.sweep(|| self.mux.psocks()), |conn| self.look(conn));
+    }
+
+    /// Looks at one paused connection: resumes it if it has room (its
+    /// backlog up to its share back to the queue), drops its backlog if it
+    /// is gone. `false`: still no room.
+    fn look(&self, conn: &Arc<Conn<T>>) -> bool {
+        match conn.unwritten(self.opts.room, &self.mux) {
+            None => conn.set_gone(),
+            Some(n) if n >= self.opts.room => return false,
+            Some(_) => {}
+        }
+        let mut q = conn.lock();
+        q.paused = false;
+        if conn.gone() {
+            q.backlog.clear();
+            return true;
+        }
+        let mut resumed = Vec::new();
+        while q.running < self.opts.share {
+            let Some(req) = q.backlog.pop_front() else { break };
+            q.running += 1;
+            resumed.push(req);
+        }
+        drop(q);
+        for req in resumed {
+            if !self.queue(Job { conn: conn.clone(), req }) {
+                break;
+            }
+        }
+        true
     }
 
     /// Whether [`Pool::stop`] was called.
@@ -256,7 +276,7 @@ impl<T: Serve> Pool<T> {
         if self.opts.nice != 0 {
             let _ = connmux_sys::affinity::renice_current_thread(self.opts.nice);
         }
-        let out = Replier { pool: self, sock: &sock };
+        let out = Replier::new(&sock, self.opts.send_timeout, &self.stopping, &self.stats);
         loop {
             let job = channel::select! {
                 recv(self.jobs) -> j => match j {
@@ -296,7 +316,7 @@ impl<T: Serve> Pool<T> {
                         q.paused = true;
                         drop(q);
                         self.stats.paused.fetch_add(1, Relaxed);
-                        self.pause(conn);
+                        self.waker.pause(conn);
                     }
                     return None;
                 }

@@ -1,11 +1,13 @@
 //! Queuing a reply on its connection from a file-system thread.
 
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use connmux::{Bytes, KcmSocket};
 
 use crate::conn::Conn;
-use crate::pool::Pool;
+use crate::stats::PoolStats;
 use crate::Serve;
 
 /// What became of a reply ([`Replier::send_gated`]).
@@ -22,8 +24,13 @@ pub enum Sent {
 
 /// A file-system thread's way to its connections: the socket it sends on.
 pub struct Replier<'a, T: Serve> {
-    pub(crate) pool: &'a Pool<T>,
-    pub(crate) sock: &'a KcmSocket,
+    sock: &'a KcmSocket,
+    /// How long a reply may wait for room (`Options::send_timeout`).
+    send_timeout: Duration,
+    /// The pool stops: waits end at once.
+    stopping: &'a AtomicBool,
+    stats: &'a PoolStats,
+    serve: PhantomData<fn(&T)>,
 }
 
 /// The first nap of a thread whose reply the mux refused (the connection's
@@ -31,7 +38,16 @@ pub struct Replier<'a, T: Serve> {
 const NAP_FIRST: Duration = Duration::from_millis(1);
 const NAP_MAX: Duration = Duration::from_millis(50);
 
-impl<T: Serve> Replier<'_, T> {
+impl<'a, T: Serve> Replier<'a, T> {
+    pub(crate) fn new(
+        sock: &'a KcmSocket,
+        send_timeout: Duration,
+        stopping: &'a AtomicBool,
+        stats: &'a PoolStats,
+    ) -> Replier<'a, T> {
+        Replier { sock, send_timeout, stopping, stats, serve: PhantomData }
+    }
+
     /// Queues `reply` on `conn` (nothing for an empty one). `false`: it
     /// could not be queued (see [`Replier::send_gated`]).
     pub fn send(&self, conn: &Conn<T>, reply: Bytes) -> bool {
@@ -58,7 +74,7 @@ impl<T: Serve> Replier<'_, T> {
         mut gate: impl FnMut(&mut T::Work) -> bool,
         then: impl FnOnce(&mut T::Work, Sent) -> Vec<Bytes>,
     ) -> Sent {
-        let deadline = Instant::now() + self.pool.opts.send_timeout;
+        let deadline = Instant::now() + self.send_timeout;
         let mut nap = NAP_FIRST;
         // Bounded by the deadline: each turn that finds no room sleeps.
         loop {
@@ -77,7 +93,7 @@ impl<T: Serve> Replier<'_, T> {
                 Err(e)
                     if e.kind() == std::io::ErrorKind::WouldBlock
                         && Instant::now() < deadline
-                        && !self.pool.stopping() =>
+                        && !self.stopping.load(SeqCst) =>
                 {
                     drop(q);
                     std::thread::sleep(nap);
@@ -106,7 +122,7 @@ impl<T: Serve> Replier<'_, T> {
     }
 
     /// The pool's counters.
-    pub fn stats(&self) -> &crate::PoolStats {
-        &self.pool.stats
+    pub fn stats(&self) -> &PoolStats {
+        self.stats
     }
 }

@@ -1,6 +1,7 @@
-//! The waker: resumes each paused connection once its peer has read
-//! enough of its replies, drops the backlog of one that is gone, and
-//! sweeps the state of connections the mux no longer has.
+//! The waker: when to look again at each paused connection (once its
+//! peer may have read enough of its replies) and when to sweep the state of
+//! connections the mux no longer has; what a look and a sweep do is the
+//! pool's (`Pool::look`, `Conns::sweep`).
 //!
 //! Why it looks rather than waits for a signal: the runtime tells no one
 //! that a connection's replies were written (its events are failures and
@@ -13,11 +14,11 @@
 //! paused or the pool stops; with none paused it wakes only to sweep
 //! ([`SWEEP_EVERY`]).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::conn::Conn;
-use crate::pool::{Job, Pool};
 use crate::Serve;
 
 /// The waker's first look at a paused connection comes after this, and
@@ -29,7 +30,7 @@ pub const WAKE_MAX: Duration = Duration::from_millis(100);
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// A connection waiting for room.
-pub(crate) struct Paused<T: Serve> {
+struct Paused<T: Serve> {
     conn: Arc<Conn<T>>,
     /// When the waker looks next, and the wait after that (doubled at each
     /// look that finds no room).
@@ -37,7 +38,18 @@ pub(crate) struct Paused<T: Serve> {
     nap: Duration,
 }
 
-impl<T: Serve> Pool<T> {
+/// The connections paused for room, and the condition the waker thread
+/// sleeps on.
+pub(crate) struct Waker<T: Serve> {
+    paused: Mutex<Vec<Paused<T>>>,
+    wake: Condvar,
+}
+
+impl<T: Serve> Waker<T> {
+    pub(crate) fn new() -> Waker<T> {
+        Waker { paused: Mutex::default(), wake: Condvar::new() }
+    }
+
     /// Hands a connection just paused to the waker.
     pub(crate) fn pause(&self, conn: Arc<Conn<T>>) {
         let next = Instant::now() + WAKE_FIRST;
@@ -45,15 +57,28 @@ impl<T: Serve> Pool<T> {
         self.wake.notify_one();
     }
 
-    /// The waker thread: until the pool stops.
-    pub(crate) fn waker(&self) {
+    /// Wakes the waker thread so that it sees `stopping` (set before).
+    pub(crate) fn stop(&self) {
+        let _l = self.paused.lock().unwrap();
+        self.wake.notify_all();
+    }
+
+    /// The waker thread, until `stopping`: `look` at each paused connection
+    /// when due (`false`: still no room, look again later), `sweep` every
+    /// [`SWEEP_EVERY`].
+    pub(crate) fn run(
+        &self,
+        stopping: &AtomicBool,
+        mut sweep: impl FnMut(),
+        mut look: impl FnMut(&Arc<Conn<T>>) -> bool,
+    ) {
         let mut sweep_at = Instant::now() + SWEEP_EVERY;
         loop {
             let list = {
                 let mut l = self.paused.lock().unwrap();
                 // Asleep while none is paused and no sweep is due.
                 loop {
-                    if self.stopping() {
+                    if stopping.load(SeqCst) {
                         return;
                     }
                     let now = Instant::now();
@@ -65,7 +90,7 @@ impl<T: Serve> Pool<T> {
                 std::mem::take(&mut *l)
             };
             if Instant::now() >= sweep_at {
-                self.conns.sweep(|| self.mux.psocks());
+                sweep();
                 sweep_at = Instant::now() + SWEEP_EVERY;
             }
             let mut still = Vec::new();
@@ -75,7 +100,7 @@ impl<T: Serve> Pool<T> {
                     still.push(e);
                     continue;
                 }
-                if !self.look(&e.conn) {
+                if !look(&e.conn) {
                     e.nap = (e.nap * 2).min(WAKE_MAX);
                     e.next = now + e.nap;
                     still.push(e);
@@ -88,41 +113,11 @@ impl<T: Serve> Pool<T> {
                 // Until the next look or sweep is due, or a connection is
                 // paused meanwhile (its first look is due sooner), or the
                 // pool stops.
-                if !fresh && !self.stopping() {
+                if !fresh && !stopping.load(SeqCst) {
                     let wait = first.min(sweep_at).saturating_duration_since(Instant::now()).max(WAKE_FIRST);
                     drop(self.wake.wait_timeout(l, wait).unwrap());
                 }
             }
         }
-    }
-
-    /// Looks at one paused connection: resumes it if it has room (its
-    /// backlog up to its share back to the queue), drops its backlog if it
-    /// is gone. `false`: still no room.
-    fn look(&self, conn: &Arc<Conn<T>>) -> bool {
-        match conn.unwritten(self.opts.room, &self.mux) {
-            None => conn.set_gone(),
-            Some(n) if n >= self.opts.room => return false,
-            Some(_) => {}
-        }
-        let mut q = conn.lock();
-        q.paused = false;
-        if conn.gone() {
-            q.backlog.clear();
-            return true;
-        }
-        let mut resumed = Vec::new();
-        while q.running < self.opts.share {
-            let Some(req) = q.backlog.pop_front() else { break };
-            q.running += 1;
-            resumed.push(req);
-        }
-        drop(q);
-        for req in resumed {
-            if !self.queue(Job { conn: conn.clone(), req }) {
-                break;
-            }
-        }
-        true
     }
 }
