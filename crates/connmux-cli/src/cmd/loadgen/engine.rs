@@ -265,18 +265,24 @@ pub fn run_round<W: Workload>(
                 progress.tick(calls, Duration::from_nanos(sh.now_ns().saturating_sub(t0)));
             }
         }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    let mut st = ConnStats::new();
-                    st.error = Some("load thread panicked".into());
-                    st
-                })
-            })
-            .collect::<Vec<_>>()
+        join_load_threads(handles)
     });
     RoundOutcome { conns, timed_out }
+}
+
+/// Each load thread's statistics, once it has ended (a thread that
+/// panicked counts as a connection with that error): TCP's and UDP's rounds.
+pub(super) fn join_load_threads(handles: Vec<std::thread::ScopedJoinHandle<'_, ConnStats>>) -> Vec<ConnStats> {
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join().unwrap_or_else(|_| {
+                let mut st = ConnStats::new();
+                st.error = Some("load thread panicked".into());
+                st
+            })
+        })
+        .collect()
 }
 
 fn connect(addrs: &[SocketAddr], timeout: Duration) -> Result<TcpStream, String> {

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use connmux_sys::udp::{recv_batch, send_batch, RecvBatch, SendBatch};
 
-use super::engine::{ConnStats, Progress, RoundOutcome, RoundPlan, MAX_INFLIGHT};
+use super::engine::{join_load_threads, ConnStats, Progress, RoundOutcome, RoundPlan, MAX_INFLIGHT};
 
 /// Largest reply datagram taken whole; a longer one is a bad reply.
 pub const MAX_REPLY: usize = 65_536;
@@ -133,16 +133,7 @@ pub fn run_round<W: DgramWorkload>(
                 progress.tick(calls, Duration::from_nanos(sh.now_ns().saturating_sub(t0)));
             }
         }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    let mut st = ConnStats::new();
-                    st.error = Some("load thread panicked".into());
-                    st
-                })
-            })
-            .collect::<Vec<_>>()
+        join_load_threads(handles)
     });
     RoundOutcome { conns, timed_out }
 }
