@@ -300,9 +300,31 @@ impl StreamParser {
             return;
         }
         if self.buf.capacity() - self.buf.len() < data.len() {
-            self.buf.reserve(data.len().max(MIN_GROW));
+            self.grow(data.len());
         }
         self.buf.extend_from_slice(data);
+    }
+
+    /// Room for `add` more bytes in the assembly buffer. A message is cut
+    /// out of this buffer and keeps its allocation alive for as long as it
+    /// lives (a queued reply that is its request), so growth stops at the
+    /// current message's end when its length is known: `BytesMut`'s own
+    /// doubling left a 64 KiB message read in 16 KiB pieces holding a
+    /// 128 KiB block, memory the budget never saw. Below that end it still
+    /// doubles (a peer that announces a large message and trickles it gets
+    /// no more than twice what it sent), and with the length unknown it
+    /// grows as before.
+    fn grow(&mut self, add: usize) {
+        let len = self.buf.len();
+        match self.frame {
+            Frame::Body { full_len } if full_len > len => {
+                let cap = (2 * len).max(MIN_GROW).min(full_len).max(len + add);
+                let mut b = BytesMut::with_capacity(cap);
+                b.extend_from_slice(&self.buf);
+                self.buf = b;
+            }
+            _ => self.buf.reserve(add.max(MIN_GROW)),
+        }
     }
 
     /// How many more bytes the stream wants buffered now: the rest of the

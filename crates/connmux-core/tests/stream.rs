@@ -265,3 +265,24 @@ fn endless_header_is_refused_at_the_size_limit() {
     assert!(matches!(err, Some(RxError::TooBig { max: 1000, .. })), "{err:?}");
     assert_eq!(s.stats().msg_too_big, 1);
 }
+
+/// A message cut from the assembly buffer keeps its allocation while it
+/// lives (a reply that is its request): a 64 KiB message fed in 16 KiB
+/// pieces is assembled in an allocation of its own size, not in the
+/// 128 KiB that doubling would reach for its last four bytes.
+#[test]
+fn a_known_length_bounds_the_assembly_buffer_growth() {
+    let total = (64 << 10) + 4;
+    let mut s = StreamParser::new(L4::boxed(), StreamLimits { max_msg_size: 1 << 20, ..limits() });
+    let wire = l4_total(total, b'x');
+    let mut got = Vec::new();
+    let mut peak = 0;
+    for piece in wire.chunks(16 << 10) {
+        s.feed(piece);
+        peak = peak.max(s.memory());
+        got.extend(drain(&mut s, Timestamp::ZERO));
+    }
+    assert_eq!(got.len(), 1);
+    assert_eq!(&got[0][..], &wire[..]);
+    assert!(peak <= total + 4096, "assembly buffer grew to {peak} bytes for a {total}-byte message");
+}
