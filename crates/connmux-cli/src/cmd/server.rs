@@ -389,33 +389,28 @@ impl RpcHandler {
             out.extend_from_slice(&reply);
             return true;
         }
-        thread_local!(static OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) });
-        OUT.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            buf.clear();
-            match self.registry.handle_datagram(dgram, &mut buf) {
-                connmux_oncrpc::Outcome::Replied { .. } => {
-                    out.extend_from_slice(&buf);
-                    true
-                }
-                connmux_oncrpc::Outcome::CloseConnection(_) => {
-                    self.bad_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    false
-                }
-            }
-        })
+        self.reply_with(out, |registry, buf| registry.handle_datagram(dgram, buf))
     }
 
     /// [`RpcHandler::answer`] for a record that is not the common NULL call.
     fn answer_general(&self, request: &[u8], out: &mut BytesMut) -> bool {
-        // The registry writes into a Vec; reuse one per worker thread so the
-        // hot path does not allocate.
+        // Only records the fast path declined come here.
+        self.reply_with(out, |registry, buf| registry.handle_marked_decoded(request, buf))
+    }
+
+    /// The registry's answer, through a buffer kept per worker thread (the
+    /// registry writes into a `Vec`; the hot path does not allocate),
+    /// appended to `out`; `false`, and counted, where the call is refused.
+    fn reply_with(
+        &self,
+        out: &mut BytesMut,
+        handle: impl FnOnce(&connmux_oncrpc::Registry, &mut Vec<u8>) -> connmux_oncrpc::Outcome,
+    ) -> bool {
         thread_local!(static OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) });
         OUT.with(|buf| {
             let mut buf = buf.borrow_mut();
             buf.clear();
-            // Only records the fast path declined come here.
-            match self.registry.handle_marked_decoded(request, &mut buf) {
+            match handle(&self.registry, &mut buf) {
                 connmux_oncrpc::Outcome::Replied { .. } => {
                     out.extend_from_slice(&buf);
                     true

@@ -36,7 +36,7 @@ use anyhow::{bail, Context};
 use serde_json::Value;
 
 use super::{cpu_list, exe, free_port, loadavg, median, ratio, taskset, Proc};
-use crate::cmd::loadgen::engine::{self, Client, Progress, RoundPlan, Workload};
+use crate::cmd::loadgen::engine::{self, Client, Workload};
 
 /// Messages per `recv_batch` call of the batch variant.
 const BATCH: usize = 64;
@@ -334,39 +334,14 @@ impl Client for KClient {
     }
 }
 
-struct Quiet;
-impl Progress for Quiet {
-    fn tick(&mut self, _: u64, _: Duration) {}
-    fn interval(&self) -> Option<Duration> {
-        None
-    }
-}
-
 pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
     anyhow::ensure!(a.conns > 0 && a.inflight > 0, "need connections and messages in flight");
     anyhow::ensure!(a.size >= 8, "--size: at least 8 bytes (length and tag)");
-    let d = Duration::from_secs_f64(a.seconds);
-    let plan = RoundPlan {
-        threads: a.conns,
-        inflight: a.inflight,
-        count: None,
-        duration: Some(d),
-        limit: d + Duration::from_secs(30),
-        io_timeout: Duration::from_secs(10),
-        cpus: (!a.cpus.is_empty()).then(|| a.cpus.clone()),
-        tls: None,
+    let load = Load { size: a.size };
+    let Some((conns, secs)) = engine::timed_load_round(&load, a.target, a.conns, a.inflight, a.seconds, &a.cpus) else {
+        return Ok(1);
     };
-    let out = engine::run_round(&Load { size: a.size }, &[a.target], &plan, &mut Quiet);
-    if let Some(e) = out.conns.iter().find_map(|c| c.error.clone()) {
-        println!("{}", serde_json::json!({"ok": false, "error": e}));
-        return Ok(1);
-    }
-    if out.timed_out {
-        println!("{}", serde_json::json!({"ok": false, "error": "round timed out"}));
-        return Ok(1);
-    }
-    let secs = out.conns.iter().map(|c| c.elapsed_ns).max().unwrap_or(1).max(1) as f64 / 1e9;
-    let calls: u64 = out.conns.iter().map(|c| c.calls).sum();
+    let calls: u64 = conns.iter().map(|c| c.calls).sum();
     println!("{}", serde_json::json!({"ok": true, "calls": calls, "rate": calls as f64 / secs}));
     Ok(0)
 }

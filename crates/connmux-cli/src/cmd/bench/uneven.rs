@@ -31,7 +31,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{cpu_list, exe, free_port, loadavg, median, ratio, taskset, verdict, Proc};
-use crate::cmd::loadgen::engine::{self, Client, Progress, RoundPlan, Workload};
+use crate::cmd::loadgen::engine::{self, Client, Workload};
 
 /// Bytes of one message, header included.
 const MSG: usize = 16;
@@ -413,14 +413,6 @@ impl Client for UClient {
     }
 }
 
-struct Quiet;
-impl Progress for Quiet {
-    fn tick(&mut self, _: u64, _: Duration) {}
-    fn interval(&self) -> Option<Duration> {
-        None
-    }
-}
-
 #[derive(Serialize, Clone, Copy, Default, Debug)]
 struct LoadReport {
     total_rate: f64,
@@ -446,28 +438,11 @@ struct ConnReport {
 pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
     let n = a.heavy_conns + a.light_conns;
     anyhow::ensure!(n > 0 && a.inflight > 0, "need connections and requests in flight");
-    let d = Duration::from_secs_f64(a.seconds);
-    let plan = RoundPlan {
-        threads: n,
-        inflight: a.inflight,
-        count: None,
-        duration: Some(d),
-        limit: d + Duration::from_secs(30),
-        io_timeout: Duration::from_secs(10),
-        cpus: (!a.cpus.is_empty()).then(|| a.cpus.clone()),
-        tls: None,
+    let load = Load { heavy_conns: a.heavy_conns };
+    let Some((conns, secs)) = engine::timed_load_round(&load, a.target, n, a.inflight, a.seconds, &a.cpus) else {
+        return Ok(1);
     };
-    let out = engine::run_round(&Load { heavy_conns: a.heavy_conns }, &[a.target], &plan, &mut Quiet);
-    if let Some(e) = out.conns.iter().find_map(|c| c.error.clone()) {
-        println!("{}", serde_json::json!({"ok": false, "error": e}));
-        return Ok(1);
-    }
-    if out.timed_out {
-        println!("{}", serde_json::json!({"ok": false, "error": "round timed out"}));
-        return Ok(1);
-    }
-    let secs = out.conns.iter().map(|c| c.elapsed_ns).max().unwrap_or(1).max(1) as f64 / 1e9;
-    let (heavy, light) = out.conns.split_at(a.heavy_conns);
+    let (heavy, light) = conns.split_at(a.heavy_conns);
     let mut lh = engine::new_histogram();
     for c in light {
         lh.add(&c.hist).expect("same bounds");
@@ -494,7 +469,7 @@ pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
     };
     let mut doc = serde_json::json!({"ok": true, "report": r});
     if a.per_conn {
-        let conns: Vec<ConnReport> = (out.conns.iter().enumerate())
+        let conns: Vec<ConnReport> = (conns.iter().enumerate())
             .map(|(i, c)| ConnReport {
                 heavy: i < a.heavy_conns,
                 cpu: (!a.cpus.is_empty()).then(|| a.cpus[i % a.cpus.len()]),

@@ -191,6 +191,50 @@ impl Shared {
     }
 }
 
+/// A [`Progress`] that shows nothing.
+pub struct Quiet;
+impl Progress for Quiet {
+    fn tick(&mut self, _: u64, _: Duration) {}
+    fn interval(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// A bench's hidden load mode: `conns` connections to `target`, `inflight`
+/// calls in flight on each, for `seconds`, its threads on `cpus` (all CPUs
+/// when empty). A failure or a round past its limit is printed as the one
+/// JSON line the bench reads (`{"ok": false, "error": ...}`) and comes back
+/// as `None`; else the connections' figures and the round's seconds.
+pub fn timed_load_round<W: Workload>(
+    w: &W,
+    target: SocketAddr,
+    conns: usize,
+    inflight: usize,
+    seconds: f64,
+    cpus: &[usize],
+) -> Option<(Vec<ConnStats>, f64)> {
+    let d = Duration::from_secs_f64(seconds);
+    let plan = RoundPlan {
+        threads: conns,
+        inflight,
+        count: None,
+        duration: Some(d),
+        limit: d + Duration::from_secs(30),
+        io_timeout: Duration::from_secs(10),
+        cpus: (!cpus.is_empty()).then(|| cpus.to_vec()),
+        tls: None,
+    };
+    let out = run_round(w, &[target], &plan, &mut Quiet);
+    let error =
+        out.conns.iter().find_map(|c| c.error.clone()).or_else(|| out.timed_out.then(|| "round timed out".into()));
+    if let Some(e) = error {
+        println!("{}", serde_json::json!({"ok": false, "error": e}));
+        return None;
+    }
+    let secs = out.conns.iter().map(|c| c.elapsed_ns).max().unwrap_or(1).max(1) as f64 / 1e9;
+    Some((out.conns, secs))
+}
+
 /// Runs one round and returns per-connection results. Never blocks longer
 /// than connect + `plan.limit` + one I/O timeout.
 pub fn run_round<W: Workload>(
