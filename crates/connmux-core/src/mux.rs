@@ -94,7 +94,7 @@ use limits::MemState;
 use psock::{Life, Psock, Tx};
 use slab::Slab;
 use sock::Sock;
-use sockets::Sockets;
+use sockets::{Share, Sockets};
 
 /// KCM socket type (`socket(AF_KCM, type, 0)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -825,9 +825,6 @@ impl Mux {
             rx_limit: max_msg_size + read_ahead,
             ready: None,
             life: Life::Open,
-            holds: 0,
-            queued: 0,
-            queued_full: false,
             tx_queue: VecDeque::new(),
             tx: Tx::Idle,
             tx_kcm: None,
@@ -848,6 +845,7 @@ impl Mux {
             leased: None,
             lease_revoked: false,
         }));
+        self.sk.add_share(p);
         self.counters.psock_attach += 1;
         self.arm_idle(self.now);
         // To the first socket waiting to transmit, else the tail of the LRU list.
@@ -885,6 +883,7 @@ impl Mux {
         // Give back what it was to send: reserved messages go elsewhere whole.
         self.tx_evacuate(p, writer_out, inflight);
         let ps = self.psocks.remove(p.index, p.generation).expect("psock present");
+        self.sk.remove_share(p);
         if self.deadlines.forget(ps.timer) {
             self.clean_deadlines();
         }
@@ -909,7 +908,7 @@ impl Mux {
     /// Bytes the psock will accept now (0 = paused or stopped).
     pub fn rx_capacity(&self, p: PsockId) -> usize {
         match self.psock(p) {
-            Ok(ps) if ps.rx_running() && !ps.held_back(&self.config) => {
+            Ok(ps) if ps.rx_running() && !ps.held_back(&self.config) && !self.sk.holds_back(p) => {
                 ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held())).min(self.mem_room())
             }
             _ => 0,
@@ -984,8 +983,10 @@ impl Mux {
                     // Bytes served in place are traffic too (idle timeout).
                     ps.last_active = now;
                 }
-                if holds {
-                    ps.holds += framed;
+            }
+            if holds {
+                if let Some(sh) = self.sk.share_mut(p) {
+                    sh.holds += framed;
                 }
             }
             if taken == data.len() {
@@ -1210,14 +1211,14 @@ impl Mux {
     /// `n` messages of psock `p` taken from a holding socket have been
     /// answered (their replies queued) or dropped. Unknown psocks are ignored.
     pub fn rx_settle(&mut self, p: PsockId, n: u64) {
-        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
-        ps.holds = ps.holds.saturating_sub(n);
+        let Some(sh) = self.sk.share_mut(p) else { return };
+        sh.holds = sh.holds.saturating_sub(n);
         self.check_drained(p);
     }
 
     /// Messages of psock `p` taken from holding sockets and not yet settled.
     pub fn rx_holds(&self, p: PsockId) -> u64 {
-        self.psock(p).map_or(0, |ps| ps.holds)
+        self.sk.share(p).map_or(0, |sh| sh.holds)
     }
 
     /// `PeerClosed` → `Drained` when nothing of psock `p` is left to deliver,
@@ -1236,7 +1237,6 @@ impl Mux {
     fn check_drained_closed(&mut self, p: PsockId) {
         let Some(ps) = self.psocks.get(p.index, p.generation) else { return };
         if ps.life != Life::PeerClosed
-            || ps.holds > 0
             || ps.ready.is_some()
             || !ps.stream.is_stopped()
             || ps.tx.busy()
@@ -1244,7 +1244,7 @@ impl Mux {
         {
             return;
         }
-        if self.sk.holds_message_of(p) {
+        if !self.sk.share(p).is_none_or(Share::readers_done) {
             return;
         }
         self.psocks.get_mut(p.index, p.generation).expect("live").life = Life::Drained;
@@ -1314,18 +1314,19 @@ impl Mux {
                         if sock.rx_queue.is_empty() {
                             sock.stats.rx_msgs += 1;
                             sock.stats.rx_bytes += msg.data.len() as u64;
-                            if sock.holds {
-                                ps.holds += 1;
-                            }
+                            let holds = sock.holds;
                             d.out.push((msg.data, p));
+                            if holds {
+                                sk.share_mut(p).expect("attached").holds += 1;
+                            }
                         } else {
                             sk.enqueue_rx(events, s, msg);
-                            ps.count_queued(config);
+                            sk.share_mut(p).expect("attached").count_queued(config);
                         }
                     }
                     _ => {
                         sk.enqueue_rx(events, s, msg);
-                        ps.count_queued(config);
+                        sk.share_mut(p).expect("attached").count_queued(config);
                     }
                 },
                 None => {
@@ -1417,7 +1418,7 @@ impl Mux {
             let msg = ps.ready.take();
             resumed.push(p);
             if let Some(msg) = msg {
-                ps.count_queued(&self.config);
+                self.sk.share_mut(p).expect("attached").count_queued(&self.config);
                 self.enqueue_rx(s, msg);
             }
             if !self.sk.socks.get(s.index, s.generation).expect("live").able() {
@@ -1511,16 +1512,16 @@ impl Mux {
     /// holds; the last one of a closing psock may drain it.
     #[inline]
     fn taken(&mut self, p: PsockId, holds: bool) {
-        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
-        ps.queued = ps.queued.saturating_sub(1);
+        let Some(sh) = self.sk.share_mut(p) else { return };
+        sh.queued = sh.queued.saturating_sub(1);
         // Down to half of `psock_queued_max`: read again.
-        let resume = ps.queued_full && ps.queued <= self.config.psock_queued_max / 2;
+        let resume = sh.queued_full && sh.queued <= self.config.psock_queued_max / 2;
         if resume {
-            ps.queued_full = false;
+            sh.queued_full = false;
         }
         if holds {
-            ps.holds += 1;
-        } else if ps.life == Life::PeerClosed {
+            sh.holds += 1;
+        } else {
             self.check_drained(p);
         }
         if resume && self.rx_capacity(p) > 0 {
@@ -2237,7 +2238,7 @@ impl Mux {
                 continue; // stale: cleared, re-armed, or another psock in the slot
             }
             self.deadlines.fired(&mut ps.timer);
-            if ps.rx_running() && ps.held_back(&self.config) {
+            if ps.rx_running() && (ps.held_back(&self.config) || self.sk.holds_back(p)) {
                 // The server is not reading this psock (its replies backed
                 // up, its messages not taken, the memory budget): the time
                 // is the server's. The deadline runs again, in full, when

@@ -420,6 +420,7 @@ impl Mux {
     }
 
     fn lend(&mut self, p: PsockId, s: SockId, keep: usize, unsent: usize, held: u64) -> Option<Lease> {
+        let sk_holds = self.sk.share(p)?.holds;
         let Mux { psocks, sk: super::Sockets { socks, hold, .. }, config, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation)?;
         let sock = socks.get(s.index, s.generation)?;
@@ -441,7 +442,7 @@ impl Mux {
         let quiet = ps.life == Life::Open
             && ps.leased.is_none()
             && ps.ready.is_none()
-            && ps.holds == held
+            && sk_holds == held
             && ps.below == 0
             // (An assembly deadline runs only for a message begun.)
             && (ps.timer.is_none() || ps.stream.buffered() > 0)

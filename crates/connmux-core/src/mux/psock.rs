@@ -129,15 +129,6 @@ pub(super) struct Psock {
     pub(super) ready: Option<RxMsg>,
     /// Where it is in its life (see [`Life`]).
     pub(super) life: Life,
-    /// Messages handed to holding sockets' readers and not yet settled
-    /// ([`Mux::set_holds`], [`Mux::rx_settle`]): requests still being answered.
-    pub(super) holds: u64,
-    /// Its messages waiting in sockets' receive queues (or the hold queue),
-    /// not yet taken by a reader (`MuxConfig::psock_queued_max`).
-    pub(super) queued: usize,
-    /// `queued` reached `psock_queued_max`: the psock is not read until it
-    /// is down to half (then `PsockRxResume`).
-    pub(super) queued_full: bool,
     // ---- transmit ----
     pub(super) tx_queue: VecDeque<TxMsg>,
     /// Who may write it now (see [`Tx`]).
@@ -189,16 +180,15 @@ impl Psock {
         !self.life.rx_over() && !self.stream.is_stopped()
     }
 
-    /// Whether the server itself holds its reading back, its receive side
-    /// running or not: a message no socket could take, the memory budget,
-    /// readers that have not taken its queued messages, or a peer not
-    /// reading its replies (`PsockRxResume` when that ends).
+    /// Whether the server itself holds its reading back for what the psock
+    /// holds, its receive side running or not: a message no socket could
+    /// take, the memory budget, or a peer not reading its replies
+    /// (`PsockRxResume` when that ends). The sockets' side may hold it back
+    /// too (`Sockets::holds_back`: readers that have not taken its queued
+    /// messages).
     #[inline]
     pub(super) fn held_back(&self, config: &MuxConfig) -> bool {
-        self.ready.is_some()
-            || self.mem != MemState::Reading
-            || self.queued_full
-            || self.tx_addr_bytes >= backlog_pause(config)
+        self.ready.is_some() || self.mem != MemState::Reading || self.tx_addr_bytes >= backlog_pause(config)
     }
 
     /// Messages queued on it minus messages received from it: the requests
@@ -293,14 +283,6 @@ impl Psock {
         last
     }
 
-    /// One more of its messages waits in a socket's queue.
-    #[inline]
-    pub(super) fn count_queued(&mut self, config: &MuxConfig) {
-        self.queued += 1;
-        if self.queued >= config.psock_queued_max {
-            self.queued_full = true;
-        }
-    }
 
     #[inline]
     pub(super) fn rx_held(&self) -> usize {

@@ -2,8 +2,10 @@
 //! waiting to receive (`kcm_rx_waiters`) and to send (`kcm_tx_waiters`), the
 //! psocks waiting for a socket to take a message (`psocks_ready`) and free
 //! for a reservation (`psocks_avail`), the hold queue, and the steering
-//! policy that picks the socket for a message. What one connection owns is
-//! in [`super::psock`]; the mux (`super`) moves messages between the two.
+//! policy that picks the socket for a message, and what the readers owe each
+//! psock (its messages waiting in queues, those taken and not yet answered:
+//! [`Share`]). What one connection owns is in [`super::psock`]; the mux
+//! (`super`) moves messages between the two.
 
 use std::collections::VecDeque;
 
@@ -27,14 +29,75 @@ pub(super) struct Sockets {
     pub(super) psocks_avail: VecDeque<PsockId>,
     /// Sockets waiting for a psock, FIFO (`kcm_tx_waiters`).
     pub(super) tx_waiters: VecDeque<SockId>,
+    /// Each attached psock's [`Share`], by its index.
+    shares: Vec<Option<Share>>,
+}
+
+/// What the sockets' side keeps of one psock: its messages in the hands of
+/// readers. The psock's owner is told what it needs of this (its reading
+/// held back, its last message answered), never reads it.
+#[derive(Debug)]
+pub(super) struct Share {
+    generation: u32,
+    /// Its messages waiting in sockets' receive queues (or the hold queue),
+    /// not yet taken by a reader (`MuxConfig::psock_queued_max`).
+    pub(super) queued: usize,
+    /// `queued` reached `psock_queued_max`: the psock is not read until it
+    /// is down to half (then `PsockRxResume`).
+    pub(super) queued_full: bool,
+    /// Messages handed to holding sockets' readers and not yet settled
+    /// ([`super::Mux::set_holds`], [`super::Mux::rx_settle`]): requests
+    /// still being answered.
+    pub(super) holds: u64,
+}
+
+impl Share {
+    /// Nothing of the psock is in readers' hands: none of its messages
+    /// waits in a queue, every one taken has been answered.
+    #[inline]
+    pub(super) fn readers_done(&self) -> bool {
+        self.queued == 0 && self.holds == 0
+    }
+    /// One more of its messages waits in a socket's queue.
+    #[inline]
+    pub(super) fn count_queued(&mut self, config: &MuxConfig) {
+        self.queued += 1;
+        if self.queued >= config.psock_queued_max {
+            self.queued_full = true;
+        }
+    }
 }
 
 impl Sockets {
-    /// Whether a message of psock `p` waits in a socket's receive queue or
-    /// the hold queue (not yet taken by a reader).
-    pub(super) fn holds_message_of(&self, p: PsockId) -> bool {
-        self.socks.iter().any(|(_, _, s)| s.rx_queue.iter().any(|m| m.psock == p))
-            || self.hold.iter().any(|m| m.psock == p)
+    /// A psock was attached: its share starts empty.
+    pub(super) fn add_share(&mut self, p: PsockId) {
+        let i = p.index as usize;
+        if self.shares.len() <= i {
+            self.shares.resize_with(i + 1, || None);
+        }
+        self.shares[i] = Some(Share { generation: p.generation, queued: 0, queued_full: false, holds: 0 });
+    }
+    /// A psock was unattached.
+    pub(super) fn remove_share(&mut self, p: PsockId) {
+        if let Some(slot) = self.shares.get_mut(p.index as usize) {
+            if slot.as_ref().is_some_and(|sh| sh.generation == p.generation) {
+                *slot = None;
+            }
+        }
+    }
+    #[inline]
+    pub(super) fn share(&self, p: PsockId) -> Option<&Share> {
+        self.shares.get(p.index as usize)?.as_ref().filter(|sh| sh.generation == p.generation)
+    }
+    #[inline]
+    pub(super) fn share_mut(&mut self, p: PsockId) -> Option<&mut Share> {
+        self.shares.get_mut(p.index as usize)?.as_mut().filter(|sh| sh.generation == p.generation)
+    }
+    /// Whether the sockets hold psock `p`'s reading back: too many of its
+    /// messages wait for readers.
+    #[inline]
+    pub(super) fn holds_back(&self, p: PsockId) -> bool {
+        self.share(p).is_some_and(|sh| sh.queued_full)
     }
 
     /// The steering policy: which able socket takes a message.
