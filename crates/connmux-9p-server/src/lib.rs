@@ -26,7 +26,9 @@
 //!
 //! `connmux 9p-server` is this crate behind command-line flags.
 
+mod budget;
 pub mod fs;
+pub mod locks;
 pub mod serve;
 pub mod users;
 
