@@ -284,15 +284,21 @@ impl<T: Serve> Pool<T> {
                 },
                 recv(self.quit) -> _ => return,
             };
-            if self.stopping() {
-                return;
+            let mut next = Some(job);
+            // Bounded: each turn runs a request of a backlog, which the
+            // connection's peer must send.
+            while let Some(job) = next.take() {
+                if self.stopping() {
+                    return;
+                }
+                next = self.run_one(job, &out);
             }
-            self.run_one(job, &out);
         }
     }
 
-    /// Runs one request, and queues the next of its connection's backlog.
-    fn run_one(&self, job: Job<T>, out: &Replier<'_, T>) {
+    /// Runs one request; returns the next of its connection's backlog for
+    /// this thread to run when no other request waits, else queues it.
+    fn run_one(&self, job: Job<T>, out: &Replier<'_, T>) -> Option<Job<T>> {
         let Job { conn, req } = job;
         if !conn.gone() {
             match conn.unwritten(self.opts.room, &self.mux) {
@@ -312,7 +318,7 @@ impl<T: Serve> Pool<T> {
                         self.stats.paused.fetch_add(1, Relaxed);
                         self.waker.pause(conn);
                     }
-                    return;
+                    return None;
                 }
                 Some(_) => {}
             }
@@ -326,15 +332,24 @@ impl<T: Serve> Pool<T> {
         q.running -= 1;
         if conn.gone() {
             q.backlog.clear();
-            return;
+            return None;
         }
         if q.paused {
-            return;
+            return None;
         }
-        let Some(next) = q.backlog.pop_front() else { return };
+        let next = q.backlog.pop_front()?;
         q.running += 1;
         drop(q);
-        // Behind the others' requests.
-        self.queue(Job { conn, req: next });
+        let job = Job { conn, req: next };
+        // Behind the others' requests when there are some; else run here:
+        // queued, it would wake a sleeping thread (a futex wake and a
+        // context switch for each request of a pipelined connection) while
+        // this one, awake, goes to sleep.
+        if !self.jobs.is_empty() {
+            self.queue(job);
+            return None;
+        }
+        self.stats.queued.fetch_add(1, Relaxed);
+        Some(job)
     }
 }
