@@ -469,6 +469,13 @@ static int locks(const char *pa, const char *pb, int remote_view) {
     check("B exits holding 5-14 and 20-29: A locks 0-29", rc == 0, "%s", strerror(errno));
     rc = lk(fd, 'S', F_WRLCK, 45, 10, 0);
     check("... and writes over B's read lock 45-54", rc == 0, "%s", strerror(errno));
+    /* Locks are the process's, not an open's: a second open of the file
+     * locks over what the first holds. */
+    int fd2 = open(pa, O_RDWR);
+    if (fd2 < 0) die("open", pa);
+    rc = lk(fd2, 'S', F_WRLCK, 5, 30, 0);
+    check("A's second open write-locks 5-34 over its first's 0-29", rc == 0, "%s", strerror(errno));
+    close(fd2);
     alarm(0);
     close(fd);
     return bad;

@@ -14,7 +14,7 @@ use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use connmux_9p::types::{getattr as gmask, setattr as smask};
@@ -22,65 +22,14 @@ use connmux_9p::{Attr, Qid, QidType, SetAttr, StatFs};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
+pub use crate::budget::{Budget, Slot};
+use crate::locks::{FidLocks, LockInfo, LockedFile, Locks, Owners};
 use crate::users::User;
 
 /// A result whose error is the errno the client gets in Rlerror.
 pub type R<T> = Result<T, Errno>;
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS).union(ResolveFlags::NO_MAGICLINKS);
-
-/// Descriptors of one kind (open files, or `O_PATH` handles), capped in
-/// total and per connection: the descriptor budget.
-pub struct Budget {
-    /// Held at most, in all.
-    pub max_total: usize,
-    /// Held at most by one connection.
-    pub max_conn: usize,
-    total: AtomicUsize,
-    /// Takes refused (over either cap).
-    pub refused: AtomicU64,
-}
-
-impl Budget {
-    pub fn new(max_total: usize, max_conn: usize) -> Arc<Budget> {
-        Arc::new(Budget { max_total, max_conn, total: AtomicUsize::new(0), refused: AtomicU64::new(0) })
-    }
-
-    /// Held now.
-    pub fn used(&self) -> usize {
-        self.total.load(Relaxed)
-    }
-
-    /// One descriptor for a connection whose count is `mine`: EMFILE over
-    /// the connection's cap, ENFILE over the total.
-    pub fn take(self: &Arc<Self>, mine: &Arc<AtomicUsize>) -> R<Slot> {
-        if mine.fetch_add(1, Relaxed) >= self.max_conn {
-            mine.fetch_sub(1, Relaxed);
-            self.refused.fetch_add(1, Relaxed);
-            return Err(Errno::MFILE);
-        }
-        if self.total.fetch_add(1, Relaxed) >= self.max_total {
-            self.total.fetch_sub(1, Relaxed);
-            mine.fetch_sub(1, Relaxed);
-            self.refused.fetch_add(1, Relaxed);
-            return Err(Errno::NFILE);
-        }
-        Ok(Slot { budget: self.clone(), mine: mine.clone() })
-    }
-}
-
-/// One descriptor of a [`Budget`], given back when dropped.
-pub struct Slot {
-    budget: Arc<Budget>,
-    mine: Arc<AtomicUsize>,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.mine.fetch_sub(1, Relaxed);
-        self.budget.total.fetch_sub(1, Relaxed);
-    }
-}
 
 /// A connection's counts against the export's budgets.
 #[derive(Default, Clone)]
@@ -109,9 +58,7 @@ pub struct Export {
     /// Extended attributes served.
     pub xattrs: bool,
     /// Byte-range locks' holders, as clients described them.
-    locks: Arc<LockTable>,
-    /// Ids of opened fids (their locks' owners in [`LockTable`]).
-    next_open: AtomicU64,
+    locks: Locks,
     /// Files and directories opened by clients (Tlopen, Tlcreate).
     pub open_files: Arc<Budget>,
     /// `O_PATH` handles kept by fids that are not open (a fid over this
@@ -173,24 +120,8 @@ pub struct Fid {
     /// (Txattrcreate) through this fid.
     /// (Boxed: most fids have none, and a fid is kept small.)
     pub xattr: Option<Box<Xattr>>,
-    /// Of an opened fid: its id, the owner of its byte-range locks.
-    pub open_id: u64,
-    /// Set once it took a byte-range lock: its holders' records go with it.
-    locks: Locked,
-}
-
-/// The lock table an opened fid noted its locks in, and the inode and
-/// owner they were noted under: forgotten when the fid goes.
-#[derive(Default)]
-struct Locked(std::sync::OnceLock<Box<(Arc<LockTable>, u64, u64)>>);
-
-impl Drop for Locked {
-    fn drop(&mut self) {
-        if let Some(b) = self.0.get() {
-            let (t, ino, owner) = &**b;
-            t.forget(*ino, *owner);
-        }
-    }
+    /// Of an opened fid: the owners it took byte-range locks for.
+    locks: FidLocks,
 }
 
 /// An extended attribute behind a fid, and its bytes in the connection's
@@ -238,70 +169,6 @@ pub fn xattr_served(name: &str) -> bool {
     name.starts_with("user.") || name == "system.posix_acl_access" || name == "system.posix_acl_default"
 }
 
-/// A byte-range lock taken through the server, and the holder its client
-/// described (Tlock's proc_id and client_id): the kernel reports a
-/// conflicting lock's range and type, these records say whose it is.
-struct HeldLock {
-    owner: u64,
-    start: u64,
-    /// Inclusive; `u64::MAX`: to the end of the file.
-    end: u64,
-    kind: u8,
-    proc_id: u32,
-    client_id: String,
-}
-
-/// The holders of locks, by inode.
-#[derive(Default)]
-pub struct LockTable {
-    m: Mutex<std::collections::HashMap<u64, Vec<HeldLock>>>,
-}
-
-impl LockTable {
-    /// After a lock or unlock of `[start, end]` by `owner`: its records
-    /// within the range go; a lock adds its own.
-    fn note(&self, ino: u64, owner: u64, start: u64, end: u64, lock: Option<(u8, u32, &str)>) {
-        let mut m = self.m.lock().unwrap();
-        let v = m.entry(ino).or_default();
-        v.retain(|h| h.owner != owner || h.start < start || h.end > end);
-        if let Some((kind, proc_id, client_id)) = lock {
-            v.push(HeldLock { owner, start, end, kind, proc_id, client_id: client_id.to_string() });
-        }
-        if v.is_empty() {
-            m.remove(&ino);
-        }
-    }
-
-    /// Who else holds a lock over `[start, end]` of `ino` (`kind` first).
-    fn holder(&self, ino: u64, me: u64, start: u64, end: u64, kind: u8) -> Option<(u32, String)> {
-        let m = self.m.lock().unwrap();
-        let v = m.get(&ino)?;
-        let over = |h: &&HeldLock| h.owner != me && h.start <= end && start <= h.end;
-        let h = v.iter().filter(over).find(|h| h.kind == kind).or_else(|| v.iter().find(over))?;
-        Some((h.proc_id, h.client_id.clone()))
-    }
-
-    fn forget(&self, ino: u64, owner: u64) {
-        let mut m = self.m.lock().unwrap();
-        if let Some(v) = m.get_mut(&ino) {
-            v.retain(|h| h.owner != owner);
-            if v.is_empty() {
-                m.remove(&ino);
-            }
-        }
-    }
-}
-
-/// Tgetlock's answer: the lock type (F_UNLCK when none conflicts), its
-/// range, and its holder.
-pub struct LockInfo {
-    pub kind: u8,
-    pub start: u64,
-    pub length: u64,
-    pub proc_id: u32,
-    pub client_id: String,
-}
-
 /// A fid's size in memory, beside its path's bytes and its map entry (a
 /// connection may hold 131,072 of them).
 pub const FID_SIZE: usize = std::mem::size_of::<Fid>();
@@ -317,8 +184,7 @@ impl Fid {
             user,
             floor,
             xattr: None,
-            open_id: 0,
-            locks: Locked::default(),
+            locks: FidLocks::default(),
         }
     }
 
@@ -379,8 +245,7 @@ impl Export {
         Ok(Export {
             root,
             xattrs: o.xattrs,
-            locks: Arc::default(),
-            next_open: AtomicU64::new(1),
+            locks: Locks::default(),
             open_files: o.open_files,
             handles: o.handles,
             path,
@@ -574,8 +439,7 @@ impl Export {
         let slot = self.open_files.take(&q.open)?;
         let path = fid.path.lock().unwrap().clone();
         let (open, qid) = self.open_fid(fid, flags)?;
-        let open_id = self.next_open.fetch_add(1, Relaxed);
-        let f = Fid { open: Some((open, slot)), open_id, ..Fid::bare(path, qid, fid.user.clone(), fid.floor.clone()) };
+        let f = Fid { open: Some((open, slot)), ..Fid::bare(path, qid, fid.user.clone(), fid.floor.clone()) };
         Ok((f, qid))
     }
 
@@ -661,8 +525,8 @@ impl Export {
         }
         Self::settle(&fd, &st, fl)?;
         let qid = qid_of(&st);
-        let (open, open_id) = (Some((Open::of(fd, &st), slot)), self.next_open.fetch_add(1, Relaxed));
-        Ok((Fid { open, open_id, ..Fid::bare(path, qid, dir.user.clone(), dir.floor.clone()) }, qid))
+        let open = Some((Open::of(fd, &st), slot));
+        Ok((Fid { open, ..Fid::bare(path, qid, dir.user.clone(), dir.floor.clone()) }, qid))
     }
 
     /// Tread on an opened file: appends up to `count` bytes at `offset` to `out`.
@@ -953,55 +817,24 @@ impl Export {
         }
     }
 
-    /// Tlock as an open-file-description byte-range lock (`F_OFD_SETLK`),
-    /// never waiting: 0 success, 1 blocked (the client retries a blocking
-    /// lock). Each opened fid is its own description, so two opens conflict
-    /// as two processes' locks do.
-    pub fn lock(&self, fid: &Fid, l: &connmux_9p::tmsg::Lock<'_>) -> R<u8> {
-        let Some(f) = fid.file() else {
-            return Err(Errno::BADF);
-        };
-        let (rl, end) = range_lock(l.lock_type, l.start, l.length)?;
-        let took = connmux_sys::fileserver::ofd_setlk(f.as_fd(), &rl).map_err(|e| errno_of(&e))?;
-        if !took {
-            return Ok(1);
-        }
-        let (t, _, _) = &**fid.locks.0.get_or_init(|| Box::new((self.locks.clone(), fid.qid.path, fid.open_id)));
-        let what = (l.lock_type != 2).then_some((l.lock_type, l.proc_id, l.client_id));
-        t.note(fid.qid.path, fid.open_id, l.start, end, what);
-        Ok(0)
+    /// Tlock ([`Locks::lock`]) through an opened fid of a connection whose
+    /// lock owners are `owners`.
+    pub fn lock(&self, fid: &Fid, l: &connmux_9p::tmsg::Lock<'_>, owners: &Arc<Owners>, q: &Quota) -> R<u8> {
+        let f = Self::locked_file(fid, owners)?;
+        self.locks.lock(&f, l, || self.open_files.take(&q.open))
     }
 
-    /// Tgetlock (`F_OFD_GETLK`): the first lock that would conflict, with
-    /// the holder its client described (another client of this server), or
-    /// the local process's pid (0 when not known, as for another open file
-    /// description's lock taken outside the server). Linux's client sends
-    /// every F_GETLK as type UNLCK (`v9fs_file_getlock`): that is answered
-    /// as a write lock's question, any other holder's lock over the range.
-    pub fn getlock(&self, fid: &Fid, l: &connmux_9p::tmsg::Lock<'_>) -> R<LockInfo> {
-        let Some(f) = fid.file() else {
+    /// Tgetlock ([`Locks::getlock`]).
+    pub fn getlock(&self, fid: &Fid, l: &connmux_9p::tmsg::Lock<'_>, owners: &Arc<Owners>) -> R<LockInfo> {
+        self.locks.getlock(&Self::locked_file(fid, owners)?, l)
+    }
+
+    fn locked_file<'a>(fid: &'a Fid, owners: &'a Arc<Owners>) -> R<LockedFile<'a>> {
+        let Some(file) = fid.file() else {
             return Err(Errno::BADF);
         };
-        let asked = if l.lock_type == 2 { 1 } else { l.lock_type };
-        let (rl, _) = range_lock(asked, l.start, l.length)?;
-        let none = LockInfo {
-            kind: 2,
-            start: l.start,
-            length: l.length,
-            proc_id: l.proc_id,
-            client_id: l.client_id.to_string(),
-        };
-        let Some(c) = connmux_sys::fileserver::ofd_getlk(f.as_fd(), &rl).map_err(|e| errno_of(&e))? else {
-            return Ok(none);
-        };
-        let (start, length) = (c.start as u64, c.len as u64);
-        let end = if length == 0 { u64::MAX } else { start.saturating_add(length - 1) };
-        let kind = c.kind as u8;
-        let (proc_id, client_id) = self
-            .locks
-            .holder(fid.qid.path, fid.open_id, start, end, kind)
-            .unwrap_or_else(|| (c.pid.max(0) as u32, String::new()));
-        Ok(LockInfo { kind, start, length, proc_id, client_id })
+        let regular = fid.regular().is_some();
+        Ok(LockedFile { file, regular, ino: fid.qid.path, uid: fid.user.uid, held: &fid.locks, owners })
     }
 
     /// Txattrwalk: a new fid holding `name`'s value (or, for the empty
@@ -1089,17 +922,6 @@ impl Export {
 fn proc_fd(fd: BorrowedFd<'_>) -> String {
     use std::os::fd::AsRawFd;
     format!("/proc/self/fd/{}", fd.as_raw_fd())
-}
-
-/// A Tlock/Tgetlock range as `fcntl` takes it, and its last byte (length
-/// 0, or one past the largest offset: to the end of the file).
-fn range_lock(kind: u8, start: u64, length: u64) -> R<(connmux_sys::fileserver::RangeLock, u64)> {
-    if kind > 2 || start > i64::MAX as u64 {
-        return Err(Errno::INVAL);
-    }
-    let len = if length > i64::MAX as u64 - start { 0 } else { length as i64 };
-    let end = if len == 0 { u64::MAX } else { start + length - 1 };
-    Ok((connmux_sys::fileserver::RangeLock { kind: kind as i16, start: start as i64, len, pid: 0 }, end))
 }
 
 /// Linux open flags from Tlopen/Tlcreate, less those a client may not ask

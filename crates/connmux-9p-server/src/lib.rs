@@ -26,7 +26,9 @@
 //!
 //! `connmux 9p-server` is this crate behind command-line flags.
 
+mod budget;
 pub mod fs;
+pub mod locks;
 pub mod serve;
 pub mod users;
 
@@ -56,8 +58,8 @@ pub struct Config {
     pub xattrs: bool,
     /// File-system threads.
     pub fs_threads: usize,
-    /// Requests waiting for a file-system thread, at most; also the most one
-    /// connection may have waiting in its own backlog (more close it).
+    /// Requests one connection may have waiting in its own backlog for a
+    /// file-system thread, at most (more close it).
     pub fs_queue: usize,
     /// Requests of one connection with the file-system threads at a time
     /// (`None`: half of the threads).

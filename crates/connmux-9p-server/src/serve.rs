@@ -46,6 +46,7 @@ use connmux_fsd::{Pool, Queue, Replier, Sent, Serve};
 use rustix::io::Errno;
 
 use crate::fs::{Export, Fid, Quota, Xattr, R};
+use crate::locks::Owners;
 use crate::users::{self, Users};
 
 pub use connmux_fsd::{ROOM, SEND_TIMEOUT};
@@ -72,6 +73,8 @@ pub struct Conn {
     max_fids: usize,
     /// Its descriptors: open files and handles.
     quota: Quota,
+    /// The processes of its client that hold byte-range locks.
+    lock_owners: Arc<Owners>,
     msize: AtomicU32,
 }
 
@@ -181,6 +184,7 @@ impl Conn {
             session: AtomicU64::new(0),
             max_fids,
             quota: Quota::default(),
+            lock_owners: Arc::default(),
             msize: AtomicU32::new(0),
         }
     }
@@ -701,13 +705,13 @@ impl Files {
                 rmsg::empty(out, MsgType::RFSYNC, tag);
             }
             Tmsg::Lock(l) => {
-                let status = x.lock(&*conn.fid(l.fid)?, l)?;
+                let status = x.lock(&*conn.fid(l.fid)?, l, &conn.lock_owners, &conn.quota)?;
                 let mut e = Encoder::begin(out, MsgType::RLOCK, tag);
                 e.u8(status);
                 e.finish();
             }
             Tmsg::Getlock(l) => {
-                let i = x.getlock(&*conn.fid(l.fid)?, l)?;
+                let i = x.getlock(&*conn.fid(l.fid)?, l, &conn.lock_owners)?;
                 let mut e = Encoder::begin(out, MsgType::RGETLOCK, tag);
                 e.u8(i.kind).u64(i.start).u64(i.length).u32(i.proc_id).str(&i.client_id);
                 e.finish();

@@ -152,7 +152,19 @@ fn lock(c: &mut Client, fid: u32, lock_type: u8, start: u64, length: u64, who: (
 
 /// Tgetlock's answer: type, start, length, proc_id, client_id.
 fn getlock(c: &mut Client, fid: u32, lock_type: u8, start: u64, length: u64) -> (u8, u64, u64, u32, String) {
-    let l = Lock { fid, lock_type, flags: 0, start, length, proc_id: 1, client_id: "asker" };
+    getlock_as(c, fid, lock_type, start, length, (1, "asker"))
+}
+
+/// Tgetlock's answer to the process `who` (proc_id, client_id).
+fn getlock_as(
+    c: &mut Client,
+    fid: u32,
+    lock_type: u8,
+    start: u64,
+    length: u64,
+    who: (u32, &str),
+) -> (u8, u64, u64, u32, String) {
+    let l = Lock { fid, lock_type, flags: 0, start, length, proc_id: who.0, client_id: who.1 };
     let b = c.ok(&Tmsg::Getlock(l));
     assert_eq!(type_of(&b), MsgType::RGETLOCK);
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
@@ -206,6 +218,62 @@ fn byte_range_locks_conflict_by_range_and_name_their_holder() {
     assert_eq!(lock(&mut b, 1, wr, 5, 1, (77, "host-b")), 0);
     a.ok(&Tmsg::Clunk { fid: 1 });
     assert_eq!(lock(&mut b, 1, wr, 105, 1, (77, "host-b")), 0);
+    let _ = std::fs::remove_dir_all(&ex);
+}
+
+/// A lock's owner is a process of a client (proc_id and client_id, on its
+/// connection), not an opened fid: two fids one process opened on a file
+/// share its locks, as two descriptors of one process do on a local disk
+/// (no conflict, Tgetlock sees none, an unlock through either releases
+/// them); another process of the same client conflicts, and so does the
+/// same proc_id and client_id on another connection. A write lock through a
+/// fid opened read-only is EBADF, as fcntl(2) answers it.
+#[test]
+fn locks_belong_to_a_process_not_to_an_opened_fid() {
+    const EBADF: u32 = 9;
+    let ex = scratch("lockowner");
+    std::fs::write(ex.join("f"), vec![0u8; 4096]).unwrap();
+    let s = Server::start(&ex, &["--no-stats-socket"]);
+    let mut a = Client::session(s.addr, &ex);
+    let mut other = Client::session(s.addr, &ex);
+    // Fids 1 and 2 read-write, 3 read-only, all of one file.
+    let open = |c: &mut Client, fid, flags| {
+        c.ok(&Tmsg::Walk { fid: 0, newfid: fid, names: vec!["f"] });
+        c.ok(&Tmsg::Lopen { fid, flags });
+    };
+    for (fid, flags) in [(1, 2), (2, 2), (3, 0)] {
+        open(&mut a, fid, flags);
+    }
+    open(&mut other, 1, 2);
+    let (wr, rd, un) = (1, 0, 2);
+    let p = (10, "host");
+    assert_eq!(lock(&mut a, 1, wr, 0, 10, p), 0);
+    assert_eq!(lock(&mut a, 2, wr, 5, 10, p), 0, "the same process through its second open");
+    assert_eq!(getlock_as(&mut a, 2, wr, 0, 0, p).0, un, "its own locks do not conflict");
+    assert_eq!(lock(&mut a, 3, rd, 0, 4, p), 0, "a read lock through the read-only open");
+    let b = a.call(&Tmsg::Lock(Lock {
+        fid: 3,
+        lock_type: wr,
+        flags: 0,
+        start: 0,
+        length: 1,
+        proc_id: 10,
+        client_id: "host",
+    }));
+    assert_eq!(errno_of(&b), Some(EBADF), "a write lock through a read-only open");
+    assert_eq!(lock(&mut a, 2, wr, 12, 1, (11, "host")), 1, "another process of the client");
+    assert_eq!(
+        getlock_as(&mut a, 1, wr, 12, 1, (11, "host")),
+        (wr, 4, 11, 10, "host".to_string()),
+        "the merged write lock [4, 15)"
+    );
+    assert_eq!(lock(&mut other, 1, wr, 12, 1, p), 1, "the same names on another connection");
+    // An unlock of the whole file through one open releases what the other took.
+    assert_eq!(lock(&mut a, 3, un, 0, 0, p), 0);
+    assert_eq!(lock(&mut a, 2, wr, 0, 20, (11, "host")), 0);
+    // The other process's clunk of its open releases its locks.
+    a.ok(&Tmsg::Clunk { fid: 2 });
+    assert_eq!(lock(&mut other, 1, wr, 0, 20, p), 0);
     let _ = std::fs::remove_dir_all(&ex);
 }
 

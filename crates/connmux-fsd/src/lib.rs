@@ -17,7 +17,10 @@
 //!   backlog (at most [`Options::queue`] of them; one more and
 //!   [`Pool::submit`] says no, and the server closes the connection). One
 //!   client's slow requests hold at most its share of the threads, never
-//!   the queue the others' requests pass through.
+//!   the queue the others' requests pass through. That queue is bounded by
+//!   the shares (connections × share) and never makes a worker wait: an
+//!   I/O worker blocked on it would leave every connection it reads
+//!   unanswered, also the requests it answers itself.
 //! - **Room**: a request is run only while its connection's unwritten
 //!   replies are under [`Options::room`]. A connection over it is paused
 //!   (nothing of its backlog is run or built) until its peer has read

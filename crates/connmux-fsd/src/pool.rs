@@ -23,10 +23,12 @@ pub struct Options {
     pub name: String,
     /// File-system threads.
     pub threads: usize,
-    /// Requests waiting for a thread, at most; also the most one
-    /// connection may have waiting in its own backlog (more, and
-    /// [`Pool::submit`] refuses). A worker that finds the queue full waits
-    /// for room (its connections' TCP windows close meanwhile).
+    /// Requests one connection may have waiting in its own backlog, at
+    /// most (more, and [`Pool::submit`] refuses). The threads' shared queue
+    /// needs no bound of its own: it holds at most `share` requests of each
+    /// connection. (It had one, and a worker that found it full waited for
+    /// room: with more connections than `queue / share` busy, the workers
+    /// stopped, and every client's requests answered on them with it.)
     pub queue: usize,
     /// Requests of one connection with the threads at a time, at most.
     pub share: usize,
@@ -112,7 +114,7 @@ impl<T: Serve> Pool<T> {
             s.set_nonblocking(true)?;
             senders.push(s);
         }
-        let (tx, jobs) = channel::bounded(opts.queue);
+        let (tx, jobs) = channel::unbounded();
         let (quit_tx, quit) = channel::bounded(0);
         let pool = Arc::new(Pool {
             server,
@@ -198,17 +200,14 @@ impl<T: Serve> Pool<T> {
         self.queue(Job { conn: conn.clone(), req })
     }
 
-    /// Puts a job on the queue, waiting while it is full (bounded: every
-    /// connection has at most its share there) unless the pool stops.
+    /// Puts a job on the queue, never waiting (every connection has at most
+    /// its share there), unless the pool stops.
     pub(crate) fn queue(&self, job: Job<T>) -> bool {
         if self.stopping() {
             return false;
         }
         self.stats.queued.fetch_add(1, Relaxed);
-        channel::select! {
-            send(self.tx, job) -> r => r.is_ok(),
-            recv(self.quit) -> _ => false,
-        }
+        self.tx.send(job).is_ok()
     }
 
     /// Stops the threads and joins them: a thread waiting for a request
@@ -286,7 +285,8 @@ impl<T: Serve> Pool<T> {
                 recv(self.quit) -> _ => return,
             };
             let mut next = Some(job);
-            // Bounded: each turn answers or parks a request of the backlog.
+            // Bounded: each turn runs a request of a backlog, which the
+            // connection's peer must send.
             while let Some(job) = next.take() {
                 if self.stopping() {
                     return;
@@ -297,7 +297,7 @@ impl<T: Serve> Pool<T> {
     }
 
     /// Runs one request; returns the next of its connection's backlog for
-    /// this thread to run when the queue has no room for it.
+    /// this thread to run when no other request waits, else queues it.
     fn run_one(&self, job: Job<T>, out: &Replier<'_, T>) -> Option<Job<T>> {
         let Job { conn, req } = job;
         if !conn.gone() {
@@ -340,12 +340,16 @@ impl<T: Serve> Pool<T> {
         let next = q.backlog.pop_front()?;
         q.running += 1;
         drop(q);
-        self.stats.queued.fetch_add(1, Relaxed);
-        // Behind the others' requests when there is room; else this thread
-        // runs it (it cannot wait for room in the queue it takes from).
-        match self.tx.try_send(Job { conn, req: next }) {
-            Ok(()) => None,
-            Err(e) => Some(e.into_inner()),
+        let job = Job { conn, req: next };
+        // Behind the others' requests when there are some; else run here:
+        // queued, it would wake a sleeping thread (a futex wake and a
+        // context switch for each request of a pipelined connection) while
+        // this one, awake, goes to sleep.
+        if !self.jobs.is_empty() {
+            self.queue(job);
+            return None;
         }
+        self.stats.queued.fetch_add(1, Relaxed);
+        Some(job)
     }
 }

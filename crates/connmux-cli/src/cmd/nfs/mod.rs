@@ -49,7 +49,7 @@ pub struct Args {
     /// (default: 4 per worker, at least 8).
     #[arg(long)]
     pub fs_threads: Option<usize>,
-    /// Calls waiting for a file-system thread, at most; a call past it
+    /// Calls of one connection waiting for a file-system thread, at most; a call past it
     /// closes its connection (counted in `overloads`; the client reconnects
     /// and sends it again).
     #[arg(long, default_value_t = 1024)]

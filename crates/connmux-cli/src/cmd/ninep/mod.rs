@@ -30,8 +30,9 @@ pub struct Args {
     /// (default: 4 per worker, at least 8).
     #[arg(long)]
     pub fs_threads: Option<usize>,
-    /// Requests waiting for a file-system thread, at most (bounds the memory
-    /// they hold to this many times the message size limit).
+    /// Requests of one connection waiting for a file-system thread, at most
+    /// (more close the connection; bounds the memory they hold to this many
+    /// times the message size limit).
     #[arg(long, default_value_t = 256)]
     pub fs_queue: usize,
     /// Most fids one connection may hold. A fid that is not open holds no
