@@ -574,6 +574,36 @@ fn a_client_that_collects_no_replies_holds_no_thread_from_the_others() {
 }
 
 #[test]
+fn reads_of_an_open_file_in_memory_are_answered_on_the_workers() {
+    let ex = scratch("inline");
+    let sock = ex.with_extension("sock");
+    let data = pattern((3 << 20) + 5, 6);
+    std::fs::write(ex.join("f"), &data).unwrap();
+    let s = start(&ex, &["--stats-socket", sock.to_str().unwrap()]);
+    let mut c = Rpc::connect(s.addr);
+    let root = c.mnt(b"/").unwrap();
+    let (f, _) = c.lookup(&root, b"f").unwrap();
+    // The first READ opens the file: on a file-system thread.
+    assert_eq!(c.read(&f, 0, 4096).unwrap(), (data[..4096].to_vec(), false));
+    assert_eq!(counter(&sock, "reads_on_workers"), 0);
+    // Open, and its pages in memory (just written): on the worker, the same
+    // bytes and eof as the threads give, 1 MiB and the file's end included.
+    let len = data.len() as u64;
+    for (off, n) in [(4096, 4096), (1 << 20, 1 << 20), (len - 5, 4096), (len, 4096), (7, 0)] {
+        let (got, eof) = c.read(&f, off, n).unwrap();
+        let end = (off + u64::from(n)).min(len);
+        assert_eq!(got, data[off as usize..end as usize], "READ of {n} at {off}");
+        assert_eq!(eof, off + u64::from(n) >= len, "eof of READ of {n} at {off}");
+    }
+    assert_eq!(counter(&sock, "reads_on_workers"), 5);
+    assert_eq!(counter(&sock, "nfs_read"), 6);
+    // A handle of no file of ours still gets its error (from the threads).
+    assert_eq!(c.read(b"not a handle", 0, 4096), Err(Nfsstat3::ERR_BADHANDLE));
+    assert_eq!(counter(&sock, "reads_on_workers"), 5);
+    let _ = std::fs::remove_dir_all(&ex);
+}
+
+#[test]
 fn rpctest_loads_getattr_lookup_read_and_write() {
     let ex = scratch("rpctest");
     std::fs::create_dir(ex.join("d")).unwrap();

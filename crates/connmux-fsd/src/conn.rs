@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use connmux::PsockId;
+use connmux::{Bytes, PsockId};
 
 use crate::Serve;
 
@@ -23,6 +23,11 @@ pub struct Conn<T: Serve> {
     /// The mux's count of bytes written, as last looked at: it only grows,
     /// so while `replied` is less than the room past it no look is needed.
     written: AtomicU64,
+    /// Bytes of the replies the mux holds for this connection now (queued,
+    /// not yet written): each counted from [`Conn::hold`] until the mux
+    /// lets go of it. Exact, and read without asking the mux (whose count
+    /// may wait for the workers to report): what a worker may look at.
+    held: Arc<AtomicU64>,
     /// Set when the connection was found gone: its backlog is dropped and
     /// none of its requests is run.
     gone: AtomicBool,
@@ -75,6 +80,7 @@ impl<T: Serve> Conn<T> {
             queue: Mutex::new(Queue { work: T::Work::default(), running: 0, backlog: VecDeque::new(), paused: false }),
             replied: AtomicU64::new(0),
             written: AtomicU64::new(0),
+            held: Arc::default(),
             gone: AtomicBool::new(false),
             born,
         }
@@ -101,6 +107,19 @@ impl<T: Serve> Conn<T> {
         self.replied.fetch_add(bytes as u64, Relaxed);
     }
 
+    /// `reply` as the mux is to hold it (no copy): its bytes count in
+    /// [`Conn::held`] until the mux drops it, once written (or with the
+    /// connection).
+    pub fn hold(&self, reply: Bytes) -> Bytes {
+        self.held.fetch_add(reply.len() as u64, Relaxed);
+        Bytes::from_owner(Held { reply, held: self.held.clone() })
+    }
+
+    /// Bytes of the replies given by [`Conn::hold`] that the mux still holds.
+    pub fn held(&self) -> u64 {
+        self.held.load(Relaxed)
+    }
+
     pub(crate) fn set_gone(&self) {
         self.gone.store(true, SeqCst);
         self.lock().backlog.clear();
@@ -118,6 +137,24 @@ impl<T: Serve> Conn<T> {
         let written = mux.psock_stats(self.psock).ok()?.tx_bytes;
         self.written.fetch_max(written, Relaxed);
         Some(replied.saturating_sub(written))
+    }
+}
+
+/// A reply the mux holds ([`Conn::hold`]): uncounted when dropped.
+struct Held {
+    reply: Bytes,
+    held: Arc<AtomicU64>,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.reply
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.reply.len() as u64, Relaxed);
     }
 }
 

@@ -26,7 +26,10 @@
 //!   (nothing of its backlog is run or built) until its peer has read
 //!   enough ([`waker`], then `Pool::look`): a peer that sends reads and never collects the
 //!   replies holds no thread, no CPU, and no more than the room plus its
-//!   share of replies in memory.
+//!   share of replies in memory. A request a server answers on the I/O
+//!   worker instead (one that cannot wait) keeps to the room too
+//!   ([`Pool::room_outside`], counted by [`Conn::hold`] without asking the
+//!   mux, which a worker must not wait on).
 //! - **Send**: a reply the mux refuses (the connection's own backlog is
 //!   full) is retried with growing naps up to [`Options::send_timeout`];
 //!   past it the connection is aborted.

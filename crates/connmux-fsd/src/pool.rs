@@ -177,6 +177,19 @@ impl<T: Serve> Pool<T> {
         self.conns.sweep(live)
     }
 
+    /// Whether a request of `conn` whose reply is at most `reply` bytes may
+    /// be answered outside the pool, by the I/O worker that read it (when
+    /// nothing in it can wait): the connection has nothing with the pool
+    /// (running, waiting or paused), so every reply of it the mux holds was
+    /// given by [`Conn::hold`], and those with this one are within the
+    /// room. The replies built outside the pool keep to the pool's bound,
+    /// and the connection's backlog below the mux's own (past which a
+    /// worker's reply aborts the connection). Never waits.
+    pub fn room_outside(&self, conn: &Conn<T>, reply: u64) -> bool {
+        let q = conn.lock();
+        q.running == 0 && q.backlog.is_empty() && !q.paused && conn.held() + reply <= self.opts.room
+    }
+
     /// Hands a request to the threads, or to its connection's backlog
     /// while the connection has its share with the threads or waits for
     /// room. `make` builds it under the connection's lock (with the

@@ -84,7 +84,7 @@ impl<'a, T: Serve> Replier<'a, T> {
                 return if self.queue_more(conn, more) { Sent::Dropped } else { Sent::Failed };
             }
             let len = reply.len();
-            match self.sock.send_msg(reply.clone(), Some(conn.psock())) {
+            match self.sock.send_msg(conn.hold(reply.clone()), Some(conn.psock())) {
                 Ok(()) => {
                     conn.replied(len);
                     let more = then(&mut q.work, Sent::Queued);
@@ -112,7 +112,7 @@ impl<'a, T: Serve> Replier<'a, T> {
         let mut ok = true;
         for m in more {
             let len = m.len();
-            if self.sock.send_msg(m, Some(conn.psock())).is_ok() {
+            if self.sock.send_msg(conn.hold(m), Some(conn.psock())).is_ok() {
                 conn.replied(len);
             } else {
                 ok = false;

@@ -3,14 +3,15 @@
 //! identity (`setfsuid`/`setfsgid`, and supplementary groups through the
 //! raw system call, which changes only the calling thread where glibc's
 //! `setgroups` changes every thread), the user database (`getpwnam_r`,
-//! `getpwuid_r`, `getgrouplist`) and open-file-description byte-range locks
-//! (`F_OFD_SETLK`/`F_OFD_GETLK`).
+//! `getpwuid_r`, `getgrouplist`), open-file-description byte-range locks
+//! (`F_OFD_SETLK`/`F_OFD_GETLK`), and a read of pages already in memory
+//! into a buffer's spare capacity (`preadv2` with `RWF_NOWAIT`).
 
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use crate::util::cvt;
+use crate::util::{cvt, cvt_size, retry_eintr};
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the limit in
 /// force afterwards (the soft one, unchanged where raising failed).
@@ -34,6 +35,30 @@ pub fn nofile_limit() -> io::Result<u64> {
     // SAFETY: `r` is a valid, writable rlimit for the call to fill.
     cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) })?;
     Ok(r.rlim_cur)
+}
+
+/// Reads at most `max` bytes of `fd` at `offset` onto the end of `buf`, into
+/// its spare capacity (grown to `max` first): no zeroing of memory the read
+/// overwrites. `preadv2` with `RWF_NOWAIT`: only pages already in memory are
+/// read, and a read that would wait for the disk fails with `WouldBlock`
+/// instead (or is short: the pages in memory before the first that is not).
+/// For a thread that must not wait. Returns the bytes read; `buf` is
+/// unchanged on error.
+pub fn pread_cached_into(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, max: usize, offset: u64) -> io::Result<usize> {
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    let want = max.min(spare.len());
+    let off = libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let iov = libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: want };
+    let n = retry_eintr(|| {
+        // SAFETY: the one iovec covers `want` bytes of the spare capacity,
+        // which the kernel writes (never reads) and which outlives the call.
+        cvt_size(unsafe { libc::preadv2(fd.as_raw_fd(), &iov, 1, off, libc::RWF_NOWAIT) })
+    })?;
+    let n = n.min(want);
+    // SAFETY: the first `n` bytes of the spare capacity were written by the read.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
 }
 
 /// Sets the calling thread's file-system uid (the one permission checks

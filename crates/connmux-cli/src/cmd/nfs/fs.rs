@@ -378,6 +378,29 @@ impl Export {
         self.search(h.key).filter(is).ok_or(Nfsstat3::ERR_STALE)
     }
 
+    /// [`Export::resolve`] and [`Export::file`] for a thread that must not
+    /// wait on the disk (an I/O worker): the file a handle names, found only
+    /// by a path remembered and every component of it in the kernel's lookup
+    /// cache (`RESOLVE_CACHED`), and its descriptor only from the open files.
+    /// `None` for anything else (no search, no open, no error): the call
+    /// goes to a file-system thread, which does all that.
+    pub fn cached_file(&self, fh: &[u8]) -> Option<(Statx, Arc<OpenFile>)> {
+        if self.per_caller {
+            return None;
+        }
+        let h = Handle::parse(fh).filter(|h| h.export == self.id)?;
+        let path = self.path_of(h.key)?;
+        let fl = OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let fd = rfs::openat2(&self.root, Self::rel(&path), fl, Mode::empty(), RESOLVE | ResolveFlags::CACHED).ok()?;
+        let st = statx_at(&fd, Path::new("")).ok()?;
+        let gen = gen_of(&st);
+        if key_of(&st) != h.key || (h.gen != 0 && gen != 0 && gen != h.gen) || ftype(&st) != Ftype3::Reg {
+            return None;
+        }
+        let f = self.files.lock().unwrap().get(&h.key).filter(|f| f.gen == gen)?.clone();
+        Some((st, f))
+    }
+
     /// The path of a file met, from the names remembered.
     fn path_of(&self, mut key: Key) -> Option<PathBuf> {
         if key == self.root_key {

@@ -20,6 +20,7 @@
 
 use std::borrow::Cow;
 use std::ffi::OsStr;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -32,8 +33,8 @@ use connmux::{Bytes, PsockId};
 use connmux_fsd::{Pool, Replier, Serve};
 use connmux_nfs::res::{self, FailAttrs};
 use connmux_nfs::{
-    mount, types::access as acc, types::fsf, CreateHow, DirOp, Fattr3, MountCall, NfsCall, Nfsstat3, Nfstime3, Sattr3,
-    SetTime, StableHow, Wcc, XdrError, MOUNT_PROGRAM, NFS_PROGRAM, VERFSIZE,
+    mount, proc3, types::access as acc, types::fsf, CreateHow, DirOp, Fattr3, MountCall, NfsCall, Nfsstat3, Nfstime3,
+    Sattr3, SetTime, StableHow, Wcc, XdrError, MOUNT_PROGRAM, NFS_PROGRAM, VERFSIZE,
 };
 use connmux_oncrpc::reply::{encode_reply_body, Reply};
 use connmux_oncrpc::{encode_reply, CallHeader, Outcome, Registry};
@@ -44,6 +45,8 @@ use super::fs::{self as nfs_fs, check_name, status_of, Export, Node};
 
 /// Largest READ answered (FSINFO's rtmax); a larger count is cut to it.
 pub const RTMAX: u32 = 1 << 20;
+/// Room for a READ reply's record mark, RPC header and attributes before its data.
+const READ_HEAD: usize = 256;
 /// Largest READDIR/READDIRPLUS reply built, whatever the client's count.
 const DIRMAX: u32 = 1 << 20;
 
@@ -66,6 +69,8 @@ pub struct Stats {
     pub bad_handles: AtomicU64,
     /// Handles of files gone or of another export.
     pub stale_handles: AtomicU64,
+    /// READs answered on the I/O workers (their files open, their pages in memory).
+    pub reads_on_workers: AtomicU64,
     /// Bytes read for READ.
     pub read_bytes: AtomicU64,
     /// Bytes written by WRITE.
@@ -165,6 +170,12 @@ impl Handler for NfsHandler {
             // (or the connection's backlog; full, the connection goes).
             Some((_, Reply::ProcUnavail)) => {
                 let conn = self.pool.conn(from, || ());
+                // A READ of pages in memory: here, as a NULL call is.
+                let room = |reply| self.pool.room_outside(&conn, reply);
+                if let Some(r) = self.pool.server().answer_cached(&request, room) {
+                    conn.replied(r.len());
+                    return Verdict::Reply(conn.hold(Bytes::from(r)));
+                }
                 if self.pool.submit(&conn, |_| request) {
                     Verdict::NoReply
                 } else {
@@ -294,6 +305,52 @@ impl Nfs {
         let len = (out.len() - 4) as u32;
         out[..4].copy_from_slice(&(len | 0x8000_0000).to_be_bytes());
         out
+    }
+
+    /// The record-marked reply to a READ of a file open and in memory, built
+    /// where the call was read (an I/O worker), where nothing may wait on the
+    /// disk: the file found only through the kernel's caches and the open
+    /// files ([`Export::cached_file`]), its pages read with `RWF_NOWAIT`.
+    /// `None` for any other call, or any doubt: it goes to the file-system
+    /// threads. Why here: such a READ is one copy, and the hand-off to a
+    /// thread and back costs as much again (a single 1 MiB reader was
+    /// 0.65-0.97x nfs-ganesha, whose one thread reads and writes).
+    /// `room(bytes)`: whether the connection has room for a reply of at most
+    /// that many bytes (asked only of a READ).
+    pub fn answer_cached(&self, record: &[u8], room: impl FnOnce(u64) -> bool) -> Option<Vec<u8>> {
+        if self.identity.is_some() {
+            return None;
+        }
+        let b = body(record)?;
+        let call = CallHeader::new_checked(&b).ok()?;
+        if call.program().0 != NFS_PROGRAM || call.procedure() != proc3::READ {
+            return None;
+        }
+        let Ok(NfsCall::Read { fh, offset, count }) = NfsCall::decode(proc3::READ, call.args()) else { return None };
+        let count = count.min(RTMAX) as usize;
+        if !room((READ_HEAD + count) as u64) {
+            return None;
+        }
+        let (st, f) = self.export.cached_file(fh)?;
+        let a = self.export.fattr(&st);
+        let mut out = Vec::with_capacity(READ_HEAD + count);
+        out.extend_from_slice(&[0; 4]);
+        encode_reply_body(call.xid(), &Reply::Success, &mut out);
+        let at = res::read_begin(&mut out, Some(&a));
+        let got = connmux_sys::fileserver::pread_cached_into(f.file.as_fd(), &mut out, count, offset).ok()?;
+        let end = offset.saturating_add(got as u64);
+        // Short before the end of the file: the rest is not in memory.
+        if got < count && end < a.size {
+            return None;
+        }
+        self.stats.procs[proc3::READ as usize].fetch_add(1, Relaxed);
+        self.stats.reads_on_workers.fetch_add(1, Relaxed);
+        self.stats.read_bytes.fetch_add(got as u64, Relaxed);
+        let k = res::read_finish(&mut out, at, got < count || end >= a.size);
+        out.extend_from_slice(res::read_padding(k));
+        let len = (out.len() - 4) as u32;
+        out[..4].copy_from_slice(&(len | 0x8000_0000).to_be_bytes());
+        Some(out)
     }
 
     fn mount(&self, m: &MountCall<'_>, out: &mut Vec<u8>) {
