@@ -283,7 +283,6 @@ impl Psock {
         last
     }
 
-
     #[inline]
     pub(super) fn rx_held(&self) -> usize {
         self.stream.buffered() + self.ready.as_ref().map_or(0, |m| m.remaining())
