@@ -94,7 +94,7 @@ use limits::MemState;
 use psock::{Life, Psock, Tx};
 use slab::Slab;
 use sock::Sock;
-use sockets::{Share, Sockets};
+use sockets::{Share, Sockets, ToPsock};
 
 /// KCM socket type (`socket(AF_KCM, type, 0)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -825,6 +825,7 @@ impl Mux {
             rx_limit: max_msg_size + read_ahead,
             ready: None,
             life: Life::Open,
+            readers_hold: false,
             tx_queue: VecDeque::new(),
             tx: Tx::Idle,
             tx_kcm: None,
@@ -908,7 +909,7 @@ impl Mux {
     /// Bytes the psock will accept now (0 = paused or stopped).
     pub fn rx_capacity(&self, p: PsockId) -> usize {
         match self.psock(p) {
-            Ok(ps) if ps.rx_running() && !ps.held_back(&self.config) && !self.sk.holds_back(p) => {
+            Ok(ps) if ps.rx_running() && !ps.held_back(&self.config) => {
                 ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held())).min(self.mem_room())
             }
             _ => 0,
@@ -984,11 +985,7 @@ impl Mux {
                     ps.last_active = now;
                 }
             }
-            if holds {
-                if let Some(sh) = self.sk.share_mut(p) {
-                    sh.holds += framed;
-                }
-            }
+            self.sk.handed(p, framed, holds);
             if taken == data.len() {
                 // All of it framed in place: nothing left for the stream
                 // (feeding nothing would only look the psock up again).
@@ -1211,9 +1208,8 @@ impl Mux {
     /// `n` messages of psock `p` taken from a holding socket have been
     /// answered (their replies queued) or dropped. Unknown psocks are ignored.
     pub fn rx_settle(&mut self, p: PsockId, n: u64) {
-        let Some(sh) = self.sk.share_mut(p) else { return };
-        sh.holds = sh.holds.saturating_sub(n);
-        self.check_drained(p);
+        self.sk.settle(p, n);
+        self.apply_told();
     }
 
     /// Messages of psock `p` taken from holding sockets and not yet settled.
@@ -1316,18 +1312,12 @@ impl Mux {
                             sock.stats.rx_bytes += msg.data.len() as u64;
                             let holds = sock.holds;
                             d.out.push((msg.data, p));
-                            if holds {
-                                sk.share_mut(p).expect("attached").holds += 1;
-                            }
+                            sk.handed(p, 1, holds);
                         } else {
-                            sk.enqueue_rx(events, s, msg);
-                            sk.share_mut(p).expect("attached").count_queued(config);
+                            ps.readers_hold |= sk.deliver(config, events, s, msg);
                         }
                     }
-                    _ => {
-                        sk.enqueue_rx(events, s, msg);
-                        sk.share_mut(p).expect("attached").count_queued(config);
-                    }
+                    _ => ps.readers_hold |= sk.deliver(config, events, s, msg),
                 },
                 None => {
                     // Nobody can take it: keep it, pause (TCP pushes back).
@@ -1397,39 +1387,20 @@ impl Mux {
     /// takes the hold queue, then paused psocks' messages, then joins the
     /// waiter list (KCM `kcm_rcv_ready`).
     fn rcv_ready(&mut self, s: SockId) {
-        let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) else { return };
-        if sock.on_waiters || !sock.able() {
+        if !self.sk.rcv_ready_hold(&mut self.events, s) {
             return;
         }
-        while let Some(msg) = self.sk.hold.pop_front() {
-            self.sk.hold_mem -= msg.remaining();
-            self.enqueue_rx(s, msg);
-            if !self.sk.socks.get(s.index, s.generation).expect("live").able() {
-                if self.sk.hold.is_empty() {
-                    self.sk.hold_budget = 0;
-                }
-                return;
-            }
-        }
-        self.sk.hold_budget = 0;
+        // Paused psocks offer the message they hold to `s` while it can
+        // take one (KCM: `psocks_ready` first, then the waiter list).
         let mut resumed = Vec::new();
-        while let Some(p) = self.sk.psocks_ready.pop_front() {
+        while let Some(p) = self.sk.next_offer(s) {
             let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
-            let msg = ps.ready.take();
             resumed.push(p);
-            if let Some(msg) = msg {
-                self.sk.share_mut(p).expect("attached").count_queued(&self.config);
-                self.enqueue_rx(s, msg);
-            }
-            if !self.sk.socks.get(s.index, s.generation).expect("live").able() {
-                break;
+            if let Some(msg) = ps.ready.take() {
+                ps.readers_hold |= self.sk.deliver(&self.config, &mut self.events, s, msg);
             }
         }
-        let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
-        if sock.able() && !sock.on_waiters {
-            sock.on_waiters = true;
-            self.sk.rx_waiters.push_back(s);
-        }
+        self.sk.join_waiters(s);
         // Resumed psocks parse what they had buffered, then read again.
         let now = self.now;
         for p in resumed {
@@ -1461,71 +1432,45 @@ impl Mux {
     /// behaviour, case 19 (D)). A read that finishes a message sets EOR on
     /// both types; PEEK copies, consumes nothing and sets neither flag.
     pub fn recv(&mut self, s: SockId, buf: &mut [u8], flags: RecvFlags) -> Result<RecvInfo, MuxError> {
-        let sock = self.sock_mut(s)?;
-        let ty = sock.ty;
-        let head = sock.rx_queue.front_mut().ok_or(MuxError::WouldBlock)?;
-        let rem = head.remaining();
-        let n = buf.len().min(rem);
-        buf[..n].copy_from_slice(&head.data[head.off..head.off + n]);
-        let psock = head.psock;
-        if flags.peek {
-            return Ok(RecvInfo { len: n, eor: false, trunc: false, psock });
+        let info = self.sk.recv(&self.config, s, buf, flags)?;
+        if !flags.peek {
+            self.apply_told();
+            self.after_read(s);
         }
-        let (eor, trunc, consumed) = if n == rem {
-            (true, false, rem)
-        } else if ty == SockType::Dgram {
-            (true, true, rem)
-        } else {
-            head.off += n;
-            (false, false, n)
-        };
-        sock.rx_mem -= consumed;
-        sock.stats.rx_bytes += n as u64;
-        if eor {
-            sock.rx_queue.pop_front();
-            sock.stats.rx_msgs += 1;
-            let holds = sock.holds;
-            self.taken(psock, holds);
-        }
-        self.after_read(s);
-        Ok(RecvInfo { len: n, eor, trunc, psock })
+        Ok(info)
     }
     /// Take the whole head message (addressed form; zero-copy). WouldBlock when empty.
     pub fn recv_msg(&mut self, s: SockId) -> Result<(Bytes, PsockId), MuxError> {
-        let sock = self.sock_mut(s)?;
-        let msg = sock.rx_queue.pop_front().ok_or(MuxError::WouldBlock)?;
-        let len = msg.remaining();
-        sock.rx_mem -= len;
-        sock.stats.rx_msgs += 1;
-        sock.stats.rx_bytes += len as u64;
-        let rejoin = !sock.on_waiters && sock.able();
-        let holds = sock.holds;
-        let data = if msg.off == 0 { msg.data } else { msg.data.slice(msg.off..) };
-        self.taken(msg.psock, holds);
+        let (data, p, rejoin) = self.sk.recv_msg(&self.config, s)?;
+        self.apply_told();
         if rejoin {
             self.rcv_ready(s);
         }
         self.mem_after_read();
-        Ok((data, msg.psock))
+        Ok((data, p))
     }
-    /// A reader took a whole message of psock `p`: a hold if its socket
-    /// holds; the last one of a closing psock may drain it.
+    /// Apply what the sockets' side told psocks ([`ToPsock`]), in order.
     #[inline]
-    fn taken(&mut self, p: PsockId, holds: bool) {
-        let Some(sh) = self.sk.share_mut(p) else { return };
-        sh.queued = sh.queued.saturating_sub(1);
-        // Down to half of `psock_queued_max`: read again.
-        let resume = sh.queued_full && sh.queued <= self.config.psock_queued_max / 2;
-        if resume {
-            sh.queued_full = false;
+    fn apply_told(&mut self) {
+        if self.sk.told.is_empty() {
+            return;
         }
-        if holds {
-            sh.holds += 1;
-        } else {
-            self.check_drained(p);
+        let mut told = std::mem::take(&mut self.sk.told);
+        for t in told.drain(..) {
+            match t {
+                ToPsock::Resume(p) => {
+                    let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+                    ps.readers_hold = false;
+                    if self.rx_capacity(p) > 0 {
+                        self.rx_resume(p);
+                    }
+                }
+                ToPsock::ReadersDone(p) => self.check_drained(p),
+            }
         }
-        if resume && self.rx_capacity(p) > 0 {
-            self.rx_resume(p);
+        // (Keep the list's memory: told again on the next call.)
+        if self.sk.told.is_empty() {
+            self.sk.told = told;
         }
     }
 
@@ -2238,7 +2183,7 @@ impl Mux {
                 continue; // stale: cleared, re-armed, or another psock in the slot
             }
             self.deadlines.fired(&mut ps.timer);
-            if ps.rx_running() && (ps.held_back(&self.config) || self.sk.holds_back(p)) {
+            if ps.rx_running() && ps.held_back(&self.config) {
                 // The server is not reading this psock (its replies backed
                 // up, its messages not taken, the memory budget): the time
                 // is the server's. The deadline runs again, in full, when

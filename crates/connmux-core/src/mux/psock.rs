@@ -129,6 +129,10 @@ pub(super) struct Psock {
     pub(super) ready: Option<RxMsg>,
     /// Where it is in its life (see [`Life`]).
     pub(super) life: Life,
+    /// The sockets' side holds its reading back: too many of its messages
+    /// wait in queues for readers (set when a delivery reaches the bound,
+    /// cleared by [`super::sockets::ToPsock::Resume`]).
+    pub(super) readers_hold: bool,
     // ---- transmit ----
     pub(super) tx_queue: VecDeque<TxMsg>,
     /// Who may write it now (see [`Tx`]).
@@ -180,15 +184,16 @@ impl Psock {
         !self.life.rx_over() && !self.stream.is_stopped()
     }
 
-    /// Whether the server itself holds its reading back for what the psock
-    /// holds, its receive side running or not: a message no socket could
-    /// take, the memory budget, or a peer not reading its replies
-    /// (`PsockRxResume` when that ends). The sockets' side may hold it back
-    /// too (`Sockets::holds_back`: readers that have not taken its queued
-    /// messages).
+    /// Whether the server holds its reading back, its receive side running
+    /// or not: a message no socket could take, the memory budget, a peer not
+    /// reading its replies, or readers that have not taken its queued
+    /// messages (`PsockRxResume` when that ends).
     #[inline]
     pub(super) fn held_back(&self, config: &MuxConfig) -> bool {
-        self.ready.is_some() || self.mem != MemState::Reading || self.tx_addr_bytes >= backlog_pause(config)
+        self.ready.is_some()
+            || self.readers_hold
+            || self.mem != MemState::Reading
+            || self.tx_addr_bytes >= backlog_pause(config)
     }
 
     /// Messages queued on it minus messages received from it: the requests

@@ -9,9 +9,11 @@
 
 use std::collections::VecDeque;
 
+use bytes::Bytes;
+
 use super::slab::Slab;
 use super::sock::Sock;
-use super::{mix, sid, Event, MuxConfig, PsockId, RxMsg, SockId, Steering};
+use super::{mix, sid, Event, MuxConfig, MuxError, PsockId, RecvFlags, RecvInfo, RxMsg, SockId, SockType, Steering};
 
 /// The shared part of a mux.
 #[derive(Default)]
@@ -31,6 +33,23 @@ pub(super) struct Sockets {
     pub(super) tx_waiters: VecDeque<SockId>,
     /// Each attached psock's [`Share`], by its index.
     shares: Vec<Option<Share>>,
+    /// What operations on the sockets alone have to tell psocks' owners, in
+    /// order (the mux applies them after each call: [`ToPsock`]).
+    pub(super) told: Vec<ToPsock>,
+}
+
+/// What an operation on the sockets' side alone (a reader taking or
+/// settling a message) tells the owner of a psock. The sockets never touch
+/// a psock's state: a single-threaded mux applies these at once, a runtime
+/// whose workers own their psocks can post them to the owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ToPsock {
+    /// Its messages waiting for readers are down to half the bound: the
+    /// readers no longer hold its reading back.
+    Resume(PsockId),
+    /// Nothing of it is in readers' hands now: a psock whose peer closed
+    /// may be drained.
+    ReadersDone(PsockId),
 }
 
 /// What the sockets' side keeps of one psock: its messages in the hands of
@@ -58,13 +77,17 @@ impl Share {
     pub(super) fn readers_done(&self) -> bool {
         self.queued == 0 && self.holds == 0
     }
-    /// One more of its messages waits in a socket's queue.
+    /// One more of its messages waits in a socket's queue; `true` when that
+    /// reaches the bound (the psock's reading is then held back until
+    /// [`ToPsock::Resume`]).
     #[inline]
-    pub(super) fn count_queued(&mut self, config: &MuxConfig) {
+    pub(super) fn count_queued(&mut self, config: &MuxConfig) -> bool {
         self.queued += 1;
-        if self.queued >= config.psock_queued_max {
+        if self.queued >= config.psock_queued_max && !self.queued_full {
             self.queued_full = true;
+            return true;
         }
+        false
     }
 }
 
@@ -93,11 +116,49 @@ impl Sockets {
     pub(super) fn share_mut(&mut self, p: PsockId) -> Option<&mut Share> {
         self.shares.get_mut(p.index as usize)?.as_mut().filter(|sh| sh.generation == p.generation)
     }
-    /// Whether the sockets hold psock `p`'s reading back: too many of its
-    /// messages wait for readers.
+    /// A reader took a whole message of psock `p` from a queue (`holds`: its
+    /// socket holds what its reader takes until settled): tells `Resume`
+    /// when that brings its queued messages down to half the bound, and
+    /// `ReadersDone` when nothing of it is left in readers' hands.
     #[inline]
-    pub(super) fn holds_back(&self, p: PsockId) -> bool {
-        self.share(p).is_some_and(|sh| sh.queued_full)
+    pub(super) fn take(&mut self, config: &MuxConfig, p: PsockId, holds: bool) {
+        let Some(sh) = self.share_mut(p) else { return };
+        sh.queued = sh.queued.saturating_sub(1);
+        let resume = sh.queued_full && sh.queued <= config.psock_queued_max / 2;
+        if resume {
+            sh.queued_full = false;
+        }
+        let done = if holds {
+            sh.holds += 1;
+            false
+        } else {
+            sh.readers_done()
+        };
+        if done {
+            self.told.push(ToPsock::ReadersDone(p));
+        }
+        if resume {
+            self.told.push(ToPsock::Resume(p));
+        }
+    }
+    /// `n` messages of psock `p` taken from holding sockets were answered:
+    /// tells `ReadersDone` when nothing of it is left in readers' hands.
+    pub(super) fn settle(&mut self, p: PsockId, n: u64) {
+        let Some(sh) = self.share_mut(p) else { return };
+        sh.holds = sh.holds.saturating_sub(n);
+        if sh.readers_done() {
+            self.told.push(ToPsock::ReadersDone(p));
+        }
+    }
+    /// `n` messages of psock `p` handed to a reader without a queue (in
+    /// place, or straight to the caller's list): holds, if its socket holds.
+    #[inline]
+    pub(super) fn handed(&mut self, p: PsockId, n: u64, holds: bool) {
+        if holds {
+            if let Some(sh) = self.share_mut(p) {
+                sh.holds += n;
+            }
+        }
     }
 
     /// The steering policy: which able socket takes a message.
@@ -167,6 +228,16 @@ impl Sockets {
         next
     }
 
+    /// Deliver a message of a psock to a socket's queue (which must be
+    /// able): `true` when its messages waiting for readers reach the bound,
+    /// so that the psock is not read until [`ToPsock::Resume`].
+    #[inline]
+    pub(super) fn deliver(&mut self, config: &MuxConfig, events: &mut VecDeque<Event>, s: SockId, msg: RxMsg) -> bool {
+        let p = msg.psock;
+        self.enqueue_rx(events, s, msg);
+        self.share_mut(p).is_some_and(|sh| sh.count_queued(config))
+    }
+
     /// Queue a message on a socket (which must be able).
     #[inline]
     pub(super) fn enqueue_rx(&mut self, events: &mut VecDeque<Event>, s: SockId, msg: RxMsg) {
@@ -182,6 +253,102 @@ impl Sockets {
         }
         if was_empty {
             events.push_back(Event::SockReadable(s));
+        }
+    }
+
+    /// recvmsg on socket `s` (see [`super::Mux::recv`]); what the reader
+    /// took is told to its psock ([`Sockets::take`]).
+    pub(super) fn recv(
+        &mut self,
+        config: &MuxConfig,
+        s: SockId,
+        buf: &mut [u8],
+        flags: RecvFlags,
+    ) -> Result<RecvInfo, MuxError> {
+        let sock = self.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)?;
+        let ty = sock.ty;
+        let head = sock.rx_queue.front_mut().ok_or(MuxError::WouldBlock)?;
+        let rem = head.remaining();
+        let n = buf.len().min(rem);
+        buf[..n].copy_from_slice(&head.data[head.off..head.off + n]);
+        let psock = head.psock;
+        if flags.peek {
+            return Ok(RecvInfo { len: n, eor: false, trunc: false, psock });
+        }
+        let (eor, trunc, consumed) = if n == rem {
+            (true, false, rem)
+        } else if ty == SockType::Dgram {
+            (true, true, rem)
+        } else {
+            head.off += n;
+            (false, false, n)
+        };
+        sock.rx_mem -= consumed;
+        sock.stats.rx_bytes += n as u64;
+        if eor {
+            sock.rx_queue.pop_front();
+            sock.stats.rx_msgs += 1;
+            let holds = sock.holds;
+            self.take(config, psock, holds);
+        }
+        Ok(RecvInfo { len: n, eor, trunc, psock })
+    }
+
+    /// Take socket `s`'s head message whole (see [`super::Mux::recv_msg`]),
+    /// told to its psock; with whether the socket can now rejoin the
+    /// waiters (it was full and is not any more).
+    pub(super) fn recv_msg(&mut self, config: &MuxConfig, s: SockId) -> Result<(Bytes, PsockId, bool), MuxError> {
+        let sock = self.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)?;
+        let msg = sock.rx_queue.pop_front().ok_or(MuxError::WouldBlock)?;
+        let len = msg.remaining();
+        sock.rx_mem -= len;
+        sock.stats.rx_msgs += 1;
+        sock.stats.rx_bytes += len as u64;
+        let rejoin = !sock.on_waiters && sock.able();
+        let holds = sock.holds;
+        let data = if msg.off == 0 { msg.data } else { msg.data.slice(msg.off..) };
+        self.take(config, msg.psock, holds);
+        Ok((data, msg.psock, rejoin))
+    }
+
+    /// Socket `s` became able (created, enabled, drained below SO_RCVBUF):
+    /// it takes the hold queue first. `false` when there is nothing more
+    /// for it to take now (it was on the waiters already, or is full).
+    pub(super) fn rcv_ready_hold(&mut self, events: &mut VecDeque<Event>, s: SockId) -> bool {
+        let Some(sock) = self.socks.get(s.index, s.generation) else { return false };
+        if sock.on_waiters || !sock.able() {
+            return false;
+        }
+        while let Some(msg) = self.hold.pop_front() {
+            self.hold_mem -= msg.remaining();
+            self.enqueue_rx(events, s, msg);
+            if !self.socks.get(s.index, s.generation).expect("live").able() {
+                if self.hold.is_empty() {
+                    self.hold_budget = 0;
+                }
+                return false;
+            }
+        }
+        self.hold_budget = 0;
+        true
+    }
+
+    /// The next paused psock to offer its ready message to socket `s`,
+    /// while `s` can take one.
+    #[inline]
+    pub(super) fn next_offer(&mut self, s: SockId) -> Option<PsockId> {
+        if !self.socks.get(s.index, s.generation)?.able() {
+            return None;
+        }
+        self.psocks_ready.pop_front()
+    }
+
+    /// Socket `s` joins the waiters if it is able and not on them.
+    pub(super) fn join_waiters(&mut self, s: SockId) {
+        let Some(sock) = self.socks.get_mut(s.index, s.generation) else { return };
+        if sock.able() && !sock.on_waiters {
+            sock.on_waiters = true;
+            self.rx_waiters.push_back(s);
         }
     }
 }
