@@ -683,11 +683,9 @@ impl Mux {
             let before = ps.tx_addr_bytes;
             ps.tx_addr_bytes -= addr_dropped;
             let after = ps.tx_addr_bytes;
-            let reserved_by_s = ps.tx_kcm == Some(s);
+            let reserved_by_s = self.sk.share(p).is_some_and(|sh| sh.tx_kcm == Some(s));
             if reserved_by_s {
-                ps.tx_rsvd_msgs = 0;
-                ps.tx_kcm = None;
-                ps.stats.unreserved += 1;
+                self.sk.unreserve(p);
             }
             if psock::backlog_drained(&self.config, before, after) {
                 self.rx_resume(p);
@@ -828,11 +826,8 @@ impl Mux {
             readers_hold: false,
             tx_queue: VecDeque::new(),
             tx: Tx::Idle,
-            tx_kcm: None,
-            tx_rsvd_msgs: 0,
             tx_addr_bytes: 0,
             tx_placed: 0,
-            in_avail: false,
             timer: None,
             mem: MemState::Reading,
             counted: 0,
@@ -858,11 +853,10 @@ impl Mux {
     /// another psock (psock_unattach_rsvd).
     pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
         self.revoke(p);
+        let reserved = self.sk.share(p).is_some_and(|sh| sh.tx_kcm.is_some());
         let ps = self.psock_mut(p)?;
         ps.stream.stop();
         let dropped_ready = ps.ready.take().is_some();
-        let reserved = ps.tx_kcm.is_some();
-        let in_avail = std::mem::replace(&mut ps.in_avail, false);
         // A chunk being written is counted when its writer reports.
         let (writer_out, inflight) = (ps.tx.busy(), ps.tx.inflight());
         if reserved {
@@ -877,19 +871,17 @@ impl Mux {
             self.counters.rx_ready_drops += 1;
             self.sk.psocks_ready.retain(|x| *x != p);
         }
-        if in_avail {
-            self.sk.psocks_avail.retain(|x| *x != p);
-        }
+        self.sk.stop_tx(p);
         self.counters.psock_unattach += 1;
         // Give back what it was to send: reserved messages go elsewhere whole.
         self.tx_evacuate(p, writer_out, inflight);
         let ps = self.psocks.remove(p.index, p.generation).expect("psock present");
-        self.sk.remove_share(p);
+        let share = self.sk.remove_share(p);
         if self.deadlines.forget(ps.timer) {
             self.clean_deadlines();
         }
         self.rx_held_sum -= ps.counted;
-        add_psock_stats(&mut self.folded, &ps.full_stats());
+        add_psock_stats(&mut self.folded, &with_share(ps.full_stats(), share.as_ref()));
         self.events.push_back(Event::PsockReleased(p));
         // What it held is free: psocks paused by the budget may read again.
         if self.mem_over {
@@ -1791,25 +1783,20 @@ impl Mux {
         }
         let p = match sock.tx_psock {
             Some(p) => p,
-            None => match self.reserve(s) {
+            None => match self.sk.reserve(s) {
                 Some(p) => p,
-                None => {
-                    let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
-                    if !sock.tx_waiting {
-                        sock.tx_waiting = true;
-                        self.sk.tx_waiters.push_back(s);
-                    }
-                    return;
-                }
+                None => return self.sk.wait_for_psock(s),
             },
         };
-        let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
+        let Sockets { socks, .. } = &mut self.sk;
+        let sock = socks.get_mut(s.index, s.generation).expect("live");
         let ps = self.psocks.get_mut(p.index, p.generation).expect("reserved psock is live");
+        let n = sock.tx_queue.len();
         for data in sock.tx_queue.drain(..) {
             ps.tx_queue.push_back(TxMsg { data, sent: 0, owner: s, addressed: false, balanced: false, msgs: 1 });
-            ps.tx_rsvd_msgs += 1;
-            ps.tx_placed += 1;
         }
+        ps.tx_placed += n as u64;
+        self.sk.share_mut(p).expect("reserved psock is attached").tx_rsvd_msgs += n;
         self.revoke(p);
         self.kick(p);
     }
@@ -1824,12 +1811,7 @@ impl Mux {
                 return;
             }
             let Some(p) = self.least_outstanding() else {
-                let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
-                if !sock.tx_waiting {
-                    sock.tx_waiting = true;
-                    self.sk.tx_waiters.push_back(s);
-                }
-                return;
+                return self.sk.wait_for_psock(s);
             };
             let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
             let data = sock.tx_queue.pop_front().expect("non-empty");
@@ -1892,22 +1874,6 @@ impl Mux {
         }
     }
 
-    /// Reserve the least recently used free psock for `s`.
-    fn reserve(&mut self, s: SockId) -> Option<PsockId> {
-        while let Some(p) = self.sk.psocks_avail.pop_front() {
-            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
-            ps.in_avail = false;
-            if ps.tx == Tx::Stopped {
-                continue;
-            }
-            ps.tx_kcm = Some(s);
-            ps.stats.reserved += 1;
-            self.sk.socks.get_mut(s.index, s.generation).expect("live").tx_psock = Some(p);
-            return Some(p);
-        }
-        None
-    }
-
     /// A psock is free: to the first socket waiting to transmit, else the tail
     /// of the LRU list (KCM `psock_now_avail`).
     fn psock_now_avail(&mut self, p: PsockId) {
@@ -1921,39 +1887,16 @@ impl Mux {
             }
             return;
         }
-        let Some(ps) = self.psocks.get(p.index, p.generation) else { return };
-        if ps.tx == Tx::Stopped || ps.tx_kcm.is_some() || ps.in_avail {
-            return;
-        }
-        while let Some(w) = self.sk.tx_waiters.pop_front() {
-            let Some(sock) = self.sk.socks.get_mut(w.index, w.generation) else { continue };
-            sock.tx_waiting = false;
-            if sock.tx_queue.is_empty() || sock.tx_psock.is_some() {
-                continue;
-            }
-            sock.tx_psock = Some(p);
-            let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
-            ps.tx_kcm = Some(w);
-            ps.stats.reserved += 1;
+        if let Some(w) = self.sk.now_avail(p) {
             self.tx_push(w);
-            return;
         }
-        self.psocks.get_mut(p.index, p.generation).expect("live").in_avail = true;
-        self.sk.psocks_avail.push_back(p);
     }
 
     /// Release `p`'s reservation (its socket's queue is written out).
     fn unreserve(&mut self, p: PsockId) {
-        let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
-        let Some(s) = ps.tx_kcm.take() else { return };
-        ps.stats.unreserved += 1;
-        ps.tx_rsvd_msgs = 0;
-        if let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) {
-            if sock.tx_psock == Some(p) {
-                sock.tx_psock = None;
-            }
+        if self.sk.unreserve(p).is_some() {
+            self.psock_now_avail(p);
         }
-        self.psock_now_avail(p);
     }
 
     /// A message left the core (written, or dropped): uncharge its owner.
@@ -1999,15 +1942,11 @@ impl Mux {
         };
         let Some(inflight) = ps.tx.end_chunk() else { return };
         let backlog_before = ps.tx_addr_bytes;
-        let last = ps.on_written(inflight, n, self.now, &mut self.tx_done);
+        let mut rsvd = 0;
+        let last = ps.on_written(inflight, n, self.now, &mut self.tx_done, &mut rsvd);
         // The peer read its replies: read it again.
         let resume = psock::backlog_drained(&self.config, backlog_before, ps.tx_addr_bytes);
-        let release = match ps.tx_kcm {
-            Some(s) if ps.tx_rsvd_msgs == 0 => {
-                self.sk.socks.get(s.index, s.generation).is_none_or(|sock| sock.tx_queue.is_empty())
-            }
-            _ => false,
-        };
+        let release = self.sk.rsvd_written(p, rsvd);
         if resume {
             self.rx_resume(p);
         }
@@ -2068,9 +2007,7 @@ impl Mux {
         ps.tx = Tx::Stopped;
         ps.life = Life::Failed;
         ps.stats.tx_aborts += 1;
-        if std::mem::replace(&mut ps.in_avail, false) {
-            self.sk.psocks_avail.retain(|x| *x != p);
-        }
+        self.sk.stop_tx(p);
         self.events.push_back(Event::PsockFailed(p, PsockError::Tx(errno)));
         self.tx_evacuate(p, false, inflight);
     }
@@ -2084,12 +2021,8 @@ impl Mux {
     /// `inflight`: the messages of the chunk that was out (its state is the
     /// caller's to have set: `Stopped`, or `Idle` for an unattach).
     fn tx_evacuate(&mut self, p: PsockId, writer_out: bool, inflight: usize) {
+        let kcm = self.sk.unreserve(p);
         let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
-        let kcm = ps.tx_kcm.take();
-        if kcm.is_some() {
-            ps.stats.unreserved += 1;
-        }
-        ps.tx_rsvd_msgs = 0;
         let msgs: Vec<TxMsg> = ps.tx_queue.drain(..).collect();
         let mut back = Vec::new();
         let mut dropped = Vec::new();
@@ -2240,8 +2173,8 @@ impl Mux {
     /// Mux totals: live psocks plus every unattached one (totals never drop).
     pub fn stats(&self) -> MuxStats {
         let mut agg = self.folded.clone();
-        for (_, _, ps) in self.psocks.iter() {
-            add_psock_stats(&mut agg, &ps.full_stats());
+        for (i, g, ps) in self.psocks.iter() {
+            add_psock_stats(&mut agg, &with_share(ps.full_stats(), self.sk.share(pid((i, g)))));
         }
         MuxStats {
             rx_msgs: agg.rx_msgs,
@@ -2276,7 +2209,7 @@ impl Mux {
         Ok(st)
     }
     pub fn psock_stats(&self, p: PsockId) -> Result<PsockStats, MuxError> {
-        Ok(self.psock(p)?.full_stats())
+        Ok(with_share(self.psock(p)?.full_stats(), self.sk.share(p)))
     }
 
     /// Every byte the core holds now: psock buffers and ready messages, socket
@@ -2357,8 +2290,9 @@ impl Mux {
             }
             out.push('\n');
         }
-        for (i, _, ps) in self.psocks.iter() {
-            let fs = ps.full_stats();
+        for (i, g, ps) in self.psocks.iter() {
+            let share = self.sk.share(pid((i, g)));
+            let fs = with_share(ps.full_stats(), share);
             let _ = write!(
                 out,
                 "   psock-{:<5} {:<10} {:<16} {:<10} {:<16} {:<8} {:<8} {:<8} {:<8} ",
@@ -2378,7 +2312,7 @@ impl Mux {
             if ps.stream.is_stopped() {
                 out.push_str("RxStop ");
             }
-            if let Some(s) = ps.tx_kcm {
+            if let Some(s) = share.and_then(|sh| sh.tx_kcm) {
                 let _ = write!(out, "Rsvd-{} ", s.index);
             }
             if ps.ready.is_none() {
@@ -2465,6 +2399,16 @@ impl Mux {
         );
         out
     }
+}
+
+/// A psock's statistics with what the sockets' side counts of it (its
+/// reservations).
+fn with_share(mut st: PsockStats, share: Option<&Share>) -> PsockStats {
+    if let Some(sh) = share {
+        st.reserved += sh.reserved;
+        st.unreserved += sh.unreserved;
+    }
+    st
 }
 
 fn add_psock_stats(a: &mut PsockStats, b: &PsockStats) {

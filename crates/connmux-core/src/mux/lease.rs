@@ -420,7 +420,8 @@ impl Mux {
     }
 
     fn lend(&mut self, p: PsockId, s: SockId, keep: usize, unsent: usize, held: u64) -> Option<Lease> {
-        let sk_holds = self.sk.share(p)?.holds;
+        let share = self.sk.share(p)?;
+        let (sk_holds, unreserved) = (share.holds, share.tx_kcm.is_none());
         let Mux { psocks, sk: super::Sockets { socks, hold, .. }, config, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation)?;
         let sock = socks.get(s.index, s.generation)?;
@@ -451,7 +452,7 @@ impl Mux {
             && ps.mem == super::limits::MemState::Reading
             && queue_takes
             && matches!(ps.tx, Tx::Idle | Tx::Kicked)
-            && ps.tx_kcm.is_none()
+            && unreserved
             && ps.stream.buffered() <= keep
             && !ps.stream.is_lent()
             // Large messages (as framed so far, or predicted from the last)

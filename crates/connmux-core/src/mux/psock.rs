@@ -137,16 +137,10 @@ pub(super) struct Psock {
     pub(super) tx_queue: VecDeque<TxMsg>,
     /// Who may write it now (see [`Tx`]).
     pub(super) tx: Tx,
-    /// The socket holding the reservation (`tx_kcm`).
-    pub(super) tx_kcm: Option<SockId>,
-    /// Messages of `tx_kcm` on the queue.
-    pub(super) tx_rsvd_msgs: usize,
     /// Bytes of addressed messages on the queue not yet fully written.
     pub(super) tx_addr_bytes: usize,
     /// Messages ever queued on it (the first term of its outstanding work).
     pub(super) tx_placed: u64,
-    /// On the mux's list of psocks free for a reservation (`psocks_avail`).
-    pub(super) in_avail: bool,
     /// The assembly deadline armed in the mux's [`Deadlines`], if any (it
     /// mirrors `stream.deadline()` after every call).
     pub(super) timer: Option<Armed>,
@@ -241,7 +235,8 @@ impl Psock {
     /// leave the queue. Their owners' charges are returned, consecutive
     /// messages of one owner (a served batch's replies) as one entry: the
     /// last in the return value (usually the only one), earlier ones pushed
-    /// on `done`.
+    /// on `done`; `rsvd` counts those placed by a reservation (for the
+    /// sockets' side: [`super::sockets::Sockets::rsvd_written`]).
     #[inline]
     pub(super) fn on_written(
         &mut self,
@@ -249,6 +244,7 @@ impl Psock {
         n: usize,
         now: Timestamp,
         done: &mut Vec<Charge>,
+        rsvd: &mut usize,
     ) -> Option<Charge> {
         if n > 0 {
             self.last_active = now;
@@ -270,7 +266,7 @@ impl Psock {
                 if m.addressed {
                     self.tx_addr_bytes -= m.data.len();
                 } else if !m.balanced {
-                    self.tx_rsvd_msgs -= 1;
+                    *rsvd += 1;
                 }
                 match &mut last {
                     Some((owner, len, msgs)) if *owner == m.owner && msgs.checked_add(m.msgs).is_some() => {

@@ -68,6 +68,20 @@ pub(super) struct Share {
     /// ([`super::Mux::set_holds`], [`super::Mux::rx_settle`]): requests
     /// still being answered.
     pub(super) holds: u64,
+    // ---- transmit: the reservation (KCM's `tx_kcm`) ----
+    /// The socket holding its reservation.
+    pub(super) tx_kcm: Option<SockId>,
+    /// Messages of `tx_kcm` placed on it and not yet written whole (the
+    /// psock reports them as it writes: [`Sockets::rsvd_written`]).
+    pub(super) tx_rsvd_msgs: usize,
+    /// On the list of psocks free for a reservation (`psocks_avail`).
+    pub(super) in_avail: bool,
+    /// Its transmit is over for good: never reserved again.
+    pub(super) tx_stopped: bool,
+    /// Times it was reserved and released (its `reserved`/`unreserved`
+    /// statistics).
+    pub(super) reserved: u64,
+    pub(super) unreserved: u64,
 }
 
 impl Share {
@@ -98,15 +112,30 @@ impl Sockets {
         if self.shares.len() <= i {
             self.shares.resize_with(i + 1, || None);
         }
-        self.shares[i] = Some(Share { generation: p.generation, queued: 0, queued_full: false, holds: 0 });
+        self.shares[i] = Some(Share {
+            generation: p.generation,
+            queued: 0,
+            queued_full: false,
+            holds: 0,
+            tx_kcm: None,
+            tx_rsvd_msgs: 0,
+            in_avail: false,
+            tx_stopped: false,
+            reserved: 0,
+            unreserved: 0,
+        });
     }
-    /// A psock was unattached.
-    pub(super) fn remove_share(&mut self, p: PsockId) {
-        if let Some(slot) = self.shares.get_mut(p.index as usize) {
-            if slot.as_ref().is_some_and(|sh| sh.generation == p.generation) {
-                *slot = None;
-            }
+    /// A psock was unattached: its share, off the list of free psocks.
+    pub(super) fn remove_share(&mut self, p: PsockId) -> Option<Share> {
+        let slot = self.shares.get_mut(p.index as usize)?;
+        if !slot.as_ref().is_some_and(|sh| sh.generation == p.generation) {
+            return None;
         }
+        let sh = slot.take()?;
+        if sh.in_avail {
+            self.psocks_avail.retain(|x| *x != p);
+        }
+        Some(sh)
     }
     #[inline]
     pub(super) fn share(&self, p: PsockId) -> Option<&Share> {
@@ -349,6 +378,96 @@ impl Sockets {
         if sock.able() && !sock.on_waiters {
             sock.on_waiters = true;
             self.rx_waiters.push_back(s);
+        }
+    }
+
+    // ---- transmit: reservations (KCM's `psocks_avail`, `tx_waiters`) ----
+
+    /// Reserve the least recently used free psock for socket `s`.
+    pub(super) fn reserve(&mut self, s: SockId) -> Option<PsockId> {
+        while let Some(p) = self.psocks_avail.pop_front() {
+            let Some(sh) = self.share_mut(p) else { continue };
+            sh.in_avail = false;
+            if sh.tx_stopped {
+                continue;
+            }
+            sh.tx_kcm = Some(s);
+            sh.reserved += 1;
+            self.socks.get_mut(s.index, s.generation).expect("live").tx_psock = Some(p);
+            return Some(p);
+        }
+        None
+    }
+
+    /// Socket `s` has messages and no psock: it waits for one.
+    pub(super) fn wait_for_psock(&mut self, s: SockId) {
+        let sock = self.socks.get_mut(s.index, s.generation).expect("live");
+        if !sock.tx_waiting {
+            sock.tx_waiting = true;
+            self.tx_waiters.push_back(s);
+        }
+    }
+
+    /// Psock `p` is free for a reservation (KCM `psock_now_avail`): reserved
+    /// by the first socket waiting with messages (returned: its queue is to
+    /// be placed on `p`), else at the tail of the free list.
+    pub(super) fn now_avail(&mut self, p: PsockId) -> Option<SockId> {
+        let sh = self.share(p)?;
+        if sh.tx_stopped || sh.tx_kcm.is_some() || sh.in_avail {
+            return None;
+        }
+        while let Some(w) = self.tx_waiters.pop_front() {
+            let Some(sock) = self.socks.get_mut(w.index, w.generation) else { continue };
+            sock.tx_waiting = false;
+            if sock.tx_queue.is_empty() || sock.tx_psock.is_some() {
+                continue;
+            }
+            sock.tx_psock = Some(p);
+            let sh = self.share_mut(p).expect("checked");
+            sh.tx_kcm = Some(w);
+            sh.reserved += 1;
+            return Some(w);
+        }
+        let sh = self.share_mut(p).expect("checked");
+        sh.in_avail = true;
+        self.psocks_avail.push_back(p);
+        None
+    }
+
+    /// Release psock `p`'s reservation, if it has one (returned).
+    pub(super) fn unreserve(&mut self, p: PsockId) -> Option<SockId> {
+        let sh = self.share_mut(p)?;
+        let s = sh.tx_kcm.take()?;
+        sh.unreserved += 1;
+        sh.tx_rsvd_msgs = 0;
+        if let Some(sock) = self.socks.get_mut(s.index, s.generation) {
+            if sock.tx_psock == Some(p) {
+                sock.tx_psock = None;
+            }
+        }
+        Some(s)
+    }
+
+    /// `n` messages of psock `p`'s reservation were written whole: whether
+    /// the reservation is now to be released (nothing of it left on the
+    /// psock, nothing more queued on its socket).
+    pub(super) fn rsvd_written(&mut self, p: PsockId, n: usize) -> bool {
+        let Some(sh) = self.share_mut(p) else { return false };
+        sh.tx_rsvd_msgs -= n;
+        match sh.tx_kcm {
+            Some(s) if sh.tx_rsvd_msgs == 0 => {
+                self.socks.get(s.index, s.generation).is_none_or(|sock| sock.tx_queue.is_empty())
+            }
+            _ => false,
+        }
+    }
+
+    /// Psock `p` writes nothing more: off the free list for good.
+    pub(super) fn stop_tx(&mut self, p: PsockId) {
+        let Some(sh) = self.share_mut(p) else { return };
+        sh.tx_stopped = true;
+        if std::mem::replace(&mut sh.in_avail, false) {
+            self.psocks_avail.retain(|x| *x != p);
         }
     }
 }
