@@ -54,7 +54,7 @@ pub enum Verdict {
 /// Replies up to this size returned by [`Handler::handle_in_place`] in a run
 /// are appended to the run's output by the default
 /// [`Handler::handle_run_in_place`] (the worker's own coalescing bound,
-/// `Tuning::coalesce_max`, is 512 by default too).
+/// `serve::COALESCE_MAX`, is 512 too).
 const RUN_APPEND_MAX: usize = 512;
 
 ///
@@ -253,7 +253,7 @@ pub(crate) struct Lanes {
 
 impl Lanes {
     /// `workers` lanes of `cap` messages; helpers unless `in_order`, which
-    /// take from a lane holding at least `steal_from` (`Tuning::lane_steal_from`).
+    /// take from a lane holding at least `steal_from` (`lane::LANE_STEAL_FROM`).
     pub fn new(workers: usize, cap: usize, bytes: usize, in_order: bool, steal_from: usize) -> Lanes {
         let helpers = if in_order || workers < 2 { 0 } else { workers };
         Lanes {
