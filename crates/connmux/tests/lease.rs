@@ -388,7 +388,7 @@ fn a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again() {
     let (p, pings) = leased_conn_counted(&svc, &mut c);
     // Far more replies than the socket buffers hold while the client does
     // not read: the lease's writes run short, the rest waits on the queue.
-    // (Each reply is larger than the 512 bytes a worker coalesces: a read's replies
+    // (Each reply is larger than the 512 bytes a run appends together: a read's replies
     // go out as one slice each, and a short write cuts between them. 1 KiB
     // frames: a read of the worker's buffer is whole frames, so the lease
     // stays until a write runs short; 6 MB of replies: more than the

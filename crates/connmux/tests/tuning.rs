@@ -69,8 +69,8 @@ fn smallest_ring_delivers_every_reply_in_order() {
 }
 
 /// More replies at once than one write takes (`shared::MAX_IOV`, 64
-/// slices), each its own slice (larger than the 512 bytes a worker
-/// coalesces): the writes still carry every reply, in order.
+/// slices), each its own slice (larger than the 512 bytes a read's run
+/// appends together, `Handler::handle_run_in_place`): the writes still carry every reply, in order.
 fn many_slices_per_write_deliver_every_reply_in_order() {
     let svc = echo(mux_with(|_| {}));
     clients(&svc, 4, 2000, 256, 600);

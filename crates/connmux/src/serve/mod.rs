@@ -1,8 +1,8 @@
 //! In-place serving: a worker runs the handler on the messages steered to its
 //! own socket (or on a read's messages where they lie in its read buffer),
-//! coalesces the replies per connection, queues them in the core and writes
-//! them, offers a heavy connection's messages to its lane and takes the
-//! lane's verdicts back.
+//! puts the replies of a read's run to one connection in one entry, queues
+//! them in the core and writes them, offers a heavy connection's messages to
+//! its lane and takes the lane's verdicts back.
 //!
 //! Owns a serving worker's buffers ([`ServeBufs`]) and what it serves
 //! ([`Serving`]). Called by both drivers; must not name a driver, the public
@@ -105,13 +105,6 @@ const LIGHT_SLEEPS: u8 = 16;
 /// gets back to its reads (and so to its other connections) soon; a pass
 /// serves at most 64 such batches.
 pub(crate) const SERVE_BATCH: usize = 256;
-
-/// Replies up to this many bytes are copied into the worker's run buffer,
-/// so that consecutive replies to one connection enter its transmit queue
-/// as one entry (one queue operation instead of one per reply); larger ones
-/// are queued as they are, where the copy would cost more than the queue
-/// operation it saves (`crate::handler`'s scratch chunk is 512 bytes too).
-const COALESCE_MAX: usize = 512;
 
 /// Slow runs in a row ([`Limits::slow`]) that make a connection heavy: one
 /// long run can be a preemption, several in a row are a heavy connection.
@@ -443,19 +436,8 @@ impl ServeBufs {
 
     fn push(&mut self, psock: PsockId, v: Verdict) {
         match v {
-            Verdict::Reply(b) if b.len() <= COALESCE_MAX => {
-                match self.run {
-                    Some((p, ref mut n)) if p == psock => *n += 1,
-                    _ => {
-                        self.end_run();
-                        if self.run_buf.capacity() - self.run_buf.len() < SCRATCH_LOW {
-                            self.run_buf.reserve(SCRATCH_CHUNK);
-                        }
-                        self.run = Some((psock, 1));
-                    }
-                }
-                self.run_buf.extend_from_slice(&b);
-            }
+            // (Replies a handler appended in a run share one entry already:
+            // `Handler::handle_run_in_place`.)
             Verdict::Reply(b) => {
                 self.end_run();
                 self.outs.push(Out::Replies(psock, b, 1));
