@@ -93,17 +93,22 @@ pub(crate) const LANE_STEAL_FROM: usize = 2;
 /// in flight spent about 15% of the CPU its requests were waiting for on
 /// wake-ups and writes (`docs/history/performance-log.md`, "Replies of a
 /// lane that is far behind"); one heavy connection at `-a32` on 2 CPUs
-/// (`bench uneven`, 4 runs alternated with it off) made 1.82–1.92× a
-/// thread per connection's requests, 1.65–1.81× without. Only while the work queued ahead, at the cost of the
-/// request just answered, lasts [`LANE_REPLY_WAIT`] or longer: a lane of
-/// short requests drains before its quiet replies are taken.
+/// (`bench uneven`, epoll, 4 runs alternated with it off) made 1.82–1.92×
+/// a thread per connection's requests, 1.65–1.81× without. Only while the
+/// work queued ahead, at the cost of the request just answered, lasts
+/// [`LANE_REPLY_WAIT`] or longer: a lane of short requests drains before
+/// its quiet replies are taken.
 const LANE_QUIET_FROM: usize = 8;
 
 /// How long a worker whose lane posts quietly ([`LANE_QUIET_FROM`]) sleeps
 /// at most, and so how long such a reply may wait for it (the epoll
 /// driver's waits count in milliseconds). Only then: a timer this near is
 /// reprogrammed on every sleep, which in a virtual machine is a trip to the
-/// hypervisor (`driver::worker::lane_sleep`).
+/// hypervisor (with every sleep bounded while a lane held requests, light
+/// connections on the same worker lost 7% of their calls a second). A
+/// worker that also answers light connections sleeps with no bound all the
+/// same (with the bound they lost 15% of their calls beside a lane far
+/// behind), and a quiet post wakes it (`driver::worker::lane_sleep`).
 pub(crate) const LANE_REPLY_WAIT: Duration = Duration::from_millis(1);
 
 /// Short handler runs in a row (under `Tuning::busy_handler`) after which a
