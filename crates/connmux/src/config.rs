@@ -1,6 +1,6 @@
 //! The one configuration struct: every limit with its default and the AF_KCM knob
 //! it stands for lives in [`connmux_core::mux::MuxConfig`]; this adds the threads
-//! and the runtime's tuning constants ([`Tuning`]).
+//! and the runtime's tuning ([`Tuning`]).
 //!
 //! A leaf: names no other module of the runtime.
 
@@ -274,35 +274,25 @@ pub struct Config {
     /// out of the core no longer count in `core.mem_limit`, so this bounds
     /// them per worker. Default 16 MiB.
     pub lane_bytes: usize,
-    /// The runtime's tuning constants (batch sizes, thresholds, ring
-    /// buffers); the defaults are the values its figures were taken with.
+    /// The runtime's tuning (the heavy-request thresholds, ring buffers,
+    /// leases); the defaults are the values its figures were taken with.
     pub tuning: Tuning,
 }
 
-/// The userspace runtime's tuning constants, each with why it has its
-/// default. None of them changes what is delivered, only how the work is cut
-/// up; a worker copies the ones it reads per message into its own state when
-/// it starts. A zero where at least one is needed counts as one.
+/// The userspace runtime's tuning: what a user of the library may want to
+/// set for their own handlers and memory. None of it changes what is
+/// delivered, only how the work is cut up. The runtime's other thresholds
+/// (batch sizes, the lane's hysteresis, the leases' bounds) are constants
+/// next to the code that uses them, each with the figure behind it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
-    /// Messages a serving worker takes from its socket per lock hold, and at
-    /// most that many of one read framed to be served in place. Large enough
-    /// that one lock hold pays for many messages, small enough that a worker
-    /// gets back to its reads (and so to its other connections) soon; a pass
-    /// serves at most 64 such batches. Default 256.
-    pub serve_batch: usize,
-    /// Replies up to this many bytes are copied into the worker's run buffer,
-    /// so that consecutive replies to one connection enter its transmit
-    /// queue as one entry (one queue operation instead of one per reply);
-    /// larger ones are queued as they are, where the copy would cost more
-    /// than the queue operation it saves. Default 512.
-    pub coalesce_max: usize,
     /// A handler run at least this long on one message counts as slow, and
-    /// `slow_hits` slow runs in a row make its connection heavy: its messages
+    /// three slow runs in a row make its connection heavy: its messages
     /// then go to the worker's heavy lane, so light requests are not read
     /// behind heavy work. Well above a light request's handler (a NULL call
     /// or an echo is a few hundred nanoseconds), well below what a waiting
-    /// light request notices. Default 50 µs.
+    /// light request notices. `Duration::MAX`: no connection is ever found
+    /// heavy (with `busy_handler` at `Duration::MAX` too). Default 50 µs.
     pub slow_handler: Duration,
     /// A run of one connection's requests that keeps its worker
     /// `slow_handler` or longer in all, at this much each or more, counts
@@ -310,60 +300,13 @@ pub struct Tuning {
     /// one, not only one with long requests) holds its worker as long as
     /// one heavy request does, and its messages are worth spreading over
     /// the CPUs once each costs well more than crossing to a lane (a copy,
-    /// two queue operations, the verdict's post and often a wake-up). A heavy connection whose requests run at least this long
-    /// stays heavy. Default 10 µs (`docs/performance.md`, "Busy
+    /// two queue operations, the verdict's post and often a wake-up). A
+    /// heavy connection whose requests run at least this long stays heavy;
+    /// 64 shorter ones in a row send it back to its worker. At
+    /// `slow_handler` or above only long requests make a connection heavy.
+    /// Default 10 µs (`docs/history/performance-log.md`, "Busy
     /// connections: many medium requests").
     pub busy_handler: Duration,
-    /// Slow runs in a row (`slow_handler`, `busy_handler`) that make a connection heavy: one
-    /// long run can be a preemption, several in a row are a heavy
-    /// connection. Default 3.
-    pub slow_hits: u32,
-    /// Short handler runs in a row (under `busy_handler`) after which a heavy
-    /// connection leaves its lane and is served by its worker again: many
-    /// more than the slow runs that sent it there, so a connection mixing
-    /// heavy and light requests does not go back and forth. Default 64.
-    pub lane_return_after: u32,
-    /// Messages a heavy lane must hold for a helper (on another CPU) to take
-    /// one: a helper steals from a lane that is behind, not from one its home
-    /// thread keeps up with. The head always stays for the home thread, so a
-    /// connection's lone request never waits on a helper whose CPU has no
-    /// time to spare. Default 2, so that a heavy connection with only a few
-    /// requests in flight is still spread over every CPU. A higher value
-    /// keeps a lane's few requests off the CPUs that serve light
-    /// connections, at the price of answering such a connection on one CPU
-    /// (`docs/performance.md`, "Uneven work", has the figures).
-    pub lane_steal_from: usize,
-    /// Messages a heavy lane must hold for its takers to post their
-    /// replies quietly: the worker is then not woken for each reply, but
-    /// takes them when it looks next (woken by anything else, or at the end
-    /// of a sleep it bounds by `lane_reply_wait`), and writes them together
-    /// (one wake-up and one write for several). With this many requests
-    /// queued, the replies are not what the connection waits for. Woken
-    /// once a reply, the worker of one heavy connection with 32 requests in
-    /// flight spent about 15% of the CPU its requests were waiting for on
-    /// wake-ups and writes (`docs/performance.md`, "Replies of a lane that
-    /// is far behind"). Below it, each reply wakes the worker at once (a
-    /// lane with a few requests, such as one beside light connections:
-    /// there a worker's bounded sleeps would cost more, see
-    /// `lane_reply_wait`). And only while the work queued ahead, at the
-    /// cost of the request just answered, lasts `lane_reply_wait` or
-    /// longer: a lane of short requests (a busy connection's, see
-    /// `busy_handler`) drains before its quiet replies are taken, and its
-    /// takers then wait for the client's next requests. 0: never quietly.
-    /// Default 8.
-    pub lane_quiet_from: usize,
-    /// How long a worker whose lane posts quietly (`lane_quiet_from`) sleeps
-    /// at most, and so how long such a reply may wait for it. Only then: a
-    /// timer this near is reprogrammed on every sleep, which in a virtual
-    /// machine is a trip to the hypervisor (with every sleep bounded while
-    /// a lane held requests, light connections on the same worker lost 7%
-    /// of their calls a second). A worker that also answers light
-    /// connections sleeps with no bound all the same (their requests wake
-    /// it often; with the bound they lost 15% of their calls beside a lane
-    /// far behind), and a quiet post wakes it. Zero: every reply wakes its
-    /// worker at once. Default 1 ms (the epoll driver's waits count in
-    /// milliseconds).
-    pub lane_reply_wait: Duration,
     /// Provided buffers in an io_uring worker's ring (a power of two, at most
     /// 32768: the ring refuses other counts with `EINVAL`, so `Mux::new` fails
     /// on the io_uring driver and `Auto` takes epoll). With `ring_buf_size`
@@ -375,149 +318,40 @@ pub struct Tuning {
     /// buffer, so this is the largest piece of the stream one completion
     /// hands over. Default 16 KiB.
     pub ring_buf_size: u32,
-    /// Free provided buffers kept in the kernel's ring at least (the rest
-    /// wait on a stack, the most recently used given first; 0: all of them
-    /// in the ring). The kernel takes buffers in the order they were given:
-    /// with all 256 queued a receive lands in the buffer used 256 receives
-    /// ago, and a read's bytes are no longer in the cache when the parser
-    /// walks them. The ring deepens when a receive finds it empty (that
-    /// receive is submitted again) and comes back down after a run of
-    /// receives that used less than half of it. 4 gave NULL calls at
-    /// `-j8 -a128`, one worker, 1.015× the calls/s of all 256 queued
-    /// (`docs/performance.md`, "Framing without a chain through memory; hot
-    /// receive buffers"). Default 4.
-    pub ring_buf_hot: u16,
-    /// Rounds of dispatch, serve and flush a worker runs per pass before it
-    /// goes back to its epoll or ring: what one round's work makes ready
-    /// (events, connections with bytes to write) is handled in the same
-    /// pass, and the bound keeps a worker that always finds more from never
-    /// reaping its completions (what remains goes to the next pass, whose
-    /// wait does not sleep). Default 64.
-    pub ring_rounds: usize,
-    /// Slices written in one `writev`, and handed to rustls's writer at once
-    /// for a TLS psock (one record takes up to 16 KiB): the core's chunk for
-    /// one write is cut there. A few dozen replies per write is where
-    /// batching stops paying. At most 1024 (`IOV_MAX`); larger values count
-    /// as 1024. Default 64.
-    pub max_iov: usize,
     /// Lend a served psock to the worker that reads it while nothing else
     /// involves it (`connmux_core::mux::Mux::lease`; either driver): its
     /// reads are then framed, answered and written by that worker with no
-    /// hold of the core lock, which is told what happened within
-    /// `lease_sync`.
-    /// Off: every read goes through the core (four holds of its lock per
-    /// served read).
+    /// hold of the core lock, which is told what happened within 1 ms
+    /// (`driver::worker::LEASE_SYNC`). Off: every read goes through the
+    /// core (four holds of its lock per served read). Default on.
     pub lease: bool,
-    /// How long a busy worker may keep what its lent psocks did (messages,
-    /// bytes, their idle clock) before telling the core, in a hold of the
-    /// core lock. A worker that did nothing else in a pass skips that hold
-    /// until then: at one request per pass the hold is a large share of the
-    /// pass (`docs/performance.md`, "Leases"). A worker that goes to sleep
-    /// keeps them too (a served request takes no hold of the core lock):
-    /// a reader of the statistics (`Mux::stats`, `Mux::psock_stats`,
-    /// `KcmSocket::stats`, the `/proc`-style views) asks every worker
-    /// holding leases to tell them first, and so counts every reply
-    /// written before it asked. With an idle timeout the worker tells
-    /// before it sleeps instead, and an idle timeout shorter than 16 times
-    /// this shortens it to a sixteenth of the timeout, so that untold
-    /// activity never looks like idleness. Default 1 ms.
-    pub lease_sync: Duration,
-    /// Bytes of a message begun that a lent psock keeps when a read ends
-    /// inside it (`connmux_core::mux::Lease::frame_read`): the next reads
-    /// complete it on the lease. A larger message (or a longer start) gives
-    /// the lease back and goes the core's way (a message of 16 KiB or more
-    /// is read straight into its assembly buffer there, and a connection
-    /// whose last message was that large is not lent until a smaller one
-    /// comes: its reads then each bring one message, with no copy). 0: a
-    /// read that ends inside a message always gives the lease back.
-    /// Default 16 KiB.
-    pub lease_keep: usize,
-    /// Bytes all of one worker's leases keep together: a message begun is
-    /// kept only while all of it fits beside what the others keep, else
-    /// its lease goes back (the core's memory budget does
-    /// not see kept bytes, so the most memory in all is `mem_limit` plus
-    /// this per worker). A kept message's assembly deadline holds as in the
-    /// core: when it passes, the worker gives the lease back and the core
-    /// times the message out. Default 1 MiB.
-    pub lease_keep_total: usize,
-    /// Bytes of replies a lent psock holds when its connection takes less
-    /// than was written: the lease stays, its worker writes them when the
-    /// connection takes more (epoll: its writable event; io_uring: a
-    /// `POLLOUT` poll), and the replies of its next reads go behind them.
-    /// Past this (a peer that reads slowly or not at all) the lease goes
-    /// back with all of it on the psock's queue, where the core's bounds on
-    /// a connection's replies (`psock_sndbuf`) apply. For TLS psocks a
-    /// short write gives the lease back (their records wait in their
-    /// sessions). 0: a short write always gives the lease back. Default
-    /// 256 KiB.
-    pub lease_backlog: usize,
-    /// Bytes of such replies all of one worker's leases hold together (the
-    /// core's memory budget does not see them). Default 4 MiB.
-    pub lease_backlog_total: usize,
     /// An epoll worker whose one connection is lent, busy and plain reads it
     /// the way a thread per connection would: a blocking `recv` in place of
-    /// its wait and its read, one system call a batch fewer (one light
-    /// connection at `-a32`, a hand-written epoll loop: 0.87–0.92× of the
-    /// blocking thread's calls/s without it, 0.99–1.04× with;
-    /// `docs/performance.md`, "A sole connection read blocking"). Busy:
-    /// its last two reads came within `sole_gap`. Cost: while such a read
+    /// its wait and its read, one system call a batch fewer
+    /// (`docs/history/performance-log.md`, "A sole connection read
+    /// blocking"; `bench uneven` 1 heavy + 1 light on 2 CPUs, 10 runs
+    /// alternated with it off: total 0.99× of a thread per connection
+    /// against 0.97×, light p99 0.92× against 1.00×). Busy:
+    /// its last two reads came within 500 µs. Cost: while such a read
     /// waits, what other threads ask of the worker (a command, a message
     /// for its socket, a second connection) waits for the connection's
-    /// next bytes or for `sole_timeout`, which the kernel counts in whole
-    /// scheduler ticks (1–4 ms a tick; up to two ticks), after which the
-    /// worker goes back to its epoll wait until the connection is busy
-    /// again. Off: every wait is the epoll wait. Default on.
+    /// next bytes or for 1 ms, which the kernel counts in whole scheduler
+    /// ticks (1–4 ms a tick; up to two ticks), after which the worker goes
+    /// back to its epoll wait until the connection is busy again. Off:
+    /// every wait is the epoll wait. Default on.
     pub sole_read: bool,
-    /// Reads of a worker's one connection this close together make it busy
-    /// (`sole_read`). Default 500 µs.
-    pub sole_gap: Duration,
-    /// How long a blocking read of a sole connection waits
-    /// (`SO_RCVTIMEO`, rounded up by the kernel to a scheduler tick).
-    /// Default 1 ms.
-    pub sole_timeout: Duration,
 }
 
 impl Default for Tuning {
     fn default() -> Self {
         Tuning {
-            serve_batch: 256,
-            coalesce_max: 512,
             slow_handler: Duration::from_micros(50),
             busy_handler: Duration::from_micros(10),
-            slow_hits: 3,
-            lane_return_after: 64,
-            lane_steal_from: 2,
-            lane_quiet_from: 8,
-            lane_reply_wait: Duration::from_millis(1),
             ring_buf_count: 256,
             ring_buf_size: 16 << 10,
-            ring_buf_hot: 4,
-            ring_rounds: 64,
-            max_iov: 64,
             lease: true,
-            lease_sync: Duration::from_millis(1),
-            lease_keep: 16 << 10,
-            lease_keep_total: 1 << 20,
-            lease_backlog: 256 << 10,
-            lease_backlog_total: 4 << 20,
             sole_read: true,
-            sole_gap: Duration::from_micros(500),
-            sole_timeout: Duration::from_millis(1),
         }
-    }
-}
-
-impl Tuning {
-    /// These values with every count the runtime needs at least one of (or
-    /// at most the kernel's limit of) brought into range.
-    pub(crate) fn in_range(mut self) -> Tuning {
-        self.serve_batch = self.serve_batch.max(1);
-        self.slow_hits = self.slow_hits.max(1);
-        self.lane_steal_from = self.lane_steal_from.max(1);
-        self.ring_rounds = self.ring_rounds.max(1);
-        self.max_iov = self.max_iov.clamp(1, 1024);
-        self.ring_buf_hot = self.ring_buf_hot.min(self.ring_buf_count);
-        self
     }
 }
 

@@ -53,8 +53,7 @@ pub enum Verdict {
 /// (`scratch.split().freeze()` hands one out without a copy).
 /// Replies up to this size returned by [`Handler::handle_in_place`] in a run
 /// are appended to the run's output by the default
-/// [`Handler::handle_run_in_place`] (the worker's own coalescing bound,
-/// `Tuning::coalesce_max`, is 512 by default too).
+/// [`Handler::handle_run_in_place`].
 const RUN_APPEND_MAX: usize = 512;
 
 ///
@@ -91,9 +90,9 @@ pub trait Handler: Send + Sync + 'static {
     /// the worker's bookkeeping per message, and steps through a run of
     /// equal messages by their length (nothing to look up per message).
     /// The default calls `handle_in_place` for each request and appends a
-    /// `Reply` of at most 512 bytes to `out` itself (what the worker does
-    /// with small replies anyway: the bytes sent are the same); an override
-    /// must answer exactly as that would.
+    /// `Reply` of at most 512 bytes to `out` itself (the bytes sent are the
+    /// same as for the `Reply`, in one queue entry); an override must
+    /// answer exactly as that would.
     fn handle_run_in_place(
         &self,
         requests: Messages<'_>,
@@ -253,7 +252,7 @@ pub(crate) struct Lanes {
 
 impl Lanes {
     /// `workers` lanes of `cap` messages; helpers unless `in_order`, which
-    /// take from a lane holding at least `steal_from` (`Tuning::lane_steal_from`).
+    /// take from a lane holding at least `steal_from` (`lane::LANE_STEAL_FROM`).
     pub fn new(workers: usize, cap: usize, bytes: usize, in_order: bool, steal_from: usize) -> Lanes {
         let helpers = if in_order || workers < 2 { 0 } else { workers };
         Lanes {

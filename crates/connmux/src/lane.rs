@@ -5,7 +5,7 @@
 //! A worker that serves in place runs the handler on its own thread, so one
 //! connection whose requests burn the CPU would keep the worker's other
 //! connections waiting behind each request. When the worker finds such a
-//! connection (`Tuning::slow_handler`, `Tuning::slow_hits` runs in a row;
+//! connection (`Tuning::slow_handler`, three runs in a row;
 //! or a busy one, many requests of `Tuning::busy_handler` or more) it marks it
 //! heavy, in its own state (no lock, nothing shared changes), and from then
 //! on offers that connection's messages to its lane instead of running
@@ -29,7 +29,7 @@
 //!   cuts in soon;
 //! - a **helper** on every worker's CPU, under `SCHED_IDLE`, takes messages
 //!   from the *other* workers' lanes while they are behind
-//!   (`Tuning::lane_steal_from` messages or more, 2): one heavy
+//!   ([`LANE_STEAL_FROM`] messages or more): one heavy
 //!   connection's requests run on every CPU at once (KCM's point: messages,
 //!   not connections, are spread), in each CPU's spare time only: a helper
 //!   takes only while the crew's scout finds its CPU with time to spare
@@ -41,9 +41,9 @@
 //! and posts the verdict to the worker that offered the message
 //! (`sync::inbox`, one eventfd wake-up per batch), which queues the reply
 //! and settles the request as it does for its own. While the lane is far
-//! behind (`Tuning::lane_quiet_from` messages queued) a taker posts quietly:
+//! behind ([`LANE_QUIET_FROM`] messages queued) a taker posts quietly:
 //! the worker is not woken for the reply but takes it when it looks next,
-//! within `Tuning::lane_reply_wait` (it bounds its sleeps meanwhile), and
+//! within [`LANE_REPLY_WAIT`] (it bounds its sleeps meanwhile), and
 //! writes it with the others that came (`driver::worker::lane_sleep`).
 //! Nothing a taker holds is waited for by anyone else, so a helper
 //! preempted for as long as its CPU is busy delays only the one message it
@@ -55,7 +55,7 @@
 //! starts no helpers: each lane has one taker, its replies keep request
 //! order, and a heavy connection is answered on one CPU.
 //!
-//! A connection is heavy for a while, not for ever: once `Tuning::lane_return_after`
+//! A connection is heavy for a while, not for ever: once [`LANE_RETURN_AFTER`]
 //! of its requests in a row ran short and none of them is still in the
 //! lane, its worker runs its requests itself again.
 //!
@@ -75,11 +75,54 @@ use crate::handler::{Done, Handler, Job, Lanes, Verdict, SCRATCH_CHUNK, SCRATCH_
 use crate::shared::Shared;
 use crate::sync::crew::{Crew, Taker};
 
+/// Messages a heavy lane must hold for a helper (on another CPU) to take
+/// one: a helper steals from a lane that is behind, not from one its home
+/// thread keeps up with. The head always stays for the home thread, so a
+/// connection's lone request never waits on a helper whose CPU has no time
+/// to spare. 2, so that a heavy connection with only a few requests in
+/// flight is still spread over every CPU (`docs/history/performance-log.md`,
+/// "Uneven work (KCM's Thrift case)", has the figures).
+pub(crate) const LANE_STEAL_FROM: usize = 2;
+
+/// Messages a heavy lane must hold for its takers to post their replies
+/// quietly: the worker is then not woken for each reply, but takes them
+/// when it looks next (woken by anything else, or at the end of a sleep it
+/// bounds by [`LANE_REPLY_WAIT`]), and writes them together. With this many
+/// requests queued, the replies are not what the connection waits for.
+/// Woken once a reply, the worker of one heavy connection with 32 requests
+/// in flight spent about 15% of the CPU its requests were waiting for on
+/// wake-ups and writes (`docs/history/performance-log.md`, "Replies of a
+/// lane that is far behind"); one heavy connection at `-a32` on 2 CPUs
+/// (`bench uneven`, epoll, 4 runs alternated with it off) made 1.82–1.92×
+/// a thread per connection's requests, 1.65–1.81× without. Only while the
+/// work queued ahead, at the cost of the request just answered, lasts
+/// [`LANE_REPLY_WAIT`] or longer: a lane of short requests drains before
+/// its quiet replies are taken.
+const LANE_QUIET_FROM: usize = 8;
+
+/// How long a worker whose lane posts quietly ([`LANE_QUIET_FROM`]) sleeps
+/// at most, and so how long such a reply may wait for it (the epoll
+/// driver's waits count in milliseconds). Only then: a timer this near is
+/// reprogrammed on every sleep, which in a virtual machine is a trip to the
+/// hypervisor (with every sleep bounded while a lane held requests, light
+/// connections on the same worker lost 7% of their calls a second). A
+/// worker that also answers light connections sleeps with no bound all the
+/// same (with the bound they lost 15% of their calls beside a lane far
+/// behind), and a quiet post wakes it (`driver::worker::lane_sleep`).
+pub(crate) const LANE_REPLY_WAIT: Duration = Duration::from_millis(1);
+
+/// Short handler runs in a row (under `Tuning::busy_handler`) after which a
+/// heavy connection leaves its lane and is served by its worker again: many
+/// more than the slow runs that sent it there, so a connection mixing heavy
+/// and light requests does not go back and forth.
+const LANE_RETURN_AFTER: u32 = 64;
+
 /// How long a taker with nothing to do sleeps before it looks again anyway
 /// (work and shutdown unpark it at once; this only bounds a lost wake-up).
 const IDLE: Duration = Duration::from_secs(1);
 
 /// A worker's view of its heavy connections (its own state: no lock).
+#[derive(Default)]
 pub(crate) struct Heavy {
     /// Bytes of this worker's requests in its lane (offered, not answered).
     bytes: usize,
@@ -88,14 +131,6 @@ pub(crate) struct Heavy {
     /// Requests ever offered to the lane (`Heavy::offers`).
     offers: u64,
     conns: rustc_hash::FxHashMap<PsockId, HeavyConn>,
-    /// `Tuning::lane_return_after`.
-    return_after: u32,
-}
-
-impl Default for Heavy {
-    fn default() -> Heavy {
-        Heavy::new(crate::config::Tuning::default().lane_return_after)
-    }
 }
 
 #[derive(Default)]
@@ -110,12 +145,6 @@ struct HeavyConn {
 }
 
 impl Heavy {
-    /// No heavy connection yet; one goes back to its worker after
-    /// `return_after` short runs in a row.
-    pub fn new(return_after: u32) -> Heavy {
-        Heavy { bytes: 0, out: 0, offers: 0, conns: Default::default(), return_after }
-    }
-
     /// Whether `p`'s messages go to the lane.
     #[inline]
     pub fn contains(&self, p: PsockId) -> bool {
@@ -183,7 +212,7 @@ impl Heavy {
         c.in_lane = c.in_lane.saturating_sub(1);
         c.framed = c.framed.saturating_sub(u32::from(!lent));
         c.short = if short { c.short + 1 } else { 0 };
-        if c.short >= self.return_after && c.in_lane == 0 {
+        if c.short >= LANE_RETURN_AFTER && c.in_lane == 0 {
             self.conns.remove(&p);
             return true;
         }
@@ -262,12 +291,8 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
     };
     let idle = if helper.is_some() { HELPER_IDLE } else { IDLE };
     // Replies are posted quietly while the lane holds this many messages
-    // (`Tuning::lane_quiet_from`).
-    let quiet_from = match (sh.tuning.lane_quiet_from, sh.tuning.lane_reply_wait.is_zero()) {
-        (0, _) | (_, true) => usize::MAX,
-        (n, false) => n,
-    };
-    let reply_wait_ns = u64::try_from(sh.tuning.lane_reply_wait.as_nanos()).unwrap_or(u64::MAX);
+    // ([`LANE_QUIET_FROM`]), and their work ahead lasts `LANE_REPLY_WAIT`.
+    let reply_wait_ns = LANE_REPLY_WAIT.as_nanos() as u64;
     let mut scratch = BytesMut::new();
     // This thread's CPU time when it began its message: CPU time, not the
     // clock, because a helper runs in its CPU's spare time and may be
@@ -306,14 +331,14 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         // The worker is woken for the first reply it has not taken yet,
         // unless the lane is far behind: then it takes the reply when it
         // looks next, with those that came meanwhile, and within
-        // `lane_reply_wait` if it was asleep (`driver::worker::lane_sleep`).
+        // `LANE_REPLY_WAIT` if it was asleep (`driver::worker::lane_sleep`).
         // Far behind is in messages and in time: the work queued ahead
         // (at this one's cost each) lasts at least that wait, so the reply
         // holds up nothing the lane would get to sooner; a lane of short
         // requests whose replies waited drained meanwhile and left its
         // takers idle (the client sends its next requests on the replies).
         let queued = lanes.crew.queued(lane);
-        let quiet = queued >= quiet_from && (queued as u64).saturating_mul(took) >= reply_wait_ns;
+        let quiet = queued >= LANE_QUIET_FROM && (queued as u64).saturating_mul(took) >= reply_wait_ns;
         let done = Done { psock: job.psock, verdict, short, len, quiet, lent: job.lent };
         let wake = match quiet {
             false => lanes.inboxes[lane].post(done),

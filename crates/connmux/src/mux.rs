@@ -258,7 +258,7 @@ impl Mux {
             lane_returns: AtomicU64::new(0),
             lane_quiet: AtomicU64::new(0),
             unattach_drained: AtomicBool::new(false),
-            tuning: config.tuning.in_range(),
+            tuning: config.tuning,
         });
         let mut threads = Vec::with_capacity(workers);
         let (init_tx, init_rx) = std::sync::mpsc::channel();
@@ -690,7 +690,7 @@ impl Mux {
     /// The psock idle longest (nothing received, nothing being written) and
     /// for how long; `None` with no psock, and on the kernel backend, which
     /// keeps no such time. A lent psock's activity is what its worker last
-    /// synced (within `Tuning::lease_sync`).
+    /// synced (within 1 ms of a busy worker).
     pub fn idlest(&self) -> Option<(PsockId, std::time::Duration)> {
         match &self.imp {
             MuxImp::User(u) => {
@@ -759,7 +759,7 @@ impl Mux {
     }
 
     /// Connections steered back from a heavy lane to their worker after
-    /// their requests ran short again (`Tuning::lane_return_after` in a row).
+    /// their requests ran short again (64 in a row).
     /// Always 0 on the kernel backend.
     pub fn lane_returns(&self) -> u64 {
         match &self.imp {
@@ -769,8 +769,8 @@ impl Mux {
     }
 
     /// Replies of a heavy lane posted to their worker without waking it,
-    /// because the lane held `Tuning::lane_quiet_from` messages or more: the
-    /// worker wrote them with others, within `Tuning::lane_reply_wait`.
+    /// because the lane held 8 messages or more: the
+    /// worker wrote them with others, within 1 ms.
     /// Always 0 on the kernel backend.
     pub fn lane_quiet_replies(&self) -> u64 {
         match &self.imp {

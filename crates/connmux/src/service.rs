@@ -93,7 +93,7 @@ impl Mux {
                 user.lane_queue,
                 user.lane_bytes,
                 user.lane_in_order,
-                sh.tuning.lane_steal_from,
+                crate::lane::LANE_STEAL_FROM,
             )),
             threads: Vec::new(),
         };

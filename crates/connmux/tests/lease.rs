@@ -191,9 +191,19 @@ fn unattaching_a_lent_connection_closes_it() {
     eventually(|| (svc.mux().psock_count() == 0).then_some(()));
 }
 
+/// The most a lease keeps of a message begun (`shared::own::LEASE_KEEP`,
+/// 16 KiB) and what a worker's leases keep together (`LEASE_KEEP_TOTAL`,
+/// 1 MiB).
+const LEASE_KEEP: usize = 16 << 10;
+const LEASE_KEEP_TOTAL: usize = 1 << 20;
+
+/// A body whose message is longer than a lease keeps.
+fn longer_than_kept() -> Vec<u8> {
+    (0..LEASE_KEEP + 1000).map(|i| (i % 251) as u8).collect()
+}
+
 fn a_partial_message_goes_the_ordinary_way_and_is_answered_whole() {
-    // (A lease that keeps nothing of a message begun: `Tuning::lease_keep`.)
-    let svc = l4_service(mux_with(|c| c.tuning.lease_keep = 0), Arc::new(Echo));
+    let svc = echo_service(true);
     let mut c = client(&svc);
     let p = leased_conn(&svc, &mut c);
     // Reads served on the lease first, then one that is not whole: each
@@ -202,13 +212,15 @@ fn a_partial_message_goes_the_ordinary_way_and_is_answered_whole() {
     for body in [&b"on the lease"[..], b"and again"] {
         call(&mut c, body);
     }
-    let msg = framed(b"in two parts");
+    // (Longer than a lease keeps of a message begun.)
+    let body = longer_than_kept();
+    let msg = framed(&body);
     write_all(&mut c, &msg[..6]);
     // The lease is back with the core, which holds the partial message.
     eventually(|| (!svc.mux().psock_leased(p)).then_some(()));
     std::thread::sleep(Duration::from_millis(20));
     write_all(&mut c, &msg[6..]);
-    assert_eq!(read_framed(&mut c), b"in two parts");
+    assert_eq!(read_framed(&mut c), body);
     // Quiet again: lent again.
     leased_conn(&svc, &mut c);
 }
@@ -270,11 +282,11 @@ fn a_receive_out_of_ring_buffers_keeps_the_lease() {
 }
 
 fn a_message_longer_than_a_lease_keeps_goes_the_ordinary_way() {
-    let svc = l4_service(mux_with(|c| c.tuning.lease_keep = 64), Arc::new(Echo));
+    let svc = echo_service(true);
     let mut c = client(&svc);
     leased_conn(&svc, &mut c);
     let returns = svc.mux().stats().lease_returns;
-    let body = vec![b'x'; 300];
+    let body = longer_than_kept();
     let msg = framed(&body);
     write_all(&mut c, &msg[..10]);
     std::thread::sleep(Duration::from_millis(2));
@@ -313,35 +325,34 @@ fn half_a_message_on_a_lent_connection_is_timed_out_from_its_first_byte() {
 }
 
 fn what_a_worker_s_leases_keep_together_is_bounded() {
-    let mux = mux_with(|c| {
-        c.tuning.lease_keep = 64;
-        c.tuning.lease_keep_total = 100;
-    });
-    let svc = l4_service(mux, Arc::new(Echo));
-    let mut conns: Vec<TcpStream> = (0..3).map(|_| client(&svc)).collect();
+    // Messages of just `LEASE_KEEP` bytes, all but 4 of each written: a
+    // lease keeps a message begun only while all of it fits what the
+    // worker's leases may still keep, so 64 leases keep theirs (64 × 16,380
+    // bytes kept; a 65th would need 16,384 beside them, over the bound of
+    // 1 MiB by 65,024) and one goes back to the core (whichever is read
+    // last).
+    const CONNS: usize = LEASE_KEEP_TOTAL / LEASE_KEEP + 1;
+    const CUT: usize = LEASE_KEEP - 4;
+    let svc = echo_service(true);
+    let mut conns: Vec<TcpStream> = (0..CONNS).map(|_| client(&svc)).collect();
     eventually(|| {
         for c in &mut conns {
             call(c, b"ping");
         }
         let ps = svc.mux().psocks();
-        (ps.len() == 3 && ps.iter().all(|p| svc.mux().psock_leased(*p))).then_some(())
+        (ps.len() == CONNS && ps.iter().all(|p| svc.mux().psock_leased(*p))).then_some(())
     });
     let returns = svc.mux().stats().lease_returns;
-    // 40 bytes of a 60-byte message on each: a lease keeps a message begun
-    // only while all of it fits what the worker's leases may still keep,
-    // so two leases keep theirs (up to 120 bytes would be over the bound
-    // of 100: the second may keep at most 60, the third none) and the
-    // third goes back to the core.
-    let msgs: Vec<Vec<u8>> = (0..3u8).map(|i| framed(&[b'a' + i; 56])).collect();
+    let msgs: Vec<Vec<u8>> = (0..CONNS).map(|i| framed(&vec![b'a' + (i % 26) as u8; LEASE_KEEP - 4])).collect();
     for (c, m) in conns.iter_mut().zip(&msgs) {
-        write_all(c, &m[..40]);
+        write_all(c, &m[..CUT]);
     }
     eventually(|| (svc.mux().stats().lease_returns == returns + 1).then_some(()));
     for (c, m) in conns.iter_mut().zip(&msgs) {
-        write_all(c, &m[40..]);
+        write_all(c, &m[CUT..]);
         assert_eq!(read_framed(c), m[4..]);
     }
-    assert_eq!(svc.mux().stats().lease_returns, returns + 1, "the two kept were completed on their leases");
+    assert_eq!(svc.mux().stats().lease_returns, returns + 1, "the others kept were completed on their leases");
 }
 
 fn after_a_read_on_the_lease_an_ordinary_read_answers_each_request_once() {
@@ -377,7 +388,7 @@ fn a_reader_that_stops_reading_gets_its_replies_in_order_once_it_reads_again() {
     let (p, pings) = leased_conn_counted(&svc, &mut c);
     // Far more replies than the socket buffers hold while the client does
     // not read: the lease's writes run short, the rest waits on the queue.
-    // (Each reply is larger than `Tuning::coalesce_max`: a read's replies
+    // (Each reply is larger than the 512 bytes a run appends together: a read's replies
     // go out as one slice each, and a short write cuts between them. 1 KiB
     // frames: a read of the worker's buffer is whole frames, so the lease
     // stays until a write runs short; 6 MB of replies: more than the
@@ -473,7 +484,7 @@ fn read_numbered(c: &mut TcpStream, sent: u32) {
 }
 
 /// A client that has stopped reading, briefly: the lease's write falls
-/// short. The lease stays (`Tuning::lease_backlog`): the rest waits on it,
+/// short. The lease stays (`shared::own::LEASE_BACKLOG`): the rest waits on it,
 /// with the replies of the reads after it behind, and goes out when the
 /// connection takes more (epoll: its writable event; io_uring: a `POLLOUT`
 /// poll). Every reply arrives once, in order, and is counted once.

@@ -388,9 +388,9 @@ fn light_requests_are_not_answered_behind_heavy_ones() {
 /// with its worker. Replies come back in order either way (one worker: its
 /// lane has one taker). Its lane, up to 15 requests behind, posts no reply
 /// quietly: that is 300 µs of work ahead, less than a reply may wait
-/// (`Tuning::lane_reply_wait`, 1 ms), though more requests than
-/// `lane_quiet_from` (set to 4 here); without the time rule, about 11
-/// replies of each round of 16 would be.
+/// (`lane::LANE_REPLY_WAIT`, 1 ms), though more requests than
+/// `lane::LANE_QUIET_FROM` (8); without the time rule, about 7 replies of
+/// each round of 16 would be.
 fn a_busy_connection_of_medium_requests_goes_to_the_lane() {
     // One at a time: a helper takes only where its CPU has time to spare,
     // and two heavy-lane tests at once leave each other none.
@@ -398,7 +398,6 @@ fn a_busy_connection_of_medium_requests_goes_to_the_lane() {
     for busy_rule in [true, false] {
         let mux = mux_with(|c| {
             c.workers = 1;
-            c.tuning.lane_quiet_from = 4;
             if !busy_rule {
                 c.tuning.busy_handler = c.tuning.slow_handler;
             }
@@ -621,32 +620,26 @@ fn one_heavy_connection_runs_on_two_cpus_at_once() {
 /// A heavy connection far behind (1 ms of CPU a request, 24 in flight) on
 /// a worker that sleeps with no timer (worker 1: worker 0 keeps the mux's
 /// time): its lane posts the replies without waking the worker
-/// (`Tuning::lane_quiet_from`), and every one still comes back (a post the
-/// worker slept through would leave the client's read to time out). With
-/// `lane_quiet_from` 0 every reply wakes the worker.
+/// (8 or more queued, `lane::LANE_QUIET_FROM`), and every one still comes
+/// back (a post the worker slept through would leave the client's read to
+/// time out).
 fn a_lane_far_behind_posts_its_replies_quietly() {
     // One at a time: a helper takes only where its CPU has time to spare,
     // and two heavy-lane tests at once leave each other none.
     let _alone = serial();
-    for quiet_from in [4, 0] {
-        let mux = mux_with(|c| {
-            c.workers = 2;
-            // In turn: the first connection to worker 0, the heavy one to 1.
-            c.incoming_cpu = false;
-            c.tuning.lane_quiet_from = quiet_from;
-        });
-        let svc = heavy_echo(mux, Duration::from_millis(1));
-        let _first = TcpStream::connect(svc.local_addr()).unwrap();
-        eventually(|| (svc.mux().stats().psocks == 1).then_some(()));
-        let heavy_id = u32::from_be_bytes([b'H', 0, 0, 1]);
-        client_round_trips(svc.local_addr(), heavy_id, 400, 24, false);
-        let quiet = svc.mux().lane_quiet_replies();
-        match quiet_from {
-            0 => assert_eq!(quiet, 0, "replies posted quietly with lane_quiet_from 0"),
-            _ => assert!(quiet > 0, "400 requests, 24 in flight, and no reply posted quietly"),
-        }
-        svc.shutdown();
-    }
+    let mux = mux_with(|c| {
+        c.workers = 2;
+        // In turn: the first connection to worker 0, the heavy one to 1.
+        c.incoming_cpu = false;
+    });
+    let svc = heavy_echo(mux, Duration::from_millis(1));
+    let _first = TcpStream::connect(svc.local_addr()).unwrap();
+    eventually(|| (svc.mux().stats().psocks == 1).then_some(()));
+    let heavy_id = u32::from_be_bytes([b'H', 0, 0, 1]);
+    client_round_trips(svc.local_addr(), heavy_id, 400, 24, false);
+    let quiet = svc.mux().lane_quiet_replies();
+    assert!(quiet > 0, "400 requests, 24 in flight, and no reply posted quietly");
+    svc.shutdown();
 }
 
 /// With `Config::lane_in_order` a heavy connection is answered by its own

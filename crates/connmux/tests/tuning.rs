@@ -1,6 +1,7 @@
 //! `Config::tuning` reaches the workers: values far from the defaults still
 //! deliver every reply once and in order, on both drivers, and the thresholds
-//! that decide where a request runs are the configured ones.
+//! that decide where a request runs are the configured ones; so do the
+//! runtime's fixed bounds (the slices of one write).
 
 #[macro_use]
 mod common;
@@ -53,20 +54,11 @@ fn clients(svc: &Service, n: u32, count: u32, in_flight: u32, size: usize) {
     }
 }
 
-/// The smallest values: one message per batch, no coalescing, one slice per
-/// write, one round per pass, two 64-byte ring buffers (a request spans
+/// The smallest ring: two 64-byte provided buffers (a request spans
 /// several). Every reply still arrives, in order.
-fn smallest_tuning_delivers_every_reply_in_order() {
+fn smallest_ring_delivers_every_reply_in_order() {
     let mux = mux_with(|c| {
-        c.tuning = Tuning {
-            serve_batch: 1,
-            coalesce_max: 0,
-            max_iov: 1,
-            ring_rounds: 1,
-            ring_buf_count: 2,
-            ring_buf_size: 64,
-            ..Tuning::default()
-        };
+        c.tuning = Tuning { ring_buf_count: 2, ring_buf_size: 64, ..Tuning::default() };
     });
     let svc = echo(mux);
     clients(&svc, 4, 1000, 16, 100);
@@ -76,28 +68,25 @@ fn smallest_tuning_delivers_every_reply_in_order() {
     svc.shutdown();
 }
 
-/// More slices per write than the iovec array on the stack holds (every
-/// reply its own slice: no coalescing): the writes still carry every reply,
-/// in order.
+/// More replies at once than one write takes (`shared::MAX_IOV`, 64
+/// slices), each its own slice (larger than the 512 bytes a read's run
+/// appends together, `Handler::handle_run_in_place`): the writes still carry every reply, in order.
 fn many_slices_per_write_deliver_every_reply_in_order() {
-    let mux = mux_with(|c| {
-        c.tuning = Tuning { coalesce_max: 0, max_iov: 1024, ..Tuning::default() };
-    });
-    let svc = echo(mux);
-    clients(&svc, 4, 2000, 256, 16);
+    let svc = echo(mux_with(|_| {}));
+    clients(&svc, 4, 2000, 256, 600);
     // (Counted by the worker's next pass for a connection lent to it.)
     let st = eventually(|| Some(svc.mux().stats()).filter(|st| st.psock.rx_msgs >= 8000));
     assert_eq!(st.psock.rx_msgs, 8000);
     svc.shutdown();
 }
 
-/// With a slow-handler threshold of zero and one hit, every connection is
-/// heavy at its first timed request: it goes to the lane (where the default
-/// 50 µs would keep an echo on its worker), and its replies still come back
-/// in order (one worker: no helper).
+/// With a slow-handler threshold of zero every connection is heavy after
+/// its first timed requests: it goes to the lane (where the default 50 µs
+/// would keep an echo on its worker), and its replies still come back in
+/// order (one worker: no helper).
 fn slow_handler_threshold_is_the_configured_one() {
     let mux = mux_with(|c| {
-        c.tuning = Tuning { slow_handler: Duration::ZERO, slow_hits: 1, ..Tuning::default() };
+        c.tuning = Tuning { slow_handler: Duration::ZERO, ..Tuning::default() };
     });
     let svc = echo(mux);
     clients(&svc, 2, 500, 4, 16);
@@ -157,7 +146,7 @@ fn queued_messages_stay_within_one_read_of_their_bound() {
 
 on_both_drivers!(
     queued_messages_stay_within_one_read_of_their_bound,
-    smallest_tuning_delivers_every_reply_in_order,
+    smallest_ring_delivers_every_reply_in_order,
     many_slices_per_write_deliver_every_reply_in_order,
     slow_handler_threshold_is_the_configured_one,
 );

@@ -77,11 +77,11 @@ struct EpollIo<'a> {
 ///
 /// ```text
 ///           a wait brings only a lent read of the worker's one psock,
-///           within sole_gap of its read before
+///           within SOLE_GAP of its read before
 ///   Epoll ──────────────────────────────────────────────────► Hot
 ///     ▲                                                        │ its next wait
-///     │ sole_timeout with no bytes, a read later than          ▼ (O_NONBLOCK off,
-///     │ sole_gap, or anything else for the worker          Blocking  SO_RCVTIMEO on)
+///     │ SOLE_TIMEOUT with no bytes, a read later than          ▼ (O_NONBLOCK off,
+///     │ SOLE_GAP, or anything else for the worker          Blocking  SO_RCVTIMEO on)
 ///     └──────────── (O_NONBLOCK on, SO_RCVTIMEO off) ──────────┘ each wait a recv
 /// ```
 ///
@@ -102,7 +102,17 @@ struct Sole {
     blocking: Option<Arc<PsockRt>>,
 }
 
-/// A wait bounded sooner than this many `sole_timeout`s (a deadline due)
+/// Reads of a worker's one connection this close together make it busy
+/// (`Tuning::sole_read`): a client waiting for each reply sends its next
+/// request within a few round trips of loopback (tens of microseconds).
+const SOLE_GAP: Duration = Duration::from_micros(500);
+
+/// How long a blocking read of a sole connection waits (`SO_RCVTIMEO`,
+/// rounded up by the kernel to a scheduler tick): what other threads ask of
+/// the worker waits at most this (and the tick) meanwhile.
+const SOLE_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// A wait bounded sooner than this many `SOLE_TIMEOUT`s (a deadline due)
 /// is the epoll wait: the blocking read could overrun it by a tick.
 const SOLE_TIMEOUTS_AHEAD: u32 = 10;
 
@@ -110,8 +120,8 @@ impl Sole {
     fn new(t: &crate::Tuning) -> Sole {
         Sole {
             on: t.sole_read,
-            gap_ns: t.sole_gap.as_nanos() as u64,
-            timeout: t.sole_timeout.max(Duration::from_micros(1)),
+            gap_ns: SOLE_GAP.as_nanos() as u64,
+            timeout: SOLE_TIMEOUT,
             last: None,
             hot: None,
             blocking: None,
@@ -537,8 +547,7 @@ mod tests {
 
     #[test]
     fn a_connection_is_hot_only_after_two_reads_within_the_gap() {
-        let t = crate::Tuning { sole_gap: Duration::from_micros(500), ..crate::Tuning::default() };
-        let mut s = Sole::new(&t);
+        let mut s = Sole::new(&crate::Tuning::default());
         let (a, b) = (PsockId { index: 1, generation: 1 }, PsockId { index: 2, generation: 1 });
         s.saw(a, 1_000_000);
         assert_eq!(s.hot, None, "one read tells nothing");

@@ -25,6 +25,27 @@ use crate::serve::{LentOut, ServeBufs, Serving};
 use crate::shared::tls::{Decrypted, PsockTls};
 use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt, WorkerRef};
 
+/// Rounds of dispatch, serve and flush a worker runs per pass before it
+/// goes back to its epoll or ring: what one round's work makes ready
+/// (events, connections with bytes to write) is handled in the same pass,
+/// and the bound keeps a worker that always finds more from never reaping
+/// its completions (what remains goes to the next pass, whose wait does not
+/// sleep).
+const RING_ROUNDS: usize = 64;
+
+/// How long a busy worker may keep what its lent psocks did (messages,
+/// bytes, their idle clock) before telling the core, in a hold of the core
+/// lock. A worker that did nothing else in a pass skips that hold until
+/// then: at one request per pass the hold is a large share of the pass
+/// (`docs/history/performance-log.md`, "Leases: a quiet connection served
+/// with no shared lock"). A worker that goes to sleep keeps
+/// them too (a served request takes no hold of the core lock): a reader of
+/// the statistics asks every worker holding leases to tell them first
+/// (`Shared::tell_untold`). With an idle timeout the worker tells before it
+/// sleeps instead, and an idle timeout shorter than 16 times this shortens
+/// it to a sixteenth of the timeout.
+const LEASE_SYNC: Duration = Duration::from_millis(1);
+
 /// What a worker's pass hands between the loop and its driver.
 pub(crate) struct Worker<'a> {
     pub sh: &'a Shared,
@@ -95,7 +116,6 @@ pub(crate) trait Io {
 pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let me = &sh.workers[index];
     let mut w = Worker { sh, serving: None, bufs: ServeBufs::new(&sh.tuning), events: Vec::new(), dirty: Vec::new() };
-    let rounds = sh.tuning.ring_rounds;
     // Readers of the statistics waiting for this pass's hold (`Command::Tell`).
     let mut tells: Vec<std::sync::mpsc::Sender<()>> = Vec::new();
 
@@ -106,13 +126,9 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
         let core = sh.lock();
         (core.mux.poll_timeout(), core.mux.config().idle_timeout)
     };
-    w.bufs.own.keep =
-        crate::shared::Keep { each: sh.tuning.lease_keep, total: sh.tuning.lease_keep_total, ..Default::default() };
-    w.bufs.own.backlog =
-        crate::shared::BacklogRoom { each: sh.tuning.lease_backlog, total: sh.tuning.lease_backlog_total, held: 0 };
-    // How long the leases' counts may wait (`Tuning::lease_sync`): never so
-    // long that untold activity could look like idleness.
-    let sync_every = idle.map_or(sh.tuning.lease_sync, |d| sh.tuning.lease_sync.min(d / 16));
+    // How long the leases' counts may wait (`LEASE_SYNC`): never so long
+    // that untold activity could look like idleness.
+    let sync_every = idle.map_or(LEASE_SYNC, |d| LEASE_SYNC.min(d / 16));
     let sync_every_ns = sync_every.as_nanos() as u64;
     // Without an idle timeout nothing but a reader of the statistics needs
     // what the leases did: the worker sleeps with it untold, and such a
@@ -131,7 +147,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
             wait(io, &mut w, timeout)
         } else {
             // Lease counts untold, and an idle timeout: never asleep with
-            // them (a busy worker tells them every `Tuning::lease_sync`, an
+            // them (a busy worker tells them every `LEASE_SYNC`, an
             // idle one before it sleeps). A look without sleeping first,
             // while such looks find work; otherwise they are told at once,
             // then the worker sleeps.
@@ -166,7 +182,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                 match c {
                     Command::Serve { sock, handler, stats, lanes, index } => {
                         io.watch_serve(&sock);
-                        w.bufs.own.serve = Some((sock.id, sh.tuning.serve_batch));
+                        w.bufs.own.serve = Some((sock.id, crate::serve::SERVE_BATCH));
                         w.bufs.own.can_lease = sh.tuning.lease && io.leases();
                         w.serving = Some(Serving { sock, handler, stats, lanes, index });
                         serve_ready = true;
@@ -198,7 +214,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
         }
         // Dispatch, serve in place, write: until nothing is left to do here
         // (bounded; what remains is picked up by the next pass).
-        for round in 0..rounds {
+        for round in 0..RING_ROUNDS {
             if !w.events.is_empty() {
                 sh.dispatch(&mut w.events, &mut Ctx::Worker(&mut w.dirty, &mut w.bufs.own));
             }
@@ -314,8 +330,8 @@ fn wait(io: &mut impl Io, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke
 
 /// A worker with requests in its lane, about to sleep at most `timeout`.
 /// The lane's takers post replies quietly while it is far behind
-/// (`Tuning::lane_quiet_from`; `lane::run`): one wake-up and one write
-/// then serve several. So the worker sleeps at most `Tuning::lane_reply_wait`
+/// (`lane::LANE_QUIET_FROM`; `lane::run`): one wake-up and one write
+/// then serve several. So the worker sleeps at most `lane::LANE_REPLY_WAIT`
 /// while its lane posts quietly (`ServeBufs::lane_quiet`) or a post waits;
 /// otherwise with no bound, and a quiet post wakes it
 /// (`Inbox::sleep_unbounded`, until [`lane_awake`]). A worker that also
@@ -326,8 +342,8 @@ fn wait(io: &mut impl Io, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke
 /// sleeps unbounded, or takes waiting posts at once.
 #[inline(never)]
 fn lane_sleep(w: &mut Worker<'_>, timeout: Option<Duration>) -> Option<Duration> {
-    let bound = w.sh.tuning.lane_reply_wait;
-    let Some(sv) = w.serving.as_ref().filter(|_| !bound.is_zero()) else { return timeout };
+    let bound = crate::lane::LANE_REPLY_WAIT;
+    let Some(sv) = w.serving.as_ref() else { return timeout };
     let light = w.bufs.light_lately();
     let bounded = Some(timeout.map_or(bound, |t| t.min(bound)));
     if w.bufs.lane_quiet && !light {

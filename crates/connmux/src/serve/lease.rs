@@ -393,7 +393,7 @@ fn write_leased(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, out: LentOut<'_>,
     let mut sent = 0;
     let mut failed = None;
     // Bounded: each round writes all of its slices or stops.
-    for chunk in bufs.slices.chunks(sh.tuning.max_iov) {
+    for chunk in bufs.slices.chunks(crate::shared::MAX_IOV) {
         let len: usize = chunk.iter().map(|b| b.len()).sum();
         match Wrote::of_io(&crate::shared::with_iov(chunk, |iov| out.write(sh, iov))) {
             Wrote::Bytes(n) if n >= len => sent += n,
@@ -525,7 +525,7 @@ pub(crate) fn write_backlog(sh: &Shared, bufs: &mut ServeBufs, p: PsockId, event
     // Bounded: each round writes all it offers or stops.
     while !l.backlog.is_empty() {
         let chunks = l.backlog.chunks();
-        let offer = &chunks[..chunks.len().min(sh.tuning.max_iov)];
+        let offer = &chunks[..chunks.len().min(crate::shared::MAX_IOV)];
         let len: usize = offer.iter().map(|b| b.len()).sum();
         match Wrote::of_io(&crate::shared::with_iov(offer, |iov| connmux_sys::socket::writev(fd, iov))) {
             Wrote::Bytes(n) => {

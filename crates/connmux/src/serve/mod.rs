@@ -1,8 +1,8 @@
 //! In-place serving: a worker runs the handler on the messages steered to its
 //! own socket (or on a read's messages where they lie in its read buffer),
-//! coalesces the replies per connection, queues them in the core and writes
-//! them, offers a heavy connection's messages to its lane and takes the
-//! lane's verdicts back.
+//! puts the replies of a read's run to one connection in one entry, queues
+//! them in the core and writes them, offers a heavy connection's messages to
+//! its lane and takes the lane's verdicts back.
 //!
 //! Owns a serving worker's buffers ([`ServeBufs`]) and what it serves
 //! ([`Serving`]). Called by both drivers; must not name a driver, the public
@@ -99,17 +99,25 @@ const SUSPECT_RUNS: u16 = 4096;
 /// only take its lane's verdicts or write).
 const LIGHT_SLEEPS: u8 = 16;
 
+/// Messages a serving worker takes from its socket per lock hold, and at
+/// most that many of one read framed to be served in place: large enough
+/// that one lock hold pays for many messages, small enough that a worker
+/// gets back to its reads (and so to its other connections) soon; a pass
+/// serves at most 64 such batches.
+pub(crate) const SERVE_BATCH: usize = 256;
+
+/// Slow runs in a row ([`Limits::slow`]) that make a connection heavy: one
+/// long run can be a preemption, several in a row are a heavy connection.
+const SLOW_HITS: u32 = 3;
+
 /// A worker's own copy of the `Tuning` values it reads per message.
 #[derive(Clone, Copy)]
 struct Limits {
-    serve_batch: usize,
-    coalesce_max: usize,
     /// `Tuning::slow_handler` in nanoseconds: compared on every run, where
     /// making and comparing a `Duration` shows in a light call's cost.
     slow_handler_ns: u64,
     /// `Tuning::busy_handler` in nanoseconds.
     busy_handler_ns: u64,
-    slow_hits: u32,
 }
 
 impl Limits {
@@ -126,11 +134,8 @@ impl Limits {
 impl From<&Tuning> for Limits {
     fn from(t: &Tuning) -> Limits {
         Limits {
-            serve_batch: t.serve_batch,
-            coalesce_max: t.coalesce_max,
             slow_handler_ns: u64::try_from(t.slow_handler.as_nanos()).unwrap_or(u64::MAX),
             busy_handler_ns: u64::try_from(t.busy_handler.as_nanos()).unwrap_or(u64::MAX),
-            slow_hits: t.slow_hits,
         }
     }
 }
@@ -164,7 +169,7 @@ pub(crate) struct ServeBufs {
     sample: Sample,
     /// Runs timed since the last slow one while `slow_hits` is not empty.
     suspect_runs: u16,
-    /// A psock whose runs looked slow `Tuning::slow_hits` times in a row by
+    /// A psock whose runs looked slow `SLOW_HITS` times in a row by
     /// the clock: its next run is timed in this thread's CPU time, which a
     /// preemption does not advance, and that decides (on a busy machine
     /// light requests often look slow by the clock).
@@ -186,7 +191,7 @@ pub(crate) struct ServeBufs {
     heavy: Heavy,
     /// The lane posts its replies quietly (it is far behind; the last
     /// verdicts taken include such a post): the worker's sleeps are bounded
-    /// by `Tuning::lane_reply_wait` until it takes only loud posts or one
+    /// by `lane::LANE_REPLY_WAIT` until it takes only loud posts or one
     /// runs out with nothing posted (`driver::worker::lane_awake`).
     pub lane_quiet: bool,
     /// Sleeps left for which the worker still counts as serving light
@@ -254,7 +259,7 @@ impl ServeBufs {
 
     /// Empty buffers for a worker of a mux tuned with `t`.
     pub fn new(t: &Tuning) -> ServeBufs {
-        ServeBufs { limits: Limits::from(t), heavy: Heavy::new(t.lane_return_after), ..ServeBufs::default() }
+        ServeBufs { limits: Limits::from(t), ..ServeBufs::default() }
     }
 
     /// `n` requests of `p` were handled (answered or not).
@@ -339,7 +344,7 @@ impl ServeBufs {
             self.suspect_runs = 0;
             let hits = self.slow_hits.entry(psock).or_insert(0);
             *hits += 1;
-            if *hits >= self.limits.slow_hits {
+            if *hits >= SLOW_HITS {
                 self.probe = Some(psock);
             }
             true
@@ -431,19 +436,8 @@ impl ServeBufs {
 
     fn push(&mut self, psock: PsockId, v: Verdict) {
         match v {
-            Verdict::Reply(b) if b.len() <= self.limits.coalesce_max => {
-                match self.run {
-                    Some((p, ref mut n)) if p == psock => *n += 1,
-                    _ => {
-                        self.end_run();
-                        if self.run_buf.capacity() - self.run_buf.len() < SCRATCH_LOW {
-                            self.run_buf.reserve(SCRATCH_CHUNK);
-                        }
-                        self.run = Some((psock, 1));
-                    }
-                }
-                self.run_buf.extend_from_slice(&b);
-            }
+            // (Replies a handler appended in a run share one entry already:
+            // `Handler::handle_run_in_place`.)
             Verdict::Reply(b) => {
                 self.end_run();
                 self.outs.push(Out::Replies(psock, b, 1));
@@ -471,12 +465,12 @@ pub(crate) fn serve(
     // reads handed over directly (older than anything queued since).
     bufs.own.pending = false;
     bufs.msgs.append(&mut bufs.own.direct);
-    // Bounded: `serve_batch` × 64 messages per pass, then back to I/O.
+    // Bounded: `SERVE_BATCH` × 64 messages per pass, then back to I/O.
     for _ in 0..64 {
         sv.sock.rx.clear();
         {
             let mut core = sh.lock();
-            while bufs.msgs.len() < bufs.limits.serve_batch {
+            while bufs.msgs.len() < SERVE_BATCH {
                 match core.mux.recv_msg(sv.sock.id) {
                     Ok(m) => bufs.msgs.push(m),
                     Err(MuxError::WouldBlock) | Err(_) => break,

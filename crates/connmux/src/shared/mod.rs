@@ -28,7 +28,7 @@ use connmux_sys::eventfd::EventFd;
 mod own;
 pub(crate) mod tls;
 
-pub(crate) use own::{commit_read, feed_read, feed_read_in_place, BacklogRoom, Keep, Own};
+pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Own};
 
 use crate::config::Tuning;
 use crate::handler::{Handler, Lanes, ServiceStats};
@@ -341,17 +341,24 @@ pub(crate) struct Shared {
     /// Psocks steered back from a lane to their worker.
     pub lane_returns: AtomicU64,
     /// Replies a lane posted without waking their worker (it was far
-    /// behind: `Tuning::lane_quiet_from`).
+    /// behind: `lane::LANE_QUIET_FROM`).
     pub lane_quiet: AtomicU64,
     /// Unattach a psock once it is drained (`Event::PsockDrained`), not
     /// only shut its write side down: a service's connections are its own.
     pub unattach_drained: AtomicBool,
-    /// `Config::tuning`, in range (`Tuning::in_range`). Workers copy what
+    /// `Config::tuning`. Workers copy what
     /// they read per message into their own state when they start.
     pub tuning: Tuning,
 }
 
-/// `writev` of `bufs` (at most `Tuning::max_iov`), with an iovec array sized
+/// Slices written in one `writev`, and handed to rustls's writer at once
+/// for a TLS psock (one record takes up to 16 KiB): the core's chunk for
+/// one write is cut there. A few dozen replies per write is where batching
+/// stops paying, and 64 fit the largest iovec array kept on the stack
+/// ([`with_iov`]).
+pub(crate) const MAX_IOV: usize = 64;
+
+/// `writev` of `bufs` (at most [`MAX_IOV`]), with an iovec array sized
 /// for the common small case (filling a 64-entry array costs more than the
 /// rest of a one-reply flush).
 pub(crate) fn writev_bytes(fd: RawFd, bufs: &[Bytes]) -> io::Result<usize> {
@@ -511,7 +518,7 @@ impl Shared {
     /// (`WorkerRef::lent`) is asked to tell the core what they did, and
     /// waited for (its next hold, at most `TELL_WAIT`), so the reader sees
     /// every reply written before it asked. Why: such a worker tells only
-    /// every `Tuning::lease_sync` while busy, and not at all asleep (unless
+    /// every `driver::worker::LEASE_SYNC` while busy, and not at all asleep (unless
     /// an idle timeout is set), so that a served request takes no hold of
     /// the core lock; readers, which are rare, pay for the freshness
     /// instead. The calling thread's own worker (a handler reading
@@ -802,7 +809,7 @@ impl Shared {
         slices: &mut Vec<Bytes>,
         own: &mut Own,
     ) {
-        if slices.len() > self.tuning.max_iov {
+        if slices.len() > MAX_IOV {
             return self.write_begun(rt, events, slices);
         }
         let want: usize = slices.iter().map(|b| b.len()).sum();
@@ -835,7 +842,7 @@ impl Shared {
     pub fn write_begun(&self, rt: &PsockRt, events: &mut Vec<Event>, slices: &mut Vec<Bytes>) {
         // Bounded: each round either writes bytes, or stops. The next chunk is
         // taken under the same lock that completes this one.
-        let n = slices.len().min(self.tuning.max_iov);
+        let n = slices.len().min(MAX_IOV);
         let want: usize = slices[..n].iter().map(|b| b.len()).sum();
         let res = writev_bytes(rt.fd(), &slices[..n]);
         // Written or not, the core still holds the messages: let go of them.
@@ -883,7 +890,7 @@ impl Shared {
             if !more {
                 return;
             }
-            let n = slices.len().min(self.tuning.max_iov);
+            let n = slices.len().min(MAX_IOV);
             want = slices[..n].iter().map(|b| b.len()).sum();
             let res = writev_bytes(rt.fd(), &slices[..n]);
             slices.clear();

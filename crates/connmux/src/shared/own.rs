@@ -19,7 +19,7 @@ use super::{Core, PsockRt, Shared};
 #[derive(Default)]
 pub(crate) struct Own {
     /// The socket this worker serves in place, and the most messages a read
-    /// may put straight on it (`Tuning::serve_batch`). `None`: it does not
+    /// may put straight on it (`serve::SERVE_BATCH`). `None`: it does not
     /// serve, and reads queue their messages as any feed does.
     pub serve: Option<(SockId, usize)>,
     /// That socket became readable in this worker's dispatch and nobody has
@@ -64,17 +64,27 @@ pub(crate) struct Own {
     pub to_watch: Vec<Arc<PsockRt>>,
 }
 
+/// Bytes of replies a lent psock holds when its connection takes less than
+/// was written: the lease stays, its worker writes them when the connection
+/// takes more, and the replies of its next reads go behind them. Past this
+/// (a peer that reads slowly or not at all) the lease goes back with all of
+/// it on the psock's queue, where the core's bounds on a connection's
+/// replies (`psock_sndbuf`) apply: a few times what a loopback connection
+/// takes in one write.
+pub(crate) const LEASE_BACKLOG: usize = 256 << 10;
+
+/// Bytes of such replies all of one worker's leases hold together (the
+/// core's memory budget does not see them): 16 connections at
+/// [`LEASE_BACKLOG`].
+pub(crate) const LEASE_BACKLOG_TOTAL: usize = 4 << 20;
+
 /// The bytes of replies a worker's leases hold because their connections
 /// took less than was written ([`Backlog`]): bounded per lease and in all
-/// (`Tuning::lease_backlog`, `lease_backlog_total`; the core's budget does
+/// ([`LEASE_BACKLOG`], [`LEASE_BACKLOG_TOTAL`]; the core's budget does
 /// not see them). Never for TLS psocks (their records wait in their
 /// sessions, flushed the core's way).
 #[derive(Default)]
 pub(crate) struct BacklogRoom {
-    /// The most one lease holds.
-    pub each: usize,
-    /// The most all of this worker's leases hold together.
-    pub total: usize,
     /// What they hold now.
     pub held: usize,
 }
@@ -83,14 +93,14 @@ impl BacklogRoom {
     /// Whether `len` more bytes fit on lease `l`'s backlog.
     fn fits(&self, l: &Leased, len: usize) -> bool {
         // (A TLS psock's records wait in its session, flushed the core's way.)
-        self.each > 0 && l.rt.tls.is_none() && l.backlog.bytes() + len <= self.each && self.held + len <= self.total
+        l.rt.tls.is_none() && l.backlog.bytes() + len <= LEASE_BACKLOG && self.held + len <= LEASE_BACKLOG_TOTAL
     }
 
     /// What a new lease of `rt` may hold (0 for a TLS psock).
     fn room_for(&self, rt: &PsockRt) -> usize {
         match rt.tls {
             Some(_) => 0,
-            None => self.each.min(self.total.saturating_sub(self.held)),
+            None => LEASE_BACKLOG.min(LEASE_BACKLOG_TOTAL.saturating_sub(self.held)),
         }
     }
 }
@@ -173,17 +183,29 @@ impl Backlog {
     }
 }
 
+/// Bytes of a message begun that a lent psock keeps when a read ends inside
+/// it (`connmux_core::mux::Lease::frame_read`): the next reads complete it
+/// on the lease. A larger message (or a longer start) gives the lease back
+/// and goes the core's way, where a message of 16 KiB or more is read
+/// straight into its assembly buffer (and a connection whose last message
+/// was that large is not lent until a smaller one comes: its reads then
+/// each bring one message, with no copy).
+pub(crate) const LEASE_KEEP: usize = 16 << 10;
+
+/// Bytes all of one worker's leases keep together: a message begun is kept
+/// only while all of it fits beside what the others keep, else its lease
+/// goes back (the core's memory budget does not see kept bytes, so the most
+/// memory in all is `mem_limit` plus this per worker): 64 messages at
+/// [`LEASE_KEEP`].
+pub(crate) const LEASE_KEEP_TOTAL: usize = 1 << 20;
+
 /// The bytes a worker's leases keep of messages a read ended inside
 /// (`connmux_core::mux::Lease::frame_read`): bounded per lease and in all
-/// (`Tuning::lease_keep`, `lease_keep_total`; the core's budget does not
-/// see them), and each only until its assembly deadline, which the worker
+/// ([`LEASE_KEEP`], [`LEASE_KEEP_TOTAL`]; the core's budget does not see
+/// them), and each only until its assembly deadline, which the worker
 /// keeps by giving the lease back in its hold ([`Own::hold`]).
 #[derive(Default)]
 pub(crate) struct Keep {
-    /// The most one lease keeps (0: none).
-    pub each: usize,
-    /// The most all of this worker's leases keep together.
-    pub total: usize,
     /// What they keep now.
     pub kept: usize,
     /// No kept message's deadline is earlier than this (`None`: none runs).
@@ -194,7 +216,7 @@ impl Keep {
     /// The most a lease keeping `kept` now may keep after its next read.
     #[inline]
     pub fn room_for(&self, kept: usize) -> usize {
-        self.each.min(self.total.saturating_sub(self.kept.saturating_sub(kept)))
+        LEASE_KEEP.min(LEASE_KEEP_TOTAL.saturating_sub(self.kept.saturating_sub(kept)))
     }
 
     /// A lease's read took what it keeps from `before` to `after` bytes,

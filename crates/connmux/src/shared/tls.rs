@@ -819,7 +819,7 @@ fn encrypt_from_core(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, events: &mut 
         core.drain_events(events);
         return false;
     }
-    let n = st.encrypt(&chunk.slices, sh.tuning.max_iov);
+    let n = st.encrypt(&chunk.slices, crate::shared::MAX_IOV);
     core.mux.tx_complete(rt.id, n);
     core.drain_events(events);
     n > 0

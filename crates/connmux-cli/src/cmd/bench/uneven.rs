@@ -87,18 +87,6 @@ pub struct LaneArgs {
     /// (`Config::lane_slice`; 0: the kernel's default).
     #[arg(long, default_value_t = connmux::Config::default().lane_slice.as_micros() as u64)]
     pub lane_slice_us: u64,
-    /// Messages a heavy lane must hold before a helper on another CPU takes
-    /// one (`Tuning::lane_steal_from`).
-    #[arg(long, default_value_t = connmux::Tuning::default().lane_steal_from)]
-    pub lane_steal_from: usize,
-    /// Messages a heavy lane must hold for its replies to be posted
-    /// without waking the worker (`Tuning::lane_quiet_from`; 0: never).
-    #[arg(long, default_value_t = connmux::Tuning::default().lane_quiet_from)]
-    pub lane_quiet_from: usize,
-    /// How long such a reply may wait for its worker, microseconds
-    /// (`Tuning::lane_reply_wait`; 0: each wakes it).
-    #[arg(long, default_value_t = connmux::Tuning::default().lane_reply_wait.as_micros() as u64)]
-    pub lane_reply_wait_us: u64,
     /// No lane helpers: a heavy connection's requests answered in order on
     /// one CPU.
     #[arg(long)]
@@ -124,9 +112,6 @@ impl LaneArgs {
         c.lane_nice = self.lane_nice;
         c.lane_worker_slice = Duration::from_micros(self.lane_worker_slice_us);
         c.lane_slice = Duration::from_micros(self.lane_slice_us);
-        c.tuning.lane_steal_from = self.lane_steal_from;
-        c.tuning.lane_quiet_from = self.lane_quiet_from;
-        c.tuning.lane_reply_wait = Duration::from_micros(self.lane_reply_wait_us);
         c.lane_in_order = self.lane_in_order;
         c.tuning.busy_handler = Duration::from_micros(self.busy_us);
         c.tuning.lease = !self.no_lease;
@@ -139,9 +124,6 @@ impl LaneArgs {
             ("--lane-nice", self.lane_nice.to_string()),
             ("--lane-worker-slice-us", self.lane_worker_slice_us.to_string()),
             ("--lane-slice-us", self.lane_slice_us.to_string()),
-            ("--lane-steal-from", self.lane_steal_from.to_string()),
-            ("--lane-quiet-from", self.lane_quiet_from.to_string()),
-            ("--lane-reply-wait-us", self.lane_reply_wait_us.to_string()),
             ("--busy-us", self.busy_us.to_string()),
         ]
         .into_iter()
@@ -732,9 +714,6 @@ mod tests {
             lane_nice: -2,
             lane_worker_slice_us: 1234,
             lane_slice_us: 56,
-            lane_steal_from: 7,
-            lane_quiet_from: 0,
-            lane_reply_wait_us: 89,
             lane_in_order: true,
             busy_us: 33,
             no_lease: true,
