@@ -23,6 +23,23 @@
 //! A datagram longer than [`UdpConfig::max_datagram`] is cut by the kernel:
 //! it is dropped unanswered and counted in `truncated`.
 //!
+//! Roaming: a worker whose batches hold several datagrams (its peers send
+//! faster than it answers) and whose CPU it shares with them gains from a
+//! CPU of its own. With `SO_INCOMING_CPU` a lone busy peer's datagrams all
+//! go to the worker on the peer's CPU, while a sibling's CPU may stand
+//! idle. So every [`ROAM_EVERY`] a worker looks at its batches: at two
+//! datagrams a batch or more, it moves its thread (pins it) onto the CPU of
+//! a sibling whose CPU was idle at least half of the last look and that
+//! hosts no other guest; it goes back to its own CPU once its batches fall
+//! under 1.25 datagrams (each datagram waits on the answer to the last:
+//! crossing CPUs would only add a wake-up to each), once the host serves
+//! an eighth as many datagrams as it does, or once nothing came for
+//! [`WAKE_EVERY`]. A guest looks at its socket again for up to
+//! [`GUEST_SPIN`] before it sleeps: the CPU was idle, and a sleeping
+//! thread costs its peer a wake-up per batch. The socket stays the
+//! worker's, so the datagrams of a peer are still answered in the order
+//! they came. `roams` counts the moves.
+//!
 //! `from`: every datagram is handed over with `from` =
 //! [`udp_psock`]`(worker)`, a `PsockId` no connection has (index
 //! [`UDP_PSOCK_INDEX`], generation the worker's index), so a handler can
@@ -40,10 +57,10 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use connmux_core::mux::PsockId;
@@ -72,6 +89,17 @@ pub const fn is_udp(from: PsockId) -> bool {
 /// The longest a thread waits in `recvmmsg` before it looks at its stop
 /// flag again, where shutting the socket down did not wake it.
 pub const WAKE_EVERY: Duration = Duration::from_millis(200);
+
+/// How often a worker looks at its batches to decide where its thread
+/// runs (see the module's "Roaming"): several `/proc/stat` steps (10 ms),
+/// so that a CPU's idle time over it is measured, not guessed.
+pub const ROAM_EVERY: Duration = Duration::from_millis(50);
+
+/// How long a worker running on a sibling's (idle) CPU looks at its socket
+/// again before it sleeps: a busy peer's next requests, sent as its
+/// replies come, then find it awake (no wake-up for the peer to pay),
+/// and an idle stretch costs the CPU little.
+pub const GUEST_SPIN: Duration = Duration::from_micros(10);
 
 /// Configuration of a [`UdpService`].
 #[derive(Clone, Debug)]
@@ -121,6 +149,8 @@ pub struct UdpStats {
     pub send_errors: u64,
     /// `recvmmsg` calls that returned a batch.
     pub batches: u64,
+    /// Times a worker moved its thread onto a sibling's idle CPU.
+    pub roams: u64,
 }
 
 /// One worker's counters, on a cache line of its own.
@@ -134,7 +164,13 @@ struct Counters {
     refused_too_large: AtomicU64,
     send_errors: AtomicU64,
     batches: AtomicU64,
+    roams: AtomicU64,
+    /// The worker running on this worker's CPU as its guest; [`NO_GUEST`]: none.
+    guest: AtomicUsize,
 }
+
+/// No worker runs on this worker's CPU as its guest.
+const NO_GUEST: usize = usize::MAX;
 
 /// A running UDP service: one socket and one thread per worker.
 pub struct UdpService {
@@ -178,13 +214,16 @@ impl UdpService {
         for i in 1..workers {
             sockets.push(Arc::new(bind(local, cfg.rcvbuf, steer(i))?));
         }
-        let counters: Arc<Vec<Counters>> = Arc::new((0..workers).map(|_| Counters::default()).collect());
+        let counters: Arc<Vec<Counters>> = Arc::new(
+            (0..workers).map(|_| Counters { guest: AtomicUsize::new(NO_GUEST), ..Counters::default() }).collect(),
+        );
+        let all_cpus = Arc::new(cpus.clone());
         let stop = Arc::new(AtomicBool::new(false));
         let mut svc = UdpService { local, stop, sockets: sockets.clone(), threads: Vec::new(), counters };
         for (i, sock) in sockets.into_iter().enumerate() {
             let w = Worker {
                 index: i,
-                cpu: cpus[i],
+                cpus: all_cpus.clone(),
                 sock,
                 handler: handler.clone(),
                 stop: svc.stop.clone(),
@@ -221,6 +260,7 @@ impl UdpService {
             s.refused_too_large += c.refused_too_large.load(Relaxed);
             s.send_errors += c.send_errors.load(Relaxed);
             s.batches += c.batches.load(Relaxed);
+            s.roams += c.roams.load(Relaxed);
         }
         s
     }
@@ -277,7 +317,8 @@ struct Item {
 
 struct Worker {
     index: usize,
-    cpu: Option<usize>,
+    /// Every worker's CPU, by index.
+    cpus: Arc<Vec<Option<usize>>>,
     sock: Arc<std::net::UdpSocket>,
     handler: Arc<dyn Handler>,
     stop: Arc<AtomicBool>,
@@ -289,10 +330,11 @@ struct Worker {
 
 impl Worker {
     fn run(self) {
-        if let Some(c) = self.cpu {
+        if let Some(c) = self.cpus[self.index] {
             // Unpinned if the CPU went away: it still serves.
             let _ = connmux_sys::affinity::pin_current_thread(c);
         }
+        let mut roam = Roam::new(self.index, &self.cpus);
         let fd = self.sock.as_raw_fd();
         let c = &self.counters[self.index];
         let from = udp_psock(self.index as u32);
@@ -308,16 +350,18 @@ impl Worker {
         // Bounded by the stop flag, looked at after every wake (at most
         // WAKE_EVERY apart).
         while !self.stop.load(std::sync::atomic::Ordering::Acquire) {
-            let n = match recv_batch(fd, &mut rb, libc::MSG_WAITFORONE) {
+            let got = match roam.away {
+                Some(_) => spin(fd, &mut rb),
+                None => None,
+            };
+            let n = match got.unwrap_or_else(|| recv_batch(fd, &mut rb, libc::MSG_WAITFORONE)) {
                 Ok(n) => n,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    continue
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    // Nothing came for WAKE_EVERY.
+                    roam.home(&self.cpus, &self.counters);
+                    continue;
                 }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => {
                     // An error queued on the socket (e.g. from an ICMP
                     // message) is cleared by reading it: look again, a
@@ -331,6 +375,7 @@ impl Worker {
             }
             c.batches.fetch_add(1, Relaxed);
             c.datagrams_in.fetch_add(n as u64, Relaxed);
+            roam.batch(n, &self.cpus, &self.counters);
             let (mut malformed, mut truncated, mut refused) = (0u64, 0u64, 0u64);
             for i in 0..n {
                 if rb.truncated(i) {
@@ -499,5 +544,203 @@ impl Worker {
             }
         }
         (sent, errors)
+    }
+}
+
+/// A guest's look at its socket before it sleeps: `recvmmsg` without
+/// waiting, again and again for up to [`GUEST_SPIN`]; `None`: nothing came.
+fn spin(fd: i32, rb: &mut RecvBatch) -> Option<io::Result<usize>> {
+    let t0 = Instant::now();
+    // Bounded by GUEST_SPIN.
+    loop {
+        match recv_batch(fd, rb, libc::MSG_DONTWAIT) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return Some(r),
+        }
+        if t0.elapsed() >= GUEST_SPIN {
+            return None;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// What a worker saw over one look ([`ROAM_EVERY`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Window {
+    /// How long it lasted.
+    over: Duration,
+    /// Batches and datagrams the worker took.
+    batches: u64,
+    datagrams: u64,
+    /// Datagrams its host took (while a guest).
+    host_in: u64,
+}
+
+/// Where a worker's thread goes after a look.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Move {
+    Stay,
+    /// Onto the CPU of this sibling.
+    To(usize),
+    Home,
+}
+
+/// The rule of the module's "Roaming". `away`: whether the worker is a
+/// guest now; `siblings`: each sibling that could host it, with its CPU's
+/// idle time over the window (`None`: not known yet).
+fn verdict(w: &Window, away: bool, siblings: &[(usize, Option<Duration>)]) -> Move {
+    if away {
+        // Under 1.25 datagrams a batch, or the host busy in its own right.
+        let home = w.batches == 0 || w.datagrams * 4 < w.batches * 5 || w.host_in * 8 >= w.datagrams;
+        return if home { Move::Home } else { Move::Stay };
+    }
+    if w.batches == 0 || w.datagrams < 2 * w.batches {
+        return Move::Stay;
+    }
+    siblings
+        .iter()
+        .filter_map(|&(j, idle)| Some((j, idle?)))
+        .filter(|&(_, idle)| idle * 2 >= w.over)
+        .max_by_key(|&(_, idle)| idle)
+        .map_or(Move::Stay, |(j, _)| Move::To(j))
+}
+
+/// A worker's roaming (see the module's documentation): its current look
+/// and where its thread runs.
+struct Roam {
+    me: usize,
+    /// Whether the worker is pinned and some sibling is pinned to another
+    /// CPU: else it never moves and counts nothing.
+    can: bool,
+    /// The sibling whose CPU the thread runs on.
+    away: Option<usize>,
+    since: Instant,
+    window: Window,
+    /// The host's `datagrams_in` when the look began.
+    host_seen: u64,
+    /// The siblings' CPUs' idle time (by worker index) at `since`, when
+    /// read then.
+    idle: Option<Vec<Option<u64>>>,
+}
+
+impl Roam {
+    fn new(me: usize, cpus: &[Option<usize>]) -> Roam {
+        let can = cpus[me].is_some_and(|home| cpus.iter().any(|c| c.is_some_and(|c| c != home)));
+        Roam { me, can, away: None, since: Instant::now(), window: Window::default(), host_seen: 0, idle: None }
+    }
+
+    /// Counts a batch of `n` and, once a look is over, moves the thread
+    /// where [`verdict`] says.
+    fn batch(&mut self, n: usize, cpus: &[Option<usize>], counters: &[Counters]) {
+        if !self.can {
+            return;
+        }
+        self.window.batches += 1;
+        self.window.datagrams += n as u64;
+        let now = Instant::now();
+        let over = now.duration_since(self.since);
+        if over < ROAM_EVERY {
+            return;
+        }
+        let Some(home) = cpus[self.me] else { return };
+        self.window.over = over;
+        if let Some(h) = self.away {
+            self.window.host_in = counters[h].datagrams_in.load(Relaxed).wrapping_sub(self.host_seen);
+        }
+        let mut siblings = Vec::new();
+        if self.away.is_none() && self.window.datagrams >= 2 * self.window.batches {
+            // Only a worker that would move reads /proc/stat.
+            let read: Vec<usize> = cpus.iter().map(|c| c.unwrap_or(home)).collect();
+            let idle = connmux_sys::affinity::cpus_idle_nanos(&read).ok();
+            for (j, c) in cpus.iter().enumerate() {
+                let free = counters[j].guest.load(Relaxed) == NO_GUEST;
+                if j == self.me || !free || c.is_none_or(|c| c == home) {
+                    continue;
+                }
+                let spent = match (&self.idle, &idle) {
+                    (Some(a), Some(b)) => a[j].zip(b[j]).map(|(a, b)| Duration::from_nanos(b.saturating_sub(a))),
+                    _ => None,
+                };
+                siblings.push((j, spent));
+            }
+            self.idle = idle;
+        } else {
+            self.idle = None;
+        }
+        match verdict(&self.window, self.away.is_some(), &siblings) {
+            Move::Stay => {}
+            Move::Home => self.home(cpus, counters),
+            Move::To(j) => {
+                let to = cpus[j].expect("a sibling with a CPU");
+                if counters[j].guest.compare_exchange(NO_GUEST, self.me, Relaxed, Relaxed).is_ok() {
+                    if connmux_sys::affinity::pin_current_thread(to).is_ok() {
+                        self.away = Some(j);
+                        counters[self.me].roams.fetch_add(1, Relaxed);
+                    } else {
+                        counters[j].guest.store(NO_GUEST, Relaxed);
+                    }
+                }
+                self.idle = None;
+            }
+        }
+        if let Some(h) = self.away {
+            self.host_seen = counters[h].datagrams_in.load(Relaxed);
+        }
+        self.since = now;
+        self.window = Window::default();
+    }
+
+    /// Back onto the worker's own CPU, if it was a guest.
+    fn home(&mut self, cpus: &[Option<usize>], counters: &[Counters]) {
+        if let Some(h) = self.away.take() {
+            if let Some(c) = cpus[self.me] {
+                let _ = connmux_sys::affinity::pin_current_thread(c);
+            }
+            counters[h].guest.store(NO_GUEST, Relaxed);
+        }
+        self.since = Instant::now();
+        self.window = Window::default();
+        self.idle = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{verdict, Move, Window};
+    use std::time::Duration;
+
+    fn window(batches: u64, datagrams: u64, host_in: u64) -> Window {
+        Window { over: Duration::from_millis(50), batches, datagrams, host_in }
+    }
+
+    fn ms(n: u64) -> Option<Duration> {
+        Some(Duration::from_millis(n))
+    }
+
+    #[test]
+    fn a_worker_with_full_batches_moves_to_the_idlest_sibling_idle_half_the_time() {
+        let w = window(1_000, 5_000, 0);
+        assert_eq!(verdict(&w, false, &[(1, ms(30)), (2, ms(45))]), Move::To(2));
+        assert_eq!(verdict(&w, false, &[(1, ms(25))]), Move::To(1));
+        assert_eq!(verdict(&w, false, &[(1, ms(24))]), Move::Stay, "idle under half the look");
+        assert_eq!(verdict(&w, false, &[(1, None)]), Move::Stay, "idle time not known yet");
+        assert_eq!(verdict(&w, false, &[]), Move::Stay, "no sibling");
+    }
+
+    #[test]
+    fn a_worker_answering_one_datagram_at_a_time_stays_home() {
+        assert_eq!(verdict(&window(1_000, 1_999, 0), false, &[(1, ms(50))]), Move::Stay);
+        assert_eq!(verdict(&window(1_000, 2_000, 0), false, &[(1, ms(50))]), Move::To(1));
+        assert_eq!(verdict(&window(0, 0, 0), false, &[(1, ms(50))]), Move::Stay);
+    }
+
+    #[test]
+    fn a_guest_goes_home_when_its_batches_shrink_or_its_host_gets_busy() {
+        assert_eq!(verdict(&window(1_000, 3_600, 0), true, &[]), Move::Stay);
+        assert_eq!(verdict(&window(1_000, 1_250, 0), true, &[]), Move::Stay);
+        assert_eq!(verdict(&window(1_000, 1_249, 0), true, &[]), Move::Home);
+        assert_eq!(verdict(&window(1_000, 3_600, 449), true, &[]), Move::Stay);
+        assert_eq!(verdict(&window(1_000, 3_600, 450), true, &[]), Move::Home);
+        assert_eq!(verdict(&window(0, 0, 0), true, &[]), Move::Home);
     }
 }

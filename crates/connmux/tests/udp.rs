@@ -3,6 +3,7 @@
 //! these tests cover it once.
 
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -192,4 +193,97 @@ fn shutdown_ends_every_thread_and_frees_the_port() {
         assert!(Instant::now() < end, "the port stays bound");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Two workers pinned to the first two CPUs, each socket given the
+/// datagrams received on its CPU; `None` on a machine of one CPU.
+fn start_on_two_cpus() -> Option<(UdpService, usize)> {
+    let cpus = connmux_sys::affinity::available_cpus().unwrap();
+    if cpus.len() < 2 {
+        eprintln!("one CPU: no sibling to move to");
+        return None;
+    }
+    let mut c = Config::default();
+    c.workers = 2;
+    c.placement = Placement::Cpus(vec![cpus[0], cpus[1]]);
+    c.incoming_cpu = true;
+    let svc = UdpService::start(&c, UdpConfig::new("127.0.0.1:0".parse().unwrap()), Arc::new(Echo)).unwrap();
+    Some((svc, cpus[0]))
+}
+
+/// From a thread pinned to `cpu`: `window` numbered datagrams sent at once
+/// (one `sendmmsg`), all their replies taken, again and again until
+/// `done(stats)` holds after a round (at most 20 s); each reply must be
+/// the echo of the next datagram sent. Returns the datagrams sent.
+fn rounds_until(svc: &UdpService, cpu: usize, window: u64, mut done: impl FnMut(&UdpStats) -> bool + Send) -> u64 {
+    let to = svc.local_addr();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            connmux_sys::affinity::pin_current_thread(cpu).unwrap();
+            let c = client(to);
+            let mut sb = connmux_sys::udp::SendBatch::new();
+            let (mut next, mut expect) = (0u64, 0u64);
+            let end = Instant::now() + Duration::from_secs(20);
+            // Bounded by the deadline.
+            loop {
+                let msgs: Vec<[u8; 8]> = (next..next + window).map(u64::to_be_bytes).collect();
+                let mut k = 0;
+                while k < msgs.len() {
+                    let items = msgs[k..].iter().map(|m| (&m[..], None));
+                    k += connmux_sys::udp::send_batch(c.as_raw_fd(), &mut sb, items, 0).unwrap();
+                }
+                next += window;
+                while expect < next {
+                    let mut buf = [0u8; 16];
+                    let n = c.recv(&mut buf).expect("a reply within 5 s");
+                    assert_eq!(&buf[..n], expect.to_be_bytes(), "replies in the order of the datagrams");
+                    expect += 1;
+                }
+                let st = svc.stats();
+                if done(&st) {
+                    return next;
+                }
+                assert!(Instant::now() < end, "not there after 20 s: {st:?}");
+            }
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// A peer keeping 32 datagrams in flight from the CPU of the worker it is
+/// steered to fills its batches: the worker moves to the sibling's idle
+/// CPU, and every datagram is still answered, in order.
+#[test]
+fn a_worker_sharing_its_cpu_with_a_busy_peer_moves_to_an_idle_sibling_and_answers_in_order() {
+    let Some((svc, cpu)) = start_on_two_cpus() else { return };
+    let mut before = None;
+    let sent = rounds_until(&svc, cpu, 32, move |s| {
+        // A few thousand datagrams more once it moved.
+        match before {
+            None if s.roams > 0 => {
+                before = Some(s.datagrams_in);
+                false
+            }
+            Some(at) => s.datagrams_in >= at + 5_000,
+            None => false,
+        }
+    });
+    let s = wait_for(&svc, |s| s.datagrams_out == sent);
+    assert_eq!((s.datagrams_in, s.send_errors), (sent, 0));
+    assert!(s.roams >= 1, "{s:?}");
+    assert!(s.datagrams_in >= 2 * s.batches, "several datagrams a batch: {s:?}");
+}
+
+/// One datagram at a time: each waits on the reply to the last, a batch
+/// holds one, and the worker stays on its CPU (crossing CPUs would add a
+/// wake-up to every datagram).
+#[test]
+fn a_peer_sending_one_datagram_at_a_time_keeps_its_worker_home() {
+    let Some((svc, cpu)) = start_on_two_cpus() else { return };
+    let t0 = Instant::now();
+    // Several looks of the worker (ROAM_EVERY each).
+    let sent = rounds_until(&svc, cpu, 1, |_| t0.elapsed() >= 8 * connmux::udp::ROAM_EVERY);
+    let s = wait_for(&svc, |s| s.datagrams_out == sent);
+    assert_eq!((s.datagrams_in, s.batches, s.roams), (sent, sent, 0), "{s:?}");
 }

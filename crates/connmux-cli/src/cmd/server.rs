@@ -212,8 +212,15 @@ impl UdpArgs {
 pub fn udp_lines(u: &connmux::udp::UdpService) -> String {
     let s = u.stats();
     format!(
-        "udp_datagrams_in={}\nudp_datagrams_out={}\nudp_malformed={}\nudp_truncated={}\nudp_refused_too_large={}\nudp_send_errors={}\nudp_batches={}\n",
-        s.datagrams_in, s.datagrams_out, s.malformed, s.truncated, s.refused_too_large, s.send_errors, s.batches
+        "udp_datagrams_in={}\nudp_datagrams_out={}\nudp_malformed={}\nudp_truncated={}\nudp_refused_too_large={}\nudp_send_errors={}\nudp_batches={}\nudp_roams={}\n",
+        s.datagrams_in,
+        s.datagrams_out,
+        s.malformed,
+        s.truncated,
+        s.refused_too_large,
+        s.send_errors,
+        s.batches,
+        s.roams
     )
 }
 
@@ -499,8 +506,15 @@ pub fn registry(extra: &[String]) -> anyhow::Result<connmux_oncrpc::Registry> {
 fn print_udp_stats(u: &connmux::udp::UdpService) {
     let s = u.stats();
     println!(
-        "udp: datagrams_in={} datagrams_out={} malformed={} truncated={} refused_too_large={} send_errors={} batches={}",
-        s.datagrams_in, s.datagrams_out, s.malformed, s.truncated, s.refused_too_large, s.send_errors, s.batches
+        "udp: datagrams_in={} datagrams_out={} malformed={} truncated={} refused_too_large={} send_errors={} batches={} roams={}",
+        s.datagrams_in,
+        s.datagrams_out,
+        s.malformed,
+        s.truncated,
+        s.refused_too_large,
+        s.send_errors,
+        s.batches,
+        s.roams
     );
 }
 
