@@ -64,8 +64,16 @@ pub struct Config {
     /// Requests of one connection with the file-system threads at a time
     /// (`None`: half of the threads).
     pub fs_share: Option<usize>,
-    /// Nice steps of the file-system threads below the workers.
+    /// Nice steps of the file-system threads below the workers (3, as
+    /// the runtime's heavy lanes: under CPU contention the requests
+    /// answered on the workers, small reads and getattrs, are not shared
+    /// out among eight threads of walks; `docs/9p.md`).
     pub fs_nice: i32,
+    /// The scheduler slice the file-system threads ask for
+    /// ([`connmux_fsd::SLICE`], as the heavy lanes: beside the nice value,
+    /// a woken thread still cuts in soon on a CPU a busy process holds).
+    /// `Duration::ZERO`: the kernel's.
+    pub fs_slice: std::time::Duration,
     /// Fids one connection may hold.
     pub max_fids: usize,
     /// Open files in all (`None`: a quarter of the descriptor limit).
@@ -94,7 +102,8 @@ impl Default for Config {
             fs_threads: 8,
             fs_queue: 256,
             fs_share: None,
-            fs_nice: 0,
+            fs_nice: 3,
+            fs_slice: connmux_fsd::SLICE,
             max_fids: 131_072,
             max_open: None,
             max_open_conn: None,
@@ -143,6 +152,7 @@ impl Server {
             // parallelism, and the other half is always left to the others.
             share: cfg.fs_share.unwrap_or(threads / 2).max(1),
             nice: cfg.fs_nice,
+            slice: cfg.fs_slice,
             ..connmux_fsd::Options::default()
         };
         let users = Arc::new(Users::for_this_process(cfg.squash_users));

@@ -135,7 +135,12 @@ fn a_hundred_thousand_fids_on_one_connection() {
 /// 1,000 connections of `fids` fids each (from 4 client threads, each
 /// connection's walks pipelined), beside a good client: every walk
 /// answered, the good client answered throughout and at half its rate or
-/// more while the fids are held, the descriptors under the limit.
+/// more while the fids are held, the descriptors under the limit. At the
+/// issue's full size (`CONNMUX_9P_FIDS=1000`, walks for 11–16 s) also at
+/// half its rate or more during the walks (1.11–1.45 of it measured, the
+/// file-system threads at nice +3 below the workers that answer its reads;
+/// 0.36–0.61 with them beside the workers). Scaled down, the burst lasts
+/// about as long as the 1,000 sessions' setup, and the rate is printed.
 #[test]
 fn a_thousand_connections_of_many_fids() {
     const CONNS: usize = 1000;
@@ -199,6 +204,9 @@ fn a_thousand_connections_of_many_fids() {
     );
     assert!(peak < limit, "{peak} descriptors against a limit of {limit}");
     assert!(beside >= alone * 0.5, "good client {beside:.0} reads/s beside, {alone:.0} alone");
+    if fids >= 1000 {
+        assert!(during >= alone * 0.5, "good client {during:.0} reads/s during the walks, {alone:.0} alone");
+    }
     drop(cs);
     let _ = std::fs::remove_dir_all(&ex);
 }

@@ -45,7 +45,7 @@ mod stats;
 pub mod waker;
 
 pub use conn::{Conn, Queue};
-pub use pool::{Options, Pool, ROOM, SEND_TIMEOUT};
+pub use pool::{Options, Pool, ROOM, SEND_TIMEOUT, SLICE};
 pub use send::{Replier, Sent};
 pub use stats::PoolStats;
 

@@ -34,6 +34,16 @@ pub struct Options {
     pub share: usize,
     /// Nice steps of the threads below the workers (0: beside them).
     pub nice: i32,
+    /// The scheduler slice each thread asks for
+    /// (`connmux_sys::affinity::set_current_thread_slice`; Linux 6.12 and
+    /// later, ignored before; [`SLICE`] is the shortest).
+    /// `Duration::ZERO` (the default): the kernel's. Beside a positive
+    /// `nice`, a short slice keeps a thread woken for a request cutting in
+    /// soon on a CPU that others keep busy, as the runtime's heavy lanes do
+    /// (a thread of lower weight gets a later deadline for the same slice,
+    /// and with the kernel's slice it would wait for a busy process's turn
+    /// to end).
+    pub slice: Duration,
     /// Unwritten reply bytes of a connection above which its requests
     /// wait ([`ROOM`]).
     pub room: u64,
@@ -45,6 +55,10 @@ pub struct Options {
 /// The default room: half the mux's backlog of replies per connection
 /// (4 MiB), so that the replies of the requests let through still fit in it.
 pub const ROOM: u64 = 2 << 20;
+
+/// The shortest slice the kernel takes ([`Options::slice`]), what the
+/// runtime's heavy lanes ask.
+pub const SLICE: Duration = Duration::from_micros(100);
 
 /// The default send timeout: a peer that reads nothing cannot hold a
 /// thread longer.
@@ -58,6 +72,7 @@ impl Default for Options {
             queue: 256,
             share: 4,
             nice: 0,
+            slice: Duration::ZERO,
             room: ROOM,
             send_timeout: SEND_TIMEOUT,
         }
@@ -287,6 +302,9 @@ impl<T: Serve> Pool<T> {
     fn run(&self, sock: KcmSocket) {
         if self.opts.nice != 0 {
             let _ = connmux_sys::affinity::renice_current_thread(self.opts.nice);
+        }
+        if !self.opts.slice.is_zero() {
+            let _ = connmux_sys::affinity::set_current_thread_slice(self.opts.slice);
         }
         let out = Replier::new(&sock, self.opts.send_timeout, &self.stopping, &self.stats);
         loop {

@@ -55,11 +55,17 @@ pub struct Args {
     #[arg(long)]
     pub fs_share: Option<usize>,
     /// Nice steps of the file-system threads below the workers (0: none).
-    /// A positive value lets the small requests answered on the workers go
-    /// first under CPU contention, but starves file I/O beside busy
+    /// Positive: the small requests answered on the workers go first
+    /// under CPU contention (a burst of walks from many connections leaves
+    /// a reader its rate); a large value starves file I/O beside busy
     /// processes of the host.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = Config::default().fs_nice, allow_negative_numbers = true)]
     pub fs_nice: i32,
+    /// The scheduler slice of the file-system threads, in µs (Linux 6.12
+    /// and later; 0: the kernel's). Short, so that a thread woken for a
+    /// request cuts in soon on a busy CPU despite its nice value.
+    #[arg(long, default_value_t = Config::default().fs_slice.as_micros() as u64)]
+    pub fs_slice_us: u64,
     /// Answer Txattrwalk and Txattrcreate with EOPNOTSUPP (by default
     /// `user.*` attributes and POSIX ACLs are served).
     #[arg(long)]
@@ -90,6 +96,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         fs_queue: a.fs_queue,
         fs_share: a.fs_share,
         fs_nice: a.fs_nice,
+        fs_slice: std::time::Duration::from_micros(a.fs_slice_us),
         max_fids: a.max_fids,
         max_open: a.max_open,
         max_open_conn: a.max_open_conn,
