@@ -91,7 +91,7 @@ mod slab;
 use deadlines::Deadlines;
 pub use lease::{Lease, LeaseRead};
 use limits::MemState;
-use psock::{Life, Psock, Tx};
+use psock::{DropOwner, Life, Psock, Tx};
 use slab::Slab;
 use sock::Sock;
 use sockets::{Share, Sockets, ToPsock};
@@ -459,14 +459,36 @@ struct TxMsg {
     sent: usize,
     /// The socket whose send buffer it is charged to.
     owner: SockId,
-    /// Appended by `send_to`/`send_msg(Some(p))`, not by a reservation.
-    addressed: bool,
-    /// Placed here by `TxPolicy::LeastOutstanding`, not by a reservation: if
-    /// the psock fails first it goes back to its owner to be placed again.
-    balanced: bool,
+    /// How it came to this psock (what becomes of it if the psock fails).
+    placed: Placed,
     /// Whole messages in `data`, back to back (more than one only from
     /// `send_msgs_to`); counted one by one in the statistics.
     msgs: u32,
+}
+
+/// How a message came to a psock's transmit queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placed {
+    /// By its socket's reservation of the psock: if the psock fails first,
+    /// it goes back to the head of its socket's queue, to be sent whole on
+    /// the next reservation.
+    Reserved,
+    /// By `TxPolicy::LeastOutstanding`: if the psock fails first, it goes
+    /// back to its owner to be placed again.
+    Balanced,
+    /// By `send_to`/`send_msg(Some(p))`: for this psock's peer only, dropped
+    /// with the psock.
+    Addressed,
+}
+
+impl TxMsg {
+    fn new(data: Bytes, owner: SockId, placed: Placed, msgs: u32) -> TxMsg {
+        TxMsg { data, sent: 0, owner, placed, msgs }
+    }
+    #[inline]
+    fn addressed(&self) -> bool {
+        self.placed == Placed::Addressed
+    }
 }
 
 /// The chunk a writer had out (`tx_begin`) when its psock was unattached.
@@ -657,37 +679,23 @@ impl Mux {
         if sock.tx_waiting {
             self.sk.tx_waiters.retain(|w| *w != s);
         }
-        // Transmit: its messages not yet started vanish from every psock queue;
-        // a psock part-way through one of them is aborted (the peer may hold a
-        // truncated message), as KCM aborts the reserved psock.
+        // Transmit: every psock drops the socket's messages not yet begun
+        // (`Psock::drop_owner`); one part-way through one of them is aborted.
         let ids: Vec<PsockId> = self.psocks.iter().map(|(i, g, _)| pid((i, g))).collect();
         for p in ids {
-            let Ok(ps) = self.psock_mut(p) else { continue };
-            let mid_message =
-                ps.tx_queue.iter().enumerate().any(|(i, m)| m.owner == s && (i < ps.tx.inflight() || m.sent > 0));
-            if mid_message && ps.tx != Tx::Stopped {
-                self.tx_abort(p, EPIPE);
-                continue;
-            }
-            let inflight = ps.tx.inflight();
-            let mut i = 0;
-            let mut addr_dropped = 0;
-            ps.tx_queue.retain(|m| {
-                let keep = i < inflight || m.owner != s;
-                i += 1;
-                if !keep && m.addressed {
-                    addr_dropped += m.data.len();
+            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+            let resume = match ps.drop_owner(&self.config, s) {
+                DropOwner::MidMessage => {
+                    self.tx_abort(p, EPIPE);
+                    continue;
                 }
-                keep
-            });
-            let before = ps.tx_addr_bytes;
-            ps.tx_addr_bytes -= addr_dropped;
-            let after = ps.tx_addr_bytes;
+                DropOwner::Dropped { resume } => resume,
+            };
             let reserved_by_s = self.sk.share(p).is_some_and(|sh| sh.tx_kcm == Some(s));
             if reserved_by_s {
                 self.sk.unreserve(p);
             }
-            if psock::backlog_drained(&self.config, before, after) {
+            if resume {
                 self.rx_resume(p);
             }
             if reserved_by_s {
@@ -772,7 +780,7 @@ impl Mux {
         let sock = self.sock_mut(s)?;
         sock.sndbuf = bytes.max(1);
         sock.sndbuf_peak = sock.sndbuf_peak.max(sock.sndbuf);
-        self.check_writable(s);
+        self.sk.check_writable(&mut self.events, s);
         Ok(())
     }
     /// Affinity tag for `Steering::Affinity` (the runtime: worker index).
@@ -1699,9 +1707,7 @@ impl Mux {
             }
             sock.wait_more = true;
         }
-        ps.tx_addr_bytes += len;
-        ps.tx_placed += u64::from(msgs);
-        ps.tx_queue.push_back(TxMsg { data: msg, sent: 0, owner: s, addressed: true, balanced: false, msgs });
+        ps.queue(TxMsg::new(msg, s, Placed::Addressed, msgs));
         let leased = ps.leased.is_some();
         if !batch {
             sock.wait_more = false;
@@ -1733,7 +1739,7 @@ impl Mux {
             if let Some(open) = sock.open.take() {
                 sock.tx_mem -= open.len();
             }
-            self.check_writable(s);
+            self.sk.check_writable(&mut self.events, s);
         }
         Ok(())
     }
@@ -1793,9 +1799,8 @@ impl Mux {
         let ps = self.psocks.get_mut(p.index, p.generation).expect("reserved psock is live");
         let n = sock.tx_queue.len();
         for data in sock.tx_queue.drain(..) {
-            ps.tx_queue.push_back(TxMsg { data, sent: 0, owner: s, addressed: false, balanced: false, msgs: 1 });
+            ps.queue(TxMsg::new(data, s, Placed::Reserved, 1));
         }
-        ps.tx_placed += n as u64;
         self.sk.share_mut(p).expect("reserved psock is attached").tx_rsvd_msgs += n;
         self.revoke(p);
         self.kick(p);
@@ -1816,8 +1821,7 @@ impl Mux {
             let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
             let data = sock.tx_queue.pop_front().expect("non-empty");
             let ps = self.psocks.get_mut(p.index, p.generation).expect("chosen psock is live");
-            ps.tx_queue.push_back(TxMsg { data, sent: 0, owner: s, addressed: false, balanced: true, msgs: 1 });
-            ps.tx_placed += 1;
+            ps.queue(TxMsg::new(data, s, Placed::Balanced, 1));
             self.tx_last = p.index;
             self.revoke(p);
             self.kick(p);
@@ -1849,25 +1853,17 @@ impl Mux {
             return;
         }
         let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
-        let keep = ps.tx.inflight();
+        let back = ps.take_back_balanced();
+        // Owners in the order the last of their messages was queued (as
+        // they are given back from the tail).
         let mut owners: Vec<SockId> = Vec::new();
-        let mut back: Vec<TxMsg> = Vec::new();
-        let mut i = 0;
-        while i < ps.tx_queue.len() {
-            let m = &ps.tx_queue[i];
-            if i >= keep && m.balanced && m.sent == 0 {
-                back.push(ps.tx_queue.remove(i).expect("in range"));
-            } else {
-                i += 1;
+        for m in back.iter().rev() {
+            if !owners.contains(&m.owner) {
+                owners.push(m.owner);
             }
         }
-        for m in back.into_iter().rev() {
-            if let Some(sock) = self.sk.socks.get_mut(m.owner.index, m.owner.generation) {
-                sock.tx_queue.push_front(m.data);
-                if !owners.contains(&m.owner) {
-                    owners.push(m.owner);
-                }
-            }
+        for &s in &owners {
+            self.sk.give_back(s, back.iter().filter(|m| m.owner == s).map(|m| m.data.clone()));
         }
         for s in owners {
             self.tx_push(s);
@@ -1900,21 +1896,9 @@ impl Mux {
     }
 
     /// A message left the core (written, or dropped): uncharge its owner.
+    #[inline]
     fn uncharge(&mut self, owner: SockId, len: usize, msgs: u32) {
-        if let Some(sock) = self.sk.socks.get_mut(owner.index, owner.generation) {
-            sock.tx_mem -= len;
-            sock.tx_msgs -= msgs as usize;
-            self.check_writable(owner);
-        }
-    }
-
-    fn check_writable(&mut self, s: SockId) {
-        if let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) {
-            if sock.want_writable && sock.tx_mem < sock.sndbuf {
-                sock.want_writable = false;
-                self.events.push_back(Event::SockWritable(s));
-            }
-        }
+        self.sk.uncharge(&mut self.events, owner, len, msgs);
     }
 
     /// The bytes to write next on psock `p`, or None. Marks the psock busy until
@@ -2023,70 +2007,45 @@ impl Mux {
     fn tx_evacuate(&mut self, p: PsockId, writer_out: bool, inflight: usize) {
         let kcm = self.sk.unreserve(p);
         let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
-        let msgs: Vec<TxMsg> = ps.tx_queue.drain(..).collect();
+        let ev = ps.evacuate(writer_out, inflight);
+        if !ev.out.is_empty() && ev.out.iter().any(Result::is_ok) {
+            self.out_at_release.push(OutAtRelease { p, msgs: ev.out });
+        }
         let mut back = Vec::new();
-        let mut dropped = Vec::new();
         let mut rebalance: Vec<(SockId, Bytes)> = Vec::new();
-        let mut out: Vec<Result<TxMsg, usize>> = Vec::new();
-        let mut retries = 0;
-        for (i, m) in msgs.into_iter().enumerate() {
-            let in_chunk = writer_out && i < inflight;
+        for (m, started) in ev.placed {
             let live_owner = self.sk.socks.get(m.owner.index, m.owner.generation).is_some();
-            if in_chunk && m.addressed {
-                out.push(Ok(m));
+            let resend = match m.placed {
+                Placed::Balanced => live_owner,
+                _ => live_owner && Some(m.owner) == kcm,
+            };
+            if !resend {
+                self.uncharge(m.owner, m.data.len(), m.msgs);
                 continue;
             }
-            if in_chunk {
-                out.push(Err(m.data.len() - m.sent));
-            }
-            if m.balanced && live_owner {
-                if i < inflight || m.sent > 0 {
-                    retries += 1;
-                }
-                rebalance.push((m.owner, m.data));
-            } else if !m.addressed && Some(m.owner) == kcm && live_owner {
-                if i < inflight || m.sent > 0 {
-                    retries += 1;
-                }
-                back.push(m.data);
-            } else {
-                if m.addressed {
-                    let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
-                    ps.stats.tx_addressed_drops += u64::from(m.msgs);
-                    ps.tx_addr_bytes -= m.data.len();
-                }
-                dropped.push((m.owner, m.data.len(), m.msgs));
+            self.counters.tx_retries += u64::from(started);
+            match m.placed {
+                Placed::Balanced => rebalance.push((m.owner, m.data)),
+                _ => back.push(m.data),
             }
         }
-        if out.iter().any(Result::is_ok) {
-            let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
-            for m in out.iter().flatten() {
-                ps.tx_addr_bytes -= m.data.len();
-            }
-            self.out_at_release.push(OutAtRelease { p, msgs: out });
-        }
-        self.counters.tx_retries += retries;
-        for (owner, len, msgs) in dropped {
+        for (owner, len, msgs) in ev.dropped {
             self.uncharge(owner, len, msgs);
         }
         if let Some(s) = kcm {
-            if let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) {
-                if sock.tx_psock == Some(p) {
-                    sock.tx_psock = None;
-                }
-                for data in back.into_iter().rev() {
-                    sock.tx_queue.push_front(data);
-                }
+            if self.sk.give_back(s, back.into_iter()) {
                 self.tx_push(s);
             }
         }
         if !rebalance.is_empty() {
             let mut owners: Vec<SockId> = Vec::new();
-            for (s, data) in rebalance.into_iter().rev() {
-                self.sk.socks.get_mut(s.index, s.generation).expect("live owner").tx_queue.push_front(data);
-                if !owners.contains(&s) {
-                    owners.push(s);
+            for (s, _) in rebalance.iter().rev() {
+                if !owners.contains(s) {
+                    owners.push(*s);
                 }
+            }
+            for &s in &owners {
+                self.sk.give_back(s, rebalance.iter().filter(|(o, _)| *o == s).map(|(_, d)| d.clone()));
             }
             for s in owners {
                 self.tx_push(s);

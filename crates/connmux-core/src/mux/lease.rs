@@ -433,7 +433,7 @@ impl Mux {
             || (unsent > 0
                 && ps.tx_addr_bytes < super::psock::backlog_pause(config)
                 && !sock.held_psocks.contains(&p)
-                && ps.tx_queue.iter().all(|m| m.addressed && m.owner == s)
+                && ps.tx_queue.iter().all(|m| m.addressed() && m.owner == s)
                 && ps.tx_queue.iter().map(|m| m.data.len() - m.sent).sum::<usize>() <= unsent);
         let steered_here = config.steering == Steering::Affinity
             && ps.affinity.is_some()
@@ -594,7 +594,7 @@ impl Mux {
         sock.charge(len, msgs);
         ps.tx_addr_bytes += len;
         ps.tx_placed += u64::from(msgs);
-        ps.tx_queue.push_front(super::TxMsg { data: chunk, sent: 0, owner: s, addressed: true, balanced: false, msgs });
+        ps.tx_queue.push_front(super::TxMsg::new(chunk, s, super::Placed::Addressed, msgs));
     }
 
     /// Whether psock `p` is lent to its worker now.

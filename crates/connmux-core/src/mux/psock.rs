@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use super::deadlines::Armed;
 use super::limits::MemState;
-use super::{MuxConfig, RxMsg, SockId, TxMsg, TX_CHUNK_BYTES, TX_CHUNK_SLICES};
+use super::{MuxConfig, Placed, RxMsg, SockId, TxMsg, TX_CHUNK_BYTES, TX_CHUNK_SLICES};
 use crate::stats::PsockStats;
 use crate::stream::StreamParser;
 use crate::time::Timestamp;
@@ -263,10 +263,10 @@ impl Psock {
             if m.sent == m.data.len() {
                 let m = self.tx_queue.pop_front().expect("inflight message");
                 self.stats.tx_msgs += u64::from(m.msgs);
-                if m.addressed {
-                    self.tx_addr_bytes -= m.data.len();
-                } else if !m.balanced {
-                    *rsvd += 1;
+                match m.placed {
+                    Placed::Addressed => self.tx_addr_bytes -= m.data.len(),
+                    Placed::Reserved => *rsvd += 1,
+                    Placed::Balanced => {}
                 }
                 match &mut last {
                     Some((owner, len, msgs)) if *owner == m.owner && msgs.checked_add(m.msgs).is_some() => {
@@ -282,6 +282,88 @@ impl Psock {
             }
         }
         last
+    }
+
+    /// A message joins the transmit queue (the only way one does).
+    #[inline]
+    pub(super) fn queue(&mut self, m: TxMsg) {
+        if m.addressed() {
+            self.tx_addr_bytes += m.data.len();
+        }
+        self.tx_placed += u64::from(m.msgs);
+        self.tx_queue.push_back(m);
+    }
+
+    /// Socket `s` closed: its messages not yet begun leave the queue (their
+    /// charges die with the socket). A message of `s` part-way written, or in
+    /// the chunk out, cannot be taken back: [`DropOwner::MidMessage`], the
+    /// psock is to be aborted (the peer may hold a truncated message), as KCM
+    /// aborts the reserved psock.
+    pub(super) fn drop_owner(&mut self, config: &MuxConfig, s: SockId) -> DropOwner {
+        let inflight = self.tx.inflight();
+        let mid_message = self.tx_queue.iter().enumerate().any(|(i, m)| m.owner == s && (i < inflight || m.sent > 0));
+        if mid_message && self.tx != Tx::Stopped {
+            return DropOwner::MidMessage;
+        }
+        let mut i = 0;
+        let mut addr_dropped = 0;
+        self.tx_queue.retain(|m| {
+            let keep = i < inflight || m.owner != s;
+            i += 1;
+            if !keep && m.addressed() {
+                addr_dropped += m.data.len();
+            }
+            keep
+        });
+        let before = self.tx_addr_bytes;
+        self.tx_addr_bytes -= addr_dropped;
+        DropOwner::Dropped { resume: backlog_drained(config, before, self.tx_addr_bytes) }
+    }
+
+    /// `TxPolicy::LeastOutstanding` and the psock can no longer answer: its
+    /// balanced messages not yet begun, in order, to be placed on others.
+    pub(super) fn take_back_balanced(&mut self) -> Vec<TxMsg> {
+        let keep = self.tx.inflight();
+        let mut back = Vec::new();
+        let mut i = keep;
+        while i < self.tx_queue.len() {
+            let m = &self.tx_queue[i];
+            if m.placed == Placed::Balanced && m.sent == 0 {
+                back.push(self.tx_queue.remove(i).expect("in range"));
+            } else {
+                i += 1;
+            }
+        }
+        back
+    }
+
+    /// Empty a transmit queue that will not be written. Addressed messages
+    /// are dropped here (`tx_addressed_drops`), their charges returned; the
+    /// others are returned for their sockets to send whole elsewhere. With
+    /// `writer_out` (an unattach while a writer has the chunk of `inflight`
+    /// messages), the chunk's addressed messages wait for the writer's
+    /// report instead ([`super::OutAtRelease`]).
+    pub(super) fn evacuate(&mut self, writer_out: bool, inflight: usize) -> Evacuated {
+        let mut ev = Evacuated::default();
+        for (i, m) in self.tx_queue.drain(..).enumerate() {
+            let in_chunk = writer_out && i < inflight;
+            if m.addressed() {
+                self.tx_addr_bytes -= m.data.len();
+                if in_chunk {
+                    ev.out.push(Ok(m));
+                } else {
+                    self.stats.tx_addressed_drops += u64::from(m.msgs);
+                    ev.dropped.push((m.owner, m.data.len(), m.msgs));
+                }
+                continue;
+            }
+            if in_chunk {
+                ev.out.push(Err(m.data.len() - m.sent));
+            }
+            let started = i < inflight || m.sent > 0;
+            ev.placed.push((m, started));
+        }
+        ev
     }
 
     #[inline]
@@ -314,6 +396,32 @@ impl Psock {
             u64::from(st.bad_hdr_len + st.msg_too_big + s.rx_msg_timeouts + st.interrupted + st.unrecov_intr > 0);
         s
     }
+}
+
+/// What socket `s`'s close did to a psock ([`Psock::drop_owner`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum DropOwner {
+    /// A message of the socket is part-way out: the psock is to be aborted.
+    MidMessage,
+    /// Its messages left; `resume`: that took the reply backlog under the
+    /// pause mark (the psock is read again).
+    Dropped { resume: bool },
+}
+
+/// What left a psock's transmit queue that will not be written
+/// ([`Psock::evacuate`]).
+#[derive(Debug, Default)]
+pub(super) struct Evacuated {
+    /// Messages placed by a reservation or by balancing, in order, each with
+    /// whether it was begun (out with a writer or part written: sending it
+    /// whole elsewhere is a retry).
+    pub(super) placed: Vec<(TxMsg, bool)>,
+    /// The charges of the addressed messages dropped.
+    pub(super) dropped: Vec<Charge>,
+    /// The chunk out with a writer, in order: `Ok` its addressed messages,
+    /// kept for the writer's report; `Err(n)` the `n` bytes it had of a
+    /// message gone elsewhere.
+    pub(super) out: Vec<Result<TxMsg, usize>>,
 }
 
 /// The reply backlog (`tx_addr_bytes`) at which a psock stops being read.

@@ -128,7 +128,7 @@ impl Sockets {
     /// A psock was unattached: its share, off the list of free psocks.
     pub(super) fn remove_share(&mut self, p: PsockId) -> Option<Share> {
         let slot = self.shares.get_mut(p.index as usize)?;
-        if !slot.as_ref().is_some_and(|sh| sh.generation == p.generation) {
+        if slot.as_ref().is_none_or(|sh| sh.generation != p.generation) {
             return None;
         }
         let sh = slot.take()?;
@@ -460,6 +460,41 @@ impl Sockets {
             }
             _ => false,
         }
+    }
+
+    // ---- transmit: send buffers ----
+
+    /// Messages of socket `owner` left the psocks (written, or dropped):
+    /// its send buffer is uncharged (a socket closed since has nothing to
+    /// uncharge).
+    #[inline]
+    pub(super) fn uncharge(&mut self, events: &mut VecDeque<Event>, owner: SockId, len: usize, msgs: u32) {
+        if let Some(sock) = self.socks.get_mut(owner.index, owner.generation) {
+            sock.tx_mem -= len;
+            sock.tx_msgs -= msgs as usize;
+            self.check_writable(events, owner);
+        }
+    }
+
+    /// `SockWritable` for a socket that was refused and has room again.
+    pub(super) fn check_writable(&mut self, events: &mut VecDeque<Event>, s: SockId) {
+        if let Some(sock) = self.socks.get_mut(s.index, s.generation) {
+            if sock.want_writable && sock.tx_mem < sock.sndbuf {
+                sock.want_writable = false;
+                events.push_back(Event::SockWritable(s));
+            }
+        }
+    }
+
+    /// Messages of socket `s` a psock gave back unwritten, in their order:
+    /// at the head of its queue, to be placed again. `false`: the socket is
+    /// gone (their charges went with it).
+    pub(super) fn give_back(&mut self, s: SockId, msgs: impl DoubleEndedIterator<Item = Bytes>) -> bool {
+        let Some(sock) = self.socks.get_mut(s.index, s.generation) else { return false };
+        for data in msgs.rev() {
+            sock.tx_queue.push_front(data);
+        }
+        true
     }
 
     /// Psock `p` writes nothing more: off the free list for good.
