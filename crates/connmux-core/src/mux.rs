@@ -1005,17 +1005,9 @@ impl Mux {
         limit: usize,
         out: &mut Vec<crate::run::Run>,
     ) -> Result<(usize, bool), MuxError> {
-        let Mux { psocks, sk: Sockets { socks, .. }, config, .. } = self;
+        let Mux { psocks, sk, config, .. } = self;
         let ps = psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
-        let Some(s) = socks.get(sock.index, sock.generation) else { return Ok((0, false)) };
-        // Exactly where `steer` sends this psock's next message: its own
-        // socket, able, with a queue short enough (empty: order is kept).
-        let steered_here = config.steering == Steering::Affinity
-            && ps.affinity.is_some()
-            && s.affinity == ps.affinity
-            && s.on_waiters
-            && s.rx_queue.is_empty();
-        if !steered_here || ps.ready.is_some() || ps.life.rx_over() {
+        if !sk.steers_here(config, sock, ps.affinity) || ps.ready.is_some() || ps.life.rx_over() {
             return Ok((0, false));
         }
         let taken = ps.stream.frame_in_place(data, limit, out);
@@ -1305,36 +1297,23 @@ impl Mux {
             let msg = RxMsg { data, off: 0, psock: p };
             match sk.steer(config, ps.affinity, key, &mut target) {
                 Some(s) => match direct.as_deref_mut() {
-                    Some(d) if d.sock == s && d.out.len() < d.limit => {
-                        let sock = sk.socks.get_mut(s.index, s.generation).expect("steered to a live socket");
-                        if sock.rx_queue.is_empty() {
-                            sock.stats.rx_msgs += 1;
-                            sock.stats.rx_bytes += msg.data.len() as u64;
-                            let holds = sock.holds;
-                            d.out.push((msg.data, p));
-                            sk.handed(p, 1, holds);
-                        } else {
-                            ps.readers_hold |= sk.deliver(config, events, s, msg);
-                        }
+                    // In place, to the caller's list, when nothing waits in
+                    // the socket's queue before it.
+                    Some(d) if d.sock == s && d.out.len() < d.limit && sk.hand_direct(s, p, msg.data.len()) => {
+                        d.out.push((msg.data, p));
                     }
                     _ => ps.readers_hold |= sk.deliver(config, events, s, msg),
                 },
                 None => {
                     // Nobody can take it: keep it, pause (TCP pushes back).
                     ps.ready = Some(msg);
-                    sk.psocks_ready.push_back(p);
+                    sk.wait_offer(p);
                     break;
                 }
             }
         }
         if let Some(t) = target {
-            // End of the pass: the reserved socket goes to the tail.
-            if let Some(pos) = sk.rx_waiters.iter().position(|w| *w == t) {
-                if pos + 1 != sk.rx_waiters.len() {
-                    sk.rx_waiters.remove(pos);
-                    sk.rx_waiters.push_back(t);
-                }
-            }
+            sk.end_pass(t);
         }
         // A message left partial starts (or keeps) its deadline; a completed
         // or aborted one clears it.

@@ -257,6 +257,51 @@ impl Sockets {
         next
     }
 
+    /// A message of `len` bytes from psock `p`, steered to socket `s`, goes
+    /// to a reader in place (counted as received, held if `s` holds) when
+    /// nothing waits in `s`'s queue before it; `false`: it must be queued.
+    #[inline]
+    pub(super) fn hand_direct(&mut self, s: SockId, p: PsockId, len: usize) -> bool {
+        let sock = self.socks.get_mut(s.index, s.generation).expect("steered to a live socket");
+        if !sock.rx_queue.is_empty() {
+            return false;
+        }
+        sock.stats.rx_msgs += 1;
+        sock.stats.rx_bytes += len as u64;
+        let holds = sock.holds;
+        self.handed(p, 1, holds);
+        true
+    }
+
+    /// End of a psock's pass under round robin: the socket it kept taking
+    /// (`target` of [`Sockets::steer`]) goes to the tail of the waiters.
+    pub(super) fn end_pass(&mut self, t: SockId) {
+        if let Some(pos) = self.rx_waiters.iter().position(|w| *w == t) {
+            if pos + 1 != self.rx_waiters.len() {
+                self.rx_waiters.remove(pos);
+                self.rx_waiters.push_back(t);
+            }
+        }
+    }
+
+    /// Whether [`Sockets::steer`] sends the next message of a psock with
+    /// tag `affinity` to socket `s` with nothing queued before it: its own
+    /// socket, able, its queue empty (so framing in place keeps the order).
+    pub(super) fn steers_here(&self, config: &MuxConfig, s: SockId, affinity: Option<u32>) -> bool {
+        let Some(sock) = self.socks.get(s.index, s.generation) else { return false };
+        config.steering == Steering::Affinity
+            && affinity.is_some()
+            && sock.affinity == affinity
+            && sock.on_waiters
+            && sock.rx_queue.is_empty()
+    }
+
+    /// A psock holds a message no socket could take: it is offered again,
+    /// in turn, when a socket becomes able ([`Sockets::next_offer`]).
+    pub(super) fn wait_offer(&mut self, p: PsockId) {
+        self.psocks_ready.push_back(p);
+    }
+
     /// Deliver a message of a psock to a socket's queue (which must be
     /// able): `true` when its messages waiting for readers reach the bound,
     /// so that the psock is not read until [`ToPsock::Resume`].
