@@ -53,7 +53,7 @@ use crate::shared::tls::{self, Decrypted};
 use crate::shared::{psock_token, token_psock, Command, Own, ReadEnd, Shared, SockRt, Wrote};
 
 mod conn;
-use conn::{pump, pump_tls, stop_rx, Conn, Feed, Held, Lent};
+use conn::{pump, pump_tls, stop_rx, Conn, Feed, Held, Lent, Recv, RxLife};
 
 /// Token of the waker poll.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -310,7 +310,7 @@ fn tls_read(w: &mut Worker<'_>, ring: &mut WRing, conn: &mut Conn, buf: u16, pla
     // (Records only shrink: within what the core takes, if it takes the
     // read; a lent psock holds nothing, so it takes a ring buffer.)
     let usual = conn.holds_bytes()
-        || conn.eof.is_some()
+        || matches!(conn.life, RxLife::Ending(_))
         || !st.decrypts_in_worker()
         || (!leased && sh.lock().mux.rx_capacity(p) < data.len());
     if usual {
@@ -384,7 +384,7 @@ impl UringIo {
                     let servable = self.conns.get(&token).is_some_and(|c| {
                         !c.holds_bytes()
                             && !c.released
-                            && !c.rx_stopped
+                            && c.life != RxLife::Over
                             && (c.rt.tls.is_none() || (c.sending.is_none() && c.tls_out.is_none()))
                     });
                     lent_read = servable && matches!(c, Completion::Recv { .. });
@@ -451,11 +451,10 @@ impl UringIo {
                         continue;
                     };
                     if !more {
-                        conn.recv_armed = false;
-                        conn.recv_cancelled = false;
+                        conn.recv.buffers_ended();
                     }
                     let p = conn.rt.id;
-                    if conn.released || conn.rx_stopped {
+                    if conn.released || conn.life == RxLife::Over {
                         ring.recycle(buf_id);
                     } else if conn.rt.tls.is_some() && w.bufs.own.can_lease && w.serving.is_some() {
                         // Decrypted here (TLS lock before the core lock).
@@ -510,13 +509,12 @@ impl UringIo {
                 }
                 Completion::RecvEnd { token, res } => {
                     let Some(conn) = self.conns.get_mut(&token) else { continue };
-                    conn.recv_armed = false;
-                    conn.recv_cancelled = false;
+                    conn.recv.buffers_ended();
                     if lent_dry {
                         // Nothing held, nothing ended: receive again.
-                    } else if !conn.released && !conn.rx_stopped {
+                    } else if !conn.released && conn.life != RxLife::Over {
                         if let Some(how) = ReadEnd::of_cqe(res).end() {
-                            conn.eof = Some(how);
+                            conn.life.end(how);
                         }
                         if conn.rt.tls.is_some() {
                             core = None;
@@ -532,10 +530,9 @@ impl UringIo {
                 Completion::RecvInto { token, res } => {
                     let buf = ring.take_filled(token);
                     let Some(conn) = self.conns.get_mut(&token) else { continue };
-                    conn.recv_armed = false;
-                    conn.recv_cancelled = false;
+                    let loan = conn.recv.loan_ended();
                     let core = core.get_or_insert_with(|| sh.lock());
-                    if let (Some(mut loan), Some(buf)) = (conn.loan.take(), buf) {
+                    if let (Some(mut loan), Some(buf)) = (loan, buf) {
                         // The buffer goes back whatever happened (the core drops
                         // the bytes of a psock that stopped meanwhile).
                         *loan.buf() = buf;
@@ -543,9 +540,9 @@ impl UringIo {
                             stop_rx(ring, conn, token, &mut self.lent);
                         }
                     }
-                    if !conn.released && !conn.rx_stopped {
+                    if !conn.released && conn.life != RxLife::Over {
                         if let Some(how) = ReadEnd::of_cqe(res).end() {
-                            conn.eof = Some(how);
+                            conn.life.end(how);
                         }
                         let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
                         pump(conn, &mut Feed { core, ring, now, events, lent, own });
@@ -621,19 +618,16 @@ impl UringIo {
                     token,
                     Conn {
                         rt,
-                        recv_armed: false,
-                        recv_cancelled: false,
+                        recv: Recv::Idle,
+                        life: RxLife::Open,
                         held: VecDeque::new(),
                         spill: Vec::new(),
                         spill_off: 0,
                         spill_counted: 0,
-                        eof: None,
-                        rx_stopped: false,
                         sending: None,
                         out_polled: false,
                         released: false,
                         tls_out: None,
-                        loan: None,
                     },
                 );
                 self.to_arm.push(token);
@@ -647,7 +641,7 @@ impl UringIo {
                     self.to_arm.push(token);
                     return;
                 }
-                if conn.released || conn.rx_stopped {
+                if conn.released || conn.life == RxLife::Over {
                     return;
                 }
                 let mut core = sh.lock();
@@ -663,8 +657,8 @@ impl UringIo {
                 // the psock is paused, or its prediction forgotten.
                 let token = psock_token(p);
                 let Some(conn) = self.conns.get_mut(&token) else { return };
-                if conn.loan.is_some() && conn.recv_armed && !conn.recv_cancelled {
-                    conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+                if matches!(conn.recv, Recv::Into { .. }) {
+                    conn.recv.cancel(ring, token);
                 }
             }
             Command::StopRx(p) => {
@@ -804,7 +798,7 @@ impl UringIo {
         let mut keep = Vec::new();
         for token in std::mem::take(&mut self.to_arm) {
             let Some(conn) = self.conns.get_mut(&token) else { continue };
-            if conn.released || conn.rx_stopped || conn.recv_armed || conn.eof.is_some() || conn.holds_bytes() {
+            if conn.released || conn.life != RxLife::Open || conn.recv.armed() || conn.holds_bytes() {
                 continue;
             }
             // Over the memory budget, a receive takes one ring buffer, not
@@ -827,10 +821,7 @@ impl UringIo {
                     let buf = std::mem::take(loan.buf());
                     let limit = loan.limit();
                     match ring.recv_into(conn.rt.fd(), token, buf, limit) {
-                        Ok(()) => {
-                            conn.loan = Some(loan);
-                            conn.recv_armed = true;
-                        }
+                        Ok(()) => conn.recv = Recv::Into { loan, cancelling: false },
                         Err((_, buf)) => {
                             *loan.buf() = buf;
                             let _ = sh.lock().mux.rx_commit(loan, sh.now());
@@ -851,7 +842,7 @@ impl UringIo {
                 false => ring.recv_multishot(conn.rt.fd(), token),
             };
             if armed.is_ok() {
-                conn.recv_armed = true;
+                conn.recv = Recv::Buffers { cancelling: false };
             } else {
                 keep.push(token);
             }
@@ -879,7 +870,7 @@ fn after_recv(conns: &mut FxHashMap<u64, Conn>, to_arm: &mut Vec<u64>, token: u6
         if conn.idle() {
             conns.remove(&token);
         }
-    } else if !conn.recv_armed {
+    } else if !conn.recv.armed() {
         to_arm.push(token);
     }
 }

@@ -25,10 +25,10 @@ pub(super) struct Held {
 /// One psock as this worker drives it.
 pub(super) struct Conn {
     pub(super) rt: Arc<PsockRt>,
-    /// A multishot receive is in flight.
-    pub(super) recv_armed: bool,
-    /// Its cancellation was queued (paused, stopped or released).
-    pub(super) recv_cancelled: bool,
+    /// The receive in flight on the ring, if any (see [`Recv`]).
+    pub(super) recv: Recv,
+    /// Where its receive side is in its life (see [`RxLife`]).
+    pub(super) life: RxLife,
     /// Buffers delivered but not yet (fully) taken by the core, in order.
     /// Empty after every pass but while the core takes bytes (a paused
     /// psock's rest goes to `spill`).
@@ -39,11 +39,6 @@ pub(super) struct Conn {
     pub(super) spill_off: usize,
     /// The spill's memory as last told to the core (`Mux::set_rx_below`).
     pub(super) spill_counted: usize,
-    /// The receive ended with end of stream (None) or an error: reported to the
-    /// core once the held bytes before it have been fed.
-    pub(super) eof: Option<Option<i32>>,
-    /// Receive is over for good (failed, end of stream reported).
-    pub(super) rx_stopped: bool,
     /// A send is in flight, of this many bytes.
     pub(super) sending: Option<usize>,
     /// A `POLLOUT` poll is in flight: the lease's replies backed up
@@ -53,15 +48,104 @@ pub(super) struct Conn {
     pub(super) released: bool,
     /// TLS: the records of the send in flight, or what a short send left.
     pub(super) tls_out: Option<Bytes>,
-    /// The psock's assembly buffer, lent by the core for the receive in
-    /// flight into it (a large message: `Ring::recv_into`, not the multishot
-    /// receive); the ring holds the bytes until the completion.
-    pub(super) loan: Option<RxLoan>,
+}
+
+/// The receive a connection has in flight on the ring:
+///
+/// ```text
+///           arm: recv_multishot / recv_once
+///   Idle ─────────────────────────────────────► Buffers { cancelling }
+///    ▲ │    arm: recv_into the psock's assembly     │
+///    │ │    buffer (a large message: Mux::rx_lend)  │  cancel (paused, stopped,
+///    │ └──────────────────────────────► Into { loan, cancelling }  recalled, a
+///    │                                              │  large message began):
+///    │    its last completion (Recv without more,   │  cancelling = true
+///    └─── RecvEnd, RecvInto: the loan goes back) ◄──┘
+/// ```
+pub(super) enum Recv {
+    Idle,
+    /// Into the ring's provided buffers, until its last completion.
+    Buffers {
+        cancelling: bool,
+    },
+    /// Straight into the psock's assembly buffer, lent by the core; the ring
+    /// holds the bytes until the completion.
+    Into {
+        loan: RxLoan,
+        cancelling: bool,
+    },
+}
+
+impl Recv {
+    pub(super) fn armed(&self) -> bool {
+        !matches!(self, Recv::Idle)
+    }
+    /// Ask the ring to end the receive in flight (once).
+    pub(super) fn cancel(&mut self, ring: &mut WRing, token: u64) {
+        if let Recv::Buffers { cancelling } | Recv::Into { cancelling, .. } = self {
+            if !*cancelling {
+                *cancelling = ring.cancel_recv(token).is_ok();
+            }
+        }
+    }
+    /// The last completion of a receive into the ring's buffers came.
+    pub(super) fn buffers_ended(&mut self) {
+        if matches!(self, Recv::Buffers { .. }) {
+            *self = Recv::Idle;
+        }
+    }
+    /// The completion of a receive into a loan came: the loan, to give back.
+    pub(super) fn loan_ended(&mut self) -> Option<RxLoan> {
+        match std::mem::replace(self, Recv::Idle) {
+            Recv::Into { loan, .. } => Some(loan),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+}
+
+/// A connection's receive side:
+///
+/// ```text
+///   Open ── a receive ends with end of stream or an error ──► Ending(how)
+///    │                                                          │ the bytes held before it
+///    │ failed (StopRx), no more bytes taken                     │ fed: reported to the core
+///    └────────────────────────────────► Over ◄───────────────────┘
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RxLife {
+    Open,
+    /// End of stream (`None`) or an error, reported to the core once the
+    /// bytes held before it have been fed.
+    Ending(Option<i32>),
+    /// Receive is over for good.
+    Over,
+}
+
+impl RxLife {
+    /// A receive ended this way (ignored once the side is past `Open`).
+    pub(super) fn end(&mut self, how: Option<i32>) {
+        if *self == RxLife::Open {
+            *self = RxLife::Ending(how);
+        }
+    }
+    /// The end to report now (the side is then `Over`), if it is ending.
+    pub(super) fn take_end(&mut self) -> Option<Option<i32>> {
+        match *self {
+            RxLife::Ending(how) => {
+                *self = RxLife::Over;
+                Some(how)
+            }
+            _ => None,
+        }
+    }
 }
 
 impl Conn {
     pub(super) fn idle(&self) -> bool {
-        !self.recv_armed && self.sending.is_none() && !self.out_polled
+        !self.recv.armed() && self.sending.is_none() && !self.out_polled
     }
 
     /// Bytes delivered and not yet taken by the core: wait for them to be
@@ -127,12 +211,9 @@ impl Lent {
 
 /// Stop receiving from a failed psock for good: its held bytes are dropped.
 pub(super) fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
-    conn.rx_stopped = true;
-    conn.eof = None;
+    conn.life = RxLife::Over;
     conn.drop_held(ring, lent);
-    if conn.recv_armed && !conn.recv_cancelled {
-        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
-    }
+    conn.recv.cancel(ring, token);
 }
 
 /// [`pump`] for a TLS psock: the held ciphertext through TLS into the core,
@@ -184,9 +265,7 @@ pub(super) fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &
     if full {
         // Backpressure: close the window as epoll would (stop reading), and
         // keep no ring buffer meanwhile.
-        if conn.recv_armed && !conn.recv_cancelled {
-            conn.recv_cancelled = ring.cancel_recv(token).is_ok();
-        }
+        conn.recv.cancel(ring, token);
         conn.spill_held(ring, &mut Lent::default()); // TLS buffers are never lent
         return;
     }
@@ -195,9 +274,8 @@ pub(super) fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &
         stop_rx(ring, conn, token, &mut Lent::default()); // TLS buffers are never lent
         return;
     }
-    if let Some(errno) = conn.eof.take() {
+    if let Some(errno) = conn.life.take_end() {
         // No receive after this; a resume still drains what TLS holds.
-        conn.rx_stopped = true;
         crate::shared::tls::rx_eof(sh, &rt, &mut st, errno, events);
     }
 }
@@ -307,14 +385,13 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
     if fed_any && lent.runs.len() == runs_before && own.can_lease && conn.rt.tls.is_none() {
         lent.offers.push(conn.rt.clone());
     }
-    if let Some(errno) = conn.eof.take() {
+    if let Some(errno) = conn.life.take_end() {
         let _ = core.mux.rx_closed(id, errno);
-        conn.rx_stopped = true;
-    } else if conn.recv_armed && !conn.recv_cancelled && conn.loan.is_none() && core.mux.rx_would_lend_ahead(id) {
+    } else if matches!(conn.recv, Recv::Buffers { cancelling: false }) && core.mux.rx_would_lend_ahead(id) {
         // A large message began: end the multishot receive (what it still
         // delivers is fed first) so that the next one goes straight into the
         // psock's assembly buffer.
-        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
+        conn.recv.cancel(ring, token);
     }
     core.drain_events(events);
 }
@@ -326,8 +403,6 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
 /// keeping a buffer would leave none for the psocks still read. The spill
 /// counts in the budget as the psock's (`Mux::set_rx_below`).
 fn pause(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
-    if conn.recv_armed && !conn.recv_cancelled {
-        conn.recv_cancelled = ring.cancel_recv(token).is_ok();
-    }
+    conn.recv.cancel(ring, token);
     conn.spill_held(ring, lent);
 }
