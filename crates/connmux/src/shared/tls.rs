@@ -90,15 +90,10 @@ pub(crate) struct PsockTls {
     conn: rustls::Connection,
     /// The handshake completed (and was counted).
     established: bool,
-    /// Receive is over (failed, or the peer closed): nothing more is read.
-    done: bool,
+    /// Where its receive side is (see [`TlsRx`]).
+    rx: TlsRx,
     /// TLS failed: nothing more can be sent either (but the alert).
     failed: bool,
-    /// The connection's stream ended (None: FIN; Some: read error); reported
-    /// to the core once the plaintext before it has been taken.
-    eof: Option<Option<i32>>,
-    /// rustls was told of that end (it refuses while its plaintext is full).
-    eof_told: bool,
     /// Ciphertext read from the connection that rustls could not take yet
     /// because the core was full (epoll driver; at most one read).
     held: Vec<u8>,
@@ -114,6 +109,29 @@ pub(crate) struct PsockTls {
     write_now: bool,
     /// The close in order of a drained psock ([`close_in_order`]).
     closing: Closing,
+}
+
+/// A TLS psock's receive side:
+///
+/// ```text
+///   Open ── the connection's stream ends ──► Ending { how, told }
+///    │      (FIN: how None, told whether       │ the plaintext before it taken
+///    │       rustls took the end; an error)    │ by the core: reported to it
+///    │                                         ▼
+///    └── a TLS error, a close_notify, the ──► Done (nothing more is read)
+///        psock gone from the core
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TlsRx {
+    Open,
+    /// The stream ended (`how` None: FIN; Some: a read error); `told`:
+    /// rustls took the end of a FIN (it refuses while its plaintext is
+    /// full, and is told again once it is empty).
+    Ending {
+        how: Option<i32>,
+        told: bool,
+    },
+    Done,
 }
 
 /// A TLS psock's close in order, once its peer closed its write side and
@@ -182,10 +200,8 @@ impl PsockTls {
         PsockTls {
             conn,
             established: false,
-            done: false,
+            rx: TlsRx::Open,
             failed: false,
-            eof: None,
-            eof_told: false,
             held: Vec::new(),
             records: RecordEdge::default(),
             record_armed: false,
@@ -209,7 +225,7 @@ impl PsockTls {
 
     /// Whether receive is over for good.
     pub(crate) fn done(&self) -> bool {
-        self.done
+        self.rx == TlsRx::Done
     }
 
     /// The plaintext of the core's chunk, as records (no more than the
@@ -265,7 +281,7 @@ pub(crate) fn rx(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], even
     let r = rx_records(sh, rt, st, data, events);
     // A partial record after the handshake is the start of a message the
     // parser has not seen: the assembly timeout covers it from here.
-    let inside = st.established && !st.done && st.records.inside();
+    let inside = st.established && st.rx != TlsRx::Done && st.records.inside();
     if inside != st.record_armed {
         st.record_armed = inside;
         let now = sh.now();
@@ -280,7 +296,7 @@ fn rx_records(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events:
     let mut off = 0;
     // Bounded: each round takes input bytes, or ends.
     loop {
-        if st.done {
+        if st.rx == TlsRx::Done {
             return (data.len(), Rx::Done);
         }
         match drain_plain(sh, rt, st, events) {
@@ -292,14 +308,15 @@ fn rx_records(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events:
             Plain::Empty => {}
         }
         if off == data.len() {
-            match st.eof {
+            match st.rx {
                 // A read error (rustls saw no end: its reader still waits).
-                Some(Some(_)) => end(sh, rt, st, None, events),
+                TlsRx::Ending { how: Some(_), .. } => end(sh, rt, st, None, events),
                 // A FIN rustls refused to take while its plaintext was full:
                 // now that it is empty, tell it (once), and look again.
-                Some(None) if !st.eof_told => {
-                    st.eof_told = st.conn.read_tls(&mut io::empty()).is_ok();
-                    if st.eof_told {
+                TlsRx::Ending { how: None, told: false } => {
+                    let told = st.conn.read_tls(&mut io::empty()).is_ok();
+                    st.rx = TlsRx::Ending { how: None, told };
+                    if told {
                         continue;
                     }
                 }
@@ -343,15 +360,13 @@ fn rx_records(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events:
 /// The connection's stream ended (`errno` None: FIN). The plaintext before it
 /// still goes to the core first; the psock's end is reported after it.
 pub(crate) fn rx_eof(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, errno: Option<i32>, events: &mut Vec<Event>) -> Rx {
-    if st.done || st.eof.is_some() {
+    if st.rx != TlsRx::Open {
         return Rx::Done;
     }
-    st.eof = Some(errno);
-    if errno.is_none() {
-        // An empty read tells rustls the stream ended, so that its reader
-        // tells a close_notify from a truncation.
-        st.eof_told = st.conn.read_tls(&mut io::empty()).is_ok();
-    }
+    // An empty read tells rustls the stream ended, so that its reader tells
+    // a close_notify from a truncation.
+    let told = errno.is_none() && st.conn.read_tls(&mut io::empty()).is_ok();
+    st.rx = TlsRx::Ending { how: errno, told };
     rx(sh, rt, st, &[], events).1
 }
 
@@ -377,7 +392,7 @@ fn drain_plain(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, events: &mut Vec<Ev
         st.conn.reader().consume(n);
         if fed.is_err() {
             // Gone from the core: nothing more to receive.
-            st.done = true;
+            st.rx = TlsRx::Done;
             return Plain::Empty;
         }
     }
@@ -390,8 +405,11 @@ fn drain_plain(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, events: &mut Vec<Ev
 /// `notify`: Some(close_notify seen) for an end of stream, None for an error.
 fn end(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, notify: Option<bool>, events: &mut Vec<Event>) {
     let Some(notify) = notify else {
-        st.done = true;
-        let errno = st.eof.flatten();
+        let errno = match st.rx {
+            TlsRx::Ending { how, .. } => how,
+            _ => None,
+        };
+        st.rx = TlsRx::Done;
         let mut core = sh.lock();
         let _ = core.mux.rx_closed(rt.id, errno);
         core.drain_events(events);
@@ -406,7 +424,7 @@ fn end(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, notify: Option<bool>, event
     match why {
         Some(why) if mid => fail(sh, rt, st, why.to_string(), events),
         _ => {
-            st.done = true;
+            st.rx = TlsRx::Done;
             let mut core = sh.lock();
             let _ = core.mux.rx_closed(rt.id, None);
             core.drain_events(events);
@@ -417,7 +435,7 @@ fn end(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, notify: Option<bool>, event
 /// A TLS error: count it, stop the psock's receive with it, and send the
 /// alert rustls queued (if any) before the application aborts the psock.
 fn fail(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, why: String, events: &mut Vec<Event>) {
-    st.done = true;
+    st.rx = TlsRx::Done;
     st.failed = true;
     st.held = Vec::new();
     if st.write_now {
@@ -454,18 +472,18 @@ fn fail(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, why: String, events: &mut 
 pub(crate) fn epoll_read(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, buf: &mut [u8], events: &mut Vec<Event>) {
     let mut st = tls.lock().unwrap();
     let full = 'read: {
-        if st.done {
+        if st.rx == TlsRx::Done {
             break 'read false;
         }
         let held = std::mem::take(&mut st.held);
         let (took, r) = rx(sh, rt, &mut st, &held, events);
         if r == Rx::Full {
-            if !st.done {
+            if st.rx != TlsRx::Done {
                 st.held = held[took..].to_vec();
             }
             break 'read true;
         }
-        if st.done || st.eof.is_some() {
+        if st.rx != TlsRx::Open {
             break 'read false;
         }
         match connmux_sys::socket::read(rt.fd(), buf) {
@@ -482,7 +500,7 @@ pub(crate) fn epoll_read(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, buf: 
 /// the core is full (what it did not take is held for its resume).
 fn take_bytes(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events: &mut Vec<Event>) -> bool {
     let (took, r) = rx(sh, rt, st, data, events);
-    if r == Rx::Full && !st.done {
+    if r == Rx::Full && st.rx != TlsRx::Done {
         st.held = data[took..].to_vec();
     }
     r == Rx::Full
@@ -493,7 +511,7 @@ fn take_bytes(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events:
 /// come back to `epoll_read` for what rustls and `held` keep, which no
 /// readiness would announce.
 fn read_interest(sh: &Shared, rt: &PsockRt, st: MutexGuard<'_, PsockTls>, full: bool) {
-    let stop = st.done || st.eof.is_some();
+    let stop = st.rx != TlsRx::Open;
     drop(st);
     sh.set_interest(rt, |i| i.read = !(full || stop));
 }
@@ -520,10 +538,9 @@ impl PsockTls {
     /// nothing held back, not closing.
     pub(crate) fn decrypts_in_worker(&mut self) -> bool {
         self.established
-            && !self.done
+            && self.rx == TlsRx::Open
             && !self.failed
             && self.held.is_empty()
-            && self.eof.is_none()
             && self.closing == Closing::Open
             && !self.has_plaintext()
     }
