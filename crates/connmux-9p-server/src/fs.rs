@@ -474,13 +474,8 @@ impl Export {
             return Err(Errno::AGAIN);
         };
         let start = out.len();
-        out.resize(start + count, 0);
-        let r = rustix::io::preadv2(
-            f,
-            &mut [std::io::IoSliceMut::new(&mut out[start..])],
-            offset,
-            rustix::io::ReadWriteFlags::NOWAIT,
-        );
+        // (Into the spare capacity: no bytes written twice.)
+        let r = connmux_sys::fileserver::pread_cached_into(f.as_fd(), out, count, offset);
         let n = match r {
             Ok(n) if n == count || n > 0 && offset + n as u64 >= rfs::fstat(f)?.st_size as u64 => n,
             Ok(0) if count == 0 || offset >= rfs::fstat(f)?.st_size as u64 => 0,

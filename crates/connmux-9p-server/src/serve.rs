@@ -52,8 +52,11 @@ use crate::users::{self, Users};
 pub use connmux_fsd::{ROOM, SEND_TIMEOUT};
 
 /// Reads of at most this many bytes are answered on the I/O worker when
-/// their pages are in memory ([`Export::read_cached`]).
-pub const INLINE_READ: usize = 16 * 1024;
+/// their pages are in memory ([`Export::read_cached`]) and the connection
+/// has room for the reply ([`Pool::room_outside`]): a client's 64 KiB
+/// msize (Linux's v9fs, diod's) whole. Larger ones go to the pool: a
+/// megabyte copied on the worker would hold its other connections.
+pub const INLINE_READ: usize = 64 * 1024;
 
 /// The smallest msize accepted in Tversion: every reply but a read's or a
 /// directory listing's (which are cut to msize) fits in it.
@@ -395,6 +398,10 @@ impl NinepHandler {
                 f.regular()?;
                 let msize = conn.msize.load(Relaxed).max(MIN_MSIZE) as usize;
                 let count = (*count as usize).min(msize - connmux_9p::IO_HEADER);
+                // (Counted in the room until the mux lets go of it: `handle`.)
+                if !self.pool.room_outside(pc, (connmux_9p::IO_HEADER + count) as u64) {
+                    return None;
+                }
                 let mut e = Encoder::begin(out, MsgType::RREAD, tag);
                 e.u32(0);
                 match self.export.read_cached(&f, *offset, count, e.buf()) {
@@ -495,6 +502,10 @@ impl Handler for NinepHandler {
                     reply_error(&mut out, tag, e);
                 }
                 conn.replied(out.len());
+                if matches!(m, Tmsg::Read { .. }) {
+                    // The data, not copied again; held against the room.
+                    return Verdict::Reply(conn.hold(Bytes::from(out)));
+                }
                 scratch.extend_from_slice(&out);
                 Verdict::Reply(scratch.split().freeze())
             }

@@ -102,6 +102,72 @@ fn reads_nobody_collects_neither_block_nor_spin() {
     let _ = std::fs::remove_dir_all(&ex);
 }
 
+/// 60 KiB reads of pages in memory are answered on the I/O worker (the
+/// file-system threads' count of requests stays); a client that sends 200
+/// of them (12 MB) before it reads a reply is held to its room all the same: the replies past it wait with the file-system
+/// threads (the connection paused) instead of piling up in the mux past
+/// its backlog, where a worker's reply would abort the connection. Every
+/// read is answered, whole and in order of its data, once the client reads.
+#[test]
+fn cached_reads_answered_on_the_worker_keep_to_the_room() {
+    let ex = export_with_good_file("cached-room");
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(ex.join("big"), &data).unwrap();
+    let dir = scratch("cached-room-stat");
+    let sock = dir.join("s.sock");
+    let s = Server::start(&ex, &["--stats-socket", sock.to_str().unwrap()]);
+    let stat = |name: &str| {
+        let out = Command::new(BIN).arg("stat").arg(&sock).output().unwrap();
+        counter(&String::from_utf8_lossy(&out.stdout), name)
+    };
+    const N: u16 = 200;
+    const COUNT: u32 = 60 << 10;
+    let mut a = Client::session(s.addr, &ex);
+    a.open(1, "big");
+    // A read answered on the worker: the file-system threads' count stays.
+    // (Its pages are in memory, written just now; a read right behind a
+    // request the threads answered may find that one still counted with
+    // them, and go to them too.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = stat("fs_thread_requests");
+        let b = a.ok(&Tmsg::Read { fid: 1, offset: 0, count: COUNT });
+        assert_eq!(b.len(), 11 + COUNT as usize);
+        if stat("fs_thread_requests") == before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no 60 KiB read answered on the worker within 10 s");
+    }
+    let offset = |i: u16| u64::from(i % 16) * u64::from(COUNT);
+    let mut req = Vec::new();
+    for i in 0..N {
+        Tmsg::Read { fid: 1, offset: offset(i), count: COUNT }.encode(1000 + i, &mut req);
+    }
+    a.c.write_all(&req).unwrap();
+    // The replies pile up while the client reads none, to the room: then
+    // the connection is paused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stat("paused") == 0 {
+        assert!(Instant::now() < deadline, "not paused within 10 s: its replies not held to the room");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let beside = good_client(s.addr, &ex, Duration::from_secs(1));
+    let mut seen = vec![false; usize::from(N)];
+    for answered in 0..N {
+        let b = a.recv().unwrap_or_else(|e| panic!("only {answered} of {N} reads answered: {e}"));
+        assert_eq!(type_of(&b), MsgType::RREAD, "{:?}", Rmsg::decode(&b));
+        let i = tag_of(&b) - 1000;
+        assert!(!std::mem::replace(&mut seen[usize::from(i)], true), "read {i} answered twice");
+        let at = offset(i) as usize;
+        assert_eq!(&b[11..], &data[at..at + COUNT as usize], "read {i}'s data");
+    }
+    // And the connection goes on.
+    a.ok(&Tmsg::Read { fid: 1, offset: 0, count: 16 });
+    eprintln!("{N} reads of 60 KiB answered after they waited; good client {beside:.0} reads/s beside");
+    let _ = std::fs::remove_dir_all(&ex);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A connection that queues more requests than its backlog holds (its
 /// replies uncollected, so they wait) is closed, and counted; the good
 /// client is served beside it.

@@ -100,13 +100,23 @@ fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// The pool's threads alive now, by their name's prefix (`comm`).
+/// The pool's threads listed now, by their name's prefix (`comm`).
 fn threads_named(prefix: &str) -> usize {
     std::fs::read_dir("/proc/self/task")
         .unwrap()
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
         .filter(|c| c.starts_with(prefix))
         .count()
+}
+
+/// Waits until no thread named `prefix…` is listed. A joined thread may
+/// still be listed for a moment: the kernel wakes its joiner when the
+/// thread lets go of the process's memory, a little before it takes the
+/// thread off the list. One that stop did not join stays, and fails this.
+fn wait_threads_gone(prefix: &str) {
+    wait_for(&format!("every {prefix} thread gone after the join"), Duration::from_secs(5), || {
+        threads_named(prefix) == 0
+    });
 }
 
 /// Stops the pool on another thread, so that a stop that hangs fails the
@@ -147,7 +157,7 @@ fn a_peer_that_reads_nothing_is_paused_alone_and_resumed_when_it_reads() {
         assert_eq!(answer(&mut hog), 1 << 20, "reply {i}");
     }
     let stopped = stop_within(&r.pool, Duration::from_secs(5));
-    assert_eq!(threads_named("fsdp-"), 0, "every thread joined");
+    wait_threads_gone("fsdp-");
     eprintln!("stopped in {stopped:?}");
     drop(r.svc);
 }
@@ -163,7 +173,7 @@ fn stop_joins_the_threads_while_a_connection_is_paused() {
     let took = stop_within(&r.pool, Duration::from_secs(2));
     assert!(took < Duration::from_secs(1), "stop took {took:?}");
     eprintln!("stopped in {took:?} with a connection paused");
-    assert_eq!(threads_named("fsdq-"), 0, "every thread joined");
+    wait_threads_gone("fsdq-");
     // Stopped, the pool takes nothing more.
     let conn = r.pool.conn(PsockId { index: 999, generation: 1 }, || ());
     assert!(!r.pool.submit(&conn, |_| 1), "a stopped pool queued a request");
@@ -188,7 +198,7 @@ fn stop_joins_threads_that_wait_to_queue_replies() {
     // Well under the send timeout (10 s): the naps see the stop.
     assert!(took < Duration::from_secs(1), "stop took {took:?}");
     eprintln!("stopped in {took:?} with threads waiting to queue replies");
-    assert_eq!(threads_named("fsdr-"), 0, "every thread joined");
+    wait_threads_gone("fsdr-");
     drop(r.svc);
 }
 
