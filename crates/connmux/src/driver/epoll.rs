@@ -78,10 +78,10 @@ struct EpollIo<'a> {
 /// ```text
 ///           a wait brings only a lent read of the worker's one psock,
 ///           within SOLE_GAP of its read before
-///   Epoll ──────────────────────────────────────────────────► Hot(p)
+///   Epoll ──────────────────────────────────────────────────► Hot
 ///     ▲                                                        │ its next wait
 ///     │ SOLE_TIMEOUT with no bytes, a read later than          ▼ (O_NONBLOCK off,
-///     │ SOLE_GAP, or anything else for the worker     Blocking { rt, hot }  SO_RCVTIMEO on)
+///     │ SOLE_GAP, or anything else for the worker          Blocking  SO_RCVTIMEO on)
 ///     └──────────── (O_NONBLOCK on, SO_RCVTIMEO off) ──────────┘ each wait a recv
 /// ```
 ///
@@ -95,20 +95,11 @@ struct Sole {
     timeout: Duration,
     /// The psock the last wait read on its lease, and when.
     last: Option<(PsockId, u64)>,
-    mode: SoleMode,
-}
-
-/// Where a worker's sole read is (the diagram of [`Sole`]).
-enum SoleMode {
-    /// Reads come through the epoll wait.
-    Epoll,
     /// The next wait may read this psock blocking.
-    Hot(PsockId),
-    /// This psock's descriptor blocks now (held: its number cannot be taken
-    /// by another connection while its mode is ours); `hot`: its last read
-    /// came within the gap, so the next wait reads it again (else that wait
-    /// puts the mode back).
-    Blocking { rt: Arc<PsockRt>, hot: bool },
+    hot: Option<PsockId>,
+    /// The psock whose descriptor blocks now (held: its number cannot be
+    /// taken by another connection while its mode is ours).
+    blocking: Option<Arc<PsockRt>>,
 }
 
 /// Reads of a worker's one connection this close together make it busy
@@ -132,26 +123,8 @@ impl Sole {
             gap_ns: SOLE_GAP.as_nanos() as u64,
             timeout: SOLE_TIMEOUT,
             last: None,
-            mode: SoleMode::Epoll,
-        }
-    }
-
-    /// The psock the next wait may read blocking.
-    #[inline]
-    fn hot(&self) -> Option<PsockId> {
-        match &self.mode {
-            SoleMode::Hot(p) => Some(*p),
-            SoleMode::Blocking { rt, hot: true } => Some(rt.id),
-            _ => None,
-        }
-    }
-
-    /// The last read did not keep the psock lent: not hot any more.
-    fn cool(&mut self) {
-        match &mut self.mode {
-            SoleMode::Hot(_) => self.mode = SoleMode::Epoll,
-            SoleMode::Blocking { hot, .. } => *hot = false,
-            SoleMode::Epoll => {}
+            hot: None,
+            blocking: None,
         }
     }
 
@@ -159,34 +132,26 @@ impl Sole {
     /// its read before came within the gap.
     #[inline]
     fn saw(&mut self, p: PsockId, at: u64) {
-        let hot = matches!(self.last, Some((q, t)) if q == p && at.saturating_sub(t) <= self.gap_ns);
+        self.hot = match self.last {
+            Some((q, t)) if q == p && at.saturating_sub(t) <= self.gap_ns => Some(p),
+            _ => None,
+        };
         self.last = Some((p, at));
-        match &mut self.mode {
-            SoleMode::Blocking { rt, hot: h } if rt.id == p => *h = hot,
-            _ => {
-                self.put_back();
-                self.mode = if hot { SoleMode::Hot(p) } else { SoleMode::Epoll };
-            }
-        }
     }
 
     /// Back to the epoll wait: the descriptor's mode as it was.
     #[cold]
     fn end(&mut self) {
+        self.hot = None;
         self.put_back();
-        self.mode = SoleMode::Epoll;
     }
 
-    /// The blocking descriptor's mode as it was, if there is one (its
-    /// psock stays hot).
+    /// The blocking descriptor's mode as it was, if there is one.
     #[cold]
     fn put_back(&mut self) {
-        if let SoleMode::Blocking { rt, hot } = std::mem::replace(&mut self.mode, SoleMode::Epoll) {
+        if let Some(rt) = self.blocking.take() {
             let _ = connmux_sys::socket::set_rcvtimeo(rt.fd(), None);
             let _ = connmux_sys::socket::set_nonblocking(rt.fd(), true);
-            if hot {
-                self.mode = SoleMode::Hot(rt.id);
-            }
         }
     }
 }
@@ -197,7 +162,7 @@ impl EpollIo<'_> {
     /// revoked), nothing in its lane, no wake, no message for its socket.
     #[inline]
     fn sole_psock(&self, w: &Worker<'_>) -> Option<(PsockId, std::os::fd::RawFd)> {
-        let p = self.sole.hot()?;
+        let p = self.sole.hot?;
         if self.me.psocks.load(Ordering::Relaxed) != 1
             || self.me.woken.load(Ordering::SeqCst)
             || w.serving.as_ref().is_none_or(|sv| sv.sock.rx.is_set())
@@ -216,7 +181,7 @@ impl EpollIo<'_> {
     /// the epoll wait.
     #[inline(always)]
     fn sole_read(&mut self, w: &mut Worker<'_>, p: PsockId, fd: std::os::fd::RawFd) -> Option<Woke> {
-        if !matches!(&self.sole.mode, SoleMode::Blocking { rt, .. } if rt.id == p) {
+        if !matches!(&self.sole.blocking, Some(b) if b.id == p) {
             // (Another connection's episode, if any, ends first.)
             self.sole.put_back();
             self.begin_sole(w.bufs.own.leases.get(&p)?.rt.clone())?;
@@ -230,7 +195,7 @@ impl EpollIo<'_> {
         let kept = w.bufs.own.leases.len() == lent;
         match kept {
             true => self.sole.saw(p, w.bufs.own.read_at),
-            false => self.sole.cool(),
+            false => self.sole.hot = None,
         }
         Some(Woke {
             commands: self.me.woken.load(Ordering::SeqCst),
@@ -245,7 +210,7 @@ impl EpollIo<'_> {
     fn begin_sole(&mut self, rt: Arc<PsockRt>) -> Option<()> {
         let fd = rt.fd();
         connmux_sys::socket::set_rcvtimeo(fd, Some(self.sole.timeout)).ok()?;
-        self.sole.mode = SoleMode::Blocking { rt, hot: true };
+        self.sole.blocking = Some(rt);
         connmux_sys::socket::set_nonblocking(fd, false).ok()
     }
 }
@@ -268,7 +233,7 @@ impl Io for EpollIo<'_> {
         // (A wait bounded sooner, a deadline due, is the epoll wait; what
         // is hot stays so.)
         let ahead = self.sole.timeout * SOLE_TIMEOUTS_AHEAD;
-        if !matches!(self.sole.mode, SoleMode::Epoll) && timeout.is_none_or(|t| t >= ahead) {
+        if (self.sole.hot.is_some() || self.sole.blocking.is_some()) && timeout.is_none_or(|t| t >= ahead) {
             match self.sole_psock(w) {
                 Some((p, fd)) => match self.sole_read(w, p, fd) {
                     Some(woke) => return woke,
@@ -585,20 +550,16 @@ mod tests {
         let mut s = Sole::new(&crate::Tuning::default());
         let (a, b) = (PsockId { index: 1, generation: 1 }, PsockId { index: 2, generation: 1 });
         s.saw(a, 1_000_000);
-        assert_eq!(s.hot(), None, "one read tells nothing");
+        assert_eq!(s.hot, None, "one read tells nothing");
         s.saw(a, 1_400_000);
-        assert_eq!(s.hot(), Some(a), "two within 500 µs");
+        assert_eq!(s.hot, Some(a), "two within 500 µs");
         s.saw(a, 2_000_000);
-        assert_eq!(s.hot(), None, "600 µs after the last: quiet");
+        assert_eq!(s.hot, None, "600 µs after the last: quiet");
         s.saw(a, 2_100_000);
-        assert_eq!(s.hot(), Some(a), "busy again");
-        s.cool();
-        assert_eq!(s.hot(), None, "a read that gave the lease back cools it");
-        s.saw(a, 2_150_000);
-        assert_eq!(s.hot(), Some(a), "busy again");
+        assert_eq!(s.hot, Some(a), "busy again");
         s.saw(b, 2_200_000);
-        assert_eq!(s.hot(), None, "another connection's read: not the same one");
+        assert_eq!(s.hot, None, "another connection's read: not the same one");
         s.end();
-        assert!(matches!(s.mode, SoleMode::Epoll));
+        assert_eq!((s.hot, s.blocking.is_none()), (None, true));
     }
 }

@@ -118,7 +118,6 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let mut w = Worker { sh, serving: None, bufs: ServeBufs::new(&sh.tuning), events: Vec::new(), dirty: Vec::new() };
     // Readers of the statistics waiting for this pass's hold (`Command::Tell`).
     let mut tells: Vec<std::sync::mpsc::Sender<()>> = Vec::new();
-    let mut cmds: Vec<Command> = Vec::new();
 
     // The earliest assembly deadline as of the end of the last pass. Deadlines
     // start only when this worker feeds its own psocks (in the pass), so the
@@ -178,8 +177,8 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
             // in between would leave the flag up with nothing behind it.
             // The commands are taken after both.)
             me.woken.store(false, Ordering::SeqCst);
-            me.commands.take_all(&mut cmds);
-            for c in cmds.drain(..) {
+            let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
+            for c in cmds {
                 match c {
                     Command::Serve { sock, handler, stats, lanes, index } => {
                         io.watch_serve(&sock);

@@ -32,7 +32,6 @@ pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Own};
 
 use crate::config::Tuning;
 use crate::handler::{Handler, Lanes, ServiceStats};
-use crate::sync::inbox::Inbox;
 
 /// A psock failure, as KCM reports it on the attached TCP socket (POLLERR +
 /// SO_ERROR). The application should `Mux::unattach` the connection.
@@ -239,8 +238,7 @@ pub(crate) enum WorkerIo {
 pub(crate) struct WorkerRef {
     pub io: WorkerIo,
     pub waker: EventFd,
-    /// Commands other threads posted, taken by the worker in its next pass.
-    pub commands: Inbox<Command>,
+    pub commands: Mutex<Vec<Command>>,
     /// Psocks it reads (attached, not yet released).
     pub psocks: AtomicUsize,
     /// The CPU it is pinned to, if any.
@@ -267,7 +265,7 @@ impl WorkerRef {
         WorkerRef {
             io,
             waker,
-            commands: Inbox::default(),
+            commands: Mutex::new(Vec::new()),
             psocks: AtomicUsize::new(0),
             cpu,
             serving: AtomicBool::new(false),
@@ -277,12 +275,14 @@ impl WorkerRef {
         }
     }
 
-    /// Post a command and wake the worker, unless a post since it last
-    /// took its commands woke it already (the [`Inbox`]'s rule: the worker
-    /// takes every command posted before it lowers the inbox's flag).
+    /// Queue a command and wake the worker, unless a wake is pending: the
+    /// worker lowers `woken` (after draining its eventfd) and only then
+    /// takes the commands, so a command queued while the flag is up is
+    /// taken by that wake.
     pub fn command(&self, c: Command) {
-        if self.commands.post(c) {
-            let _ = self.wake();
+        self.commands.lock().unwrap().push(c);
+        if !self.woken.swap(true, Ordering::SeqCst) {
+            let _ = self.waker.notify();
         }
     }
 

@@ -2,8 +2,7 @@
 //! wake-up from one thread to another outside the core lock.
 //!
 //! - [`inbox::Inbox`]: many threads post items to one owner (a worker) and
-//!   wake it once; the owner takes them all in its next pass (a worker's
-//!   commands, its lanes' verdicts).
+//!   wake it once; the owner takes them all in its next pass.
 //! - [`crew::Crew`]: the heavy lanes' queues and the threads that take from
 //!   them (a worker's own lane thread, helpers on the other CPUs): a worker
 //!   offers a message, a sleeping taker is woken, idle CPUs steal.
