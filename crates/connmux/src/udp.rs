@@ -44,9 +44,8 @@
 //! once it has the answer to the last, so each batch holds one datagram,
 //! and `recvmmsg` then looks for a second that is not there (and
 //! `sendmmsg` reads a vector for one reply). After a receive that took one
-//! datagram a worker at home takes the next with `recvfrom` (into a buffer
-//! one byte longer than [`UdpConfig::max_datagram`]: a datagram that fills
-//! it was cut) and answers with `sendto`; every fourth receive is still a
+//! datagram a worker at home takes the next with `recvfrom` (`MSG_TRUNC`:
+//! its whole length, so a cut one is told) and answers with `sendto`; every fourth receive is still a
 //! batch's (`LONE_PROBE`), and one that takes two datagrams or more goes
 //! back to batches.
 //!
@@ -315,11 +314,11 @@ enum Out {
 }
 
 /// What one receive took: `n` datagrams into the batch, or one of `len`
-/// bytes (longer than the largest taken: cut) from `peer`.
+/// bytes (longer than the largest taken: cut).
 #[derive(Clone, Copy)]
 enum Got {
     Batch(usize),
-    One(usize, SocketAddr),
+    One(usize),
 }
 
 /// Where the bytes of one send lie: a range of the run buffer, or the
@@ -364,9 +363,9 @@ impl Worker {
         let c = &self.counters[self.index];
         let from = udp_psock(self.index as u32);
         let mut many = RecvBatch::new(self.batch, self.max);
-        // One datagram and a byte: a longer one was cut (`recv_from` does
-        // not say so).
-        let mut one = vec![0u8; self.max + 1];
+        // One datagram taken alone, and where it came from.
+        let mut one = vec![0u8; self.max];
+        let mut one_peer = connmux_sys::udp::Peer::default();
         // Receives in a row that took one datagram each (see `LONE_PROBE`).
         let mut lone: u32 = 0;
         let mut sb = SendBatch::new();
@@ -387,14 +386,14 @@ impl Worker {
             };
             let recv = || -> io::Result<Got> {
                 if single {
-                    let (len, peer) = self.sock.recv_from(&mut one)?;
-                    return Ok(Got::One(len, peer));
+                    let len = connmux_sys::udp::recv_one(fd, &mut one, &mut one_peer, 0)?;
+                    return Ok(Got::One(len));
                 }
                 got.unwrap_or_else(|| recv_batch(fd, &mut many, libc::MSG_WAITFORONE)).map(Got::Batch)
             };
             let got = match recv() {
                 Ok(g) => {
-                    lone = if matches!(g, Got::One(..) | Got::Batch(1)) { lone.wrapping_add(1).max(1) } else { 0 };
+                    lone = if matches!(g, Got::One(_) | Got::Batch(1)) { lone.wrapping_add(1).max(1) } else { 0 };
                     g
                 }
                 Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
@@ -414,9 +413,13 @@ impl Worker {
             if self.stop.load(std::sync::atomic::Ordering::Acquire) {
                 break;
             }
+            if matches!(got, Got::One(_)) && one_peer.to_std().is_none() {
+                // Woken with no datagram (the socket shut down): look again.
+                continue;
+            }
             let n = match got {
                 Got::Batch(n) => n,
-                Got::One(..) => 1,
+                Got::One(_) => 1,
             };
             c.batches.fetch_add(1, Relaxed);
             c.datagrams_in.fetch_add(n as u64, Relaxed);
@@ -425,7 +428,7 @@ impl Worker {
             for i in 0..n {
                 let (d, cut) = match got {
                     Got::Batch(_) => (many.datagram(i), many.truncated(i)),
-                    Got::One(len, _) => (&one[..len.min(self.max)], len > self.max),
+                    Got::One(len) => (&one[..len.min(self.max)], len > self.max),
                 };
                 if cut {
                     truncated += 1;
@@ -461,7 +464,7 @@ impl Worker {
             }
             let (sent, errors) = match got {
                 Got::Batch(_) => self.send(fd, &mut sb, &many, &out, &replies, &mut items, &mut gso),
-                Got::One(_, peer) => match replies.first() {
+                Got::One(_) => match replies.first() {
                     None => (0, 0),
                     Some((o, _)) => {
                         let b = match o {
@@ -470,7 +473,7 @@ impl Worker {
                         };
                         // Bounded: it is tried again only after a signal.
                         loop {
-                            match self.sock.send_to(b, peer) {
+                            match connmux_sys::udp::send_one(fd, b, &one_peer, libc::MSG_NOSIGNAL) {
                                 Ok(_) => break (1, 0),
                                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                                 Err(_) => break (0, 1),
