@@ -15,7 +15,7 @@ use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 
-use crate::util::cvt;
+use crate::util::{cvt, cvt_size};
 
 /// Most datagrams one call moves (the kernel's `UIO_MAXIOV`).
 pub const MAX_BATCH: usize = libc::UIO_MAXIOV as usize;
@@ -216,6 +216,48 @@ pub fn recv_batch(fd: RawFd, b: &mut RecvBatch, flags: libc::c_int) -> io::Resul
     }
     b.n = n;
     Ok(n)
+}
+
+/// `recvfrom(2)` of one datagram into `buf`, its source into `peer`.
+/// Returns the datagram's whole length (`MSG_TRUNC`): longer than `buf`, it
+/// was cut to `buf`. A wake without a datagram (the receive side shut down)
+/// returns 0 and leaves `peer` empty ([`Peer::to_std`] `None`). A signal is
+/// `Interrupted`, not retried.
+pub fn recv_one(fd: RawFd, buf: &mut [u8], peer: &mut Peer, flags: libc::c_int) -> io::Result<usize> {
+    peer.len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `buf` is exclusively borrowed for the call and the kernel writes
+    // at most `buf.len()` bytes into it; `peer.addr` is a sockaddr_storage,
+    // exclusively borrowed, its size in `peer.len`, which the kernel updates.
+    let n = cvt_size(unsafe {
+        libc::recvfrom(
+            fd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            flags | libc::MSG_TRUNC,
+            (&mut peer.addr as *mut libc::sockaddr_storage).cast(),
+            &mut peer.len,
+        )
+    });
+    if n.is_err() {
+        peer.len = 0;
+    }
+    n
+}
+
+/// `sendto(2)` of `buf` as one datagram to `peer`. Returns the bytes sent.
+pub fn send_one(fd: RawFd, buf: &[u8], peer: &Peer, flags: libc::c_int) -> io::Result<usize> {
+    // SAFETY: `buf` and `peer.addr` are borrowed for the call and only read;
+    // `peer.len` is at most the size of `peer.addr`.
+    cvt_size(unsafe {
+        libc::sendto(
+            fd,
+            buf.as_ptr().cast(),
+            buf.len(),
+            flags,
+            (&peer.addr as *const libc::sockaddr_storage).cast(),
+            peer.len,
+        )
+    })
 }
 
 /// `SOL_UDP` and its `UDP_SEGMENT` option (`linux/udp.h`): a send of one

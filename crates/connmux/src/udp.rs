@@ -40,6 +40,15 @@
 //! worker's, so the datagrams of a peer are still answered in the order
 //! they came. `roams` counts the moves.
 //!
+//! One at a time: a peer with one request in flight sends the next only
+//! once it has the answer to the last, so each batch holds one datagram,
+//! and `recvmmsg` then looks for a second that is not there (and
+//! `sendmmsg` reads a vector for one reply). After a receive that took one
+//! datagram a worker at home takes the next with `recvfrom` (`MSG_TRUNC`:
+//! its whole length, so a cut one is told) and answers with `sendto`; every fourth receive is still a
+//! batch's (`LONE_PROBE`), and one that takes two datagrams or more goes
+//! back to batches.
+//!
 //! `from`: every datagram is handed over with `from` =
 //! [`udp_psock`]`(worker)`, a `PsockId` no connection has (index
 //! [`UDP_PSOCK_INDEX`], generation the worker's index), so a handler can
@@ -100,6 +109,13 @@ pub const ROAM_EVERY: Duration = Duration::from_millis(50);
 /// replies come, then find it awake (no wake-up for the peer to pay),
 /// and an idle stretch costs the CPU little.
 pub const GUEST_SPIN: Duration = Duration::from_micros(10);
+
+/// A worker whose receives take one datagram each takes the next with
+/// `recvfrom` and answers with `sendto` (see the module's "One at a
+/// time"); every `LONE_PROBE`-th receive is still a batch's. Why 4: a queue
+/// that forms waits at most three datagrams for its batch, and three
+/// receives in four skip the batch's look for a datagram that is not there.
+const LONE_PROBE: u32 = 4;
 
 /// Configuration of a [`UdpService`].
 #[derive(Clone, Debug)]
@@ -297,6 +313,14 @@ enum Out {
     Own(Bytes),
 }
 
+/// What one receive took: `n` datagrams into the batch, or one of `len`
+/// bytes (longer than the largest taken: cut).
+#[derive(Clone, Copy)]
+enum Got {
+    Batch(usize),
+    One(usize),
+}
+
 /// Where the bytes of one send lie: a range of the run buffer, or the
 /// reply (by its index) that has a buffer of its own.
 #[derive(Clone, Copy)]
@@ -338,7 +362,12 @@ impl Worker {
         let fd = self.sock.as_raw_fd();
         let c = &self.counters[self.index];
         let from = udp_psock(self.index as u32);
-        let mut rb = RecvBatch::new(self.batch, self.max);
+        let mut many = RecvBatch::new(self.batch, self.max);
+        // One datagram taken alone, and where it came from.
+        let mut one = vec![0u8; self.max];
+        let mut one_peer = connmux_sys::udp::Peer::default();
+        // Receives in a row that took one datagram each (see `LONE_PROBE`).
+        let mut lone: u32 = 0;
         let mut sb = SendBatch::new();
         let mut out = BytesMut::with_capacity(crate::handler::SCRATCH_CHUNK);
         let mut scratch = BytesMut::with_capacity(crate::handler::SCRATCH_CHUNK);
@@ -350,12 +379,23 @@ impl Worker {
         // Bounded by the stop flag, looked at after every wake (at most
         // WAKE_EVERY apart).
         while !self.stop.load(std::sync::atomic::Ordering::Acquire) {
+            let single = !lone.is_multiple_of(LONE_PROBE) && roam.away.is_none();
             let got = match roam.away {
-                Some(_) => spin(fd, &mut rb),
+                Some(_) => spin(fd, &mut many),
                 None => None,
             };
-            let n = match got.unwrap_or_else(|| recv_batch(fd, &mut rb, libc::MSG_WAITFORONE)) {
-                Ok(n) => n,
+            let recv = || -> io::Result<Got> {
+                if single {
+                    let len = connmux_sys::udp::recv_one(fd, &mut one, &mut one_peer, 0)?;
+                    return Ok(Got::One(len));
+                }
+                got.unwrap_or_else(|| recv_batch(fd, &mut many, libc::MSG_WAITFORONE)).map(Got::Batch)
+            };
+            let got = match recv() {
+                Ok(g) => {
+                    lone = if matches!(g, Got::One(_) | Got::Batch(1)) { lone.wrapping_add(1).max(1) } else { 0 };
+                    g
+                }
                 Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                     // Nothing came for WAKE_EVERY.
                     roam.home(&self.cpus, &self.counters);
@@ -373,12 +413,24 @@ impl Worker {
             if self.stop.load(std::sync::atomic::Ordering::Acquire) {
                 break;
             }
+            if matches!(got, Got::One(_)) && one_peer.to_std().is_none() {
+                // Woken with no datagram (the socket shut down): look again.
+                continue;
+            }
+            let n = match got {
+                Got::Batch(n) => n,
+                Got::One(_) => 1,
+            };
             c.batches.fetch_add(1, Relaxed);
             c.datagrams_in.fetch_add(n as u64, Relaxed);
             roam.batch(n, &self.cpus, &self.counters);
             let (mut malformed, mut truncated, mut refused) = (0u64, 0u64, 0u64);
             for i in 0..n {
-                if rb.truncated(i) {
+                let (d, cut) = match got {
+                    Got::Batch(_) => (many.datagram(i), many.truncated(i)),
+                    Got::One(len) => (&one[..len.min(self.max)], len > self.max),
+                };
+                if cut {
                     truncated += 1;
                     continue;
                 }
@@ -386,7 +438,7 @@ impl Worker {
                     scratch.reserve(crate::handler::SCRATCH_CHUNK);
                 }
                 let mark = out.len();
-                match self.handler.handle_in_place(rb.datagram(i), from, &mut scratch, &mut out) {
+                match self.handler.handle_in_place(d, from, &mut scratch, &mut out) {
                     Verdict::Appended if out.len() > mark => {
                         if out.len() - mark > self.max {
                             out.truncate(mark);
@@ -410,7 +462,26 @@ impl Worker {
                     }
                 }
             }
-            let (sent, errors) = self.send(fd, &mut sb, &rb, &out, &replies, &mut items, &mut gso);
+            let (sent, errors) = match got {
+                Got::Batch(_) => self.send(fd, &mut sb, &many, &out, &replies, &mut items, &mut gso),
+                Got::One(_) => match replies.first() {
+                    None => (0, 0),
+                    Some((o, _)) => {
+                        let b = match o {
+                            Out::Span(a, b) => &out[*a..*b],
+                            Out::Own(b) => &b[..],
+                        };
+                        // Bounded: it is tried again only after a signal.
+                        loop {
+                            match connmux_sys::udp::send_one(fd, b, &one_peer, libc::MSG_NOSIGNAL) {
+                                Ok(_) => break (1, 0),
+                                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                                Err(_) => break (0, 1),
+                            }
+                        }
+                    }
+                },
+            };
             c.datagrams_out.fetch_add(sent, Relaxed);
             for (counter, v) in [
                 (&c.malformed, malformed),

@@ -4,6 +4,7 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,8 +14,12 @@ use connmux::udp::{is_udp, UdpConfig, UdpService, UdpStats};
 use connmux::{Bytes, Config, Placement, PsockId};
 
 /// Echoes a datagram; `!` first: refused (`Close`); `?` first: no reply;
-/// `+N` first: a reply of N bytes of its own buffer.
+/// `+N` first: a reply of N bytes of its own buffer; `#` first: echoed
+/// once [`GATE`] is open (at most 10 s).
 struct Echo;
+
+/// Holds the handler of a `#` datagram (one test's).
+static GATE: AtomicBool = AtomicBool::new(false);
 
 impl Handler for Echo {
     fn handle(&self, request: Bytes, from: PsockId, _scratch: &mut BytesMut) -> Verdict {
@@ -26,6 +31,15 @@ impl Handler for Echo {
         match request.first() {
             Some(b'!') => Verdict::Close,
             Some(b'?') => Verdict::NoReply,
+            Some(b'#') => {
+                let end = Instant::now() + Duration::from_secs(10);
+                // Bounded by the deadline.
+                while !GATE.load(Ordering::Acquire) && Instant::now() < end {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                out.extend_from_slice(request);
+                Verdict::Appended
+            }
             Some(b'+') => {
                 let n: usize = std::str::from_utf8(&request[1..]).unwrap().parse().unwrap();
                 Verdict::Reply(Bytes::from(vec![b'x'; n]))
@@ -126,6 +140,57 @@ fn datagrams_and_replies_over_the_limit_are_dropped_and_counted() {
     assert_eq!(n, 1000);
     let s = wait_for(&svc, |s| s.truncated == 1 && s.refused_too_large == 1);
     assert_eq!((s.datagrams_in, s.datagrams_out), (3, 1));
+}
+
+/// One request in flight: the worker takes each with `recvfrom` (a batch's
+/// receive one time in four); a datagram over the limit is cut and dropped
+/// on either receive; a queue that forms behind a busy handler is taken in
+/// batches again.
+#[test]
+fn one_datagram_at_a_time_then_a_queue_taken_in_batches() {
+    let svc = start(1, 100);
+    let c = client(svc.local_addr());
+    let mut buf = [0u8; 256];
+    for i in 0..20u32 {
+        let m = format!("one {i}");
+        c.send(m.as_bytes()).unwrap();
+        let n = c.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], m.as_bytes());
+    }
+    // Over-long datagrams, each taken alone: the 21st, 23rd, 25th and 27th
+    // receives, all one at a time.
+    for i in 0..4u32 {
+        c.send(&[b'a'; 101]).unwrap();
+        wait_for(&svc, |s| s.truncated == u64::from(i) + 1);
+        let m = format!("after {i}");
+        c.send(m.as_bytes()).unwrap();
+        let n = c.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], m.as_bytes(), "the cut datagram gets nothing");
+    }
+    // Exactly the limit is taken whole.
+    c.send(&[b'b'; 100]).unwrap();
+    assert_eq!(c.recv(&mut buf).unwrap(), 100);
+    let s0 = wait_for(&svc, |s| s.datagrams_out == 25);
+    assert_eq!((s0.datagrams_in, s0.truncated, s0.send_errors), (29, 4, 0));
+    assert_eq!(s0.batches, 29, "one datagram a receive");
+    // The handler holds the gate while 64 datagrams queue behind it.
+    c.send(b"#gate").unwrap();
+    let s1 = wait_for(&svc, |s| s.datagrams_in == 30);
+    for i in 0..64u32 {
+        c.send(format!("q {i}").as_bytes()).unwrap();
+    }
+    GATE.store(true, Ordering::Release);
+    let n = c.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"#gate");
+    for i in 0..64u32 {
+        let n = c.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], format!("q {i}").as_bytes(), "in the order sent");
+    }
+    let s2 = wait_for(&svc, |s| s.datagrams_out == 25 + 65);
+    assert_eq!(s2.datagrams_in, 94);
+    // At most three taken one at a time, then batches of up to 32.
+    let batches = s2.batches - s1.batches;
+    assert!(batches <= 3 + 3, "64 queued datagrams took {batches} receives: {s2:?}");
 }
 
 /// With GSO (the default) the replies of a batch to one peer leave as one
