@@ -33,6 +33,11 @@
 //! - **Send**: a reply the mux refuses (the connection's own backlog is
 //!   full) is retried with growing naps up to [`Options::send_timeout`];
 //!   past it the connection is aborted.
+//! - **Batch**: a thread that takes its connection's next request under the
+//!   same hold of the lock as a reply's send (it runs it itself) sends that
+//!   reply with BATCH: written with the next reply, in one write, at most
+//!   a few held so ([`Replier`]); a lone reply is never held, and a batch
+//!   the thread does not go on with is ended at once.
 //!
 //! And for the whole: the connections whose state it keeps are swept once
 //! a second (those the mux no longer has are forgotten), and

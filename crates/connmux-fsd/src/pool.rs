@@ -320,9 +320,15 @@ impl<T: Serve> Pool<T> {
             // connection's peer must send.
             while let Some(job) = next.take() {
                 if self.stopping() {
+                    out.end_batch();
                     return;
                 }
                 next = self.run_one(job, &out);
+                if next.is_none() {
+                    // Not running its connection's next request: the
+                    // replies held for it go now.
+                    out.end_batch();
+                }
             }
         }
     }
@@ -354,23 +360,36 @@ impl<T: Serve> Pool<T> {
                 Some(_) => {}
             }
         }
-        if !conn.gone() && !self.server.serve(&conn, req, out) {
-            self.stats.send_failures.fetch_add(1, Relaxed);
-            let _ = self.mux.abort(conn.psock());
-            conn.set_gone();
+        let mut finished = None;
+        if !conn.gone() {
+            out.arm(&conn);
+            let ok = self.server.serve(&conn, req, out);
+            finished = out.take_finished();
+            if !ok {
+                self.stats.send_failures.fetch_add(1, Relaxed);
+                let _ = self.mux.abort(conn.psock());
+                conn.set_gone();
+            }
         }
-        let mut q = conn.lock();
-        q.running -= 1;
-        if conn.gone() {
-            q.backlog.clear();
-            return None;
-        }
-        if q.paused {
-            return None;
-        }
-        let next = q.backlog.pop_front()?;
-        q.running += 1;
-        drop(q);
+        // Ended with its reply (under the lock that reply was queued
+        // under), or here.
+        let next = match finished {
+            Some(next) => next?,
+            None => {
+                let mut q = conn.lock();
+                q.running -= 1;
+                if conn.gone() {
+                    q.backlog.clear();
+                    return None;
+                }
+                if q.paused {
+                    return None;
+                }
+                let next = q.backlog.pop_front()?;
+                q.running += 1;
+                next
+            }
+        };
         let job = Job { conn, req: next };
         // Behind the others' requests when there are some; else run here:
         // queued, it would wake a sleeping thread (a futex wake and a

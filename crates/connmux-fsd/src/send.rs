@@ -1,12 +1,13 @@
 //! Queuing a reply on its connection from a file-system thread.
 
+use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use connmux::{Bytes, KcmSocket};
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Queue};
 use crate::stats::PoolStats;
 use crate::Serve;
 
@@ -30,8 +31,25 @@ pub struct Replier<'a, T: Serve> {
     /// The pool stops: waits end at once.
     stopping: &'a AtomicBool,
     stats: &'a PoolStats,
+    /// The connection of the request being run (its address), set by the
+    /// pool before [`Serve::serve`](crate::Serve::serve): its reply, once
+    /// queued or dropped, ends the request under the same hold of the
+    /// connection's lock ([`Replier::finish`]).
+    running: Cell<usize>,
+    /// What that end found: `Some(next)`, the request ended, and `next` is
+    /// its connection's next request taken from the backlog for this
+    /// thread.
+    finished: Cell<Option<Option<T::Req>>>,
+    /// Replies sent with BATCH since the last without: written with the
+    /// next reply sent without it, or at [`Replier::end_batch`].
+    batched: Cell<usize>,
     serve: PhantomData<fn(&T)>,
 }
+
+/// Replies of one connection held back, at most, each for the run of the
+/// next request ([`Replier::may_batch`]): then one goes without BATCH and
+/// takes them all in one write.
+const BATCH_MAX: usize = 4;
 
 /// The first nap of a thread whose reply the mux refused (the connection's
 /// backlog is full), and the longest: the naps double in between.
@@ -45,7 +63,78 @@ impl<'a, T: Serve> Replier<'a, T> {
         stopping: &'a AtomicBool,
         stats: &'a PoolStats,
     ) -> Replier<'a, T> {
-        Replier { sock, send_timeout, stopping, stats, serve: PhantomData }
+        Replier {
+            sock,
+            send_timeout,
+            stopping,
+            stats,
+            running: Cell::new(0),
+            finished: Cell::new(None),
+            batched: Cell::new(0),
+            serve: PhantomData,
+        }
+    }
+
+    /// A request of `conn` is about to run on this thread.
+    pub(crate) fn arm(&self, conn: &Conn<T>) {
+        self.running.set(conn as *const Conn<T> as usize);
+        self.finished.set(None);
+    }
+
+    /// Whether the request run ended with its reply, and then the next
+    /// request of its connection for this thread (`Some(None)`: none).
+    /// `None`: not ended (no reply went, or it failed): the pool ends it.
+    pub(crate) fn take_finished(&self) -> Option<Option<T::Req>> {
+        self.running.set(0);
+        self.finished.take()
+    }
+
+    /// Whether the reply of `conn`'s running request may wait for the
+    /// next one's: this thread takes that next request right after the
+    /// reply ([`Replier::finish`]: the backlog has one, under the same
+    /// hold of the lock), and fewer than [`BATCH_MAX`] wait already. A
+    /// lone reply (no next request) never waits. If the thread does not
+    /// run the next request itself, the pool ends the batch at once.
+    fn may_batch(&self, conn: &Conn<T>, q: &Queue<T>) -> bool {
+        self.running.get() == conn as *const Conn<T> as usize
+            && self.batched.get() < BATCH_MAX
+            && !q.paused
+            && !q.backlog.is_empty()
+            && !conn.gone()
+            && !self.stopping.load(SeqCst)
+    }
+
+    /// Writes the replies held back by BATCH now.
+    pub(crate) fn end_batch(&self) {
+        if self.batched.replace(0) > 0 {
+            let _ = self.sock.end_batch();
+        }
+    }
+
+    /// Ends the running request of `conn` under the lock its reply was
+    /// queued (or dropped) under: no longer counted as running, so a
+    /// request the connection's worker reads right after the reply is not
+    /// taken as behind a busy connection; and takes the next of its
+    /// backlog for this thread, all in that one hold of the lock.
+    fn finish(&self, conn: &Conn<T>, q: &mut Queue<T>) {
+        if self.running.get() != conn as *const Conn<T> as usize {
+            return;
+        }
+        self.running.set(0);
+        q.running -= 1;
+        let next = if conn.gone() {
+            q.backlog.clear();
+            None
+        } else if q.paused {
+            None
+        } else {
+            let next = q.backlog.pop_front();
+            if next.is_some() {
+                q.running += 1;
+            }
+            next
+        };
+        self.finished.set(Some(next));
     }
 
     /// Queues `reply` on `conn` (nothing for an empty one). `false`: it
@@ -81,14 +170,24 @@ impl<'a, T: Serve> Replier<'a, T> {
             let mut q = conn.lock();
             if reply.is_empty() || !gate(&mut q.work) {
                 let more = then(&mut q.work, Sent::Dropped);
-                return if self.queue_more(conn, more) { Sent::Dropped } else { Sent::Failed };
+                if !self.queue_more(conn, more) {
+                    return Sent::Failed;
+                }
+                self.finish(conn, &mut q);
+                return Sent::Dropped;
             }
             let len = reply.len();
-            match self.sock.send_msg(conn.hold(reply.clone()), Some(conn.psock())) {
+            let batch = self.may_batch(conn, &q);
+            match self.sock.send_msg_batch(conn.hold(reply.clone()), conn.psock(), batch) {
                 Ok(()) => {
                     conn.replied(len);
+                    self.batched.set(if batch { self.batched.get() + 1 } else { 0 });
                     let more = then(&mut q.work, Sent::Queued);
-                    return if self.queue_more(conn, more) { Sent::Queued } else { Sent::Failed };
+                    if !self.queue_more(conn, more) {
+                        return Sent::Failed;
+                    }
+                    self.finish(conn, &mut q);
+                    return Sent::Queued;
                 }
                 Err(e)
                     if e.kind() == std::io::ErrorKind::WouldBlock
@@ -96,6 +195,8 @@ impl<'a, T: Serve> Replier<'a, T> {
                         && !self.stopping.load(SeqCst) =>
                 {
                     drop(q);
+                    // (The mux wrote what the batch held.)
+                    self.batched.set(0);
                     std::thread::sleep(nap);
                     nap = (nap * 2).min(NAP_MAX);
                 }
@@ -114,6 +215,7 @@ impl<'a, T: Serve> Replier<'a, T> {
             let len = m.len();
             if self.sock.send_msg(conn.hold(m), Some(conn.psock())).is_ok() {
                 conn.replied(len);
+                self.batched.set(0);
             } else {
                 ok = false;
             }

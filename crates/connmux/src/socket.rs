@@ -503,6 +503,28 @@ impl KcmSocket {
         self.send_loop(rt, psock.is_some(), |m| m.send_msg(id, psock, msg.clone(), false).map(|_| len)).map(|_| ())
     }
 
+    /// [`KcmSocket::send_msg`] to `psock` with BATCH when `batch`: the
+    /// message is queued on its connection and written with the next one
+    /// this socket sends without BATCH (or at [`KcmSocket::end_batch`]), in
+    /// one write. For a server that answers a connection's requests one
+    /// after another and has the next in hand. Refused on the kernel
+    /// backend.
+    pub fn send_msg_batch(&self, msg: Bytes, psock: PsockId, batch: bool) -> io::Result<()> {
+        let rt = self.addressed("KcmSocket::send_msg_batch")?;
+        let id = rt.id;
+        let len = msg.len();
+        self.send_loop(rt, true, |m| m.send_msg(id, Some(psock), msg.clone(), batch).map(|_| len)).map(|_| ())
+    }
+
+    /// Ends the batch this socket has open (sends with BATCH and none
+    /// without since): what it holds is written now. Nothing to do with no
+    /// batch open. Refused on the kernel backend.
+    pub fn end_batch(&self) -> io::Result<()> {
+        let rt = self.addressed("KcmSocket::end_batch")?;
+        let id = rt.id;
+        self.send_loop(rt, false, |m| m.end_batch(id).map(|_| 0)).map(|_| ())
+    }
+
     /// sendmmsg: every message but the last carries BATCH, so the batch goes out
     /// together on one connection, accepted under one hold of the core.
     /// Returns the number of messages sent (as [`KcmSocket::send_batch_to`]).

@@ -512,6 +512,31 @@ fn send_batch_to_answers_each_connection_and_a_short_batch_still_goes_out() {
     assert!(sock.send_batch_to(&[(Some(gone), &a[..])]).is_err());
 }
 
+/// `send_msg_batch`: replies sent with BATCH go out, in order, with the
+/// next reply sent without it, or at `end_batch`; `end_batch` with no batch
+/// open does nothing.
+fn send_msg_batch_goes_out_with_the_next_send_or_at_end_batch() {
+    let mux = mux_with(|c| c.workers = 2);
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    let (ours, mut peer) = pair();
+    let p = mux.attach(&ours, l4()).unwrap();
+    peer.set_read_timeout(Some(WAIT)).unwrap();
+    let msg = |body: &str| connmux::Bytes::from(framed(body.as_bytes()));
+    sock.end_batch().unwrap();
+    sock.send_msg_batch(msg("one"), p, true).unwrap();
+    sock.send_msg_batch(msg("two"), p, true).unwrap();
+    sock.send_msg_batch(msg("three"), p, false).unwrap();
+    for want in ["one", "two", "three"] {
+        assert_eq!(read_framed(&mut peer), want.as_bytes(), "on {:?}", driver());
+    }
+    sock.send_msg_batch(msg("four"), p, true).unwrap();
+    sock.send_msg_batch(msg("five"), p, true).unwrap();
+    sock.end_batch().unwrap();
+    for want in ["four", "five"] {
+        assert_eq!(read_framed(&mut peer), want.as_bytes(), "ended, on {:?}", driver());
+    }
+}
+
 on_both_drivers!(
     case_01_create_dgram_and_seqpacket,
     case_02_clone_same_mux_same_type,
@@ -533,6 +558,7 @@ on_both_drivers!(
     case_43_statistics_over_real_tcp,
     addressed_mode_replies_reach_the_right_client,
     send_batch_to_answers_each_connection_and_a_short_batch_still_goes_out,
+    send_msg_batch_goes_out_with_the_next_send_or_at_end_batch,
 );
 
 // ---- receive semantics on real sockets (§7 cases 10, 17-26) ----
