@@ -208,20 +208,24 @@ impl UdpArgs {
     }
 }
 
+/// The UDP counters, by name.
+fn udp_counters(u: &connmux::udp::UdpService) -> [(&'static str, u64); 8] {
+    let s = u.stats();
+    [
+        ("datagrams_in", s.datagrams_in),
+        ("datagrams_out", s.datagrams_out),
+        ("malformed", s.malformed),
+        ("truncated", s.truncated),
+        ("refused_too_large", s.refused_too_large),
+        ("send_errors", s.send_errors),
+        ("batches", s.batches),
+        ("roams", s.roams),
+    ]
+}
+
 /// The UDP counters as `name=value` lines (`connmux stat`).
 pub fn udp_lines(u: &connmux::udp::UdpService) -> String {
-    let s = u.stats();
-    format!(
-        "udp_datagrams_in={}\nudp_datagrams_out={}\nudp_malformed={}\nudp_truncated={}\nudp_refused_too_large={}\nudp_send_errors={}\nudp_batches={}\nudp_roams={}\n",
-        s.datagrams_in,
-        s.datagrams_out,
-        s.malformed,
-        s.truncated,
-        s.refused_too_large,
-        s.send_errors,
-        s.batches,
-        s.roams
-    )
+    udp_counters(u).iter().map(|(k, v)| format!("udp_{k}={v}\n")).collect()
 }
 
 impl Common {
@@ -504,18 +508,8 @@ pub fn registry(extra: &[String]) -> anyhow::Result<connmux_oncrpc::Registry> {
 }
 
 fn print_udp_stats(u: &connmux::udp::UdpService) {
-    let s = u.stats();
-    println!(
-        "udp: datagrams_in={} datagrams_out={} malformed={} truncated={} refused_too_large={} send_errors={} batches={} roams={}",
-        s.datagrams_in,
-        s.datagrams_out,
-        s.malformed,
-        s.truncated,
-        s.refused_too_large,
-        s.send_errors,
-        s.batches,
-        s.roams
-    );
+    let fields: Vec<String> = udp_counters(u).iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("udp: {}", fields.join(" "));
 }
 
 fn print_stats(svc: &Service, started: Instant) {
