@@ -70,6 +70,23 @@ impl<T: Serve> Queue<T> {
     pub fn paused(&self) -> bool {
         self.paused
     }
+
+    /// A running request ended (`gone`: its connection is gone, and the
+    /// backlog with it): the connection's next request for the same
+    /// thread, taken from the backlog unless it waits for room.
+    pub(crate) fn end_run(&mut self, gone: bool) -> Option<T::Req> {
+        self.running -= 1;
+        if gone {
+            self.backlog.clear();
+            return None;
+        }
+        if self.paused {
+            return None;
+        }
+        let next = self.backlog.pop_front()?;
+        self.running += 1;
+        Some(next)
+    }
 }
 
 impl<T: Serve> Conn<T> {

@@ -375,20 +375,7 @@ impl<T: Serve> Pool<T> {
         // under), or here.
         let next = match finished {
             Some(next) => next?,
-            None => {
-                let mut q = conn.lock();
-                q.running -= 1;
-                if conn.gone() {
-                    q.backlog.clear();
-                    return None;
-                }
-                if q.paused {
-                    return None;
-                }
-                let next = q.backlog.pop_front()?;
-                q.running += 1;
-                next
-            }
+            None => conn.lock().end_run(conn.gone())?,
         };
         let job = Job { conn, req: next };
         // Behind the others' requests when there are some; else run here:

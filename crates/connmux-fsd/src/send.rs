@@ -121,20 +121,7 @@ impl<'a, T: Serve> Replier<'a, T> {
             return;
         }
         self.running.set(0);
-        q.running -= 1;
-        let next = if conn.gone() {
-            q.backlog.clear();
-            None
-        } else if q.paused {
-            None
-        } else {
-            let next = q.backlog.pop_front();
-            if next.is_some() {
-                q.running += 1;
-            }
-            next
-        };
-        self.finished.set(Some(next));
+        self.finished.set(Some(q.end_run(conn.gone())));
     }
 
     /// Queues `reply` on `conn` (nothing for an empty one). `false`: it
