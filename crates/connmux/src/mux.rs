@@ -493,6 +493,7 @@ impl Mux {
                 interest: Mutex::new(PsockInterest { read: true, write: false, registered: true }),
                 error: Mutex::new(None),
                 flush_queued: AtomicBool::new(false),
+                flush_asked: AtomicBool::new(false),
                 lease_revoked: AtomicBool::new(false),
                 tls: tls.map(Mutex::new),
                 tls_peer: std::sync::OnceLock::new(),

@@ -44,6 +44,32 @@ fn a_corked_reply_arrives_without_another_receive() {
     eventually(|| (sock.unsent().unwrap() == 0).then_some(()));
 }
 
+/// As above, twice in a row: the worker has written the first answer when
+/// the second is corked on the same psock (still listed as corked, the
+/// socket not having waited since); it is asked again, and the second
+/// answer arrives too with no further call on the socket.
+fn a_second_corked_reply_after_the_worker_wrote_the_first_arrives() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT)).unwrap();
+    let (ours, mut peer) = pair();
+    peer.set_read_timeout(Some(WAIT)).unwrap();
+    mux.attach(&ours, l4()).unwrap();
+    let mut burst = Vec::new();
+    for i in 0..4u8 {
+        burst.extend_from_slice(&framed(&[i; 8]));
+    }
+    write_all(&mut peer, &burst);
+    eventually(|| (sock.queued() == 4).then_some(()));
+    for answer in [&b"\0\0\0\x05first"[..], b"\0\0\0\x06second"] {
+        let m = sock.recv_msg().unwrap();
+        assert!(sock.queued() > 0, "the rest stays queued");
+        sock.send_to(answer, m.psock).unwrap();
+        assert_eq!(reply(&mut peer, "a corked answer"), &answer[4..]);
+    }
+    eventually(|| (sock.unsent().unwrap() == 0).then_some(()));
+}
+
 /// Four connections pipelining 200 requests each at an application thread
 /// that answers every request where it came from (`recv_msg` + `send_to`,
 /// then `recv_batch` + `send_batch_to`): each peer gets its 200 answers in
@@ -101,4 +127,8 @@ fn answers_to_a_backlog_arrive_in_order() {
     }
 }
 
-on_both_drivers!(a_corked_reply_arrives_without_another_receive, answers_to_a_backlog_arrive_in_order);
+on_both_drivers!(
+    a_corked_reply_arrives_without_another_receive,
+    a_second_corked_reply_after_the_worker_wrote_the_first_arrives,
+    answers_to_a_backlog_arrive_in_order
+);

@@ -342,6 +342,7 @@ impl Io for EpollIo<'_> {
             // An application thread's corked sends (`Ctx::Cork`).
             Command::Flush(p) => {
                 if let Some(rt) = w.sh.psock_rt(p) {
+                    rt.flush_asked.store(false, Ordering::Release);
                     if !rt.flush_queued.swap(true, Ordering::AcqRel) {
                         w.dirty.push(rt);
                     }

@@ -669,6 +669,7 @@ impl UringIo {
             Command::Flush(p) => {
                 let token = psock_token(p);
                 if let Some(conn) = self.conns.get(&token) {
+                    conn.rt.flush_asked.store(false, Ordering::Release);
                     if !conn.released && !conn.rt.flush_queued.swap(true, Ordering::AcqRel) {
                         w.dirty.push(conn.rt.clone());
                     }

@@ -181,6 +181,12 @@ pub(crate) struct PsockRt {
     pub error: Mutex<Option<PsockError>>,
     /// Set while the psock sits in a worker's deferred-flush list.
     pub flush_queued: AtomicBool,
+    /// An application thread corked a send on it and asked its worker to
+    /// write it (`Command::Flush`, [`Ctx::Cork`]); cleared as the worker
+    /// takes that command, before it writes. A later cork asks again only
+    /// once it is clear: what was queued while it was set, the worker's
+    /// write takes.
+    pub flush_asked: AtomicBool,
     /// Its lease was revoked and its worker not yet told (`Command::Unlease`):
     /// a message sent from elsewhere waits on its queue, which the lease's
     /// replies must not overtake. Set before that send returns; cleared when
@@ -625,12 +631,17 @@ impl Shared {
                         }
                         Ctx::Cork(sock) => {
                             let mut corked = sock.corked.lock().unwrap();
-                            if corked.iter().any(|c| c.id == p) {
-                                continue;
-                            }
-                            if corked.len() < CORK_MAX {
-                                self.workers[rt.worker()].command(Command::Flush(p));
-                                corked.push(rt);
+                            let listed = corked.iter().any(|c| c.id == p);
+                            if listed || corked.len() < CORK_MAX {
+                                // Asked again once the worker took the last
+                                // ask: listed is not enough, the worker may
+                                // have written the psock since.
+                                if !rt.flush_asked.swap(true, Ordering::AcqRel) {
+                                    self.workers[rt.worker()].command(Command::Flush(p));
+                                }
+                                if !listed {
+                                    corked.push(rt);
+                                }
                                 continue;
                             }
                             drop(corked);
