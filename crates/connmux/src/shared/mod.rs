@@ -622,6 +622,10 @@ impl Shared {
                             continue;
                         }
                     }
+                    if let Ctx::Cork(sock) = ctx {
+                        self.cork(sock, p, events);
+                        continue;
+                    }
                     let Some(rt) = self.psock_rt(p) else { continue };
                     match ctx {
                         Ctx::Worker(list, _) => {
@@ -629,25 +633,7 @@ impl Shared {
                                 list.push(rt);
                             }
                         }
-                        Ctx::Cork(sock) => {
-                            let mut corked = sock.corked.lock().unwrap();
-                            let listed = corked.iter().any(|c| c.id == p);
-                            if listed || corked.len() < CORK_MAX {
-                                // Asked again once the worker took the last
-                                // ask: listed is not enough, the worker may
-                                // have written the psock since.
-                                if !rt.flush_asked.swap(true, Ordering::AcqRel) {
-                                    self.workers[rt.worker()].command(Command::Flush(p));
-                                }
-                                if !listed {
-                                    corked.push(rt);
-                                }
-                                continue;
-                            }
-                            drop(corked);
-                            self.flush(&rt, events)
-                        }
-                        Ctx::App => self.flush(&rt, events),
+                        Ctx::Cork(_) | Ctx::App => self.flush(&rt, events),
                     }
                 }
                 Event::PsockRxResume(p) => {
@@ -746,6 +732,35 @@ impl Shared {
     }
     pub fn psock_rt(&self, p: PsockId) -> Option<Arc<PsockRt>> {
         self.lock().psocks.get(&p).cloned()
+    }
+
+    /// An application thread's addressed send to `p` made while its socket
+    /// `sock` has more to receive ([`Ctx::Cork`]): `p` is listed as corked
+    /// (at most [`CORK_MAX`]; past that it is written now) and its worker
+    /// asked to write it, again once the worker took the last ask (listed
+    /// is not enough: the worker may have written the psock since). A psock
+    /// listed already is not looked up (the list holds it): the replies to
+    /// one connection's batch after the first take no hold of the core.
+    fn cork(&self, sock: &SockRt, p: PsockId, events: &mut Vec<Event>) {
+        let ask = |rt: &PsockRt| {
+            if !rt.flush_asked.swap(true, Ordering::AcqRel) {
+                self.workers[rt.worker()].command(Command::Flush(p));
+            }
+        };
+        if let Some(rt) = sock.corked.lock().unwrap().iter().find(|c| c.id == p) {
+            return ask(rt);
+        }
+        let Some(rt) = self.psock_rt(p) else { return };
+        let mut corked = sock.corked.lock().unwrap();
+        if corked.len() < CORK_MAX {
+            ask(&rt);
+            // (Listed meanwhile by another thread sending on this socket:
+            // listed twice, written twice, the second write finds nothing.)
+            corked.push(rt);
+            return;
+        }
+        drop(corked);
+        self.flush(&rt, events)
     }
 
     /// Write what `sock`'s corked psocks hold ([`Ctx::Cork`]).
