@@ -160,6 +160,12 @@ pub enum Steering {
     /// A psock's messages go to the socket with the same affinity tag while that
     /// socket's queue is short; once it holds more than `imbalance` messages
     /// and another socket is waiting, the message goes to the other one.
+    /// Sockets with no tag (application threads' clones) are taken as
+    /// round robin does, but a psock's next read goes on to the socket that
+    /// took its last one if that one's reader has taken them all: a
+    /// connection's light messages stay with one thread, and its replies
+    /// leave in that thread's writes; a thread still busy with them gives
+    /// the next read to another.
     #[default]
     Affinity,
     /// The parser's steering key picks the socket (hash over able sockets).
@@ -828,6 +834,7 @@ impl Mux {
         let p = pid(self.psocks.insert(Psock {
             stream,
             affinity: cfg.affinity,
+            rx_last: None,
             rx_limit: max_msg_size + read_ahead,
             ready: None,
             life: Life::Open,
@@ -1267,8 +1274,12 @@ impl Mux {
         // Disjoint borrows of the mux's parts: this loop runs once per message.
         let Mux { psocks, sk, events, config, .. } = self;
         let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
-        // Round robin: the socket reserved for this pass.
-        let mut target: Option<SockId> = None;
+        // Round robin: the socket reserved for this pass (affinity: the one
+        // that took the last pass's messages, while it keeps up).
+        let mut target = match config.steering {
+            Steering::Affinity => sk.keeps_up(ps.rx_last),
+            _ => None,
+        };
         let mut failed = false;
         loop {
             let data = match ps.stream.next_msg(now) {
@@ -1313,6 +1324,7 @@ impl Mux {
             }
         }
         if let Some(t) = target {
+            ps.rx_last = Some(t);
             sk.end_pass(t);
         }
         // A message left partial starts (or keeps) its deadline; a completed

@@ -290,9 +290,30 @@ fn case_22_one_read_pass_goes_to_one_socket_then_round_robin() {
     case_22_with(Steering::RoundRobin);
 }
 
+/// Affinity steering with untagged sockets (application threads' clones):
+/// a psock's pass goes to the socket that took its last one if that
+/// socket's reader has taken everything (it keeps up); another psock starts
+/// on the next socket (round robin's rotation); a reader still holding
+/// messages gives the pass to the next socket.
 #[test]
-fn case_22_untagged_psocks_batch_the_same_under_affinity_steering() {
-    case_22_with(Steering::Affinity);
+fn untagged_psocks_keep_a_socket_that_keeps_up_under_affinity_steering() {
+    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, ..MuxConfig::default() });
+    let k1 = m.socket(SockType::Dgram);
+    let k2 = m.clone_sock(k1).unwrap();
+    let p = attach_l4(&mut m);
+    let q = attach_l4(&mut m);
+    let burst: Vec<Vec<u8>> = (0..5).map(|i| l4_total(10, i)).collect();
+    m.feed(p, &burst.concat(), T0).unwrap();
+    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (5, 0), "one read pass, one socket");
+    m.feed(q, &l4_total(10, 100), T0).unwrap();
+    assert_eq!(m.rx_queued(k2).unwrap(), 1, "another psock starts on the next socket");
+    assert_eq!(recv_all(&mut m, k1), burst);
+    let next: Vec<Vec<u8>> = (5..8).map(|i| l4_total(10, i)).collect();
+    m.feed(p, &next.concat(), T0).unwrap();
+    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (3, 1), "K1 took all: the next pass stays");
+    m.feed(p, &l4_total(10, 9), T0).unwrap();
+    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (3, 2), "K1 still holds some: to K2");
+    assert_eq!(recv_all(&mut m, k1), next);
 }
 
 #[test]

@@ -119,6 +119,9 @@ pub(super) type Charge = (SockId, usize, u32);
 pub(super) struct Psock {
     pub(super) stream: StreamParser,
     pub(super) affinity: Option<u32>,
+    /// The socket its last read pass steered to as round robin does
+    /// (`Steering::Affinity` keeps the next there: `Sockets::keeps_up`).
+    pub(super) rx_last: Option<SockId>,
     /// Hard cap on receive bytes held (buffer + ready message).
     pub(super) rx_limit: usize,
     // ---- receive ----

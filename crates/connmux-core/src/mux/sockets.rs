@@ -273,6 +273,18 @@ impl Sockets {
         true
     }
 
+    /// `last`, the socket a psock's last pass steered to with no tag, if it
+    /// takes this pass too (`Steering::Affinity`): able, untagged, and its
+    /// reader has taken everything queued (it keeps up). A reader still
+    /// busy with earlier messages gives the pass to another, as round
+    /// robin does: one connection's heavy requests spread over every
+    /// thread, light ones stay with one.
+    pub(super) fn keeps_up(&self, last: Option<SockId>) -> Option<SockId> {
+        let t = last?;
+        let s = self.socks.get(t.index, t.generation)?;
+        (s.on_waiters && !s.tag_only && s.affinity.is_none() && s.rx_queue.is_empty()).then_some(t)
+    }
+
     /// End of a psock's pass under round robin: the socket it kept taking
     /// (`target` of [`Sockets::steer`]) goes to the tail of the waiters.
     pub(super) fn end_pass(&mut self, t: SockId) {
