@@ -91,7 +91,7 @@ mod slab;
 use deadlines::Deadlines;
 pub use lease::{Lease, LeaseRead};
 use limits::MemState;
-use psock::{DropOwner, Life, Psock, Tx};
+use psock::{DropOwner, Life, Psock, Tx, Wrote};
 use slab::Slab;
 use sock::Sock;
 use sockets::{Share, Sockets, ToPsock};
@@ -695,7 +695,12 @@ impl Mux {
                     self.tx_abort(p, EPIPE);
                     continue;
                 }
-                DropOwner::Dropped { resume } => resume,
+                DropOwner::Dropped { resume, addr_bytes } => {
+                    if let Some(sh) = self.sk.share_mut(p) {
+                        sh.addr_gone(addr_bytes);
+                    }
+                    resume
+                }
             };
             let reserved_by_s = self.sk.share(p).is_some_and(|sh| sh.tx_kcm == Some(s));
             if reserved_by_s {
@@ -991,6 +996,13 @@ impl Mux {
                     // Bytes served in place are traffic too (idle timeout).
                     ps.last_active = now;
                 }
+                if framed > 0 {
+                    // What it framed, told to its share (its outstanding work).
+                    let received = ps.stream.stats().msgs;
+                    if let Some(sh) = self.sk.share_mut(p) {
+                        sh.received = received;
+                    }
+                }
             }
             self.sk.handed(p, framed, holds);
             if taken == data.len() {
@@ -1176,6 +1188,7 @@ impl Mux {
             ps.stream.stop();
             self.sync_deadline(p);
         }
+        self.sk.no_answers(p);
         self.events.push_back(Event::PsockFailed(p, PsockError::Closed));
         self.tx_take_back(p);
         self.recount(p, self.now);
@@ -1262,6 +1275,7 @@ impl Mux {
         if ps.ready.is_none() {
             ps.stream.stop();
         }
+        self.sk.no_answers(p);
         self.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
         self.tx_take_back(p);
         self.recount(p, self.now);
@@ -1326,6 +1340,14 @@ impl Mux {
         if let Some(t) = target {
             ps.rx_last = Some(t);
             sk.end_pass(t);
+        }
+        // What it framed and whether it can still answer, told to its share
+        // (`TxPolicy::LeastOutstanding` reads them there).
+        if let Some(sh) = sk.share_mut(p) {
+            sh.received = ps.stream.stats().msgs;
+            if failed {
+                sh.answers = false;
+            }
         }
         // A message left partial starts (or keeps) its deadline; a completed
         // or aborted one clears it.
@@ -1675,29 +1697,32 @@ impl Mux {
         kick: bool,
     ) -> Result<(), MuxError> {
         let limit = self.config.psock_sndbuf;
-        // The psock and the socket, each looked up once (disjoint fields).
-        let Mux { psocks, sk: Sockets { socks, .. }, .. } = self;
-        let ps = psocks.get_mut(p.index, p.generation).expect("checked");
-        if ps.tx_addr_bytes >= limit {
-            ps.stats.tx_backlog_refusals += 1;
+        // The socket, the psock's share and the psock, each looked up once
+        // (disjoint fields). The refusal reads the psock's backlog as its
+        // share keeps it (what the psock reported), not the psock.
+        let Mux { psocks, sk, .. } = self;
+        let (sock, sh) = sk.sock_and_share(s, p).expect("checked");
+        if sh.addr_backlog >= limit {
+            sh.refusals += 1;
             return Err(self.would_block(s));
         }
         // Over the socket's send buffer, refused only to a psock that holds
         // a good share of it itself: one socket's replies go to many peers,
         // and those that do not read must not hold up the replies to the
         // others (a socket sending to one peer keeps KCM's SO_SNDBUF bound).
-        let sock = socks.get_mut(s.index, s.generation).expect("live");
-        if sock.tx_mem >= sock.sndbuf && ps.tx_addr_bytes >= sock.sndbuf / SNDBUF_SHARE {
+        if sock.tx_mem >= sock.sndbuf && sh.addr_backlog >= sock.sndbuf / SNDBUF_SHARE {
             return Err(self.would_block(s));
         }
         let len = msg.len();
         sock.charge(len, msgs);
+        sh.place(msgs, len);
         if batch {
             if !sock.held_psocks.contains(&p) {
                 sock.held_psocks.push(p);
             }
             sock.wait_more = true;
         }
+        let ps = psocks.get_mut(p.index, p.generation).expect("checked");
         ps.queue(TxMsg::new(msg, s, Placed::Addressed, msgs));
         let leased = ps.leased.is_some();
         if !batch {
@@ -1792,7 +1817,9 @@ impl Mux {
         for data in sock.tx_queue.drain(..) {
             ps.queue(TxMsg::new(data, s, Placed::Reserved, 1));
         }
-        self.sk.share_mut(p).expect("reserved psock is attached").tx_rsvd_msgs += n;
+        let sh = self.sk.share_mut(p).expect("reserved psock is attached");
+        sh.tx_rsvd_msgs += n;
+        sh.place(n as u32, 0);
         self.revoke(p);
         self.kick(p);
     }
@@ -1813,6 +1840,7 @@ impl Mux {
             let data = sock.tx_queue.pop_front().expect("non-empty");
             let ps = self.psocks.get_mut(p.index, p.generation).expect("chosen psock is live");
             ps.queue(TxMsg::new(data, s, Placed::Balanced, 1));
+            self.sk.share_mut(p).expect("chosen psock is attached").place(1, 0);
             self.tx_last = p.index;
             self.revoke(p);
             self.kick(p);
@@ -1820,20 +1848,40 @@ impl Mux {
     }
 
     /// The psock that can still answer with the fewest outstanding messages;
-    /// among equals, the first after the one chosen last.
+    /// among equals, the first after the one chosen last. The sockets' side
+    /// decides from what the psocks reported to their shares.
     fn least_outstanding(&self) -> Option<PsockId> {
-        let after = self.tx_last;
-        self.psocks
-            .iter()
-            .filter(|(_, _, ps)| ps.tx != Tx::Stopped && !ps.life.rx_over() && !ps.stream.is_stopped())
-            .min_by_key(|(i, _, ps)| (ps.outstanding(), i.wrapping_sub(after).wrapping_sub(1)))
-            .map(|(i, g, _)| pid((i, g)))
+        self.sk.least_outstanding(self.tx_last)
     }
 
     /// Messages queued on psock `p` over its life minus messages received
     /// from it (never below 0): what `TxPolicy::LeastOutstanding` compares.
     pub fn psock_outstanding(&self, p: PsockId) -> Result<u64, MuxError> {
         Ok(self.psock(p)?.outstanding())
+    }
+
+    /// Whether every psock's share holds what the psock itself has of its
+    /// transmit side (addressed backlog, messages placed and received,
+    /// whether it can answer), and every share has a psock: the sockets'
+    /// side decides from the shares, so an update the glue missed shows
+    /// here. `Err` names the first difference. For tests (a walk of the
+    /// psocks).
+    #[doc(hidden)]
+    pub fn shares_exact(&self) -> Result<(), String> {
+        for (i, g, ps) in self.psocks.iter() {
+            let p = pid((i, g));
+            let Some(sh) = self.sk.share(p) else { return Err(format!("{p:?}: no share")) };
+            let mine = (ps.tx_addr_bytes, ps.tx_placed, ps.stream.stats().msgs, ps.answers());
+            let told = (sh.addr_backlog, sh.placed, sh.received, sh.answers);
+            if mine != told {
+                return Err(format!("{p:?}: (backlog, placed, received, answers) {mine:?}, its share {told:?}"));
+            }
+        }
+        let shares = self.sk.shares().count();
+        if shares != self.psocks.len() {
+            return Err(format!("{shares} shares for {} psocks", self.psocks.len()));
+        }
+        Ok(())
     }
 
     /// `TxPolicy::LeastOutstanding`: psock `p` can no longer answer (its
@@ -1917,11 +1965,11 @@ impl Mux {
         };
         let Some(inflight) = ps.tx.end_chunk() else { return };
         let backlog_before = ps.tx_addr_bytes;
-        let mut rsvd = 0;
-        let last = ps.on_written(inflight, n, self.now, &mut self.tx_done, &mut rsvd);
+        let mut wrote = Wrote::default();
+        let last = ps.on_written(inflight, n, self.now, &mut self.tx_done, &mut wrote);
         // The peer read its replies: read it again.
         let resume = psock::backlog_drained(&self.config, backlog_before, ps.tx_addr_bytes);
-        let release = self.sk.rsvd_written(p, rsvd);
+        let release = self.sk.written(p, wrote.rsvd, wrote.addr_bytes);
         if resume {
             self.rx_resume(p);
         }
@@ -1999,6 +2047,9 @@ impl Mux {
         let kcm = self.sk.unreserve(p);
         let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
         let ev = ps.evacuate(writer_out, inflight);
+        if let Some(sh) = self.sk.share_mut(p) {
+            sh.addr_gone(ev.addr_bytes);
+        }
         if !ev.out.is_empty() && ev.out.iter().any(Result::is_ok) {
             self.out_at_release.push(OutAtRelease { p, msgs: ev.out });
         }
@@ -2080,6 +2131,7 @@ impl Mux {
                     ps.life = Life::Failed;
                     self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
                 }
+                self.sk.no_answers(p);
                 self.tx_take_back(p);
             }
             self.sync_deadline(p);
@@ -2352,11 +2404,12 @@ impl Mux {
 }
 
 /// A psock's statistics with what the sockets' side counts of it (its
-/// reservations).
+/// reservations, its addressed sends refused).
 fn with_share(mut st: PsockStats, share: Option<&Share>) -> PsockStats {
     if let Some(sh) = share {
         st.reserved += sh.reserved;
         st.unreserved += sh.unreserved;
+        st.tx_backlog_refusals += sh.refusals;
     }
     st
 }

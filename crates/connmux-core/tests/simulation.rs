@@ -8,6 +8,12 @@
 //! queue (KCM §1.12), which may reorder them there, so order is not asserted
 //! in runs with disables.
 //!
+//! A second simulation drives the transmit side (both transmit policies,
+//! addressed sends up to their refusals, partial and failed writes, peers
+//! that answer, close or fail, socket closes, unattaches, leases) and checks
+//! at every step that each psock's share on the sockets' side holds what the
+//! psock itself has: the sockets' side decides from the share alone.
+//!
 //! Replay one run: `CONNMUX_SEED=<seed> cargo test -p connmux-core --test simulation`.
 
 mod common;
@@ -108,6 +114,10 @@ fn run(seed: u64) -> Run {
         );
         // The memory budget's running count never drifts from the real sum.
         assert_eq!(m.memory_counted(), m.memory_used(), "seed {seed} step {step}: budget count drifted");
+        // What the sockets' side decides from equals what the psocks hold.
+        if let Err(e) = m.shares_exact() {
+            panic!("seed {seed} step {step}: {e}");
+        }
     };
     let total_msgs = sent.len();
     let mut received = 0;
@@ -267,5 +277,270 @@ fn simulation_random_splits_reads_disables_and_pressure() {
         assert!(feeds >= 10_000, "only {feeds} splits");
         assert!(with_pause > seeds.len() / 10, "backpressure barely exercised");
         assert!(with_disables > seeds.len() / 4, "disables barely exercised");
+    }
+}
+
+/// What one seeded transmit run went through (to check the runs cover it).
+#[derive(Default)]
+struct TxRun {
+    least_outstanding: bool,
+    refusals: usize,
+    failures: usize,
+    leases: usize,
+    digest: u64,
+}
+
+/// Seeded simulation of the transmit side: plain sends under both transmit
+/// policies, addressed sends up to their refusals (the psock's backlog, the
+/// socket's send buffer), batches, writers that write part of a chunk, fail
+/// or report after an unattach, peers that answer, close, send bad bytes or
+/// stall mid-message, sockets closed and psocks unattached, leases taken
+/// with replies and given back. Checked at every step: each psock's share
+/// holds what the psock has (`Mux::shares_exact`: the sockets' side decides
+/// refusals and `TxPolicy::LeastOutstanding` from it) and the memory bound.
+/// `digest` hashes every call's result and every event, the same for two
+/// builds that decide the same.
+fn run_tx(seed: u64) -> TxRun {
+    use connmux_core::mux::{Lease, RxError, SendFlags};
+    use connmux_core::Bytes;
+    use std::hash::{Hash, Hasher};
+
+    let mut rng = StdRng::seed_from_u64(seed);
+    let policy = if rng.gen_bool(0.5) { TxPolicy::LeastOutstanding } else { TxPolicy::RoundRobin };
+    let max_msg = 600;
+    let cfg = MuxConfig {
+        max_msg_size: max_msg,
+        assembly_timeout: Some(Duration::from_millis(rng.gen_range(50..500))),
+        sock_sndbuf: rng.gen_range(64..4000),
+        psock_sndbuf: rng.gen_range(64..4000),
+        steering: Steering::Affinity,
+        tx_policy: policy,
+        ..MuxConfig::default()
+    };
+    let mut m = Mux::new(cfg);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut r = TxRun { least_outstanding: policy == TxPolicy::LeastOutstanding, ..TxRun::default() };
+    let n_socks = rng.gen_range(1..=3u32);
+    let mut socks: Vec<(SockId, SockType)> = Vec::new();
+    let new_sock = |m: &mut Mux, rng: &mut StdRng, tag: u32| {
+        let ty = if rng.gen_bool(0.5) { SockType::Dgram } else { SockType::SeqPacket };
+        let s = m.socket(ty);
+        m.set_affinity(s, Some(tag)).unwrap();
+        (s, ty)
+    };
+    for i in 0..n_socks {
+        socks.push(new_sock(&mut m, &mut rng, i));
+    }
+    let mut psocks: Vec<PsockId> = Vec::new();
+    let mut attached = 0u32;
+    let mut attach = |m: &mut Mux| {
+        attached += 1;
+        m.attach(L4::boxed(), PsockConfig { affinity: Some(attached % n_socks), ..PsockConfig::default() })
+    };
+    for _ in 0..rng.gen_range(1..=4) {
+        psocks.push(attach(&mut m));
+    }
+    // Chunks out with a writer, by psock: their length.
+    let mut out: HashMap<PsockId, usize> = HashMap::new();
+    let mut lease: Option<(Lease, Vec<(Bytes, u32)>)> = None;
+    let mut now = 0u64;
+    let msg = |rng: &mut StdRng, tag: u8| l4(&vec![tag; rng.gen_range(1..120)]);
+    for step in 0..2000u32 {
+        let action = rng.gen_range(0..100);
+        let s = socks[rng.gen_range(0..socks.len())];
+        let p = psocks[rng.gen_range(0..psocks.len())];
+        let res: String = if action < 20 {
+            // A plain send (placed by the policy).
+            let batch = rng.gen_bool(0.1);
+            let flags = match s.1 {
+                SockType::SeqPacket => SendFlags { eor: true, batch, more: false },
+                SockType::Dgram => SendFlags { batch, ..SendFlags::default() },
+            };
+            format!("{:?}", m.send(s.0, &msg(&mut rng, 1), flags))
+        } else if action < 40 {
+            // An addressed send: one message, several, or several and the chunk.
+            let res = match rng.gen_range(0..4) {
+                0 | 1 => m.send_msg(s.0, Some(p), Bytes::from(msg(&mut rng, 2)), rng.gen_bool(0.2)).map(|_| false),
+                2 => {
+                    let k = rng.gen_range(1..5u32);
+                    let data: Vec<u8> = (0..k).flat_map(|_| msg(&mut rng, 3)).collect();
+                    m.send_msgs_to(s.0, p, Bytes::from(data), k).map(|_| false)
+                }
+                _ => {
+                    let k = rng.gen_range(1..5u32);
+                    let data: Vec<u8> = (0..k).flat_map(|_| msg(&mut rng, 4)).collect();
+                    let mut slices = Vec::new();
+                    let began = m.send_msgs_to_begin(s.0, p, Bytes::from(data), k, &mut slices);
+                    if began == Ok(true) {
+                        out.insert(p, slices.iter().map(|b| b.len()).sum());
+                    }
+                    began
+                }
+            };
+            r.refusals += usize::from(res == Err(MuxError::WouldBlock));
+            format!("{res:?}")
+        } else if action < 55 {
+            // A writer: begins a chunk, or reports one (in part, or failed).
+            match out.remove(&p) {
+                Some(len) if rng.gen_bool(0.03) => {
+                    m.tx_failed(p, 104);
+                    format!("failed {len}")
+                }
+                Some(len) => {
+                    let n = if rng.gen_bool(0.6) { len } else { rng.gen_range(0..=len) };
+                    m.tx_complete(p, n);
+                    format!("wrote {n} of {len}")
+                }
+                None => {
+                    let chunk = m.tx_begin(p);
+                    if let Some(c) = &chunk {
+                        out.insert(p, c.len());
+                    }
+                    format!("{:?}", chunk.map(|c| c.len()))
+                }
+            }
+        } else if action < 65 {
+            // The peer answers (or sends a message too large, or stalls in one).
+            let data = match rng.gen_range(0..100) {
+                0 => (max_msg as u32 * 2).to_be_bytes().to_vec(),
+                1 => 50u32.to_be_bytes().to_vec(),
+                _ => msg(&mut rng, 5),
+            };
+            if m.rx_capacity(p) >= data.len() {
+                format!("{:?}", m.feed(p, &data, Timestamp::from_nanos(now)))
+            } else {
+                "full".into()
+            }
+        } else if action < 75 {
+            let mut n = 0;
+            while m.recv_msg(s.0).is_ok() {
+                n += 1;
+            }
+            format!("read {n}")
+        } else if action < 80 {
+            now += rng.gen_range(0..200_000_000);
+            m.handle_timeout(Timestamp::from_nanos(now));
+            "time".into()
+        } else if action < 81 {
+            let res = if rng.gen_bool(0.5) {
+                m.rx_closed(p, rng.gen_bool(0.5).then_some(104))
+            } else {
+                m.rx_abort(p, RxError::Tls("bad record".into()))
+            };
+            format!("{res:?}")
+        } else if action < 84 {
+            if socks.len() > 1 && rng.gen_bool(0.5) {
+                let i = rng.gen_range(0..socks.len());
+                format!("{:?}", m.close(socks.swap_remove(i).0))
+            } else {
+                let tag = rng.gen_range(0..n_socks);
+                socks.push(new_sock(&mut m, &mut rng, tag));
+                "socket".into()
+            }
+        } else if action < 86 {
+            if psocks.len() > 1 && rng.gen_bool(0.5) {
+                let i = rng.gen_range(0..psocks.len());
+                format!("{:?}", m.unattach(psocks.swap_remove(i)))
+            } else {
+                psocks.push(attach(&mut m));
+                "attach".into()
+            }
+        } else if action < 90 {
+            format!("{:?}", m.end_batch(s.0))
+        } else if action < 97 {
+            // A lease: taken with the replies queued, used, given back.
+            match lease.take() {
+                None => match m.lease_taking(p, s.0, 0, rng.gen_range(0..2000), 0) {
+                    Some(mut l) => {
+                        r.leases += 1;
+                        let unsent = l.take_unsent();
+                        let res = format!("lent {}", unsent.len());
+                        lease = Some((l, unsent));
+                        res
+                    }
+                    None => "not lent".into(),
+                },
+                Some((mut l, mut unsent)) => match rng.gen_range(0..4) {
+                    0 => {
+                        let mut runs = Vec::new();
+                        let n = l.frame(&msg(&mut rng, 6), &mut runs);
+                        lease = Some((l, unsent));
+                        format!("framed {n}")
+                    }
+                    1 => {
+                        if !unsent.is_empty() {
+                            let (chunk, msgs) = unsent.remove(0);
+                            l.wrote(msgs, chunk.len());
+                        }
+                        let ok = m.lease_sync(&mut l, Timestamp::from_nanos(now));
+                        if ok {
+                            lease = Some((l, unsent));
+                        } else {
+                            m.unlease_queued(l, unsent, Timestamp::from_nanos(now));
+                        }
+                        format!("synced {ok}")
+                    }
+                    _ => {
+                        m.unlease_queued(l, unsent, Timestamp::from_nanos(now));
+                        "unleased".into()
+                    }
+                },
+            }
+        } else {
+            format!("{:?}", m.set_sndbuf(s.0, rng.gen_range(64..4000)))
+        };
+        res.hash(&mut h);
+        for e in events(&mut m) {
+            if matches!(e, Event::PsockFailed(..)) {
+                r.failures += 1;
+            }
+            format!("{e:?}").hash(&mut h);
+        }
+        if let Err(e) = m.shares_exact() {
+            panic!("seed {seed} step {step}: {e}");
+        }
+        assert!(m.memory_used() <= m.memory_bound(), "seed {seed} step {step}: over the memory bound");
+    }
+    format!("{:?}", m.stats()).hash(&mut h);
+    r.digest = h.finish();
+    r
+}
+
+#[test]
+fn simulation_transmit_shares_follow_their_psocks() {
+    let seeds: Vec<u64> = match std::env::var("CONNMUX_SEED") {
+        Ok(s) => vec![s.parse().expect("CONNMUX_SEED must be a number")],
+        Err(_) => (0..300).map(|i| 0x7a5e_0000 + i).collect(),
+    };
+    let mut total = TxRun::default();
+    let mut balanced = 0;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for seed in seeds.iter().copied() {
+        let r = match std::panic::catch_unwind(|| run_tx(seed)) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("transmit simulation failed: replay with CONNMUX_SEED={seed}");
+                std::panic::resume_unwind(e);
+            }
+        };
+        std::hash::Hash::hash(&r.digest, &mut h);
+        balanced += usize::from(r.least_outstanding);
+        total.refusals += r.refusals;
+        total.failures += r.failures;
+        total.leases += r.leases;
+    }
+    eprintln!(
+        "transmit simulation: {} runs ({balanced} least outstanding), {} addressed sends refused, {} psock failures, {} leases; digest {:016x}",
+        seeds.len(),
+        total.refusals,
+        total.failures,
+        total.leases,
+        std::hash::Hasher::finish(&h)
+    );
+    if seeds.len() > 1 {
+        assert!(balanced > seeds.len() / 4 && balanced < seeds.len() * 3 / 4, "{balanced} balanced runs");
+        assert!(total.refusals > seeds.len(), "refusals barely exercised: {}", total.refusals);
+        assert!(total.failures > seeds.len(), "failures barely exercised: {}", total.failures);
+        assert!(total.leases > seeds.len() / 10, "leases barely exercised: {}", total.leases);
     }
 }

@@ -412,6 +412,10 @@ impl Mux {
         // Placed, and counted as the socket's sends, again when the lease
         // writes them (`lease_sync`); the part written before stays counted.
         ps.tx_placed -= u64::from(msgs);
+        if let Some(sh) = self.sk.share_mut(p) {
+            sh.placed -= u64::from(msgs);
+            sh.addr_gone(len);
+        }
         self.uncharge(s, len, msgs);
         if let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) {
             sock.stats.tx_msgs -= u64::from(msgs);
@@ -515,6 +519,12 @@ impl Mux {
             ps.stream.count_framed(c.rx_msgs, c.rx_bytes, c.last_len);
             add_tx(&mut ps.stats, c.tx_msgs, c.tx_bytes);
             ps.tx_placed += c.tx_msgs;
+            // Told to its share as the mux's own framing and placing are.
+            let received = ps.stream.stats().msgs;
+            if let Some(sh) = self.sk.share_mut(p) {
+                sh.placed += c.tx_msgs;
+                sh.received = received;
+            }
             if let Some(sock) = self.sk.socks.get_mut(lease.sock.index, lease.sock.generation) {
                 sock.stats.rx_msgs += c.rx_msgs;
                 sock.stats.rx_bytes += c.rx_delivered;
@@ -586,12 +596,13 @@ impl Mux {
     /// written) first on psock `p`'s queue, charged and counted as a send
     /// of them.
     fn unsent_first(&mut self, p: PsockId, s: SockId, chunk: Bytes, msgs: u32) {
-        let Mux { psocks, sk: super::Sockets { socks, .. }, .. } = self;
+        let Mux { psocks, sk, .. } = self;
         let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
-        let Some(sock) = socks.get_mut(s.index, s.generation) else { return };
+        let Some((sock, sh)) = sk.sock_and_share(s, p) else { return };
         let len = chunk.len();
         // Counted as `send_msgs_to` counts them.
         sock.charge(len, msgs);
+        sh.place(msgs, len);
         ps.tx_addr_bytes += len;
         ps.tx_placed += u64::from(msgs);
         ps.tx_queue.push_front(super::TxMsg::new(chunk, s, super::Placed::Addressed, msgs));

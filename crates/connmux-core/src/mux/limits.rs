@@ -243,6 +243,7 @@ impl Mux {
         let reported = ps.life.rx_over();
         ps.life = Life::Failed;
         ps.mem = MemState::Reading;
+        self.sk.no_answers(p);
         if !reported {
             self.events.push_back(Event::PsockFailed(p, PsockError::Rx(RxError::MemLimit { held, limit })));
         }
@@ -452,6 +453,7 @@ impl Mux {
             }
             ps.stream.stop();
             ps.life = Life::Failed;
+            self.sk.no_answers(p);
             self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
             self.sync_deadline(p);
             self.revoke(p);

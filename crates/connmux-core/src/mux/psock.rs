@@ -140,9 +140,12 @@ pub(super) struct Psock {
     pub(super) tx_queue: VecDeque<TxMsg>,
     /// Who may write it now (see [`Tx`]).
     pub(super) tx: Tx,
-    /// Bytes of addressed messages on the queue not yet fully written.
+    /// Bytes of addressed messages on the queue not yet fully written (its
+    /// share keeps the copy the sockets' side refuses sends from: every
+    /// change here is reported to it).
     pub(super) tx_addr_bytes: usize,
-    /// Messages ever queued on it (the first term of its outstanding work).
+    /// Messages ever queued on it (the first term of its outstanding work;
+    /// copied in its share as they are placed).
     pub(super) tx_placed: u64,
     /// The assembly deadline armed in the mux's [`Deadlines`], if any (it
     /// mirrors `stream.deadline()` after every call).
@@ -194,10 +197,19 @@ impl Psock {
     }
 
     /// Messages queued on it minus messages received from it: the requests
-    /// it has not answered yet, as `TxPolicy::LeastOutstanding` counts them.
+    /// it has not answered yet, as `TxPolicy::LeastOutstanding` counts them
+    /// (from its share's copy: [`super::sockets::Share::outstanding`]).
     #[inline]
     pub(super) fn outstanding(&self) -> u64 {
         self.tx_placed.saturating_sub(self.stream.stats().msgs)
+    }
+
+    /// It can still answer what is placed on it: its transmit not stopped,
+    /// its receive running (told to its share when it ends, for good:
+    /// [`super::sockets::Share::answers`]).
+    #[inline]
+    pub(super) fn answers(&self) -> bool {
+        self.tx != Tx::Stopped && self.rx_running()
     }
 
     /// The next chunk to write (`poll_transmit`, KCM's `kcm_write_msgs`):
@@ -238,8 +250,9 @@ impl Psock {
     /// leave the queue. Their owners' charges are returned, consecutive
     /// messages of one owner (a served batch's replies) as one entry: the
     /// last in the return value (usually the only one), earlier ones pushed
-    /// on `done`; `rsvd` counts those placed by a reservation (for the
-    /// sockets' side: [`super::sockets::Sockets::rsvd_written`]).
+    /// on `done`; `wrote` counts those placed by a reservation and the bytes
+    /// of the addressed ones (for the sockets' side:
+    /// [`super::sockets::Sockets::written`]).
     #[inline]
     pub(super) fn on_written(
         &mut self,
@@ -247,7 +260,7 @@ impl Psock {
         n: usize,
         now: Timestamp,
         done: &mut Vec<Charge>,
-        rsvd: &mut usize,
+        wrote: &mut Wrote,
     ) -> Option<Charge> {
         if n > 0 {
             self.last_active = now;
@@ -267,8 +280,11 @@ impl Psock {
                 let m = self.tx_queue.pop_front().expect("inflight message");
                 self.stats.tx_msgs += u64::from(m.msgs);
                 match m.placed {
-                    Placed::Addressed => self.tx_addr_bytes -= m.data.len(),
-                    Placed::Reserved => *rsvd += 1,
+                    Placed::Addressed => {
+                        self.tx_addr_bytes -= m.data.len();
+                        wrote.addr_bytes += m.data.len();
+                    }
+                    Placed::Reserved => wrote.rsvd += 1,
                     Placed::Balanced => {}
                 }
                 match &mut last {
@@ -320,7 +336,7 @@ impl Psock {
         });
         let before = self.tx_addr_bytes;
         self.tx_addr_bytes -= addr_dropped;
-        DropOwner::Dropped { resume: backlog_drained(config, before, self.tx_addr_bytes) }
+        DropOwner::Dropped { resume: backlog_drained(config, before, self.tx_addr_bytes), addr_bytes: addr_dropped }
     }
 
     /// `TxPolicy::LeastOutstanding` and the psock can no longer answer: its
@@ -352,6 +368,7 @@ impl Psock {
             let in_chunk = writer_out && i < inflight;
             if m.addressed() {
                 self.tx_addr_bytes -= m.data.len();
+                ev.addr_bytes += m.data.len();
                 if in_chunk {
                     ev.out.push(Ok(m));
                 } else {
@@ -407,8 +424,19 @@ pub(super) enum DropOwner {
     /// A message of the socket is part-way out: the psock is to be aborted.
     MidMessage,
     /// Its messages left; `resume`: that took the reply backlog under the
-    /// pause mark (the psock is read again).
-    Dropped { resume: bool },
+    /// pause mark (the psock is read again); `addr_bytes`: the bytes of
+    /// addressed messages among them (for its share's copy of the backlog).
+    Dropped { resume: bool, addr_bytes: usize },
+}
+
+/// What a psock's write took off its queue besides the charges
+/// ([`Psock::on_written`]), for the sockets' side.
+#[derive(Debug, Default)]
+pub(super) struct Wrote {
+    /// Messages placed by a reservation, written whole.
+    pub(super) rsvd: usize,
+    /// Bytes of addressed messages written whole.
+    pub(super) addr_bytes: usize,
 }
 
 /// What left a psock's transmit queue that will not be written
@@ -425,6 +453,9 @@ pub(super) struct Evacuated {
     /// kept for the writer's report; `Err(n)` the `n` bytes it had of a
     /// message gone elsewhere.
     pub(super) out: Vec<Result<TxMsg, usize>>,
+    /// Bytes of the addressed messages that left the queue (dropped, or
+    /// kept for the writer's report): for its share's copy of the backlog.
+    pub(super) addr_bytes: usize,
 }
 
 /// The reply backlog (`tx_addr_bytes`) at which a psock stops being read.

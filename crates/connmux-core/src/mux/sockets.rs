@@ -2,10 +2,11 @@
 //! waiting to receive (`kcm_rx_waiters`) and to send (`kcm_tx_waiters`), the
 //! psocks waiting for a socket to take a message (`psocks_ready`) and free
 //! for a reservation (`psocks_avail`), the hold queue, and the steering
-//! policy that picks the socket for a message, and what the readers owe each
-//! psock (its messages waiting in queues, those taken and not yet answered:
-//! [`Share`]). What one connection owns is in [`super::psock`]; the mux
-//! (`super`) moves messages between the two.
+//! policy that picks the socket for a message, what the readers owe each
+//! psock (its messages waiting in queues, those taken and not yet answered)
+//! and what each psock reported of its transmit side ([`Share`]). What one
+//! connection owns is in [`super::psock`]; the mux (`super`) moves messages
+//! and reports between the two.
 
 use std::collections::VecDeque;
 
@@ -53,8 +54,11 @@ pub(super) enum ToPsock {
 }
 
 /// What the sockets' side keeps of one psock: its messages in the hands of
-/// readers. The psock's owner is told what it needs of this (its reading
-/// held back, its last message answered), never reads it.
+/// readers, its reservation, and what the psock reported of its transmit
+/// side (its addressed backlog, messages placed on it and received from it,
+/// whether it can still answer). The psock's owner is told what it needs of
+/// this (its reading held back, its last message answered), never reads it;
+/// the sockets' side decides from it and never reads the psock.
 #[derive(Debug)]
 pub(super) struct Share {
     generation: u32,
@@ -72,7 +76,7 @@ pub(super) struct Share {
     /// The socket holding its reservation.
     pub(super) tx_kcm: Option<SockId>,
     /// Messages of `tx_kcm` placed on it and not yet written whole (the
-    /// psock reports them as it writes: [`Sockets::rsvd_written`]).
+    /// psock reports them as it writes: [`Sockets::written`]).
     pub(super) tx_rsvd_msgs: usize,
     /// On the list of psocks free for a reservation (`psocks_avail`).
     pub(super) in_avail: bool,
@@ -82,6 +86,25 @@ pub(super) struct Share {
     /// statistics).
     pub(super) reserved: u64,
     pub(super) unreserved: u64,
+    // ---- transmit: what the psock reported of its queue and its life ----
+    /// Bytes of addressed messages placed on it not yet written whole (its
+    /// psock's `tx_addr_bytes`): raised as they are placed ([`Share::place`]),
+    /// lowered as the psock reports them written, dropped or taken
+    /// ([`Share::addr_gone`]). So an addressed send is refused here, without
+    /// a look at the psock.
+    pub(super) addr_backlog: usize,
+    /// Addressed sends refused for that backlog (its `tx_backlog_refusals`).
+    pub(super) refusals: u64,
+    /// Messages placed on it over its life (its psock's `tx_placed`), the
+    /// first term of its outstanding work ([`Share::outstanding`]).
+    pub(super) placed: u64,
+    /// Messages received from it, as its psock last reported after framing
+    /// (its stream's count), the second term.
+    pub(super) received: u64,
+    /// It can still answer (transmit not stopped, receive running): lowered
+    /// for good by the glue when that ends, so `TxPolicy::LeastOutstanding`
+    /// passes it over without a look at the psock.
+    pub(super) answers: bool,
 }
 
 impl Share {
@@ -103,6 +126,26 @@ impl Share {
         }
         false
     }
+    /// Messages placed on it minus messages received from it (never below
+    /// 0): the requests it has not answered yet, as
+    /// `TxPolicy::LeastOutstanding` counts them.
+    #[inline]
+    pub(super) fn outstanding(&self) -> u64 {
+        self.placed.saturating_sub(self.received)
+    }
+    /// `msgs` messages were placed on its psock, `addr_bytes` of them
+    /// addressed (0 for a reservation's or the balancing's).
+    #[inline]
+    pub(super) fn place(&mut self, msgs: u32, addr_bytes: usize) {
+        self.placed += u64::from(msgs);
+        self.addr_backlog += addr_bytes;
+    }
+    /// Its psock reports `bytes` of addressed messages off its queue
+    /// (written whole, dropped, evacuated).
+    #[inline]
+    pub(super) fn addr_gone(&mut self, bytes: usize) {
+        self.addr_backlog -= bytes;
+    }
 }
 
 impl Sockets {
@@ -123,6 +166,11 @@ impl Sockets {
             tx_stopped: false,
             reserved: 0,
             unreserved: 0,
+            addr_backlog: 0,
+            refusals: 0,
+            placed: 0,
+            received: 0,
+            answers: true,
         });
     }
     /// A psock was unattached: its share, off the list of free psocks.
@@ -144,6 +192,39 @@ impl Sockets {
     #[inline]
     pub(super) fn share_mut(&mut self, p: PsockId) -> Option<&mut Share> {
         self.shares.get_mut(p.index as usize)?.as_mut().filter(|sh| sh.generation == p.generation)
+    }
+    /// Socket `s` and psock `p`'s share together (an addressed send looks
+    /// at both once).
+    #[inline]
+    pub(super) fn sock_and_share(&mut self, s: SockId, p: PsockId) -> Option<(&mut Sock, &mut Share)> {
+        let sock = self.socks.get_mut(s.index, s.generation)?;
+        let sh = self.shares.get_mut(p.index as usize)?.as_mut().filter(|sh| sh.generation == p.generation)?;
+        Some((sock, sh))
+    }
+    /// The shares of the attached psocks, with their ids.
+    pub(super) fn shares(&self) -> impl Iterator<Item = (PsockId, &Share)> {
+        self.shares
+            .iter()
+            .enumerate()
+            .filter_map(|(i, sh)| sh.as_ref().map(|sh| (PsockId { index: i as u32, generation: sh.generation }, sh)))
+    }
+    /// `TxPolicy::LeastOutstanding`: the psock that can still answer with
+    /// the fewest outstanding messages; among equals, the first after index
+    /// `after` (the one chosen last). From the shares alone: what the psocks
+    /// reported.
+    pub(super) fn least_outstanding(&self, after: u32) -> Option<PsockId> {
+        self.shares()
+            .filter(|(_, sh)| sh.answers)
+            .min_by_key(|(p, sh)| (sh.outstanding(), p.index.wrapping_sub(after).wrapping_sub(1)))
+            .map(|(p, _)| p)
+    }
+    /// Psock `p` reports that it can no longer answer (its transmit
+    /// stopped, or its receive is over): passed over from now on.
+    #[inline]
+    pub(super) fn no_answers(&mut self, p: PsockId) {
+        if let Some(sh) = self.share_mut(p) {
+            sh.answers = false;
+        }
     }
     /// A reader took a whole message of psock `p` from a queue (`holds`: its
     /// socket holds what its reader takes until settled): tells `Resume`
@@ -505,11 +586,13 @@ impl Sockets {
         Some(s)
     }
 
-    /// `n` messages of psock `p`'s reservation were written whole: whether
-    /// the reservation is now to be released (nothing of it left on the
-    /// psock, nothing more queued on its socket).
-    pub(super) fn rsvd_written(&mut self, p: PsockId, n: usize) -> bool {
+    /// Psock `p` wrote messages whole: `n` of its reservation, `addr_bytes`
+    /// of addressed ones. Whether the reservation is now to be released
+    /// (nothing of it left on the psock, nothing more queued on its socket).
+    #[inline]
+    pub(super) fn written(&mut self, p: PsockId, n: usize, addr_bytes: usize) -> bool {
         let Some(sh) = self.share_mut(p) else { return false };
+        sh.addr_gone(addr_bytes);
         sh.tx_rsvd_msgs -= n;
         match sh.tx_kcm {
             Some(s) if sh.tx_rsvd_msgs == 0 => {
@@ -554,10 +637,12 @@ impl Sockets {
         true
     }
 
-    /// Psock `p` writes nothing more: off the free list for good.
+    /// Psock `p` writes nothing more: off the free list for good, and it
+    /// can no longer answer.
     pub(super) fn stop_tx(&mut self, p: PsockId) {
         let Some(sh) = self.share_mut(p) else { return };
         sh.tx_stopped = true;
+        sh.answers = false;
         if std::mem::replace(&mut sh.in_avail, false) {
             self.psocks_avail.retain(|x| *x != p);
         }

@@ -104,8 +104,11 @@ pub fn attach_l4(m: &mut Mux) -> PsockId {
     m.attach(L4::boxed(), PsockConfig::default())
 }
 
-/// Drain every pending event.
+/// Drain every pending event. Checks on the way that the sockets' side
+/// holds what each psock reported ([`Mux::shares_exact`]).
+#[track_caller]
 pub fn events(m: &mut Mux) -> Vec<Event> {
+    assert_shares(m);
     let mut v = Vec::new();
     for _ in 0..1_000_000 {
         match m.poll_event() {
@@ -114,6 +117,14 @@ pub fn events(m: &mut Mux) -> Vec<Event> {
         }
     }
     panic!("event queue never drained");
+}
+
+/// Each psock's share holds what the psock has of its transmit side.
+#[track_caller]
+pub fn assert_shares(m: &Mux) {
+    if let Err(e) = m.shares_exact() {
+        panic!("share out of step with its psock: {e}");
+    }
 }
 
 /// Write everything psock `p` has pending, as a driver with an always-ready
@@ -126,6 +137,7 @@ pub fn flush(m: &mut Mux, p: PsockId) -> Vec<u8> {
             wire.extend_from_slice(s);
         }
         m.tx_complete(p, chunk.len());
+        assert_shares(m);
     }
     panic!("psock never drained");
 }
