@@ -22,21 +22,25 @@ fn reply(peer: &mut TcpStream, what: &str) -> Vec<u8> {
     body
 }
 
-/// Four requests queued; the application answers the first and receives no
-/// more: the answer still arrives (corked, then written by the worker).
-fn a_corked_reply_arrives_without_another_receive() {
+/// A mux, a socket and a connection whose peer sent four requests, all
+/// queued on the socket (the mux and our end are kept alive by the caller).
+fn four_queued() -> (connmux::Mux, connmux::KcmSocket, TcpStream, TcpStream) {
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
     sock.set_read_timeout(Some(WAIT)).unwrap();
     let (ours, mut peer) = pair();
     peer.set_read_timeout(Some(WAIT)).unwrap();
     mux.attach(&ours, l4()).unwrap();
-    let mut burst = Vec::new();
-    for i in 0..4u8 {
-        burst.extend_from_slice(&framed(&[i; 8]));
-    }
+    let burst: Vec<u8> = (0..4u8).flat_map(|i| framed(&[i; 8])).collect();
     write_all(&mut peer, &burst);
     eventually(|| (sock.queued() == 4).then_some(()));
+    (mux, sock, ours, peer)
+}
+
+/// Four requests queued; the application answers the first and receives no
+/// more: the answer still arrives (corked, then written by the worker).
+fn a_corked_reply_arrives_without_another_receive() {
+    let (_mux, sock, _ours, mut peer) = four_queued();
     let m = sock.recv_msg().unwrap();
     assert_eq!(sock.queued(), 3, "the rest stays queued");
     sock.send_to(b"\0\0\0\x06answer", m.psock).unwrap();
@@ -49,18 +53,7 @@ fn a_corked_reply_arrives_without_another_receive() {
 /// socket not having waited since); it is asked again, and the second
 /// answer arrives too with no further call on the socket.
 fn a_second_corked_reply_after_the_worker_wrote_the_first_arrives() {
-    let mux = mux_with(|_| {});
-    let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_read_timeout(Some(WAIT)).unwrap();
-    let (ours, mut peer) = pair();
-    peer.set_read_timeout(Some(WAIT)).unwrap();
-    mux.attach(&ours, l4()).unwrap();
-    let mut burst = Vec::new();
-    for i in 0..4u8 {
-        burst.extend_from_slice(&framed(&[i; 8]));
-    }
-    write_all(&mut peer, &burst);
-    eventually(|| (sock.queued() == 4).then_some(()));
+    let (_mux, sock, _ours, mut peer) = four_queued();
     for answer in [&b"\0\0\0\x05first"[..], b"\0\0\0\x06second"] {
         let m = sock.recv_msg().unwrap();
         assert!(sock.queued() > 0, "the rest stays queued");
