@@ -847,7 +847,6 @@ impl Mux {
             tx_queue: VecDeque::new(),
             tx: Tx::Idle,
             tx_addr_bytes: 0,
-            tx_placed: 0,
             timer: None,
             mem: MemState::Reading,
             counted: 0,
@@ -1857,11 +1856,12 @@ impl Mux {
     /// Messages queued on psock `p` over its life minus messages received
     /// from it (never below 0): what `TxPolicy::LeastOutstanding` compares.
     pub fn psock_outstanding(&self, p: PsockId) -> Result<u64, MuxError> {
-        Ok(self.psock(p)?.outstanding())
+        self.psock(p)?;
+        Ok(self.sk.share(p).map_or(0, Share::outstanding))
     }
 
     /// Whether every psock's share holds what the psock itself has of its
-    /// transmit side (addressed backlog, messages placed and received,
+    /// transmit side (addressed backlog, messages received,
     /// whether it can answer), and every share has a psock: the sockets'
     /// side decides from the shares, so an update the glue missed shows
     /// here. `Err` names the first difference. For tests (a walk of the
@@ -1871,10 +1871,10 @@ impl Mux {
         for (i, g, ps) in self.psocks.iter() {
             let p = pid((i, g));
             let Some(sh) = self.sk.share(p) else { return Err(format!("{p:?}: no share")) };
-            let mine = (ps.tx_addr_bytes, ps.tx_placed, ps.stream.stats().msgs, ps.answers());
-            let told = (sh.addr_backlog, sh.placed, sh.received, sh.answers);
+            let mine = (ps.tx_addr_bytes, ps.stream.stats().msgs, ps.answers());
+            let told = (sh.addr_backlog, sh.received, sh.answers);
             if mine != told {
-                return Err(format!("{p:?}: (backlog, placed, received, answers) {mine:?}, its share {told:?}"));
+                return Err(format!("{p:?}: (backlog, received, answers) {mine:?}, its share {told:?}"));
             }
         }
         let shares = self.sk.shares().count();

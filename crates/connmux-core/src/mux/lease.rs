@@ -411,7 +411,6 @@ impl Mux {
         }
         // Placed, and counted as the socket's sends, again when the lease
         // writes them (`lease_sync`); the part written before stays counted.
-        ps.tx_placed -= u64::from(msgs);
         if let Some(sh) = self.sk.share_mut(p) {
             sh.placed -= u64::from(msgs);
             sh.addr_gone(len);
@@ -518,7 +517,6 @@ impl Mux {
             ps.last_active = now;
             ps.stream.count_framed(c.rx_msgs, c.rx_bytes, c.last_len);
             add_tx(&mut ps.stats, c.tx_msgs, c.tx_bytes);
-            ps.tx_placed += c.tx_msgs;
             // Told to its share as the mux's own framing and placing are.
             let received = ps.stream.stats().msgs;
             if let Some(sh) = self.sk.share_mut(p) {
@@ -604,7 +602,6 @@ impl Mux {
         sock.charge(len, msgs);
         sh.place(msgs, len);
         ps.tx_addr_bytes += len;
-        ps.tx_placed += u64::from(msgs);
         ps.tx_queue.push_front(super::TxMsg::new(chunk, s, super::Placed::Addressed, msgs));
     }
 

@@ -144,9 +144,6 @@ pub(super) struct Psock {
     /// share keeps the copy the sockets' side refuses sends from: every
     /// change here is reported to it).
     pub(super) tx_addr_bytes: usize,
-    /// Messages ever queued on it (the first term of its outstanding work;
-    /// copied in its share as they are placed).
-    pub(super) tx_placed: u64,
     /// The assembly deadline armed in the mux's [`Deadlines`], if any (it
     /// mirrors `stream.deadline()` after every call).
     pub(super) timer: Option<Armed>,
@@ -194,14 +191,6 @@ impl Psock {
             || self.readers_hold
             || self.mem != MemState::Reading
             || self.tx_addr_bytes >= backlog_pause(config)
-    }
-
-    /// Messages queued on it minus messages received from it: the requests
-    /// it has not answered yet, as `TxPolicy::LeastOutstanding` counts them
-    /// (from its share's copy: [`super::sockets::Share::outstanding`]).
-    #[inline]
-    pub(super) fn outstanding(&self) -> u64 {
-        self.tx_placed.saturating_sub(self.stream.stats().msgs)
     }
 
     /// It can still answer what is placed on it: its transmit not stopped,
@@ -309,7 +298,6 @@ impl Psock {
         if m.addressed() {
             self.tx_addr_bytes += m.data.len();
         }
-        self.tx_placed += u64::from(m.msgs);
         self.tx_queue.push_back(m);
     }
 

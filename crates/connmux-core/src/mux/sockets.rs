@@ -95,8 +95,9 @@ pub(super) struct Share {
     pub(super) addr_backlog: usize,
     /// Addressed sends refused for that backlog (its `tx_backlog_refusals`).
     pub(super) refusals: u64,
-    /// Messages placed on it over its life (its psock's `tx_placed`), the
-    /// first term of its outstanding work ([`Share::outstanding`]).
+    /// Messages placed on it over its life (kept here only: the sockets'
+    /// side places them), the first term of its outstanding work
+    /// ([`Share::outstanding`]).
     pub(super) placed: u64,
     /// Messages received from it, as its psock last reported after framing
     /// (its stream's count), the second term.
