@@ -239,6 +239,7 @@ impl Server {
             ("paused", p.paused.load(Relaxed)),
             ("bad_messages", n.bad_messages.load(Relaxed)),
             ("overloads", p.overloads.load(Relaxed)),
+            ("send_waits", p.send_waits.load(Relaxed)),
             ("send_failures", p.send_failures.load(Relaxed)),
             ("open_files", x.open_files.used() as u64),
             ("max_open", x.open_files.max_total as u64),

@@ -31,8 +31,13 @@
 //!   ([`Pool::room_outside`], counted by [`Conn::hold`] without asking the
 //!   mux, which a worker must not wait on).
 //! - **Send**: a reply the mux refuses (the connection's own backlog is
-//!   full) is retried with growing naps up to [`Options::send_timeout`];
-//!   past it the connection is aborted.
+//!   full), or one that would take the threads' replies in the mux past
+//!   one and a half rooms, is retried with growing naps up to
+//!   [`Options::send_timeout`]; past it the connection is aborted. The
+//!   ceiling leaves the last part of the mux's backlog to the replies the
+//!   I/O workers make: one refused there aborts its connection (a
+//!   Tversion's reply, read while the threads' replies of 1 MiB reads
+//!   filled the backlog, did).
 //! - **Batch**: a thread that takes its connection's next request under the
 //!   same hold of the lock as a reply's send (it runs it itself) sends that
 //!   reply with BATCH: written with the next reply, in one write, at most

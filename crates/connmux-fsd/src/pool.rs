@@ -45,7 +45,11 @@ pub struct Options {
     /// to end).
     pub slice: Duration,
     /// Unwritten reply bytes of a connection above which its requests
-    /// wait ([`ROOM`]).
+    /// wait ([`ROOM`]). The threads' replies in the mux never take more
+    /// than one and a half times it ([`Replier::send_gated`]): the rest of
+    /// the mux's backlog (`psock_sndbuf`, twice the room by default) is
+    /// left for the replies the I/O workers make, which are refused, and
+    /// their connection aborted, where it is full.
     pub room: u64,
     /// How long a thread waits to queue a reply before it gives up on the
     /// connection ([`SEND_TIMEOUT`]).
@@ -53,7 +57,9 @@ pub struct Options {
 }
 
 /// The default room: half the mux's backlog of replies per connection
-/// (4 MiB), so that the replies of the requests let through still fit in it.
+/// (4 MiB). The replies of the requests let through (up to `share` of
+/// them, each up to the message size limit) may go past it, up to the
+/// threads' ceiling of one and a half rooms ([`Options::room`]).
 pub const ROOM: u64 = 2 << 20;
 
 /// The shortest slice the kernel takes ([`Options::slice`]), what the
@@ -306,7 +312,13 @@ impl<T: Serve> Pool<T> {
         if !self.opts.slice.is_zero() {
             let _ = connmux_sys::affinity::set_current_thread_slice(self.opts.slice);
         }
-        let out = Replier::new(&sock, self.opts.send_timeout, &self.stopping, &self.stats);
+        let out = Replier::new(
+            &sock,
+            self.opts.room.saturating_add(self.opts.room / 2),
+            self.opts.send_timeout,
+            &self.stopping,
+            &self.stats,
+        );
         loop {
             let job = channel::select! {
                 recv(self.jobs) -> j => match j {

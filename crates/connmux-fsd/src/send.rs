@@ -2,7 +2,7 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use connmux::{Bytes, KcmSocket};
@@ -26,6 +26,12 @@ pub enum Sent {
 /// A file-system thread's way to its connections: the socket it sends on.
 pub struct Replier<'a, T: Serve> {
     sock: &'a KcmSocket,
+    /// Unwritten reply bytes of a connection the threads may leave in the
+    /// mux at most, below the mux's own bound: past that a reply
+    /// an I/O worker makes (an Rversion, say) is refused and aborts the
+    /// connection, so the threads leave it room. A reply that would take
+    /// the connection past it waits as one the mux refuses does.
+    ceiling: u64,
     /// How long a reply may wait for room (`Options::send_timeout`).
     send_timeout: Duration,
     /// The pool stops: waits end at once.
@@ -59,12 +65,14 @@ const NAP_MAX: Duration = Duration::from_millis(50);
 impl<'a, T: Serve> Replier<'a, T> {
     pub(crate) fn new(
         sock: &'a KcmSocket,
+        ceiling: u64,
         send_timeout: Duration,
         stopping: &'a AtomicBool,
         stats: &'a PoolStats,
     ) -> Replier<'a, T> {
         Replier {
             sock,
+            ceiling,
             send_timeout,
             stopping,
             stats,
@@ -131,7 +139,7 @@ impl<'a, T: Serve> Replier<'a, T> {
     }
 
     /// Queues `reply` on `conn`, waiting out a full backlog of the
-    /// connection up to the send timeout, under the connection's lock:
+    /// connection (or the threads' ceiling in it) up to the send timeout, under the connection's lock:
     /// `gate` (called before each try) says whether it is still wanted
     /// (`false`: dropped), and `then` is told what became of it and
     /// returns the messages to queue right behind it (not waited for: a
@@ -165,7 +173,22 @@ impl<'a, T: Serve> Replier<'a, T> {
             }
             let len = reply.len();
             let batch = self.may_batch(conn, &q);
-            match self.sock.send_msg_batch(conn.hold(reply.clone()), conn.psock(), batch) {
+            // (One reply alone goes whatever its size, as the mux takes it.
+            // The bytes written, not those the mux still holds: it may keep
+            // a written reply until its next write.)
+            let over = match conn.unwritten(self.ceiling.saturating_sub(len as u64), self.sock.mux()) {
+                Some(n) => n > 0 && n + len as u64 > self.ceiling,
+                None => false,
+            };
+            let sent = if over {
+                // What this thread's batch holds is written now: it may be
+                // what keeps the connection over the ceiling.
+                self.end_batch();
+                Err(std::io::ErrorKind::WouldBlock.into())
+            } else {
+                self.sock.send_msg_batch(conn.hold(reply.clone()), conn.psock(), batch)
+            };
+            match sent {
                 Ok(()) => {
                     conn.replied(len);
                     self.batched.set(if batch { self.batched.get() + 1 } else { 0 });
@@ -182,6 +205,9 @@ impl<'a, T: Serve> Replier<'a, T> {
                         && !self.stopping.load(SeqCst) =>
                 {
                     drop(q);
+                    if nap == NAP_FIRST {
+                        self.stats.send_waits.fetch_add(1, Relaxed);
+                    }
                     // (The mux wrote what the batch held.)
                     self.batched.set(0);
                     std::thread::sleep(nap);

@@ -11,6 +11,10 @@ pub struct PoolStats {
     pub paused: AtomicU64,
     /// Requests refused because their connection's backlog was full.
     pub overloads: AtomicU64,
+    /// Replies that waited to be queued: the connection's backlog in the
+    /// mux was full, or the threads' replies in it at their ceiling (each
+    /// reply counted once, however long it waited).
+    pub send_waits: AtomicU64,
     /// Replies that could not be queued in time (connection aborted).
     pub send_failures: AtomicU64,
 }

@@ -62,9 +62,9 @@ struct Rig {
     addr: SocketAddr,
 }
 
-fn rig(name: &str, room: u64) -> Rig {
+fn rig(name: &str, room: u64, share: usize) -> Rig {
     let mux = Mux::new(connmux::Config::default()).unwrap();
-    let opts = Options { name: name.into(), threads: 4, queue: 256, share: 2, room, ..Options::default() };
+    let opts = Options { name: name.into(), threads: 4, queue: 256, share, room, ..Options::default() };
     let pool = Pool::start(&mux, opts, Sized).unwrap();
     let h = Arc::new(H { pool: pool.clone(), seen: Mutex::default() });
     let cfg = ServiceConfig {
@@ -134,7 +134,7 @@ fn stop_within(pool: &Arc<Pool<Sized>>, within: Duration) -> Duration {
 
 #[test]
 fn a_peer_that_reads_nothing_is_paused_alone_and_resumed_when_it_reads() {
-    let r = rig("fsdp", connmux_fsd::Options::default().room);
+    let r = rig("fsdp", connmux_fsd::Options::default().room, 2);
     // (A thread names itself when it first runs.)
     wait_for("4 file-system threads and the waker", Duration::from_secs(10), || threads_named("fsdp-") == 5);
     let mut hog = TcpStream::connect(r.addr).unwrap();
@@ -164,7 +164,7 @@ fn a_peer_that_reads_nothing_is_paused_alone_and_resumed_when_it_reads() {
 
 #[test]
 fn stop_joins_the_threads_while_a_connection_is_paused() {
-    let r = rig("fsdq", connmux_fsd::Options::default().room);
+    let r = rig("fsdq", connmux_fsd::Options::default().room, 2);
     let mut hog = TcpStream::connect(r.addr).unwrap();
     for _ in 0..64 {
         ask(&mut hog, 1 << 20);
@@ -184,7 +184,7 @@ fn stop_joins_the_threads_while_a_connection_is_paused() {
 fn stop_joins_threads_that_wait_to_queue_replies() {
     // No room bound: the threads queue replies until the mux refuses them
     // (the connection's backlog full) and then wait, with naps, for it.
-    let r = rig("fsdr", u64::MAX);
+    let r = rig("fsdr", u64::MAX, 2);
     let mut hog = TcpStream::connect(r.addr).unwrap();
     for _ in 0..64 {
         ask(&mut hog, 1 << 20);
@@ -199,6 +199,42 @@ fn stop_joins_threads_that_wait_to_queue_replies() {
     assert!(took < Duration::from_secs(1), "stop took {took:?}");
     eprintln!("stopped in {took:?} with threads waiting to queue replies");
     wait_threads_gone("fsdr-");
+    drop(r.svc);
+}
+
+/// The threads' replies leave the last part of a connection's backlog in
+/// the mux to the replies its I/O worker makes, which the mux refuses past
+/// it (and the worker then aborts the connection). Replies of 1.75 MiB for
+/// a peer that reads none: once the kernel's buffers are full, a second
+/// one passes the room (2 MiB) but not the threads' ceiling of one and a
+/// half rooms (3 MiB of the mux's 4), so it waits, and a reply sent as a
+/// worker sends one still goes; every reply arrives once the peer reads.
+#[test]
+fn the_threads_leave_room_in_the_backlog_for_the_workers_replies() {
+    let room = connmux_fsd::Options::default().room;
+    let r = rig("fsdc", room, 4);
+    let mut hog = TcpStream::connect(r.addr).unwrap();
+    const BIG: u32 = 7 << 18;
+    for _ in 0..8 {
+        ask(&mut hog, BIG);
+    }
+    wait_for("a reply waiting for room in the mux", Duration::from_secs(10), || {
+        r.pool.stats.send_waits.load(Relaxed) >= 1
+    });
+    let p = r.h.seen.lock().unwrap()[0];
+    let mux = r.svc.as_ref().unwrap().mux().clone();
+    let worker = mux.socket(SockType::Dgram).unwrap();
+    worker.set_recv_disable(true).unwrap();
+    worker.set_nonblocking(true).unwrap();
+    worker.send_to(&0u32.to_be_bytes(), p).expect("a worker's reply refused beside the threads' replies");
+    assert_eq!(mux.psock_stats(p).unwrap().tx_backlog_refusals, 0);
+    hog.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut sizes: Vec<usize> = (0..9).map(|_| answer(&mut hog)).collect();
+    sizes.sort();
+    assert_eq!(sizes[0], 0, "the worker's reply");
+    assert!(sizes[1..].iter().all(|&n| n == BIG as usize), "{sizes:?}");
+    assert_eq!(r.pool.stats.send_failures.load(Relaxed), 0);
+    r.pool.stop();
     drop(r.svc);
 }
 

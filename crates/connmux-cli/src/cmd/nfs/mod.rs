@@ -181,7 +181,7 @@ fn counters(svc: &Service, h: &serve::NfsHandler, x: &fs::Export) -> String {
         }
     }
     format!(
-        "accepted={}\nclosed={}\nconnections={}\ncalls={}\nmount_calls={}\n{procs}nfs_errors={}\ngarbage_args={}\nbad_calls={}\noverloads={}\npaused={}\nsend_failures={}\nbad_handles={}\nstale_handles={}\nhandle_searches={}\nreads_on_workers={}\nread_bytes={}\nwrite_bytes={}\n",
+        "accepted={}\nclosed={}\nconnections={}\ncalls={}\nmount_calls={}\n{procs}nfs_errors={}\ngarbage_args={}\nbad_calls={}\noverloads={}\npaused={}\nsend_waits={}\nsend_failures={}\nbad_handles={}\nstale_handles={}\nhandle_searches={}\nreads_on_workers={}\nread_bytes={}\nwrite_bytes={}\n",
         st.accepted.load(Relaxed),
         st.closed.load(Relaxed),
         h.conns(),
@@ -192,6 +192,7 @@ fn counters(svc: &Service, h: &serve::NfsHandler, x: &fs::Export) -> String {
         n.bad_calls.load(Relaxed),
         p.overloads.load(Relaxed),
         p.paused.load(Relaxed),
+        p.send_waits.load(Relaxed),
         p.send_failures.load(Relaxed),
         n.bad_handles.load(Relaxed),
         n.stale_handles.load(Relaxed),
