@@ -261,7 +261,7 @@ fn bench_kcm_quick_prints_every_shape_and_server() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     for shape in ["8x16", "8x1", "2x64"] {
-        for server in ["thread", "kcm-1", "kcm-2", "kcm-batch-1", "kcm-batch-2"] {
+        for server in ["thread", "kcm-1", "kcm-2", "kcm-batch-1", "kcm-batch-2", "core-1", "core-2"] {
             let row = text
                 .lines()
                 .find(|l| l.split_whitespace().take(2).eq([shape, server]))
@@ -277,10 +277,16 @@ fn bench_kcm_quick_prints_every_shape_and_server() {
 
 /// `bench kcm-server --engine kcm`: the echoes of messages split anywhere
 /// come back whole, each once, from application threads on cloned sockets
-/// (in any order: two threads answer one connection).
+/// (in any order: two threads answer one connection); and from the threads
+/// that drive a core of their own (`--engine core`).
 #[test]
 fn kcm_server_echoes_whole_messages_from_application_threads() {
-    for extra in [&["--threads", "2"][..], &["--threads", "2", "--batch"][..], &["--engine", "thread"][..]] {
+    for extra in [
+        &["--threads", "2"][..],
+        &["--threads", "2", "--batch"][..],
+        &["--engine", "thread"][..],
+        &["--engine", "core", "--threads", "2"][..],
+    ] {
         let s = spawn_server(
             Command::new(BIN)
                 .args(["bench", "kcm-server", "-l", "127.0.0.1:0", "--cpus", "0", "--duration", "30"])

@@ -13,7 +13,11 @@
 //!   nobody reads would hold the messages steered to it for ever), each
 //!   doing `recv_msg` then `send_to` the message's connection;
 //! - `kcm-batch-N`: the same with `recv_batch` (up to 64 messages) and one
-//!   `send_batch_to` of their echoes.
+//!   `send_batch_to` of their echoes;
+//! - `core-N`: N threads each owning the connections it accepted and a
+//!   core `Mux` of its own, reading, framing, receiving and echoing with
+//!   no worker, lock or wake-up between (`kcm_core.rs`): the floor of an
+//!   application thread that reads its own connections.
 //!
 //! The client (`bench kcm-load`, under the same `taskset`, one blocking
 //! thread per connection pinned to the CPUs in turn): M connections each
@@ -82,6 +86,9 @@ pub struct Args {
     /// Only `recv_msg` + `send_to` (no batch variant).
     #[arg(long)]
     pub no_batch: bool,
+    /// No `core-N` variant (threads each driving a core of their own).
+    #[arg(long)]
+    pub no_core: bool,
     /// A smoke run: one round of 0.3 s.
     #[arg(long)]
     pub quick: bool,
@@ -91,11 +98,12 @@ pub struct Args {
 pub struct ServerArgs {
     #[arg(short, long)]
     pub listen: SocketAddr,
-    /// thread (one blocking thread per connection) or kcm (application
-    /// threads on cloned KCM sockets).
+    /// thread (one blocking thread per connection), kcm (application
+    /// threads on cloned KCM sockets) or core (threads each driving a core
+    /// `Mux` of their own over the connections they accepted).
     #[arg(long, default_value = "kcm")]
     pub engine: String,
-    /// kcm: application threads, each on its own clone.
+    /// kcm: application threads, each on its own clone; core: threads.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// kcm: `recv_batch` + `send_batch_to` instead of `recv_msg` + `send_to`.
@@ -157,7 +165,11 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<i32> {
             });
         }
         "kcm" => serve_kcm(l, &a)?,
-        o => bail!("--engine {o}: thread or kcm"),
+        "core" => {
+            println!("kcm-server ({} thread(s) each with its own core) listening on {}", a.threads, l.local_addr()?);
+            super::kcm_core::serve(l, a.threads)?
+        }
+        o => bail!("--engine {o}: thread, kcm or core"),
     }
     loop {
         if stop_at.is_some_and(|t| Instant::now() >= t) {
@@ -349,8 +361,16 @@ pub fn run_load(a: LoadArgs) -> anyhow::Result<i32> {
 /// A server of the comparison.
 struct Variant {
     name: String,
-    /// `None`: thread per connection; else (application threads, batch).
-    kcm: Option<(usize, bool)>,
+    engine: Engine,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Engine {
+    Thread,
+    /// Application threads on clones, and whether they batch.
+    Kcm(usize, bool),
+    /// Threads each with a core of their own.
+    Core(usize),
 }
 
 /// `8x16` as (8, 16).
@@ -393,14 +413,19 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         ms.iter().flat_map(|&m| ks.iter().map(move |&k| (m, k))).collect()
     };
     anyhow::ensure!(shapes.iter().all(|&(m, k)| m > 0 && k > 0), "--conns and --inflight must be positive");
-    let mut variants = vec![Variant { name: "thread".into(), kcm: None }];
+    let mut variants = vec![Variant { name: "thread".into(), engine: Engine::Thread }];
     for batch in [false, true] {
         if batch && a.no_batch {
             continue;
         }
         for &n in &a.threads {
             let name = if batch { format!("kcm-batch-{n}") } else { format!("kcm-{n}") };
-            variants.push(Variant { name, kcm: Some((n, batch)) });
+            variants.push(Variant { name, engine: Engine::Kcm(n, batch) });
+        }
+    }
+    if !a.no_core {
+        for &n in &a.threads {
+            variants.push(Variant { name: format!("core-{n}"), engine: Engine::Core(n) });
         }
     }
     let workers = a.workers.unwrap_or(a.cpus.len()).max(1);
@@ -409,9 +434,10 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         let port = free_port()?;
         let mut cmd = taskset(&a.cpus, exe()?);
         cmd.args(["bench", "kcm-server", "-l", &format!("127.0.0.1:{port}")]);
-        match v.kcm {
-            None => cmd.args(["--engine", "thread"]),
-            Some((n, batch)) => {
+        match v.engine {
+            Engine::Thread => cmd.args(["--engine", "thread"]),
+            Engine::Core(n) => cmd.args(["--engine", "core", "--threads", &n.to_string()]),
+            Engine::Kcm(n, batch) => {
                 cmd.args(["--engine", "kcm", "--threads", &n.to_string(), "--cpus", &cpu_list(&a.cpus)]).args([
                     "--workers",
                     &workers.to_string(),
@@ -462,9 +488,12 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         let med: Vec<f64> = res[si].iter().map(|r| median(r.clone())).collect();
         for (vi, v) in variants.iter().enumerate() {
             // The same mode with one application thread, where measured.
-            let one = v.kcm.filter(|&(n, _)| n > 1).and_then(|(_, batch)| {
-                variants.iter().position(|w| w.kcm == Some((1, batch))).map(|wi| ratio(med[vi], med[wi]))
-            });
+            let one = match v.engine {
+                Engine::Kcm(n, batch) if n > 1 => Some(Engine::Kcm(1, batch)),
+                Engine::Core(n) if n > 1 => Some(Engine::Core(1)),
+                _ => None,
+            };
+            let one = one.and_then(|e| variants.iter().position(|w| w.engine == e)).map(|wi| ratio(med[vi], med[wi]));
             println!(
                 "{:<8} {:<14} {:>12.0} {:>10} {:>10}",
                 format!("{m}x{k}"),

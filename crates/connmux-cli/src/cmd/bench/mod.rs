@@ -29,6 +29,7 @@
 pub mod hostile;
 pub mod instr;
 pub mod kcm;
+mod kcm_core;
 pub mod nfs;
 pub mod ninep;
 #[path = "../rawepoll.rs"]
