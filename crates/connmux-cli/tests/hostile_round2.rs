@@ -101,7 +101,8 @@ fn partial_holders(addr: SocketAddr, service: Service, n: usize, stop: Arc<Atomi
 
 /// 300 partial 1 MiB records under a 64 MiB budget: the good client keeps at
 /// least half its rate alone, a new client is answered, and the server's
-/// RSS stays within 1.3 times the budget above its idle RSS.
+/// RSS stays within 1.3 times the budget (and on io_uring what one wait
+/// delivers, the rings) above its idle RSS and rings.
 fn partial_records_under_a_small_budget(service: Service, driver: &str) {
     let _one = serial();
     let s = start(&[service.args(), &["--driver", driver, "--mem-limit", "64M"]].concat());
@@ -141,10 +142,13 @@ fn partial_records_under_a_small_budget(service: Service, driver: &str) {
     good.join().unwrap().unwrap_or_else(|e| panic!("{service:?}/{driver}: good client: {e}"));
     // The fixed base: the idle server's RSS, and on io_uring each worker's
     // ring of provided buffers (256 x 16 KiB by default, one worker a CPU),
-    // whose pages become resident as they are first used.
+    // whose pages become resident as they are first used. The budget is
+    // checked between waits, so on io_uring what one wait delivered (at
+    // most the ring) is taken into the psocks' buffers past it: the ring
+    // counts twice, once as its pages and once beside the budget.
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let rings = if driver == "uring" { workers * 256 * 16 } else { 0 };
-    let bound = idle_rss + rings + 64 * 1024 * 13 / 10;
+    let bound = idle_rss + rings + (64 * 1024 + rings) * 13 / 10;
     eprintln!(
         "{service:?}/{driver}: good client alone {alone:.0}/s, beside 300 partial records {beside:.0}/s ({:.2}x); \
          new client answered in {fresh_took:?}; RSS idle {idle_rss} KiB, peak {peak} KiB (bound {bound} KiB)",
@@ -157,7 +161,7 @@ fn partial_records_under_a_small_budget(service: Service, driver: &str) {
     );
     assert!(
         peak <= bound,
-        "{service:?}/{driver}: RSS peaked at {peak} KiB, over 1.3 x 64 MiB + {idle_rss} KiB + rings {rings} KiB"
+        "{service:?}/{driver}: RSS peaked at {peak} KiB, over 1.3 x (64 MiB + rings {rings} KiB) + {idle_rss} KiB + rings"
     );
 }
 
