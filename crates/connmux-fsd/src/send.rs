@@ -139,11 +139,11 @@ impl<'a, T: Serve> Replier<'a, T> {
     }
 
     /// Queues `reply` on `conn`, waiting out a full backlog of the
-    /// connection (or the threads' ceiling in it) up to the send timeout, under the connection's lock:
-    /// `gate` (called before each try) says whether it is still wanted
-    /// (`false`: dropped), and `then` is told what became of it and
-    /// returns the messages to queue right behind it (not waited for: a
-    /// full backlog fails them). So nothing decided under that lock (a
+    /// connection (or the threads' ceiling in it) up to the send timeout,
+    /// under the connection's lock: `gate` (called before each try) says
+    /// whether it is still wanted (`false`: dropped), and `then` is told
+    /// what became of it and returns the messages to queue right behind it
+    /// (not waited for: a full backlog fails them). So nothing decided under that lock (a
     /// flush of the request, say) can come between the check and the send.
     ///
     /// Why naps, and not a wake-up: the runtime raises no event when a
@@ -173,9 +173,9 @@ impl<'a, T: Serve> Replier<'a, T> {
             }
             let len = reply.len();
             let batch = self.may_batch(conn, &q);
-            // (One reply alone goes whatever its size, as the mux takes it.
-            // The bytes written, not those the mux still holds: it may keep
-            // a written reply until its next write.)
+            // The room's measure (reply bytes not yet written; the mux is
+            // asked only near the ceiling). One reply alone goes whatever
+            // its size, as the mux takes it.
             let over = match conn.unwritten(self.ceiling.saturating_sub(len as u64), self.sock.mux()) {
                 Some(n) => n > 0 && n + len as u64 > self.ceiling,
                 None => false,
