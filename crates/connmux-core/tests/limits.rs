@@ -273,16 +273,24 @@ fn a_handshake_not_finished_by_its_deadline_fails_the_psock() {
 }
 
 /// 300 psocks each read, as a driver would (lent buffers and fed reads),
+/// A mux under a 64 MiB budget with 300 l4 psocks, and what each peer
+/// sends: 1 MiB − 16 bytes of a 1 MiB message (never complete).
+fn three_hundred_large_partials() -> (Mux, connmux_core::mux::SockId, Vec<PsockId>, Vec<u8>) {
+    let cfg = MuxConfig { mem_limit: 64 << 20, max_msg_size: 1 << 20, ..MuxConfig::default() };
+    let (mut m, k) = dgram_mux(cfg);
+    let ps: Vec<PsockId> = (0..300).map(|_| attach_l4(&mut m)).collect();
+    let mut wire = l4_total((1 << 20) - 4, 1);
+    wire.truncate((1 << 20) - 16);
+    (m, k, ps, wire)
+}
+
 /// 1 MiB − 16 bytes of a 1 MiB message under a 64 MiB budget: at every step
 /// the total stays within the limit plus two floors per psock, the count
 /// kept as reads go equals the real sum, and the budget pauses and aborts.
 #[test]
 fn many_psocks_reading_large_messages_stay_within_the_budget() {
-    let cfg = MuxConfig { mem_limit: 64 << 20, max_msg_size: 1 << 20, ..MuxConfig::default() };
-    let (mut m, _k) = dgram_mux(cfg);
-    let ps: Vec<PsockId> = (0..300).map(|_| attach_l4(&mut m)).collect();
-    let wire = l4_total((1 << 20) - 4, 1);
-    let wire = &wire[..(1 << 20) - 16];
+    let (mut m, _k, ps, wire) = three_hundred_large_partials();
+    let wire = &wire[..];
     let mut sent = vec![0usize; 300];
     for round in 0..200 {
         for (i, &p) in ps.iter().enumerate() {
@@ -319,11 +327,8 @@ fn many_psocks_reading_large_messages_stay_within_the_budget() {
 /// fill. The core keeps to the budget this way too (peak 65.7 MiB of 64).
 #[test]
 fn many_psocks_fed_in_small_pieces_stay_within_the_budget() {
-    let cfg = MuxConfig { mem_limit: 64 << 20, max_msg_size: 1 << 20, ..MuxConfig::default() };
-    let (mut m, _k) = dgram_mux(cfg);
-    let ps: Vec<PsockId> = (0..300).map(|_| attach_l4(&mut m)).collect();
-    let wire = l4_total((1 << 20) - 4, 1);
-    let wire = &wire[..(1 << 20) - 16];
+    let (mut m, _k, ps, wire) = three_hundred_large_partials();
+    let wire = &wire[..];
     let mut sent = vec![0usize; 300];
     let mut peak = 0;
     for round in 0..100 {
