@@ -313,3 +313,94 @@ fn the_descriptor_limit_is_raised_and_one_client_cannot_use_it_up() {
     assert!(watch.max() < 1024);
     let _ = std::fs::remove_dir_all(&ex);
 }
+
+/// Connections that each send all but the last 16 bytes of a 9P message of
+/// 1 MiB less 64 bytes (within `--max-msg`), then nothing: each holds what
+/// the server read of it. Reconnects those the server resets, until `stop`.
+fn partial_messages(addr: SocketAddr, n: usize, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+    const LEN: u32 = (1 << 20) - 64;
+    // size[4] (little-endian, counting itself), type (Twrite), tag, then filler.
+    let mut head = LEN.to_le_bytes().to_vec();
+    head.extend_from_slice(&[MsgType::TWRITE.0, 1, 0]);
+    head.resize(LEN as usize - 16, 0x33);
+    let head = Arc::new(head);
+    (0..4)
+        .map(|t| {
+            let (head, stop) = (head.clone(), stop.clone());
+            let share = n / 4 + usize::from(t < n % 4);
+            std::thread::spawn(move || {
+                let mut conns: Vec<Option<std::net::TcpStream>> = (0..share).map(|_| None).collect();
+                // Bounded by `stop`, which the test sets.
+                while !stop.load(Relaxed) {
+                    for slot in conns.iter_mut() {
+                        if stop.load(Relaxed) {
+                            break;
+                        }
+                        let alive = slot.as_mut().is_some_and(|c| {
+                            let mut b = [0u8; 1];
+                            c.set_nonblocking(true).ok();
+                            match c.peek(&mut b) {
+                                Ok(k) => k > 0,
+                                Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+                            }
+                        });
+                        if alive {
+                            continue;
+                        }
+                        *slot = None;
+                        let Ok(mut c) = std::net::TcpStream::connect(addr) else { continue };
+                        // The server may stop reading part way (its budget):
+                        // a bounded write, the rest left unsent.
+                        c.set_write_timeout(Some(Duration::from_millis(200))).ok();
+                        let _ = c.write_all(&head);
+                        *slot = Some(c);
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        })
+        .collect()
+}
+
+/// 300 connections each holding a partial 9P message of about 1 MiB under a
+/// 64 MiB budget: the budget pauses them (on io_uring a paused connection
+/// gives its ring buffers back), and a good client keeps at least half of
+/// its read rate alone, as on the RPC and echo servers (`hostile_round2`).
+fn partial_messages_under_a_small_budget(driver: &str) {
+    let ex = export_with_good_file(&format!("partial-{driver}"));
+    let (dir, sock) = stats_dir(&format!("partial-{driver}"));
+    let s = Server::start(&ex, &["--driver", driver, "--mem-limit", "64M", "--stats-socket", sock.to_str().unwrap()]);
+    let alone = good_client(s.addr, &ex, Duration::from_secs(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let holders = partial_messages(s.addr, 300, stop.clone());
+    // The holders connect and send within about a second; then the budget
+    // has paused them.
+    std::thread::sleep(Duration::from_secs(1));
+    let beside = best_rate(s.addr, &ex, alone);
+    let stat = Server::stat(&sock);
+    stop.store(true, Relaxed);
+    for h in holders {
+        h.join().unwrap();
+    }
+    let pauses = counter(&stat, "mem_pauses");
+    eprintln!(
+        "{driver}: good client {alone:.0} reads/s alone, {beside:.0} beside 300 partial messages ({:.2}x); \
+         mem_pauses {pauses}, mem_aborts {}",
+        beside / alone,
+        counter(&stat, "mem_aborts")
+    );
+    assert!(pauses > 0, "{driver}: 300 MiB of partial messages under a 64 MiB budget paused nobody:\n{stat}");
+    assert!(beside >= alone * 0.5, "{driver}: good client {beside:.0} reads/s beside, {alone:.0} alone");
+    let _ = std::fs::remove_dir_all(&ex);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn partial_messages_under_a_small_budget_epoll() {
+    partial_messages_under_a_small_budget("epoll");
+}
+
+#[test]
+fn partial_messages_under_a_small_budget_uring() {
+    partial_messages_under_a_small_budget("uring");
+}
