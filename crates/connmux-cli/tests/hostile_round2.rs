@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::peers::{good_client, one_call, rate, request, Counter, LateReader, Service, CALL_LIMIT};
+use common::peers::{good_client, holders, one_call, rate, request, Counter, LateReader, Service, CALL_LIMIT};
 use common::{spawn_server, Server, BIN};
 
 /// One test at a time: each measures rates or holds many connections.
@@ -51,8 +51,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// Connections that each send all but the last 16 bytes of a record (or
 /// message) of 1 MiB less 64 bytes (within the servers' largest message),
-/// then nothing: they hold what the server read of it. Reconnects those
-/// the server resets, until `stop`.
+/// then nothing: they hold what the server read of it.
 fn partial_holders(addr: SocketAddr, service: Service, n: usize, stop: Arc<AtomicBool>) -> Vec<JoinHandle<()>> {
     const LEN: usize = (1 << 20) - 64;
     let mut head = match service {
@@ -60,43 +59,7 @@ fn partial_holders(addr: SocketAddr, service: Service, n: usize, stop: Arc<Atomi
         Service::Echo => (LEN as u32).to_be_bytes().to_vec(),
     };
     head.resize(LEN + 4 - 16, 0x33);
-    let head = Arc::new(head);
-    // A few threads, each holding its share of the connections.
-    (0..4)
-        .map(|t| {
-            let (head, stop) = (head.clone(), stop.clone());
-            let share = n / 4 + usize::from(t < n % 4);
-            std::thread::spawn(move || {
-                let mut conns: Vec<Option<TcpStream>> = (0..share).map(|_| None).collect();
-                while !stop.load(Ordering::Acquire) {
-                    for slot in conns.iter_mut() {
-                        if stop.load(Ordering::Acquire) {
-                            break;
-                        }
-                        let alive = slot.as_mut().is_some_and(|c| {
-                            let mut b = [0u8; 1];
-                            c.set_nonblocking(true).ok();
-                            match c.peek(&mut b) {
-                                Ok(k) => k > 0,
-                                Err(e) => e.kind() == ErrorKind::WouldBlock,
-                            }
-                        });
-                        if alive {
-                            continue;
-                        }
-                        *slot = None;
-                        let Ok(mut c) = TcpStream::connect(addr) else { continue };
-                        // The server may stop reading part way (its budget):
-                        // a bounded write, the rest left unsent.
-                        c.set_write_timeout(Some(Duration::from_millis(200))).ok();
-                        let _ = c.write_all(&head);
-                        *slot = Some(c);
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            })
-        })
-        .collect()
+    holders(addr, head, n, stop)
 }
 
 /// 300 partial 1 MiB records under a 64 MiB budget: the good client keeps at

@@ -5,6 +5,7 @@
 //! start, and clients making very many fids leave a good client its rate
 //! and the server's descriptors (`/proc/PID/fd`) under its limit.
 
+mod common;
 mod ninep_support;
 
 use std::io::Write;
@@ -315,51 +316,14 @@ fn the_descriptor_limit_is_raised_and_one_client_cannot_use_it_up() {
 }
 
 /// Connections that each send all but the last 16 bytes of a 9P message of
-/// 1 MiB less 64 bytes (within `--max-msg`), then nothing: each holds what
-/// the server read of it. Reconnects those the server resets, until `stop`.
+/// 1 MiB less 64 bytes (within `--max-msg`), then nothing.
 fn partial_messages(addr: SocketAddr, n: usize, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
     const LEN: u32 = (1 << 20) - 64;
     // size[4] (little-endian, counting itself), type (Twrite), tag, then filler.
     let mut head = LEN.to_le_bytes().to_vec();
     head.extend_from_slice(&[MsgType::TWRITE.0, 1, 0]);
     head.resize(LEN as usize - 16, 0x33);
-    let head = Arc::new(head);
-    (0..4)
-        .map(|t| {
-            let (head, stop) = (head.clone(), stop.clone());
-            let share = n / 4 + usize::from(t < n % 4);
-            std::thread::spawn(move || {
-                let mut conns: Vec<Option<std::net::TcpStream>> = (0..share).map(|_| None).collect();
-                // Bounded by `stop`, which the test sets.
-                while !stop.load(Relaxed) {
-                    for slot in conns.iter_mut() {
-                        if stop.load(Relaxed) {
-                            break;
-                        }
-                        let alive = slot.as_mut().is_some_and(|c| {
-                            let mut b = [0u8; 1];
-                            c.set_nonblocking(true).ok();
-                            match c.peek(&mut b) {
-                                Ok(k) => k > 0,
-                                Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
-                            }
-                        });
-                        if alive {
-                            continue;
-                        }
-                        *slot = None;
-                        let Ok(mut c) = std::net::TcpStream::connect(addr) else { continue };
-                        // The server may stop reading part way (its budget):
-                        // a bounded write, the rest left unsent.
-                        c.set_write_timeout(Some(Duration::from_millis(200))).ok();
-                        let _ = c.write_all(&head);
-                        *slot = Some(c);
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            })
-        })
-        .collect()
+    common::peers::holders(addr, head, n, stop)
 }
 
 /// 300 connections each holding a partial 9P message of about 1 MiB under a

@@ -183,3 +183,45 @@ impl LateReader {
         (counter.replies, end)
     }
 }
+
+/// `n` connections that each send `head` (all but the end of a message),
+/// then nothing: they hold what the server read of it. Reconnects those the
+/// server resets, until `stop`; a few threads, each holding its share.
+pub fn holders(addr: SocketAddr, head: Vec<u8>, n: usize, stop: Arc<AtomicBool>) -> Vec<JoinHandle<()>> {
+    let head = Arc::new(head);
+    (0..4)
+        .map(|t| {
+            let (head, stop) = (head.clone(), stop.clone());
+            let share = n / 4 + usize::from(t < n % 4);
+            std::thread::spawn(move || {
+                let mut conns: Vec<Option<TcpStream>> = (0..share).map(|_| None).collect();
+                while !stop.load(Ordering::Acquire) {
+                    for slot in conns.iter_mut() {
+                        if stop.load(Ordering::Acquire) {
+                            break;
+                        }
+                        let alive = slot.as_mut().is_some_and(|c| {
+                            let mut b = [0u8; 1];
+                            c.set_nonblocking(true).ok();
+                            match c.peek(&mut b) {
+                                Ok(k) => k > 0,
+                                Err(e) => e.kind() == ErrorKind::WouldBlock,
+                            }
+                        });
+                        if alive {
+                            continue;
+                        }
+                        *slot = None;
+                        let Ok(mut c) = TcpStream::connect(addr) else { continue };
+                        // The server may stop reading part way (its budget):
+                        // a bounded write, the rest left unsent.
+                        c.set_write_timeout(Some(Duration::from_millis(200))).ok();
+                        let _ = c.write_all(&head);
+                        *slot = Some(c);
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        })
+        .collect()
+}
