@@ -86,7 +86,7 @@ mod limits;
 mod psock;
 mod sock;
 mod sockets;
-pub use limits::AHEAD_QUIET;
+pub use limits::{AHEAD_QUIET, MEM_FLOOR};
 mod slab;
 use deadlines::Deadlines;
 pub use lease::{Lease, LeaseRead};
@@ -556,6 +556,9 @@ pub struct Mux {
     rx_held_sum: usize,
     /// Past the memory budget's limit and not yet back at its low mark.
     mem_over: bool,
+    /// The most the budget counted when a read was counted
+    /// (`MuxStats::mem_peak`).
+    mem_peak: usize,
     /// When the earliest budget pause runs out of grace.
     mem_next: Option<Timestamp>,
     /// When the next idle or handshake deadline may have passed.
@@ -613,6 +616,7 @@ impl Mux {
             out_at_release: Vec::new(),
             rx_held_sum: 0,
             mem_over: false,
+            mem_peak: 0,
             mem_next: None,
             scan_next: None,
             restarts: Vec::new(),
@@ -2189,6 +2193,7 @@ impl Mux {
             psock_unattach_rsvd: self.counters.psock_unattach_rsvd,
             rx_ready_drops: self.counters.rx_ready_drops,
             mem_used: self.memory_used(),
+            mem_peak: self.mem_peak,
             mem_pauses: self.counters.mem_pauses,
             mem_aborts: self.counters.mem_aborts,
             idle_timeouts: self.counters.idle_timeouts,

@@ -28,6 +28,11 @@ pub struct MuxStats {
     pub rx_ready_drops: u64,
     /// Bytes the core holds now (`Mux::memory_used`), against `mem_limit`.
     pub mem_used: usize,
+    /// The most the budget counted at any read so far (`mem_used` then;
+    /// new): how far past `mem_limit` the readers still read took it (less
+    /// than two reads of `MEM_FLOOR`, 16 KiB, a psock still read, plus what
+    /// a driver holds below the parser).
+    pub mem_peak: usize,
     /// Psocks paused because the mux was over its memory budget (new).
     pub mem_pauses: u64,
     /// Psocks aborted by the memory budget (`RxError::MemLimit`, new).

@@ -106,7 +106,7 @@ pub fn format_mux_stats(mux: &Mux) -> String {
     let p = &st.psock;
     let mut out = mux.proc_kcm_stats();
     out.push('\n');
-    let pairs: [(&str, u64); 36] = [
+    let pairs: [(&str, u64); 37] = [
         ("rx_msgs", st.rx_msgs),
         ("rx_bytes", st.rx_bytes),
         ("tx_msgs", st.tx_msgs),
@@ -130,6 +130,7 @@ pub fn format_mux_stats(mux: &Mux) -> String {
         ("tx_addressed_drops", p.tx_addressed_drops),
         ("tx_backlog_refusals", p.tx_backlog_refusals),
         ("mem_used", st.mem_used as u64),
+        ("mem_peak", st.mem_peak as u64),
         ("mem_sock_rx", parts.sock_rx as u64),
         ("mem_sock_tx", parts.sock_tx as u64),
         ("mem_psock_rx", parts.psock_rx as u64),

@@ -45,8 +45,12 @@
 //!   (`PsockRxResume`).
 //!
 //! A read is never larger than what is left of the budget (at least
-//! [`MEM_FLOOR`]), so the total passes the limit by less than two floors per
-//! psock still read. The check costs O(sockets) per read; a pass over the
+//! [`MEM_FLOOR`]), so the total passes the limit by less than two floors of
+//! data per psock still read, in an allocation of at most
+//! [`crate::stream::memory_bound`] of that (growth doubles), plus what a
+//! driver holds below the parser for it (`set_rx_below`). `MuxStats::mem_peak`
+//! is the most the budget counted at any read, to check that against. The
+//! check costs O(sockets) per read; a pass over the
 //! psocks happens when the total first passes the limit, when it is back at
 //! the low mark, and when a grace period ends.
 //!
@@ -74,7 +78,7 @@ pub(crate) enum MemState {
 }
 
 /// The read a psock is always allowed while the budget is used up.
-pub(crate) const MEM_FLOOR: usize = 16 << 10;
+pub const MEM_FLOOR: usize = 16 << 10;
 
 /// Pass over the psocks for handshake deadlines at most this often.
 const SCAN_FLOOR: Duration = Duration::from_millis(10);
@@ -124,13 +128,14 @@ impl Mux {
     #[inline]
     pub(super) fn recount(&mut self, p: PsockId, now: Timestamp) {
         self.recount_only(p);
+        let total = self.mem_total();
+        self.mem_peak = self.mem_peak.max(total);
         if !self.mem_over {
-            if self.mem_total() > self.config.mem_limit {
+            if total > self.config.mem_limit {
                 self.mem_check(now);
             }
             return;
         }
-        let total = self.mem_total();
         if total <= self.mem_low() {
             self.mem_check(now);
         } else if total > self.config.mem_limit {

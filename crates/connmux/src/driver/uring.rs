@@ -53,7 +53,7 @@ use crate::shared::tls::{self, Decrypted};
 use crate::shared::{psock_token, token_psock, Command, Own, ReadEnd, Shared, SockRt, Wrote};
 
 mod conn;
-use conn::{pump, pump_tls, stop_rx, Conn, Feed, Held, Lent, Recv, RxLife};
+use conn::{pump, pump_tls, stop_rx, Budget, Conn, Feed, Held, Lent, Recv, RxLife};
 
 /// Token of the waker poll.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -247,6 +247,21 @@ impl Io for UringIo {
     }
 
     fn end_pass(&mut self, w: &mut Worker<'_>) {
+        if self.lent.budget == Budget::Over {
+            // (`Budget`: no multishot receive runs on past the budget. A
+            // lent psock's reads and a TLS psock's are armed as before:
+            // served as they come, or decrypted first.)
+            let leases = &w.bufs.own.leases;
+            for (&token, conn) in self.conns.iter_mut() {
+                if matches!(conn.recv, Recv::Buffers { multishot: true, cancelling: false })
+                    && conn.rt.tls.is_none()
+                    && !leases.contains_key(&conn.rt.id)
+                {
+                    conn.recv.cancel(&mut self.ring, token);
+                }
+            }
+            self.lent.budget = Budget::Tight;
+        }
         self.arm(w.sh, &w.bufs.own)
     }
 
@@ -792,7 +807,7 @@ impl UringIo {
     /// (A psock lent to this worker, in `own.leases`, is framed by its
     /// lease: it takes no loan of its assembly buffer.)
     fn arm(&mut self, sh: &Shared, own: &Own) {
-        let ring = &mut self.ring;
+        let (ring, budget) = (&mut self.ring, &mut self.lent.budget);
         if self.to_arm.is_empty() {
             return;
         }
@@ -818,6 +833,9 @@ impl UringIo {
                     tight = core.mux.mem_tight();
                     core.mux.rx_lend_ahead(conn.rt.id)
                 };
+                if !tight {
+                    *budget = Budget::Room;
+                }
                 if let Some(mut loan) = loan {
                     let buf = std::mem::take(loan.buf());
                     let limit = loan.limit();
@@ -843,7 +861,7 @@ impl UringIo {
                 false => ring.recv_multishot(conn.rt.fd(), token),
             };
             if armed.is_ok() {
-                conn.recv = Recv::Buffers { cancelling: false };
+                conn.recv = Recv::Buffers { multishot: !tight, cancelling: false };
             } else {
                 keep.push(token);
             }

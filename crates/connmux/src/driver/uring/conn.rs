@@ -54,7 +54,7 @@ pub(super) struct Conn {
 ///
 /// ```text
 ///           arm: recv_multishot / recv_once
-///   Idle ─────────────────────────────────────► Buffers { cancelling }
+///   Idle ─────────────────────────────────────► Buffers { multishot, cancelling }
 ///    ▲ │    arm: recv_into the psock's assembly     │
 ///    │ │    buffer (a large message: Mux::rx_lend)  │  cancel (paused, stopped,
 ///    │ └──────────────────────────────► Into { loan, cancelling }  recalled, a
@@ -64,8 +64,11 @@ pub(super) struct Conn {
 /// ```
 pub(super) enum Recv {
     Idle,
-    /// Into the ring's provided buffers, until its last completion.
+    /// Into the ring's provided buffers, until its last completion: one
+    /// buffer (`multishot` false: armed while the memory budget is over),
+    /// or as many as the peer's bytes fill.
     Buffers {
+        multishot: bool,
         cancelling: bool,
     },
     /// Straight into the psock's assembly buffer, lent by the core; the ring
@@ -82,7 +85,7 @@ impl Recv {
     }
     /// Ask the ring to end the receive in flight (once).
     pub(super) fn cancel(&mut self, ring: &mut WRing, token: u64) {
-        if let Recv::Buffers { cancelling } | Recv::Into { cancelling, .. } = self {
+        if let Recv::Buffers { cancelling, .. } | Recv::Into { cancelling, .. } = self {
             if !*cancelling {
                 *cancelling = ring.cancel_recv(token).is_ok();
             }
@@ -196,6 +199,32 @@ pub(super) struct Lent {
     /// driver's are (`worker::feed_bytes`): a stream of messages that reads
     /// cut would never be lent otherwise.
     pub(super) offers: Vec<Arc<PsockRt>>,
+    /// The memory budget as this worker's feeds last saw it.
+    pub(super) budget: Budget,
+}
+
+/// The memory budget as a worker's feeds see it, for its receives:
+///
+/// ```text
+///          a feed finds it over              the pass ends: every
+///   Room ─────────────────────────► Over ──  multishot receive cancelled ──► Tight
+///    ▲                                                                        │
+///    └──────────────── a receive armed finds it under again ──────────────────┘
+/// ```
+///
+/// Why: a multishot receive armed while the budget had room goes on taking
+/// a ring buffer after another in every wait, spilled past the budget, until
+/// its psock is next fed and paused; hundreds of them, on a worker starved
+/// of CPU, took the budget's count to 1.8 times its limit. Cancelled, each
+/// is armed again taking one buffer at a time (`UringIo::arm`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Budget {
+    #[default]
+    Room,
+    /// Found over; the multishot receives are still to be cancelled.
+    Over,
+    /// Over, the multishot receives cancelled: receives take one buffer.
+    Tight,
 }
 
 impl Lent {
@@ -299,6 +328,9 @@ pub(super) struct Feed<'a> {
 /// the core's memory budget as the psock's.
 pub(super) fn pump(conn: &mut Conn, f: &mut Feed<'_>) {
     pump_held(conn, f);
+    if f.lent.budget == Budget::Room && f.core.mux.mem_tight() {
+        f.lent.budget = Budget::Over;
+    }
     // The spill's allocation while any of it is unfed (it is freed whole
     // once all is fed).
     let below = match conn.spill.len() > conn.spill_off {
@@ -387,7 +419,7 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
     }
     if let Some(errno) = conn.life.take_end() {
         let _ = core.mux.rx_closed(id, errno);
-    } else if matches!(conn.recv, Recv::Buffers { cancelling: false }) && core.mux.rx_would_lend_ahead(id) {
+    } else if matches!(conn.recv, Recv::Buffers { cancelling: false, .. }) && core.mux.rx_would_lend_ahead(id) {
         // A large message began: end the multishot receive (what it still
         // delivers is fed first) so that the next one goes straight into the
         // psock's assembly buffer.
