@@ -459,10 +459,15 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     };
     println!(
         "connmux bench kcm: {}-byte l4 messages echoed; thread per connection vs a mux ({workers} worker(s), driver \
-         {driver}) with N application threads on cloned KcmSockets (recv_msg + send_to{}); servers and client on \
+         {driver}) with N application threads on cloned KcmSockets (recv_msg + send_to{}){}; servers and client on \
          CPUs {:?}; {} round(s) of {} s, interleaved; medians; load avg {}",
         a.size,
         if a.no_batch { "" } else { ", and recv_batch + send_batch_to" },
+        if a.no_core {
+            ""
+        } else {
+            ", and core-N: N threads each driving a core Mux of its own over the connections it accepted (no worker, no lock)"
+        },
         a.cpus,
         a.rounds,
         a.seconds,
