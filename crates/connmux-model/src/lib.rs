@@ -6,11 +6,12 @@
 //! interleaving (up to a preemption bound):
 //!
 //! - [`Ready`]: a KCM socket's readiness, an eventfd plus an `AtomicBool`
-//!   mirror (`signaled`) so `set` makes the syscall only on a transition. The
-//!   eventfd is modelled as a counter under a mutex with a condition variable
-//!   (`notify` adds, `drain` zeroes, `poll` waits for non-zero), so a lost
-//!   wake-up shows up as loom's deadlock report. Both orders of `clear` are
-//!   here: [`ClearOrder::Locked`] (the runtime's), [`ClearOrder::DrainThenMark`]
+//!   mirror (`signaled`) so `set` makes the syscall only on a transition:
+//!   the runtime's own file (`connmux::sync::ready`, [`ClearOrder::Locked`]),
+//!   compiled with loom's types, the eventfd a counter under a mutex with a
+//!   condition variable (`notify` adds, `drain` zeroes, `poll` waits for
+//!   non-zero), so a lost wake-up shows up as loom's deadlock report; beside
+//!   it the two wrong orders of `clear`, [`ClearOrder::DrainThenMark`]
 //!   (which leaves a stale count: a blocked recv spins) and
 //!   [`ClearOrder::MarkThenDrain`] (before commit 3f5c7fc), which loses a
 //!   wake-up.
@@ -22,9 +23,10 @@
 //! - The event dispatch of `Shared::dispatch` for the events these models
 //!   raise (transmit kicks, writability, readability, release).
 //!
-//! - [`sync`]: the runtime's inbox (verdicts posted to a worker) and crew
-//!   (heavy lanes, their takers, stealing), not modelled but compiled from
-//!   the runtime's own files with loom's types (`tests/crew.rs`).
+//! - [`sync`]: the runtime's inbox (verdicts posted to a worker), crew
+//!   (heavy lanes, their takers, stealing) and readiness, not modelled but
+//!   compiled from the runtime's own files with loom's types
+//!   (`tests/crew.rs`, `tests/ready.rs`).
 //!
 //! What it does not model: the kernel (epoll is a flag and a level check,
 //! the socket a byte budget), blocking with timeouts, or more than one
@@ -33,49 +35,19 @@
 pub mod sync;
 
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use loom::sync::{Condvar, Mutex};
+use loom::sync::Mutex;
 
 use connmux_core::mux::{Event, Mux as CoreMux, MuxConfig, PsockConfig, PsockId, SockId, SockType};
 
-/// The eventfd of a readiness: a counter, `poll` blocks while it is zero.
-pub struct EventFd {
-    count: Mutex<u64>,
-    cv: Condvar,
-}
+pub use sync::prim::EventFd;
 
-impl Default for EventFd {
-    fn default() -> Self {
-        EventFd { count: Mutex::new(0), cv: Condvar::new() }
-    }
-}
-
-impl EventFd {
-    /// `write(fd, 1)`.
-    pub fn notify(&self) {
-        *self.count.lock().unwrap() += 1;
-        self.cv.notify_all();
-    }
-    /// `read(fd)` in non-blocking mode: the counter goes to zero.
-    pub fn drain(&self) {
-        *self.count.lock().unwrap() = 0;
-    }
-    /// `poll(fd, POLLIN, -1)`: wait until the counter is non-zero.
-    pub fn poll(&self) {
-        let mut c = self.count.lock().unwrap();
-        while *c == 0 {
-            c = self.cv.wait(c).unwrap();
-        }
-    }
-    pub fn count(&self) -> u64 {
-        *self.count.lock().unwrap()
-    }
-}
-
-/// The two orders of `Ready::clear`.
+/// The orders of `Ready::clear`: the runtime's, and the two wrong ones that
+/// loom must reject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClearOrder {
-    /// The runtime's: flag and counter change together under a lock, with a
-    /// lock-free fast path when the flag already says so.
+    /// The runtime's own file (`connmux::sync::ready`): flag and counter
+    /// change together under a lock, with a lock-free fast path when the
+    /// flag already says so.
     Locked,
     /// `if signaled { drain(); signaled = false }` without the lock: a `set`
     /// whose write lands after the store leaves a count behind a lowered flag.
@@ -86,69 +58,61 @@ pub enum ClearOrder {
     MarkThenDrain,
 }
 
-/// `shared::Ready`.
-pub struct Ready {
-    pub fd: EventFd,
-    signaled: AtomicBool,
-    order: ClearOrder,
-    transition: Mutex<()>,
+/// A readiness: the runtime's (`ClearOrder::Locked`, compiled from its own
+/// file), or one of the wrong orders of `clear`, written here to show that
+/// loom finds what they break.
+pub enum Ready {
+    Runtime(sync::ready::Ready),
+    Wrong { fd: EventFd, signaled: AtomicBool, order: ClearOrder },
 }
 
 impl Ready {
     pub fn new(order: ClearOrder) -> Ready {
-        Ready { fd: EventFd::default(), signaled: AtomicBool::new(false), order, transition: Mutex::new(()) }
+        match order {
+            ClearOrder::Locked => Ready::Runtime(sync::ready::Ready::new().expect("a model eventfd")),
+            order => {
+                Ready::Wrong { fd: EventFd::new().expect("a model eventfd"), signaled: AtomicBool::new(false), order }
+            }
+        }
+    }
+    pub fn fd(&self) -> &EventFd {
+        match self {
+            Ready::Runtime(r) => &r.fd,
+            Ready::Wrong { fd, .. } => fd,
+        }
     }
     pub fn set(&self) {
-        if self.order == ClearOrder::Locked {
-            if self.signaled.load(Ordering::Acquire) {
-                return;
+        match self {
+            Ready::Runtime(r) => r.set(),
+            Ready::Wrong { fd, signaled, .. } => {
+                if !signaled.swap(true, Ordering::AcqRel) {
+                    let _ = fd.notify();
+                }
             }
-            let _t = self.transition.lock().unwrap();
-            if !self.signaled.load(Ordering::Acquire) {
-                // Flag first: a `clear` that sees it waits on the lock for
-                // the write instead of skipping a count about to appear.
-                // (See the note in `clear` on modelling a plain store.)
-                self.signaled.swap(true, Ordering::AcqRel);
-                self.fd.notify();
-            }
-            return;
-        }
-        if !self.signaled.swap(true, Ordering::AcqRel) {
-            self.fd.notify();
         }
     }
     pub fn clear(&self) {
-        match self.order {
-            ClearOrder::Locked => {
-                if !self.signaled.load(Ordering::Acquire) {
-                    return;
-                }
-                let _t = self.transition.lock().unwrap();
-                if self.signaled.load(Ordering::Acquire) {
-                    self.fd.drain();
-                    self.signaled.swap(false, Ordering::AcqRel);
+        match self {
+            Ready::Runtime(r) => r.clear(),
+            Ready::Wrong { fd, signaled, order: ClearOrder::DrainThenMark } => {
+                if signaled.load(Ordering::Acquire) {
+                    let _ = fd.drain();
+                    // (A swap for the store: see `connmux::sync::ready`.)
+                    signaled.swap(false, Ordering::AcqRel);
                 }
             }
-            ClearOrder::DrainThenMark => {
-                if self.signaled.load(Ordering::Acquire) {
-                    self.fd.drain();
-                    // The runtime has `store(false, Release)`. loom 0.7.3 lets
-                    // a later `swap` read around a plain store that happens
-                    // before it (C11 forbids it), which shows up as false
-                    // deadlocks; an RMW writing the same value is modelled
-                    // exactly and stores the same thing.
-                    self.signaled.swap(false, Ordering::AcqRel);
-                }
-            }
-            ClearOrder::MarkThenDrain => {
-                if self.signaled.swap(false, Ordering::AcqRel) {
-                    self.fd.drain();
+            Ready::Wrong { fd, signaled, .. } => {
+                if signaled.swap(false, Ordering::AcqRel) {
+                    let _ = fd.drain();
                 }
             }
         }
     }
     pub fn signaled(&self) -> bool {
-        self.signaled.load(Ordering::Acquire)
+        match self {
+            Ready::Runtime(r) => r.is_set(),
+            Ready::Wrong { signaled, .. } => signaled.load(Ordering::Acquire),
+        }
     }
 }
 

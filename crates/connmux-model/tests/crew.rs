@@ -59,7 +59,7 @@ fn worker_passes(inbox: &Inbox<u32>, waker: &EventFd, want: usize, sleeps: Sleep
                 inbox.awake();
             }
         }
-        waker.drain();
+        let _ = waker.drain();
         inbox.take_all(&mut got);
     }
     got
@@ -225,13 +225,13 @@ fn a_helper_without_time_to_spare_takes_nothing() {
 fn a_worker_sees_every_verdict_posted_to_its_inbox() {
     builder(3).check(|| {
         let inbox = Arc::new(Inbox::default());
-        let waker = Arc::new(EventFd::default());
+        let waker = Arc::new(EventFd::new().unwrap());
         let posters: Vec<_> = (0..2u32)
             .map(|i| {
                 let (inbox, waker) = (inbox.clone(), waker.clone());
                 thread::spawn(move || {
                     if inbox.post(i) {
-                        waker.notify();
+                        let _ = waker.notify();
                     }
                 })
             })
@@ -252,15 +252,15 @@ fn a_worker_sees_every_verdict_posted_to_its_inbox() {
 fn a_post_during_take_all_is_seen_in_the_next_pass() {
     builder(3).check(|| {
         let inbox = Arc::new(Inbox::default());
-        let waker = Arc::new(EventFd::default());
+        let waker = Arc::new(EventFd::new().unwrap());
         if inbox.post(0u32) {
-            waker.notify();
+            let _ = waker.notify();
         }
         let poster = {
             let (inbox, waker) = (inbox.clone(), waker.clone());
             thread::spawn(move || {
                 if inbox.post(1) {
-                    waker.notify();
+                    let _ = waker.notify();
                 }
             })
         };
@@ -277,12 +277,12 @@ fn a_post_during_take_all_is_seen_in_the_next_pass() {
 fn a_quiet_post_wakes_a_worker_asleep_with_no_bound() {
     builder(3).check(|| {
         let inbox = Arc::new(Inbox::default());
-        let waker = Arc::new(EventFd::default());
+        let waker = Arc::new(EventFd::new().unwrap());
         let poster = {
             let (inbox, waker) = (inbox.clone(), waker.clone());
             thread::spawn(move || {
                 if inbox.post_quiet(1u32) {
-                    waker.notify();
+                    let _ = waker.notify();
                 }
             })
         };
@@ -298,7 +298,7 @@ fn a_quiet_post_wakes_a_worker_asleep_with_no_bound() {
 fn quiet_and_loud_posts_both_reach_the_worker() {
     builder(2).check(|| {
         let inbox = Arc::new(Inbox::default());
-        let waker = Arc::new(EventFd::default());
+        let waker = Arc::new(EventFd::new().unwrap());
         let posters: Vec<_> = (0..2u32)
             .map(|i| {
                 let (inbox, waker) = (inbox.clone(), waker.clone());
@@ -308,7 +308,7 @@ fn quiet_and_loud_posts_both_reach_the_worker() {
                         _ => inbox.post_quiet(i),
                     };
                     if wake {
-                        waker.notify();
+                        let _ = waker.notify();
                     }
                 })
             })

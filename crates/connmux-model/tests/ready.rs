@@ -51,7 +51,7 @@ fn poll_then_recv(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
         if got.len() == MSGS {
             break;
         }
-        rt.rx_ready.fd.poll();
+        rt.rx_ready.fd().poll();
         if let Ok(m) = try_recv(rt, s) {
             got.push(m);
         }
@@ -66,7 +66,7 @@ fn serve(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
         if got.len() == MSGS {
             break;
         }
-        rt.rx_ready.fd.poll();
+        rt.rx_ready.fd().poll();
         for _ in 0..MSGS + 1 {
             match try_recv(rt, s) {
                 Ok(m) => got.push(m),
@@ -86,7 +86,7 @@ fn recv_loop(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
         }
         match try_recv(rt, s) {
             Ok(m) => got.push(m),
-            Err(MuxError::WouldBlock) => rt.rx_ready.fd.poll(),
+            Err(MuxError::WouldBlock) => rt.rx_ready.fd().poll(),
             Err(e) => panic!("{e}"),
         }
     }
@@ -116,7 +116,7 @@ fn recv_loop_decided_under_lock(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
         }
         match try_recv_decided_under_lock(rt, s) {
             Ok(m) => got.push(m),
-            Err(MuxError::WouldBlock) => rt.rx_ready.fd.poll(),
+            Err(MuxError::WouldBlock) => rt.rx_ready.fd().poll(),
             Err(e) => panic!("{e}"),
         }
     }
@@ -197,9 +197,9 @@ fn clear_races_set(order: ClearOrder) {
         };
         r.set();
         c.join().unwrap();
-        assert!(!r.signaled() || r.fd.count() > 0, "signaled over an empty eventfd: later sets are skipped");
+        assert!(!r.signaled() || r.fd().count() > 0, "signaled over an empty eventfd: later sets are skipped");
         if order == ClearOrder::Locked {
-            assert!(r.signaled() || r.fd.count() == 0, "a count behind a lowered flag: pollers spin");
+            assert!(r.signaled() || r.fd().count() == 0, "a count behind a lowered flag: pollers spin");
         }
     });
 }

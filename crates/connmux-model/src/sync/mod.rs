@@ -7,3 +7,5 @@ pub mod crew;
 #[path = "../../../connmux/src/sync/inbox.rs"]
 pub mod inbox;
 pub mod prim;
+#[path = "../../../connmux/src/sync/ready.rs"]
+pub mod ready;

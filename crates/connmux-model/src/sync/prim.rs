@@ -1,13 +1,15 @@
 //! loom's side of `connmux::sync::prim`: the same names, loom's types.
 //! Queues are a loom mutex around a `VecDeque` (every push and pop is a
-//! step loom can reorder); parking has no timeout, so a lost wake-up is a
-//! deadlock loom reports.
+//! step loom can reorder), the eventfd a counter under a loom mutex with a
+//! condition variable; parking and polling have no timeout, so a lost
+//! wake-up is a deadlock loom reports.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 pub use loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
-use loom::sync::{Condvar, Mutex};
+use loom::sync::Condvar;
+pub use loom::sync::Mutex;
 
 /// std's park token, as a loom mutex and condition variable: loom's own
 /// `park` drops an unpark that arrives while the thread waits on a mutex,
@@ -75,5 +77,38 @@ impl<T> Bounded<T> {
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The eventfd of a readiness: a counter, `poll` blocks while it is zero
+/// (so a lost wake-up is a deadlock loom reports).
+pub struct EventFd {
+    count: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl EventFd {
+    pub fn new() -> std::io::Result<EventFd> {
+        Ok(EventFd { count: Mutex::new(0), cv: Condvar::new() })
+    }
+    /// `write(fd, 1)`.
+    pub fn notify(&self) -> std::io::Result<()> {
+        *self.count.lock().unwrap() += 1;
+        self.cv.notify_all();
+        Ok(())
+    }
+    /// `read(fd)` in non-blocking mode: the counter goes to zero.
+    pub fn drain(&self) -> std::io::Result<u64> {
+        Ok(std::mem::take(&mut *self.count.lock().unwrap()))
+    }
+    /// `poll(fd, POLLIN, -1)`: wait until the counter is non-zero.
+    pub fn poll(&self) {
+        let mut c = self.count.lock().unwrap();
+        while *c == 0 {
+            c = self.cv.wait(c).unwrap();
+        }
+    }
+    pub fn count(&self) -> u64 {
+        *self.count.lock().unwrap()
     }
 }

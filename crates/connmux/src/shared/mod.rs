@@ -28,6 +28,8 @@ use connmux_sys::eventfd::EventFd;
 mod own;
 pub(crate) mod tls;
 
+pub(crate) use crate::sync::ready::Ready;
+
 pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Own};
 
 use crate::config::Tuning;
@@ -85,65 +87,6 @@ pub(crate) fn psock_token(p: PsockId) -> u64 {
 }
 pub(crate) fn token_psock(t: u64) -> PsockId {
     PsockId { index: t as u32, generation: (t >> 32) as u32 }
-}
-
-/// Wake-up state of one direction of a KCM socket's readiness fd.
-///
-/// `signaled` mirrors whether the eventfd counter is non-zero, so the hot path
-/// only makes the eventfd syscall on a real transition.
-pub(crate) struct Ready {
-    pub fd: EventFd,
-    signaled: AtomicBool,
-    /// Serializes set/clear transitions (rare: once per empty↔non-empty change).
-    transition: Mutex<()>,
-}
-
-impl Ready {
-    pub fn new() -> io::Result<Ready> {
-        Ok(Ready { fd: EventFd::new()?, signaled: AtomicBool::new(false), transition: Mutex::new(()) })
-    }
-    /// The condition became true: make the fd readable (once).
-    pub fn set(&self) {
-        // Fast path: already signaled. A `clear` in progress is followed by
-        // its caller's re-check of the condition, which this set's condition
-        // (established before the call) passes.
-        if self.signaled.load(Ordering::Acquire) {
-            return;
-        }
-        let _t = self.transition.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.signaled.load(Ordering::Relaxed) {
-            // Flag first: a `clear` that sees it takes the lock and so waits
-            // for the write, instead of skipping a count about to appear
-            // (which would make pollers spin until this thread runs again).
-            self.signaled.store(true, Ordering::Release);
-            let _ = self.fd.notify();
-        }
-    }
-    /// Whether the condition was last seen true (no syscall).
-    pub fn is_set(&self) -> bool {
-        self.signaled.load(Ordering::Acquire)
-    }
-
-    /// Clear before checking the condition again.
-    ///
-    /// Flag and counter change together under `transition`, so "signaled iff
-    /// the eventfd counter is non-zero" always holds between transitions.
-    /// Without the lock, either order of the two steps is wrong: swap-then-
-    /// drain lets a `set` land in between and leaves the flag up over an empty
-    /// counter (every later `set` is skipped: a waiter sleeps forever);
-    /// drain-then-store lets a `set`'s write land after the store and leaves a
-    /// count behind a lowered flag (poll keeps returning at once: a blocked
-    /// `recv` spins).
-    pub fn clear(&self) {
-        if !self.signaled.load(Ordering::Acquire) {
-            return;
-        }
-        let _t = self.transition.lock().unwrap_or_else(|e| e.into_inner());
-        if self.signaled.load(Ordering::Relaxed) {
-            let _ = self.fd.drain();
-            self.signaled.store(false, Ordering::Release);
-        }
-    }
 }
 
 /// Runtime side of a KCM socket.

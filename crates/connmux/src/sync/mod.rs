@@ -6,13 +6,20 @@
 //! - [`crew::Crew`]: the heavy lanes' queues and the threads that take from
 //!   them (a worker's own lane thread, helpers on the other CPUs): a worker
 //!   offers a message, a sleeping taker is woken, idle CPUs steal.
+//! - [`ready::Ready`]: a KCM socket's readiness, an eventfd readable while
+//!   its condition holds, set by whoever makes it true (a worker queueing a
+//!   message), cleared by the reader before it looks again.
 //!
-//! These files use only the names in `prim` (atomics, parking, queues), and
+//! These files use only the names in `prim` (atomics, a mutex, parking,
+//! queues, the eventfd), and
 //! `connmux-model` compiles the same files with loom's types in its own
 //! `prim`, so loom checks this code, not a copy of it. Nothing here blocks
 //! while holding anything another thread waits for: a thread preempted
-//! anywhere (a helper runs under `SCHED_IDLE`) delays only its own work.
+//! anywhere (a helper runs under `SCHED_IDLE`) delays only its own work
+//! (but for `ready`'s transition lock, held for a flag and one eventfd
+//! call, on a transition only).
 
 pub mod crew;
 pub mod inbox;
 pub mod prim;
+pub mod ready;

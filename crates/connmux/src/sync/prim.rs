@@ -1,9 +1,12 @@
-//! The primitives `inbox` and `crew` are written against: std's atomics and
-//! thread parking, crossbeam's lock-free queues. `connmux-model` gives the
+//! The primitives `inbox`, `crew` and `ready` are written against: std's
+//! atomics, mutex and thread parking, crossbeam's lock-free queues, and the
+//! eventfd. `connmux-model` gives the
 //! same names with loom's types (queues there are a loom mutex around a
 //! `VecDeque`, so loom sees every push and pop as a step).
 
+pub use connmux_sys::eventfd::EventFd;
 pub use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+pub use std::sync::Mutex;
 use std::time::Duration;
 
 /// Where a sleeping thread can be found: set once, by the thread itself,
