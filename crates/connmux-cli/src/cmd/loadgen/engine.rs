@@ -166,27 +166,79 @@ enum Note {
     Failed,
 }
 
-struct Shared {
+/// What a round's load threads share with the thread that watches them
+/// ([`run_load_threads`]): TCP's and UDP's rounds.
+pub(super) struct Shared {
     abort: AtomicBool,
     t0_ns: AtomicU64,
     calls: Vec<Padded>,
-    /// A clone of every connected socket, so a failure or the round limit can
-    /// shut all of them down and unblock their threads.
-    socks: Mutex<Vec<TcpStream>>,
     ready: Barrier,
     go: Barrier,
     base: Instant,
 }
 
 impl Shared {
-    fn now_ns(&self) -> u64 {
+    pub(super) fn new(threads: usize) -> Self {
+        Shared {
+            abort: AtomicBool::new(false),
+            t0_ns: AtomicU64::new(0),
+            calls: (0..threads).map(|_| Padded(AtomicU64::new(0))).collect(),
+            ready: Barrier::new(threads + 1),
+            go: Barrier::new(threads + 1),
+            base: Instant::now(),
+        }
+    }
+
+    pub(super) fn now_ns(&self) -> u64 {
         self.base.elapsed().as_nanos() as u64
     }
 
-    fn shut_all(&self) {
-        self.abort.store(true, Relaxed);
-        for s in self.socks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+    /// Waits until every thread is ready and the clock has started; returns
+    /// the round's common start.
+    pub(super) fn start(&self) -> u64 {
+        self.ready.wait();
+        self.go.wait();
+        self.t0_ns.load(Relaxed)
+    }
+
+    /// Whether the round is being stopped: a thread returns as soon as it sees it.
+    pub(super) fn aborted(&self) -> bool {
+        self.abort.load(Relaxed)
+    }
+
+    /// Publishes thread `i`'s calls so far for the progress display.
+    pub(super) fn set_calls(&self, i: usize, calls: u64) {
+        self.calls[i].0.store(calls, Relaxed);
+    }
+}
+
+/// How a round stops its load threads early (on a failure or at the limit),
+/// beyond setting the abort flag, and so how long its watcher may wait.
+pub(super) trait Stop {
+    /// Makes every load thread see the abort flag soon; called at most once.
+    fn stop(&self);
+    /// The longest wait for the next thread's note, `left` before the
+    /// round's limit (zero once it has passed); `stopped` once `stop` ran.
+    fn wait(&self, left: Duration, stopped: bool) -> Duration;
+}
+
+/// TCP's [`Stop`]: a clone of every connected socket, so a failure or the
+/// round limit can shut all of them down and unblock their threads.
+struct ShutAll(Mutex<Vec<TcpStream>>);
+
+impl Stop for ShutAll {
+    fn stop(&self) {
+        for s in self.0.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Once stopped, every thread returns at once: only its note is awaited.
+    fn wait(&self, left: Duration, stopped: bool) -> Duration {
+        if stopped {
+            Duration::from_secs(3600)
+        } else {
+            left
         }
     }
 }
@@ -244,32 +296,48 @@ pub fn run_round<W: Workload>(
     progress: &mut dyn Progress,
 ) -> RoundOutcome {
     assert!(plan.threads >= 1 && (1..=MAX_INFLIGHT).contains(&plan.inflight));
-    let sh = Shared {
-        abort: AtomicBool::new(false),
-        t0_ns: AtomicU64::new(0),
-        calls: (0..plan.threads).map(|_| Padded(AtomicU64::new(0))).collect(),
-        socks: Mutex::new(Vec::with_capacity(plan.threads)),
-        ready: Barrier::new(plan.threads + 1),
-        go: Barrier::new(plan.threads + 1),
-        base: Instant::now(),
-    };
+    let sh = &Shared::new(plan.threads);
+    let socks = &ShutAll(Mutex::new(Vec::with_capacity(plan.threads)));
+    run_load_threads(sh, plan, progress, socks, |i| {
+        let client = w.client(i);
+        move || conn_thread(i, client, addrs, plan, sh, socks)
+    })
+}
+
+/// TCP's and UDP's rounds: starts `plan.threads` threads named `load-{i}`,
+/// each running the body `thread(i)` makes (made here, in order), starts the
+/// clock once every thread is ready, then watches them until each has ended.
+/// The first failure, or the round's limit passing, sets the abort flag and
+/// calls `stop`. Every wait is bounded by the limit, `stop.wait` and the
+/// progress interval.
+pub(super) fn run_load_threads<T, B>(
+    sh: &Shared,
+    plan: &RoundPlan,
+    progress: &mut dyn Progress,
+    stop: &impl Stop,
+    mut thread: T,
+) -> RoundOutcome
+where
+    T: FnMut(usize) -> B,
+    B: FnOnce() -> ConnStats + Send,
+{
     let (tx, rx) = mpsc::channel::<Note>();
     let mut timed_out = false;
     let conns = std::thread::scope(|s| {
         let mut handles = Vec::with_capacity(plan.threads);
         for i in 0..plan.threads {
-            let (sh, tx, client) = (&sh, tx.clone(), w.client(i));
+            let (body, tx) = (thread(i), tx.clone());
             let h = std::thread::Builder::new()
                 .name(format!("load-{i}"))
                 .stack_size(256 * 1024)
-                .spawn_scoped(s, move || conn_thread(i, client, addrs, plan, sh, tx));
-            match h {
-                Ok(h) => handles.push(h),
-                Err(e) => {
-                    // The barriers expect every thread: spawn failures are fatal.
-                    panic!("cannot start load thread {i}: {e}");
-                }
-            }
+                .spawn_scoped(s, move || {
+                    let st = body();
+                    let _ = tx.send(if st.error.is_some() { Note::Failed } else { Note::Finished });
+                    st
+                })
+                // The barriers expect every thread: spawn failures are fatal.
+                .unwrap_or_else(|e| panic!("cannot start load thread {i}: {e}"));
+            handles.push(h);
         }
         drop(tx);
         sh.ready.wait(); // every thread connected (or failed to)
@@ -279,10 +347,11 @@ pub fn run_round<W: Workload>(
         let limit_at = t0 + plan.limit.as_nanos() as u64;
         let mut finished = 0;
         let mut stopped = false;
+        // Bounded: every thread notes its end, and once stopped each one
+        // returns soon.
         while finished < plan.threads {
-            let now = sh.now_ns();
-            let mut wait =
-                if stopped { Duration::from_secs(3600) } else { Duration::from_nanos(limit_at.saturating_sub(now)) };
+            let left = Duration::from_nanos(limit_at.saturating_sub(sh.now_ns()));
+            let mut wait = stop.wait(left, stopped);
             if let Some(iv) = progress.interval() {
                 wait = wait.min(iv);
             }
@@ -292,14 +361,16 @@ pub fn run_round<W: Workload>(
                     finished += 1;
                     if !stopped {
                         stopped = true;
-                        sh.shut_all();
+                        sh.abort.store(true, Relaxed);
+                        stop.stop();
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if !stopped && sh.now_ns() >= limit_at {
                         stopped = true;
                         timed_out = true;
-                        sh.shut_all();
+                        sh.abort.store(true, Relaxed);
+                        stop.stop();
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -315,8 +386,8 @@ pub fn run_round<W: Workload>(
 }
 
 /// Each load thread's statistics, once it has ended (a thread that
-/// panicked counts as a connection with that error): TCP's and UDP's rounds.
-pub(super) fn join_load_threads(handles: Vec<std::thread::ScopedJoinHandle<'_, ConnStats>>) -> Vec<ConnStats> {
+/// panicked counts as a connection with that error).
+fn join_load_threads(handles: Vec<std::thread::ScopedJoinHandle<'_, ConnStats>>) -> Vec<ConnStats> {
     handles
         .into_iter()
         .map(|h| {
@@ -354,7 +425,7 @@ fn conn_thread<C: Client>(
     addrs: &[SocketAddr],
     plan: &RoundPlan,
     sh: &Shared,
-    tx: mpsc::Sender<Note>,
+    socks: &ShutAll,
 ) -> ConnStats {
     let mut st = ConnStats::new();
     let mut sock = None;
@@ -371,7 +442,7 @@ fn conn_thread<C: Client>(
         }) {
             Ok(s) => {
                 if let Ok(c) = s.try_clone() {
-                    sh.socks.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+                    socks.0.lock().unwrap_or_else(|p| p.into_inner()).push(c);
                 }
                 match &plan.tls {
                     None => sock = Some(Conn::plain(s)),
@@ -406,20 +477,17 @@ fn conn_thread<C: Client>(
             Err(e) => st.error = Some(e),
         }
     }
-    sh.ready.wait();
-    sh.go.wait();
-    let t0 = sh.t0_ns.load(Relaxed);
+    let t0 = sh.start();
     if let Some(mut s) = sock {
         if let Err(e) = drive(i, &mut client, &mut s, plan, sh, t0, &mut st) {
             // Once the round is being stopped, a failure here is only its echo.
-            if e != ABORTED && !sh.abort.load(Relaxed) {
+            if e != ABORTED && !sh.aborted() {
                 st.error = Some(e);
             }
         }
         // Close now so the peer sees the end of this connection's round.
         drop(s);
     }
-    let _ = tx.send(if st.error.is_some() { Note::Failed } else { Note::Finished });
     st
 }
 
@@ -465,7 +533,7 @@ fn drive<C: Client>(
     let io_secs = plan.io_timeout.as_secs_f64();
 
     let result = loop {
-        if sh.abort.load(Relaxed) {
+        if sh.aborted() {
             break Err(ABORTED.to_string());
         }
         let now = sh.now_ns();
@@ -530,7 +598,7 @@ fn drive<C: Client>(
             let before = pending.len();
             client.follow_up(&mut pending);
             queued_total += (pending.len() - before) as u64;
-            sh.calls[i].0.store(st.calls, Relaxed);
+            sh.set_calls(i, st.calls);
         } else if off < pending.len() {
             // Nothing more can be answered until this request is sent whole.
             if let Err(e) = s.set_nonblocking(true) {

@@ -22,13 +22,11 @@
 use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{mpsc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use connmux_sys::udp::{recv_batch, send_batch, RecvBatch, SendBatch};
 
-use super::engine::{join_load_threads, ConnStats, Progress, RoundOutcome, RoundPlan, MAX_INFLIGHT};
+use super::engine::{run_load_threads, ConnStats, Progress, RoundOutcome, RoundPlan, Shared, Stop, MAX_INFLIGHT};
 
 /// Largest reply datagram taken whole; a longer one is a bad reply.
 pub const MAX_REPLY: usize = 65_536;
@@ -49,24 +47,17 @@ pub trait DgramWorkload: Sync {
     fn client(&self, conn: usize) -> Self::Client;
 }
 
-struct Shared {
-    abort: AtomicBool,
-    t0_ns: AtomicU64,
-    calls: Vec<AtomicU64>,
-    ready: Barrier,
-    go: Barrier,
-    base: Instant,
-}
+/// UDP's [`Stop`]: the abort flag alone, which every thread looks at
+/// within a tick.
+struct Abort;
 
-impl Shared {
-    fn now_ns(&self) -> u64 {
-        self.base.elapsed().as_nanos() as u64
+impl Stop for Abort {
+    fn stop(&self) {}
+
+    /// Never less than 10 ms, so that past the limit the watcher does not spin.
+    fn wait(&self, left: Duration, _stopped: bool) -> Duration {
+        left.max(Duration::from_millis(10))
     }
-}
-
-enum Note {
-    Finished,
-    Failed,
 }
 
 /// Runs one round over UDP; `retry` is `--udp-retry`. Never blocks longer
@@ -79,63 +70,11 @@ pub fn run_round<W: DgramWorkload>(
     progress: &mut dyn Progress,
 ) -> RoundOutcome {
     assert!(plan.threads >= 1 && (1..=MAX_INFLIGHT).contains(&plan.inflight));
-    let sh = Shared {
-        abort: AtomicBool::new(false),
-        t0_ns: AtomicU64::new(0),
-        calls: (0..plan.threads).map(|_| AtomicU64::new(0)).collect(),
-        ready: Barrier::new(plan.threads + 1),
-        go: Barrier::new(plan.threads + 1),
-        base: Instant::now(),
-    };
-    let (tx, rx) = mpsc::channel::<Note>();
-    let mut timed_out = false;
-    let conns = std::thread::scope(|s| {
-        let mut handles = Vec::with_capacity(plan.threads);
-        for i in 0..plan.threads {
-            let (sh, tx, client) = (&sh, tx.clone(), w.client(i));
-            let h = std::thread::Builder::new()
-                .name(format!("load-{i}"))
-                .stack_size(256 * 1024)
-                .spawn_scoped(s, move || thread(i, client, addrs, plan, retry, sh, tx))
-                .unwrap_or_else(|e| panic!("cannot start load thread {i}: {e}"));
-            handles.push(h);
-        }
-        drop(tx);
-        sh.ready.wait();
-        let t0 = sh.now_ns();
-        sh.t0_ns.store(t0, Relaxed);
-        sh.go.wait();
-        let limit_at = t0 + plan.limit.as_nanos() as u64;
-        let mut finished = 0;
-        // Bounded: every thread notes its end; past the limit the abort
-        // flag ends them within a tick.
-        while finished < plan.threads {
-            let mut wait = Duration::from_nanos(limit_at.saturating_sub(sh.now_ns())).max(Duration::from_millis(10));
-            if let Some(iv) = progress.interval() {
-                wait = wait.min(iv);
-            }
-            match rx.recv_timeout(wait) {
-                Ok(Note::Finished) => finished += 1,
-                Ok(Note::Failed) => {
-                    finished += 1;
-                    sh.abort.store(true, Relaxed);
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if sh.now_ns() >= limit_at && !sh.abort.load(Relaxed) {
-                        timed_out = true;
-                        sh.abort.store(true, Relaxed);
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-            if progress.interval().is_some() {
-                let calls = sh.calls.iter().map(|c| c.load(Relaxed)).sum();
-                progress.tick(calls, Duration::from_nanos(sh.now_ns().saturating_sub(t0)));
-            }
-        }
-        join_load_threads(handles)
-    });
-    RoundOutcome { conns, timed_out }
+    let sh = &Shared::new(plan.threads);
+    run_load_threads(sh, plan, progress, &Abort, |i| {
+        let client = w.client(i);
+        move || thread(i, client, addrs, plan, retry, sh)
+    })
 }
 
 /// A UDP socket connected to the first address that takes a connect.
@@ -176,7 +115,6 @@ fn thread<C: Dgram>(
     plan: &RoundPlan,
     retry: Duration,
     sh: &Shared,
-    tx: mpsc::Sender<Note>,
 ) -> ConnStats {
     let mut st = ConnStats::new();
     st.lost = Some(0);
@@ -191,17 +129,14 @@ fn thread<C: Dgram>(
         None => open(addrs, tick).map_err(|e| st.error = Some(e)).ok(),
         Some(_) => None,
     };
-    sh.ready.wait();
-    sh.go.wait();
-    let t0 = sh.t0_ns.load(Relaxed);
+    let t0 = sh.start();
     if let Some(s) = sock {
         if let Err(e) = drive(i, &mut client, &s, plan, retry, tick, sh, t0, &mut st) {
-            if !sh.abort.load(Relaxed) {
+            if !sh.aborted() {
                 st.error = Some(e);
             }
         }
     }
-    let _ = tx.send(if st.error.is_some() { Note::Failed } else { Note::Finished });
     st
 }
 
@@ -236,7 +171,7 @@ fn drive<C: Dgram>(
     let (retry_ns, tick_ns, io_ns) =
         (retry.as_nanos() as u64, tick.as_nanos() as u64, plan.io_timeout.as_nanos() as u64);
     let result = loop {
-        if sh.abort.load(Relaxed) {
+        if sh.aborted() {
             break Err("stopped".into());
         }
         let now = sh.now_ns();
@@ -310,7 +245,7 @@ fn drive<C: Dgram>(
                         _ => return Err(format!("reply with tag {tag:#010x} matches no request sent")),
                     }
                 }
-                sh.calls[i].store(st.calls, Relaxed);
+                sh.set_calls(i, st.calls);
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
             Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
