@@ -249,12 +249,11 @@ impl Io for UringIo {
     fn end_pass(&mut self, w: &mut Worker<'_>) {
         if self.lent.budget == Budget::Over {
             // (`Budget`: no multishot receive runs on past the budget. A
-            // lent psock's reads and a TLS psock's are armed as before:
-            // served as they come, or decrypted first.)
+            // lent psock's reads are served as they come, held by no one:
+            // it keeps its receive.)
             let leases = &w.bufs.own.leases;
             for (&token, conn) in self.conns.iter_mut() {
                 if matches!(conn.recv, Recv::Buffers { multishot: true, cancelling: false })
-                    && conn.rt.tls.is_none()
                     && !leases.contains_key(&conn.rt.id)
                 {
                     conn.recv.cancel(&mut self.ring, token);
@@ -313,7 +312,14 @@ fn serve_on_lease(
 /// is returned) or fed to the core ([`worker::tls_plaintext`], as the epoll
 /// driver's reads), and the rest of its records the usual way
 /// ([`pump_tls`]).
-fn tls_read(w: &mut Worker<'_>, ring: &mut WRing, conn: &mut Conn, buf: u16, plain: &mut Vec<u8>) -> bool {
+fn tls_read(
+    w: &mut Worker<'_>,
+    ring: &mut WRing,
+    conn: &mut Conn,
+    buf: u16,
+    plain: &mut Vec<u8>,
+    budget: &mut Budget,
+) -> bool {
     let sh = w.sh;
     let rt = conn.rt.clone();
     let Some(tls) = &rt.tls else { return false };
@@ -334,7 +340,7 @@ fn tls_read(w: &mut Worker<'_>, ring: &mut WRing, conn: &mut Conn, buf: u16, pla
             w.bufs.own.give_back(sh, p, connmux_sys::clock::now_nanos(), &mut w.events);
         }
         conn.held.push_back(Held { buf, off: 0 });
-        pump_tls(sh, ring, conn, &mut w.events);
+        pump_tls(sh, ring, conn, &mut w.events, budget);
         return false;
     }
     plain.clear();
@@ -349,12 +355,12 @@ fn tls_read(w: &mut Worker<'_>, ring: &mut WRing, conn: &mut Conn, buf: u16, pla
         }
         Decrypted::Rest(off) => {
             conn.held.push_back(Held { buf, off });
-            pump_tls(sh, ring, conn, &mut w.events);
+            pump_tls(sh, ring, conn, &mut w.events, budget);
         }
         Decrypted::Failed(why) => {
             tls::fail_read(sh, &rt, tls, why, &mut w.events);
             ring.recycle(buf);
-            pump_tls(sh, ring, conn, &mut w.events);
+            pump_tls(sh, ring, conn, &mut w.events, budget);
         }
     }
     on_lease
@@ -475,7 +481,7 @@ impl UringIo {
                         // Decrypted here (TLS lock before the core lock).
                         core = None;
                         let lent = w.bufs.own.leases.len();
-                        let on_lease = tls_read(w, ring, conn, buf_id, &mut self.plain);
+                        let on_lease = tls_read(w, ring, conn, buf_id, &mut self.plain, &mut self.lent.budget);
                         woke.leased_only &= on_lease && w.bufs.own.leases.len() == lent;
                     } else if lent_read {
                         // Lent to this worker: served with no core lock
@@ -500,7 +506,7 @@ impl UringIo {
                     } else if conn.rt.tls.is_some() {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         core = None; // TLS lock before the core lock
-                        pump_tls(sh, ring, conn, &mut w.events);
+                        pump_tls(sh, ring, conn, &mut w.events, &mut self.lent.budget);
                     } else {
                         let c = core.get_or_insert_with(|| sh.lock());
                         // Lent first if it may be (`ServeBufs::lend_before_read`):
@@ -533,7 +539,7 @@ impl UringIo {
                         }
                         if conn.rt.tls.is_some() {
                             core = None;
-                            pump_tls(sh, ring, conn, &mut w.events);
+                            pump_tls(sh, ring, conn, &mut w.events, &mut self.lent.budget);
                         } else {
                             let core = core.get_or_insert_with(|| sh.lock());
                             let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
@@ -652,7 +658,7 @@ impl UringIo {
                 let Some(conn) = self.conns.get_mut(&token) else { return };
                 if conn.rt.tls.is_some() && !conn.released {
                     // Decrypted bytes may wait in TLS after the receive ended.
-                    pump_tls(sh, ring, conn, &mut w.events);
+                    pump_tls(sh, ring, conn, &mut w.events, &mut self.lent.budget);
                     self.to_arm.push(token);
                     return;
                 }
@@ -821,10 +827,15 @@ impl UringIo {
             // as many as the peer's bytes fill: a multishot receive of each
             // of hundreds of peers sending large messages would deliver far
             // more than the budget's room in one wait, all of it to be held.
-            // (A lent psock's reads are served as they come, held by no
-            // one: it keeps its multishot receive, and takes no lock here.)
+            // (A plain lent psock's reads are served as they come, held by
+            // no one: it keeps its multishot receive, and takes no lock here.)
+            let lent = own.leases.contains_key(&conn.rt.id);
             let mut tight = false;
-            if conn.rt.tls.is_none() && !own.leases.contains_key(&conn.rt.id) {
+            if conn.rt.tls.is_some() {
+                // Its ciphertext is spilled past the budget like a plain
+                // psock's bytes: one buffer at a time while it is over.
+                tight = sh.lock().mux.mem_tight();
+            } else if !lent {
                 // A large message: one receive straight into the psock's
                 // assembly buffer, no more than the message needs (one only
                 // predicted while the budget has room: `Mux::rx_lend_ahead`).
@@ -833,9 +844,6 @@ impl UringIo {
                     tight = core.mux.mem_tight();
                     core.mux.rx_lend_ahead(conn.rt.id)
                 };
-                if !tight {
-                    *budget = Budget::Room;
-                }
                 if let Some(mut loan) = loan {
                     let buf = std::mem::take(loan.buf());
                     let limit = loan.limit();
@@ -848,6 +856,13 @@ impl UringIo {
                         }
                     }
                     continue;
+                }
+            }
+            if conn.rt.tls.is_some() || !lent {
+                // What this receive found of the budget (`Budget`).
+                match tight {
+                    true => budget.saw(true),
+                    false => *budget = Budget::Room,
                 }
             }
             if ring.buffers_held() >= ring.buf_count() {

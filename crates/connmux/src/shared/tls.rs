@@ -97,6 +97,8 @@ pub(crate) struct PsockTls {
     /// Ciphertext read from the connection that rustls could not take yet
     /// because the core was full (epoll driver; at most one read).
     held: Vec<u8>,
+    /// `held`'s memory as last told to the core's budget (`Mux::set_rx_below`).
+    held_counted: usize,
     /// Where the ciphertext given to rustls is in its record framing.
     records: RecordEdge,
     /// A record deadline is armed in the core (`set_record_deadline`).
@@ -203,6 +205,7 @@ impl PsockTls {
             rx: TlsRx::Open,
             failed: false,
             held: Vec::new(),
+            held_counted: 0,
             records: RecordEdge::default(),
             record_armed: false,
             write_now: true,
@@ -493,7 +496,7 @@ pub(crate) fn epoll_read(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, buf: 
             Err(e) => rx_eof(sh, rt, &mut st, Some(e.raw_os_error().unwrap_or(libc::EIO)), events) == Rx::Full,
         }
     };
-    read_interest(sh, rt, st, full);
+    read_interest(sh, rt, st, full, events);
 }
 
 /// Ciphertext read from the connection, through TLS into the core. Whether
@@ -510,8 +513,20 @@ fn take_bytes(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events:
 /// polling for input. `PsockRxResume` turns it back on and has the worker
 /// come back to `epoll_read` for what rustls and `held` keep, which no
 /// readiness would announce.
-fn read_interest(sh: &Shared, rt: &PsockRt, st: MutexGuard<'_, PsockTls>, full: bool) {
+///
+/// What stays held counts in the budget as the psock's, as the io_uring
+/// driver's spills do: hundreds of peers whose reads the core cannot take
+/// would otherwise each keep a read the budget does not see.
+fn read_interest(sh: &Shared, rt: &PsockRt, mut st: MutexGuard<'_, PsockTls>, full: bool, events: &mut Vec<Event>) {
     let stop = st.rx != TlsRx::Open;
+    let below = if st.held.is_empty() { 0 } else { st.held.capacity() };
+    if below != st.held_counted {
+        st.held_counted = below;
+        // (TLS lock before the core lock.)
+        let mut core = sh.lock();
+        core.mux.set_rx_below(rt.id, below);
+        core.drain_events(events);
+    }
     drop(st);
     sh.set_interest(rt, |i| i.read = !(full || stop));
 }
@@ -630,7 +645,7 @@ pub(crate) fn after_decrypt(
             false
         }
     };
-    read_interest(sh, rt, st, full);
+    read_interest(sh, rt, st, full, events);
 }
 
 /// A TLS error found decrypting a read in the worker ([`decrypt_read`]'s
@@ -658,7 +673,7 @@ pub(crate) fn replies_now(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, even
 pub(crate) fn read_end(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, errno: Option<i32>, events: &mut Vec<Event>) {
     let mut st = tls.lock().unwrap();
     let full = rx_eof(sh, rt, &mut st, errno, events) == Rx::Full;
-    read_interest(sh, rt, st, full);
+    read_interest(sh, rt, st, full, events);
 }
 
 /// Replies to a TLS psock lent to its worker (`iov`, plaintext), made into

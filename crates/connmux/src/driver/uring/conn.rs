@@ -206,17 +206,19 @@ pub(super) struct Lent {
 /// The memory budget as a worker's feeds see it, for its receives:
 ///
 /// ```text
-///          a feed finds it over              the pass ends: every
-///   Room ─────────────────────────► Over ──  multishot receive cancelled ──► Tight
+///      a feed, or a receive armed,           the pass ends: every
+///      finds it over                         multishot receive cancelled
+///   Room ─────────────────────────► Over ─────────────────────────────────► Tight
 ///    ▲                                                                        │
 ///    └──────────────── a receive armed finds it under again ──────────────────┘
 /// ```
 ///
 /// Why: a multishot receive armed while the budget had room goes on taking
 /// a ring buffer after another in every wait, spilled past the budget, until
-/// its psock is next fed and paused; hundreds of them, on a worker starved
-/// of CPU, took the budget's count to 1.8 times its limit. Cancelled, each
-/// is armed again taking one buffer at a time (`UringIo::arm`).
+/// its psock is next fed and paused (a TLS psock's: its ciphertext spilled);
+/// hundreds of them, on a worker starved of CPU, took the budget's count to
+/// 1.8 times its limit. Cancelled, each is armed again taking one buffer at
+/// a time (`UringIo::arm`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) enum Budget {
     #[default]
@@ -225,6 +227,16 @@ pub(super) enum Budget {
     Over,
     /// Over, the multishot receives cancelled: receives take one buffer.
     Tight,
+}
+
+impl Budget {
+    /// A feed saw the budget over (`tight`), or not (which changes nothing:
+    /// only a receive armed with room says it has room again).
+    pub(super) fn saw(&mut self, tight: bool) {
+        if tight && *self == Budget::Room {
+            *self = Budget::Over;
+        }
+    }
 }
 
 impl Lent {
@@ -247,7 +259,38 @@ pub(super) fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut 
 
 /// [`pump`] for a TLS psock: the held ciphertext through TLS into the core,
 /// no more than it takes; called without the core lock (TLS lock first).
-pub(super) fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Event>) {
+/// What stays spilled counts in the budget as the psock's, as with [`pump`].
+pub(super) fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Event>, budget: &mut Budget) {
+    pump_tls_held(sh, ring, conn, events);
+    if spill_memory(conn) != conn.spill_counted {
+        // (A spill: the core took no more, perhaps for its budget.)
+        let mut core = sh.lock();
+        tell_spill(conn, &mut core, events);
+        budget.saw(core.mux.mem_tight());
+    }
+}
+
+/// What the psock's spill holds for the budget: its allocation while any of
+/// it is unfed (it is freed whole once all is fed).
+fn spill_memory(conn: &Conn) -> usize {
+    match conn.spill.len() > conn.spill_off {
+        true => conn.spill.capacity(),
+        false => 0,
+    }
+}
+
+/// Tell the core's budget what the spill holds now, if it changed
+/// (`Mux::set_rx_below`); the budget may pause or abort a psock then.
+fn tell_spill(conn: &mut Conn, core: &mut Core, events: &mut Vec<Event>) {
+    let below = spill_memory(conn);
+    if below != conn.spill_counted {
+        conn.spill_counted = below;
+        core.mux.set_rx_below(conn.rt.id, below);
+        core.drain_events(events);
+    }
+}
+
+fn pump_tls_held(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Event>) {
     let rt = conn.rt.clone();
     let Some(tls) = &rt.tls else { return };
     let token = psock_token(rt.id);
@@ -328,21 +371,8 @@ pub(super) struct Feed<'a> {
 /// the core's memory budget as the psock's.
 pub(super) fn pump(conn: &mut Conn, f: &mut Feed<'_>) {
     pump_held(conn, f);
-    if f.lent.budget == Budget::Room && f.core.mux.mem_tight() {
-        f.lent.budget = Budget::Over;
-    }
-    // The spill's allocation while any of it is unfed (it is freed whole
-    // once all is fed).
-    let below = match conn.spill.len() > conn.spill_off {
-        true => conn.spill.capacity(),
-        false => 0,
-    };
-    if below != conn.spill_counted {
-        conn.spill_counted = below;
-        f.core.mux.set_rx_below(conn.rt.id, below);
-        // The budget may have paused or aborted a psock.
-        f.core.drain_events(f.events);
-    }
+    f.lent.budget.saw(f.core.mux.mem_tight());
+    tell_spill(conn, f.core, f.events);
 }
 
 fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
