@@ -363,6 +363,7 @@ fn non_readers_of_large_echoes_within_the_budget(driver: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let pauses = stat_counter(&sock, "mem_pauses");
+    let mem_peak = stat_counter(&sock, "mem_peak") >> 10;
     stop.store(true, Ordering::Release);
     for w in writers {
         w.join().unwrap();
@@ -375,7 +376,10 @@ fn non_readers_of_large_echoes_within_the_budget(driver: &str) {
     // the peers hold.
     let rings = if driver == "uring" { workers * 256 * 16 } else { 0 };
     let bound = idle_rss + rings + 256 * 1024 * 13 / 10;
-    eprintln!("{driver}: 100 non-readers of 64 KiB echoes: RSS idle {idle_rss} KiB, peak {peak} KiB (bound {bound} KiB), mem_pauses {pauses}");
+    eprintln!(
+        "{driver}: 100 non-readers of 64 KiB echoes: RSS idle {idle_rss} KiB, peak {peak} KiB (bound {bound} KiB), \
+         mem_pauses {pauses}, mem_peak {mem_peak} KiB"
+    );
     // Each non-reader stops being read once its own replies back up (half
     // of `psock_sndbuf`); a hundred of them together may stay under the
     // budget. Past it, the budget must have paused them. (The budget counts
