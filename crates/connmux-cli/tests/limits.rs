@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_connmux");
 
+mod common;
+use common::peers::budget_peak_bound;
+
 /// A test module per case, with an `epoll` and a `uring` test that run the
 /// case's function on that driver.
 macro_rules! on_both_drivers {
@@ -314,21 +317,10 @@ fn memory_budget_holds(driver: &str) {
     assert!(pauses > 0, "the budget paused the largest holders: {st}");
     assert!(aborts > 0, "the budget reset the stuck holders: {st}");
     assert!(peak <= 160_000_000, "{driver}: RSS peak {peak} bytes over 160 MB");
-    // The budget's own count at its highest (`mem_peak`): past the limit
-    // only by what the psocks still read took in their last reads (at most
-    // two reads of MEM_FLOOR, in an allocation of at most `memory_bound` of
-    // that), and on io_uring by what the ring delivered below the parser
-    // (one buffer a psock once the budget is over, and before that at most
-    // what one wait of each worker's ring delivered).
+    // The budget's own count at its highest (`mem_peak`), within what its
+    // design allows past the limit (`budget_peak_bound`).
     let mem_peak = counter(&stat(&s), "mem_peak") as usize;
-    let psocks = 300 + 1;
-    let mut per_psock = connmux_core::stream::memory_bound(2 * connmux_core::mux::MEM_FLOOR);
-    let mut rings = 0;
-    if driver == "uring" {
-        per_psock += 16 << 10;
-        rings = 2 * 256 * (16 << 10);
-    }
-    let bound = 64 * MIB + psocks * per_psock + rings;
+    let bound = budget_peak_bound(64 * MIB, 300 + 1, driver, 2);
     eprintln!("{driver}: mem_peak {} KiB (bound {} KiB)", mem_peak >> 10, bound >> 10);
     assert!(mem_peak > 64 * MIB, "{driver}: the budget never counted its limit (mem_peak {mem_peak})");
     assert!(mem_peak <= bound, "{driver}: the budget counted {mem_peak} bytes at its peak, over {bound}");
@@ -419,12 +411,8 @@ sys.stdin.readline()
     drop(stdin);
     let _ = py.wait();
     let mem_peak = counter(&st, "mem_peak") as usize;
-    let (mut per_psock, mut rings) = (connmux_core::stream::memory_bound(2 * connmux_core::mux::MEM_FLOOR), 0);
-    if driver == "uring" {
-        per_psock += 16 << 10;
-        rings = 2 * 256 * (16 << 10);
-    }
-    let bound = 64 * MIB + (PEERS + 1) * per_psock + rings;
+    let bound = budget_peak_bound(64 * MIB, PEERS + 1, driver, 2);
+    let rings = if driver == "uring" { 2 * 256 * (16 << 10) } else { 0 };
     // RSS: the sessions, what the budget may count (and the allocator's
     // share of it, a tenth), on io_uring the rings' pages, and what rustls
     // keeps of each session outside the budget while the core takes nothing

@@ -355,19 +355,11 @@ fn partial_messages_under_a_small_budget(driver: &str) {
         counter(&stat, "mem_peak") >> 10
     );
     assert!(pauses > 0, "{driver}: 300 MiB of partial messages under a 64 MiB budget paused nobody:\n{stat}");
-    // The budget's count at its highest: past the limit only by the last
-    // reads of the connections still read (two reads of MEM_FLOOR each, in
-    // their allocation) and on io_uring a ring buffer each and the rings (as
-    // `limits.rs` asserts for the RPC server).
+    // The budget's count at its highest, within what its design allows past
+    // the limit (as `limits.rs` asserts for the RPC server).
     let mem_peak = counter(&stat, "mem_peak") as usize;
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut per_conn = connmux_core::stream::memory_bound(2 * connmux_core::mux::MEM_FLOOR);
-    let mut rings = 0;
-    if driver == "uring" {
-        per_conn += 16 << 10;
-        rings = workers * 256 * (16 << 10);
-    }
-    let bound = (64 << 20) + 301 * per_conn + rings;
+    let bound = common::peers::budget_peak_bound(64 << 20, 301, driver, workers);
     assert!(mem_peak <= bound, "{driver}: the budget counted {mem_peak} bytes at its peak, over {bound}");
     assert!(beside >= alone * 0.5, "{driver}: good client {beside:.0} reads/s beside, {alone:.0} alone");
     let _ = std::fs::remove_dir_all(&ex);

@@ -225,3 +225,20 @@ pub fn holders(addr: SocketAddr, head: Vec<u8>, n: usize, stop: Arc<AtomicBool>)
         })
         .collect()
 }
+
+/// The most a server's memory budget may count (`mem_peak`) with `conns`
+/// connections read under a budget of `limit` bytes, `workers` workers on
+/// `driver`: past the limit only by the last reads of the connections still
+/// read (two reads of `MEM_FLOOR` each, in an allocation of at most
+/// `memory_bound` of that) and, on io_uring, a ring buffer each (one buffer
+/// a receive once the budget is over) and what one wait of each worker's
+/// ring (256 x 16 KiB) delivered before it was seen over.
+pub fn budget_peak_bound(limit: usize, conns: usize, driver: &str, workers: usize) -> usize {
+    let mut per_conn = connmux_core::stream::memory_bound(2 * connmux_core::mux::MEM_FLOOR);
+    let mut rings = 0;
+    if driver == "uring" {
+        per_conn += 16 << 10;
+        rings = workers * 256 * (16 << 10);
+    }
+    limit + conns * per_conn + rings
+}
