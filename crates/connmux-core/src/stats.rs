@@ -30,8 +30,8 @@ pub struct MuxStats {
     pub mem_used: usize,
     /// The most the budget counted at any read so far (`mem_used` then;
     /// new): how far past `mem_limit` the readers still read took it (less
-    /// than two reads of `MEM_FLOOR`, 16 KiB, a psock still read, plus what
-    /// a driver holds below the parser).
+    /// than two reads of `MEM_FLOOR`, 16 KiB, a psock still read, in their
+    /// allocation, plus what a driver holds below the parser).
     pub mem_peak: usize,
     /// Psocks paused because the mux was over its memory budget (new).
     pub mem_pauses: u64,

@@ -98,6 +98,8 @@ struct UringIo {
     /// descriptors) go.
     ring: WRing,
     lent: Lent,
+    /// The memory budget as this worker's feeds and receives last saw it.
+    budget: Budget,
     conns: FxHashMap<u64, Conn>,
     /// Psocks whose receive should be (re)armed when buffers allow.
     to_arm: Vec<u64>,
@@ -133,6 +135,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
     let mut io = UringIo {
         ring,
         lent: Lent::default(),
+        budget: Budget::Room,
         conns: FxHashMap::default(),
         to_arm: Vec::new(),
         tx_slices: Vec::new(),
@@ -247,7 +250,7 @@ impl Io for UringIo {
     }
 
     fn end_pass(&mut self, w: &mut Worker<'_>) {
-        if self.lent.budget == Budget::Over {
+        if self.budget == Budget::Over {
             // (`Budget`: no multishot receive runs on past the budget. A
             // lent psock's reads are served as they come, held by no one:
             // it keeps its receive.)
@@ -259,7 +262,7 @@ impl Io for UringIo {
                     conn.recv.cancel(&mut self.ring, token);
                 }
             }
-            self.lent.budget = Budget::Tight;
+            self.budget = Budget::Tight;
         }
         self.arm(w.sh, &w.bufs.own)
     }
@@ -481,7 +484,7 @@ impl UringIo {
                         // Decrypted here (TLS lock before the core lock).
                         core = None;
                         let lent = w.bufs.own.leases.len();
-                        let on_lease = tls_read(w, ring, conn, buf_id, &mut self.plain, &mut self.lent.budget);
+                        let on_lease = tls_read(w, ring, conn, buf_id, &mut self.plain, &mut self.budget);
                         woke.leased_only &= on_lease && w.bufs.own.leases.len() == lent;
                     } else if lent_read {
                         // Lent to this worker: served with no core lock
@@ -497,8 +500,9 @@ impl UringIo {
                                 // not keep) go the usual way.
                                 conn.held.push_back(Held { buf: buf_id, off });
                                 let core = core.get_or_insert_with(|| sh.lock());
-                                let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
-                                pump(conn, &mut Feed { core, ring, now, events, lent, own });
+                                let (events, lent, own, budget) =
+                                    (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
+                                pump(conn, &mut Feed { core, ring, now, events, lent, own, budget });
                             }
                         }
                         after_recv(&mut self.conns, &mut self.to_arm, token);
@@ -506,7 +510,7 @@ impl UringIo {
                     } else if conn.rt.tls.is_some() {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         core = None; // TLS lock before the core lock
-                        pump_tls(sh, ring, conn, &mut w.events, &mut self.lent.budget);
+                        pump_tls(sh, ring, conn, &mut w.events, &mut self.budget);
                     } else {
                         let c = core.get_or_insert_with(|| sh.lock());
                         // Lent first if it may be (`ServeBufs::lend_before_read`):
@@ -517,13 +521,15 @@ impl UringIo {
                             if let Err(off) = serve_on_lease(w, ring, buf_id, p, conn.rt.fd(), read_at) {
                                 conn.held.push_back(Held { buf: buf_id, off });
                                 let core = core.get_or_insert_with(|| sh.lock());
-                                let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
-                                pump(conn, &mut Feed { core, ring, now, events, lent, own });
+                                let (events, lent, own, budget) =
+                                    (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
+                                pump(conn, &mut Feed { core, ring, now, events, lent, own, budget });
                             }
                         } else {
                             conn.held.push_back(Held { buf: buf_id, off: 0 });
-                            let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
-                            pump(conn, &mut Feed { core: c, ring, now, events, lent, own });
+                            let (events, lent, own, budget) =
+                                (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
+                            pump(conn, &mut Feed { core: c, ring, now, events, lent, own, budget });
                         }
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
@@ -539,11 +545,12 @@ impl UringIo {
                         }
                         if conn.rt.tls.is_some() {
                             core = None;
-                            pump_tls(sh, ring, conn, &mut w.events, &mut self.lent.budget);
+                            pump_tls(sh, ring, conn, &mut w.events, &mut self.budget);
                         } else {
                             let core = core.get_or_insert_with(|| sh.lock());
-                            let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
-                            pump(conn, &mut Feed { core, ring, now, events, lent, own });
+                            let (events, lent, own, budget) =
+                                (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
+                            pump(conn, &mut Feed { core, ring, now, events, lent, own, budget });
                         }
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
@@ -565,8 +572,9 @@ impl UringIo {
                         if let Some(how) = ReadEnd::of_cqe(res).end() {
                             conn.life.end(how);
                         }
-                        let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
-                        pump(conn, &mut Feed { core, ring, now, events, lent, own });
+                        let (events, lent, own, budget) =
+                            (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
+                        pump(conn, &mut Feed { core, ring, now, events, lent, own, budget });
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
                 }
@@ -658,7 +666,7 @@ impl UringIo {
                 let Some(conn) = self.conns.get_mut(&token) else { return };
                 if conn.rt.tls.is_some() && !conn.released {
                     // Decrypted bytes may wait in TLS after the receive ended.
-                    pump_tls(sh, ring, conn, &mut w.events, &mut self.lent.budget);
+                    pump_tls(sh, ring, conn, &mut w.events, &mut self.budget);
                     self.to_arm.push(token);
                     return;
                 }
@@ -667,8 +675,8 @@ impl UringIo {
                 }
                 let mut core = sh.lock();
                 w.bufs.own.unlease(&mut core, p, sh.now());
-                let (events, lent, own) = (&mut w.events, &mut self.lent, &mut w.bufs.own);
-                pump(conn, &mut Feed { core: &mut core, ring, now: sh.now(), events, lent, own });
+                let (events, lent, own, budget) = (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
+                pump(conn, &mut Feed { core: &mut core, ring, now: sh.now(), events, lent, own, budget });
                 drop(core);
                 self.to_arm.push(token);
             }
@@ -813,7 +821,7 @@ impl UringIo {
     /// (A psock lent to this worker, in `own.leases`, is framed by its
     /// lease: it takes no loan of its assembly buffer.)
     fn arm(&mut self, sh: &Shared, own: &Own) {
-        let (ring, budget) = (&mut self.ring, &mut self.lent.budget);
+        let (ring, budget) = (&mut self.ring, &mut self.budget);
         if self.to_arm.is_empty() {
             return;
         }

@@ -199,8 +199,6 @@ pub(super) struct Lent {
     /// driver's are (`worker::feed_bytes`): a stream of messages that reads
     /// cut would never be lent otherwise.
     pub(super) offers: Vec<Arc<PsockRt>>,
-    /// The memory budget as this worker's feeds last saw it.
-    pub(super) budget: Budget,
 }
 
 /// The memory budget as a worker's feeds see it, for its receives:
@@ -219,9 +217,8 @@ pub(super) struct Lent {
 /// hundreds of them, on a worker starved of CPU, took the budget's count to
 /// 1.8 times its limit. Cancelled, each is armed again taking one buffer at
 /// a time (`UringIo::arm`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Budget {
-    #[default]
     Room,
     /// Found over; the multishot receives are still to be cancelled.
     Over,
@@ -363,6 +360,8 @@ pub(super) struct Feed<'a> {
     /// Messages framed in place in ring buffers, served after the pass.
     pub(super) lent: &'a mut Lent,
     pub(super) own: &'a mut Own,
+    /// What the feed saw of the memory budget.
+    pub(super) budget: &'a mut Budget,
 }
 
 /// Feed the held bytes of one psock to the core, no more than it takes. When it
@@ -371,12 +370,12 @@ pub(super) struct Feed<'a> {
 /// the core's memory budget as the psock's.
 pub(super) fn pump(conn: &mut Conn, f: &mut Feed<'_>) {
     pump_held(conn, f);
-    f.lent.budget.saw(f.core.mux.mem_tight());
+    f.budget.saw(f.core.mux.mem_tight());
     tell_spill(conn, f.core, f.events);
 }
 
 fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
-    let Feed { core, ring, now, events, lent, own } = f;
+    let Feed { core, ring, now, events, lent, own, .. } = f;
     let now = *now;
     let id: PsockId = conn.rt.id;
     let token = psock_token(id);
