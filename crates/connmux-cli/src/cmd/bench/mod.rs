@@ -261,8 +261,30 @@ pub fn exe() -> anyhow::Result<PathBuf> {
     std::env::current_exe().context("locating the connmux binary")
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free (TCP and UDP) a moment ago, for a server
+/// started next. Chosen below the kernel's ephemeral range
+/// (`ip_local_port_range`): a port from that range, as `bind(0)` gives, can
+/// be taken in between as the source port of any connection a client makes
+/// (a server then failed "Address already in use").
 pub fn free_port() -> anyhow::Result<u16> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let low: u16 = range.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(32768);
+    const FIRST: u16 = 10_000;
+    if low > FIRST + 1000 {
+        use std::hash::BuildHasher;
+        let span = u64::from(low - FIRST);
+        // Randomly seeded: two processes choosing at once choose apart.
+        let random = std::collections::hash_map::RandomState::new();
+        // Bounded: a few tries at spread-out ports, then the kernel's choice.
+        for i in 0..64u64 {
+            let port = FIRST + (random.hash_one(i) % span) as u16;
+            let free = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+                && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok();
+            if free {
+                return Ok(port);
+            }
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }
