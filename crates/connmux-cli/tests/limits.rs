@@ -345,10 +345,10 @@ fn memory_budget_holds(driver: &str) {
 /// (its spills) counts in the budget as a plain connection's bytes do, and
 /// on io_uring receives take one ring buffer at a time once it is over. The
 /// budget's count stays within the bound of `memory_budget_holds`, and the
-/// RSS grows past what the 300 sessions hold by no more than that bound (and
-/// a tenth of it, the allocator's, the rings, and rustls's own buffers). Uncounted, io_uring's
-/// spills took the RSS to 174–189 MB (now 109–119), and epoll's held reads
-/// were 28 MB the budget did not see.
+/// RSS grows past what the 300 sessions hold by no more than that bound,
+/// a tenth of it (the allocator's), the rings and rustls's own buffers.
+/// Uncounted, io_uring's spills took the RSS to 174–189 MB (now 103–107),
+/// and epoll's held reads were 28 MB the budget did not see.
 fn memory_budget_holds_for_tls_records(driver: &str) {
     const PEERS: usize = 300;
     let s = start(
