@@ -53,7 +53,7 @@ use crate::shared::tls::{self, Decrypted};
 use crate::shared::{psock_token, token_psock, Command, Own, ReadEnd, Shared, SockRt, Wrote};
 
 mod conn;
-use conn::{pump, pump_tls, stop_rx, Budget, Conn, Feed, Held, Lent, Recv, RxLife};
+use conn::{pump, pump_tls, stop_rx, Budget, Conn, Feed, Framed, Held, Recv, RxLife};
 
 /// Token of the waker poll.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -97,7 +97,8 @@ struct UringIo {
     /// still in flight and waits for it, before the connections (and their
     /// descriptors) go.
     ring: WRing,
-    lent: Lent,
+    /// Messages reads framed in place in ring buffers, served after the pass.
+    framed: Framed,
     /// The memory budget as this worker's feeds and receives last saw it.
     budget: Budget,
     conns: FxHashMap<u64, Conn>,
@@ -134,7 +135,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
     drop(init);
     let mut io = UringIo {
         ring,
-        lent: Lent::default(),
+        framed: Framed::default(),
         budget: Budget::Room,
         conns: FxHashMap::default(),
         to_arm: Vec::new(),
@@ -188,8 +189,8 @@ impl Io for UringIo {
 
     /// Serve the messages framed in place in provided buffers, then give
     /// those buffers back to the ring.
-    fn serve_lent(&mut self, w: &mut Worker<'_>) {
-        let lent = &mut self.lent;
+    fn serve_framed(&mut self, w: &mut Worker<'_>) {
+        let framed = &mut self.framed;
         if let Some(sv) = &w.serving {
             // One read served in this pass: its replies are written at
             // once, with a plain `sendmsg`, when no ring send of the psock
@@ -204,8 +205,8 @@ impl Io for UringIo {
             // lent psock's reads take no shared lock, which is what scales
             // (`docs/performance.md`, "A loaded io_uring worker lent
             // nothing").
-            let direct = lent.batches.len() == 1 || (w.bufs.own.can_lease && w.sh.workers.len() > 1);
-            for &(p, buf, a, b) in &lent.batches {
+            let direct = framed.batches.len() == 1 || (w.bufs.own.can_lease && w.sh.workers.len() > 1);
+            for &(p, buf, a, b) in &framed.batches {
                 let data = self.ring.buffer(buf).unwrap_or(&[]);
                 let rt = match direct {
                     true => self
@@ -216,7 +217,7 @@ impl Io for UringIo {
                     false => None,
                 };
                 let read = crate::serve::ReadView {
-                    msgs: connmux_core::run::Messages::new(data, &lent.runs[a..b]),
+                    msgs: connmux_core::run::Messages::new(data, &framed.runs[a..b]),
                     psock: p,
                     started: connmux_sys::clock::now_nanos(),
                 };
@@ -224,14 +225,14 @@ impl Io for UringIo {
             }
         }
         if w.serving.is_some() {
-            for rt in lent.offers.drain(..) {
+            for rt in framed.offers.drain(..) {
                 w.bufs.try_lease(&rt);
             }
         }
-        lent.offers.clear();
-        lent.batches.clear();
-        lent.runs.clear();
-        for buf in lent.recycle.drain(..) {
+        framed.offers.clear();
+        framed.batches.clear();
+        framed.runs.clear();
+        for buf in framed.recycle.drain(..) {
             self.ring.recycle(buf);
         }
     }
@@ -500,9 +501,9 @@ impl UringIo {
                                 // not keep) go the usual way.
                                 conn.held.push_back(Held { buf: buf_id, off });
                                 let core = core.get_or_insert_with(|| sh.lock());
-                                let (events, lent, own, budget) =
-                                    (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
-                                pump(conn, &mut Feed { core, ring, now, events, lent, own, budget });
+                                let (events, framed, own, budget) =
+                                    (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
+                                pump(conn, &mut Feed { core, ring, now, events, framed, own, budget });
                             }
                         }
                         after_recv(&mut self.conns, &mut self.to_arm, token);
@@ -521,15 +522,15 @@ impl UringIo {
                             if let Err(off) = serve_on_lease(w, ring, buf_id, p, conn.rt.fd(), read_at) {
                                 conn.held.push_back(Held { buf: buf_id, off });
                                 let core = core.get_or_insert_with(|| sh.lock());
-                                let (events, lent, own, budget) =
-                                    (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
-                                pump(conn, &mut Feed { core, ring, now, events, lent, own, budget });
+                                let (events, framed, own, budget) =
+                                    (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
+                                pump(conn, &mut Feed { core, ring, now, events, framed, own, budget });
                             }
                         } else {
                             conn.held.push_back(Held { buf: buf_id, off: 0 });
-                            let (events, lent, own, budget) =
-                                (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
-                            pump(conn, &mut Feed { core: c, ring, now, events, lent, own, budget });
+                            let (events, framed, own, budget) =
+                                (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
+                            pump(conn, &mut Feed { core: c, ring, now, events, framed, own, budget });
                         }
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
@@ -548,9 +549,9 @@ impl UringIo {
                             pump_tls(sh, ring, conn, &mut w.events, &mut self.budget);
                         } else {
                             let core = core.get_or_insert_with(|| sh.lock());
-                            let (events, lent, own, budget) =
-                                (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
-                            pump(conn, &mut Feed { core, ring, now, events, lent, own, budget });
+                            let (events, framed, own, budget) =
+                                (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
+                            pump(conn, &mut Feed { core, ring, now, events, framed, own, budget });
                         }
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
@@ -565,16 +566,16 @@ impl UringIo {
                         // the bytes of a psock that stopped meanwhile).
                         *loan.buf() = buf;
                         if crate::shared::commit_read(core, &mut w.bufs.own, loan, now).is_err() && !conn.released {
-                            stop_rx(ring, conn, token, &mut self.lent);
+                            stop_rx(ring, conn, token, &mut self.framed);
                         }
                     }
                     if !conn.released && conn.life != RxLife::Over {
                         if let Some(how) = ReadEnd::of_cqe(res).end() {
                             conn.life.end(how);
                         }
-                        let (events, lent, own, budget) =
-                            (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
-                        pump(conn, &mut Feed { core, ring, now, events, lent, own, budget });
+                        let (events, framed, own, budget) =
+                            (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
+                        pump(conn, &mut Feed { core, ring, now, events, framed, own, budget });
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
                 }
@@ -675,8 +676,9 @@ impl UringIo {
                 }
                 let mut core = sh.lock();
                 w.bufs.own.unlease(&mut core, p, sh.now());
-                let (events, lent, own, budget) = (&mut w.events, &mut self.lent, &mut w.bufs.own, &mut self.budget);
-                pump(conn, &mut Feed { core: &mut core, ring, now: sh.now(), events, lent, own, budget });
+                let (events, framed, own, budget) =
+                    (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
+                pump(conn, &mut Feed { core: &mut core, ring, now: sh.now(), events, framed, own, budget });
                 drop(core);
                 self.to_arm.push(token);
             }
@@ -693,7 +695,7 @@ impl UringIo {
             Command::StopRx(p) => {
                 let token = psock_token(p);
                 let Some(conn) = self.conns.get_mut(&token) else { return };
-                stop_rx(ring, conn, token, &mut self.lent);
+                stop_rx(ring, conn, token, &mut self.framed);
             }
             Command::Flush(p) => {
                 let token = psock_token(p);
@@ -708,7 +710,7 @@ impl UringIo {
                 let token = psock_token(rt.id);
                 let Some(conn) = self.conns.get_mut(&token) else { return };
                 conn.released = true;
-                conn.drop_held(ring, &mut self.lent);
+                conn.drop_held(ring, &mut self.framed);
                 if conn.idle() {
                     self.conns.remove(&token);
                 } else {

@@ -90,7 +90,7 @@ pub(crate) trait Io {
     /// get back (after `wait`, and after the commands). A driver that reads
     /// into one buffer of its own serves each read's messages at once, and
     /// has nothing to do here.
-    fn serve_lent(&mut self, _w: &mut Worker<'_>) {}
+    fn serve_framed(&mut self, _w: &mut Worker<'_>) {}
 
     /// The worker now serves `sock`: watch its readiness.
     fn watch_serve(&mut self, sock: &SockRt);
@@ -165,7 +165,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                 }
             }
         };
-        io.serve_lent(&mut w);
+        io.serve_framed(&mut w);
         let mut serve_ready = woke.serve_ready;
         if woke.commands {
             // Drain the eventfd before taking the commands, so a command
@@ -195,7 +195,7 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                     c => io.command(&mut w, c),
                 }
             }
-            io.serve_lent(&mut w);
+            io.serve_framed(&mut w);
         }
         // The worker's own state (writes made whole, leases), then the
         // deadlines (assembly timeouts): one hold. Skipped by a pass that

@@ -195,10 +195,10 @@ pub(crate) struct WorkerRef {
     /// It has taken its `Command::Serve`: it serves in place from its next
     /// read on (`Mux::serve` returns only then).
     pub serving: AtomicBool,
-    /// It held lent psocks at its last hold: what they did since may not be
+    /// It held leases at its last hold: what they did since may not be
     /// told to the core yet, so a reader of the statistics asks it to tell
     /// (`Shared::tell_untold`).
-    pub lent: AtomicBool,
+    pub leasing: AtomicBool,
     /// Its thread, once running: a reader on that thread (a handler) does
     /// not wait for it.
     pub thread: OnceLock<ThreadId>,
@@ -218,7 +218,7 @@ impl WorkerRef {
             psocks: AtomicUsize::new(0),
             cpu,
             serving: AtomicBool::new(false),
-            lent: AtomicBool::new(false),
+            leasing: AtomicBool::new(false),
             thread: OnceLock::new(),
             woken: AtomicBool::new(false),
         }
@@ -247,16 +247,16 @@ impl WorkerRef {
     /// reader of the statistics asks it to tell from now on, as it would
     /// after the hold (which follows in the same pass).
     pub fn lending(&self) {
-        if !self.lent.load(Ordering::Relaxed) {
-            self.lent.store(true, Ordering::SeqCst);
+        if !self.leasing.load(Ordering::Relaxed) {
+            self.leasing.store(true, Ordering::SeqCst);
         }
     }
 
     /// The worker held (it holds `lent` psocks now): what its leases did
     /// so far is the core's.
     pub fn held(&self, lent: bool) {
-        if self.lent.load(Ordering::Relaxed) != lent {
-            self.lent.store(lent, Ordering::Release);
+        if self.leasing.load(Ordering::Relaxed) != lent {
+            self.leasing.store(lent, Ordering::Release);
         }
     }
 }
@@ -464,7 +464,7 @@ pub(crate) enum Ctx<'a> {
 
 impl Shared {
     /// Before reading statistics: every worker with lent psocks
-    /// (`WorkerRef::lent`) is asked to tell the core what they did, and
+    /// (`WorkerRef::leasing`) is asked to tell the core what they did, and
     /// waited for (its next hold, at most `TELL_WAIT`), so the reader sees
     /// every reply written before it asked. Why: such a worker tells only
     /// every `driver::worker::LEASE_SYNC` while busy, and not at all asleep (unless
@@ -477,7 +477,7 @@ impl Shared {
         let (told, answers) = std::sync::mpsc::channel();
         let mut asked = 0;
         for w in &self.workers {
-            if w.lent.load(Ordering::Acquire) && w.thread.get() != Some(&me) {
+            if w.leasing.load(Ordering::Acquire) && w.thread.get() != Some(&me) {
                 w.command(Command::Tell(told.clone()));
                 asked += 1;
             }

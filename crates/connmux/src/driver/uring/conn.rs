@@ -2,7 +2,7 @@
 //! bytes delivered into the ring's provided buffers are held, fed to the core
 //! no faster than it takes them ([`pump`]), spilled to the psock's own buffer
 //! when it pauses, and the buffers go back to the ring once the messages
-//! framed in them are served ([`Lent`]).
+//! framed in them are served ([`Framed`]).
 //!
 //! Owns no thread: the worker in `driver::uring` calls it. Must not name
 //! anything above the core's runtime side (`shared`).
@@ -160,7 +160,7 @@ impl Conn {
     /// The core paused the psock: copy what its ring buffers still hold to
     /// the spill and give the buffers back (after the messages framed in
     /// them are served).
-    pub(super) fn spill_held(&mut self, ring: &mut WRing, lent: &mut Lent) {
+    pub(super) fn spill_held(&mut self, ring: &mut WRing, framed: &mut Framed) {
         // One allocation of the size needed (the budget counts it whole).
         let more: usize =
             self.held.iter().map(|h| ring.buffer(h.buf).map_or(0, |d| d.len().saturating_sub(h.off))).sum();
@@ -169,14 +169,14 @@ impl Conn {
             if let Some(data) = ring.buffer(h.buf) {
                 self.spill.extend_from_slice(&data[h.off.min(data.len())..]);
             }
-            lent.give_back(ring, h.buf);
+            framed.give_back(ring, h.buf);
         }
     }
 
     /// Forget the bytes delivered and not taken (receive is over).
-    pub(super) fn drop_held(&mut self, ring: &mut WRing, lent: &mut Lent) {
+    pub(super) fn drop_held(&mut self, ring: &mut WRing, framed: &mut Framed) {
         for h in self.held.drain(..) {
-            lent.give_back(ring, h.buf);
+            framed.give_back(ring, h.buf);
         }
         self.spill = Vec::new();
         self.spill_off = 0;
@@ -187,7 +187,7 @@ impl Conn {
 /// ring's completions (under the core lock), served once the lock is dropped;
 /// their buffers go back to the ring only after that.
 #[derive(Default)]
-pub(super) struct Lent {
+pub(super) struct Framed {
     /// Where the messages lie in their buffers.
     pub(super) runs: Vec<connmux_core::run::Run>,
     /// One per fed piece that framed messages: psock, buffer, `runs[a..b]`.
@@ -236,7 +236,7 @@ impl Budget {
     }
 }
 
-impl Lent {
+impl Framed {
     /// Give a fully fed buffer back to the ring, after its messages are served.
     pub(super) fn give_back(&mut self, ring: &mut WRing, buf: u16) {
         if self.batches.iter().any(|b| b.1 == buf) {
@@ -248,9 +248,9 @@ impl Lent {
 }
 
 /// Stop receiving from a failed psock for good: its held bytes are dropped.
-pub(super) fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
+pub(super) fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64, framed: &mut Framed) {
     conn.life = RxLife::Over;
-    conn.drop_held(ring, lent);
+    conn.drop_held(ring, framed);
     conn.recv.cancel(ring, token);
 }
 
@@ -335,12 +335,12 @@ fn pump_tls_held(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Ve
         // Backpressure: close the window as epoll would (stop reading), and
         // keep no ring buffer meanwhile.
         conn.recv.cancel(ring, token);
-        conn.spill_held(ring, &mut Lent::default()); // TLS buffers are never lent
+        conn.spill_held(ring, &mut Framed::default()); // TLS is decrypted, never framed in place
         return;
     }
     if st.done() {
         drop(st);
-        stop_rx(ring, conn, token, &mut Lent::default()); // TLS buffers are never lent
+        stop_rx(ring, conn, token, &mut Framed::default()); // TLS is decrypted, never framed in place
         return;
     }
     if let Some(errno) = conn.life.take_end() {
@@ -358,7 +358,7 @@ pub(super) struct Feed<'a> {
     pub(super) now: Timestamp,
     pub(super) events: &'a mut Vec<Event>,
     /// Messages framed in place in ring buffers, served after the pass.
-    pub(super) lent: &'a mut Lent,
+    pub(super) framed: &'a mut Framed,
     pub(super) own: &'a mut Own,
     /// What the feed saw of the memory budget.
     pub(super) budget: &'a mut Budget,
@@ -375,7 +375,7 @@ pub(super) fn pump(conn: &mut Conn, f: &mut Feed<'_>) {
 }
 
 fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
-    let Feed { core, ring, now, events, lent, own, .. } = f;
+    let Feed { core, ring, now, events, framed, own, .. } = f;
     let now = *now;
     let id: PsockId = conn.rt.id;
     let token = psock_token(id);
@@ -388,7 +388,7 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
     while conn.spill_off < conn.spill.len() {
         let cap = core.mux.rx_capacity(id).min(ring.buf_size());
         if cap == 0 {
-            pause(ring, conn, token, lent);
+            pause(ring, conn, token, framed);
             core.drain_events(events);
             return;
         }
@@ -397,7 +397,7 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
         conn.spill_off = end;
         if fed.is_err() {
             core.drain_events(events);
-            stop_rx(ring, conn, token, lent);
+            stop_rx(ring, conn, token, framed);
             return;
         }
     }
@@ -406,26 +406,26 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
         conn.spill = Vec::new();
         conn.spill_off = 0;
     }
-    let (runs_before, mut fed_any) = (lent.runs.len(), false);
+    let (runs_before, mut fed_any) = (framed.runs.len(), false);
     // Bounded: each round feeds at least one byte, or stops.
     while let Some(h) = conn.held.front_mut() {
         let cap = core.mux.rx_capacity(id);
         let data = ring.buffer(h.buf).unwrap_or(&[]);
         if h.off < data.len() && cap == 0 {
-            pause(ring, conn, token, lent);
+            pause(ring, conn, token, framed);
             core.drain_events(events);
             return;
         }
         let end = (h.off + cap).min(data.len());
         // Whole messages for this worker's own socket are framed where they
-        // lie and served after the pass (`UringIo::serve_lent`).
-        let a = lent.runs.len();
-        let fed = crate::shared::feed_read_in_place(core, own, id, &data[h.off..end], now, &mut lent.runs);
-        if lent.runs.len() > a {
-            for r in &mut lent.runs[a..] {
+        // lie and served after the pass (`UringIo::serve_framed`).
+        let a = framed.runs.len();
+        let fed = crate::shared::feed_read_in_place(core, own, id, &data[h.off..end], now, &mut framed.runs);
+        if framed.runs.len() > a {
+            for r in &mut framed.runs[a..] {
                 r.at += h.off;
             }
-            lent.batches.push((id, h.buf, a, lent.runs.len()));
+            framed.batches.push((id, h.buf, a, framed.runs.len()));
         }
         fed_any |= end > h.off;
         h.off = end;
@@ -433,18 +433,18 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
         if done {
             let buf = h.buf;
             conn.held.pop_front();
-            lent.give_back(ring, buf);
+            framed.give_back(ring, buf);
         }
         if fed.is_err() {
             // Gone from the core, or over its hard cap (cannot happen within
             // rx_capacity): stop receiving from it.
             core.drain_events(events);
-            stop_rx(ring, conn, token, lent);
+            stop_rx(ring, conn, token, framed);
             return;
         }
     }
-    if fed_any && lent.runs.len() == runs_before && own.can_lease && conn.rt.tls.is_none() {
-        lent.offers.push(conn.rt.clone());
+    if fed_any && framed.runs.len() == runs_before && own.can_lease && conn.rt.tls.is_none() {
+        framed.offers.push(conn.rt.clone());
     }
     if let Some(errno) = conn.life.take_end() {
         let _ = core.mux.rx_closed(id, errno);
@@ -463,7 +463,7 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
 /// shared by every psock of the worker, and hundreds of paused peers each
 /// keeping a buffer would leave none for the psocks still read. The spill
 /// counts in the budget as the psock's (`Mux::set_rx_below`).
-fn pause(ring: &mut WRing, conn: &mut Conn, token: u64, lent: &mut Lent) {
+fn pause(ring: &mut WRing, conn: &mut Conn, token: u64, framed: &mut Framed) {
     conn.recv.cancel(ring, token);
-    conn.spill_held(ring, lent);
+    conn.spill_held(ring, framed);
 }
