@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # AddressSanitizer run of the crate that holds all the unsafe code
 # (connmux-sys) and of the runtime built on it (connmux: loopback, service,
-# lease, torture, TLS and hostile-peer tests), optimized, with debug
+# torture, TLS and hostile-peer tests), optimized, with debug
 # assertions and overflow checks on (below). Needs the nightly toolchain
 # (rustup toolchain install nightly); the standard library is not rebuilt
 # with ASAN (no -Zbuild-std), so what is checked is connmux's own code and
@@ -30,7 +30,7 @@ fi
 # --lib --tests: doctests do not take the sanitizer flags reliably.
 # --release: the runtime's tests are bound in time (the torture test's
 # receivers have a deadline; a handler that runs slow makes its connection
-# heavy, which the lane and lease tests do not expect), and a sanitized
+# heavy, which the lane tests do not expect), and a sanitized
 # debug build runs them too slowly for that. ASan checks optimized code
 # as well.
 cargo +nightly test --release --no-fail-fast --target x86_64-unknown-linux-gnu "${pkgs[@]}" --lib --tests -- --test-threads=2

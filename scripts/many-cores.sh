@@ -41,11 +41,8 @@ for W in $WORKERS; do
         name=$([ "$b" = "$D/connmux" ] && echo connmux || echo base)
         for drv in epoll uring; do
           port=$((port+1))
-          # (Its last statistics line says how many connections were lent:
-          # a loaded worker that lends none serves through the shared core.)
           $b rpc-server -l 127.0.0.1:$port --cpus $C --attach in-turn --no-stats-socket --driver $drv --stats-every 10 >"$O/server.out" 2>&1 & S=$!
           sleep 0.5; load $port "$name-$drv W=$W -a$A r=$r" $L $A; kill $S; wait $S 2>/dev/null || true
-          echo "  $(grep '^after' "$O/server.out" | tail -1 | grep -o 'leases=[0-9]*' || true)"
         done
       done
       if [ $yard = 1 ]; then

@@ -25,7 +25,7 @@ cargo test --release --workspace -- --test-threads=2
 # ---- AddressSanitizer, when nightly is installed ----
 # A sanitized release build with debug assertions on, over the unsafe code
 # (connmux-sys) and every test of the runtime built on it (connmux:
-# loopback, service, lease, torture, TLS, hostile peers). About 2 minutes.
+# loopback, service, torture, TLS, hostile peers). About 2 minutes.
 # Skipped without nightly.
 bash scripts/asan.sh
 

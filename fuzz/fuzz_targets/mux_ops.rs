@@ -12,10 +12,6 @@
 //!   order on each socket;
 //! - every whole message a psock writes is one an application sent, whole,
 //!   and no message is written whole twice;
-//! - a psock lent to a socket's reader (`Mux::lease`) and read there in any
-//!   split (`Lease::frame_read`, messages begun kept within a fuzzed room,
-//!   given back at any point) serves exactly the psock's messages, whole and
-//!   in order with those its socket receives after the lease goes back;
 //! - nothing panics.
 #![no_main]
 
@@ -24,8 +20,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use connmux_core::mux::{
-    Event, Lease, LeaseRead, Mux, MuxConfig, PsockConfig, PsockId, RecvFlags, SendFlags, SockId, SockType, Steering,
-    TxPolicy,
+    Event, Mux, MuxConfig, PsockConfig, PsockId, RecvFlags, SendFlags, SockId, SockType, Steering, TxPolicy,
 };
 use connmux_core::parsers::from_spec;
 use connmux_core::Timestamp;
@@ -140,30 +135,6 @@ enum Op {
     Advance {
         ms: u16,
     },
-    /// Steer the psock to socket `s` (both tagged alike) and lend it to
-    /// that socket's reader, if the mux will (affinity steering only).
-    Lease {
-        p: u8,
-        s: u8,
-    },
-    /// A read of `n` (modulo what is queued) wire bytes on the psock's lease (lent to
-    /// socket `s` first, as `Lease`, if it is not), after `count` more
-    /// well-formed messages of `len` payload bytes are queued; the lease
-    /// keeps at most `room` bytes of a message begun.
-    LeaseRead {
-        p: u8,
-        s: u8,
-        n: u16,
-        room: u16,
-        count: u8,
-        len: u16,
-    },
-    LeaseSync {
-        p: u8,
-    },
-    Unlease {
-        p: u8,
-    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -200,8 +171,6 @@ struct PsockModel {
     chunk: Option<Vec<u8>>,
     /// Bytes this psock wrote (confirmed by tx_complete).
     written: Vec<u8>,
-    /// Its lease, if lent (the socket it serves is the lease's).
-    lease: Option<(Lease, SockId)>,
 }
 
 fn pick<T>(v: &[T], i: u8) -> Option<&T> {
@@ -287,12 +256,10 @@ fuzz_target!(|input: Input| {
                     clean: other.is_none(),
                     chunk: None,
                     written: Vec::new(),
-                    lease: None,
                 });
             }
             Op::Unattach { p } => {
                 if let Some(ps) = pick_mut(&mut psocks, p) {
-                    give_back(&mut m, ps, t);
                     if m.unattach(ps.id).is_ok() {
                         // The outstanding chunk is no longer the driver's to write.
                         ps.chunk = None;
@@ -316,8 +283,7 @@ fuzz_target!(|input: Input| {
             }
             Op::Feed { p, n } | Op::Overfeed { p, n } => {
                 let over = matches!(op, Op::Overfeed { .. });
-                // (A lent psock's reads are the lease's: `LeaseRead`.)
-                if let Some(ps) = pick_mut(&mut psocks, p).filter(|ps| ps.lease.is_none()) {
+                if let Some(ps) = pick_mut(&mut psocks, p) {
                     let cap = if over { usize::MAX } else { m.rx_capacity(ps.id) };
                     let k = (n as usize).min(cap).min(ps.wire.len());
                     match m.feed(ps.id, &ps.wire[..k], t) {
@@ -329,9 +295,7 @@ fuzz_target!(|input: Input| {
                 }
             }
             Op::RxClosed { p } => {
-                if let Some(ps) = pick_mut(&mut psocks, p) {
-                    // The end of the stream gives a lease back first.
-                    give_back(&mut m, ps, t);
+                if let Some(ps) = pick(&psocks, p) {
                     let _ = m.rx_closed(ps.id, None);
                 }
             }
@@ -457,80 +421,9 @@ fuzz_target!(|input: Input| {
                     }
                 }
             }
-            Op::Lease { p, s } => {
-                if let (Some(&(s, _)), Some(ps)) = (pick(&socks, s), pick_mut(&mut psocks, p)) {
-                    lend(&mut m, ps, s);
-                }
-            }
-            Op::LeaseRead { p, s, n, room, count, len } => {
-                if let (Some(&(s, _)), Some(ps)) = (pick(&socks, s), pick_mut(&mut psocks, p)) {
-                    lend(&mut m, ps, s);
-                    if ps.lease.is_some() {
-                        for _ in 0..count % 4 {
-                            let b = body(1, ps.id.index, ps.next_seq, (len as usize) % 64);
-                            ps.next_seq += 1;
-                            ps.wire.extend(l4(&b));
-                        }
-                    }
-                    if let Some((mut l, s)) = ps.lease.take() {
-                        // (Any cut of what is queued: most end inside a message.)
-                        let k = n as usize % (ps.wire.len() + 1);
-                        let data = ps.wire[..k].to_vec();
-                        let mut out = Vec::new();
-                        match l.frame_read(&data, t, room as usize, &mut out) {
-                            LeaseRead::Serve { done, from } => {
-                                let mut msgs = Vec::new();
-                                if let Some(r) = done {
-                                    msgs.push(l.take_done()[r].to_vec());
-                                }
-                                msgs.extend(
-                                    connmux_core::run::ranges(&out).into_iter().map(|r| data[from..][r].to_vec()),
-                                );
-                                ps.wire.drain(..k);
-                                ps.lease = Some((l, s));
-                                let id = ps.id;
-                                for msg in msgs {
-                                    received(&psocks, &mut last_seq, requeued, s, id, &msg);
-                                }
-                            }
-                            LeaseRead::Kept => {
-                                ps.wire.drain(..k);
-                                ps.lease = Some((l, s));
-                            }
-                            LeaseRead::GiveBack { from } => {
-                                // What the lease took goes to the mux with it;
-                                // the rest of the read is fed later (`Feed`).
-                                ps.wire.drain(..from);
-                                m.unlease(l, t);
-                            }
-                        }
-                    }
-                }
-            }
-            Op::LeaseSync { p } => {
-                if let Some(ps) = pick_mut(&mut psocks, p) {
-                    if let Some((mut l, s)) = ps.lease.take() {
-                        match m.lease_sync(&mut l, t) {
-                            true => ps.lease = Some((l, s)),
-                            false => m.unlease(l, t),
-                        }
-                    }
-                }
-            }
-            Op::Unlease { p } => {
-                if let Some(ps) = pick_mut(&mut psocks, p) {
-                    give_back(&mut m, ps, t);
-                }
-            }
             Op::Advance { ms } => {
                 now += u64::from(ms);
                 let t = Timestamp::from_nanos(now * 1_000_000);
-                // A worker gives a lease back by its kept message's deadline.
-                for ps in &mut psocks {
-                    if ps.lease.as_ref().is_some_and(|(l, _)| l.kept_due().is_some_and(|d| d <= t)) {
-                        give_back(&mut m, ps, t);
-                    }
-                }
                 m.handle_timeout(t);
                 if let Some(d) = m.poll_timeout() {
                     assert!(d > t, "deadline {d:?} still due after handle_timeout({t:?})");
@@ -545,12 +438,6 @@ fuzz_target!(|input: Input| {
                         ps.chunk = None;
                     }
                 }
-                // Asked back: the worker gives it back (here at once).
-                Some(Event::PsockLeaseRevoked(p)) => {
-                    if let Some(ps) = psocks.iter_mut().find(|ps| ps.id == p) {
-                        give_back(&mut m, ps, t);
-                    }
-                }
                 Some(_) => {}
                 None => break,
             }
@@ -561,24 +448,6 @@ fuzz_target!(|input: Input| {
         assert_eq!(m.socks().len(), m.sock_count());
     }
 });
-
-/// Steer `ps` to socket `s` (both tagged alike) and lend it to that
-/// socket's reader, if it is not lent and the mux will.
-fn lend(m: &mut Mux, ps: &mut PsockModel, s: SockId) {
-    if ps.lease.is_none() {
-        let tag = Some(s.index % 8);
-        if m.set_affinity(s, tag).is_ok() && m.set_psock_affinity(ps.id, tag).is_ok() {
-            ps.lease = m.lease(ps.id, s).map(|l| (l, s));
-        }
-    }
-}
-
-/// Give `ps`'s lease back to the mux, if it is lent (as its worker would).
-fn give_back(m: &mut Mux, ps: &mut PsockModel, t: Timestamp) {
-    if let Some((l, _)) = ps.lease.take() {
-        m.unlease(l, t);
-    }
-}
 
 /// A message a socket delivered whole (`msg` as the application got it).
 fn received(

@@ -81,7 +81,6 @@ use crate::stream::{Loan, StreamLimits, StreamParser, Unlend};
 use crate::time::Timestamp;
 
 mod deadlines;
-mod lease;
 mod limits;
 mod psock;
 mod sock;
@@ -89,7 +88,6 @@ mod sockets;
 pub use limits::{AHEAD_QUIET, MEM_FLOOR};
 mod slab;
 use deadlines::Deadlines;
-pub use lease::{Lease, LeaseRead};
 use limits::MemState;
 use psock::{DropOwner, Life, Psock, Tx, Wrote};
 use slab::Slab;
@@ -365,10 +363,6 @@ pub enum Event {
     /// written: the driver may close the connection in order (FIN). Raised
     /// once, after `PsockFailed(p, Closed)`.
     PsockDrained(PsockId),
-    /// Something besides its worker involves psock `p`, which is lent to
-    /// that worker ([`Mux::lease`]): the worker should give it back
-    /// ([`Mux::unlease`]). Raised once per lease.
-    PsockLeaseRevoked(PsockId),
     /// End the read that holds psock `p`'s loan of its assembly buffer
     /// ([`Mux::rx_lend`]) and give it back ([`Mux::rx_commit`]): the memory
     /// budget paused the psock while the buffer was lent, or a loan made
@@ -525,9 +519,6 @@ struct MuxCounters {
     mem_aborts: u64,
     idle_timeouts: u64,
     handshake_timeouts: u64,
-    leases: u64,
-    lease_returns: u64,
-    lease_backlogs: u64,
 }
 
 /// The multiplexor.
@@ -681,7 +672,6 @@ impl Mux {
     /// aborted, queued received messages move to other sockets. Closing the last
     /// socket unattaches every psock.
     pub fn close(&mut self, s: SockId) -> Result<(), MuxError> {
-        self.revoke_sock(s);
         let sock = self.sk.socks.remove(s.index, s.generation).ok_or(MuxError::BadSock)?;
         if sock.on_waiters {
             self.sk.rx_waiters.retain(|w| *w != s);
@@ -753,8 +743,6 @@ impl Mux {
         }
         sock.rx_disabled = disable;
         if disable {
-            self.revoke_sock(s);
-            let sock = self.sk.socks.get_mut(s.index, s.generation).expect("checked");
             let was_waiting = std::mem::replace(&mut sock.on_waiters, false);
             let msgs = std::mem::take(&mut sock.rx_queue);
             sock.rx_mem = 0;
@@ -802,14 +790,12 @@ impl Mux {
     /// Change a psock's affinity tag: its next messages are steered to the
     /// socket with that tag (the runtime moves a connection between workers).
     pub fn set_psock_affinity(&mut self, p: PsockId, tag: Option<u32>) -> Result<(), MuxError> {
-        self.revoke(p);
         let ps = self.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
         ps.affinity = tag;
         Ok(())
     }
     pub fn set_affinity(&mut self, s: SockId, tag: Option<u32>) -> Result<(), MuxError> {
         self.sock_mut(s)?.affinity = tag;
-        self.revoke_sock(s);
         Ok(())
     }
     /// With `Steering::Affinity`, socket `s` takes only the messages of psocks
@@ -820,7 +806,6 @@ impl Mux {
     /// Under the other steering policies it is never chosen.
     pub fn set_tag_only(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
         self.sock_mut(s)?.tag_only = on;
-        self.revoke_sock(s);
         Ok(())
     }
     pub fn sock_count(&self) -> usize {
@@ -861,8 +846,6 @@ impl Mux {
             ahead_since: None,
             record_timeouts: 0,
             stats: PsockStats::default(),
-            leased: None,
-            lease_revoked: false,
         }));
         self.sk.add_share(p);
         self.counters.psock_attach += 1;
@@ -875,7 +858,6 @@ impl Mux {
     /// dropped (rx_ready_drops); a partly written message is resent whole on
     /// another psock (psock_unattach_rsvd).
     pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
-        self.revoke(p);
         let reserved = self.sk.share(p).is_some_and(|sh| sh.tx_kcm.is_some());
         let ps = self.psock_mut(p)?;
         ps.stream.stop();
@@ -1181,7 +1163,6 @@ impl Mux {
     /// delivered and settled and its queue written, `PsockDrained(p)` says it
     /// may be closed in order. After a read error it has failed.
     pub fn rx_closed(&mut self, p: PsockId, errno: Option<i32>) -> Result<(), MuxError> {
-        self.revoke(p);
         let ps = self.psock_mut(p)?;
         if ps.life.rx_over() {
             return Ok(());
@@ -1269,7 +1250,6 @@ impl Mux {
     /// still delivered, the partial one is dropped) but the error is raised:
     /// `PsockFailed(p, Rx(err))`, once. Transmit goes on until a write fails.
     pub fn rx_abort(&mut self, p: PsockId, err: RxError) -> Result<(), MuxError> {
-        self.revoke(p);
         let ps = self.psock_mut(p)?;
         if ps.life.rx_over() {
             return Ok(());
@@ -1727,7 +1707,6 @@ impl Mux {
         }
         let ps = psocks.get_mut(p.index, p.generation).expect("checked");
         ps.queue(TxMsg::new(msg, s, Placed::Addressed, msgs));
-        let leased = ps.leased.is_some();
         if !batch {
             sock.wait_more = false;
             // Both are no-ops for a socket with nothing queued and nothing
@@ -1743,9 +1722,6 @@ impl Mux {
             if held {
                 self.kick_held(s);
             }
-        }
-        if leased {
-            self.revoke(p);
         }
         Ok(())
     }
@@ -1823,7 +1799,6 @@ impl Mux {
         let sh = self.sk.share_mut(p).expect("reserved psock is attached");
         sh.tx_rsvd_msgs += n;
         sh.place(n as u32, 0);
-        self.revoke(p);
         self.kick(p);
     }
 
@@ -1845,7 +1820,6 @@ impl Mux {
             ps.queue(TxMsg::new(data, s, Placed::Balanced, 1));
             self.sk.share_mut(p).expect("chosen psock is attached").place(1, 0);
             self.tx_last = p.index;
-            self.revoke(p);
             self.kick(p);
         }
     }
@@ -2019,7 +1993,6 @@ impl Mux {
     /// The write failed with a hard error: abort the psock's transmit, resend the
     /// message in progress whole on another psock (tx_retries, tx_aborts).
     pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
-        self.revoke(p);
         match self.psocks.get(p.index, p.generation) {
             Some(ps) if ps.tx != Tx::Stopped => self.tx_abort(p, errno),
             _ => {}
@@ -2198,9 +2171,6 @@ impl Mux {
             mem_aborts: self.counters.mem_aborts,
             idle_timeouts: self.counters.idle_timeouts,
             handshake_timeouts: self.counters.handshake_timeouts,
-            leases: self.counters.leases,
-            lease_returns: self.counters.lease_returns,
-            lease_backlogs: self.counters.lease_backlogs,
             kcms: self.sk.socks.len(),
             psocks: self.psocks.len(),
             psock: agg,

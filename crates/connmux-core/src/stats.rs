@@ -41,15 +41,6 @@ pub struct MuxStats {
     pub idle_timeouts: u64,
     /// Psocks whose TLS handshake did not finish in time (new).
     pub handshake_timeouts: u64,
-    /// Times a psock was lent to the worker that reads it (`Mux::lease`, new).
-    pub leases: u64,
-    /// Times a lease came back to the mux (`Mux::unlease`: a read the
-    /// worker could not serve alone, a close, a send from elsewhere, ...; new).
-    pub lease_returns: u64,
-    /// Times a lent psock's connection took less than its worker wrote and
-    /// the lease stayed, the rest of the replies waiting on it for the
-    /// connection to take more (`Lease::backed_up`, new).
-    pub lease_backlogs: u64,
     /// Live KCM sockets.
     pub kcms: usize,
     /// Live psocks.

@@ -278,22 +278,6 @@ impl StreamParser {
         self.lent.is_some()
     }
 
-    /// Put `parser` in place of this stream's parser and return the one it
-    /// had (a psock lent to its worker, `Mux::lease`, lends its parser).
-    pub fn swap_parser(&mut self, parser: Box<dyn Parser>) -> Box<dyn Parser> {
-        std::mem::replace(&mut self.parser, parser)
-    }
-
-    /// Count `msgs` whole messages of `bytes` wire bytes framed elsewhere
-    /// with this stream's parser (by a lease), the last `last_len` long.
-    pub fn count_framed(&mut self, msgs: u64, bytes: u64, last_len: usize) {
-        self.stats.msgs += msgs;
-        self.stats.bytes += bytes;
-        if msgs > 0 {
-            self.last_len = last_len;
-        }
-    }
-
     /// Append bytes read from the connection. A stopped stream drops them.
     pub fn feed(&mut self, data: &[u8]) {
         if self.stopped || data.is_empty() {
@@ -535,30 +519,6 @@ impl StreamParser {
     pub fn stop(&mut self) {
         self.stopped = true;
         self.reset();
-    }
-
-    /// Hand over the start of the current message, for a lease to complete
-    /// (`Mux::lease_keeping`), with when its first byte was seen (its
-    /// deadline's origin): only when all that is buffered is that start as
-    /// the parser last saw it (never bytes not framed yet), at most `max`
-    /// bytes, nothing is lent and its deadline is not held. The stream is
-    /// then empty (`None`: it keeps what it has).
-    pub fn take_partial(&mut self, max: usize) -> Option<(Vec<u8>, Option<Timestamp>)> {
-        // A held deadline's origin is stale until it restarts: not handed over.
-        if self.stopped || self.lent.is_some() || self.deadline_held || self.buf.len() > max {
-            return None;
-        }
-        let only_start = match self.frame {
-            Frame::Idle => self.buf.is_empty(),
-            Frame::Header { asked, hint } => self.buf.len() < asked + hint,
-            Frame::Body { full_len } => self.buf.len() < full_len,
-        };
-        if !only_start {
-            return None;
-        }
-        let taken = (self.buf.to_vec(), self.started);
-        self.reset();
-        Some(taken)
     }
 
     /// Drop whatever is buffered (a partial message at end of stream).

@@ -10,8 +10,8 @@
 //!
 //! A second simulation drives the transmit side (both transmit policies,
 //! addressed sends up to their refusals, partial and failed writes, peers
-//! that answer, close or fail, socket closes, unattaches, leases) and checks
-//! at every step that each psock's share on the sockets' side holds what the
+//! that answer, close or fail, socket closes, unattaches) and checks at
+//! every step that each psock's share on the sockets' side holds what the
 //! psock itself has: the sockets' side decides from the share alone.
 //!
 //! Replay one run: `CONNMUX_SEED=<seed> cargo test -p connmux-core --test simulation`.
@@ -286,7 +286,6 @@ struct TxRun {
     least_outstanding: bool,
     refusals: usize,
     failures: usize,
-    leases: usize,
     digest: u64,
 }
 
@@ -294,14 +293,14 @@ struct TxRun {
 /// policies, addressed sends up to their refusals (the psock's backlog, the
 /// socket's send buffer), batches, writers that write part of a chunk, fail
 /// or report after an unattach, peers that answer, close, send bad bytes or
-/// stall mid-message, sockets closed and psocks unattached, leases taken
-/// with replies and given back. Checked at every step: each psock's share
-/// holds what the psock has (`Mux::shares_exact`: the sockets' side decides
-/// refusals and `TxPolicy::LeastOutstanding` from it) and the memory bound.
+/// stall mid-message, sockets closed and psocks unattached. Checked at
+/// every step: each psock's share holds what the psock has
+/// (`Mux::shares_exact`: the sockets' side decides refusals and
+/// `TxPolicy::LeastOutstanding` from it) and the memory bound.
 /// `digest` hashes every call's result and every event, the same for two
 /// builds that decide the same.
 fn run_tx(seed: u64) -> TxRun {
-    use connmux_core::mux::{Lease, RxError, SendFlags};
+    use connmux_core::mux::{RxError, SendFlags};
     use connmux_core::Bytes;
     use std::hash::{Hash, Hasher};
 
@@ -342,11 +341,10 @@ fn run_tx(seed: u64) -> TxRun {
     }
     // Chunks out with a writer, by psock: their length.
     let mut out: HashMap<PsockId, usize> = HashMap::new();
-    let mut lease: Option<(Lease, Vec<(Bytes, u32)>)> = None;
     let mut now = 0u64;
     let msg = |rng: &mut StdRng, tag: u8| l4(&vec![tag; rng.gen_range(1..120)]);
     for step in 0..2000u32 {
-        let action = rng.gen_range(0..100);
+        let action = rng.gen_range(0..93);
         let s = socks[rng.gen_range(0..socks.len())];
         let p = psocks[rng.gen_range(0..psocks.len())];
         let res: String = if action < 20 {
@@ -447,45 +445,6 @@ fn run_tx(seed: u64) -> TxRun {
             }
         } else if action < 90 {
             format!("{:?}", m.end_batch(s.0))
-        } else if action < 97 {
-            // A lease: taken with the replies queued, used, given back.
-            match lease.take() {
-                None => match m.lease_taking(p, s.0, 0, rng.gen_range(0..2000), 0) {
-                    Some(mut l) => {
-                        r.leases += 1;
-                        let unsent = l.take_unsent();
-                        let res = format!("lent {}", unsent.len());
-                        lease = Some((l, unsent));
-                        res
-                    }
-                    None => "not lent".into(),
-                },
-                Some((mut l, mut unsent)) => match rng.gen_range(0..4) {
-                    0 => {
-                        let mut runs = Vec::new();
-                        let n = l.frame(&msg(&mut rng, 6), &mut runs);
-                        lease = Some((l, unsent));
-                        format!("framed {n}")
-                    }
-                    1 => {
-                        if !unsent.is_empty() {
-                            let (chunk, msgs) = unsent.remove(0);
-                            l.wrote(msgs, chunk.len());
-                        }
-                        let ok = m.lease_sync(&mut l, Timestamp::from_nanos(now));
-                        if ok {
-                            lease = Some((l, unsent));
-                        } else {
-                            m.unlease_queued(l, unsent, Timestamp::from_nanos(now));
-                        }
-                        format!("synced {ok}")
-                    }
-                    _ => {
-                        m.unlease_queued(l, unsent, Timestamp::from_nanos(now));
-                        "unleased".into()
-                    }
-                },
-            }
         } else {
             format!("{:?}", m.set_sndbuf(s.0, rng.gen_range(64..4000)))
         };
@@ -527,20 +486,17 @@ fn simulation_transmit_shares_follow_their_psocks() {
         balanced += usize::from(r.least_outstanding);
         total.refusals += r.refusals;
         total.failures += r.failures;
-        total.leases += r.leases;
     }
     eprintln!(
-        "transmit simulation: {} runs ({balanced} least outstanding), {} addressed sends refused, {} psock failures, {} leases; digest {:016x}",
+        "transmit simulation: {} runs ({balanced} least outstanding), {} addressed sends refused, {} psock failures; digest {:016x}",
         seeds.len(),
         total.refusals,
         total.failures,
-        total.leases,
         std::hash::Hasher::finish(&h)
     );
     if seeds.len() > 1 {
         assert!(balanced > seeds.len() / 4 && balanced < seeds.len() * 3 / 4, "{balanced} balanced runs");
         assert!(total.refusals > seeds.len(), "refusals barely exercised: {}", total.refusals);
         assert!(total.failures > seeds.len(), "failures barely exercised: {}", total.failures);
-        assert!(total.leases > seeds.len() / 10, "leases barely exercised: {}", total.leases);
     }
 }

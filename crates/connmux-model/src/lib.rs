@@ -271,12 +271,9 @@ impl Runtime {
                         Ctx::App => self.flush(events),
                     }
                 }
-                // (This model lends its psock to nobody.)
-                Event::PsockRxResume(_)
-                | Event::PsockFailed(..)
-                | Event::PsockDrained(_)
-                | Event::PsockLeaseRevoked(_)
-                | Event::PsockRxRecall(_) => {}
+                Event::PsockRxResume(_) | Event::PsockFailed(..) | Event::PsockDrained(_) => {}
+                // (This model lends no assembly buffer: nothing to recall.)
+                Event::PsockRxRecall(_) => {}
                 Event::PsockReleased(_) => {
                     self.released.fetch_add(1, Ordering::AcqRel);
                 }

@@ -39,8 +39,7 @@ unsafe fn raw_recv(fd: RawFd, buf: *mut libc::c_void, len: usize, flags: libc::c
 }
 
 /// Reads from a socket into `buf` (`recv(2)` with `MSG_DONTWAIT`: never
-/// blocks, whatever the descriptor's `O_NONBLOCK`, so a connection that
-/// [`recv_wait`] reads blocking at times is read here without a wait);
+/// blocks, whatever the descriptor's `O_NONBLOCK`);
 /// 0 means end of stream (or an empty `buf`); nothing to read is
 /// `WouldBlock`. Costs what `read(2)` does.
 #[inline]
@@ -49,17 +48,6 @@ pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
         cvt_size(unsafe { raw_recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) })
     })
-}
-
-/// Reads from a socket into `buf`, waiting for bytes as the socket's mode
-/// says (`recv(2)`, no flags): on a blocking socket until bytes come, the
-/// end of the stream, an error, or its receive timeout ([`set_rcvtimeo`];
-/// then `WouldBlock`). A signal is `Interrupted`, not retried: the caller
-/// decides whether to wait again.
-#[inline]
-pub fn recv_wait(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
-    cvt_size(unsafe { raw_recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) })
 }
 
 /// Reads at most `max` bytes from a socket onto the end of `buf` (as [`read`],

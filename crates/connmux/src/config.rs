@@ -274,15 +274,15 @@ pub struct Config {
     /// out of the core no longer count in `core.mem_limit`, so this bounds
     /// them per worker. Default 16 MiB.
     pub lane_bytes: usize,
-    /// The runtime's tuning (the heavy-request thresholds, ring buffers,
-    /// leases); the defaults are the values its figures were taken with.
+    /// The runtime's tuning (the heavy-request thresholds, ring buffers);
+    /// the defaults are the values its figures were taken with.
     pub tuning: Tuning,
 }
 
 /// The userspace runtime's tuning: what a user of the library may want to
 /// set for their own handlers and memory. None of it changes what is
 /// delivered, only how the work is cut up. The runtime's other thresholds
-/// (batch sizes, the lane's hysteresis, the leases' bounds) are constants
+/// (batch sizes, the lane's hysteresis) are constants
 /// next to the code that uses them, each with the figure behind it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
@@ -318,28 +318,6 @@ pub struct Tuning {
     /// buffer, so this is the largest piece of the stream one completion
     /// hands over. Default 16 KiB.
     pub ring_buf_size: u32,
-    /// Lend a served psock to the worker that reads it while nothing else
-    /// involves it (`connmux_core::mux::Mux::lease`; either driver): its
-    /// reads are then framed, answered and written by that worker with no
-    /// hold of the core lock, which is told what happened within 1 ms
-    /// (`driver::worker::LEASE_SYNC`). Off: every read goes through the
-    /// core (four holds of its lock per served read). Default on.
-    pub lease: bool,
-    /// An epoll worker whose one connection is lent, busy and plain reads it
-    /// the way a thread per connection would: a blocking `recv` in place of
-    /// its wait and its read, one system call a batch fewer
-    /// (`docs/history/performance-log.md`, "A sole connection read
-    /// blocking"; `bench uneven` 1 heavy + 1 light on 2 CPUs, 10 runs
-    /// alternated with it off: total 0.99× of a thread per connection
-    /// against 0.97×, light p99 0.92× against 1.00×). Busy:
-    /// its last two reads came within 500 µs. Cost: while such a read
-    /// waits, what other threads ask of the worker (a command, a message
-    /// for its socket, a second connection) waits for the connection's
-    /// next bytes or for 1 ms, which the kernel counts in whole scheduler
-    /// ticks (1–4 ms a tick; up to two ticks), after which the worker goes
-    /// back to its epoll wait until the connection is busy again. Off:
-    /// every wait is the epoll wait. Default on.
-    pub sole_read: bool,
 }
 
 impl Default for Tuning {
@@ -349,8 +327,6 @@ impl Default for Tuning {
             busy_handler: Duration::from_micros(10),
             ring_buf_count: 256,
             ring_buf_size: 16 << 10,
-            lease: true,
-            sole_read: true,
         }
     }
 }

@@ -221,9 +221,6 @@ pub struct ServiceStats {
 pub(crate) struct Job {
     pub data: Bytes,
     pub psock: PsockId,
-    /// Framed on the psock's lease: the core never held it, so its verdict
-    /// settles nothing there.
-    pub lent: bool,
 }
 
 /// What a taker made of a [`Job`], posted back to the worker that offered it.
@@ -237,8 +234,6 @@ pub(crate) struct Done {
     pub len: usize,
     /// Posted quietly (`Inbox::post_quiet`): the lane is behind.
     pub quiet: bool,
-    /// The job's [`Job::lent`].
-    pub lent: bool,
 }
 
 /// The lanes of one `Mux::serve`: one per worker, and each worker's inbox

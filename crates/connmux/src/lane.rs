@@ -15,8 +15,7 @@
 //!  worker i ──offer(msg)──► lane i (bounded queue) ──► home i  (CPU i, nice +3, short slices)
 //!     ▲                                          └───► help j  (CPU j ≠ i, SCHED_IDLE): steals
 //!     └──────────── inbox i ◄── Done { psock, verdict } ─────┘
-//!  worker i queues the reply on the connection and writes it (the owner writes;
-//!  on a lent connection's lease, with no core lock: `serve::lease`)
+//!  worker i queues the reply on the connection and writes it (the owner writes)
 //! ```
 //!
 //! - lane `i`'s **home** thread, pinned on worker `i`'s CPU at
@@ -137,9 +136,6 @@ pub(crate) struct Heavy {
 struct HeavyConn {
     /// Its messages offered and not yet answered.
     in_lane: u32,
-    /// Of those, the ones the core framed (not its lease): the core counts
-    /// them as held until their verdicts settle them.
-    framed: u32,
     /// Short runs in a row.
     short: u32,
 }
@@ -182,35 +178,22 @@ impl Heavy {
         self.offers
     }
 
-    /// A message of `p`, `len` bytes, went to the lane (`lent`: framed on
-    /// its lease).
-    pub fn offered(&mut self, p: PsockId, len: usize, lent: bool) {
+    /// A message of `p`, `len` bytes, went to the lane.
+    pub fn offered(&mut self, p: PsockId, len: usize) {
         self.bytes += len;
         self.out += 1;
         self.offers += 1;
         let c = self.conns.entry(p).or_default();
         c.in_lane += 1;
-        c.framed += u32::from(!lent);
     }
 
-    /// Messages of `p` the core framed that are in the lane: held by the
-    /// core until their verdicts come back (`Mux::lease_taking`'s `held`).
-    #[inline]
-    pub fn held(&self, p: PsockId) -> u64 {
-        match self.conns.is_empty() {
-            true => 0,
-            false => self.conns.get(&p).map_or(0, |c| u64::from(c.framed)),
-        }
-    }
-
-    /// A message of `p` (`lent`: framed on its lease) came back. Returns
-    /// whether `p` is light again (and no longer heavy).
-    pub fn answered(&mut self, p: PsockId, short: bool, len: usize, lent: bool) -> bool {
+    /// A message of `p` came back. Returns whether `p` is light again (and
+    /// no longer heavy).
+    pub fn answered(&mut self, p: PsockId, short: bool, len: usize) -> bool {
         self.bytes = self.bytes.saturating_sub(len);
         self.out = self.out.saturating_sub(1);
         let Some(c) = self.conns.get_mut(&p) else { return false };
         c.in_lane = c.in_lane.saturating_sub(1);
-        c.framed = c.framed.saturating_sub(u32::from(!lent));
         c.short = if short { c.short + 1 } else { 0 };
         if c.short >= LANE_RETURN_AFTER && c.in_lane == 0 {
             self.conns.remove(&p);
@@ -339,7 +322,7 @@ pub(crate) fn run(sh: Arc<Shared>, lanes: Arc<Lanes>, handler: Arc<dyn Handler>,
         // takers idle (the client sends its next requests on the replies).
         let queued = lanes.crew.queued(lane);
         let quiet = queued >= LANE_QUIET_FROM && (queued as u64).saturating_mul(took) >= reply_wait_ns;
-        let done = Done { psock: job.psock, verdict, short, len, quiet, lent: job.lent };
+        let done = Done { psock: job.psock, verdict, short, len, quiet };
         let wake = match quiet {
             false => lanes.inboxes[lane].post(done),
             true => {

@@ -342,10 +342,7 @@ impl Mux {
     /// closing the caller's descriptor neither detaches nor closes it.
     ///
     /// Its descriptor shares the caller's open file, whose mode is the
-    /// mux's while attached: non-blocking (`O_NONBLOCK` set here), and, on
-    /// the epoll driver, blocking with a receive timeout while it is its
-    /// worker's one busy connection (`Tuning::sole_read`), put back when
-    /// that ends.
+    /// mux's while attached: non-blocking (`O_NONBLOCK` set here).
     ///
     /// Userspace: the connection is read by the worker pinned on the CPU where
     /// its packets arrive (`Config::incoming_cpu`), else by the workers in
@@ -494,7 +491,6 @@ impl Mux {
                 error: Mutex::new(None),
                 flush_queued: AtomicBool::new(false),
                 flush_asked: AtomicBool::new(false),
-                lease_revoked: AtomicBool::new(false),
                 tls: tls.map(Mutex::new),
                 tls_peer: std::sync::OnceLock::new(),
             });
@@ -650,17 +646,12 @@ impl Mux {
         }
     }
 
-    /// Mux-wide statistics (`/proc/net/kcm_stats`). A served connection lent
-    /// to its worker (`Tuning::lease`) is counted by that worker, not at
-    /// each read: this call first asks every worker holding leases to tell
-    /// what they did and waits for it (its next pass; at most 50 ms), so
-    /// every reply written before the call is counted. On the
-    /// kernel backend the counters are the network namespace's (the kernel
+    /// Mux-wide statistics (`/proc/net/kcm_stats`). On the kernel backend the counters are the network namespace's (the kernel
     /// has no per-mux totals; compare deltas), `kcms` and `psocks` this
     /// mux's; if the file cannot be read, only those two are set.
     pub fn stats(&self) -> MuxStats {
         match &self.imp {
-            MuxImp::User(u) => u.shared.lock_told().mux.stats(),
+            MuxImp::User(u) => u.shared.lock().mux.stats(),
             MuxImp::Kernel(k) => k.k.stats().unwrap_or_else(|_| MuxStats {
                 psocks: k.k.psocks().len(),
                 kcms: k.k.sockets(),
@@ -670,9 +661,7 @@ impl Mux {
     }
 
     /// Bytes the multiplexor holds now (`MuxStats::mem_used`, against
-    /// `mem_limit`), without first asking the workers what their leases did
-    /// (a lease's counts hold no bytes). The kernel backend keeps no such
-    /// figure: 0 there.
+    /// `mem_limit`). The kernel backend keeps no such figure: 0 there.
     pub fn memory_used(&self) -> usize {
         match &self.imp {
             MuxImp::User(u) => u.shared.lock().mux.memory_used(),
@@ -690,8 +679,7 @@ impl Mux {
 
     /// The psock idle longest (nothing received, nothing being written) and
     /// for how long; `None` with no psock, and on the kernel backend, which
-    /// keeps no such time. A lent psock's activity is what its worker last
-    /// synced (within 1 ms of a busy worker).
+    /// keeps no such time.
     pub fn idlest(&self) -> Option<(PsockId, std::time::Duration)> {
         match &self.imp {
             MuxImp::User(u) => {
@@ -702,11 +690,10 @@ impl Mux {
         }
     }
 
-    /// One psock's statistics (a lent psock's told by its worker first, as
-    /// for [`Mux::stats`]).
+    /// One psock's statistics.
     pub fn psock_stats(&self, p: PsockId) -> io::Result<PsockStats> {
         match &self.imp {
-            MuxImp::User(u) => u.shared.lock_told().mux.psock_stats(p).map_err(io_err),
+            MuxImp::User(u) => u.shared.lock().mux.psock_stats(p).map_err(io_err),
             MuxImp::Kernel(k) => k.k.psock_stats(p),
         }
     }
@@ -715,18 +702,8 @@ impl Mux {
     /// kernel backend; empty if it cannot be read).
     pub fn proc_kcm(&self) -> String {
         match &self.imp {
-            MuxImp::User(u) => u.shared.lock_told().mux.proc_kcm(),
+            MuxImp::User(u) => u.shared.lock().mux.proc_kcm(),
             MuxImp::Kernel(k) => k.k.proc_kcm().unwrap_or_default(),
-        }
-    }
-
-    /// Whether psock `p` is lent to the worker that reads it now
-    /// (`Tuning::lease`): its reads are served there with no core lock.
-    /// Always `false` on the kernel backend.
-    pub fn psock_leased(&self, p: PsockId) -> bool {
-        match &self.imp {
-            MuxImp::User(u) => u.shared.lock().mux.leased(p),
-            MuxImp::Kernel(_) => false,
         }
     }
 
@@ -735,7 +712,7 @@ impl Mux {
     /// read).
     pub fn proc_kcm_stats(&self) -> String {
         match &self.imp {
-            MuxImp::User(u) => u.shared.lock_told().mux.proc_kcm_stats(),
+            MuxImp::User(u) => u.shared.lock().mux.proc_kcm_stats(),
             MuxImp::Kernel(_) => std::fs::read_to_string("/proc/net/kcm_stats").unwrap_or_default(),
         }
     }

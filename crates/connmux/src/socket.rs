@@ -602,7 +602,7 @@ impl KcmSocket {
     /// This socket's counters (`/proc/net/kcm` kcm-N line).
     pub fn stats(&self) -> io::Result<SockStats> {
         match &self.imp {
-            SockImp::User(rt) => self.mux.shared().lock_told().mux.sock_stats(rt.id).map_err(io_err),
+            SockImp::User(rt) => self.mux.shared().lock().mux.sock_stats(rt.id).map_err(io_err),
             SockImp::Kernel(k) => k.stats(),
         }
     }

@@ -178,7 +178,7 @@ fn echo_service_returns_large_messages_intact() {
         c.read_exact(&mut got).unwrap();
         assert!(got == *want, "reply {i} on {:?}", driver());
     }
-    // A connection lent to its worker is counted at the worker's next pass.
+    // (Counted as the messages reach the core; `eventually`: the last read may still be in its worker.)
     let st = eventually(|| Some(svc.mux().stats()).filter(|st| st.rx_msgs >= msgs.len() as u64));
     assert_eq!(st.rx_msgs, msgs.len() as u64);
     assert_eq!(st.rx_bytes, msgs.iter().map(Vec::len).sum::<usize>() as u64);

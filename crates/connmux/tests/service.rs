@@ -69,7 +69,7 @@ fn echo_service_many_clients_pipelined_complete() {
             c.join().unwrap();
         }
         assert_eq!(svc.stats().accepted.load(Ordering::Relaxed), 8);
-        // (Counted by the worker's next pass for a connection lent to it.)
+        // (A reply its worker wrote is counted at the worker's next pass.)
         let s = eventually(|| Some(svc.mux().stats()).filter(|s| s.rx_msgs >= 16_000));
         assert!(s.rx_msgs >= 16_000, "{s:?}");
         svc.shutdown();
@@ -198,7 +198,7 @@ fn slow_reader_gets_every_large_reply_in_order() {
         assert!(read_framed(&mut c) == body(i), "reply {i} differs");
     }
     writer.join().unwrap();
-    // (Counted by the worker's next pass for a connection lent to it.)
+    // (A reply its worker wrote is counted at the worker's next pass.)
     let n = u64::from(N);
     let st = eventually(|| Some(svc.mux().stats()).filter(|st| st.rx_msgs >= n && st.tx_msgs >= n));
     assert_eq!((st.rx_msgs, st.tx_msgs), (n, n));

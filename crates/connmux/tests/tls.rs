@@ -107,6 +107,44 @@ fn tls_error(e: &PsockError) -> Option<&str> {
     }
 }
 
+/// A client pipelining small requests, each in a record of its own, 500
+/// records in one write (so in one read of the server's): every message
+/// reaches the application's socket. (The plaintext of one read was taken
+/// out of rustls 64 records at most, the rest left as if the core were
+/// full, and the psock read no more.)
+fn many_small_records_in_one_read_are_all_received() {
+    let p = pki();
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT)).unwrap();
+    let (ours, peer) = pair();
+    let psock = mux.attach_tls(ours, server_conn(&p), l4()).unwrap();
+    let mut c = client(&p, peer);
+    tls_call_via(&mut c, &sock, psock, b"hello");
+    for i in 0..500u32 {
+        // (rustls makes a record of each write.)
+        c.conn.writer().write_all(&framed(&i.to_be_bytes())).unwrap();
+    }
+    c.flush().unwrap();
+    let mut buf = [0u8; 64];
+    for i in 0..500u32 {
+        let got = sock.recv_from(&mut buf).unwrap_or_else(|e| panic!("message {i} on {:?}: {e}", driver()));
+        assert_eq!((&buf[4..got.len], got.psock), (&i.to_be_bytes()[..], psock), "message {i} on {:?}", driver());
+    }
+}
+
+/// One message from the client, received on `sock` from `psock`, and its
+/// echo sent back on the psock and read by the client.
+fn tls_call_via(c: &mut Client, sock: &connmux::KcmSocket, psock: connmux::PsockId, b: &[u8]) {
+    c.write_all(&framed(b)).unwrap();
+    c.flush().unwrap();
+    let mut buf = [0u8; 256];
+    let got = sock.recv_from(&mut buf).unwrap();
+    assert_eq!((&buf[4..got.len], got.psock), (b, psock));
+    sock.send_to(&buf[..got.len], psock).unwrap();
+    assert_eq!(read_msg(c), b);
+}
+
 /// Server psock, rustls client: many messages in one record, a message split
 /// over several records, a big message over many records; replies framed back.
 fn server_frames_decrypted_messages_both_ways() {
@@ -554,7 +592,7 @@ fn service_closes_in_order_after_a_half_close() {
     assert_eq!(svc.mux().tls_stats().errors, 0);
 }
 
-// ------------------------------------------------ TLS psocks on a lease ----
+// ------------------------------------------------ served TLS psocks -------
 
 /// One request over TLS, its echo.
 fn tls_call(c: &mut Client, b: &[u8]) {
@@ -582,22 +620,20 @@ fn small_window_client(svc: &connmux::service::Service) -> TcpStream {
     s
 }
 
-/// Calls until the service's only connection is lent to its worker. The
-/// psock and the calls made, 4-byte bodies each way.
-fn tls_calls_until_lent(svc: &connmux::service::Service, c: &mut Client) -> (connmux::PsockId, u64) {
-    calls_until_lent(svc, || tls_call(c, b"ping"))
+/// Calls until the service's only connection is attached. The psock and
+/// the calls made, 4-byte bodies each way.
+fn tls_calls_until_attached(svc: &connmux::service::Service, c: &mut Client) -> (connmux::PsockId, u64) {
+    calls_until_attached(svc, || tls_call(c, b"ping"))
 }
 
-/// A served TLS connection is lent to its worker: its records are
-/// decrypted there, its requests answered and the replies made into
-/// records and written with no core lock; single calls and a burst of 32
-/// in one record are answered in order and counted once (plaintext bytes).
-fn a_tls_connection_is_lent_and_its_counts_reach_the_statistics() {
+/// A served TLS connection: single calls and a burst of 32 in one record
+/// are answered in order and counted once (plaintext bytes).
+fn a_served_tls_connection_counts_its_calls_once() {
     let p = pki();
     let svc = tls_echo_service(&p);
     let s = tcp_client(&svc);
     let mut c = client(&p, s);
-    let (psock, pings) = tls_calls_until_lent(&svc, &mut c);
+    let (psock, pings) = tls_calls_until_attached(&svc, &mut c);
     for i in 0..100u32 {
         tls_call(&mut c, &i.to_be_bytes());
     }
@@ -607,7 +643,6 @@ fn a_tls_connection_is_lent_and_its_counts_reach_the_statistics() {
     for i in 0..32u32 {
         assert_eq!(read_msg(&mut c), i.to_le_bytes(), "burst reply {i} on {:?}", driver());
     }
-    eventually(|| svc.mux().psock_leased(psock).then_some(()));
     let calls = pings + 132;
     let st = eventually(|| {
         let st = svc.mux().psock_stats(psock).unwrap();
@@ -618,16 +653,16 @@ fn a_tls_connection_is_lent_and_its_counts_reach_the_statistics() {
     assert_eq!(svc.mux().tls_stats().errors, 0);
 }
 
-/// While a TLS connection is lent, a message sent to it from another
-/// thread takes the lease back and goes out (encrypted, in order with the
-/// lease's replies); a message split over two records and two reads is
-/// answered whole; then the connection is served (and lent) as before.
-fn a_lent_tls_connection_takes_sends_from_elsewhere_and_split_messages() {
+/// A message sent to a served TLS connection from another thread goes
+/// out (encrypted, in order with the replies); a message split over two
+/// records and two reads is answered whole; then the connection is served
+/// as before.
+fn a_served_tls_connection_takes_sends_from_elsewhere_and_split_messages() {
     let p = pki();
     let svc = tls_echo_service(&p);
     let s = tcp_client(&svc);
     let mut c = client(&p, s);
-    let (psock, _) = tls_calls_until_lent(&svc, &mut c);
+    let (psock, _) = tls_calls_until_attached(&svc, &mut c);
     let sock = svc.mux().socket(SockType::Dgram).unwrap();
     sock.send_to(&framed(b"pushed"), psock).unwrap();
     assert_eq!(read_msg(&mut c), b"pushed");
@@ -639,20 +674,19 @@ fn a_lent_tls_connection_takes_sends_from_elsewhere_and_split_messages() {
     c.write_all(&msg[1000..]).unwrap();
     c.flush().unwrap();
     assert_eq!(read_msg(&mut c), body(7, 3000));
-    let (again, _) = tls_calls_until_lent(&svc, &mut c);
-    assert_eq!(again, psock);
+    tls_call(&mut c, b"and after the split");
+    assert_eq!(svc.mux().psocks(), vec![psock]);
     assert_eq!(svc.mux().tls_stats().errors, 0);
 }
 
-/// A client of a lent TLS connection that reads nothing while it sends
-/// 1.5 MB of requests through a 4 KiB receive window (reads that end
-/// inside a message or a record give the lease back): once it reads it
+/// A client of a served TLS connection that reads nothing while it sends
+/// 1.5 MB of requests through a 4 KiB receive window: once it reads it
 /// gets every reply, in order, each counted once.
-fn a_slow_reader_of_a_lent_tls_connection_gets_every_reply_in_order() {
+fn a_slow_reader_of_a_tls_connection_gets_every_reply_in_order() {
     let p = pki();
     let svc = tls_echo_service(&p);
     let mut c = client(&p, small_window_client(&svc));
-    let (psock, pings) = tls_calls_until_lent(&svc, &mut c);
+    let (psock, pings) = tls_calls_until_attached(&svc, &mut c);
     let n = 1500u32;
     for i in 0..n {
         c.write_all(&framed(&body(i, 1020))).unwrap();
@@ -671,14 +705,12 @@ fn a_slow_reader_of_a_lent_tls_connection_gets_every_reply_in_order() {
     assert_eq!(svc.mux().tls_stats().errors, 0);
 }
 
-/// Requests of 8 bytes, each answered with 64 KiB, to a lent TLS
-/// connection whose client (with a 4 KiB window) reads nothing until it
-/// has sent 128 (8 MiB of replies, more than the socket buffers): the lease
-/// makes records faster than the connection takes them, so they wait in
-/// rustls (written on the connection's writable events) until its buffer
-/// is full; the replies it cannot take go back to the core with the lease.
-/// All 128 arrive whole and in order.
-fn big_replies_on_a_lent_tls_connection_back_up_and_arrive_in_order() {
+/// Requests of 8 bytes, each answered with 64 KiB, to a TLS connection
+/// whose client (with a 4 KiB window) reads nothing until it has sent 128
+/// (8 MiB of replies, more than the socket buffers): the replies wait on
+/// the psock's queue and in rustls (written on the connection's writable
+/// events). All 128 arrive whole and in order.
+fn big_replies_on_a_tls_connection_back_up_and_arrive_in_order() {
     use connmux::service::{Service, ServiceConfig, Verdict};
     const BIG: usize = 64 << 10;
     let p = pki();
@@ -686,7 +718,7 @@ fn big_replies_on_a_lent_tls_connection_back_up_and_arrive_in_order() {
         ServiceConfig { listen: "127.0.0.1:0".parse().unwrap(), sock_type: SockType::Dgram, parser: Arc::new(l4) };
     let n = 128u32;
     // "ping" is echoed; request i is answered with reply i, 64 KiB of i
-    // made beforehand (a handler this fast stays on the lease).
+    // made beforehand (a handler this fast is answered in place).
     let replies: Vec<connmux::Bytes> =
         (0..n).map(|i| connmux::Bytes::from(framed(&(0xb16_0000 + i).to_be_bytes().repeat(BIG / 4)))).collect();
     let big = move |req: connmux::Bytes, _: connmux::PsockId, _: &mut bytes::BytesMut| {
@@ -702,7 +734,7 @@ fn big_replies_on_a_lent_tls_connection_back_up_and_arrive_in_order() {
     let svc = Service::start_tls(mux, cfg, Arc::new(big), server_config(&p)).unwrap();
     let s = small_window_client(&svc);
     let mut c = client(&p, s);
-    let (psock, pings) = tls_calls_until_lent(&svc, &mut c);
+    let (psock, pings) = tls_calls_until_attached(&svc, &mut c);
     for i in 0..n {
         c.write_all(&framed(&(0xb16_0000 + i).to_be_bytes())).unwrap();
         c.flush().unwrap();
@@ -721,17 +753,16 @@ fn big_replies_on_a_lent_tls_connection_back_up_and_arrive_in_order() {
     assert_eq!(svc.mux().tls_stats().errors, 0);
 }
 
-/// A lent TLS connection sent a forged record: it fails alone (the read
-/// that brought it is decrypted on the lease, which goes back first), the
+/// A served TLS connection sent a forged record: it fails alone, the
 /// client reads the alert, the error is counted and the service lets the
 /// connection go.
-fn a_forged_record_on_a_lent_tls_connection_fails_it() {
+fn a_forged_record_on_a_served_tls_connection_fails_it() {
     let p = pki();
     let svc = tls_echo_service(&p);
     let s = tcp_client(&svc);
     let mut raw = s.try_clone().unwrap();
     let mut c = client(&p, s);
-    tls_calls_until_lent(&svc, &mut c);
+    tls_calls_until_attached(&svc, &mut c);
     let mut rec = vec![23u8, 3, 3, 0, 64];
     rec.extend((0..64u8).map(|i| i.wrapping_mul(7)));
     raw.write_all(&rec).unwrap();
@@ -742,15 +773,15 @@ fn a_forged_record_on_a_lent_tls_connection_fails_it() {
     assert_eq!(svc.mux().tls_stats().errors, 1, "on {:?}", driver());
 }
 
-/// A lent TLS connection whose client sends 100 requests, close_notify and
-/// FIN: every reply, then the server's close_notify and FIN (the lease goes
-/// back at the close_notify; the close is in order as for any psock).
-fn a_lent_tls_connection_closes_in_order_after_a_half_close() {
+/// A served TLS connection whose client sends 100 requests, close_notify
+/// and FIN: every reply, then the server's close_notify and FIN (the close
+/// is in order as for any psock).
+fn a_served_tls_connection_closes_in_order_after_a_half_close() {
     let p = pki();
     let svc = tls_echo_service(&p);
     let s = tcp_client(&svc);
     let mut c = client(&p, s);
-    tls_calls_until_lent(&svc, &mut c);
+    tls_calls_until_attached(&svc, &mut c);
     for i in 0..100 {
         c.write_all(&framed(&body(i, 100))).unwrap();
     }
@@ -874,14 +905,15 @@ fn mutual_tls_tells_the_handler_who_the_client_is() {
 }
 
 on_both_drivers!(
+    many_small_records_in_one_read_are_all_received,
     mutual_tls_tells_the_handler_who_the_client_is,
     service_over_tls,
-    a_forged_record_on_a_lent_tls_connection_fails_it,
-    a_lent_tls_connection_closes_in_order_after_a_half_close,
-    big_replies_on_a_lent_tls_connection_back_up_and_arrive_in_order,
-    a_tls_connection_is_lent_and_its_counts_reach_the_statistics,
-    a_lent_tls_connection_takes_sends_from_elsewhere_and_split_messages,
-    a_slow_reader_of_a_lent_tls_connection_gets_every_reply_in_order,
+    a_forged_record_on_a_served_tls_connection_fails_it,
+    a_served_tls_connection_closes_in_order_after_a_half_close,
+    big_replies_on_a_tls_connection_back_up_and_arrive_in_order,
+    a_served_tls_connection_counts_its_calls_once,
+    a_served_tls_connection_takes_sends_from_elsewhere_and_split_messages,
+    a_slow_reader_of_a_tls_connection_gets_every_reply_in_order,
     service_closes_in_order_after_a_half_close,
     server_frames_decrypted_messages_both_ways,
     messages_wait_for_the_handshake,

@@ -62,7 +62,7 @@ fn smallest_ring_delivers_every_reply_in_order() {
     });
     let svc = echo(mux);
     clients(&svc, 4, 1000, 16, 100);
-    // (Counted by the worker's next pass for a connection lent to it.)
+    // (A reply its worker wrote is counted at the worker's next pass.)
     let st = eventually(|| Some(svc.mux().stats()).filter(|st| st.psock.rx_msgs >= 4000));
     assert_eq!(st.psock.rx_msgs, 4000);
     svc.shutdown();
@@ -74,7 +74,7 @@ fn smallest_ring_delivers_every_reply_in_order() {
 fn many_slices_per_write_deliver_every_reply_in_order() {
     let svc = echo(mux_with(|_| {}));
     clients(&svc, 4, 2000, 256, 600);
-    // (Counted by the worker's next pass for a connection lent to it.)
+    // (A reply its worker wrote is counted at the worker's next pass.)
     let st = eventually(|| Some(svc.mux().stats()).filter(|st| st.psock.rx_msgs >= 8000));
     assert_eq!(st.psock.rx_msgs, 8000);
     svc.shutdown();

@@ -109,14 +109,6 @@ pub struct Common {
     /// order (as under KCM).
     #[arg(long)]
     pub lane_in_order: bool,
-    /// Serve every read through the shared core, never lending a quiet
-    /// connection to its worker (`Tuning::lease`; for comparisons).
-    #[arg(long)]
-    pub no_lease: bool,
-    /// Read a worker's one busy connection through the epoll wait, never
-    /// by a blocking read (`Tuning::sole_read` off; for comparisons).
-    #[arg(long)]
-    pub no_sole_read: bool,
     #[command(flatten)]
     pub tls: crate::cmd::tls::ServerTls,
     #[command(flatten)]
@@ -284,8 +276,6 @@ impl Common {
         c.lane_worker_slice = Duration::from_micros(self.lane_worker_slice_us);
         c.lane_slice = Duration::from_micros(self.lane_slice_us);
         c.lane_in_order = self.lane_in_order;
-        c.tuning.lease = !self.no_lease;
-        c.tuning.sole_read = !self.no_sole_read;
         c.core.max_msg_size = self.max_msg;
         c.core.assembly_timeout =
             (self.assembly_timeout_ms > 0).then(|| Duration::from_millis(self.assembly_timeout_ms));
@@ -517,7 +507,7 @@ fn print_stats(svc: &Service, started: Instant) {
     let st = svc.stats();
     use std::sync::atomic::Ordering::Relaxed;
     println!(
-        "after {:.1}s: accepted={} closed={} attach_errors={} open={} refused={} evicted={} rx_msgs={} tx_msgs={} rx_bytes={} tx_bytes={} too_big={} bad_len={} parser_errors={} timeouts={} mem_aborts={} idle_timeouts={} handshake_timeouts={} leases={} lease_returns={}",
+        "after {:.1}s: accepted={} closed={} attach_errors={} open={} refused={} evicted={} rx_msgs={} tx_msgs={} rx_bytes={} tx_bytes={} too_big={} bad_len={} parser_errors={} timeouts={} mem_aborts={} idle_timeouts={} handshake_timeouts={}",
         started.elapsed().as_secs_f64(),
         st.accepted.load(Relaxed),
         st.closed.load(Relaxed),
@@ -536,8 +526,6 @@ fn print_stats(svc: &Service, started: Instant) {
         s.mem_aborts,
         s.idle_timeouts,
         s.handshake_timeouts,
-        s.leases,
-        s.lease_returns,
     );
     let t = svc.mux().tls_stats();
     if t.attached > 0 {

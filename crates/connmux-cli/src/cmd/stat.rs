@@ -106,7 +106,7 @@ pub fn format_mux_stats(mux: &Mux) -> String {
     let p = &st.psock;
     let mut out = mux.proc_kcm_stats();
     out.push('\n');
-    let pairs: [(&str, u64); 37] = [
+    let pairs: [(&str, u64); 34] = [
         ("rx_msgs", st.rx_msgs),
         ("rx_bytes", st.rx_bytes),
         ("tx_msgs", st.tx_msgs),
@@ -138,9 +138,6 @@ pub fn format_mux_stats(mux: &Mux) -> String {
         ("mem_aborts", st.mem_aborts),
         ("idle_timeouts", st.idle_timeouts),
         ("handshake_timeouts", st.handshake_timeouts),
-        ("leases", st.leases),
-        ("lease_returns", st.lease_returns),
-        ("lease_backlogs", st.lease_backlogs),
         // Connections found heavy or busy and moved to a heavy lane, back
         // with their workers, and lane replies posted without a wake-up.
         ("lane_moves", mux.lane_moves()),

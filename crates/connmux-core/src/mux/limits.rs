@@ -254,7 +254,6 @@ impl Mux {
         }
         self.counters.mem_aborts += 1;
         self.sync_deadline(p);
-        self.revoke(p);
         self.recount_only(p);
         let after = self.psocks.get(p.index, p.generation).map_or(0, |ps| ps.rx_mem() + ps.below);
         before - after
@@ -380,12 +379,11 @@ impl Mux {
     /// written), and for how long at `now`: the one a server at its
     /// connection cap lets go to take a new connection, so that idle
     /// connections cannot hold every slot (`connmux::Service`). O(psocks);
-    /// asked only at the cap. A lent psock's activity is what its worker
-    /// last synced, as for the idle timeout.
+    /// asked only at the cap.
     pub fn idlest(&self, now: Timestamp) -> Option<(PsockId, Duration)> {
         self.psocks
             .iter()
-            .filter(|(_, _, ps)| !ps.life.rx_over() && (!ps.tx.busy() || ps.leased.is_some()))
+            .filter(|(_, _, ps)| !ps.life.rx_over() && !ps.tx.busy())
             .min_by_key(|(i, g, ps)| (ps.last_active, *i, *g))
             .map(|(i, g, ps)| (PsockId { index: i, generation: g }, now.since(ps.last_active)))
     }
@@ -437,10 +435,8 @@ impl Mux {
             if let Some(d) = idle {
                 let due = ps.last_active.add(d);
                 // Writing counts as activity only when it moved bytes; a
-                // chunk out with the driver is activity in progress. A lent
-                // psock counts as busy only to keep other writers off: its
-                // activity is what its worker last synced (`lease_sync`).
-                if due <= now && (!ps.tx.busy() || ps.leased.is_some()) {
+                // chunk out with the driver is activity in progress.
+                if due <= now && !ps.tx.busy() {
                     failed.push((p, RxError::IdleTimeout));
                     continue;
                 }
@@ -461,7 +457,6 @@ impl Mux {
             self.sk.no_answers(p);
             self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
             self.sync_deadline(p);
-            self.revoke(p);
             self.recount_only(p);
         }
     }

@@ -58,8 +58,6 @@ impl Life {
 ///    │ │ tx_begin ──────────────────┼──────────────────────────┤
 ///    │ │                            ▼                          │ tx_complete
 ///    │ └──────────────────────────► Idle ◄─────────────────────┘
-///    │ lease (a quiet psock)
-///    └──── Lent ── unlease ──► Idle
 ///
 ///   any ── tx_failed, a reserved psock unattached, its socket closed
 ///          mid-message ──► Stopped (final: nothing more is written)
@@ -73,9 +71,6 @@ pub(super) enum Tx {
     /// A chunk is out with a writer, covering the first `msgs` messages of
     /// the queue (it reports with `tx_complete` or `tx_failed`).
     Out { msgs: usize },
-    /// Lent to the worker serving its socket ([`Mux::lease`]): the lease
-    /// writes it, nobody else.
-    Lent,
     /// Transmit is over for good.
     Stopped,
 }
@@ -89,10 +84,10 @@ impl Tx {
             _ => 0,
         }
     }
-    /// A writer (or a lease) has the psock: nobody else may begin a chunk.
+    /// A writer has the psock: nobody else may begin a chunk.
     #[inline]
     pub(super) fn busy(self) -> bool {
-        matches!(self, Tx::Out { .. } | Tx::Lent)
+        matches!(self, Tx::Out { .. })
     }
     /// The writer reports: back to `Idle`, with the messages its chunk
     /// covered (`None`: no chunk was out, nothing to account).
@@ -100,9 +95,6 @@ impl Tx {
     pub(super) fn end_chunk(&mut self) -> Option<usize> {
         let inflight = match *self {
             Tx::Out { msgs } => msgs,
-            // (A lease's own writes are told with its counts; a report
-            // here only ends the loan of the transmit side.)
-            Tx::Lent => 0,
             Tx::Idle | Tx::Kicked | Tx::Stopped => return None,
         };
         *self = Tx::Idle;
@@ -168,10 +160,6 @@ pub(super) struct Psock {
     /// assembly timeouts: they are the start of a message the parser never saw).
     pub(super) record_timeouts: u64,
     pub(super) stats: PsockStats,
-    /// Lent to the worker serving this socket ([`Mux::lease`]).
-    pub(super) leased: Option<SockId>,
-    /// The lease was asked back (`PsockLeaseRevoked` raised).
-    pub(super) lease_revoked: bool,
 }
 
 impl Psock {
@@ -209,11 +197,12 @@ impl Psock {
     #[inline]
     pub(super) fn poll_transmit(&mut self, slices: &mut Vec<Bytes>) -> bool {
         match self.tx {
-            // The kick is answered even when there is nothing to begin (a
-            // lease took the queue since): the next message queued kicks again.
+            // The kick is answered even when there is nothing to begin (the
+            // queue emptied since: its socket closed, or its balanced messages
+            // were taken back): the next message queued kicks again.
             Tx::Kicked => self.tx = Tx::Idle,
             Tx::Idle => {}
-            Tx::Out { .. } | Tx::Lent | Tx::Stopped => return false,
+            Tx::Out { .. } | Tx::Stopped => return false,
         }
         if self.tx_queue.is_empty() {
             return false;

@@ -42,15 +42,12 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
-use connmux_core::mux::PsockId;
 use connmux_core::Bytes;
 use connmux_sys::uring::{Completion, Ring, RingConfig};
 
 use crate::config::Tuning;
 use crate::driver::worker::{self, Io, Woke, Worker};
-use crate::serve::LentOut;
-use crate::shared::tls::{self, Decrypted};
-use crate::shared::{psock_token, token_psock, Command, Own, ReadEnd, Shared, SockRt, Wrote};
+use crate::shared::{psock_token, Command, ReadEnd, Shared, SockRt, Wrote};
 
 mod conn;
 use conn::{pump, pump_tls, stop_rx, Budget, Conn, Feed, Framed, Held, Recv, RxLife};
@@ -114,8 +111,6 @@ struct UringIo {
     waker_armed: bool,
     /// The serving socket's readiness poll is on the ring.
     serve_armed: bool,
-    /// A TLS psock's receive, decrypted in the worker ([`tls_read`]).
-    plain: Vec<u8>,
 }
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sender<io::Result<()>>) {
@@ -144,7 +139,6 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
         waker: sh.workers[index].waker.as_raw_fd(),
         waker_armed: false,
         serve_armed: false,
-        plain: Vec::new(),
     };
     worker::run(&sh, index, &mut io);
 }
@@ -155,9 +149,6 @@ impl Io for UringIo {
     /// before it but the system call's own: `worker::wait`.)
     #[inline(always)]
     fn wait(&mut self, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke {
-        if !w.bufs.own.to_watch.is_empty() {
-            self.watch_backlogs(w);
-        }
         let ring = &mut self.ring;
         if !self.waker_armed {
             self.waker_armed = ring.poll_readable(self.waker, WAKE_TOKEN).is_ok();
@@ -197,15 +188,8 @@ impl Io for UringIo {
             // is in flight (as the epoll worker does: one lock hold and no
             // transmit event). Several: ring sends, all submitted with the
             // next wait (one system call for all of them, not one `sendmsg`
-            // each), except where leases matter: a ring send is in flight
-            // until the next wait, so at this pass's hold the psock is not
-            // quiet, and a loaded worker, whose every wait brings several
-            // reads, would never lend one. With one worker nobody contends
-            // for the core lock and the one system call wins; with more, a
-            // lent psock's reads take no shared lock, which is what scales
-            // (`docs/performance.md`, "A loaded io_uring worker lent
-            // nothing").
-            let direct = framed.batches.len() == 1 || (w.bufs.own.can_lease && w.sh.workers.len() > 1);
+            // each).
+            let direct = framed.batches.len() == 1;
             for &(p, buf, a, b) in &framed.batches {
                 let data = self.ring.buffer(buf).unwrap_or(&[]);
                 let rt = match direct {
@@ -224,12 +208,6 @@ impl Io for UringIo {
                 crate::serve::serve_in_place(w.sh, sv, &mut w.bufs, read, &mut w.events, &mut w.dirty, rt.as_ref());
             }
         }
-        if w.serving.is_some() {
-            for rt in framed.offers.drain(..) {
-                w.bufs.try_lease(&rt);
-            }
-        }
-        framed.offers.clear();
         framed.batches.clear();
         framed.runs.clear();
         for buf in framed.recycle.drain(..) {
@@ -252,122 +230,16 @@ impl Io for UringIo {
 
     fn end_pass(&mut self, w: &mut Worker<'_>) {
         if self.budget == Budget::Over {
-            // (`Budget`: no multishot receive runs on past the budget. A
-            // lent psock's reads are served as they come, held by no one:
-            // it keeps its receive.)
-            let leases = &w.bufs.own.leases;
+            // (`Budget`: no multishot receive runs on past the budget.)
             for (&token, conn) in self.conns.iter_mut() {
-                if matches!(conn.recv, Recv::Buffers { multishot: true, cancelling: false })
-                    && !leases.contains_key(&conn.rt.id)
-                {
+                if matches!(conn.recv, Recv::Buffers { multishot: true, cancelling: false }) {
                     conn.recv.cancel(&mut self.ring, token);
                 }
             }
             self.budget = Budget::Tight;
         }
-        self.arm(w.sh, &w.bufs.own)
+        self.arm(w.sh)
     }
-
-    fn leases(&self) -> bool {
-        true
-    }
-}
-
-/// A receive of psock `p` (connection `fd`), lent to this worker, in ring
-/// buffer `buf`, reaped at `read_at` (`now_nanos`): when it is all whole
-/// messages, served on the lease (`serve::serve_leased`: framed, answered
-/// and written at once, with no core lock) and the buffer goes back to the
-/// ring. `Err`: the lease went back to the core, and the buffer's bytes
-/// from this offset on are still to be fed to it.
-fn serve_on_lease(
-    w: &mut Worker<'_>,
-    ring: &mut WRing,
-    buf: u16,
-    p: PsockId,
-    fd: RawFd,
-    read_at: u64,
-) -> Result<(), usize> {
-    let Some(sv) = w.serving.as_ref() else { return Err(0) };
-    w.bufs.own.read_at = read_at;
-    let data = ring.buffer(buf).unwrap_or(&[]);
-    let served = crate::serve::serve_leased(
-        w.sh,
-        sv,
-        &mut w.bufs,
-        data,
-        p,
-        LentOut::Later(fd),
-        read_at,
-        &mut w.events,
-        &mut w.dirty,
-    );
-    match served {
-        Ok(()) => {
-            ring.recycle(buf);
-            Ok(())
-        }
-        Err(g) => Err(g.from),
-    }
-}
-
-/// A receive of TLS psock `conn` in ring buffer `buf`, on a serving worker
-/// that lends TLS psocks: decrypted here when nothing is held before it and
-/// TLS holds nothing back, its plaintext served on the psock's lease (true
-/// is returned) or fed to the core ([`worker::tls_plaintext`], as the epoll
-/// driver's reads), and the rest of its records the usual way
-/// ([`pump_tls`]).
-fn tls_read(
-    w: &mut Worker<'_>,
-    ring: &mut WRing,
-    conn: &mut Conn,
-    buf: u16,
-    plain: &mut Vec<u8>,
-    budget: &mut Budget,
-) -> bool {
-    let sh = w.sh;
-    let rt = conn.rt.clone();
-    let Some(tls) = &rt.tls else { return false };
-    let p = rt.id;
-    let leased = w.bufs.own.leases.contains_key(&p);
-    let mut st = tls.lock().unwrap();
-    st.set_unsent(conn.sending.is_some() || conn.tls_out.is_some());
-    let data = ring.buffer(buf).unwrap_or(&[]);
-    // (Records only shrink: within what the core takes, if it takes the
-    // read; a lent psock holds nothing, so it takes a ring buffer.)
-    let usual = conn.holds_bytes()
-        || matches!(conn.life, RxLife::Ending(_))
-        || !st.decrypts_in_worker()
-        || (!leased && sh.lock().mux.rx_capacity(p) < data.len());
-    if usual {
-        drop(st);
-        if leased {
-            w.bufs.own.give_back(sh, p, connmux_sys::clock::now_nanos(), &mut w.events);
-        }
-        conn.held.push_back(Held { buf, off: 0 });
-        pump_tls(sh, ring, conn, &mut w.events, budget);
-        return false;
-    }
-    plain.clear();
-    let d = tls::decrypt_read(&rt, &mut st, data, plain, &mut w.events);
-    drop(st);
-    let read_at = connmux_sys::clock::now_nanos();
-    w.bufs.own.read_at = read_at;
-    let on_lease = worker::tls_plaintext(w, &rt, tls, leased, &d, plain, read_at);
-    match d {
-        Decrypted::Whole => {
-            ring.recycle(buf);
-        }
-        Decrypted::Rest(off) => {
-            conn.held.push_back(Held { buf, off });
-            pump_tls(sh, ring, conn, &mut w.events, budget);
-        }
-        Decrypted::Failed(why) => {
-            tls::fail_read(sh, &rt, tls, why, &mut w.events);
-            ring.recycle(buf);
-            pump_tls(sh, ring, conn, &mut w.events, budget);
-        }
-    }
-    on_lease
 }
 
 impl UringIo {
@@ -376,68 +248,10 @@ impl UringIo {
     #[inline(never)]
     fn completions(&mut self, w: &mut Worker<'_>, comps: &[Completion], woke: &mut Woke) {
         let sh = w.sh;
-        let reaped_at = connmux_sys::clock::now_nanos();
-        let now = sh.timestamp(reaped_at);
-        // The first lent read of the wait is timed from this reading (one
-        // clock reading a wait, not two); later ones read the clock again,
-        // so that a read's handler time never counts the reads served
-        // before it.
-        let mut first_read_at = Some(reaped_at);
+        let now = sh.now();
         let ring = &mut self.ring;
         let mut core = None;
-        // (Cleared by anything but a read served on a lease.)
-        woke.leased_only = !comps.is_empty();
-        // Every read of a lent psock is served on its lease, however many
-        // the wait brought: the replies of one psock's reads in a row leave
-        // in one write after the last of them (`LentOut::Later`), each run
-        // of them a system call of its own where one core hold and one
-        // submission could serve them all, but the shared core lock is what
-        // stops workers scaling on many CPUs.
         for c in comps {
-            let mut lent_read = false;
-            let mut lent_dry = false;
-            let mut read_of = None;
-            if let Completion::Recv { token, .. }
-            | Completion::RecvEnd { token, .. }
-            | Completion::RecvInto { token, .. } = *c
-            {
-                let p = token_psock(token);
-                read_of = Some(p);
-                if w.bufs.own.leases.contains_key(&p) {
-                    // (A TLS psock's lease writes records itself: not
-                    // while a ring send of its records is out.)
-                    let servable = self.conns.get(&token).is_some_and(|c| {
-                        !c.holds_bytes()
-                            && !c.released
-                            && c.life != RxLife::Over
-                            && (c.rt.tls.is_none() || (c.sending.is_none() && c.tls_out.is_none()))
-                    });
-                    lent_read = servable && matches!(c, Completion::Recv { .. });
-                    // The ring ran out of buffers: nothing happened to the
-                    // psock, whose receive is only submitted again (the
-                    // lease stays; with few buffers queued this comes
-                    // often under load).
-                    lent_dry = servable && matches!(c, Completion::RecvEnd { res, .. } if *res == -libc::ENOBUFS);
-                }
-            }
-            // Replies of lent reads wait for the last of their psock's reads
-            // in a row (one write for all); anything else writes them first.
-            if let Some((q, _)) = w.bufs.deferred {
-                if !(lent_read && read_of == Some(q)) {
-                    core = None;
-                    // (Those the last reads of a wait leave the worker
-                    // loop writes: `worker::wait`.)
-                    worker::flush_deferred(w, woke);
-                }
-            }
-            if let Some(p) = read_of.filter(|p| !lent_read && !lent_dry && w.bufs.own.leases.contains_key(p)) {
-                // A lent psock's end, or bytes its lease cannot serve: the
-                // psock is the core's again first.
-                let core = core.get_or_insert_with(|| sh.lock());
-                w.bufs.own.unlease(core, p, now);
-                core.drain_events(&mut w.events);
-            }
-            woke.leased_only &= lent_read || lent_dry;
             match *c {
                 Completion::Poll { token: WAKE_TOKEN, .. } => {
                     self.waker_armed = false;
@@ -456,17 +270,9 @@ impl UringIo {
                         }
                         continue;
                     }
-                    // The connection takes more: the lease's backlog, or,
-                    // where the lease went back meanwhile, the psock's queue
-                    // the core's way.
-                    core = None;
+                    // The connection takes more: the psock's queue.
                     let rt = conn.rt.clone();
-                    if w.bufs.own.leases.get(&rt.id).is_some_and(|l| !l.backlog.is_empty()) {
-                        crate::serve::write_backlog(sh, &mut w.bufs, rt.id, &mut w.events);
-                        if w.bufs.own.leases.get(&rt.id).is_some_and(|l| !l.backlog.is_empty()) {
-                            w.bufs.own.to_watch.push(rt);
-                        }
-                    } else if !rt.flush_queued.swap(true, Ordering::AcqRel) {
+                    if !rt.flush_queued.swap(true, Ordering::AcqRel) {
                         w.dirty.push(rt);
                     }
                 }
@@ -478,69 +284,25 @@ impl UringIo {
                     if !more {
                         conn.recv.buffers_ended();
                     }
-                    let p = conn.rt.id;
                     if conn.released || conn.life == RxLife::Over {
                         ring.recycle(buf_id);
-                    } else if conn.rt.tls.is_some() && w.bufs.own.can_lease && w.serving.is_some() {
-                        // Decrypted here (TLS lock before the core lock).
-                        core = None;
-                        let lent = w.bufs.own.leases.len();
-                        let on_lease = tls_read(w, ring, conn, buf_id, &mut self.plain, &mut self.budget);
-                        woke.leased_only &= on_lease && w.bufs.own.leases.len() == lent;
-                    } else if lent_read {
-                        // Lent to this worker: served with no core lock
-                        // (which the lease takes itself if it goes back).
-                        core = None;
-                        let lent = w.bufs.own.leases.len();
-                        let read_at = first_read_at.take().unwrap_or_else(connmux_sys::clock::now_nanos);
-                        match serve_on_lease(w, ring, buf_id, p, conn.rt.fd(), read_at) {
-                            Ok(()) => woke.leased_only &= w.bufs.own.leases.len() == lent,
-                            Err(off) => {
-                                woke.leased_only = false;
-                                // The lease is back: the bytes (those it did
-                                // not keep) go the usual way.
-                                conn.held.push_back(Held { buf: buf_id, off });
-                                let core = core.get_or_insert_with(|| sh.lock());
-                                let (events, framed, own, budget) =
-                                    (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                                pump(conn, &mut Feed { core, ring, now, events, framed, own, budget });
-                            }
-                        }
-                        after_recv(&mut self.conns, &mut self.to_arm, token);
-                        continue;
                     } else if conn.rt.tls.is_some() {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         core = None; // TLS lock before the core lock
                         pump_tls(sh, ring, conn, &mut w.events, &mut self.budget);
                     } else {
-                        let c = core.get_or_insert_with(|| sh.lock());
-                        // Lent first if it may be (`ServeBufs::lend_before_read`):
-                        // then served as a lent read is.
-                        if !conn.holds_bytes() && worker::lend_before_read(w, c, &conn.rt) {
-                            core = None;
-                            let read_at = first_read_at.take().unwrap_or_else(connmux_sys::clock::now_nanos);
-                            if let Err(off) = serve_on_lease(w, ring, buf_id, p, conn.rt.fd(), read_at) {
-                                conn.held.push_back(Held { buf: buf_id, off });
-                                let core = core.get_or_insert_with(|| sh.lock());
-                                let (events, framed, own, budget) =
-                                    (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                                pump(conn, &mut Feed { core, ring, now, events, framed, own, budget });
-                            }
-                        } else {
-                            conn.held.push_back(Held { buf: buf_id, off: 0 });
-                            let (events, framed, own, budget) =
-                                (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                            pump(conn, &mut Feed { core: c, ring, now, events, framed, own, budget });
-                        }
+                        let core = core.get_or_insert_with(|| sh.lock());
+                        conn.held.push_back(Held { buf: buf_id, off: 0 });
+                        let (events, framed, own, budget) =
+                            (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
+                        pump(conn, &mut Feed { core, ring, now, events, framed, own, budget });
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
                 }
                 Completion::RecvEnd { token, res } => {
                     let Some(conn) = self.conns.get_mut(&token) else { continue };
                     conn.recv.buffers_ended();
-                    if lent_dry {
-                        // Nothing held, nothing ended: receive again.
-                    } else if !conn.released && conn.life != RxLife::Over {
+                    if !conn.released && conn.life != RxLife::Over {
                         if let Some(how) = ReadEnd::of_cqe(res).end() {
                             conn.life.end(how);
                         }
@@ -627,8 +389,6 @@ impl UringIo {
                 }
             }
         }
-        // (The replies the last lent reads left for later are written by
-        // the worker loop as soon as the wait returns: `worker::wait`.)
         drop(core);
     }
 
@@ -637,7 +397,7 @@ impl UringIo {
         let ring = &mut self.ring;
         match c {
             // Taken by the loop (`worker::run`).
-            Command::Serve { .. } | Command::Unlease(_) | Command::Tell(_) => {}
+            Command::Serve { .. } => {}
             Command::Attach(rt) => {
                 // An unattach that overtook the attach leaves nothing to drive.
                 if !sh.lock().psocks.contains_key(&rt.id) {
@@ -675,7 +435,6 @@ impl UringIo {
                     return;
                 }
                 let mut core = sh.lock();
-                w.bufs.own.unlease(&mut core, p, sh.now());
                 let (events, framed, own, budget) =
                     (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
                 pump(conn, &mut Feed { core: &mut core, ring, now: sh.now(), events, framed, own, budget });
@@ -795,34 +554,8 @@ impl UringIo {
         }
     }
 
-    /// Lent connections whose replies backed up (`Own::to_watch`): a
-    /// `POLLOUT` poll each, whose completion writes the backlog. One that
-    /// cannot be queued gives its lease back (the core's ring send takes
-    /// the rest).
-    #[cold]
-    fn watch_backlogs(&mut self, w: &mut Worker<'_>) {
-        let dirty = w.dirty.len();
-        for rt in std::mem::take(&mut w.bufs.own.to_watch) {
-            let token = psock_token(rt.id);
-            let Some(conn) = self.conns.get_mut(&token).filter(|c| !c.released && !c.out_polled) else { continue };
-            conn.out_polled = self.ring.poll_writable(rt.fd(), token).is_ok();
-            if !conn.out_polled {
-                w.bufs.own.give_back(w.sh, rt.id, connmux_sys::clock::now_nanos(), &mut w.events);
-                if !rt.flush_queued.swap(true, Ordering::AcqRel) {
-                    w.dirty.push(rt);
-                }
-            }
-        }
-        // (Sent with the wait about to begin, not after it.)
-        if w.dirty.len() > dirty {
-            self.flush_dirty(w);
-        }
-    }
-
     /// (Re)arm the receives that should run, while there are free buffers.
-    /// (A psock lent to this worker, in `own.leases`, is framed by its
-    /// lease: it takes no loan of its assembly buffer.)
-    fn arm(&mut self, sh: &Shared, own: &Own) {
+    fn arm(&mut self, sh: &Shared) {
         let (ring, budget) = (&mut self.ring, &mut self.budget);
         if self.to_arm.is_empty() {
             return;
@@ -837,15 +570,12 @@ impl UringIo {
             // as many as the peer's bytes fill: a multishot receive of each
             // of hundreds of peers sending large messages would deliver far
             // more than the budget's room in one wait, all of it to be held.
-            // (A plain lent psock's reads are served as they come, held by
-            // no one: it keeps its multishot receive, and takes no lock here.)
-            let lent = own.leases.contains_key(&conn.rt.id);
-            let mut tight = false;
+            let tight;
             if conn.rt.tls.is_some() {
                 // Its ciphertext is spilled past the budget like a plain
                 // psock's bytes: one buffer at a time while it is over.
                 tight = sh.lock().mux.mem_tight();
-            } else if !lent {
+            } else {
                 // A large message: one receive straight into the psock's
                 // assembly buffer, no more than the message needs (one only
                 // predicted while the budget has room: `Mux::rx_lend_ahead`).
@@ -868,12 +598,10 @@ impl UringIo {
                     continue;
                 }
             }
-            if conn.rt.tls.is_some() || !lent {
-                // What this receive found of the budget (`Budget`).
-                match tight {
-                    true => budget.saw(true),
-                    false => *budget = Budget::Room,
-                }
+            // What this receive found of the budget (`Budget`).
+            match tight {
+                true => budget.saw(true),
+                false => *budget = Budget::Room,
             }
             if ring.buffers_held() >= ring.buf_count() {
                 // Every buffer is held (delivered in this pass, not yet

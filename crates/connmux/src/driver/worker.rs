@@ -16,14 +16,13 @@
 //! `crate::serve`, the core's runtime side `crate::shared`.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use connmux_core::mux::Event;
 
-use crate::serve::{LentOut, ServeBufs, Serving};
-use crate::shared::tls::{Decrypted, PsockTls};
-use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt, WorkerRef};
+use crate::serve::{ServeBufs, Serving};
+use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt};
 
 /// Rounds of dispatch, serve and flush a worker runs per pass before it
 /// goes back to its epoll or ring: what one round's work makes ready
@@ -32,19 +31,6 @@ use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt, WorkerRef};
 /// its completions (what remains goes to the next pass, whose wait does not
 /// sleep).
 const RING_ROUNDS: usize = 64;
-
-/// How long a busy worker may keep what its lent psocks did (messages,
-/// bytes, their idle clock) before telling the core, in a hold of the core
-/// lock. A worker that did nothing else in a pass skips that hold until
-/// then: at one request per pass the hold is a large share of the pass
-/// (`docs/history/performance-log.md`, "Leases: a quiet connection served
-/// with no shared lock"). A worker that goes to sleep keeps
-/// them too (a served request takes no hold of the core lock): a reader of
-/// the statistics asks every worker holding leases to tell them first
-/// (`Shared::tell_untold`). With an idle timeout the worker tells before it
-/// sleeps instead, and an idle timeout shorter than 16 times this shortens
-/// it to a sixteenth of the timeout.
-const LEASE_SYNC: Duration = Duration::from_millis(1);
 
 /// What a worker's pass hands between the loop and its driver.
 pub(crate) struct Worker<'a> {
@@ -68,12 +54,6 @@ pub(crate) struct Woke {
     pub serve_ready: bool,
     /// The wait reported anything at all.
     pub reported: bool,
-    /// Everything the wait reported was a read of a psock lent to this
-    /// worker, served with no hold of the core lock (and each lease is
-    /// still here): nothing of the core changed, so the pass's hold may
-    /// wait (`Own::hold_can_wait`). `Own::read_at` is then the latest
-    /// clock reading.
-    pub leased_only: bool,
 }
 
 /// A driver: the I/O of one worker thread.
@@ -81,9 +61,7 @@ pub(crate) trait Io {
     /// Wait for I/O, at most `timeout` (`None`: until something comes),
     /// and act on what it reports: bytes
     /// read are fed to the core, a write's result reaches it
-    /// (`shared::ReadEnd`, `shared::Wrote`). Replies of lent reads it
-    /// leaves for later (`ServeBufs::deferred`) the loop writes as soon as
-    /// it returns ([`wait`]).
+    /// (`shared::ReadEnd`, `shared::Wrote`).
     fn wait(&mut self, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke;
 
     /// Serve the messages reads framed in place in buffers the driver must
@@ -103,68 +81,24 @@ pub(crate) trait Io {
 
     /// The pass is over: what the driver does before the next wait.
     fn end_pass(&mut self, _w: &mut Worker<'_>) {}
-
-    /// Whether this driver serves psocks lent to its worker
-    /// (`Tuning::lease`, `Own::leases`): it reads them itself (and
-    /// decrypts a TLS psock's reads, `shared::tls::decrypt_read`).
-    fn leases(&self) -> bool {
-        false
-    }
 }
 
 /// Run worker `index` until the mux stops.
 pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let me = &sh.workers[index];
     let mut w = Worker { sh, serving: None, bufs: ServeBufs::new(&sh.tuning), events: Vec::new(), dirty: Vec::new() };
-    // Readers of the statistics waiting for this pass's hold (`Command::Tell`).
-    let mut tells: Vec<std::sync::mpsc::Sender<()>> = Vec::new();
 
     // The earliest assembly deadline as of the end of the last pass. Deadlines
     // start only when this worker feeds its own psocks (in the pass), so the
     // value read at the end of a pass is still right when the next one waits.
-    let (mut next_deadline, idle) = {
-        let core = sh.lock();
-        (core.mux.poll_timeout(), core.mux.config().idle_timeout)
-    };
-    // How long the leases' counts may wait (`LEASE_SYNC`): never so long
-    // that untold activity could look like idleness.
-    let sync_every = idle.map_or(LEASE_SYNC, |d| LEASE_SYNC.min(d / 16));
-    let sync_every_ns = sync_every.as_nanos() as u64;
-    // Without an idle timeout nothing but a reader of the statistics needs
-    // what the leases did: the worker sleeps with it untold, and such a
-    // reader asks (`Shared::tell_untold`). With one, it tells before it
-    // sleeps: the core's idle clock must not lag behind.
-    let tell_on_request = idle.is_none();
+    let mut next_deadline = sh.lock().mux.poll_timeout();
     // Worker 0 keeps the mux's time: it never sleeps longer than a second
     // (`wait_timeout`).
     let keeper = index == 0;
-    let _ = me.thread.set(std::thread::current().id());
-    let mut look = Look::default();
     let mut slice = LaneSlice::default();
     while !sh.stop.load(Ordering::Acquire) {
-        let timeout = wait_timeout(sh, &w, due(next_deadline, &w), keeper);
-        let woke = if w.bufs.own.lease_used.is_empty() || timeout == Some(Duration::ZERO) || tell_on_request {
-            wait(io, &mut w, timeout)
-        } else {
-            // Lease counts untold, and an idle timeout: never asleep with
-            // them (a busy worker tells them every `LEASE_SYNC`, an
-            // idle one before it sleeps). A look without sleeping first,
-            // while such looks find work; otherwise they are told at once,
-            // then the worker sleeps.
-            let woke = match look.now() {
-                true => wait(io, &mut w, Some(Duration::ZERO)),
-                false => Woke::default(),
-            };
-            look.found(woke.reported);
-            match woke.reported {
-                true => woke,
-                false => {
-                    hold(sh, me, &mut w, &mut next_deadline);
-                    let timeout = wait_timeout(sh, &w, due(next_deadline, &w), keeper);
-                    wait(io, &mut w, timeout)
-                }
-            }
-        };
+        let timeout = wait_timeout(sh, &w, next_deadline, keeper);
+        let woke = wait(io, &mut w, timeout);
         io.serve_framed(&mut w);
         let mut serve_ready = woke.serve_ready;
         if woke.commands {
@@ -183,35 +117,18 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
                     Command::Serve { sock, handler, stats, lanes, index } => {
                         io.watch_serve(&sock);
                         w.bufs.own.serve = Some((sock.id, crate::serve::SERVE_BATCH));
-                        w.bufs.own.can_lease = sh.tuning.lease && io.leases();
                         w.serving = Some(Serving { sock, handler, stats, lanes, index });
                         serve_ready = true;
                         me.serving.store(true, Ordering::Release);
                     }
-                    // The pass's hold below tells (a command wake never
-                    // skips it), then the reader is answered.
-                    Command::Tell(answer) => tells.push(answer),
-                    Command::Unlease(p) => w.bufs.own.give_back(sh, p, connmux_sys::clock::now_nanos(), &mut w.events),
                     c => io.command(&mut w, c),
                 }
             }
             io.serve_framed(&mut w);
         }
-        // The worker's own state (writes made whole, leases), then the
-        // deadlines (assembly timeouts): one hold. Skipped by a pass that
-        // only served its leases, when what they did may wait and no
-        // deadline is due: deadlines start only when this worker feeds the
-        // core, which such a pass did not.
-        let quiet = woke.leased_only
-            && !woke.commands
-            && due(next_deadline, &w).is_none_or(|t| t > sh.timestamp(w.bufs.own.read_at))
-            && w.bufs.own.hold_can_wait(w.bufs.own.read_at, sync_every_ns);
-        if !quiet {
-            hold(sh, me, &mut w, &mut next_deadline);
-        }
-        for answer in tells.drain(..) {
-            let _ = answer.send(());
-        }
+        // The worker's own state (writes made whole), then the deadlines
+        // (assembly timeouts): one hold.
+        hold(sh, &mut w, &mut next_deadline);
         // Dispatch, serve in place, write: until nothing is left to do here
         // (bounded; what remains is picked up by the next pass).
         for round in 0..RING_ROUNDS {
@@ -234,15 +151,9 @@ pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
         io.end_pass(&mut w);
         slice.follow(sh.lane_worker_slice, w.bufs.lane_offers());
     }
-    // What the leases did since the last hold reaches the statistics before
-    // the worker ends (nothing more is lent).
-    w.bufs.own.lease_try.clear();
-    let now = sh.now();
-    w.bufs.hold(&mut sh.lock(), now);
-    me.held(false);
-    for answer in tells.drain(..) {
-        let _ = answer.send(());
-    }
+    // The writes made whole since the last hold reach the core before the
+    // worker ends.
+    w.bufs.hold(&mut sh.lock());
 }
 
 /// Passes of a worker in `Config::lane_worker_slice` slices with nothing
@@ -302,15 +213,10 @@ impl LaneSlice {
     }
 }
 
-/// The driver's wait, then the replies its lent reads left for later
-/// (`serve::flush_deferred`: the io_uring driver writes a psock's reads in
-/// a row with one `sendto`), written here in the loop's own frame rather
-/// than at the end of the driver's pass over its completions. Why: the
-/// write wakes the client, which often runs before the write returns, and
-/// after a context switch every return through a frame made before it is
-/// mispredicted (~12 ns each on the 2-CPU VM of `docs/performance.md`):
-/// from here that is the system call's wrapper alone, from the driver it
-/// was three frames more.
+/// The driver's wait, its sleep bounded while the lane posts quietly
+/// ([`lane_sleep`]). Inlined into the loop: after the wait, which often
+/// switches to the client, every return through a frame made before it is
+/// mispredicted.
 #[inline(always)]
 fn wait(io: &mut impl Io, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke {
     let lane = w.bufs.lane_out() && timeout != Some(Duration::ZERO);
@@ -318,12 +224,9 @@ fn wait(io: &mut impl Io, w: &mut Worker<'_>, timeout: Option<Duration>) -> Woke
         true => lane_sleep(w, timeout),
         false => timeout,
     };
-    let mut woke = io.wait(w, timeout);
+    let woke = io.wait(w, timeout);
     if lane {
         lane_awake(w, &woke);
-    }
-    if w.bufs.deferred.is_some() {
-        flush_deferred(w, &mut woke);
     }
     woke
 }
@@ -370,65 +273,6 @@ fn lane_awake(w: &mut Worker<'_>, woke: &Woke) {
     }
 }
 
-/// Write the replies lent reads left for later (`serve::flush_deferred`):
-/// after the wait ([`wait`]), and in the io_uring driver before a
-/// completion that is not the next read of their psock. A write that runs
-/// short gives its lease back, which the pass's hold must then see
-/// (`Woke::leased_only`).
-#[inline(always)]
-pub(crate) fn flush_deferred(w: &mut Worker<'_>, woke: &mut Woke) {
-    let lent = w.bufs.own.leases.len();
-    crate::serve::flush_deferred(w.sh, &mut w.bufs, &mut w.events);
-    woke.leased_only &= w.bufs.own.leases.len() == lent;
-}
-
-/// Whether a worker about to sleep with lease counts untold first looks for
-/// I/O without sleeping: that look is a system call, worth it while it finds
-/// work (the counts then wait for a later hold), wasted when the peer waits
-/// for this worker's replies before it sends again (a client with its
-/// requests in flight, answered in one write): there every sleep would pay
-/// it. So after a look that finds nothing the worker holds at once, and
-/// looks again only every `LOOK_EVERY`th time.
-#[derive(Default)]
-struct Look {
-    /// Sleeps since the last look; `None` while looks find work.
-    skipped: Option<u8>,
-}
-
-const LOOK_EVERY: u8 = 16;
-
-impl Look {
-    fn now(&mut self) -> bool {
-        match &mut self.skipped {
-            None => true,
-            Some(n) => {
-                *n += 1;
-                *n >= LOOK_EVERY
-            }
-        }
-    }
-
-    /// What the pass's look (or the skip of it) found.
-    fn found(&mut self, work: bool) {
-        match (work, &self.skipped) {
-            (true, _) => self.skipped = None,
-            (false, Some(n)) if *n < LOOK_EVERY => {}
-            (false, _) => self.skipped = Some(0),
-        }
-    }
-}
-
-/// The earliest deadline the worker keeps: the core's assembly deadlines
-/// as of its last hold (`next`), and those of messages its leases keep
-/// (`Own::keep`, started without a hold).
-#[inline]
-fn due(next: Option<connmux_core::Timestamp>, w: &Worker<'_>) -> Option<connmux_core::Timestamp> {
-    match (next, w.bufs.own.keep.due) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
 /// How long the next wait may sleep: until the earliest deadline, or not
 /// at all while events wait. Never shorter for anything else: a near timer
 /// is reprogrammed on every sleep, which in a virtual machine is a trip to
@@ -465,15 +309,13 @@ fn wait_timeout(
     }
 }
 
-/// The worker's hold of the core lock: its own state (writes made whole,
-/// lease counts, new leases), then the deadlines (assembly timeouts),
+/// The worker's hold of the core lock: its own state (writes made whole),
+/// then the deadlines (assembly timeouts),
 /// expired ones handled; `next_deadline` is the earliest left.
-fn hold(sh: &Shared, me: &WorkerRef, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core::Timestamp>) {
-    let at = connmux_sys::clock::now_nanos();
-    let now = sh.timestamp(at);
-    w.bufs.own.synced_at = at;
+fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core::Timestamp>) {
+    let now = sh.now();
     let mut core = sh.lock();
-    w.bufs.hold(&mut core, now);
+    w.bufs.hold(&mut core);
     core.drain_events(&mut w.events);
     *next_deadline = core.mux.poll_timeout();
     if let Some(t) = *next_deadline {
@@ -483,21 +325,6 @@ fn hold(sh: &Shared, me: &WorkerRef, w: &mut Worker<'_>, next_deadline: &mut Opt
             *next_deadline = core.mux.poll_timeout();
         }
     }
-    drop(core);
-    me.held(!w.bufs.own.leases.is_empty());
-}
-
-/// A read of `rt` that would go the core's way, on either driver: the psock
-/// lent to this serving worker first if it may be
-/// (`ServeBufs::lend_before_read`), under `core`, the hold that read takes
-/// anyway. `true`: lent, and the read is to be served on the lease.
-pub(crate) fn lend_before_read(w: &mut Worker<'_>, core: &mut crate::shared::Core, rt: &Arc<PsockRt>) -> bool {
-    let Some(sv) = w.serving.as_ref() else { return false };
-    let lent = w.bufs.lend_before_read(core, rt, &w.sh.workers[sv.index]);
-    if lent {
-        core.drain_events(&mut w.events);
-    }
-    lent
 }
 
 /// The bytes of one read of `rt`, read at `read_at`, to the core; on a
@@ -522,12 +349,6 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
                 let read = crate::serve::ReadView { msgs, psock: rt.id, started: read_at };
                 crate::serve::serve_in_place(sh, sv, bufs, read, events, dirty, Some(rt));
                 runs.clear();
-            } else if rt.tls.is_none() {
-                // The stream took the read (it holds a message begun, which
-                // frames nothing in place): a stream of messages that reads
-                // cut would never be lent otherwise. Lent at the pass's
-                // hold with that start, if quiet then.
-                bufs.try_lease(rt);
             }
             bufs.runs = runs;
         }
@@ -535,70 +356,5 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
             let _ = crate::shared::feed_read(&mut core, &mut w.bufs.own, rt.id, data, now);
             core.drain_events(&mut w.events);
         }
-    }
-}
-
-/// The plaintext of one read of TLS psock `rt`, which its driver read and
-/// decrypted in this worker (`d`: how its records went), read at `read_at`.
-/// Both drivers end a TLS read here. On the psock's lease (`leased`), when
-/// the records were all whole: served there, its replies made into records
-/// and written with no core lock (true is returned). Otherwise the lease
-/// (if any) goes back and the plaintext goes to the core as a plain read's
-/// bytes ([`feed_bytes`]: whole messages for this worker's socket served at
-/// once). What `d` leaves (records cut short, a failure) stays with the
-/// driver, which holds the bytes.
-pub(crate) fn tls_plaintext(
-    w: &mut Worker<'_>,
-    rt: &Arc<PsockRt>,
-    tls: &Mutex<PsockTls>,
-    leased: bool,
-    d: &Decrypted,
-    plain: &[u8],
-    read_at: u64,
-) -> bool {
-    if leased {
-        if let (Decrypted::Whole, Some(sv)) = (d, w.serving.as_ref()) {
-            if plain.is_empty() {
-                return true; // records with no messages (a session ticket)
-            }
-            let (events, dirty, out) = (&mut w.events, &mut w.dirty, LentOut::Tls(rt, tls));
-            let served = crate::serve::serve_leased(w.sh, sv, &mut w.bufs, plain, rt.id, out, read_at, events, dirty);
-            let from = match served {
-                Ok(()) => return true,
-                Err(g) => g.from,
-            };
-            // The lease went back: the plaintext (what it did not keep) to
-            // the core.
-            if from < plain.len() {
-                feed_bytes(w, rt, &plain[from..], read_at);
-            }
-            return false;
-        }
-        w.bufs.own.give_back(w.sh, rt.id, read_at, &mut w.events);
-    }
-    if !plain.is_empty() {
-        feed_bytes(w, rt, plain, read_at);
-    }
-    false
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{Look, LOOK_EVERY};
-
-    #[test]
-    fn a_look_that_finds_nothing_is_taken_again_only_every_sixteenth_sleep() {
-        let mut look = Look::default();
-        assert!(look.now(), "looks at first");
-        look.found(false);
-        for _ in 1..LOOK_EVERY {
-            assert!(!look.now());
-            look.found(false);
-        }
-        assert!(look.now(), "the sixteenth sleep looks again");
-        look.found(true);
-        assert!(look.now() && look.now(), "and keeps looking while looks find work");
-        look.found(false);
-        assert!(!look.now());
     }
 }

@@ -7,8 +7,7 @@
 //! Owns a serving worker's buffers ([`ServeBufs`]) and what it serves
 //! ([`Serving`]). Called by both drivers; must not name a driver, the public
 //! `Mux` or anything above them, and does no I/O but the writes the core's
-//! runtime side does (`Shared::write_begun`). Serving a lent psock's reads
-//! with no core lock is in [`lease`].
+//! runtime side does (`Shared::write_begun`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -23,9 +22,6 @@ use crate::config::Tuning;
 use crate::handler::{since, Done, Handler, Job, Lanes, ServiceStats, Verdict, SCRATCH_CHUNK, SCRATCH_LOW};
 use crate::lane::Heavy;
 use crate::shared::{Ctx, PsockRt, Shared, SockRt};
-
-mod lease;
-pub(crate) use lease::{flush_deferred, serve_leased, write_backlog, GivenBack, LentOut};
 
 /// What a serving worker serves (from `Command::Serve`): its own socket and
 /// the handler, and the lanes it offers heavy connections' messages to.
@@ -151,9 +147,6 @@ impl Default for Limits {
 pub(crate) struct ServeBufs {
     /// `Config::tuning`, copied at start.
     limits: Limits,
-    /// A lent psock whose replies wait in the run for the driver's
-    /// [`flush_deferred`], and its connection ([`LentOut::Later`]).
-    pub deferred: Option<(PsockId, std::os::fd::RawFd)>,
     msgs: Vec<(connmux_core::Bytes, PsockId)>,
     outs: Vec<Out>,
     /// Where handlers build replies.
@@ -181,9 +174,6 @@ pub(crate) struct ServeBufs {
     closed: Vec<PsockId>,
     /// The chunk of replies written at once by `send_outs`.
     slices: Vec<connmux_core::Bytes>,
-    /// On a lease, how many replies each of `slices` holds: a write that
-    /// stops midway counts those it took whole as written.
-    slice_msgs: Vec<u32>,
     /// Requests handled per psock since the last `send_outs`, settled with
     /// the core once their replies are queued (`Mux::rx_settle`).
     settle: Vec<(PsockId, u64)>,
@@ -200,61 +190,14 @@ pub(crate) struct ServeBufs {
     light_sleeps: u8,
     /// Verdicts taken from the inbox.
     done: Vec<Done>,
-    /// Those of them for psocks lent to this worker.
-    done_lent: Vec<Done>,
     /// The hand-off between this worker's reads, dispatch and `serve`.
     pub own: crate::shared::Own,
 }
 
 impl ServeBufs {
-    /// Offer `rt`, read and served by this worker in this pass, for a
-    /// lease at the pass's hold (`Own::hold`: lent there if nothing else
-    /// involves it then). A heavy connection too: its lease offers its
-    /// messages to the lane, and its worker writes the verdicts on it
-    /// (`lease::write_lane_verdicts`), also those of the messages the core
-    /// framed for it that are still in the lane ([`ServeBufs::hold`]).
-    pub(crate) fn try_lease(&mut self, rt: &Arc<PsockRt>) {
-        if self.own.can_lease {
-            self.own.lease_try.push(rt.clone());
-        }
-    }
-
-    /// Lend `rt` before a read of it that would go the core's way, under
-    /// the hold that read takes anyway, if nothing else involves it now
-    /// (`Own::lend`): the read is then served on the lease. Why not only
-    /// in the pass's hold: a connection that brings a read every pass (a
-    /// client pipelining thousands of requests) has that read's messages
-    /// in the core when the hold looks, so it was never lent, and its
-    /// messages queued on the worker's socket kept every other connection
-    /// of the worker off leases too (a socket with messages queued lends
-    /// none), their requests queued behind its thousands. `me`: this
-    /// worker, marked as holding leases at once (`WorkerRef::lending`), so
-    /// that a reader of the statistics asks it to tell what this lease
-    /// does before the pass's hold.
-    pub(crate) fn lend_before_read(
-        &mut self,
-        core: &mut crate::shared::Core,
-        rt: &Arc<PsockRt>,
-        me: &crate::shared::WorkerRef,
-    ) -> bool {
-        if !self.own.can_lease || rt.tls.is_some() {
-            return false;
-        }
-        let held = self.heavy.held(rt.id);
-        let lent = self.own.lend(core, rt, held);
-        if lent {
-            me.lending();
-        }
-        lent
-    }
-
-    /// The worker's hold of the core lock in its pass (`Own::hold`): a
-    /// heavy connection is lent with its messages the core framed still in
-    /// the lane (their verdicts come back here and are written on the
-    /// lease).
-    pub(crate) fn hold(&mut self, core: &mut crate::shared::Core, now: connmux_core::Timestamp) {
-        let heavy = &self.heavy;
-        self.own.hold(core, now, |p| heavy.held(p));
+    /// The worker's hold of the core lock in its pass (`Own::hold`).
+    pub(crate) fn hold(&mut self, core: &mut crate::shared::Core) {
+        self.own.hold(core);
     }
 
     /// Empty buffers for a worker of a mux tuned with `t`.
@@ -363,22 +306,21 @@ impl ServeBufs {
         if !self.heavy.room(len, sv.lanes.bytes) {
             return Err(job);
         }
-        let lent = job.lent;
         sv.lanes.crew.offer(sv.index, job)?;
-        self.heavy.offered(psock, len, lent);
+        self.heavy.offered(psock, len);
         Ok(())
     }
 
     /// A heavy connection's messages of one read to the lane (copied out of
-    /// the read buffer; `lent`: framed on its lease), in order, while it
+    /// the read buffer), in order, while it
     /// takes them: returns those the full lane refused, which run here.
-    fn offer_read<'a>(&mut self, sv: &Serving, p: PsockId, mut msgs: Messages<'a>, lent: bool) -> Messages<'a> {
+    fn offer_read<'a>(&mut self, sv: &Serving, p: PsockId, mut msgs: Messages<'a>) -> Messages<'a> {
         while let Some(m) = msgs.first() {
             // (Checked before the copy: a full lane costs no allocation.)
             if !self.heavy.room(m.len(), sv.lanes.bytes) {
                 break;
             }
-            if self.offer(sv, Job { data: Bytes::copy_from_slice(m), psock: p, lent }).is_err() {
+            if self.offer(sv, Job { data: Bytes::copy_from_slice(m), psock: p }).is_err() {
                 break;
             }
             msgs = msgs.after(1);
@@ -491,7 +433,7 @@ pub(crate) fn serve(
             // A heavy connection's message goes to the lane (settled when
             // its verdict comes back), unless the lane is full.
             let data = match bufs.heavy.contains(psock) && !closed {
-                true => match bufs.offer(sv, Job { data, psock, lent: false }) {
+                true => match bufs.offer(sv, Job { data, psock }) {
                     Ok(()) => continue,
                     Err(job) => job.data,
                 },
@@ -530,7 +472,7 @@ fn sampled(i: usize) -> bool {
 }
 
 /// One read of a psock as in-place serving sees it: its whole messages
-/// where they lie (framed in place by the core or on a lease), whose they
+/// where they lie (framed in place by the core), whose they
 /// are and when they were read.
 #[derive(Clone, Copy)]
 pub(crate) struct ReadView<'a> {
@@ -555,21 +497,13 @@ pub(crate) fn serve_in_place(
 ) {
     let p = read.psock;
     if bufs.heavy.contains(p) {
-        read.msgs = bufs.offer_read(sv, p, read.msgs, false);
+        read.msgs = bufs.offer_read(sv, p, read.msgs);
         if read.msgs.is_empty() {
-            if let Some(rt) = write_now {
-                // Its lease would serve it the same way, with no lock.
-                bufs.try_lease(rt);
-            }
             return;
         }
     }
     bufs.handled(p, read.msgs.len() as u64);
     run_in_place(sv, bufs, read);
-    if let Some(rt) = write_now {
-        // Perhaps the next read needs nobody else.
-        bufs.try_lease(rt);
-    }
     send_outs(sh, sv, bufs, events, dirty, write_now);
 }
 
@@ -697,16 +631,8 @@ fn send_outs(
         }
         core.drain_events(events);
     }
-    match write_now {
-        Some(rt) if begun => sh.write_owned(rt, events, &mut bufs.slices, &mut bufs.own),
-        // A TLS psock's replies, as records, now too: its queue is empty
-        // for the pass's hold, which may lend it.
-        Some(rt) if bufs.own.can_lease => {
-            if let Some(tls) = &rt.tls {
-                crate::shared::tls::replies_now(sh, rt, tls, events);
-            }
-        }
-        _ => {}
+    if let (Some(rt), true) = (write_now, begun) {
+        sh.write_owned(rt, events, &mut bufs.slices, &mut bufs.own);
     }
     sh.dispatch(events, &mut Ctx::Worker(dirty, &mut bufs.own));
     for p in aborts {
@@ -728,8 +654,8 @@ fn send_outs(
 /// socket (`ready`: its readiness fired; or this pass's reads handed it
 /// messages, or a dispatch saw it readable), then a connection found heavy
 /// goes to the lane. Inlined into the worker's loop: in most passes of a
-/// lent connection there is nothing to do here, and the checks cost less
-/// than the call.
+/// light connection served in place there is nothing to do here, and the
+/// checks cost less than the call.
 #[inline(always)]
 pub(crate) fn pass(
     sh: &Shared,
@@ -796,30 +722,18 @@ pub(crate) fn take_done(
     if !done.is_empty() {
         bufs.lane_quiet = done.iter().any(|d| d.quiet);
     }
-    let mut lent = std::mem::take(&mut bufs.done_lent);
     for d in done.drain(..) {
-        if bufs.heavy.answered(d.psock, d.short, d.len, d.lent) {
+        if bufs.heavy.answered(d.psock, d.short, d.len) {
             sh.lane_returns.fetch_add(1, Ordering::Relaxed);
         }
-        if !d.lent {
-            bufs.handled(d.psock, 1);
-        }
+        bufs.handled(d.psock, 1);
         if !bufs.closed.is_empty() && bufs.closed.contains(&d.psock) {
-            continue;
-        }
-        if bufs.own.leases.contains_key(&d.psock) {
-            // Written on its lease, below.
-            lent.push(d);
             continue;
         }
         bufs.push(d.psock, d.verdict);
     }
     bufs.done = done;
     send_outs(sh, sv, bufs, events, dirty, None);
-    if !lent.is_empty() {
-        lease::write_lane_verdicts(sh, sv, bufs, &mut lent, events, dirty);
-    }
-    bufs.done_lent = lent;
 }
 
 #[cfg(test)]

@@ -17,7 +17,6 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::thread::ThreadId;
 use std::time::Duration;
 
 use connmux_core::mux::{Event, Mux as CoreMux, PsockError, PsockId, SockId};
@@ -74,11 +73,6 @@ pub(crate) enum Command {
     Flush(PsockId),
     /// The core released the psock: end its operations, then drop it.
     Release(Arc<PsockRt>),
-    /// Give the lease of this psock back to the core (`PsockLeaseRevoked`).
-    Unlease(PsockId),
-    /// Tell the core what the lent psocks did, then answer on the channel
-    /// (a reader of the statistics waits for it: `Shared::tell_untold`).
-    Tell(std::sync::mpsc::Sender<()>),
 }
 
 /// Encode a psock id as an epoll token (index in the low half, generation high).
@@ -130,11 +124,6 @@ pub(crate) struct PsockRt {
     /// once it is clear: what was queued while it was set, the worker's
     /// write takes.
     pub flush_asked: AtomicBool,
-    /// Its lease was revoked and its worker not yet told (`Command::Unlease`):
-    /// a message sent from elsewhere waits on its queue, which the lease's
-    /// replies must not overtake. Set before that send returns; cleared when
-    /// the psock is lent again.
-    pub lease_revoked: AtomicBool,
     /// TLS state of a psock attached with `Mux::attach_tls`.
     pub tls: Option<Mutex<tls::PsockTls>>,
     /// The certificate chain its TLS peer presented (leaf first), set once
@@ -195,17 +184,8 @@ pub(crate) struct WorkerRef {
     /// It has taken its `Command::Serve`: it serves in place from its next
     /// read on (`Mux::serve` returns only then).
     pub serving: AtomicBool,
-    /// It held leases at its last hold: what they did since may not be
-    /// told to the core yet, so a reader of the statistics asks it to tell
-    /// (`Shared::tell_untold`).
-    pub leasing: AtomicBool,
-    /// Its thread, once running: a reader on that thread (a handler) does
-    /// not wait for it.
-    pub thread: OnceLock<ThreadId>,
-    /// Woken since it last took its commands ([`WorkerRef::wake`]): an
-    /// epoll worker reading its sole connection blocking
-    /// (`Tuning::sole_read`) looks here before each such read, not at the
-    /// waker's eventfd.
+    /// Woken since it last took its commands ([`WorkerRef::wake`]): a
+    /// command queued meanwhile needs no wake of its own.
     pub woken: AtomicBool,
 }
 
@@ -218,8 +198,6 @@ impl WorkerRef {
             psocks: AtomicUsize::new(0),
             cpu,
             serving: AtomicBool::new(false),
-            leasing: AtomicBool::new(false),
-            thread: OnceLock::new(),
             woken: AtomicBool::new(false),
         }
     }
@@ -241,31 +219,7 @@ impl WorkerRef {
         self.woken.store(true, Ordering::SeqCst);
         self.waker.notify()
     }
-
-    /// The worker lent itself a psock outside its hold
-    /// (`ServeBufs::lend_before_read`), before it serves any read of it: a
-    /// reader of the statistics asks it to tell from now on, as it would
-    /// after the hold (which follows in the same pass).
-    pub fn lending(&self) {
-        if !self.leasing.load(Ordering::Relaxed) {
-            self.leasing.store(true, Ordering::SeqCst);
-        }
-    }
-
-    /// The worker held (it holds `lent` psocks now): what its leases did
-    /// so far is the core's.
-    pub fn held(&self, lent: bool) {
-        if self.leasing.load(Ordering::Relaxed) != lent {
-            self.leasing.store(lent, Ordering::Release);
-        }
-    }
 }
-
-/// How long a reader of the statistics waits for the workers holding
-/// leases to tell what those did (`Shared::tell_untold`): a worker wakes
-/// and holds within a pass; past this it is held up elsewhere (a long
-/// handler run), and the reader goes on with the counts as they are.
-const TELL_WAIT: Duration = Duration::from_millis(50);
 
 pub(crate) struct Shared {
     pub core: Mutex<Core>,
@@ -463,45 +417,6 @@ pub(crate) enum Ctx<'a> {
 }
 
 impl Shared {
-    /// Before reading statistics: every worker with lent psocks
-    /// (`WorkerRef::leasing`) is asked to tell the core what they did, and
-    /// waited for (its next hold, at most `TELL_WAIT`), so the reader sees
-    /// every reply written before it asked. Why: such a worker tells only
-    /// every `driver::worker::LEASE_SYNC` while busy, and not at all asleep (unless
-    /// an idle timeout is set), so that a served request takes no hold of
-    /// the core lock; readers, which are rare, pay for the freshness
-    /// instead. The calling thread's own worker (a handler reading
-    /// statistics) cannot be waited for: its counts are as of its last hold.
-    fn tell_untold(&self) {
-        let me = std::thread::current().id();
-        let (told, answers) = std::sync::mpsc::channel();
-        let mut asked = 0;
-        for w in &self.workers {
-            if w.leasing.load(Ordering::Acquire) && w.thread.get() != Some(&me) {
-                w.command(Command::Tell(told.clone()));
-                asked += 1;
-            }
-        }
-        // Only the workers hold senders now: each answers after its next
-        // hold (one that ends answers what it took); one held up elsewhere,
-        // or stopped before taking the command, costs the wait below.
-        drop(told);
-        let deadline = std::time::Instant::now() + TELL_WAIT;
-        for _ in 0..asked {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if answers.recv_timeout(left).is_err() {
-                break;
-            }
-        }
-    }
-
-    /// The core lock for a reader of the statistics: what the leases did
-    /// told first ([`Shared::tell_untold`]).
-    pub fn lock_told(&self) -> MutexGuard<'_, Core> {
-        self.tell_untold();
-        self.lock()
-    }
-
     pub fn lock(&self) -> MutexGuard<'_, Core> {
         // A panic while holding the lock leaves the core in an unknown state;
         // continuing would break KCM's guarantees, so propagate it.
@@ -626,23 +541,6 @@ impl Shared {
                     match &rt.tls {
                         Some(tls) => crate::shared::tls::close_in_order(self, &rt, tls, events),
                         None => self.shut_drained(&rt, events),
-                    }
-                }
-                Event::PsockLeaseRevoked(p) => {
-                    // This worker's own lease: back at once (rare: another
-                    // psock's reply, an abort). Another's: its worker is told.
-                    if let Ctx::Worker(_, own) = ctx {
-                        if own.leases.contains_key(&p) {
-                            let mut core = self.lock();
-                            own.unlease(&mut core, p, self.now());
-                            core.drain_events(events);
-                            continue;
-                        }
-                    }
-                    if let Some(rt) = self.psock_rt(p) {
-                        // (Before the sender's call returns: see `serve_leased`.)
-                        rt.lease_revoked.store(true, Ordering::Release);
-                        self.workers[rt.worker()].command(Command::Unlease(p));
                     }
                 }
                 Event::PsockReleased(p) => {

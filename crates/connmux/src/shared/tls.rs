@@ -375,8 +375,13 @@ pub(crate) fn rx_eof(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, errno: Option
 
 /// Offer the decrypted bytes rustls holds to the core.
 fn drain_plain(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, events: &mut Vec<Event>) -> Plain {
-    // Bounded: each round takes a chunk or part of one (16 KiB in all at most).
-    for _ in 0..64 {
+    // Bounded: each round takes at least one byte of the plaintext rustls
+    // holds (it decrypts no more than its buffer limit ahead). Not a fixed
+    // count of rounds: a chunk is a record's plaintext, and a read of many
+    // small records (a client pipelining small requests) ended a count of
+    // 64 as if the core were full, so the psock's reads stopped with
+    // nobody to resume them.
+    loop {
         let chunk = match st.conn.reader().into_first_chunk() {
             Ok([]) => return Plain::Closed(true),
             Ok(c) => c,
@@ -399,7 +404,6 @@ fn drain_plain(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, events: &mut Vec<Ev
             return Plain::Empty;
         }
     }
-    Plain::Full
 }
 
 /// The peer's stream ended: a close between messages (or a read error) ends
@@ -529,222 +533,6 @@ fn read_interest(sh: &Shared, rt: &PsockRt, mut st: MutexGuard<'_, PsockTls>, fu
     }
     drop(st);
     sh.set_interest(rt, |i| i.read = !(full || stop));
-}
-
-/// What decrypting one read of a TLS psock in the worker came to
-/// ([`decrypt_read`]), its plaintext taken out of rustls.
-#[derive(Debug)]
-pub(crate) enum Decrypted {
-    /// All of the read, ending on a record's end: the plaintext is all the
-    /// psock has (on a lease: served there if it is whole messages).
-    Whole,
-    /// The plaintext goes to the core, then the rest the usual way
-    /// ([`after_decrypt`]): the read's ciphertext from this offset (rustls
-    /// stopped taking it, a close_notify came, or a record is partial).
-    Rest(usize),
-    /// A TLS error: the plaintext before it goes to the core, then the psock
-    /// fails.
-    Failed(String),
-}
-
-impl PsockTls {
-    /// Whether the next read may be decrypted in the worker, its plaintext
-    /// taken out of rustls ([`decrypt_read`]): established, receiving,
-    /// nothing held back, not closing.
-    pub(crate) fn decrypts_in_worker(&mut self) -> bool {
-        self.established
-            && self.rx == TlsRx::Open
-            && !self.failed
-            && self.held.is_empty()
-            && self.closing == Closing::Open
-            && !self.has_plaintext()
-    }
-
-    /// Whether rustls holds decrypted bytes the core has not taken (it was
-    /// full): they go first, the usual way, within what the core takes.
-    fn has_plaintext(&mut self) -> bool {
-        !matches!(self.conn.reader().into_first_chunk(), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-    }
-}
-
-/// Decrypt `data`, one read of TLS psock `rt` (its state `st`, for which
-/// [`PsockTls::decrypts_in_worker`] holds), appending its plaintext to
-/// `plain` (no more bytes than `data`: records only shrink, and rustls held
-/// none). The core sees nothing: the caller serves the plaintext on the
-/// psock's lease, or feeds it to the core, then does the rest (the epoll
-/// driver's [`after_decrypt`]; io_uring's own).
-pub(crate) fn decrypt_read(
-    rt: &PsockRt,
-    st: &mut PsockTls,
-    data: &[u8],
-    plain: &mut Vec<u8>,
-    events: &mut Vec<Event>,
-) -> Decrypted {
-    let mut off = 0;
-    // Bounded: each round gives rustls input bytes, or ends.
-    loop {
-        // The plaintext out first: rustls caps what it holds decrypted.
-        // Bounded: each round takes a chunk.
-        loop {
-            match st.conn.reader().into_first_chunk() {
-                Ok([]) => return Decrypted::Rest(off),
-                Ok(c) => {
-                    let n = c.len();
-                    plain.extend_from_slice(c);
-                    st.conn.reader().consume(n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(_) => return Decrypted::Rest(off),
-            }
-        }
-        if off == data.len() {
-            break;
-        }
-        match st.conn.read_tls(&mut &data[off..]) {
-            Ok(n) if n > 0 => {
-                st.records.advance(&data[off..off + n]);
-                off += n;
-            }
-            // After a close_notify, or refused: the usual path decides.
-            _ => return Decrypted::Rest(off),
-        }
-        if let Err(e) = st.conn.process_new_packets() {
-            return Decrypted::Failed(e.to_string());
-        }
-        if st.conn.wants_write() {
-            // A key update's answer, say.
-            events.push(Event::PsockTransmit(rt.id));
-        }
-    }
-    // Ending inside a record, or after one that was partial: the record
-    // deadline changes, the usual way.
-    match st.records.inside() || st.record_armed {
-        true => Decrypted::Rest(data.len()),
-        false => Decrypted::Whole,
-    }
-}
-
-/// The rest of a read decrypted in the worker ([`decrypt_read`]), once its
-/// plaintext is in the core (and any lease given back): the ciphertext
-/// rustls did not take, a close, a partial record's deadline, or the
-/// failure, the usual way.
-pub(crate) fn after_decrypt(
-    sh: &Shared,
-    rt: &PsockRt,
-    tls: &Mutex<PsockTls>,
-    data: &[u8],
-    d: Decrypted,
-    events: &mut Vec<Event>,
-) {
-    let mut st = tls.lock().unwrap();
-    let full = match d {
-        Decrypted::Whole => false,
-        Decrypted::Rest(off) => take_bytes(sh, rt, &mut st, &data[off..], events),
-        Decrypted::Failed(why) => {
-            fail(sh, rt, &mut st, why, events);
-            false
-        }
-    };
-    read_interest(sh, rt, st, full, events);
-}
-
-/// A TLS error found decrypting a read in the worker ([`decrypt_read`]'s
-/// `Failed`), once the plaintext before it is in the core: the psock fails
-/// as on the usual path.
-pub(crate) fn fail_read(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, why: String, events: &mut Vec<Event>) {
-    fail(sh, rt, &mut tls.lock().unwrap(), why, events);
-}
-
-/// A serving worker's replies to a TLS psock it has just read, queued in
-/// the core: made into records now, so that the psock's queue is empty at
-/// the worker's hold (which may lend it). The epoll worker writes them
-/// too; the io_uring worker's go out in its ring send, behind any record
-/// already there.
-pub(crate) fn replies_now(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, events: &mut Vec<Event>) {
-    if let WorkerIo::Uring = sh.workers[rt.worker()].io {
-        encrypt_from_core(sh, rt, &mut tls.lock().unwrap(), events);
-        return;
-    }
-    flush(sh, rt, tls, events);
-}
-
-/// The end of a TLS psock's stream read in the worker (`errno` None: FIN),
-/// the usual way.
-pub(crate) fn read_end(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, errno: Option<i32>, events: &mut Vec<Event>) {
-    let mut st = tls.lock().unwrap();
-    let full = rx_eof(sh, rt, &mut st, errno, events) == Rx::Full;
-    read_interest(sh, rt, st, full, events);
-}
-
-/// Replies to a TLS psock lent to its worker (`iov`, plaintext), made into
-/// records behind those rustls holds, and the records written as far as
-/// the connection takes them (the rest by the psock's flush, on its next
-/// writable event). Returns the plaintext bytes taken: fewer than offered
-/// when rustls holds its limit of records (the rest goes back to the core
-/// with the lease), `WouldBlock` for none; or the connection's error (the
-/// psock's transmit fails).
-pub(crate) fn lease_write(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, iov: &[IoSlice<'_>]) -> io::Result<usize> {
-    let mut st = tls.lock().unwrap();
-    if st.failed {
-        return Err(io::Error::from_raw_os_error(connmux_core::mux::EBADMSG));
-    }
-    let total: usize = iov.iter().map(|b| b.len()).sum();
-    // The records made before these go first (and make room in rustls).
-    let mut left = write_records(rt, &mut st)?;
-    let mut taken = st.conn.writer().write_vectored(iov).unwrap_or(0);
-    if !left {
-        left = write_records(rt, &mut st)?;
-    }
-    if taken < total && !left {
-        // More than rustls holds at once (large replies): the rest while
-        // the connection takes the records.
-        let mut rest: Vec<IoSlice<'_>> = iov.to_vec();
-        let mut rest = &mut rest[..];
-        IoSlice::advance_slices(&mut rest, taken);
-        // Bounded: each round takes plaintext and writes its records, or ends.
-        for _ in 0..1024 {
-            let k = st.conn.writer().write_vectored(rest).unwrap_or(0);
-            if k == 0 {
-                break;
-            }
-            taken += k;
-            IoSlice::advance_slices(&mut rest, k);
-            left = write_records(rt, &mut st)?;
-            if left || taken >= total {
-                break;
-            }
-        }
-    }
-    drop(st);
-    if left {
-        sh.want_write(rt);
-    }
-    match taken {
-        0 if total > 0 => Err(io::ErrorKind::WouldBlock.into()),
-        n => Ok(n),
-    }
-}
-
-/// Write the records rustls holds until none is left (false) or the
-/// connection would block (true). A hard error fails the psock's transmit.
-fn write_records(rt: &PsockRt, st: &mut PsockTls) -> io::Result<bool> {
-    // Bounded: each round writes bytes, or ends.
-    for _ in 0..1024 {
-        if !st.conn.wants_write() {
-            return Ok(false);
-        }
-        match st.conn.write_tls(&mut Fd(rt.fd())) {
-            Ok(n) if n > 0 => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Ok(_) => return Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
-            Err(e) => {
-                st.failed = true;
-                return Err(e);
-            }
-        }
-    }
-    Ok(st.conn.wants_write())
 }
 
 /// Write a TLS psock (the epoll driver's flush, from its worker or from an

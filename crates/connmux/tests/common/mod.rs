@@ -126,22 +126,15 @@ pub fn eventually<T>(mut f: impl FnMut() -> Option<T>) -> T {
 }
 
 /// Calls (`call`: one request and its answer) until the service's only
-/// connection is lent to its worker: its psock, and the calls made.
-pub fn calls_until_lent(svc: &Service, mut call: impl FnMut()) -> (connmux::PsockId, u64) {
+/// connection is attached: its psock, and the calls made.
+pub fn calls_until_attached(svc: &Service, mut call: impl FnMut()) -> (connmux::PsockId, u64) {
     let mut calls = 0;
     let p = eventually(|| {
         call();
         calls += 1;
         svc.mux().psocks().first().copied()
     });
-    eventually(|| {
-        if svc.mux().psock_leased(p) {
-            return Some((p, calls));
-        }
-        call();
-        calls += 1;
-        None
-    })
+    (p, calls)
 }
 
 /// A DGRAM service on an ephemeral loopback port, `l4` framing, `handler`

@@ -38,10 +38,6 @@ pub struct Args {
     /// many functions (self cost from callgrind_annotate, 2N run minus N run).
     #[arg(long, default_value_t = 0)]
     pub annotate: usize,
-    /// connmux's worker reads its one busy connection through the epoll
-    /// wait (`Tuning::sole_read` off), for comparisons.
-    #[arg(long)]
-    pub no_sole_read: bool,
     /// Directory for the callgrind output files [default: a temporary one].
     #[arg(long)]
     pub keep: Option<PathBuf>,
@@ -143,9 +139,6 @@ fn one_run(
             // (Never heavy: ~50 times as slow under callgrind, a NULL call
             // would look heavy at times and go to a lane.)
             cmd.arg(exe()?).args(["bench", "mux-server", "-l", &listen, "--cpus", "0", "--never-heavy"]);
-            if a.no_sole_read {
-                cmd.arg("--no-sole-read");
-            }
             cmd.args(["--driver", "epoll", "--duration", &secs]);
         }
         "raw" => {

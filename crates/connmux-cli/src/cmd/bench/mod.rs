@@ -193,10 +193,6 @@ pub struct MuxServerArgs {
     /// long, so a NULL call would look heavy and go to a lane at times.
     #[arg(long)]
     pub never_heavy: bool,
-    /// A worker's one busy connection read through the epoll wait
-    /// (`Tuning::sole_read` off), for comparisons.
-    #[arg(long)]
-    pub no_sole_read: bool,
 }
 
 /// `connmux rpc-server` as `crate::cmd::server` builds it, but with the
@@ -215,7 +211,6 @@ fn run_mux_server(a: MuxServerArgs) -> anyhow::Result<i32> {
         c.tuning.slow_handler = Duration::MAX;
         c.tuning.busy_handler = Duration::MAX;
     }
-    c.tuning.sole_read = !a.no_sole_read;
     let svc = crate::cmd::server::start_rpc_service(c, a.listen, crate::cmd::server::registry(&[])?)?;
     println!("mux-server listening on {} (driver {:?})", svc.local_addr(), svc.mux().driver());
     let start = Instant::now();

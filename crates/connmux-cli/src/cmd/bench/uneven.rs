@@ -71,7 +71,7 @@ pub struct Args {
     pub quick: bool,
 }
 
-/// connmux's heavy lanes and leases, as both the bench and its server take
+/// connmux's heavy lanes, as both the bench and its server take
 /// them (the bench hands them on to each `uneven-server`; the other
 /// engines ignore them).
 #[derive(clap::Args, Debug, Clone)]
@@ -96,14 +96,6 @@ pub struct LaneArgs {
     /// 50, or above, only long requests make a connection heavy).
     #[arg(long, default_value_t = connmux::Tuning::default().busy_handler.as_micros() as u64)]
     pub busy_us: u64,
-    /// Every read through connmux's shared core (`Tuning::lease` off), for
-    /// comparisons.
-    #[arg(long)]
-    pub no_lease: bool,
-    /// An epoll worker's one busy connection read through its epoll wait,
-    /// never by a blocking read (`Tuning::sole_read` off), for comparisons.
-    #[arg(long)]
-    pub no_sole_read: bool,
 }
 
 impl LaneArgs {
@@ -114,8 +106,6 @@ impl LaneArgs {
         c.lane_slice = Duration::from_micros(self.lane_slice_us);
         c.lane_in_order = self.lane_in_order;
         c.tuning.busy_handler = Duration::from_micros(self.busy_us);
-        c.tuning.lease = !self.no_lease;
-        c.tuning.sole_read = !self.no_sole_read;
     }
 
     /// The same flags on a command line (for `uneven-server`).
@@ -130,8 +120,6 @@ impl LaneArgs {
         .flat_map(|(k, v)| [k.to_owned(), v])
         .collect();
         v.extend(self.lane_in_order.then(|| "--lane-in-order".to_owned()));
-        v.extend(self.no_lease.then(|| "--no-lease".to_owned()));
-        v.extend(self.no_sole_read.then(|| "--no-sole-read".to_owned()));
         v
     }
 }
@@ -710,15 +698,8 @@ mod tests {
     /// every flag of `LaneArgs` survives `to_args` and parsing.
     #[test]
     fn lane_flags_reach_the_server_unchanged() {
-        let given = LaneArgs {
-            lane_nice: -2,
-            lane_worker_slice_us: 1234,
-            lane_slice_us: 56,
-            lane_in_order: true,
-            busy_us: 33,
-            no_lease: true,
-            no_sole_read: true,
-        };
+        let given =
+            LaneArgs { lane_nice: -2, lane_worker_slice_us: 1234, lane_slice_us: 56, lane_in_order: true, busy_us: 33 };
         let argv = std::iter::once("uneven-server".to_owned()).chain(given.to_args());
         let got = Server::try_parse_from(argv).expect("the server parses the bench's flags").lanes;
         assert_eq!(format!("{got:?}"), format!("{given:?}"));

@@ -41,8 +41,8 @@ pub(super) struct Conn {
     pub(super) spill_counted: usize,
     /// A send is in flight, of this many bytes.
     pub(super) sending: Option<usize>,
-    /// A `POLLOUT` poll is in flight: the lease's replies backed up
-    /// (`Own::to_watch`), waiting for the connection to take more.
+    /// A `POLLOUT` poll is in flight: a send found the socket buffer full
+    /// (`wait_for_room`), waiting for the connection to take more.
     pub(super) out_polled: bool,
     /// The core released it: waiting for its operations to end.
     pub(super) released: bool,
@@ -194,11 +194,6 @@ pub(super) struct Framed {
     pub(super) batches: Vec<(PsockId, u16, usize, usize)>,
     /// Buffers fully fed whose messages are still to be served.
     pub(super) recycle: Vec<u16>,
-    /// Psocks whose reads the core's stream took (a message begun: nothing
-    /// framed in place), offered for a lease after the pass as the epoll
-    /// driver's are (`worker::feed_bytes`): a stream of messages that reads
-    /// cut would never be lent otherwise.
-    pub(super) offers: Vec<Arc<PsockRt>>,
 }
 
 /// The memory budget as a worker's feeds see it, for its receives:
@@ -406,7 +401,6 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
         conn.spill = Vec::new();
         conn.spill_off = 0;
     }
-    let (runs_before, mut fed_any) = (framed.runs.len(), false);
     // Bounded: each round feeds at least one byte, or stops.
     while let Some(h) = conn.held.front_mut() {
         let cap = core.mux.rx_capacity(id);
@@ -427,7 +421,6 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
             }
             framed.batches.push((id, h.buf, a, framed.runs.len()));
         }
-        fed_any |= end > h.off;
         h.off = end;
         let done = h.off >= data.len();
         if done {
@@ -442,9 +435,6 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
             stop_rx(ring, conn, token, framed);
             return;
         }
-    }
-    if fed_any && framed.runs.len() == runs_before && own.can_lease && conn.rt.tls.is_none() {
-        framed.offers.push(conn.rt.clone());
     }
     if let Some(errno) = conn.life.take_end() {
         let _ = core.mux.rx_closed(id, errno);
