@@ -168,6 +168,12 @@ pub struct Config {
     /// application threads on cloned sockets). Set 1 for a mux that should
     /// hold one thread only (a client's, a test's).
     pub workers: usize,
+    /// Stand-alone sockets the mux can make ([`crate::KcmSocket::stand_alone`]):
+    /// KCM sockets whose own application thread reads the connections
+    /// attached to them, in its `recv`, with no worker thread between the
+    /// connection and the thread that receives. Each is a slot made at
+    /// start (an epoll and an eventfd). Userspace backend only. Default 0.
+    pub stand_alone: usize,
     /// Most connections a [`crate::service::Service`] on this mux keeps
     /// attached at once: past it a new connection is reset as soon as it is
     /// accepted (counted in `refused`). `None`: no cap.
@@ -340,6 +346,7 @@ impl Default for Config {
                 ..MuxConfig::default()
             },
             workers: default_workers(),
+            stand_alone: 0,
             max_conns: Some(DEFAULT_MAX_CONNS),
             placement: Placement::Pinned,
             read_chunk: 64 << 10,

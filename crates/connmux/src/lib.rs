@@ -98,6 +98,8 @@ mod serve;
 mod driver;
 
 mod mux;
+// Stand-alone sockets' slots: below `socket`, which stands on them.
+mod alone;
 
 mod socket;
 

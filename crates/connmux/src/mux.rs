@@ -110,6 +110,9 @@ pub(crate) struct MuxInner {
     pub serving: AtomicBool,
     /// `Config::max_conns`: a service's cap until it sets its own.
     pub max_conns: Option<usize>,
+    /// The stand-alone sockets' slots no socket holds (worker indexes,
+    /// `Shared::alone`).
+    pub alone_free: Mutex<Vec<usize>>,
 }
 
 impl MuxInner {
@@ -236,6 +239,16 @@ impl Mux {
             };
             refs.push(WorkerRef::new(io, waker, cpu));
         }
+        // Stand-alone sockets' slots: epoll always (the thread that runs a
+        // slot's pass is an application thread, in its `recv`; a ring is
+        // best entered by one thread only).
+        let mut alone = Vec::with_capacity(config.stand_alone);
+        for _ in 0..config.stand_alone {
+            let waker = EventFd::new()?;
+            let epoll = Epoll::new()?;
+            epoll.add(waker.as_raw_fd(), driver::WAKER_TOKEN, Interest::READ)?;
+            alone.push(WorkerRef::new(WorkerIo::Epoll(epoll), waker, None));
+        }
         let (events_tx, events_rx) = crate::events::Events::bounded(config.event_queue);
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
@@ -244,6 +257,7 @@ impl Mux {
                 socks: Default::default(),
             }),
             workers: refs,
+            alone,
             stop: AtomicBool::new(false),
             read_chunk: config.read_chunk.max(512),
             recv_spin: config.recv_spin,
@@ -302,6 +316,7 @@ impl Mux {
             events_rx,
             serving: AtomicBool::new(false),
             max_conns: config.max_conns,
+            alone_free: Mutex::new((workers..workers + config.stand_alone).rev().collect()),
         };
         match failed {
             // Dropping `inner` stops and joins the workers that did start.
@@ -404,7 +419,7 @@ impl Mux {
         if self.user().is_none() {
             return self.attach(conn, parser);
         }
-        self.attach_inner(conn, parser, worker, None)
+        self.attach_inner(conn, parser, worker % self.shared().workers.len(), None)
     }
 
     /// [`Mux::attach`] with per-connection options: the size limit and
@@ -426,7 +441,7 @@ impl Mux {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "max_msg_size must be positive"));
         }
         let worker = match opts.worker {
-            Some(w) => w,
+            Some(w) => w % self.shared().workers.len(),
             None => self.user().expect("userspace").pick_worker(conn.as_fd()),
         };
         let limits =
@@ -434,7 +449,9 @@ impl Mux {
         self.attach_limited(conn, opts.parser, worker, None, limits)
     }
 
-    /// The userspace attach, with the TLS state of a TLS psock.
+    /// The userspace attach, with the TLS state of a TLS psock, on worker
+    /// `worker` (a worker thread's index, or past them a stand-alone
+    /// socket's slot: `Shared::worker`).
     pub(crate) fn attach_inner(
         &self,
         conn: &impl AsFd,
@@ -456,7 +473,6 @@ impl Mux {
         limits: PsockConfig,
     ) -> io::Result<PsockId> {
         let sh = self.shared();
-        let worker = worker % sh.workers.len();
         let raw = conn.as_fd().as_raw_fd();
         connmux_sys::socket::tcp_check_attachable(raw)?;
         let owned = conn.as_fd().try_clone_to_owned().map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
@@ -481,7 +497,7 @@ impl Mux {
                     let _ = core.mux.set_handshake_deadline(id, Some(now.add(d)));
                 }
             }
-            sh.workers[worker].psocks.fetch_add(1, Ordering::AcqRel);
+            sh.worker(worker).psocks.fetch_add(1, Ordering::AcqRel);
             let rt = Arc::new(PsockRt {
                 id,
                 stream,
@@ -499,7 +515,7 @@ impl Mux {
             core.drain_events(&mut events);
             rt
         };
-        match &sh.workers[worker].io {
+        match &sh.worker(worker).io {
             WorkerIo::Epoll(epoll) => {
                 if let Err(e) = epoll.add(rt.fd(), psock_token(rt.id), Interest::READ) {
                     let _ = self.unattach_id(rt.id);
@@ -507,10 +523,10 @@ impl Mux {
                 }
                 if rt.tls.is_some() {
                     // Its worker waits for the new handshake deadline.
-                    let _ = sh.workers[worker].wake();
+                    let _ = sh.worker(worker).wake();
                 }
             }
-            WorkerIo::Uring => sh.workers[worker].command(Command::Attach(rt.clone())),
+            WorkerIo::Uring => sh.worker(worker).command(Command::Attach(rt.clone())),
         }
         sh.dispatch(&mut events, &mut Ctx::App);
         Ok(rt.id)

@@ -49,6 +49,8 @@ pub struct KcmSocket {
     mux: Mux,
     imp: SockImp,
     ty: SockType,
+    /// A stand-alone socket's slot ([`KcmSocket::stand_alone`]).
+    alone: Option<Box<crate::alone::AloneSock>>,
 }
 
 enum SockImp {
@@ -67,7 +69,7 @@ impl KcmSocket {
     pub(crate) fn create(mux: Mux, ty: SockType) -> io::Result<KcmSocket> {
         if let MuxImp::Kernel(k) = &mux.imp {
             let sock = k.k.socket(ty)?;
-            return Ok(KcmSocket { mux: mux.clone(), imp: SockImp::Kernel(sock), ty });
+            return Ok(KcmSocket { mux: mux.clone(), imp: SockImp::Kernel(sock), ty, alone: None });
         }
         let sh = mux.shared().clone();
         let mut core = sh.lock();
@@ -89,7 +91,7 @@ impl KcmSocket {
         // A new socket can always start a message until it fills its buffer.
         rt.tx.set();
         core.socks.insert(id, rt.clone());
-        Ok(KcmSocket { mux: mux.clone(), imp: SockImp::User(rt), ty })
+        Ok(KcmSocket { mux: mux.clone(), imp: SockImp::User(rt), ty, alone: None })
     }
 
     /// SIOCKCMCLONE: another socket on the same mux, same type, default options.
@@ -97,7 +99,12 @@ impl KcmSocket {
         let rt = match &self.imp {
             SockImp::User(rt) => rt,
             SockImp::Kernel(k) => {
-                return Ok(KcmSocket { mux: self.mux.clone(), imp: SockImp::Kernel(k.try_clone()?), ty: self.ty })
+                return Ok(KcmSocket {
+                    mux: self.mux.clone(),
+                    imp: SockImp::Kernel(k.try_clone()?),
+                    ty: self.ty,
+                    alone: None,
+                })
             }
         };
         let sh = self.mux.shared().clone();
@@ -126,9 +133,47 @@ impl KcmSocket {
         &self.mux
     }
 
-    /// Attach a connection to this socket's mux (see [`Mux::attach`]).
+    /// Attach a connection to this socket's mux (see [`Mux::attach`]); to
+    /// a stand-alone socket ([`KcmSocket::stand_alone`]), read by this
+    /// socket's own thread in its `recv`.
     pub fn attach(&self, conn: &impl std::os::fd::AsFd, parser: Box<dyn Parser>) -> io::Result<PsockId> {
-        self.mux.attach(conn, parser)
+        match &self.alone {
+            Some(a) => self.mux.attach_inner(conn, parser, a.index(), None),
+            None => self.mux.attach(conn, parser),
+        }
+    }
+
+    /// A clone of this socket (as [`KcmSocket::try_clone`]) that stands
+    /// alone: the connections attached through it ([`KcmSocket::attach`])
+    /// are read by the thread that receives on it, in its `recv` calls,
+    /// while nothing is queued for it — no worker thread, no wake-up
+    /// between a connection and that thread. Messages of the mux's other
+    /// connections still reach it as they reach any clone, and its
+    /// connections' messages may go to other sockets as steering decides.
+    ///
+    /// Its connections are read only while a thread is in its `recv` (or
+    /// `recv_msg`, `recv_batch`...): a socket nobody receives on holds
+    /// them unread, as AF_KCM holds the messages of a socket nobody reads.
+    /// Closing it unattaches them. Takes one of the mux's
+    /// `Config::stand_alone` slots (`OutOfMemory` when all are taken;
+    /// `Unsupported` on the kernel backend).
+    pub fn stand_alone(&self) -> io::Result<KcmSocket> {
+        if let SockImp::Kernel(_) = &self.imp {
+            return Err(kernel::unsupported(
+                "KcmSocket::stand_alone",
+                "the kernel's AF_KCM reads its connections itself",
+            ));
+        }
+        let mut s = self.try_clone()?;
+        let SockImp::User(rt) = &s.imp else { unreachable!("a userspace socket's clone") };
+        let alone = crate::alone::AloneSock::take(&self.mux, rt)?;
+        // Its connections' messages are steered to it (until uneven), as a
+        // worker's are to the socket it serves: the slot's index is their
+        // affinity tag.
+        let tag = alone.index() as u32;
+        s.alone = Some(Box::new(alone));
+        s.set_affinity(Some(tag))?;
+        Ok(s)
     }
     /// Attach a connection with a BPF parser (see [`Mux::attach_bpf`]).
     pub fn attach_bpf(&self, conn: &impl std::os::fd::AsFd, program: &crate::BpfProgram) -> io::Result<PsockId> {
@@ -305,6 +350,8 @@ impl KcmSocket {
         let sh = self.mux.shared();
         let mut deadline = None;
         let mut events = Vec::new();
+        // A non-blocking stand-alone socket's one pass of its slot is made.
+        let mut passed = false;
         loop {
             let r = {
                 let mut core = sh.lock();
@@ -328,6 +375,13 @@ impl KcmSocket {
             match r {
                 Err(MuxError::WouldBlock) => {
                     sh.uncork(rt);
+                    if let Some(a) = &self.alone {
+                        // Its own connections are read here, in this
+                        // thread, while nothing is queued for it.
+                        if a.wait(sh, rt, &mut deadline, &mut passed)? {
+                            continue;
+                        }
+                    }
                     // Spin only while messages come one at a time (the
                     // latency of each is what a wake-up would add to); past
                     // a backlog, sleep, and the next wake finds a batch.
@@ -713,6 +767,9 @@ impl Drop for KcmSocket {
         let SockImp::User(rt) = &self.imp else { return };
         let sh = self.mux.shared().clone();
         sh.uncork(rt);
+        if let Some(a) = self.alone.take() {
+            a.close(&self.mux, rt);
+        }
         let mut events = Vec::new();
         {
             let mut core = sh.lock();

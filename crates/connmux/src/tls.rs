@@ -76,7 +76,7 @@ impl Mux {
         let state = PsockTls::new(tls.into());
         let client = state.speaks_first();
         // The mux keeps its own descriptor; dropping `conn` leaves it the only one.
-        let id = self.attach_inner(&conn, parser, worker, Some(state))?;
+        let id = self.attach_inner(&conn, parser, worker % self.shared().workers.len(), Some(state))?;
         drop(conn);
         self.shared().tls.attached.fetch_add(1, Ordering::Relaxed);
         if client {

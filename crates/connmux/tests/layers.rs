@@ -20,6 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["serve"],
     &["driver"],
     &["mux"],
+    &["alone"],
     &["socket"],
     &["async_socket"],
     &["tls"],

@@ -29,17 +29,80 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
     }
     let WorkerIo::Epoll(epoll) = &sh.workers[index].io else { unreachable!("epoll worker on a non-epoll WorkerRef") };
-    let buf = vec![0u8; sh.read_chunk];
-    let mut io = EpollIo { epoll, evs: Events::with_capacity(256), buf, serve_unwatched: false };
+    let (mut evs, mut buf) = (Events::with_capacity(256), vec![0u8; sh.read_chunk]);
+    let mut io = EpollIo { epoll, evs: &mut evs, buf: &mut buf, serve_unwatched: false };
     worker::run(&sh, index, &mut io);
+}
+
+/// A stand-alone socket's slot (`Config::stand_alone`,
+/// `KcmSocket::stand_alone`): a worker with no thread of its own, whose
+/// pass the socket's `recv` runs while nothing is queued for it. Its state
+/// lives here between the socket's calls; the slot's epoll watches its
+/// psocks, its waker and the socket's receive readiness (a message another
+/// worker queued for the socket ends the pass's wait).
+pub(crate) struct Alone {
+    /// The slot's worker index (`Shared::worker`).
+    index: usize,
+    bufs: crate::serve::ServeBufs,
+    events: Vec<Event>,
+    dirty: Vec<Arc<PsockRt>>,
+    passes: worker::Passes,
+    evs: Events,
+    buf: Vec<u8>,
+}
+
+impl Alone {
+    /// The state of slot `index` for socket `sock`, whose readiness the
+    /// slot's epoll now watches.
+    pub(crate) fn new(sh: &Shared, index: usize, sock: &SockRt) -> std::io::Result<Alone> {
+        let WorkerIo::Epoll(epoll) = &sh.worker(index).io else { unreachable!("a stand-alone slot is an epoll") };
+        epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
+        let mut w = Worker::new(sh);
+        w.bufs.own.looks = Some(sock.id);
+        Ok(Alone {
+            index,
+            bufs: w.bufs,
+            events: Vec::new(),
+            dirty: Vec::new(),
+            passes: worker::Passes::new(sh),
+            evs: Events::with_capacity(256),
+            buf: vec![0u8; sh.read_chunk],
+        })
+    }
+
+    /// One pass of the slot, its wait at most `cap` (and no longer than
+    /// its psocks' earliest deadline).
+    pub(crate) fn pass(&mut self, sh: &Shared, cap: Option<Duration>) {
+        let me = sh.worker(self.index);
+        let WorkerIo::Epoll(epoll) = &me.io else { return };
+        let mut w = Worker {
+            sh,
+            serving: None,
+            bufs: std::mem::take(&mut self.bufs),
+            events: std::mem::take(&mut self.events),
+            dirty: std::mem::take(&mut self.dirty),
+        };
+        let timeout = match (self.passes.timeout(&w, false), cap) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut io = EpollIo { epoll, evs: &mut self.evs, buf: &mut self.buf, serve_unwatched: false };
+        worker::pass(me, &mut io, &mut w, &mut self.passes, timeout);
+        (self.bufs, self.events, self.dirty) = (w.bufs, w.events, w.dirty);
+    }
+
+    /// The socket is closing: the writes made whole reach the core.
+    pub(crate) fn end(&mut self, sh: &Shared) {
+        self.bufs.hold(&mut sh.lock());
+    }
 }
 
 /// A worker's epoll: readiness, then a read into the worker's one buffer
 /// (whose messages for its own socket are served before the next read).
 struct EpollIo<'a> {
     epoll: &'a Epoll,
-    evs: Events,
-    buf: Vec<u8>,
+    evs: &'a mut Events,
+    buf: &'a mut Vec<u8>,
     /// The serving socket's readiness could not be added to the epoll: its
     /// messages are looked for every pass, and no sleep is long.
     serve_unwatched: bool,
@@ -57,7 +120,7 @@ impl Io for EpollIo<'_> {
             false => timeout,
             true => crate::driver::unwatched_wait(timeout),
         };
-        let n = self.epoll.wait(&mut self.evs, timeout).unwrap_or(0);
+        let n = self.epoll.wait(self.evs, timeout).unwrap_or(0);
         if n == 0 {
             return woke;
         }
@@ -83,7 +146,7 @@ impl Io for EpollIo<'_> {
                         }
                     }
                     if readable {
-                        read_psock(w, &rt, rx, &mut self.buf);
+                        read_psock(w, &rt, rx, self.buf);
                     }
                 }
             }
@@ -103,7 +166,7 @@ impl Io for EpollIo<'_> {
         match c {
             Command::Resume(p) => {
                 if let Some(rt) = w.sh.psock_rt(p) {
-                    read_psock(w, &rt, None, &mut self.buf);
+                    read_psock(w, &rt, None, self.buf);
                 }
             }
             // An application thread's corked sends (`Ctx::Cork`).

@@ -22,7 +22,7 @@ use std::time::Duration;
 use connmux_core::mux::Event;
 
 use crate::serve::{ServeBufs, Serving};
-use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt};
+use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt, WorkerRef};
 
 /// Rounds of dispatch, serve and flush a worker runs per pass before it
 /// goes back to its epoll or ring: what one round's work makes ready
@@ -83,77 +83,121 @@ pub(crate) trait Io {
     fn end_pass(&mut self, _w: &mut Worker<'_>) {}
 }
 
+/// What a worker keeps from one pass to the next besides its [`Worker`].
+pub(crate) struct Passes {
+    /// The earliest assembly deadline as of the end of the last pass.
+    /// Deadlines start only when this worker feeds its own psocks (in the
+    /// pass), so the value read at the end of a pass is still right when
+    /// the next one waits.
+    next_deadline: Option<connmux_core::Timestamp>,
+    slice: LaneSlice,
+}
+
+impl Passes {
+    pub(crate) fn new(sh: &Shared) -> Passes {
+        Passes { next_deadline: sh.lock().mux.poll_timeout(), slice: LaneSlice::default() }
+    }
+
+    /// How long the next pass's wait may sleep ([`wait_timeout`]).
+    pub(crate) fn timeout(&self, w: &Worker<'_>, keeper: bool) -> Option<Duration> {
+        wait_timeout(w.sh, w, self.next_deadline, keeper)
+    }
+}
+
+impl<'a> Worker<'a> {
+    /// A worker of `sh` with empty buffers, serving nothing yet.
+    pub(crate) fn new(sh: &'a Shared) -> Worker<'a> {
+        Worker { sh, serving: None, bufs: ServeBufs::new(&sh.tuning), events: Vec::new(), dirty: Vec::new() }
+    }
+
+    /// Before the worker goes away: the writes it made whole since its last
+    /// hold reach the core.
+    pub(crate) fn end(&mut self) {
+        self.bufs.hold(&mut self.sh.lock());
+    }
+}
+
 /// Run worker `index` until the mux stops.
 pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let me = &sh.workers[index];
-    let mut w = Worker { sh, serving: None, bufs: ServeBufs::new(&sh.tuning), events: Vec::new(), dirty: Vec::new() };
-
-    // The earliest assembly deadline as of the end of the last pass. Deadlines
-    // start only when this worker feeds its own psocks (in the pass), so the
-    // value read at the end of a pass is still right when the next one waits.
-    let mut next_deadline = sh.lock().mux.poll_timeout();
+    let mut w = Worker::new(sh);
+    let mut passes = Passes::new(sh);
     // Worker 0 keeps the mux's time: it never sleeps longer than a second
     // (`wait_timeout`).
     let keeper = index == 0;
-    let mut slice = LaneSlice::default();
     while !sh.stop.load(Ordering::Acquire) {
-        let timeout = wait_timeout(sh, &w, next_deadline, keeper);
-        let woke = wait(io, &mut w, timeout);
-        io.serve_framed(&mut w);
-        let mut serve_ready = woke.serve_ready;
-        if woke.commands {
-            // Drain the eventfd before taking the commands, so a command
-            // posted in between leaves it readable for the next wait rather
-            // than being slept through.
-            let _ = me.waker.drain();
-            // (Lowered after the drain: a wake between the two leaves the
-            // eventfd readable, which costs a pass; lowered before, a wake
-            // in between would leave the flag up with nothing behind it.
-            // The commands are taken after both.)
-            me.woken.store(false, Ordering::SeqCst);
-            let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
-            for c in cmds {
-                match c {
-                    Command::Serve { sock, handler, stats, lanes, index } => {
-                        io.watch_serve(&sock);
-                        w.bufs.own.serve = Some((sock.id, crate::serve::SERVE_BATCH));
-                        w.serving = Some(Serving { sock, handler, stats, lanes, index });
-                        serve_ready = true;
-                        me.serving.store(true, Ordering::Release);
-                    }
-                    c => io.command(&mut w, c),
-                }
-            }
-            io.serve_framed(&mut w);
-        }
-        // The worker's own state (writes made whole), then the deadlines
-        // (assembly timeouts): one hold.
-        hold(sh, &mut w, &mut next_deadline);
-        // Dispatch, serve in place, write: until nothing is left to do here
-        // (bounded; what remains is picked up by the next pass).
-        for round in 0..RING_ROUNDS {
-            if !w.events.is_empty() {
-                sh.dispatch(&mut w.events, &mut Ctx::Worker(&mut w.dirty, &mut w.bufs.own));
-            }
-            if let (0, Some(sv)) = (round, &w.serving) {
-                // (A command may have read messages for our socket in a
-                // pass with no read: `Own::has_direct`.)
-                crate::serve::pass(sh, sv, &mut w.bufs, &mut w.events, &mut w.dirty, serve_ready);
-            }
-            // (Looked at first: an empty flush still costs a few dozen
-            // instructions, every pass.)
-            if w.dirty.is_empty() && w.events.is_empty() {
-                break;
-            }
-            io.flush(&mut w);
-        }
-        crate::serve::end_pass(w.serving.as_ref(), &mut w.bufs);
-        io.end_pass(&mut w);
-        slice.follow(sh.lane_worker_slice, w.bufs.lane_offers());
+        let timeout = passes.timeout(&w, keeper);
+        pass(me, io, &mut w, &mut passes, timeout);
     }
-    // The writes made whole since the last hold reach the core before the
-    // worker ends.
-    w.bufs.hold(&mut sh.lock());
+    w.end();
+}
+
+/// One pass of worker `me` (its handles), its wait at most `timeout`: the
+/// wait and the reads it brought, the commands, the hold, then rounds of
+/// dispatch, serving and writing. A worker thread runs passes until the
+/// mux stops; a stand-alone socket's `recv` runs its slot's while nothing
+/// is queued for it.
+#[inline(always)]
+pub(crate) fn pass(
+    me: &WorkerRef,
+    io: &mut impl Io,
+    w: &mut Worker<'_>,
+    passes: &mut Passes,
+    timeout: Option<Duration>,
+) {
+    let sh = w.sh;
+    let woke = wait(io, w, timeout);
+    io.serve_framed(w);
+    let mut serve_ready = woke.serve_ready;
+    if woke.commands {
+        // Drain the eventfd before taking the commands, so a command
+        // posted in between leaves it readable for the next wait rather
+        // than being slept through.
+        let _ = me.waker.drain();
+        // (Lowered after the drain: a wake between the two leaves the
+        // eventfd readable, which costs a pass; lowered before, a wake
+        // in between would leave the flag up with nothing behind it.
+        // The commands are taken after both.)
+        me.woken.store(false, Ordering::SeqCst);
+        let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
+        for c in cmds {
+            match c {
+                Command::Serve { sock, handler, stats, lanes, index } => {
+                    io.watch_serve(&sock);
+                    w.bufs.own.serve = Some((sock.id, crate::serve::SERVE_BATCH));
+                    w.serving = Some(Serving { sock, handler, stats, lanes, index });
+                    serve_ready = true;
+                    me.serving.store(true, Ordering::Release);
+                }
+                c => io.command(w, c),
+            }
+        }
+        io.serve_framed(w);
+    }
+    // The worker's own state (writes made whole), then the deadlines
+    // (assembly timeouts): one hold.
+    hold(sh, w, &mut passes.next_deadline);
+    // Dispatch, serve in place, write: until nothing is left to do here
+    // (bounded; what remains is picked up by the next pass).
+    for round in 0..RING_ROUNDS {
+        if !w.events.is_empty() {
+            sh.dispatch(&mut w.events, &mut Ctx::Worker(&mut w.dirty, &mut w.bufs.own));
+        }
+        if let (0, Some(sv)) = (round, &w.serving) {
+            // (A command may have read messages for our socket in a
+            // pass with no read: `Own::has_direct`.)
+            crate::serve::pass(sh, sv, &mut w.bufs, &mut w.events, &mut w.dirty, serve_ready);
+        }
+        // (Looked at first: an empty flush still costs a few dozen
+        // instructions, every pass.)
+        if w.dirty.is_empty() && w.events.is_empty() {
+            break;
+        }
+        io.flush(w);
+    }
+    crate::serve::end_pass(w.serving.as_ref(), &mut w.bufs);
+    io.end_pass(w);
+    passes.slice.follow(sh.lane_worker_slice, w.bufs.lane_offers());
 }
 
 /// Passes of a worker in `Config::lane_worker_slice` slices with nothing

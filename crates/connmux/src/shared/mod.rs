@@ -223,7 +223,12 @@ impl WorkerRef {
 
 pub(crate) struct Shared {
     pub core: Mutex<Core>,
+    /// The worker threads' handles, by index.
     pub workers: Vec<WorkerRef>,
+    /// The stand-alone sockets' slots (`Config::stand_alone`): a worker with
+    /// no thread of its own, whose pass a stand-alone socket's `recv` runs.
+    /// Slot `i` is worker index `workers.len() + i`.
+    pub alone: Vec<WorkerRef>,
     pub stop: AtomicBool,
     pub read_chunk: usize,
     /// `Config::recv_spin`.
@@ -417,6 +422,16 @@ pub(crate) enum Ctx<'a> {
 }
 
 impl Shared {
+    /// Worker `i`'s handles: a worker thread's, or past them a stand-alone
+    /// socket's slot's.
+    #[inline]
+    pub fn worker(&self, i: usize) -> &WorkerRef {
+        match self.workers.get(i) {
+            Some(w) => w,
+            None => &self.alone[i - self.workers.len()],
+        }
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, Core> {
         // A panic while holding the lock leaves the core in an unknown state;
         // continuing would break KCM's guarantees, so propagate it.
@@ -461,6 +476,12 @@ impl Shared {
                             own.pending = true;
                             continue;
                         }
+                        // (A second thread waiting on that socket is woken
+                        // by the first's receive, which raises the readiness
+                        // while messages are left.)
+                        if own.looks == Some(s) {
+                            continue;
+                        }
                     }
                     if let Some(rt) = self.sock_rt(s) {
                         rt.rx.set();
@@ -496,13 +517,13 @@ impl Shared {
                 }
                 Event::PsockRxResume(p) => {
                     if let Some(rt) = self.psock_rt(p) {
-                        match self.workers[rt.worker()].io {
+                        match self.worker(rt.worker()).io {
                             WorkerIo::Epoll(_) => self.set_interest(&rt, |i| i.read = true),
-                            WorkerIo::Uring => self.workers[rt.worker()].command(Command::Resume(p)),
+                            WorkerIo::Uring => self.worker(rt.worker()).command(Command::Resume(p)),
                         }
-                        if rt.tls.is_some() && matches!(self.workers[rt.worker()].io, WorkerIo::Epoll(_)) {
+                        if rt.tls.is_some() && matches!(self.worker(rt.worker()).io, WorkerIo::Epoll(_)) {
                             // Decrypted bytes held back announce no readiness.
-                            self.workers[rt.worker()].command(Command::Resume(p));
+                            self.worker(rt.worker()).command(Command::Resume(p));
                         }
                     }
                 }
@@ -511,16 +532,16 @@ impl Shared {
                     // passes (a receive armed into it); epoll's come back
                     // with the read.
                     if let Some(rt) = self.psock_rt(p) {
-                        if let WorkerIo::Uring = self.workers[rt.worker()].io {
-                            self.workers[rt.worker()].command(Command::Recall(p));
+                        if let WorkerIo::Uring = self.worker(rt.worker()).io {
+                            self.worker(rt.worker()).command(Command::Recall(p));
                         }
                     }
                 }
                 Event::PsockFailed(p, err) => {
                     if let Some(rt) = self.psock_rt(p) {
-                        match self.workers[rt.worker()].io {
+                        match self.worker(rt.worker()).io {
                             WorkerIo::Epoll(_) => self.set_interest(&rt, |i| i.read = false),
-                            WorkerIo::Uring => self.workers[rt.worker()].command(Command::StopRx(p)),
+                            WorkerIo::Uring => self.worker(rt.worker()).command(Command::StopRx(p)),
                         }
                         let mut slot = rt.error.lock().unwrap();
                         if slot.is_none() {
@@ -548,16 +569,16 @@ impl Shared {
                     if let Some(rt) = rt {
                         ATTACHED.lock().unwrap().remove(&rt.ino);
                         let mut int = rt.interest.lock().unwrap();
-                        self.workers[rt.worker()].psocks.fetch_sub(1, Ordering::AcqRel);
+                        self.worker(rt.worker()).psocks.fetch_sub(1, Ordering::AcqRel);
                         if int.registered {
                             int.registered = false;
-                            match &self.workers[rt.worker()].io {
+                            match &self.worker(rt.worker()).io {
                                 WorkerIo::Epoll(ep) => {
                                     let _ = ep.delete(rt.fd());
                                 }
                                 // The worker cancels the connection's operations
                                 // and drops its handle once they have ended.
-                                WorkerIo::Uring => self.workers[rt.worker()].command(Command::Release(rt.clone())),
+                                WorkerIo::Uring => self.worker(rt.worker()).command(Command::Release(rt.clone())),
                             }
                         }
                         // The connection closes when the last Arc drops.
@@ -585,7 +606,7 @@ impl Shared {
     fn cork(&self, sock: &SockRt, p: PsockId, events: &mut Vec<Event>) {
         let ask = |rt: &PsockRt| {
             if !rt.flush_asked.swap(true, Ordering::AcqRel) {
-                self.workers[rt.worker()].command(Command::Flush(p));
+                self.worker(rt.worker()).command(Command::Flush(p));
             }
         };
         if let Some(rt) = sock.corked.lock().unwrap().iter().find(|c| c.id == p) {
@@ -621,7 +642,7 @@ impl Shared {
     /// Nothing for an io_uring worker (see [`Shared::want_write`] and the commands).
     pub fn set_interest(&self, rt: &PsockRt, f: impl FnOnce(&mut PsockInterest)) {
         let mut int = rt.interest.lock().unwrap();
-        let WorkerIo::Epoll(epoll) = &self.workers[rt.worker()].io else { return };
+        let WorkerIo::Epoll(epoll) = &self.worker(rt.worker()).io else { return };
         let before = *int;
         f(&mut int);
         if !int.registered || (before.read == int.read && before.write == int.write) {
@@ -635,9 +656,9 @@ impl Shared {
     /// its worker (epoll: wait for writability; io_uring: a `sendmsg` that the
     /// kernel completes when there is room).
     pub fn want_write(&self, rt: &PsockRt) {
-        match self.workers[rt.worker()].io {
+        match self.worker(rt.worker()).io {
             WorkerIo::Epoll(_) => self.set_interest(rt, |i| i.write = true),
-            WorkerIo::Uring => self.workers[rt.worker()].command(Command::Flush(rt.id)),
+            WorkerIo::Uring => self.worker(rt.worker()).command(Command::Flush(rt.id)),
         }
     }
 

@@ -22,6 +22,10 @@ pub(crate) struct Own {
     /// looked since (the worker serves, or raises the eventfd at the end of
     /// its pass).
     pub pending: bool,
+    /// The socket whose receiving thread runs this worker's passes (a
+    /// stand-alone socket's slot, `crate::alone`): it looks at its queue
+    /// after each pass, so a message queued for it raises no readiness.
+    pub looks: Option<SockId>,
     /// Messages reads handed straight to that socket (see [`feed_read`]),
     /// not yet served.
     pub direct: Vec<(Bytes, PsockId)>,

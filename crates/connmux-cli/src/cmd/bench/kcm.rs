@@ -14,6 +14,9 @@
 //!   doing `recv_msg` then `send_to` the message's connection;
 //! - `kcm-batch-N`: the same with `recv_batch` (up to 64 messages) and one
 //!   `send_batch_to` of their echoes;
+//! - `alone-N`: N application threads each on a stand-alone clone
+//!   (`KcmSocket::stand_alone`), the connections attached to the clones in
+//!   turn and read by their threads in `recv_msg`, no worker between;
 //! - `core-N`: N threads each owning the connections it accepted and a
 //!   core `Mux` of its own, reading, framing, receiving and echoing with
 //!   no worker, lock or wake-up between (`kcm_core.rs`): the floor of an
@@ -109,6 +112,11 @@ pub struct ServerArgs {
     /// kcm: `recv_batch` + `send_batch_to` instead of `recv_msg` + `send_to`.
     #[arg(long)]
     pub batch: bool,
+    /// kcm: each application thread on a stand-alone clone
+    /// (`KcmSocket::stand_alone`), the connections attached to the clones
+    /// in turn and read by their threads.
+    #[arg(long)]
+    pub alone: bool,
     /// kcm: the workers' CPUs (one worker each, unless `--workers`).
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub cpus: Vec<usize>,
@@ -225,12 +233,19 @@ fn serve_kcm(l: TcpListener, a: &ServerArgs) -> anyhow::Result<()> {
     c.workers = a.workers.unwrap_or(a.cpus.len()).max(1);
     c.placement = connmux::Placement::Cpus(a.cpus.clone());
     c.driver = crate::cmd::server::parse_driver(&a.driver)?;
+    if a.alone {
+        c.stand_alone = a.threads;
+        // (One worker thread: it reads nothing, the clones read theirs.)
+        c.workers = 1;
+    }
     let mux = connmux::Mux::new(c)?;
     let sock = mux.socket(connmux::SockType::Dgram)?;
     // KCM_RECV_DISABLE: this one only makes the clones; nothing reads it.
     sock.set_recv_disable(true)?;
+    let mut clones = Vec::with_capacity(a.threads);
     for i in 0..a.threads {
-        let s = sock.try_clone()?;
+        let s = std::sync::Arc::new(if a.alone { sock.stand_alone()? } else { sock.try_clone()? });
+        clones.push(s.clone());
         let batch = a.batch;
         std::thread::Builder::new().name(format!("app-{i}")).spawn(move || {
             let r = if batch { echo_batches(&s) } else { echo_each(&s) };
@@ -240,19 +255,25 @@ fn serve_kcm(l: TcpListener, a: &ServerArgs) -> anyhow::Result<()> {
         })?;
     }
     println!(
-        "kcm-server ({} application thread(s), {}, driver {:?}) listening on {}",
+        "kcm-server ({} application thread(s){}, {}, driver {:?}) listening on {}",
         a.threads,
+        if a.alone { " on stand-alone clones" } else { "" },
         if a.batch { "recv_batch + send_batch_to" } else { "recv_msg + send_to" },
         mux.driver(),
         l.local_addr()?
     );
-    let m = mux.clone();
+    let (m, alone) = (mux.clone(), a.alone);
     std::thread::spawn(move || {
-        for c in l.incoming().flatten() {
+        for (i, c) in l.incoming().flatten().enumerate() {
             let _ = c.set_nodelay(true);
             let parser = connmux::parsers::from_spec("l4").expect("built-in");
-            // The mux keeps its own descriptor: ours may go.
-            if let Err(e) = m.attach(&c, parser) {
+            // The mux keeps its own descriptor: ours may go. Stand-alone
+            // clones take the connections in turn.
+            let r = match alone {
+                true => clones[i % clones.len()].attach(&c, parser),
+                false => m.attach(&c, parser),
+            };
+            if let Err(e) = r {
                 eprintln!("kcm-server: attach: {e}");
             }
         }
@@ -369,6 +390,8 @@ enum Engine {
     Thread,
     /// Application threads on clones, and whether they batch.
     Kcm(usize, bool),
+    /// Application threads on stand-alone clones.
+    Alone(usize),
     /// Threads each with a core of their own.
     Core(usize),
 }
@@ -423,6 +446,9 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             variants.push(Variant { name, engine: Engine::Kcm(n, batch) });
         }
     }
+    for &n in &a.threads {
+        variants.push(Variant { name: format!("alone-{n}"), engine: Engine::Alone(n) });
+    }
     if !a.no_core {
         for &n in &a.threads {
             variants.push(Variant { name: format!("core-{n}"), engine: Engine::Core(n) });
@@ -437,6 +463,9 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         match v.engine {
             Engine::Thread => cmd.args(["--engine", "thread"]),
             Engine::Core(n) => cmd.args(["--engine", "core", "--threads", &n.to_string()]),
+            Engine::Alone(n) => {
+                cmd.args(["--engine", "kcm", "--alone", "--threads", &n.to_string(), "--driver", &a.driver])
+            }
             Engine::Kcm(n, batch) => {
                 cmd.args(["--engine", "kcm", "--threads", &n.to_string(), "--cpus", &cpu_list(&a.cpus)]).args([
                     "--workers",
@@ -459,14 +488,15 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     };
     println!(
         "connmux bench kcm: {}-byte l4 messages echoed; thread per connection vs a mux ({workers} worker(s), driver \
-         {driver}) with N application threads on cloned KcmSockets (recv_msg + send_to{}){}; servers and client on \
+         {driver}) with N application threads on cloned KcmSockets (recv_msg + send_to{}); alone-N: the same threads \
+         on stand-alone clones, each reading its own connections{}; servers and client on \
          CPUs {:?}; {} round(s) of {} s, interleaved; medians; load avg {}",
         a.size,
         if a.no_batch { "" } else { ", and recv_batch + send_batch_to" },
         if a.no_core {
             ""
         } else {
-            ", and core-N: N threads each driving a core Mux of its own over the connections it accepted (no worker, no lock)"
+            "; core-N: N threads each driving a core Mux of its own over the connections it accepted (no worker, no lock)"
         },
         a.cpus,
         a.rounds,
@@ -496,6 +526,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             let one = match v.engine {
                 Engine::Kcm(n, batch) if n > 1 => Some(Engine::Kcm(1, batch)),
                 Engine::Core(n) if n > 1 => Some(Engine::Core(1)),
+                Engine::Alone(n) if n > 1 => Some(Engine::Alone(1)),
                 _ => None,
             };
             let one = one.and_then(|e| variants.iter().position(|w| w.engine == e)).map(|wi| ratio(med[vi], med[wi]));

@@ -1,0 +1,122 @@
+//! Stand-alone sockets ([`crate::KcmSocket::stand_alone`]): a KCM socket
+//! whose own application thread reads the connections attached to it, in
+//! its `recv`, with no worker thread between a connection and the thread
+//! that receives its messages.
+//!
+//! ```text
+//!   recv ─► queue empty ─► the slot's pass (epoll wait: its psocks, its
+//!     ▲                    waker, the socket's readiness; reads fed to the
+//!     │                    core, commands, deadlines, writes)
+//!     └────────────────────────────┘ until a message is queued for it
+//! ```
+//!
+//! Why: a message read by a worker thread for an application thread costs
+//! a wake-up of that thread (the worker's eventfd write, a context switch);
+//! a thread that reads its own connections does not pay it (`bench kcm`,
+//! `alone-N` beside `kcm-N` and `core-N`).
+//!
+//! Owns [`AloneSock`]: the slot a socket holds (`Config::stand_alone`
+//! slots, made at start: `Shared::alone`) and the worker state kept there
+//! between the socket's calls (`driver::epoll::Alone`). Must not name
+//! `KcmSocket`, `tls` or `service`: the socket stands on this.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use connmux_core::mux::PsockId;
+
+use crate::driver::epoll::Alone;
+use crate::mux::Mux;
+use crate::shared::{Shared, SockRt, WorkerIo};
+
+/// A stand-alone socket's slot and its worker state.
+pub(crate) struct AloneSock {
+    index: usize,
+    /// Taken by the thread in the socket's `recv` for one pass at a time.
+    state: Mutex<Alone>,
+}
+
+impl AloneSock {
+    /// A free slot for socket `rt` of `mux` (`Config::stand_alone`).
+    pub(crate) fn take(mux: &Mux, rt: &SockRt) -> io::Result<AloneSock> {
+        let u = mux
+            .user()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "stand-alone sockets are userspace only"))?;
+        let index = u.alone_free.lock().unwrap().pop().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::OutOfMemory, "every stand-alone slot is taken (Config::stand_alone)")
+        })?;
+        match Alone::new(&u.shared, index, rt) {
+            Ok(a) => Ok(AloneSock { index, state: Mutex::new(a) }),
+            Err(e) => {
+                u.alone_free.lock().unwrap().push(index);
+                Err(e)
+            }
+        }
+    }
+
+    /// The slot's worker index (what `Mux::attach_inner` takes).
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Nothing is queued for socket `rt`: run the slot's pass, its wait
+    /// bounded by the socket's receive timeout (`deadline`, set by the
+    /// call's first wait). `Ok(true)`: look at the queue again.
+    /// `Ok(false)`: another thread of this socket runs the pass; wait as any
+    /// socket does (its readiness). A non-blocking socket makes one pass
+    /// that does not wait (`passed`), then `WouldBlock`.
+    pub(crate) fn wait(
+        &self,
+        sh: &Shared,
+        rt: &SockRt,
+        deadline: &mut Option<Option<Instant>>,
+        passed: &mut bool,
+    ) -> io::Result<bool> {
+        let Ok(mut st) = self.state.try_lock() else { return Ok(false) };
+        if rt.nonblocking.load(Ordering::Relaxed) {
+            if std::mem::replace(passed, true) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            st.pass(sh, Some(Duration::ZERO));
+            return Ok(true);
+        }
+        let deadline = *deadline.get_or_insert_with(|| rt.rcvtimeo.lock().unwrap().map(|d| Instant::now() + d));
+        let cap = match deadline {
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Some(d - now)
+            }
+            None => None,
+        };
+        st.pass(sh, cap);
+        Ok(true)
+    }
+
+    /// The socket `rt` closes: its writes made whole are told, and the
+    /// connections attached to it are unattached (nobody would read them),
+    /// then the slot is free again.
+    pub(crate) fn close(self: Box<Self>, mux: &Mux, rt: &SockRt) {
+        let Some(u) = mux.user() else { return };
+        let sh = &u.shared;
+        let mut st = self.state.into_inner().unwrap_or_else(|p| p.into_inner());
+        st.end(sh);
+        let mine: Vec<PsockId> = sh.lock().psocks.values().filter(|p| p.worker() == self.index).map(|p| p.id).collect();
+        for p in mine {
+            let _ = mux.unattach_id(p);
+        }
+        let slot = sh.worker(self.index);
+        if let WorkerIo::Epoll(epoll) = &slot.io {
+            let _ = epoll.delete(std::os::fd::AsRawFd::as_raw_fd(&rt.rx.fd));
+        }
+        // What was asked of the slot is for psocks gone with it.
+        slot.commands.lock().unwrap().clear();
+        let _ = slot.waker.drain();
+        slot.woken.store(false, Ordering::SeqCst);
+        u.alone_free.lock().unwrap().push(self.index);
+    }
+}

@@ -1,0 +1,161 @@
+//! Stand-alone sockets (`KcmSocket::stand_alone`) over loopback: a clone
+//! whose own thread reads the connections attached to it, in its `recv`.
+//! Each test runs with the mux's worker threads on either driver (a slot
+//! is always an epoll of its own).
+
+#[macro_use]
+mod common;
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use connmux::{KcmSocket, SockType};
+
+/// Echo every message received on `sock` back to its connection, `n` in all.
+fn echo(sock: Arc<KcmSocket>, n: usize) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for i in 0..n {
+            let m = sock.recv_msg().unwrap_or_else(|e| panic!("message {i} of {n}: {e}"));
+            sock.send_to(&m.data, m.psock).unwrap();
+        }
+    })
+}
+
+/// A client on `peer` sends `n` framed messages (pipelined) and reads
+/// every echo: in order when one thread answers (`ordered`); else each
+/// once, in any order (two threads may answer one connection's messages,
+/// as on AF_KCM).
+fn client(mut peer: std::net::TcpStream, tag: u32, n: u32, ordered: bool) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        peer.set_read_timeout(Some(WAIT)).unwrap();
+        let msg = |i: u32| [tag.to_be_bytes(), i.to_be_bytes()].concat();
+        let all: Vec<u8> = (0..n).flat_map(|i| framed(&msg(i))).collect();
+        peer.write_all(&all).unwrap();
+        let mut got: Vec<Vec<u8>> = (0..n).map(|_| read_framed(&mut peer)).collect();
+        if !ordered {
+            got.sort();
+        }
+        for (i, g) in (0..n).zip(got) {
+            assert_eq!(g, msg(i), "echo {i} of {tag}");
+        }
+    })
+}
+
+/// One stand-alone socket, its own two connections: every message is
+/// received by its thread and echoed, and the connections sit on its slot
+/// (past the worker threads), not on a worker.
+fn a_stand_alone_socket_reads_its_own_connections() {
+    let mux = mux_with(|c| c.stand_alone = 1);
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    // (As on AF_KCM, a socket nobody reads would keep what steering gives it.)
+    sock.set_recv_disable(true).unwrap();
+    let alone = Arc::new(sock.stand_alone().unwrap());
+    let mut clients = Vec::new();
+    for tag in 0..2u32 {
+        let (ours, peer) = pair();
+        let p = alone.attach(&ours, l4()).unwrap();
+        assert_eq!(mux.psock_worker(p), Some(mux.workers()), "on the stand-alone slot, on {:?}", driver());
+        clients.push(client(peer, tag, 2000, true));
+    }
+    let server = echo(alone.clone(), 4000);
+    for c in clients {
+        c.join().unwrap();
+    }
+    server.join().unwrap();
+    let st = mux.stats();
+    assert_eq!((st.rx_msgs, st.tx_msgs), (4000, 4000), "on {:?}", driver());
+}
+
+/// Two stand-alone clones, each with its thread and two connections, and
+/// one connection on a worker thread: every message is answered. (The
+/// worker's messages reach whichever clone steering picks, which wakes
+/// from its pass's wait on its readiness.)
+fn stand_alone_clones_and_a_worker_connection_together() {
+    let mux = mux_with(|c| c.stand_alone = 2);
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_recv_disable(true).unwrap();
+    let a = Arc::new(sock.stand_alone().unwrap());
+    let b = Arc::new(sock.stand_alone().unwrap());
+    let mut clients = Vec::new();
+    for (tag, s) in [(0u32, &a), (1, &a), (2, &b), (3, &b)] {
+        let (ours, peer) = pair();
+        s.attach(&ours, l4()).unwrap();
+        clients.push(client(peer, tag, 1000, false));
+    }
+    let (ours, peer) = pair();
+    let p = mux.attach(&ours, l4()).unwrap();
+    assert!(mux.psock_worker(p).unwrap() < mux.workers(), "a worker thread's");
+    clients.push(client(peer, 4, 1000, false));
+    let (sa, sb) = (a.clone(), b.clone());
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Each thread echoes until all 5000 are answered between them.
+    let run = |s: Arc<KcmSocket>, done: Arc<std::sync::atomic::AtomicUsize>| {
+        std::thread::spawn(move || {
+            s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            let end = Instant::now() + WAIT;
+            while done.load(std::sync::atomic::Ordering::SeqCst) < 5000 {
+                assert!(Instant::now() < end, "not every message received within {WAIT:?}");
+                if let Ok(m) = s.recv_msg() {
+                    s.send_to(&m.data, m.psock).unwrap();
+                    done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    let (ta, tb) = (run(sa, done.clone()), run(sb, done.clone()));
+    for c in clients {
+        c.join().unwrap();
+    }
+    ta.join().unwrap();
+    tb.join().unwrap();
+    assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 5000);
+}
+
+/// Non-blocking and with a receive timeout: nothing queued is `WouldBlock`
+/// (at once, or after the timeout), and a message a peer sent is received
+/// by a later call, which reads it.
+fn a_stand_alone_socket_honours_its_mode_and_timeout() {
+    let mux = mux_with(|c| c.stand_alone = 1);
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_recv_disable(true).unwrap();
+    let alone = sock.stand_alone().unwrap();
+    let (ours, mut peer) = pair();
+    alone.attach(&ours, l4()).unwrap();
+    alone.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let t0 = Instant::now();
+    let e = alone.recv_msg().expect_err("nothing was sent");
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    assert!(t0.elapsed() >= Duration::from_millis(50), "waited {:?}", t0.elapsed());
+    alone.set_nonblocking(true).unwrap();
+    assert_eq!(alone.recv_msg().expect_err("still nothing").kind(), std::io::ErrorKind::WouldBlock);
+    peer.write_all(&framed(b"hello")).unwrap();
+    let m = eventually(|| alone.recv_msg().ok());
+    assert_eq!(&m.data[4..], b"hello");
+}
+
+/// Closing a stand-alone socket unattaches its connections and frees its
+/// slot; past the configured slots, `stand_alone` refuses.
+fn closing_a_stand_alone_socket_frees_its_slot_and_connections() {
+    let mux = mux_with(|c| c.stand_alone = 1);
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    let alone = sock.stand_alone().unwrap();
+    let e = sock.stand_alone().err().expect("one slot only");
+    assert_eq!(e.kind(), std::io::ErrorKind::OutOfMemory);
+    let (ours, _peer) = pair();
+    alone.attach(&ours, l4()).unwrap();
+    assert_eq!(mux.psock_count(), 1);
+    drop(alone);
+    eventually(|| (mux.psock_count() == 0).then_some(()));
+    let again = sock.stand_alone().expect("the slot is free again");
+    let (ours, _peer) = pair();
+    again.attach(&ours, l4()).expect("a connection attached there once is attachable again");
+}
+
+on_both_drivers!(
+    a_stand_alone_socket_reads_its_own_connections,
+    stand_alone_clones_and_a_worker_connection_together,
+    a_stand_alone_socket_honours_its_mode_and_timeout,
+    closing_a_stand_alone_socket_frees_its_slot_and_connections,
+);
