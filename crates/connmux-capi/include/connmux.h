@@ -338,6 +338,12 @@ typedef struct {
    * `CONNMUX_DRIVER_AUTO`.
    */
   int driver;
+  /**
+   * Stand-alone sockets the mux can make (`connmux_sock_stand_alone`):
+   * sockets whose own thread reads the connections attached to them.
+   * Default 0.
+   */
+  uint32_t stand_alone;
 } connmux_config;
 
 /**
@@ -840,6 +846,35 @@ int connmux_socket(const connmux_mux *mux, int sock_type, connmux_sock **out_soc
  * `sock` is a live handle; `out` is writable.
  */
 int connmux_sock_clone(const connmux_sock *sock, connmux_sock **out_sock);
+
+/**
+ * A clone of `sock` that stands alone (`KcmSocket::stand_alone`): the
+ * connections attached through it (`connmux_sock_attach_spec`) are read by
+ * the thread that receives on it, in its receive calls, with no worker
+ * thread between. They are read only while a thread receives on it, and
+ * closing it unattaches them. Takes one of the mux's
+ * `connmux_config.stand_alone` slots: ENOMEM when all are taken,
+ * EOPNOTSUPP on the kernel backend. Returns 0 and the handle in `*out`.
+ *
+ * # Safety
+ * `sock` is a live handle; `out` is writable.
+ */
+int connmux_sock_stand_alone(const connmux_sock *sock, connmux_sock **out_sock);
+
+/**
+ * Attach connection `fd` with the built-in parser named by `spec` through
+ * socket `sock`: on a stand-alone socket it is read by that socket's own
+ * thread; on any other, as `connmux_attach_spec` on its mux. The
+ * psock's id is written to `*psock` when `psock` is not NULL.
+ *
+ * # Safety
+ * `sock` is a live handle; `spec` is a NUL-terminated string; `psock` is
+ * NULL or writable.
+ */
+int connmux_sock_attach_spec(const connmux_sock *sock,
+                             int fd,
+                             const char *spec,
+                             connmux_psock_id *psock);
 
 /**
  * `close()`: messages received but not yet read move to the mux's other

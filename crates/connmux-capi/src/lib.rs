@@ -231,6 +231,10 @@ pub struct connmux_config {
     /// `CONNMUX_DRIVER_*`: the userspace backend's I/O driver. Default
     /// `CONNMUX_DRIVER_AUTO`.
     pub driver: c_int,
+    /// Stand-alone sockets the mux can make (`connmux_sock_stand_alone`):
+    /// sockets whose own thread reads the connections attached to them.
+    /// Default 0.
+    pub stand_alone: u32,
 }
 
 /// Options of one attach (`connmux_attach_with`). Fill it with
@@ -629,6 +633,7 @@ pub unsafe extern "C" fn connmux_config_init(cfg: *mut connmux_config) -> c_int 
             idle_timeout_ms: d.core.idle_timeout.map_or(0, |t| t.as_millis() as u64),
             backend: backend_to_c(d.backend),
             driver: driver_to_c(d.driver),
+            stand_alone: d.stand_alone as u32,
         };
         Ok(0)
     })
@@ -643,6 +648,7 @@ fn config_from_c(c: &connmux_config) -> Result<Config, Fail> {
         return Err(Fail::inval("max_msg_size, read_chunk and event_queue must be positive"));
     }
     cfg.workers = c.workers as usize;
+    cfg.stand_alone = c.stand_alone as usize;
     cfg.placement = match c.pin_workers {
         0 => Placement::Unpinned,
         1 => Placement::Pinned,
@@ -1239,6 +1245,62 @@ pub unsafe extern "C" fn connmux_sock_clone(sock: *const connmux_sock, out_sock:
         // SAFETY: forwarded contract of this function.
         let s = unsafe { sock_ref(sock) }?;
         *slot = new_sock(s.sock.try_clone()?);
+        Ok(0)
+    })
+}
+
+/// A clone of `sock` that stands alone (`KcmSocket::stand_alone`): the
+/// connections attached through it (`connmux_sock_attach_spec`) are read by
+/// the thread that receives on it, in its receive calls, with no worker
+/// thread between. They are read only while a thread receives on it, and
+/// closing it unattaches them. Takes one of the mux's
+/// `connmux_config.stand_alone` slots: ENOMEM when all are taken,
+/// EOPNOTSUPP on the kernel backend. Returns 0 and the handle in `*out`.
+///
+/// # Safety
+/// `sock` is a live handle; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn connmux_sock_stand_alone(
+    sock: *const connmux_sock,
+    out_sock: *mut *mut connmux_sock,
+) -> c_int {
+    guard_int(|| {
+        // SAFETY: forwarded contract of this function.
+        let slot = unsafe { out(out_sock, "out") }?;
+        *slot = std::ptr::null_mut();
+        // SAFETY: forwarded contract of this function.
+        let s = unsafe { sock_ref(sock) }?;
+        *slot = new_sock(s.sock.stand_alone()?);
+        Ok(0)
+    })
+}
+
+/// Attach connection `fd` with the built-in parser named by `spec` through
+/// socket `sock`: on a stand-alone socket it is read by that socket's own
+/// thread; on any other, as `connmux_attach_spec` on its mux. The
+/// psock's id is written to `*psock` when `psock` is not NULL.
+///
+/// # Safety
+/// `sock` is a live handle; `spec` is a NUL-terminated string; `psock` is
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn connmux_sock_attach_spec(
+    sock: *const connmux_sock,
+    fd: c_int,
+    spec: *const c_char,
+    psock: *mut connmux_psock_id,
+) -> c_int {
+    guard_int(|| {
+        // SAFETY: forwarded contract of this function.
+        let s = unsafe { sock_ref(sock) }?;
+        // SAFETY: forwarded contract of this function.
+        let spec = unsafe { c_str(spec, "spec") }?;
+        let parser = connmux_rs::parsers::from_spec(spec).map_err(|e| Fail::inval(e.to_string()))?;
+        // SAFETY: forwarded contract of this function.
+        let conn = unsafe { borrow_fd(fd) }?;
+        let id = s.sock.attach(&conn, parser)?;
+        // SAFETY: forwarded contract of this function.
+        unsafe { put_psock(psock, id) };
         Ok(0)
     })
 }

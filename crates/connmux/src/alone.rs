@@ -83,17 +83,7 @@ impl AloneSock {
             return Ok(true);
         }
         let deadline = *deadline.get_or_insert_with(|| rt.rcvtimeo.lock().unwrap().map(|d| Instant::now() + d));
-        let cap = match deadline {
-            Some(d) => {
-                let now = Instant::now();
-                if now >= d {
-                    return Err(io::ErrorKind::WouldBlock.into());
-                }
-                Some(d - now)
-            }
-            None => None,
-        };
-        st.pass(sh, cap);
+        st.pass(sh, crate::shared::time_left(deadline)?);
         Ok(true)
     }
 

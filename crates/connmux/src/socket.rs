@@ -153,7 +153,9 @@ impl KcmSocket {
     ///
     /// Its connections are read only while a thread is in its `recv` (or
     /// `recv_msg`, `recv_batch`...): a socket nobody receives on holds
-    /// them unread, as AF_KCM holds the messages of a socket nobody reads.
+    /// them unread, as AF_KCM holds the messages of a socket nobody reads,
+    /// and what a connection of it could not take at once waits for that
+    /// too (a send writes at once as far as the connection takes it).
     /// Closing it unattaches them. Takes one of the mux's
     /// `Config::stand_alone` slots (`OutOfMemory` when all are taken;
     /// `Unsupported` on the kernel backend).
@@ -323,16 +325,7 @@ impl KcmSocket {
                 std::thread::yield_now();
             }
         }
-        let timeout = match deadline {
-            Some(d) => {
-                let now = Instant::now();
-                if now >= d {
-                    return Err(io::ErrorKind::WouldBlock.into());
-                }
-                Some(d - now)
-            }
-            None => None,
-        };
+        let timeout = crate::shared::time_left(deadline)?;
         connmux_sys::poll::poll_readable(ready.fd.as_raw_fd(), timeout)?;
         Ok(())
     }

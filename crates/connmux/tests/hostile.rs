@@ -60,7 +60,11 @@ impl Rss {
     fn sample(&mut self) {
         self.peak = self.peak.max(status_kib("VmRSS:"));
     }
-    /// Sample, print, and assert the growth is within `bound_kib`.
+    /// Sample, print, and assert the growth is within `bound_kib` (not
+    /// under AddressSanitizer: its allocator keeps freed memory in a
+    /// quarantine, 256 MiB by default, so the resident set counts what
+    /// was allocated, not what is held; a flood of 500,000 small messages
+    /// grew it by 88 MiB there and by 4–5 MiB without it).
     fn check(&mut self, case: &str, bound_kib: u64) {
         self.sample();
         let grew = self.peak.saturating_sub(self.before);
@@ -68,6 +72,10 @@ impl Rss {
             "[{case}] RSS before {} KiB, peak {} KiB, growth {} KiB; bound {} KiB (from config, with slack)",
             self.before, self.peak, grew, bound_kib
         );
+        if cfg!(connmux_asan) {
+            println!("[{case}] the bound is not checked under AddressSanitizer (its quarantine)");
+            return;
+        }
         assert!(grew <= bound_kib, "[{case}] RSS grew {grew} KiB > bound {bound_kib} KiB");
     }
 }

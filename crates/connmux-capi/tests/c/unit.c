@@ -758,6 +758,44 @@ static void test_tls(const char *dir)
 	connmux_mux_free(cm);
 }
 
+/* A stand-alone socket: its connections are read by the thread that
+ * receives on it (here, this one), in the receive call; one slot only. */
+static void test_stand_alone(void)
+{
+	connmux_config cfg;
+	MUST(connmux_config_init(&cfg));
+	EQ(cfg.stand_alone, 0);
+	cfg.pin_workers = 0;
+	cfg.workers = 1;
+	cfg.stand_alone = 1;
+	connmux_mux *m;
+	MUST(connmux_mux_new(&cfg, &m));
+	connmux_sock *s, *a, *b = NULL;
+	MUST(connmux_socket(m, CONNMUX_SOCK_DGRAM, &s));
+	MUST(connmux_set_recv_disable(s, 1));
+	MUST(connmux_sock_stand_alone(s, &a));
+	EQ(connmux_sock_stand_alone(s, &b), -ENOMEM);
+	CHECK(b == NULL);
+	int peer, near;
+	tcp_pair(&peer, &near);
+	connmux_psock_id id;
+	MUST(connmux_sock_attach_spec(a, near, "l4", &id));
+	close(near);
+	uint8_t buf[64];
+	/* Nothing sent: one look at its connection, then -EAGAIN. */
+	EQ(connmux_recv(a, buf, sizeof buf, CONNMUX_MSG_DONTWAIT), -EAGAIN);
+	send_frame(peer, "alone");
+	EQ(connmux_recv(a, buf, sizeof buf, 0), 9);
+	CHECK(memcmp(buf + 4, "alone", 5) == 0);
+	connmux_sock_close(a);
+	/* Its slot is free again. */
+	MUST(connmux_sock_stand_alone(s, &b));
+	connmux_sock_close(b);
+	connmux_sock_close(s);
+	connmux_mux_free(m);
+	close(peer);
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(strlen(connmux_version()) > 0);
@@ -765,6 +803,7 @@ int main(int argc, char **argv)
 	test_trunc_eor_peek();
 	test_batch_and_addressed();
 	test_recv_disable_and_poll();
+	test_stand_alone();
 	test_events();
 	test_flush();
 	test_attach_opts();

@@ -259,6 +259,22 @@ pub(crate) struct Shared {
     pub tuning: Tuning,
 }
 
+/// What is left of a blocking call's time until `deadline` (`None`: no
+/// bound), or `WouldBlock` once it has passed: a receive or send timeout
+/// (SO_RCVTIMEO/SO_SNDTIMEO) runs out as the kernel's does.
+pub(crate) fn time_left(deadline: Option<std::time::Instant>) -> io::Result<Option<Duration>> {
+    match deadline {
+        Some(d) => {
+            let now = std::time::Instant::now();
+            if now >= d {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(Some(d - now))
+        }
+        None => Ok(None),
+    }
+}
+
 /// Slices written in one `writev`, and handed to rustls's writer at once
 /// for a TLS psock (one record takes up to 16 KiB): the core's chunk for
 /// one write is cut there. A few dozen replies per write is where batching
