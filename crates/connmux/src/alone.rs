@@ -31,6 +31,11 @@ use crate::driver::epoll::Alone;
 use crate::mux::Mux;
 use crate::shared::{Shared, SockRt, WorkerIo};
 
+/// The longest a second thread receiving on one stand-alone socket waits
+/// on its readiness before it looks whether the pass is free (the first
+/// may have returned, and the slot's connections are read only in a pass).
+const SHARED_WAIT: Duration = Duration::from_millis(1);
+
 /// A stand-alone socket's slot and its worker state.
 pub(crate) struct AloneSock {
     index: usize,
@@ -63,28 +68,35 @@ impl AloneSock {
 
     /// Nothing is queued for socket `rt`: run the slot's pass, its wait
     /// bounded by the socket's receive timeout (`deadline`, set by the
-    /// call's first wait). `Ok(true)`: look at the queue again.
-    /// `Ok(false)`: another thread of this socket runs the pass; wait as any
-    /// socket does (its readiness). A non-blocking socket makes one pass
-    /// that does not wait (`passed`), then `WouldBlock`.
+    /// call's first wait), then the caller looks at the queue again. A
+    /// non-blocking socket makes one pass that does not wait (`passed`),
+    /// then `WouldBlock`. While another thread of this socket runs the
+    /// pass, this one waits on the socket's readiness, at most
+    /// [`SHARED_WAIT`] at a time: the pass may be free by its next look,
+    /// and nobody else reads the slot's connections.
     pub(crate) fn wait(
         &self,
         sh: &Shared,
         rt: &SockRt,
         deadline: &mut Option<Option<Instant>>,
         passed: &mut bool,
-    ) -> io::Result<bool> {
-        let Ok(mut st) = self.state.try_lock() else { return Ok(false) };
-        if rt.nonblocking.load(Ordering::Relaxed) {
-            if std::mem::replace(passed, true) {
-                return Err(io::ErrorKind::WouldBlock.into());
+    ) -> io::Result<()> {
+        let left = match rt.nonblocking.load(Ordering::Relaxed) {
+            true if std::mem::replace(passed, true) => return Err(io::ErrorKind::WouldBlock.into()),
+            true => Some(Duration::ZERO),
+            false => {
+                let d = *deadline.get_or_insert_with(|| rt.rcvtimeo.lock().unwrap().map(|d| Instant::now() + d));
+                crate::shared::time_left(d)?
             }
-            st.pass(sh, Some(Duration::ZERO));
-            return Ok(true);
+        };
+        match self.state.try_lock() {
+            Ok(mut st) => st.pass(sh, left),
+            Err(_) => {
+                let cap = left.map_or(SHARED_WAIT, |l| l.min(SHARED_WAIT));
+                connmux_sys::poll::poll_readable(std::os::fd::AsRawFd::as_raw_fd(&rt.rx.fd), Some(cap))?;
+            }
         }
-        let deadline = *deadline.get_or_insert_with(|| rt.rcvtimeo.lock().unwrap().map(|d| Instant::now() + d));
-        st.pass(sh, crate::shared::time_left(deadline)?);
-        Ok(true)
+        Ok(())
     }
 
     /// The socket `rt` closes: its writes made whole are told, and the

@@ -371,9 +371,8 @@ impl KcmSocket {
                     if let Some(a) = &self.alone {
                         // Its own connections are read here, in this
                         // thread, while nothing is queued for it.
-                        if a.wait(sh, rt, &mut deadline, &mut passed)? {
-                            continue;
-                        }
+                        a.wait(sh, rt, &mut deadline, &mut passed)?;
+                        continue;
                     }
                     // Spin only while messages come one at a time (the
                     // latency of each is what a wake-up would add to); past

@@ -153,7 +153,62 @@ fn closing_a_stand_alone_socket_frees_its_slot_and_connections() {
     again.attach(&ours, l4()).expect("a connection attached there once is attachable again");
 }
 
+/// Two threads receiving on one stand-alone socket: while one runs its
+/// pass the other waits on its readiness; once the first has gone, the
+/// second reads the connection itself (else nobody would), and every
+/// message is answered.
+fn two_threads_on_one_stand_alone_socket() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mux = mux_with(|c| c.stand_alone = 1);
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_recv_disable(true).unwrap();
+    let alone = Arc::new(sock.stand_alone().unwrap());
+    let (ours, mut peer) = pair();
+    peer.set_read_timeout(Some(WAIT)).unwrap();
+    alone.attach(&ours, l4()).unwrap();
+    // The first answers one message and leaves; the second (blocking, no
+    // timeout) answers every other, until the second round's 100.
+    let first_done = Arc::new(AtomicBool::new(false));
+    let first = {
+        let (s, done) = (alone.clone(), first_done.clone());
+        std::thread::spawn(move || {
+            let m = s.recv_msg().unwrap();
+            s.send_to(&m.data, m.psock).unwrap();
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    let second = {
+        let s = alone.clone();
+        std::thread::spawn(move || {
+            let mut round2 = 0;
+            while round2 < 100 {
+                let m = s.recv_msg().unwrap();
+                s.send_to(&m.data, m.psock).unwrap();
+                round2 += usize::from(m.data[4] == 2);
+            }
+        })
+    };
+    // Calls one at a time until the first thread has answered one.
+    for i in 0..2000u32 {
+        if first_done.load(Ordering::SeqCst) {
+            break;
+        }
+        assert!(i < 1999, "the first thread never got a message");
+        peer.write_all(&framed(&[1, (i % 256) as u8])).unwrap();
+        assert_eq!(read_framed(&mut peer), [1, (i % 256) as u8]);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    first.join().unwrap();
+    let all: Vec<u8> = (0..100u8).flat_map(|i| framed(&[2, i])).collect();
+    peer.write_all(&all).unwrap();
+    let mut got: Vec<Vec<u8>> = (0..100).map(|_| read_framed(&mut peer)).collect();
+    got.sort();
+    assert_eq!(got, (0..100u8).map(|i| vec![2, i]).collect::<Vec<_>>(), "on {:?}", driver());
+    second.join().unwrap();
+}
+
 on_both_drivers!(
+    two_threads_on_one_stand_alone_socket,
     a_stand_alone_socket_reads_its_own_connections,
     stand_alone_clones_and_a_worker_connection_together,
     a_stand_alone_socket_honours_its_mode_and_timeout,
