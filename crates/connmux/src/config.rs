@@ -100,6 +100,7 @@ pub enum Driver {
 /// | `recv_msg`, `recv_from`, `recv_batch`, `send_to`, `send_msg` or `send_batch_to` to a psock | refused (`BackendError::Unsupported`): AF_KCM does not say which connection a message came from, nor take one to send on; `send_msg(msg, None)` is a send |
 /// | `set_nonblocking`, `set_read_timeout`, `set_write_timeout`, `set_recv_disable`, `recv_disabled`, `set_rcvbuf`, `set_sndbuf` | same (`MSG_DONTWAIT`, `SO_RCVTIMEO`, `SO_SNDTIMEO`, `KCM_RECV_DISABLE`, `SO_RCVBUF`, `SO_SNDBUF`: the kernel doubles the buffer sizes) |
 /// | `set_affinity` | refused (`BackendError::Unsupported`): the kernel steers messages itself |
+/// | `KcmSocket::stand_alone` | refused (`Unsupported`): the kernel reads its connections itself |
 /// | `KcmSocket::stats`, `queued` | same (the socket's `/proc/net/kcm` line) |
 /// | `KcmSocket::as_raw_fd` | the AF_KCM socket itself (readable while a message is queued) |
 ///
@@ -107,8 +108,8 @@ pub enum Driver {
 /// `core.assembly_timeout` apply (the parser program refuses longer messages
 /// with EMSGSIZE; the timeout becomes the TCP socket's SO_RCVTIMEO, strparser's
 /// timer); the kernel also refuses a message above the TCP socket's SO_RCVBUF.
-/// The other core limits, steering, workers, placement, read chunk and driver
-/// belong to the userspace runtime and are not used.
+/// The other core limits, steering, workers, stand-alone slots, placement,
+/// read chunk and driver belong to the userspace runtime and are not used.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Backend {
     /// connmux's own runtime (any Linux).
