@@ -34,6 +34,10 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     worker::run(&sh, index, &mut io);
 }
 
+/// A `Worker`'s owned state: its serving buffers, events not yet
+/// dispatched, psocks to write.
+type WorkerParts = (crate::serve::ServeBufs, Vec<Event>, Vec<Arc<PsockRt>>);
+
 /// A stand-alone socket's slot (`Config::stand_alone`,
 /// `KcmSocket::stand_alone`): a worker with no thread of its own, whose
 /// pass the socket's `recv` runs while nothing is queued for it. Its state
@@ -43,9 +47,9 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
 pub(crate) struct Alone {
     /// The slot's worker index (`Shared::worker`).
     index: usize,
-    bufs: crate::serve::ServeBufs,
-    events: Vec<Event>,
-    dirty: Vec<Arc<PsockRt>>,
+    /// What its `Worker` owns between passes (taken for a pass, put back
+    /// after: a `Worker` borrows the `Shared` a socket reaches per call).
+    parts: Option<WorkerParts>,
     passes: worker::Passes,
     evs: Events,
     buf: Vec<u8>,
@@ -61,9 +65,7 @@ impl Alone {
         w.bufs.own.looks = Some(sock.id);
         Ok(Alone {
             index,
-            bufs: w.bufs,
-            events: Vec::new(),
-            dirty: Vec::new(),
+            parts: Some((w.bufs, w.events, w.dirty)),
             passes: worker::Passes::new(sh),
             evs: Events::with_capacity(256),
             buf: vec![0u8; sh.read_chunk],
@@ -75,25 +77,22 @@ impl Alone {
     pub(crate) fn pass(&mut self, sh: &Shared, cap: Option<Duration>) {
         let me = sh.worker(self.index);
         let WorkerIo::Epoll(epoll) = &me.io else { return };
-        let mut w = Worker {
-            sh,
-            serving: None,
-            bufs: std::mem::take(&mut self.bufs),
-            events: std::mem::take(&mut self.events),
-            dirty: std::mem::take(&mut self.dirty),
-        };
+        let Some((bufs, events, dirty)) = self.parts.take() else { return };
+        let mut w = Worker { sh, serving: None, bufs, events, dirty };
         let timeout = match (self.passes.timeout(&w, false), cap) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         let mut io = EpollIo { epoll, evs: &mut self.evs, buf: &mut self.buf, serve_unwatched: false };
         worker::pass(me, &mut io, &mut w, &mut self.passes, timeout);
-        (self.bufs, self.events, self.dirty) = (w.bufs, w.events, w.dirty);
+        self.parts = Some((w.bufs, w.events, w.dirty));
     }
 
     /// The socket is closing: the writes made whole reach the core.
     pub(crate) fn end(&mut self, sh: &Shared) {
-        self.bufs.hold(&mut sh.lock());
+        if let Some((bufs, events, dirty)) = self.parts.take() {
+            Worker { sh, serving: None, bufs, events, dirty }.end();
+        }
     }
 }
 

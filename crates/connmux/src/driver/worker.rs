@@ -113,7 +113,7 @@ impl<'a> Worker<'a> {
     /// Before the worker goes away: the writes it made whole since its last
     /// hold reach the core.
     pub(crate) fn end(&mut self) {
-        self.bufs.hold(&mut self.sh.lock());
+        self.bufs.own.hold(&mut self.sh.lock());
     }
 }
 
@@ -359,7 +359,7 @@ fn wait_timeout(
 fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core::Timestamp>) {
     let now = sh.now();
     let mut core = sh.lock();
-    w.bufs.hold(&mut core);
+    w.bufs.own.hold(&mut core);
     core.drain_events(&mut w.events);
     *next_deadline = core.mux.poll_timeout();
     if let Some(t) = *next_deadline {

@@ -195,11 +195,6 @@ pub(crate) struct ServeBufs {
 }
 
 impl ServeBufs {
-    /// The worker's hold of the core lock in its pass (`Own::hold`).
-    pub(crate) fn hold(&mut self, core: &mut crate::shared::Core) {
-        self.own.hold(core);
-    }
-
     /// Empty buffers for a worker of a mux tuned with `t`.
     pub fn new(t: &Tuning) -> ServeBufs {
         ServeBufs { limits: Limits::from(t), ..ServeBufs::default() }
