@@ -96,10 +96,11 @@ const SUSPECT_RUNS: u16 = 4096;
 const LIGHT_SLEEPS: u8 = 16;
 
 /// Messages a serving worker takes from its socket per lock hold, and at
-/// most that many of one read framed to be served in place: large enough
-/// that one lock hold pays for many messages, small enough that a worker
-/// gets back to its reads (and so to its other connections) soon; a pass
-/// serves at most 64 such batches.
+/// most that many handed to it straight from reads it could not serve in
+/// place: large enough that one lock hold pays for many messages, small
+/// enough that a worker gets back to its reads (and so to its other
+/// connections) soon; a pass serves at most 64 such batches. (A read's
+/// messages framed in place are all served: the read size bounds them.)
 pub(crate) const SERVE_BATCH: usize = 256;
 
 /// Slow runs in a row ([`Limits::slow`]) that make a connection heavy: one

@@ -77,8 +77,11 @@ pub(crate) fn feed_read(
 
 /// [`feed_read`] that also frames whole messages where they lie in `data`
 /// (`Mux::feed_in_place`) for the caller to serve at once: their runs go to
-/// `runs`. Not while messages of this psock wait in the direct list (they
-/// are older and are served first, by `serve`).
+/// `runs`, every whole message of the read (the read size bounds them;
+/// queued one allocation each, the messages past a batch cost a pipelining
+/// connection more than serving them). Not while messages of this psock
+/// wait in the direct list (they are older and are served first, by
+/// `serve`).
 pub(crate) fn feed_read_in_place(
     core: &mut Core,
     own: &mut Own,
@@ -89,7 +92,7 @@ pub(crate) fn feed_read_in_place(
 ) -> Result<(), connmux_core::mux::MuxError> {
     match own.serve {
         Some((sock, batch)) => {
-            let limit = if own.direct.iter().any(|(_, q)| *q == p) { 0 } else { batch };
+            let limit = if own.direct.iter().any(|(_, q)| *q == p) { 0 } else { usize::MAX };
             let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
             core.mux.feed_in_place(p, data, now, &mut d, limit, runs)
         }
