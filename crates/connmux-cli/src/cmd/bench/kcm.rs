@@ -17,6 +17,7 @@
 //! - `alone-N`: N application threads each on a stand-alone clone
 //!   (`KcmSocket::stand_alone`), the connections attached to the clones in
 //!   turn and read by their threads in `recv_msg`, no worker between;
+//!   `alone-batch-N` the same with `recv_batch` and `send_batch_to`;
 //! - `core-N`: N threads each owning the connections it accepted and a
 //!   core `Mux` of its own, reading, framing, receiving and echoing with
 //!   no worker, lock or wake-up between (`kcm_core.rs`): the floor of an
@@ -390,8 +391,8 @@ enum Engine {
     Thread,
     /// Application threads on clones, and whether they batch.
     Kcm(usize, bool),
-    /// Application threads on stand-alone clones.
-    Alone(usize),
+    /// Application threads on stand-alone clones, and whether they batch.
+    Alone(usize, bool),
     /// Threads each with a core of their own.
     Core(usize),
 }
@@ -446,8 +447,14 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             variants.push(Variant { name, engine: Engine::Kcm(n, batch) });
         }
     }
-    for &n in &a.threads {
-        variants.push(Variant { name: format!("alone-{n}"), engine: Engine::Alone(n) });
+    for batch in [false, true] {
+        if batch && a.no_batch {
+            continue;
+        }
+        for &n in &a.threads {
+            let name = if batch { format!("alone-batch-{n}") } else { format!("alone-{n}") };
+            variants.push(Variant { name, engine: Engine::Alone(n, batch) });
+        }
     }
     if !a.no_core {
         for &n in &a.threads {
@@ -463,8 +470,12 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         match v.engine {
             Engine::Thread => cmd.args(["--engine", "thread"]),
             Engine::Core(n) => cmd.args(["--engine", "core", "--threads", &n.to_string()]),
-            Engine::Alone(n) => {
-                cmd.args(["--engine", "kcm", "--alone", "--threads", &n.to_string(), "--driver", &a.driver])
+            Engine::Alone(n, batch) => {
+                cmd.args(["--engine", "kcm", "--alone", "--threads", &n.to_string(), "--driver", &a.driver]);
+                if batch {
+                    cmd.arg("--batch");
+                }
+                &mut cmd
             }
             Engine::Kcm(n, batch) => {
                 cmd.args(["--engine", "kcm", "--threads", &n.to_string(), "--cpus", &cpu_list(&a.cpus)]).args([
@@ -526,7 +537,7 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
             let one = match v.engine {
                 Engine::Kcm(n, batch) if n > 1 => Some(Engine::Kcm(1, batch)),
                 Engine::Core(n) if n > 1 => Some(Engine::Core(1)),
-                Engine::Alone(n) if n > 1 => Some(Engine::Alone(1)),
+                Engine::Alone(n, batch) if n > 1 => Some(Engine::Alone(1, batch)),
                 _ => None,
             };
             let one = one.and_then(|e| variants.iter().position(|w| w.engine == e)).map(|wi| ratio(med[vi], med[wi]));
