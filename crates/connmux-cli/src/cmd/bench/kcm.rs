@@ -438,22 +438,17 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
     };
     anyhow::ensure!(shapes.iter().all(|&(m, k)| m > 0 && k > 0), "--conns and --inflight must be positive");
     let mut variants = vec![Variant { name: "thread".into(), engine: Engine::Thread }];
-    for batch in [false, true] {
-        if batch && a.no_batch {
-            continue;
-        }
-        for &n in &a.threads {
-            let name = if batch { format!("kcm-batch-{n}") } else { format!("kcm-{n}") };
-            variants.push(Variant { name, engine: Engine::Kcm(n, batch) });
-        }
-    }
-    for batch in [false, true] {
-        if batch && a.no_batch {
-            continue;
-        }
-        for &n in &a.threads {
-            let name = if batch { format!("alone-batch-{n}") } else { format!("alone-{n}") };
-            variants.push(Variant { name, engine: Engine::Alone(n, batch) });
+    type MakeEngine = fn(usize, bool) -> Engine;
+    let kinds: [(&str, MakeEngine); 2] = [("kcm", Engine::Kcm), ("alone", Engine::Alone)];
+    for (kind, engine) in kinds {
+        for batch in [false, true] {
+            if batch && a.no_batch {
+                continue;
+            }
+            for &n in &a.threads {
+                let name = if batch { format!("{kind}-batch-{n}") } else { format!("{kind}-{n}") };
+                variants.push(Variant { name, engine: engine(n, batch) });
+            }
         }
     }
     if !a.no_core {
