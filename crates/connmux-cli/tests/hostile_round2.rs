@@ -63,9 +63,10 @@ fn partial_holders(addr: SocketAddr, service: Service, n: usize, stop: Arc<Atomi
 }
 
 /// 300 partial 1 MiB records under a 64 MiB budget: the good client keeps at
-/// least half its rate alone (measured before and after them), a new client is answered, and the server's
-/// RSS stays within 1.3 times the budget (and on io_uring what one wait
-/// delivers, the rings) above its idle RSS and rings.
+/// least half its rate alone (measured before and after them), a new
+/// client is answered, and the server's RSS stays within 1.3 times the
+/// budget (and on io_uring what one wait delivers, the rings) above its
+/// idle RSS and rings.
 fn partial_records_under_a_small_budget(service: Service, driver: &str) {
     let _one = serial();
     let s = start(&[service.args(), &["--driver", driver, "--mem-limit", "64M"]].concat());
