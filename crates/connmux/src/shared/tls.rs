@@ -373,37 +373,44 @@ pub(crate) fn rx_eof(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, errno: Option
     rx(sh, rt, st, &[], events).1
 }
 
-/// Offer the decrypted bytes rustls holds to the core.
+/// Offer the decrypted bytes rustls holds to the core, in one hold of the
+/// core lock: taking plaintext rustls has decrypted is a copy, no system
+/// call, and a hold a record cost a client pipelining small requests a
+/// hold a request.
 fn drain_plain(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, events: &mut Vec<Event>) -> Plain {
+    let now = sh.now();
+    let mut core = None;
     // Bounded: each round takes at least one byte of the plaintext rustls
     // holds (it decrypts no more than its buffer limit ahead). Not a fixed
     // count of rounds: a chunk is a record's plaintext, and a read of many
     // small records (a client pipelining small requests) ended a count of
     // 64 as if the core were full, so the psock's reads stopped with
     // nobody to resume them.
-    loop {
+    let plain = loop {
         let chunk = match st.conn.reader().into_first_chunk() {
-            Ok([]) => return Plain::Closed(true),
+            Ok([]) => break Plain::Closed(true),
             Ok(c) => c,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Plain::Empty,
-            Err(_) => return Plain::Closed(false),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Plain::Empty,
+            Err(_) => break Plain::Closed(false),
         };
-        let mut core = sh.lock();
+        let core = core.get_or_insert_with(|| sh.lock());
         let cap = core.mux.rx_capacity(rt.id);
         if cap == 0 {
-            return Plain::Full;
+            break Plain::Full;
         }
         let n = cap.min(chunk.len());
-        let fed = core.mux.feed(rt.id, &chunk[..n], sh.now());
-        core.drain_events(events);
-        drop(core);
+        let fed = core.mux.feed(rt.id, &chunk[..n], now);
         st.conn.reader().consume(n);
         if fed.is_err() {
             // Gone from the core: nothing more to receive.
             st.rx = TlsRx::Done;
-            return Plain::Empty;
+            break Plain::Empty;
         }
+    };
+    if let Some(mut core) = core {
+        core.drain_events(events);
     }
+    plain
 }
 
 /// The peer's stream ended: a close between messages (or a read error) ends
