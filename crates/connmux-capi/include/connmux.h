@@ -851,8 +851,10 @@ int connmux_sock_clone(const connmux_sock *sock, connmux_sock **out_sock);
  * A clone of `sock` that stands alone (`KcmSocket::stand_alone`): the
  * connections attached through it (`connmux_sock_attach_spec`) are read by
  * the thread that receives on it, in its receive calls, with no worker
- * thread between. They are read only while a thread receives on it, and
- * closing it unattaches them. Takes one of the mux's
+ * thread between. They are read only while a thread receives on it;
+ * closing it leaves them attached, read by a thread of the slot's own
+ * (their messages go to the mux's other sockets) until the last is
+ * unattached, when the slot is free again. Takes one of the mux's
  * `connmux_config.stand_alone` slots: ENOMEM when all are taken,
  * EOPNOTSUPP on the kernel backend. Returns 0 and the handle in `*out`.
  *

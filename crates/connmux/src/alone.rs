@@ -15,6 +15,10 @@
 //! a thread that reads its own connections does not pay it (`bench kcm`,
 //! `alone-N` beside `kcm-N` and `core-N`).
 //!
+//! A closed socket's connections stay attached (a closed AF_KCM socket
+//! leaves its psocks): the slot gets a thread of its own, which runs its
+//! passes until the last of them is unattached, then frees the slot.
+//!
 //! Owns [`AloneSock`]: the slot a socket holds (`Config::stand_alone`
 //! slots, made at start: `Shared::alone`) and the worker state kept there
 //! between the socket's calls (`driver::epoll::Alone`). Must not name
@@ -36,6 +40,11 @@ use crate::shared::{Shared, SockRt, WorkerIo};
 /// may have returned, and the slot's connections are read only in a pass).
 const SHARED_WAIT: Duration = Duration::from_millis(1);
 
+/// The longest a closed socket's slot thread waits in one pass before it
+/// looks whether its connections are all unattached (an unattach does not
+/// wake it): the slot is free again at most this long after.
+const ORPHAN_LOOK: Duration = Duration::from_millis(50);
+
 /// A stand-alone socket's slot and its worker state.
 pub(crate) struct AloneSock {
     index: usize,
@@ -49,13 +58,13 @@ impl AloneSock {
         let u = mux
             .user()
             .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "stand-alone sockets are userspace only"))?;
-        let index = u.alone_free.lock().unwrap().pop().ok_or_else(|| {
+        let index = u.shared.alone_free.lock().unwrap().pop().ok_or_else(|| {
             io::Error::new(io::ErrorKind::OutOfMemory, "every stand-alone slot is taken (Config::stand_alone)")
         })?;
         match Alone::new(&u.shared, index, rt) {
             Ok(a) => Ok(AloneSock { index, state: Mutex::new(a) }),
             Err(e) => {
-                u.alone_free.lock().unwrap().push(index);
+                u.shared.alone_free.lock().unwrap().push(index);
                 Err(e)
             }
         }
@@ -99,26 +108,59 @@ impl AloneSock {
         Ok(())
     }
 
-    /// The socket `rt` closes: its writes made whole are told, and the
-    /// connections attached to it are unattached (nobody would read them),
-    /// then the slot is free again.
+    /// The socket `rt` closes. Connections attached through it stay
+    /// attached, as a closed KCM socket leaves its mux's psocks: a thread of
+    /// the slot's own reads them (their messages go to the mux's other
+    /// sockets, as steering picks) until the last is unattached or the mux
+    /// stops, then frees the slot. With none attached the slot is free at
+    /// once.
     pub(crate) fn close(self: Box<Self>, mux: &Mux, rt: &SockRt) {
         let Some(u) = mux.user() else { return };
         let sh = &u.shared;
         let mut st = self.state.into_inner().unwrap_or_else(|p| p.into_inner());
-        st.end(sh);
-        let mine: Vec<PsockId> = sh.lock().psocks.values().filter(|p| p.worker() == self.index).map(|p| p.id).collect();
-        for p in mine {
-            let _ = mux.unattach_id(p);
-        }
-        let slot = sh.worker(self.index);
-        if let WorkerIo::Epoll(epoll) = &slot.io {
+        let index = self.index;
+        if let WorkerIo::Epoll(epoll) = &sh.worker(index).io {
             let _ = epoll.delete(std::os::fd::AsRawFd::as_raw_fd(&rt.rx.fd));
         }
-        // What was asked of the slot is for psocks gone with it.
-        slot.commands.lock().unwrap().clear();
-        let _ = slot.waker.drain();
-        slot.woken.store(false, Ordering::SeqCst);
-        u.alone_free.lock().unwrap().push(self.index);
+        st.orphan(sh);
+        if sh.worker(index).psocks.load(Ordering::Acquire) == 0 {
+            return free(sh, index, st);
+        }
+        let shared = sh.clone();
+        let spawned = std::thread::Builder::new().name(format!("connmux-a{index}")).spawn(move || {
+            // Bounded by the mux's stop (its drop wakes the slot).
+            while !shared.stop.load(Ordering::Acquire) && shared.worker(index).psocks.load(Ordering::Acquire) > 0 {
+                st.pass(&shared, Some(ORPHAN_LOOK));
+            }
+            free(&shared, index, st);
+        });
+        match spawned {
+            Ok(t) => {
+                let mut threads = u.threads.lock().unwrap();
+                // (Those of slots freed since are done: bounded by the slots.)
+                threads.retain(|t| !t.is_finished());
+                threads.push(t);
+            }
+            // No thread: nobody would read them (the slot's writes were
+            // told by `orphan`; the slot stays taken).
+            Err(_) => {
+                let mine: Vec<PsockId> =
+                    sh.lock().psocks.values().filter(|p| p.worker() == index).map(|p| p.id).collect();
+                for p in mine {
+                    let _ = mux.unattach_id(p);
+                }
+            }
+        }
     }
+}
+
+/// Slot `index` is free again: what its pass wrote whole is told, what was
+/// asked of it (for connections gone with it) dropped.
+fn free(sh: &Shared, index: usize, mut st: Alone) {
+    st.end(sh);
+    let slot = sh.worker(index);
+    slot.commands.lock().unwrap().clear();
+    let _ = slot.waker.drain();
+    slot.woken.store(false, Ordering::SeqCst);
+    sh.alone_free.lock().unwrap().push(index);
 }

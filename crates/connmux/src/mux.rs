@@ -96,7 +96,9 @@ pub(crate) fn io_err(e: MuxError) -> io::Error {
 
 pub(crate) struct MuxInner {
     pub shared: Arc<Shared>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The worker threads, and the threads of closed stand-alone sockets'
+    /// slots (`crate::alone`), joined when the mux goes.
+    pub threads: Mutex<Vec<JoinHandle<()>>>,
     next_worker: AtomicU64,
     /// `Config::incoming_cpu`.
     incoming_cpu: bool,
@@ -110,9 +112,6 @@ pub(crate) struct MuxInner {
     pub serving: AtomicBool,
     /// `Config::max_conns`: a service's cap until it sets its own.
     pub max_conns: Option<usize>,
-    /// The stand-alone sockets' slots no socket holds (worker indexes,
-    /// `Shared::alone`).
-    pub alone_free: Mutex<Vec<usize>>,
 }
 
 impl MuxInner {
@@ -141,7 +140,7 @@ impl MuxInner {
 impl Drop for MuxInner {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        for w in &self.shared.workers {
+        for w in self.shared.workers.iter().chain(&self.shared.alone) {
             let _ = w.wake();
         }
         for t in self.threads.lock().unwrap().drain(..) {
@@ -257,6 +256,7 @@ impl Mux {
                 socks: Default::default(),
             }),
             workers: refs,
+            alone_free: Mutex::new((workers..workers + config.stand_alone).rev().collect()),
             alone,
             stop: AtomicBool::new(false),
             read_chunk: config.read_chunk.max(512),
@@ -316,7 +316,6 @@ impl Mux {
             events_rx,
             serving: AtomicBool::new(false),
             max_conns: config.max_conns,
-            alone_free: Mutex::new((workers..workers + config.stand_alone).rev().collect()),
         };
         match failed {
             // Dropping `inner` stops and joins the workers that did start.

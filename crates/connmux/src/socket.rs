@@ -156,7 +156,10 @@ impl KcmSocket {
     /// them unread, as AF_KCM holds the messages of a socket nobody reads,
     /// and what a connection of it could not take at once waits for that
     /// too (a send writes at once as far as the connection takes it).
-    /// Closing it unattaches them. Takes one of the mux's
+    /// Closing it leaves them attached, as a closed AF_KCM socket leaves
+    /// the mux's psocks: a thread of the slot's own reads them from then on
+    /// (their messages go to the mux's other sockets) until the last is
+    /// unattached, and the slot is free again. Takes one of the mux's
     /// `Config::stand_alone` slots (`OutOfMemory` when all are taken;
     /// `Unsupported` on the kernel backend).
     pub fn stand_alone(&self) -> io::Result<KcmSocket> {

@@ -135,20 +135,37 @@ fn a_stand_alone_socket_honours_its_mode_and_timeout() {
     assert_eq!(&m.data[4..], b"hello");
 }
 
-/// Closing a stand-alone socket unattaches its connections and frees its
-/// slot; past the configured slots, `stand_alone` refuses.
-fn closing_a_stand_alone_socket_frees_its_slot_and_connections() {
+/// Closing a stand-alone socket leaves its connections attached, as a
+/// closed KCM socket leaves its psocks: their messages go to the mux's other
+/// socket, whose replies reach them; once they are unattached its slot is
+/// free again. Past the configured slots, `stand_alone` refuses.
+fn closing_a_stand_alone_socket_leaves_its_connections_then_frees_its_slot() {
     let mux = mux_with(|c| c.stand_alone = 1);
     let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT)).unwrap();
     let alone = sock.stand_alone().unwrap();
     let e = sock.stand_alone().err().expect("one slot only");
     assert_eq!(e.kind(), std::io::ErrorKind::OutOfMemory);
-    let (ours, _peer) = pair();
+    let (ours, mut peer) = pair();
+    peer.set_read_timeout(Some(WAIT)).unwrap();
     alone.attach(&ours, l4()).unwrap();
-    assert_eq!(mux.psock_count(), 1);
+    peer.write_all(&framed(b"before")).unwrap();
+    let m = alone.recv_msg().unwrap();
+    assert_eq!(&m.data[4..], b"before");
     drop(alone);
-    eventually(|| (mux.psock_count() == 0).then_some(()));
-    let again = sock.stand_alone().expect("the slot is free again");
+    assert_eq!(mux.psock_count(), 1, "its connection stays attached");
+    // Read by the slot's own thread now, received on the other socket,
+    // answered on the connection.
+    for i in 0..50u8 {
+        peer.write_all(&framed(&[b'a', i])).unwrap();
+        let m = sock.recv_msg().unwrap_or_else(|e| panic!("message {i} after the close: {e}"));
+        assert_eq!(&m.data[4..], &[b'a', i]);
+        sock.send_to(&m.data, m.psock).unwrap();
+        assert_eq!(read_framed(&mut peer), [b'a', i]);
+    }
+    assert!(sock.stand_alone().is_err(), "the slot is taken while its connections are attached");
+    mux.unattach(&ours).unwrap();
+    let again = eventually(|| sock.stand_alone().ok());
     let (ours, _peer) = pair();
     again.attach(&ours, l4()).expect("a connection attached there once is attachable again");
 }
@@ -212,5 +229,5 @@ on_both_drivers!(
     a_stand_alone_socket_reads_its_own_connections,
     stand_alone_clones_and_a_worker_connection_together,
     a_stand_alone_socket_honours_its_mode_and_timeout,
-    closing_a_stand_alone_socket_frees_its_slot_and_connections,
+    closing_a_stand_alone_socket_leaves_its_connections_then_frees_its_slot,
 );

@@ -88,6 +88,17 @@ impl Alone {
         self.parts = Some((w.bufs, w.events, w.dirty));
     }
 
+    /// Its socket closed while connections are attached to the slot: no
+    /// socket looks at a queue after its passes now, so a message queued
+    /// for any raises that socket's readiness, and what was written whole
+    /// reaches the core.
+    pub(crate) fn orphan(&mut self, sh: &Shared) {
+        if let Some((bufs, ..)) = &mut self.parts {
+            bufs.own.looks = None;
+            bufs.own.hold(&mut sh.lock());
+        }
+    }
+
     /// The socket is closing: the writes made whole reach the core.
     pub(crate) fn end(&mut self, sh: &Shared) {
         if let Some((bufs, events, dirty)) = self.parts.take() {

@@ -229,6 +229,9 @@ pub(crate) struct Shared {
     /// no thread of its own, whose pass a stand-alone socket's `recv` runs.
     /// Slot `i` is worker index `workers.len() + i`.
     pub alone: Vec<WorkerRef>,
+    /// The slots no socket holds, and none of whose connections are left
+    /// from a socket that closed (worker indexes).
+    pub alone_free: Mutex<Vec<usize>>,
     pub stop: AtomicBool,
     pub read_chunk: usize,
     /// `Config::recv_spin`.
