@@ -521,28 +521,50 @@ struct MuxCounters {
     handshake_timeouts: u64,
 }
 
-/// The multiplexor.
+/// The multiplexor: what its psocks' owner holds and what they share.
+///
+/// The two halves are apart so that a runtime can give each worker its
+/// own psocks (`Owned`) and share only the sockets (`Hub`); a single-threaded
+/// mux, as here, holds one of each.
 pub struct Mux {
-    config: MuxConfig,
-    /// What every psock shares: the KCM sockets and the mux's lists.
-    sk: Sockets,
+    o: Owned,
+    h: Hub,
+}
+
+/// What the owner of the psocks holds: the psocks themselves, their
+/// deadlines and the bookkeeping of their writers.
+struct Owned {
     /// What each attached connection owns.
     psocks: Slab<Psock>,
-    events: VecDeque<Event>,
     /// Assembly deadlines of the psocks, earliest first.
     deadlines: Deadlines,
     /// The latest time any call told us.
     now: Timestamp,
-    counters: MuxCounters,
-    /// Counters of unattached psocks, so totals never drop.
-    folded: PsockStats,
-    max_msg_peak: usize,
-    /// `tx_complete`'s list of finished messages, kept to reuse its memory.
-    tx_done: Vec<(SockId, usize, u32)>,
+    /// Psocks read again after the server held them back, whose assembly
+    /// deadline restarts at the next time the mux is told
+    /// ([`Mux::rx_resume`]: the calls that resume carry no time).
+    restarts: Vec<PsockId>,
     /// Chunks whose writer was still out when their psock was unattached
     /// (see [`OutAtRelease`]); one entry per such psock until its writer
     /// reports, so bounded by the writers (threads, ring sends) out.
     out_at_release: Vec<OutAtRelease>,
+    /// When the next idle or handshake deadline may have passed.
+    scan_next: Option<Timestamp>,
+    /// `tx_complete`'s list of finished messages, kept to reuse its memory.
+    tx_done: Vec<(SockId, usize, u32)>,
+}
+
+/// What every psock shares: the KCM sockets and the mux's lists, the
+/// events for the application, the mux's counters and the memory budget's
+/// sum.
+struct Hub {
+    config: MuxConfig,
+    sk: Sockets,
+    events: VecDeque<Event>,
+    counters: MuxCounters,
+    /// Counters of unattached psocks, so totals never drop.
+    folded: PsockStats,
+    max_msg_peak: usize,
     /// Σ psocks `rx_held`, kept as they change (the budget's hot-path term).
     rx_held_sum: usize,
     /// Past the memory budget's limit and not yet back at its low mark.
@@ -552,12 +574,6 @@ pub struct Mux {
     mem_peak: usize,
     /// When the earliest budget pause runs out of grace.
     mem_next: Option<Timestamp>,
-    /// When the next idle or handshake deadline may have passed.
-    scan_next: Option<Timestamp>,
-    /// Psocks read again after the server held them back, whose assembly
-    /// deadline restarts at the next time the mux is told
-    /// ([`Mux::rx_resume`]: the calls that resume carry no time).
-    restarts: Vec<PsockId>,
     /// `TxPolicy::LeastOutstanding`: the index of the psock chosen last (ties
     /// go to the next one).
     tx_last: u32,
@@ -565,7 +581,7 @@ pub struct Mux {
 
 impl std::fmt::Debug for Mux {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mux").field("socks", &self.sk.socks.len()).field("psocks", &self.psocks.len()).finish()
+        f.debug_struct("Mux").field("socks", &self.h.sk.socks.len()).field("psocks", &self.o.psocks.len()).finish()
     }
 }
 
@@ -594,51 +610,55 @@ impl Mux {
     pub fn new(config: MuxConfig) -> Mux {
         let max_msg_peak = config.max_msg_size;
         Mux {
-            config,
-            sk: Sockets::default(),
-            psocks: Slab::new(),
-            events: VecDeque::new(),
-            deadlines: Deadlines::default(),
-            now: Timestamp::ZERO,
-            counters: MuxCounters::default(),
-            folded: PsockStats::default(),
-            max_msg_peak,
-            tx_done: Vec::new(),
-            out_at_release: Vec::new(),
-            rx_held_sum: 0,
-            mem_over: false,
-            mem_peak: 0,
-            mem_next: None,
-            scan_next: None,
-            restarts: Vec::new(),
-            tx_last: u32::MAX,
+            o: Owned {
+                psocks: Slab::new(),
+                deadlines: Deadlines::default(),
+                now: Timestamp::ZERO,
+                restarts: Vec::new(),
+                out_at_release: Vec::new(),
+                scan_next: None,
+                tx_done: Vec::new(),
+            },
+            h: Hub {
+                config,
+                sk: Sockets::default(),
+                events: VecDeque::new(),
+                counters: MuxCounters::default(),
+                folded: PsockStats::default(),
+                max_msg_peak,
+                rx_held_sum: 0,
+                mem_over: false,
+                mem_peak: 0,
+                mem_next: None,
+                tx_last: u32::MAX,
+            },
         }
     }
     pub fn config(&self) -> &MuxConfig {
-        &self.config
+        &self.h.config
     }
 
     #[inline]
     fn sock(&self, s: SockId) -> Result<&Sock, MuxError> {
-        self.sk.socks.get(s.index, s.generation).ok_or(MuxError::BadSock)
+        self.h.sk.socks.get(s.index, s.generation).ok_or(MuxError::BadSock)
     }
     #[inline]
     fn sock_mut(&mut self, s: SockId) -> Result<&mut Sock, MuxError> {
-        self.sk.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)
+        self.h.sk.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)
     }
     #[inline]
     fn psock(&self, p: PsockId) -> Result<&Psock, MuxError> {
-        self.psocks.get(p.index, p.generation).ok_or(MuxError::NoPsock)
+        self.o.psocks.get(p.index, p.generation).ok_or(MuxError::NoPsock)
     }
     #[inline]
     fn psock_mut(&mut self, p: PsockId) -> Result<&mut Psock, MuxError> {
-        self.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)
+        self.o.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)
     }
     fn note_time(&mut self, now: Timestamp) {
-        if now > self.now {
-            self.now = now;
+        if now > self.o.now {
+            self.o.now = now;
         }
-        if !self.restarts.is_empty() {
+        if !self.o.restarts.is_empty() {
             self.restart_deadlines();
         }
     }
@@ -646,9 +666,9 @@ impl Mux {
     /// The deadlines [`Mux::rx_resume`] held run again, in full, from now.
     #[cold]
     fn restart_deadlines(&mut self) {
-        for p in std::mem::take(&mut self.restarts) {
-            if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
-                ps.stream.restart_deadline(self.now);
+        for p in std::mem::take(&mut self.o.restarts) {
+            if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
+                ps.stream.restart_deadline(self.o.now);
             }
             self.sync_deadline(p);
         }
@@ -658,7 +678,7 @@ impl Mux {
 
     /// Create a KCM socket (the first `socket(AF_KCM, ty, 0)`).
     pub fn socket(&mut self, ty: SockType) -> SockId {
-        let s = sid(self.sk.socks.insert(Sock::new(ty, &self.config)));
+        let s = sid(self.h.sk.socks.insert(Sock::new(ty, &self.h.config)));
         // A new socket is able at once: it takes held messages, then joins.
         self.rcv_ready(s);
         s
@@ -672,33 +692,33 @@ impl Mux {
     /// aborted, queued received messages move to other sockets. Closing the last
     /// socket unattaches every psock.
     pub fn close(&mut self, s: SockId) -> Result<(), MuxError> {
-        let sock = self.sk.socks.remove(s.index, s.generation).ok_or(MuxError::BadSock)?;
+        let sock = self.h.sk.socks.remove(s.index, s.generation).ok_or(MuxError::BadSock)?;
         if sock.on_waiters {
-            self.sk.rx_waiters.retain(|w| *w != s);
+            self.h.sk.rx_waiters.retain(|w| *w != s);
         }
         if sock.tx_waiting {
-            self.sk.tx_waiters.retain(|w| *w != s);
+            self.h.sk.tx_waiters.retain(|w| *w != s);
         }
         // Transmit: every psock drops the socket's messages not yet begun
         // (`Psock::drop_owner`); one part-way through one of them is aborted.
-        let ids: Vec<PsockId> = self.psocks.iter().map(|(i, g, _)| pid((i, g))).collect();
+        let ids: Vec<PsockId> = self.o.psocks.iter().map(|(i, g, _)| pid((i, g))).collect();
         for p in ids {
-            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
-            let resume = match ps.drop_owner(&self.config, s) {
+            let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { continue };
+            let resume = match ps.drop_owner(&self.h.config, s) {
                 DropOwner::MidMessage => {
                     self.tx_abort(p, EPIPE);
                     continue;
                 }
                 DropOwner::Dropped { resume, addr_bytes } => {
-                    if let Some(sh) = self.sk.share_mut(p) {
+                    if let Some(sh) = self.h.sk.share_mut(p) {
                         sh.addr_gone(addr_bytes);
                     }
                     resume
                 }
             };
-            let reserved_by_s = self.sk.share(p).is_some_and(|sh| sh.tx_kcm == Some(s));
+            let reserved_by_s = self.h.sk.share(p).is_some_and(|sh| sh.tx_kcm == Some(s));
             if reserved_by_s {
-                self.sk.unreserve(p);
+                self.h.sk.unreserve(p);
             }
             if resume {
                 self.rx_resume(p);
@@ -708,12 +728,12 @@ impl Mux {
             }
         }
         // Receive: queued messages move to other sockets or the hold queue.
-        if self.sk.socks.len() == 0 {
+        if self.h.sk.socks.len() == 0 {
             self.release_all();
         } else {
             self.requeue(sock.rx_queue);
-            if !self.sk.hold.is_empty() {
-                self.sk.hold_budget += sock.rcvbuf_peak + self.max_msg_peak;
+            if !self.h.sk.hold.is_empty() {
+                self.h.sk.hold_budget += sock.rcvbuf_peak + self.h.max_msg_peak;
             }
         }
         Ok(())
@@ -721,15 +741,15 @@ impl Mux {
 
     /// The last socket closed: every psock is unattached, the hold queue purged.
     fn release_all(&mut self) {
-        let ids: Vec<PsockId> = self.psocks.iter().map(|(i, g, _)| pid((i, g))).collect();
+        let ids: Vec<PsockId> = self.o.psocks.iter().map(|(i, g, _)| pid((i, g))).collect();
         for p in ids {
             let _ = self.unattach(p);
         }
-        self.sk.hold.clear();
-        self.sk.hold_mem = 0;
-        self.sk.hold_budget = 0;
-        self.sk.rx_waiters.clear();
-        self.sk.tx_waiters.clear();
+        self.h.sk.hold.clear();
+        self.h.sk.hold_mem = 0;
+        self.h.sk.hold_budget = 0;
+        self.h.sk.rx_waiters.clear();
+        self.h.sk.tx_waiters.clear();
     }
 
     pub fn sock_type(&self, s: SockId) -> Result<SockType, MuxError> {
@@ -747,7 +767,7 @@ impl Mux {
             let msgs = std::mem::take(&mut sock.rx_queue);
             sock.rx_mem = 0;
             if was_waiting {
-                self.sk.rx_waiters.retain(|w| *w != s);
+                self.h.sk.rx_waiters.retain(|w| *w != s);
             }
             self.requeue(msgs);
         } else {
@@ -765,7 +785,7 @@ impl Mux {
         sock.rcvbuf_peak = sock.rcvbuf_peak.max(sock.rcvbuf);
         if sock.on_waiters && !sock.able() {
             sock.on_waiters = false;
-            self.sk.rx_waiters.retain(|w| *w != s);
+            self.h.sk.rx_waiters.retain(|w| *w != s);
         } else {
             self.rcv_ready(s);
         }
@@ -783,14 +803,14 @@ impl Mux {
         let sock = self.sock_mut(s)?;
         sock.sndbuf = bytes.max(1);
         sock.sndbuf_peak = sock.sndbuf_peak.max(sock.sndbuf);
-        self.sk.check_writable(&mut self.events, s);
+        self.h.sk.check_writable(&mut self.h.events, s);
         Ok(())
     }
     /// Affinity tag for `Steering::Affinity` (the runtime: worker index).
     /// Change a psock's affinity tag: its next messages are steered to the
     /// socket with that tag (the runtime moves a connection between workers).
     pub fn set_psock_affinity(&mut self, p: PsockId, tag: Option<u32>) -> Result<(), MuxError> {
-        let ps = self.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
+        let ps = self.o.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
         ps.affinity = tag;
         Ok(())
     }
@@ -809,23 +829,23 @@ impl Mux {
         Ok(())
     }
     pub fn sock_count(&self) -> usize {
-        self.sk.socks.len()
+        self.h.sk.socks.len()
     }
     /// Live KCM sockets, in index order.
     pub fn socks(&self) -> Vec<SockId> {
-        self.sk.socks.iter().map(|(i, g, _)| sid((i, g))).collect()
+        self.h.sk.socks.iter().map(|(i, g, _)| sid((i, g))).collect()
     }
 
     // ---- psocks ----
 
     /// SIOCKCMATTACH. Bytes the connection already holds are simply fed after.
     pub fn attach(&mut self, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId {
-        let max_msg_size = cfg.max_msg_size.unwrap_or(self.config.max_msg_size).max(1);
-        let assembly_timeout = cfg.assembly_timeout.unwrap_or(self.config.assembly_timeout);
-        let read_ahead = self.config.psock_rx_buf.max(1);
-        self.max_msg_peak = self.max_msg_peak.max(max_msg_size);
+        let max_msg_size = cfg.max_msg_size.unwrap_or(self.h.config.max_msg_size).max(1);
+        let assembly_timeout = cfg.assembly_timeout.unwrap_or(self.h.config.assembly_timeout);
+        let read_ahead = self.h.config.psock_rx_buf.max(1);
+        self.h.max_msg_peak = self.h.max_msg_peak.max(max_msg_size);
         let stream = StreamParser::new(parser, StreamLimits { max_msg_size, assembly_timeout, read_ahead });
-        let p = pid(self.psocks.insert(Psock {
+        let p = pid(self.o.psocks.insert(Psock {
             stream,
             affinity: cfg.affinity,
             rx_last: None,
@@ -840,16 +860,16 @@ impl Mux {
             mem: MemState::Reading,
             counted: 0,
             below: 0,
-            last_active: self.now,
+            last_active: self.o.now,
             handshake_deadline: None,
             record_deadline: None,
             ahead_since: None,
             record_timeouts: 0,
             stats: PsockStats::default(),
         }));
-        self.sk.add_share(p);
-        self.counters.psock_attach += 1;
-        self.arm_idle(self.now);
+        self.h.sk.add_share(p);
+        self.h.counters.psock_attach += 1;
+        self.arm_idle(self.o.now);
         // To the first socket waiting to transmit, else the tail of the LRU list.
         self.psock_now_avail(p);
         p
@@ -858,7 +878,7 @@ impl Mux {
     /// dropped (rx_ready_drops); a partly written message is resent whole on
     /// another psock (psock_unattach_rsvd).
     pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
-        let reserved = self.sk.share(p).is_some_and(|sh| sh.tx_kcm.is_some());
+        let reserved = self.h.sk.share(p).is_some_and(|sh| sh.tx_kcm.is_some());
         let ps = self.psock_mut(p)?;
         ps.stream.stop();
         let dropped_ready = ps.ready.take().is_some();
@@ -868,37 +888,37 @@ impl Mux {
             // KCM aborts a reserved psock: it may be out of sync mid-message.
             ps.stats.tx_aborts += 1;
             ps.tx = Tx::Stopped;
-            self.counters.psock_unattach_rsvd += 1;
+            self.h.counters.psock_unattach_rsvd += 1;
         } else if ps.tx != Tx::Stopped {
             ps.tx = Tx::Idle;
         }
         if dropped_ready {
-            self.counters.rx_ready_drops += 1;
-            self.sk.psocks_ready.retain(|x| *x != p);
+            self.h.counters.rx_ready_drops += 1;
+            self.h.sk.psocks_ready.retain(|x| *x != p);
         }
-        self.sk.stop_tx(p);
-        self.counters.psock_unattach += 1;
+        self.h.sk.stop_tx(p);
+        self.h.counters.psock_unattach += 1;
         // Give back what it was to send: reserved messages go elsewhere whole.
         self.tx_evacuate(p, writer_out, inflight);
-        let ps = self.psocks.remove(p.index, p.generation).expect("psock present");
-        let share = self.sk.remove_share(p);
-        if self.deadlines.forget(ps.timer) {
+        let ps = self.o.psocks.remove(p.index, p.generation).expect("psock present");
+        let share = self.h.sk.remove_share(p);
+        if self.o.deadlines.forget(ps.timer) {
             self.clean_deadlines();
         }
-        self.rx_held_sum -= ps.counted;
-        add_psock_stats(&mut self.folded, &with_share(ps.full_stats(), share.as_ref()));
-        self.events.push_back(Event::PsockReleased(p));
+        self.h.rx_held_sum -= ps.counted;
+        add_psock_stats(&mut self.h.folded, &with_share(ps.full_stats(), share.as_ref()));
+        self.h.events.push_back(Event::PsockReleased(p));
         // What it held is free: psocks paused by the budget may read again.
-        if self.mem_over {
-            self.mem_check(self.now);
+        if self.h.mem_over {
+            self.mem_check(self.o.now);
         }
         Ok(())
     }
     pub fn psock_count(&self) -> usize {
-        self.psocks.len()
+        self.o.psocks.len()
     }
     pub fn psocks(&self) -> Vec<PsockId> {
-        self.psocks.iter().map(|(i, g, _)| pid((i, g))).collect()
+        self.o.psocks.iter().map(|(i, g, _)| pid((i, g))).collect()
     }
 
     // ---- receive path ----
@@ -906,7 +926,7 @@ impl Mux {
     /// Bytes the psock will accept now (0 = paused or stopped).
     pub fn rx_capacity(&self, p: PsockId) -> usize {
         match self.psock(p) {
-            Ok(ps) if ps.rx_running() && !ps.held_back(&self.config) => {
+            Ok(ps) if ps.rx_running() && !ps.held_back(&self.h.config) => {
                 ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held())).min(self.mem_room())
             }
             _ => 0,
@@ -967,7 +987,7 @@ impl Mux {
         let framed = crate::run::count(&out[first..]) as u64;
         if taken > 0 || framed > 0 {
             let holds = framed > 0 && {
-                let s = self.sk.socks.get_mut(sock.index, sock.generation).expect("checked live");
+                let s = self.h.sk.socks.get_mut(sock.index, sock.generation).expect("checked live");
                 s.stats.rx_msgs += framed;
                 s.stats.rx_bytes += if whole {
                     taken as u64
@@ -976,7 +996,7 @@ impl Mux {
                 };
                 s.holds
             };
-            if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+            if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
                 if taken > 0 {
                     // Bytes served in place are traffic too (idle timeout).
                     ps.last_active = now;
@@ -984,12 +1004,12 @@ impl Mux {
                 if framed > 0 {
                     // What it framed, told to its share (its outstanding work).
                     let received = ps.stream.stats().msgs;
-                    if let Some(sh) = self.sk.share_mut(p) {
+                    if let Some(sh) = self.h.sk.share_mut(p) {
                         sh.received = received;
                     }
                 }
             }
-            self.sk.handed(p, framed, holds);
+            self.h.sk.handed(p, framed, holds);
             if taken == data.len() {
                 // All of it framed in place: nothing left for the stream
                 // (feeding nothing would only look the psock up again).
@@ -1009,7 +1029,7 @@ impl Mux {
         limit: usize,
         out: &mut Vec<crate::run::Run>,
     ) -> Result<(usize, bool), MuxError> {
-        let Mux { psocks, sk, config, .. } = self;
+        let (Owned { psocks, .. }, Hub { sk, config, .. }) = (&mut self.o, &self.h);
         let ps = psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
         if !sk.steers_here(config, sock, ps.affinity) || ps.ready.is_some() || ps.life.rx_over() {
             return Ok((0, false));
@@ -1062,10 +1082,10 @@ impl Mux {
         if cap == 0 {
             return (0, None);
         }
-        let loan = self.psocks.get_mut(p.index, p.generation).and_then(|ps| ps.stream.lend(cap));
+        let loan = self.o.psocks.get_mut(p.index, p.generation).and_then(|ps| ps.stream.lend(cap));
         if loan.is_some() {
             // The loan's limit counts as held from now.
-            self.recount(p, self.now);
+            self.recount(p, self.o.now);
         }
         (cap, loan.map(|loan| RxLoan { psock: p, loan }))
     }
@@ -1092,8 +1112,8 @@ impl Mux {
         let predicted = self.ahead_check(p)?;
         let loan = self.rx_lend(p)?;
         if predicted {
-            let at = self.now;
-            if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+            let at = self.o.now;
+            if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
                 ps.ahead_since = Some(at);
             }
             self.ahead_scan_at(at);
@@ -1111,7 +1131,7 @@ impl Mux {
     /// predicted.
     fn ahead_check(&self, p: PsockId) -> Option<bool> {
         match self.psock(p).ok()?.stream.lend_predicted() {
-            Some(len) => (self.mem_total().saturating_add(len) <= self.config.mem_limit / 2).then_some(true),
+            Some(len) => (self.mem_total().saturating_add(len) <= self.h.config.mem_limit / 2).then_some(true),
             None => Some(false),
         }
     }
@@ -1172,10 +1192,10 @@ impl Mux {
             ps.stream.stop();
             self.sync_deadline(p);
         }
-        self.sk.no_answers(p);
-        self.events.push_back(Event::PsockFailed(p, PsockError::Closed));
+        self.h.sk.no_answers(p);
+        self.h.events.push_back(Event::PsockFailed(p, PsockError::Closed));
         self.tx_take_back(p);
-        self.recount(p, self.now);
+        self.recount(p, self.o.now);
         self.check_drained(p);
         Ok(())
     }
@@ -1204,13 +1224,13 @@ impl Mux {
     /// `n` messages of psock `p` taken from a holding socket have been
     /// answered (their replies queued) or dropped. Unknown psocks are ignored.
     pub fn rx_settle(&mut self, p: PsockId, n: u64) {
-        self.sk.settle(p, n);
+        self.h.sk.settle(p, n);
         self.apply_told();
     }
 
     /// Messages of psock `p` taken from holding sockets and not yet settled.
     pub fn rx_holds(&self, p: PsockId) -> u64 {
-        self.sk.share(p).map_or(0, |sh| sh.holds)
+        self.h.sk.share(p).map_or(0, |sh| sh.holds)
     }
 
     /// `PeerClosed` → `Drained` when nothing of psock `p` is left to deliver,
@@ -1219,7 +1239,7 @@ impl Mux {
     fn check_drained(&mut self, p: PsockId) {
         // Called after every write and settle: only a psock whose peer
         // closed goes on to the full check.
-        if self.psocks.get(p.index, p.generation).is_some_and(|ps| ps.life == Life::PeerClosed) {
+        if self.o.psocks.get(p.index, p.generation).is_some_and(|ps| ps.life == Life::PeerClosed) {
             self.check_drained_closed(p);
         }
     }
@@ -1227,7 +1247,7 @@ impl Mux {
     /// [`Mux::check_drained`] for a psock whose peer closed.
     #[inline(never)]
     fn check_drained_closed(&mut self, p: PsockId) {
-        let Some(ps) = self.psocks.get(p.index, p.generation) else { return };
+        let Some(ps) = self.o.psocks.get(p.index, p.generation) else { return };
         if ps.life != Life::PeerClosed
             || ps.ready.is_some()
             || !ps.stream.is_stopped()
@@ -1236,11 +1256,11 @@ impl Mux {
         {
             return;
         }
-        if !self.sk.share(p).is_none_or(Share::readers_done) {
+        if !self.h.sk.share(p).is_none_or(Share::readers_done) {
             return;
         }
-        self.psocks.get_mut(p.index, p.generation).expect("live").life = Life::Drained;
-        self.events.push_back(Event::PsockDrained(p));
+        self.o.psocks.get_mut(p.index, p.generation).expect("live").life = Life::Drained;
+        self.h.events.push_back(Event::PsockDrained(p));
     }
 
     /// The driver found the byte stream below the parser unusable (a TLS
@@ -1258,10 +1278,10 @@ impl Mux {
         if ps.ready.is_none() {
             ps.stream.stop();
         }
-        self.sk.no_answers(p);
-        self.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
+        self.h.sk.no_answers(p);
+        self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
         self.tx_take_back(p);
-        self.recount(p, self.now);
+        self.recount(p, self.o.now);
         Ok(())
     }
 
@@ -1269,7 +1289,7 @@ impl Mux {
     /// complete message and steer it; stop when none is left or nobody can take one.
     fn rx_pass(&mut self, p: PsockId, now: Timestamp, mut direct: Option<&mut Direct<'_>>) {
         // Disjoint borrows of the mux's parts: this loop runs once per message.
-        let Mux { psocks, sk, events, config, .. } = self;
+        let (Owned { psocks, .. }, Hub { sk, events, config, .. }) = (&mut self.o, &mut self.h);
         let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
         // Round robin: the socket reserved for this pass (affinity: the one
         // that took the last pass's messages, while it keeps up).
@@ -1345,23 +1365,23 @@ impl Mux {
     /// that may have started, finished or stopped a message).
     #[inline]
     fn sync_deadline(&mut self, p: PsockId) {
-        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
         let want = ps.stream.deadline();
-        if self.deadlines.sync(p.index, p.generation, &mut ps.timer, want) {
+        if self.o.deadlines.sync(p.index, p.generation, &mut ps.timer, want) {
             self.clean_deadlines();
         }
     }
 
     /// Drop deadline entries that no longer match their psock.
     fn clean_deadlines(&mut self) {
-        let psocks = &self.psocks;
-        self.deadlines.clean(|i, g| psocks.get(i, g).and_then(|ps| ps.timer));
+        let psocks = &self.o.psocks;
+        self.o.deadlines.clean(|i, g| psocks.get(i, g).and_then(|ps| ps.timer));
     }
 
     /// Queue a message on a socket (which must be able).
     #[inline]
     fn enqueue_rx(&mut self, s: SockId, msg: RxMsg) {
-        self.sk.enqueue_rx(&mut self.events, s, msg);
+        self.h.sk.enqueue_rx(&mut self.h.events, s, msg);
     }
 
     /// Messages leaving a disabled or closed socket: to the first waiting
@@ -1369,11 +1389,11 @@ impl Mux {
     /// `requeue_rx_msgs`).
     fn requeue(&mut self, msgs: VecDeque<RxMsg>) {
         for msg in msgs {
-            match self.sk.rx_waiters.front().copied() {
+            match self.h.sk.rx_waiters.front().copied() {
                 Some(w) => self.enqueue_rx(w, msg),
                 None => {
-                    self.sk.hold_mem += msg.remaining();
-                    self.sk.hold.push_back(msg);
+                    self.h.sk.hold_mem += msg.remaining();
+                    self.h.sk.hold.push_back(msg);
                 }
             }
         }
@@ -1383,22 +1403,22 @@ impl Mux {
     /// takes the hold queue, then paused psocks' messages, then joins the
     /// waiter list (KCM `kcm_rcv_ready`).
     fn rcv_ready(&mut self, s: SockId) {
-        if !self.sk.rcv_ready_hold(&mut self.events, s) {
+        if !self.h.sk.rcv_ready_hold(&mut self.h.events, s) {
             return;
         }
         // Paused psocks offer the message they hold to `s` while it can
         // take one (KCM: `psocks_ready` first, then the waiter list).
         let mut resumed = Vec::new();
-        while let Some(p) = self.sk.next_offer(s) {
-            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+        while let Some(p) = self.h.sk.next_offer(s) {
+            let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { continue };
             resumed.push(p);
             if let Some(msg) = ps.ready.take() {
-                ps.readers_hold |= self.sk.deliver(&self.config, &mut self.events, s, msg);
+                ps.readers_hold |= self.h.sk.deliver(&self.h.config, &mut self.h.events, s, msg);
             }
         }
-        self.sk.join_waiters(s);
+        self.h.sk.join_waiters(s);
         // Resumed psocks parse what they had buffered, then read again.
-        let now = self.now;
+        let now = self.o.now;
         for p in resumed {
             self.rx_pass(p, now, None);
             self.recount_only(p);
@@ -1413,7 +1433,7 @@ impl Mux {
     /// here it is offered again as soon as it is below SO_RCVBUF.
     #[inline]
     fn after_read(&mut self, s: SockId) {
-        if let Some(sock) = self.sk.socks.get(s.index, s.generation) {
+        if let Some(sock) = self.h.sk.socks.get(s.index, s.generation) {
             if !sock.on_waiters && sock.able() {
                 self.rcv_ready(s);
             }
@@ -1428,7 +1448,7 @@ impl Mux {
     /// behaviour, case 19 (D)). A read that finishes a message sets EOR on
     /// both types; PEEK copies, consumes nothing and sets neither flag.
     pub fn recv(&mut self, s: SockId, buf: &mut [u8], flags: RecvFlags) -> Result<RecvInfo, MuxError> {
-        let info = self.sk.recv(&self.config, s, buf, flags)?;
+        let info = self.h.sk.recv(&self.h.config, s, buf, flags)?;
         if !flags.peek {
             self.apply_told();
             self.after_read(s);
@@ -1437,7 +1457,7 @@ impl Mux {
     }
     /// Take the whole head message (addressed form; zero-copy). WouldBlock when empty.
     pub fn recv_msg(&mut self, s: SockId) -> Result<(Bytes, PsockId), MuxError> {
-        let (data, p, rejoin) = self.sk.recv_msg(&self.config, s)?;
+        let (data, p, rejoin) = self.h.sk.recv_msg(&self.h.config, s)?;
         self.apply_told();
         if rejoin {
             self.rcv_ready(s);
@@ -1448,14 +1468,14 @@ impl Mux {
     /// Apply what the sockets' side told psocks ([`ToPsock`]), in order.
     #[inline]
     fn apply_told(&mut self) {
-        if self.sk.told.is_empty() {
+        if self.h.sk.told.is_empty() {
             return;
         }
-        let mut told = std::mem::take(&mut self.sk.told);
+        let mut told = std::mem::take(&mut self.h.sk.told);
         for t in told.drain(..) {
             match t {
                 ToPsock::Resume(p) => {
-                    let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+                    let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { continue };
                     ps.readers_hold = false;
                     if self.rx_capacity(p) > 0 {
                         self.rx_resume(p);
@@ -1465,8 +1485,8 @@ impl Mux {
             }
         }
         // (Keep the list's memory: told again on the next call.)
-        if self.sk.told.is_empty() {
-            self.sk.told = told;
+        if self.h.sk.told.is_empty() {
+            self.h.sk.told = told;
         }
     }
 
@@ -1548,7 +1568,7 @@ impl Mux {
     /// Send buffer full: remember to raise SockWritable; flush a held batch
     /// first (KCM `kcm_push` before it waits for memory).
     fn would_block(&mut self, s: SockId) -> MuxError {
-        let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
+        let sock = self.h.sk.socks.get_mut(s.index, s.generation).expect("live");
         sock.want_writable = true;
         if std::mem::take(&mut sock.wait_more) {
             self.tx_push(s);
@@ -1560,7 +1580,7 @@ impl Mux {
     /// A complete message joins the socket's queue; without BATCH everything
     /// queued goes to the socket's psock.
     fn queue_msg(&mut self, s: SockId, msg: Bytes, batch: bool) {
-        let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
+        let sock = self.h.sk.socks.get_mut(s.index, s.generation).expect("live");
         sock.tx_queue.push_back(msg);
         sock.tx_msgs += 1;
         sock.stats.tx_msgs += 1;
@@ -1679,11 +1699,11 @@ impl Mux {
         msgs: u32,
         kick: bool,
     ) -> Result<(), MuxError> {
-        let limit = self.config.psock_sndbuf;
+        let limit = self.h.config.psock_sndbuf;
         // The socket, the psock's share and the psock, each looked up once
         // (disjoint fields). The refusal reads the psock's backlog as its
         // share keeps it (what the psock reported), not the psock.
-        let Mux { psocks, sk, .. } = self;
+        let (Owned { psocks, .. }, Hub { sk, .. }) = (&mut self.o, &mut self.h);
         let (sock, sh) = sk.sock_and_share(s, p).expect("checked");
         if sh.addr_backlog >= limit {
             sh.refusals += 1;
@@ -1734,7 +1754,7 @@ impl Mux {
             if let Some(open) = sock.open.take() {
                 sock.tx_mem -= open.len();
             }
-            self.sk.check_writable(&mut self.events, s);
+            self.h.sk.check_writable(&mut self.h.events, s);
         }
         Ok(())
     }
@@ -1747,10 +1767,10 @@ impl Mux {
     /// Raise PsockTransmit if the psock has bytes, no chunk out, and was not
     /// told since its last `tx_begin`.
     fn kick(&mut self, p: PsockId) {
-        if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+        if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
             if ps.tx == Tx::Idle && !ps.tx_queue.is_empty() {
                 ps.tx = Tx::Kicked;
-                self.events.push_back(Event::PsockTransmit(p));
+                self.h.events.push_back(Event::PsockTransmit(p));
             }
         }
     }
@@ -1764,7 +1784,7 @@ impl Mux {
 
     /// End of a batch: wake the psocks whose addressed messages it held.
     fn kick_held(&mut self, s: SockId) {
-        let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) else { return };
+        let Some(sock) = self.h.sk.socks.get_mut(s.index, s.generation) else { return };
         if sock.held_psocks.is_empty() {
             return;
         }
@@ -1775,28 +1795,28 @@ impl Mux {
 
     /// Hand the socket's queued messages to its psock, reserving one if needed.
     fn tx_push(&mut self, s: SockId) {
-        if self.config.tx_policy == TxPolicy::LeastOutstanding {
+        if self.h.config.tx_policy == TxPolicy::LeastOutstanding {
             return self.tx_push_balanced(s);
         }
-        let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) else { return };
+        let Some(sock) = self.h.sk.socks.get_mut(s.index, s.generation) else { return };
         if sock.tx_queue.is_empty() {
             return;
         }
         let p = match sock.tx_psock {
             Some(p) => p,
-            None => match self.sk.reserve(s) {
+            None => match self.h.sk.reserve(s) {
                 Some(p) => p,
-                None => return self.sk.wait_for_psock(s),
+                None => return self.h.sk.wait_for_psock(s),
             },
         };
-        let Sockets { socks, .. } = &mut self.sk;
+        let Sockets { socks, .. } = &mut self.h.sk;
         let sock = socks.get_mut(s.index, s.generation).expect("live");
-        let ps = self.psocks.get_mut(p.index, p.generation).expect("reserved psock is live");
+        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("reserved psock is live");
         let n = sock.tx_queue.len();
         for data in sock.tx_queue.drain(..) {
             ps.queue(TxMsg::new(data, s, Placed::Reserved, 1));
         }
-        let sh = self.sk.share_mut(p).expect("reserved psock is attached");
+        let sh = self.h.sk.share_mut(p).expect("reserved psock is attached");
         sh.tx_rsvd_msgs += n;
         sh.place(n as u32, 0);
         self.kick(p);
@@ -1807,19 +1827,19 @@ impl Mux {
     /// answer, `s` waits as for a reservation.
     fn tx_push_balanced(&mut self, s: SockId) {
         loop {
-            let Some(sock) = self.sk.socks.get(s.index, s.generation) else { return };
+            let Some(sock) = self.h.sk.socks.get(s.index, s.generation) else { return };
             if sock.tx_queue.is_empty() {
                 return;
             }
             let Some(p) = self.least_outstanding() else {
-                return self.sk.wait_for_psock(s);
+                return self.h.sk.wait_for_psock(s);
             };
-            let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
+            let sock = self.h.sk.socks.get_mut(s.index, s.generation).expect("live");
             let data = sock.tx_queue.pop_front().expect("non-empty");
-            let ps = self.psocks.get_mut(p.index, p.generation).expect("chosen psock is live");
+            let ps = self.o.psocks.get_mut(p.index, p.generation).expect("chosen psock is live");
             ps.queue(TxMsg::new(data, s, Placed::Balanced, 1));
-            self.sk.share_mut(p).expect("chosen psock is attached").place(1, 0);
-            self.tx_last = p.index;
+            self.h.sk.share_mut(p).expect("chosen psock is attached").place(1, 0);
+            self.h.tx_last = p.index;
             self.kick(p);
         }
     }
@@ -1828,14 +1848,14 @@ impl Mux {
     /// among equals, the first after the one chosen last. The sockets' side
     /// decides from what the psocks reported to their shares.
     fn least_outstanding(&self) -> Option<PsockId> {
-        self.sk.least_outstanding(self.tx_last)
+        self.h.sk.least_outstanding(self.h.tx_last)
     }
 
     /// Messages queued on psock `p` over its life minus messages received
     /// from it (never below 0): what `TxPolicy::LeastOutstanding` compares.
     pub fn psock_outstanding(&self, p: PsockId) -> Result<u64, MuxError> {
         self.psock(p)?;
-        Ok(self.sk.share(p).map_or(0, Share::outstanding))
+        Ok(self.h.sk.share(p).map_or(0, Share::outstanding))
     }
 
     /// Whether every psock's share holds what the psock itself has of its
@@ -1846,18 +1866,18 @@ impl Mux {
     /// psocks).
     #[doc(hidden)]
     pub fn shares_exact(&self) -> Result<(), String> {
-        for (i, g, ps) in self.psocks.iter() {
+        for (i, g, ps) in self.o.psocks.iter() {
             let p = pid((i, g));
-            let Some(sh) = self.sk.share(p) else { return Err(format!("{p:?}: no share")) };
+            let Some(sh) = self.h.sk.share(p) else { return Err(format!("{p:?}: no share")) };
             let mine = (ps.tx_addr_bytes, ps.stream.stats().msgs, ps.answers());
             let told = (sh.addr_backlog, sh.received, sh.answers);
             if mine != told {
                 return Err(format!("{p:?}: (backlog, received, answers) {mine:?}, its share {told:?}"));
             }
         }
-        let shares = self.sk.shares().count();
-        if shares != self.psocks.len() {
-            return Err(format!("{shares} shares for {} psocks", self.psocks.len()));
+        let shares = self.h.sk.shares().count();
+        if shares != self.o.psocks.len() {
+            return Err(format!("{shares} shares for {} psocks", self.o.psocks.len()));
         }
         Ok(())
     }
@@ -1866,10 +1886,10 @@ impl Mux {
     /// receive side failed or closed), so its messages not yet started go
     /// back to their sockets, in order, to be placed on the others.
     fn tx_take_back(&mut self, p: PsockId) {
-        if self.config.tx_policy != TxPolicy::LeastOutstanding {
+        if self.h.config.tx_policy != TxPolicy::LeastOutstanding {
             return;
         }
-        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
         let back = ps.take_back_balanced();
         // Owners in the order the last of their messages was queued (as
         // they are given back from the tail).
@@ -1880,7 +1900,7 @@ impl Mux {
             }
         }
         for &s in &owners {
-            self.sk.give_back(s, back.iter().filter(|m| m.owner == s).map(|m| m.data.clone()));
+            self.h.sk.give_back(s, back.iter().filter(|m| m.owner == s).map(|m| m.data.clone()));
         }
         for s in owners {
             self.tx_push(s);
@@ -1890,24 +1910,24 @@ impl Mux {
     /// A psock is free: to the first socket waiting to transmit, else the tail
     /// of the LRU list (KCM `psock_now_avail`).
     fn psock_now_avail(&mut self, p: PsockId) {
-        if self.config.tx_policy == TxPolicy::LeastOutstanding {
+        if self.h.config.tx_policy == TxPolicy::LeastOutstanding {
             // No reservations: every waiting socket places its messages anew.
-            for w in std::mem::take(&mut self.sk.tx_waiters) {
-                if let Some(sock) = self.sk.socks.get_mut(w.index, w.generation) {
+            for w in std::mem::take(&mut self.h.sk.tx_waiters) {
+                if let Some(sock) = self.h.sk.socks.get_mut(w.index, w.generation) {
                     sock.tx_waiting = false;
                     self.tx_push(w);
                 }
             }
             return;
         }
-        if let Some(w) = self.sk.now_avail(p) {
+        if let Some(w) = self.h.sk.now_avail(p) {
             self.tx_push(w);
         }
     }
 
     /// Release `p`'s reservation (its socket's queue is written out).
     fn unreserve(&mut self, p: PsockId) {
-        if self.sk.unreserve(p).is_some() {
+        if self.h.sk.unreserve(p).is_some() {
             self.psock_now_avail(p);
         }
     }
@@ -1915,7 +1935,7 @@ impl Mux {
     /// A message left the core (written, or dropped): uncharge its owner.
     #[inline]
     fn uncharge(&mut self, owner: SockId, len: usize, msgs: u32) {
-        self.sk.uncharge(&mut self.events, owner, len, msgs);
+        self.h.sk.uncharge(&mut self.h.events, owner, len, msgs);
     }
 
     /// The bytes to write next on psock `p`, or None. Marks the psock busy until
@@ -1934,29 +1954,29 @@ impl Mux {
     /// a chunk to write.
     pub fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
         slices.clear();
-        self.psocks.get_mut(p.index, p.generation).is_some_and(|ps| ps.poll_transmit(slices))
+        self.o.psocks.get_mut(p.index, p.generation).is_some_and(|ps| ps.poll_transmit(slices))
     }
     /// `n` bytes of the chunk were written (a short write keeps the rest first).
     pub fn tx_complete(&mut self, p: PsockId, n: usize) {
-        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else {
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else {
             return self.released_complete(p, n);
         };
         let Some(inflight) = ps.tx.end_chunk() else { return };
         let backlog_before = ps.tx_addr_bytes;
         let mut wrote = Wrote::default();
-        let last = ps.on_written(inflight, n, self.now, &mut self.tx_done, &mut wrote);
+        let last = ps.on_written(inflight, n, self.o.now, &mut self.o.tx_done, &mut wrote);
         // The peer read its replies: read it again.
-        let resume = psock::backlog_drained(&self.config, backlog_before, ps.tx_addr_bytes);
-        let release = self.sk.written(p, wrote.rsvd, wrote.addr_bytes);
+        let resume = psock::backlog_drained(&self.h.config, backlog_before, ps.tx_addr_bytes);
+        let release = self.h.sk.written(p, wrote.rsvd, wrote.addr_bytes);
         if resume {
             self.rx_resume(p);
         }
         if let Some(last) = last {
-            for i in 0..self.tx_done.len() {
-                let (owner, len, msgs) = self.tx_done[i];
+            for i in 0..self.o.tx_done.len() {
+                let (owner, len, msgs) = self.o.tx_done[i];
                 self.uncharge(owner, len, msgs);
             }
-            self.tx_done.clear();
+            self.o.tx_done.clear();
             let (owner, len, msgs) = last;
             self.uncharge(owner, len, msgs);
         }
@@ -1969,8 +1989,8 @@ impl Mux {
     /// ([`OutAtRelease`]) wrote `n` bytes of it: its addressed messages
     /// written whole are sent, the others dropped, into the folded totals.
     fn released_complete(&mut self, p: PsockId, n: usize) {
-        let Some(i) = self.out_at_release.iter().position(|o| o.p == p) else { return };
-        let out = self.out_at_release.swap_remove(i);
+        let Some(i) = self.o.out_at_release.iter().position(|o| o.p == p) else { return };
+        let out = self.o.out_at_release.swap_remove(i);
         let mut left = n;
         for m in out.msgs {
             match m {
@@ -1979,11 +1999,11 @@ impl Mux {
                     let want = m.data.len() - m.sent;
                     let k = left.min(want);
                     left -= k;
-                    self.folded.tx_bytes += k as u64;
+                    self.h.folded.tx_bytes += k as u64;
                     if k == want {
-                        self.folded.tx_msgs += u64::from(m.msgs);
+                        self.h.folded.tx_msgs += u64::from(m.msgs);
                     } else {
-                        self.folded.tx_addressed_drops += u64::from(m.msgs);
+                        self.h.folded.tx_addressed_drops += u64::from(m.msgs);
                     }
                     self.uncharge(m.owner, m.data.len(), m.msgs);
                 }
@@ -1993,7 +2013,7 @@ impl Mux {
     /// The write failed with a hard error: abort the psock's transmit, resend the
     /// message in progress whole on another psock (tx_retries, tx_aborts).
     pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
-        match self.psocks.get(p.index, p.generation) {
+        match self.o.psocks.get(p.index, p.generation) {
             Some(ps) if ps.tx != Tx::Stopped => self.tx_abort(p, errno),
             _ => {}
         }
@@ -2002,13 +2022,13 @@ impl Mux {
     /// Stop a psock's transmit for good: tx_aborts, PsockFailed(Tx), its
     /// messages given back (KCM `kcm_abort_tx_psock` + retry).
     fn tx_abort(&mut self, p: PsockId, errno: i32) {
-        let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
+        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("live");
         let inflight = ps.tx.inflight();
         ps.tx = Tx::Stopped;
         ps.life = Life::Failed;
         ps.stats.tx_aborts += 1;
-        self.sk.stop_tx(p);
-        self.events.push_back(Event::PsockFailed(p, PsockError::Tx(errno)));
+        self.h.sk.stop_tx(p);
+        self.h.events.push_back(Event::PsockFailed(p, PsockError::Tx(errno)));
         self.tx_evacuate(p, false, inflight);
     }
 
@@ -2021,19 +2041,19 @@ impl Mux {
     /// `inflight`: the messages of the chunk that was out (its state is the
     /// caller's to have set: `Stopped`, or `Idle` for an unattach).
     fn tx_evacuate(&mut self, p: PsockId, writer_out: bool, inflight: usize) {
-        let kcm = self.sk.unreserve(p);
-        let ps = self.psocks.get_mut(p.index, p.generation).expect("live");
+        let kcm = self.h.sk.unreserve(p);
+        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("live");
         let ev = ps.evacuate(writer_out, inflight);
-        if let Some(sh) = self.sk.share_mut(p) {
+        if let Some(sh) = self.h.sk.share_mut(p) {
             sh.addr_gone(ev.addr_bytes);
         }
         if !ev.out.is_empty() && ev.out.iter().any(Result::is_ok) {
-            self.out_at_release.push(OutAtRelease { p, msgs: ev.out });
+            self.o.out_at_release.push(OutAtRelease { p, msgs: ev.out });
         }
         let mut back = Vec::new();
         let mut rebalance: Vec<(SockId, Bytes)> = Vec::new();
         for (m, started) in ev.placed {
-            let live_owner = self.sk.socks.get(m.owner.index, m.owner.generation).is_some();
+            let live_owner = self.h.sk.socks.get(m.owner.index, m.owner.generation).is_some();
             let resend = match m.placed {
                 Placed::Balanced => live_owner,
                 _ => live_owner && Some(m.owner) == kcm,
@@ -2042,7 +2062,7 @@ impl Mux {
                 self.uncharge(m.owner, m.data.len(), m.msgs);
                 continue;
             }
-            self.counters.tx_retries += u64::from(started);
+            self.h.counters.tx_retries += u64::from(started);
             match m.placed {
                 Placed::Balanced => rebalance.push((m.owner, m.data)),
                 _ => back.push(m.data),
@@ -2052,7 +2072,7 @@ impl Mux {
             self.uncharge(owner, len, msgs);
         }
         if let Some(s) = kcm {
-            if self.sk.give_back(s, back.into_iter()) {
+            if self.h.sk.give_back(s, back.into_iter()) {
                 self.tx_push(s);
             }
         }
@@ -2064,7 +2084,7 @@ impl Mux {
                 }
             }
             for &s in &owners {
-                self.sk.give_back(s, rebalance.iter().filter(|(o, _)| *o == s).map(|(_, d)| d.clone()));
+                self.h.sk.give_back(s, rebalance.iter().filter(|(o, _)| *o == s).map(|(_, d)| d.clone()));
             }
             for s in owners {
                 self.tx_push(s);
@@ -2078,8 +2098,8 @@ impl Mux {
     /// memory budget, an idle or a handshake deadline wants a look.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         // Deadlines to restart: at once, with the caller's time.
-        let restart = (!self.restarts.is_empty()).then_some(self.now);
-        [self.deadlines.next(), self.mem_next, self.scan_next, restart].into_iter().flatten().min()
+        let restart = (!self.o.restarts.is_empty()).then_some(self.o.now);
+        [self.o.deadlines.next(), self.h.mem_next, self.o.scan_next, restart].into_iter().flatten().min()
     }
     /// Abort, with ETIMEDOUT, every psock whose message's deadline is at or
     /// before `now`, earliest deadline first. Costs O(log n) per deadline that
@@ -2087,14 +2107,14 @@ impl Mux {
     /// psock.
     pub fn handle_timeout(&mut self, now: Timestamp) {
         self.note_time(now);
-        while let Some((index, generation, armed)) = self.deadlines.pop_due(now) {
+        while let Some((index, generation, armed)) = self.o.deadlines.pop_due(now) {
             let p = pid((index, generation));
-            let Some(ps) = self.psocks.get_mut(index, generation) else { continue };
+            let Some(ps) = self.o.psocks.get_mut(index, generation) else { continue };
             if ps.timer != Some(armed) {
                 continue; // stale: cleared, re-armed, or another psock in the slot
             }
-            self.deadlines.fired(&mut ps.timer);
-            if ps.rx_running() && ps.held_back(&self.config) {
+            self.o.deadlines.fired(&mut ps.timer);
+            if ps.rx_running() && ps.held_back(&self.h.config) {
                 // The server is not reading this psock (its replies backed
                 // up, its messages not taken, the memory budget): the time
                 // is the server's. The deadline runs again, in full, when
@@ -2106,19 +2126,19 @@ impl Mux {
             if let Err(e) = ps.stream.check_timeout(now) {
                 if matches!(ps.life, Life::Open | Life::PeerClosed) {
                     ps.life = Life::Failed;
-                    self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
+                    self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
                 }
-                self.sk.no_answers(p);
+                self.h.sk.no_answers(p);
                 self.tx_take_back(p);
             }
             self.sync_deadline(p);
             self.recount_only(p);
         }
         self.clean_deadlines();
-        if self.scan_next.is_some_and(|t| t <= now) {
+        if self.o.scan_next.is_some_and(|t| t <= now) {
             self.scan_psock_deadlines(now);
         }
-        if self.mem_next.is_some_and(|t| t <= now) {
+        if self.h.mem_next.is_some_and(|t| t <= now) {
             self.mem_check(now);
         }
     }
@@ -2130,49 +2150,49 @@ impl Mux {
         // Held until the next call that carries the time (this one may
         // carry none, and the mux's last reading may be older than the
         // timeout): `poll_timeout` asks for that call at once.
-        if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+        if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
             ps.stream.hold_deadline();
-            self.restarts.push(p);
+            self.o.restarts.push(p);
         }
         self.sync_deadline(p);
-        self.events.push_back(Event::PsockRxResume(p));
+        self.h.events.push_back(Event::PsockRxResume(p));
     }
 
     /// Deadline entries held (live and stale): at most 2 × armed + 64.
     #[doc(hidden)]
     pub fn deadline_entries(&self) -> usize {
-        self.deadlines.len()
+        self.o.deadlines.len()
     }
 
     // ---- events and statistics ----
 
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        self.h.events.pop_front()
     }
     /// Mux totals: live psocks plus every unattached one (totals never drop).
     pub fn stats(&self) -> MuxStats {
-        let mut agg = self.folded.clone();
-        for (i, g, ps) in self.psocks.iter() {
-            add_psock_stats(&mut agg, &with_share(ps.full_stats(), self.sk.share(pid((i, g)))));
+        let mut agg = self.h.folded.clone();
+        for (i, g, ps) in self.o.psocks.iter() {
+            add_psock_stats(&mut agg, &with_share(ps.full_stats(), self.h.sk.share(pid((i, g)))));
         }
         MuxStats {
             rx_msgs: agg.rx_msgs,
             rx_bytes: agg.rx_bytes,
             tx_msgs: agg.tx_msgs,
             tx_bytes: agg.tx_bytes,
-            tx_retries: self.counters.tx_retries,
-            psock_attach: self.counters.psock_attach,
-            psock_unattach: self.counters.psock_unattach,
-            psock_unattach_rsvd: self.counters.psock_unattach_rsvd,
-            rx_ready_drops: self.counters.rx_ready_drops,
+            tx_retries: self.h.counters.tx_retries,
+            psock_attach: self.h.counters.psock_attach,
+            psock_unattach: self.h.counters.psock_unattach,
+            psock_unattach_rsvd: self.h.counters.psock_unattach_rsvd,
+            rx_ready_drops: self.h.counters.rx_ready_drops,
             mem_used: self.memory_used(),
-            mem_peak: self.mem_peak,
-            mem_pauses: self.counters.mem_pauses,
-            mem_aborts: self.counters.mem_aborts,
-            idle_timeouts: self.counters.idle_timeouts,
-            handshake_timeouts: self.counters.handshake_timeouts,
-            kcms: self.sk.socks.len(),
-            psocks: self.psocks.len(),
+            mem_peak: self.h.mem_peak,
+            mem_pauses: self.h.counters.mem_pauses,
+            mem_aborts: self.h.counters.mem_aborts,
+            idle_timeouts: self.h.counters.idle_timeouts,
+            handshake_timeouts: self.h.counters.handshake_timeouts,
+            kcms: self.h.sk.socks.len(),
+            psocks: self.o.psocks.len(),
             psock: agg,
         }
     }
@@ -2186,15 +2206,15 @@ impl Mux {
         Ok(st)
     }
     pub fn psock_stats(&self, p: PsockId) -> Result<PsockStats, MuxError> {
-        Ok(with_share(self.psock(p)?.full_stats(), self.sk.share(p)))
+        Ok(with_share(self.psock(p)?.full_stats(), self.h.sk.share(p)))
     }
 
     /// Every byte the core holds now: psock buffers and ready messages, socket
     /// receive and send queues (open messages included), the hold queue.
     pub fn memory_used(&self) -> usize {
-        let psocks: usize = self.psocks.iter().map(|(_, _, ps)| ps.rx_mem() + ps.below).sum();
-        let socks: usize = self.sk.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
-        psocks + socks + self.sk.hold_mem
+        let psocks: usize = self.o.psocks.iter().map(|(_, _, ps)| ps.rx_mem() + ps.below).sum();
+        let socks: usize = self.h.sk.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
+        psocks + socks + self.h.sk.hold_mem
     }
     /// The most [`Mux::memory_used`] can be, from configuration and the
     /// options set (formula in the module documentation).
@@ -2203,19 +2223,21 @@ impl Mux {
         // (the in-place service does; its replies are bounded per psock).
         // A psock's buffer is counted as allocated (`StreamParser::memory`).
         let psocks: usize = self
+            .o
             .psocks
             .iter()
             .map(|(_, _, ps)| crate::stream::memory_bound(ps.rx_limit))
             .fold(0, usize::saturating_add);
         let socks: usize = self
+            .h
             .sk
             .socks
             .iter()
             .map(|(_, _, s)| {
-                (s.rcvbuf_peak + self.max_msg_peak).saturating_add(s.sndbuf_peak).saturating_add(s.tx_msg_peak)
+                (s.rcvbuf_peak + self.h.max_msg_peak).saturating_add(s.sndbuf_peak).saturating_add(s.tx_msg_peak)
             })
             .fold(0, usize::saturating_add);
-        psocks.saturating_add(socks).saturating_add(self.sk.hold_budget)
+        psocks.saturating_add(socks).saturating_add(self.h.sk.hold_budget)
     }
 
     /// The `/proc/net/kcm`-style live view of this mux.
@@ -2239,7 +2261,7 @@ impl Mux {
             "{:<6}{:<8} {:<10} {:<16} {:<10} {:<16} {:<8} {:<8} {:<8} {:<8} KCMs: {}, Psocks {}",
             "mux", "", st.rx_msgs, st.rx_bytes, st.tx_msgs, st.tx_bytes, "-", "-", "-", "-", st.kcms, st.psocks
         );
-        for (i, _, s) in self.sk.socks.iter() {
+        for (i, _, s) in self.h.sk.socks.iter() {
             let _ = write!(
                 out,
                 "   kcm-{:<7} {:<10} {:<16} {:<10} {:<16} {:<8} {:<8} {:<8} {:<8} ",
@@ -2267,8 +2289,8 @@ impl Mux {
             }
             out.push('\n');
         }
-        for (i, g, ps) in self.psocks.iter() {
-            let share = self.sk.share(pid((i, g)));
+        for (i, g, ps) in self.o.psocks.iter() {
+            let share = self.h.sk.share(pid((i, g)));
             let fs = with_share(ps.full_stats(), share);
             let _ = write!(
                 out,

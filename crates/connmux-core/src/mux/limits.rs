@@ -96,14 +96,14 @@ impl Mux {
     /// The budget's low mark: paused psocks read again at or below it.
     #[inline]
     fn mem_low(&self) -> usize {
-        self.config.mem_limit / 2
+        self.h.config.mem_limit / 2
     }
 
     /// [`Mux::memory_used`] in O(sockets): the psocks' part is kept as a sum.
     #[inline]
     pub(super) fn mem_total(&self) -> usize {
-        let socks: usize = self.sk.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
-        self.rx_held_sum + socks + self.sk.hold_mem
+        let socks: usize = self.h.sk.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
+        self.h.rx_held_sum + socks + self.h.sk.hold_mem
     }
 
     /// The most one read may take under the budget: what is left of it, but
@@ -112,15 +112,15 @@ impl Mux {
     /// the whole of it as held, a lent buffer from the moment it is lent).
     #[inline]
     pub(super) fn mem_room(&self) -> usize {
-        self.config.mem_limit.saturating_sub(self.mem_total()).max(MEM_FLOOR)
+        self.h.config.mem_limit.saturating_sub(self.mem_total()).max(MEM_FLOOR)
     }
 
     /// Bring psock `p`'s share of `rx_held_sum` up to date.
     #[inline]
     pub(super) fn recount_only(&mut self, p: PsockId) {
-        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
         let held = ps.rx_mem() + ps.below;
-        self.rx_held_sum = self.rx_held_sum + held - ps.counted;
+        self.h.rx_held_sum = self.h.rx_held_sum + held - ps.counted;
         ps.counted = held;
     }
 
@@ -129,26 +129,26 @@ impl Mux {
     pub(super) fn recount(&mut self, p: PsockId, now: Timestamp) {
         self.recount_only(p);
         let total = self.mem_total();
-        self.mem_peak = self.mem_peak.max(total);
-        if !self.mem_over {
-            if total > self.config.mem_limit {
+        self.h.mem_peak = self.h.mem_peak.max(total);
+        if !self.h.mem_over {
+            if total > self.h.config.mem_limit {
                 self.mem_check(now);
             }
             return;
         }
         if total <= self.mem_low() {
             self.mem_check(now);
-        } else if total > self.config.mem_limit {
+        } else if total > self.h.config.mem_limit {
             // Over the limit, every other reader holding much was paused
             // when it was last fed (its replies grow with its requests):
             // this one is the one to look at.
-            if let Some(ps) = self.psocks.get_mut(p.index, p.generation) {
+            if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
                 let held = Self::holding(ps);
                 if ps.mem == MemState::Reading && !ps.life.rx_over() && held >= MEM_FLOOR {
                     ps.mem = MemState::Paused { since: now, held };
-                    self.counters.mem_pauses += 1;
-                    let t = now.add(self.config.mem_grace);
-                    self.mem_next = Some(self.mem_next.map_or(t, |n| n.min(t)));
+                    self.h.counters.mem_pauses += 1;
+                    let t = now.add(self.h.config.mem_grace);
+                    self.h.mem_next = Some(self.h.mem_next.map_or(t, |n| n.min(t)));
                 }
             }
         }
@@ -164,12 +164,12 @@ impl Mux {
     /// The budget's decision (module documentation): abort, pause, resume.
     pub(super) fn mem_check(&mut self, now: Timestamp) {
         self.note_time(now);
-        let limit = self.config.mem_limit;
+        let limit = self.h.config.mem_limit;
         let low = self.mem_low();
         let mut total = self.mem_total();
-        let grace_due = self.mem_next.is_some_and(|t| t <= now);
+        let grace_due = self.h.mem_next.is_some_and(|t| t <= now);
         if total <= low || (total <= limit && !grace_due) {
-            if total <= low && self.mem_over {
+            if total <= low && self.h.mem_over {
                 self.mem_resume_all();
             }
             return;
@@ -177,6 +177,7 @@ impl Mux {
         // Every live psock with what it holds, largest first (ties: lowest
         // id first, so the decision is deterministic).
         let mut ranked: Vec<(usize, PsockId, MemState)> = self
+            .o
             .psocks
             .iter()
             .filter(|(_, _, ps)| !ps.life.rx_over())
@@ -190,7 +191,7 @@ impl Mux {
                     break;
                 }
                 let MemState::Paused { since, held } = state else { continue };
-                if now < since.add(self.config.mem_grace) || held_now < held || held_now == 0 {
+                if now < since.add(self.h.config.mem_grace) || held_now < held || held_now == 0 {
                     continue;
                 }
                 total -= self.mem_abort(p, held_now).min(total);
@@ -202,7 +203,7 @@ impl Mux {
         }
         // 2. Over the limit: pause every reader holding much, largest first.
         if total > limit {
-            self.mem_over = true;
+            self.h.mem_over = true;
             for &(held_now, p, state) in &ranked {
                 if held_now < MEM_FLOOR {
                     break;
@@ -210,37 +211,38 @@ impl Mux {
                 if state != MemState::Reading {
                     continue;
                 }
-                let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+                let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { continue };
                 if ps.life.rx_over() {
                     continue; // aborted above
                 }
                 ps.mem = MemState::Paused { since: now, held: held_now };
-                self.counters.mem_pauses += 1;
+                self.h.counters.mem_pauses += 1;
                 if ps.stream.is_lent() {
                     // What the loan counts may never come: have it back, so
                     // that a quiet psock holds nothing at its grace's end.
-                    self.events.push_back(Event::PsockRxRecall(p));
+                    self.h.events.push_back(Event::PsockRxRecall(p));
                 }
             }
         }
-        self.mem_next = self
+        self.h.mem_next = self
+            .o
             .psocks
             .iter()
             .filter_map(|(_, _, ps)| match ps.mem {
-                MemState::Paused { since, .. } if !ps.life.rx_over() => Some(since.add(self.config.mem_grace)),
+                MemState::Paused { since, .. } if !ps.life.rx_over() => Some(since.add(self.h.config.mem_grace)),
                 _ => None,
             })
             .min()
             // A grace that ran out without an abort (the total fell between
             // the marks) is looked at again one grace later.
-            .map(|t| if t <= now { now.add(self.config.mem_grace) } else { t });
+            .map(|t| if t <= now { now.add(self.h.config.mem_grace) } else { t });
     }
 
     /// Abort psock `p` for the budget: its receive stops and its buffer is
     /// freed; returns the bytes freed.
     fn mem_abort(&mut self, p: PsockId, held: usize) -> usize {
-        let limit = self.config.mem_limit;
-        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return 0 };
+        let limit = self.h.config.mem_limit;
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return 0 };
         let before = ps.rx_mem() + ps.below;
         // The driver drops what it held below the parser with the psock.
         ps.below = 0;
@@ -248,28 +250,28 @@ impl Mux {
         let reported = ps.life.rx_over();
         ps.life = Life::Failed;
         ps.mem = MemState::Reading;
-        self.sk.no_answers(p);
+        self.h.sk.no_answers(p);
         if !reported {
-            self.events.push_back(Event::PsockFailed(p, PsockError::Rx(RxError::MemLimit { held, limit })));
+            self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(RxError::MemLimit { held, limit })));
         }
-        self.counters.mem_aborts += 1;
+        self.h.counters.mem_aborts += 1;
         self.sync_deadline(p);
         self.recount_only(p);
-        let after = self.psocks.get(p.index, p.generation).map_or(0, |ps| ps.rx_mem() + ps.below);
+        let after = self.o.psocks.get(p.index, p.generation).map_or(0, |ps| ps.rx_mem() + ps.below);
         before - after
     }
 
     /// Every psock paused by the budget is read again.
     fn mem_resume_all(&mut self) {
         let mut resumed = Vec::new();
-        for (i, g, ps) in self.psocks.iter_mut() {
+        for (i, g, ps) in self.o.psocks.iter_mut() {
             if let MemState::Paused { .. } = ps.mem {
                 ps.mem = MemState::Reading;
                 resumed.push(PsockId { index: i, generation: g });
             }
         }
-        self.mem_over = false;
-        self.mem_next = None;
+        self.h.mem_over = false;
+        self.h.mem_next = None;
         for p in resumed {
             if self.rx_capacity(p) > 0 {
                 self.rx_resume(p);
@@ -287,8 +289,8 @@ impl Mux {
     /// After a socket's queue was read: paused psocks may read again.
     #[inline]
     pub(super) fn mem_after_read(&mut self) {
-        if self.mem_over && self.mem_total() <= self.mem_low() {
-            self.mem_check(self.now);
+        if self.h.mem_over && self.mem_total() <= self.mem_low() {
+            self.mem_check(self.o.now);
         }
     }
 
@@ -297,7 +299,7 @@ impl Mux {
     /// driver whose receives run ahead of the core (io_uring's multishot
     /// receive) then receives one buffer at a time.
     pub fn mem_tight(&self) -> bool {
-        self.mem_over
+        self.h.mem_over
     }
 
     /// Whether psock `p` is paused by the memory budget now.
@@ -316,7 +318,7 @@ impl Mux {
 
     /// Make sure the next scan comes no later than an idle period from `now`.
     pub(super) fn arm_idle(&mut self, now: Timestamp) {
-        if let Some(d) = self.config.idle_timeout {
+        if let Some(d) = self.h.config.idle_timeout {
             self.scan_at(now.add(d));
         }
     }
@@ -328,8 +330,8 @@ impl Mux {
     }
 
     fn scan_at(&mut self, t: Timestamp) {
-        if self.scan_next.is_none_or(|n| t < n) {
-            self.scan_next = Some(t);
+        if self.o.scan_next.is_none_or(|n| t < n) {
+            self.o.scan_next = Some(t);
         }
     }
 
@@ -339,12 +341,12 @@ impl Mux {
     /// so a psock that holds much there is paused, and aborted if it stays
     /// stuck, like one that holds it in its assembly buffer.
     pub fn set_rx_below(&mut self, p: PsockId, bytes: usize) {
-        let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { return };
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
         if ps.below == bytes {
             return;
         }
         ps.below = bytes;
-        self.recount(p, self.now);
+        self.recount(p, self.o.now);
     }
 
     /// The layer below psock `p`'s parser (TLS) started (`Some(deadline)`)
@@ -381,7 +383,8 @@ impl Mux {
     /// connections cannot hold every slot (`connmux::Service`). O(psocks);
     /// asked only at the cap.
     pub fn idlest(&self, now: Timestamp) -> Option<(PsockId, Duration)> {
-        self.psocks
+        self.o
+            .psocks
             .iter()
             .filter(|(_, _, ps)| !ps.life.rx_over() && !ps.tx.busy())
             .min_by_key(|(i, g, ps)| (ps.last_active, *i, *g))
@@ -393,10 +396,10 @@ impl Mux {
     /// [`AHEAD_QUIET`]; set when to look again.
     pub(super) fn scan_psock_deadlines(&mut self, now: Timestamp) {
         self.note_time(now);
-        let idle = self.config.idle_timeout;
+        let idle = self.h.config.idle_timeout;
         let mut next: Option<Timestamp> = None;
         let mut failed: Vec<(PsockId, RxError)> = Vec::new();
-        for (i, g, ps) in self.psocks.iter_mut() {
+        for (i, g, ps) in self.o.psocks.iter_mut() {
             if ps.life.rx_over() {
                 continue;
             }
@@ -408,7 +411,7 @@ impl Mux {
                     // is made ahead until a message comes.
                     ps.ahead_since = None;
                     ps.stream.forget_prediction();
-                    self.events.push_back(Event::PsockRxRecall(p));
+                    self.h.events.push_back(Event::PsockRxRecall(p));
                 } else {
                     let t = t.max(now.add(SCAN_FLOOR));
                     next = Some(next.map_or(t, |n| n.min(t)));
@@ -444,18 +447,18 @@ impl Mux {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         }
-        self.scan_next = next;
+        self.o.scan_next = next;
         for (p, e) in failed {
-            let Some(ps) = self.psocks.get_mut(p.index, p.generation) else { continue };
+            let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { continue };
             match e {
-                RxError::HandshakeTimeout => self.counters.handshake_timeouts += 1,
+                RxError::HandshakeTimeout => self.h.counters.handshake_timeouts += 1,
                 RxError::Timeout => ps.record_timeouts += 1,
-                _ => self.counters.idle_timeouts += 1,
+                _ => self.h.counters.idle_timeouts += 1,
             }
             ps.stream.stop();
             ps.life = Life::Failed;
-            self.sk.no_answers(p);
-            self.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
+            self.h.sk.no_answers(p);
+            self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
             self.sync_deadline(p);
             self.recount_only(p);
         }
