@@ -81,6 +81,7 @@ use crate::stream::{Loan, StreamLimits, StreamParser, Unlend};
 use crate::time::Timestamp;
 
 mod deadlines;
+mod hub;
 mod limits;
 mod psock;
 mod sock;
@@ -88,6 +89,7 @@ mod sockets;
 pub use limits::{AHEAD_QUIET, MEM_FLOOR};
 mod slab;
 use deadlines::Deadlines;
+use hub::Hub;
 use limits::MemState;
 use psock::{DropOwner, Life, Psock, Tx, Wrote};
 use slab::Slab;
@@ -554,31 +556,6 @@ struct Owned {
     tx_done: Vec<(SockId, usize, u32)>,
 }
 
-/// What every psock shares: the KCM sockets and the mux's lists, the
-/// events for the application, the mux's counters and the memory budget's
-/// sum.
-struct Hub {
-    config: MuxConfig,
-    sk: Sockets,
-    events: VecDeque<Event>,
-    counters: MuxCounters,
-    /// Counters of unattached psocks, so totals never drop.
-    folded: PsockStats,
-    max_msg_peak: usize,
-    /// Σ psocks `rx_held`, kept as they change (the budget's hot-path term).
-    rx_held_sum: usize,
-    /// Past the memory budget's limit and not yet back at its low mark.
-    mem_over: bool,
-    /// The most the budget counted when a read was counted
-    /// (`MuxStats::mem_peak`).
-    mem_peak: usize,
-    /// When the earliest budget pause runs out of grace.
-    mem_next: Option<Timestamp>,
-    /// `TxPolicy::LeastOutstanding`: the index of the psock chosen last (ties
-    /// go to the next one).
-    tx_last: u32,
-}
-
 impl std::fmt::Debug for Mux {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mux").field("socks", &self.h.sk.socks.len()).field("psocks", &self.o.psocks.len()).finish()
@@ -593,11 +570,6 @@ pub(super) fn sid(i: (u32, u32)) -> SockId {
 fn pid(i: (u32, u32)) -> PsockId {
     PsockId { index: i.0, generation: i.1 }
 }
-
-/// Over its send buffer, a socket refuses addressed sends to the psocks
-/// whose backlog is at least this fraction of the buffer (see
-/// `send_addressed_kick`).
-const SNDBUF_SHARE: usize = 8;
 
 /// splitmix64 finaliser: spreads steering keys evenly.
 pub(super) fn mix(mut x: u64) -> u64 {
@@ -1468,25 +1440,35 @@ impl Mux {
     /// Apply what the sockets' side told psocks ([`ToPsock`]), in order.
     #[inline]
     fn apply_told(&mut self) {
-        if self.h.sk.told.is_empty() {
-            return;
-        }
-        let mut told = std::mem::take(&mut self.h.sk.told);
-        for t in told.drain(..) {
-            match t {
-                ToPsock::Resume(p) => {
-                    let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { continue };
-                    ps.readers_hold = false;
-                    if self.rx_capacity(p) > 0 {
-                        self.rx_resume(p);
-                    }
-                }
-                ToPsock::ReadersDone(p) => self.check_drained(p),
+        while !self.h.sk.told.is_empty() {
+            let mut told = std::mem::take(&mut self.h.sk.told);
+            for t in told.drain(..) {
+                self.apply(t);
+            }
+            // (Keep the list's memory: told again on the next call. What
+            // applying told meanwhile is applied in the next round, in order.)
+            if self.h.sk.told.is_empty() {
+                self.h.sk.told = told;
             }
         }
-        // (Keep the list's memory: told again on the next call.)
-        if self.h.sk.told.is_empty() {
-            self.h.sk.told = told;
+    }
+
+    /// What the hub told psock `p`'s owner, done.
+    fn apply(&mut self, t: ToPsock) {
+        match t {
+            ToPsock::Resume(p) => {
+                let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
+                ps.readers_hold = false;
+                if self.rx_capacity(p) > 0 {
+                    self.rx_resume(p);
+                }
+            }
+            ToPsock::ReadersDone(p) => self.check_drained(p),
+            ToPsock::Queue(p, m) => match self.o.psocks.get_mut(p.index, p.generation) {
+                Some(ps) => ps.queue(m),
+                None => self.h.unplaced(m),
+            },
+            ToPsock::Kick(p) => self.kick(p),
         }
     }
 
@@ -1519,35 +1501,9 @@ impl Mux {
     /// BATCH on a completing send holds transmission until a completing send
     /// without it.
     pub fn send(&mut self, s: SockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
-        let sock = self.sock_mut(s)?;
-        let complete = match sock.ty {
-            SockType::Dgram => !flags.more,
-            SockType::SeqPacket => flags.eor,
-        };
-        if sock.open.is_none() {
-            if data.is_empty() {
-                if complete && !flags.batch && sock.wait_more {
-                    sock.wait_more = false;
-                    self.tx_push(s);
-                }
-                return Ok(0);
-            }
-            if sock.tx_mem >= sock.sndbuf {
-                return Err(self.would_block(s));
-            }
-            sock.open = Some(BytesMut::with_capacity(data.len()));
-        }
-        let open = sock.open.as_mut().expect("open message");
-        open.extend_from_slice(data);
-        let open_len = open.len();
-        sock.tx_mem += data.len();
-        sock.tx_msg_peak = sock.tx_msg_peak.max(open_len);
-        sock.stats.tx_bytes += data.len() as u64;
-        if complete {
-            let msg = sock.open.take().expect("open message").freeze();
-            self.queue_msg(s, msg, flags.batch);
-        }
-        Ok(data.len())
+        let r = self.h.send(s, data, flags);
+        self.apply_told();
+        r
     }
 
     /// End the batch socket `s` has open (sends with `batch` and none
@@ -1557,81 +1513,36 @@ impl Mux {
     /// accepted must not wait for a send that is not coming. Nothing to do
     /// for a socket with no batch open.
     pub fn end_batch(&mut self, s: SockId) -> Result<(), MuxError> {
-        let sock = self.sock_mut(s)?;
-        if std::mem::take(&mut sock.wait_more) {
-            self.tx_push(s);
-            self.kick_held(s);
-        }
-        Ok(())
-    }
-
-    /// Send buffer full: remember to raise SockWritable; flush a held batch
-    /// first (KCM `kcm_push` before it waits for memory).
-    fn would_block(&mut self, s: SockId) -> MuxError {
-        let sock = self.h.sk.socks.get_mut(s.index, s.generation).expect("live");
-        sock.want_writable = true;
-        if std::mem::take(&mut sock.wait_more) {
-            self.tx_push(s);
-            self.kick_held(s);
-        }
-        MuxError::WouldBlock
-    }
-
-    /// A complete message joins the socket's queue; without BATCH everything
-    /// queued goes to the socket's psock.
-    fn queue_msg(&mut self, s: SockId, msg: Bytes, batch: bool) {
-        let sock = self.h.sk.socks.get_mut(s.index, s.generation).expect("live");
-        sock.tx_queue.push_back(msg);
-        sock.tx_msgs += 1;
-        sock.stats.tx_msgs += 1;
-        if batch {
-            sock.wait_more = true;
-        } else {
-            sock.wait_more = false;
-            self.tx_push(s);
-            self.kick_held(s);
-        }
+        let r = self.h.end_batch(s);
+        self.apply_told();
+        r
     }
 
     /// Addressed send of one whole message on psock `p`.
     pub fn send_to(&mut self, s: SockId, p: PsockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
-        self.sock(s)?;
-        self.check_addressed(p)?;
+        self.h.sock(s)?;
+        self.h.check_addressed(p)?;
         if data.is_empty() {
             return Ok(0);
         }
-        self.send_addressed(s, p, Bytes::copy_from_slice(data), flags.batch, 1)?;
+        self.send_addressed(s, p, Bytes::copy_from_slice(data), flags.batch, 1, true)?;
         Ok(data.len())
     }
     /// A whole message, zero-copy, on psock `p` (`None`: the socket's psock).
     pub fn send_msg(&mut self, s: SockId, p: Option<PsockId>, msg: Bytes, batch: bool) -> Result<(), MuxError> {
-        let sock = self.sock_mut(s)?;
-        match p {
+        self.h.sock(s)?;
+        let r = match p {
             Some(p) => {
-                self.check_addressed(p)?;
+                self.h.check_addressed(p)?;
                 if msg.is_empty() {
                     return Ok(());
                 }
-                self.send_addressed(s, p, msg, batch, 1)
+                self.send_addressed(s, p, msg, batch, 1, true)
             }
-            None => {
-                if msg.is_empty() {
-                    if !batch && sock.wait_more {
-                        sock.wait_more = false;
-                        self.tx_push(s);
-                    }
-                    return Ok(());
-                }
-                if sock.tx_mem >= sock.sndbuf {
-                    return Err(self.would_block(s));
-                }
-                sock.tx_mem += msg.len();
-                sock.tx_msg_peak = sock.tx_msg_peak.max(msg.len());
-                sock.stats.tx_bytes += msg.len() as u64;
-                self.queue_msg(s, msg, batch);
-                Ok(())
-            }
-        }
+            None => self.h.send_msg(s, msg, batch),
+        };
+        self.apply_told();
+        r
     }
 
     /// `count` whole messages, already back to back in `data`, on psock `p`,
@@ -1640,12 +1551,12 @@ impl Mux {
     /// work (a server answering a batch of requests from one connection).
     /// The caller vouches that `data` is exactly `count` whole messages.
     pub fn send_msgs_to(&mut self, s: SockId, p: PsockId, data: Bytes, count: u32) -> Result<(), MuxError> {
-        self.sock_mut(s)?;
-        self.check_addressed(p)?;
+        self.h.sock(s)?;
+        self.h.check_addressed(p)?;
         if data.is_empty() || count == 0 {
             return Ok(());
         }
-        self.send_addressed(s, p, data, false, count)
+        self.send_addressed(s, p, data, false, count, true)
     }
 
     /// [`Mux::send_msgs_to`] that also hands out psock `p`'s next chunk to
@@ -1664,12 +1575,12 @@ impl Mux {
         slices: &mut Vec<Bytes>,
     ) -> Result<bool, MuxError> {
         slices.clear();
-        self.sock_mut(s)?;
-        self.check_addressed(p)?;
+        self.h.sock(s)?;
+        self.h.check_addressed(p)?;
         if data.is_empty() || count == 0 {
             return Ok(false);
         }
-        self.send_addressed_kick(s, p, data, false, count, false)?;
+        self.send_addressed(s, p, data, false, count, false)?;
         if self.tx_begin_into(p, slices) {
             return Ok(true);
         }
@@ -1677,20 +1588,11 @@ impl Mux {
         Ok(false)
     }
 
-    fn check_addressed(&self, p: PsockId) -> Result<(), MuxError> {
-        if self.psock(p)?.tx == Tx::Stopped {
-            return Err(MuxError::Pipe);
-        }
-        Ok(())
-    }
-
-    fn send_addressed(&mut self, s: SockId, p: PsockId, msg: Bytes, batch: bool, msgs: u32) -> Result<(), MuxError> {
-        self.send_addressed_kick(s, p, msg, batch, msgs, true)
-    }
-
+    /// An addressed send of `msgs` whole messages in `msg` on psock `p`
+    /// (checked): placed by the hub, queued on the psock here (its owner).
     /// `kick`: raise `PsockTransmit` for `p` (a caller that takes the chunk
     /// itself at once does not need it).
-    fn send_addressed_kick(
+    fn send_addressed(
         &mut self,
         s: SockId,
         p: PsockId,
@@ -1699,48 +1601,23 @@ impl Mux {
         msgs: u32,
         kick: bool,
     ) -> Result<(), MuxError> {
-        let limit = self.h.config.psock_sndbuf;
-        // The socket, the psock's share and the psock, each looked up once
-        // (disjoint fields). The refusal reads the psock's backlog as its
-        // share keeps it (what the psock reported), not the psock.
-        let (Owned { psocks, .. }, Hub { sk, .. }) = (&mut self.o, &mut self.h);
-        let (sock, sh) = sk.sock_and_share(s, p).expect("checked");
-        if sh.addr_backlog >= limit {
-            sh.refusals += 1;
-            return Err(self.would_block(s));
-        }
-        // Over the socket's send buffer, refused only to a psock that holds
-        // a good share of it itself: one socket's replies go to many peers,
-        // and those that do not read must not hold up the replies to the
-        // others (a socket sending to one peer keeps KCM's SO_SNDBUF bound).
-        if sock.tx_mem >= sock.sndbuf && sh.addr_backlog >= sock.sndbuf / SNDBUF_SHARE {
-            return Err(self.would_block(s));
-        }
-        let len = msg.len();
-        sock.charge(len, msgs);
-        sh.place(msgs, len);
-        if batch {
-            if !sock.held_psocks.contains(&p) {
-                sock.held_psocks.push(p);
+        let placed = self.h.place_addressed(s, p, msg.len(), batch, msgs);
+        let (queued, held) = match placed {
+            Ok(after) => after,
+            Err(e) => {
+                self.apply_told();
+                return Err(e);
             }
-            sock.wait_more = true;
-        }
-        let ps = psocks.get_mut(p.index, p.generation).expect("checked");
+        };
+        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("checked");
         ps.queue(TxMsg::new(msg, s, Placed::Addressed, msgs));
         if !batch {
-            sock.wait_more = false;
-            // Both are no-ops for a socket with nothing queued and nothing
-            // held (a server's replies): no look-ups then. `kick` and
-            // `tx_push` queue and hold nothing of `s`.
-            let (queued, held) = (!sock.tx_queue.is_empty(), !sock.held_psocks.is_empty());
             if kick {
                 self.kick(p);
             }
-            if queued {
-                self.tx_push(s);
-            }
-            if held {
-                self.kick_held(s);
+            if queued || held {
+                self.h.after_addressed(s, queued, held);
+                self.apply_told();
             }
         }
         Ok(())
@@ -1764,6 +1641,26 @@ impl Mux {
         Ok(sock.tx_mem < sock.sndbuf)
     }
 
+    /// [`Hub::tx_push`], applied.
+    fn tx_push(&mut self, s: SockId) {
+        self.h.tx_push(s);
+        self.apply_told();
+    }
+    /// [`Hub::psock_now_avail`], applied.
+    fn psock_now_avail(&mut self, p: PsockId) {
+        self.h.psock_now_avail(p);
+        self.apply_told();
+    }
+    /// [`Hub::unreserve`], applied.
+    fn unreserve(&mut self, p: PsockId) {
+        self.h.unreserve(p);
+        self.apply_told();
+    }
+    #[inline]
+    fn uncharge(&mut self, owner: SockId, len: usize, msgs: u32) {
+        self.h.uncharge(owner, len, msgs);
+    }
+
     /// Raise PsockTransmit if the psock has bytes, no chunk out, and was not
     /// told since its last `tx_begin`.
     fn kick(&mut self, p: PsockId) {
@@ -1780,75 +1677,6 @@ impl Mux {
     /// did not take the next one in the same step).
     pub fn tx_kick(&mut self, p: PsockId) {
         self.kick(p);
-    }
-
-    /// End of a batch: wake the psocks whose addressed messages it held.
-    fn kick_held(&mut self, s: SockId) {
-        let Some(sock) = self.h.sk.socks.get_mut(s.index, s.generation) else { return };
-        if sock.held_psocks.is_empty() {
-            return;
-        }
-        for p in std::mem::take(&mut sock.held_psocks) {
-            self.kick(p);
-        }
-    }
-
-    /// Hand the socket's queued messages to its psock, reserving one if needed.
-    fn tx_push(&mut self, s: SockId) {
-        if self.h.config.tx_policy == TxPolicy::LeastOutstanding {
-            return self.tx_push_balanced(s);
-        }
-        let Some(sock) = self.h.sk.socks.get_mut(s.index, s.generation) else { return };
-        if sock.tx_queue.is_empty() {
-            return;
-        }
-        let p = match sock.tx_psock {
-            Some(p) => p,
-            None => match self.h.sk.reserve(s) {
-                Some(p) => p,
-                None => return self.h.sk.wait_for_psock(s),
-            },
-        };
-        let Sockets { socks, .. } = &mut self.h.sk;
-        let sock = socks.get_mut(s.index, s.generation).expect("live");
-        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("reserved psock is live");
-        let n = sock.tx_queue.len();
-        for data in sock.tx_queue.drain(..) {
-            ps.queue(TxMsg::new(data, s, Placed::Reserved, 1));
-        }
-        let sh = self.h.sk.share_mut(p).expect("reserved psock is attached");
-        sh.tx_rsvd_msgs += n;
-        sh.place(n as u32, 0);
-        self.kick(p);
-    }
-
-    /// `TxPolicy::LeastOutstanding`: each queued message of `s` to the psock
-    /// with the least outstanding work at that moment; with no psock that can
-    /// answer, `s` waits as for a reservation.
-    fn tx_push_balanced(&mut self, s: SockId) {
-        loop {
-            let Some(sock) = self.h.sk.socks.get(s.index, s.generation) else { return };
-            if sock.tx_queue.is_empty() {
-                return;
-            }
-            let Some(p) = self.least_outstanding() else {
-                return self.h.sk.wait_for_psock(s);
-            };
-            let sock = self.h.sk.socks.get_mut(s.index, s.generation).expect("live");
-            let data = sock.tx_queue.pop_front().expect("non-empty");
-            let ps = self.o.psocks.get_mut(p.index, p.generation).expect("chosen psock is live");
-            ps.queue(TxMsg::new(data, s, Placed::Balanced, 1));
-            self.h.sk.share_mut(p).expect("chosen psock is attached").place(1, 0);
-            self.h.tx_last = p.index;
-            self.kick(p);
-        }
-    }
-
-    /// The psock that can still answer with the fewest outstanding messages;
-    /// among equals, the first after the one chosen last. The sockets' side
-    /// decides from what the psocks reported to their shares.
-    fn least_outstanding(&self) -> Option<PsockId> {
-        self.h.sk.least_outstanding(self.h.tx_last)
     }
 
     /// Messages queued on psock `p` over its life minus messages received
@@ -1905,37 +1733,6 @@ impl Mux {
         for s in owners {
             self.tx_push(s);
         }
-    }
-
-    /// A psock is free: to the first socket waiting to transmit, else the tail
-    /// of the LRU list (KCM `psock_now_avail`).
-    fn psock_now_avail(&mut self, p: PsockId) {
-        if self.h.config.tx_policy == TxPolicy::LeastOutstanding {
-            // No reservations: every waiting socket places its messages anew.
-            for w in std::mem::take(&mut self.h.sk.tx_waiters) {
-                if let Some(sock) = self.h.sk.socks.get_mut(w.index, w.generation) {
-                    sock.tx_waiting = false;
-                    self.tx_push(w);
-                }
-            }
-            return;
-        }
-        if let Some(w) = self.h.sk.now_avail(p) {
-            self.tx_push(w);
-        }
-    }
-
-    /// Release `p`'s reservation (its socket's queue is written out).
-    fn unreserve(&mut self, p: PsockId) {
-        if self.h.sk.unreserve(p).is_some() {
-            self.psock_now_avail(p);
-        }
-    }
-
-    /// A message left the core (written, or dropped): uncharge its owner.
-    #[inline]
-    fn uncharge(&mut self, owner: SockId, len: usize, msgs: u32) {
-        self.h.sk.uncharge(&mut self.h.events, owner, len, msgs);
     }
 
     /// The bytes to write next on psock `p`, or None. Marks the psock busy until

@@ -14,7 +14,9 @@ use bytes::Bytes;
 
 use super::slab::Slab;
 use super::sock::Sock;
-use super::{mix, sid, Event, MuxConfig, MuxError, PsockId, RecvFlags, RecvInfo, RxMsg, SockId, SockType, Steering};
+use super::{
+    mix, sid, Event, MuxConfig, MuxError, PsockId, RecvFlags, RecvInfo, RxMsg, SockId, SockType, Steering, TxMsg,
+};
 
 /// The shared part of a mux.
 #[derive(Default)]
@@ -43,7 +45,7 @@ pub(super) struct Sockets {
 /// settling a message) tells the owner of a psock. The sockets never touch
 /// a psock's state: a single-threaded mux applies these at once, a runtime
 /// whose workers own their psocks can post them to the owner.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) enum ToPsock {
     /// Its messages waiting for readers are down to half the bound: the
     /// readers no longer hold its reading back.
@@ -51,6 +53,12 @@ pub(super) enum ToPsock {
     /// Nothing of it is in readers' hands now: a psock whose peer closed
     /// may be drained.
     ReadersDone(PsockId),
+    /// A message placed on it (by its socket's reservation, or the
+    /// balancing): to the tail of its transmit queue.
+    Queue(PsockId, TxMsg),
+    /// Write what it has (raise `PsockTransmit` unless a writer has a chunk
+    /// out or was told since its last `tx_begin`).
+    Kick(PsockId),
 }
 
 /// What the sockets' side keeps of one psock: its messages in the hands of

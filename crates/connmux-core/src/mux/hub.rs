@@ -1,0 +1,340 @@
+//! The shared half of a mux ([`Hub`]): the KCM sockets and the mux's lists
+//! ([`Sockets`]), the events for the application, the mux's counters and the
+//! memory budget's sum. What is here touches no psock: what an operation on
+//! this side has for a psock (a message placed on it, a kick to write, its
+//! reading resumed) is told as a [`ToPsock`] value, which the mux applies
+//! after the call and a runtime can post to the psock's owner.
+//!
+//! Here so far: the transmit side up to the psock's queue (sends, batches,
+//! reservations and the placement of each message, the send buffers).
+
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
+
+use super::sock::Sock;
+use super::sockets::{Sockets, ToPsock};
+use super::{Event, MuxConfig, MuxCounters, MuxError, Placed, PsockId, SendFlags, SockId, SockType, TxMsg, TxPolicy};
+use crate::stats::PsockStats;
+use crate::time::Timestamp;
+
+/// Over its send buffer, a socket refuses addressed sends to the psocks
+/// whose backlog is at least this fraction of the buffer (see
+/// [`Hub::place_addressed`]).
+const SNDBUF_SHARE: usize = 8;
+
+/// What every psock shares: the KCM sockets and the mux's lists, the
+/// events for the application, the mux's counters and the memory budget's
+/// sum.
+pub(super) struct Hub {
+    pub(super) config: MuxConfig,
+    pub(super) sk: Sockets,
+    pub(super) events: VecDeque<Event>,
+    pub(super) counters: MuxCounters,
+    /// Counters of unattached psocks, so totals never drop.
+    pub(super) folded: PsockStats,
+    pub(super) max_msg_peak: usize,
+    /// Σ psocks `rx_held`, kept as they change (the budget's hot-path term).
+    pub(super) rx_held_sum: usize,
+    /// Past the memory budget's limit and not yet back at its low mark.
+    pub(super) mem_over: bool,
+    /// The most the budget counted when a read was counted
+    /// (`MuxStats::mem_peak`).
+    pub(super) mem_peak: usize,
+    /// When the earliest budget pause runs out of grace.
+    pub(super) mem_next: Option<Timestamp>,
+    /// `TxPolicy::LeastOutstanding`: the index of the psock chosen last (ties
+    /// go to the next one).
+    pub(super) tx_last: u32,
+}
+
+impl Hub {
+    #[inline]
+    pub(super) fn sock(&self, s: SockId) -> Result<&Sock, MuxError> {
+        self.sk.socks.get(s.index, s.generation).ok_or(MuxError::BadSock)
+    }
+    #[inline]
+    pub(super) fn sock_mut(&mut self, s: SockId) -> Result<&mut Sock, MuxError> {
+        self.sk.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)
+    }
+
+    // ---- transmit: sends ----
+
+    /// sendmsg (see [`super::Mux::send`]).
+    pub(super) fn send(&mut self, s: SockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
+        let sock = self.sock_mut(s)?;
+        let complete = match sock.ty {
+            SockType::Dgram => !flags.more,
+            SockType::SeqPacket => flags.eor,
+        };
+        if sock.open.is_none() {
+            if data.is_empty() {
+                if complete && !flags.batch && sock.wait_more {
+                    sock.wait_more = false;
+                    self.tx_push(s);
+                }
+                return Ok(0);
+            }
+            if sock.tx_mem >= sock.sndbuf {
+                return Err(self.would_block(s));
+            }
+            sock.open = Some(BytesMut::with_capacity(data.len()));
+        }
+        let open = sock.open.as_mut().expect("open message");
+        open.extend_from_slice(data);
+        let open_len = open.len();
+        sock.tx_mem += data.len();
+        sock.tx_msg_peak = sock.tx_msg_peak.max(open_len);
+        sock.stats.tx_bytes += data.len() as u64;
+        if complete {
+            let msg = sock.open.take().expect("open message").freeze();
+            self.queue_msg(s, msg, flags.batch);
+        }
+        Ok(data.len())
+    }
+
+    /// A whole message, zero-copy, on the socket's psock (the unaddressed
+    /// form of [`super::Mux::send_msg`]).
+    pub(super) fn send_msg(&mut self, s: SockId, msg: Bytes, batch: bool) -> Result<(), MuxError> {
+        let sock = self.sock_mut(s)?;
+        if msg.is_empty() {
+            if !batch && sock.wait_more {
+                sock.wait_more = false;
+                self.tx_push(s);
+            }
+            return Ok(());
+        }
+        if sock.tx_mem >= sock.sndbuf {
+            return Err(self.would_block(s));
+        }
+        sock.tx_mem += msg.len();
+        sock.tx_msg_peak = sock.tx_msg_peak.max(msg.len());
+        sock.stats.tx_bytes += msg.len() as u64;
+        self.queue_msg(s, msg, batch);
+        Ok(())
+    }
+
+    /// End the batch socket `s` has open (see [`super::Mux::end_batch`]).
+    pub(super) fn end_batch(&mut self, s: SockId) -> Result<(), MuxError> {
+        let sock = self.sock_mut(s)?;
+        if std::mem::take(&mut sock.wait_more) {
+            self.tx_push(s);
+            self.kick_held(s);
+        }
+        Ok(())
+    }
+
+    /// Send buffer full: remember to raise SockWritable; flush a held batch
+    /// first (KCM `kcm_push` before it waits for memory).
+    pub(super) fn would_block(&mut self, s: SockId) -> MuxError {
+        let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
+        sock.want_writable = true;
+        if std::mem::take(&mut sock.wait_more) {
+            self.tx_push(s);
+            self.kick_held(s);
+        }
+        MuxError::WouldBlock
+    }
+
+    /// A complete message joins the socket's queue; without BATCH everything
+    /// queued goes to the socket's psock.
+    fn queue_msg(&mut self, s: SockId, msg: Bytes, batch: bool) {
+        let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
+        sock.tx_queue.push_back(msg);
+        sock.tx_msgs += 1;
+        sock.stats.tx_msgs += 1;
+        if batch {
+            sock.wait_more = true;
+        } else {
+            sock.wait_more = false;
+            self.tx_push(s);
+            self.kick_held(s);
+        }
+    }
+
+    // ---- transmit: addressed sends ----
+
+    /// Psock `p` can take an addressed send: attached (`NoPsock`), its
+    /// transmit not stopped (`Pipe`), as its share keeps them.
+    #[inline]
+    pub(super) fn check_addressed(&self, p: PsockId) -> Result<(), MuxError> {
+        match self.sk.share(p) {
+            None => Err(MuxError::NoPsock),
+            Some(sh) if sh.tx_stopped => Err(MuxError::Pipe),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Charge and place `msgs` whole messages of `len` bytes from socket `s`
+    /// on psock `p` (checked by [`Hub::check_addressed`]), or refuse them
+    /// for the psock's backlog or the socket's send buffer. The caller
+    /// queues the message on the psock (`TxMsg` with `Placed::Addressed`),
+    /// then, without `batch`, calls [`Hub::after_addressed`] with what this
+    /// returns: whether the socket has messages queued, psocks held.
+    ///
+    /// The refusal reads the psock's backlog as its share keeps it (what the
+    /// psock reported), not the psock.
+    #[inline]
+    pub(super) fn place_addressed(
+        &mut self,
+        s: SockId,
+        p: PsockId,
+        len: usize,
+        batch: bool,
+        msgs: u32,
+    ) -> Result<(bool, bool), MuxError> {
+        let limit = self.config.psock_sndbuf;
+        let (sock, sh) = self.sk.sock_and_share(s, p).expect("checked");
+        if sh.addr_backlog >= limit {
+            sh.refusals += 1;
+            return Err(self.would_block(s));
+        }
+        // Over the socket's send buffer, refused only to a psock that holds
+        // a good share of it itself: one socket's replies go to many peers,
+        // and those that do not read must not hold up the replies to the
+        // others (a socket sending to one peer keeps KCM's SO_SNDBUF bound).
+        if sock.tx_mem >= sock.sndbuf && sh.addr_backlog >= sock.sndbuf / SNDBUF_SHARE {
+            return Err(self.would_block(s));
+        }
+        sock.charge(len, msgs);
+        sh.place(msgs, len);
+        if batch {
+            if !sock.held_psocks.contains(&p) {
+                sock.held_psocks.push(p);
+            }
+            sock.wait_more = true;
+            return Ok((false, false));
+        }
+        sock.wait_more = false;
+        Ok((!sock.tx_queue.is_empty(), !sock.held_psocks.is_empty()))
+    }
+
+    /// After an addressed send without batch: the socket's queued messages
+    /// go to its psock, the psocks its batch held are kicked. Both are
+    /// no-ops for a socket with nothing queued and nothing held (a server's
+    /// replies), so the caller skips them then (`queued`, `held`).
+    #[inline]
+    pub(super) fn after_addressed(&mut self, s: SockId, queued: bool, held: bool) {
+        if queued {
+            self.tx_push(s);
+        }
+        if held {
+            self.kick_held(s);
+        }
+    }
+
+    // ---- transmit: placement on psocks ----
+
+    /// Psock `p` is to write what it has (its owner raises `PsockTransmit`
+    /// if it has bytes, no chunk out, and was not told since its last
+    /// `tx_begin`).
+    #[inline]
+    pub(super) fn kick(&mut self, p: PsockId) {
+        self.sk.told.push(ToPsock::Kick(p));
+    }
+
+    /// End of a batch: wake the psocks whose addressed messages it held.
+    pub(super) fn kick_held(&mut self, s: SockId) {
+        let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) else { return };
+        if sock.held_psocks.is_empty() {
+            return;
+        }
+        for p in std::mem::take(&mut sock.held_psocks) {
+            self.kick(p);
+        }
+    }
+
+    /// Hand the socket's queued messages to its psock, reserving one if needed.
+    pub(super) fn tx_push(&mut self, s: SockId) {
+        if self.config.tx_policy == TxPolicy::LeastOutstanding {
+            return self.tx_push_balanced(s);
+        }
+        let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) else { return };
+        if sock.tx_queue.is_empty() {
+            return;
+        }
+        let p = match sock.tx_psock {
+            Some(p) => p,
+            None => match self.sk.reserve(s) {
+                Some(p) => p,
+                None => return self.sk.wait_for_psock(s),
+            },
+        };
+        let Sockets { socks, told, .. } = &mut self.sk;
+        let sock = socks.get_mut(s.index, s.generation).expect("live");
+        let n = sock.tx_queue.len();
+        for data in sock.tx_queue.drain(..) {
+            told.push(ToPsock::Queue(p, TxMsg::new(data, s, Placed::Reserved, 1)));
+        }
+        let sh = self.sk.share_mut(p).expect("reserved psock is attached");
+        sh.tx_rsvd_msgs += n;
+        sh.place(n as u32, 0);
+        self.kick(p);
+    }
+
+    /// `TxPolicy::LeastOutstanding`: each queued message of `s` to the psock
+    /// with the least outstanding work at that moment; with no psock that can
+    /// answer, `s` waits as for a reservation.
+    fn tx_push_balanced(&mut self, s: SockId) {
+        loop {
+            let Some(sock) = self.sk.socks.get(s.index, s.generation) else { return };
+            if sock.tx_queue.is_empty() {
+                return;
+            }
+            let Some(p) = self.sk.least_outstanding(self.tx_last) else {
+                return self.sk.wait_for_psock(s);
+            };
+            let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
+            let data = sock.tx_queue.pop_front().expect("non-empty");
+            self.sk.told.push(ToPsock::Queue(p, TxMsg::new(data, s, Placed::Balanced, 1)));
+            self.sk.share_mut(p).expect("chosen psock is attached").place(1, 0);
+            self.tx_last = p.index;
+            self.kick(p);
+        }
+    }
+
+    /// A psock is free: to the first socket waiting to transmit, else the tail
+    /// of the LRU list (KCM `psock_now_avail`).
+    pub(super) fn psock_now_avail(&mut self, p: PsockId) {
+        if self.config.tx_policy == TxPolicy::LeastOutstanding {
+            // No reservations: every waiting socket places its messages anew.
+            for w in std::mem::take(&mut self.sk.tx_waiters) {
+                if let Some(sock) = self.sk.socks.get_mut(w.index, w.generation) {
+                    sock.tx_waiting = false;
+                    self.tx_push(w);
+                }
+            }
+            return;
+        }
+        if let Some(w) = self.sk.now_avail(p) {
+            self.tx_push(w);
+        }
+    }
+
+    /// Release `p`'s reservation (its socket's queue is written out).
+    pub(super) fn unreserve(&mut self, p: PsockId) {
+        if self.sk.unreserve(p).is_some() {
+            self.psock_now_avail(p);
+        }
+    }
+
+    /// A message left the core (written, or dropped): uncharge its owner.
+    #[inline]
+    pub(super) fn uncharge(&mut self, owner: SockId, len: usize, msgs: u32) {
+        self.sk.uncharge(&mut self.events, owner, len, msgs);
+    }
+
+    /// A message told to a psock that is no longer there (a runtime's owner
+    /// unattached it before the message reached it): as at an unattach,
+    /// an addressed message is dropped, another goes back to the head of
+    /// its socket's queue to be placed again.
+    pub(super) fn unplaced(&mut self, m: TxMsg) {
+        if m.placed == Placed::Addressed || !self.sk.give_back(m.owner, std::iter::once(m.data.clone())) {
+            if m.placed == Placed::Addressed {
+                self.folded.tx_addressed_drops += u64::from(m.msgs);
+            }
+            return self.uncharge(m.owner, m.data.len(), m.msgs);
+        }
+        self.tx_push(m.owner);
+    }
+}
