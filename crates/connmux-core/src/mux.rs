@@ -866,7 +866,7 @@ impl Mux {
         }
         if dropped_ready {
             self.h.counters.rx_ready_drops += 1;
-            self.h.sk.psocks_ready.retain(|x| *x != p);
+            self.h.sk.psocks_ready.retain(|m| m.psock != p);
         }
         self.h.sk.stop_tx(p);
         self.h.counters.psock_unattach += 1;
@@ -1306,8 +1306,8 @@ impl Mux {
                 },
                 None => {
                     // Nobody can take it: keep it, pause (TCP pushes back).
-                    ps.ready = Some(msg);
-                    sk.wait_offer(p);
+                    ps.ready = Some(msg.remaining());
+                    sk.wait_offer(msg);
                     break;
                 }
             }
@@ -1375,29 +1375,8 @@ impl Mux {
     /// takes the hold queue, then paused psocks' messages, then joins the
     /// waiter list (KCM `kcm_rcv_ready`).
     fn rcv_ready(&mut self, s: SockId) {
-        if !self.h.sk.rcv_ready_hold(&mut self.h.events, s) {
-            return;
-        }
-        // Paused psocks offer the message they hold to `s` while it can
-        // take one (KCM: `psocks_ready` first, then the waiter list).
-        let mut resumed = Vec::new();
-        while let Some(p) = self.h.sk.next_offer(s) {
-            let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { continue };
-            resumed.push(p);
-            if let Some(msg) = ps.ready.take() {
-                ps.readers_hold |= self.h.sk.deliver(&self.h.config, &mut self.h.events, s, msg);
-            }
-        }
-        self.h.sk.join_waiters(s);
-        // Resumed psocks parse what they had buffered, then read again.
-        let now = self.o.now;
-        for p in resumed {
-            self.rx_pass(p, now, None);
-            self.recount_only(p);
-            if self.rx_capacity(p) > 0 {
-                self.rx_resume(p);
-            }
-        }
+        self.h.rcv_ready(s);
+        self.apply_told();
     }
 
     /// After a read made room: rejoin the waiters if the socket is able again.
@@ -1469,6 +1448,17 @@ impl Mux {
                 None => self.h.unplaced(m),
             },
             ToPsock::Kick(p) => self.kick(p),
+            ToPsock::Offered { p, hold } => {
+                let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
+                ps.ready = None;
+                ps.readers_hold |= hold;
+                // It parses what it had buffered, then reads again.
+                self.rx_pass(p, self.o.now, None);
+                self.recount_only(p);
+                if self.rx_capacity(p) > 0 {
+                    self.rx_resume(p);
+                }
+            }
         }
     }
 

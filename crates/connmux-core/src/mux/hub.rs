@@ -5,7 +5,8 @@
 //! reading resumed) is told as a [`ToPsock`] value, which the mux applies
 //! after the call and a runtime can post to the psock's owner.
 //!
-//! Here so far: the transmit side up to the psock's queue (sends, batches,
+//! Here so far: a socket becoming able (the ready messages of paused psocks)
+//! and the transmit side up to the psock's queue (sends, batches,
 //! reservations and the placement of each message, the send buffers).
 
 use std::collections::VecDeque;
@@ -56,6 +57,28 @@ impl Hub {
     #[inline]
     pub(super) fn sock_mut(&mut self, s: SockId) -> Result<&mut Sock, MuxError> {
         self.sk.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)
+    }
+
+    // ---- receive ----
+
+    /// A socket became able (created, enabled, drained below SO_RCVBUF): it
+    /// takes the hold queue, then paused psocks' messages, then joins the
+    /// waiter list (KCM `kcm_rcv_ready`). Each psock whose message it took
+    /// is told so ([`ToPsock::Offered`]), in order, after the socket joined.
+    pub(super) fn rcv_ready(&mut self, s: SockId) {
+        if !self.sk.rcv_ready_hold(&mut self.events, s) {
+            return;
+        }
+        // Paused psocks offer the message they hold to `s` while it can
+        // take one (KCM: `psocks_ready` first, then the waiter list).
+        let first = self.sk.told.len();
+        while let Some(msg) = self.sk.next_offer(s) {
+            let p = msg.psock;
+            let hold = self.sk.deliver(&self.config, &mut self.events, s, msg);
+            self.sk.told.push(ToPsock::Offered { p, hold });
+        }
+        self.sk.join_waiters(s);
+        debug_assert!(self.sk.told[first..].iter().all(|t| matches!(t, ToPsock::Offered { .. })));
     }
 
     // ---- transmit: sends ----

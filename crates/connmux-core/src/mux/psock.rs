@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use super::deadlines::Armed;
 use super::limits::MemState;
-use super::{MuxConfig, Placed, RxMsg, SockId, TxMsg, TX_CHUNK_BYTES, TX_CHUNK_SLICES};
+use super::{MuxConfig, Placed, SockId, TxMsg, TX_CHUNK_BYTES, TX_CHUNK_SLICES};
 use crate::stats::PsockStats;
 use crate::stream::StreamParser;
 use crate::time::Timestamp;
@@ -117,11 +117,13 @@ pub(super) struct Psock {
     /// Hard cap on receive bytes held (buffer + ready message).
     pub(super) rx_limit: usize,
     // ---- receive ----
-    /// A complete message no socket could take (`ready_rx_msg`): while it
-    /// is here the psock is paused (not read, so TCP pushes back on the
-    /// peer) and on the mux's ready list (`psocks_ready`, KCM's
-    /// `strp.paused`), until a socket becomes able and takes it.
-    pub(super) ready: Option<RxMsg>,
+    /// The length of a complete message of it no socket could take
+    /// (`ready_rx_msg`), which waits on the hub's ready list
+    /// (`Sockets::psocks_ready`, KCM's `strp.paused`): while it is there the
+    /// psock is paused (not read, so TCP pushes back on the peer), until a
+    /// socket becomes able and takes it ([`super::sockets::ToPsock::Offered`]).
+    /// Counted as the psock's in the memory budget.
+    pub(super) ready: Option<usize>,
     /// Where it is in its life (see [`Life`]).
     pub(super) life: Life,
     /// The sockets' side holds its reading back: too many of its messages
@@ -365,13 +367,13 @@ impl Psock {
 
     #[inline]
     pub(super) fn rx_held(&self) -> usize {
-        self.stream.buffered() + self.ready.as_ref().map_or(0, |m| m.remaining())
+        self.stream.buffered() + self.ready.unwrap_or(0)
     }
     /// What the memory budget counts of the psock's receive side: the
     /// assembly buffer's allocation ([`StreamParser::memory`]) and a ready
     /// message.
     pub(super) fn rx_mem(&self) -> usize {
-        self.stream.memory() + self.ready.as_ref().map_or(0, |m| m.remaining())
+        self.stream.memory() + self.ready.unwrap_or(0)
     }
     pub(super) fn tx_pending_bytes(&self) -> usize {
         self.tx_queue.iter().map(|m| m.data.len() - m.sent).sum()

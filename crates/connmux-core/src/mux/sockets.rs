@@ -24,8 +24,11 @@ pub(super) struct Sockets {
     pub(super) socks: Slab<Sock>,
     /// Able sockets, FIFO (`kcm_rx_waiters`).
     pub(super) rx_waiters: VecDeque<SockId>,
-    /// Paused psocks holding a ready message, FIFO (`psocks_ready`).
-    pub(super) psocks_ready: VecDeque<PsockId>,
+    /// The message of each paused psock that no socket could take, FIFO
+    /// (`psocks_ready`: KCM keeps it on the psock, `ready_rx_msg`; here the
+    /// psock keeps only its length, so a socket that becomes able takes it
+    /// without a look at the psock).
+    pub(super) psocks_ready: VecDeque<RxMsg>,
     /// Messages moved off disabled/closed sockets that nobody could take.
     pub(super) hold: VecDeque<RxMsg>,
     pub(super) hold_mem: usize,
@@ -56,6 +59,10 @@ pub(super) enum ToPsock {
     /// A message placed on it (by its socket's reservation, or the
     /// balancing): to the tail of its transmit queue.
     Queue(PsockId, TxMsg),
+    /// Its ready message was taken by a socket (`hold`: its messages waiting
+    /// for readers reached the bound with it): it is read again, from what
+    /// it had buffered.
+    Offered { p: PsockId, hold: bool },
     /// Write what it has (raise `PsockTransmit` unless a writer has a chunk
     /// out or was told since its last `tx_begin`).
     Kick(PsockId),
@@ -398,10 +405,10 @@ impl Sockets {
             && sock.rx_queue.is_empty()
     }
 
-    /// A psock holds a message no socket could take: it is offered again,
-    /// in turn, when a socket becomes able ([`Sockets::next_offer`]).
-    pub(super) fn wait_offer(&mut self, p: PsockId) {
-        self.psocks_ready.push_back(p);
+    /// A message no socket could take: it is offered again, in turn, when a
+    /// socket becomes able ([`Sockets::next_offer`]); its psock pauses.
+    pub(super) fn wait_offer(&mut self, msg: RxMsg) {
+        self.psocks_ready.push_back(msg);
     }
 
     /// Deliver a message of a psock to a socket's queue (which must be
@@ -509,10 +516,10 @@ impl Sockets {
         true
     }
 
-    /// The next paused psock to offer its ready message to socket `s`,
-    /// while `s` can take one.
+    /// The next paused psock's ready message to offer to socket `s`, while
+    /// `s` can take one.
     #[inline]
-    pub(super) fn next_offer(&mut self, s: SockId) -> Option<PsockId> {
+    pub(super) fn next_offer(&mut self, s: SockId) -> Option<RxMsg> {
         if !self.socks.get(s.index, s.generation)?.able() {
             return None;
         }
