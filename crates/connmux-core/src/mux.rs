@@ -664,64 +664,9 @@ impl Mux {
     /// aborted, queued received messages move to other sockets. Closing the last
     /// socket unattaches every psock.
     pub fn close(&mut self, s: SockId) -> Result<(), MuxError> {
-        let sock = self.h.sk.socks.remove(s.index, s.generation).ok_or(MuxError::BadSock)?;
-        if sock.on_waiters {
-            self.h.sk.rx_waiters.retain(|w| *w != s);
-        }
-        if sock.tx_waiting {
-            self.h.sk.tx_waiters.retain(|w| *w != s);
-        }
-        // Transmit: every psock drops the socket's messages not yet begun
-        // (`Psock::drop_owner`); one part-way through one of them is aborted.
-        let ids: Vec<PsockId> = self.o.psocks.iter().map(|(i, g, _)| pid((i, g))).collect();
-        for p in ids {
-            let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { continue };
-            let resume = match ps.drop_owner(&self.h.config, s) {
-                DropOwner::MidMessage => {
-                    self.tx_abort(p, EPIPE);
-                    continue;
-                }
-                DropOwner::Dropped { resume, addr_bytes } => {
-                    if let Some(sh) = self.h.sk.share_mut(p) {
-                        sh.addr_gone(addr_bytes);
-                    }
-                    resume
-                }
-            };
-            let reserved_by_s = self.h.sk.share(p).is_some_and(|sh| sh.tx_kcm == Some(s));
-            if reserved_by_s {
-                self.h.sk.unreserve(p);
-            }
-            if resume {
-                self.rx_resume(p);
-            }
-            if reserved_by_s {
-                self.psock_now_avail(p);
-            }
-        }
-        // Receive: queued messages move to other sockets or the hold queue.
-        if self.h.sk.socks.len() == 0 {
-            self.release_all();
-        } else {
-            self.requeue(sock.rx_queue);
-            if !self.h.sk.hold.is_empty() {
-                self.h.sk.hold_budget += sock.rcvbuf_peak + self.h.max_msg_peak;
-            }
-        }
-        Ok(())
-    }
-
-    /// The last socket closed: every psock is unattached, the hold queue purged.
-    fn release_all(&mut self) {
-        let ids: Vec<PsockId> = self.o.psocks.iter().map(|(i, g, _)| pid((i, g))).collect();
-        for p in ids {
-            let _ = self.unattach(p);
-        }
-        self.h.sk.hold.clear();
-        self.h.sk.hold_mem = 0;
-        self.h.sk.hold_budget = 0;
-        self.h.sk.rx_waiters.clear();
-        self.h.sk.tx_waiters.clear();
+        let r = self.h.close(s);
+        self.apply_told();
+        r
     }
 
     pub fn sock_type(&self, s: SockId) -> Result<SockType, MuxError> {
@@ -741,7 +686,7 @@ impl Mux {
             if was_waiting {
                 self.h.sk.rx_waiters.retain(|w| *w != s);
             }
-            self.requeue(msgs);
+            self.h.requeue(msgs);
         } else {
             self.rcv_ready(s);
         }
@@ -1350,27 +1295,6 @@ impl Mux {
         self.o.deadlines.clean(|i, g| psocks.get(i, g).and_then(|ps| ps.timer));
     }
 
-    /// Queue a message on a socket (which must be able).
-    #[inline]
-    fn enqueue_rx(&mut self, s: SockId, msg: RxMsg) {
-        self.h.sk.enqueue_rx(&mut self.h.events, s, msg);
-    }
-
-    /// Messages leaving a disabled or closed socket: to the first waiting
-    /// socket until it is full, then the next, else the hold queue (KCM
-    /// `requeue_rx_msgs`).
-    fn requeue(&mut self, msgs: VecDeque<RxMsg>) {
-        for msg in msgs {
-            match self.h.sk.rx_waiters.front().copied() {
-                Some(w) => self.enqueue_rx(w, msg),
-                None => {
-                    self.h.sk.hold_mem += msg.remaining();
-                    self.h.sk.hold.push_back(msg);
-                }
-            }
-        }
-    }
-
     /// A socket became able (created, enabled, drained below SO_RCVBUF): it
     /// takes the hold queue, then paused psocks' messages, then joins the
     /// waiter list (KCM `kcm_rcv_ready`).
@@ -1448,6 +1372,10 @@ impl Mux {
                 None => self.h.unplaced(m),
             },
             ToPsock::Kick(p) => self.kick(p),
+            ToPsock::DropOwner { p, s } => self.drop_owner(p, s),
+            ToPsock::Unattach(p) => {
+                let _ = self.unattach(p);
+            }
             ToPsock::Offered { p, hold } => {
                 let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
                 ps.ready = None;
@@ -1629,6 +1557,32 @@ impl Mux {
     pub fn writable(&self, s: SockId) -> Result<bool, MuxError> {
         let sock = self.sock(s)?;
         Ok(sock.tx_mem < sock.sndbuf)
+    }
+
+    /// Socket `s` closed: psock `p` drops its messages not yet begun
+    /// (`Psock::drop_owner`); one part-way through one of them is aborted.
+    /// A reservation `s` held is released.
+    fn drop_owner(&mut self, p: PsockId, s: SockId) {
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
+        let resume = match ps.drop_owner(&self.h.config, s) {
+            DropOwner::MidMessage => return self.tx_abort(p, EPIPE),
+            DropOwner::Dropped { resume, addr_bytes } => {
+                if let Some(sh) = self.h.sk.share_mut(p) {
+                    sh.addr_gone(addr_bytes);
+                }
+                resume
+            }
+        };
+        let reserved_by_s = self.h.sk.share(p).is_some_and(|sh| sh.tx_kcm == Some(s));
+        if reserved_by_s {
+            self.h.sk.unreserve(p);
+        }
+        if resume {
+            self.rx_resume(p);
+        }
+        if reserved_by_s {
+            self.psock_now_avail(p);
+        }
     }
 
     /// [`Hub::tx_push`], applied.

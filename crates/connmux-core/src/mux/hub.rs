@@ -59,6 +59,55 @@ impl Hub {
         self.sk.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)
     }
 
+    // ---- sockets ----
+
+    /// close() (see [`super::Mux::close`]): every psock is told to drop the
+    /// socket's messages ([`ToPsock::DropOwner`]); queued received messages
+    /// move to other sockets or the hold queue. Closing the last socket
+    /// unattaches every psock ([`ToPsock::Unattach`]) and purges the hold
+    /// queue.
+    pub(super) fn close(&mut self, s: SockId) -> Result<(), MuxError> {
+        let sock = self.sk.socks.remove(s.index, s.generation).ok_or(MuxError::BadSock)?;
+        if sock.on_waiters {
+            self.sk.rx_waiters.retain(|w| *w != s);
+        }
+        if sock.tx_waiting {
+            self.sk.tx_waiters.retain(|w| *w != s);
+        }
+        let last = self.sk.socks.len() == 0;
+        let ids: Vec<PsockId> = self.sk.shares().map(|(p, _)| p).collect();
+        self.sk.told.extend(ids.iter().map(|&p| ToPsock::DropOwner { p, s }));
+        if last {
+            self.sk.told.extend(ids.into_iter().map(ToPsock::Unattach));
+            self.sk.hold.clear();
+            self.sk.hold_mem = 0;
+            self.sk.hold_budget = 0;
+            self.sk.rx_waiters.clear();
+            self.sk.tx_waiters.clear();
+        } else {
+            self.requeue(sock.rx_queue);
+            if !self.sk.hold.is_empty() {
+                self.sk.hold_budget += sock.rcvbuf_peak + self.max_msg_peak;
+            }
+        }
+        Ok(())
+    }
+
+    /// Messages leaving a disabled or closed socket: to the first waiting
+    /// socket until it is full, then the next, else the hold queue (KCM
+    /// `requeue_rx_msgs`).
+    pub(super) fn requeue(&mut self, msgs: VecDeque<super::RxMsg>) {
+        for msg in msgs {
+            match self.sk.rx_waiters.front().copied() {
+                Some(w) => self.sk.enqueue_rx(&mut self.events, w, msg),
+                None => {
+                    self.sk.hold_mem += msg.remaining();
+                    self.sk.hold.push_back(msg);
+                }
+            }
+        }
+    }
+
     // ---- receive ----
 
     /// A socket became able (created, enabled, drained below SO_RCVBUF): it

@@ -63,6 +63,11 @@ pub(super) enum ToPsock {
     /// for readers reached the bound with it): it is read again, from what
     /// it had buffered.
     Offered { p: PsockId, hold: bool },
+    /// Socket `s` closed: its messages not yet begun leave the psock's
+    /// queue, one part-way written aborts the psock, its reservation ends.
+    DropOwner { p: PsockId, s: SockId },
+    /// The mux's last socket closed: the psock is unattached.
+    Unattach(PsockId),
     /// Write what it has (raise `PsockTransmit` unless a writer has a chunk
     /// out or was told since its last `tx_begin`).
     Kick(PsockId),
