@@ -90,7 +90,6 @@ pub use limits::{AHEAD_QUIET, MEM_FLOOR};
 mod slab;
 use deadlines::Deadlines;
 use hub::Hub;
-use limits::MemState;
 use psock::{DropOwner, Life, Psock, Tx, Wrote};
 use slab::Slab;
 use sock::Sock;
@@ -774,8 +773,6 @@ impl Mux {
             tx: Tx::Idle,
             tx_addr_bytes: 0,
             timer: None,
-            mem: MemState::Reading,
-            counted: 0,
             below: 0,
             last_active: self.o.now,
             handshake_deadline: None,
@@ -822,7 +819,7 @@ impl Mux {
         if self.o.deadlines.forget(ps.timer) {
             self.clean_deadlines();
         }
-        self.h.rx_held_sum -= ps.counted;
+        self.h.rx_held_sum -= share.as_ref().map_or(0, |sh| sh.counted);
         add_psock_stats(&mut self.h.folded, &with_share(ps.full_stats(), share.as_ref()));
         self.h.events.push_back(Event::PsockReleased(p));
         // What it held is free: psocks paused by the budget may read again.
@@ -843,7 +840,7 @@ impl Mux {
     /// Bytes the psock will accept now (0 = paused or stopped).
     pub fn rx_capacity(&self, p: PsockId) -> usize {
         match self.psock(p) {
-            Ok(ps) if ps.rx_running() && !ps.held_back(&self.h.config) => {
+            Ok(ps) if ps.rx_running() && !ps.held_back(&self.h.config, self.h.mem_paused(p)) => {
                 ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held())).min(self.mem_room())
             }
             _ => 0,
@@ -1372,6 +1369,19 @@ impl Mux {
                 None => self.h.unplaced(m),
             },
             ToPsock::Kick(p) => self.kick(p),
+            ToPsock::MemPaused(p) => {
+                if self.o.psocks.get(p.index, p.generation).is_some_and(|ps| ps.stream.is_lent()) {
+                    // What the loan counts may never come: have it back, so
+                    // that a quiet psock holds nothing at its grace's end.
+                    self.h.events.push_back(Event::PsockRxRecall(p));
+                }
+            }
+            ToPsock::MemResumed(p) => {
+                if self.rx_capacity(p) > 0 {
+                    self.rx_resume(p);
+                }
+            }
+            ToPsock::MemAbort { p, held, limit } => self.mem_abort(p, held, limit),
             ToPsock::DropOwner { p, s } => self.drop_owner(p, s),
             ToPsock::Unattach(p) => {
                 let _ = self.unattach(p);
@@ -1855,7 +1865,7 @@ impl Mux {
                 continue; // stale: cleared, re-armed, or another psock in the slot
             }
             self.o.deadlines.fired(&mut ps.timer);
-            if ps.rx_running() && ps.held_back(&self.h.config) {
+            if ps.rx_running() && ps.held_back(&self.h.config, self.h.mem_paused(p)) {
                 // The server is not reading this psock (its replies backed
                 // up, its messages not taken, the memory budget): the time
                 // is the server's. The deadline runs again, in full, when

@@ -63,6 +63,8 @@
 
 use std::time::Duration;
 
+use super::hub::Hub;
+use super::sockets::ToPsock;
 use super::{Event, Life, Mux, PsockError, PsockId, RxError};
 use crate::time::Timestamp;
 
@@ -92,18 +94,18 @@ const SCAN_FLOOR: Duration = Duration::from_millis(10);
 /// comes later is read as the first was (its header, then a loan).
 pub const AHEAD_QUIET: Duration = Duration::from_secs(1);
 
-impl Mux {
+impl Hub {
     /// The budget's low mark: paused psocks read again at or below it.
     #[inline]
     fn mem_low(&self) -> usize {
-        self.h.config.mem_limit / 2
+        self.config.mem_limit / 2
     }
 
     /// [`Mux::memory_used`] in O(sockets): the psocks' part is kept as a sum.
     #[inline]
     pub(super) fn mem_total(&self) -> usize {
-        let socks: usize = self.h.sk.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
-        self.h.rx_held_sum + socks + self.h.sk.hold_mem
+        let socks: usize = self.sk.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
+        self.rx_held_sum + socks + self.sk.hold_mem
     }
 
     /// The most one read may take under the budget: what is left of it, but
@@ -112,76 +114,70 @@ impl Mux {
     /// the whole of it as held, a lent buffer from the moment it is lent).
     #[inline]
     pub(super) fn mem_room(&self) -> usize {
-        self.h.config.mem_limit.saturating_sub(self.mem_total()).max(MEM_FLOOR)
+        self.config.mem_limit.saturating_sub(self.mem_total()).max(MEM_FLOOR)
     }
 
-    /// Bring psock `p`'s share of `rx_held_sum` up to date.
+    /// Whether psock `p` is paused by the budget.
     #[inline]
-    pub(super) fn recount_only(&mut self, p: PsockId) {
-        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
-        let held = ps.rx_mem() + ps.below;
-        self.h.rx_held_sum = self.h.rx_held_sum + held - ps.counted;
-        ps.counted = held;
+    pub(super) fn mem_paused(&self, p: PsockId) -> bool {
+        self.sk.share(p).is_some_and(|sh| sh.mem != MemState::Reading)
     }
 
-    /// [`Mux::recount_only`], then the budget's check when it may be needed.
+    /// Psock `p`'s receive side holds `held` now: the sum follows, and
+    /// past the limit the budget looks (the psock itself is paused here
+    /// when the others were already: `mem_check`). The psock's owner calls
+    /// this after every change of what it holds.
     #[inline]
-    pub(super) fn recount(&mut self, p: PsockId, now: Timestamp) {
-        self.recount_only(p);
+    pub(super) fn count_held(&mut self, p: PsockId, held: usize, now: Timestamp) {
+        let Some(sh) = self.sk.share_mut(p) else { return };
+        self.rx_held_sum = self.rx_held_sum + held - sh.counted;
+        sh.counted = held;
         let total = self.mem_total();
-        self.h.mem_peak = self.h.mem_peak.max(total);
-        if !self.h.mem_over {
-            if total > self.h.config.mem_limit {
+        self.mem_peak = self.mem_peak.max(total);
+        if !self.mem_over {
+            if total > self.config.mem_limit {
                 self.mem_check(now);
             }
             return;
         }
         if total <= self.mem_low() {
             self.mem_check(now);
-        } else if total > self.h.config.mem_limit {
+        } else if total > self.config.mem_limit {
             // Over the limit, every other reader holding much was paused
             // when it was last fed (its replies grow with its requests):
             // this one is the one to look at.
-            if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
-                let held = Self::holding(ps);
-                if ps.mem == MemState::Reading && !ps.life.rx_over() && held >= MEM_FLOOR {
-                    ps.mem = MemState::Paused { since: now, held };
-                    self.h.counters.mem_pauses += 1;
-                    let t = now.add(self.h.config.mem_grace);
-                    self.h.mem_next = Some(self.h.mem_next.map_or(t, |n| n.min(t)));
-                }
+            let sh = self.sk.share_mut(p).expect("looked up above");
+            let holding = sh.counted + sh.addr_backlog;
+            if sh.mem == MemState::Reading && sh.answers && holding >= MEM_FLOOR {
+                sh.mem = MemState::Paused { since: now, held: holding };
+                self.counters.mem_pauses += 1;
+                let t = now.add(self.config.mem_grace);
+                self.mem_next = Some(self.mem_next.map_or(t, |n| n.min(t)));
             }
         }
     }
 
-    /// What psock `p` holds for the budget's ranking: received bytes and the
-    /// replies queued for it.
-    #[inline]
-    fn holding(ps: &super::Psock) -> usize {
-        ps.rx_mem() + ps.below + ps.tx_addr_bytes
-    }
-
     /// The budget's decision (module documentation): abort, pause, resume.
+    /// What a psock holds, for the ranking, is what its share counts: its
+    /// receive side and the replies queued for it.
     pub(super) fn mem_check(&mut self, now: Timestamp) {
-        self.note_time(now);
-        let limit = self.h.config.mem_limit;
+        let limit = self.config.mem_limit;
         let low = self.mem_low();
         let mut total = self.mem_total();
-        let grace_due = self.h.mem_next.is_some_and(|t| t <= now);
+        let grace_due = self.mem_next.is_some_and(|t| t <= now);
         if total <= low || (total <= limit && !grace_due) {
-            if total <= low && self.h.mem_over {
+            if total <= low && self.mem_over {
                 self.mem_resume_all();
             }
             return;
         }
-        // Every live psock with what it holds, largest first (ties: lowest
-        // id first, so the decision is deterministic).
+        // Every psock still receiving with what it holds, largest first
+        // (ties: lowest id first, so the decision is deterministic).
         let mut ranked: Vec<(usize, PsockId, MemState)> = self
-            .o
-            .psocks
-            .iter()
-            .filter(|(_, _, ps)| !ps.life.rx_over())
-            .map(|(i, g, ps)| (Self::holding(ps), PsockId { index: i, generation: g }, ps.mem))
+            .sk
+            .shares()
+            .filter(|(_, sh)| sh.answers)
+            .map(|(p, sh)| (sh.counted + sh.addr_backlog, p, sh.mem))
             .collect();
         ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         // 1. Abort the stuck: paused past their grace, holding no less.
@@ -191,7 +187,7 @@ impl Mux {
                     break;
                 }
                 let MemState::Paused { since, held } = state else { continue };
-                if now < since.add(self.h.config.mem_grace) || held_now < held || held_now == 0 {
+                if now < since.add(self.config.mem_grace) || held_now < held || held_now == 0 {
                     continue;
                 }
                 total -= self.mem_abort(p, held_now).min(total);
@@ -203,7 +199,7 @@ impl Mux {
         }
         // 2. Over the limit: pause every reader holding much, largest first.
         if total > limit {
-            self.h.mem_over = true;
+            self.mem_over = true;
             for &(held_now, p, state) in &ranked {
                 if held_now < MEM_FLOOR {
                     break;
@@ -211,87 +207,137 @@ impl Mux {
                 if state != MemState::Reading {
                     continue;
                 }
-                let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { continue };
-                if ps.life.rx_over() {
+                let Some(sh) = self.sk.share_mut(p) else { continue };
+                if !sh.answers {
                     continue; // aborted above
                 }
-                ps.mem = MemState::Paused { since: now, held: held_now };
-                self.h.counters.mem_pauses += 1;
-                if ps.stream.is_lent() {
-                    // What the loan counts may never come: have it back, so
-                    // that a quiet psock holds nothing at its grace's end.
-                    self.h.events.push_back(Event::PsockRxRecall(p));
-                }
+                sh.mem = MemState::Paused { since: now, held: held_now };
+                self.counters.mem_pauses += 1;
+                self.sk.told.push(ToPsock::MemPaused(p));
             }
         }
-        self.h.mem_next = self
-            .o
-            .psocks
-            .iter()
-            .filter_map(|(_, _, ps)| match ps.mem {
-                MemState::Paused { since, .. } if !ps.life.rx_over() => Some(since.add(self.h.config.mem_grace)),
+        let grace = self.config.mem_grace;
+        self.mem_next = self
+            .sk
+            .shares()
+            .filter_map(|(_, sh)| match sh.mem {
+                MemState::Paused { since, .. } if sh.answers => Some(since.add(grace)),
                 _ => None,
             })
             .min()
             // A grace that ran out without an abort (the total fell between
             // the marks) is looked at again one grace later.
-            .map(|t| if t <= now { now.add(self.h.config.mem_grace) } else { t });
+            .map(|t| if t <= now { now.add(grace) } else { t });
     }
 
-    /// Abort psock `p` for the budget: its receive stops and its buffer is
-    /// freed; returns the bytes freed.
+    /// Abort psock `p` for the budget (its owner stops its receive and
+    /// frees its buffer: [`ToPsock::MemAbort`]); returns the bytes that
+    /// frees: all its receive side holds but a ready message, which waits
+    /// on the hub's list until a socket takes it.
     fn mem_abort(&mut self, p: PsockId, held: usize) -> usize {
-        let limit = self.h.config.mem_limit;
-        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return 0 };
-        let before = ps.rx_mem() + ps.below;
+        let limit = self.config.mem_limit;
+        let ready = self.sk.psocks_ready.iter().find(|m| m.psock == p).map_or(0, |m| m.remaining());
+        let Some(sh) = self.sk.share_mut(p) else { return 0 };
+        sh.mem = MemState::Reading;
+        sh.answers = false;
+        let freed = sh.counted.saturating_sub(ready);
+        self.counters.mem_aborts += 1;
+        self.sk.told.push(ToPsock::MemAbort { p, held, limit });
+        freed
+    }
+
+    /// Every psock paused by the budget is read again.
+    fn mem_resume_all(&mut self) {
+        let Hub { sk, .. } = self;
+        let mut resumed = Vec::new();
+        for (p, sh) in sk.shares_mut() {
+            if let MemState::Paused { .. } = sh.mem {
+                sh.mem = MemState::Reading;
+                resumed.push(p);
+            }
+        }
+        self.sk.told.extend(resumed.into_iter().map(ToPsock::MemResumed));
+        self.mem_over = false;
+        self.mem_next = None;
+    }
+
+    /// After a socket's queue was read: paused psocks may read again.
+    #[inline]
+    pub(super) fn mem_after_read(&mut self, now: Timestamp) {
+        if self.mem_over && self.mem_total() <= self.mem_low() {
+            self.mem_check(now);
+        }
+    }
+}
+
+impl Mux {
+    /// [`Hub::mem_room`].
+    #[inline]
+    pub(super) fn mem_room(&self) -> usize {
+        self.h.mem_room()
+    }
+
+    /// [`Hub::mem_total`].
+    #[inline]
+    pub(super) fn mem_total(&self) -> usize {
+        self.h.mem_total()
+    }
+
+    /// Bring psock `p`'s count in the budget up to date.
+    #[inline]
+    pub(super) fn recount_only(&mut self, p: PsockId) {
+        let Some(ps) = self.o.psocks.get(p.index, p.generation) else { return };
+        let held = ps.rx_mem() + ps.below;
+        let Some(sh) = self.h.sk.share_mut(p) else { return };
+        self.h.rx_held_sum = self.h.rx_held_sum + held - sh.counted;
+        sh.counted = held;
+    }
+
+    /// Psock `p`'s count in the budget, then the budget's check when it may
+    /// be needed ([`Hub::count_held`]).
+    #[inline]
+    pub(super) fn recount(&mut self, p: PsockId, now: Timestamp) {
+        let Some(ps) = self.o.psocks.get(p.index, p.generation) else { return };
+        let held = ps.rx_mem() + ps.below;
+        self.h.count_held(p, held, now);
+        self.apply_told();
+    }
+
+    /// [`Hub::mem_check`], applied.
+    pub(super) fn mem_check(&mut self, now: Timestamp) {
+        self.note_time(now);
+        self.h.mem_check(now);
+        self.apply_told();
+    }
+
+    /// [`ToPsock::MemAbort`]: psock `p`'s receive stops and its buffer is
+    /// freed.
+    pub(super) fn mem_abort(&mut self, p: PsockId, held: usize, limit: usize) {
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
         // The driver drops what it held below the parser with the psock.
         ps.below = 0;
         ps.stream.stop();
         let reported = ps.life.rx_over();
         ps.life = Life::Failed;
-        ps.mem = MemState::Reading;
-        self.h.sk.no_answers(p);
         if !reported {
             self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(RxError::MemLimit { held, limit })));
         }
-        self.h.counters.mem_aborts += 1;
         self.sync_deadline(p);
         self.recount_only(p);
-        let after = self.o.psocks.get(p.index, p.generation).map_or(0, |ps| ps.rx_mem() + ps.below);
-        before - after
-    }
-
-    /// Every psock paused by the budget is read again.
-    fn mem_resume_all(&mut self) {
-        let mut resumed = Vec::new();
-        for (i, g, ps) in self.o.psocks.iter_mut() {
-            if let MemState::Paused { .. } = ps.mem {
-                ps.mem = MemState::Reading;
-                resumed.push(PsockId { index: i, generation: g });
-            }
-        }
-        self.h.mem_over = false;
-        self.h.mem_next = None;
-        for p in resumed {
-            if self.rx_capacity(p) > 0 {
-                self.rx_resume(p);
-            }
-        }
     }
 
     /// [`Mux::memory_used`] as the budget counts it (kept as reads go);
     /// the two are equal at all times.
     #[doc(hidden)]
     pub fn memory_counted(&self) -> usize {
-        self.mem_total()
+        self.h.mem_total()
     }
 
     /// After a socket's queue was read: paused psocks may read again.
     #[inline]
     pub(super) fn mem_after_read(&mut self) {
-        if self.h.mem_over && self.mem_total() <= self.mem_low() {
-            self.mem_check(self.o.now);
-        }
+        self.h.mem_after_read(self.o.now);
+        self.apply_told();
     }
 
     /// Whether the memory budget is over its limit now (psocks holding much
@@ -304,7 +350,7 @@ impl Mux {
 
     /// Whether psock `p` is paused by the memory budget now.
     pub fn mem_paused(&self, p: PsockId) -> bool {
-        self.psock(p).is_ok_and(|ps| ps.mem != MemState::Reading)
+        self.psock(p).is_ok() && self.h.mem_paused(p)
     }
 
     // ---- idle and handshake deadlines ----

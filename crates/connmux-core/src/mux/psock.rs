@@ -8,7 +8,6 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 
 use super::deadlines::Armed;
-use super::limits::MemState;
 use super::{MuxConfig, Placed, SockId, TxMsg, TX_CHUNK_BYTES, TX_CHUNK_SLICES};
 use crate::stats::PsockStats;
 use crate::stream::StreamParser;
@@ -141,10 +140,6 @@ pub(super) struct Psock {
     /// The assembly deadline armed in the mux's [`Deadlines`], if any (it
     /// mirrors `stream.deadline()` after every call).
     pub(super) timer: Option<Armed>,
-    /// Whether the memory budget lets it be read (see [`limits`]).
-    pub(super) mem: MemState,
-    /// Its `rx_held` plus `below` as last added to `Mux::rx_held_sum`.
-    pub(super) counted: usize,
     /// Bytes the driver holds for it below the parser, not yet fed
     /// ([`Mux::set_rx_below`]): counted in the memory budget.
     pub(super) below: usize,
@@ -176,10 +171,10 @@ impl Psock {
     /// reading its replies, or readers that have not taken its queued
     /// messages (`PsockRxResume` when that ends).
     #[inline]
-    pub(super) fn held_back(&self, config: &MuxConfig) -> bool {
+    pub(super) fn held_back(&self, config: &MuxConfig, mem_paused: bool) -> bool {
         self.ready.is_some()
             || self.readers_hold
-            || self.mem != MemState::Reading
+            || mem_paused
             || self.tx_addr_bytes >= backlog_pause(config)
     }
 

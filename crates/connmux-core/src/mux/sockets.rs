@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
+use super::limits::MemState;
 use super::slab::Slab;
 use super::sock::Sock;
 use super::{
@@ -68,6 +69,14 @@ pub(super) enum ToPsock {
     DropOwner { p: PsockId, s: SockId },
     /// The mux's last socket closed: the psock is unattached.
     Unattach(PsockId),
+    /// The memory budget paused it (a loan of its buffer out is recalled:
+    /// what it counts may never come).
+    MemPaused(PsockId),
+    /// The memory budget resumed it: it is read again.
+    MemResumed(PsockId),
+    /// The memory budget aborts it (stuck holding `held` of `limit`): its
+    /// receive stops, its buffer is freed, `PsockFailed(Rx(MemLimit))`.
+    MemAbort { p: PsockId, held: usize, limit: usize },
     /// Write what it has (raise `PsockTransmit` unless a writer has a chunk
     /// out or was told since its last `tx_begin`).
     Kick(PsockId),
@@ -124,8 +133,14 @@ pub(super) struct Share {
     pub(super) received: u64,
     /// It can still answer (transmit not stopped, receive running): lowered
     /// for good by the glue when that ends, so `TxPolicy::LeastOutstanding`
-    /// passes it over without a look at the psock.
+    /// and the memory budget pass it over without a look at the psock.
     pub(super) answers: bool,
+    // ---- the memory budget ----
+    /// What its receive side holds (`rx_mem` plus what the driver holds
+    /// below the parser), as last added to `Hub::rx_held_sum`.
+    pub(super) counted: usize,
+    /// Whether the budget lets it be read (see `super::limits`).
+    pub(super) mem: MemState,
 }
 
 impl Share {
@@ -192,6 +207,8 @@ impl Sockets {
             placed: 0,
             received: 0,
             answers: true,
+            counted: 0,
+            mem: MemState::Reading,
         });
     }
     /// A psock was unattached: its share, off the list of free psocks.
@@ -207,6 +224,12 @@ impl Sockets {
         Some(sh)
     }
     #[inline]
+    pub(super) fn shares_mut(&mut self) -> impl Iterator<Item = (PsockId, &mut Share)> {
+        self.shares.iter_mut().enumerate().filter_map(|(i, sh)| {
+            let sh = sh.as_mut()?;
+            Some((PsockId { index: i as u32, generation: sh.generation }, sh))
+        })
+    }
     pub(super) fn share(&self, p: PsockId) -> Option<&Share> {
         self.shares.get(p.index as usize)?.as_ref().filter(|sh| sh.generation == p.generation)
     }
