@@ -577,6 +577,30 @@ pub(super) fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// A mux to read: one owner's psocks and the hub (the whole mux when the
+/// owner is the only one: [`Mux`]).
+#[derive(Clone, Copy)]
+pub struct MuxView<'a> {
+    o: &'a Owned,
+    h: &'a Hub,
+}
+
+/// A mux to change: one owner's psocks and the hub, both held for the
+/// call. A runtime whose workers own their psocks makes one per call from
+/// the worker's [`Owned`] and the locked [`Hub`]; [`Mux`] makes one from
+/// its own pair.
+pub struct MuxRef<'a> {
+    o: &'a mut Owned,
+    h: &'a mut Hub,
+}
+
+impl MuxRef<'_> {
+    #[inline]
+    fn v(&self) -> MuxView<'_> {
+        MuxView { o: self.o, h: self.h }
+    }
+}
+
 impl Mux {
     pub fn new(config: MuxConfig) -> Mux {
         let max_msg_peak = config.max_msg_size;
@@ -605,107 +629,531 @@ impl Mux {
             },
         }
     }
+
+    /// The mux to read.
+    #[inline]
+    pub fn v(&self) -> MuxView<'_> {
+        MuxView { o: &self.o, h: &self.h }
+    }
+
+    /// The mux to change.
+    #[inline]
+    pub fn r(&mut self) -> MuxRef<'_> {
+        MuxRef { o: &mut self.o, h: &mut self.h }
+    }
+
+    /// [`MuxView::config`].
+    #[inline]
     pub fn config(&self) -> &MuxConfig {
+        self.v().config()
+    }
+
+    /// [`MuxView::sock_type`].
+    #[inline]
+    pub fn sock_type(&self, s: SockId) -> Result<SockType, MuxError> {
+        self.v().sock_type(s)
+    }
+
+    /// [`MuxView::recv_disabled`].
+    #[inline]
+    pub fn recv_disabled(&self, s: SockId) -> Result<bool, MuxError> {
+        self.v().recv_disabled(s)
+    }
+
+    /// [`MuxView::rcvbuf`].
+    #[inline]
+    pub fn rcvbuf(&self, s: SockId) -> Result<usize, MuxError> {
+        self.v().rcvbuf(s)
+    }
+
+    /// [`MuxView::sndbuf`].
+    #[inline]
+    pub fn sndbuf(&self, s: SockId) -> Result<usize, MuxError> {
+        self.v().sndbuf(s)
+    }
+
+    /// [`MuxView::sock_count`].
+    #[inline]
+    pub fn sock_count(&self) -> usize {
+        self.v().sock_count()
+    }
+
+    /// [`MuxView::socks`].
+    #[inline]
+    pub fn socks(&self) -> Vec<SockId> {
+        self.v().socks()
+    }
+
+    /// [`MuxView::psock_count`].
+    #[inline]
+    pub fn psock_count(&self) -> usize {
+        self.v().psock_count()
+    }
+
+    /// [`MuxView::psocks`].
+    #[inline]
+    pub fn psocks(&self) -> Vec<PsockId> {
+        self.v().psocks()
+    }
+
+    /// [`MuxView::rx_capacity`].
+    #[inline]
+    pub fn rx_capacity(&self, p: PsockId) -> usize {
+        self.v().rx_capacity(p)
+    }
+
+    /// [`MuxView::rx_need`].
+    #[inline]
+    pub fn rx_need(&self, p: PsockId) -> Option<usize> {
+        self.v().rx_need(p)
+    }
+
+    /// [`MuxView::rx_would_lend`].
+    #[inline]
+    pub fn rx_would_lend(&self, p: PsockId) -> bool {
+        self.v().rx_would_lend(p)
+    }
+
+    /// [`MuxView::rx_would_lend_ahead`].
+    #[inline]
+    pub fn rx_would_lend_ahead(&self, p: PsockId) -> bool {
+        self.v().rx_would_lend_ahead(p)
+    }
+
+    /// [`MuxView::peer_closed`].
+    #[inline]
+    pub fn peer_closed(&self, p: PsockId) -> bool {
+        self.v().peer_closed(p)
+    }
+
+    /// [`MuxView::drained`].
+    #[inline]
+    pub fn drained(&self, p: PsockId) -> bool {
+        self.v().drained(p)
+    }
+
+    /// [`MuxView::rx_holds`].
+    #[inline]
+    pub fn rx_holds(&self, p: PsockId) -> u64 {
+        self.v().rx_holds(p)
+    }
+
+    /// [`MuxView::tx_unsent`].
+    #[inline]
+    pub fn tx_unsent(&self, s: SockId) -> Result<usize, MuxError> {
+        self.v().tx_unsent(s)
+    }
+
+    /// [`MuxView::rx_queued`].
+    #[inline]
+    pub fn rx_queued(&self, s: SockId) -> Result<usize, MuxError> {
+        self.v().rx_queued(s)
+    }
+
+    /// [`MuxView::rx_queued_from`].
+    #[inline]
+    pub fn rx_queued_from(&self, s: SockId, p: PsockId) -> Result<usize, MuxError> {
+        self.v().rx_queued_from(s, p)
+    }
+
+    /// [`MuxView::writable`].
+    #[inline]
+    pub fn writable(&self, s: SockId) -> Result<bool, MuxError> {
+        self.v().writable(s)
+    }
+
+    /// [`MuxView::psock_outstanding`].
+    #[inline]
+    pub fn psock_outstanding(&self, p: PsockId) -> Result<u64, MuxError> {
+        self.v().psock_outstanding(p)
+    }
+
+    #[doc(hidden)]
+    /// [`MuxView::shares_exact`].
+    #[inline]
+    pub fn shares_exact(&self) -> Result<(), String> {
+        self.v().shares_exact()
+    }
+
+    /// [`MuxView::poll_timeout`].
+    #[inline]
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        self.v().poll_timeout()
+    }
+
+    #[doc(hidden)]
+    /// [`MuxView::deadline_entries`].
+    #[inline]
+    pub fn deadline_entries(&self) -> usize {
+        self.v().deadline_entries()
+    }
+
+    /// [`MuxView::stats`].
+    #[inline]
+    pub fn stats(&self) -> MuxStats {
+        self.v().stats()
+    }
+
+    /// [`MuxView::sock_stats`].
+    #[inline]
+    pub fn sock_stats(&self, s: SockId) -> Result<SockStats, MuxError> {
+        self.v().sock_stats(s)
+    }
+
+    /// [`MuxView::psock_stats`].
+    #[inline]
+    pub fn psock_stats(&self, p: PsockId) -> Result<PsockStats, MuxError> {
+        self.v().psock_stats(p)
+    }
+
+    /// [`MuxView::memory_used`].
+    #[inline]
+    pub fn memory_used(&self) -> usize {
+        self.v().memory_used()
+    }
+
+    /// [`MuxView::memory_bound`].
+    #[inline]
+    pub fn memory_bound(&self) -> usize {
+        self.v().memory_bound()
+    }
+
+    /// [`MuxView::proc_kcm`].
+    #[inline]
+    pub fn proc_kcm(&self) -> String {
+        self.v().proc_kcm()
+    }
+
+    /// [`MuxView::proc_kcm_stats`].
+    #[inline]
+    pub fn proc_kcm_stats(&self) -> String {
+        self.v().proc_kcm_stats()
+    }
+
+    /// [`MuxRef::socket`].
+    #[inline]
+    pub fn socket(&mut self, ty: SockType) -> SockId {
+        self.r().socket(ty)
+    }
+
+    /// [`MuxRef::clone_sock`].
+    #[inline]
+    pub fn clone_sock(&mut self, s: SockId) -> Result<SockId, MuxError> {
+        self.r().clone_sock(s)
+    }
+
+    /// [`MuxRef::close`].
+    #[inline]
+    pub fn close(&mut self, s: SockId) -> Result<(), MuxError> {
+        self.r().close(s)
+    }
+
+    /// [`MuxRef::set_recv_disable`].
+    #[inline]
+    pub fn set_recv_disable(&mut self, s: SockId, disable: bool) -> Result<(), MuxError> {
+        self.r().set_recv_disable(s, disable)
+    }
+
+    /// [`MuxRef::set_rcvbuf`].
+    #[inline]
+    pub fn set_rcvbuf(&mut self, s: SockId, bytes: usize) -> Result<(), MuxError> {
+        self.r().set_rcvbuf(s, bytes)
+    }
+
+    /// [`MuxRef::set_sndbuf`].
+    #[inline]
+    pub fn set_sndbuf(&mut self, s: SockId, bytes: usize) -> Result<(), MuxError> {
+        self.r().set_sndbuf(s, bytes)
+    }
+
+    /// [`MuxRef::set_psock_affinity`].
+    #[inline]
+    pub fn set_psock_affinity(&mut self, p: PsockId, tag: Option<u32>) -> Result<(), MuxError> {
+        self.r().set_psock_affinity(p, tag)
+    }
+
+    /// [`MuxRef::set_affinity`].
+    #[inline]
+    pub fn set_affinity(&mut self, s: SockId, tag: Option<u32>) -> Result<(), MuxError> {
+        self.r().set_affinity(s, tag)
+    }
+
+    /// [`MuxRef::set_tag_only`].
+    #[inline]
+    pub fn set_tag_only(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
+        self.r().set_tag_only(s, on)
+    }
+
+    /// [`MuxRef::attach`].
+    #[inline]
+    pub fn attach(&mut self, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId {
+        self.r().attach(parser, cfg)
+    }
+
+    /// [`MuxRef::unattach`].
+    #[inline]
+    pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
+        self.r().unattach(p)
+    }
+
+    /// [`MuxRef::feed`].
+    #[inline]
+    pub fn feed(&mut self, p: PsockId, data: &[u8], now: Timestamp) -> Result<(), MuxError> {
+        self.r().feed(p, data, now)
+    }
+
+    /// [`MuxRef::feed_direct`].
+    #[inline]
+    pub fn feed_direct(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        now: Timestamp,
+        direct: &mut Direct<'_>,
+    ) -> Result<(), MuxError> {
+        self.r().feed_direct(p, data, now, direct)
+    }
+
+    /// [`MuxRef::feed_in_place`].
+    #[inline]
+    pub fn feed_in_place(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        now: Timestamp,
+        direct: &mut Direct<'_>,
+        limit: usize,
+        out: &mut Vec<crate::run::Run>,
+    ) -> Result<(), MuxError> {
+        self.r().feed_in_place(p, data, now, direct, limit, out)
+    }
+
+    /// [`MuxRef::rx_lend`].
+    #[inline]
+    pub fn rx_lend(&mut self, p: PsockId) -> Option<RxLoan> {
+        self.r().rx_lend(p)
+    }
+
+    /// [`MuxRef::rx_room`].
+    #[inline]
+    pub fn rx_room(&mut self, p: PsockId) -> (usize, Option<RxLoan>) {
+        self.r().rx_room(p)
+    }
+
+    /// [`MuxRef::rx_lend_ahead`].
+    #[inline]
+    pub fn rx_lend_ahead(&mut self, p: PsockId) -> Option<RxLoan> {
+        self.r().rx_lend_ahead(p)
+    }
+
+    /// [`MuxRef::rx_commit`].
+    #[inline]
+    pub fn rx_commit(&mut self, loan: RxLoan, now: Timestamp) -> Result<(), MuxError> {
+        self.r().rx_commit(loan, now)
+    }
+
+    /// [`MuxRef::rx_commit_direct`].
+    #[inline]
+    pub fn rx_commit_direct(&mut self, loan: RxLoan, now: Timestamp, direct: &mut Direct<'_>) -> Result<(), MuxError> {
+        self.r().rx_commit_direct(loan, now, direct)
+    }
+
+    /// [`MuxRef::rx_closed`].
+    #[inline]
+    pub fn rx_closed(&mut self, p: PsockId, errno: Option<i32>) -> Result<(), MuxError> {
+        self.r().rx_closed(p, errno)
+    }
+
+    /// [`MuxRef::set_holds`].
+    #[inline]
+    pub fn set_holds(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
+        self.r().set_holds(s, on)
+    }
+
+    /// [`MuxRef::rx_settle`].
+    #[inline]
+    pub fn rx_settle(&mut self, p: PsockId, n: u64) {
+        self.r().rx_settle(p, n)
+    }
+
+    /// [`MuxRef::rx_abort`].
+    #[inline]
+    pub fn rx_abort(&mut self, p: PsockId, err: RxError) -> Result<(), MuxError> {
+        self.r().rx_abort(p, err)
+    }
+
+    /// [`MuxRef::recv`].
+    #[inline]
+    pub fn recv(&mut self, s: SockId, buf: &mut [u8], flags: RecvFlags) -> Result<RecvInfo, MuxError> {
+        self.r().recv(s, buf, flags)
+    }
+
+    /// [`MuxRef::recv_msg`].
+    #[inline]
+    pub fn recv_msg(&mut self, s: SockId) -> Result<(Bytes, PsockId), MuxError> {
+        self.r().recv_msg(s)
+    }
+
+    /// [`MuxRef::send`].
+    #[inline]
+    pub fn send(&mut self, s: SockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
+        self.r().send(s, data, flags)
+    }
+
+    /// [`MuxRef::end_batch`].
+    #[inline]
+    pub fn end_batch(&mut self, s: SockId) -> Result<(), MuxError> {
+        self.r().end_batch(s)
+    }
+
+    /// [`MuxRef::send_to`].
+    #[inline]
+    pub fn send_to(&mut self, s: SockId, p: PsockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
+        self.r().send_to(s, p, data, flags)
+    }
+
+    /// [`MuxRef::send_msg`].
+    #[inline]
+    pub fn send_msg(&mut self, s: SockId, p: Option<PsockId>, msg: Bytes, batch: bool) -> Result<(), MuxError> {
+        self.r().send_msg(s, p, msg, batch)
+    }
+
+    /// [`MuxRef::send_msgs_to`].
+    #[inline]
+    pub fn send_msgs_to(&mut self, s: SockId, p: PsockId, data: Bytes, count: u32) -> Result<(), MuxError> {
+        self.r().send_msgs_to(s, p, data, count)
+    }
+
+    /// [`MuxRef::send_msgs_to_begin`].
+    #[inline]
+    pub fn send_msgs_to_begin(
+        &mut self,
+        s: SockId,
+        p: PsockId,
+        data: Bytes,
+        count: u32,
+        slices: &mut Vec<Bytes>,
+    ) -> Result<bool, MuxError> {
+        self.r().send_msgs_to_begin(s, p, data, count, slices)
+    }
+
+    /// [`MuxRef::send_abort`].
+    #[inline]
+    pub fn send_abort(&mut self, s: SockId) -> Result<(), MuxError> {
+        self.r().send_abort(s)
+    }
+
+    /// [`MuxRef::tx_kick`].
+    #[inline]
+    pub fn tx_kick(&mut self, p: PsockId) {
+        self.r().tx_kick(p)
+    }
+
+    /// [`MuxRef::tx_begin`].
+    #[inline]
+    pub fn tx_begin(&mut self, p: PsockId) -> Option<TxChunk> {
+        self.r().tx_begin(p)
+    }
+
+    /// [`MuxRef::tx_begin_into`].
+    #[inline]
+    pub fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
+        self.r().tx_begin_into(p, slices)
+    }
+
+    /// [`MuxRef::tx_complete`].
+    #[inline]
+    pub fn tx_complete(&mut self, p: PsockId, n: usize) {
+        self.r().tx_complete(p, n)
+    }
+
+    /// [`MuxRef::tx_failed`].
+    #[inline]
+    pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
+        self.r().tx_failed(p, errno)
+    }
+
+    /// [`MuxRef::handle_timeout`].
+    #[inline]
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        self.r().handle_timeout(now)
+    }
+
+    /// [`MuxRef::poll_event`].
+    #[inline]
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.r().poll_event()
+    }
+
+    #[doc(hidden)]
+    /// [`MuxView::memory_counted`].
+    #[inline]
+    pub fn memory_counted(&self) -> usize {
+        self.v().memory_counted()
+    }
+
+    /// [`MuxView::mem_tight`].
+    #[inline]
+    pub fn mem_tight(&self) -> bool {
+        self.v().mem_tight()
+    }
+
+    /// [`MuxView::mem_paused`].
+    #[inline]
+    pub fn mem_paused(&self, p: PsockId) -> bool {
+        self.v().mem_paused(p)
+    }
+
+    /// [`MuxView::idlest`].
+    #[inline]
+    pub fn idlest(&self, now: Timestamp) -> Option<(PsockId, Duration)> {
+        self.v().idlest(now)
+    }
+
+    /// [`MuxRef::note_now`].
+    #[inline]
+    pub fn note_now(&mut self, now: Timestamp) {
+        self.r().note_now(now)
+    }
+
+    /// [`MuxRef::set_rx_below`].
+    #[inline]
+    pub fn set_rx_below(&mut self, p: PsockId, bytes: usize) {
+        self.r().set_rx_below(p, bytes)
+    }
+
+    /// [`MuxRef::set_handshake_deadline`].
+    #[inline]
+    pub fn set_handshake_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), MuxError> {
+        self.r().set_handshake_deadline(p, deadline)
+    }
+
+    /// [`MuxRef::set_record_deadline`].
+    #[inline]
+    pub fn set_record_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), MuxError> {
+        self.r().set_record_deadline(p, deadline)
+    }
+}
+
+impl<'a> MuxView<'a> {
+    pub fn config(&self) -> &'a MuxConfig {
         &self.h.config
     }
 
     #[inline]
-    fn sock(&self, s: SockId) -> Result<&Sock, MuxError> {
+    fn sock(&self, s: SockId) -> Result<&'a Sock, MuxError> {
         self.h.sk.socks.get(s.index, s.generation).ok_or(MuxError::BadSock)
     }
     #[inline]
-    fn sock_mut(&mut self, s: SockId) -> Result<&mut Sock, MuxError> {
-        self.h.sk.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)
-    }
-    #[inline]
-    fn psock(&self, p: PsockId) -> Result<&Psock, MuxError> {
+    fn psock(&self, p: PsockId) -> Result<&'a Psock, MuxError> {
         self.o.psocks.get(p.index, p.generation).ok_or(MuxError::NoPsock)
-    }
-    #[inline]
-    fn psock_mut(&mut self, p: PsockId) -> Result<&mut Psock, MuxError> {
-        self.o.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)
-    }
-    fn note_time(&mut self, now: Timestamp) {
-        if now > self.o.now {
-            self.o.now = now;
-        }
-        if !self.o.restarts.is_empty() {
-            self.restart_deadlines();
-        }
-    }
-
-    /// The deadlines [`Mux::rx_resume`] held run again, in full, from now.
-    #[cold]
-    fn restart_deadlines(&mut self) {
-        for p in std::mem::take(&mut self.o.restarts) {
-            if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
-                ps.stream.restart_deadline(self.o.now);
-            }
-            self.sync_deadline(p);
-        }
-    }
-
-    // ---- KCM sockets ----
-
-    /// Create a KCM socket (the first `socket(AF_KCM, ty, 0)`).
-    pub fn socket(&mut self, ty: SockType) -> SockId {
-        let s = sid(self.h.sk.socks.insert(Sock::new(ty, &self.h.config)));
-        // A new socket is able at once: it takes held messages, then joins.
-        self.rcv_ready(s);
-        s
-    }
-    /// SIOCKCMCLONE: a new socket on this mux, same type, default options.
-    pub fn clone_sock(&mut self, s: SockId) -> Result<SockId, MuxError> {
-        let ty = self.sock(s)?.ty;
-        Ok(self.socket(ty))
-    }
-    /// close(): unsent messages are dropped, a reserved psock mid-message is
-    /// aborted, queued received messages move to other sockets. Closing the last
-    /// socket unattaches every psock.
-    pub fn close(&mut self, s: SockId) -> Result<(), MuxError> {
-        let r = self.h.close(s);
-        self.apply_told();
-        r
     }
 
     pub fn sock_type(&self, s: SockId) -> Result<SockType, MuxError> {
         Ok(self.sock(s)?.ty)
     }
-    /// KCM_RECV_DISABLE.
-    pub fn set_recv_disable(&mut self, s: SockId, disable: bool) -> Result<(), MuxError> {
-        let sock = self.sock_mut(s)?;
-        if sock.rx_disabled == disable {
-            return Ok(());
-        }
-        sock.rx_disabled = disable;
-        if disable {
-            let was_waiting = std::mem::replace(&mut sock.on_waiters, false);
-            let msgs = std::mem::take(&mut sock.rx_queue);
-            sock.rx_mem = 0;
-            if was_waiting {
-                self.h.sk.rx_waiters.retain(|w| *w != s);
-            }
-            self.h.requeue(msgs);
-        } else {
-            self.rcv_ready(s);
-        }
-        Ok(())
-    }
     pub fn recv_disabled(&self, s: SockId) -> Result<bool, MuxError> {
         Ok(self.sock(s)?.rx_disabled)
-    }
-    /// SO_RCVBUF / SO_SNDBUF on a KCM socket.
-    pub fn set_rcvbuf(&mut self, s: SockId, bytes: usize) -> Result<(), MuxError> {
-        let sock = self.sock_mut(s)?;
-        sock.rcvbuf = bytes.max(1);
-        sock.rcvbuf_peak = sock.rcvbuf_peak.max(sock.rcvbuf);
-        if sock.on_waiters && !sock.able() {
-            sock.on_waiters = false;
-            self.h.sk.rx_waiters.retain(|w| *w != s);
-        } else {
-            self.rcv_ready(s);
-        }
-        Ok(())
     }
     /// getsockopt(SO_RCVBUF) on a KCM socket.
     pub fn rcvbuf(&self, s: SockId) -> Result<usize, MuxError> {
@@ -715,118 +1163,12 @@ impl Mux {
     pub fn sndbuf(&self, s: SockId) -> Result<usize, MuxError> {
         Ok(self.sock(s)?.sndbuf)
     }
-    pub fn set_sndbuf(&mut self, s: SockId, bytes: usize) -> Result<(), MuxError> {
-        let sock = self.sock_mut(s)?;
-        sock.sndbuf = bytes.max(1);
-        sock.sndbuf_peak = sock.sndbuf_peak.max(sock.sndbuf);
-        self.h.sk.check_writable(&mut self.h.events, s);
-        Ok(())
-    }
-    /// Affinity tag for `Steering::Affinity` (the runtime: worker index).
-    /// Change a psock's affinity tag: its next messages are steered to the
-    /// socket with that tag (the runtime moves a connection between workers).
-    pub fn set_psock_affinity(&mut self, p: PsockId, tag: Option<u32>) -> Result<(), MuxError> {
-        let ps = self.o.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
-        ps.affinity = tag;
-        Ok(())
-    }
-    pub fn set_affinity(&mut self, s: SockId, tag: Option<u32>) -> Result<(), MuxError> {
-        self.sock_mut(s)?.affinity = tag;
-        Ok(())
-    }
-    /// With `Steering::Affinity`, socket `s` takes only the messages of psocks
-    /// whose affinity tag is its own, and no other psock's messages spill
-    /// over to it (the runtime's heavy lanes: nothing else waits behind a
-    /// psock steered there; its messages are taken in arrival order by the
-    /// lane's thread and by helpers on other CPUs).
-    /// Under the other steering policies it is never chosen.
-    pub fn set_tag_only(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
-        self.sock_mut(s)?.tag_only = on;
-        Ok(())
-    }
     pub fn sock_count(&self) -> usize {
         self.h.sk.socks.len()
     }
     /// Live KCM sockets, in index order.
     pub fn socks(&self) -> Vec<SockId> {
         self.h.sk.socks.iter().map(|(i, g, _)| sid((i, g))).collect()
-    }
-
-    // ---- psocks ----
-
-    /// SIOCKCMATTACH. Bytes the connection already holds are simply fed after.
-    pub fn attach(&mut self, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId {
-        let max_msg_size = cfg.max_msg_size.unwrap_or(self.h.config.max_msg_size).max(1);
-        let assembly_timeout = cfg.assembly_timeout.unwrap_or(self.h.config.assembly_timeout);
-        let read_ahead = self.h.config.psock_rx_buf.max(1);
-        self.h.max_msg_peak = self.h.max_msg_peak.max(max_msg_size);
-        let stream = StreamParser::new(parser, StreamLimits { max_msg_size, assembly_timeout, read_ahead });
-        let p = pid(self.o.psocks.insert(Psock {
-            stream,
-            affinity: cfg.affinity,
-            rx_last: None,
-            rx_limit: max_msg_size + read_ahead,
-            ready: None,
-            life: Life::Open,
-            readers_hold: false,
-            tx_queue: VecDeque::new(),
-            tx: Tx::Idle,
-            tx_addr_bytes: 0,
-            timer: None,
-            below: 0,
-            last_active: self.o.now,
-            handshake_deadline: None,
-            record_deadline: None,
-            ahead_since: None,
-            record_timeouts: 0,
-            stats: PsockStats::default(),
-        }));
-        self.h.sk.add_share(p);
-        self.h.counters.psock_attach += 1;
-        self.arm_idle(self.o.now);
-        // To the first socket waiting to transmit, else the tail of the LRU list.
-        self.psock_now_avail(p);
-        p
-    }
-    /// SIOCKCMUNATTACH: ENOENT (`NoPsock`) if not attached. A ready message is
-    /// dropped (rx_ready_drops); a partly written message is resent whole on
-    /// another psock (psock_unattach_rsvd).
-    pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
-        let reserved = self.h.sk.share(p).is_some_and(|sh| sh.tx_kcm.is_some());
-        let ps = self.psock_mut(p)?;
-        ps.stream.stop();
-        let dropped_ready = ps.ready.take().is_some();
-        // A chunk being written is counted when its writer reports.
-        let (writer_out, inflight) = (ps.tx.busy(), ps.tx.inflight());
-        if reserved {
-            // KCM aborts a reserved psock: it may be out of sync mid-message.
-            ps.stats.tx_aborts += 1;
-            ps.tx = Tx::Stopped;
-            self.h.counters.psock_unattach_rsvd += 1;
-        } else if ps.tx != Tx::Stopped {
-            ps.tx = Tx::Idle;
-        }
-        if dropped_ready {
-            self.h.counters.rx_ready_drops += 1;
-            self.h.sk.psocks_ready.retain(|m| m.psock != p);
-        }
-        self.h.sk.stop_tx(p);
-        self.h.counters.psock_unattach += 1;
-        // Give back what it was to send: reserved messages go elsewhere whole.
-        self.tx_evacuate(p, writer_out, inflight);
-        let ps = self.o.psocks.remove(p.index, p.generation).expect("psock present");
-        let share = self.h.sk.remove_share(p);
-        if self.o.deadlines.forget(ps.timer) {
-            self.clean_deadlines();
-        }
-        self.h.rx_held_sum -= share.as_ref().map_or(0, |sh| sh.counted);
-        add_psock_stats(&mut self.h.folded, &with_share(ps.full_stats(), share.as_ref()));
-        self.h.events.push_back(Event::PsockReleased(p));
-        // What it held is free: psocks paused by the budget may read again.
-        if self.h.mem_over {
-            self.mem_check(self.o.now);
-        }
-        Ok(())
     }
     pub fn psock_count(&self) -> usize {
         self.o.psocks.len()
@@ -850,189 +1192,10 @@ impl Mux {
     pub fn rx_need(&self, p: PsockId) -> Option<usize> {
         self.psock(p).ok()?.stream.need()
     }
-    /// Bytes read from the psock's connection (at most `rx_capacity`).
-    ///
-    /// Bytes beyond the psock's hard cap (`max_msg_size + psock_rx_buf` held)
-    /// are refused with `Invalid` and nothing is taken; bytes fed to a psock
-    /// whose receive side stopped are dropped (`Ok`).
-    pub fn feed(&mut self, p: PsockId, data: &[u8], now: Timestamp) -> Result<(), MuxError> {
-        self.feed_inner(p, data, now, None)
-    }
-
-    /// [`Mux::feed`] for a driver that serves socket `direct.sock` itself: a
-    /// message steered to that socket while its queue is empty is handed to
-    /// the caller in `direct.out` (counted as received by the socket, as
-    /// `recv_msg` would) instead of being queued and taken back, up to
-    /// `direct.limit` messages in the list. Order is kept: once the queue holds
-    /// a message, later ones queue behind it.
-    pub fn feed_direct(
-        &mut self,
-        p: PsockId,
-        data: &[u8],
-        now: Timestamp,
-        direct: &mut Direct<'_>,
-    ) -> Result<(), MuxError> {
-        self.feed_inner(p, data, now, Some(direct))
-    }
-
-    /// [`Mux::feed_direct`] for a driver that can also run its handler on
-    /// messages where they lie in `data`: while psock `p`'s messages would be
-    /// steered to `direct.sock` (affinity steering, the socket able and its
-    /// queue empty, nothing of `p` buffered or held back), complete messages
-    /// at the front of `data` are framed in place
-    /// ([`StreamParser::frame_in_place`], up to `limit`; 0 turns it off) and
-    /// pushed onto `out` as runs, counted as received by the socket as
-    /// `recv_msg` would; the rest of `data` is fed as by `feed_direct`. The
-    /// caller must hand the messages of `out` to the socket's reader before
-    /// anything it takes from its queue or `direct.out` later (they are older).
-    pub fn feed_in_place(
-        &mut self,
-        p: PsockId,
-        data: &[u8],
-        now: Timestamp,
-        direct: &mut Direct<'_>,
-        limit: usize,
-        out: &mut Vec<crate::run::Run>,
-    ) -> Result<(), MuxError> {
-        let first = out.len();
-        let sock = direct.sock;
-        let (taken, whole) = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { (0, false) };
-        self.note_time(now);
-        let framed = crate::run::count(&out[first..]) as u64;
-        if taken > 0 || framed > 0 {
-            let holds = framed > 0 && {
-                let s = self.h.sk.socks.get_mut(sock.index, sock.generation).expect("checked live");
-                s.stats.rx_msgs += framed;
-                s.stats.rx_bytes += if whole {
-                    taken as u64
-                } else {
-                    out[first..].iter().map(|r| (r.len * r.count) as u64).sum::<u64>()
-                };
-                s.holds
-            };
-            if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
-                if taken > 0 {
-                    // Bytes served in place are traffic too (idle timeout).
-                    ps.last_active = now;
-                }
-                if framed > 0 {
-                    // What it framed, told to its share (its outstanding work).
-                    let received = ps.stream.stats().msgs;
-                    if let Some(sh) = self.h.sk.share_mut(p) {
-                        sh.received = received;
-                    }
-                }
-            }
-            self.h.sk.handed(p, framed, holds);
-            if taken == data.len() {
-                // All of it framed in place: nothing left for the stream
-                // (feeding nothing would only look the psock up again).
-                return Ok(());
-            }
-        }
-        self.feed_inner(p, &data[taken..], now, Some(direct))
-    }
-
-    /// The in-place part of [`Mux::feed_in_place`]: bytes of `data` taken,
-    /// and whether the messages framed are delivered whole.
-    fn frame_in_place(
-        &mut self,
-        p: PsockId,
-        data: &[u8],
-        sock: SockId,
-        limit: usize,
-        out: &mut Vec<crate::run::Run>,
-    ) -> Result<(usize, bool), MuxError> {
-        let (Owned { psocks, .. }, Hub { sk, config, .. }) = (&mut self.o, &self.h);
-        let ps = psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
-        if !sk.steers_here(config, sock, ps.affinity) || ps.ready.is_some() || ps.life.rx_over() {
-            return Ok((0, false));
-        }
-        let taken = ps.stream.frame_in_place(data, limit, out);
-        Ok((taken, taken > 0 && ps.stream.delivers_whole()))
-    }
-
-    fn feed_inner(
-        &mut self,
-        p: PsockId,
-        data: &[u8],
-        now: Timestamp,
-        direct: Option<&mut Direct<'_>>,
-    ) -> Result<(), MuxError> {
-        self.note_time(now);
-        let ps = self.psock_mut(p)?;
-        if ps.stream.is_stopped() || ps.life.rx_over() || data.is_empty() {
-            return Ok(());
-        }
-        if ps.rx_held() + data.len() > ps.rx_limit || ps.stream.is_lent() {
-            return Err(MuxError::Invalid);
-        }
-        ps.stream.feed(data);
-        ps.last_active = now;
-        if ps.ready.is_none() {
-            self.rx_pass(p, now, direct);
-        }
-        self.recount(p, now);
-        Ok(())
-    }
-    /// Lend psock `p`'s assembly buffer for one read straight into it: a large
-    /// message's body (at least [`crate::stream::LEND_MIN`] bytes), or the
-    /// next message after a large one, is then read where it will be cut from
-    /// instead of into the driver's buffer and copied by `feed`. The loan's
-    /// limit is within `rx_capacity` and what the message still needs, so
-    /// reads stop at message boundaries and every receive limit holds.
-    ///
-    /// `None`: read and `feed` as usual (small messages, backpressure, a
-    /// stopped receive side). While the loan is out the psock takes no other
-    /// bytes (`rx_capacity` is 0, `feed` is refused); its limit counts as held.
-    pub fn rx_lend(&mut self, p: PsockId) -> Option<RxLoan> {
-        self.rx_room(p).1
-    }
-
-    /// [`Mux::rx_capacity`] and [`Mux::rx_lend`] together, the capacity
-    /// worked out once (a driver asks both before every read).
-    pub fn rx_room(&mut self, p: PsockId) -> (usize, Option<RxLoan>) {
-        let cap = self.rx_capacity(p);
-        if cap == 0 {
-            return (0, None);
-        }
-        let loan = self.o.psocks.get_mut(p.index, p.generation).and_then(|ps| ps.stream.lend(cap));
-        if loan.is_some() {
-            // The loan's limit counts as held from now.
-            self.recount(p, self.o.now);
-        }
-        (cap, loan.map(|loan| RxLoan { psock: p, loan }))
-    }
 
     /// Whether [`Mux::rx_lend`] would lend now (without lending).
     pub fn rx_would_lend(&self, p: PsockId) -> bool {
         self.rx_capacity(p) > 0 && self.psock(p).is_ok_and(|ps| ps.stream.would_lend())
-    }
-
-    /// [`Mux::rx_lend`] for a driver that arms a receive before the bytes
-    /// come (io_uring). A loan counts whole from the moment it is made, and
-    /// one for a message only predicted (the last was large) stays out for
-    /// as long as the peer sends nothing: every quiet peer that once sent a
-    /// large message would hold one against the memory budget, whose pauses
-    /// then abort them. So a predicted loan is made only while the budget's
-    /// low mark (half of `mem_limit`) has room for it; past it, the driver
-    /// receives as for small messages until a message begins.
-    ///
-    /// A loan for a message only predicted that is still out, nothing read,
-    /// [`AHEAD_QUIET`] later is recalled ([`Event::PsockRxRecall`], from the
-    /// deadline scan: [`Mux::poll_timeout`]) and the prediction forgotten:
-    /// a peer that went quiet holds nothing until it sends again.
-    pub fn rx_lend_ahead(&mut self, p: PsockId) -> Option<RxLoan> {
-        let predicted = self.ahead_check(p)?;
-        let loan = self.rx_lend(p)?;
-        if predicted {
-            let at = self.o.now;
-            if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
-                ps.ahead_since = Some(at);
-            }
-            self.ahead_scan_at(at);
-        }
-        Some(loan)
     }
 
     /// Whether [`Mux::rx_lend_ahead`] would lend now (without lending).
@@ -1050,70 +1213,6 @@ impl Mux {
         }
     }
 
-    /// Give back a loan of [`Mux::rx_lend`]: the bytes appended to it are
-    /// taken as [`Mux::feed`] takes bytes (complete messages are steered).
-    ///
-    /// Nothing appended: just the buffer back. The psock's receive stopped
-    /// while the buffer was out (assembly timeout, close): the bytes are
-    /// dropped (`Ok`). More than the limit appended: `Invalid`, nothing
-    /// taken. The psock is gone: `NoPsock`.
-    pub fn rx_commit(&mut self, loan: RxLoan, now: Timestamp) -> Result<(), MuxError> {
-        self.commit_inner(loan, now, None)
-    }
-
-    /// [`Mux::rx_commit`] with the hand-over of [`Mux::feed_direct`].
-    pub fn rx_commit_direct(&mut self, loan: RxLoan, now: Timestamp, direct: &mut Direct<'_>) -> Result<(), MuxError> {
-        self.commit_inner(loan, now, Some(direct))
-    }
-
-    fn commit_inner(&mut self, loan: RxLoan, now: Timestamp, direct: Option<&mut Direct<'_>>) -> Result<(), MuxError> {
-        self.note_time(now);
-        let p = loan.psock;
-        let ps = self.psock_mut(p)?;
-        ps.ahead_since = None;
-        match ps.stream.unlend(loan.loan) {
-            Unlend::Took(0) | Unlend::Stale => {
-                self.recount(p, now);
-                return Ok(());
-            }
-            Unlend::Refused => return Err(MuxError::Invalid),
-            Unlend::Took(_) => {}
-        }
-        ps.last_active = now;
-        if ps.ready.is_none() {
-            self.rx_pass(p, now, direct);
-        }
-        self.recount(p, now);
-        Ok(())
-    }
-
-    /// The peer closed its side (FIN: `errno` None) or the connection failed
-    /// on read (`Some(errno)`).
-    ///
-    /// Receive stops: messages already buffered whole are still delivered, the
-    /// partial one is dropped, `PsockFailed(p, Closed)` is raised once (KCM
-    /// reports EPIPE whatever the cause). After a FIN the psock is
-    /// `PeerClosed`: transmit goes on, and once every message it sent has been
-    /// delivered and settled and its queue written, `PsockDrained(p)` says it
-    /// may be closed in order. After a read error it has failed.
-    pub fn rx_closed(&mut self, p: PsockId, errno: Option<i32>) -> Result<(), MuxError> {
-        let ps = self.psock_mut(p)?;
-        if ps.life.rx_over() {
-            return Ok(());
-        }
-        ps.life = if errno.is_none() { Life::PeerClosed } else { Life::Failed };
-        if ps.ready.is_none() {
-            ps.stream.stop();
-            self.sync_deadline(p);
-        }
-        self.h.sk.no_answers(p);
-        self.h.events.push_back(Event::PsockFailed(p, PsockError::Closed));
-        self.tx_take_back(p);
-        self.recount(p, self.o.now);
-        self.check_drained(p);
-        Ok(())
-    }
-
     /// Whether psock `p`'s peer closed its write side in order (FIN) and the
     /// psock has not failed since: it is being drained, or is drained.
     pub fn peer_closed(&self, p: PsockId) -> bool {
@@ -1125,279 +1224,9 @@ impl Mux {
         self.psock(p).is_ok_and(|ps| ps.life == Life::Drained)
     }
 
-    /// Mark socket `s` as *holding*: every message its reader takes (`recv`,
-    /// `recv_msg`, direct and in-place hand-outs) is a request its psock
-    /// still owes an answer for, until the reader calls [`Mux::rx_settle`].
-    /// A psock whose peer closed is not drained while it has holds, so the
-    /// answers to its last requests are still written before it closes.
-    pub fn set_holds(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
-        self.sock_mut(s)?.holds = on;
-        Ok(())
-    }
-
-    /// `n` messages of psock `p` taken from a holding socket have been
-    /// answered (their replies queued) or dropped. Unknown psocks are ignored.
-    pub fn rx_settle(&mut self, p: PsockId, n: u64) {
-        self.h.sk.settle(p, n);
-        self.apply_told();
-    }
-
     /// Messages of psock `p` taken from holding sockets and not yet settled.
     pub fn rx_holds(&self, p: PsockId) -> u64 {
         self.h.sk.share(p).map_or(0, |sh| sh.holds)
-    }
-
-    /// `PeerClosed` → `Drained` when nothing of psock `p` is left to deliver,
-    /// answer or write.
-    #[inline]
-    fn check_drained(&mut self, p: PsockId) {
-        // Called after every write and settle: only a psock whose peer
-        // closed goes on to the full check.
-        if self.o.psocks.get(p.index, p.generation).is_some_and(|ps| ps.life == Life::PeerClosed) {
-            self.check_drained_closed(p);
-        }
-    }
-
-    /// [`Mux::check_drained`] for a psock whose peer closed.
-    #[inline(never)]
-    fn check_drained_closed(&mut self, p: PsockId) {
-        let Some(ps) = self.o.psocks.get(p.index, p.generation) else { return };
-        if ps.life != Life::PeerClosed
-            || ps.ready.is_some()
-            || !ps.stream.is_stopped()
-            || ps.tx.busy()
-            || !ps.tx_queue.is_empty()
-        {
-            return;
-        }
-        if !self.h.sk.share(p).is_none_or(Share::readers_done) {
-            return;
-        }
-        self.o.psocks.get_mut(p.index, p.generation).expect("live").life = Life::Drained;
-        self.h.events.push_back(Event::PsockDrained(p));
-    }
-
-    /// The driver found the byte stream below the parser unusable (a TLS
-    /// record that fails to authenticate, an alert, a failed handshake).
-    ///
-    /// Receive stops as after `rx_closed` (messages already parsed whole are
-    /// still delivered, the partial one is dropped) but the error is raised:
-    /// `PsockFailed(p, Rx(err))`, once. Transmit goes on until a write fails.
-    pub fn rx_abort(&mut self, p: PsockId, err: RxError) -> Result<(), MuxError> {
-        let ps = self.psock_mut(p)?;
-        if ps.life.rx_over() {
-            return Ok(());
-        }
-        ps.life = Life::Failed;
-        if ps.ready.is_none() {
-            ps.stream.stop();
-        }
-        self.h.sk.no_answers(p);
-        self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
-        self.tx_take_back(p);
-        self.recount(p, self.o.now);
-        Ok(())
-    }
-
-    /// One receive pass of psock `p` (KCM: one `tcp_read_sock` run): cut every
-    /// complete message and steer it; stop when none is left or nobody can take one.
-    fn rx_pass(&mut self, p: PsockId, now: Timestamp, mut direct: Option<&mut Direct<'_>>) {
-        // Disjoint borrows of the mux's parts: this loop runs once per message.
-        let (Owned { psocks, .. }, Hub { sk, events, config, .. }) = (&mut self.o, &mut self.h);
-        let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
-        // Round robin: the socket reserved for this pass (affinity: the one
-        // that took the last pass's messages, while it keeps up).
-        let mut target = match config.steering {
-            Steering::Affinity => sk.keeps_up(ps.rx_last),
-            _ => None,
-        };
-        let mut failed = false;
-        loop {
-            let data = match ps.stream.next_msg(now) {
-                Ok(Some(m)) => m,
-                Ok(None) => {
-                    if ps.life.rx_over() {
-                        ps.stream.stop();
-                    }
-                    break;
-                }
-                Err(e) => {
-                    // Bad bytes before a FIN fail the psock all the same
-                    // (reported again: it is no longer closing in order).
-                    if matches!(ps.life, Life::Open | Life::PeerClosed) {
-                        ps.life = Life::Failed;
-                        events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
-                    }
-                    failed = true;
-                    break;
-                }
-            };
-            let key = match config.steering {
-                Steering::Key => ps.stream.parser().steering_key(&data),
-                _ => None,
-            };
-            let msg = RxMsg { data, off: 0, psock: p };
-            match sk.steer(config, ps.affinity, key, &mut target) {
-                Some(s) => match direct.as_deref_mut() {
-                    // In place, to the caller's list, when nothing waits in
-                    // the socket's queue before it.
-                    Some(d) if d.sock == s && d.out.len() < d.limit && sk.hand_direct(s, p, msg.data.len()) => {
-                        d.out.push((msg.data, p));
-                    }
-                    _ => ps.readers_hold |= sk.deliver(config, events, s, msg),
-                },
-                None => {
-                    // Nobody can take it: keep it, pause (TCP pushes back).
-                    ps.ready = Some(msg.remaining());
-                    sk.wait_offer(msg);
-                    break;
-                }
-            }
-        }
-        if let Some(t) = target {
-            ps.rx_last = Some(t);
-            sk.end_pass(t);
-        }
-        // What it framed and whether it can still answer, told to its share
-        // (`TxPolicy::LeastOutstanding` reads them there).
-        if let Some(sh) = sk.share_mut(p) {
-            sh.received = ps.stream.stats().msgs;
-            if failed {
-                sh.answers = false;
-            }
-        }
-        // A message left partial starts (or keeps) its deadline; a completed
-        // or aborted one clears it.
-        self.sync_deadline(p);
-        if failed {
-            self.tx_take_back(p);
-        }
-        self.check_drained(p);
-    }
-
-    /// Make psock `p`'s armed deadline what its stream says (after any call
-    /// that may have started, finished or stopped a message).
-    #[inline]
-    fn sync_deadline(&mut self, p: PsockId) {
-        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
-        let want = ps.stream.deadline();
-        if self.o.deadlines.sync(p.index, p.generation, &mut ps.timer, want) {
-            self.clean_deadlines();
-        }
-    }
-
-    /// Drop deadline entries that no longer match their psock.
-    fn clean_deadlines(&mut self) {
-        let psocks = &self.o.psocks;
-        self.o.deadlines.clean(|i, g| psocks.get(i, g).and_then(|ps| ps.timer));
-    }
-
-    /// A socket became able (created, enabled, drained below SO_RCVBUF): it
-    /// takes the hold queue, then paused psocks' messages, then joins the
-    /// waiter list (KCM `kcm_rcv_ready`).
-    fn rcv_ready(&mut self, s: SockId) {
-        self.h.rcv_ready(s);
-        self.apply_told();
-    }
-
-    /// After a read made room: rejoin the waiters if the socket is able again.
-    /// (D) KCM re-offers a full socket only once it is empty (SO_RCVLOWAT = 1);
-    /// here it is offered again as soon as it is below SO_RCVBUF.
-    #[inline]
-    fn after_read(&mut self, s: SockId) {
-        if let Some(sock) = self.h.sk.socks.get(s.index, s.generation) {
-            if !sock.on_waiters && sock.able() {
-                self.rcv_ready(s);
-            }
-        }
-        self.mem_after_read();
-    }
-
-    /// recvmsg on a KCM socket (WouldBlock when empty).
-    ///
-    /// Short reads: DGRAM returns TRUNC|EOR and the rest of the message is
-    /// gone; SEQPACKET keeps the rest for the next read (KCM's designed
-    /// behaviour, case 19 (D)). A read that finishes a message sets EOR on
-    /// both types; PEEK copies, consumes nothing and sets neither flag.
-    pub fn recv(&mut self, s: SockId, buf: &mut [u8], flags: RecvFlags) -> Result<RecvInfo, MuxError> {
-        let info = self.h.sk.recv(&self.h.config, s, buf, flags)?;
-        if !flags.peek {
-            self.apply_told();
-            self.after_read(s);
-        }
-        Ok(info)
-    }
-    /// Take the whole head message (addressed form; zero-copy). WouldBlock when empty.
-    pub fn recv_msg(&mut self, s: SockId) -> Result<(Bytes, PsockId), MuxError> {
-        let (data, p, rejoin) = self.h.sk.recv_msg(&self.h.config, s)?;
-        self.apply_told();
-        if rejoin {
-            self.rcv_ready(s);
-        }
-        self.mem_after_read();
-        Ok((data, p))
-    }
-    /// Apply what the sockets' side told psocks ([`ToPsock`]), in order.
-    #[inline]
-    fn apply_told(&mut self) {
-        while !self.h.sk.told.is_empty() {
-            let mut told = std::mem::take(&mut self.h.sk.told);
-            for t in told.drain(..) {
-                self.apply(t);
-            }
-            // (Keep the list's memory: told again on the next call. What
-            // applying told meanwhile is applied in the next round, in order.)
-            if self.h.sk.told.is_empty() {
-                self.h.sk.told = told;
-            }
-        }
-    }
-
-    /// What the hub told psock `p`'s owner, done.
-    fn apply(&mut self, t: ToPsock) {
-        match t {
-            ToPsock::Resume(p) => {
-                let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
-                ps.readers_hold = false;
-                if self.rx_capacity(p) > 0 {
-                    self.rx_resume(p);
-                }
-            }
-            ToPsock::ReadersDone(p) => self.check_drained(p),
-            ToPsock::Queue(p, m) => match self.o.psocks.get_mut(p.index, p.generation) {
-                Some(ps) => ps.queue(m),
-                None => self.h.unplaced(m),
-            },
-            ToPsock::Kick(p) => self.kick(p),
-            ToPsock::MemPaused(p) => {
-                if self.o.psocks.get(p.index, p.generation).is_some_and(|ps| ps.stream.is_lent()) {
-                    // What the loan counts may never come: have it back, so
-                    // that a quiet psock holds nothing at its grace's end.
-                    self.h.events.push_back(Event::PsockRxRecall(p));
-                }
-            }
-            ToPsock::MemResumed(p) => {
-                if self.rx_capacity(p) > 0 {
-                    self.rx_resume(p);
-                }
-            }
-            ToPsock::MemAbort { p, held, limit } => self.mem_abort(p, held, limit),
-            ToPsock::DropOwner { p, s } => self.drop_owner(p, s),
-            ToPsock::Unattach(p) => {
-                let _ = self.unattach(p);
-            }
-            ToPsock::Offered { p, hold } => {
-                let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
-                ps.ready = None;
-                ps.readers_hold |= hold;
-                // It parses what it had buffered, then reads again.
-                self.rx_pass(p, self.o.now, None);
-                self.recount_only(p);
-                if self.rx_capacity(p) > 0 {
-                    self.rx_resume(p);
-                }
-            }
-        }
     }
 
     /// Whole messages socket `s` accepted (`send`) that are not yet fully
@@ -1417,220 +1246,10 @@ impl Mux {
     pub fn rx_queued_from(&self, s: SockId, p: PsockId) -> Result<usize, MuxError> {
         Ok(self.sock(s)?.rx_queue.iter().filter(|m| m.psock == p).count())
     }
-
-    // ---- transmit path ----
-
-    /// sendmsg: returns bytes accepted. WouldBlock when a new message would start
-    /// with the send buffer full.
-    ///
-    /// DGRAM: a send without MORE ends the message. SEQPACKET: only EOR ends
-    /// it (MORE is ignored). A zero-length send with no open message makes no
-    /// message; a zero-length EOR send completes an open SEQPACKET message.
-    /// BATCH on a completing send holds transmission until a completing send
-    /// without it.
-    pub fn send(&mut self, s: SockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
-        let r = self.h.send(s, data, flags);
-        self.apply_told();
-        r
-    }
-
-    /// End the batch socket `s` has open (sends with `batch` and none
-    /// without it since): what it holds goes out now, as the next send
-    /// without `batch` would have taken it (KCM's `kcm_push`). For a caller
-    /// whose batch stops early (a send of it failed): the messages already
-    /// accepted must not wait for a send that is not coming. Nothing to do
-    /// for a socket with no batch open.
-    pub fn end_batch(&mut self, s: SockId) -> Result<(), MuxError> {
-        let r = self.h.end_batch(s);
-        self.apply_told();
-        r
-    }
-
-    /// Addressed send of one whole message on psock `p`.
-    pub fn send_to(&mut self, s: SockId, p: PsockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
-        self.h.sock(s)?;
-        self.h.check_addressed(p)?;
-        if data.is_empty() {
-            return Ok(0);
-        }
-        self.send_addressed(s, p, Bytes::copy_from_slice(data), flags.batch, 1, true)?;
-        Ok(data.len())
-    }
-    /// A whole message, zero-copy, on psock `p` (`None`: the socket's psock).
-    pub fn send_msg(&mut self, s: SockId, p: Option<PsockId>, msg: Bytes, batch: bool) -> Result<(), MuxError> {
-        self.h.sock(s)?;
-        let r = match p {
-            Some(p) => {
-                self.h.check_addressed(p)?;
-                if msg.is_empty() {
-                    return Ok(());
-                }
-                self.send_addressed(s, p, msg, batch, 1, true)
-            }
-            None => self.h.send_msg(s, msg, batch),
-        };
-        self.apply_told();
-        r
-    }
-
-    /// `count` whole messages, already back to back in `data`, on psock `p`,
-    /// in order and together: what `count` calls of `send_msg(s, Some(p), ..)`
-    /// with each message would do, counted the same, for a fraction of the
-    /// work (a server answering a batch of requests from one connection).
-    /// The caller vouches that `data` is exactly `count` whole messages.
-    pub fn send_msgs_to(&mut self, s: SockId, p: PsockId, data: Bytes, count: u32) -> Result<(), MuxError> {
-        self.h.sock(s)?;
-        self.h.check_addressed(p)?;
-        if data.is_empty() || count == 0 {
-            return Ok(());
-        }
-        self.send_addressed(s, p, data, false, count, true)
-    }
-
-    /// [`Mux::send_msgs_to`] that also hands out psock `p`'s next chunk to
-    /// write ([`Mux::tx_begin_into`]) when none is out: for a driver that
-    /// writes a served read's replies at once, with no `PsockTransmit` round
-    /// trip. Returns whether `slices` holds a chunk (then the caller must
-    /// `tx_complete` it); when another writer has a chunk out, the messages
-    /// wait on the queue for that writer's next `tx_begin`, as after a
-    /// `send_msgs_to`.
-    pub fn send_msgs_to_begin(
-        &mut self,
-        s: SockId,
-        p: PsockId,
-        data: Bytes,
-        count: u32,
-        slices: &mut Vec<Bytes>,
-    ) -> Result<bool, MuxError> {
-        slices.clear();
-        self.h.sock(s)?;
-        self.h.check_addressed(p)?;
-        if data.is_empty() || count == 0 {
-            return Ok(false);
-        }
-        self.send_addressed(s, p, data, false, count, false)?;
-        if self.tx_begin_into(p, slices) {
-            return Ok(true);
-        }
-        self.kick(p);
-        Ok(false)
-    }
-
-    /// An addressed send of `msgs` whole messages in `msg` on psock `p`
-    /// (checked): placed by the hub, queued on the psock here (its owner).
-    /// `kick`: raise `PsockTransmit` for `p` (a caller that takes the chunk
-    /// itself at once does not need it).
-    fn send_addressed(
-        &mut self,
-        s: SockId,
-        p: PsockId,
-        msg: Bytes,
-        batch: bool,
-        msgs: u32,
-        kick: bool,
-    ) -> Result<(), MuxError> {
-        let placed = self.h.place_addressed(s, p, msg.len(), batch, msgs);
-        let (queued, held) = match placed {
-            Ok(after) => after,
-            Err(e) => {
-                self.apply_told();
-                return Err(e);
-            }
-        };
-        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("checked");
-        ps.queue(TxMsg::new(msg, s, Placed::Addressed, msgs));
-        if !batch {
-            if kick {
-                self.kick(p);
-            }
-            if queued || held {
-                self.h.after_addressed(s, queued, held);
-                self.apply_told();
-            }
-        }
-        Ok(())
-    }
-
-    /// Discard a DGRAM socket's open MORE message (a send failed while copying).
-    /// A SEQPACKET socket keeps its open message (KCM returns the partial count).
-    pub fn send_abort(&mut self, s: SockId) -> Result<(), MuxError> {
-        let sock = self.sock_mut(s)?;
-        if sock.ty == SockType::Dgram {
-            if let Some(open) = sock.open.take() {
-                sock.tx_mem -= open.len();
-            }
-            self.h.sk.check_writable(&mut self.h.events, s);
-        }
-        Ok(())
-    }
     /// Whether a new message can start on this socket now.
     pub fn writable(&self, s: SockId) -> Result<bool, MuxError> {
         let sock = self.sock(s)?;
         Ok(sock.tx_mem < sock.sndbuf)
-    }
-
-    /// Socket `s` closed: psock `p` drops its messages not yet begun
-    /// (`Psock::drop_owner`); one part-way through one of them is aborted.
-    /// A reservation `s` held is released.
-    fn drop_owner(&mut self, p: PsockId, s: SockId) {
-        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
-        let resume = match ps.drop_owner(&self.h.config, s) {
-            DropOwner::MidMessage => return self.tx_abort(p, EPIPE),
-            DropOwner::Dropped { resume, addr_bytes } => {
-                if let Some(sh) = self.h.sk.share_mut(p) {
-                    sh.addr_gone(addr_bytes);
-                }
-                resume
-            }
-        };
-        let reserved_by_s = self.h.sk.share(p).is_some_and(|sh| sh.tx_kcm == Some(s));
-        if reserved_by_s {
-            self.h.sk.unreserve(p);
-        }
-        if resume {
-            self.rx_resume(p);
-        }
-        if reserved_by_s {
-            self.psock_now_avail(p);
-        }
-    }
-
-    /// [`Hub::tx_push`], applied.
-    fn tx_push(&mut self, s: SockId) {
-        self.h.tx_push(s);
-        self.apply_told();
-    }
-    /// [`Hub::psock_now_avail`], applied.
-    fn psock_now_avail(&mut self, p: PsockId) {
-        self.h.psock_now_avail(p);
-        self.apply_told();
-    }
-    /// [`Hub::unreserve`], applied.
-    fn unreserve(&mut self, p: PsockId) {
-        self.h.unreserve(p);
-        self.apply_told();
-    }
-    #[inline]
-    fn uncharge(&mut self, owner: SockId, len: usize, msgs: u32) {
-        self.h.uncharge(owner, len, msgs);
-    }
-
-    /// Raise PsockTransmit if the psock has bytes, no chunk out, and was not
-    /// told since its last `tx_begin`.
-    fn kick(&mut self, p: PsockId) {
-        if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
-            if ps.tx == Tx::Idle && !ps.tx_queue.is_empty() {
-                ps.tx = Tx::Kicked;
-                self.h.events.push_back(Event::PsockTransmit(p));
-            }
-        }
-    }
-
-    /// Raise `PsockTransmit` for `p` if it has bytes queued and no chunk out
-    /// (for a writer that completed a chunk later than it wrote it, and so
-    /// did not take the next one in the same step).
-    pub fn tx_kick(&mut self, p: PsockId) {
-        self.kick(p);
     }
 
     /// Messages queued on psock `p` over its life minus messages received
@@ -1664,185 +1283,6 @@ impl Mux {
         Ok(())
     }
 
-    /// `TxPolicy::LeastOutstanding`: psock `p` can no longer answer (its
-    /// receive side failed or closed), so its messages not yet started go
-    /// back to their sockets, in order, to be placed on the others.
-    fn tx_take_back(&mut self, p: PsockId) {
-        if self.h.config.tx_policy != TxPolicy::LeastOutstanding {
-            return;
-        }
-        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
-        let back = ps.take_back_balanced();
-        // Owners in the order the last of their messages was queued (as
-        // they are given back from the tail).
-        let mut owners: Vec<SockId> = Vec::new();
-        for m in back.iter().rev() {
-            if !owners.contains(&m.owner) {
-                owners.push(m.owner);
-            }
-        }
-        for &s in &owners {
-            self.h.sk.give_back(s, back.iter().filter(|m| m.owner == s).map(|m| m.data.clone()));
-        }
-        for s in owners {
-            self.tx_push(s);
-        }
-    }
-
-    /// The bytes to write next on psock `p`, or None. Marks the psock busy until
-    /// `tx_complete`/`tx_failed`: one writer at a time.
-    ///
-    /// After `tx_complete`, call `tx_begin` again: it returns the rest of a
-    /// short write and whatever was queued meanwhile. `PsockTransmit` is raised
-    /// only for a psock with no chunk out.
-    pub fn tx_begin(&mut self, p: PsockId) -> Option<TxChunk> {
-        let mut slices = Vec::new();
-        self.tx_begin_into(p, &mut slices).then_some(TxChunk { slices })
-    }
-
-    /// [`Mux::tx_begin`] into the caller's vector (cleared first), so a driver
-    /// that writes many times reuses one allocation. Returns whether there is
-    /// a chunk to write.
-    pub fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
-        slices.clear();
-        self.o.psocks.get_mut(p.index, p.generation).is_some_and(|ps| ps.poll_transmit(slices))
-    }
-    /// `n` bytes of the chunk were written (a short write keeps the rest first).
-    pub fn tx_complete(&mut self, p: PsockId, n: usize) {
-        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else {
-            return self.released_complete(p, n);
-        };
-        let Some(inflight) = ps.tx.end_chunk() else { return };
-        let backlog_before = ps.tx_addr_bytes;
-        let mut wrote = Wrote::default();
-        let last = ps.on_written(inflight, n, self.o.now, &mut self.o.tx_done, &mut wrote);
-        // The peer read its replies: read it again.
-        let resume = psock::backlog_drained(&self.h.config, backlog_before, ps.tx_addr_bytes);
-        let release = self.h.sk.written(p, wrote.rsvd, wrote.addr_bytes);
-        if resume {
-            self.rx_resume(p);
-        }
-        if let Some(last) = last {
-            for i in 0..self.o.tx_done.len() {
-                let (owner, len, msgs) = self.o.tx_done[i];
-                self.uncharge(owner, len, msgs);
-            }
-            self.o.tx_done.clear();
-            let (owner, len, msgs) = last;
-            self.uncharge(owner, len, msgs);
-        }
-        if release {
-            self.unreserve(p);
-        }
-        self.check_drained(p);
-    }
-    /// The writer of a chunk that was out when its psock was unattached
-    /// ([`OutAtRelease`]) wrote `n` bytes of it: its addressed messages
-    /// written whole are sent, the others dropped, into the folded totals.
-    fn released_complete(&mut self, p: PsockId, n: usize) {
-        let Some(i) = self.o.out_at_release.iter().position(|o| o.p == p) else { return };
-        let out = self.o.out_at_release.swap_remove(i);
-        let mut left = n;
-        for m in out.msgs {
-            match m {
-                Err(len) => left = left.saturating_sub(len),
-                Ok(m) => {
-                    let want = m.data.len() - m.sent;
-                    let k = left.min(want);
-                    left -= k;
-                    self.h.folded.tx_bytes += k as u64;
-                    if k == want {
-                        self.h.folded.tx_msgs += u64::from(m.msgs);
-                    } else {
-                        self.h.folded.tx_addressed_drops += u64::from(m.msgs);
-                    }
-                    self.uncharge(m.owner, m.data.len(), m.msgs);
-                }
-            }
-        }
-    }
-    /// The write failed with a hard error: abort the psock's transmit, resend the
-    /// message in progress whole on another psock (tx_retries, tx_aborts).
-    pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
-        match self.o.psocks.get(p.index, p.generation) {
-            Some(ps) if ps.tx != Tx::Stopped => self.tx_abort(p, errno),
-            _ => {}
-        }
-    }
-
-    /// Stop a psock's transmit for good: tx_aborts, PsockFailed(Tx), its
-    /// messages given back (KCM `kcm_abort_tx_psock` + retry).
-    fn tx_abort(&mut self, p: PsockId, errno: i32) {
-        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("live");
-        let inflight = ps.tx.inflight();
-        ps.tx = Tx::Stopped;
-        ps.life = Life::Failed;
-        ps.stats.tx_aborts += 1;
-        self.h.sk.stop_tx(p);
-        self.h.events.push_back(Event::PsockFailed(p, PsockError::Tx(errno)));
-        self.tx_evacuate(p, false, inflight);
-    }
-
-    /// Empty a psock's transmit queue that will not be written: the reserving
-    /// socket's messages go back to the head of its queue, in order, to be
-    /// sent whole elsewhere (tx_retries for each one already started);
-    /// addressed messages are dropped (tx_addressed_drops). With `writer_out`
-    /// (an unattach while a writer has the chunk), the chunk's addressed
-    /// messages wait for the writer's report instead ([`OutAtRelease`]).
-    /// `inflight`: the messages of the chunk that was out (its state is the
-    /// caller's to have set: `Stopped`, or `Idle` for an unattach).
-    fn tx_evacuate(&mut self, p: PsockId, writer_out: bool, inflight: usize) {
-        let kcm = self.h.sk.unreserve(p);
-        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("live");
-        let ev = ps.evacuate(writer_out, inflight);
-        if let Some(sh) = self.h.sk.share_mut(p) {
-            sh.addr_gone(ev.addr_bytes);
-        }
-        if !ev.out.is_empty() && ev.out.iter().any(Result::is_ok) {
-            self.o.out_at_release.push(OutAtRelease { p, msgs: ev.out });
-        }
-        let mut back = Vec::new();
-        let mut rebalance: Vec<(SockId, Bytes)> = Vec::new();
-        for (m, started) in ev.placed {
-            let live_owner = self.h.sk.socks.get(m.owner.index, m.owner.generation).is_some();
-            let resend = match m.placed {
-                Placed::Balanced => live_owner,
-                _ => live_owner && Some(m.owner) == kcm,
-            };
-            if !resend {
-                self.uncharge(m.owner, m.data.len(), m.msgs);
-                continue;
-            }
-            self.h.counters.tx_retries += u64::from(started);
-            match m.placed {
-                Placed::Balanced => rebalance.push((m.owner, m.data)),
-                _ => back.push(m.data),
-            }
-        }
-        for (owner, len, msgs) in ev.dropped {
-            self.uncharge(owner, len, msgs);
-        }
-        if let Some(s) = kcm {
-            if self.h.sk.give_back(s, back.into_iter()) {
-                self.tx_push(s);
-            }
-        }
-        if !rebalance.is_empty() {
-            let mut owners: Vec<SockId> = Vec::new();
-            for (s, _) in rebalance.iter().rev() {
-                if !owners.contains(s) {
-                    owners.push(*s);
-                }
-            }
-            for &s in &owners {
-                self.h.sk.give_back(s, rebalance.iter().filter(|(o, _)| *o == s).map(|(_, d)| d.clone()));
-            }
-            for s in owners {
-                self.tx_push(s);
-            }
-        }
-    }
-
     // ---- time ----
 
     /// The earliest assembly deadline of any psock (O(1)), or the time the
@@ -1852,73 +1292,11 @@ impl Mux {
         let restart = (!self.o.restarts.is_empty()).then_some(self.o.now);
         [self.o.deadlines.next(), self.h.mem_next, self.o.scan_next, restart].into_iter().flatten().min()
     }
-    /// Abort, with ETIMEDOUT, every psock whose message's deadline is at or
-    /// before `now`, earliest deadline first. Costs O(log n) per deadline that
-    /// expires (plus stale entries dropped on the way), not a walk of every
-    /// psock.
-    pub fn handle_timeout(&mut self, now: Timestamp) {
-        self.note_time(now);
-        while let Some((index, generation, armed)) = self.o.deadlines.pop_due(now) {
-            let p = pid((index, generation));
-            let Some(ps) = self.o.psocks.get_mut(index, generation) else { continue };
-            if ps.timer != Some(armed) {
-                continue; // stale: cleared, re-armed, or another psock in the slot
-            }
-            self.o.deadlines.fired(&mut ps.timer);
-            if ps.rx_running() && ps.held_back(&self.h.config, self.h.mem_paused(p)) {
-                // The server is not reading this psock (its replies backed
-                // up, its messages not taken, the memory budget): the time
-                // is the server's. The deadline runs again, in full, when
-                // reading resumes (`rx_resume`).
-                ps.stream.hold_deadline();
-                self.sync_deadline(p);
-                continue;
-            }
-            if let Err(e) = ps.stream.check_timeout(now) {
-                if matches!(ps.life, Life::Open | Life::PeerClosed) {
-                    ps.life = Life::Failed;
-                    self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
-                }
-                self.h.sk.no_answers(p);
-                self.tx_take_back(p);
-            }
-            self.sync_deadline(p);
-            self.recount_only(p);
-        }
-        self.clean_deadlines();
-        if self.o.scan_next.is_some_and(|t| t <= now) {
-            self.scan_psock_deadlines(now);
-        }
-        if self.h.mem_next.is_some_and(|t| t <= now) {
-            self.mem_check(now);
-        }
-    }
-    /// Psock `p` is read again after the server held it back: its current
-    /// message's assembly deadline restarts from now (the peer gets its
-    /// whole timeout to send the rest), and the driver is told to read
-    /// (`PsockRxResume`).
-    fn rx_resume(&mut self, p: PsockId) {
-        // Held until the next call that carries the time (this one may
-        // carry none, and the mux's last reading may be older than the
-        // timeout): `poll_timeout` asks for that call at once.
-        if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
-            ps.stream.hold_deadline();
-            self.o.restarts.push(p);
-        }
-        self.sync_deadline(p);
-        self.h.events.push_back(Event::PsockRxResume(p));
-    }
 
     /// Deadline entries held (live and stale): at most 2 × armed + 64.
     #[doc(hidden)]
     pub fn deadline_entries(&self) -> usize {
         self.o.deadlines.len()
-    }
-
-    // ---- events and statistics ----
-
-    pub fn poll_event(&mut self) -> Option<Event> {
-        self.h.events.pop_front()
     }
     /// Mux totals: live psocks plus every unattached one (totals never drop).
     pub fn stats(&self) -> MuxStats {
@@ -2148,6 +1526,1162 @@ impl Mux {
             ps.tx_addressed_drops
         );
         out
+    }
+}
+
+impl MuxRef<'_> {
+    #[inline]
+    fn sock_mut(&mut self, s: SockId) -> Result<&mut Sock, MuxError> {
+        self.h.sk.socks.get_mut(s.index, s.generation).ok_or(MuxError::BadSock)
+    }
+    #[inline]
+    fn psock_mut(&mut self, p: PsockId) -> Result<&mut Psock, MuxError> {
+        self.o.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)
+    }
+    fn note_time(&mut self, now: Timestamp) {
+        if now > self.o.now {
+            self.o.now = now;
+        }
+        if !self.o.restarts.is_empty() {
+            self.restart_deadlines();
+        }
+    }
+
+    /// The deadlines [`Mux::rx_resume`] held run again, in full, from now.
+    #[cold]
+    fn restart_deadlines(&mut self) {
+        for p in std::mem::take(&mut self.o.restarts) {
+            if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
+                ps.stream.restart_deadline(self.o.now);
+            }
+            self.sync_deadline(p);
+        }
+    }
+
+    // ---- KCM sockets ----
+
+    /// Create a KCM socket (the first `socket(AF_KCM, ty, 0)`).
+    pub fn socket(&mut self, ty: SockType) -> SockId {
+        let s = sid(self.h.sk.socks.insert(Sock::new(ty, &self.h.config)));
+        // A new socket is able at once: it takes held messages, then joins.
+        self.rcv_ready(s);
+        s
+    }
+    /// SIOCKCMCLONE: a new socket on this mux, same type, default options.
+    pub fn clone_sock(&mut self, s: SockId) -> Result<SockId, MuxError> {
+        let ty = self.v().sock(s)?.ty;
+        Ok(self.socket(ty))
+    }
+    /// close(): unsent messages are dropped, a reserved psock mid-message is
+    /// aborted, queued received messages move to other sockets. Closing the last
+    /// socket unattaches every psock.
+    pub fn close(&mut self, s: SockId) -> Result<(), MuxError> {
+        let r = self.h.close(s);
+        self.apply_told();
+        r
+    }
+    /// KCM_RECV_DISABLE.
+    pub fn set_recv_disable(&mut self, s: SockId, disable: bool) -> Result<(), MuxError> {
+        let sock = self.sock_mut(s)?;
+        if sock.rx_disabled == disable {
+            return Ok(());
+        }
+        sock.rx_disabled = disable;
+        if disable {
+            let was_waiting = std::mem::replace(&mut sock.on_waiters, false);
+            let msgs = std::mem::take(&mut sock.rx_queue);
+            sock.rx_mem = 0;
+            if was_waiting {
+                self.h.sk.rx_waiters.retain(|w| *w != s);
+            }
+            self.h.requeue(msgs);
+        } else {
+            self.rcv_ready(s);
+        }
+        Ok(())
+    }
+    /// SO_RCVBUF / SO_SNDBUF on a KCM socket.
+    pub fn set_rcvbuf(&mut self, s: SockId, bytes: usize) -> Result<(), MuxError> {
+        let sock = self.sock_mut(s)?;
+        sock.rcvbuf = bytes.max(1);
+        sock.rcvbuf_peak = sock.rcvbuf_peak.max(sock.rcvbuf);
+        if sock.on_waiters && !sock.able() {
+            sock.on_waiters = false;
+            self.h.sk.rx_waiters.retain(|w| *w != s);
+        } else {
+            self.rcv_ready(s);
+        }
+        Ok(())
+    }
+    pub fn set_sndbuf(&mut self, s: SockId, bytes: usize) -> Result<(), MuxError> {
+        let sock = self.sock_mut(s)?;
+        sock.sndbuf = bytes.max(1);
+        sock.sndbuf_peak = sock.sndbuf_peak.max(sock.sndbuf);
+        self.h.sk.check_writable(&mut self.h.events, s);
+        Ok(())
+    }
+    /// Affinity tag for `Steering::Affinity` (the runtime: worker index).
+    /// Change a psock's affinity tag: its next messages are steered to the
+    /// socket with that tag (the runtime moves a connection between workers).
+    pub fn set_psock_affinity(&mut self, p: PsockId, tag: Option<u32>) -> Result<(), MuxError> {
+        let ps = self.o.psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
+        ps.affinity = tag;
+        Ok(())
+    }
+    pub fn set_affinity(&mut self, s: SockId, tag: Option<u32>) -> Result<(), MuxError> {
+        self.sock_mut(s)?.affinity = tag;
+        Ok(())
+    }
+    /// With `Steering::Affinity`, socket `s` takes only the messages of psocks
+    /// whose affinity tag is its own, and no other psock's messages spill
+    /// over to it (the runtime's heavy lanes: nothing else waits behind a
+    /// psock steered there; its messages are taken in arrival order by the
+    /// lane's thread and by helpers on other CPUs).
+    /// Under the other steering policies it is never chosen.
+    pub fn set_tag_only(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
+        self.sock_mut(s)?.tag_only = on;
+        Ok(())
+    }
+
+    // ---- psocks ----
+
+    /// SIOCKCMATTACH. Bytes the connection already holds are simply fed after.
+    pub fn attach(&mut self, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId {
+        let max_msg_size = cfg.max_msg_size.unwrap_or(self.h.config.max_msg_size).max(1);
+        let assembly_timeout = cfg.assembly_timeout.unwrap_or(self.h.config.assembly_timeout);
+        let read_ahead = self.h.config.psock_rx_buf.max(1);
+        self.h.max_msg_peak = self.h.max_msg_peak.max(max_msg_size);
+        let stream = StreamParser::new(parser, StreamLimits { max_msg_size, assembly_timeout, read_ahead });
+        let p = pid(self.o.psocks.insert(Psock {
+            stream,
+            affinity: cfg.affinity,
+            rx_last: None,
+            rx_limit: max_msg_size + read_ahead,
+            ready: None,
+            life: Life::Open,
+            readers_hold: false,
+            tx_queue: VecDeque::new(),
+            tx: Tx::Idle,
+            tx_addr_bytes: 0,
+            timer: None,
+            below: 0,
+            last_active: self.o.now,
+            handshake_deadline: None,
+            record_deadline: None,
+            ahead_since: None,
+            record_timeouts: 0,
+            stats: PsockStats::default(),
+        }));
+        self.h.sk.add_share(p);
+        self.h.counters.psock_attach += 1;
+        self.arm_idle(self.o.now);
+        // To the first socket waiting to transmit, else the tail of the LRU list.
+        self.psock_now_avail(p);
+        p
+    }
+    /// SIOCKCMUNATTACH: ENOENT (`NoPsock`) if not attached. A ready message is
+    /// dropped (rx_ready_drops); a partly written message is resent whole on
+    /// another psock (psock_unattach_rsvd).
+    pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
+        let reserved = self.h.sk.share(p).is_some_and(|sh| sh.tx_kcm.is_some());
+        let ps = self.psock_mut(p)?;
+        ps.stream.stop();
+        let dropped_ready = ps.ready.take().is_some();
+        // A chunk being written is counted when its writer reports.
+        let (writer_out, inflight) = (ps.tx.busy(), ps.tx.inflight());
+        if reserved {
+            // KCM aborts a reserved psock: it may be out of sync mid-message.
+            ps.stats.tx_aborts += 1;
+            ps.tx = Tx::Stopped;
+            self.h.counters.psock_unattach_rsvd += 1;
+        } else if ps.tx != Tx::Stopped {
+            ps.tx = Tx::Idle;
+        }
+        if dropped_ready {
+            self.h.counters.rx_ready_drops += 1;
+            self.h.sk.psocks_ready.retain(|m| m.psock != p);
+        }
+        self.h.sk.stop_tx(p);
+        self.h.counters.psock_unattach += 1;
+        // Give back what it was to send: reserved messages go elsewhere whole.
+        self.tx_evacuate(p, writer_out, inflight);
+        let ps = self.o.psocks.remove(p.index, p.generation).expect("psock present");
+        let share = self.h.sk.remove_share(p);
+        if self.o.deadlines.forget(ps.timer) {
+            self.clean_deadlines();
+        }
+        self.h.rx_held_sum -= share.as_ref().map_or(0, |sh| sh.counted);
+        add_psock_stats(&mut self.h.folded, &with_share(ps.full_stats(), share.as_ref()));
+        self.h.events.push_back(Event::PsockReleased(p));
+        // What it held is free: psocks paused by the budget may read again.
+        if self.h.mem_over {
+            self.mem_check(self.o.now);
+        }
+        Ok(())
+    }
+    /// Bytes read from the psock's connection (at most `rx_capacity`).
+    ///
+    /// Bytes beyond the psock's hard cap (`max_msg_size + psock_rx_buf` held)
+    /// are refused with `Invalid` and nothing is taken; bytes fed to a psock
+    /// whose receive side stopped are dropped (`Ok`).
+    pub fn feed(&mut self, p: PsockId, data: &[u8], now: Timestamp) -> Result<(), MuxError> {
+        self.feed_inner(p, data, now, None)
+    }
+
+    /// [`Mux::feed`] for a driver that serves socket `direct.sock` itself: a
+    /// message steered to that socket while its queue is empty is handed to
+    /// the caller in `direct.out` (counted as received by the socket, as
+    /// `recv_msg` would) instead of being queued and taken back, up to
+    /// `direct.limit` messages in the list. Order is kept: once the queue holds
+    /// a message, later ones queue behind it.
+    pub fn feed_direct(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        now: Timestamp,
+        direct: &mut Direct<'_>,
+    ) -> Result<(), MuxError> {
+        self.feed_inner(p, data, now, Some(direct))
+    }
+
+    /// [`Mux::feed_direct`] for a driver that can also run its handler on
+    /// messages where they lie in `data`: while psock `p`'s messages would be
+    /// steered to `direct.sock` (affinity steering, the socket able and its
+    /// queue empty, nothing of `p` buffered or held back), complete messages
+    /// at the front of `data` are framed in place
+    /// ([`StreamParser::frame_in_place`], up to `limit`; 0 turns it off) and
+    /// pushed onto `out` as runs, counted as received by the socket as
+    /// `recv_msg` would; the rest of `data` is fed as by `feed_direct`. The
+    /// caller must hand the messages of `out` to the socket's reader before
+    /// anything it takes from its queue or `direct.out` later (they are older).
+    pub fn feed_in_place(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        now: Timestamp,
+        direct: &mut Direct<'_>,
+        limit: usize,
+        out: &mut Vec<crate::run::Run>,
+    ) -> Result<(), MuxError> {
+        let first = out.len();
+        let sock = direct.sock;
+        let (taken, whole) = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { (0, false) };
+        self.note_time(now);
+        let framed = crate::run::count(&out[first..]) as u64;
+        if taken > 0 || framed > 0 {
+            let holds = framed > 0 && {
+                let s = self.h.sk.socks.get_mut(sock.index, sock.generation).expect("checked live");
+                s.stats.rx_msgs += framed;
+                s.stats.rx_bytes += if whole {
+                    taken as u64
+                } else {
+                    out[first..].iter().map(|r| (r.len * r.count) as u64).sum::<u64>()
+                };
+                s.holds
+            };
+            if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
+                if taken > 0 {
+                    // Bytes served in place are traffic too (idle timeout).
+                    ps.last_active = now;
+                }
+                if framed > 0 {
+                    // What it framed, told to its share (its outstanding work).
+                    let received = ps.stream.stats().msgs;
+                    if let Some(sh) = self.h.sk.share_mut(p) {
+                        sh.received = received;
+                    }
+                }
+            }
+            self.h.sk.handed(p, framed, holds);
+            if taken == data.len() {
+                // All of it framed in place: nothing left for the stream
+                // (feeding nothing would only look the psock up again).
+                return Ok(());
+            }
+        }
+        self.feed_inner(p, &data[taken..], now, Some(direct))
+    }
+
+    /// The in-place part of [`Mux::feed_in_place`]: bytes of `data` taken,
+    /// and whether the messages framed are delivered whole.
+    fn frame_in_place(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        sock: SockId,
+        limit: usize,
+        out: &mut Vec<crate::run::Run>,
+    ) -> Result<(usize, bool), MuxError> {
+        let (Owned { psocks, .. }, Hub { sk, config, .. }) = (&mut self.o, &self.h);
+        let ps = psocks.get_mut(p.index, p.generation).ok_or(MuxError::NoPsock)?;
+        if !sk.steers_here(config, sock, ps.affinity) || ps.ready.is_some() || ps.life.rx_over() {
+            return Ok((0, false));
+        }
+        let taken = ps.stream.frame_in_place(data, limit, out);
+        Ok((taken, taken > 0 && ps.stream.delivers_whole()))
+    }
+
+    fn feed_inner(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        now: Timestamp,
+        direct: Option<&mut Direct<'_>>,
+    ) -> Result<(), MuxError> {
+        self.note_time(now);
+        let ps = self.psock_mut(p)?;
+        if ps.stream.is_stopped() || ps.life.rx_over() || data.is_empty() {
+            return Ok(());
+        }
+        if ps.rx_held() + data.len() > ps.rx_limit || ps.stream.is_lent() {
+            return Err(MuxError::Invalid);
+        }
+        ps.stream.feed(data);
+        ps.last_active = now;
+        if ps.ready.is_none() {
+            self.rx_pass(p, now, direct);
+        }
+        self.recount(p, now);
+        Ok(())
+    }
+    /// Lend psock `p`'s assembly buffer for one read straight into it: a large
+    /// message's body (at least [`crate::stream::LEND_MIN`] bytes), or the
+    /// next message after a large one, is then read where it will be cut from
+    /// instead of into the driver's buffer and copied by `feed`. The loan's
+    /// limit is within `rx_capacity` and what the message still needs, so
+    /// reads stop at message boundaries and every receive limit holds.
+    ///
+    /// `None`: read and `feed` as usual (small messages, backpressure, a
+    /// stopped receive side). While the loan is out the psock takes no other
+    /// bytes (`rx_capacity` is 0, `feed` is refused); its limit counts as held.
+    pub fn rx_lend(&mut self, p: PsockId) -> Option<RxLoan> {
+        self.rx_room(p).1
+    }
+
+    /// [`Mux::rx_capacity`] and [`Mux::rx_lend`] together, the capacity
+    /// worked out once (a driver asks both before every read).
+    pub fn rx_room(&mut self, p: PsockId) -> (usize, Option<RxLoan>) {
+        let cap = self.v().rx_capacity(p);
+        if cap == 0 {
+            return (0, None);
+        }
+        let loan = self.o.psocks.get_mut(p.index, p.generation).and_then(|ps| ps.stream.lend(cap));
+        if loan.is_some() {
+            // The loan's limit counts as held from now.
+            self.recount(p, self.o.now);
+        }
+        (cap, loan.map(|loan| RxLoan { psock: p, loan }))
+    }
+
+    /// [`Mux::rx_lend`] for a driver that arms a receive before the bytes
+    /// come (io_uring). A loan counts whole from the moment it is made, and
+    /// one for a message only predicted (the last was large) stays out for
+    /// as long as the peer sends nothing: every quiet peer that once sent a
+    /// large message would hold one against the memory budget, whose pauses
+    /// then abort them. So a predicted loan is made only while the budget's
+    /// low mark (half of `mem_limit`) has room for it; past it, the driver
+    /// receives as for small messages until a message begins.
+    ///
+    /// A loan for a message only predicted that is still out, nothing read,
+    /// [`AHEAD_QUIET`] later is recalled ([`Event::PsockRxRecall`], from the
+    /// deadline scan: [`Mux::poll_timeout`]) and the prediction forgotten:
+    /// a peer that went quiet holds nothing until it sends again.
+    pub fn rx_lend_ahead(&mut self, p: PsockId) -> Option<RxLoan> {
+        let predicted = self.v().ahead_check(p)?;
+        let loan = self.rx_lend(p)?;
+        if predicted {
+            let at = self.o.now;
+            if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
+                ps.ahead_since = Some(at);
+            }
+            self.ahead_scan_at(at);
+        }
+        Some(loan)
+    }
+
+    /// Give back a loan of [`Mux::rx_lend`]: the bytes appended to it are
+    /// taken as [`Mux::feed`] takes bytes (complete messages are steered).
+    ///
+    /// Nothing appended: just the buffer back. The psock's receive stopped
+    /// while the buffer was out (assembly timeout, close): the bytes are
+    /// dropped (`Ok`). More than the limit appended: `Invalid`, nothing
+    /// taken. The psock is gone: `NoPsock`.
+    pub fn rx_commit(&mut self, loan: RxLoan, now: Timestamp) -> Result<(), MuxError> {
+        self.commit_inner(loan, now, None)
+    }
+
+    /// [`Mux::rx_commit`] with the hand-over of [`Mux::feed_direct`].
+    pub fn rx_commit_direct(&mut self, loan: RxLoan, now: Timestamp, direct: &mut Direct<'_>) -> Result<(), MuxError> {
+        self.commit_inner(loan, now, Some(direct))
+    }
+
+    fn commit_inner(&mut self, loan: RxLoan, now: Timestamp, direct: Option<&mut Direct<'_>>) -> Result<(), MuxError> {
+        self.note_time(now);
+        let p = loan.psock;
+        let ps = self.psock_mut(p)?;
+        ps.ahead_since = None;
+        match ps.stream.unlend(loan.loan) {
+            Unlend::Took(0) | Unlend::Stale => {
+                self.recount(p, now);
+                return Ok(());
+            }
+            Unlend::Refused => return Err(MuxError::Invalid),
+            Unlend::Took(_) => {}
+        }
+        ps.last_active = now;
+        if ps.ready.is_none() {
+            self.rx_pass(p, now, direct);
+        }
+        self.recount(p, now);
+        Ok(())
+    }
+
+    /// The peer closed its side (FIN: `errno` None) or the connection failed
+    /// on read (`Some(errno)`).
+    ///
+    /// Receive stops: messages already buffered whole are still delivered, the
+    /// partial one is dropped, `PsockFailed(p, Closed)` is raised once (KCM
+    /// reports EPIPE whatever the cause). After a FIN the psock is
+    /// `PeerClosed`: transmit goes on, and once every message it sent has been
+    /// delivered and settled and its queue written, `PsockDrained(p)` says it
+    /// may be closed in order. After a read error it has failed.
+    pub fn rx_closed(&mut self, p: PsockId, errno: Option<i32>) -> Result<(), MuxError> {
+        let ps = self.psock_mut(p)?;
+        if ps.life.rx_over() {
+            return Ok(());
+        }
+        ps.life = if errno.is_none() { Life::PeerClosed } else { Life::Failed };
+        if ps.ready.is_none() {
+            ps.stream.stop();
+            self.sync_deadline(p);
+        }
+        self.h.sk.no_answers(p);
+        self.h.events.push_back(Event::PsockFailed(p, PsockError::Closed));
+        self.tx_take_back(p);
+        self.recount(p, self.o.now);
+        self.check_drained(p);
+        Ok(())
+    }
+
+    /// Mark socket `s` as *holding*: every message its reader takes (`recv`,
+    /// `recv_msg`, direct and in-place hand-outs) is a request its psock
+    /// still owes an answer for, until the reader calls [`Mux::rx_settle`].
+    /// A psock whose peer closed is not drained while it has holds, so the
+    /// answers to its last requests are still written before it closes.
+    pub fn set_holds(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
+        self.sock_mut(s)?.holds = on;
+        Ok(())
+    }
+
+    /// `n` messages of psock `p` taken from a holding socket have been
+    /// answered (their replies queued) or dropped. Unknown psocks are ignored.
+    pub fn rx_settle(&mut self, p: PsockId, n: u64) {
+        self.h.sk.settle(p, n);
+        self.apply_told();
+    }
+
+    /// `PeerClosed` → `Drained` when nothing of psock `p` is left to deliver,
+    /// answer or write.
+    #[inline]
+    fn check_drained(&mut self, p: PsockId) {
+        // Called after every write and settle: only a psock whose peer
+        // closed goes on to the full check.
+        if self.o.psocks.get(p.index, p.generation).is_some_and(|ps| ps.life == Life::PeerClosed) {
+            self.check_drained_closed(p);
+        }
+    }
+
+    /// [`Mux::check_drained`] for a psock whose peer closed.
+    #[inline(never)]
+    fn check_drained_closed(&mut self, p: PsockId) {
+        let Some(ps) = self.o.psocks.get(p.index, p.generation) else { return };
+        if ps.life != Life::PeerClosed
+            || ps.ready.is_some()
+            || !ps.stream.is_stopped()
+            || ps.tx.busy()
+            || !ps.tx_queue.is_empty()
+        {
+            return;
+        }
+        if !self.h.sk.share(p).is_none_or(Share::readers_done) {
+            return;
+        }
+        self.o.psocks.get_mut(p.index, p.generation).expect("live").life = Life::Drained;
+        self.h.events.push_back(Event::PsockDrained(p));
+    }
+
+    /// The driver found the byte stream below the parser unusable (a TLS
+    /// record that fails to authenticate, an alert, a failed handshake).
+    ///
+    /// Receive stops as after `rx_closed` (messages already parsed whole are
+    /// still delivered, the partial one is dropped) but the error is raised:
+    /// `PsockFailed(p, Rx(err))`, once. Transmit goes on until a write fails.
+    pub fn rx_abort(&mut self, p: PsockId, err: RxError) -> Result<(), MuxError> {
+        let ps = self.psock_mut(p)?;
+        if ps.life.rx_over() {
+            return Ok(());
+        }
+        ps.life = Life::Failed;
+        if ps.ready.is_none() {
+            ps.stream.stop();
+        }
+        self.h.sk.no_answers(p);
+        self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
+        self.tx_take_back(p);
+        self.recount(p, self.o.now);
+        Ok(())
+    }
+
+    /// One receive pass of psock `p` (KCM: one `tcp_read_sock` run): cut every
+    /// complete message and steer it; stop when none is left or nobody can take one.
+    fn rx_pass(&mut self, p: PsockId, now: Timestamp, mut direct: Option<&mut Direct<'_>>) {
+        // Disjoint borrows of the mux's parts: this loop runs once per message.
+        let (Owned { psocks, .. }, Hub { sk, events, config, .. }) = (&mut self.o, &mut self.h);
+        let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
+        // Round robin: the socket reserved for this pass (affinity: the one
+        // that took the last pass's messages, while it keeps up).
+        let mut target = match config.steering {
+            Steering::Affinity => sk.keeps_up(ps.rx_last),
+            _ => None,
+        };
+        let mut failed = false;
+        loop {
+            let data = match ps.stream.next_msg(now) {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    if ps.life.rx_over() {
+                        ps.stream.stop();
+                    }
+                    break;
+                }
+                Err(e) => {
+                    // Bad bytes before a FIN fail the psock all the same
+                    // (reported again: it is no longer closing in order).
+                    if matches!(ps.life, Life::Open | Life::PeerClosed) {
+                        ps.life = Life::Failed;
+                        events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
+                    }
+                    failed = true;
+                    break;
+                }
+            };
+            let key = match config.steering {
+                Steering::Key => ps.stream.parser().steering_key(&data),
+                _ => None,
+            };
+            let msg = RxMsg { data, off: 0, psock: p };
+            match sk.steer(config, ps.affinity, key, &mut target) {
+                Some(s) => match direct.as_deref_mut() {
+                    // In place, to the caller's list, when nothing waits in
+                    // the socket's queue before it.
+                    Some(d) if d.sock == s && d.out.len() < d.limit && sk.hand_direct(s, p, msg.data.len()) => {
+                        d.out.push((msg.data, p));
+                    }
+                    _ => ps.readers_hold |= sk.deliver(config, events, s, msg),
+                },
+                None => {
+                    // Nobody can take it: keep it, pause (TCP pushes back).
+                    ps.ready = Some(msg.remaining());
+                    sk.wait_offer(msg);
+                    break;
+                }
+            }
+        }
+        if let Some(t) = target {
+            ps.rx_last = Some(t);
+            sk.end_pass(t);
+        }
+        // What it framed and whether it can still answer, told to its share
+        // (`TxPolicy::LeastOutstanding` reads them there).
+        if let Some(sh) = sk.share_mut(p) {
+            sh.received = ps.stream.stats().msgs;
+            if failed {
+                sh.answers = false;
+            }
+        }
+        // A message left partial starts (or keeps) its deadline; a completed
+        // or aborted one clears it.
+        self.sync_deadline(p);
+        if failed {
+            self.tx_take_back(p);
+        }
+        self.check_drained(p);
+    }
+
+    /// Make psock `p`'s armed deadline what its stream says (after any call
+    /// that may have started, finished or stopped a message).
+    #[inline]
+    fn sync_deadline(&mut self, p: PsockId) {
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
+        let want = ps.stream.deadline();
+        if self.o.deadlines.sync(p.index, p.generation, &mut ps.timer, want) {
+            self.clean_deadlines();
+        }
+    }
+
+    /// Drop deadline entries that no longer match their psock.
+    fn clean_deadlines(&mut self) {
+        let psocks = &self.o.psocks;
+        self.o.deadlines.clean(|i, g| psocks.get(i, g).and_then(|ps| ps.timer));
+    }
+
+    /// A socket became able (created, enabled, drained below SO_RCVBUF): it
+    /// takes the hold queue, then paused psocks' messages, then joins the
+    /// waiter list (KCM `kcm_rcv_ready`).
+    fn rcv_ready(&mut self, s: SockId) {
+        self.h.rcv_ready(s);
+        self.apply_told();
+    }
+
+    /// After a read made room: rejoin the waiters if the socket is able again.
+    /// (D) KCM re-offers a full socket only once it is empty (SO_RCVLOWAT = 1);
+    /// here it is offered again as soon as it is below SO_RCVBUF.
+    #[inline]
+    fn after_read(&mut self, s: SockId) {
+        if let Some(sock) = self.h.sk.socks.get(s.index, s.generation) {
+            if !sock.on_waiters && sock.able() {
+                self.rcv_ready(s);
+            }
+        }
+        self.mem_after_read();
+    }
+
+    /// recvmsg on a KCM socket (WouldBlock when empty).
+    ///
+    /// Short reads: DGRAM returns TRUNC|EOR and the rest of the message is
+    /// gone; SEQPACKET keeps the rest for the next read (KCM's designed
+    /// behaviour, case 19 (D)). A read that finishes a message sets EOR on
+    /// both types; PEEK copies, consumes nothing and sets neither flag.
+    pub fn recv(&mut self, s: SockId, buf: &mut [u8], flags: RecvFlags) -> Result<RecvInfo, MuxError> {
+        let info = self.h.sk.recv(&self.h.config, s, buf, flags)?;
+        if !flags.peek {
+            self.apply_told();
+            self.after_read(s);
+        }
+        Ok(info)
+    }
+    /// Take the whole head message (addressed form; zero-copy). WouldBlock when empty.
+    pub fn recv_msg(&mut self, s: SockId) -> Result<(Bytes, PsockId), MuxError> {
+        let (data, p, rejoin) = self.h.sk.recv_msg(&self.h.config, s)?;
+        self.apply_told();
+        if rejoin {
+            self.rcv_ready(s);
+        }
+        self.mem_after_read();
+        Ok((data, p))
+    }
+    /// Apply what the sockets' side told psocks ([`ToPsock`]), in order.
+    #[inline]
+    fn apply_told(&mut self) {
+        while !self.h.sk.told.is_empty() {
+            let mut told = std::mem::take(&mut self.h.sk.told);
+            for t in told.drain(..) {
+                self.apply(t);
+            }
+            // (Keep the list's memory: told again on the next call. What
+            // applying told meanwhile is applied in the next round, in order.)
+            if self.h.sk.told.is_empty() {
+                self.h.sk.told = told;
+            }
+        }
+    }
+
+    /// What the hub told psock `p`'s owner, done.
+    fn apply(&mut self, t: ToPsock) {
+        match t {
+            ToPsock::Resume(p) => {
+                let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
+                ps.readers_hold = false;
+                if self.v().rx_capacity(p) > 0 {
+                    self.rx_resume(p);
+                }
+            }
+            ToPsock::ReadersDone(p) => self.check_drained(p),
+            ToPsock::Queue(p, m) => match self.o.psocks.get_mut(p.index, p.generation) {
+                Some(ps) => ps.queue(m),
+                None => self.h.unplaced(m),
+            },
+            ToPsock::Kick(p) => self.kick(p),
+            ToPsock::MemPaused(p) => {
+                if self.o.psocks.get(p.index, p.generation).is_some_and(|ps| ps.stream.is_lent()) {
+                    // What the loan counts may never come: have it back, so
+                    // that a quiet psock holds nothing at its grace's end.
+                    self.h.events.push_back(Event::PsockRxRecall(p));
+                }
+            }
+            ToPsock::MemResumed(p) => {
+                if self.v().rx_capacity(p) > 0 {
+                    self.rx_resume(p);
+                }
+            }
+            ToPsock::MemAbort { p, held, limit } => self.mem_abort(p, held, limit),
+            ToPsock::DropOwner { p, s } => self.drop_owner(p, s),
+            ToPsock::Unattach(p) => {
+                let _ = self.unattach(p);
+            }
+            ToPsock::Offered { p, hold } => {
+                let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
+                ps.ready = None;
+                ps.readers_hold |= hold;
+                // It parses what it had buffered, then reads again.
+                self.rx_pass(p, self.o.now, None);
+                self.recount_only(p);
+                if self.v().rx_capacity(p) > 0 {
+                    self.rx_resume(p);
+                }
+            }
+        }
+    }
+
+    // ---- transmit path ----
+
+    /// sendmsg: returns bytes accepted. WouldBlock when a new message would start
+    /// with the send buffer full.
+    ///
+    /// DGRAM: a send without MORE ends the message. SEQPACKET: only EOR ends
+    /// it (MORE is ignored). A zero-length send with no open message makes no
+    /// message; a zero-length EOR send completes an open SEQPACKET message.
+    /// BATCH on a completing send holds transmission until a completing send
+    /// without it.
+    pub fn send(&mut self, s: SockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
+        let r = self.h.send(s, data, flags);
+        self.apply_told();
+        r
+    }
+
+    /// End the batch socket `s` has open (sends with `batch` and none
+    /// without it since): what it holds goes out now, as the next send
+    /// without `batch` would have taken it (KCM's `kcm_push`). For a caller
+    /// whose batch stops early (a send of it failed): the messages already
+    /// accepted must not wait for a send that is not coming. Nothing to do
+    /// for a socket with no batch open.
+    pub fn end_batch(&mut self, s: SockId) -> Result<(), MuxError> {
+        let r = self.h.end_batch(s);
+        self.apply_told();
+        r
+    }
+
+    /// Addressed send of one whole message on psock `p`.
+    pub fn send_to(&mut self, s: SockId, p: PsockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
+        self.h.sock(s)?;
+        self.h.check_addressed(p)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        self.send_addressed(s, p, Bytes::copy_from_slice(data), flags.batch, 1, true)?;
+        Ok(data.len())
+    }
+    /// A whole message, zero-copy, on psock `p` (`None`: the socket's psock).
+    pub fn send_msg(&mut self, s: SockId, p: Option<PsockId>, msg: Bytes, batch: bool) -> Result<(), MuxError> {
+        self.h.sock(s)?;
+        let r = match p {
+            Some(p) => {
+                self.h.check_addressed(p)?;
+                if msg.is_empty() {
+                    return Ok(());
+                }
+                self.send_addressed(s, p, msg, batch, 1, true)
+            }
+            None => self.h.send_msg(s, msg, batch),
+        };
+        self.apply_told();
+        r
+    }
+
+    /// `count` whole messages, already back to back in `data`, on psock `p`,
+    /// in order and together: what `count` calls of `send_msg(s, Some(p), ..)`
+    /// with each message would do, counted the same, for a fraction of the
+    /// work (a server answering a batch of requests from one connection).
+    /// The caller vouches that `data` is exactly `count` whole messages.
+    pub fn send_msgs_to(&mut self, s: SockId, p: PsockId, data: Bytes, count: u32) -> Result<(), MuxError> {
+        self.h.sock(s)?;
+        self.h.check_addressed(p)?;
+        if data.is_empty() || count == 0 {
+            return Ok(());
+        }
+        self.send_addressed(s, p, data, false, count, true)
+    }
+
+    /// [`Mux::send_msgs_to`] that also hands out psock `p`'s next chunk to
+    /// write ([`Mux::tx_begin_into`]) when none is out: for a driver that
+    /// writes a served read's replies at once, with no `PsockTransmit` round
+    /// trip. Returns whether `slices` holds a chunk (then the caller must
+    /// `tx_complete` it); when another writer has a chunk out, the messages
+    /// wait on the queue for that writer's next `tx_begin`, as after a
+    /// `send_msgs_to`.
+    pub fn send_msgs_to_begin(
+        &mut self,
+        s: SockId,
+        p: PsockId,
+        data: Bytes,
+        count: u32,
+        slices: &mut Vec<Bytes>,
+    ) -> Result<bool, MuxError> {
+        slices.clear();
+        self.h.sock(s)?;
+        self.h.check_addressed(p)?;
+        if data.is_empty() || count == 0 {
+            return Ok(false);
+        }
+        self.send_addressed(s, p, data, false, count, false)?;
+        if self.tx_begin_into(p, slices) {
+            return Ok(true);
+        }
+        self.kick(p);
+        Ok(false)
+    }
+
+    /// An addressed send of `msgs` whole messages in `msg` on psock `p`
+    /// (checked): placed by the hub, queued on the psock here (its owner).
+    /// `kick`: raise `PsockTransmit` for `p` (a caller that takes the chunk
+    /// itself at once does not need it).
+    fn send_addressed(
+        &mut self,
+        s: SockId,
+        p: PsockId,
+        msg: Bytes,
+        batch: bool,
+        msgs: u32,
+        kick: bool,
+    ) -> Result<(), MuxError> {
+        let placed = self.h.place_addressed(s, p, msg.len(), batch, msgs);
+        let (queued, held) = match placed {
+            Ok(after) => after,
+            Err(e) => {
+                self.apply_told();
+                return Err(e);
+            }
+        };
+        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("checked");
+        ps.queue(TxMsg::new(msg, s, Placed::Addressed, msgs));
+        if !batch {
+            if kick {
+                self.kick(p);
+            }
+            if queued || held {
+                self.h.after_addressed(s, queued, held);
+                self.apply_told();
+            }
+        }
+        Ok(())
+    }
+
+    /// Discard a DGRAM socket's open MORE message (a send failed while copying).
+    /// A SEQPACKET socket keeps its open message (KCM returns the partial count).
+    pub fn send_abort(&mut self, s: SockId) -> Result<(), MuxError> {
+        let sock = self.sock_mut(s)?;
+        if sock.ty == SockType::Dgram {
+            if let Some(open) = sock.open.take() {
+                sock.tx_mem -= open.len();
+            }
+            self.h.sk.check_writable(&mut self.h.events, s);
+        }
+        Ok(())
+    }
+
+    /// Socket `s` closed: psock `p` drops its messages not yet begun
+    /// (`Psock::drop_owner`); one part-way through one of them is aborted.
+    /// A reservation `s` held is released.
+    fn drop_owner(&mut self, p: PsockId, s: SockId) {
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
+        let resume = match ps.drop_owner(&self.h.config, s) {
+            DropOwner::MidMessage => return self.tx_abort(p, EPIPE),
+            DropOwner::Dropped { resume, addr_bytes } => {
+                if let Some(sh) = self.h.sk.share_mut(p) {
+                    sh.addr_gone(addr_bytes);
+                }
+                resume
+            }
+        };
+        let reserved_by_s = self.h.sk.share(p).is_some_and(|sh| sh.tx_kcm == Some(s));
+        if reserved_by_s {
+            self.h.sk.unreserve(p);
+        }
+        if resume {
+            self.rx_resume(p);
+        }
+        if reserved_by_s {
+            self.psock_now_avail(p);
+        }
+    }
+
+    /// [`Hub::tx_push`], applied.
+    fn tx_push(&mut self, s: SockId) {
+        self.h.tx_push(s);
+        self.apply_told();
+    }
+    /// [`Hub::psock_now_avail`], applied.
+    fn psock_now_avail(&mut self, p: PsockId) {
+        self.h.psock_now_avail(p);
+        self.apply_told();
+    }
+    /// [`Hub::unreserve`], applied.
+    fn unreserve(&mut self, p: PsockId) {
+        self.h.unreserve(p);
+        self.apply_told();
+    }
+    #[inline]
+    fn uncharge(&mut self, owner: SockId, len: usize, msgs: u32) {
+        self.h.uncharge(owner, len, msgs);
+    }
+
+    /// Raise PsockTransmit if the psock has bytes, no chunk out, and was not
+    /// told since its last `tx_begin`.
+    fn kick(&mut self, p: PsockId) {
+        if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
+            if ps.tx == Tx::Idle && !ps.tx_queue.is_empty() {
+                ps.tx = Tx::Kicked;
+                self.h.events.push_back(Event::PsockTransmit(p));
+            }
+        }
+    }
+
+    /// Raise `PsockTransmit` for `p` if it has bytes queued and no chunk out
+    /// (for a writer that completed a chunk later than it wrote it, and so
+    /// did not take the next one in the same step).
+    pub fn tx_kick(&mut self, p: PsockId) {
+        self.kick(p);
+    }
+
+    /// `TxPolicy::LeastOutstanding`: psock `p` can no longer answer (its
+    /// receive side failed or closed), so its messages not yet started go
+    /// back to their sockets, in order, to be placed on the others.
+    fn tx_take_back(&mut self, p: PsockId) {
+        if self.h.config.tx_policy != TxPolicy::LeastOutstanding {
+            return;
+        }
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
+        let back = ps.take_back_balanced();
+        // Owners in the order the last of their messages was queued (as
+        // they are given back from the tail).
+        let mut owners: Vec<SockId> = Vec::new();
+        for m in back.iter().rev() {
+            if !owners.contains(&m.owner) {
+                owners.push(m.owner);
+            }
+        }
+        for &s in &owners {
+            self.h.sk.give_back(s, back.iter().filter(|m| m.owner == s).map(|m| m.data.clone()));
+        }
+        for s in owners {
+            self.tx_push(s);
+        }
+    }
+
+    /// The bytes to write next on psock `p`, or None. Marks the psock busy until
+    /// `tx_complete`/`tx_failed`: one writer at a time.
+    ///
+    /// After `tx_complete`, call `tx_begin` again: it returns the rest of a
+    /// short write and whatever was queued meanwhile. `PsockTransmit` is raised
+    /// only for a psock with no chunk out.
+    pub fn tx_begin(&mut self, p: PsockId) -> Option<TxChunk> {
+        let mut slices = Vec::new();
+        self.tx_begin_into(p, &mut slices).then_some(TxChunk { slices })
+    }
+
+    /// [`Mux::tx_begin`] into the caller's vector (cleared first), so a driver
+    /// that writes many times reuses one allocation. Returns whether there is
+    /// a chunk to write.
+    pub fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
+        slices.clear();
+        self.o.psocks.get_mut(p.index, p.generation).is_some_and(|ps| ps.poll_transmit(slices))
+    }
+    /// `n` bytes of the chunk were written (a short write keeps the rest first).
+    pub fn tx_complete(&mut self, p: PsockId, n: usize) {
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else {
+            return self.released_complete(p, n);
+        };
+        let Some(inflight) = ps.tx.end_chunk() else { return };
+        let backlog_before = ps.tx_addr_bytes;
+        let mut wrote = Wrote::default();
+        let last = ps.on_written(inflight, n, self.o.now, &mut self.o.tx_done, &mut wrote);
+        // The peer read its replies: read it again.
+        let resume = psock::backlog_drained(&self.h.config, backlog_before, ps.tx_addr_bytes);
+        let release = self.h.sk.written(p, wrote.rsvd, wrote.addr_bytes);
+        if resume {
+            self.rx_resume(p);
+        }
+        if let Some(last) = last {
+            for i in 0..self.o.tx_done.len() {
+                let (owner, len, msgs) = self.o.tx_done[i];
+                self.uncharge(owner, len, msgs);
+            }
+            self.o.tx_done.clear();
+            let (owner, len, msgs) = last;
+            self.uncharge(owner, len, msgs);
+        }
+        if release {
+            self.unreserve(p);
+        }
+        self.check_drained(p);
+    }
+    /// The writer of a chunk that was out when its psock was unattached
+    /// ([`OutAtRelease`]) wrote `n` bytes of it: its addressed messages
+    /// written whole are sent, the others dropped, into the folded totals.
+    fn released_complete(&mut self, p: PsockId, n: usize) {
+        let Some(i) = self.o.out_at_release.iter().position(|o| o.p == p) else { return };
+        let out = self.o.out_at_release.swap_remove(i);
+        let mut left = n;
+        for m in out.msgs {
+            match m {
+                Err(len) => left = left.saturating_sub(len),
+                Ok(m) => {
+                    let want = m.data.len() - m.sent;
+                    let k = left.min(want);
+                    left -= k;
+                    self.h.folded.tx_bytes += k as u64;
+                    if k == want {
+                        self.h.folded.tx_msgs += u64::from(m.msgs);
+                    } else {
+                        self.h.folded.tx_addressed_drops += u64::from(m.msgs);
+                    }
+                    self.uncharge(m.owner, m.data.len(), m.msgs);
+                }
+            }
+        }
+    }
+    /// The write failed with a hard error: abort the psock's transmit, resend the
+    /// message in progress whole on another psock (tx_retries, tx_aborts).
+    pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
+        match self.o.psocks.get(p.index, p.generation) {
+            Some(ps) if ps.tx != Tx::Stopped => self.tx_abort(p, errno),
+            _ => {}
+        }
+    }
+
+    /// Stop a psock's transmit for good: tx_aborts, PsockFailed(Tx), its
+    /// messages given back (KCM `kcm_abort_tx_psock` + retry).
+    fn tx_abort(&mut self, p: PsockId, errno: i32) {
+        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("live");
+        let inflight = ps.tx.inflight();
+        ps.tx = Tx::Stopped;
+        ps.life = Life::Failed;
+        ps.stats.tx_aborts += 1;
+        self.h.sk.stop_tx(p);
+        self.h.events.push_back(Event::PsockFailed(p, PsockError::Tx(errno)));
+        self.tx_evacuate(p, false, inflight);
+    }
+
+    /// Empty a psock's transmit queue that will not be written: the reserving
+    /// socket's messages go back to the head of its queue, in order, to be
+    /// sent whole elsewhere (tx_retries for each one already started);
+    /// addressed messages are dropped (tx_addressed_drops). With `writer_out`
+    /// (an unattach while a writer has the chunk), the chunk's addressed
+    /// messages wait for the writer's report instead ([`OutAtRelease`]).
+    /// `inflight`: the messages of the chunk that was out (its state is the
+    /// caller's to have set: `Stopped`, or `Idle` for an unattach).
+    fn tx_evacuate(&mut self, p: PsockId, writer_out: bool, inflight: usize) {
+        let kcm = self.h.sk.unreserve(p);
+        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("live");
+        let ev = ps.evacuate(writer_out, inflight);
+        if let Some(sh) = self.h.sk.share_mut(p) {
+            sh.addr_gone(ev.addr_bytes);
+        }
+        if !ev.out.is_empty() && ev.out.iter().any(Result::is_ok) {
+            self.o.out_at_release.push(OutAtRelease { p, msgs: ev.out });
+        }
+        let mut back = Vec::new();
+        let mut rebalance: Vec<(SockId, Bytes)> = Vec::new();
+        for (m, started) in ev.placed {
+            let live_owner = self.h.sk.socks.get(m.owner.index, m.owner.generation).is_some();
+            let resend = match m.placed {
+                Placed::Balanced => live_owner,
+                _ => live_owner && Some(m.owner) == kcm,
+            };
+            if !resend {
+                self.uncharge(m.owner, m.data.len(), m.msgs);
+                continue;
+            }
+            self.h.counters.tx_retries += u64::from(started);
+            match m.placed {
+                Placed::Balanced => rebalance.push((m.owner, m.data)),
+                _ => back.push(m.data),
+            }
+        }
+        for (owner, len, msgs) in ev.dropped {
+            self.uncharge(owner, len, msgs);
+        }
+        if let Some(s) = kcm {
+            if self.h.sk.give_back(s, back.into_iter()) {
+                self.tx_push(s);
+            }
+        }
+        if !rebalance.is_empty() {
+            let mut owners: Vec<SockId> = Vec::new();
+            for (s, _) in rebalance.iter().rev() {
+                if !owners.contains(s) {
+                    owners.push(*s);
+                }
+            }
+            for &s in &owners {
+                self.h.sk.give_back(s, rebalance.iter().filter(|(o, _)| *o == s).map(|(_, d)| d.clone()));
+            }
+            for s in owners {
+                self.tx_push(s);
+            }
+        }
+    }
+    /// Abort, with ETIMEDOUT, every psock whose message's deadline is at or
+    /// before `now`, earliest deadline first. Costs O(log n) per deadline that
+    /// expires (plus stale entries dropped on the way), not a walk of every
+    /// psock.
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        self.note_time(now);
+        while let Some((index, generation, armed)) = self.o.deadlines.pop_due(now) {
+            let p = pid((index, generation));
+            let Some(ps) = self.o.psocks.get_mut(index, generation) else { continue };
+            if ps.timer != Some(armed) {
+                continue; // stale: cleared, re-armed, or another psock in the slot
+            }
+            self.o.deadlines.fired(&mut ps.timer);
+            if ps.rx_running() && ps.held_back(&self.h.config, self.h.mem_paused(p)) {
+                // The server is not reading this psock (its replies backed
+                // up, its messages not taken, the memory budget): the time
+                // is the server's. The deadline runs again, in full, when
+                // reading resumes (`rx_resume`).
+                ps.stream.hold_deadline();
+                self.sync_deadline(p);
+                continue;
+            }
+            if let Err(e) = ps.stream.check_timeout(now) {
+                if matches!(ps.life, Life::Open | Life::PeerClosed) {
+                    ps.life = Life::Failed;
+                    self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
+                }
+                self.h.sk.no_answers(p);
+                self.tx_take_back(p);
+            }
+            self.sync_deadline(p);
+            self.recount_only(p);
+        }
+        self.clean_deadlines();
+        if self.o.scan_next.is_some_and(|t| t <= now) {
+            self.scan_psock_deadlines(now);
+        }
+        if self.h.mem_next.is_some_and(|t| t <= now) {
+            self.mem_check(now);
+        }
+    }
+    /// Psock `p` is read again after the server held it back: its current
+    /// message's assembly deadline restarts from now (the peer gets its
+    /// whole timeout to send the rest), and the driver is told to read
+    /// (`PsockRxResume`).
+    fn rx_resume(&mut self, p: PsockId) {
+        // Held until the next call that carries the time (this one may
+        // carry none, and the mux's last reading may be older than the
+        // timeout): `poll_timeout` asks for that call at once.
+        if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
+            ps.stream.hold_deadline();
+            self.o.restarts.push(p);
+        }
+        self.sync_deadline(p);
+        self.h.events.push_back(Event::PsockRxResume(p));
+    }
+
+    // ---- events and statistics ----
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.h.events.pop_front()
     }
 }
 

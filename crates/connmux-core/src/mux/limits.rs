@@ -65,7 +65,7 @@ use std::time::Duration;
 
 use super::hub::Hub;
 use super::sockets::ToPsock;
-use super::{Event, Life, Mux, PsockError, PsockId, RxError};
+use super::{Event, Life, MuxRef, MuxView, PsockError, PsockId, RxError};
 use crate::time::Timestamp;
 
 /// Whether the memory budget lets a psock be read.
@@ -270,7 +270,7 @@ impl Hub {
     }
 }
 
-impl Mux {
+impl<'a> MuxView<'a> {
     /// [`Hub::mem_room`].
     #[inline]
     pub(super) fn mem_room(&self) -> usize {
@@ -283,6 +283,42 @@ impl Mux {
         self.h.mem_total()
     }
 
+    /// [`Mux::memory_used`] as the budget counts it (kept as reads go);
+    /// the two are equal at all times.
+    #[doc(hidden)]
+    pub fn memory_counted(&self) -> usize {
+        self.h.mem_total()
+    }
+
+    /// Whether the memory budget is over its limit now (psocks holding much
+    /// are paused, reads are at most what is left or [`MEM_FLOOR`]): a
+    /// driver whose receives run ahead of the core (io_uring's multishot
+    /// receive) then receives one buffer at a time.
+    pub fn mem_tight(&self) -> bool {
+        self.h.mem_over
+    }
+
+    /// Whether psock `p` is paused by the memory budget now.
+    pub fn mem_paused(&self, p: PsockId) -> bool {
+        self.psock(p).is_ok() && self.h.mem_paused(p)
+    }
+
+    /// The psock that has been idle longest (nothing received, nothing being
+    /// written), and for how long at `now`: the one a server at its
+    /// connection cap lets go to take a new connection, so that idle
+    /// connections cannot hold every slot (`connmux::Service`). O(psocks);
+    /// asked only at the cap.
+    pub fn idlest(&self, now: Timestamp) -> Option<(PsockId, Duration)> {
+        self.o
+            .psocks
+            .iter()
+            .filter(|(_, _, ps)| !ps.life.rx_over() && !ps.tx.busy())
+            .min_by_key(|(i, g, ps)| (ps.last_active, *i, *g))
+            .map(|(i, g, ps)| (PsockId { index: i, generation: g }, now.since(ps.last_active)))
+    }
+}
+
+impl MuxRef<'_> {
     /// Bring psock `p`'s count in the budget up to date.
     #[inline]
     pub(super) fn recount_only(&mut self, p: PsockId) {
@@ -326,31 +362,11 @@ impl Mux {
         self.recount_only(p);
     }
 
-    /// [`Mux::memory_used`] as the budget counts it (kept as reads go);
-    /// the two are equal at all times.
-    #[doc(hidden)]
-    pub fn memory_counted(&self) -> usize {
-        self.h.mem_total()
-    }
-
     /// After a socket's queue was read: paused psocks may read again.
     #[inline]
     pub(super) fn mem_after_read(&mut self) {
         self.h.mem_after_read(self.o.now);
         self.apply_told();
-    }
-
-    /// Whether the memory budget is over its limit now (psocks holding much
-    /// are paused, reads are at most what is left or [`MEM_FLOOR`]): a
-    /// driver whose receives run ahead of the core (io_uring's multishot
-    /// receive) then receives one buffer at a time.
-    pub fn mem_tight(&self) -> bool {
-        self.h.mem_over
-    }
-
-    /// Whether psock `p` is paused by the memory budget now.
-    pub fn mem_paused(&self, p: PsockId) -> bool {
-        self.psock(p).is_ok() && self.h.mem_paused(p)
     }
 
     // ---- idle and handshake deadlines ----
@@ -421,20 +437,6 @@ impl Mux {
             self.scan_at(t);
         }
         Ok(())
-    }
-
-    /// The psock that has been idle longest (nothing received, nothing being
-    /// written), and for how long at `now`: the one a server at its
-    /// connection cap lets go to take a new connection, so that idle
-    /// connections cannot hold every slot (`connmux::Service`). O(psocks);
-    /// asked only at the cap.
-    pub fn idlest(&self, now: Timestamp) -> Option<(PsockId, Duration)> {
-        self.o
-            .psocks
-            .iter()
-            .filter(|(_, _, ps)| !ps.life.rx_over() && !ps.tx.busy())
-            .min_by_key(|(i, g, ps)| (ps.last_active, *i, *g))
-            .map(|(i, g, ps)| (PsockId { index: i, generation: g }, now.since(ps.last_active)))
     }
 
     /// One pass over the psocks: fail those past their handshake deadline or

@@ -172,10 +172,7 @@ impl Psock {
     /// messages (`PsockRxResume` when that ends).
     #[inline]
     pub(super) fn held_back(&self, config: &MuxConfig, mem_paused: bool) -> bool {
-        self.ready.is_some()
-            || self.readers_hold
-            || mem_paused
-            || self.tx_addr_bytes >= backlog_pause(config)
+        self.ready.is_some() || self.readers_hold || mem_paused || self.tx_addr_bytes >= backlog_pause(config)
     }
 
     /// It can still answer what is placed on it: its transmit not stopped,
