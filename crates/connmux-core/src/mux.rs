@@ -89,11 +89,11 @@ mod sockets;
 pub use limits::{AHEAD_QUIET, MEM_FLOOR};
 mod slab;
 use deadlines::Deadlines;
-use hub::Hub;
+pub use hub::Hub;
 use psock::{DropOwner, Life, Psock, Tx, Wrote};
-use slab::Slab;
+use slab::Keyed;
 use sock::Sock;
-use sockets::{Share, Sockets, ToPsock};
+use sockets::{Share, ToPsock};
 
 /// KCM socket type (`socket(AF_KCM, type, 0)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -534,9 +534,12 @@ pub struct Mux {
 
 /// What the owner of the psocks holds: the psocks themselves, their
 /// deadlines and the bookkeeping of their writers.
-struct Owned {
-    /// What each attached connection owns.
-    psocks: Slab<Psock>,
+pub struct Owned {
+    /// Its tag: the hub's share of each of its psocks names it, and what is
+    /// told to them comes here.
+    id: u32,
+    /// What each attached connection owns, under the hub's ids.
+    psocks: Keyed<Psock>,
     /// Assembly deadlines of the psocks, earliest first.
     deadlines: Deadlines,
     /// The latest time any call told us.
@@ -577,6 +580,43 @@ pub(super) fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// What the hub told a psock that another owner holds ([`Hub::take_away`]),
+/// for the runtime to post to that owner, which applies it
+/// ([`MuxRef::apply_told_here`]).
+#[derive(Debug)]
+pub struct Told {
+    owner: u32,
+    t: ToPsock,
+}
+
+impl Told {
+    /// The owner to post it to ([`Owned::new`]'s tag).
+    pub fn owner(&self) -> u32 {
+        self.owner
+    }
+    /// The psock told.
+    pub fn psock(&self) -> PsockId {
+        self.t.psock()
+    }
+}
+
+impl Owned {
+    /// The psocks of owner `id` (a tag of the caller's choice, the same for
+    /// no two owners of one hub): none yet.
+    pub fn new(id: u32) -> Owned {
+        Owned {
+            id,
+            psocks: Keyed::default(),
+            deadlines: Deadlines::default(),
+            now: Timestamp::ZERO,
+            restarts: Vec::new(),
+            out_at_release: Vec::new(),
+            scan_next: None,
+            tx_done: Vec::new(),
+        }
+    }
+}
+
 /// A mux to read: one owner's psocks and the hub (the whole mux when the
 /// owner is the only one: [`Mux`]).
 #[derive(Clone, Copy)]
@@ -594,40 +634,38 @@ pub struct MuxRef<'a> {
     h: &'a mut Hub,
 }
 
-impl MuxRef<'_> {
+impl<'a> MuxRef<'a> {
+    /// Owner `o`'s psocks and hub `h`, to change.
+    #[inline]
+    pub fn new(o: &'a mut Owned, h: &'a mut Hub) -> MuxRef<'a> {
+        MuxRef { o, h }
+    }
+
     #[inline]
     fn v(&self) -> MuxView<'_> {
         MuxView { o: self.o, h: self.h }
+    }
+
+    /// Apply what the hub told this owner's psock while another owner held
+    /// the hub ([`Hub::take_away`]), in the order it was told.
+    pub fn apply_told_here(&mut self, t: Told) {
+        debug_assert_eq!(t.owner, self.o.id, "told to another owner");
+        self.apply(t.t);
+        self.apply_told();
+    }
+}
+
+impl<'a> MuxView<'a> {
+    /// Owner `o`'s psocks and hub `h`, to read.
+    #[inline]
+    pub fn new(o: &'a Owned, h: &'a Hub) -> MuxView<'a> {
+        MuxView { o, h }
     }
 }
 
 impl Mux {
     pub fn new(config: MuxConfig) -> Mux {
-        let max_msg_peak = config.max_msg_size;
-        Mux {
-            o: Owned {
-                psocks: Slab::new(),
-                deadlines: Deadlines::default(),
-                now: Timestamp::ZERO,
-                restarts: Vec::new(),
-                out_at_release: Vec::new(),
-                scan_next: None,
-                tx_done: Vec::new(),
-            },
-            h: Hub {
-                config,
-                sk: Sockets::default(),
-                events: VecDeque::new(),
-                counters: MuxCounters::default(),
-                folded: PsockStats::default(),
-                max_msg_peak,
-                rx_held_sum: 0,
-                mem_over: false,
-                mem_peak: 0,
-                mem_next: None,
-                tx_last: u32::MAX,
-            },
-        }
+        Mux { o: Owned::new(0), h: Hub::new(config) }
     }
 
     /// The mux to read.
@@ -1652,7 +1690,8 @@ impl MuxRef<'_> {
         let read_ahead = self.h.config.psock_rx_buf.max(1);
         self.h.max_msg_peak = self.h.max_msg_peak.max(max_msg_size);
         let stream = StreamParser::new(parser, StreamLimits { max_msg_size, assembly_timeout, read_ahead });
-        let p = pid(self.o.psocks.insert(Psock {
+        let p = self.h.sk.add_share(self.o.id);
+        let ps = Psock {
             stream,
             affinity: cfg.affinity,
             rx_last: None,
@@ -1671,8 +1710,8 @@ impl MuxRef<'_> {
             ahead_since: None,
             record_timeouts: 0,
             stats: PsockStats::default(),
-        }));
-        self.h.sk.add_share(p);
+        };
+        self.o.psocks.insert_at(p.index, p.generation, ps);
         self.h.counters.psock_attach += 1;
         self.arm_idle(self.o.now);
         // To the first socket waiting to transmit, else the tail of the LRU list.
@@ -2176,7 +2215,12 @@ impl MuxRef<'_> {
         while !self.h.sk.told.is_empty() {
             let mut told = std::mem::take(&mut self.h.sk.told);
             for t in told.drain(..) {
-                self.apply(t);
+                // What is for another owner's psock waits for the runtime
+                // to post it there (never with one owner).
+                match self.h.sk.owner(t.psock()) {
+                    Some(o) if o != self.o.id => self.h.away.push(Told { owner: o, t }),
+                    _ => self.apply(t),
+                }
             }
             // (Keep the list's memory: told again on the next call. What
             // applying told meanwhile is applied in the next round, in order.)

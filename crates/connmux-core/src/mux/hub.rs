@@ -15,7 +15,9 @@ use bytes::{Bytes, BytesMut};
 
 use super::sock::Sock;
 use super::sockets::{Sockets, ToPsock};
-use super::{Event, MuxConfig, MuxCounters, MuxError, Placed, PsockId, SendFlags, SockId, SockType, TxMsg, TxPolicy};
+use super::{
+    Event, MuxConfig, MuxCounters, MuxError, Placed, PsockId, SendFlags, SockId, SockType, Told, TxMsg, TxPolicy,
+};
 use crate::stats::PsockStats;
 use crate::time::Timestamp;
 
@@ -27,7 +29,7 @@ const SNDBUF_SHARE: usize = 8;
 /// What every psock shares: the KCM sockets and the mux's lists, the
 /// events for the application, the mux's counters and the memory budget's
 /// sum.
-pub(super) struct Hub {
+pub struct Hub {
     pub(super) config: MuxConfig,
     pub(super) sk: Sockets,
     pub(super) events: VecDeque<Event>,
@@ -47,9 +49,38 @@ pub(super) struct Hub {
     /// `TxPolicy::LeastOutstanding`: the index of the psock chosen last (ties
     /// go to the next one).
     pub(super) tx_last: u32,
+    /// What was told to psocks of owners other than the one whose call
+    /// told it, in order, until the runtime takes it ([`Hub::take_away`]).
+    pub(super) away: Vec<Told>,
 }
 
 impl Hub {
+    /// The shared half of a mux with `config`: no sockets, no psocks.
+    pub fn new(config: MuxConfig) -> Hub {
+        let max_msg_peak = config.max_msg_size;
+        Hub {
+            config,
+            sk: Sockets::default(),
+            events: VecDeque::new(),
+            counters: MuxCounters::default(),
+            folded: PsockStats::default(),
+            max_msg_peak,
+            rx_held_sum: 0,
+            mem_over: false,
+            mem_peak: 0,
+            mem_next: None,
+            tx_last: u32::MAX,
+            away: Vec::new(),
+        }
+    }
+
+    /// What calls told psocks of owners other than the caller, in order:
+    /// post each to its owner ([`Told::owner`]), which applies it with
+    /// [`super::MuxRef::apply_told_here`]. Always empty with one owner.
+    pub fn take_away(&mut self) -> Vec<Told> {
+        std::mem::take(&mut self.away)
+    }
+
     #[inline]
     pub(super) fn sock(&self, s: SockId) -> Result<&Sock, MuxError> {
         self.sk.socks.get(s.index, s.generation).ok_or(MuxError::BadSock)

@@ -1,7 +1,8 @@
 //! A slab whose ids carry a generation: a stale id is an error, never a reused
 //! slot (KCM's use-after-free history is about exactly that). Free slots are
 //! reused lowest first, which also gives KCM's "lowest unused index" for the
-//! `kcm-N` / `psock-N` names.
+//! `kcm-N` / `psock-N` names. [`Keyed`] keeps values under ids a slab
+//! handed out elsewhere.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -82,6 +83,72 @@ impl<T> Slab<T> {
     /// [`Slab::iter`] with the values mutable.
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (u32, u32, &mut T)> {
         self.slots.iter_mut().enumerate().filter_map(|(i, s)| s.value.as_mut().map(|v| (i as u32, s.generation, v)))
+    }
+}
+
+/// Values kept under ids another slab handed out (one owner's psocks under
+/// the hub's psock ids), by id index: a hole costs a pointer, so an owner
+/// holding few of many ids stays small.
+pub(crate) struct Keyed<T> {
+    slots: Vec<Option<(u32, Box<T>)>>,
+    len: usize,
+}
+
+impl<T> Default for Keyed<T> {
+    fn default() -> Self {
+        Keyed { slots: Vec::new(), len: 0 }
+    }
+}
+
+impl<T> Keyed<T> {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Keep `value` under id (`index`, `generation`), which must be free.
+    pub(crate) fn insert_at(&mut self, index: u32, generation: u32, value: T) {
+        let i = index as usize;
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, || None);
+        }
+        assert!(self.slots[i].is_none(), "id {index} kept twice");
+        self.slots[i] = Some((generation, Box::new(value)));
+        self.len += 1;
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, index: u32, generation: u32) -> Option<&T> {
+        match self.slots.get(index as usize) {
+            Some(Some((g, v))) if *g == generation => Some(v),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get_mut(&mut self, index: u32, generation: u32) -> Option<&mut T> {
+        match self.slots.get_mut(index as usize) {
+            Some(Some((g, v))) if *g == generation => Some(v),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn remove(&mut self, index: u32, generation: u32) -> Option<T> {
+        let slot = self.slots.get_mut(index as usize)?;
+        if slot.as_ref().is_none_or(|(g, _)| *g != generation) {
+            return None;
+        }
+        self.len -= 1;
+        slot.take().map(|(_, v)| *v)
+    }
+
+    /// Live entries in index order: (index, generation, value).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u32, &T)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|(g, v)| (i as u32, *g, &**v)))
+    }
+
+    /// [`Keyed::iter`] with the values mutable.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (u32, u32, &mut T)> {
+        self.slots.iter_mut().enumerate().filter_map(|(i, s)| s.as_mut().map(|(g, v)| (i as u32, *g, &mut **v)))
     }
 }
 

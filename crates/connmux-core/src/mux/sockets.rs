@@ -39,7 +39,7 @@ pub(super) struct Sockets {
     /// Sockets waiting for a psock, FIFO (`kcm_tx_waiters`).
     pub(super) tx_waiters: VecDeque<SockId>,
     /// Each attached psock's [`Share`], by its index.
-    shares: Vec<Option<Share>>,
+    shares: Slab<Share>,
     /// What operations on the sockets alone have to tell psocks' owners, in
     /// order (the mux applies them after each call: [`ToPsock`]).
     pub(super) told: Vec<ToPsock>,
@@ -82,6 +82,24 @@ pub(super) enum ToPsock {
     Kick(PsockId),
 }
 
+impl ToPsock {
+    /// The psock told.
+    pub(super) fn psock(&self) -> PsockId {
+        match *self {
+            ToPsock::Resume(p)
+            | ToPsock::ReadersDone(p)
+            | ToPsock::Queue(p, _)
+            | ToPsock::Offered { p, .. }
+            | ToPsock::DropOwner { p, .. }
+            | ToPsock::Unattach(p)
+            | ToPsock::MemPaused(p)
+            | ToPsock::MemResumed(p)
+            | ToPsock::MemAbort { p, .. }
+            | ToPsock::Kick(p) => p,
+        }
+    }
+}
+
 /// What the sockets' side keeps of one psock: its messages in the hands of
 /// readers, its reservation, and what the psock reported of its transmit
 /// side (its addressed backlog, messages placed on it and received from it,
@@ -90,7 +108,9 @@ pub(super) enum ToPsock {
 /// the sockets' side decides from it and never reads the psock.
 #[derive(Debug)]
 pub(super) struct Share {
-    generation: u32,
+    /// Which owner holds the psock ([`super::Owned`]'s tag): what is told
+    /// to the psock goes there.
+    pub(super) owner: u32,
     /// Its messages waiting in sockets' receive queues (or the hold queue),
     /// not yet taken by a reader (`MuxConfig::psock_queued_max`).
     pub(super) queued: usize,
@@ -185,14 +205,11 @@ impl Share {
 }
 
 impl Sockets {
-    /// A psock was attached: its share starts empty.
-    pub(super) fn add_share(&mut self, p: PsockId) {
-        let i = p.index as usize;
-        if self.shares.len() <= i {
-            self.shares.resize_with(i + 1, || None);
-        }
-        self.shares[i] = Some(Share {
-            generation: p.generation,
+    /// A psock is attached, to be held by owner `owner`: its id, and its
+    /// share, empty.
+    pub(super) fn add_share(&mut self, owner: u32) -> PsockId {
+        let (index, generation) = self.shares.insert(Share {
+            owner,
             queued: 0,
             queued_full: false,
             holds: 0,
@@ -210,14 +227,11 @@ impl Sockets {
             counted: 0,
             mem: MemState::Reading,
         });
+        PsockId { index, generation }
     }
     /// A psock was unattached: its share, off the list of free psocks.
     pub(super) fn remove_share(&mut self, p: PsockId) -> Option<Share> {
-        let slot = self.shares.get_mut(p.index as usize)?;
-        if slot.as_ref().is_none_or(|sh| sh.generation != p.generation) {
-            return None;
-        }
-        let sh = slot.take()?;
+        let sh = self.shares.remove(p.index, p.generation)?;
         if sh.in_avail {
             self.psocks_avail.retain(|x| *x != p);
         }
@@ -225,32 +239,32 @@ impl Sockets {
     }
     #[inline]
     pub(super) fn shares_mut(&mut self) -> impl Iterator<Item = (PsockId, &mut Share)> {
-        self.shares.iter_mut().enumerate().filter_map(|(i, sh)| {
-            let sh = sh.as_mut()?;
-            Some((PsockId { index: i as u32, generation: sh.generation }, sh))
-        })
+        self.shares.iter_mut().map(|(index, generation, sh)| (PsockId { index, generation }, sh))
     }
+    #[inline]
     pub(super) fn share(&self, p: PsockId) -> Option<&Share> {
-        self.shares.get(p.index as usize)?.as_ref().filter(|sh| sh.generation == p.generation)
+        self.shares.get(p.index, p.generation)
     }
     #[inline]
     pub(super) fn share_mut(&mut self, p: PsockId) -> Option<&mut Share> {
-        self.shares.get_mut(p.index as usize)?.as_mut().filter(|sh| sh.generation == p.generation)
+        self.shares.get_mut(p.index, p.generation)
     }
     /// Socket `s` and psock `p`'s share together (an addressed send looks
     /// at both once).
     #[inline]
     pub(super) fn sock_and_share(&mut self, s: SockId, p: PsockId) -> Option<(&mut Sock, &mut Share)> {
         let sock = self.socks.get_mut(s.index, s.generation)?;
-        let sh = self.shares.get_mut(p.index as usize)?.as_mut().filter(|sh| sh.generation == p.generation)?;
+        let sh = self.shares.get_mut(p.index, p.generation)?;
         Some((sock, sh))
     }
     /// The shares of the attached psocks, with their ids.
     pub(super) fn shares(&self) -> impl Iterator<Item = (PsockId, &Share)> {
-        self.shares
-            .iter()
-            .enumerate()
-            .filter_map(|(i, sh)| sh.as_ref().map(|sh| (PsockId { index: i as u32, generation: sh.generation }, sh)))
+        self.shares.iter().map(|(index, generation, sh)| (PsockId { index, generation }, sh))
+    }
+    /// The owner holding psock `p` (`None`: not attached).
+    #[inline]
+    pub(super) fn owner(&self, p: PsockId) -> Option<u32> {
+        self.share(p).map(|sh| sh.owner)
     }
     /// `TxPolicy::LeastOutstanding`: the psock that can still answer with
     /// the fewest outstanding messages; among equals, the first after index
