@@ -580,26 +580,6 @@ pub(super) fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// What the hub told a psock that another owner holds ([`Hub::take_away`]),
-/// for the runtime to post to that owner, which applies it
-/// ([`MuxRef::apply_told_here`]).
-#[derive(Debug)]
-pub struct Told {
-    owner: u32,
-    t: ToPsock,
-}
-
-impl Told {
-    /// The owner to post it to ([`Owned::new`]'s tag).
-    pub fn owner(&self) -> u32 {
-        self.owner
-    }
-    /// The psock told.
-    pub fn psock(&self) -> PsockId {
-        self.t.psock()
-    }
-}
-
 impl Owned {
     /// The psocks of owner `id` (a tag of the caller's choice, the same for
     /// no two owners of one hub): none yet.
@@ -646,11 +626,12 @@ impl<'a> MuxRef<'a> {
         MuxView { o: self.o, h: self.h }
     }
 
-    /// Apply what the hub told this owner's psock while another owner held
-    /// the hub ([`Hub::take_away`]), in the order it was told.
-    pub fn apply_told_here(&mut self, t: Told) {
-        debug_assert_eq!(t.owner, self.o.id, "told to another owner");
-        self.apply(t.t);
+    /// Apply what the hub told this owner's psocks while other owners (or
+    /// application threads) held it, in the order it was told: what an
+    /// owner does when the hub asked for it to be woken
+    /// ([`Hub::take_wakes`]). Every call through this `MuxRef` that tells
+    /// anything does it too.
+    pub fn apply_pending(&mut self) {
         self.apply_told();
     }
 }
@@ -1314,7 +1295,7 @@ impl<'a> MuxView<'a> {
                 return Err(format!("{p:?}: (backlog, received, answers) {mine:?}, its share {told:?}"));
             }
         }
-        let shares = self.h.sk.shares().count();
+        let shares = self.h.sk.shares().filter(|(_, sh)| sh.owner == self.o.id).count();
         if shares != self.o.psocks.len() {
             return Err(format!("{shares} shares for {} psocks", self.o.psocks.len()));
         }
@@ -1722,6 +1703,10 @@ impl MuxRef<'_> {
     /// dropped (rx_ready_drops); a partly written message is resent whole on
     /// another psock (psock_unattach_rsvd).
     pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
+        // What was told to this owner's psocks before goes first: a message
+        // for `p` still waiting would otherwise reach it during its
+        // evacuation (below) and leave with it, never written nor uncharged.
+        self.apply_told();
         let reserved = self.h.sk.share(p).is_some_and(|sh| sh.tx_kcm.is_some());
         let ps = self.psock_mut(p)?;
         ps.stream.stop();
@@ -2212,20 +2197,24 @@ impl MuxRef<'_> {
     /// Apply what the sockets' side told psocks ([`ToPsock`]), in order.
     #[inline]
     fn apply_told(&mut self) {
-        while !self.h.sk.told.is_empty() {
-            let mut told = std::mem::take(&mut self.h.sk.told);
-            for t in told.drain(..) {
-                // What is for another owner's psock waits for the runtime
-                // to post it there (never with one owner).
-                match self.h.sk.owner(t.psock()) {
-                    Some(o) if o != self.o.id => self.h.away.push(Told { owner: o, t }),
-                    _ => self.apply(t),
-                }
+        let me = self.o.id;
+        loop {
+            self.h.route_told(me);
+            // All that waits now, in order; what applying it tells comes
+            // in the next round (a nested call applies only that).
+            let Some(q) = self.h.pending_for(me) else { return };
+            if q.is_empty() {
+                return;
             }
-            // (Keep the list's memory: told again on the next call. What
-            // applying told meanwhile is applied in the next round, in order.)
-            if self.h.sk.told.is_empty() {
-                self.h.sk.told = told;
+            let mut batch = std::mem::take(q);
+            for t in batch.drain(..) {
+                self.apply(t);
+            }
+            // (Keep the queue's memory: told again on the next call.)
+            if let Some(q) = self.h.pending_for(me) {
+                if q.is_empty() {
+                    *q = batch;
+                }
             }
         }
     }
@@ -2242,8 +2231,23 @@ impl MuxRef<'_> {
             }
             ToPsock::ReadersDone(p) => self.check_drained(p),
             ToPsock::Queue(p, m) => match self.o.psocks.get_mut(p.index, p.generation) {
-                Some(ps) => ps.queue(m),
-                None => self.h.unplaced(m),
+                Some(ps) if ps.tx != Tx::Stopped => ps.queue(m),
+                // Its transmit stopped after the message was placed (a
+                // runtime's owner applies this later): as if it had been
+                // on the queue then.
+                Some(_) => {
+                    if m.addressed() {
+                        if let Some(sh) = self.h.sk.share_mut(p) {
+                            sh.addr_gone(m.data.len());
+                        }
+                    }
+                    self.h.unplaced(m);
+                    self.apply_told();
+                }
+                None => {
+                    self.h.unplaced(m);
+                    self.apply_told();
+                }
             },
             ToPsock::Kick(p) => self.kick(p),
             ToPsock::MemPaused(p) => {
@@ -2396,8 +2400,20 @@ impl MuxRef<'_> {
                 return Err(e);
             }
         };
-        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("checked");
-        ps.queue(TxMsg::new(msg, s, Placed::Addressed, msgs));
+        let m = TxMsg::new(msg, s, Placed::Addressed, msgs);
+        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else {
+            // Another owner's psock: the message goes to it as told.
+            self.h.sk.told.push(ToPsock::Queue(p, m));
+            if !batch {
+                if kick {
+                    self.h.kick(p);
+                }
+                self.h.after_addressed(s, queued, held);
+            }
+            self.apply_told();
+            return Ok(());
+        };
+        ps.queue(m);
         if !batch {
             if kick {
                 self.kick(p);

@@ -15,9 +15,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::sock::Sock;
 use super::sockets::{Sockets, ToPsock};
-use super::{
-    Event, MuxConfig, MuxCounters, MuxError, Placed, PsockId, SendFlags, SockId, SockType, Told, TxMsg, TxPolicy,
-};
+use super::{Event, MuxConfig, MuxCounters, MuxError, Placed, PsockId, SendFlags, SockId, SockType, TxMsg, TxPolicy};
 use crate::stats::PsockStats;
 use crate::time::Timestamp;
 
@@ -49,9 +47,14 @@ pub struct Hub {
     /// `TxPolicy::LeastOutstanding`: the index of the psock chosen last (ties
     /// go to the next one).
     pub(super) tx_last: u32,
-    /// What was told to psocks of owners other than the one whose call
-    /// told it, in order, until the runtime takes it ([`Hub::take_away`]).
-    pub(super) away: Vec<Told>,
+    /// What was told to each owner's psocks and not yet applied, in order,
+    /// by owner tag: an owner applies its queue at its next call, or when
+    /// woken for it ([`Hub::take_wakes`]). The only way anything crosses
+    /// from one owner (or an application thread) to another's psock.
+    pub(super) pending: Vec<VecDeque<ToPsock>>,
+    /// Owners whose queue in `pending` became non-empty since the last
+    /// [`Hub::take_wakes`].
+    pub(super) wakes: Vec<u32>,
 }
 
 impl Hub {
@@ -70,15 +73,49 @@ impl Hub {
             mem_peak: 0,
             mem_next: None,
             tx_last: u32::MAX,
-            away: Vec::new(),
+            pending: Vec::new(),
+            wakes: Vec::new(),
         }
     }
 
-    /// What calls told psocks of owners other than the caller, in order:
-    /// post each to its owner ([`Told::owner`]), which applies it with
-    /// [`super::MuxRef::apply_told_here`]. Always empty with one owner.
-    pub fn take_away(&mut self) -> Vec<Told> {
-        std::mem::take(&mut self.away)
+    /// The owners (tags) to wake: what was told to their psocks waits for
+    /// them ([`super::MuxRef::apply_pending`]). Never any with one owner.
+    pub fn take_wakes(&mut self, out: &mut Vec<u32>) {
+        out.append(&mut self.wakes);
+    }
+
+    /// Move what operations told psocks (`sk.told`) to their owners'
+    /// queues, in order; owner `me` (the caller) applies its own next, and
+    /// what has no owner (its psock is gone) is applied by `me` too (it
+    /// finds the psock gone). Another owner whose queue was empty is to be
+    /// woken.
+    #[inline]
+    pub(super) fn route_told(&mut self, me: u32) {
+        if self.sk.told.is_empty() {
+            return;
+        }
+        let mut told = std::mem::take(&mut self.sk.told);
+        for t in told.drain(..) {
+            let o = self.sk.owner(t.psock()).unwrap_or(me);
+            let i = o as usize;
+            if self.pending.len() <= i {
+                self.pending.resize_with(i + 1, VecDeque::new);
+            }
+            if o != me && self.pending[i].is_empty() {
+                self.wakes.push(o);
+            }
+            self.pending[i].push_back(t);
+        }
+        // (Keep the list's memory: told again on the next call.)
+        if self.sk.told.is_empty() {
+            self.sk.told = told;
+        }
+    }
+
+    /// Owner `o`'s queue of what was told to its psocks (`None`: never any).
+    #[inline]
+    pub(super) fn pending_for(&mut self, o: u32) -> Option<&mut VecDeque<ToPsock>> {
+        self.pending.get_mut(o as usize)
     }
 
     #[inline]
