@@ -1979,6 +1979,11 @@ impl MuxRef<'_> {
             ps.stream.stop();
             self.sync_deadline(p);
         }
+        if errno.is_none() {
+            if let Some(sh) = self.h.sk.share_mut(p) {
+                sh.closing = true;
+            }
+        }
         self.h.sk.no_answers(p);
         self.h.events.push_back(Event::PsockFailed(p, PsockError::Closed));
         self.tx_take_back(p);
@@ -2197,6 +2202,15 @@ impl MuxRef<'_> {
     /// Apply what the sockets' side told psocks ([`ToPsock`]), in order.
     #[inline]
     fn apply_told(&mut self) {
+        // Nothing told, nothing waiting: the common case, on every read.
+        if self.h.sk.told.is_empty() && self.h.pending_for(self.o.id).is_none_or(|q| q.is_empty()) {
+            return;
+        }
+        self.apply_told_slow();
+    }
+
+    #[inline(never)]
+    fn apply_told_slow(&mut self) {
         let me = self.o.id;
         loop {
             self.h.route_told(me);

@@ -117,6 +117,11 @@ pub(super) struct Share {
     /// `queued` reached `psock_queued_max`: the psock is not read until it
     /// is down to half (then `PsockRxResume`).
     pub(super) queued_full: bool,
+    /// Its peer closed its side in order (FIN): the last of its messages
+    /// leaving readers' hands is told ([`ToPsock::ReadersDone`]), as the
+    /// psock may then drain. (Not told before: nothing waits for it, and
+    /// a server settles each request.)
+    pub(super) closing: bool,
     /// Messages handed to holding sockets' readers and not yet settled
     /// ([`super::Mux::set_holds`], [`super::Mux::rx_settle`]): requests
     /// still being answered.
@@ -212,6 +217,7 @@ impl Sockets {
             owner,
             queued: 0,
             queued_full: false,
+            closing: false,
             holds: 0,
             tx_kcm: None,
             tx_rsvd_msgs: 0,
@@ -300,7 +306,7 @@ impl Sockets {
             sh.holds += 1;
             false
         } else {
-            sh.readers_done()
+            sh.closing && sh.readers_done()
         };
         if done {
             self.told.push(ToPsock::ReadersDone(p));
@@ -310,11 +316,12 @@ impl Sockets {
         }
     }
     /// `n` messages of psock `p` taken from holding sockets were answered:
-    /// tells `ReadersDone` when nothing of it is left in readers' hands.
+    /// tells `ReadersDone` when nothing of it is left in readers' hands
+    /// and its peer closed (only a closing psock waits for that).
     pub(super) fn settle(&mut self, p: PsockId, n: u64) {
         let Some(sh) = self.share_mut(p) else { return };
         sh.holds = sh.holds.saturating_sub(n);
-        if sh.readers_done() {
+        if sh.closing && sh.readers_done() {
             self.told.push(ToPsock::ReadersDone(p));
         }
     }
