@@ -597,6 +597,29 @@ impl Owned {
     }
 }
 
+/// What one owner's psocks add to the mux's statistics
+/// ([`MuxView::owner_stats`]); [`Hub::stats`] adds what the hub keeps (the
+/// sockets, the counters, the totals of unattached psocks).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnerStats {
+    /// The totals of its live psocks.
+    pub psock: PsockStats,
+    /// Its live psocks.
+    pub psocks: usize,
+    /// Bytes its psocks hold: their buffers, ready messages and what the
+    /// driver holds below their parsers.
+    pub mem: usize,
+}
+
+impl OwnerStats {
+    /// Another owner's part, added.
+    pub fn add(&mut self, o: &OwnerStats) {
+        add_psock_stats(&mut self.psock, &o.psock);
+        self.psocks += o.psocks;
+        self.mem += o.mem;
+    }
+}
+
 /// A mux to read: one owner's psocks and the hub (the whole mux when the
 /// owner is the only one: [`Mux`]).
 #[derive(Clone, Copy)]
@@ -1319,30 +1342,20 @@ impl<'a> MuxView<'a> {
     }
     /// Mux totals: live psocks plus every unattached one (totals never drop).
     pub fn stats(&self) -> MuxStats {
-        let mut agg = self.h.folded.clone();
+        self.h.stats(&self.owner_stats())
+    }
+
+    /// What this owner's psocks add to the mux's statistics: with one
+    /// owner, [`MuxView::stats`] is [`Hub::stats`] of it; a runtime whose
+    /// workers own their psocks sums each worker's (`OwnerStats::add`).
+    pub fn owner_stats(&self) -> OwnerStats {
+        let mut st = OwnerStats::default();
         for (i, g, ps) in self.o.psocks.iter() {
-            add_psock_stats(&mut agg, &with_share(ps.full_stats(), self.h.sk.share(pid((i, g)))));
+            add_psock_stats(&mut st.psock, &with_share(ps.full_stats(), self.h.sk.share(pid((i, g)))));
+            st.psocks += 1;
+            st.mem += ps.rx_mem() + ps.below;
         }
-        MuxStats {
-            rx_msgs: agg.rx_msgs,
-            rx_bytes: agg.rx_bytes,
-            tx_msgs: agg.tx_msgs,
-            tx_bytes: agg.tx_bytes,
-            tx_retries: self.h.counters.tx_retries,
-            psock_attach: self.h.counters.psock_attach,
-            psock_unattach: self.h.counters.psock_unattach,
-            psock_unattach_rsvd: self.h.counters.psock_unattach_rsvd,
-            rx_ready_drops: self.h.counters.rx_ready_drops,
-            mem_used: self.memory_used(),
-            mem_peak: self.h.mem_peak,
-            mem_pauses: self.h.counters.mem_pauses,
-            mem_aborts: self.h.counters.mem_aborts,
-            idle_timeouts: self.h.counters.idle_timeouts,
-            handshake_timeouts: self.h.counters.handshake_timeouts,
-            kcms: self.h.sk.socks.len(),
-            psocks: self.o.psocks.len(),
-            psock: agg,
-        }
+        st
     }
     pub fn sock_stats(&self, s: SockId) -> Result<SockStats, MuxError> {
         let sock = self.sock(s)?;
@@ -1361,8 +1374,7 @@ impl<'a> MuxView<'a> {
     /// receive and send queues (open messages included), the hold queue.
     pub fn memory_used(&self) -> usize {
         let psocks: usize = self.o.psocks.iter().map(|(_, _, ps)| ps.rx_mem() + ps.below).sum();
-        let socks: usize = self.h.sk.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
-        psocks + socks + self.h.sk.hold_mem
+        psocks + self.h.memory_held()
     }
     /// The most [`Mux::memory_used`] can be, from configuration and the
     /// options set (formula in the module documentation).

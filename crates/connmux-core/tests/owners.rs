@@ -11,8 +11,9 @@
 //! whole, each psock's messages in order on each socket; every message a
 //! socket sent reaches a peer at most once, whole and never interleaved
 //! with another, an addressed one only its own peer; in runs where no
-//! psock or socket went away, every message sent arrives. Once the inboxes
-//! are empty, each owner's psocks and their shares on the hub agree.
+//! psock or socket went away, every message sent arrives. Once nothing
+//! waits, each owner's psocks and their shares on the hub agree, and the
+//! statistics summed over the owners match the hub's counts.
 //!
 //! Replay one run: `CONNMUX_SEED=<seed> cargo test -p connmux-core --test owners`.
 
@@ -23,8 +24,8 @@ use std::time::Duration;
 
 use common::*;
 use connmux_core::mux::{
-    Event, Hub, MuxConfig, MuxError, MuxRef, MuxView, Owned, PsockConfig, PsockError, PsockId, SendFlags, SockId,
-    SockType, Steering, TxPolicy,
+    Event, Hub, MuxConfig, MuxError, MuxRef, MuxView, Owned, OwnerStats, PsockConfig, PsockError, PsockId, SendFlags,
+    SockId, SockType, Steering, TxPolicy,
 };
 use connmux_core::{Bytes, Timestamp};
 use rand::rngs::StdRng;
@@ -358,6 +359,19 @@ fn run(seed: u64) -> Totals {
         if !moved {
             break;
         }
+    }
+    // Statistics summed over the owners: the hub's count of what the budget
+    // holds is every owner's psocks and the hub's own; each message a peer
+    // sent was framed once.
+    let mut parts = OwnerStats::default();
+    for k in 0..n_owners {
+        parts.add(&w.view(k).owner_stats());
+    }
+    let st = w.hub.stats(&parts);
+    assert_eq!(st.psocks, conns.iter().filter(|c| !c.gone).count(), "seed {seed}: live psocks");
+    assert_eq!(st.mem_used, w.hub.memory_counted(), "seed {seed}: the budget's count against the owners' sum");
+    if !lost_any {
+        assert_eq!(st.rx_msgs as usize, received.len(), "seed {seed}: messages framed against received");
     }
     for k in 0..n_owners {
         if let Err(e) = w.view(k).shares_exact() {

@@ -15,8 +15,10 @@ use bytes::{Bytes, BytesMut};
 
 use super::sock::Sock;
 use super::sockets::{Sockets, ToPsock};
-use super::{Event, MuxConfig, MuxCounters, MuxError, Placed, PsockId, SendFlags, SockId, SockType, TxMsg, TxPolicy};
-use crate::stats::PsockStats;
+use super::{
+    Event, MuxConfig, MuxCounters, MuxError, OwnerStats, Placed, PsockId, SendFlags, SockId, SockType, TxMsg, TxPolicy,
+};
+use crate::stats::{MuxStats, PsockStats};
 use crate::time::Timestamp;
 
 /// Over its send buffer, a socket refuses addressed sends to the psocks
@@ -76,6 +78,46 @@ impl Hub {
             pending: Vec::new(),
             wakes: Vec::new(),
         }
+    }
+
+    /// The mux's statistics, the psocks' part being `owners` (every
+    /// owner's [`super::MuxView::owner_stats`], summed).
+    pub fn stats(&self, owners: &OwnerStats) -> MuxStats {
+        let mut agg = self.folded.clone();
+        super::add_psock_stats(&mut agg, &owners.psock);
+        MuxStats {
+            rx_msgs: agg.rx_msgs,
+            rx_bytes: agg.rx_bytes,
+            tx_msgs: agg.tx_msgs,
+            tx_bytes: agg.tx_bytes,
+            tx_retries: self.counters.tx_retries,
+            psock_attach: self.counters.psock_attach,
+            psock_unattach: self.counters.psock_unattach,
+            psock_unattach_rsvd: self.counters.psock_unattach_rsvd,
+            rx_ready_drops: self.counters.rx_ready_drops,
+            mem_used: owners.mem + self.memory_held(),
+            mem_peak: self.mem_peak,
+            mem_pauses: self.counters.mem_pauses,
+            mem_aborts: self.counters.mem_aborts,
+            idle_timeouts: self.counters.idle_timeouts,
+            handshake_timeouts: self.counters.handshake_timeouts,
+            kcms: self.sk.socks.len(),
+            psocks: owners.psocks,
+            psock: agg,
+        }
+    }
+
+    /// Bytes the hub itself holds: the sockets' receive and send queues
+    /// (open messages included) and the hold queue.
+    pub fn memory_held(&self) -> usize {
+        let socks: usize = self.sk.socks.iter().map(|(_, _, s)| s.rx_mem + s.tx_mem).sum();
+        socks + self.sk.hold_mem
+    }
+
+    /// What the memory budget counts now ([`super::Mux::memory_used`] as
+    /// it is kept per read: every owner's psocks and the hub).
+    pub fn memory_counted(&self) -> usize {
+        self.mem_total()
     }
 
     /// The owners (tags) to wake: what was told to their psocks waits for
