@@ -660,6 +660,13 @@ impl<'a> MuxRef<'a> {
 }
 
 impl<'a> MuxView<'a> {
+    /// Whether this owner waits for the writer of a chunk of psock `p`,
+    /// unattached since: that writer's `tx_complete` is this owner's (the
+    /// hub no longer knows the psock).
+    pub fn owes_report(&self, p: PsockId) -> bool {
+        self.o.out_at_release.iter().any(|o| o.p == p)
+    }
+
     /// Owner `o`'s psocks and hub `h`, to read.
     #[inline]
     pub fn new(o: &'a Owned, h: &'a Hub) -> MuxView<'a> {
@@ -1408,8 +1415,17 @@ impl<'a> MuxView<'a> {
     /// the bytes held, Send-Q and Smem the transmit queue in messages and
     /// unwritten bytes (the kernel shows the TCP socket's queues).
     pub fn proc_kcm(&self) -> String {
+        let mut out = self.proc_kcm_head(&self.stats());
+        for (_, row) in self.proc_kcm_psocks() {
+            out.push_str(&row);
+        }
+        out
+    }
+
+    /// [`MuxView::proc_kcm`]'s lines but the psocks': the mux line with
+    /// `st` (the statistics over every owner) and the sockets.
+    pub fn proc_kcm_head(&self, st: &MuxStats) -> String {
         let mut out = String::new();
-        let st = self.stats();
         let _ = writeln!(out, "*** KCM statistics (1 MUX) ****");
         let _ = writeln!(
             out,
@@ -1449,7 +1465,15 @@ impl<'a> MuxView<'a> {
             }
             out.push('\n');
         }
+        out
+    }
+
+    /// [`MuxView::proc_kcm`]'s line for each of this owner's psocks, with
+    /// its index (a runtime with several owners sorts them together).
+    pub fn proc_kcm_psocks(&self) -> Vec<(u32, String)> {
+        let mut rows = Vec::new();
         for (i, g, ps) in self.o.psocks.iter() {
+            let mut out = String::new();
             let share = self.h.sk.share(pid((i, g)));
             let fs = with_share(ps.full_stats(), share);
             let _ = write!(
@@ -1489,8 +1513,9 @@ impl<'a> MuxView<'a> {
                 out.push_str("RxPause RdyRx ");
             }
             out.push('\n');
+            rows.push((i, out));
         }
-        out
+        rows
     }
 
     /// The `/proc/net/kcm_stats`-style totals of this mux, with the labels
@@ -1498,44 +1523,49 @@ impl<'a> MuxView<'a> {
     /// TX-Retries kept after unattach. RX-Aborts counts psocks whose receive
     /// was stopped by an error (the kernel prints 0). TX-AddrDrops is ours.
     pub fn proc_kcm_stats(&self) -> String {
-        let st = self.stats();
-        let ps = &st.psock;
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "{:<8} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<10} {:<10}",
-            "MUX",
-            "RX-Msgs",
-            "RX-Bytes",
-            "TX-Msgs",
-            "TX-Bytes",
-            "TX-Retries",
-            "Attach",
-            "Unattach",
-            "UnattchRsvd",
-            "RX-RdyDrops"
-        );
-        let _ = writeln!(
-            out,
-            "{:<8} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<10} {:<10}",
-            "",
-            st.rx_msgs,
-            st.rx_bytes,
-            st.tx_msgs,
-            st.tx_bytes,
-            st.tx_retries,
-            st.psock_attach,
-            st.psock_unattach,
-            st.psock_unattach_rsvd,
-            st.rx_ready_drops
-        );
-        let _ = writeln!(
+        proc_kcm_stats_of(&self.stats())
+    }
+}
+
+/// [`MuxView::proc_kcm_stats`] of statistics `st` (over every owner).
+pub fn proc_kcm_stats_of(st: &MuxStats) -> String {
+    let ps = &st.psock;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<8} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<10} {:<10}",
+        "MUX",
+        "RX-Msgs",
+        "RX-Bytes",
+        "TX-Msgs",
+        "TX-Bytes",
+        "TX-Retries",
+        "Attach",
+        "Unattach",
+        "UnattchRsvd",
+        "RX-RdyDrops"
+    );
+    let _ = writeln!(
+        out,
+        "{:<8} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<10} {:<10}",
+        "",
+        st.rx_msgs,
+        st.rx_bytes,
+        st.tx_msgs,
+        st.tx_bytes,
+        st.tx_retries,
+        st.psock_attach,
+        st.psock_unattach,
+        st.psock_unattach_rsvd,
+        st.rx_ready_drops
+    );
+    let _ = writeln!(
             out,
             "{:<8} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10}",
             "Psock", "RX-Msgs", "RX-Bytes", "TX-Msgs", "TX-Bytes", "Reserved", "Unreserved", "RX-Aborts", "RX-Intr",
             "RX-Unrecov", "RX-MemFail", "RX-NeedMor", "RX-BadLen", "RX-TooBig", "RX-Timeout", "TX-Aborts", "TX-AddrDrops"
         );
-        let _ = writeln!(
+    let _ = writeln!(
             out,
             "{:<8} {:<10} {:<16} {:<10} {:<16} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10} {:<10}",
             "",
@@ -1556,8 +1586,7 @@ impl<'a> MuxView<'a> {
             ps.tx_aborts,
             ps.tx_addressed_drops
         );
-        out
-    }
+    out
 }
 
 impl MuxRef<'_> {

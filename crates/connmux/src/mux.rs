@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use connmux_core::mux::{Mux as CoreMux, MuxError, PsockConfig, PsockError, PsockId};
+use connmux_core::mux::{MuxError, PsockConfig, PsockError, PsockId};
 use connmux_core::parser::Parser;
 use connmux_core::stats::{MuxStats, PsockStats};
 use connmux_sys::epoll::{Epoll, Interest};
@@ -251,7 +251,7 @@ impl Mux {
         let (events_tx, events_rx) = crate::events::Events::bounded(config.event_queue);
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
-                mux: CoreMux::new(config.core.clone()),
+                mux: crate::shared::Owners::new(config.core.clone(), workers + config.stand_alone),
                 psocks: Default::default(),
                 socks: Default::default(),
             }),
@@ -488,7 +488,7 @@ impl Mux {
             let cfg = PsockConfig { affinity: Some(worker as u32), ..limits };
             let now = sh.now();
             core.mux.note_now(now);
-            let id = core.mux.attach(parser, cfg);
+            let id = core.mux.attach(worker, parser, cfg);
             if tls.is_some() {
                 // A handshake that never ends must not hold the connection
                 // (nothing is framed before it, so no assembly deadline runs).

@@ -284,7 +284,7 @@ impl KcmSocket {
     fn with_core<T>(
         &self,
         rt: &SockRt,
-        f: impl FnOnce(&mut connmux_core::mux::Mux, SockId) -> Result<T, MuxError>,
+        f: impl FnOnce(&mut crate::shared::Owners, SockId) -> Result<T, MuxError>,
     ) -> io::Result<T> {
         let sh = self.mux.shared();
         let mut events = Vec::new();
@@ -467,7 +467,7 @@ impl KcmSocket {
         &self,
         rt: &SockRt,
         addressed: bool,
-        mut attempt: impl FnMut(&mut connmux_core::mux::Mux) -> Result<usize, MuxError>,
+        mut attempt: impl FnMut(&mut crate::shared::Owners) -> Result<usize, MuxError>,
     ) -> io::Result<usize> {
         let sh = self.mux.shared();
         let mut deadline = None;

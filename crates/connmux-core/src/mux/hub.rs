@@ -120,10 +120,32 @@ impl Hub {
         self.mem_total()
     }
 
+    /// The next event for the application (taking one tells nothing).
+    #[inline]
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The owner (tag) holding psock `p` (`None`: not attached).
+    #[inline]
+    pub fn owner_of(&self, p: PsockId) -> Option<u32> {
+        self.sk.owner(p)
+    }
+
     /// The owners (tags) to wake: what was told to their psocks waits for
     /// them ([`super::MuxRef::apply_pending`]). Never any with one owner.
+    #[inline]
     pub fn take_wakes(&mut self, out: &mut Vec<u32>) {
-        out.append(&mut self.wakes);
+        if !self.wakes.is_empty() {
+            out.append(&mut self.wakes);
+        }
+    }
+
+    /// Whether any owner is to be woken ([`Hub::take_wakes`] would give
+    /// one).
+    #[inline]
+    pub fn wakes_any(&self) -> bool {
+        !self.wakes.is_empty()
     }
 
     /// Move what operations told psocks (`sk.told`) to their owners'

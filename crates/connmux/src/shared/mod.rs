@@ -19,17 +19,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use connmux_core::mux::{Event, Mux as CoreMux, PsockError, PsockId, SockId};
+use connmux_core::mux::{Event, PsockError, PsockId, SockId};
 use connmux_core::{Bytes, Timestamp};
 use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
 mod own;
+mod owners;
 pub(crate) mod tls;
 
 pub(crate) use crate::sync::ready::Ready;
 
 pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Own};
+pub(crate) use owners::Owners;
 
 use crate::config::Tuning;
 use crate::handler::{Handler, Lanes, ServiceStats};
@@ -150,7 +152,7 @@ impl PsockRt {
 
 /// Everything under the core lock.
 pub(crate) struct Core {
-    pub mux: CoreMux,
+    pub mux: Owners,
     pub psocks: FxHashMap<PsockId, Arc<PsockRt>>,
     pub socks: FxHashMap<SockId, Arc<SockRt>>,
 }
