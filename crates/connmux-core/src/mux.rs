@@ -582,7 +582,8 @@ pub(super) fn mix(mut x: u64) -> u64 {
 
 impl Owned {
     /// The psocks of owner `id` (a tag of the caller's choice, the same for
-    /// no two owners of one hub): none yet.
+    /// no two owners of one hub that hold psocks; small numbers: a tag
+    /// indexes the hub's queues of what is told): none yet.
     pub fn new(id: u32) -> Owned {
         Owned {
             id,
@@ -674,6 +675,31 @@ impl<'a> MuxView<'a> {
     }
 }
 
+/// `Mux`'s calls, each that of its view ([`Mux::v`]) or its `MuxRef`
+/// ([`Mux::r`]) of the same name.
+macro_rules! delegate {
+    (view; $($(#[$attr:meta])* fn $name:ident$(<$lt:lifetime>)?($($arg:ident: $argty:ty),*) $(-> $ret:ty)?;)*) => {
+        $(
+            #[doc = concat!("[`MuxView::", stringify!($name), "`].")]
+            $(#[$attr])*
+            #[inline]
+            pub fn $name$(<$lt>)?(&self, $($arg: $argty),*) $(-> $ret)? {
+                self.v().$name($($arg),*)
+            }
+        )*
+    };
+    (change; $($(#[$attr:meta])* fn $name:ident$(<$lt:lifetime>)?($($arg:ident: $argty:ty),*) $(-> $ret:ty)?;)*) => {
+        $(
+            #[doc = concat!("[`MuxRef::", stringify!($name), "`].")]
+            $(#[$attr])*
+            #[inline]
+            pub fn $name$(<$lt>)?(&mut self, $($arg: $argty),*) $(-> $ret)? {
+                self.r().$name($($arg),*)
+            }
+        )*
+    };
+}
+
 impl Mux {
     pub fn new(config: MuxConfig) -> Mux {
         Mux { o: Owned::new(0), h: Hub::new(config) }
@@ -691,496 +717,87 @@ impl Mux {
         MuxRef { o: &mut self.o, h: &mut self.h }
     }
 
-    /// [`MuxView::config`].
-    #[inline]
-    pub fn config(&self) -> &MuxConfig {
-        self.v().config()
-    }
-
-    /// [`MuxView::sock_type`].
-    #[inline]
-    pub fn sock_type(&self, s: SockId) -> Result<SockType, MuxError> {
-        self.v().sock_type(s)
-    }
-
-    /// [`MuxView::recv_disabled`].
-    #[inline]
-    pub fn recv_disabled(&self, s: SockId) -> Result<bool, MuxError> {
-        self.v().recv_disabled(s)
-    }
-
-    /// [`MuxView::rcvbuf`].
-    #[inline]
-    pub fn rcvbuf(&self, s: SockId) -> Result<usize, MuxError> {
-        self.v().rcvbuf(s)
-    }
-
-    /// [`MuxView::sndbuf`].
-    #[inline]
-    pub fn sndbuf(&self, s: SockId) -> Result<usize, MuxError> {
-        self.v().sndbuf(s)
-    }
-
-    /// [`MuxView::sock_count`].
-    #[inline]
-    pub fn sock_count(&self) -> usize {
-        self.v().sock_count()
-    }
-
-    /// [`MuxView::socks`].
-    #[inline]
-    pub fn socks(&self) -> Vec<SockId> {
-        self.v().socks()
-    }
-
-    /// [`MuxView::psock_count`].
-    #[inline]
-    pub fn psock_count(&self) -> usize {
-        self.v().psock_count()
-    }
-
-    /// [`MuxView::psocks`].
-    #[inline]
-    pub fn psocks(&self) -> Vec<PsockId> {
-        self.v().psocks()
-    }
-
-    /// [`MuxView::rx_capacity`].
-    #[inline]
-    pub fn rx_capacity(&self, p: PsockId) -> usize {
-        self.v().rx_capacity(p)
-    }
-
-    /// [`MuxView::rx_need`].
-    #[inline]
-    pub fn rx_need(&self, p: PsockId) -> Option<usize> {
-        self.v().rx_need(p)
-    }
-
-    /// [`MuxView::rx_would_lend`].
-    #[inline]
-    pub fn rx_would_lend(&self, p: PsockId) -> bool {
-        self.v().rx_would_lend(p)
-    }
-
-    /// [`MuxView::rx_would_lend_ahead`].
-    #[inline]
-    pub fn rx_would_lend_ahead(&self, p: PsockId) -> bool {
-        self.v().rx_would_lend_ahead(p)
-    }
-
-    /// [`MuxView::peer_closed`].
-    #[inline]
-    pub fn peer_closed(&self, p: PsockId) -> bool {
-        self.v().peer_closed(p)
-    }
-
-    /// [`MuxView::drained`].
-    #[inline]
-    pub fn drained(&self, p: PsockId) -> bool {
-        self.v().drained(p)
-    }
-
-    /// [`MuxView::rx_holds`].
-    #[inline]
-    pub fn rx_holds(&self, p: PsockId) -> u64 {
-        self.v().rx_holds(p)
-    }
-
-    /// [`MuxView::tx_unsent`].
-    #[inline]
-    pub fn tx_unsent(&self, s: SockId) -> Result<usize, MuxError> {
-        self.v().tx_unsent(s)
-    }
-
-    /// [`MuxView::rx_queued`].
-    #[inline]
-    pub fn rx_queued(&self, s: SockId) -> Result<usize, MuxError> {
-        self.v().rx_queued(s)
-    }
-
-    /// [`MuxView::rx_queued_from`].
-    #[inline]
-    pub fn rx_queued_from(&self, s: SockId, p: PsockId) -> Result<usize, MuxError> {
-        self.v().rx_queued_from(s, p)
-    }
-
-    /// [`MuxView::writable`].
-    #[inline]
-    pub fn writable(&self, s: SockId) -> Result<bool, MuxError> {
-        self.v().writable(s)
-    }
-
-    /// [`MuxView::psock_outstanding`].
-    #[inline]
-    pub fn psock_outstanding(&self, p: PsockId) -> Result<u64, MuxError> {
-        self.v().psock_outstanding(p)
-    }
-
-    #[doc(hidden)]
-    /// [`MuxView::shares_exact`].
-    #[inline]
-    pub fn shares_exact(&self) -> Result<(), String> {
-        self.v().shares_exact()
-    }
-
-    /// [`MuxView::poll_timeout`].
-    #[inline]
-    pub fn poll_timeout(&self) -> Option<Timestamp> {
-        self.v().poll_timeout()
-    }
-
-    #[doc(hidden)]
-    /// [`MuxView::deadline_entries`].
-    #[inline]
-    pub fn deadline_entries(&self) -> usize {
-        self.v().deadline_entries()
-    }
-
-    /// [`MuxView::stats`].
-    #[inline]
-    pub fn stats(&self) -> MuxStats {
-        self.v().stats()
-    }
-
-    /// [`MuxView::sock_stats`].
-    #[inline]
-    pub fn sock_stats(&self, s: SockId) -> Result<SockStats, MuxError> {
-        self.v().sock_stats(s)
-    }
-
-    /// [`MuxView::psock_stats`].
-    #[inline]
-    pub fn psock_stats(&self, p: PsockId) -> Result<PsockStats, MuxError> {
-        self.v().psock_stats(p)
-    }
-
-    /// [`MuxView::memory_used`].
-    #[inline]
-    pub fn memory_used(&self) -> usize {
-        self.v().memory_used()
-    }
-
-    /// [`MuxView::memory_bound`].
-    #[inline]
-    pub fn memory_bound(&self) -> usize {
-        self.v().memory_bound()
-    }
-
-    /// [`MuxView::proc_kcm`].
-    #[inline]
-    pub fn proc_kcm(&self) -> String {
-        self.v().proc_kcm()
-    }
-
-    /// [`MuxView::proc_kcm_stats`].
-    #[inline]
-    pub fn proc_kcm_stats(&self) -> String {
-        self.v().proc_kcm_stats()
-    }
-
-    /// [`MuxRef::socket`].
-    #[inline]
-    pub fn socket(&mut self, ty: SockType) -> SockId {
-        self.r().socket(ty)
-    }
-
-    /// [`MuxRef::clone_sock`].
-    #[inline]
-    pub fn clone_sock(&mut self, s: SockId) -> Result<SockId, MuxError> {
-        self.r().clone_sock(s)
-    }
-
-    /// [`MuxRef::close`].
-    #[inline]
-    pub fn close(&mut self, s: SockId) -> Result<(), MuxError> {
-        self.r().close(s)
-    }
-
-    /// [`MuxRef::set_recv_disable`].
-    #[inline]
-    pub fn set_recv_disable(&mut self, s: SockId, disable: bool) -> Result<(), MuxError> {
-        self.r().set_recv_disable(s, disable)
-    }
-
-    /// [`MuxRef::set_rcvbuf`].
-    #[inline]
-    pub fn set_rcvbuf(&mut self, s: SockId, bytes: usize) -> Result<(), MuxError> {
-        self.r().set_rcvbuf(s, bytes)
-    }
-
-    /// [`MuxRef::set_sndbuf`].
-    #[inline]
-    pub fn set_sndbuf(&mut self, s: SockId, bytes: usize) -> Result<(), MuxError> {
-        self.r().set_sndbuf(s, bytes)
-    }
-
-    /// [`MuxRef::set_psock_affinity`].
-    #[inline]
-    pub fn set_psock_affinity(&mut self, p: PsockId, tag: Option<u32>) -> Result<(), MuxError> {
-        self.r().set_psock_affinity(p, tag)
-    }
-
-    /// [`MuxRef::set_affinity`].
-    #[inline]
-    pub fn set_affinity(&mut self, s: SockId, tag: Option<u32>) -> Result<(), MuxError> {
-        self.r().set_affinity(s, tag)
-    }
-
-    /// [`MuxRef::set_tag_only`].
-    #[inline]
-    pub fn set_tag_only(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
-        self.r().set_tag_only(s, on)
-    }
-
-    /// [`MuxRef::attach`].
-    #[inline]
-    pub fn attach(&mut self, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId {
-        self.r().attach(parser, cfg)
-    }
-
-    /// [`MuxRef::unattach`].
-    #[inline]
-    pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
-        self.r().unattach(p)
-    }
-
-    /// [`MuxRef::feed`].
-    #[inline]
-    pub fn feed(&mut self, p: PsockId, data: &[u8], now: Timestamp) -> Result<(), MuxError> {
-        self.r().feed(p, data, now)
-    }
-
-    /// [`MuxRef::feed_direct`].
-    #[inline]
-    pub fn feed_direct(
-        &mut self,
-        p: PsockId,
-        data: &[u8],
-        now: Timestamp,
-        direct: &mut Direct<'_>,
-    ) -> Result<(), MuxError> {
-        self.r().feed_direct(p, data, now, direct)
-    }
-
-    /// [`MuxRef::feed_in_place`].
-    #[inline]
-    pub fn feed_in_place(
-        &mut self,
-        p: PsockId,
-        data: &[u8],
-        now: Timestamp,
-        direct: &mut Direct<'_>,
-        limit: usize,
-        out: &mut Vec<crate::run::Run>,
-    ) -> Result<(), MuxError> {
-        self.r().feed_in_place(p, data, now, direct, limit, out)
-    }
-
-    /// [`MuxRef::rx_lend`].
-    #[inline]
-    pub fn rx_lend(&mut self, p: PsockId) -> Option<RxLoan> {
-        self.r().rx_lend(p)
-    }
-
-    /// [`MuxRef::rx_room`].
-    #[inline]
-    pub fn rx_room(&mut self, p: PsockId) -> (usize, Option<RxLoan>) {
-        self.r().rx_room(p)
-    }
-
-    /// [`MuxRef::rx_lend_ahead`].
-    #[inline]
-    pub fn rx_lend_ahead(&mut self, p: PsockId) -> Option<RxLoan> {
-        self.r().rx_lend_ahead(p)
-    }
-
-    /// [`MuxRef::rx_commit`].
-    #[inline]
-    pub fn rx_commit(&mut self, loan: RxLoan, now: Timestamp) -> Result<(), MuxError> {
-        self.r().rx_commit(loan, now)
-    }
-
-    /// [`MuxRef::rx_commit_direct`].
-    #[inline]
-    pub fn rx_commit_direct(&mut self, loan: RxLoan, now: Timestamp, direct: &mut Direct<'_>) -> Result<(), MuxError> {
-        self.r().rx_commit_direct(loan, now, direct)
-    }
-
-    /// [`MuxRef::rx_closed`].
-    #[inline]
-    pub fn rx_closed(&mut self, p: PsockId, errno: Option<i32>) -> Result<(), MuxError> {
-        self.r().rx_closed(p, errno)
-    }
-
-    /// [`MuxRef::set_holds`].
-    #[inline]
-    pub fn set_holds(&mut self, s: SockId, on: bool) -> Result<(), MuxError> {
-        self.r().set_holds(s, on)
-    }
-
-    /// [`MuxRef::rx_settle`].
-    #[inline]
-    pub fn rx_settle(&mut self, p: PsockId, n: u64) {
-        self.r().rx_settle(p, n)
-    }
-
-    /// [`MuxRef::rx_abort`].
-    #[inline]
-    pub fn rx_abort(&mut self, p: PsockId, err: RxError) -> Result<(), MuxError> {
-        self.r().rx_abort(p, err)
-    }
-
-    /// [`MuxRef::recv`].
-    #[inline]
-    pub fn recv(&mut self, s: SockId, buf: &mut [u8], flags: RecvFlags) -> Result<RecvInfo, MuxError> {
-        self.r().recv(s, buf, flags)
-    }
-
-    /// [`MuxRef::recv_msg`].
-    #[inline]
-    pub fn recv_msg(&mut self, s: SockId) -> Result<(Bytes, PsockId), MuxError> {
-        self.r().recv_msg(s)
-    }
-
-    /// [`MuxRef::send`].
-    #[inline]
-    pub fn send(&mut self, s: SockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
-        self.r().send(s, data, flags)
-    }
-
-    /// [`MuxRef::end_batch`].
-    #[inline]
-    pub fn end_batch(&mut self, s: SockId) -> Result<(), MuxError> {
-        self.r().end_batch(s)
-    }
-
-    /// [`MuxRef::send_to`].
-    #[inline]
-    pub fn send_to(&mut self, s: SockId, p: PsockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
-        self.r().send_to(s, p, data, flags)
-    }
-
-    /// [`MuxRef::send_msg`].
-    #[inline]
-    pub fn send_msg(&mut self, s: SockId, p: Option<PsockId>, msg: Bytes, batch: bool) -> Result<(), MuxError> {
-        self.r().send_msg(s, p, msg, batch)
-    }
-
-    /// [`MuxRef::send_msgs_to`].
-    #[inline]
-    pub fn send_msgs_to(&mut self, s: SockId, p: PsockId, data: Bytes, count: u32) -> Result<(), MuxError> {
-        self.r().send_msgs_to(s, p, data, count)
-    }
-
-    /// [`MuxRef::send_msgs_to_begin`].
-    #[inline]
-    pub fn send_msgs_to_begin(
-        &mut self,
-        s: SockId,
-        p: PsockId,
-        data: Bytes,
-        count: u32,
-        slices: &mut Vec<Bytes>,
-    ) -> Result<bool, MuxError> {
-        self.r().send_msgs_to_begin(s, p, data, count, slices)
-    }
-
-    /// [`MuxRef::send_abort`].
-    #[inline]
-    pub fn send_abort(&mut self, s: SockId) -> Result<(), MuxError> {
-        self.r().send_abort(s)
-    }
-
-    /// [`MuxRef::tx_kick`].
-    #[inline]
-    pub fn tx_kick(&mut self, p: PsockId) {
-        self.r().tx_kick(p)
-    }
-
-    /// [`MuxRef::tx_begin`].
-    #[inline]
-    pub fn tx_begin(&mut self, p: PsockId) -> Option<TxChunk> {
-        self.r().tx_begin(p)
-    }
-
-    /// [`MuxRef::tx_begin_into`].
-    #[inline]
-    pub fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
-        self.r().tx_begin_into(p, slices)
-    }
-
-    /// [`MuxRef::tx_complete`].
-    #[inline]
-    pub fn tx_complete(&mut self, p: PsockId, n: usize) {
-        self.r().tx_complete(p, n)
-    }
-
-    /// [`MuxRef::tx_failed`].
-    #[inline]
-    pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
-        self.r().tx_failed(p, errno)
-    }
-
-    /// [`MuxRef::handle_timeout`].
-    #[inline]
-    pub fn handle_timeout(&mut self, now: Timestamp) {
-        self.r().handle_timeout(now)
-    }
-
-    /// [`MuxRef::poll_event`].
-    #[inline]
-    pub fn poll_event(&mut self) -> Option<Event> {
-        self.r().poll_event()
-    }
-
-    #[doc(hidden)]
-    /// [`MuxView::memory_counted`].
-    #[inline]
-    pub fn memory_counted(&self) -> usize {
-        self.v().memory_counted()
-    }
-
-    /// [`MuxView::mem_tight`].
-    #[inline]
-    pub fn mem_tight(&self) -> bool {
-        self.v().mem_tight()
-    }
-
-    /// [`MuxView::mem_paused`].
-    #[inline]
-    pub fn mem_paused(&self, p: PsockId) -> bool {
-        self.v().mem_paused(p)
-    }
-
-    /// [`MuxView::idlest`].
-    #[inline]
-    pub fn idlest(&self, now: Timestamp) -> Option<(PsockId, Duration)> {
-        self.v().idlest(now)
-    }
-
-    /// [`MuxRef::note_now`].
-    #[inline]
-    pub fn note_now(&mut self, now: Timestamp) {
-        self.r().note_now(now)
-    }
-
-    /// [`MuxRef::set_rx_below`].
-    #[inline]
-    pub fn set_rx_below(&mut self, p: PsockId, bytes: usize) {
-        self.r().set_rx_below(p, bytes)
-    }
-
-    /// [`MuxRef::set_handshake_deadline`].
-    #[inline]
-    pub fn set_handshake_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), MuxError> {
-        self.r().set_handshake_deadline(p, deadline)
-    }
-
-    /// [`MuxRef::set_record_deadline`].
-    #[inline]
-    pub fn set_record_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), MuxError> {
-        self.r().set_record_deadline(p, deadline)
+    delegate! { view;
+        fn config() -> &MuxConfig;
+        fn sock_type(s: SockId) -> Result<SockType, MuxError>;
+        fn recv_disabled(s: SockId) -> Result<bool, MuxError>;
+        fn rcvbuf(s: SockId) -> Result<usize, MuxError>;
+        fn sndbuf(s: SockId) -> Result<usize, MuxError>;
+        fn sock_count() -> usize;
+        fn socks() -> Vec<SockId>;
+        fn psock_count() -> usize;
+        fn psocks() -> Vec<PsockId>;
+        fn rx_capacity(p: PsockId) -> usize;
+        fn rx_need(p: PsockId) -> Option<usize>;
+        fn rx_would_lend(p: PsockId) -> bool;
+        fn rx_would_lend_ahead(p: PsockId) -> bool;
+        fn peer_closed(p: PsockId) -> bool;
+        fn drained(p: PsockId) -> bool;
+        fn rx_holds(p: PsockId) -> u64;
+        fn tx_unsent(s: SockId) -> Result<usize, MuxError>;
+        fn rx_queued(s: SockId) -> Result<usize, MuxError>;
+        fn rx_queued_from(s: SockId, p: PsockId) -> Result<usize, MuxError>;
+        fn writable(s: SockId) -> Result<bool, MuxError>;
+        fn psock_outstanding(p: PsockId) -> Result<u64, MuxError>;
+        #[doc(hidden)] fn shares_exact() -> Result<(), String>;
+        fn poll_timeout() -> Option<Timestamp>;
+        #[doc(hidden)] fn deadline_entries() -> usize;
+        fn stats() -> MuxStats;
+        fn sock_stats(s: SockId) -> Result<SockStats, MuxError>;
+        fn psock_stats(p: PsockId) -> Result<PsockStats, MuxError>;
+        fn memory_used() -> usize;
+        fn memory_bound() -> usize;
+        fn proc_kcm() -> String;
+        fn proc_kcm_stats() -> String;
+        #[doc(hidden)] fn memory_counted() -> usize;
+        fn mem_tight() -> bool;
+        fn mem_paused(p: PsockId) -> bool;
+        fn idlest(now: Timestamp) -> Option<(PsockId, Duration)>;
+    }
+    delegate! { change;
+        fn socket(ty: SockType) -> SockId;
+        fn clone_sock(s: SockId) -> Result<SockId, MuxError>;
+        fn close(s: SockId) -> Result<(), MuxError>;
+        fn set_recv_disable(s: SockId, disable: bool) -> Result<(), MuxError>;
+        fn set_rcvbuf(s: SockId, bytes: usize) -> Result<(), MuxError>;
+        fn set_sndbuf(s: SockId, bytes: usize) -> Result<(), MuxError>;
+        fn set_psock_affinity(p: PsockId, tag: Option<u32>) -> Result<(), MuxError>;
+        fn set_affinity(s: SockId, tag: Option<u32>) -> Result<(), MuxError>;
+        fn set_tag_only(s: SockId, on: bool) -> Result<(), MuxError>;
+        fn attach(parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId;
+        fn unattach(p: PsockId) -> Result<(), MuxError>;
+        fn feed(p: PsockId, data: &[u8], now: Timestamp) -> Result<(), MuxError>;
+        fn feed_direct(p: PsockId, data: &[u8], now: Timestamp, direct: &mut Direct<'_>) -> Result<(), MuxError>;
+        fn feed_in_place(p: PsockId, data: &[u8], now: Timestamp, direct: &mut Direct<'_>, limit: usize, out: &mut Vec<crate::run::Run>) -> Result<(), MuxError>;
+        fn rx_lend(p: PsockId) -> Option<RxLoan>;
+        fn rx_room(p: PsockId) -> (usize, Option<RxLoan>);
+        fn rx_lend_ahead(p: PsockId) -> Option<RxLoan>;
+        fn rx_commit(loan: RxLoan, now: Timestamp) -> Result<(), MuxError>;
+        fn rx_commit_direct(loan: RxLoan, now: Timestamp, direct: &mut Direct<'_>) -> Result<(), MuxError>;
+        fn rx_closed(p: PsockId, errno: Option<i32>) -> Result<(), MuxError>;
+        fn set_holds(s: SockId, on: bool) -> Result<(), MuxError>;
+        fn rx_settle(p: PsockId, n: u64);
+        fn rx_abort(p: PsockId, err: RxError) -> Result<(), MuxError>;
+        fn recv(s: SockId, buf: &mut [u8], flags: RecvFlags) -> Result<RecvInfo, MuxError>;
+        fn recv_msg(s: SockId) -> Result<(Bytes, PsockId), MuxError>;
+        fn send(s: SockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError>;
+        fn end_batch(s: SockId) -> Result<(), MuxError>;
+        fn send_to(s: SockId, p: PsockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError>;
+        fn send_msg(s: SockId, p: Option<PsockId>, msg: Bytes, batch: bool) -> Result<(), MuxError>;
+        fn send_msgs_to(s: SockId, p: PsockId, data: Bytes, count: u32) -> Result<(), MuxError>;
+        fn send_msgs_to_begin(s: SockId, p: PsockId, data: Bytes, count: u32, slices: &mut Vec<Bytes>) -> Result<bool, MuxError>;
+        fn send_abort(s: SockId) -> Result<(), MuxError>;
+        fn tx_kick(p: PsockId);
+        fn tx_begin(p: PsockId) -> Option<TxChunk>;
+        fn tx_begin_into(p: PsockId, slices: &mut Vec<Bytes>) -> bool;
+        fn tx_complete(p: PsockId, n: usize);
+        fn tx_failed(p: PsockId, errno: i32);
+        fn handle_timeout(now: Timestamp);
+        fn poll_event() -> Option<Event>;
+        fn note_now(now: Timestamp);
+        fn set_rx_below(p: PsockId, bytes: usize);
+        fn set_handshake_deadline(p: PsockId, deadline: Option<Timestamp>) -> Result<(), MuxError>;
+        fn set_record_deadline(p: PsockId, deadline: Option<Timestamp>) -> Result<(), MuxError>;
     }
 }
 

@@ -1,13 +1,16 @@
 //! The shared half of a mux ([`Hub`]): the KCM sockets and the mux's lists
-//! ([`Sockets`]), the events for the application, the mux's counters and the
-//! memory budget's sum. What is here touches no psock: what an operation on
-//! this side has for a psock (a message placed on it, a kick to write, its
-//! reading resumed) is told as a [`ToPsock`] value, which the mux applies
-//! after the call and a runtime can post to the psock's owner.
+//! ([`Sockets`]), the events for the application, the mux's counters and
+//! the memory budget (its decisions are in `super::limits`). What is here
+//! touches no psock: what an operation on this side has for a psock (a
+//! message placed on it, a kick to write, a socket that took its ready
+//! message, a closed socket, the budget's verdict) is told as a
+//! [`ToPsock`] value, which waits in the hub's queue for the psock's owner
+//! ([`Hub::route_told`]) until that owner applies it (`super::MuxRef`).
 //!
-//! Here so far: a socket becoming able (the ready messages of paused psocks)
-//! and the transmit side up to the psock's queue (sends, batches,
-//! reservations and the placement of each message, the send buffers).
+//! Here: closing a socket, a socket becoming able, the transmit side up to
+//! a psock's queue (sends, batches, reservations, the placement of each
+//! message, the send buffers), the owners' queues and the statistics over
+//! them.
 
 use std::collections::VecDeque;
 

@@ -40,15 +40,17 @@ pub(super) struct Sockets {
     pub(super) tx_waiters: VecDeque<SockId>,
     /// Each attached psock's [`Share`], by its index.
     shares: Slab<Share>,
-    /// What operations on the sockets alone have to tell psocks' owners, in
-    /// order (the mux applies them after each call: [`ToPsock`]).
+    /// What operations on the hub's side have to tell psocks' owners, in
+    /// order, until routed to the owners' queues ([`ToPsock`]).
     pub(super) told: Vec<ToPsock>,
 }
 
-/// What an operation on the sockets' side alone (a reader taking or
-/// settling a message) tells the owner of a psock. The sockets never touch
-/// a psock's state: a single-threaded mux applies these at once, a runtime
-/// whose workers own their psocks can post them to the owner.
+/// What an operation on the hub's side (a reader taking or settling a
+/// message, a send placed, a socket able or closed, the budget) tells the
+/// owner of a psock. The hub never touches a psock's state: what it tells
+/// waits in its queue for the psock's owner (`super::hub::Hub::route_told`),
+/// which applies it at its next call or when woken; with one owner that is
+/// at once, in the same call.
 #[derive(Debug)]
 pub(super) enum ToPsock {
     /// Its messages waiting for readers are down to half the bound: the
