@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use common::*;
 use connmux_core::mux::{
-    Event, Hub, MuxConfig, MuxError, MuxRef, MuxView, Owned, OwnerStats, PsockConfig, PsockError, PsockId, SendFlags,
-    SockId, SockType, Steering, TxPolicy,
+    Event, Hub, MuxConfig, MuxError, MuxRef, MuxView, Owned, OwnerStats, PsockConfig, PsockError, PsockId, RxError,
+    SendFlags, SockId, SockType, Steering, TxPolicy,
 };
 use connmux_core::{Bytes, Timestamp};
 use rand::rngs::StdRng;
@@ -62,6 +62,8 @@ struct Conn {
     wire: Vec<u8>,
     /// Unattached, or failed (what it held is gone).
     gone: bool,
+    /// Its peer closed its side in order (FIN) with nothing left to send.
+    fin: bool,
 }
 
 struct World {
@@ -139,6 +141,17 @@ fn run(seed: u64) -> Totals {
         tx_policy: policy,
         ..MuxConfig::default()
     };
+    // Some runs have a memory budget small enough to pause psocks, and to
+    // abort the stuck (their messages are then lost).
+    let budget = rng.gen_bool(0.3);
+    let cfg = match budget {
+        true => MuxConfig {
+            mem_limit: rng.gen_range(48_000..200_000),
+            mem_grace: Duration::from_millis(rng.gen_range(10..300)),
+            ..cfg
+        },
+        false => cfg,
+    };
     // Half the runs unattach psocks and close sockets (whose messages may
     // then be lost or reordered); the others must deliver everything.
     let churn = rng.gen_bool(0.5);
@@ -172,6 +185,7 @@ fn run(seed: u64) -> Totals {
             sent: Vec::new(),
             wire: Vec::new(),
             gone: false,
+            fin: false,
         });
     };
     for _ in 0..rng.gen_range(1..=5) {
@@ -186,6 +200,7 @@ fn run(seed: u64) -> Totals {
     let mut accepted: HashMap<(u8, u32), Option<PsockId>> = HashMap::new();
     let mut seq_out = 0u32;
     let mut lost_any = false;
+    let mut drained: HashSet<PsockId> = HashSet::new();
 
     let mut closed = false;
     let mut receive = |w: &mut World, s: SockId, n: usize, received: &mut HashSet<(u8, u32)>, closed: &bool| {
@@ -208,7 +223,7 @@ fn run(seed: u64) -> Totals {
         if action < 25 {
             // A peer sends; its owner reads what the psock takes.
             let conn = &mut conns[c];
-            if conn.gone {
+            if conn.gone || conn.fin {
                 continue;
             }
             if conn.to_send.is_empty() && conn.next_seq < 60 {
@@ -265,6 +280,17 @@ fn run(seed: u64) -> Totals {
             if w.woken.contains(&k) {
                 w.deliver(k);
             }
+        } else if action < 93 {
+            // A peer that sent all it had closes its side in order: its
+            // psock is drained once its messages are read and its queue
+            // written.
+            let conn = &mut conns[c];
+            if conn.gone || conn.fin || !conn.to_send.is_empty() || !rng.gen_bool(0.2) {
+                continue;
+            }
+            conn.fin = true;
+            let (k, p) = (conn.owner, conn.p);
+            w.call(Some(k), |m| m.rx_closed(p, None)).unwrap();
         } else if action < 94 {
             w.now += rng.gen_range(0..50_000_000);
             let now = Timestamp::from_nanos(w.now);
@@ -299,9 +325,20 @@ fn run(seed: u64) -> Totals {
         // closes part-way through writing a message of its own on it (KCM
         // aborts the psock: its peer holds a truncated message).
         while let Some(e) = w.call(None, |m| m.poll_event()) {
+            if let Event::PsockDrained(p) = e {
+                drained.insert(p);
+            }
             if let Event::PsockFailed(p, err) = e {
-                assert_eq!(err, PsockError::Tx(32), "seed {seed}: {p:?} failed");
-                assert!(lost_any, "seed {seed}: {p:?} failed with every socket open");
+                if err == PsockError::Closed && conns.iter().any(|c| c.p == p && c.fin) {
+                    continue; // its peer's FIN, reported as KCM does
+                }
+                match err {
+                    PsockError::Rx(RxError::MemLimit { .. }) if budget => lost_any = true,
+                    _ => {
+                        assert_eq!(err, PsockError::Tx(32), "seed {seed}: {p:?} failed");
+                        assert!(lost_any, "seed {seed}: {p:?} failed with every socket open");
+                    }
+                }
                 // The runtime aborts a failed connection (its reaper
                 // unattaches it): what it held goes back or is dropped.
                 if let Some(c) = conns.iter_mut().find(|c| c.p == p && !c.gone) {
@@ -317,6 +354,12 @@ fn run(seed: u64) -> Totals {
     // psock's transmit queue, until nothing moves.
     for _round in 0..10_000 {
         let mut moved = false;
+        // Timers fire as time goes on (a budget's grace ends).
+        w.now += 100_000_000;
+        let now = Timestamp::from_nanos(w.now);
+        for k in 0..n_owners {
+            w.call(Some(k), |m| m.handle_timeout(now));
+        }
         w.deliver_all();
         for s in socks.clone() {
             end_batches(&mut w, s);
@@ -347,7 +390,16 @@ fn run(seed: u64) -> Totals {
         }
         w.deliver_all();
         while let Some(e) = w.call(None, |m| m.poll_event()) {
-            if let Event::PsockFailed(p, _) = e {
+            if let Event::PsockDrained(p) = e {
+                drained.insert(p);
+            }
+            if let Event::PsockFailed(p, err) = e {
+                if err == PsockError::Closed {
+                    continue;
+                }
+                if matches!(err, PsockError::Rx(RxError::MemLimit { .. })) {
+                    lost_any = true;
+                }
                 if let Some(c) = conns.iter_mut().find(|c| c.p == p && !c.gone) {
                     c.gone = true;
                     let k = c.owner;
@@ -356,7 +408,9 @@ fn run(seed: u64) -> Totals {
                 }
             }
         }
-        if !moved {
+        // (While the budget holds psocks paused, time goes on: a grace
+        // ends, the stuck are aborted, the others read again.)
+        if !moved && !w.view(0).mem_tight() {
             break;
         }
     }
@@ -384,19 +438,26 @@ fn run(seed: u64) -> Totals {
         if !conn.to_send.is_empty() {
             let v = w.view(conn.owner);
             panic!(
-                "seed {seed}: peer {} ({:?}, owner {}) still has {} bytes the mux never took (capacity {}, paused {})\n{}",
+                "seed {seed}: peer {} ({:?}, owner {}) still has {} bytes the mux never took (capacity {}, paused {}, counted {} tight {})\n{}",
                 conn.tag,
                 conn.p,
                 conn.owner,
                 conn.to_send.len(),
                 v.rx_capacity(conn.p),
                 v.mem_paused(conn.p),
+                w.hub.memory_counted(),
+                v.mem_tight(),
                 v.proc_kcm()
             );
         }
         for seq in &conn.sent {
             assert!(received.contains(&(conn.tag, *seq)), "seed {seed}: peer {}'s {seq} never received", conn.tag);
         }
+    }
+    // Every peer that closed in order, its psock still attached, is
+    // drained: its last messages read, its queue written.
+    for conn in conns.iter().filter(|c| c.fin && !c.gone) {
+        assert!(drained.contains(&conn.p), "seed {seed}: peer {} closed, its psock never drained", conn.tag);
     }
     // Transmit side: whole messages, at most once, addressed ones to their
     // peer only; all of them when nothing went away.
@@ -422,8 +483,11 @@ fn run(seed: u64) -> Totals {
             assert!(arrived.contains(id), "seed {seed}: {id:?} accepted, never written");
         }
     }
-    for &s in &socks {
-        // Written, or dropped with their psock: nothing is left charged.
+    // Written, or dropped with their psock: nothing is left charged, but
+    // what waits on its socket for a psock that can take it (none left
+    // attached, or none that can still answer).
+    let answering = conns.iter().any(|c| !c.gone && !c.fin);
+    for &s in socks.iter().filter(|_| answering) {
         let unsent = w.view(0).tx_unsent(s).unwrap();
         let all: String = (0..n_owners).map(|k| w.view(k).proc_kcm()).collect::<String>();
         assert_eq!(unsent, 0, "seed {seed}: {s:?} keeps {unsent} messages nobody will write\n{all}");

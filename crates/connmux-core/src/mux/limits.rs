@@ -37,6 +37,12 @@
 //!   aborted until the total is at the low mark (`mem_aborts`,
 //!   `PsockFailed(Rx(MemLimit))`, which the runtime turns into a reset). Its
 //!   assembly buffer is freed at once.
+//!   One that holds less by then (its replies were read) is judged again
+//!   one grace later, on what it holds then: a psock holding only the start
+//!   of a message it may not read the rest of makes no more progress, and
+//!   such psocks alone could keep the total over the low mark for good
+//!   (`tests/owners.rs` found it: seven paused psocks each holding a 16 KiB
+//!   buffer over a low mark of 95 KB, neither aborted nor resumed).
 //! - A psock paused while its assembly buffer is lent (a receive armed
 //!   ahead for a message only predicted, which counts whole while out) has
 //!   the loan recalled (`PsockRxRecall`): a quiet peer then holds nothing,
@@ -187,7 +193,19 @@ impl Hub {
                     break;
                 }
                 let MemState::Paused { since, held } = state else { continue };
-                if now < since.add(self.config.mem_grace) || held_now < held || held_now == 0 {
+                if now < since.add(self.config.mem_grace) || held_now == 0 {
+                    continue;
+                }
+                if held_now < held {
+                    // It gave something back (its replies were read): judged
+                    // again one grace from now, on what it holds now. Left
+                    // paused without a new grace, a psock holding only the
+                    // start of a message it cannot read the rest of would
+                    // wait for good while such psocks keep the total over the
+                    // low mark.
+                    if let Some(sh) = self.sk.share_mut(p) {
+                        sh.mem = MemState::Paused { since: now, held: held_now };
+                    }
                     continue;
                 }
                 total -= self.mem_abort(p, held_now).min(total);
