@@ -17,7 +17,9 @@
 //! - [`stream`]: the per-psock stream parser (assembly from the message start,
 //!   size limit, assembly deadline, need-bytes hint, counters);
 //! - [`mux`]: the multiplexor (KCM sockets, psocks, steering, transmit reservation,
-//!   retry, requeue, addressed mode);
+//!   retry, requeue, addressed mode), in two halves: an owner's psocks
+//!   (`Owned`) and the hub they share (`Hub`), joined per call by `MuxRef`
+//!   (`Mux` holds one of each);
 //! - [`stats`]: counters named as in `/proc/net/kcm` and `/proc/net/kcm_stats`.
 #![forbid(unsafe_code)]
 

@@ -553,14 +553,6 @@ fn stream_parser_loans_keep_counts_and_refuse_stale_returns() {
 
 // ---- seeded simulation ----
 
-/// Payload: [psock number, seq (4 bytes BE), filler…].
-fn message(psock: u8, seq: u32, len: usize) -> Vec<u8> {
-    let mut payload = vec![psock];
-    payload.extend_from_slice(&seq.to_be_bytes());
-    payload.resize(len.max(5), (seq as u8) ^ psock);
-    l4(&payload)
-}
-
 struct Run {
     lent_bytes: usize,
     fed_bytes: usize,

@@ -34,19 +34,6 @@ use rand::{Rng, SeedableRng};
 /// The tag of the owner that stands for application threads (no psocks).
 const APP: u32 = 1000;
 
-/// A message's identity: who sent it (a peer: its psock's number; a
-/// socket: 200 + its number, 100 + for an addressed send) and its sequence.
-fn message(from: u8, seq: u32, len: usize) -> Vec<u8> {
-    let mut payload = vec![from];
-    payload.extend_from_slice(&seq.to_be_bytes());
-    payload.resize(len.max(5), from ^ seq as u8);
-    l4(&payload)
-}
-
-fn id_of(msg: &[u8]) -> (u8, u32) {
-    (msg[4], u32::from_be_bytes([msg[5], msg[6], msg[7], msg[8]]))
-}
-
 /// One attached connection and its peer.
 struct Conn {
     p: PsockId,

@@ -29,18 +29,6 @@ use connmux_core::Timestamp;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Payload: [psock number, seq (4 bytes BE), filler…].
-fn message(psock: u8, seq: u32, len: usize) -> Vec<u8> {
-    let mut payload = vec![psock];
-    payload.extend_from_slice(&seq.to_be_bytes());
-    payload.resize(len.max(5), (seq as u8) ^ psock);
-    l4(&payload)
-}
-
-fn id_of(msg: &[u8]) -> (u8, u32) {
-    (msg[4], u32::from_be_bytes([msg[5], msg[6], msg[7], msg[8]]))
-}
-
 struct Run {
     seed: u64,
     disables: bool,

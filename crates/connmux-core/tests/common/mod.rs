@@ -72,6 +72,21 @@ pub fn l4(payload: &[u8]) -> Vec<u8> {
     v
 }
 
+/// An L4 message that says who sent it and its sequence number: payload
+/// `[from, seq (4 bytes BE), filler…]`, `len` bytes at least 5 (the
+/// simulations' messages; [`id_of`] reads them back).
+pub fn message(from: u8, seq: u32, len: usize) -> Vec<u8> {
+    let mut payload = vec![from];
+    payload.extend_from_slice(&seq.to_be_bytes());
+    payload.resize(len.max(5), from ^ seq as u8);
+    l4(&payload)
+}
+
+/// `(from, seq)` of a [`message`] (its L4 header included).
+pub fn id_of(msg: &[u8]) -> (u8, u32) {
+    (msg[4], u32::from_be_bytes([msg[5], msg[6], msg[7], msg[8]]))
+}
+
 /// An L4 message of `total` bytes (header included) whose payload is `tag`
 /// repeated (tag identifies the message in tests).
 pub fn l4_total(total: usize, tag: u8) -> Vec<u8> {
