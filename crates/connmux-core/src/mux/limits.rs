@@ -305,7 +305,7 @@ impl<'a> MuxView<'a> {
     /// the two are equal at all times.
     #[doc(hidden)]
     pub fn memory_counted(&self) -> usize {
-        self.h.mem_total()
+        self.h.memory_counted()
     }
 
     /// Whether the memory budget is over its limit now (psocks holding much
