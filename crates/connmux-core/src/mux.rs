@@ -68,7 +68,6 @@
 //! errors on KCM sockets for failures of attached connections (as in KCM, a
 //! psock failure is an event for the application, not a socket error).
 
-use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -86,14 +85,16 @@ mod limits;
 mod psock;
 mod sock;
 mod sockets;
+mod transmit;
 pub use limits::{AHEAD_QUIET, MEM_FLOOR};
 mod slab;
 use deadlines::Deadlines;
 pub use hub::Hub;
-use psock::{DropOwner, Life, Psock, Tx, Wrote};
+use psock::{Life, Psock};
 use slab::Keyed;
 use sock::Sock;
 use sockets::{Share, ToPsock};
+use transmit::Tx;
 
 /// KCM socket type (`socket(AF_KCM, type, 0)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -532,8 +533,8 @@ pub struct Mux {
     h: Hub,
 }
 
-/// What the owner of the psocks holds: the psocks themselves, their
-/// deadlines and the bookkeeping of their writers.
+/// What the owner of the psocks holds: their receive sides (the psocks as
+/// [`Psock`]) and their deadlines.
 pub struct Owned {
     /// Its tag: the hub's share of each of its psocks names it, and what is
     /// told to them comes here.
@@ -548,14 +549,8 @@ pub struct Owned {
     /// deadline restarts at the next time the mux is told
     /// ([`Mux::rx_resume`]: the calls that resume carry no time).
     restarts: Vec<PsockId>,
-    /// Chunks whose writer was still out when their psock was unattached
-    /// (see [`OutAtRelease`]); one entry per such psock until its writer
-    /// reports, so bounded by the writers (threads, ring sends) out.
-    out_at_release: Vec<OutAtRelease>,
     /// When the next idle or handshake deadline may have passed.
     scan_next: Option<Timestamp>,
-    /// `tx_complete`'s list of finished messages, kept to reuse its memory.
-    tx_done: Vec<(SockId, usize, u32)>,
 }
 
 impl std::fmt::Debug for Mux {
@@ -591,9 +586,7 @@ impl Owned {
             deadlines: Deadlines::default(),
             now: Timestamp::ZERO,
             restarts: Vec::new(),
-            out_at_release: Vec::new(),
             scan_next: None,
-            tx_done: Vec::new(),
         }
     }
 }
@@ -661,13 +654,6 @@ impl<'a> MuxRef<'a> {
 }
 
 impl<'a> MuxView<'a> {
-    /// Whether this owner waits for the writer of a chunk of psock `p`,
-    /// unattached since: that writer's `tx_complete` is this owner's (the
-    /// hub no longer knows the psock).
-    pub fn owes_report(&self, p: PsockId) -> bool {
-        self.o.out_at_release.iter().any(|o| o.p == p)
-    }
-
     /// Owner `o`'s psocks and hub `h`, to read.
     #[inline]
     pub fn new(o: &'a Owned, h: &'a Hub) -> MuxView<'a> {
@@ -847,8 +833,12 @@ impl<'a> MuxView<'a> {
 
     /// Bytes the psock will accept now (0 = paused or stopped).
     pub fn rx_capacity(&self, p: PsockId) -> usize {
+        let held = |ps: &Psock| {
+            let (mem_paused, backlog) = self.h.holds_back(p);
+            ps.held_back(&self.h.config, mem_paused, backlog)
+        };
         match self.psock(p) {
-            Ok(ps) if ps.rx_running() && !ps.held_back(&self.h.config, self.h.mem_paused(p)) => {
+            Ok(ps) if ps.rx_running() && !held(ps) => {
                 ps.stream.want().min(ps.rx_limit.saturating_sub(ps.rx_held())).min(self.mem_room())
             }
             _ => 0,
@@ -936,10 +926,10 @@ impl<'a> MuxView<'a> {
         for (i, g, ps) in self.o.psocks.iter() {
             let p = pid((i, g));
             let Some(sh) = self.h.sk.share(p) else { return Err(format!("{p:?}: no share")) };
-            let mine = (ps.tx_addr_bytes, ps.stream.stats().msgs, ps.answers());
-            let told = (sh.addr_backlog, sh.received, sh.answers);
+            let mine = (ps.stream.stats().msgs, sh.tx.state != Tx::Stopped && ps.rx_running());
+            let told = (sh.received, sh.answers);
             if mine != told {
-                return Err(format!("{p:?}: (backlog, received, answers) {mine:?}, its share {told:?}"));
+                return Err(format!("{p:?}: (received, answers) {mine:?}, its share {told:?}"));
             }
         }
         let shares = self.h.sk.shares().filter(|(_, sh)| sh.owner == self.o.id).count();
@@ -975,7 +965,7 @@ impl<'a> MuxView<'a> {
     pub fn owner_stats(&self) -> OwnerStats {
         let mut st = OwnerStats::default();
         for (i, g, ps) in self.o.psocks.iter() {
-            add_psock_stats(&mut st.psock, &with_share(ps.full_stats(), self.h.sk.share(pid((i, g)))));
+            add_psock_stats(&mut st.psock, &with_share(ps.rx_stats(), self.h.sk.share(pid((i, g)))));
             st.psocks += 1;
             st.mem += ps.rx_mem() + ps.below;
         }
@@ -991,7 +981,7 @@ impl<'a> MuxView<'a> {
         Ok(st)
     }
     pub fn psock_stats(&self, p: PsockId) -> Result<PsockStats, MuxError> {
-        Ok(with_share(self.psock(p)?.full_stats(), self.h.sk.share(p)))
+        Ok(with_share(self.psock(p)?.rx_stats(), self.h.sk.share(p)))
     }
 
     /// Every byte the core holds now: psock buffers and ready messages, socket
@@ -1092,7 +1082,8 @@ impl<'a> MuxView<'a> {
         for (i, g, ps) in self.o.psocks.iter() {
             let mut out = String::new();
             let share = self.h.sk.share(pid((i, g)));
-            let fs = with_share(ps.full_stats(), share);
+            let fs = with_share(ps.rx_stats(), share);
+            let (tx_queued, tx_pending) = share.map_or((0, 0), |sh| sh.tx.pending());
             let _ = write!(
                 out,
                 "   psock-{:<5} {:<10} {:<16} {:<10} {:<16} {:<8} {:<8} {:<8} {:<8} ",
@@ -1103,10 +1094,10 @@ impl<'a> MuxView<'a> {
                 fs.tx_bytes,
                 usize::from(ps.ready.is_some()),
                 ps.rx_held(),
-                ps.tx_queue.len(),
-                ps.tx_pending_bytes()
+                tx_queued,
+                tx_pending
             );
-            if ps.tx == Tx::Stopped {
+            if share.is_some_and(|sh| sh.tx.state == Tx::Stopped) {
                 out.push_str("TxStop ");
             }
             if ps.stream.is_stopped() {
@@ -1219,6 +1210,9 @@ impl MuxRef<'_> {
         if now > self.o.now {
             self.o.now = now;
         }
+        if now > self.h.now {
+            self.h.now = now;
+        }
         if !self.o.restarts.is_empty() {
             self.restart_deadlines();
         }
@@ -1329,7 +1323,7 @@ impl MuxRef<'_> {
         let read_ahead = self.h.config.psock_rx_buf.max(1);
         self.h.max_msg_peak = self.h.max_msg_peak.max(max_msg_size);
         let stream = StreamParser::new(parser, StreamLimits { max_msg_size, assembly_timeout, read_ahead });
-        let p = self.h.sk.add_share(self.o.id);
+        let p = self.h.sk.add_share(self.o.id, self.o.now);
         let ps = Psock {
             stream,
             affinity: cfg.affinity,
@@ -1338,9 +1332,6 @@ impl MuxRef<'_> {
             ready: None,
             life: Life::Open,
             readers_hold: false,
-            tx_queue: VecDeque::new(),
-            tx: Tx::Idle,
-            tx_addr_bytes: 0,
             timer: None,
             below: 0,
             last_active: self.o.now,
@@ -1348,13 +1339,13 @@ impl MuxRef<'_> {
             record_deadline: None,
             ahead_since: None,
             record_timeouts: 0,
-            stats: PsockStats::default(),
         };
         self.o.psocks.insert_at(p.index, p.generation, ps);
         self.h.counters.psock_attach += 1;
         self.arm_idle(self.o.now);
         // To the first socket waiting to transmit, else the tail of the LRU list.
-        self.psock_now_avail(p);
+        self.h.psock_now_avail(p);
+        self.apply_told();
         p
     }
     /// SIOCKCMUNATTACH: ENOENT (`NoPsock`) if not attached. A ready message is
@@ -1365,35 +1356,23 @@ impl MuxRef<'_> {
         // for `p` still waiting would otherwise reach it during its
         // evacuation (below) and leave with it, never written nor uncharged.
         self.apply_told();
-        let reserved = self.h.sk.share(p).is_some_and(|sh| sh.tx_kcm.is_some());
         let ps = self.psock_mut(p)?;
         ps.stream.stop();
         let dropped_ready = ps.ready.take().is_some();
-        // A chunk being written is counted when its writer reports.
-        let (writer_out, inflight) = (ps.tx.busy(), ps.tx.inflight());
-        if reserved {
-            // KCM aborts a reserved psock: it may be out of sync mid-message.
-            ps.stats.tx_aborts += 1;
-            ps.tx = Tx::Stopped;
-            self.h.counters.psock_unattach_rsvd += 1;
-        } else if ps.tx != Tx::Stopped {
-            ps.tx = Tx::Idle;
-        }
         if dropped_ready {
             self.h.counters.rx_ready_drops += 1;
             self.h.sk.psocks_ready.retain(|m| m.psock != p);
         }
-        self.h.sk.stop_tx(p);
         self.h.counters.psock_unattach += 1;
         // Give back what it was to send: reserved messages go elsewhere whole.
-        self.tx_evacuate(p, writer_out, inflight);
+        self.h.tx_unattach(p);
         let ps = self.o.psocks.remove(p.index, p.generation).expect("psock present");
         let share = self.h.sk.remove_share(p);
         if self.o.deadlines.forget(ps.timer) {
             self.clean_deadlines();
         }
         self.h.rx_held_sum -= share.as_ref().map_or(0, |sh| sh.counted);
-        add_psock_stats(&mut self.h.folded, &with_share(ps.full_stats(), share.as_ref()));
+        add_psock_stats(&mut self.h.folded, &with_share(ps.rx_stats(), share.as_ref()));
         self.h.events.push_back(Event::PsockReleased(p));
         // What it held is free: psocks paused by the budget may read again.
         if self.h.mem_over {
@@ -1682,15 +1661,10 @@ impl MuxRef<'_> {
     #[inline(never)]
     fn check_drained_closed(&mut self, p: PsockId) {
         let Some(ps) = self.o.psocks.get(p.index, p.generation) else { return };
-        if ps.life != Life::PeerClosed
-            || ps.ready.is_some()
-            || !ps.stream.is_stopped()
-            || ps.tx.busy()
-            || !ps.tx_queue.is_empty()
-        {
+        if ps.life != Life::PeerClosed || ps.ready.is_some() || !ps.stream.is_stopped() {
             return;
         }
-        if !self.h.sk.share(p).is_none_or(Share::readers_done) {
+        if !self.h.sk.share(p).is_none_or(|sh| sh.readers_done() && sh.tx.idle_empty()) {
             return;
         }
         self.o.psocks.get_mut(p.index, p.generation).expect("live").life = Life::Drained;
@@ -1901,27 +1875,17 @@ impl MuxRef<'_> {
                     self.rx_resume(p);
                 }
             }
-            ToPsock::ReadersDone(p) => self.check_drained(p),
-            ToPsock::Queue(p, m) => match self.o.psocks.get_mut(p.index, p.generation) {
-                Some(ps) if ps.tx != Tx::Stopped => ps.queue(m),
-                // Its transmit stopped after the message was placed (a
-                // runtime's owner applies this later): as if it had been
-                // on the queue then.
-                Some(_) => {
-                    if m.addressed() {
-                        if let Some(sh) = self.h.sk.share_mut(p) {
-                            sh.addr_gone(m.data.len());
-                        }
-                    }
-                    self.h.unplaced(m);
-                    self.apply_told();
+            ToPsock::MayDrain(p) => self.check_drained(p),
+            ToPsock::Backlog(p) => {
+                if self.o.psocks.get(p.index, p.generation).is_some() {
+                    self.rx_resume(p);
                 }
-                None => {
-                    self.h.unplaced(m);
-                    self.apply_told();
+            }
+            ToPsock::TxAborted(p) => {
+                if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
+                    ps.life = Life::Failed;
                 }
-            },
-            ToPsock::Kick(p) => self.kick(p),
+            }
             ToPsock::MemPaused(p) => {
                 if self.o.psocks.get(p.index, p.generation).is_some_and(|ps| ps.stream.is_lent()) {
                     // What the loan counts may never come: have it back, so
@@ -1935,7 +1899,6 @@ impl MuxRef<'_> {
                 }
             }
             ToPsock::MemAbort { p, held, limit } => self.mem_abort(p, held, limit),
-            ToPsock::DropOwner { p, s } => self.drop_owner(p, s),
             ToPsock::Unattach(p) => {
                 let _ = self.unattach(p);
             }
@@ -1988,8 +1951,9 @@ impl MuxRef<'_> {
         if data.is_empty() {
             return Ok(0);
         }
-        self.send_addressed(s, p, Bytes::copy_from_slice(data), flags.batch, 1, true)?;
-        Ok(data.len())
+        let r = self.h.send_addressed(s, p, Bytes::copy_from_slice(data), flags.batch, 1, true);
+        self.apply_told();
+        r.map(|()| data.len())
     }
     /// A whole message, zero-copy, on psock `p` (`None`: the socket's psock).
     pub fn send_msg(&mut self, s: SockId, p: Option<PsockId>, msg: Bytes, batch: bool) -> Result<(), MuxError> {
@@ -2000,7 +1964,7 @@ impl MuxRef<'_> {
                 if msg.is_empty() {
                     return Ok(());
                 }
-                self.send_addressed(s, p, msg, batch, 1, true)
+                self.h.send_addressed(s, p, msg, batch, 1, true)
             }
             None => self.h.send_msg(s, msg, batch),
         };
@@ -2019,7 +1983,9 @@ impl MuxRef<'_> {
         if data.is_empty() || count == 0 {
             return Ok(());
         }
-        self.send_addressed(s, p, data, false, count, true)
+        let r = self.h.send_addressed(s, p, data, false, count, true);
+        self.apply_told();
+        r
     }
 
     /// [`Mux::send_msgs_to`] that also hands out psock `p`'s next chunk to
@@ -2043,59 +2009,14 @@ impl MuxRef<'_> {
         if data.is_empty() || count == 0 {
             return Ok(false);
         }
-        self.send_addressed(s, p, data, false, count, false)?;
-        if self.tx_begin_into(p, slices) {
+        let r = self.h.send_addressed(s, p, data, false, count, false);
+        self.apply_told();
+        r?;
+        if self.h.tx_begin_into(p, slices) {
             return Ok(true);
         }
-        self.kick(p);
+        self.h.kick(p);
         Ok(false)
-    }
-
-    /// An addressed send of `msgs` whole messages in `msg` on psock `p`
-    /// (checked): placed by the hub, queued on the psock here (its owner).
-    /// `kick`: raise `PsockTransmit` for `p` (a caller that takes the chunk
-    /// itself at once does not need it).
-    fn send_addressed(
-        &mut self,
-        s: SockId,
-        p: PsockId,
-        msg: Bytes,
-        batch: bool,
-        msgs: u32,
-        kick: bool,
-    ) -> Result<(), MuxError> {
-        let placed = self.h.place_addressed(s, p, msg.len(), batch, msgs);
-        let (queued, held) = match placed {
-            Ok(after) => after,
-            Err(e) => {
-                self.apply_told();
-                return Err(e);
-            }
-        };
-        let m = TxMsg::new(msg, s, Placed::Addressed, msgs);
-        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else {
-            // Another owner's psock: the message goes to it as told.
-            self.h.sk.told.push(ToPsock::Queue(p, m));
-            if !batch {
-                if kick {
-                    self.h.kick(p);
-                }
-                self.h.after_addressed(s, queued, held);
-            }
-            self.apply_told();
-            return Ok(());
-        };
-        ps.queue(m);
-        if !batch {
-            if kick {
-                self.kick(p);
-            }
-            if queued || held {
-                self.h.after_addressed(s, queued, held);
-                self.apply_told();
-            }
-        }
-        Ok(())
     }
 
     /// Discard a DGRAM socket's open MORE message (a send failed while copying).
@@ -2111,93 +2032,19 @@ impl MuxRef<'_> {
         Ok(())
     }
 
-    /// Socket `s` closed: psock `p` drops its messages not yet begun
-    /// (`Psock::drop_owner`); one part-way through one of them is aborted.
-    /// A reservation `s` held is released.
-    fn drop_owner(&mut self, p: PsockId, s: SockId) {
-        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
-        let resume = match ps.drop_owner(&self.h.config, s) {
-            DropOwner::MidMessage => return self.tx_abort(p, EPIPE),
-            DropOwner::Dropped { resume, addr_bytes } => {
-                if let Some(sh) = self.h.sk.share_mut(p) {
-                    sh.addr_gone(addr_bytes);
-                }
-                resume
-            }
-        };
-        let reserved_by_s = self.h.sk.share(p).is_some_and(|sh| sh.tx_kcm == Some(s));
-        if reserved_by_s {
-            self.h.sk.unreserve(p);
-        }
-        if resume {
-            self.rx_resume(p);
-        }
-        if reserved_by_s {
-            self.psock_now_avail(p);
-        }
-    }
-
-    /// [`Hub::tx_push`], applied.
-    fn tx_push(&mut self, s: SockId) {
-        self.h.tx_push(s);
-        self.apply_told();
-    }
-    /// [`Hub::psock_now_avail`], applied.
-    fn psock_now_avail(&mut self, p: PsockId) {
-        self.h.psock_now_avail(p);
-        self.apply_told();
-    }
-    /// [`Hub::unreserve`], applied.
-    fn unreserve(&mut self, p: PsockId) {
-        self.h.unreserve(p);
-        self.apply_told();
-    }
-    #[inline]
-    fn uncharge(&mut self, owner: SockId, len: usize, msgs: u32) {
-        self.h.uncharge(owner, len, msgs);
-    }
-
-    /// Raise PsockTransmit if the psock has bytes, no chunk out, and was not
-    /// told since its last `tx_begin`.
-    fn kick(&mut self, p: PsockId) {
-        if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
-            if ps.tx == Tx::Idle && !ps.tx_queue.is_empty() {
-                ps.tx = Tx::Kicked;
-                self.h.events.push_back(Event::PsockTransmit(p));
-            }
-        }
-    }
-
     /// Raise `PsockTransmit` for `p` if it has bytes queued and no chunk out
     /// (for a writer that completed a chunk later than it wrote it, and so
     /// did not take the next one in the same step).
     pub fn tx_kick(&mut self, p: PsockId) {
-        self.kick(p);
+        self.h.kick(p);
     }
 
     /// `TxPolicy::LeastOutstanding`: psock `p` can no longer answer (its
     /// receive side failed or closed), so its messages not yet started go
     /// back to their sockets, in order, to be placed on the others.
     fn tx_take_back(&mut self, p: PsockId) {
-        if self.h.config.tx_policy != TxPolicy::LeastOutstanding {
-            return;
-        }
-        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
-        let back = ps.take_back_balanced();
-        // Owners in the order the last of their messages was queued (as
-        // they are given back from the tail).
-        let mut owners: Vec<SockId> = Vec::new();
-        for m in back.iter().rev() {
-            if !owners.contains(&m.owner) {
-                owners.push(m.owner);
-            }
-        }
-        for &s in &owners {
-            self.h.sk.give_back(s, back.iter().filter(|m| m.owner == s).map(|m| m.data.clone()));
-        }
-        for s in owners {
-            self.tx_push(s);
-        }
+        self.h.tx_take_back(p);
+        self.apply_told();
     }
 
     /// The bytes to write next on psock `p`, or None. Marks the psock busy until
@@ -2215,143 +2062,18 @@ impl MuxRef<'_> {
     /// that writes many times reuses one allocation. Returns whether there is
     /// a chunk to write.
     pub fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
-        slices.clear();
-        self.o.psocks.get_mut(p.index, p.generation).is_some_and(|ps| ps.poll_transmit(slices))
+        self.h.tx_begin_into(p, slices)
     }
     /// `n` bytes of the chunk were written (a short write keeps the rest first).
     pub fn tx_complete(&mut self, p: PsockId, n: usize) {
-        let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else {
-            return self.released_complete(p, n);
-        };
-        let Some(inflight) = ps.tx.end_chunk() else { return };
-        let backlog_before = ps.tx_addr_bytes;
-        let mut wrote = Wrote::default();
-        let last = ps.on_written(inflight, n, self.o.now, &mut self.o.tx_done, &mut wrote);
-        // The peer read its replies: read it again.
-        let resume = psock::backlog_drained(&self.h.config, backlog_before, ps.tx_addr_bytes);
-        let release = self.h.sk.written(p, wrote.rsvd, wrote.addr_bytes);
-        if resume {
-            self.rx_resume(p);
-        }
-        if let Some(last) = last {
-            for i in 0..self.o.tx_done.len() {
-                let (owner, len, msgs) = self.o.tx_done[i];
-                self.uncharge(owner, len, msgs);
-            }
-            self.o.tx_done.clear();
-            let (owner, len, msgs) = last;
-            self.uncharge(owner, len, msgs);
-        }
-        if release {
-            self.unreserve(p);
-        }
-        self.check_drained(p);
-    }
-    /// The writer of a chunk that was out when its psock was unattached
-    /// ([`OutAtRelease`]) wrote `n` bytes of it: its addressed messages
-    /// written whole are sent, the others dropped, into the folded totals.
-    fn released_complete(&mut self, p: PsockId, n: usize) {
-        let Some(i) = self.o.out_at_release.iter().position(|o| o.p == p) else { return };
-        let out = self.o.out_at_release.swap_remove(i);
-        let mut left = n;
-        for m in out.msgs {
-            match m {
-                Err(len) => left = left.saturating_sub(len),
-                Ok(m) => {
-                    let want = m.data.len() - m.sent;
-                    let k = left.min(want);
-                    left -= k;
-                    self.h.folded.tx_bytes += k as u64;
-                    if k == want {
-                        self.h.folded.tx_msgs += u64::from(m.msgs);
-                    } else {
-                        self.h.folded.tx_addressed_drops += u64::from(m.msgs);
-                    }
-                    self.uncharge(m.owner, m.data.len(), m.msgs);
-                }
-            }
-        }
+        self.h.tx_complete(p, n);
+        self.apply_told();
     }
     /// The write failed with a hard error: abort the psock's transmit, resend the
     /// message in progress whole on another psock (tx_retries, tx_aborts).
     pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
-        match self.o.psocks.get(p.index, p.generation) {
-            Some(ps) if ps.tx != Tx::Stopped => self.tx_abort(p, errno),
-            _ => {}
-        }
-    }
-
-    /// Stop a psock's transmit for good: tx_aborts, PsockFailed(Tx), its
-    /// messages given back (KCM `kcm_abort_tx_psock` + retry).
-    fn tx_abort(&mut self, p: PsockId, errno: i32) {
-        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("live");
-        let inflight = ps.tx.inflight();
-        ps.tx = Tx::Stopped;
-        ps.life = Life::Failed;
-        ps.stats.tx_aborts += 1;
-        self.h.sk.stop_tx(p);
-        self.h.events.push_back(Event::PsockFailed(p, PsockError::Tx(errno)));
-        self.tx_evacuate(p, false, inflight);
-    }
-
-    /// Empty a psock's transmit queue that will not be written: the reserving
-    /// socket's messages go back to the head of its queue, in order, to be
-    /// sent whole elsewhere (tx_retries for each one already started);
-    /// addressed messages are dropped (tx_addressed_drops). With `writer_out`
-    /// (an unattach while a writer has the chunk), the chunk's addressed
-    /// messages wait for the writer's report instead ([`OutAtRelease`]).
-    /// `inflight`: the messages of the chunk that was out (its state is the
-    /// caller's to have set: `Stopped`, or `Idle` for an unattach).
-    fn tx_evacuate(&mut self, p: PsockId, writer_out: bool, inflight: usize) {
-        let kcm = self.h.sk.unreserve(p);
-        let ps = self.o.psocks.get_mut(p.index, p.generation).expect("live");
-        let ev = ps.evacuate(writer_out, inflight);
-        if let Some(sh) = self.h.sk.share_mut(p) {
-            sh.addr_gone(ev.addr_bytes);
-        }
-        if !ev.out.is_empty() && ev.out.iter().any(Result::is_ok) {
-            self.o.out_at_release.push(OutAtRelease { p, msgs: ev.out });
-        }
-        let mut back = Vec::new();
-        let mut rebalance: Vec<(SockId, Bytes)> = Vec::new();
-        for (m, started) in ev.placed {
-            let live_owner = self.h.sk.socks.get(m.owner.index, m.owner.generation).is_some();
-            let resend = match m.placed {
-                Placed::Balanced => live_owner,
-                _ => live_owner && Some(m.owner) == kcm,
-            };
-            if !resend {
-                self.uncharge(m.owner, m.data.len(), m.msgs);
-                continue;
-            }
-            self.h.counters.tx_retries += u64::from(started);
-            match m.placed {
-                Placed::Balanced => rebalance.push((m.owner, m.data)),
-                _ => back.push(m.data),
-            }
-        }
-        for (owner, len, msgs) in ev.dropped {
-            self.uncharge(owner, len, msgs);
-        }
-        if let Some(s) = kcm {
-            if self.h.sk.give_back(s, back.into_iter()) {
-                self.tx_push(s);
-            }
-        }
-        if !rebalance.is_empty() {
-            let mut owners: Vec<SockId> = Vec::new();
-            for (s, _) in rebalance.iter().rev() {
-                if !owners.contains(s) {
-                    owners.push(*s);
-                }
-            }
-            for &s in &owners {
-                self.h.sk.give_back(s, rebalance.iter().filter(|(o, _)| *o == s).map(|(_, d)| d.clone()));
-            }
-            for s in owners {
-                self.tx_push(s);
-            }
-        }
+        self.h.tx_failed(p, errno);
+        self.apply_told();
     }
     /// Abort, with ETIMEDOUT, every psock whose message's deadline is at or
     /// before `now`, earliest deadline first. Costs O(log n) per deadline that
@@ -2366,7 +2088,8 @@ impl MuxRef<'_> {
                 continue; // stale: cleared, re-armed, or another psock in the slot
             }
             self.o.deadlines.fired(&mut ps.timer);
-            if ps.rx_running() && ps.held_back(&self.h.config, self.h.mem_paused(p)) {
+            let (mem_paused, backlog) = self.h.holds_back(p);
+            if ps.rx_running() && ps.held_back(&self.h.config, mem_paused, backlog) {
                 // The server is not reading this psock (its replies backed
                 // up, its messages not taken, the memory budget): the time
                 // is the server's. The deadline runs again, in full, when
@@ -2417,10 +2140,11 @@ impl MuxRef<'_> {
     }
 }
 
-/// A psock's statistics with what the sockets' side counts of it (its
-/// reservations, its addressed sends refused).
+/// A psock's receive statistics with what the sockets' side counts of it
+/// (its transmit side, its reservations, its addressed sends refused).
 fn with_share(mut st: PsockStats, share: Option<&Share>) -> PsockStats {
     if let Some(sh) = share {
+        add_psock_stats(&mut st, &sh.tx.stats);
         st.reserved += sh.reserved;
         st.unreserved += sh.unreserved;
         st.tx_backlog_refusals += sh.refusals;

@@ -529,7 +529,10 @@ fn owners_apply_what_the_hub_tells_them_later_and_nothing_is_lost() {
         t.written
     );
     if seeds.len() > 1 {
-        assert!(t.posted > seeds.len() * 10, "hand-overs barely exercised: {}", t.posted);
+        // (What crosses owners is the receive side's: a socket taking a
+        // paused psock's message, readers freeing one, the budget, a write
+        // ending a reply backlog; sends place on the hub's queues.)
+        assert!(t.posted > seeds.len(), "hand-overs barely exercised: {}", t.posted);
         assert!(t.complete_runs > seeds.len() / 10, "runs with nothing lost: {}", t.complete_runs);
     }
 }

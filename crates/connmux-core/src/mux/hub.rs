@@ -1,16 +1,17 @@
 //! The shared half of a mux ([`Hub`]): the KCM sockets and the mux's lists
-//! ([`Sockets`]), the events for the application, the mux's counters and
-//! the memory budget (its decisions are in `super::limits`). What is here
-//! touches no psock: what an operation on this side has for a psock (a
-//! message placed on it, a kick to write, a socket that took its ready
-//! message, a closed socket, the budget's verdict) is told as a
-//! [`ToPsock`] value, which waits in the hub's queue for the psock's owner
-//! ([`Hub::route_told`]) until that owner applies it (`super::MuxRef`).
+//! ([`Sockets`]), the psocks' transmit sides (`super::transmit`), the
+//! events for the application, the mux's counters and the memory budget
+//! (its decisions are in `super::limits`). What is here touches no psock's
+//! receive side: what an operation on this side has for a psock's owner (a
+//! socket that took its ready message, its backlog written, its transmit
+//! aborted, the budget's verdict) is told as a [`ToPsock`] value, which
+//! waits in the hub's queue for the psock's owner ([`Hub::route_told`])
+//! until that owner applies it (`super::MuxRef`).
 //!
-//! Here: closing a socket, a socket becoming able, the transmit side up to
-//! a psock's queue (sends, batches, reservations, the placement of each
-//! message, the send buffers), the owners' queues and the statistics over
-//! them.
+//! Here: closing a socket, a socket becoming able, the transmit side
+//! (sends, batches, reservations, the placement of each message on a
+//! psock's queue, the send buffers), the owners' queues and the statistics
+//! over them.
 
 use std::collections::VecDeque;
 
@@ -18,8 +19,10 @@ use bytes::{Bytes, BytesMut};
 
 use super::sock::Sock;
 use super::sockets::{Sockets, ToPsock};
+use super::transmit::Charge;
 use super::{
-    Event, MuxConfig, MuxCounters, MuxError, OwnerStats, Placed, PsockId, SendFlags, SockId, SockType, TxMsg, TxPolicy,
+    Event, MuxConfig, MuxCounters, MuxError, OutAtRelease, OwnerStats, Placed, PsockId, SendFlags, SockId, SockType,
+    TxMsg, TxPolicy,
 };
 use crate::stats::{MuxStats, PsockStats};
 use crate::time::Timestamp;
@@ -60,6 +63,14 @@ pub struct Hub {
     /// Owners whose queue in `pending` became non-empty since the last
     /// [`Hub::take_wakes`].
     pub(super) wakes: Vec<u32>,
+    /// Chunks whose writer was still out when their psock was unattached
+    /// (see [`OutAtRelease`]); one entry per such psock until its writer
+    /// reports, so bounded by the writers (threads, ring sends) out.
+    pub(super) out_at_release: Vec<OutAtRelease>,
+    /// `tx_complete`'s list of finished messages, kept to reuse its memory.
+    pub(super) tx_done: Vec<Charge>,
+    /// The latest time any owner told (a write's time: writers carry none).
+    pub(super) now: Timestamp,
 }
 
 impl Hub {
@@ -80,6 +91,9 @@ impl Hub {
             tx_last: u32::MAX,
             pending: Vec::new(),
             wakes: Vec::new(),
+            out_at_release: Vec::new(),
+            tx_done: Vec::new(),
+            now: Timestamp::ZERO,
         }
     }
 
@@ -196,11 +210,10 @@ impl Hub {
 
     // ---- sockets ----
 
-    /// close() (see [`super::Mux::close`]): every psock is told to drop the
-    /// socket's messages ([`ToPsock::DropOwner`]); queued received messages
-    /// move to other sockets or the hold queue. Closing the last socket
-    /// unattaches every psock ([`ToPsock::Unattach`]) and purges the hold
-    /// queue.
+    /// close() (see [`super::Mux::close`]): every psock drops the socket's
+    /// messages (`Hub::drop_owner`); queued received messages move to other
+    /// sockets or the hold queue. Closing the last socket unattaches every
+    /// psock ([`ToPsock::Unattach`]) and purges the hold queue.
     pub(super) fn close(&mut self, s: SockId) -> Result<(), MuxError> {
         let sock = self.sk.socks.remove(s.index, s.generation).ok_or(MuxError::BadSock)?;
         if sock.on_waiters {
@@ -211,7 +224,9 @@ impl Hub {
         }
         let last = self.sk.socks.len() == 0;
         let ids: Vec<PsockId> = self.sk.shares().map(|(p, _)| p).collect();
-        self.sk.told.extend(ids.iter().map(|&p| ToPsock::DropOwner { p, s }));
+        for &p in &ids {
+            self.drop_owner(p, s);
+        }
         if last {
             self.sk.told.extend(ids.into_iter().map(ToPsock::Unattach));
             self.sk.hold.clear();
@@ -372,27 +387,24 @@ impl Hub {
         }
     }
 
-    /// Charge and place `msgs` whole messages of `len` bytes from socket `s`
-    /// on psock `p` (checked by [`Hub::check_addressed`]), or refuse them
-    /// for the psock's backlog or the socket's send buffer. The caller
-    /// queues the message on the psock (`TxMsg` with `Placed::Addressed`),
-    /// then, without `batch`, calls [`Hub::after_addressed`] with what this
-    /// returns: whether the socket has messages queued, psocks held.
-    ///
-    /// The refusal reads the psock's backlog as its share keeps it (what the
-    /// psock reported), not the psock.
+    /// An addressed send of `msgs` whole messages in `msg` from socket `s`
+    /// on psock `p` (checked by [`Hub::check_addressed`]): charged and
+    /// queued on the psock, or refused for the psock's backlog or the
+    /// socket's send buffer. `kick`: raise `PsockTransmit` for `p` (a
+    /// caller that takes the chunk itself at once does not need it).
     #[inline]
-    pub(super) fn place_addressed(
+    pub(super) fn send_addressed(
         &mut self,
         s: SockId,
         p: PsockId,
-        len: usize,
+        msg: Bytes,
         batch: bool,
         msgs: u32,
-    ) -> Result<(bool, bool), MuxError> {
+        kick: bool,
+    ) -> Result<(), MuxError> {
         let limit = self.config.psock_sndbuf;
         let (sock, sh) = self.sk.sock_and_share(s, p).expect("checked");
-        if sh.addr_backlog >= limit {
+        if sh.tx.addr_bytes >= limit {
             sh.refusals += 1;
             return Err(self.would_block(s));
         }
@@ -400,45 +412,37 @@ impl Hub {
         // a good share of it itself: one socket's replies go to many peers,
         // and those that do not read must not hold up the replies to the
         // others (a socket sending to one peer keeps KCM's SO_SNDBUF bound).
-        if sock.tx_mem >= sock.sndbuf && sh.addr_backlog >= sock.sndbuf / SNDBUF_SHARE {
+        if sock.tx_mem >= sock.sndbuf && sh.tx.addr_bytes >= sock.sndbuf / SNDBUF_SHARE {
             return Err(self.would_block(s));
         }
-        sock.charge(len, msgs);
-        sh.place(msgs, len);
+        sock.charge(msg.len(), msgs);
+        sh.place(msgs);
+        sh.tx.queue(TxMsg::new(msg, s, Placed::Addressed, msgs));
         if batch {
             if !sock.held_psocks.contains(&p) {
                 sock.held_psocks.push(p);
             }
             sock.wait_more = true;
-            return Ok((false, false));
+            return Ok(());
         }
         sock.wait_more = false;
-        Ok((!sock.tx_queue.is_empty(), !sock.held_psocks.is_empty()))
-    }
-
-    /// After an addressed send without batch: the socket's queued messages
-    /// go to its psock, the psocks its batch held are kicked. Both are
-    /// no-ops for a socket with nothing queued and nothing held (a server's
-    /// replies), so the caller skips them then (`queued`, `held`).
-    #[inline]
-    pub(super) fn after_addressed(&mut self, s: SockId, queued: bool, held: bool) {
+        // The socket's queued messages go to its psock, the psocks its batch
+        // held are kicked: neither for a server's replies (nothing queued,
+        // nothing held).
+        let (queued, held) = (!sock.tx_queue.is_empty(), !sock.held_psocks.is_empty());
+        if kick {
+            self.kick(p);
+        }
         if queued {
             self.tx_push(s);
         }
         if held {
             self.kick_held(s);
         }
+        Ok(())
     }
 
     // ---- transmit: placement on psocks ----
-
-    /// Psock `p` is to write what it has (its owner raises `PsockTransmit`
-    /// if it has bytes, no chunk out, and was not told since its last
-    /// `tx_begin`).
-    #[inline]
-    pub(super) fn kick(&mut self, p: PsockId) {
-        self.sk.told.push(ToPsock::Kick(p));
-    }
 
     /// End of a batch: wake the psocks whose addressed messages it held.
     pub(super) fn kick_held(&mut self, s: SockId) {
@@ -467,15 +471,13 @@ impl Hub {
                 None => return self.sk.wait_for_psock(s),
             },
         };
-        let Sockets { socks, told, .. } = &mut self.sk;
-        let sock = socks.get_mut(s.index, s.generation).expect("live");
+        let (sock, sh) = self.sk.sock_and_share(s, p).expect("reserved psock is attached");
         let n = sock.tx_queue.len();
         for data in sock.tx_queue.drain(..) {
-            told.push(ToPsock::Queue(p, TxMsg::new(data, s, Placed::Reserved, 1)));
+            sh.tx.queue(TxMsg::new(data, s, Placed::Reserved, 1));
         }
-        let sh = self.sk.share_mut(p).expect("reserved psock is attached");
         sh.tx_rsvd_msgs += n;
-        sh.place(n as u32, 0);
+        sh.place(n as u32);
         self.kick(p);
     }
 
@@ -491,10 +493,10 @@ impl Hub {
             let Some(p) = self.sk.least_outstanding(self.tx_last) else {
                 return self.sk.wait_for_psock(s);
             };
-            let sock = self.sk.socks.get_mut(s.index, s.generation).expect("live");
+            let (sock, sh) = self.sk.sock_and_share(s, p).expect("chosen psock is attached");
             let data = sock.tx_queue.pop_front().expect("non-empty");
-            self.sk.told.push(ToPsock::Queue(p, TxMsg::new(data, s, Placed::Balanced, 1)));
-            self.sk.share_mut(p).expect("chosen psock is attached").place(1, 0);
+            sh.tx.queue(TxMsg::new(data, s, Placed::Balanced, 1));
+            sh.place(1);
             self.tx_last = p.index;
             self.kick(p);
         }
@@ -529,19 +531,5 @@ impl Hub {
     #[inline]
     pub(super) fn uncharge(&mut self, owner: SockId, len: usize, msgs: u32) {
         self.sk.uncharge(&mut self.events, owner, len, msgs);
-    }
-
-    /// A message told to a psock that is no longer there (a runtime's owner
-    /// unattached it before the message reached it): as at an unattach,
-    /// an addressed message is dropped, another goes back to the head of
-    /// its socket's queue to be placed again.
-    pub(super) fn unplaced(&mut self, m: TxMsg) {
-        if m.placed == Placed::Addressed || !self.sk.give_back(m.owner, std::iter::once(m.data.clone())) {
-            if m.placed == Placed::Addressed {
-                self.folded.tx_addressed_drops += u64::from(m.msgs);
-            }
-            return self.uncharge(m.owner, m.data.len(), m.msgs);
-        }
-        self.tx_push(m.owner);
     }
 }

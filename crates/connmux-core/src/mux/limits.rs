@@ -129,6 +129,20 @@ impl Hub {
         self.sk.share(p).is_some_and(|sh| sh.mem != MemState::Reading)
     }
 
+    /// What of psock `p`'s share holds its reading back: the budget's
+    /// pause, and its reply backlog (one look-up, on every read).
+    #[inline]
+    pub(super) fn holds_back(&self, p: PsockId) -> (bool, usize) {
+        self.sk.share(p).map_or((false, 0), |sh| (sh.mem != MemState::Reading, sh.tx.addr_bytes))
+    }
+
+    /// Psock `p`'s transmit side for its idle time: whether a writer has a
+    /// chunk out, and when it last wrote.
+    #[inline]
+    pub(super) fn tx_activity(&self, p: PsockId) -> (bool, Timestamp) {
+        self.sk.share(p).map_or((false, Timestamp::ZERO), |sh| (sh.tx.state.busy(), sh.tx.last_write))
+    }
+
     /// Psock `p`'s receive side holds `held` now: the sum follows, and
     /// past the limit the budget looks (the psock itself is paused here
     /// when the others were already: `mem_check`). The psock's owner calls
@@ -153,7 +167,7 @@ impl Hub {
             // when it was last fed (its replies grow with its requests):
             // this one is the one to look at.
             let sh = self.sk.share_mut(p).expect("looked up above");
-            let holding = sh.counted + sh.addr_backlog;
+            let holding = sh.counted + sh.tx.addr_bytes;
             if sh.mem == MemState::Reading && sh.answers && holding >= MEM_FLOOR {
                 sh.mem = MemState::Paused { since: now, held: holding };
                 self.counters.mem_pauses += 1;
@@ -183,7 +197,7 @@ impl Hub {
             .sk
             .shares()
             .filter(|(_, sh)| sh.answers)
-            .map(|(p, sh)| (sh.counted + sh.addr_backlog, p, sh.mem))
+            .map(|(p, sh)| (sh.counted + sh.tx.addr_bytes, p, sh.mem))
             .collect();
         ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         // 1. Abort the stuck: paused past their grace, holding no less.
@@ -330,9 +344,14 @@ impl<'a> MuxView<'a> {
         self.o
             .psocks
             .iter()
-            .filter(|(_, _, ps)| !ps.life.rx_over() && !ps.tx.busy())
-            .min_by_key(|(i, g, ps)| (ps.last_active, *i, *g))
-            .map(|(i, g, ps)| (PsockId { index: i, generation: g }, now.since(ps.last_active)))
+            .filter(|(_, _, ps)| !ps.life.rx_over())
+            .filter_map(|(i, g, ps)| {
+                let p = PsockId { index: i, generation: g };
+                let (busy, wrote) = self.h.tx_activity(p);
+                (!busy).then_some((p, ps.last_active.max(wrote)))
+            })
+            .min_by_key(|(p, last)| (*last, p.index, p.generation))
+            .map(|(p, last)| (p, now.since(last)))
     }
 }
 
@@ -502,10 +521,11 @@ impl MuxRef<'_> {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
             if let Some(d) = idle {
-                let due = ps.last_active.add(d);
+                let (busy, wrote) = self.h.tx_activity(p);
+                let due = ps.last_active.max(wrote).add(d);
                 // Writing counts as activity only when it moved bytes; a
                 // chunk out with the driver is activity in progress.
-                if due <= now && !ps.tx.busy() {
+                if due <= now && !busy {
                     failed.push((p, RxError::IdleTimeout));
                     continue;
                 }

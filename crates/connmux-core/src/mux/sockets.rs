@@ -3,10 +3,10 @@
 //! psocks waiting for a socket to take a message (`psocks_ready`) and free
 //! for a reservation (`psocks_avail`), the hold queue, and the steering
 //! policy that picks the socket for a message, what the readers owe each
-//! psock (its messages waiting in queues, those taken and not yet answered)
-//! and what each psock reported of its transmit side ([`Share`]). What one
-//! connection owns is in [`super::psock`]; the mux (`super`) moves messages
-//! and reports between the two.
+//! psock (its messages waiting in queues, those taken and not yet answered),
+//! each psock's transmit side and what each psock reported ([`Share`]).
+//! What one connection's owner holds is in [`super::psock`]; the mux
+//! (`super`) moves messages and reports between the two.
 
 use std::collections::VecDeque;
 
@@ -15,9 +15,9 @@ use bytes::Bytes;
 use super::limits::MemState;
 use super::slab::Slab;
 use super::sock::Sock;
-use super::{
-    mix, sid, Event, MuxConfig, MuxError, PsockId, RecvFlags, RecvInfo, RxMsg, SockId, SockType, Steering, TxMsg,
-};
+use super::transmit::PsockTx;
+use super::{mix, sid, Event, MuxConfig, MuxError, PsockId, RecvFlags, RecvInfo, RxMsg, SockId, SockType, Steering};
+use crate::time::Timestamp;
 
 /// The shared part of a mux.
 #[derive(Default)]
@@ -46,8 +46,8 @@ pub(super) struct Sockets {
 }
 
 /// What an operation on the hub's side (a reader taking or settling a
-/// message, a send placed, a socket able or closed, the budget) tells the
-/// owner of a psock. The hub never touches a psock's state: what it tells
+/// message, a write reported, a socket able, the budget) tells the owner
+/// of a psock. The hub never touches a psock's state: what it tells
 /// waits in its queue for the psock's owner (`super::hub::Hub::route_told`),
 /// which applies it at its next call or when woken; with one owner that is
 /// at once, in the same call.
@@ -56,19 +56,20 @@ pub(super) enum ToPsock {
     /// Its messages waiting for readers are down to half the bound: the
     /// readers no longer hold its reading back.
     Resume(PsockId),
-    /// Nothing of it is in readers' hands now: a psock whose peer closed
-    /// may be drained.
-    ReadersDone(PsockId),
-    /// A message placed on it (by its socket's reservation, or the
-    /// balancing): to the tail of its transmit queue.
-    Queue(PsockId, TxMsg),
+    /// Nothing of it may be left in readers' hands or to write now (a
+    /// reader settled its last message, a write ended): a psock whose peer
+    /// closed may be drained.
+    MayDrain(PsockId),
+    /// Its reply backlog fell under the pause mark (written, or dropped
+    /// with its socket): it is read again.
+    Backlog(PsockId),
+    /// Its transmit was aborted (a write failed, its socket closed
+    /// mid-message): its life is over.
+    TxAborted(PsockId),
     /// Its ready message was taken by a socket (`hold`: its messages waiting
     /// for readers reached the bound with it): it is read again, from what
     /// it had buffered.
     Offered { p: PsockId, hold: bool },
-    /// Socket `s` closed: its messages not yet begun leave the psock's
-    /// queue, one part-way written aborts the psock, its reservation ends.
-    DropOwner { p: PsockId, s: SockId },
     /// The mux's last socket closed: the psock is unattached.
     Unattach(PsockId),
     /// The memory budget paused it (a loan of its buffer out is recalled:
@@ -79,9 +80,6 @@ pub(super) enum ToPsock {
     /// The memory budget aborts it (stuck holding `held` of `limit`): its
     /// receive stops, its buffer is freed, `PsockFailed(Rx(MemLimit))`.
     MemAbort { p: PsockId, held: usize, limit: usize },
-    /// Write what it has (raise `PsockTransmit` unless a writer has a chunk
-    /// out or was told since its last `tx_begin`).
-    Kick(PsockId),
 }
 
 impl ToPsock {
@@ -89,24 +87,23 @@ impl ToPsock {
     pub(super) fn psock(&self) -> PsockId {
         match *self {
             ToPsock::Resume(p)
-            | ToPsock::ReadersDone(p)
-            | ToPsock::Queue(p, _)
+            | ToPsock::MayDrain(p)
+            | ToPsock::Backlog(p)
+            | ToPsock::TxAborted(p)
             | ToPsock::Offered { p, .. }
-            | ToPsock::DropOwner { p, .. }
             | ToPsock::Unattach(p)
             | ToPsock::MemPaused(p)
             | ToPsock::MemResumed(p)
-            | ToPsock::MemAbort { p, .. }
-            | ToPsock::Kick(p) => p,
+            | ToPsock::MemAbort { p, .. } => p,
         }
     }
 }
 
 /// What the sockets' side keeps of one psock: its messages in the hands of
-/// readers, its reservation, and what the psock reported of its transmit
-/// side (its addressed backlog, messages placed on it and received from it,
+/// readers, its reservation, its transmit side ([`PsockTx`]: any sender
+/// writes it), and what the psock reported (messages received from it,
 /// whether it can still answer). The psock's owner is told what it needs of
-/// this (its reading held back, its last message answered), never reads it;
+/// this (its reading held back, its last message answered or written);
 /// the sockets' side decides from it and never reads the psock.
 #[derive(Debug)]
 pub(super) struct Share {
@@ -120,7 +117,7 @@ pub(super) struct Share {
     /// is down to half (then `PsockRxResume`).
     pub(super) queued_full: bool,
     /// Its peer closed its side in order (FIN): the last of its messages
-    /// leaving readers' hands is told ([`ToPsock::ReadersDone`]), as the
+    /// leaving readers' hands is told ([`ToPsock::MayDrain`]), as the
     /// psock may then drain. (Not told before: nothing waits for it, and
     /// a server settles each request.)
     pub(super) closing: bool,
@@ -131,8 +128,8 @@ pub(super) struct Share {
     // ---- transmit: the reservation (KCM's `tx_kcm`) ----
     /// The socket holding its reservation.
     pub(super) tx_kcm: Option<SockId>,
-    /// Messages of `tx_kcm` placed on it and not yet written whole (the
-    /// psock reports them as it writes: [`Sockets::written`]).
+    /// Messages of `tx_kcm` placed on it and not yet written whole
+    /// ([`Sockets::written`]).
     pub(super) tx_rsvd_msgs: usize,
     /// On the list of psocks free for a reservation (`psocks_avail`).
     pub(super) in_avail: bool,
@@ -142,14 +139,11 @@ pub(super) struct Share {
     /// statistics).
     pub(super) reserved: u64,
     pub(super) unreserved: u64,
-    // ---- transmit: what the psock reported of its queue and its life ----
-    /// Bytes of addressed messages placed on it not yet written whole (its
-    /// psock's `tx_addr_bytes`): raised as they are placed ([`Share::place`]),
-    /// lowered as the psock reports them written, dropped or taken
-    /// ([`Share::addr_gone`]). So an addressed send is refused here, without
-    /// a look at the psock.
-    pub(super) addr_backlog: usize,
-    /// Addressed sends refused for that backlog (its `tx_backlog_refusals`).
+    // ---- transmit: its queue, and what the psock reported of its life ----
+    /// Its transmit side.
+    pub(super) tx: PsockTx,
+    /// Addressed sends refused for its reply backlog (its
+    /// `tx_backlog_refusals`).
     pub(super) refusals: u64,
     /// Messages placed on it over its life (kept here only: the sockets'
     /// side places them), the first term of its outstanding work
@@ -196,25 +190,17 @@ impl Share {
     pub(super) fn outstanding(&self) -> u64 {
         self.placed.saturating_sub(self.received)
     }
-    /// `msgs` messages were placed on its psock, `addr_bytes` of them
-    /// addressed (0 for a reservation's or the balancing's).
+    /// `msgs` messages were placed on its psock.
     #[inline]
-    pub(super) fn place(&mut self, msgs: u32, addr_bytes: usize) {
+    pub(super) fn place(&mut self, msgs: u32) {
         self.placed += u64::from(msgs);
-        self.addr_backlog += addr_bytes;
-    }
-    /// Its psock reports `bytes` of addressed messages off its queue
-    /// (written whole, dropped, evacuated).
-    #[inline]
-    pub(super) fn addr_gone(&mut self, bytes: usize) {
-        self.addr_backlog -= bytes;
     }
 }
 
 impl Sockets {
-    /// A psock is attached, to be held by owner `owner`: its id, and its
-    /// share, empty.
-    pub(super) fn add_share(&mut self, owner: u32) -> PsockId {
+    /// A psock is attached at `now`, to be held by owner `owner`: its id,
+    /// and its share, empty.
+    pub(super) fn add_share(&mut self, owner: u32, now: Timestamp) -> PsockId {
         let (index, generation) = self.shares.insert(Share {
             owner,
             queued: 0,
@@ -227,7 +213,7 @@ impl Sockets {
             tx_stopped: false,
             reserved: 0,
             unreserved: 0,
-            addr_backlog: 0,
+            tx: PsockTx::new(now),
             refusals: 0,
             placed: 0,
             received: 0,
@@ -295,7 +281,7 @@ impl Sockets {
     /// A reader took a whole message of psock `p` from a queue (`holds`: its
     /// socket holds what its reader takes until settled): tells `Resume`
     /// when that brings its queued messages down to half the bound, and
-    /// `ReadersDone` when nothing of it is left in readers' hands.
+    /// `MayDrain` when nothing of it is left in readers' hands.
     #[inline]
     pub(super) fn take(&mut self, config: &MuxConfig, p: PsockId, holds: bool) {
         let Some(sh) = self.share_mut(p) else { return };
@@ -311,20 +297,20 @@ impl Sockets {
             sh.closing && sh.readers_done()
         };
         if done {
-            self.told.push(ToPsock::ReadersDone(p));
+            self.told.push(ToPsock::MayDrain(p));
         }
         if resume {
             self.told.push(ToPsock::Resume(p));
         }
     }
     /// `n` messages of psock `p` taken from holding sockets were answered:
-    /// tells `ReadersDone` when nothing of it is left in readers' hands
+    /// tells `MayDrain` when nothing of it is left in readers' hands
     /// and its peer closed (only a closing psock waits for that).
     pub(super) fn settle(&mut self, p: PsockId, n: u64) {
         let Some(sh) = self.share_mut(p) else { return };
         sh.holds = sh.holds.saturating_sub(n);
         if sh.closing && sh.readers_done() {
-            self.told.push(ToPsock::ReadersDone(p));
+            self.told.push(ToPsock::MayDrain(p));
         }
     }
     /// `n` messages of psock `p` handed to a reader without a queue (in
@@ -653,13 +639,12 @@ impl Sockets {
         Some(s)
     }
 
-    /// Psock `p` wrote messages whole: `n` of its reservation, `addr_bytes`
-    /// of addressed ones. Whether the reservation is now to be released
-    /// (nothing of it left on the psock, nothing more queued on its socket).
+    /// Psock `p` wrote `n` messages of its reservation whole. Whether the
+    /// reservation is now to be released (nothing of it left on the psock,
+    /// nothing more queued on its socket).
     #[inline]
-    pub(super) fn written(&mut self, p: PsockId, n: usize, addr_bytes: usize) -> bool {
+    pub(super) fn written(&mut self, p: PsockId, n: usize) -> bool {
         let Some(sh) = self.share_mut(p) else { return false };
-        sh.addr_gone(addr_bytes);
         sh.tx_rsvd_msgs -= n;
         match sh.tx_kcm {
             Some(s) if sh.tx_rsvd_msgs == 0 => {

@@ -3,8 +3,9 @@
 //! (`connmux_core::mux::Owned`, tagged with the worker's index), plus an
 //! owner with no psocks for the calls of application threads.
 //!
-//! Each call goes through the owner it concerns: a psock's to the psock's
-//! owner, a socket's to the application's. What a call tells another
+//! Each call goes through the owner it concerns: a psock's receive side to
+//! the psock's owner; a socket's, and every send and write (a psock's
+//! transmit side is the hub's), to the application's. What a call tells another
 //! owner's psocks (a message placed on it, a socket that became able) is
 //! applied before the call returns ([`Owners::settle`]): every owner is
 //! under the same lock here. The step after this one takes each worker's
@@ -67,20 +68,13 @@ impl Owners {
     }
 
     /// The index of the owner holding psock `p`; for one unattached, the
-    /// owner still waiting for a writer's report on it, else the
     /// application's (the call then finds no psock).
     #[inline]
     fn owner_index(&self, p: PsockId) -> usize {
         match self.hub.owner_of(p) {
             Some(o) => o as usize,
-            None => self.released_owner(p),
+            None => self.owned.len() - 1,
         }
-    }
-
-    #[cold]
-    fn released_owner(&self, p: PsockId) -> usize {
-        let app = self.owned.len() - 1;
-        (0..app).find(|&k| MuxView::new(&self.owned[k], &self.hub).owes_report(p)).unwrap_or(app)
     }
 
     #[inline]
@@ -113,7 +107,7 @@ impl Owners {
         }
     }
 
-    // ---- psocks ----
+    // ---- psocks: their receive sides, on their owners ----
 
     /// SIOCKCMATTACH on owner `owner` (a worker's index, or a slot's).
     #[inline]
@@ -195,26 +189,6 @@ impl Owners {
         at!(self, p, |m| m.set_record_deadline(p, deadline))
     }
     #[inline]
-    pub fn tx_begin(&mut self, p: PsockId) -> Option<TxChunk> {
-        at!(self, p, |m| m.tx_begin(p))
-    }
-    #[inline]
-    pub fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
-        at!(self, p, |m| m.tx_begin_into(p, slices))
-    }
-    #[inline]
-    pub fn tx_complete(&mut self, p: PsockId, n: usize) {
-        at!(self, p, |m| m.tx_complete(p, n))
-    }
-    #[inline]
-    pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
-        at!(self, p, |m| m.tx_failed(p, errno))
-    }
-    #[inline]
-    pub fn tx_kick(&mut self, p: PsockId) {
-        at!(self, p, |m| m.tx_kick(p))
-    }
-    #[inline]
     pub fn rx_capacity(&self, p: PsockId) -> usize {
         self.view_at(p).rx_capacity(p)
     }
@@ -239,22 +213,19 @@ impl Owners {
         self.view_at(p).psock_stats(p)
     }
 
-    // ---- sends: on the psock's owner when addressed ----
+    // ---- sends ----
 
     #[inline]
     pub fn send_to(&mut self, s: SockId, p: PsockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError> {
-        at!(self, p, |m| m.send_to(s, p, data, flags))
+        app!(self, |m| m.send_to(s, p, data, flags))
     }
     #[inline]
     pub fn send_msg(&mut self, s: SockId, p: Option<PsockId>, msg: Bytes, batch: bool) -> Result<(), MuxError> {
-        match p {
-            Some(p) => at!(self, p, |m| m.send_msg(s, Some(p), msg, batch)),
-            None => app!(self, |m| m.send_msg(s, None, msg, batch)),
-        }
+        app!(self, |m| m.send_msg(s, p, msg, batch))
     }
     #[inline]
     pub fn send_msgs_to(&mut self, s: SockId, p: PsockId, data: Bytes, count: u32) -> Result<(), MuxError> {
-        at!(self, p, |m| m.send_msgs_to(s, p, data, count))
+        app!(self, |m| m.send_msgs_to(s, p, data, count))
     }
     #[inline]
     pub fn send_msgs_to_begin(
@@ -265,7 +236,28 @@ impl Owners {
         count: u32,
         slices: &mut Vec<Bytes>,
     ) -> Result<bool, MuxError> {
-        at!(self, p, |m| m.send_msgs_to_begin(s, p, data, count, slices))
+        app!(self, |m| m.send_msgs_to_begin(s, p, data, count, slices))
+    }
+
+    #[inline]
+    pub fn tx_begin(&mut self, p: PsockId) -> Option<TxChunk> {
+        app!(self, |m| m.tx_begin(p))
+    }
+    #[inline]
+    pub fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
+        app!(self, |m| m.tx_begin_into(p, slices))
+    }
+    #[inline]
+    pub fn tx_complete(&mut self, p: PsockId, n: usize) {
+        app!(self, |m| m.tx_complete(p, n))
+    }
+    #[inline]
+    pub fn tx_failed(&mut self, p: PsockId, errno: i32) {
+        app!(self, |m| m.tx_failed(p, errno))
+    }
+    #[inline]
+    pub fn tx_kick(&mut self, p: PsockId) {
+        app!(self, |m| m.tx_kick(p))
     }
 
     // ---- sockets ----
