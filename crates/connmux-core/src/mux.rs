@@ -1318,17 +1318,30 @@ impl MuxRef<'_> {
 
     /// SIOCKCMATTACH. Bytes the connection already holds are simply fed after.
     pub fn attach(&mut self, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId {
-        let max_msg_size = cfg.max_msg_size.unwrap_or(self.h.config.max_msg_size).max(1);
-        let assembly_timeout = cfg.assembly_timeout.unwrap_or(self.h.config.assembly_timeout);
-        let read_ahead = self.h.config.psock_rx_buf.max(1);
-        self.h.max_msg_peak = self.h.max_msg_peak.max(max_msg_size);
-        let stream = StreamParser::new(parser, StreamLimits { max_msg_size, assembly_timeout, read_ahead });
-        let p = self.h.sk.add_share(self.o.id, self.o.now);
+        let me = self.o.id;
+        self.attach_to(me, parser, cfg)
+    }
+    /// SIOCKCMATTACH for owner `owner` (a tag of an [`Owned`] of this hub):
+    /// the psock is attached at once as far as the sockets go (it may be
+    /// reserved, placed on and written), and its owner creates its receive
+    /// side when it applies what it was told ([`MuxRef::apply_pending`]; at
+    /// once when `owner` is this one).
+    pub fn attach_to(&mut self, owner: u32, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId {
+        let p = self.h.attach(owner, parser, cfg);
+        self.apply_told();
+        p
+    }
+    /// What an owner told to attach `p` creates: its receive side.
+    fn attached(&mut self, p: PsockId, parser: Box<dyn Parser>, cfg: PsockConfig) {
+        if self.h.sk.share(p).is_none() {
+            return; // unattached before its owner took it
+        }
+        let (limits, rx_limit) = stream_limits(&self.h.config, &cfg);
         let ps = Psock {
-            stream,
+            stream: StreamParser::new(parser, limits),
             affinity: cfg.affinity,
             rx_last: None,
-            rx_limit: max_msg_size + read_ahead,
+            rx_limit,
             ready: None,
             life: Life::Open,
             readers_hold: false,
@@ -1341,12 +1354,7 @@ impl MuxRef<'_> {
             record_timeouts: 0,
         };
         self.o.psocks.insert_at(p.index, p.generation, ps);
-        self.h.counters.psock_attach += 1;
         self.arm_idle(self.o.now);
-        // To the first socket waiting to transmit, else the tail of the LRU list.
-        self.h.psock_now_avail(p);
-        self.apply_told();
-        p
     }
     /// SIOCKCMUNATTACH: ENOENT (`NoPsock`) if not attached. A ready message is
     /// dropped (rx_ready_drops); a partly written message is resent whole on
@@ -1899,6 +1907,10 @@ impl MuxRef<'_> {
                 }
             }
             ToPsock::MemAbort { p, held, limit } => self.mem_abort(p, held, limit),
+            ToPsock::Attach(p, a) => {
+                let sockets::Attaching { parser, cfg } = *a;
+                self.attached(p, parser, cfg);
+            }
             ToPsock::Unattach(p) => {
                 let _ = self.unattach(p);
             }
@@ -2138,6 +2150,15 @@ impl MuxRef<'_> {
     pub fn poll_event(&mut self) -> Option<Event> {
         self.h.events.pop_front()
     }
+}
+
+/// A psock's stream limits under `config` and its own `cfg`, and its hard
+/// cap on receive bytes held (buffer + ready message).
+fn stream_limits(config: &MuxConfig, cfg: &PsockConfig) -> (StreamLimits, usize) {
+    let max_msg_size = cfg.max_msg_size.unwrap_or(config.max_msg_size).max(1);
+    let assembly_timeout = cfg.assembly_timeout.unwrap_or(config.assembly_timeout);
+    let read_ahead = config.psock_rx_buf.max(1);
+    (StreamLimits { max_msg_size, assembly_timeout, read_ahead }, max_msg_size + read_ahead)
 }
 
 /// A psock's receive statistics with what the sockets' side counts of it

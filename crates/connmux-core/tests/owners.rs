@@ -1,7 +1,9 @@
 //! Seeded simulation of a mux whose psocks are held by several owners, as a
 //! runtime's workers would hold them: each owner has its own `Owned`, all
-//! share one `Hub`. A call on a psock goes through its owner; a call on a
-//! socket through an owner with no psocks (an application thread). What
+//! share one `Hub`. A call on a psock's receive side goes through its
+//! owner; a call on a socket, a send or a write through an owner with no
+//! psocks (an application thread), which also attaches psocks for an
+//! owner (the owner creates them when it runs). What
 //! the hub tells another owner's psock waits in the hub's queue for that
 //! owner, which is woken (`Hub::take_wakes`) and takes it a random number
 //! of steps later (`MuxRef::apply_pending`), as a worker takes what was
@@ -161,7 +163,14 @@ fn run(seed: u64) -> Totals {
     let attach = |w: &mut World, conns: &mut Vec<Conn>, rng: &mut StdRng| {
         let owner = rng.gen_range(0..n_owners);
         let cfg = PsockConfig { affinity: Some(owner as u32), ..PsockConfig::default() };
-        let p = w.call(Some(owner), |m| m.attach(L4::boxed(), cfg));
+        // Attached by its owner, or by the application for it (the owner
+        // creates its receive side when it runs; until then it takes no
+        // bytes, but sockets may already send on it).
+        let p = if rng.gen_bool(0.5) {
+            w.call(Some(owner), |m| m.attach(L4::boxed(), cfg))
+        } else {
+            w.call(None, |m| m.attach_to(owner as u32, L4::boxed(), cfg))
+        };
         let tag = conns.len() as u8;
         conns.push(Conn {
             p,
@@ -275,8 +284,11 @@ fn run(seed: u64) -> Totals {
             if conn.gone || conn.fin || !conn.to_send.is_empty() || !rng.gen_bool(0.2) {
                 continue;
             }
-            conn.fin = true;
             let (k, p) = (conn.owner, conn.p);
+            if w.view(k).psock_stats(p).is_err() {
+                continue; // its owner has not taken it yet: nothing came
+            }
+            conn.fin = true;
             w.call(Some(k), |m| m.rx_closed(p, None)).unwrap();
         } else if action < 94 {
             w.now += rng.gen_range(0..50_000_000);

@@ -18,12 +18,13 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 
 use super::sock::Sock;
-use super::sockets::{Sockets, ToPsock};
+use super::sockets::{Attaching, Sockets, ToPsock};
 use super::transmit::Charge;
 use super::{
-    Event, MuxConfig, MuxCounters, MuxError, OutAtRelease, OwnerStats, Placed, PsockId, SendFlags, SockId, SockType,
-    TxMsg, TxPolicy,
+    Event, MuxConfig, MuxCounters, MuxError, OutAtRelease, OwnerStats, Placed, PsockConfig, PsockId, SendFlags, SockId,
+    SockType, TxMsg, TxPolicy,
 };
+use crate::parser::Parser;
 use crate::stats::{MuxStats, PsockStats};
 use crate::time::Timestamp;
 
@@ -256,6 +257,22 @@ impl Hub {
                 }
             }
         }
+    }
+
+    // ---- psocks ----
+
+    /// SIOCKCMATTACH for owner `owner` (see [`super::MuxRef::attach_to`]):
+    /// its share, its id, its owner told to create its receive side, and
+    /// it goes to the first socket waiting to transmit, else the tail of
+    /// the LRU list.
+    pub(super) fn attach(&mut self, owner: u32, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId {
+        let (limits, _) = super::stream_limits(&self.config, &cfg);
+        self.max_msg_peak = self.max_msg_peak.max(limits.max_msg_size);
+        let p = self.sk.add_share(owner, self.now);
+        self.counters.psock_attach += 1;
+        self.sk.told.push(ToPsock::Attach(p, Box::new(Attaching { parser, cfg })));
+        self.psock_now_avail(p);
+        p
     }
 
     // ---- receive ----

@@ -16,7 +16,10 @@ use super::limits::MemState;
 use super::slab::Slab;
 use super::sock::Sock;
 use super::transmit::PsockTx;
-use super::{mix, sid, Event, MuxConfig, MuxError, PsockId, RecvFlags, RecvInfo, RxMsg, SockId, SockType, Steering};
+use super::{
+    mix, sid, Event, MuxConfig, MuxError, PsockConfig, PsockId, RecvFlags, RecvInfo, RxMsg, SockId, SockType, Steering,
+};
+use crate::parser::Parser;
 use crate::time::Timestamp;
 
 /// The shared part of a mux.
@@ -53,6 +56,8 @@ pub(super) struct Sockets {
 /// at once, in the same call.
 #[derive(Debug)]
 pub(super) enum ToPsock {
+    /// It was attached to this owner: create its receive side.
+    Attach(PsockId, Box<Attaching>),
     /// Its messages waiting for readers are down to half the bound: the
     /// readers no longer hold its reading back.
     Resume(PsockId),
@@ -86,7 +91,8 @@ impl ToPsock {
     /// The psock told.
     pub(super) fn psock(&self) -> PsockId {
         match *self {
-            ToPsock::Resume(p)
+            ToPsock::Attach(p, _)
+            | ToPsock::Resume(p)
             | ToPsock::MayDrain(p)
             | ToPsock::Backlog(p)
             | ToPsock::TxAborted(p)
@@ -96,6 +102,19 @@ impl ToPsock {
             | ToPsock::MemResumed(p)
             | ToPsock::MemAbort { p, .. } => p,
         }
+    }
+}
+
+/// A psock's receive side to create, as its owner is told
+/// ([`ToPsock::Attach`]).
+pub(super) struct Attaching {
+    pub(super) parser: Box<dyn Parser>,
+    pub(super) cfg: PsockConfig,
+}
+
+impl std::fmt::Debug for Attaching {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attaching").field("cfg", &self.cfg).finish_non_exhaustive()
     }
 }
 
