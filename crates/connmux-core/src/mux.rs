@@ -304,6 +304,10 @@ pub struct PsockConfig {
     pub assembly_timeout: Option<Option<Duration>>,
     /// Affinity tag (the runtime uses the owning worker's index).
     pub affinity: Option<u32>,
+    /// The handshake of the layer below the parser (TLS) must end within
+    /// this from attach (as [`MuxRef::set_handshake_deadline`] would set;
+    /// given here, it is set by whoever creates the psock's receive side).
+    pub handshake_timeout: Option<Duration>,
 }
 
 /// Errors from mux calls (what a syscall on AF_KCM would return).
@@ -1348,13 +1352,17 @@ impl MuxRef<'_> {
             timer: None,
             below: 0,
             last_active: self.o.now,
-            handshake_deadline: None,
+            handshake_deadline: cfg.handshake_timeout.map(|d| self.o.now.add(d)),
             record_deadline: None,
             ahead_since: None,
             record_timeouts: 0,
         };
+        let handshake = ps.handshake_deadline;
         self.o.psocks.insert_at(p.index, p.generation, ps);
         self.arm_idle(self.o.now);
+        if let Some(t) = handshake {
+            self.scan_at(t);
+        }
     }
     /// SIOCKCMUNATTACH: ENOENT (`NoPsock`) if not attached. A ready message is
     /// dropped (rx_ready_drops); a partly written message is resent whole on

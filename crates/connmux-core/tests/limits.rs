@@ -272,6 +272,36 @@ fn a_handshake_not_finished_by_its_deadline_fails_the_psock() {
     assert_eq!(m.poll_timeout(), None);
 }
 
+/// The handshake's time given at attach (`PsockConfig::handshake_timeout`)
+/// runs from the attach, for a psock its owner creates itself and for one
+/// attached for it by another thread, which the owner creates later (its
+/// time still runs from when it takes it: the owner's clock).
+#[test]
+fn a_handshake_timeout_given_at_attach_runs_from_then() {
+    use connmux_core::mux::{Hub, MuxRef, Owned};
+    let cfg = PsockConfig { handshake_timeout: Some(Duration::from_millis(3000)), ..PsockConfig::default() };
+    let (mut m, _k) = dgram_mux(rr_config());
+    m.handle_timeout(ms(1000));
+    let slow = m.attach(L4::boxed(), cfg.clone());
+    assert_eq!(m.poll_timeout(), Some(ms(4000)));
+    m.handle_timeout(ms(3999));
+    assert!(failures(&events(&mut m)).is_empty());
+    m.handle_timeout(ms(4000));
+    assert_eq!(failures(&events(&mut m)), vec![(slow, PsockError::Rx(RxError::HandshakeTimeout))]);
+
+    // Attached by the application for owner 0, taken by it at 500 ms.
+    let mut hub = Hub::new(rr_config());
+    let (mut owner, mut app) = (Owned::new(0), Owned::new(1));
+    let p = MuxRef::new(&mut app, &mut hub).attach_to(0, L4::boxed(), cfg);
+    let mut o = MuxRef::new(&mut owner, &mut hub);
+    o.handle_timeout(ms(500));
+    o.apply_pending();
+    o.handle_timeout(ms(3499));
+    assert!(o.poll_event().is_none());
+    o.handle_timeout(ms(3500));
+    assert_eq!(o.poll_event(), Some(Event::PsockFailed(p, PsockError::Rx(RxError::HandshakeTimeout))));
+}
+
 /// 300 psocks each read, as a driver would (lent buffers and fed reads),
 /// A mux under a 64 MiB budget with 300 l4 psocks, and what each peer
 /// sends: 1 MiB − 16 bytes of a 1 MiB message (never complete).

@@ -443,8 +443,11 @@ impl Mux {
             Some(w) => w % self.shared().workers.len(),
             None => self.user().expect("userspace").pick_worker(conn.as_fd()),
         };
-        let limits =
-            PsockConfig { max_msg_size: opts.max_msg_size, assembly_timeout: opts.assembly_timeout, affinity: None };
+        let limits = PsockConfig {
+            max_msg_size: opts.max_msg_size,
+            assembly_timeout: opts.assembly_timeout,
+            ..PsockConfig::default()
+        };
         self.attach_limited(conn, opts.parser, worker, None, limits)
     }
 
@@ -485,17 +488,12 @@ impl Mux {
             if ATTACHED.lock().unwrap().contains(&ino) {
                 return Err(io::Error::from_raw_os_error(libc::EALREADY));
             }
-            let cfg = PsockConfig { affinity: Some(worker as u32), ..limits };
-            let now = sh.now();
-            core.mux.note_now(now);
+            // A TLS handshake that never ends must not hold the connection
+            // (nothing is framed before it, so no assembly deadline runs).
+            let handshake_timeout = if tls.is_some() { core.mux.config().handshake_timeout } else { None };
+            let cfg = PsockConfig { affinity: Some(worker as u32), handshake_timeout, ..limits };
+            core.mux.note_now(sh.now());
             let id = core.mux.attach(worker, parser, cfg);
-            if tls.is_some() {
-                // A handshake that never ends must not hold the connection
-                // (nothing is framed before it, so no assembly deadline runs).
-                if let Some(d) = core.mux.config().handshake_timeout {
-                    let _ = core.mux.set_handshake_deadline(id, Some(now.add(d)));
-                }
-            }
             sh.worker(worker).psocks.fetch_add(1, Ordering::AcqRel);
             let rt = Arc::new(PsockRt {
                 id,

@@ -428,7 +428,9 @@ impl MuxRef<'_> {
         self.scan_at(at.add(AHEAD_QUIET));
     }
 
-    fn scan_at(&mut self, t: Timestamp) {
+    /// The scan of the psocks' idle, handshake and record deadlines looks
+    /// again by `t`.
+    pub(super) fn scan_at(&mut self, t: Timestamp) {
         if self.o.scan_next.is_none_or(|n| t < n) {
             self.o.scan_next = Some(t);
         }
