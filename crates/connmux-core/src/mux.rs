@@ -876,12 +876,12 @@ impl<'a> MuxView<'a> {
     /// Whether psock `p`'s peer closed its write side in order (FIN) and the
     /// psock has not failed since: it is being drained, or is drained.
     pub fn peer_closed(&self, p: PsockId) -> bool {
-        self.psock(p).is_ok_and(|ps| matches!(ps.life, Life::PeerClosed | Life::Drained))
+        self.h.peer_closed(p)
     }
 
     /// Whether psock `p` is `Drained` (its `PsockDrained` was raised).
     pub fn drained(&self, p: PsockId) -> bool {
-        self.psock(p).is_ok_and(|ps| ps.life == Life::Drained)
+        self.h.drained(p)
     }
 
     /// Messages of psock `p` taken from holding sockets and not yet settled.
@@ -930,10 +930,10 @@ impl<'a> MuxView<'a> {
         for (i, g, ps) in self.o.psocks.iter() {
             let p = pid((i, g));
             let Some(sh) = self.h.sk.share(p) else { return Err(format!("{p:?}: no share")) };
-            let mine = (ps.stream.stats().msgs, sh.tx.state != Tx::Stopped && ps.rx_running());
-            let told = (sh.received, sh.answers);
+            let mine = (ps.stream.stats().msgs, sh.tx.state != Tx::Stopped && ps.rx_running(), ps.life);
+            let told = (sh.received, sh.answers, sh.life);
             if mine != told {
-                return Err(format!("{p:?}: (received, answers) {mine:?}, its share {told:?}"));
+                return Err(format!("{p:?}: (received, answers, life) {mine:?}, its share {told:?}"));
             }
         }
         let shares = self.h.sk.shares().filter(|(_, sh)| sh.owner == self.o.id).count();
@@ -1627,16 +1627,13 @@ impl MuxRef<'_> {
         if ps.life.rx_over() {
             return Ok(());
         }
-        ps.life = if errno.is_none() { Life::PeerClosed } else { Life::Failed };
+        let life = if errno.is_none() { Life::PeerClosed } else { Life::Failed };
+        ps.life = life;
         if ps.ready.is_none() {
             ps.stream.stop();
             self.sync_deadline(p);
         }
-        if errno.is_none() {
-            if let Some(sh) = self.h.sk.share_mut(p) {
-                sh.closing = true;
-            }
-        }
+        self.h.sk.set_life(p, life);
         self.h.sk.no_answers(p);
         self.h.events.push_back(Event::PsockFailed(p, PsockError::Closed));
         self.tx_take_back(p);
@@ -1684,6 +1681,7 @@ impl MuxRef<'_> {
             return;
         }
         self.o.psocks.get_mut(p.index, p.generation).expect("live").life = Life::Drained;
+        self.h.sk.set_life(p, Life::Drained);
         self.h.events.push_back(Event::PsockDrained(p));
     }
 
@@ -1702,6 +1700,7 @@ impl MuxRef<'_> {
         if ps.ready.is_none() {
             ps.stream.stop();
         }
+        self.h.sk.set_life(p, Life::Failed);
         self.h.sk.no_answers(p);
         self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(err)));
         self.tx_take_back(p);
@@ -1736,6 +1735,7 @@ impl MuxRef<'_> {
                     // (reported again: it is no longer closing in order).
                     if matches!(ps.life, Life::Open | Life::PeerClosed) {
                         ps.life = Life::Failed;
+                        sk.set_life(p, Life::Failed);
                         events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
                     }
                     failed = true;
@@ -1897,6 +1897,7 @@ impl MuxRef<'_> {
                     self.rx_resume(p);
                 }
             }
+            // (Its share's life was set by the hub.)
             ToPsock::TxAborted(p) => {
                 if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
                     ps.life = Life::Failed;
@@ -2121,6 +2122,7 @@ impl MuxRef<'_> {
             if let Err(e) = ps.stream.check_timeout(now) {
                 if matches!(ps.life, Life::Open | Life::PeerClosed) {
                     ps.life = Life::Failed;
+                    self.h.sk.set_life(p, Life::Failed);
                     self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
                 }
                 self.h.sk.no_answers(p);

@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 
+use super::psock::Life;
 use super::sock::Sock;
 use super::sockets::{Attaching, Sockets, ToPsock};
 use super::transmit::Charge;
@@ -142,6 +143,20 @@ impl Hub {
     #[inline]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
+    }
+
+    /// Whether psock `p` is attached and its peer closed its side in order
+    /// (its life `PeerClosed` or `Drained`, as its owner last set it).
+    #[inline]
+    pub fn peer_closed(&self, p: PsockId) -> bool {
+        self.sk.share(p).is_some_and(|sh| matches!(sh.life, Life::PeerClosed | Life::Drained))
+    }
+
+    /// Whether psock `p` is attached and `Drained` (its `PsockDrained` was
+    /// raised).
+    #[inline]
+    pub fn drained(&self, p: PsockId) -> bool {
+        self.sk.share(p).is_some_and(|sh| sh.life == Life::Drained)
     }
 
     /// The owner (tag) holding psock `p` (`None`: not attached).

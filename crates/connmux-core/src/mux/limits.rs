@@ -392,6 +392,7 @@ impl MuxRef<'_> {
         ps.stream.stop();
         let reported = ps.life.rx_over();
         ps.life = Life::Failed;
+        self.h.sk.set_life(p, Life::Failed);
         if !reported {
             self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(RxError::MemLimit { held, limit })));
         }
@@ -545,6 +546,7 @@ impl MuxRef<'_> {
             }
             ps.stream.stop();
             ps.life = Life::Failed;
+            self.h.sk.set_life(p, Life::Failed);
             self.h.sk.no_answers(p);
             self.h.events.push_back(Event::PsockFailed(p, PsockError::Rx(e)));
             self.sync_deadline(p);

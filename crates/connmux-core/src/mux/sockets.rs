@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 
 use super::limits::MemState;
+use super::psock::Life;
 use super::slab::Slab;
 use super::sock::Sock;
 use super::transmit::PsockTx;
@@ -135,11 +136,13 @@ pub(super) struct Share {
     /// `queued` reached `psock_queued_max`: the psock is not read until it
     /// is down to half (then `PsockRxResume`).
     pub(super) queued_full: bool,
-    /// Its peer closed its side in order (FIN): the last of its messages
-    /// leaving readers' hands is told ([`ToPsock::MayDrain`]), as the
-    /// psock may then drain. (Not told before: nothing waits for it, and
-    /// a server settles each request.)
-    pub(super) closing: bool,
+    /// Its life as its owner last set it (see [`Life`]): while its peer
+    /// has closed in order (`PeerClosed`), the last of its messages leaving
+    /// readers' hands, or its last write, is told ([`ToPsock::MayDrain`]),
+    /// as the psock may then drain (not before: nothing waits for it, and
+    /// a server settles each request); other threads read here whether it
+    /// closes in order, or has drained, without its owner.
+    pub(super) life: Life,
     /// Messages handed to holding sockets' readers and not yet settled
     /// ([`super::Mux::set_holds`], [`super::Mux::rx_settle`]): requests
     /// still being answered.
@@ -224,7 +227,7 @@ impl Sockets {
             owner,
             queued: 0,
             queued_full: false,
-            closing: false,
+            life: Life::Open,
             holds: 0,
             tx_kcm: None,
             tx_rsvd_msgs: 0,
@@ -289,6 +292,13 @@ impl Sockets {
             .min_by_key(|(p, sh)| (sh.outstanding(), p.index.wrapping_sub(after).wrapping_sub(1)))
             .map(|(p, _)| p)
     }
+    /// Psock `p`'s owner set its life to `life`.
+    #[inline]
+    pub(super) fn set_life(&mut self, p: PsockId, life: Life) {
+        if let Some(sh) = self.share_mut(p) {
+            sh.life = life;
+        }
+    }
     /// Psock `p` reports that it can no longer answer (its transmit
     /// stopped, or its receive is over): passed over from now on.
     #[inline]
@@ -313,7 +323,7 @@ impl Sockets {
             sh.holds += 1;
             false
         } else {
-            sh.closing && sh.readers_done()
+            sh.life == Life::PeerClosed && sh.readers_done()
         };
         if done {
             self.told.push(ToPsock::MayDrain(p));
@@ -328,7 +338,7 @@ impl Sockets {
     pub(super) fn settle(&mut self, p: PsockId, n: u64) {
         let Some(sh) = self.share_mut(p) else { return };
         sh.holds = sh.holds.saturating_sub(n);
-        if sh.closing && sh.readers_done() {
+        if sh.life == Life::PeerClosed && sh.readers_done() {
             self.told.push(ToPsock::MayDrain(p));
         }
     }

@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 
 use super::hub::Hub;
+use super::psock::Life;
 use super::sockets::ToPsock;
 use super::{
     Event, MuxConfig, OutAtRelease, Placed, PsockError, PsockId, SockId, TxMsg, TxPolicy, EPIPE, TX_CHUNK_BYTES,
@@ -379,7 +380,7 @@ impl Hub {
         let last = tx.on_written(inflight, n, now, &mut self.tx_done, &mut wrote);
         // The peer read its replies: read it again.
         let resume = backlog_drained(&self.config, backlog_before, tx.addr_bytes);
-        let closing = sh.closing;
+        let closing = sh.life == Life::PeerClosed;
         let release = self.sk.written(p, wrote.rsvd);
         if resume {
             self.sk.told.push(ToPsock::Backlog(p));
@@ -443,6 +444,7 @@ impl Hub {
         let inflight = tx.state.inflight();
         tx.state = Tx::Stopped;
         tx.stats.tx_aborts += 1;
+        self.sk.set_life(p, Life::Failed);
         self.sk.told.push(ToPsock::TxAborted(p));
         self.sk.stop_tx(p);
         self.events.push_back(Event::PsockFailed(p, PsockError::Tx(errno)));

@@ -202,11 +202,11 @@ impl Owners {
     }
     #[inline]
     pub fn peer_closed(&self, p: PsockId) -> bool {
-        self.view_at(p).peer_closed(p)
+        self.hub.peer_closed(p)
     }
     #[inline]
     pub fn drained(&self, p: PsockId) -> bool {
-        self.view_at(p).drained(p)
+        self.hub.drained(p)
     }
     #[inline]
     pub fn psock_stats(&self, p: PsockId) -> Result<PsockStats, MuxError> {
