@@ -247,6 +247,7 @@ fuzz_target!(|input: Input| {
                     max_msg_size: max_msg.map(|v| 16 + v as usize % 4096),
                     assembly_timeout: timeout_ms.map(|t| t.map(|ms| Duration::from_millis(u64::from(ms)))),
                     affinity: affinity.map(u32::from),
+                    handshake_timeout: None,
                 };
                 let id = m.attach(from_spec(spec).unwrap(), pc);
                 psocks.push(PsockModel {

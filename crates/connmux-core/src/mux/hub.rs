@@ -31,7 +31,7 @@ use crate::time::Timestamp;
 
 /// Over its send buffer, a socket refuses addressed sends to the psocks
 /// whose backlog is at least this fraction of the buffer (see
-/// [`Hub::place_addressed`]).
+/// [`Hub::send_addressed`]).
 const SNDBUF_SHARE: usize = 8;
 
 /// What every psock shares: the KCM sockets and the mux's lists, the
