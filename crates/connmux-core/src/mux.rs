@@ -94,7 +94,6 @@ use psock::{Life, Psock};
 use slab::Keyed;
 use sock::Sock;
 use sockets::{Share, ToPsock};
-use transmit::Tx;
 
 /// KCM socket type (`socket(AF_KCM, type, 0)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -930,7 +929,7 @@ impl<'a> MuxView<'a> {
         for (i, g, ps) in self.o.psocks.iter() {
             let p = pid((i, g));
             let Some(sh) = self.h.sk.share(p) else { return Err(format!("{p:?}: no share")) };
-            let mine = (ps.stream.stats().msgs, sh.tx.state != Tx::Stopped && ps.rx_running(), ps.life);
+            let mine = (ps.stream.stats().msgs, !sh.tx.stopped() && ps.rx_running(), ps.life);
             let told = (sh.received, sh.answers, sh.life);
             if mine != told {
                 return Err(format!("{p:?}: (received, answers, life) {mine:?}, its share {told:?}"));
@@ -1101,7 +1100,7 @@ impl<'a> MuxView<'a> {
                 tx_queued,
                 tx_pending
             );
-            if share.is_some_and(|sh| sh.tx.state == Tx::Stopped) {
+            if share.is_some_and(|sh| sh.tx.stopped()) {
                 out.push_str("TxStop ");
             }
             if ps.stream.is_stopped() {

@@ -414,7 +414,7 @@ impl Hub {
     pub(super) fn check_addressed(&self, p: PsockId) -> Result<(), MuxError> {
         match self.sk.share(p) {
             None => Err(MuxError::NoPsock),
-            Some(sh) if sh.tx_stopped => Err(MuxError::Pipe),
+            Some(sh) if sh.tx.stopped() => Err(MuxError::Pipe),
             Some(_) => Ok(()),
         }
     }

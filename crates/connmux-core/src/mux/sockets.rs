@@ -16,7 +16,7 @@ use super::limits::MemState;
 use super::psock::Life;
 use super::slab::Slab;
 use super::sock::Sock;
-use super::transmit::PsockTx;
+use super::transmit::{PsockTx, Tx};
 use super::{
     mix, sid, Event, MuxConfig, MuxError, PsockConfig, PsockId, RecvFlags, RecvInfo, RxMsg, SockId, SockType, Steering,
 };
@@ -155,8 +155,6 @@ pub(super) struct Share {
     pub(super) tx_rsvd_msgs: usize,
     /// On the list of psocks free for a reservation (`psocks_avail`).
     pub(super) in_avail: bool,
-    /// Its transmit is over for good: never reserved again.
-    pub(super) tx_stopped: bool,
     /// Times it was reserved and released (its `reserved`/`unreserved`
     /// statistics).
     pub(super) reserved: u64,
@@ -232,7 +230,6 @@ impl Sockets {
             tx_kcm: None,
             tx_rsvd_msgs: 0,
             in_avail: false,
-            tx_stopped: false,
             reserved: 0,
             unreserved: 0,
             tx: PsockTx::new(now),
@@ -608,7 +605,7 @@ impl Sockets {
         while let Some(p) = self.psocks_avail.pop_front() {
             let Some(sh) = self.share_mut(p) else { continue };
             sh.in_avail = false;
-            if sh.tx_stopped {
+            if sh.tx.stopped() {
                 continue;
             }
             sh.tx_kcm = Some(s);
@@ -633,7 +630,7 @@ impl Sockets {
     /// be placed on `p`), else at the tail of the free list.
     pub(super) fn now_avail(&mut self, p: PsockId) -> Option<SockId> {
         let sh = self.share(p)?;
-        if sh.tx_stopped || sh.tx_kcm.is_some() || sh.in_avail {
+        if sh.tx.stopped() || sh.tx_kcm.is_some() || sh.in_avail {
             return None;
         }
         while let Some(w) = self.tx_waiters.pop_front() {
@@ -718,11 +715,11 @@ impl Sockets {
         true
     }
 
-    /// Psock `p` writes nothing more: off the free list for good, and it
-    /// can no longer answer.
+    /// Psock `p` writes nothing more (its transmit side `Stopped`): off
+    /// the free list for good, and it can no longer answer.
     pub(super) fn stop_tx(&mut self, p: PsockId) {
         let Some(sh) = self.share_mut(p) else { return };
-        sh.tx_stopped = true;
+        sh.tx.state = Tx::Stopped;
         sh.answers = false;
         if std::mem::replace(&mut sh.in_avail, false) {
             self.psocks_avail.retain(|x| *x != p);

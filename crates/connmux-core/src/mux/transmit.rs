@@ -36,8 +36,8 @@ use crate::time::Timestamp;
 ///    │ │                            ▼                          │ tx_complete
 ///    │ └──────────────────────────► Idle ◄─────────────────────┘
 ///
-///   any ── tx_failed, a reserved psock unattached, its socket closed
-///          mid-message ──► Stopped (final: nothing more is written)
+///   any ── tx_failed, an unattach (counted an abort if reserved), its socket
+///          closed mid-message ──► Stopped (final: nothing more is written)
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Tx {
@@ -111,6 +111,12 @@ impl PsockTx {
             last_write: now,
             stats: PsockStats::default(),
         }
+    }
+
+    /// Its transmit is over for good: never reserved or sent on again.
+    #[inline]
+    pub(super) fn stopped(&self) -> bool {
+        self.state == Tx::Stopped
     }
 
     /// Nothing to write and no writer out.
@@ -431,7 +437,7 @@ impl Hub {
     /// The write failed with a hard error: abort the psock's transmit (see
     /// `super::MuxRef::tx_failed`).
     pub(super) fn tx_failed(&mut self, p: PsockId, errno: i32) {
-        if self.ptx(p).is_some_and(|tx| tx.state != Tx::Stopped) {
+        if self.ptx(p).is_some_and(|tx| !tx.stopped()) {
             self.tx_abort(p, errno);
         }
     }
@@ -442,7 +448,6 @@ impl Hub {
     fn tx_abort(&mut self, p: PsockId, errno: i32) {
         let tx = self.ptx(p).expect("live");
         let inflight = tx.state.inflight();
-        tx.state = Tx::Stopped;
         tx.stats.tx_aborts += 1;
         self.sk.set_life(p, Life::Failed);
         self.sk.told.push(ToPsock::TxAborted(p));
@@ -457,15 +462,11 @@ impl Hub {
     /// reports.
     pub(super) fn tx_unattach(&mut self, p: PsockId) {
         let Some(sh) = self.sk.share_mut(p) else { return };
-        let reserved = sh.tx_kcm.is_some();
         let tx = &mut sh.tx;
         let (writer_out, inflight) = (tx.state.busy(), tx.state.inflight());
-        if reserved {
+        if sh.tx_kcm.is_some() {
             tx.stats.tx_aborts += 1;
-            tx.state = Tx::Stopped;
             self.counters.psock_unattach_rsvd += 1;
-        } else if tx.state != Tx::Stopped {
-            tx.state = Tx::Idle;
         }
         self.sk.stop_tx(p);
         self.tx_evacuate(p, writer_out, inflight);
