@@ -379,6 +379,11 @@ pub enum Event {
     /// driver whose loans come back by themselves (a read at once) has
     /// nothing to do.
     PsockRxRecall(PsockId),
+    /// What was told to the psocks of owner `o` (an [`Owned`]'s tag, never
+    /// the caller's) waits for it: wake it, to apply it
+    /// ([`MuxRef::apply_pending`]). Raised once until it applies; never
+    /// with one owner.
+    Wake(u32),
 }
 
 /// A view of the bytes a psock should write next: one or more whole-message
@@ -594,29 +599,6 @@ impl Owned {
     }
 }
 
-/// What one owner's psocks add to the mux's statistics
-/// ([`MuxView::owner_stats`]); [`Hub::stats`] adds what the hub keeps (the
-/// sockets, the counters, the totals of unattached psocks).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct OwnerStats {
-    /// The totals of its live psocks.
-    pub psock: PsockStats,
-    /// Its live psocks.
-    pub psocks: usize,
-    /// Bytes its psocks hold: their buffers, ready messages and what the
-    /// driver holds below their parsers.
-    pub mem: usize,
-}
-
-impl OwnerStats {
-    /// Another owner's part, added.
-    pub fn add(&mut self, o: &OwnerStats) {
-        add_psock_stats(&mut self.psock, &o.psock);
-        self.psocks += o.psocks;
-        self.mem += o.mem;
-    }
-}
-
 /// A mux to read: one owner's psocks and the hub (the whole mux when the
 /// owner is the only one: [`Mux`]).
 #[derive(Clone, Copy)]
@@ -649,7 +631,7 @@ impl<'a> MuxRef<'a> {
     /// Apply what the hub told this owner's psocks while other owners (or
     /// application threads) held it, in the order it was told: what an
     /// owner does when the hub asked for it to be woken
-    /// ([`Hub::take_wakes`]). Every call through this `MuxRef` that tells
+    /// ([`Event::Wake`]). Every call through this `MuxRef` that tells
     /// anything does it too.
     pub fn apply_pending(&mut self) {
         self.apply_told();
@@ -825,11 +807,13 @@ impl<'a> MuxView<'a> {
     pub fn socks(&self) -> Vec<SockId> {
         self.h.sk.socks.iter().map(|(i, g, _)| sid((i, g))).collect()
     }
+    /// Attached psocks, whoever owns them.
     pub fn psock_count(&self) -> usize {
-        self.o.psocks.len()
+        self.h.sk.shares().count()
     }
+    /// Attached psocks, whoever owns them, in index order.
     pub fn psocks(&self) -> Vec<PsockId> {
-        self.o.psocks.iter().map(|(i, g, _)| pid((i, g))).collect()
+        self.h.sk.shares().map(|(p, _)| p).collect()
     }
 
     // ---- receive path ----
@@ -929,10 +913,10 @@ impl<'a> MuxView<'a> {
         for (i, g, ps) in self.o.psocks.iter() {
             let p = pid((i, g));
             let Some(sh) = self.h.sk.share(p) else { return Err(format!("{p:?}: no share")) };
-            let mine = (ps.stream.stats().msgs, !sh.tx.stopped() && ps.rx_running(), ps.life);
-            let told = (sh.received, sh.answers, sh.life);
+            let mine = (ps.report(), ps.rx_mem() + ps.below, !sh.tx.stopped() && ps.rx_running(), ps.life);
+            let told = (sh.rx.clone(), sh.counted, sh.answers, sh.life);
             if mine != told {
-                return Err(format!("{p:?}: (received, answers, life) {mine:?}, its share {told:?}"));
+                return Err(format!("{p:?}: (report, counted, answers, life) {mine:?}, its share {told:?}"));
             }
         }
         let shares = self.h.sk.shares().filter(|(_, sh)| sh.owner == self.o.id).count();
@@ -957,22 +941,11 @@ impl<'a> MuxView<'a> {
     pub fn deadline_entries(&self) -> usize {
         self.o.deadlines.len()
     }
-    /// Mux totals: live psocks plus every unattached one (totals never drop).
+    /// Mux totals: live psocks, whoever owns them, plus every unattached
+    /// one (totals never drop). Read on the hub alone: each psock's
+    /// share has what its owner last reported.
     pub fn stats(&self) -> MuxStats {
-        self.h.stats(&self.owner_stats())
-    }
-
-    /// What this owner's psocks add to the mux's statistics: with one
-    /// owner, [`MuxView::stats`] is [`Hub::stats`] of it; a runtime whose
-    /// workers own their psocks sums each worker's (`OwnerStats::add`).
-    pub fn owner_stats(&self) -> OwnerStats {
-        let mut st = OwnerStats::default();
-        for (i, g, ps) in self.o.psocks.iter() {
-            add_psock_stats(&mut st.psock, &with_share(ps.rx_stats(), self.h.sk.share(pid((i, g)))));
-            st.psocks += 1;
-            st.mem += ps.rx_mem() + ps.below;
-        }
-        st
+        self.h.stats()
     }
     pub fn sock_stats(&self, s: SockId) -> Result<SockStats, MuxError> {
         let sock = self.sock(s)?;
@@ -983,15 +956,15 @@ impl<'a> MuxView<'a> {
         st.tx_mem = sock.tx_mem;
         Ok(st)
     }
+    /// Psock `p`'s statistics, whoever owns it.
     pub fn psock_stats(&self, p: PsockId) -> Result<PsockStats, MuxError> {
-        Ok(with_share(self.psock(p)?.rx_stats(), self.h.sk.share(p)))
+        self.h.sk.share(p).map(Share::stats).ok_or(MuxError::NoPsock)
     }
 
     /// Every byte the core holds now: psock buffers and ready messages, socket
     /// receive and send queues (open messages included), the hold queue.
     pub fn memory_used(&self) -> usize {
-        let psocks: usize = self.o.psocks.iter().map(|(_, _, ps)| ps.rx_mem() + ps.below).sum();
-        psocks + self.h.memory_held()
+        self.h.mem_total()
     }
     /// The most [`Mux::memory_used`] can be, from configuration and the
     /// options set (formula in the module documentation).
@@ -1025,16 +998,7 @@ impl<'a> MuxView<'a> {
     /// the bytes held, Send-Q and Smem the transmit queue in messages and
     /// unwritten bytes (the kernel shows the TCP socket's queues).
     pub fn proc_kcm(&self) -> String {
-        let mut out = self.proc_kcm_head(&self.stats());
-        for (_, row) in self.proc_kcm_psocks() {
-            out.push_str(&row);
-        }
-        out
-    }
-
-    /// [`MuxView::proc_kcm`]'s lines but the psocks': the mux line with
-    /// `st` (the statistics over every owner) and the sockets.
-    pub fn proc_kcm_head(&self, st: &MuxStats) -> String {
+        let st = self.stats();
         let mut out = String::new();
         let _ = writeln!(out, "*** KCM statistics (1 MUX) ****");
         let _ = writeln!(
@@ -1075,58 +1039,47 @@ impl<'a> MuxView<'a> {
             }
             out.push('\n');
         }
-        out
-    }
-
-    /// [`MuxView::proc_kcm`]'s line for each of this owner's psocks, with
-    /// its index (a runtime with several owners sorts them together).
-    pub fn proc_kcm_psocks(&self) -> Vec<(u32, String)> {
-        let mut rows = Vec::new();
-        for (i, g, ps) in self.o.psocks.iter() {
-            let mut out = String::new();
-            let share = self.h.sk.share(pid((i, g)));
-            let fs = with_share(ps.rx_stats(), share);
-            let (tx_queued, tx_pending) = share.map_or((0, 0), |sh| sh.tx.pending());
+        for (p, sh) in self.h.sk.shares() {
+            let fs = sh.stats();
+            let rx = &sh.rx;
+            let (tx_queued, tx_pending) = sh.tx.pending();
             let _ = write!(
                 out,
                 "   psock-{:<5} {:<10} {:<16} {:<10} {:<16} {:<8} {:<8} {:<8} {:<8} ",
-                i,
+                p.index,
                 fs.rx_msgs,
                 fs.rx_bytes,
                 fs.tx_msgs,
                 fs.tx_bytes,
-                usize::from(ps.ready.is_some()),
-                ps.rx_held(),
+                usize::from(rx.ready),
+                rx.held,
                 tx_queued,
                 tx_pending
             );
-            if share.is_some_and(|sh| sh.tx.stopped()) {
+            if sh.tx.stopped() {
                 out.push_str("TxStop ");
             }
-            if ps.stream.is_stopped() {
+            if rx.stopped {
                 out.push_str("RxStop ");
             }
-            if let Some(s) = share.and_then(|sh| sh.tx_kcm) {
+            if let Some(s) = sh.tx_kcm {
                 let _ = write!(out, "Rsvd-{} ", s.index);
             }
-            if ps.ready.is_none() {
-                if ps.stream.buffered() > 0 {
-                    match ps.stream.need() {
-                        Some(n) if n > 0 => {
-                            let _ = write!(out, "RxWait={n} ");
-                        }
-                        _ => out.push_str("RxWait "),
-                    }
+            match rx.wait {
+                Some(Some(n)) if n > 0 => {
+                    let _ = write!(out, "RxWait={n} ");
                 }
-            } else {
+                Some(_) => out.push_str("RxWait "),
+                None => {}
+            }
+            if rx.ready {
                 // (KCM prints both for a psock holding a message no socket
                 // could take: it is paused because of it.)
                 out.push_str("RxPause RdyRx ");
             }
             out.push('\n');
-            rows.push((i, out));
         }
-        rows
+        out
     }
 
     /// The `/proc/net/kcm_stats`-style totals of this mux, with the labels
@@ -1358,6 +1311,7 @@ impl MuxRef<'_> {
         };
         let handshake = ps.handshake_deadline;
         self.o.psocks.insert_at(p.index, p.generation, ps);
+        self.recount_only(p);
         self.arm_idle(self.o.now);
         if let Some(t) = handshake {
             self.scan_at(t);
@@ -1366,34 +1320,41 @@ impl MuxRef<'_> {
     /// SIOCKCMUNATTACH: ENOENT (`NoPsock`) if not attached. A ready message is
     /// dropped (rx_ready_drops); a partly written message is resent whole on
     /// another psock (psock_unattach_rsvd).
+    ///
+    /// Any owner (or the application's) may unattach any psock: the hub's
+    /// part is done at once (its share, its transmit side, its ready
+    /// message, its counters folded into the totals from its last report,
+    /// `PsockReleased`); its owner drops the receive side when it applies
+    /// [`ToPsock::Released`], at once when that is this owner. Until then
+    /// its owner's calls on it find it gone: each receive call applies what
+    /// was told first.
     pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
         // What was told to this owner's psocks before goes first: a message
         // for `p` still waiting would otherwise reach it during its
         // evacuation (below) and leave with it, never written nor uncharged.
         self.apply_told();
-        let ps = self.psock_mut(p)?;
-        ps.stream.stop();
-        let dropped_ready = ps.ready.take().is_some();
-        if dropped_ready {
-            self.h.counters.rx_ready_drops += 1;
-            self.h.sk.psocks_ready.retain(|m| m.psock != p);
+        let owner = self.h.sk.owner(p).ok_or(MuxError::NoPsock)?;
+        if owner == self.o.id {
+            self.released(p);
+        } else {
+            // Routed by the owner named: the share is gone by then.
+            self.h.sk.told.push(ToPsock::Released { p, owner });
         }
-        self.h.counters.psock_unattach += 1;
-        // Give back what it was to send: reserved messages go elsewhere whole.
-        self.h.tx_unattach(p);
-        let ps = self.o.psocks.remove(p.index, p.generation).expect("psock present");
-        let share = self.h.sk.remove_share(p);
-        if self.o.deadlines.forget(ps.timer) {
-            self.clean_deadlines();
-        }
-        self.h.rx_held_sum -= share.as_ref().map_or(0, |sh| sh.counted);
-        add_psock_stats(&mut self.h.folded, &with_share(ps.rx_stats(), share.as_ref()));
-        self.h.events.push_back(Event::PsockReleased(p));
+        self.h.unattach(p);
         // What it held is free: psocks paused by the budget may read again.
         if self.h.mem_over {
             self.mem_check(self.o.now);
         }
+        self.apply_told();
         Ok(())
+    }
+    /// The receive side of unattached psock `p` dropped ([`ToPsock::Released`]).
+    fn released(&mut self, p: PsockId) {
+        let Some(mut ps) = self.o.psocks.remove(p.index, p.generation) else { return };
+        ps.stream.stop();
+        if self.o.deadlines.forget(ps.timer) {
+            self.clean_deadlines();
+        }
     }
     /// Bytes read from the psock's connection (at most `rx_capacity`).
     ///
@@ -1439,10 +1400,11 @@ impl MuxRef<'_> {
         limit: usize,
         out: &mut Vec<crate::run::Run>,
     ) -> Result<(), MuxError> {
+        self.note_time(now);
+        self.apply_told();
         let first = out.len();
         let sock = direct.sock;
         let (taken, whole) = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { (0, false) };
-        self.note_time(now);
         let framed = crate::run::count(&out[first..]) as u64;
         if taken > 0 || framed > 0 {
             let holds = framed > 0 && {
@@ -1460,12 +1422,10 @@ impl MuxRef<'_> {
                     // Bytes served in place are traffic too (idle timeout).
                     ps.last_active = now;
                 }
-                if framed > 0 {
-                    // What it framed, told to its share (its outstanding work).
-                    let received = ps.stream.stats().msgs;
-                    if let Some(sh) = self.h.sk.share_mut(p) {
-                        sh.received = received;
-                    }
+                // What it framed, told to its share (its outstanding work,
+                // its counters; what it holds is unchanged).
+                if let Some(sh) = self.h.sk.share_mut(p) {
+                    sh.rx = ps.report();
                 }
             }
             self.h.sk.handed(p, framed, holds);
@@ -1505,6 +1465,7 @@ impl MuxRef<'_> {
         direct: Option<&mut Direct<'_>>,
     ) -> Result<(), MuxError> {
         self.note_time(now);
+        self.apply_told();
         let ps = self.psock_mut(p)?;
         if ps.stream.is_stopped() || ps.life.rx_over() || data.is_empty() {
             return Ok(());
@@ -1537,6 +1498,7 @@ impl MuxRef<'_> {
     /// [`Mux::rx_capacity`] and [`Mux::rx_lend`] together, the capacity
     /// worked out once (a driver asks both before every read).
     pub fn rx_room(&mut self, p: PsockId) -> (usize, Option<RxLoan>) {
+        self.apply_told();
         let cap = self.v().rx_capacity(p);
         if cap == 0 {
             return (0, None);
@@ -1563,6 +1525,7 @@ impl MuxRef<'_> {
     /// deadline scan: [`Mux::poll_timeout`]) and the prediction forgotten:
     /// a peer that went quiet holds nothing until it sends again.
     pub fn rx_lend_ahead(&mut self, p: PsockId) -> Option<RxLoan> {
+        self.apply_told();
         let predicted = self.v().ahead_check(p)?;
         let loan = self.rx_lend(p)?;
         if predicted {
@@ -1593,6 +1556,7 @@ impl MuxRef<'_> {
 
     fn commit_inner(&mut self, loan: RxLoan, now: Timestamp, direct: Option<&mut Direct<'_>>) -> Result<(), MuxError> {
         self.note_time(now);
+        self.apply_told();
         let p = loan.psock;
         let ps = self.psock_mut(p)?;
         ps.ahead_since = None;
@@ -1622,6 +1586,7 @@ impl MuxRef<'_> {
     /// delivered and settled and its queue written, `PsockDrained(p)` says it
     /// may be closed in order. After a read error it has failed.
     pub fn rx_closed(&mut self, p: PsockId, errno: Option<i32>) -> Result<(), MuxError> {
+        self.apply_told();
         let ps = self.psock_mut(p)?;
         if ps.life.rx_over() {
             return Ok(());
@@ -1691,6 +1656,7 @@ impl MuxRef<'_> {
     /// still delivered, the partial one is dropped) but the error is raised:
     /// `PsockFailed(p, Rx(err))`, once. Transmit goes on until a write fails.
     pub fn rx_abort(&mut self, p: PsockId, err: RxError) -> Result<(), MuxError> {
+        self.apply_told();
         let ps = self.psock_mut(p)?;
         if ps.life.rx_over() {
             return Ok(());
@@ -1767,11 +1733,11 @@ impl MuxRef<'_> {
             ps.rx_last = Some(t);
             sk.end_pass(t);
         }
-        // What it framed and whether it can still answer, told to its share
-        // (`TxPolicy::LeastOutstanding` reads them there).
-        if let Some(sh) = sk.share_mut(p) {
-            sh.received = ps.stream.stats().msgs;
-            if failed {
+        // Whether it can still answer, told to its share
+        // (`TxPolicy::LeastOutstanding` reads it there; what it framed is
+        // reported by the caller's recount).
+        if failed {
+            if let Some(sh) = sk.share_mut(p) {
                 sh.answers = false;
             }
         }
@@ -1882,6 +1848,11 @@ impl MuxRef<'_> {
 
     /// What the hub told psock `p`'s owner, done.
     fn apply(&mut self, t: ToPsock) {
+        // Told before another thread unattached it: nothing more of it
+        // happens (its messages must not reach a socket after).
+        if !matches!(t, ToPsock::Released { .. }) && self.h.sk.owner(t.psock()) != Some(self.o.id) {
+            return;
+        }
         match t {
             ToPsock::Resume(p) => {
                 let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
@@ -1922,6 +1893,7 @@ impl MuxRef<'_> {
             ToPsock::Unattach(p) => {
                 let _ = self.unattach(p);
             }
+            ToPsock::Released { p, .. } => self.released(p),
             ToPsock::Offered { p, hold } => {
                 let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
                 ps.ready = None;
@@ -2101,6 +2073,7 @@ impl MuxRef<'_> {
     /// psock.
     pub fn handle_timeout(&mut self, now: Timestamp) {
         self.note_time(now);
+        self.apply_told();
         while let Some((index, generation, armed)) = self.o.deadlines.pop_due(now) {
             let p = pid((index, generation));
             let Some(ps) = self.o.psocks.get_mut(index, generation) else { continue };
@@ -2170,18 +2143,7 @@ fn stream_limits(config: &MuxConfig, cfg: &PsockConfig) -> (StreamLimits, usize)
     (StreamLimits { max_msg_size, assembly_timeout, read_ahead }, max_msg_size + read_ahead)
 }
 
-/// A psock's receive statistics with what the sockets' side counts of it
-/// (its transmit side, its reservations, its addressed sends refused).
-fn with_share(mut st: PsockStats, share: Option<&Share>) -> PsockStats {
-    if let Some(sh) = share {
-        add_psock_stats(&mut st, &sh.tx.stats);
-        st.reserved += sh.reserved;
-        st.unreserved += sh.unreserved;
-        st.tx_backlog_refusals += sh.refusals;
-    }
-    st
-}
-
+/// `b`'s counters added to `a`'s.
 fn add_psock_stats(a: &mut PsockStats, b: &PsockStats) {
     a.rx_msgs += b.rx_msgs;
     a.rx_bytes += b.rx_bytes;

@@ -293,6 +293,7 @@ fn a_handshake_timeout_given_at_attach_runs_from_then() {
     let mut hub = Hub::new(rr_config());
     let (mut owner, mut app) = (Owned::new(0), Owned::new(1));
     let p = MuxRef::new(&mut app, &mut hub).attach_to(0, L4::boxed(), cfg);
+    assert_eq!(hub.poll_event(), Some(Event::Wake(0)), "the owner is woken to take it");
     let mut o = MuxRef::new(&mut owner, &mut hub);
     o.handle_timeout(ms(500));
     o.apply_pending();

@@ -273,7 +273,7 @@ impl Runtime {
                 }
                 Event::PsockRxResume(_) | Event::PsockFailed(..) | Event::PsockDrained(_) => {}
                 // (This model lends no assembly buffer: nothing to recall.)
-                Event::PsockRxRecall(_) => {}
+                Event::PsockRxRecall(_) | Event::Wake(_) => {}
                 Event::PsockReleased(_) => {
                     self.released.fetch_add(1, Ordering::AcqRel);
                 }

@@ -518,10 +518,6 @@ impl Mux {
                     let _ = self.unattach_id(rt.id);
                     return Err(e);
                 }
-                if rt.tls.is_some() {
-                    // Its worker waits for the new handshake deadline.
-                    let _ = sh.worker(worker).wake();
-                }
             }
             WorkerIo::Uring => sh.worker(worker).command(Command::Attach(rt.clone())),
         }

@@ -22,8 +22,8 @@ use super::sock::Sock;
 use super::sockets::{Attaching, Sockets, ToPsock};
 use super::transmit::Charge;
 use super::{
-    Event, MuxConfig, MuxCounters, MuxError, OutAtRelease, OwnerStats, Placed, PsockConfig, PsockId, SendFlags, SockId,
-    SockType, TxMsg, TxPolicy,
+    Event, MuxConfig, MuxCounters, MuxError, OutAtRelease, Placed, PsockConfig, PsockId, SendFlags, SockId, SockType,
+    TxMsg, TxPolicy,
 };
 use crate::parser::Parser;
 use crate::stats::{MuxStats, PsockStats};
@@ -59,12 +59,9 @@ pub struct Hub {
     pub(super) tx_last: u32,
     /// What was told to each owner's psocks and not yet applied, in order,
     /// by owner tag: an owner applies its queue at its next call, or when
-    /// woken for it ([`Hub::take_wakes`]). The only way anything crosses
-    /// from one owner (or an application thread) to another's psock.
+    /// woken for it ([`Event::Wake`]). The only way anything crosses from
+    /// one owner (or an application thread) to another's psock.
     pub(super) pending: Vec<VecDeque<ToPsock>>,
-    /// Owners whose queue in `pending` became non-empty since the last
-    /// [`Hub::take_wakes`].
-    pub(super) wakes: Vec<u32>,
     /// Chunks whose writer was still out when their psock was unattached
     /// (see [`OutAtRelease`]); one entry per such psock until its writer
     /// reports, so bounded by the writers (threads, ring sends) out.
@@ -92,18 +89,21 @@ impl Hub {
             mem_next: None,
             tx_last: u32::MAX,
             pending: Vec::new(),
-            wakes: Vec::new(),
             out_at_release: Vec::new(),
             tx_done: Vec::new(),
             now: Timestamp::ZERO,
         }
     }
 
-    /// The mux's statistics, the psocks' part being `owners` (every
-    /// owner's [`super::MuxView::owner_stats`], summed).
-    pub fn stats(&self, owners: &OwnerStats) -> MuxStats {
+    /// The mux's statistics: every psock's share (what its owner last
+    /// reported, and its transmit side) and the totals of the unattached.
+    pub fn stats(&self) -> MuxStats {
         let mut agg = self.folded.clone();
-        super::add_psock_stats(&mut agg, &owners.psock);
+        let mut psocks = 0;
+        for (_, sh) in self.sk.shares() {
+            super::add_psock_stats(&mut agg, &sh.stats());
+            psocks += 1;
+        }
         MuxStats {
             rx_msgs: agg.rx_msgs,
             rx_bytes: agg.rx_bytes,
@@ -114,14 +114,14 @@ impl Hub {
             psock_unattach: self.counters.psock_unattach,
             psock_unattach_rsvd: self.counters.psock_unattach_rsvd,
             rx_ready_drops: self.counters.rx_ready_drops,
-            mem_used: owners.mem + self.memory_held(),
+            mem_used: self.mem_total(),
             mem_peak: self.mem_peak,
             mem_pauses: self.counters.mem_pauses,
             mem_aborts: self.counters.mem_aborts,
             idle_timeouts: self.counters.idle_timeouts,
             handshake_timeouts: self.counters.handshake_timeouts,
             kcms: self.sk.socks.len(),
-            psocks: owners.psocks,
+            psocks,
             psock: agg,
         }
     }
@@ -165,22 +165,6 @@ impl Hub {
         self.sk.owner(p)
     }
 
-    /// The owners (tags) to wake: what was told to their psocks waits for
-    /// them ([`super::MuxRef::apply_pending`]). Never any with one owner.
-    #[inline]
-    pub fn take_wakes(&mut self, out: &mut Vec<u32>) {
-        if !self.wakes.is_empty() {
-            out.append(&mut self.wakes);
-        }
-    }
-
-    /// Whether any owner is to be woken ([`Hub::take_wakes`] would give
-    /// one).
-    #[inline]
-    pub fn wakes_any(&self) -> bool {
-        !self.wakes.is_empty()
-    }
-
     /// Move what operations told psocks (`sk.told`) to their owners'
     /// queues, in order; owner `me` (the caller) applies its own next, and
     /// what has no owner (its psock is gone) is applied by `me` too (it
@@ -193,13 +177,16 @@ impl Hub {
         }
         let mut told = std::mem::take(&mut self.sk.told);
         for t in told.drain(..) {
-            let o = self.sk.owner(t.psock()).unwrap_or(me);
+            let o = match &t {
+                ToPsock::Released { owner, .. } => *owner,
+                _ => self.sk.owner(t.psock()).unwrap_or(me),
+            };
             let i = o as usize;
             if self.pending.len() <= i {
                 self.pending.resize_with(i + 1, VecDeque::new);
             }
             if o != me && self.pending[i].is_empty() {
-                self.wakes.push(o);
+                self.events.push_back(Event::Wake(o));
             }
             self.pending[i].push_back(t);
         }
@@ -207,6 +194,24 @@ impl Hub {
         if self.sk.told.is_empty() {
             self.sk.told = told;
         }
+    }
+
+    /// The hub's part of unattaching psock `p` (attached: its share is
+    /// there), whoever owns it ([`super::MuxRef::unattach`]): a ready
+    /// message dropped, what it was to send given back (reserved messages
+    /// go elsewhere whole), its share gone, its counters folded into the
+    /// totals from its last report, `PsockReleased`.
+    pub(super) fn unattach(&mut self, p: PsockId) {
+        if self.sk.share(p).is_some_and(|sh| sh.rx.ready) {
+            self.counters.rx_ready_drops += 1;
+            self.sk.psocks_ready.retain(|m| m.psock != p);
+        }
+        self.counters.psock_unattach += 1;
+        self.tx_unattach(p);
+        let Some(share) = self.sk.remove_share(p) else { return };
+        self.rx_held_sum -= share.counted;
+        super::add_psock_stats(&mut self.folded, &share.stats());
+        self.events.push_back(Event::PsockReleased(p));
     }
 
     /// Owner `o`'s queue of what was told to its psocks (`None`: never any).

@@ -341,37 +341,37 @@ impl<'a> MuxView<'a> {
     /// connections cannot hold every slot (`connmux::Service`). O(psocks);
     /// asked only at the cap.
     pub fn idlest(&self, now: Timestamp) -> Option<(PsockId, Duration)> {
-        self.o
-            .psocks
-            .iter()
-            .filter(|(_, _, ps)| !ps.life.rx_over())
-            .filter_map(|(i, g, ps)| {
-                let p = PsockId { index: i, generation: g };
-                let (busy, wrote) = self.h.tx_activity(p);
-                (!busy).then_some((p, ps.last_active.max(wrote)))
-            })
+        self.h
+            .sk
+            .shares()
+            .filter(|(_, sh)| !sh.life.rx_over() && !sh.tx.state.busy())
+            .map(|(p, sh)| (p, sh.rx.last_active.max(sh.tx.last_write)))
             .min_by_key(|(p, last)| (*last, p.index, p.generation))
             .map(|(p, last)| (p, now.since(last)))
     }
 }
 
 impl MuxRef<'_> {
-    /// Bring psock `p`'s count in the budget up to date.
+    /// Bring psock `p`'s report to its share and its count in the budget
+    /// up to date (after every call that changed its receive side).
     #[inline]
     pub(super) fn recount_only(&mut self, p: PsockId) {
         let Some(ps) = self.o.psocks.get(p.index, p.generation) else { return };
         let held = ps.rx_mem() + ps.below;
         let Some(sh) = self.h.sk.share_mut(p) else { return };
+        sh.rx = ps.report();
         self.h.rx_held_sum = self.h.rx_held_sum + held - sh.counted;
         sh.counted = held;
     }
 
-    /// Psock `p`'s count in the budget, then the budget's check when it may
-    /// be needed ([`Hub::count_held`]).
+    /// Psock `p`'s report and count in the budget, then the budget's check
+    /// when it may be needed ([`Hub::count_held`]).
     #[inline]
     pub(super) fn recount(&mut self, p: PsockId, now: Timestamp) {
         let Some(ps) = self.o.psocks.get(p.index, p.generation) else { return };
         let held = ps.rx_mem() + ps.below;
+        let Some(sh) = self.h.sk.share_mut(p) else { return };
+        sh.rx = ps.report();
         self.h.count_held(p, held, now);
         self.apply_told();
     }
@@ -414,6 +414,7 @@ impl MuxRef<'_> {
     /// now rather than from the last call that carried a time).
     pub fn note_now(&mut self, now: Timestamp) {
         self.note_time(now);
+        self.apply_told();
     }
 
     /// Make sure the next scan comes no later than an idle period from `now`.
@@ -443,6 +444,7 @@ impl MuxRef<'_> {
     /// so a psock that holds much there is paused, and aborted if it stays
     /// stuck, like one that holds it in its assembly buffer.
     pub fn set_rx_below(&mut self, p: PsockId, bytes: usize) {
+        self.apply_told();
         let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };
         if ps.below == bytes {
             return;
@@ -456,6 +458,7 @@ impl MuxRef<'_> {
     /// with `RxError::HandshakeTimeout`. The runtime arms it at attach with
     /// `now + MuxConfig::handshake_timeout`.
     pub fn set_handshake_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), super::MuxError> {
+        self.apply_told();
         let ps = self.psock_mut(p)?;
         ps.handshake_deadline = deadline;
         if let Some(t) = deadline {
@@ -471,6 +474,7 @@ impl MuxRef<'_> {
     /// the deadline the psock fails with `RxError::Timeout`, counted in
     /// `rx_msg_timeouts`.
     pub fn set_record_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), super::MuxError> {
+        self.apply_told();
         let ps = self.psock_mut(p)?;
         ps.record_deadline = deadline;
         if let Some(t) = deadline {

@@ -7,7 +7,7 @@ use super::deadlines::Armed;
 use super::transmit::backlog_pause;
 use super::{MuxConfig, SockId};
 use crate::stats::PsockStats;
-use crate::stream::StreamParser;
+use crate::stream::{StreamParser, StreamStats};
 use crate::time::Timestamp;
 
 /// A psock's lifecycle (receive side and close), as the core decides it:
@@ -116,10 +116,49 @@ impl Psock {
     pub(super) fn rx_mem(&self) -> usize {
         self.stream.memory() + self.ready.unwrap_or(0)
     }
-    /// Its receive statistics: the stream parser's counters (the transmit
-    /// side's are its share's).
+    /// What it reports to its share ([`RxReport`]).
+    #[inline]
+    pub(super) fn report(&self) -> RxReport {
+        let buffered = self.stream.buffered();
+        RxReport {
+            stream: self.stream.stats().clone(),
+            record_timeouts: self.record_timeouts,
+            held: buffered + self.ready.unwrap_or(0),
+            ready: self.ready.is_some(),
+            stopped: self.stream.is_stopped(),
+            wait: (self.ready.is_none() && buffered > 0).then(|| self.stream.need()),
+            last_active: self.last_active,
+        }
+    }
+}
+
+/// What a psock's receive side last reported to its share, after every
+/// call that changed it (`MuxRef::report`): the mux's statistics,
+/// `/proc/net/kcm` and the idlest psock are read on the hub alone, with no
+/// look at a psock its owner holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct RxReport {
+    /// Its stream parser's counters.
+    pub(super) stream: StreamStats,
+    /// Records below the parser that did not end in time.
+    pub(super) record_timeouts: u64,
+    /// Bytes held: the partial message, read-ahead and a ready message.
+    pub(super) held: usize,
+    /// It holds a message no socket could take (KCM's `RxPause RdyRx`).
+    pub(super) ready: bool,
+    /// An error stopped its stream (`RxStop`).
+    pub(super) stopped: bool,
+    /// It waits for more of a message (`RxWait`), the bytes still missing
+    /// where known.
+    pub(super) wait: Option<Option<usize>>,
+    /// When bytes were last received.
+    pub(super) last_active: Timestamp,
+}
+
+impl RxReport {
+    /// Its receive statistics ([`Psock::rx_stats`], from the report).
     pub(super) fn rx_stats(&self) -> PsockStats {
-        let st = self.stream.stats();
+        let st = &self.stream;
         let mut s = PsockStats::default();
         s.rx_msgs = st.msgs;
         s.rx_bytes = st.bytes;

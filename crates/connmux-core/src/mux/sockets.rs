@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 
 use super::limits::MemState;
-use super::psock::Life;
+use super::psock::{Life, RxReport};
 use super::slab::Slab;
 use super::sock::Sock;
 use super::transmit::{PsockTx, Tx};
@@ -21,6 +21,7 @@ use super::{
     mix, sid, Event, MuxConfig, MuxError, PsockConfig, PsockId, RecvFlags, RecvInfo, RxMsg, SockId, SockType, Steering,
 };
 use crate::parser::Parser;
+use crate::stats::PsockStats;
 use crate::time::Timestamp;
 
 /// The shared part of a mux.
@@ -78,6 +79,9 @@ pub(super) enum ToPsock {
     Offered { p: PsockId, hold: bool },
     /// The mux's last socket closed: the psock is unattached.
     Unattach(PsockId),
+    /// Another thread unattached it (its share is gone, routed to `owner`
+    /// by name): drop its receive side.
+    Released { p: PsockId, owner: u32 },
     /// The memory budget paused it (a loan of its buffer out is recalled:
     /// what it counts may never come).
     MemPaused(PsockId),
@@ -98,6 +102,7 @@ impl ToPsock {
             | ToPsock::Backlog(p)
             | ToPsock::TxAborted(p)
             | ToPsock::Offered { p, .. }
+            | ToPsock::Released { p, .. }
             | ToPsock::Unattach(p)
             | ToPsock::MemPaused(p)
             | ToPsock::MemResumed(p)
@@ -169,9 +174,10 @@ pub(super) struct Share {
     /// side places them), the first term of its outstanding work
     /// ([`Share::outstanding`]).
     pub(super) placed: u64,
-    /// Messages received from it, as its psock last reported after framing
-    /// (its stream's count), the second term.
-    pub(super) received: u64,
+    /// What its receive side last reported (its counters, among them the
+    /// messages received from it: the second term; what it holds, whether
+    /// it waits): statistics are read here.
+    pub(super) rx: RxReport,
     /// It can still answer (transmit not stopped, receive running): lowered
     /// for good by the glue when that ends, so `TxPolicy::LeastOutstanding`
     /// and the memory budget pass it over without a look at the psock.
@@ -208,7 +214,17 @@ impl Share {
     /// `TxPolicy::LeastOutstanding` counts them.
     #[inline]
     pub(super) fn outstanding(&self) -> u64 {
-        self.placed.saturating_sub(self.received)
+        self.placed.saturating_sub(self.rx.stream.msgs)
+    }
+    /// Its psock's statistics: what its receive side reported, its
+    /// transmit side's and its reservations'.
+    pub(super) fn stats(&self) -> PsockStats {
+        let mut st = self.rx.rx_stats();
+        super::add_psock_stats(&mut st, &self.tx.stats);
+        st.reserved += self.reserved;
+        st.unreserved += self.unreserved;
+        st.tx_backlog_refusals += self.refusals;
+        st
     }
     /// `msgs` messages were placed on its psock.
     #[inline]
@@ -235,7 +251,7 @@ impl Sockets {
             tx: PsockTx::new(now),
             refusals: 0,
             placed: 0,
-            received: 0,
+            rx: RxReport { last_active: now, ..RxReport::default() },
             answers: true,
             counted: 0,
             mem: MemState::Reading,

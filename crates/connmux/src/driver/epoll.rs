@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
-use connmux_core::mux::Event;
+use connmux_core::mux::{Event, Owned};
 use connmux_sys::epoll::{Epoll, Events, Interest};
 
 use crate::driver::worker::{self, Io, Woke, Worker};
@@ -35,8 +35,8 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
 }
 
 /// A `Worker`'s owned state: its serving buffers, events not yet
-/// dispatched, psocks to write.
-type WorkerParts = (crate::serve::ServeBufs, Vec<Event>, Vec<Arc<PsockRt>>);
+/// dispatched, psocks to write, its psocks' receive sides.
+type WorkerParts = (crate::serve::ServeBufs, Vec<Event>, Vec<Arc<PsockRt>>, Owned);
 
 /// A stand-alone socket's slot (`Config::stand_alone`,
 /// `KcmSocket::stand_alone`): a worker with no thread of its own, whose
@@ -61,12 +61,12 @@ impl Alone {
     pub(crate) fn new(sh: &Shared, index: usize, sock: &SockRt) -> std::io::Result<Alone> {
         let WorkerIo::Epoll(epoll) = &sh.worker(index).io else { unreachable!("a stand-alone slot is an epoll") };
         epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
-        let mut w = Worker::new(sh);
+        let mut w = Worker::new(sh, index);
         w.bufs.own.looks = Some(sock.id);
         Ok(Alone {
             index,
-            parts: Some((w.bufs, w.events, w.dirty)),
-            passes: worker::Passes::new(sh),
+            parts: Some((w.bufs, w.events, w.dirty, w.owned)),
+            passes: worker::Passes::new(),
             evs: Events::with_capacity(256),
             buf: vec![0u8; sh.read_chunk],
         })
@@ -77,15 +77,15 @@ impl Alone {
     pub(crate) fn pass(&mut self, sh: &Shared, cap: Option<Duration>) {
         let me = sh.worker(self.index);
         let WorkerIo::Epoll(epoll) = &me.io else { return };
-        let Some((bufs, events, dirty)) = self.parts.take() else { return };
-        let mut w = Worker { sh, serving: None, bufs, events, dirty };
+        let Some((bufs, events, dirty, owned)) = self.parts.take() else { return };
+        let mut w = Worker { sh, serving: None, bufs, events, dirty, owned };
         let timeout = match (self.passes.timeout(&w, false), cap) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         let mut io = EpollIo { epoll, evs: &mut self.evs, buf: &mut self.buf, serve_unwatched: false };
         worker::pass(me, &mut io, &mut w, &mut self.passes, timeout);
-        self.parts = Some((w.bufs, w.events, w.dirty));
+        self.parts = Some((w.bufs, w.events, w.dirty, w.owned));
     }
 
     /// Its socket closed while connections are attached to the slot: no
@@ -101,8 +101,8 @@ impl Alone {
 
     /// The socket is closing: the writes made whole reach the core.
     pub(crate) fn end(&mut self, sh: &Shared) {
-        if let Some((bufs, events, dirty)) = self.parts.take() {
-            Worker { sh, serving: None, bufs, events, dirty }.end();
+        if let Some((bufs, events, dirty, owned)) = self.parts.take() {
+            Worker { sh, serving: None, bufs, events, dirty, owned }.end();
         }
     }
 }
@@ -146,7 +146,8 @@ impl Io for EpollIo<'_> {
                     let (rt, rx) = {
                         let mut core = sh.lock();
                         let Some(rt) = core.psocks.get(&p).cloned() else { continue };
-                        let rx = (readable && rt.tls.is_none()).then(|| RxRoom::of(core.mux.rx_room(p)));
+                        let rx =
+                            (readable && rt.tls.is_none()).then(|| RxRoom::of(core.mux.of(&mut w.owned).rx_room(p)));
                         (rt, rx)
                     };
                     if ev.writable {
@@ -220,14 +221,14 @@ impl RxRoom {
 fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &mut [u8]) {
     let sh = w.sh;
     if let Some(tls) = &rt.tls {
-        return crate::shared::tls::epoll_read(sh, rt, tls, buf, &mut w.events);
+        return crate::shared::tls::epoll_read(sh, &mut w.owned, rt, tls, buf, &mut w.events);
     }
     let RxRoom { cap, loan } = rx.unwrap_or_else(|| {
         let mut core = sh.lock();
-        RxRoom::of(core.mux.rx_room(rt.id))
+        RxRoom::of(core.mux.of(&mut w.owned).rx_room(rt.id))
     });
     if let Some(loan) = loan {
-        return read_lent(sh, rt, loan, &mut w.events, &mut w.bufs.own);
+        return read_lent(w, rt, loan);
     }
     if cap == 0 {
         // Paused by backpressure or stopped: stop polling for input until the
@@ -235,7 +236,7 @@ fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &m
         // between the check above and this change (its `read = true` then finds
         // read already on and does nothing): check again after turning it off.
         sh.set_interest(rt, |i| i.read = false);
-        if sh.lock().mux.rx_capacity(rt.id) > 0 {
+        if sh.lock().mux.view_of(&mut w.owned).rx_capacity(rt.id) > 0 {
             sh.set_interest(rt, |i| i.read = true);
         }
         return;
@@ -246,15 +247,22 @@ fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &m
     let read_at = connmux_sys::clock::now_nanos();
     match ReadEnd::of_io(&res) {
         ReadEnd::Data(n) => worker::feed_bytes(w, rt, &buf[..n], read_at),
-        end => read_ended(sh, rt, sh.lock(), end, &mut w.events),
+        end => read_ended(sh, &mut w.owned, rt, sh.lock(), end, &mut w.events),
     }
 }
 
 /// A read that brought no bytes: the end of the stream reaches the core
 /// (and the psock is read no more); would-block, nothing.
-fn read_ended(sh: &Shared, rt: &PsockRt, mut core: MutexGuard<'_, Core>, end: ReadEnd, events: &mut Vec<Event>) {
+fn read_ended(
+    sh: &Shared,
+    o: &mut Owned,
+    rt: &PsockRt,
+    mut core: MutexGuard<'_, Core>,
+    end: ReadEnd,
+    events: &mut Vec<Event>,
+) {
     if let Some(how) = end.end() {
-        let _ = core.mux.rx_closed(rt.id, how);
+        let _ = core.mux.of(o).rx_closed(rt.id, how);
         core.drain_events(events);
         drop(core);
         sh.set_interest(rt, |i| i.read = false);
@@ -263,21 +271,16 @@ fn read_ended(sh: &Shared, rt: &PsockRt, mut core: MutexGuard<'_, Core>, end: Re
 
 /// [`read_psock`] for a large message: one read straight into the psock's
 /// assembly buffer (`Mux::rx_lend`), no more than the message still needs.
-fn read_lent(
-    sh: &Shared,
-    rt: &PsockRt,
-    mut loan: connmux_core::mux::RxLoan,
-    events: &mut Vec<Event>,
-    own: &mut crate::shared::Own,
-) {
+fn read_lent(w: &mut Worker<'_>, rt: &PsockRt, mut loan: connmux_core::mux::RxLoan) {
+    let sh = w.sh;
     let limit = loan.limit();
     let res = connmux_sys::socket::read_into(rt.fd(), loan.buf(), limit);
     let now = sh.now();
     let mut core = sh.lock();
     // The buffer goes back whatever happened (with nothing new on error).
-    let _ = crate::shared::commit_read(&mut core, own, loan, now);
+    let _ = crate::shared::commit_read(&mut core, &mut w.owned, &mut w.bufs.own, loan, now);
     match ReadEnd::of_io(&res) {
-        ReadEnd::Data(_) => core.drain_events(events),
-        end => read_ended(sh, rt, core, end, events),
+        ReadEnd::Data(_) => core.drain_events(&mut w.events),
+        end => read_ended(sh, &mut w.owned, rt, core, end, &mut w.events),
     }
 }

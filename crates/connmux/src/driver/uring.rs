@@ -42,6 +42,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
+use connmux_core::mux::Owned;
 use connmux_core::Bytes;
 use connmux_sys::uring::{Completion, Ring, RingConfig};
 
@@ -238,7 +239,7 @@ impl Io for UringIo {
             }
             self.budget = Budget::Tight;
         }
-        self.arm(w.sh)
+        self.arm(w.sh, &mut w.owned)
     }
 }
 
@@ -289,13 +290,13 @@ impl UringIo {
                     } else if conn.rt.tls.is_some() {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         core = None; // TLS lock before the core lock
-                        pump_tls(sh, ring, conn, &mut w.events, &mut self.budget);
+                        pump_tls(sh, &mut w.owned, ring, conn, &mut w.events, &mut self.budget);
                     } else {
                         let core = core.get_or_insert_with(|| sh.lock());
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         let (events, framed, own, budget) =
                             (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                        pump(conn, &mut Feed { core, ring, now, events, framed, own, budget });
+                        pump(conn, &mut Feed { core, ring, now, events, framed, own, o: &mut w.owned, budget });
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
                 }
@@ -308,12 +309,12 @@ impl UringIo {
                         }
                         if conn.rt.tls.is_some() {
                             core = None;
-                            pump_tls(sh, ring, conn, &mut w.events, &mut self.budget);
+                            pump_tls(sh, &mut w.owned, ring, conn, &mut w.events, &mut self.budget);
                         } else {
                             let core = core.get_or_insert_with(|| sh.lock());
                             let (events, framed, own, budget) =
                                 (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                            pump(conn, &mut Feed { core, ring, now, events, framed, own, budget });
+                            pump(conn, &mut Feed { core, ring, now, events, framed, own, o: &mut w.owned, budget });
                         }
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
@@ -327,7 +328,9 @@ impl UringIo {
                         // The buffer goes back whatever happened (the core drops
                         // the bytes of a psock that stopped meanwhile).
                         *loan.buf() = buf;
-                        if crate::shared::commit_read(core, &mut w.bufs.own, loan, now).is_err() && !conn.released {
+                        if crate::shared::commit_read(core, &mut w.owned, &mut w.bufs.own, loan, now).is_err()
+                            && !conn.released
+                        {
                             stop_rx(ring, conn, token, &mut self.framed);
                         }
                     }
@@ -337,7 +340,7 @@ impl UringIo {
                         }
                         let (events, framed, own, budget) =
                             (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                        pump(conn, &mut Feed { core, ring, now, events, framed, own, budget });
+                        pump(conn, &mut Feed { core, ring, now, events, framed, own, o: &mut w.owned, budget });
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
                 }
@@ -427,7 +430,7 @@ impl UringIo {
                 let Some(conn) = self.conns.get_mut(&token) else { return };
                 if conn.rt.tls.is_some() && !conn.released {
                     // Decrypted bytes may wait in TLS after the receive ended.
-                    pump_tls(sh, ring, conn, &mut w.events, &mut self.budget);
+                    pump_tls(sh, &mut w.owned, ring, conn, &mut w.events, &mut self.budget);
                     self.to_arm.push(token);
                     return;
                 }
@@ -437,7 +440,10 @@ impl UringIo {
                 let mut core = sh.lock();
                 let (events, framed, own, budget) =
                     (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                pump(conn, &mut Feed { core: &mut core, ring, now: sh.now(), events, framed, own, budget });
+                pump(
+                    conn,
+                    &mut Feed { core: &mut core, ring, now: sh.now(), events, framed, own, o: &mut w.owned, budget },
+                );
                 drop(core);
                 self.to_arm.push(token);
             }
@@ -555,7 +561,7 @@ impl UringIo {
     }
 
     /// (Re)arm the receives that should run, while there are free buffers.
-    fn arm(&mut self, sh: &Shared) {
+    fn arm(&mut self, sh: &Shared, o: &mut Owned) {
         let (ring, budget) = (&mut self.ring, &mut self.budget);
         if self.to_arm.is_empty() {
             return;
@@ -582,7 +588,7 @@ impl UringIo {
                 let loan = {
                     let mut core = sh.lock();
                     tight = core.mux.mem_tight();
-                    core.mux.rx_lend_ahead(conn.rt.id)
+                    core.mux.of(o).rx_lend_ahead(conn.rt.id)
                 };
                 if let Some(mut loan) = loan {
                     let buf = std::mem::take(loan.buf());
@@ -591,7 +597,7 @@ impl UringIo {
                         Ok(()) => conn.recv = Recv::Into { loan, cancelling: false },
                         Err((_, buf)) => {
                             *loan.buf() = buf;
-                            let _ = sh.lock().mux.rx_commit(loan, sh.now());
+                            let _ = sh.lock().mux.of(o).rx_commit(loan, sh.now());
                             keep.push(token);
                         }
                     }

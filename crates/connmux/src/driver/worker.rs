@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use connmux_core::mux::Event;
+use connmux_core::mux::{Event, Owned};
 
 use crate::serve::{ServeBufs, Serving};
 use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt, WorkerRef};
@@ -43,6 +43,9 @@ pub(crate) struct Worker<'a> {
     pub events: Vec<Event>,
     /// Psocks to write before the pass ends.
     pub dirty: Vec<Arc<PsockRt>>,
+    /// The receive sides of its psocks: its alone (other threads reach
+    /// them through what the hub tells it, `Event::Wake`).
+    pub owned: Owned,
 }
 
 /// What a wait found besides reads and writes.
@@ -94,8 +97,9 @@ pub(crate) struct Passes {
 }
 
 impl Passes {
-    pub(crate) fn new(sh: &Shared) -> Passes {
-        Passes { next_deadline: sh.lock().mux.poll_timeout(), slice: LaneSlice::default() }
+    pub(crate) fn new() -> Passes {
+        // (Its first pass's hold reads its deadlines.)
+        Passes { next_deadline: None, slice: LaneSlice::default() }
     }
 
     /// How long the next pass's wait may sleep ([`wait_timeout`]).
@@ -105,9 +109,12 @@ impl Passes {
 }
 
 impl<'a> Worker<'a> {
-    /// A worker of `sh` with empty buffers, serving nothing yet.
-    pub(crate) fn new(sh: &'a Shared) -> Worker<'a> {
-        Worker { sh, serving: None, bufs: ServeBufs::new(&sh.tuning), events: Vec::new(), dirty: Vec::new() }
+    /// Worker `index` of `sh` (or slot) with empty buffers and no
+    /// psocks, serving nothing yet.
+    pub(crate) fn new(sh: &'a Shared, index: usize) -> Worker<'a> {
+        let mut bufs = ServeBufs::new(&sh.tuning);
+        bufs.own.owner = index as u32;
+        Worker { sh, serving: None, bufs, events: Vec::new(), dirty: Vec::new(), owned: Owned::new(index as u32) }
     }
 
     /// Before the worker goes away: the writes it made whole since its last
@@ -120,8 +127,8 @@ impl<'a> Worker<'a> {
 /// Run worker `index` until the mux stops.
 pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let me = &sh.workers[index];
-    let mut w = Worker::new(sh);
-    let mut passes = Passes::new(sh);
+    let mut w = Worker::new(sh, index);
+    let mut passes = Passes::new();
     // Worker 0 keeps the mux's time: it never sleeps longer than a second
     // (`wait_timeout`).
     let keeper = index == 0;
@@ -159,6 +166,9 @@ pub(crate) fn pass(
         // in between would leave the flag up with nothing behind it.
         // The commands are taken after both.)
         me.woken.store(false, Ordering::SeqCst);
+        if me.told.swap(false, Ordering::SeqCst) {
+            w.bufs.own.told = true;
+        }
         let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
         for c in cmds {
             match c {
@@ -187,6 +197,11 @@ pub(crate) fn pass(
             // (A command may have read messages for our socket in a
             // pass with no read: `Own::has_direct`.)
             crate::serve::pass(sh, sv, &mut w.bufs, &mut w.events, &mut w.dirty, serve_ready);
+        }
+        if w.bufs.own.told {
+            // A call of its own told its psocks (a write ended, a message
+            // was taken): applied now, not at the next pass.
+            apply_told(w);
         }
         // (Looked at first: an empty flush still costs a few dozen
         // instructions, every pass.)
@@ -360,15 +375,30 @@ fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core
     let now = sh.now();
     let mut core = sh.lock();
     w.bufs.own.hold(&mut core);
+    if std::mem::take(&mut w.bufs.own.told) {
+        // With its time first: a psock attached for it starts its clocks
+        // from now.
+        core.mux.of(&mut w.owned).note_now(now);
+    }
     core.drain_events(&mut w.events);
-    *next_deadline = core.mux.poll_timeout();
+    *next_deadline = core.mux.view_of(&mut w.owned).poll_timeout();
     if let Some(t) = *next_deadline {
         if t <= now {
-            core.mux.handle_timeout(now);
+            core.mux.of(&mut w.owned).handle_timeout(now);
             core.drain_events(&mut w.events);
-            *next_deadline = core.mux.poll_timeout();
+            *next_deadline = core.mux.view_of(&mut w.owned).poll_timeout();
         }
     }
+}
+
+/// What was told to the worker's psocks, applied (`Own::told`).
+#[cold]
+fn apply_told(w: &mut Worker<'_>) {
+    w.bufs.own.told = false;
+    let now = w.sh.now();
+    let mut core = w.sh.lock();
+    core.mux.of(&mut w.owned).note_now(now);
+    core.drain_events(&mut w.events);
 }
 
 /// The bytes of one read of `rt`, read at `read_at`, to the core; on a
@@ -383,7 +413,8 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
             let bufs = &mut w.bufs;
             let mut runs = std::mem::take(&mut bufs.runs);
             runs.clear();
-            let _ = crate::shared::feed_read_in_place(&mut core, &mut bufs.own, rt.id, data, now, &mut runs);
+            let _ =
+                crate::shared::feed_read_in_place(&mut core, &mut w.owned, &mut bufs.own, rt.id, data, now, &mut runs);
             core.drain_events(&mut w.events);
             drop(core);
             if !runs.is_empty() {
@@ -397,7 +428,7 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
             bufs.runs = runs;
         }
         None => {
-            let _ = crate::shared::feed_read(&mut core, &mut w.bufs.own, rt.id, data, now);
+            let _ = crate::shared::feed_read(&mut core, &mut w.owned, &mut w.bufs.own, rt.id, data, now);
             core.drain_events(&mut w.events);
         }
     }

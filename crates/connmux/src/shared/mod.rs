@@ -189,6 +189,8 @@ pub(crate) struct WorkerRef {
     /// Woken since it last took its commands ([`WorkerRef::wake`]): a
     /// command queued meanwhile needs no wake of its own.
     pub woken: AtomicBool,
+    /// What was told to its psocks waits in the hub ([`WorkerRef::tell`]).
+    pub told: AtomicBool,
 }
 
 impl WorkerRef {
@@ -201,6 +203,7 @@ impl WorkerRef {
             cpu,
             serving: AtomicBool::new(false),
             woken: AtomicBool::new(false),
+            told: AtomicBool::new(false),
         }
     }
 
@@ -210,6 +213,16 @@ impl WorkerRef {
     /// taken by that wake.
     pub fn command(&self, c: Command) {
         self.commands.lock().unwrap().push(c);
+        if !self.woken.swap(true, Ordering::SeqCst) {
+            let _ = self.waker.notify();
+        }
+    }
+
+    /// What was told to the worker's psocks waits in the hub
+    /// (`Event::Wake`): it applies it in its next pass, which this wakes
+    /// unless a wake is pending (as [`WorkerRef::command`]).
+    pub fn tell(&self) {
+        self.told.store(true, Ordering::SeqCst);
         if !self.woken.swap(true, Ordering::SeqCst) {
             let _ = self.waker.notify();
         }
@@ -585,6 +598,11 @@ impl Shared {
                         None => self.shut_drained(&rt, events),
                     }
                 }
+                Event::Wake(o) => match ctx {
+                    // Its own: applied before its pass ends.
+                    Ctx::Worker(_, own) if own.owner == o => own.told = true,
+                    _ => self.worker(o as usize).tell(),
+                },
                 Event::PsockReleased(p) => {
                     let rt = self.lock().psocks.remove(&p);
                     if let Some(rt) = rt {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use connmux_core::mux::{PsockId, SockId};
+use connmux_core::mux::{Owned, PsockId, SockId};
 use connmux_core::{Bytes, Timestamp};
 
 use super::{Core, PsockRt, Shared};
@@ -29,6 +29,12 @@ pub(crate) struct Own {
     /// Messages reads handed straight to that socket (see [`feed_read`]),
     /// not yet served.
     pub direct: Vec<(Bytes, PsockId)>,
+    /// The worker's index: its psocks' owner tag (`Event::Wake` for it is
+    /// its own to apply).
+    pub owner: u32,
+    /// What was told to this worker's psocks waits in the hub
+    /// (`Event::Wake`): it applies it before its pass ends.
+    pub told: bool,
     /// Chunks this worker wrote whole and has not told the core of yet
     /// ([`Shared::write_owned`]): completed in its next hold of the core
     /// lock, at the latest before it waits ([`Shared::complete_owned`]).
@@ -61,6 +67,7 @@ impl Own {
 /// `own.direct` for its next `serve`, at most one serve batch), else queued.
 pub(crate) fn feed_read(
     core: &mut Core,
+    o: &mut Owned,
     own: &mut Own,
     p: PsockId,
     data: &[u8],
@@ -69,9 +76,9 @@ pub(crate) fn feed_read(
     match own.serve {
         Some((sock, batch)) => {
             let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
-            core.mux.feed_direct(p, data, now, &mut d)
+            core.mux.of(o).feed_direct(p, data, now, &mut d)
         }
-        None => core.mux.feed(p, data, now),
+        None => core.mux.of(o).feed(p, data, now),
     }
 }
 
@@ -84,6 +91,7 @@ pub(crate) fn feed_read(
 /// `serve`).
 pub(crate) fn feed_read_in_place(
     core: &mut Core,
+    o: &mut Owned,
     own: &mut Own,
     p: PsockId,
     data: &[u8],
@@ -94,9 +102,9 @@ pub(crate) fn feed_read_in_place(
         Some((sock, batch)) => {
             let limit = if own.direct.iter().any(|(_, q)| *q == p) { 0 } else { usize::MAX };
             let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
-            core.mux.feed_in_place(p, data, now, &mut d, limit, runs)
+            core.mux.of(o).feed_in_place(p, data, now, &mut d, limit, runs)
         }
-        None => core.mux.feed(p, data, now),
+        None => core.mux.of(o).feed(p, data, now),
     }
 }
 
@@ -104,6 +112,7 @@ pub(crate) fn feed_read_in_place(
 /// (`Mux::rx_lend`): the loan goes back, its bytes taken the same way.
 pub(crate) fn commit_read(
     core: &mut Core,
+    o: &mut Owned,
     own: &mut Own,
     loan: connmux_core::mux::RxLoan,
     now: Timestamp,
@@ -111,8 +120,8 @@ pub(crate) fn commit_read(
     match own.serve {
         Some((sock, batch)) => {
             let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
-            core.mux.rx_commit_direct(loan, now, &mut d)
+            core.mux.of(o).rx_commit_direct(loan, now, &mut d)
         }
-        None => core.mux.rx_commit(loan, now),
+        None => core.mux.of(o).rx_commit(loan, now),
     }
 }

@@ -1,204 +1,66 @@
-//! The core as the runtime holds it: the hub every psock shares and, for
-//! each worker (then each stand-alone slot), the psocks it owns
-//! (`connmux_core::mux::Owned`, tagged with the worker's index), plus an
-//! owner with no psocks for the calls of application threads.
+//! The core's shared half as the runtime holds it, behind the one lock:
+//! the hub every psock shares, and an owner with no psocks through which
+//! application threads (and workers, for what is not a psock's receive
+//! side: sends, writes, sockets, unattach, statistics) call it.
 //!
-//! Each call goes through the owner it concerns: a psock's receive side to
-//! the psock's owner; a socket's, and every send and write (a psock's
-//! transmit side is the hub's), to the application's. What a call tells another
-//! owner's psocks (a message placed on it, a socket that became able) is
-//! applied before the call returns ([`Owners::settle`]): every owner is
-//! under the same lock here. The step after this one takes each worker's
-//! `Owned` out of the lock, to the worker, which applies what it is told
-//! when woken (`Hub::take_wakes`); the calls made here on a worker's behalf
-//! show where.
+//! Each worker (and each stand-alone slot) owns its psocks' receive sides
+//! outright (`connmux_core::mux::Owned`, in its `driver::worker::Worker`,
+//! tagged with its index) and passes them to the calls on them. What a
+//! call tells another owner's psocks waits in the hub for that owner,
+//! which is woken for it (`Event::Wake`, dispatched as
+//! `WorkerRef::tell`) and applies it in its next pass; every receive call
+//! applies what waits first.
 
 use std::time::Duration;
 
 use connmux_core::mux::{
-    Direct, Hub, MuxConfig, MuxError, MuxRef, MuxView, Owned, OwnerStats, PsockConfig, PsockId, RecvFlags, RecvInfo,
-    RxError, RxLoan, SendFlags, SockId, SockType, TxChunk,
+    Hub, MuxConfig, MuxError, MuxRef, MuxView, Owned, PsockConfig, PsockId, RecvFlags, RecvInfo, SendFlags, SockId,
+    SockType, TxChunk,
 };
-use connmux_core::run::Run;
 use connmux_core::stats::{MuxStats, PsockStats, SockStats};
 use connmux_core::{Bytes, Parser, Timestamp};
 
-/// The hub and every owner's psocks.
+/// The hub, and the application's owner (no psocks).
 pub(crate) struct Owners {
     hub: Hub,
-    /// By owner tag: the workers, the stand-alone slots, then the
-    /// application's (no psocks).
-    owned: Vec<Owned>,
-    /// Owners woken by the last call (kept for its memory).
-    wakes: Vec<u32>,
+    app: Owned,
 }
 
-/// A call on psock `$p`'s owner, then what it told others applied.
-macro_rules! at {
-    ($self:ident, $p:expr, |$m:ident| $call:expr) => {{
-        let k = $self.owner_index($p);
-        let r = {
-            let $m = &mut MuxRef::new(&mut $self.owned[k], &mut $self.hub);
-            $call
-        };
-        $self.settle();
-        r
-    }};
-}
-
-/// A call on the sockets, as the application's owner, then applied.
+/// A call as the application's owner.
 macro_rules! app {
     ($self:ident, |$m:ident| $call:expr) => {{
-        let k = $self.owned.len() - 1;
-        let r = {
-            let $m = &mut MuxRef::new(&mut $self.owned[k], &mut $self.hub);
-            $call
-        };
-        $self.settle();
-        r
+        let $m = &mut MuxRef::new(&mut $self.app, &mut $self.hub);
+        $call
     }};
 }
 
 impl Owners {
-    /// A mux with `config` whose psocks `owners` workers and slots hold.
+    /// A mux with `config` whose psocks `owners` workers and slots hold
+    /// (tags `0..owners`; the application's is the next).
     #[inline]
     pub fn new(config: MuxConfig, owners: usize) -> Owners {
-        let owned = (0..=owners as u32).map(Owned::new).collect();
-        Owners { hub: Hub::new(config), owned, wakes: Vec::new() }
-    }
-
-    /// The index of the owner holding psock `p`; for one unattached, the
-    /// application's (the call then finds no psock).
-    #[inline]
-    fn owner_index(&self, p: PsockId) -> usize {
-        match self.hub.owner_of(p) {
-            Some(o) => o as usize,
-            None => self.owned.len() - 1,
-        }
-    }
-
-    #[inline]
-    fn view_at(&self, p: PsockId) -> MuxView<'_> {
-        MuxView::new(&self.owned[self.owner_index(p)], &self.hub)
+        Owners { hub: Hub::new(config), app: Owned::new(owners as u32) }
     }
 
     #[inline]
     fn view(&self) -> MuxView<'_> {
-        MuxView::new(&self.owned[self.owned.len() - 1], &self.hub)
+        MuxView::new(&self.app, &self.hub)
     }
 
-    /// Every owner woken by the last call applies what it was told (which
-    /// may wake others in turn).
-    #[inline]
-    pub fn settle(&mut self) {
-        if self.hub.wakes_any() {
-            self.settle_woken();
-        }
-    }
+    // ---- a psock's receive side, with its owner's psocks `o` ----
 
-    #[inline(never)]
-    fn settle_woken(&mut self) {
-        self.hub.take_wakes(&mut self.wakes);
-        // Bounded: what an owner applies tells others only for the work it
-        // hands on (a message placed, a psock resumed).
-        while let Some(o) = self.wakes.pop() {
-            MuxRef::new(&mut self.owned[o as usize], &mut self.hub).apply_pending();
-            self.hub.take_wakes(&mut self.wakes);
-        }
-    }
-
-    // ---- psocks: their receive sides, on their owners ----
-
-    /// SIOCKCMATTACH on owner `owner` (a worker's index, or a slot's).
+    /// Owner `o`'s psocks and the hub, for a call on them (what was told
+    /// to them is applied first).
     #[inline]
-    pub fn attach(&mut self, owner: usize, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId {
-        let r = MuxRef::new(&mut self.owned[owner], &mut self.hub).attach(parser, cfg);
-        self.settle();
-        r
+    pub fn of<'a>(&'a mut self, o: &'a mut Owned) -> MuxRef<'a> {
+        MuxRef::new(o, &mut self.hub)
     }
+    /// Owner `o`'s psocks and the hub to read, what was told to them
+    /// applied first.
     #[inline]
-    pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
-        at!(self, p, |m| m.unattach(p))
-    }
-    #[inline]
-    pub fn feed(&mut self, p: PsockId, data: &[u8], now: Timestamp) -> Result<(), MuxError> {
-        at!(self, p, |m| m.feed(p, data, now))
-    }
-    #[inline]
-    pub fn feed_direct(
-        &mut self,
-        p: PsockId,
-        data: &[u8],
-        now: Timestamp,
-        direct: &mut Direct<'_>,
-    ) -> Result<(), MuxError> {
-        at!(self, p, |m| m.feed_direct(p, data, now, direct))
-    }
-    #[inline]
-    pub fn feed_in_place(
-        &mut self,
-        p: PsockId,
-        data: &[u8],
-        now: Timestamp,
-        direct: &mut Direct<'_>,
-        limit: usize,
-        out: &mut Vec<Run>,
-    ) -> Result<(), MuxError> {
-        at!(self, p, |m| m.feed_in_place(p, data, now, direct, limit, out))
-    }
-    #[inline]
-    pub fn rx_room(&mut self, p: PsockId) -> (usize, Option<RxLoan>) {
-        at!(self, p, |m| m.rx_room(p))
-    }
-    #[inline]
-    pub fn rx_lend_ahead(&mut self, p: PsockId) -> Option<RxLoan> {
-        at!(self, p, |m| m.rx_lend_ahead(p))
-    }
-    #[inline]
-    pub fn rx_commit(&mut self, loan: RxLoan, now: Timestamp) -> Result<(), MuxError> {
-        let p = loan.psock();
-        at!(self, p, |m| m.rx_commit(loan, now))
-    }
-    #[inline]
-    pub fn rx_commit_direct(&mut self, loan: RxLoan, now: Timestamp, direct: &mut Direct<'_>) -> Result<(), MuxError> {
-        let p = loan.psock();
-        at!(self, p, |m| m.rx_commit_direct(loan, now, direct))
-    }
-    #[inline]
-    pub fn rx_closed(&mut self, p: PsockId, errno: Option<i32>) -> Result<(), MuxError> {
-        at!(self, p, |m| m.rx_closed(p, errno))
-    }
-    #[inline]
-    pub fn rx_abort(&mut self, p: PsockId, err: RxError) -> Result<(), MuxError> {
-        at!(self, p, |m| m.rx_abort(p, err))
-    }
-    #[inline]
-    pub fn rx_settle(&mut self, p: PsockId, n: u64) {
-        at!(self, p, |m| m.rx_settle(p, n))
-    }
-    #[inline]
-    pub fn set_rx_below(&mut self, p: PsockId, bytes: usize) {
-        at!(self, p, |m| m.set_rx_below(p, bytes))
-    }
-    #[inline]
-    pub fn set_handshake_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), MuxError> {
-        at!(self, p, |m| m.set_handshake_deadline(p, deadline))
-    }
-    #[inline]
-    pub fn set_record_deadline(&mut self, p: PsockId, deadline: Option<Timestamp>) -> Result<(), MuxError> {
-        at!(self, p, |m| m.set_record_deadline(p, deadline))
-    }
-    #[inline]
-    pub fn rx_capacity(&self, p: PsockId) -> usize {
-        self.view_at(p).rx_capacity(p)
-    }
-    #[inline]
-    pub fn rx_need(&self, p: PsockId) -> Option<usize> {
-        self.view_at(p).rx_need(p)
-    }
-    #[inline]
-    pub fn rx_would_lend_ahead(&self, p: PsockId) -> bool {
-        self.view_at(p).rx_would_lend_ahead(p)
+    pub fn view_of<'a>(&'a mut self, o: &'a mut Owned) -> MuxView<'a> {
+        MuxRef::new(o, &mut self.hub).apply_pending();
+        MuxView::new(o, &self.hub)
     }
     #[inline]
     pub fn peer_closed(&self, p: PsockId) -> bool {
@@ -208,9 +70,27 @@ impl Owners {
     pub fn drained(&self, p: PsockId) -> bool {
         self.hub.drained(p)
     }
+
+    /// SIOCKCMATTACH for owner `owner` (a worker's index, or a slot's):
+    /// attached at once as far as the sockets go; the owner, woken,
+    /// creates its receive side.
+    #[inline]
+    pub fn attach(&mut self, owner: usize, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId {
+        app!(self, |m| m.attach_to(owner as u32, parser, cfg))
+    }
+    /// SIOCKCMUNATTACH, from any thread: the hub's part at once, the
+    /// owner's when it runs.
+    #[inline]
+    pub fn unattach(&mut self, p: PsockId) -> Result<(), MuxError> {
+        app!(self, |m| m.unattach(p))
+    }
+    #[inline]
+    pub fn rx_settle(&mut self, p: PsockId, n: u64) {
+        app!(self, |m| m.rx_settle(p, n))
+    }
     #[inline]
     pub fn psock_stats(&self, p: PsockId) -> Result<PsockStats, MuxError> {
-        self.view_at(p).psock_stats(p)
+        self.view().psock_stats(p)
     }
 
     // ---- sends ----
@@ -344,77 +224,39 @@ impl Owners {
         self.view().config()
     }
 
-    // ---- every owner ----
+    // ---- the time, statistics ----
 
-    /// The time, told to every owner.
+    /// The time, told to the hub (before an attach: its idle scan).
     #[inline]
     pub fn note_now(&mut self, now: Timestamp) {
-        for o in &mut self.owned {
-            MuxRef::new(o, &mut self.hub).note_now(now);
-        }
-        self.settle();
-    }
-    /// Every owner's deadlines at `now`.
-    #[inline]
-    pub fn handle_timeout(&mut self, now: Timestamp) {
-        for k in 0..self.owned.len() {
-            MuxRef::new(&mut self.owned[k], &mut self.hub).handle_timeout(now);
-            self.settle();
-        }
-    }
-    /// The earliest deadline of any owner (the hub's among them).
-    #[inline]
-    pub fn poll_timeout(&self) -> Option<Timestamp> {
-        // (The application's owner has no psocks: its deadlines are the
-        // hub's, which every owner's include.)
-        let owners = &self.owned[..self.owned.len() - 1];
-        owners.iter().filter_map(|o| MuxView::new(o, &self.hub).poll_timeout()).min()
-    }
-    fn owner_stats(&self) -> OwnerStats {
-        let mut st = OwnerStats::default();
-        for o in &self.owned {
-            st.add(&MuxView::new(o, &self.hub).owner_stats());
-        }
-        st
+        app!(self, |m| m.note_now(now))
     }
     #[inline]
     pub fn stats(&self) -> MuxStats {
-        self.hub.stats(&self.owner_stats())
+        self.view().stats()
     }
     #[inline]
     pub fn memory_used(&self) -> usize {
-        self.owner_stats().mem + self.hub.memory_held()
+        self.view().memory_used()
     }
     #[inline]
     pub fn psock_count(&self) -> usize {
-        self.owned.iter().map(|o| MuxView::new(o, &self.hub).psock_count()).sum()
+        self.view().psock_count()
     }
     #[inline]
     pub fn psocks(&self) -> Vec<PsockId> {
-        let mut all: Vec<PsockId> = self.owned.iter().flat_map(|o| MuxView::new(o, &self.hub).psocks()).collect();
-        all.sort_by_key(|p| p.index);
-        all
+        self.view().psocks()
     }
     #[inline]
     pub fn idlest(&self, now: Timestamp) -> Option<(PsockId, Duration)> {
-        self.owned
-            .iter()
-            .filter_map(|o| MuxView::new(o, &self.hub).idlest(now))
-            .max_by_key(|(p, d)| (*d, std::cmp::Reverse(p.index)))
+        self.view().idlest(now)
     }
     #[inline]
     pub fn proc_kcm(&self) -> String {
-        let mut out = self.view().proc_kcm_head(&self.stats());
-        let mut rows: Vec<(u32, String)> =
-            self.owned.iter().flat_map(|o| MuxView::new(o, &self.hub).proc_kcm_psocks()).collect();
-        rows.sort_by_key(|(i, _)| *i);
-        for (_, row) in rows {
-            out.push_str(&row);
-        }
-        out
+        self.view().proc_kcm()
     }
     #[inline]
     pub fn proc_kcm_stats(&self) -> String {
-        connmux_core::mux::proc_kcm_stats_of(&self.stats())
+        self.view().proc_kcm_stats()
     }
 }

@@ -45,7 +45,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use connmux_core::mux::{Event, RxError};
+use connmux_core::mux::{Event, Owned, RxError};
 use connmux_core::Bytes;
 
 use super::{PsockRt, Shared, WorkerIo};
@@ -280,8 +280,15 @@ enum Plain {
 /// Move ciphertext `data` through TLS into the core, as far as the core takes
 /// it; returns how many bytes of `data` were taken, and whether the core is
 /// full. Called with the psock's TLS lock held, without the core lock.
-pub(crate) fn rx(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events: &mut Vec<Event>) -> (usize, Rx) {
-    let r = rx_records(sh, rt, st, data, events);
+pub(crate) fn rx(
+    sh: &Shared,
+    o: &mut Owned,
+    rt: &PsockRt,
+    st: &mut PsockTls,
+    data: &[u8],
+    events: &mut Vec<Event>,
+) -> (usize, Rx) {
+    let r = rx_records(sh, o, rt, st, data, events);
     // A partial record after the handshake is the start of a message the
     // parser has not seen: the assembly timeout covers it from here.
     let inside = st.established && st.rx != TlsRx::Done && st.records.inside();
@@ -290,22 +297,29 @@ pub(crate) fn rx(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], even
         let now = sh.now();
         let mut core = sh.lock();
         let deadline = if inside { core.mux.config().assembly_timeout.map(|d| now.add(d)) } else { None };
-        let _ = core.mux.set_record_deadline(rt.id, deadline);
+        let _ = core.mux.of(o).set_record_deadline(rt.id, deadline);
     }
     r
 }
 
-fn rx_records(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events: &mut Vec<Event>) -> (usize, Rx) {
+fn rx_records(
+    sh: &Shared,
+    o: &mut Owned,
+    rt: &PsockRt,
+    st: &mut PsockTls,
+    data: &[u8],
+    events: &mut Vec<Event>,
+) -> (usize, Rx) {
     let mut off = 0;
     // Bounded: each round takes input bytes, or ends.
     loop {
         if st.rx == TlsRx::Done {
             return (data.len(), Rx::Done);
         }
-        match drain_plain(sh, rt, st, events) {
+        match drain_plain(sh, o, rt, st, events) {
             Plain::Full => return (off, Rx::Full),
             Plain::Closed(notify) => {
-                end(sh, rt, st, Some(notify), events);
+                end(sh, o, rt, st, Some(notify), events);
                 return (data.len(), Rx::Done);
             }
             Plain::Empty => {}
@@ -313,7 +327,7 @@ fn rx_records(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events:
         if off == data.len() {
             match st.rx {
                 // A read error (rustls saw no end: its reader still waits).
-                TlsRx::Ending { how: Some(_), .. } => end(sh, rt, st, None, events),
+                TlsRx::Ending { how: Some(_), .. } => end(sh, o, rt, st, None, events),
                 // A FIN rustls refused to take while its plaintext was full:
                 // now that it is empty, tell it (once), and look again.
                 TlsRx::Ending { how: None, told: false } => {
@@ -335,12 +349,12 @@ fn rx_records(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events:
                 off += n;
             }
             Err(e) => {
-                fail(sh, rt, st, e.to_string(), events);
+                fail(sh, o, rt, st, e.to_string(), events);
                 return (data.len(), Rx::Done);
             }
         }
         if let Err(e) = st.conn.process_new_packets() {
-            fail(sh, rt, st, e.to_string(), events);
+            fail(sh, o, rt, st, e.to_string(), events);
             return (data.len(), Rx::Done);
         }
         if !st.established && !st.conn.is_handshaking() {
@@ -349,7 +363,7 @@ fn rx_records(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events:
             if let Some(chain) = st.conn.peer_certificates() {
                 let _ = rt.tls_peer.set(chain.iter().map(|c| c.clone().into_owned()).collect());
             }
-            let _ = sh.lock().mux.set_handshake_deadline(rt.id, None);
+            let _ = sh.lock().mux.of(o).set_handshake_deadline(rt.id, None);
             // Messages that waited for the handshake can go now.
             events.push(Event::PsockTransmit(rt.id));
         }
@@ -362,7 +376,14 @@ fn rx_records(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events:
 
 /// The connection's stream ended (`errno` None: FIN). The plaintext before it
 /// still goes to the core first; the psock's end is reported after it.
-pub(crate) fn rx_eof(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, errno: Option<i32>, events: &mut Vec<Event>) -> Rx {
+pub(crate) fn rx_eof(
+    sh: &Shared,
+    o: &mut Owned,
+    rt: &PsockRt,
+    st: &mut PsockTls,
+    errno: Option<i32>,
+    events: &mut Vec<Event>,
+) -> Rx {
     if st.rx != TlsRx::Open {
         return Rx::Done;
     }
@@ -370,14 +391,14 @@ pub(crate) fn rx_eof(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, errno: Option
     // a close_notify from a truncation.
     let told = errno.is_none() && st.conn.read_tls(&mut io::empty()).is_ok();
     st.rx = TlsRx::Ending { how: errno, told };
-    rx(sh, rt, st, &[], events).1
+    rx(sh, o, rt, st, &[], events).1
 }
 
 /// Offer the decrypted bytes rustls holds to the core, in one hold of the
 /// core lock: taking plaintext rustls has decrypted is a copy, no system
 /// call, and a hold a record cost a client pipelining small requests a
 /// hold a request.
-fn drain_plain(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, events: &mut Vec<Event>) -> Plain {
+fn drain_plain(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, events: &mut Vec<Event>) -> Plain {
     let now = sh.now();
     let mut core = None;
     // Bounded: each round takes at least one byte of the plaintext rustls
@@ -394,12 +415,12 @@ fn drain_plain(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, events: &mut Vec<Ev
             Err(_) => break Plain::Closed(false),
         };
         let core = core.get_or_insert_with(|| sh.lock());
-        let cap = core.mux.rx_capacity(rt.id);
+        let cap = core.mux.view_of(o).rx_capacity(rt.id);
         if cap == 0 {
             break Plain::Full;
         }
         let n = cap.min(chunk.len());
-        let fed = core.mux.feed(rt.id, &chunk[..n], now);
+        let fed = core.mux.of(o).feed(rt.id, &chunk[..n], now);
         st.conn.reader().consume(n);
         if fed.is_err() {
             // Gone from the core: nothing more to receive.
@@ -417,7 +438,7 @@ fn drain_plain(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, events: &mut Vec<Ev
 /// the psock as a TCP end would; during the handshake or in the middle of a
 /// message it is a TLS error (a truncation is not a message boundary).
 /// `notify`: Some(close_notify seen) for an end of stream, None for an error.
-fn end(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, notify: Option<bool>, events: &mut Vec<Event>) {
+fn end(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, notify: Option<bool>, events: &mut Vec<Event>) {
     let Some(notify) = notify else {
         let errno = match st.rx {
             TlsRx::Ending { how, .. } => how,
@@ -425,7 +446,7 @@ fn end(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, notify: Option<bool>, event
         };
         st.rx = TlsRx::Done;
         let mut core = sh.lock();
-        let _ = core.mux.rx_closed(rt.id, errno);
+        let _ = core.mux.of(o).rx_closed(rt.id, errno);
         core.drain_events(events);
         return;
     };
@@ -434,13 +455,13 @@ fn end(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, notify: Option<bool>, event
         (true, true) => Some("close_notify in the middle of a message"),
         (false, true) => Some("connection closed without close_notify in the middle of a message"),
     };
-    let mid = !st.established || sh.lock().mux.rx_need(rt.id).is_some();
+    let mid = !st.established || sh.lock().mux.view_of(o).rx_need(rt.id).is_some();
     match why {
-        Some(why) if mid => fail(sh, rt, st, why.to_string(), events),
+        Some(why) if mid => fail(sh, o, rt, st, why.to_string(), events),
         _ => {
             st.rx = TlsRx::Done;
             let mut core = sh.lock();
-            let _ = core.mux.rx_closed(rt.id, None);
+            let _ = core.mux.of(o).rx_closed(rt.id, None);
             core.drain_events(events);
         }
     }
@@ -448,7 +469,7 @@ fn end(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, notify: Option<bool>, event
 
 /// A TLS error: count it, stop the psock's receive with it, and send the
 /// alert rustls queued (if any) before the application aborts the psock.
-fn fail(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, why: String, events: &mut Vec<Event>) {
+fn fail(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, why: String, events: &mut Vec<Event>) {
     st.rx = TlsRx::Done;
     st.failed = true;
     st.held = Vec::new();
@@ -475,7 +496,7 @@ fn fail(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, why: String, events: &mut 
         sh.tls.handshake_failures.fetch_add(1, Ordering::Relaxed);
     }
     let mut core = sh.lock();
-    let _ = core.mux.rx_abort(rt.id, RxError::Tls(why));
+    let _ = core.mux.of(o).rx_abort(rt.id, RxError::Tls(why));
     core.drain_events(events);
     drop(core);
     events.push(Event::PsockTransmit(rt.id));
@@ -483,14 +504,21 @@ fn fail(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, why: String, events: &mut 
 
 /// The epoll driver's read of a readable TLS psock (and its resume after
 /// backpressure): first what was held, then one read from the connection.
-pub(crate) fn epoll_read(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, buf: &mut [u8], events: &mut Vec<Event>) {
+pub(crate) fn epoll_read(
+    sh: &Shared,
+    o: &mut Owned,
+    rt: &PsockRt,
+    tls: &Mutex<PsockTls>,
+    buf: &mut [u8],
+    events: &mut Vec<Event>,
+) {
     let mut st = tls.lock().unwrap();
     let full = 'read: {
         if st.rx == TlsRx::Done {
             break 'read false;
         }
         let held = std::mem::take(&mut st.held);
-        let (took, r) = rx(sh, rt, &mut st, &held, events);
+        let (took, r) = rx(sh, o, rt, &mut st, &held, events);
         if r == Rx::Full {
             if st.rx != TlsRx::Done {
                 st.held = held[took..].to_vec();
@@ -501,19 +529,26 @@ pub(crate) fn epoll_read(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, buf: 
             break 'read false;
         }
         match connmux_sys::socket::read(rt.fd(), buf) {
-            Ok(0) => rx_eof(sh, rt, &mut st, None, events) == Rx::Full,
-            Ok(n) => take_bytes(sh, rt, &mut st, &buf[..n], events),
+            Ok(0) => rx_eof(sh, o, rt, &mut st, None, events) == Rx::Full,
+            Ok(n) => take_bytes(sh, o, rt, &mut st, &buf[..n], events),
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => false,
-            Err(e) => rx_eof(sh, rt, &mut st, Some(e.raw_os_error().unwrap_or(libc::EIO)), events) == Rx::Full,
+            Err(e) => rx_eof(sh, o, rt, &mut st, Some(e.raw_os_error().unwrap_or(libc::EIO)), events) == Rx::Full,
         }
     };
-    read_interest(sh, rt, st, full, events);
+    read_interest(sh, o, rt, st, full, events);
 }
 
 /// Ciphertext read from the connection, through TLS into the core. Whether
 /// the core is full (what it did not take is held for its resume).
-fn take_bytes(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events: &mut Vec<Event>) -> bool {
-    let (took, r) = rx(sh, rt, st, data, events);
+fn take_bytes(
+    sh: &Shared,
+    o: &mut Owned,
+    rt: &PsockRt,
+    st: &mut PsockTls,
+    data: &[u8],
+    events: &mut Vec<Event>,
+) -> bool {
+    let (took, r) = rx(sh, o, rt, st, data, events);
     if r == Rx::Full && st.rx != TlsRx::Done {
         st.held = data[took..].to_vec();
     }
@@ -528,14 +563,21 @@ fn take_bytes(sh: &Shared, rt: &PsockRt, st: &mut PsockTls, data: &[u8], events:
 /// What stays held counts in the budget as the psock's, as the io_uring
 /// driver's spills do: hundreds of peers whose reads the core cannot take
 /// would otherwise each keep a read the budget does not see.
-fn read_interest(sh: &Shared, rt: &PsockRt, mut st: MutexGuard<'_, PsockTls>, full: bool, events: &mut Vec<Event>) {
+fn read_interest(
+    sh: &Shared,
+    o: &mut Owned,
+    rt: &PsockRt,
+    mut st: MutexGuard<'_, PsockTls>,
+    full: bool,
+    events: &mut Vec<Event>,
+) {
     let stop = st.rx != TlsRx::Open;
     let below = if st.held.is_empty() { 0 } else { st.held.capacity() };
     if below != st.held_counted {
         st.held_counted = below;
         // (TLS lock before the core lock.)
         let mut core = sh.lock();
-        core.mux.set_rx_below(rt.id, below);
+        core.mux.of(o).set_rx_below(rt.id, below);
         core.drain_events(events);
     }
     drop(st);

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use connmux_core::mux::{Event, PsockId, RxLoan};
+use connmux_core::mux::{Event, Owned, PsockId, RxLoan};
 use connmux_core::{Bytes, Timestamp};
 
 use super::WRing;
@@ -252,12 +252,19 @@ pub(super) fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64, framed: &mu
 /// [`pump`] for a TLS psock: the held ciphertext through TLS into the core,
 /// no more than it takes; called without the core lock (TLS lock first).
 /// What stays spilled counts in the budget as the psock's, as with [`pump`].
-pub(super) fn pump_tls(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Event>, budget: &mut Budget) {
-    pump_tls_held(sh, ring, conn, events);
+pub(super) fn pump_tls(
+    sh: &Shared,
+    o: &mut Owned,
+    ring: &mut WRing,
+    conn: &mut Conn,
+    events: &mut Vec<Event>,
+    budget: &mut Budget,
+) {
+    pump_tls_held(sh, o, ring, conn, events);
     if spill_memory(conn) != conn.spill_counted {
         // (A spill: the core took no more, perhaps for its budget.)
         let mut core = sh.lock();
-        tell_spill(conn, &mut core, events);
+        tell_spill(conn, &mut core, o, events);
         budget.saw(core.mux.mem_tight());
     }
 }
@@ -273,16 +280,16 @@ fn spill_memory(conn: &Conn) -> usize {
 
 /// Tell the core's budget what the spill holds now, if it changed
 /// (`Mux::set_rx_below`); the budget may pause or abort a psock then.
-fn tell_spill(conn: &mut Conn, core: &mut Core, events: &mut Vec<Event>) {
+fn tell_spill(conn: &mut Conn, core: &mut Core, o: &mut Owned, events: &mut Vec<Event>) {
     let below = spill_memory(conn);
     if below != conn.spill_counted {
         conn.spill_counted = below;
-        core.mux.set_rx_below(conn.rt.id, below);
+        core.mux.of(o).set_rx_below(conn.rt.id, below);
         core.drain_events(events);
     }
 }
 
-fn pump_tls_held(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Event>) {
+fn pump_tls_held(sh: &Shared, o: &mut Owned, ring: &mut WRing, conn: &mut Conn, events: &mut Vec<Event>) {
     let rt = conn.rt.clone();
     let Some(tls) = &rt.tls else { return };
     let token = psock_token(rt.id);
@@ -292,7 +299,7 @@ fn pump_tls_held(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Ve
     // What was spilled while paused comes first; TLS takes all of it unless
     // it is full.
     if conn.spill_off < conn.spill.len() {
-        let (took, _) = crate::shared::tls::rx(sh, &rt, &mut st, &conn.spill[conn.spill_off..], events);
+        let (took, _) = crate::shared::tls::rx(sh, o, &rt, &mut st, &conn.spill[conn.spill_off..], events);
         conn.spill_off += took;
         if conn.spill_off < conn.spill.len() {
             full = true;
@@ -308,7 +315,7 @@ fn pump_tls_held(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Ve
         }
         let (took, r, len) = {
             let data = ring.buffer(h.buf).unwrap_or(&[]);
-            let (took, r) = crate::shared::tls::rx(sh, &rt, &mut st, &data[h.off.min(data.len())..], events);
+            let (took, r) = crate::shared::tls::rx(sh, o, &rt, &mut st, &data[h.off.min(data.len())..], events);
             (took, r, data.len())
         };
         h.off += took;
@@ -324,7 +331,7 @@ fn pump_tls_held(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Ve
     }
     if !full && conn.held.is_empty() {
         // Decrypted bytes kept from an earlier pass.
-        full = crate::shared::tls::rx(sh, &rt, &mut st, &[], events).1 == crate::shared::tls::Rx::Full;
+        full = crate::shared::tls::rx(sh, o, &rt, &mut st, &[], events).1 == crate::shared::tls::Rx::Full;
     }
     if full {
         // Backpressure: close the window as epoll would (stop reading), and
@@ -340,7 +347,7 @@ fn pump_tls_held(sh: &Shared, ring: &mut WRing, conn: &mut Conn, events: &mut Ve
     }
     if let Some(errno) = conn.life.take_end() {
         // No receive after this; a resume still drains what TLS holds.
-        crate::shared::tls::rx_eof(sh, &rt, &mut st, errno, events);
+        crate::shared::tls::rx_eof(sh, o, &rt, &mut st, errno, events);
     }
 }
 
@@ -355,6 +362,8 @@ pub(super) struct Feed<'a> {
     /// Messages framed in place in ring buffers, served after the pass.
     pub(super) framed: &'a mut Framed,
     pub(super) own: &'a mut Own,
+    /// The worker's psocks' receive sides.
+    pub(super) o: &'a mut Owned,
     /// What the feed saw of the memory budget.
     pub(super) budget: &'a mut Budget,
 }
@@ -366,11 +375,11 @@ pub(super) struct Feed<'a> {
 pub(super) fn pump(conn: &mut Conn, f: &mut Feed<'_>) {
     pump_held(conn, f);
     f.budget.saw(f.core.mux.mem_tight());
-    tell_spill(conn, f.core, f.events);
+    tell_spill(conn, f.core, f.o, f.events);
 }
 
 fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
-    let Feed { core, ring, now, events, framed, own, .. } = f;
+    let Feed { core, ring, now, events, framed, own, o, .. } = f;
     let now = *now;
     let id: PsockId = conn.rt.id;
     let token = psock_token(id);
@@ -381,14 +390,14 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
     // from a peer that does not read, queued ahead of everyone else's).
     // Bounded: each round feeds at least one byte, or stops.
     while conn.spill_off < conn.spill.len() {
-        let cap = core.mux.rx_capacity(id).min(ring.buf_size());
+        let cap = core.mux.view_of(o).rx_capacity(id).min(ring.buf_size());
         if cap == 0 {
             pause(ring, conn, token, framed);
             core.drain_events(events);
             return;
         }
         let end = (conn.spill_off + cap).min(conn.spill.len());
-        let fed = crate::shared::feed_read(core, own, id, &conn.spill[conn.spill_off..end], now);
+        let fed = crate::shared::feed_read(core, o, own, id, &conn.spill[conn.spill_off..end], now);
         conn.spill_off = end;
         if fed.is_err() {
             core.drain_events(events);
@@ -403,7 +412,7 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
     }
     // Bounded: each round feeds at least one byte, or stops.
     while let Some(h) = conn.held.front_mut() {
-        let cap = core.mux.rx_capacity(id);
+        let cap = core.mux.view_of(o).rx_capacity(id);
         let data = ring.buffer(h.buf).unwrap_or(&[]);
         if h.off < data.len() && cap == 0 {
             pause(ring, conn, token, framed);
@@ -414,7 +423,7 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
         // Whole messages for this worker's own socket are framed where they
         // lie and served after the pass (`UringIo::serve_framed`).
         let a = framed.runs.len();
-        let fed = crate::shared::feed_read_in_place(core, own, id, &data[h.off..end], now, &mut framed.runs);
+        let fed = crate::shared::feed_read_in_place(core, o, own, id, &data[h.off..end], now, &mut framed.runs);
         if framed.runs.len() > a {
             for r in &mut framed.runs[a..] {
                 r.at += h.off;
@@ -437,8 +446,10 @@ fn pump_held(conn: &mut Conn, f: &mut Feed<'_>) {
         }
     }
     if let Some(errno) = conn.life.take_end() {
-        let _ = core.mux.rx_closed(id, errno);
-    } else if matches!(conn.recv, Recv::Buffers { cancelling: false, .. }) && core.mux.rx_would_lend_ahead(id) {
+        let _ = core.mux.of(o).rx_closed(id, errno);
+    } else if matches!(conn.recv, Recv::Buffers { cancelling: false, .. })
+        && core.mux.view_of(o).rx_would_lend_ahead(id)
+    {
         // A large message began: end the multishot receive (what it still
         // delivers is fed first) so that the next one goes straight into the
         // psock's assembly buffer.
