@@ -535,7 +535,10 @@ struct MuxCounters {
 ///
 /// The two halves are apart so that a runtime can give each worker its
 /// own psocks (`Owned`) and share only the sockets (`Hub`); a single-threaded
-/// mux, as here, holds one of each.
+/// mux, as here, holds one of each. A runtime whose workers own the psocks
+/// keeps the hub in one with an owner of no psocks ([`Mux::with_owner`]),
+/// through which application threads call it, and calls on a worker's
+/// psocks with the worker's own ([`Mux::of`]).
 pub struct Mux {
     o: Owned,
     h: Hub,
@@ -673,7 +676,27 @@ macro_rules! delegate {
 
 impl Mux {
     pub fn new(config: MuxConfig) -> Mux {
-        Mux { o: Owned::new(0), h: Hub::new(config) }
+        Mux::with_owner(config, 0)
+    }
+
+    /// A mux whose own psocks are owner `tag`'s (see [`Owned::new`]).
+    pub fn with_owner(config: MuxConfig, tag: u32) -> Mux {
+        Mux { o: Owned::new(tag), h: Hub::new(config) }
+    }
+
+    /// The hub with another owner's psocks `o`, to change (a runtime's
+    /// worker calling on its own psocks).
+    #[inline]
+    pub fn of<'a>(&'a mut self, o: &'a mut Owned) -> MuxRef<'a> {
+        MuxRef { o, h: &mut self.h }
+    }
+
+    /// The hub with another owner's psocks `o`, to read, what was told to
+    /// them applied first.
+    #[inline]
+    pub fn view_of<'a>(&'a mut self, o: &'a mut Owned) -> MuxView<'a> {
+        MuxRef { o: &mut *o, h: &mut self.h }.apply_pending();
+        MuxView { o, h: &self.h }
     }
 
     /// The mux to read.
@@ -736,6 +759,7 @@ impl Mux {
         fn set_affinity(s: SockId, tag: Option<u32>) -> Result<(), MuxError>;
         fn set_tag_only(s: SockId, on: bool) -> Result<(), MuxError>;
         fn attach(parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId;
+        fn attach_to(owner: u32, parser: Box<dyn Parser>, cfg: PsockConfig) -> PsockId;
         fn unattach(p: PsockId) -> Result<(), MuxError>;
         fn feed(p: PsockId, data: &[u8], now: Timestamp) -> Result<(), MuxError>;
         fn feed_direct(p: PsockId, data: &[u8], now: Timestamp, direct: &mut Direct<'_>) -> Result<(), MuxError>;
@@ -1205,7 +1229,12 @@ impl MuxRef<'_> {
     pub fn close(&mut self, s: SockId) -> Result<(), MuxError> {
         let r = self.h.close(s);
         self.apply_told();
-        r
+        // The last socket: every psock is unattached, whoever owns it, as
+        // KCM releases them with the mux.
+        for p in r? {
+            let _ = self.unattach(p);
+        }
+        Ok(())
     }
     /// KCM_RECV_DISABLE.
     pub fn set_recv_disable(&mut self, s: SockId, disable: bool) -> Result<(), MuxError> {
@@ -1889,9 +1918,6 @@ impl MuxRef<'_> {
             ToPsock::Attach(p, a) => {
                 let sockets::Attaching { parser, cfg } = *a;
                 self.attached(p, parser, cfg);
-            }
-            ToPsock::Unattach(p) => {
-                let _ = self.unattach(p);
             }
             ToPsock::Released { p, .. } => self.released(p),
             ToPsock::Offered { p, hold } => {

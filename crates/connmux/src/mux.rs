@@ -22,7 +22,7 @@ use connmux_sys::eventfd::EventFd;
 use crate::config::{Backend, Config, Driver};
 use crate::driver;
 use crate::kernel::{self, KMux};
-use crate::shared::{psock_token, Core, Ctx, PsockInterest, PsockRt, Shared, WorkerIo, WorkerRef};
+use crate::shared::{psock_token, Ctx, MuxHub, PsockInterest, PsockRt, Shared, WorkerIo, WorkerRef};
 use crate::shared::{Command, ATTACHED};
 
 /// Options of one attach: the parser, and the limits of this connection where
@@ -250,8 +250,8 @@ impl Mux {
         }
         let (events_tx, events_rx) = crate::events::Events::bounded(config.event_queue);
         let shared = Arc::new(Shared {
-            core: Mutex::new(Core {
-                mux: crate::shared::Owners::new(config.core.clone(), workers + config.stand_alone),
+            hub: Mutex::new(MuxHub {
+                mux: connmux_core::mux::Mux::with_owner(config.core.clone(), (workers + config.stand_alone) as u32),
                 psocks: Default::default(),
                 socks: Default::default(),
             }),
@@ -493,7 +493,7 @@ impl Mux {
             let handshake_timeout = if tls.is_some() { core.mux.config().handshake_timeout } else { None };
             let cfg = PsockConfig { affinity: Some(worker as u32), handshake_timeout, ..limits };
             core.mux.note_now(sh.now());
-            let id = core.mux.attach(worker, parser, cfg);
+            let id = core.mux.attach_to(worker as u32, parser, cfg);
             sh.worker(worker).psocks.fetch_add(1, Ordering::AcqRel);
             let rt = Arc::new(PsockRt {
                 id,

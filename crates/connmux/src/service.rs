@@ -339,7 +339,7 @@ fn accept_loop(
     limit: &Accept,
 ) {
     // No connection can have been idle for EVICT_IDLE before this: the
-    // look over every psock (under the core lock) is not made again for
+    // look over every psock (under the hub lock) is not made again for
     // each connection of a flood at the cap.
     let mut no_idlest_until = std::time::Instant::now();
     while !stop.load(Ordering::Acquire) {

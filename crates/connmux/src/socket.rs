@@ -77,7 +77,7 @@ impl KcmSocket {
         Self::register(&mux, &mut core, id, ty)
     }
 
-    fn register(mux: &Mux, core: &mut crate::shared::Core, id: SockId, ty: SockType) -> io::Result<KcmSocket> {
+    fn register(mux: &Mux, core: &mut crate::shared::MuxHub, id: SockId, ty: SockType) -> io::Result<KcmSocket> {
         let rt = Arc::new(SockRt {
             id,
             rx: Ready::new()?,
@@ -284,7 +284,7 @@ impl KcmSocket {
     fn with_core<T>(
         &self,
         rt: &SockRt,
-        f: impl FnOnce(&mut crate::shared::Owners, SockId) -> Result<T, MuxError>,
+        f: impl FnOnce(&mut connmux_core::mux::Mux, SockId) -> Result<T, MuxError>,
     ) -> io::Result<T> {
         let sh = self.mux.shared();
         let mut events = Vec::new();
@@ -341,7 +341,7 @@ impl KcmSocket {
     fn recv_loop<T>(
         &self,
         rt: &SockRt,
-        mut attempt: impl FnMut(&mut crate::shared::Core) -> Result<T, MuxError>,
+        mut attempt: impl FnMut(&mut crate::shared::MuxHub) -> Result<T, MuxError>,
     ) -> io::Result<T> {
         let sh = self.mux.shared();
         let mut deadline = None;
@@ -460,14 +460,14 @@ impl KcmSocket {
         Ok(out.len() - start)
     }
 
-    /// The send forms' loop: try under the core lock, write what the send
+    /// The send forms' loop: try under the hub lock, write what the send
     /// queued (or cork it: `addressed` sends made while more messages wait
     /// to be received, [`Ctx::Cork`]), wait per the socket's mode.
     fn send_loop(
         &self,
         rt: &SockRt,
         addressed: bool,
-        mut attempt: impl FnMut(&mut crate::shared::Owners) -> Result<usize, MuxError>,
+        mut attempt: impl FnMut(&mut connmux_core::mux::Mux) -> Result<usize, MuxError>,
     ) -> io::Result<usize> {
         let sh = self.mux.shared();
         let mut deadline = None;

@@ -233,9 +233,10 @@ impl Hub {
 
     /// close() (see [`super::Mux::close`]): every psock drops the socket's
     /// messages (`Hub::drop_owner`); queued received messages move to other
-    /// sockets or the hold queue. Closing the last socket unattaches every
-    /// psock ([`ToPsock::Unattach`]) and purges the hold queue.
-    pub(super) fn close(&mut self, s: SockId) -> Result<(), MuxError> {
+    /// sockets or the hold queue. Closing the last socket purges the hold
+    /// queue and returns every psock, for the caller to unattach
+    /// ([`super::MuxRef::close`]).
+    pub(super) fn close(&mut self, s: SockId) -> Result<Vec<PsockId>, MuxError> {
         let sock = self.sk.socks.remove(s.index, s.generation).ok_or(MuxError::BadSock)?;
         if sock.on_waiters {
             self.sk.rx_waiters.retain(|w| *w != s);
@@ -249,19 +250,18 @@ impl Hub {
             self.drop_owner(p, s);
         }
         if last {
-            self.sk.told.extend(ids.into_iter().map(ToPsock::Unattach));
             self.sk.hold.clear();
             self.sk.hold_mem = 0;
             self.sk.hold_budget = 0;
             self.sk.rx_waiters.clear();
             self.sk.tx_waiters.clear();
-        } else {
-            self.requeue(sock.rx_queue);
-            if !self.sk.hold.is_empty() {
-                self.sk.hold_budget += sock.rcvbuf_peak + self.max_msg_peak;
-            }
+            return Ok(ids);
         }
-        Ok(())
+        self.requeue(sock.rx_queue);
+        if !self.sk.hold.is_empty() {
+            self.sk.hold_budget += sock.rcvbuf_peak + self.max_msg_peak;
+        }
+        Ok(Vec::new())
     }
 
     /// Messages leaving a disabled or closed socket: to the first waiting

@@ -77,8 +77,6 @@ pub(super) enum ToPsock {
     /// for readers reached the bound with it): it is read again, from what
     /// it had buffered.
     Offered { p: PsockId, hold: bool },
-    /// The mux's last socket closed: the psock is unattached.
-    Unattach(PsockId),
     /// Another thread unattached it (its share is gone, routed to `owner`
     /// by name): drop its receive side.
     Released { p: PsockId, owner: u32 },
@@ -103,7 +101,6 @@ impl ToPsock {
             | ToPsock::TxAborted(p)
             | ToPsock::Offered { p, .. }
             | ToPsock::Released { p, .. }
-            | ToPsock::Unattach(p)
             | ToPsock::MemPaused(p)
             | ToPsock::MemResumed(p)
             | ToPsock::MemAbort { p, .. } => p,

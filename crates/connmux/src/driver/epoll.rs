@@ -22,7 +22,7 @@ use connmux_sys::epoll::{Epoll, Events, Interest};
 
 use crate::driver::worker::{self, Io, Woke, Worker};
 use crate::driver::{SERVE_TOKEN, WAKER_TOKEN};
-use crate::shared::{token_psock, Command, Core, PsockRt, ReadEnd, Shared, SockRt, WorkerIo};
+use crate::shared::{token_psock, Command, MuxHub, PsockRt, ReadEnd, Shared, SockRt, WorkerIo};
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     if let Some(cpu) = cpu {
@@ -257,7 +257,7 @@ fn read_ended(
     sh: &Shared,
     o: &mut Owned,
     rt: &PsockRt,
-    mut core: MutexGuard<'_, Core>,
+    mut core: MutexGuard<'_, MuxHub>,
     end: ReadEnd,
     events: &mut Vec<Event>,
 ) {

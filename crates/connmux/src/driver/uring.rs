@@ -289,7 +289,7 @@ impl UringIo {
                         ring.recycle(buf_id);
                     } else if conn.rt.tls.is_some() {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
-                        core = None; // TLS lock before the core lock
+                        core = None; // TLS lock before the hub lock
                         pump_tls(sh, &mut w.owned, ring, conn, &mut w.events, &mut self.budget);
                     } else {
                         let core = core.get_or_insert_with(|| sh.lock());

@@ -368,7 +368,7 @@ fn wait_timeout(
     }
 }
 
-/// The worker's hold of the core lock: its own state (writes made whole),
+/// The worker's hold of the hub lock: its own state (writes made whole),
 /// then the deadlines (assembly timeouts),
 /// expired ones handled; `next_deadline` is the earliest left.
 fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core::Timestamp>) {

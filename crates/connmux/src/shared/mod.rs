@@ -1,11 +1,11 @@
 //! State shared by the workers and the application threads, and the one place
 //! where the core's events are turned into I/O and wake-ups.
 //!
-//! Lock discipline: `Shared::core` is the only lock on the data path. No
+//! Lock discipline: `Shared::hub` is the only lock on the data path. No
 //! syscall is made while it is held except the eventfd/epoll_ctl calls of event
 //! dispatch, which never block (they run after the lock is released).
 //!
-//! Owns the core lock, the runtime sides of sockets and psocks (`SockRt`,
+//! Owns the hub lock, the runtime sides of sockets and psocks (`SockRt`,
 //! `PsockRt`, readiness), the workers' references (`WorkerRef`: waker,
 //! [`Command`]s), event dispatch and flushing (TLS psocks' records:
 //! [`tls`]). Must not name a driver, serving, the lanes, the public `Mux`,
@@ -25,13 +25,11 @@ use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
 mod own;
-mod owners;
 pub(crate) mod tls;
 
 pub(crate) use crate::sync::ready::Ready;
 
 pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Own};
-pub(crate) use owners::Owners;
 
 use crate::config::Tuning;
 use crate::handler::{Handler, Lanes, ServiceStats};
@@ -150,14 +148,17 @@ impl PsockRt {
     }
 }
 
-/// Everything under the core lock.
-pub(crate) struct Core {
-    pub mux: Owners,
+/// Everything under the hub lock (KCM's `mux->lock`): the core's hub,
+/// through which any thread calls it (`mux`), and the runtime sides of
+/// its sockets and psocks. A psock's receive side is not here: its
+/// worker owns it (`driver::worker::Worker::owned`).
+pub(crate) struct MuxHub {
+    pub mux: connmux_core::mux::Mux,
     pub psocks: FxHashMap<PsockId, Arc<PsockRt>>,
     pub socks: FxHashMap<SockId, Arc<SockRt>>,
 }
 
-impl Core {
+impl MuxHub {
     /// Take the core's pending events into `out`.
     pub fn drain_events(&mut self, out: &mut Vec<Event>) {
         while let Some(e) = self.mux.poll_event() {
@@ -237,7 +238,7 @@ impl WorkerRef {
 }
 
 pub(crate) struct Shared {
-    pub core: Mutex<Core>,
+    pub hub: Mutex<MuxHub>,
     /// The worker threads' handles, by index.
     pub workers: Vec<WorkerRef>,
     /// The stand-alone sockets' slots (`Config::stand_alone`): a worker with
@@ -423,7 +424,7 @@ impl Wrote {
     /// (a short count: the rest is handed out again), and on failure the
     /// psock's transmit is aborted (its message in progress resent whole
     /// elsewhere).
-    pub fn apply(self, core: &mut Core, p: PsockId) {
+    pub fn apply(self, core: &mut MuxHub, p: PsockId) {
         match self {
             Wrote::Bytes(n) => core.mux.tx_complete(p, n),
             Wrote::Again => core.mux.tx_complete(p, 0),
@@ -466,10 +467,10 @@ impl Shared {
         }
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, Core> {
+    pub fn lock(&self) -> MutexGuard<'_, MuxHub> {
         // A panic while holding the lock leaves the core in an unknown state;
         // continuing would break KCM's guarantees, so propagate it.
-        self.core.lock().expect("connmux core lock poisoned")
+        self.hub.lock().expect("connmux hub lock poisoned")
     }
 
     pub fn now(&self) -> Timestamp {
@@ -495,7 +496,7 @@ impl Shared {
         }
     }
 
-    /// Act on core events. Must be called without the core lock held.
+    /// Act on core events. Must be called without the hub lock held.
     pub fn dispatch(&self, events: &mut Vec<Event>, ctx: &mut Ctx<'_>) {
         let mut i = 0;
         while i < events.len() {
@@ -724,7 +725,7 @@ impl Shared {
     /// [`Shared::write_begun`] for the worker that owns `rt`, answering one
     /// of its reads: when the chunk goes out whole in one `writev` (the usual
     /// case: a read's replies), the core is told later, in the worker's
-    /// next hold of the core lock, not in a hold of its own
+    /// next hold of the hub lock, not in a hold of its own
     /// (`own.wrote`, [`Shared::complete_owned`]). Until then the chunk
     /// counts as out, so another thread's send to `rt` waits on the queue,
     /// as it does behind any chunk being written. A short or failed write
@@ -754,9 +755,9 @@ impl Shared {
     }
 
     /// Tell the core of the chunks in `own.wrote` (under the caller's hold
-    /// of the core lock); a psock with more to write is raised for the
+    /// of the hub lock); a psock with more to write is raised for the
     /// worker's flush (`PsockTransmit`, in `core`'s events).
-    pub(crate) fn complete_owned(core: &mut Core, own: &mut Own) {
+    pub(crate) fn complete_owned(core: &mut MuxHub, own: &mut Own) {
         for (rt, n) in own.wrote.drain(..) {
             core.mux.tx_complete(rt.id, n);
             core.mux.tx_kick(rt.id);

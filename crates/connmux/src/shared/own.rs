@@ -7,7 +7,7 @@ use std::sync::Arc;
 use connmux_core::mux::{Owned, PsockId, SockId};
 use connmux_core::{Bytes, Timestamp};
 
-use super::{Core, PsockRt, Shared};
+use super::{MuxHub, PsockRt, Shared};
 
 /// A worker's own hand-off between its reads, its event dispatch and its
 /// in-place `serve`: the worker keeps it (in its serving buffers) and passes
@@ -53,9 +53,9 @@ impl Own {
         std::mem::replace(&mut self.pending, false)
     }
 
-    /// A worker's hold of the core lock once per pass, before it waits:
+    /// A worker's hold of the hub lock once per pass, before it waits:
     /// the writes it made whole ([`Shared::write_owned`]) are told.
-    pub fn hold(&mut self, core: &mut Core) {
+    pub fn hold(&mut self, core: &mut MuxHub) {
         if !self.wrote.is_empty() {
             Shared::complete_owned(core, self);
         }
@@ -66,7 +66,7 @@ impl Own {
 /// where steering sends them there and its queue is empty (held in
 /// `own.direct` for its next `serve`, at most one serve batch), else queued.
 pub(crate) fn feed_read(
-    core: &mut Core,
+    core: &mut MuxHub,
     o: &mut Owned,
     own: &mut Own,
     p: PsockId,
@@ -90,7 +90,7 @@ pub(crate) fn feed_read(
 /// wait in the direct list (they are older and are served first, by
 /// `serve`).
 pub(crate) fn feed_read_in_place(
-    core: &mut Core,
+    core: &mut MuxHub,
     o: &mut Owned,
     own: &mut Own,
     p: PsockId,
@@ -111,7 +111,7 @@ pub(crate) fn feed_read_in_place(
 /// [`feed_read`] for bytes read straight into a psock's assembly buffer
 /// (`Mux::rx_lend`): the loan goes back, its bytes taken the same way.
 pub(crate) fn commit_read(
-    core: &mut Core,
+    core: &mut MuxHub,
     o: &mut Owned,
     own: &mut Own,
     loan: connmux_core::mux::RxLoan,

@@ -22,8 +22,8 @@
 //! This module is the TLS logic both drivers call (`driver::epoll`,
 //! `driver::uring`): `rx` moves ciphertext in and plaintext to
 //! the core, `flush` (epoll) and `take_records` (io_uring) move the core's
-//! messages out as records. Lock order: a psock's TLS lock, then the core lock;
-//! never the TLS lock while holding the core lock, and no event is dispatched
+//! messages out as records. Lock order: a psock's TLS lock, then the hub lock;
+//! never the TLS lock while holding the hub lock, and no event is dispatched
 //! while a TLS lock is held (dispatch may flush another psock).
 //!
 //! Memory per TLS psock is bounded on top of the core's limits: rustls keeps
@@ -279,7 +279,7 @@ enum Plain {
 
 /// Move ciphertext `data` through TLS into the core, as far as the core takes
 /// it; returns how many bytes of `data` were taken, and whether the core is
-/// full. Called with the psock's TLS lock held, without the core lock.
+/// full. Called with the psock's TLS lock held, without the hub lock.
 pub(crate) fn rx(
     sh: &Shared,
     o: &mut Owned,
@@ -395,7 +395,7 @@ pub(crate) fn rx_eof(
 }
 
 /// Offer the decrypted bytes rustls holds to the core, in one hold of the
-/// core lock: taking plaintext rustls has decrypted is a copy, no system
+/// hub lock: taking plaintext rustls has decrypted is a copy, no system
 /// call, and a hold a record cost a client pipelining small requests a
 /// hold a request.
 fn drain_plain(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, events: &mut Vec<Event>) -> Plain {
@@ -575,7 +575,7 @@ fn read_interest(
     let below = if st.held.is_empty() { 0 } else { st.held.capacity() };
     if below != st.held_counted {
         st.held_counted = below;
-        // (TLS lock before the core lock.)
+        // (TLS lock before the hub lock.)
         let mut core = sh.lock();
         core.mux.of(o).set_rx_below(rt.id, below);
         core.drain_events(events);

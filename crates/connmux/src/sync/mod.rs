@@ -1,5 +1,5 @@
 //! The runtime's cross-thread primitives: everything that carries work or a
-//! wake-up from one thread to another outside the core lock.
+//! wake-up from one thread to another outside the hub lock.
 //!
 //! - [`inbox::Inbox`]: many threads post items to one owner (a worker) and
 //!   wake it once; the owner takes them all in its next pass.

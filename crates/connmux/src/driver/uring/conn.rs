@@ -14,7 +14,7 @@ use connmux_core::mux::{Event, Owned, PsockId, RxLoan};
 use connmux_core::{Bytes, Timestamp};
 
 use super::WRing;
-use crate::shared::{psock_token, Core, Own, PsockRt, Shared};
+use crate::shared::{psock_token, MuxHub, Own, PsockRt, Shared};
 
 /// Bytes of a provided buffer not yet taken by the core.
 pub(super) struct Held {
@@ -184,7 +184,7 @@ impl Conn {
 }
 
 /// Messages framed in place in provided buffers during a pass over the
-/// ring's completions (under the core lock), served once the lock is dropped;
+/// ring's completions (under the hub lock), served once the lock is dropped;
 /// their buffers go back to the ring only after that.
 #[derive(Default)]
 pub(super) struct Framed {
@@ -250,7 +250,7 @@ pub(super) fn stop_rx(ring: &mut WRing, conn: &mut Conn, token: u64, framed: &mu
 }
 
 /// [`pump`] for a TLS psock: the held ciphertext through TLS into the core,
-/// no more than it takes; called without the core lock (TLS lock first).
+/// no more than it takes; called without the hub lock (TLS lock first).
 /// What stays spilled counts in the budget as the psock's, as with [`pump`].
 pub(super) fn pump_tls(
     sh: &Shared,
@@ -280,7 +280,7 @@ fn spill_memory(conn: &Conn) -> usize {
 
 /// Tell the core's budget what the spill holds now, if it changed
 /// (`Mux::set_rx_below`); the budget may pause or abort a psock then.
-fn tell_spill(conn: &mut Conn, core: &mut Core, o: &mut Owned, events: &mut Vec<Event>) {
+fn tell_spill(conn: &mut Conn, core: &mut MuxHub, o: &mut Owned, events: &mut Vec<Event>) {
     let below = spill_memory(conn);
     if below != conn.spill_counted {
         conn.spill_counted = below;
@@ -355,7 +355,7 @@ fn pump_tls_held(sh: &Shared, o: &mut Owned, ring: &mut WRing, conn: &mut Conn, 
 /// core (locked), the worker's ring, the time of the read, and where the
 /// results go.
 pub(super) struct Feed<'a> {
-    pub(super) core: &'a mut Core,
+    pub(super) core: &'a mut MuxHub,
     pub(super) ring: &'a mut WRing,
     pub(super) now: Timestamp,
     pub(super) events: &'a mut Vec<Event>,
