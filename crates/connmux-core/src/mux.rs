@@ -502,7 +502,7 @@ impl TxMsg {
 }
 
 /// The chunk a writer had out (`tx_begin`) when its psock was unattached.
-/// Writers write without the core lock and report after, and the connection
+/// Writers write without the hub lock and report after, and the connection
 /// stays open until they are done: the chunk's addressed messages may be on
 /// the wire already, so they are counted when the writer reports
 /// (`tx_complete` on the released psock: sent if written whole, else
@@ -1321,6 +1321,9 @@ impl MuxRef<'_> {
         if self.h.sk.share(p).is_none() {
             return; // unattached before its owner took it
         }
+        // Its clocks start no earlier than the attach, which told the hub
+        // its time: an owner that slept since has not been told a later one.
+        self.note_time(self.h.now);
         let (limits, rx_limit) = stream_limits(&self.h.config, &cfg);
         let ps = Psock {
             stream: StreamParser::new(parser, limits),

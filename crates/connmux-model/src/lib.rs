@@ -16,7 +16,7 @@
 //!   [`ClearOrder::MarkThenDrain`] (before commit 3f5c7fc), which loses a
 //!   wake-up.
 //! - [`Runtime`]: the **real** `connmux_core::mux::Mux` behind a loom mutex
-//!   (the core lock), with the runtime's `flush` (tx_begin → writev outside the
+//!   (the hub lock), with the runtime's `flush` (tx_begin → writev outside the
 //!   lock → tx_complete), the worker's deferred-flush hand-off
 //!   (`flush_queued`) and the epoll write interest, over a modelled TCP socket
 //!   with a bounded send buffer ([`Wire`]).
@@ -180,7 +180,7 @@ pub enum Ctx<'a> {
 
 /// The runtime around the real core, for one psock on one worker.
 pub struct Runtime {
-    /// The core lock (`Shared::core`).
+    /// The hub lock (`Shared::hub`).
     pub core: Mutex<CoreMux>,
     pub psock: PsockId,
     pub wire: Wire,
@@ -283,7 +283,7 @@ impl Runtime {
     }
 
     /// `Shared::flush`: write what the core has until it has nothing or the
-    /// socket would block; the write itself is outside the core lock.
+    /// socket would block; the write itself is outside the hub lock.
     pub fn flush(&self, events: &mut Vec<Event>) {
         let p = self.psock;
         for _ in 0..self.flush_rounds {

@@ -1,13 +1,13 @@
 //! The readiness protocol (`shared::Ready`) under every interleaving loom
 //! finds (preemption bound 3), driving the real core: a producer (a worker
-//! feeding a connection's bytes under the core lock, then `set` after it, as
+//! feeding a connection's bytes under the hub lock, then `set` after it, as
 //! `read_psock` + `dispatch`) and one of three consumers of a KCM socket:
 //!
 //! - the external event loop the socket's `as_raw_fd` promises ("readable
 //!   while messages are queued"): poll the fd, then one non-blocking receive;
 //! - the worker's in-place `serve` loop (clear, take, re-arm, until empty);
 //! - the blocking `recv_loop`: clear, try, wait (its earlier shape), and as it
-//!   is now: try, then set or clear under the core lock, wait.
+//!   is now: try, then set or clear under the hub lock, wait.
 //!
 //! A consumer asleep on an empty eventfd with a message queued, after the
 //! producer has finished, is a lost wake-up: loom reports it as a deadlock.
@@ -107,7 +107,7 @@ fn try_recv_decided_under_lock(rt: &Runtime, s: SockId) -> Result<Vec<u8>, MuxEr
     r
 }
 
-/// `KcmSocket::recv_loop`, blocking, readiness decided under the core lock.
+/// `KcmSocket::recv_loop`, blocking, readiness decided under the hub lock.
 fn recv_loop_decided_under_lock(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
     let mut got = Vec::new();
     for _ in 0..4 * MSGS {

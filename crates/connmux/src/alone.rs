@@ -159,8 +159,7 @@ impl AloneSock {
 fn free(sh: &Shared, index: usize, mut st: Alone) {
     st.end(sh);
     let slot = sh.worker(index);
-    slot.commands.lock().unwrap().clear();
     let _ = slot.waker.drain();
-    slot.woken.store(false, Ordering::SeqCst);
+    slot.commands.take_all(&mut Vec::new());
     sh.alone_free.lock().unwrap().push(index);
 }

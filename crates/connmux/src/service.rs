@@ -129,14 +129,13 @@ impl Mux {
             // answered before a closing psock closes.
             let _ = sh.lock().mux.set_holds(s.id(), true);
             let rt = sh.sock_rt(s.id()).expect("socket just created");
-            sh.workers[i].commands.lock().unwrap().push(Command::Serve {
+            sh.workers[i].command(Command::Serve {
                 sock: rt,
                 handler: handler.clone(),
                 stats: stats.clone(),
                 lanes: serving.lanes.clone(),
                 index: i,
             });
-            sh.workers[i].wake()?;
         }
         // Returns once every worker serves: a read a worker makes before it
         // has taken its command (a worker's wait reads before it takes its

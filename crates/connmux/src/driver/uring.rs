@@ -399,8 +399,8 @@ impl UringIo {
         let sh = w.sh;
         let ring = &mut self.ring;
         match c {
-            // Taken by the loop (`worker::run`).
-            Command::Serve { .. } => {}
+            // Taken by the loop (`worker::pass`).
+            Command::Serve { .. } | Command::Told => {}
             Command::Attach(rt) => {
                 // An unattach that overtook the attach leaves nothing to drive.
                 if !sh.lock().psocks.contains_key(&rt.id) {

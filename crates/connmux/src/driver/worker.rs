@@ -159,19 +159,14 @@ pub(crate) fn pass(
     if woke.commands {
         // Drain the eventfd before taking the commands, so a command
         // posted in between leaves it readable for the next wait rather
-        // than being slept through.
+        // than being slept through (`sync::inbox`: a post after the take
+        // wakes it again).
         let _ = me.waker.drain();
-        // (Lowered after the drain: a wake between the two leaves the
-        // eventfd readable, which costs a pass; lowered before, a wake
-        // in between would leave the flag up with nothing behind it.
-        // The commands are taken after both.)
-        me.woken.store(false, Ordering::SeqCst);
-        if me.told.swap(false, Ordering::SeqCst) {
-            w.bufs.own.told = true;
-        }
-        let cmds: Vec<Command> = std::mem::take(&mut *me.commands.lock().unwrap());
+        let mut cmds = Vec::new();
+        me.commands.take_all(&mut cmds);
         for c in cmds {
             match c {
+                Command::Told => w.bufs.own.told = true,
                 Command::Serve { sock, handler, stats, lanes, index } => {
                     io.watch_serve(&sock);
                     w.bufs.own.serve = Some((sock.id, crate::serve::SERVE_BATCH));

@@ -27,6 +27,7 @@ use connmux_sys::eventfd::EventFd;
 mod own;
 pub(crate) mod tls;
 
+pub(crate) use crate::sync::inbox::Inbox;
 pub(crate) use crate::sync::ready::Ready;
 
 pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Own};
@@ -46,8 +47,9 @@ pub struct PsockEvent {
 /// whose `sk_user_data` is already set (EALREADY), whichever mux holds it.
 pub(crate) static ATTACHED: Mutex<std::collections::BTreeSet<u64>> = Mutex::new(std::collections::BTreeSet::new());
 
-/// Requests from other threads, delivered through the worker's waker. The
-/// epoll worker gets only `Serve` (other threads use epoll_ctl directly); the
+/// Requests from other threads, posted to the worker's inbox
+/// ([`WorkerRef::command`]). The epoll worker gets `Serve`, `Told`,
+/// `Resume` and `Flush` (other threads use epoll_ctl directly); the
 /// io_uring worker gets all of them, as its ring is its own.
 pub(crate) enum Command {
     /// Run `handler` in place on messages steered to socket `sock`, and
@@ -59,6 +61,9 @@ pub(crate) enum Command {
         lanes: Arc<Lanes>,
         index: usize,
     },
+    /// What was told to this worker's psocks waits in the hub
+    /// (`Event::Wake`): apply it.
+    Told,
     /// A psock was attached to this worker: start receiving.
     Attach(Arc<PsockRt>),
     /// The core takes bytes from this psock again (`PsockRxResume`).
@@ -179,7 +184,8 @@ pub(crate) enum WorkerIo {
 pub(crate) struct WorkerRef {
     pub io: WorkerIo,
     pub waker: EventFd,
-    pub commands: Mutex<Vec<Command>>,
+    /// What other threads ask of it, taken each time its waker fires.
+    pub commands: Inbox<Command>,
     /// Psocks it reads (attached, not yet released).
     pub psocks: AtomicUsize,
     /// The CPU it is pinned to, if any.
@@ -187,11 +193,6 @@ pub(crate) struct WorkerRef {
     /// It has taken its `Command::Serve`: it serves in place from its next
     /// read on (`Mux::serve` returns only then).
     pub serving: AtomicBool,
-    /// Woken since it last took its commands ([`WorkerRef::wake`]): a
-    /// command queued meanwhile needs no wake of its own.
-    pub woken: AtomicBool,
-    /// What was told to its psocks waits in the hub ([`WorkerRef::tell`]).
-    pub told: AtomicBool,
 }
 
 impl WorkerRef {
@@ -199,40 +200,32 @@ impl WorkerRef {
         WorkerRef {
             io,
             waker,
-            commands: Mutex::new(Vec::new()),
+            commands: Inbox::default(),
             psocks: AtomicUsize::new(0),
             cpu,
             serving: AtomicBool::new(false),
-            woken: AtomicBool::new(false),
-            told: AtomicBool::new(false),
         }
     }
 
-    /// Queue a command and wake the worker, unless a wake is pending: the
-    /// worker lowers `woken` (after draining its eventfd) and only then
-    /// takes the commands, so a command queued while the flag is up is
-    /// taken by that wake.
+    /// Post a command and wake the worker, unless a wake is owed already
+    /// (the inbox says: one wake a batch; the worker drains its eventfd
+    /// before it takes the batch, so a post after that wakes it again).
     pub fn command(&self, c: Command) {
-        self.commands.lock().unwrap().push(c);
-        if !self.woken.swap(true, Ordering::SeqCst) {
+        if self.commands.post(c) {
             let _ = self.waker.notify();
         }
     }
 
     /// What was told to the worker's psocks waits in the hub
-    /// (`Event::Wake`): it applies it in its next pass, which this wakes
-    /// unless a wake is pending (as [`WorkerRef::command`]).
+    /// (`Event::Wake`, raised once until it applies): it applies it in
+    /// its next pass.
     pub fn tell(&self) {
-        self.told.store(true, Ordering::SeqCst);
-        if !self.woken.swap(true, Ordering::SeqCst) {
-            let _ = self.waker.notify();
-        }
+        self.command(Command::Told);
     }
 
-    /// Wake the worker: `woken`, then its waker's eventfd (what a wait
-    /// watches). What the wake is for is in place before.
+    /// Wake the worker (its waker's eventfd, what a wait watches), for
+    /// what it finds without a command (a lane's replies, the mux's stop).
     pub fn wake(&self) -> std::io::Result<()> {
-        self.woken.store(true, Ordering::SeqCst);
         self.waker.notify()
     }
 }
