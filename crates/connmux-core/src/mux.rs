@@ -1455,9 +1455,12 @@ impl MuxRef<'_> {
                     ps.last_active = now;
                 }
                 // What it framed, told to its share (its outstanding work,
-                // its counters; what it holds is unchanged).
+                // its counters): framed where they lie, its buffer is
+                // unchanged, and so is the rest of its report (a part left
+                // over is fed below, which reports it all).
                 if let Some(sh) = self.h.sk.share_mut(p) {
-                    sh.rx = ps.report();
+                    sh.rx.stream.clone_from(ps.stream.stats());
+                    sh.rx.last_active = ps.last_active;
                 }
             }
             self.h.sk.handed(p, framed, holds);
