@@ -6,7 +6,8 @@
 mod common;
 use common::*;
 
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use connmux::SockType;
@@ -137,8 +138,92 @@ fn an_unattach_racing_a_send_keeps_the_counts_exact() {
     println!("[unattach race] {accepted} accepted, {received} received, {} dropped", st.tx_addressed_drops);
 }
 
+/// An unattach from an application thread while the psock's worker reads
+/// it (its peer writing without pause, another thread receiving), 300
+/// times: nothing of the psock is framed, counted or received once the
+/// unattach returns, though its owner (the worker) learns of it only
+/// later. A second connection on the same worker, attached after, carries
+/// a marker: once the marker is received the worker has run past the
+/// unattach, and the mux has counted exactly one message more. (With the
+/// owner's feed not applying what it was told first, epoll fails within
+/// the first 20 rounds: more received than framed.)
+fn an_unattach_racing_the_owners_reads_frames_nothing_after() {
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT)).unwrap();
+    let batch: Vec<u8> = (0..64).flat_map(|_| framed(&[0; 8])).collect();
+    let marker = framed(&[1; 8]);
+    for round in 0..300 {
+        let base = mux.stats().rx_msgs;
+        let (ours, mut peer) = pair();
+        peer.set_write_timeout(Some(Duration::from_millis(20))).unwrap();
+        let p = mux.attach_on(&ours, l4(), 0).unwrap();
+        let stop = AtomicBool::new(false);
+        let got = AtomicU64::new(0);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                // Until told to stop: a full window times out, and the
+                // write goes on from where it was (whole messages only).
+                let mut off = 0;
+                while !stop.load(Ordering::Acquire) {
+                    match peer.write(&batch[off..]) {
+                        Ok(n) => off = (off + n) % batch.len(),
+                        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                        Err(_) => break,
+                    }
+                }
+            });
+            let receiver = sc.spawn(|| loop {
+                let m = sock.recv_msg().expect("a message within the wait");
+                if m.data[4] == 1 {
+                    return;
+                }
+                assert_eq!(m.psock, p, "round {round}");
+                got.fetch_add(1, Ordering::AcqRel);
+            });
+            // The writer stops however this thread ends (a failed check
+            // included: the scope waits for it).
+            let _stop = StopOnDrop(&stop);
+            // Unattach while messages flow, a different moment each round.
+            let at = 50 + 37 * (round % 30) as u64;
+            eventually(|| (got.load(Ordering::Acquire) >= at).then_some(()));
+            mux.unattach_id(p).unwrap();
+            let at_unattach = mux.stats().rx_msgs;
+            let (theirs, mut peer_q) = pair();
+            let q = mux.attach_on(&theirs, l4(), 0).unwrap();
+            write_all(&mut peer_q, &marker);
+            receiver.join().unwrap();
+            let st = mux.stats();
+            assert_eq!(
+                st.rx_msgs,
+                at_unattach + 1,
+                "round {round} on {:?}: only the marker after the unattach",
+                driver()
+            );
+            let received = got.load(Ordering::Acquire);
+            assert!(
+                received <= at_unattach - base,
+                "round {round} on {:?}: {received} received of {} framed before the unattach",
+                driver(),
+                at_unattach - base
+            );
+            mux.unattach_id(q).unwrap();
+        });
+    }
+}
+
+/// Raises its flag when dropped, unwinding too.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 on_both_drivers!(
     close_wait_delivers_every_accepted_message,
     flush_reports_unsent_messages_at_its_deadline,
     an_unattach_racing_a_send_keeps_the_counts_exact,
+    an_unattach_racing_the_owners_reads_frames_nothing_after,
 );
