@@ -221,7 +221,8 @@ impl RxRoom {
 fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &mut [u8]) {
     let sh = w.sh;
     if let Some(tls) = &rt.tls {
-        return crate::shared::tls::epoll_read(sh, &mut w.owned, rt, tls, buf, &mut w.events);
+        let mut at = crate::shared::tls::RxAt { sh, o: &mut w.owned, rt, events: &mut w.events };
+        return crate::shared::tls::epoll_read(&mut at, tls, buf);
     }
     let RxRoom { cap, loan } = rx.unwrap_or_else(|| {
         let mut core = sh.lock();

@@ -277,18 +277,22 @@ enum Plain {
     Closed(bool),
 }
 
+/// A TLS psock's receive path: the mux, its worker's psocks (the owner's,
+/// for the calls on its receive side), the psock, and where the events
+/// those calls raise go.
+pub(crate) struct RxAt<'a> {
+    pub sh: &'a Shared,
+    pub o: &'a mut Owned,
+    pub rt: &'a PsockRt,
+    pub events: &'a mut Vec<Event>,
+}
+
 /// Move ciphertext `data` through TLS into the core, as far as the core takes
 /// it; returns how many bytes of `data` were taken, and whether the core is
 /// full. Called with the psock's TLS lock held, without the hub lock.
-pub(crate) fn rx(
-    sh: &Shared,
-    o: &mut Owned,
-    rt: &PsockRt,
-    st: &mut PsockTls,
-    data: &[u8],
-    events: &mut Vec<Event>,
-) -> (usize, Rx) {
-    let r = rx_records(sh, o, rt, st, data, events);
+pub(crate) fn rx(at: &mut RxAt<'_>, st: &mut PsockTls, data: &[u8]) -> (usize, Rx) {
+    let (sh, rt) = (at.sh, at.rt);
+    let r = rx_records(at, st, data);
     // A partial record after the handshake is the start of a message the
     // parser has not seen: the assembly timeout covers it from here.
     let inside = st.established && st.rx != TlsRx::Done && st.records.inside();
@@ -297,29 +301,23 @@ pub(crate) fn rx(
         let now = sh.now();
         let mut core = sh.lock();
         let deadline = if inside { core.mux.config().assembly_timeout.map(|d| now.add(d)) } else { None };
-        let _ = core.mux.of(o).set_record_deadline(rt.id, deadline);
+        let _ = core.mux.of(at.o).set_record_deadline(rt.id, deadline);
     }
     r
 }
 
-fn rx_records(
-    sh: &Shared,
-    o: &mut Owned,
-    rt: &PsockRt,
-    st: &mut PsockTls,
-    data: &[u8],
-    events: &mut Vec<Event>,
-) -> (usize, Rx) {
+fn rx_records(at: &mut RxAt<'_>, st: &mut PsockTls, data: &[u8]) -> (usize, Rx) {
+    let (sh, rt) = (at.sh, at.rt);
     let mut off = 0;
     // Bounded: each round takes input bytes, or ends.
     loop {
         if st.rx == TlsRx::Done {
             return (data.len(), Rx::Done);
         }
-        match drain_plain(sh, o, rt, st, events) {
+        match drain_plain(at, st) {
             Plain::Full => return (off, Rx::Full),
             Plain::Closed(notify) => {
-                end(sh, o, rt, st, Some(notify), events);
+                end(at, st, Some(notify));
                 return (data.len(), Rx::Done);
             }
             Plain::Empty => {}
@@ -327,7 +325,7 @@ fn rx_records(
         if off == data.len() {
             match st.rx {
                 // A read error (rustls saw no end: its reader still waits).
-                TlsRx::Ending { how: Some(_), .. } => end(sh, o, rt, st, None, events),
+                TlsRx::Ending { how: Some(_), .. } => end(at, st, None),
                 // A FIN rustls refused to take while its plaintext was full:
                 // now that it is empty, tell it (once), and look again.
                 TlsRx::Ending { how: None, told: false } => {
@@ -349,12 +347,12 @@ fn rx_records(
                 off += n;
             }
             Err(e) => {
-                fail(sh, o, rt, st, e.to_string(), events);
+                fail(at, st, e.to_string());
                 return (data.len(), Rx::Done);
             }
         }
         if let Err(e) = st.conn.process_new_packets() {
-            fail(sh, o, rt, st, e.to_string(), events);
+            fail(at, st, e.to_string());
             return (data.len(), Rx::Done);
         }
         if !st.established && !st.conn.is_handshaking() {
@@ -363,27 +361,20 @@ fn rx_records(
             if let Some(chain) = st.conn.peer_certificates() {
                 let _ = rt.tls_peer.set(chain.iter().map(|c| c.clone().into_owned()).collect());
             }
-            let _ = sh.lock().mux.of(o).set_handshake_deadline(rt.id, None);
+            let _ = sh.lock().mux.of(at.o).set_handshake_deadline(rt.id, None);
             // Messages that waited for the handshake can go now.
-            events.push(Event::PsockTransmit(rt.id));
+            at.events.push(Event::PsockTransmit(rt.id));
         }
         if st.conn.wants_write() {
             // Handshake messages, session tickets, key updates.
-            events.push(Event::PsockTransmit(rt.id));
+            at.events.push(Event::PsockTransmit(rt.id));
         }
     }
 }
 
 /// The connection's stream ended (`errno` None: FIN). The plaintext before it
 /// still goes to the core first; the psock's end is reported after it.
-pub(crate) fn rx_eof(
-    sh: &Shared,
-    o: &mut Owned,
-    rt: &PsockRt,
-    st: &mut PsockTls,
-    errno: Option<i32>,
-    events: &mut Vec<Event>,
-) -> Rx {
+pub(crate) fn rx_eof(at: &mut RxAt<'_>, st: &mut PsockTls, errno: Option<i32>) -> Rx {
     if st.rx != TlsRx::Open {
         return Rx::Done;
     }
@@ -391,14 +382,15 @@ pub(crate) fn rx_eof(
     // a close_notify from a truncation.
     let told = errno.is_none() && st.conn.read_tls(&mut io::empty()).is_ok();
     st.rx = TlsRx::Ending { how: errno, told };
-    rx(sh, o, rt, st, &[], events).1
+    rx(at, st, &[]).1
 }
 
 /// Offer the decrypted bytes rustls holds to the core, in one hold of the
 /// hub lock: taking plaintext rustls has decrypted is a copy, no system
 /// call, and a hold a record cost a client pipelining small requests a
 /// hold a request.
-fn drain_plain(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, events: &mut Vec<Event>) -> Plain {
+fn drain_plain(at: &mut RxAt<'_>, st: &mut PsockTls) -> Plain {
+    let (sh, rt) = (at.sh, at.rt);
     let now = sh.now();
     let mut core = None;
     // Bounded: each round takes at least one byte of the plaintext rustls
@@ -415,12 +407,12 @@ fn drain_plain(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, even
             Err(_) => break Plain::Closed(false),
         };
         let core = core.get_or_insert_with(|| sh.lock());
-        let cap = core.mux.view_of(o).rx_capacity(rt.id);
+        let cap = core.mux.view_of(at.o).rx_capacity(rt.id);
         if cap == 0 {
             break Plain::Full;
         }
         let n = cap.min(chunk.len());
-        let fed = core.mux.of(o).feed(rt.id, &chunk[..n], now);
+        let fed = core.mux.of(at.o).feed(rt.id, &chunk[..n], now);
         st.conn.reader().consume(n);
         if fed.is_err() {
             // Gone from the core: nothing more to receive.
@@ -429,7 +421,7 @@ fn drain_plain(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, even
         }
     };
     if let Some(mut core) = core {
-        core.drain_events(events);
+        core.drain_events(at.events);
     }
     plain
 }
@@ -438,7 +430,8 @@ fn drain_plain(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, even
 /// the psock as a TCP end would; during the handshake or in the middle of a
 /// message it is a TLS error (a truncation is not a message boundary).
 /// `notify`: Some(close_notify seen) for an end of stream, None for an error.
-fn end(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, notify: Option<bool>, events: &mut Vec<Event>) {
+fn end(at: &mut RxAt<'_>, st: &mut PsockTls, notify: Option<bool>) {
+    let (sh, rt) = (at.sh, at.rt);
     let Some(notify) = notify else {
         let errno = match st.rx {
             TlsRx::Ending { how, .. } => how,
@@ -446,8 +439,8 @@ fn end(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, notify: Opti
         };
         st.rx = TlsRx::Done;
         let mut core = sh.lock();
-        let _ = core.mux.of(o).rx_closed(rt.id, errno);
-        core.drain_events(events);
+        let _ = core.mux.of(at.o).rx_closed(rt.id, errno);
+        core.drain_events(at.events);
         return;
     };
     let why = match (notify, st.established) {
@@ -455,21 +448,22 @@ fn end(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, notify: Opti
         (true, true) => Some("close_notify in the middle of a message"),
         (false, true) => Some("connection closed without close_notify in the middle of a message"),
     };
-    let mid = !st.established || sh.lock().mux.view_of(o).rx_need(rt.id).is_some();
+    let mid = !st.established || sh.lock().mux.view_of(at.o).rx_need(rt.id).is_some();
     match why {
-        Some(why) if mid => fail(sh, o, rt, st, why.to_string(), events),
+        Some(why) if mid => fail(at, st, why.to_string()),
         _ => {
             st.rx = TlsRx::Done;
             let mut core = sh.lock();
-            let _ = core.mux.of(o).rx_closed(rt.id, None);
-            core.drain_events(events);
+            let _ = core.mux.of(at.o).rx_closed(rt.id, None);
+            core.drain_events(at.events);
         }
     }
 }
 
 /// A TLS error: count it, stop the psock's receive with it, and send the
 /// alert rustls queued (if any) before the application aborts the psock.
-fn fail(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, why: String, events: &mut Vec<Event>) {
+fn fail(at: &mut RxAt<'_>, st: &mut PsockTls, why: String) {
+    let (sh, rt) = (at.sh, at.rt);
     st.rx = TlsRx::Done;
     st.failed = true;
     st.held = Vec::new();
@@ -496,29 +490,23 @@ fn fail(sh: &Shared, o: &mut Owned, rt: &PsockRt, st: &mut PsockTls, why: String
         sh.tls.handshake_failures.fetch_add(1, Ordering::Relaxed);
     }
     let mut core = sh.lock();
-    let _ = core.mux.of(o).rx_abort(rt.id, RxError::Tls(why));
-    core.drain_events(events);
+    let _ = core.mux.of(at.o).rx_abort(rt.id, RxError::Tls(why));
+    core.drain_events(at.events);
     drop(core);
-    events.push(Event::PsockTransmit(rt.id));
+    at.events.push(Event::PsockTransmit(rt.id));
 }
 
 /// The epoll driver's read of a readable TLS psock (and its resume after
 /// backpressure): first what was held, then one read from the connection.
-pub(crate) fn epoll_read(
-    sh: &Shared,
-    o: &mut Owned,
-    rt: &PsockRt,
-    tls: &Mutex<PsockTls>,
-    buf: &mut [u8],
-    events: &mut Vec<Event>,
-) {
+pub(crate) fn epoll_read(at: &mut RxAt<'_>, tls: &Mutex<PsockTls>, buf: &mut [u8]) {
+    let rt = at.rt;
     let mut st = tls.lock().unwrap();
     let full = 'read: {
         if st.rx == TlsRx::Done {
             break 'read false;
         }
         let held = std::mem::take(&mut st.held);
-        let (took, r) = rx(sh, o, rt, &mut st, &held, events);
+        let (took, r) = rx(at, &mut st, &held);
         if r == Rx::Full {
             if st.rx != TlsRx::Done {
                 st.held = held[took..].to_vec();
@@ -529,26 +517,19 @@ pub(crate) fn epoll_read(
             break 'read false;
         }
         match connmux_sys::socket::read(rt.fd(), buf) {
-            Ok(0) => rx_eof(sh, o, rt, &mut st, None, events) == Rx::Full,
-            Ok(n) => take_bytes(sh, o, rt, &mut st, &buf[..n], events),
+            Ok(0) => rx_eof(at, &mut st, None) == Rx::Full,
+            Ok(n) => take_bytes(at, &mut st, &buf[..n]),
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => false,
-            Err(e) => rx_eof(sh, o, rt, &mut st, Some(e.raw_os_error().unwrap_or(libc::EIO)), events) == Rx::Full,
+            Err(e) => rx_eof(at, &mut st, Some(e.raw_os_error().unwrap_or(libc::EIO))) == Rx::Full,
         }
     };
-    read_interest(sh, o, rt, st, full, events);
+    read_interest(at, st, full);
 }
 
 /// Ciphertext read from the connection, through TLS into the core. Whether
 /// the core is full (what it did not take is held for its resume).
-fn take_bytes(
-    sh: &Shared,
-    o: &mut Owned,
-    rt: &PsockRt,
-    st: &mut PsockTls,
-    data: &[u8],
-    events: &mut Vec<Event>,
-) -> bool {
-    let (took, r) = rx(sh, o, rt, st, data, events);
+fn take_bytes(at: &mut RxAt<'_>, st: &mut PsockTls, data: &[u8]) -> bool {
+    let (took, r) = rx(at, st, data);
     if r == Rx::Full && st.rx != TlsRx::Done {
         st.held = data[took..].to_vec();
     }
@@ -563,22 +544,16 @@ fn take_bytes(
 /// What stays held counts in the budget as the psock's, as the io_uring
 /// driver's spills do: hundreds of peers whose reads the core cannot take
 /// would otherwise each keep a read the budget does not see.
-fn read_interest(
-    sh: &Shared,
-    o: &mut Owned,
-    rt: &PsockRt,
-    mut st: MutexGuard<'_, PsockTls>,
-    full: bool,
-    events: &mut Vec<Event>,
-) {
+fn read_interest(at: &mut RxAt<'_>, mut st: MutexGuard<'_, PsockTls>, full: bool) {
+    let (sh, rt) = (at.sh, at.rt);
     let stop = st.rx != TlsRx::Open;
     let below = if st.held.is_empty() { 0 } else { st.held.capacity() };
     if below != st.held_counted {
         st.held_counted = below;
         // (TLS lock before the hub lock.)
         let mut core = sh.lock();
-        core.mux.of(o).set_rx_below(rt.id, below);
-        core.drain_events(events);
+        core.mux.of(at.o).set_rx_below(rt.id, below);
+        core.drain_events(at.events);
     }
     drop(st);
     sh.set_interest(rt, |i| i.read = !(full || stop));

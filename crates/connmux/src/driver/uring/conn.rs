@@ -294,12 +294,13 @@ fn pump_tls_held(sh: &Shared, o: &mut Owned, ring: &mut WRing, conn: &mut Conn, 
     let Some(tls) = &rt.tls else { return };
     let token = psock_token(rt.id);
     let mut st = tls.lock().unwrap();
+    let mut at = crate::shared::tls::RxAt { sh, o, rt: &rt, events };
     st.set_unsent(conn.sending.is_some() || conn.tls_out.is_some());
     let mut full = false;
     // What was spilled while paused comes first; TLS takes all of it unless
     // it is full.
     if conn.spill_off < conn.spill.len() {
-        let (took, _) = crate::shared::tls::rx(sh, o, &rt, &mut st, &conn.spill[conn.spill_off..], events);
+        let (took, _) = crate::shared::tls::rx(&mut at, &mut st, &conn.spill[conn.spill_off..]);
         conn.spill_off += took;
         if conn.spill_off < conn.spill.len() {
             full = true;
@@ -315,7 +316,7 @@ fn pump_tls_held(sh: &Shared, o: &mut Owned, ring: &mut WRing, conn: &mut Conn, 
         }
         let (took, r, len) = {
             let data = ring.buffer(h.buf).unwrap_or(&[]);
-            let (took, r) = crate::shared::tls::rx(sh, o, &rt, &mut st, &data[h.off.min(data.len())..], events);
+            let (took, r) = crate::shared::tls::rx(&mut at, &mut st, &data[h.off.min(data.len())..]);
             (took, r, data.len())
         };
         h.off += took;
@@ -331,7 +332,7 @@ fn pump_tls_held(sh: &Shared, o: &mut Owned, ring: &mut WRing, conn: &mut Conn, 
     }
     if !full && conn.held.is_empty() {
         // Decrypted bytes kept from an earlier pass.
-        full = crate::shared::tls::rx(sh, o, &rt, &mut st, &[], events).1 == crate::shared::tls::Rx::Full;
+        full = crate::shared::tls::rx(&mut at, &mut st, &[]).1 == crate::shared::tls::Rx::Full;
     }
     if full {
         // Backpressure: close the window as epoll would (stop reading), and
@@ -347,7 +348,7 @@ fn pump_tls_held(sh: &Shared, o: &mut Owned, ring: &mut WRing, conn: &mut Conn, 
     }
     if let Some(errno) = conn.life.take_end() {
         // No receive after this; a resume still drains what TLS holds.
-        crate::shared::tls::rx_eof(sh, o, &rt, &mut st, errno, events);
+        crate::shared::tls::rx_eof(&mut at, &mut st, errno);
     }
 }
 
