@@ -148,6 +148,8 @@ impl Io for EpollIo<'_> {
                         let Some(rt) = core.psocks.get(&p).cloned() else { continue };
                         let rx =
                             (readable && rt.tls.is_none()).then(|| RxRoom::of(core.mux.of(&mut w.owned).rx_room(p)));
+                        // (What the call applied first may have raised events.)
+                        core.drain_events(&mut w.events);
                         (rt, rx)
                     };
                     if ev.writable {
@@ -226,7 +228,9 @@ fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &m
     }
     let RxRoom { cap, loan } = rx.unwrap_or_else(|| {
         let mut core = sh.lock();
-        RxRoom::of(core.mux.of(&mut w.owned).rx_room(rt.id))
+        let room = RxRoom::of(core.mux.of(&mut w.owned).rx_room(rt.id));
+        core.drain_events(&mut w.events);
+        room
     });
     if let Some(loan) = loan {
         return read_lent(w, rt, loan);
@@ -237,7 +241,11 @@ fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &m
         // between the check above and this change (its `read = true` then finds
         // read already on and does nothing): check again after turning it off.
         sh.set_interest(rt, |i| i.read = false);
-        if sh.lock().mux.view_of(&mut w.owned).rx_capacity(rt.id) > 0 {
+        let mut core = sh.lock();
+        let cap = core.mux.view_of(&mut w.owned).rx_capacity(rt.id);
+        core.drain_events(&mut w.events);
+        drop(core);
+        if cap > 0 {
             sh.set_interest(rt, |i| i.read = true);
         }
         return;
@@ -262,10 +270,14 @@ fn read_ended(
     end: ReadEnd,
     events: &mut Vec<Event>,
 ) {
-    if let Some(how) = end.end() {
+    // (Drained whatever the end: the call before it may have raised events.)
+    let end = end.end();
+    if let Some(how) = end {
         let _ = core.mux.of(o).rx_closed(rt.id, how);
-        core.drain_events(events);
-        drop(core);
+    }
+    core.drain_events(events);
+    drop(core);
+    if end.is_some() {
         sh.set_interest(rt, |i| i.read = false);
     }
 }

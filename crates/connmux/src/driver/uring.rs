@@ -42,7 +42,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
-use connmux_core::mux::Owned;
+use connmux_core::mux::{Event, Owned};
 use connmux_core::Bytes;
 use connmux_sys::uring::{Completion, Ring, RingConfig};
 
@@ -239,7 +239,7 @@ impl Io for UringIo {
             }
             self.budget = Budget::Tight;
         }
-        self.arm(w.sh, &mut w.owned)
+        self.arm(w.sh, &mut w.owned, &mut w.events)
     }
 }
 
@@ -561,7 +561,7 @@ impl UringIo {
     }
 
     /// (Re)arm the receives that should run, while there are free buffers.
-    fn arm(&mut self, sh: &Shared, o: &mut Owned) {
+    fn arm(&mut self, sh: &Shared, o: &mut Owned, events: &mut Vec<Event>) {
         let (ring, budget) = (&mut self.ring, &mut self.budget);
         if self.to_arm.is_empty() {
             return;
@@ -588,7 +588,10 @@ impl UringIo {
                 let loan = {
                     let mut core = sh.lock();
                     tight = core.mux.mem_tight();
-                    core.mux.of(o).rx_lend_ahead(conn.rt.id)
+                    let loan = core.mux.of(o).rx_lend_ahead(conn.rt.id);
+                    // (What the call applied first may have raised events.)
+                    core.drain_events(events);
+                    loan
                 };
                 if let Some(mut loan) = loan {
                     let buf = std::mem::take(loan.buf());
@@ -597,7 +600,9 @@ impl UringIo {
                         Ok(()) => conn.recv = Recv::Into { loan, cancelling: false },
                         Err((_, buf)) => {
                             *loan.buf() = buf;
-                            let _ = sh.lock().mux.of(o).rx_commit(loan, sh.now());
+                            let mut core = sh.lock();
+                            let _ = core.mux.of(o).rx_commit(loan, sh.now());
+                            core.drain_events(events);
                             keep.push(token);
                         }
                     }

@@ -375,15 +375,15 @@ fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core
         // from now.
         core.mux.of(&mut w.owned).note_now(now);
     }
-    core.drain_events(&mut w.events);
     *next_deadline = core.mux.view_of(&mut w.owned).poll_timeout();
     if let Some(t) = *next_deadline {
         if t <= now {
             core.mux.of(&mut w.owned).handle_timeout(now);
-            core.drain_events(&mut w.events);
             *next_deadline = core.mux.view_of(&mut w.owned).poll_timeout();
         }
     }
+    // Last: every call above may raise events (what it applied first too).
+    core.drain_events(&mut w.events);
 }
 
 /// What was told to the worker's psocks, applied (`Own::told`).

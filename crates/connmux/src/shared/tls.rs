@@ -302,6 +302,7 @@ pub(crate) fn rx(at: &mut RxAt<'_>, st: &mut PsockTls, data: &[u8]) -> (usize, R
         let mut core = sh.lock();
         let deadline = if inside { core.mux.config().assembly_timeout.map(|d| now.add(d)) } else { None };
         let _ = core.mux.of(at.o).set_record_deadline(rt.id, deadline);
+        core.drain_events(at.events);
     }
     r
 }
@@ -361,7 +362,10 @@ fn rx_records(at: &mut RxAt<'_>, st: &mut PsockTls, data: &[u8]) -> (usize, Rx) 
             if let Some(chain) = st.conn.peer_certificates() {
                 let _ = rt.tls_peer.set(chain.iter().map(|c| c.clone().into_owned()).collect());
             }
-            let _ = sh.lock().mux.of(at.o).set_handshake_deadline(rt.id, None);
+            let mut core = sh.lock();
+            let _ = core.mux.of(at.o).set_handshake_deadline(rt.id, None);
+            core.drain_events(at.events);
+            drop(core);
             // Messages that waited for the handshake can go now.
             at.events.push(Event::PsockTransmit(rt.id));
         }
@@ -448,7 +452,12 @@ fn end(at: &mut RxAt<'_>, st: &mut PsockTls, notify: Option<bool>) {
         (true, true) => Some("close_notify in the middle of a message"),
         (false, true) => Some("connection closed without close_notify in the middle of a message"),
     };
-    let mid = !st.established || sh.lock().mux.view_of(at.o).rx_need(rt.id).is_some();
+    let mid = !st.established || {
+        let mut core = sh.lock();
+        let mid = core.mux.view_of(at.o).rx_need(rt.id).is_some();
+        core.drain_events(at.events);
+        mid
+    };
     match why {
         Some(why) if mid => fail(at, st, why.to_string()),
         _ => {
