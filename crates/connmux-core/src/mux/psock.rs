@@ -123,7 +123,7 @@ impl Psock {
         RxReport {
             stream: self.stream.stats().clone(),
             record_timeouts: self.record_timeouts,
-            held: buffered + self.ready.unwrap_or(0),
+            held: self.rx_held(),
             ready: self.ready.is_some(),
             stopped: self.stream.is_stopped(),
             wait: (self.ready.is_none() && buffered > 0).then(|| self.stream.need()),
@@ -133,7 +133,7 @@ impl Psock {
 }
 
 /// What a psock's receive side last reported to its share, after every
-/// call that changed it (`MuxRef::report`): the mux's statistics,
+/// call that changed it (`MuxRef::recount`, `recount_only`): the mux's statistics,
 /// `/proc/net/kcm` and the idlest psock are read on the hub alone, with no
 /// look at a psock its owner holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -156,7 +156,8 @@ pub(super) struct RxReport {
 }
 
 impl RxReport {
-    /// Its receive statistics ([`Psock::rx_stats`], from the report).
+    /// Its receive statistics: the stream parser's counters (the transmit
+    /// side's are its share's).
     pub(super) fn rx_stats(&self) -> PsockStats {
         let st = &self.stream;
         let mut s = PsockStats::default();
