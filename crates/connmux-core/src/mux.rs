@@ -79,6 +79,7 @@ use crate::stats::{MuxStats, PsockStats, SockStats};
 use crate::stream::{Loan, StreamLimits, StreamParser, Unlend};
 use crate::time::Timestamp;
 
+mod alone;
 mod deadlines;
 mod hub;
 mod limits;
@@ -86,6 +87,7 @@ mod psock;
 mod sock;
 mod sockets;
 mod transmit;
+pub use alone::FramedAlone;
 pub use limits::{AHEAD_QUIET, MEM_FLOOR};
 mod slab;
 use deadlines::Deadlines;
@@ -600,6 +602,11 @@ impl Owned {
             scan_next: None,
         }
     }
+
+    /// Its tag ([`Owned::new`]).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
 }
 
 /// A mux to read: one owner's psocks and the hub (the whole mux when the
@@ -697,6 +704,31 @@ impl Mux {
     pub fn view_of<'a>(&'a mut self, o: &'a mut Owned) -> MuxView<'a> {
         MuxRef { o: &mut *o, h: &mut self.h }.apply_pending();
         MuxView { o, h: &self.h }
+    }
+
+    /// [`Owned::rx_room_alone`] of its own psocks.
+    pub fn rx_room_alone(&self, p: PsockId) -> usize {
+        self.o.rx_room_alone(p)
+    }
+
+    /// [`Owned::frame_alone`] of its own psocks.
+    pub fn frame_alone(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        now: Timestamp,
+        sock: SockId,
+        tag: u32,
+        out: &mut Vec<crate::run::Run>,
+    ) -> Option<FramedAlone> {
+        self.o.frame_alone(p, data, now, sock, tag, out)
+    }
+
+    /// What an owner framed alone ([`Owned::frame_alone`]), counted by the
+    /// hub as [`Mux::feed_in_place`] counts what it frames: the socket's
+    /// counters and holds, the psock's counters and last read.
+    pub fn report_alone(&mut self, f: FramedAlone) {
+        self.h.report_alone(f);
     }
 
     /// The mux to read.
@@ -970,6 +1002,10 @@ impl<'a> MuxView<'a> {
     /// share has what its owner last reported.
     pub fn stats(&self) -> MuxStats {
         self.h.stats()
+    }
+    /// Socket `s`'s affinity tag (`set_affinity`), if it is live and has one.
+    pub fn sock_affinity(&self, s: SockId) -> Option<u32> {
+        self.sock(s).ok()?.affinity
     }
     pub fn sock_stats(&self, s: SockId) -> Result<SockStats, MuxError> {
         let sock = self.sock(s)?;
@@ -1340,6 +1376,7 @@ impl MuxRef<'_> {
             record_deadline: None,
             ahead_since: None,
             record_timeouts: 0,
+            hub_room: 0,
         };
         let handshake = ps.handshake_deadline;
         self.o.psocks.insert_at(p.index, p.generation, ps);
@@ -1439,15 +1476,9 @@ impl MuxRef<'_> {
         let (taken, whole) = if limit > 0 { self.frame_in_place(p, data, sock, limit, out)? } else { (0, false) };
         let framed = crate::run::count(&out[first..]) as u64;
         if taken > 0 || framed > 0 {
-            let holds = framed > 0 && {
-                let s = self.h.sk.socks.get_mut(sock.index, sock.generation).expect("checked live");
-                s.stats.rx_msgs += framed;
-                s.stats.rx_bytes += if whole {
-                    taken as u64
-                } else {
-                    out[first..].iter().map(|r| (r.len * r.count) as u64).sum::<u64>()
-                };
-                s.holds
+            let bytes = match whole {
+                true => taken as u64,
+                false => out[first..].iter().map(|r| (r.len * r.count) as u64).sum::<u64>(),
             };
             if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
                 if taken > 0 {
@@ -1458,12 +1489,9 @@ impl MuxRef<'_> {
                 // its counters): framed where they lie, its buffer is
                 // unchanged, and so is the rest of its report (a part left
                 // over is fed below, which reports it all).
-                if let Some(sh) = self.h.sk.share_mut(p) {
-                    sh.rx.stream.clone_from(ps.stream.stats());
-                    sh.rx.last_active = ps.last_active;
-                }
+                self.h.framed_in_place(p, sock, framed, bytes, ps.stream.stats(), ps.last_active);
             }
-            self.h.sk.handed(p, framed, holds);
+            self.note_room(p);
             if taken == data.len() {
                 // All of it framed in place: nothing left for the stream
                 // (feeding nothing would only look the psock up again).
@@ -1888,6 +1916,14 @@ impl MuxRef<'_> {
         if !matches!(t, ToPsock::Released { .. }) && self.h.sk.owner(t.psock()) != Some(self.o.id) {
             return;
         }
+        let p = t.psock();
+        self.apply_one(t);
+        // (What the hub lets it read alone may have changed: a pause, a
+        // resume, its backlog written.)
+        self.note_room(p);
+    }
+
+    fn apply_one(&mut self, t: ToPsock) {
         match t {
             ToPsock::Resume(p) => {
                 let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) else { return };

@@ -114,6 +114,85 @@ fn in_place_matches_feed_for_random_splits() {
     }
 }
 
+/// The same stream, cut at the same random points, through `feed` and
+/// framed by the psock's owner alone wherever it may (`frame_alone`, then
+/// `report_alone`), the rest of each read through `feed_in_place`: the
+/// same messages in the same order, the same counters, the share exact
+/// (errors included: the owner frames alone only up to one); and many
+/// reads framed alone (a read after one that left part of a message, or
+/// queued one, goes through the hub).
+#[test]
+fn framing_alone_matches_feed_for_random_splits() {
+    let mut alone = 0;
+    for seed in 0..300u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let max = 300;
+        let cfg = MuxConfig { max_msg_size: max, ..MuxConfig::default() };
+        let mk = || L4 { refuse: Some(77), ..L4::new() };
+        let (mut a, sa, pa) = affinity_mux(cfg.clone(), mk());
+        let (mut b, sb, pb) = affinity_mux(cfg, mk());
+        let mut wire = Vec::new();
+        for i in 0..rng.gen_range(1..60) {
+            wire.extend(l4_total(rng.gen_range(4..=200), i as u8));
+            if rng.gen_bool(0.01) {
+                wire.extend(l4_total(max + 1 + rng.gen_range(0..10), 0xee));
+            }
+        }
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        let (mut at, mut t) = (0, 0u64);
+        while at < wire.len() {
+            let n = rng.gen_range(1..=wire.len() - at).min(rng.gen_range(1..600));
+            let (now, read) = (Timestamp::from_nanos(t), &wire[at..at + n]);
+            a.feed(pa, read, now).unwrap();
+            want.extend(recv_all(&mut a, sa));
+            let mut runs = Vec::new();
+            let taken = match b.frame_alone(pb, read, now, sb, 0, &mut runs) {
+                Some(f) => {
+                    let taken = f.taken();
+                    b.report_alone(f);
+                    alone += 1;
+                    taken
+                }
+                None => 0,
+            };
+            got.extend(Messages::new(read, &runs).iter().map(<[u8]>::to_vec));
+            if taken < n {
+                got.extend(feed_and_read(&mut b, sb, pb, &read[taken..], now, 64).1);
+            }
+            assert_shares(&b);
+            at += n;
+            t += 1_000;
+        }
+        assert_eq!(got, want, "seed {seed}: messages");
+        assert_eq!(b.sock_stats(sb).unwrap(), a.sock_stats(sa).unwrap(), "seed {seed}: socket counters");
+        assert_eq!(b.psock_stats(pb).unwrap(), a.psock_stats(pa).unwrap(), "seed {seed}: psock counters");
+        let fails = |m: &mut Mux| events(m).into_iter().filter(|e| matches!(e, Event::PsockFailed(..))).count();
+        assert_eq!(fails(&mut b), fails(&mut a), "seed {seed}: failures");
+    }
+    assert!(alone > 100, "framed alone {alone} times");
+}
+
+/// Nothing is framed alone for a psock whose messages wait in a queue
+/// (later ones would overtake them), nor for one of another affinity.
+#[test]
+fn nothing_is_framed_alone_while_a_message_of_it_is_queued() {
+    let (mut m, s, p) = affinity_mux(MuxConfig::default(), L4::new());
+    let mut runs = Vec::new();
+    assert!(m.frame_alone(p, &l4_total(10, 1), T0, s, 1, &mut runs).is_none(), "another affinity");
+    m.feed(p, &l4_total(10, 1), T0).unwrap();
+    assert!(m.frame_alone(p, &l4_total(10, 2), T0, s, 0, &mut runs).is_none(), "a message queued");
+    assert_eq!(recv_all(&mut m, s).len(), 1);
+    // Its next call on the hub sees the queue empty.
+    let mut direct = Vec::new();
+    let mut d = Direct { sock: s, out: &mut direct, limit: 0 };
+    m.feed_in_place(p, &l4_total(10, 2), T0, &mut d, 64, &mut runs).unwrap();
+    assert_eq!(connmux_core::run::count(&runs), 1);
+    let f = m.frame_alone(p, &l4_total(10, 3), T0, s, 0, &mut runs).expect("framed alone");
+    m.report_alone(f);
+    assert_eq!(connmux_core::run::count(&runs), 2);
+    assert_eq!(m.sock_stats(s).unwrap().rx_msgs, 3);
+}
+
 #[test]
 fn whole_messages_are_framed_in_place_and_a_partial_tail_is_buffered() {
     let (mut m, s, p) = affinity_mux(MuxConfig::default(), L4::new());

@@ -103,6 +103,39 @@ fn over_budget_pauses_largest_first_then_aborts_the_stuck() {
 /// while it sends nothing. Paused by the budget, it has the loan recalled
 /// and holds nothing at its grace's end: the stuck psocks are aborted, not
 /// the quiet one, though its loan was the largest holding.
+/// What a psock's owner may read with no look at the hub
+/// (`rx_room_alone`): the room the hub gave at the psock's last report,
+/// while it is at a message boundary and the budget was less than half
+/// used; nothing (ask the hub) while it holds part of a message, or once
+/// its report saw the budget half used.
+#[test]
+fn a_psock_reads_alone_only_at_a_boundary_and_with_half_the_budget_free() {
+    let (mut m, k) = dgram_mux(budget_config());
+    let a = attach_l4(&mut m);
+    let b = attach_l4(&mut m);
+    assert!(m.rx_room_alone(a) > 0 && m.rx_room_alone(a) <= m.rx_capacity(a));
+    m.feed(a, &partial(40_000, 0xa), ms(0)).unwrap();
+    assert_eq!(m.rx_room_alone(a), 0, "part of a message held: the hub decides");
+    assert!(m.rx_capacity(a) > 0);
+    // b's last report (its attach) saw nothing used: alone until it reports.
+    assert!(m.rx_room_alone(b) > 0);
+    m.feed(a, &partial(55_000, 0xa)[40_000..], ms(1)).unwrap();
+    assert!(m.rx_room_alone(b) > 0, "a stale room until b's next report");
+    // b's next read reports 55,000 of 100,000 used (and its message queued).
+    m.feed(b, &l4_total(100, 1), ms(2)).unwrap();
+    assert_eq!(m.rx_room_alone(b), 0, "the hub decides");
+    assert_eq!(recv_all(&mut m, k).len(), 1);
+    // A part of a message and the rest again: nothing queued, but half the
+    // budget used.
+    m.feed(b, &l4_total(100, 2)[..50], ms(3)).unwrap();
+    m.feed(b, &l4_total(100, 2)[50..], ms(3)).unwrap();
+    assert_eq!(recv_all(&mut m, k).len(), 1);
+    m.feed(b, &l4_total(100, 3)[..50], ms(4)).unwrap();
+    m.feed(b, &l4_total(100, 3)[50..], ms(4)).unwrap();
+    assert_eq!(m.rx_room_alone(b), 0, "half the budget used: the hub decides");
+    assert!(m.rx_capacity(b) > 0, "and still lets it read");
+}
+
 #[test]
 fn a_loan_out_for_a_quiet_psock_is_recalled_when_paused_and_the_quiet_psock_kept() {
     let (mut m, k) = dgram_mux(budget_config());

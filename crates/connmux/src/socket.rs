@@ -86,6 +86,7 @@ impl KcmSocket {
             rcvtimeo: Mutex::new(None),
             sndtimeo: Mutex::new(None),
             corked: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
             backlog: AtomicBool::new(false),
         });
         // A new socket can always start a message until it fills its buffer.
@@ -761,6 +762,7 @@ impl Drop for KcmSocket {
         // A kernel socket closes when its `KernelSocket` drops.
         let SockImp::User(rt) = &self.imp else { return };
         let sh = self.mux.shared().clone();
+        rt.closed.store(true, Ordering::Release);
         sh.uncork(rt);
         if let Some(a) = self.alone.take() {
             a.close(&self.mux, rt);

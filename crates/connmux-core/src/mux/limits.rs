@@ -362,6 +362,7 @@ impl MuxRef<'_> {
         sh.rx = ps.report();
         self.h.rx_held_sum = self.h.rx_held_sum + held - sh.counted;
         sh.counted = held;
+        self.note_room(p);
     }
 
     /// Psock `p`'s report and count in the budget, then the budget's check
@@ -373,7 +374,28 @@ impl MuxRef<'_> {
         let Some(sh) = self.h.sk.share_mut(p) else { return };
         sh.rx = ps.report();
         self.h.count_held(p, held, now);
+        self.note_room(p);
         self.apply_told();
+    }
+
+    /// What psock `p`'s owner may do without asking the hub again
+    /// (`Psock::hub_room`, `super::alone`): the budget's room, or 0 while
+    /// the budget pauses it, its reply backlog is over the mark, any of its
+    /// messages waits in a queue (framed alone, later ones would overtake
+    /// them) or half the budget is used. Noted at each of its reports and
+    /// after what is told to it.
+    #[inline]
+    pub(super) fn note_room(&mut self, p: PsockId) {
+        let Some(sh) = self.h.sk.share(p) else { return };
+        let (mem_paused, backlog, queued) = (sh.mem != MemState::Reading, sh.tx.addr_bytes, sh.queued);
+        let room = self.h.mem_room();
+        let free = !mem_paused
+            && queued == 0
+            && backlog < super::transmit::backlog_pause(&self.h.config)
+            && room.saturating_mul(2) >= self.h.config.mem_limit;
+        if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {
+            ps.hub_room = if free { room } else { 0 };
+        }
     }
 
     /// [`Hub::mem_check`], applied.

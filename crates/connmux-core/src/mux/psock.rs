@@ -87,6 +87,12 @@ pub(super) struct Psock {
     /// Records below the parser that did not end in time (they count as
     /// assembly timeouts: they are the start of a message the parser never saw).
     pub(super) record_timeouts: u64,
+    /// What the hub let its owner read and frame alone, as of its last
+    /// report (`MuxRef::note_room`, `super::alone`): the budget's room
+    /// then, or 0 while the hub held its reading back (the budget's pause,
+    /// its reply backlog), held messages of it in a queue, or had half its
+    /// budget used.
+    pub(super) hub_room: usize,
 }
 
 impl Psock {

@@ -14,10 +14,10 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, MutexGuard, Weak};
 use std::time::Duration;
 
-use connmux_core::mux::{Event, Owned};
+use connmux_core::mux::{Event, Owned, PsockId};
 use connmux_sys::epoll::{Epoll, Events, Interest};
 
 use crate::driver::worker::{self, Io, Woke, Worker};
@@ -30,7 +30,8 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     }
     let WorkerIo::Epoll(epoll) = &sh.workers[index].io else { unreachable!("epoll worker on a non-epoll WorkerRef") };
     let (mut evs, mut buf) = (Events::with_capacity(256), vec![0u8; sh.read_chunk]);
-    let mut io = EpollIo { epoll, evs: &mut evs, buf: &mut buf, serve_unwatched: false };
+    let mut rts = Rts::default();
+    let mut io = EpollIo { epoll, evs: &mut evs, buf: &mut buf, rts: &mut rts, serve_unwatched: false };
     worker::run(&sh, index, &mut io);
 }
 
@@ -53,6 +54,7 @@ pub(crate) struct Alone {
     passes: worker::Passes,
     evs: Events,
     buf: Vec<u8>,
+    rts: Rts,
 }
 
 impl Alone {
@@ -69,6 +71,7 @@ impl Alone {
             passes: worker::Passes::new(),
             evs: Events::with_capacity(256),
             buf: vec![0u8; sh.read_chunk],
+            rts: Rts::default(),
         })
     }
 
@@ -83,7 +86,8 @@ impl Alone {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let mut io = EpollIo { epoll, evs: &mut self.evs, buf: &mut self.buf, serve_unwatched: false };
+        let mut io =
+            EpollIo { epoll, evs: &mut self.evs, buf: &mut self.buf, rts: &mut self.rts, serve_unwatched: false };
         worker::pass(me, &mut io, &mut w, &mut self.passes, timeout);
         self.parts = Some((w.bufs, w.events, w.dirty, w.owned));
     }
@@ -113,6 +117,8 @@ struct EpollIo<'a> {
     epoll: &'a Epoll,
     evs: &'a mut Events,
     buf: &'a mut Vec<u8>,
+    /// Its psocks' runtime sides, found with no hold of the hub lock.
+    rts: &'a mut Rts,
     /// The serving socket's readiness could not be added to the epoll: its
     /// messages are looked for every pass, and no sleep is long.
     serve_unwatched: bool,
@@ -142,16 +148,15 @@ impl Io for EpollIo<'_> {
                 t => {
                     let p = token_psock(t);
                     let readable = ev.readable || ev.hup || ev.error;
-                    // The psock and what the core will take: one lock hold.
-                    let (rt, rx) = {
-                        let mut core = sh.lock();
-                        let Some(rt) = core.psocks.get(&p).cloned() else { continue };
-                        let rx =
-                            (readable && rt.tls.is_none()).then(|| RxRoom::of(core.mux.of(&mut w.owned).rx_room(p)));
-                        // (What the call applied first may have raised events.)
-                        core.drain_events(&mut w.events);
-                        (rt, rx)
-                    };
+                    let Some(rt) = self.rts.get(sh, p) else { continue };
+                    // What the psock takes, as its receive side alone
+                    // knows (`Owned::rx_room_alone`); else `read_psock`
+                    // asks the hub.
+                    let rx = match readable && rt.tls.is_none() {
+                        true => Some(w.owned.rx_room_alone(p)).filter(|&cap| cap > 0),
+                        false => None,
+                    }
+                    .map(|cap| RxRoom { cap, loan: None });
                     if ev.writable {
                         sh.set_interest(&rt, |i| i.write = false);
                         if !rt.flush_queued.swap(true, Ordering::AcqRel) {
@@ -178,7 +183,7 @@ impl Io for EpollIo<'_> {
         // comes here.
         match c {
             Command::Resume(p) => {
-                if let Some(rt) = w.sh.psock_rt(p) {
+                if let Some(rt) = self.rts.get(w.sh, p) {
                     read_psock(w, &rt, None, self.buf);
                 }
             }
@@ -200,6 +205,37 @@ impl Io for EpollIo<'_> {
             rt.flush_queued.store(false, Ordering::Release);
             w.sh.flush(&rt, &mut w.events);
         }
+    }
+}
+
+/// A worker's map of its psocks' runtime sides, so that a readiness is
+/// acted on with no hold of the hub lock; filled from the hub's
+/// (`MuxHub::psocks`) on a miss. Weak: a released psock's connection
+/// closes when the hub and its other holders let it go, not when this
+/// worker next looks (its `released` flag stops the reads before that).
+#[derive(Default)]
+struct Rts {
+    map: rustc_hash::FxHashMap<PsockId, Weak<PsockRt>>,
+    /// At this many entries the released ones are swept out.
+    sweep_at: usize,
+}
+
+impl Rts {
+    fn get(&mut self, sh: &Shared, p: PsockId) -> Option<Arc<PsockRt>> {
+        if let Some(rt) = self.map.get(&p).and_then(Weak::upgrade) {
+            if !rt.released.load(Ordering::Acquire) {
+                return Some(rt);
+            }
+            self.map.remove(&p);
+            return None;
+        }
+        let rt = sh.psock_rt(p)?;
+        if self.map.len() >= self.sweep_at {
+            self.map.retain(|_, rt| rt.strong_count() > 0);
+            self.sweep_at = 2 * self.map.len().max(32);
+        }
+        self.map.insert(p, Arc::downgrade(&rt));
+        Some(rt)
     }
 }
 

@@ -39,7 +39,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use connmux_core::mux::{Event, Owned};
@@ -48,10 +48,10 @@ use connmux_sys::uring::{Completion, Ring, RingConfig};
 
 use crate::config::Tuning;
 use crate::driver::worker::{self, Io, Woke, Worker};
-use crate::shared::{psock_token, Command, ReadEnd, Shared, SockRt, Wrote};
+use crate::shared::{psock_token, Command, MuxHub, Own, ReadEnd, Shared, SockRt, Wrote};
 
 mod conn;
-use conn::{pump, pump_tls, stop_rx, Budget, Conn, Feed, Framed, Held, Recv, RxLife};
+use conn::{pump, pump_alone, pump_tls, stop_rx, Budget, Conn, Feed, Framed, Held, Recv, RxLife};
 
 /// Token of the waker poll.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -209,6 +209,10 @@ impl Io for UringIo {
                 crate::serve::serve_in_place(w.sh, sv, &mut w.bufs, read, &mut w.events, &mut w.dirty, rt.as_ref());
             }
         }
+        if !w.bufs.own.alone.is_empty() {
+            // Not counted in a reply's hold (their messages went to the lane).
+            w.bufs.own.report(&mut w.sh.lock());
+        }
         framed.batches.clear();
         framed.runs.clear();
         for buf in framed.recycle.drain(..) {
@@ -241,6 +245,21 @@ impl Io for UringIo {
         }
         self.arm(w.sh, &mut w.owned, &mut w.events)
     }
+}
+
+/// The hub lock for one wait's completions, taken at the first that needs
+/// it: what reads framed alone before it is counted first (`Own::report`:
+/// before any other call on their psocks).
+fn hub<'a, 's>(
+    core: &'a mut Option<MutexGuard<'s, MuxHub>>,
+    sh: &'s Shared,
+    own: &mut Own,
+) -> &'a mut MutexGuard<'s, MuxHub> {
+    core.get_or_insert_with(|| {
+        let mut c = sh.lock();
+        own.report(&mut c);
+        c
+    })
 }
 
 impl UringIo {
@@ -292,11 +311,19 @@ impl UringIo {
                         core = None; // TLS lock before the hub lock
                         pump_tls(sh, &mut w.owned, ring, conn, &mut w.events, &mut self.budget);
                     } else {
-                        let core = core.get_or_insert_with(|| sh.lock());
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
-                        let (events, framed, own, budget) =
-                            (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                        pump(conn, &mut Feed { core, ring, now, events, framed, own, o: &mut w.owned, budget });
+                        // Framed alone where it may (no hold of the lock
+                        // yet in this wait), else fed through the hub.
+                        let alone = core.is_none()
+                            && w.serving.as_ref().is_some_and(|sv| {
+                                pump_alone(conn, ring, &mut self.framed, &mut w.owned, &mut w.bufs.own, &sv.sock, now)
+                            });
+                        if !alone {
+                            let core = hub(&mut core, sh, &mut w.bufs.own);
+                            let (events, framed, own, budget) =
+                                (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
+                            pump(conn, &mut Feed { core, ring, now, events, framed, own, o: &mut w.owned, budget });
+                        }
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
                 }
@@ -311,7 +338,7 @@ impl UringIo {
                             core = None;
                             pump_tls(sh, &mut w.owned, ring, conn, &mut w.events, &mut self.budget);
                         } else {
-                            let core = core.get_or_insert_with(|| sh.lock());
+                            let core = hub(&mut core, sh, &mut w.bufs.own);
                             let (events, framed, own, budget) =
                                 (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
                             pump(conn, &mut Feed { core, ring, now, events, framed, own, o: &mut w.owned, budget });
@@ -323,7 +350,7 @@ impl UringIo {
                     let buf = ring.take_filled(token);
                     let Some(conn) = self.conns.get_mut(&token) else { continue };
                     let loan = conn.recv.loan_ended();
-                    let core = core.get_or_insert_with(|| sh.lock());
+                    let core = hub(&mut core, sh, &mut w.bufs.own);
                     if let (Some(mut loan), Some(buf)) = (loan, buf) {
                         // The buffer goes back whatever happened (the core drops
                         // the bytes of a psock that stopped meanwhile).
@@ -371,7 +398,7 @@ impl UringIo {
                     } else if conn.rt.tls.is_none() {
                         // (A released psock's too: the core counts a chunk
                         // that was out at the unattach by this report.)
-                        let core = core.get_or_insert_with(|| sh.lock());
+                        let core = hub(&mut core, sh, &mut w.bufs.own);
                         // A short count (the connection failed part way) is
                         // followed by the error on the next send.
                         let wrote = Wrote::of_cqe(res, want);

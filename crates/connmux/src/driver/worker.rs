@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use connmux_core::mux::{Event, Owned};
+use connmux_core::mux::{Event, FramedAlone, Owned};
 
 use crate::serve::{ServeBufs, Serving};
 use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt, WorkerRef};
@@ -170,6 +170,7 @@ pub(crate) fn pass(
                 Command::Serve { sock, handler, stats, lanes, index } => {
                     io.watch_serve(&sock);
                     w.bufs.own.serve = Some((sock.id, crate::serve::SERVE_BATCH));
+                    w.bufs.own.alone_tag = alone_tag(sh, &sock);
                     w.serving = Some(Serving { sock, handler, stats, lanes, index });
                     serve_ready = true;
                     me.serving.store(true, Ordering::Release);
@@ -386,6 +387,16 @@ fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core
     core.drain_events(&mut w.events);
 }
 
+/// The affinity tag of socket `sock`, when steering sends the messages
+/// of a psock with that tag to it while its queue is empty: what a serving
+/// worker frames alone (`Own::alone_tag`).
+#[cold]
+fn alone_tag(sh: &Shared, sock: &SockRt) -> Option<u32> {
+    let core = sh.lock();
+    let v = core.mux.v();
+    (v.config().steering == connmux_core::mux::Steering::Affinity).then(|| v.sock_affinity(sock.id)).flatten()
+}
+
 /// What was told to the worker's psocks, applied (`Own::told`).
 #[cold]
 fn apply_told(w: &mut Worker<'_>) {
@@ -402,27 +413,62 @@ fn apply_told(w: &mut Worker<'_>) {
 pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], read_at: u64) {
     let sh = w.sh;
     let now = sh.timestamp(read_at);
-    let mut core = sh.lock();
     match &w.serving {
         Some(sv) => {
             let bufs = &mut w.bufs;
             let mut runs = std::mem::take(&mut bufs.runs);
             runs.clear();
-            let _ =
-                crate::shared::feed_read_in_place(&mut core, &mut w.owned, &mut bufs.own, rt.id, data, now, &mut runs);
-            core.drain_events(&mut w.events);
-            drop(core);
+            let framed = match bufs.own.alone_tag {
+                // Its socket's queue is empty (as far as its readiness
+                // says: a message of another psock queued meanwhile may be
+                // overtaken, as KCM does not order psocks) and nothing of
+                // this psock waits in the direct list. (Released: an
+                // unattach that returned before this look frames nothing
+                // of it, as the hub's feed applies the release first.)
+                Some(tag)
+                    if !sv.sock.rx.is_set()
+                        && !rt.released.load(Ordering::Acquire)
+                        && !sv.sock.closed.load(Ordering::Acquire)
+                        && !bufs.own.direct.iter().any(|(_, q)| *q == rt.id) =>
+                {
+                    w.owned.frame_alone(rt.id, data, now, sv.sock.id, tag, &mut runs)
+                }
+                _ => None,
+            };
+            let taken = framed.as_ref().map_or(0, FramedAlone::taken);
+            match framed {
+                // Every byte framed alone: no hold until the replies'.
+                Some(f) if taken == data.len() => bufs.own.alone.push(f),
+                framed => {
+                    let mut core = sh.lock();
+                    let (o, own) = (&mut w.owned, &mut bufs.own);
+                    let _ = match framed {
+                        Some(f) => {
+                            core.mux.report_alone(f);
+                            crate::shared::feed_read(&mut core, o, own, rt.id, &data[taken..], now)
+                        }
+                        None => crate::shared::feed_read_in_place(&mut core, o, own, rt.id, data, now, &mut runs),
+                    };
+                    core.drain_events(&mut w.events);
+                }
+            }
             if !runs.is_empty() {
-                // Its replies are written at once (`send_outs`).
+                // Its replies are written at once (`send_outs`), what it
+                // framed alone counted in the same hold.
                 let (events, dirty) = (&mut w.events, &mut w.dirty);
                 let msgs = connmux_core::run::Messages::new(data, &runs);
                 let read = crate::serve::ReadView { msgs, psock: rt.id, started: read_at };
                 crate::serve::serve_in_place(sh, sv, bufs, read, events, dirty, Some(rt));
                 runs.clear();
             }
+            if !bufs.own.alone.is_empty() {
+                // Not counted there (its messages went to the lane).
+                bufs.own.report(&mut sh.lock());
+            }
             bufs.runs = runs;
         }
         None => {
+            let mut core = sh.lock();
             let _ = crate::shared::feed_read(&mut core, &mut w.owned, &mut w.bufs.own, rt.id, data, now);
             core.drain_events(&mut w.events);
         }

@@ -577,8 +577,9 @@ fn send_outs(
     bufs.end_run();
     bufs.closed.clear();
     if bufs.outs.is_empty() {
-        if !bufs.settle.is_empty() {
+        if !bufs.settle.is_empty() || !bufs.own.alone.is_empty() {
             let mut core = sh.lock();
+            bufs.own.report(&mut core);
             for (p, n) in bufs.settle.drain(..) {
                 core.mux.rx_settle(p, n);
             }
@@ -592,6 +593,8 @@ fn send_outs(
     let mut begun = false;
     {
         let mut core = sh.lock();
+        // What the read framed alone, counted before its replies.
+        bufs.own.report(&mut core);
         let last = bufs.outs.len() - 1;
         for (i, out) in bufs.outs.drain(..).enumerate() {
             match out {

@@ -101,6 +101,9 @@ pub(crate) struct SockRt {
     /// send made with nothing queued to receive, its next wait and its
     /// close write them, and each psock's worker was asked to.
     pub corked: Mutex<Vec<Arc<PsockRt>>>,
+    /// Closed (set before the hub closes it): a worker serving it frames no
+    /// more alone for it.
+    pub closed: AtomicBool,
     /// A receive since the socket last waited left more messages queued:
     /// a backlog forms, and its next wait sleeps at once rather than spin
     /// (`Config::recv_spin`).
@@ -129,6 +132,10 @@ pub(crate) struct PsockRt {
     /// once it is clear: what was queued while it was set, the worker's
     /// write takes.
     pub flush_asked: AtomicBool,
+    /// Unattached (set as its release is dispatched, before the unattach
+    /// returns): its worker, which finds it through a map of its own,
+    /// reads it no more.
+    pub released: AtomicBool,
     /// TLS state of a psock attached with `Mux::attach_tls`.
     pub tls: Option<Mutex<tls::PsockTls>>,
     /// The certificate chain its TLS peer presented (leaf first), set once
@@ -600,6 +607,7 @@ impl Shared {
                 Event::PsockReleased(p) => {
                     let rt = self.lock().psocks.remove(&p);
                     if let Some(rt) = rt {
+                        rt.released.store(true, Ordering::Release);
                         ATTACHED.lock().unwrap().remove(&rt.ino);
                         let mut int = rt.interest.lock().unwrap();
                         self.worker(rt.worker()).psocks.fetch_sub(1, Ordering::AcqRel);

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use connmux_core::mux::{Owned, PsockId, SockId};
+use connmux_core::mux::{FramedAlone, Owned, PsockId, SockId};
 use connmux_core::{Bytes, Timestamp};
 
 use super::{MuxHub, PsockRt, Shared};
@@ -35,6 +35,15 @@ pub(crate) struct Own {
     /// What was told to this worker's psocks waits in the hub
     /// (`Event::Wake`): it applies it before its pass ends.
     pub told: bool,
+    /// The affinity tag of the socket it serves, when steering sends a
+    /// psock of that tag there while its queue is empty (`Steering::Affinity`):
+    /// a read of such a psock is framed with no hold of the hub lock
+    /// (`Owned::frame_alone`).
+    pub alone_tag: Option<u32>,
+    /// What reads framed alone, for the hub to count in the worker's next
+    /// hold (`Mux::report_alone`: in the hold that queues their replies),
+    /// before any other call on their psocks.
+    pub alone: Vec<FramedAlone>,
     /// Chunks this worker wrote whole and has not told the core of yet
     /// ([`Shared::write_owned`]): completed in its next hold of the core
     /// lock, at the latest before it waits ([`Shared::complete_owned`]).
@@ -56,8 +65,18 @@ impl Own {
     /// A worker's hold of the hub lock once per pass, before it waits:
     /// the writes it made whole ([`Shared::write_owned`]) are told.
     pub fn hold(&mut self, core: &mut MuxHub) {
+        self.report(core);
         if !self.wrote.is_empty() {
             Shared::complete_owned(core, self);
+        }
+    }
+
+    /// What a read framed alone, counted by the hub (in a hold of the
+    /// caller's, before its next call on that psock).
+    #[inline]
+    pub fn report(&mut self, core: &mut MuxHub) {
+        for f in self.alone.drain(..) {
+            core.mux.report_alone(f);
         }
     }
 }

@@ -8,13 +8,14 @@
 //! anything above the core's runtime side (`shared`).
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use connmux_core::mux::{Event, Owned, PsockId, RxLoan};
 use connmux_core::{Bytes, Timestamp};
 
 use super::WRing;
-use crate::shared::{psock_token, MuxHub, Own, PsockRt, Shared};
+use crate::shared::{psock_token, MuxHub, Own, PsockRt, Shared, SockRt};
 
 /// Bytes of a provided buffer not yet taken by the core.
 pub(super) struct Held {
@@ -373,6 +374,54 @@ pub(super) struct Feed<'a> {
 /// takes nothing (paused), keep the rest and cancel the receive; when all is fed,
 /// report an end of stream that came after it. What stays spilled counts in
 /// the core's memory budget as the psock's.
+/// A received buffer framed with no hold of the hub lock
+/// (`Owned::frame_alone`), where the psock's receive side alone may
+/// decide: its one held buffer, nothing spilled, its receive open, room for
+/// all of it (`Owned::rx_room_alone`), its messages for this worker's own
+/// socket `sock` (its queue empty as its readiness says, nothing of the
+/// psock in the direct list). `true`: all of it framed (its runs in
+/// `framed`, what the hub must count in `own.alone`); else what is left is
+/// fed through the hub ([`pump`]).
+pub(super) fn pump_alone(
+    conn: &mut Conn,
+    ring: &mut WRing,
+    framed: &mut Framed,
+    o: &mut Owned,
+    own: &mut Own,
+    sock: &SockRt,
+    now: Timestamp,
+) -> bool {
+    let Some(tag) = own.alone_tag else { return false };
+    let id = conn.rt.id;
+    if conn.life != RxLife::Open
+        || conn.rt.released.load(Ordering::Acquire)
+        || conn.held.len() != 1
+        || !conn.spill.is_empty()
+        || sock.rx.is_set()
+        || sock.closed.load(Ordering::Acquire)
+        || own.direct.iter().any(|(_, q)| *q == id)
+    {
+        return false;
+    }
+    let Some(h) = conn.held.front_mut() else { return false };
+    let Some(data) = ring.buffer(h.buf) else { return false };
+    if h.off != 0 || o.rx_room_alone(id) < data.len() {
+        return false;
+    }
+    let a = framed.runs.len();
+    let Some(f) = o.frame_alone(id, data, now, sock.id, tag, &mut framed.runs) else { return false };
+    let (taken, len, buf) = (f.taken(), data.len(), h.buf);
+    own.alone.push(f);
+    framed.batches.push((id, buf, a, framed.runs.len()));
+    h.off = taken;
+    if taken < len {
+        return false;
+    }
+    conn.held.pop_front();
+    framed.give_back(ring, buf);
+    true
+}
+
 pub(super) fn pump(conn: &mut Conn, f: &mut Feed<'_>) {
     pump_held(conn, f);
     f.budget.saw(f.core.mux.mem_tight());
