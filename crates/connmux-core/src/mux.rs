@@ -1938,6 +1938,8 @@ impl MuxRef<'_> {
                     self.rx_resume(p);
                 }
             }
+            // (`apply` notes what the hub lets it do now: nothing alone.)
+            ToPsock::BacklogOver(_) => {}
             // (Its share's life was set by the hub.)
             ToPsock::TxAborted(p) => {
                 if let Some(ps) = self.o.psocks.get_mut(p.index, p.generation) {

@@ -193,6 +193,29 @@ fn nothing_is_framed_alone_while_a_message_of_it_is_queued() {
     assert_eq!(m.sock_stats(s).unwrap().rx_msgs, 3);
 }
 
+/// Replies queued on a psock up to its backlog's pause mark: what its owner
+/// decided alone no longer holds (`BacklogOver` told), and the next read
+/// goes through the hub, which holds it back.
+#[test]
+fn nothing_is_framed_alone_once_the_reply_backlog_reaches_its_mark() {
+    let cfg = MuxConfig { psock_sndbuf: 4096, ..MuxConfig::default() };
+    let (mut m, s, p) = affinity_mux(cfg, L4::new());
+    let mut runs = Vec::new();
+    let f = m.frame_alone(p, &l4_total(10, 1), T0, s, 0, &mut runs).expect("framed alone");
+    m.report_alone(f);
+    // Unwritten replies: 25 × 100 bytes, past half of the 4 KiB bound.
+    for i in 0..25 {
+        m.send_msg(s, Some(p), Bytes::from(l4_total(100, i)), false).unwrap();
+    }
+    assert!(m.frame_alone(p, &l4_total(10, 2), T0, s, 0, &mut runs).is_none(), "backlog over its mark");
+    assert_eq!(m.rx_room_alone(p), 0);
+    assert_eq!(m.rx_capacity(p), 0, "the hub holds it back");
+    // Written: read (and framed alone) again.
+    let _ = flush(&mut m, p);
+    assert!(m.rx_capacity(p) > 0);
+    assert!(m.frame_alone(p, &l4_total(10, 3), T0, s, 0, &mut runs).is_some());
+}
+
 #[test]
 fn whole_messages_are_framed_in_place_and_a_partial_tail_is_buffered() {
     let (mut m, s, p) = affinity_mux(MuxConfig::default(), L4::new());

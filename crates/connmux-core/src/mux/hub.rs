@@ -454,7 +454,15 @@ impl Hub {
         }
         sock.charge(msg.len(), msgs);
         sh.place(msgs);
+        let before = sh.tx.addr_bytes;
         sh.tx.queue(TxMsg::new(msg, s, Placed::Addressed, msgs));
+        let mark = super::transmit::backlog_pause(&self.config);
+        if before < mark && sh.tx.addr_bytes >= mark {
+            // Its owner stops reading it alone (`Owned::rx_room_alone`):
+            // the hub holds it back until `Backlog`.
+            self.sk.told.push(ToPsock::BacklogOver(p));
+        }
+        let sock = self.sk.socks.get_mut(s.index, s.generation).expect("checked");
         if batch {
             if !sock.held_psocks.contains(&p) {
                 sock.held_psocks.push(p);

@@ -70,6 +70,9 @@ pub(super) enum ToPsock {
     /// Its reply backlog fell under the pause mark (written, or dropped
     /// with its socket): it is read again.
     Backlog(PsockId),
+    /// Its reply backlog reached the pause mark: what its owner decided
+    /// alone from its last report (`super::alone`) no longer holds.
+    BacklogOver(PsockId),
     /// Its transmit was aborted (a write failed, its socket closed
     /// mid-message): its life is over.
     TxAborted(PsockId),
@@ -98,6 +101,7 @@ impl ToPsock {
             | ToPsock::Resume(p)
             | ToPsock::MayDrain(p)
             | ToPsock::Backlog(p)
+            | ToPsock::BacklogOver(p)
             | ToPsock::TxAborted(p)
             | ToPsock::Offered { p, .. }
             | ToPsock::Released { p, .. }

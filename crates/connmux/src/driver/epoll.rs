@@ -152,7 +152,7 @@ impl Io for EpollIo<'_> {
                     // What the psock takes, as its receive side alone
                     // knows (`Owned::rx_room_alone`); else `read_psock`
                     // asks the hub.
-                    let rx = match readable && rt.tls.is_none() {
+                    let rx = match readable && rt.tls.is_none() && !w.bufs.own.told {
                         true => Some(w.owned.rx_room_alone(p)).filter(|&cap| cap > 0),
                         false => None,
                     }

@@ -425,8 +425,11 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
                 // this psock waits in the direct list. (Released: an
                 // unattach that returned before this look frames nothing
                 // of it, as the hub's feed applies the release first.)
+                // Nor while what was told to its psocks waits (`Own::told`:
+                // the hub's feed applies it first).
                 Some(tag)
                     if !sv.sock.rx.is_set()
+                        && !bufs.own.told
                         && !rt.released.load(Ordering::Acquire)
                         && !sv.sock.closed.load(Ordering::Acquire)
                         && !bufs.own.direct.iter().any(|(_, q)| *q == rt.id) =>

@@ -394,6 +394,7 @@ pub(super) fn pump_alone(
     let Some(tag) = own.alone_tag else { return false };
     let id = conn.rt.id;
     if conn.life != RxLife::Open
+        || own.told
         || conn.rt.released.load(Ordering::Acquire)
         || conn.held.len() != 1
         || !conn.spill.is_empty()
