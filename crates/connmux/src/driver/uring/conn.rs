@@ -370,10 +370,6 @@ pub(super) struct Feed<'a> {
     pub(super) budget: &'a mut Budget,
 }
 
-/// Feed the held bytes of one psock to the core, no more than it takes. When it
-/// takes nothing (paused), keep the rest and cancel the receive; when all is fed,
-/// report an end of stream that came after it. What stays spilled counts in
-/// the core's memory budget as the psock's.
 /// A received buffer framed with no hold of the hub lock
 /// (`Owned::frame_alone`), where the psock's receive side alone may
 /// decide: its one held buffer, nothing spilled, its receive open, room for
@@ -423,6 +419,10 @@ pub(super) fn pump_alone(
     true
 }
 
+/// Feed the held bytes of one psock to the core, no more than it takes. When it
+/// takes nothing (paused), keep the rest and cancel the receive; when all is fed,
+/// report an end of stream that came after it. What stays spilled counts in
+/// the core's memory budget as the psock's.
 pub(super) fn pump(conn: &mut Conn, f: &mut Feed<'_>) {
     pump_held(conn, f);
     f.budget.saw(f.core.mux.mem_tight());
