@@ -706,22 +706,10 @@ impl Mux {
         MuxView { o, h: &self.h }
     }
 
-    /// [`Owned::rx_room_alone`] of its own psocks.
-    pub fn rx_room_alone(&self, p: PsockId) -> usize {
-        self.o.rx_room_alone(p)
-    }
-
-    /// [`Owned::frame_alone`] of its own psocks.
-    pub fn frame_alone(
-        &mut self,
-        p: PsockId,
-        data: &[u8],
-        now: Timestamp,
-        sock: SockId,
-        tag: u32,
-        out: &mut Vec<crate::run::Run>,
-    ) -> Option<FramedAlone> {
-        self.o.frame_alone(p, data, now, sock, tag, out)
+    /// Its own psocks' receive sides (what their owner does alone:
+    /// [`Owned::rx_room_alone`], [`Owned::frame_alone`]).
+    pub fn owned(&mut self) -> &mut Owned {
+        &mut self.o
     }
 
     /// What an owner framed alone ([`Owned::frame_alone`]), counted by the

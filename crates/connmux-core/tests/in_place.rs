@@ -146,7 +146,7 @@ fn framing_alone_matches_feed_for_random_splits() {
             a.feed(pa, read, now).unwrap();
             want.extend(recv_all(&mut a, sa));
             let mut runs = Vec::new();
-            let taken = match b.frame_alone(pb, read, now, sb, 0, &mut runs) {
+            let taken = match b.owned().frame_alone(pb, read, now, sb, 0, &mut runs) {
                 Some(f) => {
                     let taken = f.taken();
                     b.report_alone(f);
@@ -178,16 +178,16 @@ fn framing_alone_matches_feed_for_random_splits() {
 fn nothing_is_framed_alone_while_a_message_of_it_is_queued() {
     let (mut m, s, p) = affinity_mux(MuxConfig::default(), L4::new());
     let mut runs = Vec::new();
-    assert!(m.frame_alone(p, &l4_total(10, 1), T0, s, 1, &mut runs).is_none(), "another affinity");
+    assert!(m.owned().frame_alone(p, &l4_total(10, 1), T0, s, 1, &mut runs).is_none(), "another affinity");
     m.feed(p, &l4_total(10, 1), T0).unwrap();
-    assert!(m.frame_alone(p, &l4_total(10, 2), T0, s, 0, &mut runs).is_none(), "a message queued");
+    assert!(m.owned().frame_alone(p, &l4_total(10, 2), T0, s, 0, &mut runs).is_none(), "a message queued");
     assert_eq!(recv_all(&mut m, s).len(), 1);
     // Its next call on the hub sees the queue empty.
     let mut direct = Vec::new();
     let mut d = Direct { sock: s, out: &mut direct, limit: 0 };
     m.feed_in_place(p, &l4_total(10, 2), T0, &mut d, 64, &mut runs).unwrap();
     assert_eq!(connmux_core::run::count(&runs), 1);
-    let f = m.frame_alone(p, &l4_total(10, 3), T0, s, 0, &mut runs).expect("framed alone");
+    let f = m.owned().frame_alone(p, &l4_total(10, 3), T0, s, 0, &mut runs).expect("framed alone");
     m.report_alone(f);
     assert_eq!(connmux_core::run::count(&runs), 2);
     assert_eq!(m.sock_stats(s).unwrap().rx_msgs, 3);
@@ -201,19 +201,19 @@ fn nothing_is_framed_alone_once_the_reply_backlog_reaches_its_mark() {
     let cfg = MuxConfig { psock_sndbuf: 4096, ..MuxConfig::default() };
     let (mut m, s, p) = affinity_mux(cfg, L4::new());
     let mut runs = Vec::new();
-    let f = m.frame_alone(p, &l4_total(10, 1), T0, s, 0, &mut runs).expect("framed alone");
+    let f = m.owned().frame_alone(p, &l4_total(10, 1), T0, s, 0, &mut runs).expect("framed alone");
     m.report_alone(f);
     // Unwritten replies: 25 × 100 bytes, past half of the 4 KiB bound.
     for i in 0..25 {
         m.send_msg(s, Some(p), Bytes::from(l4_total(100, i)), false).unwrap();
     }
-    assert!(m.frame_alone(p, &l4_total(10, 2), T0, s, 0, &mut runs).is_none(), "backlog over its mark");
-    assert_eq!(m.rx_room_alone(p), 0);
+    assert!(m.owned().frame_alone(p, &l4_total(10, 2), T0, s, 0, &mut runs).is_none(), "backlog over its mark");
+    assert_eq!(m.owned().rx_room_alone(p), 0);
     assert_eq!(m.rx_capacity(p), 0, "the hub holds it back");
     // Written: read (and framed alone) again.
     let _ = flush(&mut m, p);
     assert!(m.rx_capacity(p) > 0);
-    assert!(m.frame_alone(p, &l4_total(10, 3), T0, s, 0, &mut runs).is_some());
+    assert!(m.owned().frame_alone(p, &l4_total(10, 3), T0, s, 0, &mut runs).is_some());
 }
 
 #[test]
