@@ -54,14 +54,7 @@ impl Owned {
     /// the psocks reading at once could retain more than half of it.
     pub fn rx_room_alone(&self, p: PsockId) -> usize {
         let Some(ps) = self.psocks.get(p.index, p.generation) else { return 0 };
-        if ps.hub_room == 0
-            || !ps.rx_running()
-            || ps.ready.is_some()
-            || ps.readers_hold
-            || ps.below > 0
-            || ps.stream.buffered() > 0
-            || ps.stream.would_lend()
-        {
+        if !ps.alone() || ps.stream.would_lend() {
             return 0;
         }
         ps.stream.want().min(ps.rx_limit).min(ps.hub_room)
@@ -86,13 +79,7 @@ impl Owned {
         out: &mut Vec<Run>,
     ) -> Option<FramedAlone> {
         let ps = self.psocks.get_mut(p.index, p.generation)?;
-        if ps.affinity != Some(tag)
-            || ps.hub_room == 0
-            || !ps.rx_running()
-            || ps.ready.is_some()
-            || ps.below > 0
-            || ps.stream.buffered() > 0
-        {
+        if ps.affinity != Some(tag) || !ps.alone() {
             return None;
         }
         let first = out.len();
@@ -108,6 +95,22 @@ impl Owned {
         ps.last_active = now;
         let msgs = crate::run::count(&out[first..]) as u64;
         Some(FramedAlone { p, sock, taken, msgs, bytes, stream: ps.stream.stats().clone(), last_active: now })
+    }
+}
+
+impl super::psock::Psock {
+    /// Whether its owner may read and frame it alone: the hub let it at
+    /// its last report (`hub_room`), its receive side runs, nothing of its
+    /// own holds it back, and it is at a message boundary (nothing
+    /// buffered, nothing below the parser).
+    #[inline]
+    fn alone(&self) -> bool {
+        self.hub_room > 0
+            && self.rx_running()
+            && self.ready.is_none()
+            && !self.readers_hold
+            && self.below == 0
+            && self.stream.buffered() == 0
     }
 }
 

@@ -418,25 +418,9 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
             let bufs = &mut w.bufs;
             let mut runs = std::mem::take(&mut bufs.runs);
             runs.clear();
-            let framed = match bufs.own.alone_tag {
-                // Its socket's queue is empty (as far as its readiness
-                // says: a message of another psock queued meanwhile may be
-                // overtaken, as KCM does not order psocks) and nothing of
-                // this psock waits in the direct list. (Released: an
-                // unattach that returned before this look frames nothing
-                // of it, as the hub's feed applies the release first.)
-                // Nor while what was told to its psocks waits (`Own::told`:
-                // the hub's feed applies it first).
-                Some(tag)
-                    if !sv.sock.rx.is_set()
-                        && !bufs.own.told
-                        && !rt.released.load(Ordering::Acquire)
-                        && !sv.sock.closed.load(Ordering::Acquire)
-                        && !bufs.own.direct.iter().any(|(_, q)| *q == rt.id) =>
-                {
-                    w.owned.frame_alone(rt.id, data, now, sv.sock.id, tag, &mut runs)
-                }
-                _ => None,
+            let framed = match bufs.own.alone_tag_for(&sv.sock, rt) {
+                Some(tag) => w.owned.frame_alone(rt.id, data, now, sv.sock.id, tag, &mut runs),
+                None => None,
             };
             let taken = framed.as_ref().map_or(0, FramedAlone::taken);
             match framed {

@@ -2,6 +2,7 @@
 //! straight to its serving socket and writes it made and has not told the
 //! core of; and the feeds of a read's bytes into the core on its behalf.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use connmux_core::mux::{FramedAlone, Owned, PsockId, SockId};
@@ -69,6 +70,25 @@ impl Own {
         if !self.wrote.is_empty() {
             Shared::complete_owned(core, self);
         }
+    }
+
+    /// The affinity tag to frame a read of `rt` alone with, for socket
+    /// `sock` this worker serves (`Owned::frame_alone`), if it may: the
+    /// socket's queue empty as far as its readiness says (a message of
+    /// another psock queued meanwhile may be overtaken: KCM orders a
+    /// psock's messages, not psocks), the socket open, the psock not
+    /// released (an unattach that returned before this look frames
+    /// nothing of it, as the hub's feed applies the release first),
+    /// nothing of it in the direct list, nothing told to this worker's
+    /// psocks waiting (the hub's feed applies it first).
+    #[inline]
+    pub fn alone_tag_for(&self, sock: &super::SockRt, rt: &PsockRt) -> Option<u32> {
+        let ok = !sock.rx.is_set()
+            && !self.told
+            && !rt.released.load(Ordering::Acquire)
+            && !sock.closed.load(Ordering::Acquire)
+            && !self.direct.iter().any(|(_, q)| *q == rt.id);
+        self.alone_tag.filter(|_| ok)
     }
 
     /// What a read framed alone, counted by the hub (in a hold of the

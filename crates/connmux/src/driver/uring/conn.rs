@@ -8,7 +8,6 @@
 //! anything above the core's runtime side (`shared`).
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use connmux_core::mux::{Event, Owned, PsockId, RxLoan};
@@ -374,8 +373,7 @@ pub(super) struct Feed<'a> {
 /// (`Owned::frame_alone`), where the psock's receive side alone may
 /// decide: its one held buffer, nothing spilled, its receive open, room for
 /// all of it (`Owned::rx_room_alone`), its messages for this worker's own
-/// socket `sock` (its queue empty as its readiness says, nothing of the
-/// psock in the direct list). `true`: all of it framed (its runs in
+/// socket `sock` (`Own::alone_tag_for`). `true`: all of it framed (its runs in
 /// `framed`, what the hub must count in `own.alone`); else what is left is
 /// fed through the hub ([`pump`]).
 pub(super) fn pump_alone(
@@ -387,17 +385,9 @@ pub(super) fn pump_alone(
     sock: &SockRt,
     now: Timestamp,
 ) -> bool {
-    let Some(tag) = own.alone_tag else { return false };
+    let Some(tag) = own.alone_tag_for(sock, &conn.rt) else { return false };
     let id = conn.rt.id;
-    if conn.life != RxLife::Open
-        || own.told
-        || conn.rt.released.load(Ordering::Acquire)
-        || conn.held.len() != 1
-        || !conn.spill.is_empty()
-        || sock.rx.is_set()
-        || sock.closed.load(Ordering::Acquire)
-        || own.direct.iter().any(|(_, q)| *q == id)
-    {
+    if conn.life != RxLife::Open || conn.held.len() != 1 || !conn.spill.is_empty() {
         return false;
     }
     let Some(h) = conn.held.front_mut() else { return false };
