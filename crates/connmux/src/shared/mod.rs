@@ -301,6 +301,11 @@ pub(crate) fn time_left(deadline: Option<std::time::Instant>) -> io::Result<Opti
 /// ([`with_iov`]).
 pub(crate) const MAX_IOV: usize = 64;
 
+/// The most chunks one call writes in a row ([`Shared::write_begun`]):
+/// a peer that reads as fast as it is written must not keep the writing
+/// thread (a worker, or an application thread's send) forever.
+const WRITE_ROUNDS: u32 = 1024;
+
 /// `writev` of `bufs` (at most [`MAX_IOV`]), with an iovec array sized
 /// for the common small case (filling a 64-entry array costs more than the
 /// rest of a one-reply flush).
@@ -792,9 +797,10 @@ impl Shared {
         slices: &mut Vec<Bytes>,
     ) {
         let mut interrupted = matches!(res, Err(e) if e.kind() == io::ErrorKind::Interrupted);
-        // Bounded: each round either writes bytes, or stops. The next chunk is
-        // taken under the same lock that completes this one.
-        for _ in 0..1024 {
+        // Bounded: each round either writes bytes, or stops, and at most
+        // `WRITE_ROUNDS` chunks are taken. The next chunk is taken under the
+        // same lock that completes this one.
+        for round in 1.. {
             let mut core = self.lock();
             wrote.apply(&mut core, rt.id);
             match wrote {
@@ -813,10 +819,19 @@ impl Shared {
                     return;
                 }
             }
-            let more = core.mux.tx_begin_into(rt.id, slices);
+            // The last chunk written is told above, before the bound ends
+            // the loop: a chunk taken and not told would stay out with its
+            // writer, and nobody could write the psock again.
+            let more = round < WRITE_ROUNDS && core.mux.tx_begin_into(rt.id, slices);
             core.drain_events(events);
             drop(core);
             if !more {
+                if round >= WRITE_ROUNDS {
+                    // Perhaps more to write: the rest goes to the worker's
+                    // next writable event, not left queued with nobody to
+                    // send it.
+                    self.want_write(rt);
+                }
                 return;
             }
             let n = slices.len().min(MAX_IOV);
@@ -826,8 +841,5 @@ impl Shared {
             wrote = Wrote::of_io(&res);
             interrupted = matches!(res, Err(e) if e.kind() == io::ErrorKind::Interrupted);
         }
-        // Still more to write after the bound: hand the rest to the worker's
-        // next writable event rather than leave it queued with nobody to send it.
-        self.want_write(rt);
     }
 }
