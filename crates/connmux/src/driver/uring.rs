@@ -184,29 +184,30 @@ impl Io for UringIo {
     fn serve_framed(&mut self, w: &mut Worker<'_>) {
         let framed = &mut self.framed;
         if let Some(sv) = &w.serving {
-            // One read served in this pass: its replies are written at
-            // once, with a plain `sendmsg`, when no ring send of the psock
-            // is in flight (as the epoll worker does: one lock hold and no
-            // transmit event). Several: ring sends, all submitted with the
-            // next wait (one system call for all of them, not one `sendmsg`
-            // each).
-            let direct = framed.batches.len() == 1;
             for &(p, buf, a, b) in &framed.batches {
-                let data = self.ring.buffer(buf).unwrap_or(&[]);
-                let rt = match direct {
-                    true => self
-                        .conns
-                        .get(&psock_token(p))
-                        .filter(|c| !c.released && c.sending.is_none())
-                        .map(|c| c.rt.clone()),
-                    false => None,
+                // Each read's replies are written at once with a plain
+                // `sendmsg`, begun in the hold that queues them (as the epoll
+                // worker does), when the psock has no ring send in flight
+                // and its connection is not known to be full; else they wait
+                // on its queue for that send's completion. (Ring sends of
+                // every read's replies, submitted with the next wait, saved
+                // system calls but answered later: on 16 CPUs 17.0 M NULL
+                // calls/s against 20.8 M, on one 2.43 M against 2.57 M.)
+                let rt = self
+                    .conns
+                    .get(&psock_token(p))
+                    .filter(|c| !c.released && c.sending.is_none() && !c.out_polled)
+                    .map(|c| c.rt.clone());
+                let write = match &rt {
+                    Some(rt) => crate::serve::Write::Now(rt),
+                    None => crate::serve::Write::Queue,
                 };
                 let read = crate::serve::ReadView {
-                    msgs: connmux_core::run::Messages::new(data, &framed.runs[a..b]),
+                    msgs: connmux_core::run::Messages::new(self.ring.buffer(buf).unwrap_or(&[]), &framed.runs[a..b]),
                     psock: p,
                     started: connmux_sys::clock::now_nanos(),
                 };
-                crate::serve::serve_in_place(w.sh, sv, &mut w.bufs, read, &mut w.events, &mut w.dirty, rt.as_ref());
+                crate::serve::serve_in_place(w.sh, sv, &mut w.bufs, read, &mut w.events, &mut w.dirty, write);
             }
         }
         if !w.bufs.own.alone.is_empty() {
@@ -398,12 +399,28 @@ impl UringIo {
                     } else if conn.rt.tls.is_none() {
                         // (A released psock's too: the core counts a chunk
                         // that was out at the unattach by this report.)
-                        let core = hub(&mut core, sh, &mut w.bufs.own);
                         // A short count (the connection failed part way) is
                         // followed by the error on the next send.
                         let wrote = Wrote::of_cqe(res, want);
-                        wrote.apply(core, conn.rt.id);
-                        core.drain_events(&mut w.events);
+                        if wrote == Wrote::Bytes(want) {
+                            // Whole: told in the worker's next hold (a
+                            // read's replies', or its pass's), which raises
+                            // the psock again if more was queued meanwhile.
+                            w.bufs.own.wrote.push((conn.rt.clone(), want));
+                        } else {
+                            let core = hub(&mut core, sh, &mut w.bufs.own);
+                            wrote.apply(core, conn.rt.id);
+                            core.drain_events(&mut w.events);
+                        }
+                        if conn.released {
+                            if conn.idle() {
+                                self.conns.remove(&token);
+                            }
+                            continue;
+                        }
+                        if wrote == Wrote::Bytes(want) {
+                            continue;
+                        }
                         if wrote == Wrote::Again && wait_for_room(ring, conn, token) {
                             // Written again when the poll says there is room.
                             continue;
@@ -566,16 +583,7 @@ impl UringIo {
                     if !begun {
                         continue;
                     }
-                    let len = self.tx_slices.iter().map(|b| b.len()).sum();
-                    match ring.send_drain(rt.fd(), token, &mut self.tx_slices) {
-                        Ok(()) => conn.sending = Some(len),
-                        Err(e) => {
-                            self.tx_slices.clear();
-                            let mut core = sh.lock();
-                            Wrote::Failed(e.raw_os_error().unwrap_or(libc::EIO)).apply(&mut core, rt.id);
-                            core.drain_events(&mut w.events);
-                        }
-                    }
+                    send_chunk(ring, conn, token, &mut self.tx_slices, sh, &mut w.events);
                 }
                 Some(_) => {}
                 None => sh.flush(&rt, &mut w.events),
@@ -660,6 +668,29 @@ impl UringIo {
         keep.sort_unstable();
         keep.dedup();
         self.to_arm = keep;
+    }
+}
+
+/// Send the chunk the core handed out for `conn` (in `slices`, left empty)
+/// on the ring, with the next wait; a send that cannot be queued fails the
+/// psock's transmit.
+fn send_chunk(
+    ring: &mut WRing,
+    conn: &mut Conn,
+    token: u64,
+    slices: &mut Vec<Bytes>,
+    sh: &Shared,
+    events: &mut Vec<Event>,
+) {
+    let len = slices.iter().map(|b| b.len()).sum();
+    match ring.send_drain(conn.rt.fd(), token, slices) {
+        Ok(()) => conn.sending = Some(len),
+        Err(e) => {
+            slices.clear();
+            let mut core = sh.lock();
+            Wrote::Failed(e.raw_os_error().unwrap_or(libc::EIO)).apply(&mut core, conn.rt.id);
+            core.drain_events(events);
+        }
     }
 }
 

@@ -445,7 +445,7 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
                 let (events, dirty) = (&mut w.events, &mut w.dirty);
                 let msgs = connmux_core::run::Messages::new(data, &runs);
                 let read = crate::serve::ReadView { msgs, psock: rt.id, started: read_at };
-                crate::serve::serve_in_place(sh, sv, bufs, read, events, dirty, Some(rt));
+                crate::serve::serve_in_place(sh, sv, bufs, read, events, dirty, crate::serve::Write::Now(rt));
                 runs.clear();
             }
             if !bufs.own.alone.is_empty() {

@@ -450,7 +450,7 @@ pub(crate) fn serve(
             bufs.push(psock, v);
         }
         bufs.msgs = msgs;
-        send_outs(sh, sv, bufs, events, dirty, None);
+        send_outs(sh, sv, bufs, events, dirty, Write::Queue);
         if slow_batch {
             // Back to I/O: read the other connections before more heavy work
             // (the socket's readiness is still raised if messages wait).
@@ -479,9 +479,18 @@ pub(crate) struct ReadView<'a> {
     pub started: u64,
 }
 
+/// What becomes of a served read's replies once queued ([`send_outs`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Write<'a> {
+    /// They wait on the psock's queue for its writer (`PsockTransmit`).
+    Queue,
+    /// The read psock's next chunk is begun in the replies' hold and
+    /// written at once with a plain `writev`.
+    Now(&'a Arc<PsockRt>),
+}
+
 /// Run the handler on the messages of one read where they lie (`read`),
-/// then queue the replies (and write them at once when `write_now` is the
-/// read psock's runtime: see [`send_outs`]).
+/// then queue the replies, written as `write` says ([`send_outs`]).
 pub(crate) fn serve_in_place(
     sh: &Shared,
     sv: &Serving,
@@ -489,7 +498,7 @@ pub(crate) fn serve_in_place(
     mut read: ReadView<'_>,
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
-    write_now: Option<&Arc<PsockRt>>,
+    write: Write<'_>,
 ) {
     let p = read.psock;
     if bufs.heavy.contains(p) {
@@ -500,7 +509,7 @@ pub(crate) fn serve_in_place(
     }
     bufs.handled(p, read.msgs.len() as u64);
     run_in_place(sv, bufs, read);
-    send_outs(sh, sv, bufs, events, dirty, write_now);
+    send_outs(sh, sv, bufs, events, dirty, write)
 }
 
 /// The handler on the messages of one read where they lie (`read`), timed
@@ -561,18 +570,19 @@ fn run_in_place(sv: &Serving, bufs: &mut ServeBufs, read: ReadView<'_>) -> bool 
 /// Queue the replies of served messages on their connections (in the order
 /// they were produced) and abort the connections whose handler asked for it.
 ///
-/// `write_now`: the connection whose read was just served (epoll driver):
-/// the core hands its chunk over with the last reply run (`send_msgs_to_begin`)
-/// and it is written here, saving the transmit event, the deferred-flush list
-/// and one lock hold per read. Its replies still go through the core's
-/// transmit queue, so a send of another thread is never interleaved.
+/// `write`: the connection whose read was just served, when it has no
+/// chunk out (`Write::Now`): the core hands its chunk over with the last
+/// reply run (`send_msgs_to_begin`) and it is written here, saving the
+/// transmit event, the deferred-flush list and one lock hold per read. Its
+/// replies still go through the core's transmit queue, so a send of
+/// another thread is never interleaved.
 fn send_outs(
     sh: &Shared,
     sv: &Serving,
     bufs: &mut ServeBufs,
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
-    write_now: Option<&Arc<PsockRt>>,
+    write: Write<'_>,
 ) {
     bufs.end_run();
     bufs.closed.clear();
@@ -593,8 +603,9 @@ fn send_outs(
     let mut begun = false;
     {
         let mut core = sh.lock();
-        // What the read framed alone, counted before its replies.
-        bufs.own.report(&mut core);
+        // What the read framed alone, counted before its replies, and the
+        // chunks written whole told: the replies may begin the next.
+        bufs.own.open(&mut core);
         let last = bufs.outs.len() - 1;
         for (i, out) in bufs.outs.drain(..).enumerate() {
             match out {
@@ -604,8 +615,8 @@ fn send_outs(
                     // peer has not read `psock_sndbuf` bytes of replies while
                     // still sending: that connection is aborted (counted in
                     // tx_backlog_refusals), nobody else waits for it.
-                    let r = match write_now {
-                        Some(rt) if i == last && rt.id == psock && rt.tls.is_none() => {
+                    let r = match write {
+                        Write::Now(rt) if i == last && rt.id == psock && rt.tls.is_none() => {
                             core.mux.send_msgs_to_begin(sv.sock.id, psock, b, n, &mut bufs.slices).map(|b| begun = b)
                         }
                         _ if n == 1 => core.mux.send_msg(sv.sock.id, Some(psock), b, false),
@@ -628,9 +639,10 @@ fn send_outs(
         for (p, n) in bufs.settle.drain(..) {
             core.mux.rx_settle(p, n);
         }
+        bufs.own.close(&mut core);
         core.drain_events(events);
     }
-    if let (Some(rt), true) = (write_now, begun) {
+    if let (Write::Now(rt), true) = (write, begun) {
         sh.write_owned(rt, events, &mut bufs.slices, &mut bufs.own);
     }
     sh.dispatch(events, &mut Ctx::Worker(dirty, &mut bufs.own));
@@ -732,7 +744,7 @@ pub(crate) fn take_done(
         bufs.push(d.psock, d.verdict);
     }
     bufs.done = done;
-    send_outs(sh, sv, bufs, events, dirty, None);
+    send_outs(sh, sv, bufs, events, dirty, Write::Queue);
 }
 
 #[cfg(test)]

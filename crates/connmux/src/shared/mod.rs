@@ -732,7 +732,7 @@ impl Shared {
     /// of its reads: when the chunk goes out whole in one `writev` (the usual
     /// case: a read's replies), the core is told later, in the worker's
     /// next hold of the hub lock, not in a hold of its own
-    /// (`own.wrote`, [`Shared::complete_owned`]). Until then the chunk
+    /// (`own.wrote`, `Own::open`). Until then the chunk
     /// counts as out, so another thread's send to `rt` waits on the queue,
     /// as it does behind any chunk being written. A short or failed write
     /// goes on as `write_begun`.
@@ -757,16 +757,6 @@ impl Shared {
                 slices.clear();
                 self.after_write(rt, wrote, &res, want, events, slices);
             }
-        }
-    }
-
-    /// Tell the core of the chunks in `own.wrote` (under the caller's hold
-    /// of the hub lock); a psock with more to write is raised for the
-    /// worker's flush (`PsockTransmit`, in `core`'s events).
-    pub(crate) fn complete_owned(core: &mut MuxHub, own: &mut Own) {
-        for (rt, n) in own.wrote.drain(..) {
-            core.mux.tx_complete(rt.id, n);
-            core.mux.tx_kick(rt.id);
         }
     }
 

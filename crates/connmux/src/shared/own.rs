@@ -8,7 +8,7 @@ use std::sync::Arc;
 use connmux_core::mux::{FramedAlone, Owned, PsockId, SockId};
 use connmux_core::{Bytes, Timestamp};
 
-use super::{MuxHub, PsockRt, Shared};
+use super::{MuxHub, PsockRt};
 
 /// A worker's own hand-off between its reads, its event dispatch and its
 /// in-place `serve`: the worker keeps it (in its serving buffers) and passes
@@ -46,9 +46,13 @@ pub(crate) struct Own {
     /// before any other call on their psocks.
     pub alone: Vec<FramedAlone>,
     /// Chunks this worker wrote whole and has not told the core of yet
-    /// ([`Shared::write_owned`]): completed in its next hold of the core
-    /// lock, at the latest before it waits ([`Shared::complete_owned`]).
+    /// ([`Shared::write_owned`], an io_uring send's completion): told in
+    /// its next hold of the hub lock, at the latest in its pass's
+    /// ([`Own::open`]).
     pub wrote: Vec<(Arc<PsockRt>, usize)>,
+    /// Psocks whose chunk was told in this hold: kicked at its end
+    /// ([`Own::close`]), after what the hold queued on them.
+    kick: Vec<PsockId>,
 }
 
 impl Own {
@@ -64,11 +68,33 @@ impl Own {
     }
 
     /// A worker's hold of the hub lock once per pass, before it waits:
-    /// the writes it made whole ([`Shared::write_owned`]) are told.
+    /// what it did alone is told ([`Own::open`], [`Own::close`]).
     pub fn hold(&mut self, core: &mut MuxHub) {
+        self.open(core);
+        self.close(core);
+    }
+
+    /// The start of a worker's hold of the hub lock: what its reads framed
+    /// alone is counted and the chunks it wrote whole are told, before any
+    /// other call on their psocks. A psock may begin its next chunk in
+    /// the same hold (a read's replies: `serve::send_outs`).
+    #[inline]
+    pub fn open(&mut self, core: &mut MuxHub) {
         self.report(core);
-        if !self.wrote.is_empty() {
-            Shared::complete_owned(core, self);
+        for (rt, n) in self.wrote.drain(..) {
+            core.mux.tx_complete(rt.id, n);
+            self.kick.push(rt.id);
+        }
+    }
+
+    /// The end of that hold: a psock told of a chunk with more queued and
+    /// none begun since is raised for a writer (`PsockTransmit`, in the
+    /// core's events). Not in [`Own::open`]: a psock whose read's replies
+    /// begin their chunk in the hold raises nothing.
+    #[inline]
+    pub fn close(&mut self, core: &mut MuxHub) {
+        for p in self.kick.drain(..) {
+            core.mux.tx_kick(p);
         }
     }
 
