@@ -386,8 +386,8 @@ impl MuxRef<'_> {
     /// after what is told to it.
     #[inline]
     pub(super) fn note_room(&mut self, p: PsockId) {
-        let Some(sh) = self.h.sk.share(p) else { return };
-        let (mem_paused, backlog, queued) = (sh.mem != MemState::Reading, sh.tx.addr_bytes, sh.queued);
+        let Some(queued) = self.h.sk.share(p).map(|sh| sh.queued) else { return };
+        let (mem_paused, backlog) = self.h.holds_back(p);
         let room = self.h.mem_room();
         let free = !mem_paused
             && queued == 0
