@@ -46,10 +46,10 @@ pub(crate) struct Own {
     /// before any other call on their psocks.
     pub alone: Vec<FramedAlone>,
     /// Chunks this worker wrote whole and has not told the core of yet
-    /// ([`Shared::write_owned`], an io_uring send's completion): told in
-    /// its next hold of the hub lock, at the latest in its pass's
-    /// ([`Own::open`]); the first `told` were, and are kicked at the
-    /// hold's end ([`Own::close`]).
+    /// ([`super::Shared::write_owned`], an io_uring send's completion):
+    /// told in its next hold of the hub lock, at the latest in its pass's
+    /// ([`Own::open`]); the first `told_wrote` were told in the hold under
+    /// way, and leave at its end ([`Own::close`]).
     pub wrote: Vec<(Arc<PsockRt>, usize)>,
     told_wrote: usize,
 }
