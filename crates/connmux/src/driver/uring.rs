@@ -22,9 +22,13 @@
 //!   A send that finds the socket buffer full (the ring honours
 //!   `O_NONBLOCK`: `-EAGAIN`) waits for a `POLLOUT` poll, never counted as
 //!   a failure of the connection.
-//! - transmit: the psocks that have something to write after a pass get one
-//!   `sendmsg` each (all of the core's chunk: the replies of the pass), all
-//!   submitted with the next wait; the kernel completes each one whole.
+//! - transmit: a served read's replies are written at once with a plain
+//!   `sendmsg` (`serve_framed`, as the epoll worker does); the psocks that
+//!   still have something to write after a pass (replies queued while a
+//!   send was in flight, a lane's, another thread's) get one ring `sendmsg`
+//!   each (all of the core's chunk), all submitted with the next wait; the
+//!   kernel completes each one whole, told to the core in the worker's
+//!   next hold.
 //! - other threads post [`Command`]s and notify the worker's eventfd, which the
 //!   ring polls; the loop takes the commands when that poll completes.
 //! - release: a psock's operations are cancelled and their completions reaped
