@@ -406,7 +406,8 @@ impl UringIo {
                         // A short count (the connection failed part way) is
                         // followed by the error on the next send.
                         let wrote = Wrote::of_cqe(res, want);
-                        if wrote == Wrote::Bytes(want) {
+                        let whole = wrote == Wrote::Bytes(want);
+                        if whole {
                             // Whole: told in the worker's next hold (a
                             // read's replies', or its pass's), which raises
                             // the psock again if more was queued meanwhile.
@@ -422,7 +423,7 @@ impl UringIo {
                             }
                             continue;
                         }
-                        if wrote == Wrote::Bytes(want) {
+                        if whole {
                             continue;
                         }
                         if wrote == Wrote::Again && wait_for_room(ring, conn, token) {
