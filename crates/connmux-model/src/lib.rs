@@ -14,7 +14,9 @@
 //!   it the two wrong orders of `clear`, [`ClearOrder::DrainThenMark`]
 //!   (which leaves a stale count: a blocked recv spins) and
 //!   [`ClearOrder::MarkThenDrain`] (before commit 3f5c7fc), which loses a
-//!   wake-up.
+//!   wake-up. [`Ready::waited`] is the runtime's readiness with no poller
+//!   registered, whose eventfd is written only while a blocking call
+//!   sleeps on it ([`Ready::wait_poll`]).
 //! - [`Runtime`]: the **real** `connmux_core::mux::Mux` behind a loom mutex
 //!   (the hub lock), with the runtime's `flush` (tx_begin → writev outside the
 //!   lock → tx_complete), the worker's deferred-flush hand-off
@@ -69,7 +71,13 @@ pub enum Ready {
 impl Ready {
     pub fn new(order: ClearOrder) -> Ready {
         match order {
-            ClearOrder::Locked => Ready::Runtime(sync::ready::Ready::new().expect("a model eventfd")),
+            ClearOrder::Locked => {
+                // A poller registered from the start (the fd then follows
+                // the flag exactly); `Ready::waited` is the other use.
+                let r = sync::ready::Ready::new().expect("a model eventfd");
+                r.polled_fd();
+                Ready::Runtime(r)
+            }
             order => {
                 Ready::Wrong { fd: EventFd::new().expect("a model eventfd"), signaled: AtomicBool::new(false), order }
             }
@@ -77,8 +85,23 @@ impl Ready {
     }
     pub fn fd(&self) -> &EventFd {
         match self {
-            Ready::Runtime(r) => &r.fd,
+            Ready::Runtime(r) => r.polled_fd(),
             Ready::Wrong { fd, .. } => fd,
+        }
+    }
+    /// The runtime's readiness that nobody polls: only the library's own
+    /// waits (`Ready::wait_poll`), each counted while it sleeps.
+    pub fn waited() -> Ready {
+        Ready::Runtime(sync::ready::Ready::new().expect("a model eventfd"))
+    }
+    /// A blocking call's sleep on the runtime's readiness (`Ready::wait`
+    /// around a poll of the fd).
+    pub fn wait_poll(&self) {
+        match self {
+            Ready::Runtime(r) => {
+                r.wait(|fd| fd.poll());
+            }
+            Ready::Wrong { fd, .. } => fd.poll(),
         }
     }
     pub fn set(&self) {

@@ -123,9 +123,34 @@ fn recv_loop_decided_under_lock(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
     got
 }
 
+/// `KcmSocket::recv_loop` as it is on a socket nobody polls: readiness
+/// decided under the hub lock, the sleep counted (`Ready::wait`), so the
+/// eventfd is written only while it sleeps.
+fn recv_loop_waited(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    for _ in 0..4 * MSGS {
+        if got.len() == MSGS {
+            break;
+        }
+        match try_recv_decided_under_lock(rt, s) {
+            Ok(m) => got.push(m),
+            Err(MuxError::WouldBlock) => rt.rx_ready.wait_poll(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    got
+}
+
 fn check(order: ClearOrder, consumer: fn(&Runtime, SockId) -> Vec<Vec<u8>>) {
+    check_with(move || runtime(order), consumer)
+}
+
+fn check_with(
+    make: impl Fn() -> (Arc<Runtime>, SockId) + Send + Sync + 'static,
+    consumer: fn(&Runtime, SockId) -> Vec<Vec<u8>>,
+) {
     builder(3).check(move || {
-        let (rt, s) = runtime(order);
+        let (rt, s) = make();
         let p = {
             let rt = rt.clone();
             thread::spawn(move || produce(&rt))
@@ -155,6 +180,39 @@ fn ready_locked_recv_loop_neither_sleeps_nor_spins() {
 #[test]
 fn ready_locked_recv_loop_decided_under_the_core_lock_neither_sleeps_nor_spins() {
     check(ClearOrder::Locked, recv_loop_decided_under_lock);
+}
+
+/// Nobody polls the socket: a `set` with no sleeper writes nothing, and a
+/// blocking receive that sleeps is still woken for every message (the
+/// Dekker pair of `set` and `wait`).
+#[test]
+fn ready_waited_recv_loop_neither_sleeps_nor_spins() {
+    check_with(
+        || {
+            let mut rt = Runtime::new(small_config(1 << 10), 1 << 10);
+            rt.rx_ready = Ready::waited();
+            let s = rt.socket(SockType::Dgram);
+            (Arc::new(rt), s)
+        },
+        recv_loop_waited,
+    );
+}
+
+/// A poller that registers after a `set` that wrote nothing (nobody
+/// waited) finds the fd readable: the condition holds.
+#[test]
+fn ready_polled_late_finds_the_fd_readable() {
+    builder(3).check(|| {
+        let r = Arc::new(Ready::waited());
+        let setter = {
+            let r = r.clone();
+            thread::spawn(move || r.set())
+        };
+        let Ready::Runtime(inner) = &*r else { unreachable!() };
+        inner.polled_fd();
+        setter.join().unwrap();
+        assert!(r.fd().count() > 0, "a registered poller sleeps with the condition set");
+    });
 }
 
 #[test]

@@ -102,7 +102,9 @@ impl AloneSock {
             Ok(mut st) => st.pass(sh, left),
             Err(_) => {
                 let cap = left.map_or(SHARED_WAIT, |l| l.min(SHARED_WAIT));
-                connmux_sys::poll::poll_readable(std::os::fd::AsRawFd::as_raw_fd(&rt.rx.fd), Some(cap))?;
+                rt.rx
+                    .wait(|fd| connmux_sys::poll::poll_readable(std::os::fd::AsRawFd::as_raw_fd(fd), Some(cap)))
+                    .transpose()?;
             }
         }
         Ok(())
@@ -120,7 +122,7 @@ impl AloneSock {
         let mut st = self.state.into_inner().unwrap_or_else(|p| p.into_inner());
         let index = self.index;
         if let WorkerIo::Epoll(epoll) = &sh.worker(index).io {
-            let _ = epoll.delete(std::os::fd::AsRawFd::as_raw_fd(&rt.rx.fd));
+            let _ = epoll.delete(std::os::fd::AsRawFd::as_raw_fd(rt.rx.polled_fd()));
         }
         st.orphan(sh);
         if sh.worker(index).psocks.load(Ordering::Acquire) == 0 {

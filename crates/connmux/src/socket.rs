@@ -330,7 +330,7 @@ impl KcmSocket {
             }
         }
         let timeout = crate::shared::time_left(deadline)?;
-        connmux_sys::poll::poll_readable(ready.fd.as_raw_fd(), timeout)?;
+        ready.wait(|fd| connmux_sys::poll::poll_readable(fd.as_raw_fd(), timeout)).transpose()?;
         Ok(())
     }
 
@@ -734,7 +734,7 @@ impl AsFd for KcmSocket {
     /// waiting: reading or writing it is not a receive or a send.
     fn as_fd(&self) -> BorrowedFd<'_> {
         match &self.imp {
-            SockImp::User(rt) => rt.rx.fd.as_fd(),
+            SockImp::User(rt) => rt.rx.polled_fd().as_fd(),
             SockImp::Kernel(k) => k.as_fd(),
         }
     }
@@ -748,7 +748,7 @@ impl KcmSocket {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn send_ready_fd(&self) -> (BorrowedFd<'_>, bool) {
         match &self.imp {
-            SockImp::User(rt) => (rt.tx.fd.as_fd(), false),
+            SockImp::User(rt) => (rt.tx.polled_fd().as_fd(), false),
             SockImp::Kernel(k) => (k.as_fd(), true),
         }
     }

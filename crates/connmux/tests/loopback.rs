@@ -537,7 +537,32 @@ fn send_msg_batch_goes_out_with_the_next_send_or_at_end_batch() {
     }
 }
 
+/// The receive readiness (`as_fd`) taken only once messages were queued
+/// and one was received (nobody waited meanwhile, so the runtime wrote no
+/// eventfd) is readable at once, unreadable once the queue is empty, and
+/// readable again when the next message comes.
+fn readiness_descriptor_taken_late_follows_the_queue() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let readable =
+        |s: &connmux::KcmSocket, t: Duration| connmux_sys::poll::poll_readable(s.as_fd().as_raw_fd(), Some(t)).unwrap();
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_read_timeout(Some(WAIT)).unwrap();
+    let (ours, mut peer) = pair();
+    mux.attach(&ours, l4()).unwrap();
+    write_all(&mut peer, &[framed(b"one"), framed(b"two")].concat());
+    eventually(|| (sock.queued() == 2).then_some(()));
+    assert_eq!(&sock.recv_msg().unwrap().data[4..], b"one");
+    assert!(readable(&sock, Duration::ZERO), "a message is queued: the descriptor must say so");
+    assert_eq!(&sock.recv_msg().unwrap().data[4..], b"two");
+    assert!(!readable(&sock, Duration::ZERO), "nothing queued: not readable, on {:?}", driver());
+    write_all(&mut peer, &framed(b"three"));
+    assert!(readable(&sock, WAIT), "the next message makes it readable again");
+    assert_eq!(&sock.recv_msg().unwrap().data[4..], b"three");
+}
+
 on_both_drivers!(
+    readiness_descriptor_taken_late_follows_the_queue,
     case_01_create_dgram_and_seqpacket,
     case_02_clone_same_mux_same_type,
     case_03_attach_non_tcp_is_eopnotsupp,

@@ -62,7 +62,7 @@ impl Alone {
     /// slot's epoll now watches.
     pub(crate) fn new(sh: &Shared, index: usize, sock: &SockRt) -> std::io::Result<Alone> {
         let WorkerIo::Epoll(epoll) = &sh.worker(index).io else { unreachable!("a stand-alone slot is an epoll") };
-        epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
+        epoll.add(sock.rx.polled_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
         let mut w = Worker::new(sh, index);
         w.bufs.own.looks = Some(sock.id);
         Ok(Alone {
@@ -173,7 +173,7 @@ impl Io for EpollIo<'_> {
     }
 
     fn watch_serve(&mut self, sock: &SockRt) {
-        self.serve_unwatched = self.epoll.add(sock.rx.fd.as_raw_fd(), SERVE_TOKEN, Interest::READ).is_err();
+        self.serve_unwatched = self.epoll.add(sock.rx.polled_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ).is_err();
     }
 
     fn command(&mut self, w: &mut Worker<'_>, c: Command) {

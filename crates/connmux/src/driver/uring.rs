@@ -162,7 +162,7 @@ impl Io for UringIo {
         // taken every pass until it is.
         let mut woke = Woke { commands: !self.waker_armed, ..Woke::default() };
         if let (Some(sv), false) = (&w.serving, self.serve_armed) {
-            self.serve_armed = ring.poll_readable(sv.sock.rx.fd.as_raw_fd(), SERVE_TOKEN).is_ok();
+            self.serve_armed = ring.poll_readable(sv.sock.rx.polled_fd().as_raw_fd(), SERVE_TOKEN).is_ok();
         }
         // A poll that could not be armed wakes nobody: sleep briefly, and
         // arm it again after.

@@ -153,15 +153,21 @@ pub(crate) fn pass(
     timeout: Option<Duration>,
 ) {
     let sh = w.sh;
+    let (timeout, announced) = commands_sleep(me, w, timeout);
     let woke = wait(io, w, timeout);
+    if announced {
+        me.commands.awake();
+    }
     io.serve_framed(w);
     let mut serve_ready = woke.serve_ready;
-    if woke.commands {
+    if woke.commands || me.commands.pending() {
         // Drain the eventfd before taking the commands, so a command
         // posted in between leaves it readable for the next wait rather
         // than being slept through (`sync::inbox`: a post after the take
         // wakes it again).
-        let _ = me.waker.drain();
+        if woke.commands {
+            let _ = me.waker.drain();
+        }
         let mut cmds = Vec::new();
         me.commands.take_all(&mut cmds);
         for c in cmds {
@@ -207,8 +213,42 @@ pub(crate) fn pass(
         io.flush(w);
     }
     crate::serve::end_pass(w.serving.as_ref(), &mut w.bufs);
+    if woke.reported && w.serving.is_none() && w.bufs.own.looks.is_none() {
+        // A worker that serves nothing hands what it reads to application
+        // threads (a socket already readable raises no event to say so).
+        w.bufs.own.handed = true;
+    }
     io.end_pass(w);
     passes.slice.follow(sh.lane_worker_slice, w.bufs.lane_offers());
+}
+
+/// The longest a corked reply waits for its worker when the application
+/// thread that corked it does not call again (`Shared::cork`): a worker
+/// that handed messages to an application thread sleeps at most this long
+/// in its next wait, so that the thread's corks need not wake it.
+const CORK_WAIT: Duration = Duration::from_millis(1);
+
+/// How the next wait of worker `me` sleeps, given quiet commands
+/// (`WorkerRef::command_quiet`, an application thread's corked replies):
+/// after a pass that handed messages to an application thread, at most
+/// [`CORK_WAIT`] (its corks then wake nobody: in `bench kcm` a wake-up of
+/// the worker a batch, for replies the thread wrote itself a moment later,
+/// cost a fifth of the messages); otherwise as `timeout` says, announced
+/// so that a quiet command wakes it (`Inbox::sleep_unbounded`; `true`:
+/// the caller ends the announcement after the wait), or not at all when
+/// one waits already.
+#[inline]
+fn commands_sleep(me: &WorkerRef, w: &mut Worker<'_>, timeout: Option<Duration>) -> (Option<Duration>, bool) {
+    if timeout == Some(Duration::ZERO) {
+        return (timeout, false);
+    }
+    if std::mem::take(&mut w.bufs.own.handed) {
+        return (Some(timeout.map_or(CORK_WAIT, |t| t.min(CORK_WAIT))), false);
+    }
+    match me.commands.sleep_unbounded() {
+        true => (timeout, true),
+        false => (Some(Duration::ZERO), false),
+    }
 }
 
 /// Passes of a worker in `Config::lane_worker_slice` slices with nothing

@@ -99,7 +99,8 @@ pub(crate) struct SockRt {
     /// Psocks holding this socket's addressed sends not yet written
     /// (corked: [`Ctx::Cork`]), at most [`CORK_MAX`]; the socket's next
     /// send made with nothing queued to receive, its next wait and its
-    /// close write them, and each psock's worker was asked to.
+    /// close write them, and each psock's worker was asked to (quietly:
+    /// `driver::worker::CORK_WAIT` bounds the wait for it).
     pub corked: Mutex<Vec<Arc<PsockRt>>>,
     /// Closed (set before the hub closes it): a worker serving it frames no
     /// more alone for it.
@@ -219,6 +220,15 @@ impl WorkerRef {
     /// before it takes the batch, so a post after that wakes it again).
     pub fn command(&self, c: Command) {
         if self.commands.post(c) {
+            let _ = self.waker.notify();
+        }
+    }
+
+    /// Post a command that may wait for the worker's next pass: it wakes
+    /// the worker only if it sleeps (`Inbox::post_quiet`); a worker that is
+    /// awake takes it when its pass looks, with no eventfd write or read.
+    pub fn command_quiet(&self, c: Command) {
+        if self.commands.post_quiet(c) {
             let _ = self.waker.notify();
         }
     }
@@ -522,6 +532,7 @@ impl Shared {
                         if own.looks == Some(s) {
                             continue;
                         }
+                        own.handed = true;
                     }
                     if let Some(rt) = self.sock_rt(s) {
                         rt.rx.set();
@@ -645,14 +656,16 @@ impl Shared {
     /// An application thread's addressed send to `p` made while its socket
     /// `sock` has more to receive ([`Ctx::Cork`]): `p` is listed as corked
     /// (at most [`CORK_MAX`]; past that it is written now) and its worker
-    /// asked to write it, again once the worker took the last ask (listed
+    /// asked to write it (quietly: within `driver::worker::CORK_WAIT` of
+    /// the ask, with no wake-up if it handed this thread messages in its
+    /// last pass), again once the worker took the last ask (listed
     /// is not enough: the worker may have written the psock since). A psock
     /// listed already is not looked up (the list holds it): the replies to
     /// one connection's batch after the first take no hold of the core.
     fn cork(&self, sock: &SockRt, p: PsockId, events: &mut Vec<Event>) {
         let ask = |rt: &PsockRt| {
             if !rt.flush_asked.swap(true, Ordering::AcqRel) {
-                self.worker(rt.worker()).command(Command::Flush(p));
+                self.worker(rt.worker()).command_quiet(Command::Flush(p));
             }
         };
         if let Some(rt) = sock.corked.lock().unwrap().iter().find(|c| c.id == p) {
