@@ -321,3 +321,40 @@ fn quiet_and_loud_posts_both_reach_the_worker() {
         assert_eq!(got, vec![0, 1]);
     });
 }
+
+/// An application thread's corked reply asks the worker lazily
+/// (`Inbox::post_lazy`) while the worker, after a pass that handed it
+/// messages, promises to look soon (`Inbox::look_soon`), sleeps bounded
+/// (here: it does not block), ends the promise and looks
+/// (`Inbox::look_now`), then sleeps on its eventfd with no promise: either
+/// the post woke it, or its look after the promise found the post.
+#[test]
+fn a_lazy_post_reaches_a_worker_whether_it_promised_or_not() {
+    builder(3).check(|| {
+        let inbox = Arc::new(Inbox::default());
+        let waker = Arc::new(EventFd::new().unwrap());
+        let poster = {
+            let (inbox, waker) = (inbox.clone(), waker.clone());
+            thread::spawn(move || {
+                if inbox.post_lazy(1u32) {
+                    let _ = waker.notify();
+                }
+            })
+        };
+        let mut got = Vec::new();
+        inbox.look_soon();
+        if inbox.look_now() {
+            inbox.take_all(&mut got);
+        }
+        for _ in 0..2 {
+            if !got.is_empty() {
+                break;
+            }
+            waker.poll();
+            let _ = waker.drain();
+            inbox.take_all(&mut got);
+        }
+        poster.join().unwrap();
+        assert_eq!(got, vec![1]);
+    });
+}

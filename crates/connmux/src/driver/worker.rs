@@ -153,14 +153,18 @@ pub(crate) fn pass(
     timeout: Option<Duration>,
 ) {
     let sh = w.sh;
-    let (timeout, announced) = commands_sleep(me, w, timeout);
+    // A promise to look at the commands within `CORK_WAIT` made at the end
+    // of the last pass: this wait keeps it, then it ends.
+    let promised = w.bufs.own.handed;
+    let timeout = match promised {
+        true => keep_promise(w, timeout),
+        false => timeout,
+    };
     let woke = wait(io, w, timeout);
-    if announced {
-        me.commands.awake();
-    }
+    let looked = promised && me.commands.look_now();
     io.serve_framed(w);
     let mut serve_ready = woke.serve_ready;
-    if woke.commands || me.commands.pending() {
+    if woke.commands || looked {
         // Drain the eventfd before taking the commands, so a command
         // posted in between leaves it readable for the next wait rather
         // than being slept through (`sync::inbox`: a post after the take
@@ -213,10 +217,10 @@ pub(crate) fn pass(
         io.flush(w);
     }
     crate::serve::end_pass(w.serving.as_ref(), &mut w.bufs);
-    if woke.reported && w.serving.is_none() && w.bufs.own.looks.is_none() {
-        // A worker that serves nothing hands what it reads to application
-        // threads (a socket already readable raises no event to say so).
-        w.bufs.own.handed = true;
+    // (A worker that serves nothing hands what it reads to application
+    // threads: a socket already readable raises no event to say so.)
+    if w.bufs.own.handed || (woke.reported && w.serving.is_none()) {
+        promise(me, w);
     }
     io.end_pass(w);
     passes.slice.follow(sh.lane_worker_slice, w.bufs.lane_offers());
@@ -224,31 +228,32 @@ pub(crate) fn pass(
 
 /// The longest a corked reply waits for its worker when the application
 /// thread that corked it does not call again (`Shared::cork`): a worker
-/// that handed messages to an application thread sleeps at most this long
-/// in its next wait, so that the thread's corks need not wake it.
+/// that handed messages to application threads in a pass promises to look
+/// at its commands within this long (`Inbox::look_soon`), so that those
+/// threads' corks need not wake it (`WorkerRef::command_quiet`). In
+/// `bench kcm` a wake-up of the worker a batch, for replies the thread
+/// wrote itself a moment later, cost a fifth of the messages. A worker
+/// that made no promise pays nothing for it.
 const CORK_WAIT: Duration = Duration::from_millis(1);
 
-/// How the next wait of worker `me` sleeps, given quiet commands
-/// (`WorkerRef::command_quiet`, an application thread's corked replies):
-/// after a pass that handed messages to an application thread, at most
-/// [`CORK_WAIT`] (its corks then wake nobody: in `bench kcm` a wake-up of
-/// the worker a batch, for replies the thread wrote itself a moment later,
-/// cost a fifth of the messages); otherwise as `timeout` says, announced
-/// so that a quiet command wakes it (`Inbox::sleep_unbounded`; `true`:
-/// the caller ends the announcement after the wait), or not at all when
-/// one waits already.
-#[inline]
-fn commands_sleep(me: &WorkerRef, w: &mut Worker<'_>, timeout: Option<Duration>) -> (Option<Duration>, bool) {
-    if timeout == Some(Duration::ZERO) {
-        return (timeout, false);
+/// This pass handed messages to application threads: promise to look at
+/// the commands within [`CORK_WAIT`], so that their corked replies' asks
+/// need not wake the worker. A stand-alone slot's thread runs its passes
+/// only from its own calls: it promises nothing.
+#[inline(never)]
+fn promise(me: &WorkerRef, w: &mut Worker<'_>) {
+    let own = &mut w.bufs.own;
+    own.handed = own.looks.is_none();
+    if own.handed {
+        me.commands.look_soon();
     }
-    if std::mem::take(&mut w.bufs.own.handed) {
-        return (Some(timeout.map_or(CORK_WAIT, |t| t.min(CORK_WAIT))), false);
-    }
-    match me.commands.sleep_unbounded() {
-        true => (timeout, true),
-        false => (Some(Duration::ZERO), false),
-    }
+}
+
+/// The wait after a promise ([`promise`]) sleeps at most [`CORK_WAIT`].
+#[inline(never)]
+fn keep_promise(w: &mut Worker<'_>, timeout: Option<Duration>) -> Option<Duration> {
+    w.bufs.own.handed = false;
+    Some(timeout.map_or(CORK_WAIT, |t| t.min(CORK_WAIT)))
 }
 
 /// Passes of a worker in `Config::lane_worker_slice` slices with nothing

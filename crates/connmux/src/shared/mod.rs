@@ -224,11 +224,11 @@ impl WorkerRef {
         }
     }
 
-    /// Post a command that may wait for the worker's next pass: it wakes
-    /// the worker only if it sleeps (`Inbox::post_quiet`); a worker that is
-    /// awake takes it when its pass looks, with no eventfd write or read.
+    /// Post a command that may wait a moment: it wakes the worker unless
+    /// the worker promised to look at its commands soon
+    /// (`Inbox::post_lazy`, `driver::worker::CORK_WAIT`).
     pub fn command_quiet(&self, c: Command) {
-        if self.commands.post_quiet(c) {
+        if self.commands.post_lazy(c) {
             let _ = self.waker.notify();
         }
     }
@@ -656,9 +656,9 @@ impl Shared {
     /// An application thread's addressed send to `p` made while its socket
     /// `sock` has more to receive ([`Ctx::Cork`]): `p` is listed as corked
     /// (at most [`CORK_MAX`]; past that it is written now) and its worker
-    /// asked to write it (quietly: within `driver::worker::CORK_WAIT` of
-    /// the ask, with no wake-up if it handed this thread messages in its
-    /// last pass), again once the worker took the last ask (listed
+    /// asked to write it (quietly: with no wake-up if it handed messages to
+    /// application threads in its last pass, as it then looks within
+    /// `driver::worker::CORK_WAIT`), again once the worker took the last ask (listed
     /// is not enough: the worker may have written the psock since). A psock
     /// listed already is not looked up (the list holds it): the replies to
     /// one connection's batch after the first take no hold of the core.

@@ -36,9 +36,10 @@ pub(crate) struct Own {
     /// What was told to this worker's psocks waits in the hub
     /// (`Event::Wake`): it applies it before its pass ends.
     pub told: bool,
-    /// This pass made another thread's socket readable (messages for an
-    /// application thread): its replies may come corked, asked quietly
-    /// (`Shared::cork`), so the next sleep is bounded by `CORK_WAIT`.
+    /// This pass handed messages to an application thread's socket: its
+    /// replies may come corked (`Shared::cork`), so the worker promises to
+    /// look at its commands within `driver::worker::CORK_WAIT`, until its
+    /// next wait ends.
     pub handed: bool,
     /// The affinity tag of the socket it serves, when steering sends a
     /// psock of that tag there while its queue is empty (`Steering::Affinity`):

@@ -31,6 +31,23 @@
 //! Either the owner sees the post (and bounds its sleep) or the poster sees
 //! the owner's unbounded sleep (and wakes it); a post that found the flag
 //! up already is covered by the post that raised it.
+//!
+//! A *lazy* post ([`Inbox::post_lazy`]) is the other way round, for an
+//! owner that only sometimes bounds its sleeps: it wakes the owner unless
+//! the owner promised to look within a bound of its own
+//! ([`Inbox::look_soon`]), so an owner that makes no promise pays nothing.
+//! Ending the promise is the owner's half of a Dekker pair:
+//!
+//! ```text
+//!  poster (post_lazy)                        owner (look_now)
+//!  queue.push(item)                          soon.swap(false)
+//!  if notified.swap(true): return (owed)     fence(SeqCst)
+//!  fence(SeqCst)                             if notified.load(): take them
+//!  if !soon.load(): wake owner
+//! ```
+//!
+//! A poster that saw the promise standing did not wake the owner, and the
+//! owner's look after ending it sees that post.
 
 use super::prim::{fence, AtomicBool, Ordering, Queue};
 
@@ -42,11 +59,19 @@ pub struct Inbox<T> {
     /// Up while the owner sleeps with no bound on its wait
     /// ([`Inbox::sleep_unbounded`]): a quiet post must wake it.
     unbounded: AtomicBool,
+    /// Up while the owner promises to look within a bound of its own
+    /// ([`Inbox::look_soon`]): a lazy post need not wake it.
+    soon: AtomicBool,
 }
 
 impl<T> Default for Inbox<T> {
     fn default() -> Self {
-        Inbox { queue: Queue::default(), notified: AtomicBool::new(false), unbounded: AtomicBool::new(false) }
+        Inbox {
+            queue: Queue::default(),
+            notified: AtomicBool::new(false),
+            unbounded: AtomicBool::new(false),
+            soon: AtomicBool::new(false),
+        }
     }
 }
 
@@ -71,6 +96,34 @@ impl<T> Inbox<T> {
         }
         fence(Ordering::SeqCst);
         self.unbounded.load(Ordering::Acquire)
+    }
+
+    /// Post `item` to an owner that may have promised to look soon: returns
+    /// `true` when the caller must wake it (the first post since the owner
+    /// last looked, and no promise stands).
+    #[must_use = "an owner that promised nothing sleeps until woken"]
+    pub fn post_lazy(&self, item: T) -> bool {
+        self.queue.push(item);
+        if self.notified.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        fence(Ordering::SeqCst);
+        !self.soon.load(Ordering::Acquire)
+    }
+
+    /// The owner promises to look ([`Inbox::look_now`]) within a bound of
+    /// its own, woken or not: lazy posts stop waking it.
+    pub fn look_soon(&self) {
+        // (A swap for the store: see `take_all`.)
+        self.soon.swap(true, Ordering::AcqRel);
+    }
+
+    /// The owner ends its promise: whether posts wait, which it must take
+    /// now (a lazy post may not have woken it).
+    pub fn look_now(&self) -> bool {
+        self.soon.swap(false, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
+        self.notified.load(Ordering::Acquire)
     }
 
     /// The owner, about to sleep: whether it may sleep with no bound on

@@ -2,12 +2,14 @@
 //! wake-up from one thread to another outside the hub lock.
 //!
 //! - [`inbox::Inbox`]: many threads post items to one owner (a worker) and
-//!   wake it once; the owner takes them all in its next pass.
+//!   wake it once; the owner takes them all in its next pass (quiet and
+//!   lazy posts: no wake-up while the owner will look anyway).
 //! - [`crew::Crew`]: the heavy lanes' queues and the threads that take from
 //!   them (a worker's own lane thread, helpers on the other CPUs): a worker
 //!   offers a message, a sleeping taker is woken, idle CPUs steal.
-//! - [`ready::Ready`]: a KCM socket's readiness, an eventfd readable while
-//!   its condition holds, set by whoever makes it true (a worker queueing a
+//! - [`ready::Ready`]: a KCM socket's readiness, a flag and an eventfd
+//!   readable while its condition holds (written only while someone may
+//!   wait on it), set by whoever makes it true (a worker queueing a
 //!   message), cleared by the reader before it looks again.
 //!
 //! These files use only the names in `prim` (atomics, a mutex, parking,
