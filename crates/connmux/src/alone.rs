@@ -99,7 +99,12 @@ impl AloneSock {
             }
         };
         match self.state.try_lock() {
-            Ok(mut st) => st.pass(sh, left),
+            // Counted as a wait on the socket's readiness (its epoll
+            // watches it): another thread's message wakes the pass, and
+            // one queued just before it begins ends it at once.
+            Ok(mut st) => {
+                rt.rx.wait(|_| st.pass(sh, left));
+            }
             Err(_) => {
                 let cap = left.map_or(SHARED_WAIT, |l| l.min(SHARED_WAIT));
                 rt.rx
@@ -122,7 +127,7 @@ impl AloneSock {
         let mut st = self.state.into_inner().unwrap_or_else(|p| p.into_inner());
         let index = self.index;
         if let WorkerIo::Epoll(epoll) = &sh.worker(index).io {
-            let _ = epoll.delete(std::os::fd::AsRawFd::as_raw_fd(rt.rx.polled_fd()));
+            let _ = epoll.delete(std::os::fd::AsRawFd::as_raw_fd(rt.rx.counted_fd()));
         }
         st.orphan(sh);
         if sh.worker(index).psocks.load(Ordering::Acquire) == 0 {

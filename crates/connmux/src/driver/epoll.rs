@@ -62,9 +62,12 @@ impl Alone {
     /// slot's epoll now watches.
     pub(crate) fn new(sh: &Shared, index: usize, sock: &SockRt) -> std::io::Result<Alone> {
         let WorkerIo::Epoll(epoll) = &sh.worker(index).io else { unreachable!("a stand-alone slot is an epoll") };
-        epoll.add(sock.rx.polled_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
+        // (Its pass is counted as a wait on it: `AloneSock::wait`.)
+        epoll.add(sock.rx.counted_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
         let mut w = Worker::new(sh, index);
         w.bufs.own.looks = Some(sock.id);
+        // Its first pass looks at the commands first (`worker::promise`).
+        sh.worker(index).commands.look_soon();
         Ok(Alone {
             index,
             parts: Some((w.bufs, w.events, w.dirty, w.owned)),
@@ -100,6 +103,12 @@ impl Alone {
         if let Some((bufs, ..)) = &mut self.parts {
             bufs.own.looks = None;
             bufs.own.hold(&mut sh.lock());
+        }
+        // Its passes no longer look at the commands first: asks wake it
+        // from now on, and one already made is taken in its next pass.
+        let me = sh.worker(self.index);
+        if me.commands.look_now() {
+            let _ = me.waker.notify();
         }
     }
 

@@ -153,15 +153,19 @@ pub(crate) fn pass(
     timeout: Option<Duration>,
 ) {
     let sh = w.sh;
-    // A promise to look at the commands within `CORK_WAIT` made at the end
-    // of the last pass: this wait keeps it, then it ends.
+    // A promise to look at the commands made at the end of the last pass
+    // (`promise`): a worker's wait keeps it for at most `CORK_WAIT`, then
+    // it ends; a stand-alone slot's ends before its wait, which may be long.
     let promised = w.bufs.own.handed;
-    let timeout = match promised {
-        true => keep_promise(w, timeout),
-        false => timeout,
+    let slot = w.bufs.own.looks.is_some();
+    let mut looked = slot && me.commands.look_now();
+    let timeout = match (looked, promised) {
+        (true, _) => Some(Duration::ZERO),
+        (false, true) => keep_promise(w, timeout),
+        (false, false) => timeout,
     };
     let woke = wait(io, w, timeout);
-    let looked = promised && me.commands.look_now();
+    looked |= promised && me.commands.look_now();
     io.serve_framed(w);
     let mut serve_ready = woke.serve_ready;
     if woke.commands || looked {
@@ -219,7 +223,7 @@ pub(crate) fn pass(
     crate::serve::end_pass(w.serving.as_ref(), &mut w.bufs);
     // (A worker that serves nothing hands what it reads to application
     // threads: a socket already readable raises no event to say so.)
-    if w.bufs.own.handed || (woke.reported && w.serving.is_none()) {
+    if w.bufs.own.handed || (woke.reported && w.serving.is_none()) || slot {
         promise(me, w);
     }
     io.end_pass(w);
@@ -238,15 +242,16 @@ const CORK_WAIT: Duration = Duration::from_millis(1);
 
 /// This pass handed messages to application threads: promise to look at
 /// the commands within [`CORK_WAIT`], so that their corked replies' asks
-/// need not wake the worker. A stand-alone slot's thread runs its passes
-/// only from its own calls: it promises nothing.
+/// need not wake the worker. A stand-alone slot promises to look first
+/// thing in its next pass: nobody runs one until its socket's thread calls
+/// again, and that thread's own asks (for the replies it corked, which its
+/// next wait writes) then wake nothing; while a second thread of the
+/// socket waits in the pass, an ask wakes it.
 #[inline(never)]
 fn promise(me: &WorkerRef, w: &mut Worker<'_>) {
     let own = &mut w.bufs.own;
     own.handed = own.looks.is_none();
-    if own.handed {
-        me.commands.look_soon();
-    }
+    me.commands.look_soon();
 }
 
 /// The wait after a promise ([`promise`]) sleeps at most [`CORK_WAIT`].

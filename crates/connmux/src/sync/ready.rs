@@ -127,6 +127,13 @@ impl Ready {
         r
     }
 
+    /// The fd, for a poller that stays registered on it but waits on it
+    /// only inside [`Ready::wait`] (a stand-alone socket's pass, whose
+    /// epoll watches it): the eventfd stays written only while counted.
+    pub fn counted_fd(&self) -> &EventFd {
+        &self.fd
+    }
+
     /// The fd, for a poller that stays registered on it: from now on every
     /// `set` makes it readable (and it is made readable now if the
     /// condition holds), as an application's event loop expects.
