@@ -156,16 +156,15 @@ pub(crate) fn pass(
     // A promise to look at the commands made at the end of the last pass
     // (`promise`): a worker's wait keeps it for at most `CORK_WAIT`, then
     // it ends; a stand-alone slot's ends before its wait, which may be long.
-    let promised = w.bufs.own.handed;
-    let slot = w.bufs.own.looks.is_some();
-    let mut looked = slot && me.commands.look_now();
-    let timeout = match (looked, promised) {
-        (true, _) => Some(Duration::ZERO),
-        (false, true) => keep_promise(w, timeout),
-        (false, false) => timeout,
+    let promised = w.bufs.own.promised;
+    let (timeout, mut looked) = match promised {
+        true => before_wait(me, w, timeout),
+        false => (timeout, false),
     };
     let woke = wait(io, w, timeout);
-    looked |= promised && me.commands.look_now();
+    if promised {
+        looked |= after_wait(me, w);
+    }
     io.serve_framed(w);
     let mut serve_ready = woke.serve_ready;
     if woke.commands || looked {
@@ -222,9 +221,10 @@ pub(crate) fn pass(
     }
     crate::serve::end_pass(w.serving.as_ref(), &mut w.bufs);
     // (A worker that serves nothing hands what it reads to application
-    // threads: a socket already readable raises no event to say so.)
-    if w.bufs.own.handed || (woke.reported && w.serving.is_none()) || slot {
-        promise(me, w);
+    // threads. One that serves a `Service` hands its spill-over to other
+    // workers, which cork nothing: it promises nothing and pays nothing.)
+    if w.serving.is_none() {
+        promise(me, w, woke.reported);
     }
     io.end_pass(w);
     passes.slice.follow(sh.lane_worker_slice, w.bufs.lane_offers());
@@ -240,25 +240,43 @@ pub(crate) fn pass(
 /// that made no promise pays nothing for it.
 const CORK_WAIT: Duration = Duration::from_millis(1);
 
-/// This pass handed messages to application threads: promise to look at
-/// the commands within [`CORK_WAIT`], so that their corked replies' asks
-/// need not wake the worker. A stand-alone slot promises to look first
-/// thing in its next pass: nobody runs one until its socket's thread calls
-/// again, and that thread's own asks (for the replies it corked, which its
-/// next wait writes) then wake nothing; while a second thread of the
-/// socket waits in the pass, an ask wakes it.
+/// The end of a pass of a worker that serves nothing (or of a stand-alone
+/// slot). A worker whose pass read anything handed it to application
+/// threads: it promises to look at the commands within [`CORK_WAIT`], so
+/// that their corked replies' asks need not wake it. A stand-alone slot
+/// promises to look first thing in its next pass: nobody runs one until
+/// its socket's thread calls again, and that thread's own asks (for the
+/// replies it corked, which its next wait writes) then wake nothing; while
+/// a second thread of the socket waits in the pass, an ask wakes it.
 #[inline(never)]
-fn promise(me: &WorkerRef, w: &mut Worker<'_>) {
+fn promise(me: &WorkerRef, w: &mut Worker<'_>, read: bool) {
     let own = &mut w.bufs.own;
-    own.handed = own.looks.is_none();
-    me.commands.look_soon();
+    own.promised = read || own.looks.is_some();
+    if own.promised {
+        me.commands.look_soon();
+    }
 }
 
-/// The wait after a promise ([`promise`]) sleeps at most [`CORK_WAIT`].
+/// Before the wait that follows a promise ([`promise`]): a worker's wait
+/// sleeps at most [`CORK_WAIT`] (it looks after it); a slot looks now,
+/// and does not sleep if asks wait. Returns the wait's bound and whether
+/// the commands must be taken.
 #[inline(never)]
-fn keep_promise(w: &mut Worker<'_>, timeout: Option<Duration>) -> Option<Duration> {
-    w.bufs.own.handed = false;
-    Some(timeout.map_or(CORK_WAIT, |t| t.min(CORK_WAIT)))
+fn before_wait(me: &WorkerRef, w: &mut Worker<'_>, timeout: Option<Duration>) -> (Option<Duration>, bool) {
+    if w.bufs.own.looks.is_some() {
+        w.bufs.own.promised = false;
+        return match me.commands.look_now() {
+            true => (Some(Duration::ZERO), true),
+            false => (timeout, false),
+        };
+    }
+    (Some(timeout.map_or(CORK_WAIT, |t| t.min(CORK_WAIT))), false)
+}
+
+/// After that wait: a worker's promise ends (whether asks wait).
+#[inline(never)]
+fn after_wait(me: &WorkerRef, w: &mut Worker<'_>) -> bool {
+    std::mem::take(&mut w.bufs.own.promised) && me.commands.look_now()
 }
 
 /// Passes of a worker in `Config::lane_worker_slice` slices with nothing

@@ -532,7 +532,6 @@ impl Shared {
                         if own.looks == Some(s) {
                             continue;
                         }
-                        own.handed = true;
                     }
                     if let Some(rt) = self.sock_rt(s) {
                         rt.rx.set();

@@ -36,11 +36,12 @@ pub(crate) struct Own {
     /// What was told to this worker's psocks waits in the hub
     /// (`Event::Wake`): it applies it before its pass ends.
     pub told: bool,
-    /// This pass handed messages to an application thread's socket: its
-    /// replies may come corked (`Shared::cork`), so the worker promises to
-    /// look at its commands within `driver::worker::CORK_WAIT`, until its
-    /// next wait ends.
-    pub handed: bool,
+    /// The worker promised to look at its commands within
+    /// `driver::worker::CORK_WAIT` (`driver::worker::promise`): it serves
+    /// nothing, and a pass of its handed what it read to application
+    /// threads, whose replies may come corked (`Shared::cork`). Kept until
+    /// its next wait ends.
+    pub promised: bool,
     /// The affinity tag of the socket it serves, when steering sends a
     /// psock of that tag there while its queue is empty (`Steering::Affinity`):
     /// a read of such a psock is framed with no hold of the hub lock
