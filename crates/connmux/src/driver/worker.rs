@@ -232,9 +232,9 @@ pub(crate) fn pass(
 
 /// The longest a corked reply waits for its worker when the application
 /// thread that corked it does not call again (`Shared::cork`): a worker
-/// that handed messages to application threads in a pass promises to look
+/// that serves nothing promises, after a pass that read anything, to look
 /// at its commands within this long (`Inbox::look_soon`), so that those
-/// threads' corks need not wake it (`WorkerRef::command_quiet`). In
+/// threads' corks need not wake it (`WorkerRef::command_lazy`). In
 /// `bench kcm` a wake-up of the worker a batch, for replies the thread
 /// wrote itself a moment later, cost a fifth of the messages. A worker
 /// that made no promise pays nothing for it.

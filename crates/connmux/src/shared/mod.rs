@@ -99,7 +99,7 @@ pub(crate) struct SockRt {
     /// Psocks holding this socket's addressed sends not yet written
     /// (corked: [`Ctx::Cork`]), at most [`CORK_MAX`]; the socket's next
     /// send made with nothing queued to receive, its next wait and its
-    /// close write them, and each psock's worker was asked to (quietly:
+    /// close write them, and each psock's worker was asked to (lazily:
     /// `driver::worker::CORK_WAIT` bounds the wait for it).
     pub corked: Mutex<Vec<Arc<PsockRt>>>,
     /// Closed (set before the hub closes it): a worker serving it frames no
@@ -227,7 +227,7 @@ impl WorkerRef {
     /// Post a command that may wait a moment: it wakes the worker unless
     /// the worker promised to look at its commands soon
     /// (`Inbox::post_lazy`, `driver::worker::CORK_WAIT`).
-    pub fn command_quiet(&self, c: Command) {
+    pub fn command_lazy(&self, c: Command) {
         if self.commands.post_lazy(c) {
             let _ = self.waker.notify();
         }
@@ -655,16 +655,17 @@ impl Shared {
     /// An application thread's addressed send to `p` made while its socket
     /// `sock` has more to receive ([`Ctx::Cork`]): `p` is listed as corked
     /// (at most [`CORK_MAX`]; past that it is written now) and its worker
-    /// asked to write it (quietly: with no wake-up if it handed messages to
-    /// application threads in its last pass, as it then looks within
-    /// `driver::worker::CORK_WAIT`), again once the worker took the last ask (listed
+    /// asked to write it (lazily: with no wake-up if it promised to look
+    /// within `driver::worker::CORK_WAIT`, as a worker that serves nothing
+    /// does after a pass that read anything), again once the worker took
+    /// the last ask (listed
     /// is not enough: the worker may have written the psock since). A psock
     /// listed already is not looked up (the list holds it): the replies to
     /// one connection's batch after the first take no hold of the core.
     fn cork(&self, sock: &SockRt, p: PsockId, events: &mut Vec<Event>) {
         let ask = |rt: &PsockRt| {
             if !rt.flush_asked.swap(true, Ordering::AcqRel) {
-                self.worker(rt.worker()).command_quiet(Command::Flush(p));
+                self.worker(rt.worker()).command_lazy(Command::Flush(p));
             }
         };
         if let Some(rt) = sock.corked.lock().unwrap().iter().find(|c| c.id == p) {
