@@ -270,6 +270,20 @@ fn a_post_during_take_all_is_seen_in_the_next_pass() {
     });
 }
 
+/// A thread that posts `1` with `post` and wakes the owner if told to.
+fn post_one(
+    inbox: &Arc<Inbox<u32>>,
+    waker: &Arc<EventFd>,
+    post: fn(&Inbox<u32>, u32) -> bool,
+) -> thread::JoinHandle<()> {
+    let (inbox, waker) = (inbox.clone(), waker.clone());
+    thread::spawn(move || {
+        if post(&inbox, 1) {
+            let _ = waker.notify();
+        }
+    })
+}
+
 /// A lane thread posts a verdict quietly while the worker is about to
 /// sleep: either the worker finds it posted (and bounds its sleep) or the
 /// poster finds the worker asleep with no bound (and wakes it).
@@ -278,14 +292,7 @@ fn a_quiet_post_wakes_a_worker_asleep_with_no_bound() {
     builder(3).check(|| {
         let inbox = Arc::new(Inbox::default());
         let waker = Arc::new(EventFd::new().unwrap());
-        let poster = {
-            let (inbox, waker) = (inbox.clone(), waker.clone());
-            thread::spawn(move || {
-                if inbox.post_quiet(1u32) {
-                    let _ = waker.notify();
-                }
-            })
-        };
+        let poster = post_one(&inbox, &waker, Inbox::post_quiet);
         let got = worker_passes(&inbox, &waker, 1, Sleeps::Unbounded);
         poster.join().unwrap();
         assert_eq!(got, vec![1]);
@@ -333,14 +340,7 @@ fn a_lazy_post_reaches_a_worker_whether_it_promised_or_not() {
     builder(3).check(|| {
         let inbox = Arc::new(Inbox::default());
         let waker = Arc::new(EventFd::new().unwrap());
-        let poster = {
-            let (inbox, waker) = (inbox.clone(), waker.clone());
-            thread::spawn(move || {
-                if inbox.post_lazy(1u32) {
-                    let _ = waker.notify();
-                }
-            })
-        };
+        let poster = post_one(&inbox, &waker, Inbox::post_lazy);
         let mut got = Vec::new();
         inbox.look_soon();
         if inbox.look_now() {

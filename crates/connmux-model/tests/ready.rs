@@ -107,8 +107,9 @@ fn try_recv_decided_under_lock(rt: &Runtime, s: SockId) -> Result<Vec<u8>, MuxEr
     r
 }
 
-/// `KcmSocket::recv_loop`, blocking, readiness decided under the hub lock.
-fn recv_loop_decided_under_lock(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
+/// `KcmSocket::recv_loop`, blocking, readiness decided under the hub lock,
+/// sleeping with `sleep` when nothing is queued.
+fn recv_loop_sleeping(rt: &Runtime, s: SockId, sleep: fn(&Runtime)) -> Vec<Vec<u8>> {
     let mut got = Vec::new();
     for _ in 0..4 * MSGS {
         if got.len() == MSGS {
@@ -116,29 +117,22 @@ fn recv_loop_decided_under_lock(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
         }
         match try_recv_decided_under_lock(rt, s) {
             Ok(m) => got.push(m),
-            Err(MuxError::WouldBlock) => rt.rx_ready.fd().poll(),
+            Err(MuxError::WouldBlock) => sleep(rt),
             Err(e) => panic!("{e}"),
         }
     }
     got
 }
 
-/// `KcmSocket::recv_loop` as it is on a socket nobody polls: readiness
-/// decided under the hub lock, the sleep counted (`Ready::wait`), so the
-/// eventfd is written only while it sleeps.
+/// On a socket whose fd is polled: a poll of the fd.
+fn recv_loop_decided_under_lock(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
+    recv_loop_sleeping(rt, s, |rt| rt.rx_ready.fd().poll())
+}
+
+/// As it is on a socket nobody polls: the sleep counted (`Ready::wait`),
+/// so the eventfd is written only while it sleeps.
 fn recv_loop_waited(rt: &Runtime, s: SockId) -> Vec<Vec<u8>> {
-    let mut got = Vec::new();
-    for _ in 0..4 * MSGS {
-        if got.len() == MSGS {
-            break;
-        }
-        match try_recv_decided_under_lock(rt, s) {
-            Ok(m) => got.push(m),
-            Err(MuxError::WouldBlock) => rt.rx_ready.wait_poll(),
-            Err(e) => panic!("{e}"),
-        }
-    }
-    got
+    recv_loop_sleeping(rt, s, |rt| rt.rx_ready.wait_poll())
 }
 
 fn check(order: ClearOrder, consumer: fn(&Runtime, SockId) -> Vec<Vec<u8>>) {
