@@ -419,7 +419,7 @@ fn into_closed_pipe(args: &[&str], stdin: Option<&Path>) -> (ExitStatus, String)
 }
 
 #[test]
-fn a_closed_stdout_ends_the_command_lazyly() {
+fn a_closed_stdout_ends_the_command_quietly() {
     let dir = Scratch::new("pipe");
     let live = Server::start(&["rpc-server", "--duration", "60"], &dir.0);
     // stat (println!), and parse (a buffered writer returning the error).
