@@ -36,11 +36,11 @@ pub(crate) struct Own {
     /// What was told to this worker's psocks waits in the hub
     /// (`Event::Wake`): it applies it before its pass ends.
     pub told: bool,
-    /// The worker promised to look at its commands within
-    /// `driver::worker::CORK_WAIT` (`driver::worker::promise`): it serves
-    /// nothing, and a pass of its handed what it read to application
-    /// threads, whose replies may come corked (`Shared::cork`). Kept until
-    /// its next wait ends.
+    /// The worker promised to look at its commands (`driver::worker::promise`):
+    /// within `driver::worker::CORK_WAIT`, kept until its next wait ends,
+    /// when it serves nothing and a pass of its handed what it read to
+    /// application threads, whose replies may come corked (`Shared::cork`);
+    /// first thing in its next pass, when it is a stand-alone slot.
     pub promised: bool,
     /// The affinity tag of the socket it serves, when steering sends a
     /// psock of that tag there while its queue is empty (`Steering::Affinity`):

@@ -90,12 +90,7 @@ impl<T> Inbox<T> {
     /// that is awake, or sleeps bounded, takes it when it looks next.
     #[must_use = "an owner asleep with no bound sleeps until woken"]
     pub fn post_quiet(&self, item: T) -> bool {
-        self.queue.push(item);
-        if self.notified.swap(true, Ordering::AcqRel) {
-            return false;
-        }
-        fence(Ordering::SeqCst);
-        self.unbounded.load(Ordering::Acquire)
+        self.post_then_look(item, || self.unbounded.load(Ordering::Acquire))
     }
 
     /// Post `item` to an owner that may have promised to look soon: returns
@@ -103,12 +98,19 @@ impl<T> Inbox<T> {
     /// last looked, and no promise stands).
     #[must_use = "an owner that promised nothing sleeps until woken"]
     pub fn post_lazy(&self, item: T) -> bool {
+        self.post_then_look(item, || !self.soon.load(Ordering::Acquire))
+    }
+
+    /// The poster's half of both Dekker pairs: push, raise the flag, and
+    /// if this post raised it, fence and ask `must_wake` (a look at the
+    /// owner's variable).
+    fn post_then_look(&self, item: T, must_wake: impl FnOnce() -> bool) -> bool {
         self.queue.push(item);
         if self.notified.swap(true, Ordering::AcqRel) {
             return false;
         }
         fence(Ordering::SeqCst);
-        !self.soon.load(Ordering::Acquire)
+        must_wake()
     }
 
     /// The owner promises to look ([`Inbox::look_now`]) within a bound of
