@@ -807,6 +807,9 @@ impl Mux {
         fn tx_begin_into(p: PsockId, slices: &mut Vec<Bytes>) -> bool;
         fn tx_complete(p: PsockId, n: usize);
         fn tx_failed(p: PsockId, errno: i32);
+        fn tx_idle(p: PsockId) -> bool;
+        fn tx_direct(s: SockId, p: PsockId, len: usize, msgs: u32);
+        fn tx_direct_rest(s: SockId, p: PsockId, data: Bytes, sent: usize, msgs: u32);
         fn handle_timeout(now: Timestamp);
         fn poll_event() -> Option<Event>;
         fn note_now(now: Timestamp);
@@ -2087,6 +2090,37 @@ impl MuxRef<'_> {
     /// did not take the next one in the same step).
     pub fn tx_kick(&mut self, p: PsockId) {
         self.h.kick(p);
+    }
+
+    /// Nothing is queued on psock `p`, no chunk of it is out, no writer is
+    /// raised for it and its transmit has not stopped: a writer outside the
+    /// hub may write it now (`tx_direct`), if the runtime keeps every other
+    /// writer off meanwhile. `false` for a psock not attached.
+    pub fn tx_idle(&mut self, p: PsockId) -> bool {
+        self.h.tx_idle(p)
+    }
+
+    /// Socket `s`'s `msgs` addressed messages to psock `p`, `len` bytes,
+    /// were written whole by a writer outside the hub, at a moment when `p`
+    /// had nothing queued and no chunk out and no other writer could begin
+    /// one (the runtime's to guarantee: a served read's replies written by
+    /// the psock's owner). Counted as a send queued and written at once:
+    /// the socket's and the psock's counters, the psock's last write, and a
+    /// psock whose peer closed may drain.
+    pub fn tx_direct(&mut self, s: SockId, p: PsockId, len: usize, msgs: u32) {
+        self.h.tx_direct(s, p, len, msgs);
+        self.apply_told();
+    }
+
+    /// [`Mux::tx_direct`] for a write that took only the first `sent` bytes
+    /// of `data` (0: none; a failed write is found again by the next
+    /// writer): `data` joins `p`'s queue first, as an addressed send of
+    /// `msgs` messages `sent` bytes into its write, and `PsockTransmit` is
+    /// raised for a writer to write the rest. Dropped (counted) if `p` is
+    /// gone or its transmit stopped.
+    pub fn tx_direct_rest(&mut self, s: SockId, p: PsockId, data: Bytes, sent: usize, msgs: u32) {
+        self.h.tx_direct_rest(s, p, data, sent, msgs);
+        self.apply_told();
     }
 
     /// `TxPolicy::LeastOutstanding`: psock `p` can no longer answer (its

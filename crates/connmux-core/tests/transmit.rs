@@ -516,6 +516,52 @@ fn send_msgs_to_begin_hands_out_the_chunk_or_leaves_it_to_the_writer() {
 }
 
 #[test]
+fn a_write_outside_the_hub_counts_as_sent_and_its_rest_goes_first() {
+    let (mut m, k) = dgram_mux(rr_config());
+    let t1 = attach_l4(&mut m);
+    events(&mut m);
+    assert!(m.tx_idle(t1), "nothing queued, nothing out");
+    // Written whole outside the hub: counted as sent, nothing queued, no
+    // writer raised.
+    let mut two = l4_total(10, 1);
+    two.extend(l4_total(10, 2));
+    m.tx_direct(k, t1, two.len(), 2);
+    assert!(transmit_events(&events(&mut m)).is_empty());
+    assert!(m.tx_idle(t1));
+    let st = m.sock_stats(k).unwrap();
+    assert_eq!((st.tx_msgs, st.tx_bytes, st.tx_queued, st.tx_mem), (2, 20, 0, 0));
+    let ps = m.psock_stats(t1).unwrap();
+    assert_eq!((ps.tx_msgs, ps.tx_bytes), (2, 20));
+    // A send of another socket's queued meanwhile, then a direct write that
+    // took 5 bytes: its rest goes first, whole, then the queued send.
+    let k2 = m.socket(SockType::Dgram);
+    let other = l4_total(11, 9);
+    m.send_to(k2, t1, &other, NONE).unwrap();
+    assert!(!m.tx_idle(t1));
+    events(&mut m);
+    let mut three = l4_total(10, 3);
+    three.extend(l4_total(10, 4));
+    three.extend(l4_total(12, 5));
+    m.tx_direct_rest(k, t1, Bytes::from(three.clone()), 5, 3);
+    let mut want = three[5..].to_vec();
+    want.extend(&other);
+    assert_eq!(flush(&mut m, t1), want);
+    assert!(m.tx_idle(t1));
+    let st = m.sock_stats(k).unwrap();
+    assert_eq!((st.tx_msgs, st.tx_bytes, st.tx_queued, st.tx_mem), (5, 20 + 32, 0, 0));
+    let ps = m.psock_stats(t1).unwrap();
+    assert_eq!((ps.tx_msgs, ps.tx_bytes), (2 + 3 + 1, 20 + 32 + other.len() as u64));
+    // On a psock whose transmit failed: dropped, counted, nothing charged.
+    m.send_to(k, t1, &l4_total(10, 6), NONE).unwrap();
+    let _c = m.tx_begin(t1).unwrap();
+    m.tx_failed(t1, 32);
+    let drops = m.psock_stats(t1).unwrap().tx_addressed_drops;
+    m.tx_direct_rest(k, t1, Bytes::from(l4_total(10, 7)), 0, 1);
+    assert_eq!(m.psock_stats(t1).unwrap().tx_addressed_drops, drops + 1);
+    assert_eq!(m.sock_stats(k).unwrap().tx_mem, 0);
+}
+
+#[test]
 fn addressed_batch_defers_the_transmit_event() {
     let (mut m, k) = dgram_mux(rr_config());
     let t1 = attach_l4(&mut m);

@@ -20,13 +20,16 @@
 //! - [`Runtime`]: the **real** `connmux_core::mux::Mux` behind a loom mutex
 //!   (the hub lock), with the runtime's `flush` (tx_begin → writev outside the
 //!   lock → tx_complete), the worker's deferred-flush hand-off
-//!   (`flush_queued`) and the epoll write interest, over a modelled TCP socket
-//!   with a bounded send buffer ([`Wire`]).
+//!   (`flush_queued`), the epoll write interest and the owner writing its
+//!   replies outside the hub (`serve::write_alone`, the psock's
+//!   `sync::writer::Writer` from the runtime's own file), over a modelled
+//!   TCP socket with a bounded send buffer ([`Wire`]).
 //! - The event dispatch of `Shared::dispatch` for the events these models
 //!   raise (transmit kicks, writability, readability, release).
 //!
 //! - [`sync`]: the runtime's inbox (verdicts posted to a worker), crew
-//!   (heavy lanes, their takers, stealing) and readiness, not modelled but
+//!   (heavy lanes, their takers, stealing), readiness and a psock's writer
+//!   word, not modelled but
 //!   compiled from the runtime's own files with loom's types
 //!   (`tests/crew.rs`, `tests/ready.rs`).
 //!
@@ -223,6 +226,9 @@ pub struct Runtime {
     pub drop_unfinished_flush: bool,
     /// Rounds of one `flush` (the runtime uses 1024; loom needs few).
     pub flush_rounds: usize,
+    /// `PsockRt::writer`: the psock's owner writing outside the hub, or the
+    /// hub's writers (the runtime's own file, `sync::writer`).
+    pub writer: sync::writer::Writer,
 }
 
 impl Runtime {
@@ -245,6 +251,7 @@ impl Runtime {
             rx_ready: Ready::new(ClearOrder::Locked),
             drop_unfinished_flush: false,
             flush_rounds: 4,
+            writer: Default::default(),
         }
     }
 
@@ -262,13 +269,55 @@ impl Runtime {
         let r = {
             let mut core = self.core.lock().unwrap();
             let r = f(&mut core);
-            while let Some(e) = core.poll_event() {
-                events.push(e);
-            }
+            self.drain(&mut core, &mut events);
             r
         };
         self.dispatch(&mut events, ctx);
         r
+    }
+
+    /// `MuxHub::drain_events`: a psock raised for a writer is the hub's
+    /// (`Writer::mark`), in the hold that drains the event.
+    pub fn drain(&self, core: &mut CoreMux, events: &mut Vec<Event>) {
+        while let Some(e) = core.poll_event() {
+            if e == Event::PsockTransmit(self.psock) {
+                self.writer.mark();
+            }
+            events.push(e);
+        }
+    }
+
+    /// `serve::write_alone`: the psock's owner writes `msg` (of socket `s`)
+    /// with no hold of the lock when the hub has nothing of the psock's;
+    /// a short write's rest goes to the hub, first. `false`: not taken (the
+    /// runtime then queues it through the hub).
+    pub fn owner_write(&self, s: SockId, msg: &[u8]) -> bool {
+        if !self.writer.own() {
+            return false;
+        }
+        let now = self.inflight.fetch_add(1, Ordering::AcqRel) + 1;
+        self.max_inflight.fetch_max(now, Ordering::AcqRel);
+        let data = connmux_core::Bytes::copy_from_slice(msg);
+        let sent = match self.wire.writev(std::slice::from_ref(&data)) {
+            WriteResult::Wrote(w) => w,
+            WriteResult::WouldBlock => 0,
+        };
+        self.inflight.fetch_sub(1, Ordering::AcqRel);
+        let mut events = Vec::new();
+        {
+            // (The runtime counts a whole write in its next hold; here at once.)
+            let mut core = self.core.lock().unwrap();
+            match sent == data.len() {
+                true => core.tx_direct(s, self.psock, sent, 1),
+                false => core.tx_direct_rest(s, self.psock, data, sent, 1),
+            }
+            self.drain(&mut core, &mut events);
+        }
+        if self.writer.disown() {
+            self.flush(&mut events);
+        }
+        self.dispatch(&mut events, &mut Ctx::App);
+        true
     }
 
     /// `Shared::dispatch`, for this model's one psock and its sockets.
@@ -312,12 +361,18 @@ impl Runtime {
         for _ in 0..self.flush_rounds {
             let chunk = {
                 let mut core = self.core.lock().unwrap();
+                // `MuxHub::tx_begin`: not while the owner writes (it writes
+                // this when done); the owner's again once nothing is left.
+                if !self.writer.claim() {
+                    return;
+                }
                 match core.tx_begin(p) {
                     Some(c) => c,
                     None => {
-                        while let Some(e) = core.poll_event() {
-                            events.push(e);
+                        if core.tx_idle(p) {
+                            self.writer.idle();
                         }
+                        self.drain(&mut core, events);
                         return;
                     }
                 }
@@ -333,9 +388,7 @@ impl Runtime {
             match res {
                 WriteResult::Wrote(w) => {
                     core.tx_complete(p, w);
-                    while let Some(e) = core.poll_event() {
-                        events.push(e);
-                    }
+                    self.drain(&mut core, events);
                     if w < want {
                         drop(core);
                         *self.write_interest.lock().unwrap() = true;
@@ -344,9 +397,7 @@ impl Runtime {
                 }
                 WriteResult::WouldBlock => {
                     core.tx_complete(p, 0);
-                    while let Some(e) = core.poll_event() {
-                        events.push(e);
-                    }
+                    self.drain(&mut core, events);
                     drop(core);
                     *self.write_interest.lock().unwrap() = true;
                     return;

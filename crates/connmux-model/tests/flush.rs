@@ -69,3 +69,45 @@ fn flush_bound_without_handoff_strands_a_message() {
     // busy psock's queue without a kick.
     run(1, true, 1 << 10, true);
 }
+
+/// The psock's owner writing its replies with no hold of the hub lock
+/// (`serve::write_alone`, `sync::writer`) while an application thread
+/// sends on the same psock through the hub, through a socket with room for
+/// all or a few bytes (the owner's short write hands its rest to the hub).
+/// Everything reaches the wire whole, each sender's messages in order, one
+/// writer at a time, nothing left charged. Without `Writer::claim` the hub
+/// writes into the owner's write; without its `WANT` the hub's chunk waits
+/// for nobody.
+#[test]
+fn the_owner_writing_outside_the_hub_never_cuts_or_loses_a_message() {
+    for room in [64, 6] {
+        builder(2).check(move || {
+            let rt = Arc::new(Runtime::new(small_config(1 << 10), room));
+            let app = rt.socket(SockType::Dgram);
+            let own = rt.socket(SockType::Dgram);
+            let a = {
+                let rt = rt.clone();
+                thread::spawn(move || {
+                    for m in [&b"a1"[..], b"a2"] {
+                        rt.with_core(&mut Ctx::App, |c| c.send(app, &framed(m), END)).unwrap();
+                    }
+                })
+            };
+            for m in [&b"o1"[..], b"o2"] {
+                let f = framed(m);
+                if !rt.owner_write(own, &f) {
+                    rt.with_core(&mut Ctx::App, |c| c.send_to(own, rt.psock, &f, END)).unwrap();
+                }
+            }
+            a.join().unwrap();
+            rt.settle();
+            let got = unframe(&rt.wire.delivered());
+            let pos =
+                |m: &[u8]| got.iter().position(|g| g.as_slice() == m).unwrap_or_else(|| panic!("{m:?} lost: {got:?}"));
+            assert_eq!(got.len(), 4, "each message once: {got:?}");
+            assert!(pos(b"a1") < pos(b"a2") && pos(b"o1") < pos(b"o2"), "a sender's order: {got:?}");
+            assert_eq!(rt.max_inflight.load(Ordering::Acquire), 1, "one writer at a time");
+            assert_eq!(rt.memory_used(), 0, "nothing left charged");
+        });
+    }
+}

@@ -504,6 +504,7 @@ impl Mux {
                 error: Mutex::new(None),
                 flush_queued: AtomicBool::new(false),
                 flush_asked: AtomicBool::new(false),
+                writer: Default::default(),
                 released: AtomicBool::new(false),
                 tls: tls.map(Mutex::new),
                 tls_peer: std::sync::OnceLock::new(),

@@ -140,6 +140,16 @@ impl PsockTx {
         self.queue.push_back(m);
     }
 
+    /// A message part-way written by a writer outside the hub joins the
+    /// queue first (`Hub::tx_direct_rest`): nothing may be out.
+    fn queue_front(&mut self, m: TxMsg) {
+        debug_assert!(!self.state.busy(), "a chunk out while another writer wrote");
+        if m.addressed() {
+            self.addr_bytes += m.data.len();
+        }
+        self.queue.push_front(m);
+    }
+
     /// The next chunk to write (`poll_transmit`, KCM's `kcm_write_msgs`):
     /// the queue's head, up to [`TX_CHUNK_SLICES`] messages and about
     /// [`TX_CHUNK_BYTES`], into `slices` (empty on entry). The transmit side
@@ -372,6 +382,72 @@ impl Hub {
     pub(super) fn tx_begin_into(&mut self, p: PsockId, slices: &mut Vec<Bytes>) -> bool {
         slices.clear();
         self.ptx(p).is_some_and(|tx| tx.poll_transmit(slices))
+    }
+
+    /// Nothing queued on psock `p`, no chunk out, no writer raised and its
+    /// transmit not stopped (`false` for a psock gone).
+    #[inline]
+    pub(super) fn tx_idle(&mut self, p: PsockId) -> bool {
+        self.ptx(p).is_some_and(|tx| tx.state == Tx::Idle && tx.queue.is_empty())
+    }
+
+    /// `msgs` addressed messages of socket `s`, `len` bytes, written whole on
+    /// psock `p` by a writer outside the hub; see `super::Mux::tx_direct`.
+    pub(super) fn tx_direct(&mut self, s: SockId, p: PsockId, len: usize, msgs: u32) {
+        if let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) {
+            sock.stats.tx_msgs += u64::from(msgs);
+            sock.stats.tx_bytes += len as u64;
+        }
+        let now = self.now;
+        let Some(sh) = self.sk.share_mut(p) else {
+            // Unattached since: into the folded totals, as a chunk out at
+            // the unattach is.
+            self.folded.tx_msgs += u64::from(msgs);
+            self.folded.tx_bytes += len as u64;
+            return;
+        };
+        sh.place(msgs);
+        sh.tx.stats.tx_msgs += u64::from(msgs);
+        sh.tx.stats.tx_bytes += len as u64;
+        sh.tx.last_write = now;
+        if sh.life == Life::PeerClosed {
+            self.sk.told.push(ToPsock::MayDrain(p));
+        }
+    }
+
+    /// [`Hub::tx_direct`] for a write that took only the first `sent` bytes
+    /// of `data` (0: none, or it failed); see `super::Mux::tx_direct_rest`.
+    pub(super) fn tx_direct_rest(&mut self, s: SockId, p: PsockId, data: Bytes, sent: usize, msgs: u32) {
+        let now = self.now;
+        if let Some(sock) = self.sk.socks.get_mut(s.index, s.generation) {
+            // (A socket closed since charges nothing: what it had queued is
+            // written or dropped with no charge to return.)
+            sock.charge(data.len(), msgs);
+        }
+        let Some(sh) = self.sk.share_mut(p) else {
+            // Unattached since: dropped, as its queued messages are.
+            self.folded.tx_bytes += sent as u64;
+            self.folded.tx_addressed_drops += u64::from(msgs);
+            return self.uncharge(s, data.len(), msgs);
+        };
+        if sh.tx.stopped() {
+            sh.tx.stats.tx_bytes += sent as u64;
+            sh.tx.stats.tx_addressed_drops += u64::from(msgs);
+            return self.uncharge(s, data.len(), msgs);
+        }
+        sh.place(msgs);
+        sh.tx.stats.tx_bytes += sent as u64;
+        if sent > 0 {
+            sh.tx.last_write = now;
+        }
+        let before = sh.tx.addr_bytes;
+        let mut m = TxMsg::new(data, s, Placed::Addressed, msgs);
+        m.sent = sent;
+        sh.tx.queue_front(m);
+        if before < backlog_pause(&self.config) && sh.tx.addr_bytes >= backlog_pause(&self.config) {
+            self.sk.told.push(ToPsock::BacklogOver(p));
+        }
+        self.kick(p);
     }
 
     /// `n` bytes of psock `p`'s chunk were written (at the latest time an

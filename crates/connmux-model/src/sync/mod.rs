@@ -9,3 +9,5 @@ pub mod inbox;
 pub mod prim;
 #[path = "../../../connmux/src/sync/ready.rs"]
 pub mod ready;
+#[path = "../../../connmux/src/sync/writer.rs"]
+pub mod writer;

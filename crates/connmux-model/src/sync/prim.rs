@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-pub use loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+pub use loom::sync::atomic::{fence, AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use loom::sync::Condvar;
 pub use loom::sync::Mutex;
 

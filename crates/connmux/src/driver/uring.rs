@@ -581,7 +581,7 @@ impl UringIo {
                     }
                     let begun = {
                         let mut core = sh.lock();
-                        let b = core.mux.tx_begin_into(rt.id, &mut self.tx_slices);
+                        let b = core.tx_begin(&rt, &mut self.tx_slices);
                         core.drain_events(&mut w.events);
                         b
                     };

@@ -586,6 +586,11 @@ fn send_outs(
 ) {
     bufs.end_run();
     bufs.closed.clear();
+    if let Write::Now(rt) = write {
+        if bufs.outs.len() == 1 && write_alone(sh, sv, bufs, rt, events, dirty) {
+            return;
+        }
+    }
     if bufs.outs.is_empty() {
         if !bufs.settle.is_empty() || !bufs.own.alone.is_empty() {
             let mut core = sh.lock();
@@ -617,6 +622,9 @@ fn send_outs(
                     // tx_backlog_refusals), nobody else waits for it.
                     let r = match write {
                         Write::Now(rt) if i == last && rt.id == psock && rt.tls.is_none() => {
+                            // Begun with no transmit event: the hub's from
+                            // here (`Writer::mark`), until written.
+                            rt.writer.mark();
                             core.mux.send_msgs_to_begin(sv.sock.id, psock, b, n, &mut bufs.slices).map(|b| begun = b)
                         }
                         _ if n == 1 => core.mux.send_msg(sv.sock.id, Some(psock), b, false),
@@ -658,6 +666,65 @@ fn send_outs(
         drop(core);
         sh.dispatch(events, &mut Ctx::Worker(dirty, &mut bufs.own));
     }
+}
+
+/// The replies to one read of `rt`, the worker's own psock, written by
+/// the worker with no hold of the hub lock, when the hub has nothing of
+/// the psock's queued or out and no other writer may begin one meanwhile
+/// (`Writer::own`): they are counted, and the read's requests settled, in
+/// the worker's next hold (`Own::open`: its pass's, at the latest). A
+/// short write hands the rest to the hub, first on the psock's queue, in a
+/// hold that settles the requests after it. `false`: not taken (the
+/// replies go through the hub, [`send_outs`]).
+///
+/// Why: the hold that queued a read's replies and began their chunk, and
+/// the one that told the core the chunk was written, were about 1,300 of
+/// the 2,900 instructions of a NULL call at one in flight, and every
+/// served read took the hub lock (`docs/performance.md`, "Many cores").
+fn write_alone(
+    sh: &Shared,
+    sv: &Serving,
+    bufs: &mut ServeBufs,
+    rt: &Arc<PsockRt>,
+    events: &mut Vec<Event>,
+    dirty: &mut Vec<Arc<PsockRt>>,
+) -> bool {
+    let mine = matches!(bufs.outs.first(), Some(Out::Replies(p, _, _)) if *p == rt.id);
+    if !mine || rt.tls.is_some() || bufs.own.told || rt.released.load(Ordering::Acquire) || !rt.writer.own() {
+        return false;
+    }
+    let Some(Out::Replies(p, b, n)) = bufs.outs.pop() else { unreachable!("checked above") };
+    let res = crate::shared::writev_bytes(rt.fd(), std::slice::from_ref(&b));
+    let sent = match crate::shared::Wrote::of_io(&res) {
+        crate::shared::Wrote::Bytes(w) => w,
+        // Nothing out: the hub's writer meets the same again or the error.
+        _ => 0,
+    };
+    if sent == b.len() {
+        bufs.own.sent.push((sv.sock.id, p, sent, n));
+        bufs.own.settle.append(&mut bufs.settle);
+    } else {
+        let mut core = sh.lock();
+        bufs.own.open(&mut core);
+        core.mux.tx_direct_rest(sv.sock.id, p, b, sent, n);
+        // Settled once the rest is queued: a psock whose peer closed
+        // drains only after it is written.
+        for (p, n) in bufs.settle.drain(..) {
+            core.mux.rx_settle(p, n);
+        }
+        bufs.own.close(&mut core);
+        // Raises the psock for a writer (`PsockTransmit`): marked the
+        // hub's before the worker lets go of it.
+        core.drain_events(events);
+    }
+    if rt.writer.disown() {
+        // A hub writer found it writing and left its chunk: written now.
+        sh.flush(rt, events);
+    }
+    if !events.is_empty() {
+        sh.dispatch(events, &mut Ctx::Worker(dirty, &mut bufs.own));
+    }
+    true
 }
 
 /// A serving worker's step of one pass, the same on both drivers: the

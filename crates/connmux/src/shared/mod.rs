@@ -133,6 +133,10 @@ pub(crate) struct PsockRt {
     /// once it is clear: what was queued while it was set, the worker's
     /// write takes.
     pub flush_asked: AtomicBool,
+    /// Who writes its connection now: its owner, a served read's replies
+    /// with no hold of the hub lock (`serve::send_outs`), or the hub's
+    /// writers ([`MuxHub::tx_begin`]).
+    pub writer: crate::sync::writer::Writer,
     /// Unattached (set as its release is dispatched, before the unattach
     /// returns): its worker, which finds it through a map of its own,
     /// reads it no more.
@@ -172,10 +176,41 @@ pub(crate) struct MuxHub {
 }
 
 impl MuxHub {
-    /// Take the core's pending events into `out`.
+    /// Take the core's pending events into `out`. A psock raised for a
+    /// writer has messages queued: its owner writes none of its own past
+    /// them (`Writer::mark`, in the hold that drains the event).
     pub fn drain_events(&mut self, out: &mut Vec<Event>) {
         while let Some(e) = self.mux.poll_event() {
+            if let Event::PsockTransmit(p) = e {
+                if let Some(rt) = self.psocks.get(&p) {
+                    rt.writer.mark();
+                }
+            }
             out.push(e);
+        }
+    }
+
+    /// Begin psock `rt`'s next chunk into `slices` as one of the hub's
+    /// writers (`Mux::tx_begin_into`): not while its owner writes outside
+    /// the hub (`Writer::claim`; the owner writes it when done), and the
+    /// owner may write again once nothing is queued or out.
+    pub fn tx_begin(&mut self, rt: &PsockRt, slices: &mut Vec<Bytes>) -> bool {
+        if !rt.writer.claim() {
+            slices.clear();
+            return false;
+        }
+        if self.mux.tx_begin_into(rt.id, slices) {
+            return true;
+        }
+        self.tx_settled(rt);
+        false
+    }
+
+    /// Psock `rt` has nothing queued and no chunk out: its owner may write
+    /// outside the hub again (`Writer::idle`).
+    pub fn tx_settled(&mut self, rt: &PsockRt) {
+        if self.mux.tx_idle(rt.id) {
+            rt.writer.idle();
         }
     }
 }
@@ -733,7 +768,7 @@ impl Shared {
     fn flush_with(&self, rt: &PsockRt, events: &mut Vec<Event>, slices: &mut Vec<Bytes>) {
         {
             let mut core = self.lock();
-            if !core.mux.tx_begin_into(rt.id, slices) {
+            if !core.tx_begin(rt, slices) {
                 core.drain_events(events);
                 return;
             }
@@ -825,7 +860,7 @@ impl Shared {
             // The last chunk written is told above, before the bound ends
             // the loop: a chunk taken and not told would stay out with its
             // writer, and nobody could write the psock again.
-            let more = round < WRITE_ROUNDS && core.mux.tx_begin_into(rt.id, slices);
+            let more = round < WRITE_ROUNDS && core.tx_begin(rt, slices);
             core.drain_events(events);
             drop(core);
             if !more {

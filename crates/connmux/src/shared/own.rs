@@ -58,6 +58,12 @@ pub(crate) struct Own {
     /// way, and leave at its end ([`Own::close`]).
     pub wrote: Vec<(Arc<PsockRt>, usize)>,
     told_wrote: usize,
+    /// Replies this worker wrote whole with no hold of the hub lock
+    /// (`serve::write_alone`: socket, psock, bytes, messages), and the
+    /// requests they answered (psock, count): counted and settled in its
+    /// next hold ([`Own::open`]), after what its reads framed alone.
+    pub sent: Vec<(SockId, PsockId, usize, u32)>,
+    pub settle: Vec<(PsockId, u64)>,
 }
 
 impl Own {
@@ -94,6 +100,14 @@ impl Own {
             }
             self.told_wrote = self.wrote.len();
         }
+        if !self.sent.is_empty() {
+            for (sock, p, len, msgs) in self.sent.drain(..) {
+                core.mux.tx_direct(sock, p, len, msgs);
+            }
+            for (p, n) in self.settle.drain(..) {
+                core.mux.rx_settle(p, n);
+            }
+        }
     }
 
     /// The end of that hold: a psock told of a chunk with more queued and
@@ -105,6 +119,7 @@ impl Own {
         if self.told_wrote > 0 {
             for (rt, _) in &self.wrote[..self.told_wrote] {
                 core.mux.tx_kick(rt.id);
+                core.tx_settled(rt);
             }
             self.wrote.drain(..self.told_wrote);
             self.told_wrote = 0;

@@ -11,6 +11,8 @@
 //!   readable while its condition holds (written only while someone may
 //!   wait on it), set by whoever makes it true (a worker queueing a
 //!   message), cleared by the reader before it looks again.
+//! - [`writer::Writer`]: who writes a psock's connection now, its owner
+//!   with no hold of the hub lock or the hub's writers under it.
 //!
 //! These files use only the names in `prim` (atomics, a mutex, parking,
 //! queues, the eventfd), and
@@ -25,3 +27,4 @@ pub mod crew;
 pub mod inbox;
 pub mod prim;
 pub mod ready;
+pub mod writer;

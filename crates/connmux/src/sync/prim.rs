@@ -5,7 +5,7 @@
 //! `VecDeque`, so loom sees every push and pop as a step).
 
 pub use connmux_sys::eventfd::EventFd;
-pub use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+pub use std::sync::atomic::{fence, AtomicBool, AtomicU8, AtomicUsize, Ordering};
 pub use std::sync::Mutex;
 use std::time::Duration;
 
