@@ -677,10 +677,11 @@ fn send_outs(
 /// hold that settles the requests after it. `false`: not taken (the
 /// replies go through the hub, [`send_outs`]).
 ///
-/// Why: the hold that queued a read's replies and began their chunk, and
-/// the one that told the core the chunk was written, were about 1,300 of
-/// the 2,900 instructions of a NULL call at one in flight, and every
-/// served read took the hub lock (`docs/performance.md`, "Many cores").
+/// Why: every served read took the hub lock for its replies, and that
+/// hold (the replies queued, their chunk begun, and told written in the
+/// next) cost about 670 of the 2,938 instructions of a NULL call at one
+/// in flight (`docs/performance.md`, "Replies written by their psock's
+/// owner").
 fn write_alone(
     sh: &Shared,
     sv: &Serving,

@@ -134,7 +134,7 @@ pub(crate) struct PsockRt {
     /// write takes.
     pub flush_asked: AtomicBool,
     /// Who writes its connection now: its owner, a served read's replies
-    /// with no hold of the hub lock (`serve::send_outs`), or the hub's
+    /// with no hold of the hub lock (`serve::write_alone`), or the hub's
     /// writers ([`MuxHub::tx_begin`]).
     pub writer: crate::sync::writer::Writer,
     /// Unattached (set as its release is dispatched, before the unattach

@@ -10,19 +10,23 @@
 //! sockets.
 //!
 //! ```text
-//!              own (the word was 0)               disown
-//!    free ───────────────────────────► owner ─────────────────► free
-//!     ▲ │                                │ a hub writer's claim     (WANT set: the owner
-//!     │ │ mark (a message queued),       ▼                          writes the hub's queue)
-//!     │ │ claim (a chunk begun)        owner + want ──── disown ──► free
-//!     │ ▼
-//!     hub ── idle (nothing queued, nothing out; under the lock) ──► free
+//!            own                          disown (no WANT)
+//!   free ───────────────► owner ─────────────────────────────► free
+//!    │ ▲                    │ a hub writer's claim: WANT        (or hub, if
+//!    │ │ idle (nothing      │ (it leaves its chunk unbegun);     marked meanwhile)
+//!    │ │ queued, none out)  │ mark: + HUB
+//!    ▼ │                    ▼
+//!    hub ◄───────────── owner + HUB/WANT: disown returns WANT, and the
+//!    (claim, mark)                        owner writes the hub's queue
 //! ```
 //!
 //! `mark`, `claim` and `idle` are called under the hub lock, `own` and
-//! `disown` by the owner with no lock; the hub side's word changes follow
-//! the core's transmit state exactly because they are made in the holds
-//! that change it.
+//! `disown` by the owner with no lock. What the word promises: while a
+//! chunk of the psock is out with a hub writer, or a message of the
+//! owner's own waits on its queue, `HUB` is set (a chunk is claimed before
+//! it is begun; a queued message marks it in the hold that drains its
+//! `PsockTransmit`, and the owner marks its own replies' hold); it is
+//! cleared only in a hold that finds nothing queued and nothing out.
 
 use super::prim::{AtomicU8, Ordering};
 
