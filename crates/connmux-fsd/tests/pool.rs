@@ -186,9 +186,15 @@ fn stop_joins_threads_that_wait_to_queue_replies() {
     // (the connection's backlog full) and then wait, with naps, for it.
     let r = rig("fsdr", u64::MAX, 2);
     let mut hog = TcpStream::connect(r.addr).unwrap();
+    // In one write: every request is read before the backlog pauses the
+    // connection (asked one write at a time, a client descheduled part way
+    // left too few read for the backlog to refuse any).
+    let mut all = Vec::new();
     for _ in 0..64 {
-        ask(&mut hog, 1 << 20);
+        all.extend_from_slice(&4u32.to_be_bytes());
+        all.extend_from_slice(&(1u32 << 20).to_be_bytes());
     }
+    hog.write_all(&all).unwrap();
     let mux = r.svc.as_ref().unwrap().mux().clone();
     wait_for("a reply refused by the full backlog", Duration::from_secs(10), || {
         let seen = r.h.seen.lock().unwrap().clone();
