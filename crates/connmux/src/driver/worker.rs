@@ -94,17 +94,59 @@ pub(crate) struct Passes {
     /// the next one waits.
     next_deadline: Option<connmux_core::Timestamp>,
     slice: LaneSlice,
+    /// Passes in a row whose hold was put off ([`put_off_hold`]).
+    held_off: u32,
 }
 
 impl Passes {
     pub(crate) fn new() -> Passes {
         // (Its first pass's hold reads its deadlines.)
-        Passes { next_deadline: None, slice: LaneSlice::default() }
+        Passes { next_deadline: None, slice: LaneSlice::default(), held_off: 0 }
     }
 
-    /// How long the next pass's wait may sleep ([`wait_timeout`]).
+    /// How long the next pass's wait may sleep ([`wait_timeout`]); with a
+    /// hold put off, at most [`HOLD_WAIT`].
     pub(crate) fn timeout(&self, w: &Worker<'_>, keeper: bool) -> Option<Duration> {
-        wait_timeout(w.sh, w, self.next_deadline, keeper)
+        let t = wait_timeout(w.sh, w, self.next_deadline, keeper);
+        match self.held_off {
+            0 => t,
+            _ => Some(t.map_or(HOLD_WAIT, |t| t.min(HOLD_WAIT))),
+        }
+    }
+}
+
+/// Passes in a row a serving worker may put its hold off ([`put_off_hold`]).
+const HOLD_PASSES: u32 = 32;
+/// The longest a serving worker sleeps with its hold put off: an idle
+/// worker tells what it did within about this long.
+const HOLD_WAIT: Duration = Duration::from_millis(1);
+
+/// Whether a serving worker's pass may leave its hold to a later pass:
+/// one that read something and took no command, with nothing of its own
+/// to tell (each read's hold told what it did alone: `Own::untold`),
+/// nothing told to its psocks waiting, no chunk of its waiting to be told
+/// written (another writer of that psock waits for it), no deadline of
+/// its psocks or of the hub (as of its last hold) due, and at most
+/// [`HOLD_PASSES`] in a row (then, or after a wait of [`HOLD_WAIT`] with
+/// nothing, it holds: a time the hub's budget set meanwhile is seen that
+/// late). Why: a served read's pass took the hub lock twice, once for the
+/// read (what it did alone) and once for this.
+#[inline]
+fn put_off_hold(w: &Worker<'_>, passes: &Passes, woke: &Woke, commands: bool) -> bool {
+    let own = &w.bufs.own;
+    if w.serving.is_none()
+        || !woke.reported
+        || commands
+        || own.told
+        || own.untold()
+        || !own.wrote.is_empty()
+        || passes.held_off >= HOLD_PASSES
+    {
+        return false;
+    }
+    match [passes.next_deadline, w.owned.own_timeout()].into_iter().flatten().min() {
+        None => true,
+        Some(t) => w.sh.now() < t,
     }
 }
 
@@ -194,8 +236,13 @@ pub(crate) fn pass(
         io.serve_framed(w);
     }
     // The worker's own state (writes made whole), then the deadlines
-    // (assembly timeouts): one hold.
-    hold(sh, w, &mut passes.next_deadline);
+    // (assembly timeouts): one hold, which a serving worker may put off.
+    if put_off_hold(w, passes, &woke, woke.commands || looked) {
+        passes.held_off += 1;
+    } else {
+        hold(sh, w, &mut passes.next_deadline);
+        passes.held_off = 0;
+    }
     // Dispatch, serve in place, write: until nothing is left to do here
     // (bounded; what remains is picked up by the next pass).
     for round in 0..RING_ROUNDS {
@@ -517,9 +564,12 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
                 crate::serve::serve_in_place(sh, sv, bufs, read, events, dirty, crate::serve::Write::Now(rt));
                 runs.clear();
             }
-            if !bufs.own.alone.is_empty() {
-                // Not counted there (its messages went to the lane).
-                bufs.own.report(&mut sh.lock());
+            if bufs.own.untold() {
+                // What the read framed, wrote and answered alone, told
+                // before the next read (`Own::untold`).
+                let mut core = sh.lock();
+                bufs.own.hold(&mut core);
+                core.drain_events(&mut w.events);
             }
             bufs.runs = runs;
         }

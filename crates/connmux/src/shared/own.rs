@@ -60,13 +60,23 @@ pub(crate) struct Own {
     told_wrote: usize,
     /// Replies this worker wrote whole with no hold of the hub lock
     /// (`serve::write_alone`: socket, psock, bytes, messages), and the
-    /// requests they answered (psock, count): counted and settled in its
-    /// next hold ([`Own::open`]), after what its reads framed alone.
+    /// requests they answered (psock, count): counted and settled in the
+    /// read's hold ([`Own::untold`], [`Own::open`]), after what its reads
+    /// framed alone.
     pub sent: Vec<(SockId, PsockId, usize, u32)>,
     pub settle: Vec<(PsockId, u64)>,
 }
 
 impl Own {
+    /// Whether it holds what it did alone and has not told (what its reads
+    /// framed, the replies it wrote, the requests they answered). The
+    /// drivers tell it in a hold at the end of each read (epoll) or batch
+    /// of completions (io_uring), so that no other call of theirs on a
+    /// psock comes before it (`Own::report`'s rule).
+    pub fn untold(&self) -> bool {
+        !self.alone.is_empty() || !self.sent.is_empty()
+    }
+
     /// Whether reads handed messages to the serving socket that `serve` has
     /// not taken yet.
     pub fn has_direct(&self) -> bool {
