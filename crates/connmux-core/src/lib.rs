@@ -23,6 +23,7 @@
 //! - [`stats`]: counters named as in `/proc/net/kcm` and `/proc/net/kcm_stats`.
 #![forbid(unsafe_code)]
 
+mod copied;
 pub mod mux;
 pub mod parser;
 pub mod parsers;
@@ -33,5 +34,6 @@ pub mod stream;
 pub mod time;
 
 pub use bytes::Bytes;
+pub use copied::copied;
 pub use parser::{Parse, ParseError, Parser};
 pub use time::Timestamp;

@@ -2013,7 +2013,7 @@ impl MuxRef<'_> {
         if data.is_empty() {
             return Ok(0);
         }
-        let r = self.h.send_addressed(s, p, Bytes::copy_from_slice(data), flags.batch, 1, true);
+        let r = self.h.send_addressed(s, p, crate::copied(data), flags.batch, 1, true);
         self.apply_told();
         r.map(|()| data.len())
     }

@@ -337,16 +337,26 @@ impl Hub {
             if sock.tx_mem >= sock.sndbuf {
                 return Err(self.would_block(s));
             }
-            sock.open = Some(BytesMut::with_capacity(data.len()));
+            if !complete {
+                sock.open = Some(BytesMut::with_capacity(data.len()));
+            }
         }
-        let open = sock.open.as_mut().expect("open message");
-        open.extend_from_slice(data);
-        let open_len = open.len();
+        let len = match sock.open.as_mut() {
+            // A whole message in one call: copied once, when queued.
+            None => data.len(),
+            Some(open) => {
+                open.extend_from_slice(data);
+                open.len()
+            }
+        };
         sock.tx_mem += data.len();
-        sock.tx_msg_peak = sock.tx_msg_peak.max(open_len);
+        sock.tx_msg_peak = sock.tx_msg_peak.max(len);
         sock.stats.tx_bytes += data.len() as u64;
         if complete {
-            let msg = sock.open.take().expect("open message").freeze();
+            let msg = match sock.open.take() {
+                None => crate::copied(data),
+                Some(open) => open.freeze(),
+            };
             self.queue_msg(s, msg, flags.batch);
         }
         Ok(data.len())
