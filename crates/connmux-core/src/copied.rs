@@ -36,14 +36,16 @@ fn inline<const N: usize>(data: &[u8]) -> Bytes {
 
 /// A copy of `data` whose clones allocate nothing (see the module).
 pub fn copied(data: &[u8]) -> Bytes {
-    // Size classes so that a small message's owner wastes at most as much
-    // as it holds (the allocator rounds a small vector up too).
+    // Powers of two: an owner past 64 bytes is less than twice the
+    // message (the allocator rounds a small vector up too).
     match data.len() {
         0 => Bytes::new(),
-        ..=64 => inline::<64>(data),
-        ..=256 => inline::<256>(data),
-        ..=1024 => inline::<1024>(data),
-        ..=INLINE_MAX => inline::<INLINE_MAX>(data),
+        1..=64 => inline::<64>(data),
+        65..=128 => inline::<128>(data),
+        129..=256 => inline::<256>(data),
+        257..=512 => inline::<512>(data),
+        513..=1024 => inline::<1024>(data),
+        1025..=INLINE_MAX => inline::<INLINE_MAX>(data),
         _ => Bytes::copy_from_slice(data),
     }
 }
@@ -54,7 +56,7 @@ mod tests {
 
     #[test]
     fn a_copy_holds_the_bytes_at_every_size_class_edge() {
-        for n in [0, 1, 64, 65, 256, 257, 1024, 1025, 2048, 2049, 10_000] {
+        for n in [0, 1, 64, 65, 128, 129, 256, 257, 512, 513, 1024, 1025, 2048, 2049, 10_000] {
             let data: Vec<u8> = (0..n).map(|i| (i * 7 + n) as u8).collect();
             let b = copied(&data);
             assert_eq!(&b[..], &data[..], "length {n}");
