@@ -589,15 +589,6 @@ pub(super) fn mix(mut x: u64) -> u64 {
 }
 
 impl Owned {
-    /// The earliest time its own psocks want a call with the time
-    /// (`Mux::handle_timeout`): an assembly deadline, an idle or handshake
-    /// scan, a restart (at once). Read with no look at the hub: the hub's
-    /// own (the memory budget's) is in [`Mux::poll_timeout`].
-    pub fn own_timeout(&self) -> Option<Timestamp> {
-        let restart = (!self.restarts.is_empty()).then_some(self.now);
-        [self.deadlines.next(), self.scan_next, restart].into_iter().flatten().min()
-    }
-
     /// The psocks of owner `id` (a tag of the caller's choice, the same for
     /// no two owners of one hub that hold psocks; small numbers: a tag
     /// indexes the hub's queues of what is told): none yet.

@@ -214,12 +214,9 @@ impl Io for UringIo {
                 crate::serve::serve_in_place(w.sh, sv, &mut w.bufs, read, &mut w.events, &mut w.dirty, write);
             }
         }
-        if w.bufs.own.untold() {
-            // What its reads framed, wrote and answered alone, told before
-            // the next completions are taken (`Own::untold`).
-            let mut core = w.sh.lock();
-            w.bufs.own.hold(&mut core);
-            core.drain_events(&mut w.events);
+        if !w.bufs.own.alone.is_empty() {
+            // Not counted in a reply's hold (their messages went to the lane).
+            w.bufs.own.report(&mut w.sh.lock());
         }
         framed.batches.clear();
         framed.runs.clear();

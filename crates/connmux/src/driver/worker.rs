@@ -22,7 +22,7 @@ use std::time::Duration;
 use connmux_core::mux::{Event, FramedAlone, Owned};
 
 use crate::serve::{ServeBufs, Serving};
-use crate::shared::{Command, Ctx, PsockRt, Shared, SockRt, WorkerRef};
+use crate::shared::{Command, Ctx, Promise, PsockRt, Shared, SockRt, WorkerRef};
 
 /// Rounds of dispatch, serve and flush a worker runs per pass before it
 /// goes back to its epoll or ring: what one round's work makes ready
@@ -94,59 +94,17 @@ pub(crate) struct Passes {
     /// the next one waits.
     next_deadline: Option<connmux_core::Timestamp>,
     slice: LaneSlice,
-    /// Passes in a row whose hold was put off ([`put_off_hold`]).
-    held_off: u32,
 }
 
 impl Passes {
     pub(crate) fn new() -> Passes {
         // (Its first pass's hold reads its deadlines.)
-        Passes { next_deadline: None, slice: LaneSlice::default(), held_off: 0 }
+        Passes { next_deadline: None, slice: LaneSlice::default() }
     }
 
-    /// How long the next pass's wait may sleep ([`wait_timeout`]); with a
-    /// hold put off, at most [`HOLD_WAIT`].
+    /// How long the next pass's wait may sleep ([`wait_timeout`]).
     pub(crate) fn timeout(&self, w: &Worker<'_>, keeper: bool) -> Option<Duration> {
-        let t = wait_timeout(w.sh, w, self.next_deadline, keeper);
-        match self.held_off {
-            0 => t,
-            _ => Some(t.map_or(HOLD_WAIT, |t| t.min(HOLD_WAIT))),
-        }
-    }
-}
-
-/// Passes in a row a serving worker may put its hold off ([`put_off_hold`]).
-const HOLD_PASSES: u32 = 32;
-/// The longest a serving worker sleeps with its hold put off: an idle
-/// worker tells what it did within about this long.
-const HOLD_WAIT: Duration = Duration::from_millis(1);
-
-/// Whether a serving worker's pass may leave its hold to a later pass:
-/// one that read something and took no command, with nothing of its own
-/// to tell (each read's hold told what it did alone: `Own::untold`),
-/// nothing told to its psocks waiting, no chunk of its waiting to be told
-/// written (another writer of that psock waits for it), no deadline of
-/// its psocks or of the hub (as of its last hold) due, and at most
-/// [`HOLD_PASSES`] in a row (then, or after a wait of [`HOLD_WAIT`] with
-/// nothing, it holds: a time the hub's budget set meanwhile is seen that
-/// late). Why: a served read's pass took the hub lock twice, once for the
-/// read (what it did alone) and once for this.
-#[inline]
-fn put_off_hold(w: &Worker<'_>, passes: &Passes, woke: &Woke, commands: bool) -> bool {
-    let own = &w.bufs.own;
-    if w.serving.is_none()
-        || !woke.reported
-        || commands
-        || own.told
-        || own.untold()
-        || !own.wrote.is_empty()
-        || passes.held_off >= HOLD_PASSES
-    {
-        return false;
-    }
-    match [passes.next_deadline, w.owned.own_timeout()].into_iter().flatten().min() {
-        None => true,
-        Some(t) => w.sh.now() < t,
+        wait_timeout(w.sh, w, self.next_deadline, keeper)
     }
 }
 
@@ -198,13 +156,13 @@ pub(crate) fn pass(
     // A promise to look at the commands made at the end of the last pass
     // (`promise`): a worker's wait keeps it for at most `CORK_WAIT`, then
     // it ends; a stand-alone slot's ends before its wait, which may be long.
-    let promised = w.bufs.own.promised;
+    let promised = w.bufs.own.promise;
     let (timeout, mut looked) = match promised {
-        true => before_wait(me, w, timeout),
-        false => (timeout, false),
+        Promise::Nothing => (timeout, false),
+        _ => before_wait(me, w, timeout),
     };
     let woke = wait(io, w, timeout);
-    if promised {
+    if promised != Promise::Nothing {
         looked |= after_wait(me, w);
     }
     io.serve_framed(w);
@@ -236,13 +194,8 @@ pub(crate) fn pass(
         io.serve_framed(w);
     }
     // The worker's own state (writes made whole), then the deadlines
-    // (assembly timeouts): one hold, which a serving worker may put off.
-    if put_off_hold(w, passes, &woke, woke.commands || looked) {
-        passes.held_off += 1;
-    } else {
-        hold(sh, w, &mut passes.next_deadline);
-        passes.held_off = 0;
-    }
+    // (assembly timeouts): one hold.
+    hold(sh, w, &mut passes.next_deadline);
     // Dispatch, serve in place, write: until nothing is left to do here
     // (bounded; what remains is picked up by the next pass).
     for round in 0..RING_ROUNDS {
@@ -299,8 +252,12 @@ const CORK_WAIT: Duration = Duration::from_millis(1);
 #[inline(never)]
 fn promise(me: &WorkerRef, w: &mut Worker<'_>, read: bool) {
     let own = &mut w.bufs.own;
-    own.promised = read || own.looks.is_some();
-    if own.promised {
+    own.promise = match (own.looks.is_some(), read) {
+        (true, _) => Promise::First,
+        (false, true) => Promise::Within,
+        (false, false) => Promise::Nothing,
+    };
+    if own.promise != Promise::Nothing {
         me.commands.look_soon();
     }
 }
@@ -311,8 +268,8 @@ fn promise(me: &WorkerRef, w: &mut Worker<'_>, read: bool) {
 /// the commands must be taken.
 #[inline(never)]
 fn before_wait(me: &WorkerRef, w: &mut Worker<'_>, timeout: Option<Duration>) -> (Option<Duration>, bool) {
-    if w.bufs.own.looks.is_some() {
-        w.bufs.own.promised = false;
+    if w.bufs.own.promise == Promise::First {
+        w.bufs.own.promise = Promise::Nothing;
         return match me.commands.look_now() {
             true => (Some(Duration::ZERO), true),
             false => (timeout, false),
@@ -324,7 +281,7 @@ fn before_wait(me: &WorkerRef, w: &mut Worker<'_>, timeout: Option<Duration>) ->
 /// After that wait: a worker's promise ends (whether asks wait).
 #[inline(never)]
 fn after_wait(me: &WorkerRef, w: &mut Worker<'_>) -> bool {
-    std::mem::take(&mut w.bufs.own.promised) && me.commands.look_now()
+    std::mem::take(&mut w.bufs.own.promise) == Promise::Within && me.commands.look_now()
 }
 
 /// Passes of a worker in `Config::lane_worker_slice` slices with nothing
@@ -564,12 +521,9 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
                 crate::serve::serve_in_place(sh, sv, bufs, read, events, dirty, crate::serve::Write::Now(rt));
                 runs.clear();
             }
-            if bufs.own.untold() {
-                // What the read framed, wrote and answered alone, told
-                // before the next read (`Own::untold`).
-                let mut core = sh.lock();
-                bufs.own.hold(&mut core);
-                core.drain_events(&mut w.events);
+            if !bufs.own.alone.is_empty() {
+                // Not counted there (its messages went to the lane).
+                bufs.own.report(&mut sh.lock());
             }
             bufs.runs = runs;
         }

@@ -672,7 +672,7 @@ fn send_outs(
 /// the worker with no hold of the hub lock, when the hub has nothing of
 /// the psock's queued or out and no other writer may begin one meanwhile
 /// (`Writer::own`): they are counted, and the read's requests settled, in
-/// the hold that ends the read (`Own::untold`), with what it framed. A
+/// the worker's next hold (`Own::open`: its pass's, at the latest). A
 /// short write hands the rest to the hub, first on the psock's queue, in a
 /// hold that settles the requests after it. `false`: not taken (the
 /// replies go through the hub, [`send_outs`]).

@@ -30,7 +30,7 @@ pub(crate) mod tls;
 pub(crate) use crate::sync::inbox::Inbox;
 pub(crate) use crate::sync::ready::Ready;
 
-pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Own};
+pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Own, Promise};
 
 use crate::config::Tuning;
 use crate::handler::{Handler, Lanes, ServiceStats};

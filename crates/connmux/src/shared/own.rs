@@ -10,6 +10,33 @@ use connmux_core::{Bytes, Timestamp};
 
 use super::{MuxHub, PsockRt};
 
+/// What a worker promised, at the end of a pass, about the commands
+/// posted to it (`driver::worker::promise`), so that a lazy post
+/// (`Inbox::post_lazy`: a corked reply's ask, `Shared::cork`) need not
+/// wake it.
+///
+/// ```text
+///              pass read something,          wait bounded by CORK_WAIT,
+///              serves nothing                then the commands taken
+///   Nothing ───────────────────────► Within ──────────────────────────► Nothing
+///      │  a stand-alone slot's pass
+///      └───────────────────────────► First ─── its next pass takes the ─► Nothing
+///                                            commands before it waits
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Promise {
+    /// None: a post wakes it.
+    #[default]
+    Nothing,
+    /// A worker that serves nothing and whose pass read something (handed
+    /// to application threads, whose replies may come corked): it looks
+    /// within `driver::worker::CORK_WAIT`.
+    Within,
+    /// A stand-alone socket's slot: it looks first thing in its next pass
+    /// (which its socket's thread runs when it calls again).
+    First,
+}
+
 /// A worker's own hand-off between its reads, its event dispatch and its
 /// in-place `serve`: the worker keeps it (in its serving buffers) and passes
 /// it down explicitly; nothing else sees it.
@@ -36,12 +63,9 @@ pub(crate) struct Own {
     /// What was told to this worker's psocks waits in the hub
     /// (`Event::Wake`): it applies it before its pass ends.
     pub told: bool,
-    /// The worker promised to look at its commands (`driver::worker::promise`):
-    /// within `driver::worker::CORK_WAIT`, kept until its next wait ends,
-    /// when it serves nothing and a pass of its handed what it read to
-    /// application threads, whose replies may come corked (`Shared::cork`);
-    /// first thing in its next pass, when it is a stand-alone slot.
-    pub promised: bool,
+    /// What the worker promised about its commands at the end of its last
+    /// pass (`driver::worker::promise`).
+    pub promise: Promise,
     /// The affinity tag of the socket it serves, when steering sends a
     /// psock of that tag there while its queue is empty (`Steering::Affinity`):
     /// a read of such a psock is framed with no hold of the hub lock
@@ -60,23 +84,13 @@ pub(crate) struct Own {
     told_wrote: usize,
     /// Replies this worker wrote whole with no hold of the hub lock
     /// (`serve::write_alone`: socket, psock, bytes, messages), and the
-    /// requests they answered (psock, count): counted and settled in the
-    /// read's hold ([`Own::untold`], [`Own::open`]), after what its reads
-    /// framed alone.
+    /// requests they answered (psock, count): counted and settled in its
+    /// next hold ([`Own::open`]), after what its reads framed alone.
     pub sent: Vec<(SockId, PsockId, usize, u32)>,
     pub settle: Vec<(PsockId, u64)>,
 }
 
 impl Own {
-    /// Whether it holds what it did alone and has not told (what its reads
-    /// framed, the replies it wrote, the requests they answered). The
-    /// drivers tell it in a hold at the end of each read (epoll) or batch
-    /// of completions (io_uring), so that no other call of theirs on a
-    /// psock comes before it (`Own::report`'s rule).
-    pub fn untold(&self) -> bool {
-        !self.alone.is_empty() || !self.sent.is_empty()
-    }
-
     /// Whether reads handed messages to the serving socket that `serve` has
     /// not taken yet.
     pub fn has_direct(&self) -> bool {
