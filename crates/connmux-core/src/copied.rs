@@ -4,8 +4,8 @@
 //! chunk's slices out of the lock, `Mux::tx_begin_into`). A `Bytes` made
 //! from a `Vec` (`Bytes::copy_from_slice`, `BytesMut::freeze`) allocates
 //! again at its first clone, to share the vector, and frees twice at its
-//! last drop: two allocations and two frees a message, about a fifth of an
-//! application thread's instructions per small message in `bench kcm`. A
+//! last drop: two allocations and two frees a message, about a fifth of
+//! the instructions a small message cost a `bench kcm` server. A
 //! small message is copied into a fixed-size owner instead
 //! (`Bytes::from_owner`): one allocation, holding the count that clones
 //! share; a larger one as before, its copy outweighing the second
