@@ -792,6 +792,7 @@ impl Mux {
         fn rx_closed(p: PsockId, errno: Option<i32>) -> Result<(), MuxError>;
         fn set_holds(s: SockId, on: bool) -> Result<(), MuxError>;
         fn rx_settle(p: PsockId, n: u64);
+        fn unkeep(s: SockId, msgs: Vec<(Bytes, PsockId)>);
         fn rx_abort(p: PsockId, err: RxError) -> Result<(), MuxError>;
         fn recv(s: SockId, buf: &mut [u8], flags: RecvFlags) -> Result<RecvInfo, MuxError>;
         fn recv_msg(s: SockId) -> Result<(Bytes, PsockId), MuxError>;
@@ -1675,6 +1676,41 @@ impl MuxRef<'_> {
     pub fn rx_settle(&mut self, p: PsockId, n: u64) {
         self.h.sk.settle(p, n);
         self.apply_told();
+    }
+
+    /// Messages framed alone for socket `s` and kept by its owner
+    /// (`FramedAlone::held`), in order, that it gives back unreceived (the
+    /// socket closes or was receive-disabled): counted as received no
+    /// more, their holds ended, and back at the front of `s`'s queue,
+    /// which a close or a disable then moves to the other sockets with the
+    /// rest (KCM's requeue); if `s` is disabled already, moved at once.
+    pub fn unkeep(&mut self, s: SockId, msgs: Vec<(Bytes, PsockId)>) {
+        let mut q = std::collections::VecDeque::with_capacity(msgs.len());
+        for (data, p) in msgs {
+            if let Some(sh) = self.h.sk.share_mut(p) {
+                // Held by `s` → waiting in a queue.
+                sh.holds = sh.holds.saturating_sub(1);
+                sh.queued += 1;
+            }
+            q.push_back(RxMsg { data, off: 0, psock: p });
+        }
+        let Some(sock) = self.h.sk.socks.get_mut(s.index, s.generation) else { return self.h.requeue(q) };
+        for m in &q {
+            sock.stats.rx_msgs = sock.stats.rx_msgs.saturating_sub(1);
+            sock.stats.rx_bytes = sock.stats.rx_bytes.saturating_sub(m.data.len() as u64);
+        }
+        if sock.rx_disabled {
+            self.h.requeue(q);
+        } else {
+            let was_empty = sock.rx_queue.is_empty();
+            sock.rx_mem += q.iter().map(|m| m.data.len()).sum::<usize>();
+            while let Some(m) = q.pop_back() {
+                sock.rx_queue.push_front(m);
+            }
+            if was_empty && !sock.rx_queue.is_empty() {
+                self.h.events.push_back(Event::SockReadable(s));
+            }
+        }
     }
 
     /// `PeerClosed` → `Drained` when nothing of psock `p` is left to deliver,

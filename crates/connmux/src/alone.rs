@@ -26,14 +26,14 @@
 
 use std::io;
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use connmux_core::mux::PsockId;
 
 use crate::driver::epoll::Alone;
 use crate::mux::Mux;
-use crate::shared::{Shared, SockRt, WorkerIo};
+use crate::shared::{Ctx, Own, Shared, SockRt, WorkerIo, NO_TAG};
 
 /// The longest a second thread receiving on one stand-alone socket waits
 /// on its readiness before it looks whether the pass is free (the first
@@ -54,7 +54,7 @@ pub(crate) struct AloneSock {
 
 impl AloneSock {
     /// A free slot for socket `rt` of `mux` (`Config::stand_alone`).
-    pub(crate) fn take(mux: &Mux, rt: &SockRt) -> io::Result<AloneSock> {
+    pub(crate) fn take(mux: &Mux, rt: &Arc<SockRt>) -> io::Result<AloneSock> {
         let u = mux
             .user()
             .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "stand-alone sockets are userspace only"))?;
@@ -73,6 +73,40 @@ impl AloneSock {
     /// The slot's worker index (what `Mux::attach_inner` takes).
     pub(crate) fn index(&self) -> usize {
         self.index
+    }
+
+    /// `f` on the slot's own state while it keeps messages for socket
+    /// `rt` (`shared::Mine`), unless another thread of the socket runs
+    /// its pass (it keeps none then: a pass runs only once they are
+    /// taken). Kept by a pass that ran while the socket was
+    /// receive-disabled, they go back to the hub instead (`Own::unkeep`).
+    pub(crate) fn mine<T>(&self, sh: &Shared, rt: &SockRt, f: impl FnOnce(&mut Own) -> T) -> Option<T> {
+        let mut st = self.state.try_lock().ok()?;
+        let own = st.own().filter(|o| o.has_mine())?;
+        if rt.rx_off.load(Ordering::Acquire) {
+            let mut events = Vec::new();
+            {
+                let mut core = sh.lock();
+                own.unkeep(&mut core.mux);
+                core.drain_events(&mut events);
+            }
+            sh.dispatch(&mut events, &mut Ctx::App);
+            return None;
+        }
+        Some(f(own))
+    }
+
+    /// How many messages the slot keeps for the socket (0 while another
+    /// thread runs its pass).
+    pub(crate) fn mine_len(&self) -> usize {
+        self.state.try_lock().ok().and_then(|mut st| st.own().map(|o| o.mine_len())).unwrap_or(0)
+    }
+
+    /// `f` with the slot's own state, or `None` while another thread of
+    /// the socket runs its pass (it keeps nothing then).
+    pub(crate) fn with_own<T>(&self, f: impl FnOnce(Option<&mut Own>) -> T) -> T {
+        let mut st = self.state.try_lock().ok();
+        f(st.as_mut().and_then(|s| s.own()))
     }
 
     /// Nothing is queued for socket `rt`: run the slot's pass, its wait
@@ -159,6 +193,17 @@ impl AloneSock {
             }
         }
     }
+}
+
+/// Mirror socket `rt`'s steering for its slot (`SockRt::kept_tag`,
+/// `SockRt::rx_off`): called under the hub lock, after a change to them.
+pub(crate) fn mirror(m: &connmux_core::mux::Mux, rt: &SockRt) {
+    let v = m.v();
+    let off = m.recv_disabled(rt.id).unwrap_or(true);
+    let by_tag = v.config().steering == connmux_core::mux::Steering::Affinity && !off;
+    let tag = by_tag.then(|| v.sock_affinity(rt.id)).flatten().unwrap_or(NO_TAG);
+    rt.kept_tag.store(tag, Ordering::Release);
+    rt.rx_off.store(off, Ordering::Release);
 }
 
 /// Slot `index` is free again: what its pass wrote whole is told, what was

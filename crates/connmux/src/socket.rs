@@ -88,6 +88,8 @@ impl KcmSocket {
             corked: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             backlog: AtomicBool::new(false),
+            kept_tag: std::sync::atomic::AtomicU32::new(crate::shared::NO_TAG),
+            rx_off: AtomicBool::new(false),
         });
         // A new socket can always start a message until it fills its buffer.
         rt.tx.set();
@@ -244,7 +246,22 @@ impl KcmSocket {
     /// KCM_RECV_DISABLE.
     pub fn set_recv_disable(&self, disable: bool) -> io::Result<()> {
         match &self.imp {
-            SockImp::User(rt) => self.with_core(rt, |m, id| m.set_recv_disable(id, disable)),
+            SockImp::User(rt) => match &self.alone {
+                // What its slot kept goes back first, and moves on with
+                // the socket's queue (in order); a pass under way in
+                // another thread gives back what it keeps after it.
+                Some(a) => a.with_own(|own| {
+                    self.with_core(rt, |m, id| {
+                        if let Some(own) = own.filter(|_| disable) {
+                            own.unkeep(m);
+                        }
+                        m.set_recv_disable(id, disable)?;
+                        crate::alone::mirror(m, rt);
+                        Ok(())
+                    })
+                }),
+                None => self.with_core(rt, |m, id| m.set_recv_disable(id, disable)),
+            },
             SockImp::Kernel(k) => k.set_recv_disable(disable),
         }
     }
@@ -274,7 +291,13 @@ impl KcmSocket {
     /// Refused on the kernel backend, which steers messages itself.
     pub fn set_affinity(&self, tag: Option<u32>) -> io::Result<()> {
         match &self.imp {
-            SockImp::User(rt) => self.with_core(rt, |m, id| m.set_affinity(id, tag)),
+            SockImp::User(rt) => self.with_core(rt, |m, id| {
+                m.set_affinity(id, tag)?;
+                if self.alone.is_some() {
+                    crate::alone::mirror(m, rt);
+                }
+                Ok(())
+            }),
             SockImp::Kernel(_) => Err(kernel::unsupported(
                 "KcmSocket::set_affinity",
                 "the kernel steers messages itself and has no workers",
@@ -339,9 +362,12 @@ impl KcmSocket {
     }
 
     /// Receive loop shared by the recv forms: clear readiness, try, wait.
+    /// A stand-alone socket tries what its slot keeps for it first
+    /// (`mine`, `shared::Mine`).
     fn recv_loop<T>(
         &self,
         rt: &SockRt,
+        mut mine: impl FnMut(&mut crate::shared::Own) -> T,
         mut attempt: impl FnMut(&mut crate::shared::MuxHub) -> Result<T, MuxError>,
     ) -> io::Result<T> {
         let sh = self.mux.shared();
@@ -350,6 +376,9 @@ impl KcmSocket {
         // A non-blocking stand-alone socket's one pass of its slot is made.
         let mut passed = false;
         loop {
+            if let Some(r) = self.alone.as_ref().and_then(|a| a.mine(sh, rt, &mut mine)) {
+                return Ok(r);
+            }
             let r = {
                 let mut core = sh.lock();
                 let r = attempt(&mut core);
@@ -399,8 +428,14 @@ impl KcmSocket {
     pub fn recv_flags(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<RecvInfo> {
         match &self.imp {
             SockImp::User(rt) => {
-                let id = rt.id;
-                self.recv_loop(rt, |core| core.mux.recv(id, buf, flags))
+                let (id, ty) = (rt.id, self.ty);
+                // (Both forms copy into `buf`: one borrows it at a time.)
+                let buf = std::cell::RefCell::new(buf);
+                self.recv_loop(
+                    rt,
+                    |own| own.recv_mine(ty, &mut buf.borrow_mut(), flags.peek).expect("kept: looked at first"),
+                    |core| core.mux.recv(id, &mut buf.borrow_mut(), flags),
+                )
             }
             SockImp::Kernel(k) => {
                 let i = k.recv_flags(buf, flags)?;
@@ -427,7 +462,8 @@ impl KcmSocket {
     pub fn recv_msg(&self) -> io::Result<Message> {
         let rt = self.addressed("KcmSocket::recv_msg")?;
         let id = rt.id;
-        self.recv_loop(rt, |core| core.mux.recv_msg(id)).map(|(data, psock)| Message { data, psock })
+        self.recv_loop(rt, |own| own.take_mine().expect("kept: looked at first"), |core| core.mux.recv_msg(id))
+            .map(|(data, psock)| Message { data, psock })
     }
 
     /// Addressed receive: the message and where to send the answer.
@@ -444,21 +480,36 @@ impl KcmSocket {
         let rt = self.addressed("KcmSocket::recv_batch")?;
         let id = rt.id;
         let start = out.len();
-        self.recv_loop(rt, |core| {
-            let mut n = 0;
-            while n < max {
-                match core.mux.recv_msg(id) {
-                    Ok((data, psock)) => {
-                        out.push(Message { data, psock });
-                        n += 1;
-                    }
-                    Err(MuxError::WouldBlock) if n > 0 => break,
-                    Err(e) => return Err(e),
+        let out = std::cell::RefCell::new(out);
+        self.recv_loop(
+            rt,
+            |own| {
+                let mut out = out.borrow_mut();
+                let mut n = 0;
+                while n < max {
+                    let Some((data, psock)) = own.take_mine() else { break };
+                    out.push(Message { data, psock });
+                    n += 1;
                 }
-            }
-            Ok(n)
-        })?;
-        Ok(out.len() - start)
+                n
+            },
+            |core| {
+                let mut out = out.borrow_mut();
+                let mut n = 0;
+                while n < max {
+                    match core.mux.recv_msg(id) {
+                        Ok((data, psock)) => {
+                            out.push(Message { data, psock });
+                            n += 1;
+                        }
+                        Err(MuxError::WouldBlock) if n > 0 => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(n)
+            },
+        )?;
+        Ok(out.into_inner().len() - start)
     }
 
     /// The send forms' loop: try under the hub lock, write what the send
@@ -474,6 +525,8 @@ impl KcmSocket {
         let mut deadline = None;
         let mut events = Vec::new();
         loop {
+            // What a stand-alone socket's slot keeps for it is queued too.
+            let kept = addressed && self.alone.as_ref().is_some_and(|a| a.mine_len() > 0);
             let (r, cork) = {
                 let mut core = sh.lock();
                 let r = attempt(&mut core.mux);
@@ -482,7 +535,7 @@ impl KcmSocket {
                 } else {
                     rt.tx.clear();
                 }
-                let cork = addressed && r.is_ok() && core.mux.rx_queued(rt.id).unwrap_or(0) > 0;
+                let cork = addressed && r.is_ok() && (kept || core.mux.rx_queued(rt.id).unwrap_or(0) > 0);
                 core.drain_events(&mut events);
                 (r, cork)
             };
@@ -711,7 +764,10 @@ impl KcmSocket {
     /// `/proc/net/kcm` Recv-Q; 0 if it cannot be read).
     pub fn queued(&self) -> usize {
         match &self.imp {
-            SockImp::User(rt) => self.mux.shared().lock().mux.rx_queued(rt.id).unwrap_or(0),
+            SockImp::User(rt) => {
+                let kept = self.alone.as_ref().map_or(0, |a| a.mine_len());
+                kept + self.mux.shared().lock().mux.rx_queued(rt.id).unwrap_or(0)
+            }
             SockImp::Kernel(k) => k.stats().map(|s| s.rx_queued).unwrap_or(0),
         }
     }

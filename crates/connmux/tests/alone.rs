@@ -224,7 +224,120 @@ fn two_threads_on_one_stand_alone_socket() {
     second.join().unwrap();
 }
 
+/// The messages one read of a stand-alone socket's connection brings are
+/// received by every receive form, in order, each once: `recv_msg`, `peek`
+/// then `recv`, a short buffer (DGRAM: truncated; SEQPACKET: read on),
+/// `recv_batch`; `queued` counts those not yet received. The peer sent
+/// them and closed its write side: every reply reaches it before the
+/// connection's close in order (its FIN waits for the messages the socket
+/// has not received).
+fn a_stand_alone_socket_receives_a_whole_read_in_every_form() {
+    for ty in [SockType::Dgram, SockType::SeqPacket] {
+        let mux = mux_with(|c| c.stand_alone = 1);
+        let sock = mux.socket(ty).unwrap();
+        sock.set_recv_disable(true).unwrap();
+        let alone = sock.stand_alone().unwrap();
+        let (ours, mut peer) = pair();
+        peer.set_read_timeout(Some(WAIT)).unwrap();
+        let body = |i: u8| vec![i; 8 + i as usize];
+        let n = 12u8;
+        // All of it waits in the connection before it is attached: its
+        // first read takes every message.
+        let all: Vec<u8> = (0..n).flat_map(|i| framed(&body(i))).collect();
+        peer.write_all(&all).unwrap();
+        peer.shutdown(std::net::Shutdown::Write).unwrap();
+        alone.attach(&ours, l4()).unwrap();
+        let mut got: Vec<(Vec<u8>, connmux::PsockId)> = Vec::new();
+        let m = alone.recv_msg().unwrap();
+        got.push((m.data.to_vec(), m.psock));
+        assert_eq!(alone.queued(), n as usize - 1, "the rest of the read, on {ty:?}");
+        let mut buf = [0u8; 256];
+        let peeked = alone.recv_flags(&mut buf, connmux::RecvFlags { peek: true }).unwrap();
+        let info = alone.recv_from(&mut buf).unwrap();
+        assert_eq!((peeked.len, info.len, info.eor, info.trunc), (info.len, framed(&body(1)).len(), true, false));
+        got.push((buf[..info.len].to_vec(), info.psock));
+        let whole = framed(&body(2));
+        let mut short = [0u8; 6];
+        let info = alone.recv_flags(&mut short, Default::default()).unwrap();
+        assert_eq!(&short[..info.len], &whole[..6]);
+        match ty {
+            SockType::Dgram => assert!(info.trunc && info.eor, "truncated: {info:?}"),
+            SockType::SeqPacket => {
+                assert!(!info.eor && !info.trunc, "read on: {info:?}");
+                let rest = alone.recv_from(&mut buf).unwrap();
+                assert!(rest.eor, "{rest:?}");
+                assert_eq!(&buf[..rest.len], &whole[6..]);
+            }
+        }
+        got.push((whole, info.psock));
+        let mut batch = Vec::new();
+        assert_eq!(alone.recv_batch(&mut batch, 3).unwrap(), 3);
+        got.extend(batch.into_iter().map(|m| (m.data.to_vec(), m.psock)));
+        while got.len() < n as usize {
+            let m = alone.recv_msg().unwrap();
+            got.push((m.data.to_vec(), m.psock));
+        }
+        assert_eq!(alone.queued(), 0);
+        for (i, (data, p)) in got.iter().enumerate() {
+            assert_eq!(data, &framed(&body(i as u8)), "message {i} on {ty:?}");
+            alone.send_to(data, *p).unwrap();
+        }
+        // The replies, then the end of the stream.
+        for i in 0..n {
+            assert_eq!(read_framed(&mut peer), body(i), "reply {i} on {ty:?}");
+        }
+        // (The socket looks again: its slot's pass applies what it took.)
+        alone.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let mut rest = Vec::new();
+        let end = Instant::now() + WAIT;
+        loop {
+            let _ = alone.recv_msg();
+            peer.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            match std::io::Read::read_to_end(&mut peer, &mut rest) {
+                Ok(_) => break,
+                Err(_) => assert!(Instant::now() < end, "no close in order within {WAIT:?}"),
+            }
+        }
+        assert!(rest.is_empty(), "nothing past the replies: {rest:?}");
+    }
+}
+
+/// `KCM_RECV_DISABLE` on a stand-alone socket holding unread messages
+/// (acceptance case 23): they become readable on the other socket, in
+/// order, and none stays with it; closing it does the same.
+fn a_stand_alone_socket_disabled_or_closed_hands_on_what_it_holds() {
+    for close in [false, true] {
+        let mux = mux_with(|c| c.stand_alone = 1);
+        let other = mux.socket(SockType::Dgram).unwrap();
+        other.set_read_timeout(Some(WAIT)).unwrap();
+        let alone = other.stand_alone().unwrap();
+        let (ours, mut peer) = pair();
+        let n = 10u8;
+        // All in the connection before it is attached: one read takes it.
+        let all: Vec<u8> = (0..n).flat_map(|i| framed(&[i; 5])).collect();
+        peer.write_all(&all).unwrap();
+        alone.attach(&ours, l4()).unwrap();
+        let m = alone.recv_msg().unwrap();
+        assert_eq!(&m.data[4..], &[0; 5]);
+        assert_eq!(alone.queued(), n as usize - 1);
+        match close {
+            false => {
+                alone.set_recv_disable(true).unwrap();
+                assert_eq!(alone.queued(), 0, "nothing stays with a disabled socket");
+            }
+            true => drop(alone),
+        }
+        for i in 1..n {
+            let m = other.recv_msg().unwrap_or_else(|e| panic!("message {i} (close: {close}): {e}"));
+            assert_eq!(&m.data[4..], &[i; 5], "in order (close: {close})");
+        }
+        assert_eq!(other.queued(), 0);
+    }
+}
+
 on_both_drivers!(
+    a_stand_alone_socket_disabled_or_closed_hands_on_what_it_holds,
+    a_stand_alone_socket_receives_a_whole_read_in_every_form,
     two_threads_on_one_stand_alone_socket,
     a_stand_alone_socket_reads_its_own_connections,
     stand_alone_clones_and_a_worker_connection_together,

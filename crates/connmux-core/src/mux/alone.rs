@@ -32,12 +32,24 @@ pub struct FramedAlone {
     bytes: u64,
     stream: StreamStats,
     last_active: Timestamp,
+    /// Held until the caller settles them (`Mux::rx_settle`), whether or
+    /// not the socket holds: kept for the socket's own receives, they are
+    /// not yet delivered (the psock's close waits for them).
+    held: bool,
 }
 
 impl FramedAlone {
     /// Bytes of the read framed (from its start).
     pub fn taken(&self) -> usize {
         self.taken
+    }
+
+    /// The messages are kept by the caller until its socket receives
+    /// them: held by the psock until settled (`Mux::rx_settle`, one per
+    /// message), as a holding socket's are.
+    pub fn held(mut self) -> FramedAlone {
+        self.held = true;
+        self
     }
 }
 
@@ -94,7 +106,16 @@ impl Owned {
         // Bytes served in place are traffic too (idle timeout).
         ps.last_active = now;
         let msgs = crate::run::count(&out[first..]) as u64;
-        Some(FramedAlone { p, sock, taken, msgs, bytes, stream: ps.stream.stats().clone(), last_active: now })
+        Some(FramedAlone {
+            p,
+            sock,
+            taken,
+            msgs,
+            bytes,
+            stream: ps.stream.stats().clone(),
+            last_active: now,
+            held: false,
+        })
     }
 }
 
@@ -119,7 +140,7 @@ impl Hub {
     /// socket `sock`: counted as received by the socket, as `recv_msg`
     /// would, held by it if it holds; the psock's counters and last read
     /// told to its share (its buffer is unchanged by framing in place, and
-    /// so is the rest of its report).
+    /// so is the rest of its report). Whether the socket holds them.
     pub(super) fn framed_in_place(
         &mut self,
         p: PsockId,
@@ -128,9 +149,10 @@ impl Hub {
         bytes: u64,
         stream: &StreamStats,
         last_active: Timestamp,
-    ) {
+    ) -> bool {
+        let mut holds = false;
         if framed > 0 {
-            let holds = self.sk.socks.get_mut(sock.index, sock.generation).is_some_and(|s| {
+            holds = self.sk.socks.get_mut(sock.index, sock.generation).is_some_and(|s| {
                 s.stats.rx_msgs += framed;
                 s.stats.rx_bytes += bytes;
                 s.holds
@@ -141,10 +163,14 @@ impl Hub {
             sh.rx.stream.clone_from(stream);
             sh.rx.last_active = last_active;
         }
+        holds
     }
 
     /// [`super::Mux::report_alone`].
     pub(super) fn report_alone(&mut self, f: FramedAlone) {
-        self.framed_in_place(f.p, f.sock, f.msgs, f.bytes, &f.stream, f.last_active);
+        let holds = self.framed_in_place(f.p, f.sock, f.msgs, f.bytes, &f.stream, f.last_active);
+        if f.held && !holds {
+            self.sk.handed(f.p, f.msgs, true);
+        }
     }
 }

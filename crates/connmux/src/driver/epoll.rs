@@ -60,12 +60,13 @@ pub(crate) struct Alone {
 impl Alone {
     /// The state of slot `index` for socket `sock`, whose readiness the
     /// slot's epoll now watches.
-    pub(crate) fn new(sh: &Shared, index: usize, sock: &SockRt) -> std::io::Result<Alone> {
+    pub(crate) fn new(sh: &Shared, index: usize, sock: &Arc<SockRt>) -> std::io::Result<Alone> {
         let WorkerIo::Epoll(epoll) = &sh.worker(index).io else { unreachable!("a stand-alone slot is an epoll") };
         // (Its pass is counted as a wait on it: `AloneSock::wait`.)
         epoll.add(sock.rx.counted_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
         let mut w = Worker::new(sh, index);
         w.bufs.own.looks = Some(sock.id);
+        w.bufs.own.mine = Some(crate::shared::Mine::new(sock.clone()));
         // Its first pass looks at the commands first (`worker::promise`).
         sh.worker(index).commands.look_soon();
         Ok(Alone {
@@ -95,6 +96,12 @@ impl Alone {
         self.parts = Some((w.bufs, w.events, w.dirty, w.owned));
     }
 
+    /// The slot's own state for one call of its socket (none while its
+    /// pass runs: the caller holds the slot).
+    pub(crate) fn own(&mut self) -> Option<&mut crate::shared::Own> {
+        self.parts.as_mut().map(|(bufs, ..)| &mut bufs.own)
+    }
+
     /// Its socket closed while connections are attached to the slot: no
     /// socket looks at a queue after its passes now, so a message queued
     /// for any raises that socket's readiness, and what was written whole
@@ -102,7 +109,11 @@ impl Alone {
     pub(crate) fn orphan(&mut self, sh: &Shared) {
         if let Some((bufs, ..)) = &mut self.parts {
             bufs.own.looks = None;
-            bufs.own.hold(&mut sh.lock());
+            let mut core = sh.lock();
+            // (Moved on with the socket's queue as it closes.)
+            bufs.own.unkeep(&mut core.mux);
+            bufs.own.mine = None;
+            bufs.own.hold(&mut core);
         }
         // Its passes no longer look at the commands first: asks wake it
         // from now on, and one already made is taken in its next pass.

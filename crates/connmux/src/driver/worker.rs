@@ -528,9 +528,20 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
             bufs.runs = runs;
         }
         None => {
-            let mut core = sh.lock();
-            let _ = crate::shared::feed_read(&mut core, &mut w.owned, &mut w.bufs.own, rt.id, data, now);
-            core.drain_events(&mut w.events);
+            // A stand-alone slot keeps what it may frame alone for its
+            // socket (`Own::frame_mine`); the hub counts it in the pass's
+            // hold, or in this one with the rest of the read.
+            let bufs = &mut w.bufs;
+            let taken = match bufs.own.mine.is_some() {
+                true => bufs.own.frame_mine(&mut w.owned, rt, data, now, sh.read_chunk, &mut bufs.runs),
+                false => 0,
+            };
+            if taken < data.len() {
+                let mut core = sh.lock();
+                bufs.own.report(&mut core);
+                let _ = crate::shared::feed_read(&mut core, &mut w.owned, &mut bufs.own, rt.id, &data[taken..], now);
+                core.drain_events(&mut w.events);
+            }
         }
     }
 }

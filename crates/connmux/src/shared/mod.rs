@@ -30,7 +30,7 @@ pub(crate) mod tls;
 pub(crate) use crate::sync::inbox::Inbox;
 pub(crate) use crate::sync::ready::Ready;
 
-pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Own, Promise};
+pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Mine, Own, Promise};
 
 use crate::config::Tuning;
 use crate::handler::{Handler, Lanes, ServiceStats};
@@ -109,7 +109,18 @@ pub(crate) struct SockRt {
     /// a backlog forms, and its next wait sleeps at once rather than spin
     /// (`Config::recv_spin`).
     pub backlog: AtomicBool,
+    /// A stand-alone socket's affinity tag while steering is by affinity
+    /// and it receives ([`NO_TAG`] otherwise), set under the hub lock with
+    /// what it mirrors: the messages its slot frames alone and keeps for
+    /// it (`Mine`) are those steering would send it.
+    pub kept_tag: std::sync::atomic::AtomicU32,
+    /// Receive-disabled (set under the hub lock): what its slot kept for
+    /// it goes back to the hub (`Own::unkeep`).
+    pub rx_off: AtomicBool,
 }
+
+/// No tag (`SockRt::kept_tag`).
+pub(crate) const NO_TAG: u32 = u32::MAX;
 
 /// Psocks a socket keeps corked at most: past it a send writes at once.
 pub(crate) const CORK_MAX: usize = 64;

@@ -2,13 +2,14 @@
 //! straight to its serving socket and writes it made and has not told the
 //! core of; and the feeds of a read's bytes into the core on its behalf.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use connmux_core::mux::{FramedAlone, Owned, PsockId, SockId};
+use connmux_core::mux::{FramedAlone, Owned, PsockId, RecvInfo, SockId, SockType};
 use connmux_core::{Bytes, Timestamp};
 
-use super::{MuxHub, PsockRt};
+use super::{MuxHub, PsockRt, SockRt};
 
 /// What a worker promised, at the end of a pass, about the commands
 /// posted to it (`driver::worker::promise`), so that a lazy post
@@ -88,6 +89,36 @@ pub(crate) struct Own {
     /// next hold ([`Own::open`]), after what its reads framed alone.
     pub sent: Vec<(SockId, PsockId, usize, u32)>,
     pub settle: Vec<(PsockId, u64)>,
+    /// A stand-alone socket's slot: the messages its reads framed alone
+    /// for that socket, kept for its receives ([`Mine`]).
+    pub mine: Option<Mine>,
+}
+
+/// The messages a stand-alone socket's slot framed alone for the socket
+/// (`Owned::frame_alone`, in its thread's own pass), received from here
+/// before its queue in the hub: no hold of the hub lock to queue them nor
+/// to take them. Each is held by its psock until taken (its close waits
+/// for it, as for a queued message), settled in the slot's next hold.
+/// The slot frames into it only while it holds less than one read chunk
+/// (`Config::read_chunk`): what it keeps is bounded by the configuration,
+/// beside the memory budget, which counts the hub's queues.
+///
+/// Order: a psock's messages are framed here only while none of its
+/// messages waits in the hub (`Owned::frame_alone`), so taking these
+/// first keeps each psock's order; messages of other psocks queued in the
+/// hub meanwhile may be overtaken (KCM orders a psock's messages, not
+/// psocks).
+pub(crate) struct Mine {
+    /// The stand-alone socket.
+    pub sock: Arc<SockRt>,
+    msgs: VecDeque<(Bytes, PsockId)>,
+    bytes: usize,
+}
+
+impl Mine {
+    pub fn new(sock: Arc<SockRt>) -> Mine {
+        Mine { sock, msgs: VecDeque::new(), bytes: 0 }
+    }
 }
 
 impl Own {
@@ -128,6 +159,8 @@ impl Own {
             for (sock, p, len, msgs) in self.sent.drain(..) {
                 core.mux.tx_direct(sock, p, len, msgs);
             }
+        }
+        if !self.settle.is_empty() {
             for (p, n) in self.settle.drain(..) {
                 core.mux.rx_settle(p, n);
             }
@@ -160,13 +193,116 @@ impl Own {
     /// nothing of it in the direct list, nothing told to this worker's
     /// psocks waiting (the hub's feed applies it first).
     #[inline]
-    pub fn alone_tag_for(&self, sock: &super::SockRt, rt: &PsockRt) -> Option<u32> {
-        let ok = !sock.rx.is_set()
+    pub fn alone_tag_for(&self, sock: &SockRt, rt: &PsockRt) -> Option<u32> {
+        self.alone_tag.filter(|_| self.may_frame_alone(sock, rt))
+    }
+
+    #[inline]
+    fn may_frame_alone(&self, sock: &SockRt, rt: &PsockRt) -> bool {
+        !sock.rx.is_set()
             && !self.told
             && !rt.released.load(Ordering::Acquire)
             && !sock.closed.load(Ordering::Acquire)
-            && !self.direct.iter().any(|(_, q)| *q == rt.id);
-        self.alone_tag.filter(|_| ok)
+            && !self.direct.iter().any(|(_, q)| *q == rt.id)
+    }
+
+    /// Whether the slot keeps messages for its socket.
+    pub fn has_mine(&self) -> bool {
+        self.mine.as_ref().is_some_and(|m| !m.msgs.is_empty())
+    }
+
+    /// How many messages the slot keeps for its socket.
+    pub fn mine_len(&self) -> usize {
+        self.mine.as_ref().map_or(0, |m| m.msgs.len())
+    }
+
+    /// The whole messages at the front of `data` (read from `rt` at `now`)
+    /// framed alone for the slot's socket and kept for its receives, if it
+    /// may (as [`Own::alone_tag_for`], with the tag steering would send
+    /// them to the socket with, `SockRt::kept_tag`, and while it keeps
+    /// less than `bound` bytes): the bytes taken (the rest goes through
+    /// the hub, after the report).
+    pub fn frame_mine(
+        &mut self,
+        o: &mut Owned,
+        rt: &PsockRt,
+        data: &[u8],
+        now: Timestamp,
+        bound: usize,
+        runs: &mut Vec<connmux_core::run::Run>,
+    ) -> usize {
+        let Some(m) = &self.mine else { return 0 };
+        let tag = m.sock.kept_tag.load(Ordering::Acquire);
+        if tag == super::NO_TAG || m.bytes >= bound || !self.may_frame_alone(&m.sock, rt) {
+            return 0;
+        }
+        runs.clear();
+        let Some(f) = o.frame_alone(rt.id, data, now, m.sock.id, tag, runs) else { return 0 };
+        let taken = f.taken();
+        // One copy of the read: its messages are slices of it.
+        let read = Bytes::copy_from_slice(&data[..taken]);
+        let m = self.mine.as_mut().expect("looked at above");
+        for r in runs.iter() {
+            for range in r.ranges() {
+                m.bytes += range.len();
+                m.msgs.push_back((read.slice(range), rt.id));
+            }
+        }
+        self.alone.push(f.held());
+        taken
+    }
+
+    /// The next message kept for the slot's socket, its hold settled in
+    /// the slot's next hold.
+    pub fn take_mine(&mut self) -> Option<(Bytes, PsockId)> {
+        let m = self.mine.as_mut()?;
+        let (data, p) = m.msgs.pop_front()?;
+        m.bytes -= data.len();
+        self.settle_one(p);
+        Some((data, p))
+    }
+
+    /// `recv` of the next message kept for the slot's socket into `buf`
+    /// (see the hub's `recv`: a short buffer truncates a DGRAM message, and
+    /// a SEQPACKET one is read on by the next call; `peek` takes nothing).
+    pub fn recv_mine(&mut self, ty: SockType, buf: &mut [u8], peek: bool) -> Option<RecvInfo> {
+        let m = self.mine.as_mut()?;
+        let (data, psock) = m.msgs.front_mut()?;
+        let (rem, psock) = (data.len(), *psock);
+        let n = buf.len().min(rem);
+        buf[..n].copy_from_slice(&data[..n]);
+        if peek {
+            return Some(RecvInfo { len: n, eor: false, trunc: false, psock });
+        }
+        if n < rem && ty == SockType::SeqPacket {
+            *data = data.slice(n..);
+            m.bytes -= n;
+            return Some(RecvInfo { len: n, eor: false, trunc: false, psock });
+        }
+        m.bytes -= rem;
+        m.msgs.pop_front();
+        self.settle_one(psock);
+        Some(RecvInfo { len: n, eor: true, trunc: n < rem, psock })
+    }
+
+    /// What the slot kept for its socket goes back to the socket's queue
+    /// in the hub, unreceived (`Mux::unkeep`: the socket closes, or was
+    /// receive-disabled), after the hub has counted it.
+    pub fn unkeep(&mut self, m: &mut connmux_core::mux::Mux) {
+        for f in self.alone.drain(..) {
+            m.report_alone(f);
+        }
+        if let Some(mine) = self.mine.as_mut().filter(|k| !k.msgs.is_empty()) {
+            mine.bytes = 0;
+            m.unkeep(mine.sock.id, mine.msgs.drain(..).collect());
+        }
+    }
+
+    fn settle_one(&mut self, p: PsockId) {
+        match self.settle.last_mut() {
+            Some((q, n)) if *q == p => *n += 1,
+            _ => self.settle.push((p, 1)),
+        }
     }
 
     /// What a read framed alone, counted by the hub (in a hold of the
