@@ -96,6 +96,40 @@ impl AloneSock {
         Some(f(own))
     }
 
+    /// `send_to` of whole message `data` to psock `p` by socket `rt`'s
+    /// thread: written with the socket's other sends to the slot's psocks
+    /// once it has nothing more to receive (`Own::send_out`,
+    /// `Own::write_outs`), and the caller has no more to send (`more`: a
+    /// batch's). `None`: not taken (another thread runs the pass, `p` is
+    /// not the slot's, TLS...); send it through the hub.
+    pub(crate) fn send_to(&self, sh: &Shared, rt: &SockRt, data: &[u8], p: PsockId, more: bool) -> Option<usize> {
+        let mut st = self.state.try_lock().ok()?;
+        let (own, prt) = st.own_and_psock(sh, p)?;
+        if !own.send_out(sh, &prt, data, sh.read_chunk) {
+            return None;
+        }
+        // The cork: while more waits to be received, the replies wait too.
+        if !more && !own.has_mine() && !rt.rx.is_set() {
+            own.write_outs(sh);
+        }
+        Some(data.len())
+    }
+
+    /// Write what the socket's sends left waiting (`Own::write_outs`):
+    /// before a send through the hub, a flush, a wait.
+    pub(crate) fn write_outs(&self, sh: &Shared) {
+        if let Ok(mut st) = self.state.try_lock() {
+            if let Some(own) = st.own() {
+                own.write_outs(sh);
+            }
+        }
+    }
+
+    /// Messages the socket's sends left waiting.
+    pub(crate) fn out_msgs(&self) -> usize {
+        self.state.try_lock().ok().and_then(|mut st| st.own().map(|o| o.out_msgs())).unwrap_or(0)
+    }
+
     /// How many messages the slot keeps for the socket (0 while another
     /// thread runs its pass).
     pub(crate) fn mine_len(&self) -> usize {
@@ -137,6 +171,10 @@ impl AloneSock {
             // watches it): another thread's message wakes the pass, and
             // one queued just before it begins ends it at once.
             Ok(mut st) => {
+                // Nothing is written while the thread waits.
+                if let Some(own) = st.own() {
+                    own.write_outs(sh);
+                }
                 rt.rx.wait(|_| st.pass(sh, left));
             }
             Err(_) => {
@@ -159,6 +197,9 @@ impl AloneSock {
         let Some(u) = mux.user() else { return };
         let sh = &u.shared;
         let mut st = self.state.into_inner().unwrap_or_else(|p| p.into_inner());
+        if let Some(own) = st.own() {
+            own.write_outs(sh);
+        }
         let index = self.index;
         if let WorkerIo::Epoll(epoll) = &sh.worker(index).io {
             let _ = epoll.delete(std::os::fd::AsRawFd::as_raw_fd(rt.rx.counted_fd()));

@@ -525,6 +525,11 @@ impl KcmSocket {
         let mut deadline = None;
         let mut events = Vec::new();
         loop {
+            if let Some(a) = &self.alone {
+                // Its sends written alone go first: one socket's sends
+                // keep their order.
+                a.write_outs(sh);
+            }
             // What a stand-alone socket's slot keeps for it is queued too.
             let kept = addressed && self.alone.as_ref().is_some_and(|a| a.mine_len() > 0);
             let (r, cork) = {
@@ -587,6 +592,9 @@ impl KcmSocket {
     /// [`KcmSocket::send_batch_to`]; plain sends are written at once.
     pub fn send_to(&self, data: &[u8], psock: PsockId) -> io::Result<usize> {
         let rt = self.addressed("KcmSocket::send_to")?;
+        if let Some(n) = self.alone.as_ref().and_then(|a| a.send_to(self.mux.shared(), rt, data, psock, false)) {
+            return Ok(n);
+        }
         let id = rt.id;
         self.send_loop(rt, true, |m| m.send_to(id, psock, data, SendFlags { eor: true, ..Default::default() }))
     }
@@ -652,7 +660,25 @@ impl KcmSocket {
     /// messages (`None`) may be sent.
     pub fn send_batch_to(&self, msgs: &[(Option<PsockId>, &[u8])]) -> io::Result<usize> {
         match &self.imp {
-            SockImp::User(rt) => self.send_each(rt, msgs.len(), |i| msgs[i]),
+            SockImp::User(rt) => {
+                // A stand-alone socket's sends to its own connections, as
+                // `send_to`'s; from the first it does not take, the hub's.
+                let mut done = 0;
+                if let Some(a) = &self.alone {
+                    let sh = self.mux.shared();
+                    while let Some((Some(p), data)) = msgs.get(done) {
+                        if a.send_to(sh, rt, data, *p, done + 1 < msgs.len()).is_none() {
+                            break;
+                        }
+                        done += 1;
+                    }
+                }
+                match done == msgs.len() {
+                    true => Ok(done),
+                    // (`send_loop` writes what the first ones left waiting.)
+                    false => self.send_each(rt, msgs.len() - done, |i| msgs[done + i]).map(|n| done + n),
+                }
+            }
             SockImp::Kernel(k) if msgs.iter().all(|(p, _)| p.is_none()) => {
                 let datas: Vec<&[u8]> = msgs.iter().map(|(_, d)| *d).collect();
                 k.send_batch(&datas)
@@ -714,7 +740,10 @@ impl KcmSocket {
     /// connection; dropping the socket now would discard them.
     pub fn unsent(&self) -> io::Result<usize> {
         match &self.imp {
-            SockImp::User(rt) => self.mux.shared().lock().mux.tx_unsent(rt.id).map_err(io_err),
+            SockImp::User(rt) => {
+                let waiting = self.alone.as_ref().map_or(0, |a| a.out_msgs());
+                Ok(waiting + self.mux.shared().lock().mux.tx_unsent(rt.id).map_err(io_err)?)
+            }
             SockImp::Kernel(_) => {
                 Err(kernel::unsupported("KcmSocket::unsent", "AF_KCM does not report a socket's unsent messages"))
             }
@@ -730,6 +759,9 @@ impl KcmSocket {
     /// Unsupported on the kernel backend (AF_KCM's close drops them too).
     pub fn flush(&self, timeout: Duration) -> io::Result<()> {
         if let SockImp::User(rt) = &self.imp {
+            if let Some(a) = &self.alone {
+                a.write_outs(self.mux.shared());
+            }
             self.mux.shared().uncork(rt);
         }
         let deadline = Instant::now() + timeout;

@@ -335,7 +335,51 @@ fn a_stand_alone_socket_disabled_or_closed_hands_on_what_it_holds() {
     }
 }
 
+/// A stand-alone socket's replies to its own connection wait while it
+/// has more to receive (counted by `unsent`), and leave in the order they
+/// were sent: before a send that goes through the hub (a plain `send`), on
+/// `flush`, or with the reply to the last message; its counters count
+/// them.
+fn a_stand_alone_socket_sends_its_replies_in_order() {
+    let mux = mux_with(|c| c.stand_alone = 1);
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_recv_disable(true).unwrap();
+    let alone = sock.stand_alone().unwrap();
+    let (ours, mut peer) = pair();
+    peer.set_read_timeout(Some(WAIT)).unwrap();
+    let n = 6u8;
+    let all: Vec<u8> = (0..n).flat_map(|i| framed(&[i; 3])).collect();
+    peer.write_all(&all).unwrap();
+    alone.attach(&ours, l4()).unwrap();
+    let reply = |i: u8| framed(&[b'r', i]);
+    let m = alone.recv_msg().unwrap();
+    alone.send_to(&reply(0), m.psock).unwrap();
+    assert_eq!(alone.unsent().unwrap(), 1, "waits while more is to be received");
+    // A plain send, written at once through the hub (on the one
+    // connection): the reply waiting goes first.
+    let _ = alone.recv_msg().unwrap();
+    alone.send(&reply(1)).unwrap();
+    assert_eq!(read_framed(&mut peer), [b'r', 0]);
+    assert_eq!(read_framed(&mut peer), [b'r', 1]);
+    let m = alone.recv_msg().unwrap();
+    alone.send_to(&reply(2), m.psock).unwrap();
+    alone.flush(WAIT).unwrap();
+    assert_eq!(read_framed(&mut peer), [b'r', 2], "written by flush");
+    for i in 3..n {
+        let m = alone.recv_msg().unwrap();
+        assert_eq!(&m.data[4..], &[i; 3]);
+        alone.send_to(&reply(i), m.psock).unwrap();
+    }
+    for i in 3..n {
+        assert_eq!(read_framed(&mut peer), [b'r', i], "with the reply to the last");
+    }
+    assert_eq!(alone.unsent().unwrap(), 0);
+    let st = alone.stats().unwrap();
+    assert_eq!((st.rx_msgs, st.tx_msgs), (n as u64, n as u64));
+}
+
 on_both_drivers!(
+    a_stand_alone_socket_sends_its_replies_in_order,
     a_stand_alone_socket_disabled_or_closed_hands_on_what_it_holds,
     a_stand_alone_socket_receives_a_whole_read_in_every_form,
     two_threads_on_one_stand_alone_socket,

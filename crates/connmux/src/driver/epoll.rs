@@ -102,6 +102,12 @@ impl Alone {
         self.parts.as_mut().map(|(bufs, ..)| &mut bufs.own)
     }
 
+    /// [`Alone::own`] and psock `p`'s runtime side, if it is the slot's.
+    pub(crate) fn own_and_psock(&mut self, sh: &Shared, p: PsockId) -> Option<(&mut crate::shared::Own, Arc<PsockRt>)> {
+        let rt = self.rts.get(sh, p).filter(|rt| rt.worker() == self.index)?;
+        Some((self.own()?, rt))
+    }
+
     /// Its socket closed while connections are attached to the slot: no
     /// socket looks at a queue after its passes now, so a message queued
     /// for any raises that socket's readiness, and what was written whole

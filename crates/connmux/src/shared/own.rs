@@ -3,6 +3,7 @@
 //! core of; and the feeds of a read's bytes into the core on its behalf.
 
 use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -108,16 +109,33 @@ pub(crate) struct Own {
 /// first keeps each psock's order; messages of other psocks queued in the
 /// hub meanwhile may be overtaken (KCM orders a psock's messages, not
 /// psocks).
+///
+/// Its thread's addressed sends to the slot's own psocks wait here too
+/// (`outs`), each psock's written together, outside the hub, when the
+/// psock's writer is free (`Own::write_outs`: as a serving worker writes
+/// its replies), once the socket has nothing more to receive (the cork),
+/// and before any send of the socket that goes through the hub (its
+/// order); counted in the slot's next hold.
 pub(crate) struct Mine {
     /// The stand-alone socket.
     pub sock: Arc<SockRt>,
     msgs: VecDeque<(Bytes, PsockId)>,
     bytes: usize,
+    outs: Vec<Out>,
+    out_bytes: usize,
+}
+
+/// Whole messages for one psock, sent by a stand-alone socket's thread
+/// and not yet written ([`Mine`]).
+struct Out {
+    rt: Arc<PsockRt>,
+    data: Vec<u8>,
+    msgs: u32,
 }
 
 impl Mine {
     pub fn new(sock: Arc<SockRt>) -> Mine {
-        Mine { sock, msgs: VecDeque::new(), bytes: 0 }
+        Mine { sock, msgs: VecDeque::new(), bytes: 0, outs: Vec::new(), out_bytes: 0 }
     }
 }
 
@@ -283,6 +301,101 @@ impl Own {
         m.msgs.pop_front();
         self.settle_one(psock);
         Some(RecvInfo { len: n, eor: true, trunc: n < rem, psock })
+    }
+
+    /// Bytes of sends waiting to be written ([`Own::write_outs`]).
+    pub fn out_bytes(&self) -> usize {
+        self.mine.as_ref().map_or(0, |m| m.out_bytes)
+    }
+
+    /// Messages of sends waiting to be written.
+    pub fn out_msgs(&self) -> usize {
+        self.mine.as_ref().map_or(0, |m| m.outs.iter().map(|o| o.msgs as usize).sum())
+    }
+
+    /// Whole message `data` sent by the slot's socket to `rt`, one of the
+    /// slot's psocks, to be written with the rest ([`Own::write_outs`]),
+    /// if it may be: not TLS (rustls writes its records), not released,
+    /// and together with what waits at most `bound` bytes (past it, what
+    /// waits is written first). `false`: send it through the hub.
+    pub fn send_out(&mut self, sh: &super::Shared, rt: &Arc<PsockRt>, data: &[u8], bound: usize) -> bool {
+        if rt.tls.is_some() || rt.released.load(Ordering::Acquire) || data.is_empty() || data.len() > bound {
+            return false;
+        }
+        if self.out_bytes() + data.len() > bound {
+            self.write_outs(sh);
+        }
+        let Some(m) = self.mine.as_mut() else { return false };
+        m.out_bytes += data.len();
+        match m.outs.iter_mut().find(|o| Arc::ptr_eq(&o.rt, rt)) {
+            Some(o) => {
+                o.data.extend_from_slice(data);
+                o.msgs += 1;
+            }
+            None => m.outs.push(Out { rt: rt.clone(), data: data.to_vec(), msgs: 1 }),
+        }
+        true
+    }
+
+    /// Write the sends waiting for each psock ([`Own::send_out`]) in one
+    /// `writev` each, outside the hub when its writer is free
+    /// (`sync::writer::Writer::own`), then counted in one hold of the hub
+    /// lock;
+    /// otherwise (the hub has messages of it queued or out) handed to the
+    /// hub first on its queue (other sockets' messages may be overtaken:
+    /// KCM orders one socket's sends), as the rest of a short write is.
+    pub fn write_outs(&mut self, sh: &super::Shared) {
+        let Some(m) = self.mine.as_mut().filter(|m| !m.outs.is_empty()) else { return };
+        let sock = m.sock.id;
+        // What the socket corked in the hub (sent while another thread of
+        // it ran the pass) is older: written first.
+        sh.uncork(&m.sock);
+        let mut outs = std::mem::take(&mut m.outs);
+        m.out_bytes = 0;
+        let mut events = Vec::new();
+        for o in &outs {
+            let len = o.data.len();
+            let owned = o.rt.writer.own();
+            let sent = match owned {
+                true => match super::Wrote::of_io(&connmux_sys::socket::writev(o.rt.fd(), &[IoSlice::new(&o.data)])) {
+                    super::Wrote::Bytes(n) => n,
+                    // Nothing out: the hub's writer meets the same again.
+                    _ => 0,
+                },
+                false => 0,
+            };
+            if owned && sent == len {
+                self.sent.push((sock, o.rt.id, len, o.msgs));
+            } else {
+                let mut core = sh.lock();
+                self.open(&mut core);
+                core.mux.tx_direct_rest(sock, o.rt.id, Bytes::copy_from_slice(&o.data), sent, o.msgs);
+                self.close(&mut core);
+                // Raises the psock for a writer (`PsockTransmit`): marked
+                // the hub's before the owner lets go of it.
+                core.drain_events(&mut events);
+            }
+            if owned && o.rt.writer.disown() {
+                // A hub writer found it writing and left its chunk.
+                sh.flush(&o.rt, &mut events);
+            }
+        }
+        // (The list's room is kept for the next sends.)
+        outs.clear();
+        if let Some(m) = self.mine.as_mut() {
+            m.outs = outs;
+        }
+        if !self.sent.is_empty() {
+            // Counted now, in one hold for them all: the socket's thread
+            // may not run the slot's pass again soon, and a psock whose
+            // peer closed drains once its last replies are counted.
+            let mut core = sh.lock();
+            self.hold(&mut core);
+            core.drain_events(&mut events);
+        }
+        if !events.is_empty() {
+            sh.dispatch(&mut events, &mut super::Ctx::App);
+        }
     }
 
     /// What the slot kept for its socket goes back to the socket's queue
