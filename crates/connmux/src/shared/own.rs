@@ -115,7 +115,7 @@ pub(crate) struct Own {
 /// psock's writer is free (`Own::write_outs`: as a serving worker writes
 /// its replies), once the socket has nothing more to receive (the cork),
 /// and before any send of the socket that goes through the hub (its
-/// order); counted in the slot's next hold.
+/// order); counted in one hold of the hub lock for them all.
 pub(crate) struct Mine {
     /// The stand-alone socket.
     pub sock: Arc<SockRt>,
@@ -340,10 +340,10 @@ impl Own {
     /// Write the sends waiting for each psock ([`Own::send_out`]) in one
     /// `writev` each, outside the hub when its writer is free
     /// (`sync::writer::Writer::own`), then counted in one hold of the hub
-    /// lock;
-    /// otherwise (the hub has messages of it queued or out) handed to the
-    /// hub first on its queue (other sockets' messages may be overtaken:
-    /// KCM orders one socket's sends), as the rest of a short write is.
+    /// lock; otherwise (the hub has messages of it queued or out) handed
+    /// to the hub first on its queue (other sockets' messages may be
+    /// overtaken: KCM orders one socket's sends), as the rest of a short
+    /// write is.
     pub fn write_outs(&mut self, sh: &super::Shared) {
         let Some(m) = self.mine.as_mut().filter(|m| !m.outs.is_empty()) else { return };
         let sock = m.sock.id;
