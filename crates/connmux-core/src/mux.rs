@@ -801,6 +801,7 @@ impl Mux {
         fn send_to(s: SockId, p: PsockId, data: &[u8], flags: SendFlags) -> Result<usize, MuxError>;
         fn send_msg(s: SockId, p: Option<PsockId>, msg: Bytes, batch: bool) -> Result<(), MuxError>;
         fn send_msgs_to(s: SockId, p: PsockId, data: Bytes, count: u32) -> Result<(), MuxError>;
+        fn send_msgs_to_accepted(s: SockId, p: PsockId, data: Bytes, count: u32) -> Result<(), MuxError>;
         fn send_msgs_to_begin(s: SockId, p: PsockId, data: Bytes, count: u32, slices: &mut Vec<Bytes>) -> Result<bool, MuxError>;
         fn send_abort(s: SockId) -> Result<(), MuxError>;
         fn tx_kick(p: PsockId);
@@ -2075,6 +2076,22 @@ impl MuxRef<'_> {
         let r = self.h.send_addressed(s, p, data, false, count, true);
         self.apply_told();
         r
+    }
+
+    /// [`Mux::send_msgs_to`] of messages the caller accepted already and
+    /// could not write (a stand-alone socket's waiting replies, bounded by
+    /// its read chunk): queued past the psock's backlog limit and the
+    /// socket's send buffer rather than refused; the next send is refused
+    /// as any is. Dropped with `Err` if `p` is gone or stopped.
+    pub fn send_msgs_to_accepted(&mut self, s: SockId, p: PsockId, data: Bytes, count: u32) -> Result<(), MuxError> {
+        self.h.sock(s)?;
+        self.h.check_addressed(p)?;
+        if data.is_empty() || count == 0 {
+            return Ok(());
+        }
+        self.h.queue_addressed(s, p, data, false, count, true);
+        self.apply_told();
+        Ok(())
     }
 
     /// [`Mux::send_msgs_to`] that also hands out psock `p`'s next chunk to

@@ -171,9 +171,9 @@ fn closing_a_stand_alone_socket_leaves_its_connections_then_frees_its_slot() {
 }
 
 /// Two threads receiving on one stand-alone socket: while one runs its
-/// pass the other waits on its readiness; once the first has gone, the
-/// second reads the connection itself (else nobody would), and every
-/// message is answered.
+/// pass the other waits on its readiness; once the first has gone (its
+/// call timed out in the pass), the second reads the connection itself
+/// (else nobody would), and every message is answered.
 fn two_threads_on_one_stand_alone_socket() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let mux = mux_with(|c| c.stand_alone = 1);
@@ -183,44 +183,43 @@ fn two_threads_on_one_stand_alone_socket() {
     let (ours, mut peer) = pair();
     peer.set_read_timeout(Some(WAIT)).unwrap();
     alone.attach(&ours, l4()).unwrap();
-    // The first answers one message and leaves; the second (blocking, no
-    // timeout) answers every other, until the second round's 100.
+    alone.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    // The first makes one call, which nothing answers: it runs the pass
+    // until its timeout, and leaves. The second, started meanwhile,
+    // answers every message sent after that.
     let first_done = Arc::new(AtomicBool::new(false));
     let first = {
         let (s, done) = (alone.clone(), first_done.clone());
         std::thread::spawn(move || {
-            let m = s.recv_msg().unwrap();
-            s.send_to(&m.data, m.psock).unwrap();
+            let r = s.recv_msg();
+            assert_eq!(r.err().map(|e| e.kind()), Some(std::io::ErrorKind::WouldBlock), "nothing was sent yet");
             done.store(true, Ordering::SeqCst);
         })
     };
     let second = {
         let s = alone.clone();
         std::thread::spawn(move || {
-            let mut round2 = 0;
-            while round2 < 100 {
-                let m = s.recv_msg().unwrap();
-                s.send_to(&m.data, m.psock).unwrap();
-                round2 += usize::from(m.data[4] == 2);
+            let end = Instant::now() + WAIT;
+            let mut answered = 0;
+            while answered < 100 {
+                assert!(Instant::now() < end, "{answered} of 100 answered within {WAIT:?}");
+                if let Ok(m) = s.recv_msg() {
+                    s.send_to(&m.data, m.psock).unwrap();
+                    answered += 1;
+                }
             }
         })
     };
-    // Calls one at a time until the first thread has answered one.
-    for i in 0..2000u32 {
-        if first_done.load(Ordering::SeqCst) {
-            break;
-        }
-        assert!(i < 1999, "the first thread never got a message");
-        peer.write_all(&framed(&[1, (i % 256) as u8])).unwrap();
-        assert_eq!(read_framed(&mut peer), [1, (i % 256) as u8]);
-        std::thread::sleep(Duration::from_millis(2));
+    let end = Instant::now() + WAIT;
+    while !first_done.load(Ordering::SeqCst) {
+        assert!(Instant::now() < end, "the first call never returned");
+        std::thread::yield_now();
     }
     first.join().unwrap();
     let all: Vec<u8> = (0..100u8).flat_map(|i| framed(&[2, i])).collect();
     peer.write_all(&all).unwrap();
-    let mut got: Vec<Vec<u8>> = (0..100).map(|_| read_framed(&mut peer)).collect();
-    got.sort();
-    assert_eq!(got, (0..100u8).map(|i| vec![2, i]).collect::<Vec<_>>(), "on {:?}", driver());
+    let got: Vec<Vec<u8>> = (0..100).map(|_| read_framed(&mut peer)).collect();
+    assert_eq!(got, (0..100u8).map(|i| vec![2, i]).collect::<Vec<_>>(), "in order, on {:?}", driver());
     second.join().unwrap();
 }
 
@@ -378,7 +377,50 @@ fn a_stand_alone_socket_sends_its_replies_in_order() {
     assert_eq!((st.rx_msgs, st.tx_msgs), (n as u64, n as u64));
 }
 
+/// More than a connection takes at once (its rest waits in the hub).
+const BIG: usize = 8 << 20;
+
+/// A stand-alone socket's replies waiting for a connection whose write
+/// another socket left half done (its peer reads slowly) go behind that
+/// message, never into it, though its backlog is past its limit then.
+fn a_stand_alone_socket_replies_behind_another_sockets_half_written_message() {
+    let mux = mux_with(|c| c.stand_alone = 1);
+    let other = mux.socket(SockType::Dgram).unwrap();
+    other.set_recv_disable(true).unwrap();
+    let alone = other.stand_alone().unwrap();
+    let (ours, mut peer) = pair();
+    peer.set_read_timeout(Some(WAIT)).unwrap();
+    let all: Vec<u8> = (0..3u8).flat_map(|i| framed(&[i; 3])).collect();
+    peer.write_all(&all).unwrap();
+    alone.attach(&ours, l4()).unwrap();
+    let reply = |i: u8| framed(&[b'r', i]);
+    let m = alone.recv_msg().unwrap();
+    alone.send_to(&reply(0), m.psock).unwrap();
+    let big = framed(&vec![7u8; BIG]);
+    other.send_to(&big, m.psock).unwrap();
+    for i in 1..3 {
+        let m = alone.recv_msg().unwrap();
+        alone.send_to(&reply(i), m.psock).unwrap();
+    }
+    let reader = std::thread::spawn(move || {
+        let first = read_framed(&mut peer);
+        let rest: Vec<Vec<u8>> = (0..3).map(|_| read_framed(&mut peer)).collect();
+        (first.len(), first.iter().all(|&b| b == 7), rest)
+    });
+    // (The slot writes its connection's rest in its passes.)
+    alone.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+    let end = Instant::now() + WAIT;
+    while !reader.is_finished() {
+        assert!(Instant::now() < end, "not all written within {WAIT:?}: {:?}", mux.stats());
+        let _ = alone.recv_msg();
+    }
+    let (len, whole, rest) = reader.join().unwrap();
+    assert_eq!((len, whole), (BIG, true), "the large message whole, first");
+    assert_eq!(rest, (0..3u8).map(|i| vec![b'r', i]).collect::<Vec<_>>(), "then the replies, in order");
+}
+
 on_both_drivers!(
+    a_stand_alone_socket_replies_behind_another_sockets_half_written_message,
     a_stand_alone_socket_sends_its_replies_in_order,
     a_stand_alone_socket_disabled_or_closed_hands_on_what_it_holds,
     a_stand_alone_socket_receives_a_whole_read_in_every_form,

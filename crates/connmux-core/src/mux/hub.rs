@@ -462,6 +462,13 @@ impl Hub {
         if sock.tx_mem >= sock.sndbuf && sh.tx.addr_bytes >= sock.sndbuf / SNDBUF_SHARE {
             return Err(self.would_block(s));
         }
+        self.queue_addressed(s, p, msg, batch, msgs, kick);
+        Ok(())
+    }
+
+    /// [`Hub::send_addressed`] past its limits: charged and queued.
+    pub(super) fn queue_addressed(&mut self, s: SockId, p: PsockId, msg: Bytes, batch: bool, msgs: u32, kick: bool) {
+        let (sock, sh) = self.sk.sock_and_share(s, p).expect("checked");
         sock.charge(msg.len(), msgs);
         sh.place(msgs);
         let before = sh.tx.addr_bytes;
@@ -478,7 +485,7 @@ impl Hub {
                 sock.held_psocks.push(p);
             }
             sock.wait_more = true;
-            return Ok(());
+            return;
         }
         sock.wait_more = false;
         // The socket's queued messages go to its psock, the psocks its batch
@@ -494,7 +501,6 @@ impl Hub {
         if held {
             self.kick_held(s);
         }
-        Ok(())
     }
 
     // ---- transmit: placement on psocks ----

@@ -303,11 +303,6 @@ impl Own {
         Some(RecvInfo { len: n, eor: true, trunc: n < rem, psock })
     }
 
-    /// Bytes of sends waiting to be written ([`Own::write_outs`]).
-    pub fn out_bytes(&self) -> usize {
-        self.mine.as_ref().map_or(0, |m| m.out_bytes)
-    }
-
     /// Messages of sends waiting to be written.
     pub fn out_msgs(&self) -> usize {
         self.mine.as_ref().map_or(0, |m| m.outs.iter().map(|o| o.msgs as usize).sum())
@@ -316,13 +311,21 @@ impl Own {
     /// Whole message `data` sent by the slot's socket to `rt`, one of the
     /// slot's psocks, to be written with the rest ([`Own::write_outs`]),
     /// if it may be: not TLS (rustls writes its records), not released,
-    /// and together with what waits at most `bound` bytes (past it, what
-    /// waits is written first). `false`: send it through the hub.
+    /// the hub has nothing of it to write (its backlog, and its limits,
+    /// are the hub's) unless sends to it wait here already (they keep
+    /// their order), and together with what waits at most `bound` bytes
+    /// (past it, what waits is written first). `false`: send it through
+    /// the hub.
     pub fn send_out(&mut self, sh: &super::Shared, rt: &Arc<PsockRt>, data: &[u8], bound: usize) -> bool {
         if rt.tls.is_some() || rt.released.load(Ordering::Acquire) || data.is_empty() || data.len() > bound {
             return false;
         }
-        if self.out_bytes() + data.len() > bound {
+        let Some(m) = self.mine.as_mut() else { return false };
+        let waiting = m.outs.iter().any(|o| Arc::ptr_eq(&o.rt, rt));
+        if !waiting && !rt.writer.is_free() {
+            return false;
+        }
+        if m.out_bytes + data.len() > bound {
             self.write_outs(sh);
         }
         let Some(m) = self.mine.as_mut() else { return false };
@@ -340,10 +343,11 @@ impl Own {
     /// Write the sends waiting for each psock ([`Own::send_out`]) in one
     /// `writev` each, outside the hub when its writer is free
     /// (`sync::writer::Writer::own`), then counted in one hold of the hub
-    /// lock; otherwise (the hub has messages of it queued or out) handed
-    /// to the hub first on its queue (other sockets' messages may be
-    /// overtaken: KCM orders one socket's sends), as the rest of a short
-    /// write is.
+    /// lock (the rest of a short write handed to the hub, first on its
+    /// queue); otherwise (another thread queued on it since) queued on it
+    /// in the hub behind what waits there (`Mux::send_msgs_to_accepted`:
+    /// past its backlog limit too, as they were accepted; the socket's
+    /// next send to it is the hub's, refused as any is).
     pub fn write_outs(&mut self, sh: &super::Shared) {
         let Some(m) = self.mine.as_mut().filter(|m| !m.outs.is_empty()) else { return };
         let sock = m.sock.id;
@@ -369,7 +373,14 @@ impl Own {
             } else {
                 let mut core = sh.lock();
                 self.open(&mut core);
-                core.mux.tx_direct_rest(sock, o.rt.id, Bytes::copy_from_slice(&o.data), sent, o.msgs);
+                let data = Bytes::copy_from_slice(&o.data);
+                match owned {
+                    // (Nothing may be out: this thread has the writer.)
+                    true => core.mux.tx_direct_rest(sock, o.rt.id, data, sent, o.msgs),
+                    false => {
+                        let _ = core.mux.send_msgs_to_accepted(sock, o.rt.id, data, o.msgs);
+                    }
+                }
                 self.close(&mut core);
                 // Raises the psock for a writer (`PsockTransmit`): marked
                 // the hub's before the owner lets go of it.

@@ -49,6 +49,11 @@ impl Default for Writer {
 }
 
 impl Writer {
+    /// Whether nobody has it now (a look: the owner's `own` decides).
+    pub fn is_free(&self) -> bool {
+        self.0.load(Ordering::Acquire) == 0
+    }
+
     /// The owner takes the connection for a write of its own: only while
     /// the hub has nothing of the psock's (no chunk out, nothing queued).
     pub fn own(&self) -> bool {
