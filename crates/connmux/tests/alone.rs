@@ -223,6 +223,30 @@ fn two_threads_on_one_stand_alone_socket() {
     second.join().unwrap();
 }
 
+/// A mux with one stand-alone slot, its first socket (receive-disabled:
+/// nobody reads it), a stand-alone clone of it, and a connection attached
+/// to the clone once its peer (`peer`) had sent `sent`: the clone's first
+/// read takes it all.
+struct OneAlone {
+    mux: connmux::Mux,
+    sock: KcmSocket,
+    alone: KcmSocket,
+    peer: std::net::TcpStream,
+    _ours: std::net::TcpStream,
+}
+
+fn one_alone(ty: SockType, sent: &[u8]) -> OneAlone {
+    let mux = mux_with(|c| c.stand_alone = 1);
+    let sock = mux.socket(ty).unwrap();
+    sock.set_recv_disable(true).unwrap();
+    let alone = sock.stand_alone().unwrap();
+    let (ours, mut peer) = pair();
+    peer.set_read_timeout(Some(WAIT)).unwrap();
+    peer.write_all(sent).unwrap();
+    alone.attach(&ours, l4()).unwrap();
+    OneAlone { mux, sock, alone, peer, _ours: ours }
+}
+
 /// The messages one read of a stand-alone socket's connection brings are
 /// received by every receive form, in order, each once: `recv_msg`, `peek`
 /// then `recv`, a short buffer (DGRAM: truncated; SEQPACKET: read on),
@@ -232,20 +256,11 @@ fn two_threads_on_one_stand_alone_socket() {
 /// has not received).
 fn a_stand_alone_socket_receives_a_whole_read_in_every_form() {
     for ty in [SockType::Dgram, SockType::SeqPacket] {
-        let mux = mux_with(|c| c.stand_alone = 1);
-        let sock = mux.socket(ty).unwrap();
-        sock.set_recv_disable(true).unwrap();
-        let alone = sock.stand_alone().unwrap();
-        let (ours, mut peer) = pair();
-        peer.set_read_timeout(Some(WAIT)).unwrap();
         let body = |i: u8| vec![i; 8 + i as usize];
         let n = 12u8;
-        // All of it waits in the connection before it is attached: its
-        // first read takes every message.
         let all: Vec<u8> = (0..n).flat_map(|i| framed(&body(i))).collect();
-        peer.write_all(&all).unwrap();
+        let OneAlone { mux: _mux, sock: _sock, alone, mut peer, _ours } = one_alone(ty, &all);
         peer.shutdown(std::net::Shutdown::Write).unwrap();
-        alone.attach(&ours, l4()).unwrap();
         let mut got: Vec<(Vec<u8>, connmux::PsockId)> = Vec::new();
         let m = alone.recv_msg().unwrap();
         got.push((m.data.to_vec(), m.psock));
@@ -340,16 +355,9 @@ fn a_stand_alone_socket_disabled_or_closed_hands_on_what_it_holds() {
 /// `flush`, or with the reply to the last message; its counters count
 /// them.
 fn a_stand_alone_socket_sends_its_replies_in_order() {
-    let mux = mux_with(|c| c.stand_alone = 1);
-    let sock = mux.socket(SockType::Dgram).unwrap();
-    sock.set_recv_disable(true).unwrap();
-    let alone = sock.stand_alone().unwrap();
-    let (ours, mut peer) = pair();
-    peer.set_read_timeout(Some(WAIT)).unwrap();
     let n = 6u8;
     let all: Vec<u8> = (0..n).flat_map(|i| framed(&[i; 3])).collect();
-    peer.write_all(&all).unwrap();
-    alone.attach(&ours, l4()).unwrap();
+    let OneAlone { mux: _mux, sock: _sock, alone, mut peer, _ours } = one_alone(SockType::Dgram, &all);
     let reply = |i: u8| framed(&[b'r', i]);
     let m = alone.recv_msg().unwrap();
     alone.send_to(&reply(0), m.psock).unwrap();
@@ -384,15 +392,8 @@ const BIG: usize = 8 << 20;
 /// another socket left half done (its peer reads slowly) go behind that
 /// message, never into it, though its backlog is past its limit then.
 fn a_stand_alone_socket_replies_behind_another_sockets_half_written_message() {
-    let mux = mux_with(|c| c.stand_alone = 1);
-    let other = mux.socket(SockType::Dgram).unwrap();
-    other.set_recv_disable(true).unwrap();
-    let alone = other.stand_alone().unwrap();
-    let (ours, mut peer) = pair();
-    peer.set_read_timeout(Some(WAIT)).unwrap();
     let all: Vec<u8> = (0..3u8).flat_map(|i| framed(&[i; 3])).collect();
-    peer.write_all(&all).unwrap();
-    alone.attach(&ours, l4()).unwrap();
+    let OneAlone { mux, sock: other, alone, mut peer, _ours } = one_alone(SockType::Dgram, &all);
     let reply = |i: u8| framed(&[b'r', i]);
     let m = alone.recv_msg().unwrap();
     alone.send_to(&reply(0), m.psock).unwrap();
