@@ -165,6 +165,13 @@ impl KcmSocket {
     /// unattached, and the slot is free again. Takes one of the mux's
     /// `Config::stand_alone` slots (`OutOfMemory` when all are taken;
     /// `Unsupported` on the kernel backend).
+    ///
+    /// What its own reads bring for it is kept for its next receives and
+    /// does not make its descriptor ([`AsFd`]) readable: polling it tells
+    /// of the mux's other connections' messages only (its own connections
+    /// are read in its receives anyway). Its addressed sends to its own
+    /// connections wait while it has more to receive and leave together
+    /// ([`KcmSocket::send_to`]'s cork).
     pub fn stand_alone(&self) -> io::Result<KcmSocket> {
         if let SockImp::Kernel(_) = &self.imp {
             return Err(kernel::unsupported(
