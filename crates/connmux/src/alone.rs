@@ -118,22 +118,18 @@ impl AloneSock {
     /// Write what the socket's sends left waiting (`Own::write_outs`):
     /// before a send through the hub, a flush, a wait.
     pub(crate) fn write_outs(&self, sh: &Shared) {
-        if let Ok(mut st) = self.state.try_lock() {
-            if let Some(own) = st.own() {
-                own.write_outs(sh);
-            }
-        }
+        self.with_own(|o| o.map(|o| o.write_outs(sh)));
     }
 
     /// Messages the socket's sends left waiting.
     pub(crate) fn out_msgs(&self) -> usize {
-        self.state.try_lock().ok().and_then(|mut st| st.own().map(|o| o.out_msgs())).unwrap_or(0)
+        self.with_own(|o| o.map_or(0, |o| o.out_msgs()))
     }
 
     /// How many messages the slot keeps for the socket (0 while another
     /// thread runs its pass).
     pub(crate) fn mine_len(&self) -> usize {
-        self.state.try_lock().ok().and_then(|mut st| st.own().map(|o| o.mine_len())).unwrap_or(0)
+        self.with_own(|o| o.map_or(0, |o| o.mine_len()))
     }
 
     /// `f` with the slot's own state, or `None` while another thread of

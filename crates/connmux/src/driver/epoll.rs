@@ -65,7 +65,6 @@ impl Alone {
         // (Its pass is counted as a wait on it: `AloneSock::wait`.)
         epoll.add(sock.rx.counted_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
         let mut w = Worker::new(sh, index);
-        w.bufs.own.looks = Some(sock.id);
         w.bufs.own.mine = Some(crate::shared::Mine::new(sock.clone()));
         // Its first pass looks at the commands first (`worker::promise`).
         sh.worker(index).commands.look_soon();
@@ -114,9 +113,9 @@ impl Alone {
     /// reaches the core.
     pub(crate) fn orphan(&mut self, sh: &Shared) {
         if let Some((bufs, ..)) = &mut self.parts {
-            bufs.own.looks = None;
             let mut core = sh.lock();
-            // (Moved on with the socket's queue as it closes.)
+            // (Moved on with the socket's queue as it closes; the slot
+            // looks for no socket from now on.)
             bufs.own.unkeep(&mut core.mux);
             bufs.own.mine = None;
             bufs.own.hold(&mut core);

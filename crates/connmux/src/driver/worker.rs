@@ -252,7 +252,7 @@ const CORK_WAIT: Duration = Duration::from_millis(1);
 #[inline(never)]
 fn promise(me: &WorkerRef, w: &mut Worker<'_>, read: bool) {
     let own = &mut w.bufs.own;
-    own.promise = match (own.looks.is_some(), read) {
+    own.promise = match (own.looks().is_some(), read) {
         (true, _) => Promise::First,
         (false, true) => Promise::Within,
         (false, false) => Promise::Nothing,

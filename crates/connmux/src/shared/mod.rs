@@ -575,7 +575,7 @@ impl Shared {
                         // (A second thread waiting on that socket is woken
                         // by the first's receive, which raises the readiness
                         // while messages are left.)
-                        if own.looks == Some(s) {
+                        if own.looks() == Some(s) {
                             continue;
                         }
                     }

@@ -52,10 +52,6 @@ pub(crate) struct Own {
     /// looked since (the worker serves, or raises the eventfd at the end of
     /// its pass).
     pub pending: bool,
-    /// The socket whose receiving thread runs this worker's passes (a
-    /// stand-alone socket's slot, `crate::alone`): it looks at its queue
-    /// after each pass, so a message queued for it raises no readiness.
-    pub looks: Option<SockId>,
     /// Messages reads handed straight to that socket (see [`feed_read`]),
     /// not yet served.
     pub direct: Vec<(Bytes, PsockId)>,
@@ -222,6 +218,14 @@ impl Own {
             && !rt.released.load(Ordering::Acquire)
             && !sock.closed.load(Ordering::Acquire)
             && !self.direct.iter().any(|(_, q)| *q == rt.id)
+    }
+
+    /// The socket whose receiving thread runs this worker's passes (a
+    /// stand-alone socket's slot, `crate::alone`, until the socket
+    /// closes): it looks at its queue after each pass, so a message queued
+    /// for it raises no readiness.
+    pub fn looks(&self) -> Option<SockId> {
+        self.mine.as_ref().map(|m| m.sock.id)
     }
 
     /// Whether the slot keeps messages for its socket.
