@@ -104,10 +104,10 @@ impl AloneSock {
     /// not the slot's, TLS...); send it through the hub.
     pub(crate) fn send_to(&self, sh: &Shared, rt: &SockRt, data: &[u8], p: PsockId, more: bool) -> Option<usize> {
         let mut st = self.state.try_lock().ok()?;
-        let (own, prt) = st.own_and_psock(sh, p)?;
-        if !own.send_out(sh, &prt, data, sh.read_chunk) {
+        if !st.send_out(sh, p, data) {
             return None;
         }
+        let own = st.own()?;
         // The cork: while more waits to be received, the replies wait too.
         if !more && !own.has_mine() && !rt.rx.is_set() {
             own.write_outs(sh);

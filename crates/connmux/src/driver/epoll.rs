@@ -101,10 +101,12 @@ impl Alone {
         self.parts.as_mut().map(|(bufs, ..)| &mut bufs.own)
     }
 
-    /// [`Alone::own`] and psock `p`'s runtime side, if it is the slot's.
-    pub(crate) fn own_and_psock(&mut self, sh: &Shared, p: PsockId) -> Option<(&mut crate::shared::Own, Arc<PsockRt>)> {
-        let rt = self.rts.get(sh, p).filter(|rt| rt.worker() == self.index)?;
-        Some((self.own()?, rt))
+    /// `Own::send_out` of `data` to psock `p`, if it is the slot's:
+    /// whether it was taken.
+    pub(crate) fn send_out(&mut self, sh: &Shared, p: PsockId, data: &[u8]) -> bool {
+        let (index, rts) = (self.index, &mut self.rts);
+        let Some((bufs, ..)) = self.parts.as_mut() else { return false };
+        bufs.own.send_out(sh, p, data, sh.read_chunk, || rts.get(sh, p).filter(|rt| rt.worker() == index))
     }
 
     /// Its socket closed while connections are attached to the slot: no

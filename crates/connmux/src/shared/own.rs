@@ -119,7 +119,17 @@ pub(crate) struct Mine {
     bytes: usize,
     outs: Vec<Out>,
     out_bytes: usize,
+    /// The out last sent to: a pass frames a read's messages together, so
+    /// their replies come a psock at a time.
+    last: usize,
+    /// The buffers of outs written, emptied, for the next (at most
+    /// [`SPARE_OUTS`]): a send appends to one with no allocation.
+    spare: Vec<Vec<u8>>,
 }
+
+/// How many written outs' buffers a slot keeps for its next sends (each
+/// holds at most twice `Config::read_chunk`).
+const SPARE_OUTS: usize = 8;
 
 /// Whole messages for one psock, sent by a stand-alone socket's thread
 /// and not yet written ([`Mine`]).
@@ -131,7 +141,15 @@ struct Out {
 
 impl Mine {
     pub fn new(sock: Arc<SockRt>) -> Mine {
-        Mine { sock, msgs: VecDeque::new(), bytes: 0, outs: Vec::new(), out_bytes: 0 }
+        Mine { sock, msgs: VecDeque::new(), bytes: 0, outs: Vec::new(), out_bytes: 0, last: 0, spare: Vec::new() }
+    }
+
+    /// The index of the out waiting for psock `p`, if one does.
+    fn out_of(&self, p: PsockId) -> Option<usize> {
+        if self.outs.get(self.last).is_some_and(|o| o.rt.id == p) {
+            return Some(self.last);
+        }
+        self.outs.iter().position(|o| o.rt.id == p)
     }
 }
 
@@ -312,35 +330,48 @@ impl Own {
         self.mine.as_ref().map_or(0, |m| m.outs.iter().map(|o| o.msgs as usize).sum())
     }
 
-    /// Whole message `data` sent by the slot's socket to `rt`, one of the
-    /// slot's psocks, to be written with the rest ([`Own::write_outs`]),
+    /// Whole message `data` sent by the slot's socket to psock `p`, one of
+    /// the slot's (`rt` finds its runtime side, asked only when no send to
+    /// it waits yet), to be written with the rest ([`Own::write_outs`]),
     /// if it may be: not TLS (rustls writes its records), not released,
     /// the hub has nothing of it to write (its backlog, and its limits,
     /// are the hub's) unless sends to it wait here already (they keep
     /// their order), and together with what waits at most `bound` bytes
     /// (past it, what waits is written first). `false`: send it through
     /// the hub.
-    pub fn send_out(&mut self, sh: &super::Shared, rt: &Arc<PsockRt>, data: &[u8], bound: usize) -> bool {
-        if rt.tls.is_some() || rt.released.load(Ordering::Acquire) || data.is_empty() || data.len() > bound {
+    pub fn send_out(
+        &mut self,
+        sh: &super::Shared,
+        p: PsockId,
+        data: &[u8],
+        bound: usize,
+        rt: impl FnOnce() -> Option<Arc<PsockRt>>,
+    ) -> bool {
+        if data.is_empty() || data.len() > bound || self.mine.is_none() {
             return false;
         }
-        let Some(m) = self.mine.as_mut() else { return false };
-        let waiting = m.outs.iter().any(|o| Arc::ptr_eq(&o.rt, rt));
-        if !waiting && !rt.writer.is_free() {
-            return false;
-        }
-        if m.out_bytes + data.len() > bound {
+        if self.mine.as_ref().is_some_and(|m| m.out_bytes + data.len() > bound) {
             self.write_outs(sh);
         }
         let Some(m) = self.mine.as_mut() else { return false };
-        m.out_bytes += data.len();
-        match m.outs.iter_mut().find(|o| Arc::ptr_eq(&o.rt, rt)) {
-            Some(o) => {
-                o.data.extend_from_slice(data);
-                o.msgs += 1;
+        let i = match m.out_of(p) {
+            Some(i) if m.outs[i].rt.released.load(Ordering::Acquire) => return false,
+            Some(i) => i,
+            None => {
+                let Some(rt) = rt() else { return false };
+                if rt.tls.is_some() || rt.released.load(Ordering::Acquire) || !rt.writer.is_free() {
+                    return false;
+                }
+                let data = m.spare.pop().unwrap_or_default();
+                m.outs.push(Out { rt, data, msgs: 0 });
+                m.outs.len() - 1
             }
-            None => m.outs.push(Out { rt: rt.clone(), data: data.to_vec(), msgs: 1 }),
-        }
+        };
+        let o = &mut m.outs[i];
+        o.data.extend_from_slice(data);
+        o.msgs += 1;
+        m.out_bytes += data.len();
+        m.last = i;
         true
     }
 
@@ -359,9 +390,10 @@ impl Own {
         // it ran the pass) is older: written first.
         sh.uncork(&m.sock);
         let mut outs = std::mem::take(&mut m.outs);
+        let mut spare = std::mem::take(&mut m.spare);
         m.out_bytes = 0;
         let mut events = Vec::new();
-        for o in &outs {
+        for o in outs.drain(..) {
             let len = o.data.len();
             let owned = o.rt.writer.own();
             let sent = match owned {
@@ -394,11 +426,17 @@ impl Own {
                 // A hub writer found it writing and left its chunk.
                 sh.flush(&o.rt, &mut events);
             }
+            if spare.len() < SPARE_OUTS {
+                let mut data = o.data;
+                data.clear();
+                spare.push(data);
+            }
         }
-        // (The list's room is kept for the next sends.)
-        outs.clear();
+        // (The list's room and the buffers are kept for the next sends.)
         if let Some(m) = self.mine.as_mut() {
             m.outs = outs;
+            m.last = 0;
+            m.spare = spare;
         }
         if !self.sent.is_empty() {
             // Counted now, in one hold for them all: the socket's thread
