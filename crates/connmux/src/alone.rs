@@ -116,9 +116,16 @@ impl AloneSock {
     }
 
     /// Write what the socket's sends left waiting (`Own::write_outs`):
-    /// before a send through the hub, a flush, a wait.
-    pub(crate) fn write_outs(&self, sh: &Shared) {
-        self.with_own(|o| o.map(|o| o.write_outs(sh)));
+    /// before a send through the hub, a flush, a wait. Returns how many
+    /// messages the slot keeps for the socket (0 while another thread
+    /// runs its pass): a send through the hub corks while it keeps any.
+    pub(crate) fn write_outs(&self, sh: &Shared) -> usize {
+        self.with_own(|o| {
+            o.map_or(0, |o| {
+                o.write_outs(sh);
+                o.mine_len()
+            })
+        })
     }
 
     /// Messages the socket's sends left waiting.

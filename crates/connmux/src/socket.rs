@@ -532,13 +532,11 @@ impl KcmSocket {
         let mut deadline = None;
         let mut events = Vec::new();
         loop {
-            if let Some(a) = &self.alone {
-                // Its sends written alone go first: one socket's sends
-                // keep their order.
-                a.write_outs(sh);
-            }
-            // What a stand-alone socket's slot keeps for it is queued too.
-            let kept = addressed && self.alone.as_ref().is_some_and(|a| a.mine_len() > 0);
+            // A stand-alone socket's sends written alone go first (one
+            // socket's sends keep their order); what its slot keeps for it
+            // is queued to receive too.
+            let kept = self.alone.as_ref().map_or(0, |a| a.write_outs(sh)) > 0;
+            let kept = addressed && kept;
             let (r, cork) = {
                 let mut core = sh.lock();
                 let r = attempt(&mut core.mux);
