@@ -96,43 +96,6 @@ impl AloneSock {
         Some(f(own))
     }
 
-    /// `send_to` of whole message `data` to psock `p` by socket `rt`'s
-    /// thread: written with the socket's other sends to the slot's psocks
-    /// once it has nothing more to receive (`Own::send_out`,
-    /// `Own::write_outs`), and the caller has no more to send (`more`: a
-    /// batch's). `None`: not taken (another thread runs the pass, `p` is
-    /// not the slot's, TLS...); send it through the hub.
-    pub(crate) fn send_to(&self, sh: &Shared, rt: &SockRt, data: &[u8], p: PsockId, more: bool) -> Option<usize> {
-        let mut st = self.state.try_lock().ok()?;
-        if !st.send_out(sh, p, data) {
-            return None;
-        }
-        let own = st.own()?;
-        // The cork: while more waits to be received, the replies wait too.
-        if !more && !own.has_mine() && !rt.rx.is_set() {
-            own.write_outs(sh);
-        }
-        Some(data.len())
-    }
-
-    /// Write what the socket's sends left waiting (`Own::write_outs`):
-    /// before a send through the hub, a flush, a wait. Returns how many
-    /// messages the slot keeps for the socket (0 while another thread
-    /// runs its pass): a send through the hub corks while it keeps any.
-    pub(crate) fn write_outs(&self, sh: &Shared) -> usize {
-        self.with_own(|o| {
-            o.map_or(0, |o| {
-                o.write_outs(sh);
-                o.mine_len()
-            })
-        })
-    }
-
-    /// Messages the socket's sends left waiting.
-    pub(crate) fn out_msgs(&self) -> usize {
-        self.with_own(|o| o.map_or(0, |o| o.out_msgs()))
-    }
-
     /// How many messages the slot keeps for the socket (0 while another
     /// thread runs its pass).
     pub(crate) fn mine_len(&self) -> usize {
@@ -174,10 +137,6 @@ impl AloneSock {
             // watches it): another thread's message wakes the pass, and
             // one queued just before it begins ends it at once.
             Ok(mut st) => {
-                // Nothing is written while the thread waits.
-                if let Some(own) = st.own() {
-                    own.write_outs(sh);
-                }
                 rt.rx.wait(|_| st.pass(sh, left));
             }
             Err(_) => {
@@ -200,9 +159,6 @@ impl AloneSock {
         let Some(u) = mux.user() else { return };
         let sh = &u.shared;
         let mut st = self.state.into_inner().unwrap_or_else(|p| p.into_inner());
-        if let Some(own) = st.own() {
-            own.write_outs(sh);
-        }
         let index = self.index;
         if let WorkerIo::Epoll(epoll) = &sh.worker(index).io {
             let _ = epoll.delete(std::os::fd::AsRawFd::as_raw_fd(rt.rx.counted_fd()));

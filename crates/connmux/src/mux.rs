@@ -503,7 +503,6 @@ impl Mux {
                 interest: Mutex::new(PsockInterest { read: true, write: false, registered: true }),
                 error: Mutex::new(None),
                 flush_queued: AtomicBool::new(false),
-                flush_asked: AtomicBool::new(false),
                 writer: Default::default(),
                 released: AtomicBool::new(false),
                 tls: tls.map(Mutex::new),

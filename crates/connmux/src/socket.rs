@@ -85,7 +85,8 @@ impl KcmSocket {
             nonblocking: AtomicBool::new(false),
             rcvtimeo: Mutex::new(None),
             sndtimeo: Mutex::new(None),
-            corked: Mutex::new(Vec::new()),
+            outs: Mutex::new(Default::default()),
+            outs_asked: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             backlog: AtomicBool::new(false),
             kept_tag: std::sync::atomic::AtomicU32::new(crate::shared::NO_TAG),
@@ -169,9 +170,9 @@ impl KcmSocket {
     /// What its own reads bring for it is kept for its next receives and
     /// does not make its descriptor ([`AsFd`]) readable: polling it tells
     /// of the mux's other connections' messages only (its own connections
-    /// are read in its receives anyway). Its addressed sends to its own
-    /// connections wait while it has more to receive and leave together
-    /// ([`KcmSocket::send_to`]'s cork).
+    /// are read in its receives anyway). Its addressed sends wait while it
+    /// has more to receive and leave together ([`KcmSocket::send_to`]'s
+    /// cork).
     pub fn stand_alone(&self) -> io::Result<KcmSocket> {
         if let SockImp::Kernel(_) = &self.imp {
             return Err(kernel::unsupported(
@@ -407,7 +408,8 @@ impl KcmSocket {
             }
             match r {
                 Err(MuxError::WouldBlock) => {
-                    sh.uncork(rt);
+                    // Nothing is left unwritten while the thread waits.
+                    sh.write_outs(rt);
                     if let Some(a) = &self.alone {
                         // Its own connections are read here, in this
                         // thread, while nothing is queued for it.
@@ -519,25 +521,21 @@ impl KcmSocket {
         Ok(out.into_inner().len() - start)
     }
 
-    /// The send forms' loop: try under the hub lock, write what the send
-    /// queued (or cork it: `addressed` sends made while more messages wait
-    /// to be received, [`Ctx::Cork`]), wait per the socket's mode.
+    /// The send forms' loop through the hub: what the socket's sends left
+    /// waiting in its outs goes first (one socket's sends keep their
+    /// order), then try under the hub lock, write what the send queued,
+    /// wait per the socket's mode.
     fn send_loop(
         &self,
         rt: &SockRt,
-        addressed: bool,
         mut attempt: impl FnMut(&mut connmux_core::mux::Mux) -> Result<usize, MuxError>,
     ) -> io::Result<usize> {
         let sh = self.mux.shared();
         let mut deadline = None;
         let mut events = Vec::new();
         loop {
-            // A stand-alone socket's sends written alone go first (one
-            // socket's sends keep their order); what its slot keeps for it
-            // is queued to receive too.
-            let kept = self.alone.as_ref().map_or(0, |a| a.write_outs(sh)) > 0;
-            let kept = addressed && kept;
-            let (r, cork) = {
+            sh.write_outs(rt);
+            let r = {
                 let mut core = sh.lock();
                 let r = attempt(&mut core.mux);
                 if !matches!(r, Err(MuxError::WouldBlock)) || core.mux.writable(rt.id).unwrap_or(false) {
@@ -545,20 +543,12 @@ impl KcmSocket {
                 } else {
                     rt.tx.clear();
                 }
-                let cork = addressed && r.is_ok() && (kept || core.mux.rx_queued(rt.id).unwrap_or(0) > 0);
                 core.drain_events(&mut events);
-                (r, cork)
+                r
             };
-            if cork {
-                sh.dispatch(&mut events, &mut Ctx::Cork(rt));
-                return r.map_err(io_err);
-            }
             if !events.is_empty() {
                 sh.dispatch(&mut events, &mut Ctx::App);
             }
-            // Nothing more to answer soon (or a plain send): what is
-            // corked goes now, and before any wait.
-            sh.uncork(rt);
             match r {
                 Err(MuxError::WouldBlock) => Self::wait(rt, &rt.tx, &rt.sndtimeo, &mut deadline, Duration::ZERO)?,
                 other => return other.map_err(io_err),
@@ -566,12 +556,18 @@ impl KcmSocket {
         }
     }
 
+    /// Whether a stand-alone socket's slot keeps messages for it: its
+    /// replies wait for those too (the cork).
+    fn kept(&self) -> bool {
+        self.alone.as_ref().is_some_and(|a| a.mine_len() > 0)
+    }
+
     /// sendmsg with KCM flags (MORE on DGRAM, EOR on SEQPACKET, BATCH).
     pub fn send_flags(&self, data: &[u8], flags: SendFlags) -> io::Result<usize> {
         match &self.imp {
             SockImp::User(rt) => {
                 let id = rt.id;
-                self.send_loop(rt, false, |m| m.send(id, data, flags))
+                self.send_loop(rt, |m| m.send(id, data, flags))
             }
             SockImp::Kernel(k) => k.send_flags(data, flags),
         }
@@ -586,22 +582,26 @@ impl KcmSocket {
     /// Refused on the kernel backend.
     ///
     /// While this socket has more messages queued to receive, the message
-    /// is *corked*: queued on its connection and written with the answers
-    /// to those messages (one write for many replies, as a server reading a
+    /// is *corked*: it waits in the socket (bounded by
+    /// `Config::read_chunk` bytes) and is written with the answers to
+    /// those messages (one write for many replies, as a server reading a
     /// connection's requests in one read answers them), by this socket's
     /// next send made with nothing queued, its next wait (a receive or a
     /// send that blocks, or returns `WouldBlock`), [`KcmSocket::flush`] or
     /// close, or the connection's worker, which is asked at once: a corked
-    /// reply never waits for the application to call again. The same holds
+    /// reply never waits for the application to call again (on a
+    /// stand-alone socket's own connections it waits for the socket's next
+    /// receive, whose thread is the one that reads them). The same holds
     /// for [`KcmSocket::send_msg`] to a psock and an all-addressed
-    /// [`KcmSocket::send_batch_to`]; plain sends are written at once.
+    /// [`KcmSocket::send_batch_to`]; plain sends, TLS connections and a
+    /// connection with sends of the hub's waiting are written at once.
     pub fn send_to(&self, data: &[u8], psock: PsockId) -> io::Result<usize> {
         let rt = self.addressed("KcmSocket::send_to")?;
-        if let Some(n) = self.alone.as_ref().and_then(|a| a.send_to(self.mux.shared(), rt, data, psock, false)) {
-            return Ok(n);
+        if self.mux.shared().send_out(rt, psock, data, false, self.kept()) {
+            return Ok(data.len());
         }
         let id = rt.id;
-        self.send_loop(rt, true, |m| m.send_to(id, psock, data, SendFlags { eor: true, ..Default::default() }))
+        self.send_loop(rt, |m| m.send_to(id, psock, data, SendFlags { eor: true, ..Default::default() }))
     }
 
     /// Addressed send of a message already in a `Bytes` (no copy). On the
@@ -614,9 +614,14 @@ impl KcmSocket {
                 return Err(kernel::unsupported("KcmSocket::send_msg to a psock", NO_ADDRESS))
             }
         };
+        if let Some(p) = psock {
+            if self.mux.shared().send_out(rt, p, &msg, false, self.kept()) {
+                return Ok(());
+            }
+        }
         let id = rt.id;
         let len = msg.len();
-        self.send_loop(rt, psock.is_some(), |m| m.send_msg(id, psock, msg.clone(), false).map(|_| len)).map(|_| ())
+        self.send_loop(rt, |m| m.send_msg(id, psock, msg.clone(), false).map(|_| len)).map(|_| ())
     }
 
     /// [`KcmSocket::send_msg`] to `psock` with BATCH when `batch`: the
@@ -629,7 +634,7 @@ impl KcmSocket {
         let rt = self.addressed("KcmSocket::send_msg_batch")?;
         let id = rt.id;
         let len = msg.len();
-        self.send_loop(rt, true, |m| m.send_msg(id, Some(psock), msg.clone(), batch).map(|_| len)).map(|_| ())
+        self.send_loop(rt, |m| m.send_msg(id, Some(psock), msg.clone(), batch).map(|_| len)).map(|_| ())
     }
 
     /// Ends the batch this socket has open (sends with BATCH and none
@@ -638,7 +643,7 @@ impl KcmSocket {
     pub fn end_batch(&self) -> io::Result<()> {
         let rt = self.addressed("KcmSocket::end_batch")?;
         let id = rt.id;
-        self.send_loop(rt, false, |m| m.end_batch(id).map(|_| 0)).map(|_| ())
+        self.send_loop(rt, |m| m.end_batch(id).map(|_| 0)).map(|_| ())
     }
 
     /// sendmmsg: every message but the last carries BATCH, so the batch goes out
@@ -666,22 +671,26 @@ impl KcmSocket {
     pub fn send_batch_to(&self, msgs: &[(Option<PsockId>, &[u8])]) -> io::Result<usize> {
         match &self.imp {
             SockImp::User(rt) => {
-                // A stand-alone socket's sends to its own connections, as
-                // `send_to`'s; from the first it does not take, the hub's.
+                // Addressed ones wait in the socket's outs, as `send_to`'s,
+                // the last one's send writing them; from the first they do
+                // not take, the hub's.
+                let (sh, kept) = (self.mux.shared(), self.kept());
                 let mut done = 0;
-                if let Some(a) = &self.alone {
-                    let sh = self.mux.shared();
-                    while let Some((Some(p), data)) = msgs.get(done) {
-                        if a.send_to(sh, rt, data, *p, done + 1 < msgs.len()).is_none() {
-                            break;
-                        }
-                        done += 1;
+                while let Some((Some(p), data)) = msgs.get(done) {
+                    if !sh.send_out(rt, *p, data, done + 1 < msgs.len(), kept) {
+                        break;
                     }
+                    done += 1;
                 }
                 match done == msgs.len() {
                     true => Ok(done),
-                    // (`send_loop` writes what the first ones left waiting.)
-                    false => self.send_each(rt, msgs.len() - done, |i| msgs[done + i]).map(|n| done + n),
+                    // (`send_loop` writes what the first ones left waiting;
+                    // sendmmsg's short count when the rest's first fails.)
+                    false => match self.send_each(rt, msgs.len() - done, |i| msgs[done + i]) {
+                        Ok(n) => Ok(done + n),
+                        Err(_) if done > 0 => Ok(done),
+                        Err(e) => Err(e),
+                    },
                 }
             }
             SockImp::Kernel(k) if msgs.iter().all(|(p, _)| p.is_none()) => {
@@ -702,8 +711,7 @@ impl KcmSocket {
     ) -> io::Result<usize> {
         let id = rt.id;
         let mut sent = 0;
-        let addressed = (0..n).all(|i| msg(i).0.is_some());
-        let r = self.send_loop(rt, addressed, |m| {
+        let r = self.send_loop(rt, |m| {
             while sent < n {
                 let (p, data) = msg(sent);
                 let flags = SendFlags { eor: true, batch: sent + 1 < n, more: false };
@@ -746,7 +754,7 @@ impl KcmSocket {
     pub fn unsent(&self) -> io::Result<usize> {
         match &self.imp {
             SockImp::User(rt) => {
-                let waiting = self.alone.as_ref().map_or(0, |a| a.out_msgs());
+                let waiting = self.mux.shared().outs_msgs(rt);
                 Ok(waiting + self.mux.shared().lock().mux.tx_unsent(rt.id).map_err(io_err)?)
             }
             SockImp::Kernel(_) => {
@@ -764,10 +772,7 @@ impl KcmSocket {
     /// Unsupported on the kernel backend (AF_KCM's close drops them too).
     pub fn flush(&self, timeout: Duration) -> io::Result<()> {
         if let SockImp::User(rt) = &self.imp {
-            if let Some(a) = &self.alone {
-                a.write_outs(self.mux.shared());
-            }
-            self.mux.shared().uncork(rt);
+            self.mux.shared().write_outs(rt);
         }
         let deadline = Instant::now() + timeout;
         let mut nap = Duration::from_micros(50);
@@ -856,7 +861,7 @@ impl Drop for KcmSocket {
         let SockImp::User(rt) = &self.imp else { return };
         let sh = self.mux.shared().clone();
         rt.closed.store(true, Ordering::Release);
-        sh.uncork(rt);
+        sh.write_outs(rt);
         if let Some(a) = self.alone.take() {
             a.close(&self.mux, rt);
         }

@@ -14,15 +14,15 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard, Weak};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
-use connmux_core::mux::{Event, Owned, PsockId};
+use connmux_core::mux::{Event, Owned};
 use connmux_sys::epoll::{Epoll, Events, Interest};
 
 use crate::driver::worker::{self, Io, Woke, Worker};
 use crate::driver::{SERVE_TOKEN, WAKER_TOKEN};
-use crate::shared::{token_psock, Command, MuxHub, PsockRt, ReadEnd, Shared, SockRt, WorkerIo};
+use crate::shared::{token_psock, Command, MuxHub, PsockRt, ReadEnd, Rts, Shared, SockRt, WorkerIo};
 
 pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
     if let Some(cpu) = cpu {
@@ -99,14 +99,6 @@ impl Alone {
     /// pass runs: the caller holds the slot).
     pub(crate) fn own(&mut self) -> Option<&mut crate::shared::Own> {
         self.parts.as_mut().map(|(bufs, ..)| &mut bufs.own)
-    }
-
-    /// `Own::send_out` of `data` to psock `p`, if it is the slot's:
-    /// whether it was taken.
-    pub(crate) fn send_out(&mut self, sh: &Shared, p: PsockId, data: &[u8]) -> bool {
-        let (index, rts) = (self.index, &mut self.rts);
-        let Some((bufs, ..)) = self.parts.as_mut() else { return false };
-        bufs.own.send_out(sh, p, data, sh.read_chunk, || rts.get(sh, p).filter(|rt| rt.worker() == index))
     }
 
     /// Its socket closed while connections are attached to the slot: no
@@ -204,26 +196,13 @@ impl Io for EpollIo<'_> {
     }
 
     fn command(&mut self, w: &mut Worker<'_>, c: Command) {
-        // A TLS psock may take bytes again (see `tls::epoll_read`); an
-        // application thread's corked sends wait to be written. Other
+        // A TLS psock may take bytes again (see `tls::epoll_read`). Other
         // threads reach epoll psocks through epoll_ctl: no other command
         // comes here.
-        match c {
-            Command::Resume(p) => {
-                if let Some(rt) = self.rts.get(w.sh, p) {
-                    read_psock(w, &rt, None, self.buf);
-                }
+        if let Command::Resume(p) = c {
+            if let Some(rt) = self.rts.get(w.sh, p) {
+                read_psock(w, &rt, None, self.buf);
             }
-            // An application thread's corked sends (`Ctx::Cork`).
-            Command::Flush(p) => {
-                if let Some(rt) = w.sh.psock_rt(p) {
-                    rt.flush_asked.store(false, Ordering::Release);
-                    if !rt.flush_queued.swap(true, Ordering::AcqRel) {
-                        w.dirty.push(rt);
-                    }
-                }
-            }
-            _ => {}
         }
     }
 
@@ -232,37 +211,6 @@ impl Io for EpollIo<'_> {
             rt.flush_queued.store(false, Ordering::Release);
             w.sh.flush(&rt, &mut w.events);
         }
-    }
-}
-
-/// A worker's map of its psocks' runtime sides, so that a readiness is
-/// acted on with no hold of the hub lock; filled from the hub's
-/// (`MuxHub::psocks`) on a miss. Weak: a released psock's connection
-/// closes when the hub and its other holders let it go, not when this
-/// worker next looks (its `released` flag stops the reads before that).
-#[derive(Default)]
-struct Rts {
-    map: rustc_hash::FxHashMap<PsockId, Weak<PsockRt>>,
-    /// At this many entries the released ones are swept out.
-    sweep_at: usize,
-}
-
-impl Rts {
-    fn get(&mut self, sh: &Shared, p: PsockId) -> Option<Arc<PsockRt>> {
-        if let Some(rt) = self.map.get(&p).and_then(Weak::upgrade) {
-            if !rt.released.load(Ordering::Acquire) {
-                return Some(rt);
-            }
-            self.map.remove(&p);
-            return None;
-        }
-        let rt = sh.psock_rt(p)?;
-        if self.map.len() >= self.sweep_at {
-            self.map.retain(|_, rt| rt.strong_count() > 0);
-            self.sweep_at = 2 * self.map.len().max(32);
-        }
-        self.map.insert(p, Arc::downgrade(&rt));
-        Some(rt)
     }
 }
 

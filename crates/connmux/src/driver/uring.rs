@@ -449,7 +449,7 @@ impl UringIo {
         let ring = &mut self.ring;
         match c {
             // Taken by the loop (`worker::pass`).
-            Command::Serve { .. } | Command::Told => {}
+            Command::Serve { .. } | Command::Told | Command::WriteOuts(_) => {}
             Command::Attach(rt) => {
                 // An unattach that overtook the attach leaves nothing to drive.
                 if !sh.lock().psocks.contains_key(&rt.id) {
@@ -514,7 +514,6 @@ impl UringIo {
             Command::Flush(p) => {
                 let token = psock_token(p);
                 if let Some(conn) = self.conns.get(&token) {
-                    conn.rt.flush_asked.store(false, Ordering::Release);
                     if !conn.released && !conn.rt.flush_queued.swap(true, Ordering::AcqRel) {
                         w.dirty.push(conn.rt.clone());
                     }

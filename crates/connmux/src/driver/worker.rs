@@ -180,6 +180,8 @@ pub(crate) fn pass(
         for c in cmds {
             match c {
                 Command::Told => w.bufs.own.told = true,
+                // (Any worker: the sends may be to any worker's psocks.)
+                Command::WriteOuts(sock) => sh.write_outs_asked(&sock),
                 Command::Serve { sock, handler, stats, lanes, index } => {
                     io.watch_serve(&sock);
                     w.bufs.own.serve = Some((sock.id, crate::serve::SERVE_BATCH));
@@ -231,7 +233,7 @@ pub(crate) fn pass(
 }
 
 /// The longest a corked reply waits for its worker when the application
-/// thread that corked it does not call again (`Shared::cork`): a worker
+/// thread that corked it does not call again (`Shared::send_out`): a worker
 /// that serves nothing promises, after a pass that read anything, to look
 /// at its commands within this long (`Inbox::look_soon`), so that those
 /// threads' corks need not wake it (`WorkerRef::command_lazy`). In

@@ -16,7 +16,7 @@ use std::io::{self, IoSlice};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use connmux_core::mux::{Event, PsockError, PsockId, SockId};
@@ -24,12 +24,14 @@ use connmux_core::{Bytes, Timestamp};
 use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
+mod outs;
 mod own;
 pub(crate) mod tls;
 
 pub(crate) use crate::sync::inbox::Inbox;
 pub(crate) use crate::sync::ready::Ready;
 
+pub(crate) use outs::Outs;
 pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Mine, Own, Promise};
 
 use crate::config::Tuning;
@@ -74,10 +76,45 @@ pub(crate) enum Command {
     Recall(PsockId),
     /// The psock failed: stop receiving from it.
     StopRx(PsockId),
-    /// The psock has bytes to write that another thread could not.
+    /// The psock has bytes to write that another thread could not (an
+    /// io_uring worker's: its ring's `sendmsg` waits for room).
     Flush(PsockId),
+    /// Write what socket `sock`'s sends left waiting (`SockRt::outs`):
+    /// asked once while they wait, so none waits on the application.
+    WriteOuts(Arc<SockRt>),
     /// The core released the psock: end its operations, then drop it.
     Release(Arc<PsockRt>),
+}
+
+/// A map of psocks' runtime sides (a worker's, a socket's outs), so that
+/// a readiness or a send is acted on with no hold of the hub lock; filled from the hub's
+/// (`MuxHub::psocks`) on a miss. Weak: a released psock's connection
+/// closes when the hub and its other holders let it go, not when this
+/// worker next looks (its `released` flag stops the reads before that).
+#[derive(Default)]
+pub(crate) struct Rts {
+    map: rustc_hash::FxHashMap<PsockId, Weak<PsockRt>>,
+    /// At this many entries the released ones are swept out.
+    sweep_at: usize,
+}
+
+impl Rts {
+    pub fn get(&mut self, sh: &Shared, p: PsockId) -> Option<Arc<PsockRt>> {
+        if let Some(rt) = self.map.get(&p).and_then(Weak::upgrade) {
+            if !rt.released.load(Ordering::Acquire) {
+                return Some(rt);
+            }
+            self.map.remove(&p);
+            return None;
+        }
+        let rt = sh.psock_rt(p)?;
+        if self.map.len() >= self.sweep_at {
+            self.map.retain(|_, rt| rt.strong_count() > 0);
+            self.sweep_at = 2 * self.map.len().max(32);
+        }
+        self.map.insert(p, Arc::downgrade(&rt));
+        Some(rt)
+    }
 }
 
 /// Encode a psock id as an epoll token (index in the low half, generation high).
@@ -96,12 +133,14 @@ pub(crate) struct SockRt {
     pub nonblocking: AtomicBool,
     pub rcvtimeo: Mutex<Option<Duration>>,
     pub sndtimeo: Mutex<Option<Duration>>,
-    /// Psocks holding this socket's addressed sends not yet written
-    /// (corked: [`Ctx::Cork`]), at most [`CORK_MAX`]; the socket's next
-    /// send made with nothing queued to receive, its next wait and its
-    /// close write them, and each psock's worker was asked to (lazily:
-    /// `driver::worker::CORK_WAIT` bounds the wait for it).
-    pub corked: Mutex<Vec<Arc<PsockRt>>>,
+    /// This socket's addressed sends waiting to be written (corked while
+    /// it has more to receive: [`Outs`]); taken by its sending thread, or
+    /// by the worker asked to write them.
+    pub outs: Mutex<Outs>,
+    /// A worker was asked to write `outs` (`Command::WriteOuts`) and has
+    /// not taken the ask yet: a send that corks asks again only once it
+    /// is clear.
+    pub outs_asked: AtomicBool,
     /// Closed (set before the hub closes it): a worker serving it frames no
     /// more alone for it.
     pub closed: AtomicBool,
@@ -122,9 +161,6 @@ pub(crate) struct SockRt {
 /// No tag (`SockRt::kept_tag`).
 pub(crate) const NO_TAG: u32 = u32::MAX;
 
-/// Psocks a socket keeps corked at most: past it a send writes at once.
-pub(crate) const CORK_MAX: usize = 64;
-
 /// Runtime side of a psock: the connection and which worker owns it.
 pub(crate) struct PsockRt {
     pub id: PsockId,
@@ -138,12 +174,6 @@ pub(crate) struct PsockRt {
     pub error: Mutex<Option<PsockError>>,
     /// Set while the psock sits in a worker's deferred-flush list.
     pub flush_queued: AtomicBool,
-    /// An application thread corked a send on it and asked its worker to
-    /// write it (`Command::Flush`, [`Ctx::Cork`]); cleared as the worker
-    /// takes that command, before it writes. A later cork asks again only
-    /// once it is clear: what was queued while it was set, the worker's
-    /// write takes.
-    pub flush_asked: AtomicBool,
     /// Who writes its connection now: its owner, a served read's replies
     /// with no hold of the hub lock (`serve::write_alone`), or the hub's
     /// writers ([`MuxHub::tx_begin`]).
@@ -503,15 +533,6 @@ pub(crate) enum Ctx<'a> {
     /// An application thread (or the API's own calls): it writes what its
     /// call queued on a psock at once.
     App,
-    /// An application thread's addressed send made while its socket has
-    /// more messages queued to receive: the replies to those will follow
-    /// on the same psocks, so the psock is corked (`SockRt::corked`)
-    /// rather than written now, and the replies leave together. The
-    /// psock's worker is asked to write it (`Command::Flush`), so a
-    /// corked reply never waits on the application: whichever comes
-    /// first, the worker's pass or the sender's next send with nothing
-    /// queued (or its wait), writes.
-    Cork(&'a SockRt),
     /// A worker: the psocks to write at the end of its pass, and its own
     /// hand-off state.
     Worker(&'a mut Vec<Arc<PsockRt>>, &'a mut Own),
@@ -597,10 +618,6 @@ impl Shared {
                             continue;
                         }
                     }
-                    if let Ctx::Cork(sock) = ctx {
-                        self.cork(sock, p, events);
-                        continue;
-                    }
                     let Some(rt) = self.psock_rt(p) else { continue };
                     match ctx {
                         Ctx::Worker(list, _) => {
@@ -608,7 +625,7 @@ impl Shared {
                                 list.push(rt);
                             }
                         }
-                        Ctx::Cork(_) | Ctx::App => self.flush(&rt, events),
+                        Ctx::App => self.flush(&rt, events),
                     }
                 }
                 Event::PsockRxResume(p) => {
@@ -696,51 +713,6 @@ impl Shared {
     }
     pub fn psock_rt(&self, p: PsockId) -> Option<Arc<PsockRt>> {
         self.lock().psocks.get(&p).cloned()
-    }
-
-    /// An application thread's addressed send to `p` made while its socket
-    /// `sock` has more to receive ([`Ctx::Cork`]): `p` is listed as corked
-    /// (at most [`CORK_MAX`]; past that it is written now) and its worker
-    /// asked to write it (lazily: with no wake-up if it promised to look
-    /// within `driver::worker::CORK_WAIT`, as a worker that serves nothing
-    /// does after a pass that read anything), again once the worker took
-    /// the last ask (listed
-    /// is not enough: the worker may have written the psock since). A psock
-    /// listed already is not looked up (the list holds it): the replies to
-    /// one connection's batch after the first take no hold of the core.
-    fn cork(&self, sock: &SockRt, p: PsockId, events: &mut Vec<Event>) {
-        let ask = |rt: &PsockRt| {
-            if !rt.flush_asked.swap(true, Ordering::AcqRel) {
-                self.worker(rt.worker()).command_lazy(Command::Flush(p));
-            }
-        };
-        if let Some(rt) = sock.corked.lock().unwrap().iter().find(|c| c.id == p) {
-            return ask(rt);
-        }
-        let Some(rt) = self.psock_rt(p) else { return };
-        let mut corked = sock.corked.lock().unwrap();
-        if corked.len() < CORK_MAX {
-            ask(&rt);
-            // (Listed meanwhile by another thread sending on this socket:
-            // listed twice, written twice, the second write finds nothing.)
-            corked.push(rt);
-            return;
-        }
-        drop(corked);
-        self.flush(&rt, events)
-    }
-
-    /// Write what `sock`'s corked psocks hold ([`Ctx::Cork`]).
-    pub fn uncork(&self, sock: &SockRt) {
-        let corked = std::mem::take(&mut *sock.corked.lock().unwrap());
-        if corked.is_empty() {
-            return;
-        }
-        let mut events = Vec::new();
-        for rt in &corked {
-            self.flush(rt, &mut events);
-        }
-        self.dispatch(&mut events, &mut Ctx::App);
     }
 
     /// Change a psock's epoll interest (from any thread: epoll_ctl is thread-safe).

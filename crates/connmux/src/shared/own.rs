@@ -3,7 +3,6 @@
 //! core of; and the feeds of a read's bytes into the core on its behalf.
 
 use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -14,7 +13,7 @@ use super::{MuxHub, PsockRt, SockRt};
 
 /// What a worker promised, at the end of a pass, about the commands
 /// posted to it (`driver::worker::promise`), so that a lazy post
-/// (`Inbox::post_lazy`: a corked reply's ask, `Shared::cork`) need not
+/// (`Inbox::post_lazy`: a corked reply's ask, `Shared::send_out`) need not
 /// wake it.
 ///
 /// ```text
@@ -105,51 +104,16 @@ pub(crate) struct Own {
 /// first keeps each psock's order; messages of other psocks queued in the
 /// hub meanwhile may be overtaken (KCM orders a psock's messages, not
 /// psocks).
-///
-/// Its thread's addressed sends to the slot's own psocks wait here too
-/// (`outs`), each psock's written together, outside the hub, when the
-/// psock's writer is free (`Own::write_outs`: as a serving worker writes
-/// its replies), once the socket has nothing more to receive (the cork),
-/// and before any send of the socket that goes through the hub (its
-/// order); counted in one hold of the hub lock for them all.
 pub(crate) struct Mine {
     /// The stand-alone socket.
     pub sock: Arc<SockRt>,
     msgs: VecDeque<(Bytes, PsockId)>,
     bytes: usize,
-    outs: Vec<Out>,
-    out_bytes: usize,
-    /// The out last sent to: a pass frames a read's messages together, so
-    /// their replies come a psock at a time.
-    last: usize,
-    /// The buffers of outs written, emptied, for the next (at most
-    /// [`SPARE_OUTS`]): a send appends to one with no allocation.
-    spare: Vec<Vec<u8>>,
-}
-
-/// How many written outs' buffers a slot keeps for its next sends (each
-/// holds at most twice `Config::read_chunk`).
-const SPARE_OUTS: usize = 8;
-
-/// Whole messages for one psock, sent by a stand-alone socket's thread
-/// and not yet written ([`Mine`]).
-struct Out {
-    rt: Arc<PsockRt>,
-    data: Vec<u8>,
-    msgs: u32,
 }
 
 impl Mine {
     pub fn new(sock: Arc<SockRt>) -> Mine {
-        Mine { sock, msgs: VecDeque::new(), bytes: 0, outs: Vec::new(), out_bytes: 0, last: 0, spare: Vec::new() }
-    }
-
-    /// The index of the out waiting for psock `p`, if one does.
-    fn out_of(&self, p: PsockId) -> Option<usize> {
-        if self.outs.get(self.last).is_some_and(|o| o.rt.id == p) {
-            return Some(self.last);
-        }
-        self.outs.iter().position(|o| o.rt.id == p)
+        Mine { sock, msgs: VecDeque::new(), bytes: 0 }
     }
 }
 
@@ -323,132 +287,6 @@ impl Own {
         m.msgs.pop_front();
         self.settle_one(psock);
         Some(RecvInfo { len: n, eor: true, trunc: n < rem, psock })
-    }
-
-    /// Messages of sends waiting to be written.
-    pub fn out_msgs(&self) -> usize {
-        self.mine.as_ref().map_or(0, |m| m.outs.iter().map(|o| o.msgs as usize).sum())
-    }
-
-    /// Whole message `data` sent by the slot's socket to psock `p`, one of
-    /// the slot's (`rt` finds its runtime side, asked only when no send to
-    /// it waits yet), to be written with the rest ([`Own::write_outs`]),
-    /// if it may be: not TLS (rustls writes its records), not released,
-    /// the hub has nothing of it to write (its backlog, and its limits,
-    /// are the hub's) unless sends to it wait here already (they keep
-    /// their order), and together with what waits at most `bound` bytes
-    /// (past it, what waits is written first). `false`: send it through
-    /// the hub.
-    pub fn send_out(
-        &mut self,
-        sh: &super::Shared,
-        p: PsockId,
-        data: &[u8],
-        bound: usize,
-        rt: impl FnOnce() -> Option<Arc<PsockRt>>,
-    ) -> bool {
-        if data.is_empty() || data.len() > bound || self.mine.is_none() {
-            return false;
-        }
-        if self.mine.as_ref().is_some_and(|m| m.out_bytes + data.len() > bound) {
-            self.write_outs(sh);
-        }
-        let Some(m) = self.mine.as_mut() else { return false };
-        let i = match m.out_of(p) {
-            Some(i) if m.outs[i].rt.released.load(Ordering::Acquire) => return false,
-            Some(i) => i,
-            None => {
-                let Some(rt) = rt() else { return false };
-                if rt.tls.is_some() || rt.released.load(Ordering::Acquire) || !rt.writer.is_free() {
-                    return false;
-                }
-                let data = m.spare.pop().unwrap_or_default();
-                m.outs.push(Out { rt, data, msgs: 0 });
-                m.outs.len() - 1
-            }
-        };
-        let o = &mut m.outs[i];
-        o.data.extend_from_slice(data);
-        o.msgs += 1;
-        m.out_bytes += data.len();
-        m.last = i;
-        true
-    }
-
-    /// Write the sends waiting for each psock ([`Own::send_out`]) in one
-    /// `writev` each, outside the hub when its writer is free
-    /// (`sync::writer::Writer::own`), then counted in one hold of the hub
-    /// lock (the rest of a short write handed to the hub, first on its
-    /// queue); otherwise (another thread queued on it since) queued on it
-    /// in the hub behind what waits there (`Mux::send_msgs_to_accepted`:
-    /// past its backlog limit too, as they were accepted; the socket's
-    /// next send to it is the hub's, refused as any is).
-    pub fn write_outs(&mut self, sh: &super::Shared) {
-        let Some(m) = self.mine.as_mut().filter(|m| !m.outs.is_empty()) else { return };
-        let sock = m.sock.id;
-        // What the socket corked in the hub (sent while another thread of
-        // it ran the pass) is older: written first.
-        sh.uncork(&m.sock);
-        let mut outs = std::mem::take(&mut m.outs);
-        let mut spare = std::mem::take(&mut m.spare);
-        m.out_bytes = 0;
-        let mut events = Vec::new();
-        for o in outs.drain(..) {
-            let len = o.data.len();
-            let owned = o.rt.writer.own();
-            let sent = match owned {
-                true => match super::Wrote::of_io(&connmux_sys::socket::writev(o.rt.fd(), &[IoSlice::new(&o.data)])) {
-                    super::Wrote::Bytes(n) => n,
-                    // Nothing out: the hub's writer meets the same again.
-                    _ => 0,
-                },
-                false => 0,
-            };
-            if owned && sent == len {
-                self.sent.push((sock, o.rt.id, len, o.msgs));
-            } else {
-                let mut core = sh.lock();
-                self.open(&mut core);
-                let data = Bytes::copy_from_slice(&o.data);
-                match owned {
-                    // (Nothing may be out: this thread has the writer.)
-                    true => core.mux.tx_direct_rest(sock, o.rt.id, data, sent, o.msgs),
-                    false => {
-                        let _ = core.mux.send_msgs_to_accepted(sock, o.rt.id, data, o.msgs);
-                    }
-                }
-                self.close(&mut core);
-                // Raises the psock for a writer (`PsockTransmit`): marked
-                // the hub's before the owner lets go of it.
-                core.drain_events(&mut events);
-            }
-            if owned && o.rt.writer.disown() {
-                // A hub writer found it writing and left its chunk.
-                sh.flush(&o.rt, &mut events);
-            }
-            if spare.len() < SPARE_OUTS {
-                let mut data = o.data;
-                data.clear();
-                spare.push(data);
-            }
-        }
-        // (The list's room and the buffers are kept for the next sends.)
-        if let Some(m) = self.mine.as_mut() {
-            m.outs = outs;
-            m.last = 0;
-            m.spare = spare;
-        }
-        if !self.sent.is_empty() {
-            // Counted now, in one hold for them all: the socket's thread
-            // may not run the slot's pass again soon, and a psock whose
-            // peer closed drains once its last replies are counted.
-            let mut core = sh.lock();
-            self.hold(&mut core);
-            core.drain_events(&mut events);
-        }
-        if !events.is_empty() {
-            sh.dispatch(&mut events, &mut super::Ctx::App);
-        }
     }
 
     /// What the slot kept for its socket goes back to the socket's queue
