@@ -420,7 +420,28 @@ fn a_stand_alone_socket_replies_behind_another_sockets_half_written_message() {
     assert_eq!(rest, (0..3u8).map(|i| vec![b'r', i]).collect::<Vec<_>>(), "then the replies, in order");
 }
 
+/// A reply corked on a connection that is unattached before it is written
+/// is dropped and counted, never written to the connection the mux let
+/// go: what its owner writes there next is the first thing the peer
+/// reads.
+fn a_corked_reply_to_a_connection_unattached_since_is_dropped() {
+    let all: Vec<u8> = (0..3u8).flat_map(|i| framed(&[i; 3])).collect();
+    let OneAlone { mux, sock: _sock, alone, mut peer, _ours: mut ours } = one_alone(SockType::Dgram, &all);
+    let m = alone.recv_msg().unwrap();
+    assert_eq!(alone.queued(), 2, "two more kept: the reply corks");
+    alone.send_to(&framed(b"reply"), m.psock).unwrap();
+    assert_eq!(alone.unsent().unwrap(), 1, "the reply waits");
+    let before = mux.stats().psock.tx_addressed_drops;
+    mux.unattach(&ours).unwrap();
+    alone.flush(WAIT).unwrap();
+    assert_eq!(alone.unsent().unwrap(), 0);
+    assert_eq!(mux.stats().psock.tx_addressed_drops - before, 1, "dropped and counted");
+    write_all(&mut ours, &framed(b"the owner's"));
+    assert_eq!(read_framed(&mut peer), b"the owner's", "nothing of the mux's after the unattach");
+}
+
 on_both_drivers!(
+    a_corked_reply_to_a_connection_unattached_since_is_dropped,
     a_stand_alone_socket_replies_behind_another_sockets_half_written_message,
     a_stand_alone_socket_sends_its_replies_in_order,
     a_stand_alone_socket_disabled_or_closed_hands_on_what_it_holds,

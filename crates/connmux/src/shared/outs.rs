@@ -126,6 +126,12 @@ impl Outs {
         self.last = 0;
         let mut events = Vec::new();
         for o in self.outs.drain(..) {
+            if o.rt.released.load(Ordering::Acquire) {
+                // Unattached since: never written to a connection the mux
+                // has let go; dropped and counted, as its queued ones are.
+                sh.lock().mux.tx_direct_rest(sock, o.rt.id, Bytes::new(), 0, o.msgs);
+                continue;
+            }
             let len = o.data.len();
             let owned = o.rt.writer.own();
             let sent = match owned {
