@@ -129,7 +129,9 @@ impl Outs {
             if o.rt.released.load(Ordering::Acquire) {
                 // Unattached since: never written to a connection the mux
                 // has let go; dropped and counted, as its queued ones are.
-                sh.lock().mux.tx_direct_rest(sock, o.rt.id, Bytes::new(), 0, o.msgs);
+                let mut core = sh.lock();
+                core.mux.tx_direct_rest(sock, o.rt.id, Bytes::new(), 0, o.msgs);
+                core.drain_events(&mut events);
                 continue;
             }
             let len = o.data.len();
