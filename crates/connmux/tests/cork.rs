@@ -63,6 +63,27 @@ fn a_second_corked_reply_after_the_worker_wrote_the_first_arrives() {
     eventually(|| (sock.unsent().unwrap() == 0).then_some(()));
 }
 
+/// A corked reply, then a message too large to wait in the socket (past
+/// `Config::read_chunk`: it goes through the hub) to the same connection,
+/// then a small one again: the peer reads them in the order sent.
+fn a_corked_reply_and_a_large_send_after_it_keep_their_order() {
+    let (_mux, sock, _ours, mut peer) = four_queued();
+    let m = sock.recv_msg().unwrap();
+    sock.send_to(&framed(b"first"), m.psock).unwrap();
+    let big = framed(&vec![9u8; 200 << 10]);
+    let reader = std::thread::spawn(move || {
+        let got: Vec<Vec<u8>> = (0..3).map(|i| reply(&mut peer, &format!("message {i}"))).collect();
+        got
+    });
+    sock.send_to(&big, m.psock).unwrap();
+    sock.send_to(&framed(b"third"), m.psock).unwrap();
+    sock.flush(WAIT).unwrap();
+    let got = reader.join().unwrap();
+    assert_eq!(got[0], b"first");
+    assert_eq!(got[1], big[4..], "the large one second, whole");
+    assert_eq!(got[2], b"third");
+}
+
 /// Four connections pipelining 200 requests each at an application thread
 /// that answers every request where it came from (`recv_msg` + `send_to`,
 /// then `recv_batch` + `send_batch_to`): each peer gets its 200 answers in
@@ -121,6 +142,7 @@ fn answers_to_a_backlog_arrive_in_order() {
 }
 
 on_both_drivers!(
+    a_corked_reply_and_a_large_send_after_it_keep_their_order,
     a_corked_reply_arrives_without_another_receive,
     a_second_corked_reply_after_the_worker_wrote_the_first_arrives,
     answers_to_a_backlog_arrive_in_order
