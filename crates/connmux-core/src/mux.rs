@@ -2079,8 +2079,8 @@ impl MuxRef<'_> {
     }
 
     /// [`Mux::send_msgs_to`] of messages the caller accepted already and
-    /// could not write (a stand-alone socket's waiting replies, bounded by
-    /// its read chunk): queued past the psock's backlog limit and the
+    /// could not write (a socket's waiting replies, bounded by the
+    /// runtime's read chunk): queued past the psock's backlog limit and the
     /// socket's send buffer rather than refused; the next send is refused
     /// as any is. Dropped with `Err` if `p` is gone or stopped.
     pub fn send_msgs_to_accepted(&mut self, s: SockId, p: PsockId, data: Bytes, count: u32) -> Result<(), MuxError> {

@@ -87,10 +87,11 @@ pub(crate) enum Command {
 }
 
 /// A map of psocks' runtime sides (a worker's, a socket's outs), so that
-/// a readiness or a send is acted on with no hold of the hub lock; filled from the hub's
-/// (`MuxHub::psocks`) on a miss. Weak: a released psock's connection
-/// closes when the hub and its other holders let it go, not when this
-/// worker next looks (its `released` flag stops the reads before that).
+/// a readiness or a send is acted on with no hold of the hub lock; filled
+/// from the hub's (`MuxHub::psocks`) on a miss. Weak: a released psock's
+/// connection closes when the hub and its other holders let it go, not
+/// when this map is next looked at (its `released` flag stops reads and
+/// sends before that).
 #[derive(Default)]
 pub(crate) struct Rts {
     map: rustc_hash::FxHashMap<PsockId, Weak<PsockRt>>,

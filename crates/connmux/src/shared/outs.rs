@@ -125,7 +125,7 @@ impl Outs {
         self.bytes = 0;
         self.last = 0;
         let mut events = Vec::new();
-        for o in self.outs.drain(..) {
+        for mut o in self.outs.drain(..) {
             if o.rt.released.load(Ordering::Acquire) {
                 // Unattached since: never written to a connection the mux
                 // has let go; dropped and counted, as its queued ones are.
@@ -148,7 +148,8 @@ impl Outs {
                 self.sent.push((o.rt.id, len, o.msgs));
             } else {
                 let mut core = sh.lock();
-                let data = Bytes::copy_from_slice(&o.data);
+                // (The buffer goes with them: not kept for the next.)
+                let data = Bytes::from(std::mem::take(&mut o.data));
                 match owned {
                     // (Nothing may be out: this thread has the writer.)
                     true => core.mux.tx_direct_rest(sock, o.rt.id, data, sent, o.msgs),
@@ -164,7 +165,7 @@ impl Outs {
                 // A hub writer found it writing and left its chunk.
                 sh.flush(&o.rt, &mut events);
             }
-            if self.spare.len() < SPARE_OUTS {
+            if self.spare.len() < SPARE_OUTS && o.data.capacity() > 0 {
                 let mut data = o.data;
                 data.clear();
                 self.spare.push(data);
