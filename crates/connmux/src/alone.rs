@@ -21,7 +21,7 @@
 //!
 //! Owns [`AloneSock`]: the slot a socket holds (`Config::stand_alone`
 //! slots, made at start: `Shared::alone`) and the worker state kept there
-//! between the socket's calls (`driver::epoll::Alone`). Must not name
+//! between the socket's calls (`driver::epoll::Slot`). Must not name
 //! `KcmSocket`, `tls` or `service`: the socket stands on this.
 
 use std::io;
@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use connmux_core::mux::PsockId;
 
-use crate::driver::epoll::Alone;
+use crate::driver::epoll::Slot;
 use crate::mux::Mux;
 use crate::shared::{Ctx, Own, Shared, SockRt, WorkerIo, NO_TAG};
 
@@ -49,7 +49,7 @@ const ORPHAN_LOOK: Duration = Duration::from_millis(50);
 pub(crate) struct AloneSock {
     index: usize,
     /// Taken by the thread in the socket's `recv` for one pass at a time.
-    state: Mutex<Alone>,
+    state: Mutex<Slot>,
 }
 
 impl AloneSock {
@@ -61,7 +61,7 @@ impl AloneSock {
         let index = u.shared.alone_free.lock().unwrap().pop().ok_or_else(|| {
             io::Error::new(io::ErrorKind::OutOfMemory, "every stand-alone slot is taken (Config::stand_alone)")
         })?;
-        match Alone::new(&u.shared, index, rt) {
+        match Slot::alone(&u.shared, index, rt) {
             Ok(a) => Ok(AloneSock { index, state: Mutex::new(a) }),
             Err(e) => {
                 u.shared.alone_free.lock().unwrap().push(index);
@@ -208,7 +208,7 @@ pub(crate) fn mirror(m: &connmux_core::mux::Mux, rt: &SockRt) {
 
 /// Slot `index` is free again: what its pass wrote whole is told, what was
 /// asked of it (for connections gone with it) dropped.
-fn free(sh: &Shared, index: usize, mut st: Alone) {
+fn free(sh: &Shared, index: usize, mut st: Slot) {
     st.end(sh);
     let slot = sh.worker(index);
     let _ = slot.waker.drain();

@@ -97,6 +97,9 @@ mod serve;
 
 mod driver;
 
+// Epoll workers' threads, and receiving threads leading their passes.
+mod lead;
+
 mod mux;
 // Stand-alone sockets' slots: below `socket`, which stands on them.
 mod alone;

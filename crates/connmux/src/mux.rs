@@ -112,6 +112,9 @@ pub(crate) struct MuxInner {
     pub serving: AtomicBool,
     /// `Config::max_conns`: a service's cap until it sets its own.
     pub max_conns: Option<usize>,
+    /// The epoll workers' passes, which receiving threads may lead
+    /// (`crate::lead`; none on io_uring).
+    pub leads: Vec<Arc<crate::lead::Lead>>,
 }
 
 impl MuxInner {
@@ -274,17 +277,24 @@ impl Mux {
             unattach_drained: AtomicBool::new(false),
             tuning: config.tuning,
         });
+        // An epoll worker's pass may be led by a receiving thread
+        // (`crate::lead`); a ring is entered by its own thread only.
+        let leads: Vec<Arc<crate::lead::Lead>> = match driver {
+            Driver::Uring => Vec::new(),
+            _ => (0..workers).map(|i| Arc::new(crate::lead::Lead::new(&shared, i))).collect(),
+        };
         let mut threads = Vec::with_capacity(workers);
         let (init_tx, init_rx) = std::sync::mpsc::channel();
         let mut failed = None;
         for (i, cpu) in cpus.into_iter().enumerate() {
             let sh = shared.clone();
             let init = init_tx.clone();
+            let lead = leads.get(i).cloned();
             let spawned = std::thread::Builder::new().name(format!("connmux-w{i}")).spawn(move || match driver {
                 Driver::Uring => driver::uring::run(sh, i, cpu, init),
                 _ => {
                     let _ = init.send(Ok(()));
-                    driver::epoll::run(sh, i, cpu)
+                    crate::lead::run(sh, lead.expect("an epoll worker's lead"), cpu)
                 }
             });
             match spawned {
@@ -316,6 +326,7 @@ impl Mux {
             events_rx,
             serving: AtomicBool::new(false),
             max_conns: config.max_conns,
+            leads,
         };
         match failed {
             // Dropping `inner` stops and joins the workers that did start.
@@ -742,6 +753,18 @@ impl Mux {
     pub fn lane_moves(&self) -> u64 {
         match &self.imp {
             MuxImp::User(u) => u.shared.lane_moves.load(Ordering::Relaxed),
+            MuxImp::Kernel(_) => 0,
+        }
+    }
+
+    /// Passes of epoll workers run by application threads in a blocking
+    /// receive, which read the connections themselves while nothing was
+    /// queued for them (`docs/architecture.md`, "Receiving threads lead
+    /// the workers"). Always 0 on io_uring workers and on the kernel
+    /// backend.
+    pub fn led_passes(&self) -> u64 {
+        match &self.imp {
+            MuxImp::User(u) => crate::lead::led_passes(&u.leads),
             MuxImp::Kernel(_) => 0,
         }
     }

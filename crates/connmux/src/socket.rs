@@ -91,6 +91,7 @@ impl KcmSocket {
             backlog: AtomicBool::new(false),
             kept_tag: std::sync::atomic::AtomicU32::new(crate::shared::NO_TAG),
             rx_off: AtomicBool::new(false),
+            led_tag: std::sync::atomic::AtomicU32::new(crate::shared::NO_TAG),
         });
         // A new socket can always start a message until it fills its buffer.
         rt.tx.set();
@@ -301,6 +302,8 @@ impl KcmSocket {
         match &self.imp {
             SockImp::User(rt) => self.with_core(rt, |m, id| {
                 m.set_affinity(id, tag)?;
+                // (Its own tag from now on: leading a worker changes it no more.)
+                rt.led_tag.store(crate::lead::APP_TAG, Ordering::Relaxed);
                 if self.alone.is_some() {
                     crate::alone::mirror(m, rt);
                 }
@@ -415,6 +418,15 @@ impl KcmSocket {
                         // thread, while nothing is queued for it.
                         a.wait(sh, rt, &mut deadline, &mut passed)?;
                         continue;
+                    }
+                    // A blocking call reads connections itself while a
+                    // worker's pass is free (`crate::lead`).
+                    if !rt.nonblocking.load(Ordering::Relaxed) {
+                        let u = self.mux.user().expect("a userspace socket's mux");
+                        let d = *deadline.get_or_insert_with(|| Self::deadline(&rt.rcvtimeo));
+                        if crate::lead::lead(sh, &u.leads, rt, d)? {
+                            continue;
+                        }
                     }
                     // Spin only while messages come one at a time (the
                     // latency of each is what a wake-up would add to); past

@@ -19,6 +19,7 @@ const LAYERS: &[&[&str]] = &[
     &["lane"],
     &["serve"],
     &["driver"],
+    &["lead"],
     &["mux"],
     &["alone"],
     &["socket"],

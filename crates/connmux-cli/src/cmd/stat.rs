@@ -106,7 +106,7 @@ pub fn format_mux_stats(mux: &Mux) -> String {
     let p = &st.psock;
     let mut out = mux.proc_kcm_stats();
     out.push('\n');
-    let pairs: [(&str, u64); 34] = [
+    let pairs: [(&str, u64); 35] = [
         ("rx_msgs", st.rx_msgs),
         ("rx_bytes", st.rx_bytes),
         ("tx_msgs", st.tx_msgs),
@@ -143,6 +143,8 @@ pub fn format_mux_stats(mux: &Mux) -> String {
         ("lane_moves", mux.lane_moves()),
         ("lane_returns", mux.lane_returns()),
         ("lane_quiet_replies", mux.lane_quiet_replies()),
+        // Epoll workers' passes run by receiving application threads.
+        ("led_passes", mux.led_passes()),
     ];
     for (k, v) in pairs {
         out.push_str(&format!("{k}={v}\n"));

@@ -12,87 +12,132 @@
 //! `crate::serve`, the core's runtime side `crate::shared`. Must not name the
 //! io_uring driver, the public `Mux` or anything above it.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
-use connmux_core::mux::{Event, Owned};
+use connmux_core::mux::{Event, Owned, SockId};
 use connmux_sys::epoll::{Epoll, Events, Interest};
 
 use crate::driver::worker::{self, Io, Woke, Worker};
 use crate::driver::{SERVE_TOKEN, WAKER_TOKEN};
+use crate::serve::Serving;
 use crate::shared::{token_psock, Command, MuxHub, PsockRt, ReadEnd, Rts, Shared, SockRt, WorkerIo};
 
-pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>) {
-    if let Some(cpu) = cpu {
-        let _ = connmux_sys::affinity::pin_current_thread(cpu);
-    }
-    let WorkerIo::Epoll(epoll) = &sh.workers[index].io else { unreachable!("epoll worker on a non-epoll WorkerRef") };
-    let (mut evs, mut buf) = (Events::with_capacity(256), vec![0u8; sh.read_chunk]);
-    let mut rts = Rts::default();
-    let mut io = EpollIo { epoll, evs: &mut evs, buf: &mut buf, rts: &mut rts, serve_unwatched: false };
-    worker::run(&sh, index, &mut io);
-}
-
 /// A `Worker`'s owned state: its serving buffers, events not yet
-/// dispatched, psocks to write, its psocks' receive sides.
-type WorkerParts = (crate::serve::ServeBufs, Vec<Event>, Vec<Arc<PsockRt>>, Owned);
+/// dispatched, psocks to write, its psocks' receive sides, what it serves.
+type WorkerParts = (crate::serve::ServeBufs, Vec<Event>, Vec<Arc<PsockRt>>, Owned, Option<Serving>);
 
-/// A stand-alone socket's slot (`Config::stand_alone`,
-/// `KcmSocket::stand_alone`): a worker with no thread of its own, whose
-/// pass the socket's `recv` runs while nothing is queued for it. Its state
-/// lives here between the socket's calls; the slot's epoll watches its
-/// psocks, its waker and the socket's receive readiness (a message another
-/// worker queued for the socket ends the pass's wait).
-pub(crate) struct Alone {
-    /// The slot's worker index (`Shared::worker`).
+/// An epoll worker's state between passes, run by whichever thread holds
+/// it: the worker's own thread (`crate::lead`), an application thread
+/// leading it from a plain socket's `recv` (`crate::lead`), or a
+/// stand-alone socket's slot (`Config::stand_alone`,
+/// `KcmSocket::stand_alone`: a worker with no thread of its own, whose
+/// pass the socket's `recv` runs while nothing is queued for it; its epoll
+/// watches the socket's receive readiness for good, so that a message
+/// another worker queued for the socket ends the pass's wait).
+pub(crate) struct Slot {
+    /// The worker index (`Shared::worker`).
     index: usize,
     /// What its `Worker` owns between passes (taken for a pass, put back
     /// after: a `Worker` borrows the `Shared` a socket reaches per call).
     parts: Option<WorkerParts>,
     passes: worker::Passes,
+    /// It keeps the mux's time (`worker::wait_timeout`): worker 0.
+    keeper: bool,
+    /// The serving socket's readiness could not be watched (`EpollIo`).
+    serve_unwatched: bool,
+    /// The socket whose readiness its epoll watches while a thread of that
+    /// socket leads it (`Slot::watch`).
+    led_by: Option<(SockId, RawFd)>,
     evs: Events,
     buf: Vec<u8>,
     rts: Rts,
 }
 
-impl Alone {
-    /// The state of slot `index` for socket `sock`, whose readiness the
-    /// slot's epoll now watches.
-    pub(crate) fn new(sh: &Shared, index: usize, sock: &Arc<SockRt>) -> std::io::Result<Alone> {
-        let WorkerIo::Epoll(epoll) = &sh.worker(index).io else { unreachable!("a stand-alone slot is an epoll") };
-        // (Its pass is counted as a wait on it: `AloneSock::wait`.)
-        epoll.add(sock.rx.counted_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
-        let mut w = Worker::new(sh, index);
-        w.bufs.own.mine = Some(crate::shared::Mine::new(sock.clone()));
-        // Its first pass looks at the commands first (`worker::promise`).
-        sh.worker(index).commands.look_soon();
-        Ok(Alone {
+impl Slot {
+    /// The state of worker `index`, with no psocks yet.
+    pub(crate) fn worker(sh: &Shared, index: usize) -> Slot {
+        let w = Worker::new(sh, index);
+        Slot {
             index,
-            parts: Some((w.bufs, w.events, w.dirty, w.owned)),
+            parts: Some((w.bufs, w.events, w.dirty, w.owned, None)),
             passes: worker::Passes::new(),
+            keeper: index == 0,
+            serve_unwatched: false,
+            led_by: None,
             evs: Events::with_capacity(256),
             buf: vec![0u8; sh.read_chunk],
             rts: Rts::default(),
-        })
+        }
     }
 
-    /// One pass of the slot, its wait at most `cap` (and no longer than
-    /// its psocks' earliest deadline).
+    /// The state of stand-alone slot `index` for socket `sock`, whose
+    /// readiness the slot's epoll now watches.
+    pub(crate) fn alone(sh: &Shared, index: usize, sock: &Arc<SockRt>) -> std::io::Result<Slot> {
+        let WorkerIo::Epoll(epoll) = &sh.worker(index).io else { unreachable!("a stand-alone slot is an epoll") };
+        // (Its pass is counted as a wait on it: `AloneSock::wait`.)
+        epoll.add(sock.rx.counted_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
+        let mut s = Slot::worker(sh, index);
+        s.keeper = false;
+        if let Some((bufs, ..)) = &mut s.parts {
+            bufs.own.mine = Some(crate::shared::Mine::new(sock.clone()));
+        }
+        // Its first pass looks at the commands first (`worker::promise`).
+        sh.worker(index).commands.look_soon();
+        Ok(s)
+    }
+
+    /// One pass, its wait at most `cap` (and no longer than its psocks'
+    /// earliest deadline).
     pub(crate) fn pass(&mut self, sh: &Shared, cap: Option<Duration>) {
         let me = sh.worker(self.index);
         let WorkerIo::Epoll(epoll) = &me.io else { return };
-        let Some((bufs, events, dirty, owned)) = self.parts.take() else { return };
-        let mut w = Worker { sh, serving: None, bufs, events, dirty, owned };
-        let timeout = match (self.passes.timeout(&w, false), cap) {
+        let Some((bufs, events, dirty, owned, serving)) = self.parts.take() else { return };
+        let mut w = Worker { sh, serving, bufs, events, dirty, owned };
+        let timeout = match (self.passes.timeout(&w, self.keeper), cap) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let mut io =
-            EpollIo { epoll, evs: &mut self.evs, buf: &mut self.buf, rts: &mut self.rts, serve_unwatched: false };
+        let mut io = EpollIo {
+            epoll,
+            evs: &mut self.evs,
+            buf: &mut self.buf,
+            rts: &mut self.rts,
+            serve_unwatched: self.serve_unwatched,
+        };
         worker::pass(me, &mut io, &mut w, &mut self.passes, timeout);
-        self.parts = Some((w.bufs, w.events, w.dirty, w.owned));
+        self.serve_unwatched = io.serve_unwatched;
+        self.parts = Some((w.bufs, w.events, w.dirty, w.owned, w.serving));
+    }
+
+    /// A thread of socket `sock` leads this worker: its epoll watches the
+    /// socket's readiness (counted while the thread waits in the pass), so
+    /// that a message another thread queues for the socket ends the wait.
+    pub(crate) fn watch(&mut self, sh: &Shared, sock: &SockRt) -> std::io::Result<()> {
+        if self.led_by.is_some_and(|(id, _)| id == sock.id) {
+            return Ok(());
+        }
+        self.unwatch(sh);
+        let WorkerIo::Epoll(epoll) = &sh.worker(self.index).io else { return Ok(()) };
+        let fd = sock.rx.counted_fd().as_raw_fd();
+        epoll.add(fd, SERVE_TOKEN, Interest::READ)?;
+        self.led_by = Some((sock.id, fd));
+        Ok(())
+    }
+
+    /// No thread leads it now: the led socket's readiness is not watched
+    /// (it stays readable while that socket has messages, and would end
+    /// every wait of the worker's own thread).
+    pub(crate) fn unwatch(&mut self, sh: &Shared) {
+        if let Some((_, fd)) = self.led_by.take() {
+            if let WorkerIo::Epoll(epoll) = &sh.worker(self.index).io {
+                // (Gone already if the socket closed: its eventfd left the
+                // epoll with it.)
+                let _ = epoll.delete(fd);
+            }
+        }
     }
 
     /// The slot's own state for one call of its socket (none while its
@@ -122,10 +167,11 @@ impl Alone {
         }
     }
 
-    /// The socket is closing: the writes made whole reach the core.
+    /// The socket is closing, or the worker stops: the writes made whole
+    /// reach the core.
     pub(crate) fn end(&mut self, sh: &Shared) {
-        if let Some((bufs, events, dirty, owned)) = self.parts.take() {
-            Worker { sh, serving: None, bufs, events, dirty, owned }.end();
+        if let Some((bufs, events, dirty, owned, serving)) = self.parts.take() {
+            Worker { sh, serving, bufs, events, dirty, owned }.end();
         }
     }
 }

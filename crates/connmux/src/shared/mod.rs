@@ -157,6 +157,10 @@ pub(crate) struct SockRt {
     /// Receive-disabled (set under the hub lock): what its slot kept for
     /// it goes back to the hub (`Own::unkeep`).
     pub rx_off: AtomicBool,
+    /// The affinity tag it took by leading that worker's pass
+    /// (`crate::lead`; [`NO_TAG`]: none; `lead::APP_TAG`: the application
+    /// set its own), changed under the hub lock.
+    pub led_tag: std::sync::atomic::AtomicU32,
 }
 
 /// No tag (`SockRt::kept_tag`).
@@ -597,7 +601,7 @@ impl Shared {
                         // (A second thread waiting on that socket is woken
                         // by the first's receive, which raises the readiness
                         // while messages are left.)
-                        if own.looks() == Some(s) {
+                        if own.looks() == Some(s) || own.led == Some(s) {
                             continue;
                         }
                     }

@@ -88,6 +88,10 @@ pub(crate) struct Own {
     /// A stand-alone socket's slot: the messages its reads framed alone
     /// for that socket, kept for its receives ([`Mine`]).
     pub mine: Option<Mine>,
+    /// The socket whose receiving thread runs this pass (`crate::lead`):
+    /// it looks at its queue after the pass, so a message queued for it
+    /// raises no readiness.
+    pub led: Option<SockId>,
 }
 
 /// The messages a stand-alone socket's slot framed alone for the socket
