@@ -11,7 +11,9 @@
 //! (one socket's sends keep their order), before it waits, at `flush` and
 //! at close; and the worker of the psock first sent to, asked once and
 //! lazily (`Command::WriteOuts`, within `driver::worker::CORK_WAIT`), so a
-//! corked reply never waits for the application to call again.
+//! corked reply never waits for the application to call again. The asked
+//! worker writes them only if no thread of the socket holds them: one that
+//! does writes them or asks again (`Shared::write_outs_asked`).
 //!
 //! ```text
 //!   send_to ─► a psock's out (appended; the psock looked up once) ─┐
@@ -25,7 +27,7 @@
 //! Lock order: the socket's outs, then the hub lock (never the reverse).
 
 use std::io::IoSlice;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use connmux_core::mux::{PsockId, SockId};
@@ -205,12 +207,25 @@ impl Shared {
         // (The psock just sent to: its out is the last.)
         let worker = outs.outs[outs.last].rt.worker();
         drop(outs);
+        self.ask_write(sock, worker);
+        true
+    }
+
+    /// Socket `sock`'s outs, just let go with some waiting, are written by
+    /// `worker` (the first time since the last ask was taken; lazily).
+    fn ask_write(&self, sock: &Arc<SockRt>, worker: usize) {
+        // Paired with `write_outs_asked`'s: an ask it took while this
+        // thread held the outs is seen here (asked again), or it saw them
+        // let go (and wrote them).
+        fence(Ordering::SeqCst);
         // A stand-alone slot's psock is asked of nobody: the slot's thread
         // is the socket's, whose next wait writes them.
-        if worker < self.workers.len() && !sock.outs_asked.swap(true, Ordering::AcqRel) {
+        if worker < self.workers.len()
+            && !sock.outs_asked.load(Ordering::Relaxed)
+            && !sock.outs_asked.swap(true, Ordering::AcqRel)
+        {
             self.worker(worker).command_lazy(Command::WriteOuts(sock.clone()));
         }
-        true
     }
 
     /// Write what socket `sock`'s sends left waiting ([`Outs::write`]).
@@ -218,17 +233,35 @@ impl Shared {
         sock.outs.lock().unwrap().write(self, sock.id);
     }
 
-    /// Messages socket `sock`'s sends left waiting.
-    pub fn outs_msgs(&self, sock: &SockRt) -> usize {
-        sock.outs.lock().unwrap().msgs()
+    /// Messages socket `sock`'s sends left waiting. (Asked again after:
+    /// an ask taken while this look held them was left to it.)
+    pub fn outs_msgs(&self, sock: &Arc<SockRt>) -> usize {
+        let outs = sock.outs.lock().unwrap();
+        let (n, worker) = (outs.msgs(), outs.outs.get(outs.last).map(|o| o.rt.worker()));
+        drop(outs);
+        if let (1.., Some(w)) = (n, worker) {
+            self.ask_write(sock, w);
+        }
+        n
     }
 
     /// A worker asked to write socket `sock`'s outs (`Command::WriteOuts`):
-    /// the ask is taken first, so a send after it asks again. (It waits
-    /// for the lock while a thread of the socket adds to them or writes
-    /// them: one `sendmsg` at most.)
+    /// the ask is taken first, so a send after it asks again. Left to the
+    /// thread of the socket that holds them now: every holder writes them
+    /// or asks again (a send that corks asks after it lets go, and sees
+    /// the ask taken). Waiting for that thread instead (a `sendmsg`, or a
+    /// burst of sends) was the futex of a receiving thread leading a
+    /// worker (`crate::lead`) whose psocks another socket answered.
     pub fn write_outs_asked(&self, sock: &SockRt) {
-        sock.outs_asked.store(false, Ordering::Release);
-        self.write_outs(sock);
+        sock.outs_asked.store(false, Ordering::Relaxed);
+        // Either the holder's fence comes after this one (its look at the
+        // ask sees it taken) or before (this look at the lock sees it let
+        // go): see `send_out`.
+        fence(Ordering::SeqCst);
+        match sock.outs.try_lock() {
+            Ok(mut outs) => outs.write(self, sock.id),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().write(self, sock.id),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
     }
 }
