@@ -564,6 +564,9 @@ pub struct Owned {
     restarts: Vec<PsockId>,
     /// When the next idle or handshake deadline may have passed.
     scan_next: Option<Timestamp>,
+    /// The socket whose receiving thread reads these psocks now
+    /// ([`Owned::set_reader`]).
+    reader: Option<SockId>,
 }
 
 impl std::fmt::Debug for Mux {
@@ -600,7 +603,19 @@ impl Owned {
             now: Timestamp::ZERO,
             restarts: Vec::new(),
             scan_next: None,
+            reader: None,
         }
+    }
+
+    /// The socket whose receiving thread reads these psocks now, if any
+    /// (a thread that runs their owner's pass while nothing is queued for
+    /// it). With `Steering::Affinity` a read goes to it while it keeps up
+    /// (able, untagged, its queue empty), before the socket that took the
+    /// psock's last read: it takes its queue right after, with no wake-up.
+    /// A reader still busy with earlier messages leaves the read to the
+    /// others, as a psock's last socket does.
+    pub fn set_reader(&mut self, s: Option<SockId>) {
+        self.reader = s;
     }
 
     /// Its tag ([`Owned::new`]).
@@ -1768,12 +1783,13 @@ impl MuxRef<'_> {
     /// complete message and steer it; stop when none is left or nobody can take one.
     fn rx_pass(&mut self, p: PsockId, now: Timestamp, mut direct: Option<&mut Direct<'_>>) {
         // Disjoint borrows of the mux's parts: this loop runs once per message.
-        let (Owned { psocks, .. }, Hub { sk, events, config, .. }) = (&mut self.o, &mut self.h);
+        let (Owned { psocks, reader, .. }, Hub { sk, events, config, .. }) = (&mut self.o, &mut self.h);
         let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
-        // Round robin: the socket reserved for this pass (affinity: the one
-        // that took the last pass's messages, while it keeps up).
+        // Round robin: the socket reserved for this pass (affinity: the
+        // reading thread's, else the one that took the last pass's
+        // messages, while it keeps up).
         let mut target = match config.steering {
-            Steering::Affinity => sk.keeps_up(ps.rx_last),
+            Steering::Affinity => sk.keeps_up(*reader).or_else(|| sk.keeps_up(ps.rx_last)),
             _ => None,
         };
         let mut failed = false;

@@ -41,24 +41,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use connmux_core::mux::SockId;
-
 use crate::driver::epoll::Slot;
-use crate::shared::{Shared, SockRt, NO_TAG};
+use crate::shared::{Shared, SockRt};
 
 /// How often a worker that stepped aside looks whether receiving threads
 /// still lead it: what a poller (or a command, a deadline) waits at most
 /// for the worker's thread once no thread receives.
 const LEAD_LOOK: Duration = Duration::from_millis(1);
 
-/// In `SockRt::led_tag`: the application set the socket's affinity
-/// itself; leading a worker does not change it.
-pub(crate) const APP_TAG: u32 = u32::MAX - 1;
-
 /// An epoll worker's pass, taken by whichever thread runs it.
 pub(crate) struct Lead {
     index: usize,
-    state: Mutex<LeadState>,
+    state: Mutex<Slot>,
     /// A receiving thread found the pass taken by the worker's thread: it
     /// steps aside after its pass.
     want: AtomicBool,
@@ -67,25 +61,9 @@ pub(crate) struct Lead {
     led: AtomicU64,
 }
 
-/// What the thread running the pass holds.
-struct LeadState {
-    slot: Slot,
-    /// The socket that last led it and took its psocks' affinity tag (the
-    /// worker's index): with `Steering::Affinity` its reads go to that
-    /// socket while the socket keeps up, then to the others (affinity
-    /// until uneven). Its messages then raise no readiness for another
-    /// thread: the leader takes them after its pass.
-    tagged: Option<SockId>,
-}
-
 impl Lead {
     pub(crate) fn new(sh: &Shared, index: usize) -> Lead {
-        Lead {
-            index,
-            state: Mutex::new(LeadState { slot: Slot::worker(sh, index), tagged: None }),
-            want: AtomicBool::new(false),
-            led: AtomicU64::new(0),
-        }
+        Lead { index, state: Mutex::new(Slot::worker(sh, index)), want: AtomicBool::new(false), led: AtomicU64::new(0) }
     }
 }
 
@@ -97,7 +75,7 @@ pub(crate) fn run(sh: Arc<Shared>, lead: Arc<Lead>, cpu: Option<usize>) {
     }
     while !sh.stop.load(Ordering::Acquire) {
         {
-            let st = &mut lead.state.lock().unwrap_or_else(|e| e.into_inner()).slot;
+            let mut st = lead.state.lock().unwrap_or_else(|e| e.into_inner());
             st.unwatch(&sh);
             st.pass(&sh, None);
         }
@@ -105,7 +83,7 @@ pub(crate) fn run(sh: Arc<Shared>, lead: Arc<Lead>, cpu: Option<usize>) {
             step_aside(&sh, &lead);
         }
     }
-    lead.state.lock().unwrap_or_else(|e| e.into_inner()).slot.end(&sh);
+    lead.state.lock().unwrap_or_else(|e| e.into_inner()).end(&sh);
 }
 
 /// Receiving threads want the pass: sleep, in looks [`LEAD_LOOK`] apart,
@@ -151,48 +129,33 @@ pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Opti
     }
     let left = crate::shared::time_left(deadline)?;
     let start = rt.id.index as usize % leads.len();
+    // The first pass found taken, whose thread is asked to step aside.
+    let mut taken = None;
     for k in 0..leads.len() {
         let l = &leads[(start + k) % leads.len()];
-        if sh.worker(l.index).serving.load(Ordering::Acquire) {
+        // (A worker with no connections has nothing to read: a thread
+        // waiting in its pass would not see another worker's pass free.)
+        let me = sh.worker(l.index);
+        if me.serving.load(Ordering::Acquire) || me.psocks.load(Ordering::Acquire) == 0 {
             continue;
         }
-        let Ok(mut st) = l.state.try_lock() else { continue };
+        let Ok(mut st) = l.state.try_lock() else {
+            taken = taken.or(Some(l));
+            continue;
+        };
         l.led.fetch_add(1, Ordering::AcqRel);
-        if st.tagged != Some(rt.id) {
-            retag(sh, l.index, st.tagged.take(), rt);
-            st.tagged = Some(rt.id);
-        }
-        let st = &mut st.slot;
         if st.watch(sh, rt).is_err() {
             return Ok(false);
         }
-        // (Its own messages raise no readiness: it looks after the pass.)
-        st.own().expect("a worker's state between passes").led = Some(rt.id);
+        st.lead_by(Some(rt.id));
         rt.rx.wait(|_| st.pass(sh, left));
-        st.own().expect("a worker's state between passes").led = None;
+        st.lead_by(None);
         return Ok(true);
     }
-    let l = &leads[start];
-    if !sh.worker(l.index).serving.load(Ordering::Acquire) && !l.want.swap(true, Ordering::AcqRel) {
-        let _ = sh.worker(l.index).wake();
-    }
-    Ok(false)
-}
-
-/// Socket `rt` leads worker `index`, which socket `old` led before: `old`
-/// gives back the worker's tag it took, and `rt` takes it, unless the
-/// application set either's affinity itself.
-#[cold]
-fn retag(sh: &Shared, index: usize, old: Option<SockId>, rt: &SockRt) {
-    let tag = index as u32;
-    let mut core = sh.lock();
-    if let Some(o) = old.and_then(|o| core.socks.get(&o).cloned()) {
-        if o.led_tag.load(Ordering::Relaxed) == tag {
-            let _ = core.mux.set_affinity(o.id, None);
-            o.led_tag.store(NO_TAG, Ordering::Relaxed);
+    if let Some(l) = taken {
+        if !l.want.swap(true, Ordering::AcqRel) {
+            let _ = sh.worker(l.index).wake();
         }
     }
-    if rt.led_tag.load(Ordering::Relaxed) != APP_TAG && core.mux.set_affinity(rt.id, Some(tag)).is_ok() {
-        rt.led_tag.store(tag, Ordering::Relaxed);
-    }
+    Ok(false)
 }

@@ -91,7 +91,6 @@ impl KcmSocket {
             backlog: AtomicBool::new(false),
             kept_tag: std::sync::atomic::AtomicU32::new(crate::shared::NO_TAG),
             rx_off: AtomicBool::new(false),
-            led_tag: std::sync::atomic::AtomicU32::new(crate::shared::NO_TAG),
         });
         // A new socket can always start a message until it fills its buffer.
         rt.tx.set();
@@ -302,8 +301,6 @@ impl KcmSocket {
         match &self.imp {
             SockImp::User(rt) => self.with_core(rt, |m, id| {
                 m.set_affinity(id, tag)?;
-                // (Its own tag from now on: leading a worker changes it no more.)
-                rt.led_tag.store(crate::lead::APP_TAG, Ordering::Relaxed);
                 if self.alone.is_some() {
                     crate::alone::mirror(m, rt);
                 }

@@ -127,6 +127,17 @@ impl Slot {
         Ok(())
     }
 
+    /// The socket whose receiving thread runs its passes from now on
+    /// (`None`: no more): its reads go to that socket while it keeps up
+    /// (`Owned::set_reader`), and raise no readiness for it (`Own::led`:
+    /// it looks at its queue after the pass).
+    pub(crate) fn lead_by(&mut self, sock: Option<SockId>) {
+        if let Some((bufs, _, _, owned, _)) = &mut self.parts {
+            bufs.own.led = sock;
+            owned.set_reader(sock);
+        }
+    }
+
     /// No thread leads it now: the led socket's readiness is not watched
     /// (it stays readable while that socket has messages, and would end
     /// every wait of the worker's own thread).

@@ -157,10 +157,6 @@ pub(crate) struct SockRt {
     /// Receive-disabled (set under the hub lock): what its slot kept for
     /// it goes back to the hub (`Own::unkeep`).
     pub rx_off: AtomicBool,
-    /// The affinity tag it took by leading that worker's pass
-    /// (`crate::lead`; [`NO_TAG`]: none; `lead::APP_TAG`: the application
-    /// set its own), changed under the hub lock.
-    pub led_tag: std::sync::atomic::AtomicU32,
 }
 
 /// No tag (`SockRt::kept_tag`).
