@@ -316,6 +316,33 @@ fn untagged_psocks_keep_a_socket_that_keeps_up_under_affinity_steering() {
     assert_eq!(recv_all(&mut m, k1), next);
 }
 
+/// A reading thread's socket (`Owned::set_reader`: the thread that runs
+/// the psocks' owner's pass) takes a read while it keeps up, before the
+/// socket that took the psock's last read; once it holds messages, the
+/// read goes on as without it (one connection's heavy requests still
+/// spread over the threads).
+#[test]
+fn the_reading_threads_socket_takes_a_read_while_it_keeps_up() {
+    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, ..MuxConfig::default() });
+    let k1 = m.socket(SockType::Dgram);
+    let k2 = m.clone_sock(k1).unwrap();
+    let p = attach_l4(&mut m);
+    m.feed(p, &l4_total(10, 0), T0).unwrap();
+    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (1, 0), "the first read to K1");
+    assert_eq!(recv_all(&mut m, k1).len(), 1);
+    // K1 keeps up, and took the last read; K2 reads the psocks now.
+    m.owned().set_reader(Some(k2));
+    let two: Vec<Vec<u8>> = (1..3).map(|i| l4_total(10, i)).collect();
+    m.feed(p, &two.concat(), T0).unwrap();
+    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (0, 2), "the reader's, whole");
+    m.feed(p, &l4_total(10, 3), T0).unwrap();
+    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (1, 2), "the reader holds some: on");
+    assert_eq!(recv_all(&mut m, k2), two);
+    m.owned().set_reader(None);
+    m.feed(p, &l4_total(10, 4), T0).unwrap();
+    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (1, 1), "no reader: round robin's turn");
+}
+
 #[test]
 fn case_23_recv_disable_moves_queued_messages_to_the_other_socket() {
     let mut m = Mux::new(rr_config());
