@@ -160,8 +160,11 @@
 #define CONNMUX_BACKEND_AUTO 2
 
 /**
- * I/O driver of the userspace backend's workers (default): io_uring where
- * it works here, else epoll.
+ * I/O driver of the userspace backend's workers (default): each worker
+ * decides at its first use: io_uring (where it works here) if it is asked
+ * to serve (`connmux_service_start`) before a connection is attached to
+ * it, else epoll (where threads receiving on clones read the connections
+ * themselves).
  */
 #define CONNMUX_DRIVER_AUTO 0
 
@@ -649,8 +652,9 @@ int connmux_mux_workers(const connmux_mux *mux);
 int connmux_mux_backend(const connmux_mux *mux);
 
 /**
- * The I/O driver this mux's workers run: `CONNMUX_DRIVER_EPOLL` or
- * `CONNMUX_DRIVER_URING` (what `CONNMUX_DRIVER_AUTO` chose);
+ * The I/O driver this mux's first worker runs: `CONNMUX_DRIVER_EPOLL` or
+ * `CONNMUX_DRIVER_URING` (what `CONNMUX_DRIVER_AUTO` chose; still
+ * `CONNMUX_DRIVER_AUTO` before the worker's first use);
  * `CONNMUX_DRIVER_AUTO` on the kernel backend, which has no workers; or a
  * negative errno.
  *

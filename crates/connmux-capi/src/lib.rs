@@ -92,8 +92,11 @@ pub const CONNMUX_BACKEND_KERNEL: c_int = 1;
 /// `CONNMUX_BACKEND_USERSPACE`; `connmux_mux_backend` says which was chosen.
 pub const CONNMUX_BACKEND_AUTO: c_int = 2;
 
-/// I/O driver of the userspace backend's workers (default): io_uring where
-/// it works here, else epoll.
+/// I/O driver of the userspace backend's workers (default): each worker
+/// decides at its first use: io_uring (where it works here) if it is asked
+/// to serve (`connmux_service_start`) before a connection is attached to
+/// it, else epoll (where threads receiving on clones read the connections
+/// themselves).
 pub const CONNMUX_DRIVER_AUTO: c_int = 0;
 /// I/O driver: readiness with epoll.
 pub const CONNMUX_DRIVER_EPOLL: c_int = 1;
@@ -776,8 +779,9 @@ pub unsafe extern "C" fn connmux_mux_backend(mux: *const connmux_mux) -> c_int {
     })
 }
 
-/// The I/O driver this mux's workers run: `CONNMUX_DRIVER_EPOLL` or
-/// `CONNMUX_DRIVER_URING` (what `CONNMUX_DRIVER_AUTO` chose);
+/// The I/O driver this mux's first worker runs: `CONNMUX_DRIVER_EPOLL` or
+/// `CONNMUX_DRIVER_URING` (what `CONNMUX_DRIVER_AUTO` chose; still
+/// `CONNMUX_DRIVER_AUTO` before the worker's first use);
 /// `CONNMUX_DRIVER_AUTO` on the kernel backend, which has no workers; or a
 /// negative errno.
 ///

@@ -160,7 +160,7 @@ impl AloneSock {
         let sh = &u.shared;
         let mut st = self.state.into_inner().unwrap_or_else(|p| p.into_inner());
         let index = self.index;
-        if let WorkerIo::Epoll(epoll) = &sh.worker(index).io {
+        if let Some(WorkerIo::Epoll(epoll)) = sh.worker(index).io_decided() {
             let _ = epoll.delete(std::os::fd::AsRawFd::as_raw_fd(rt.rx.counted_fd()));
         }
         st.orphan(sh);

@@ -43,8 +43,13 @@ impl Placement {
 /// The I/O driver of the worker threads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Driver {
-    /// io_uring where it works here (`connmux_sys::uring::supported()` and a
-    /// worker's ring can be created), else epoll.
+    /// Each worker decides at its first use: asked to serve ([`crate::Mux::serve`],
+    /// a `Service`) before any connection is attached to it, io_uring
+    /// where it works here (`connmux_sys::uring::supported()` and the
+    /// worker's ring can be created: the served path is faster on a ring);
+    /// a connection attached first, epoll (threads receiving on clones
+    /// then read the connections themselves, leading the worker's pass:
+    /// `docs/architecture.md`, "Receiving threads lead the workers").
     #[default]
     Auto,
     /// Readiness with epoll, `read`/`writev` per connection.
@@ -316,7 +321,7 @@ pub struct Tuning {
     pub busy_handler: Duration,
     /// Provided buffers in an io_uring worker's ring (a power of two, at most
     /// 32768: the ring refuses other counts with `EINVAL`, so `Mux::new` fails
-    /// on the io_uring driver and `Auto` takes epoll). With `ring_buf_size`
+    /// on the io_uring driver and `Auto`'s workers take epoll). With `ring_buf_size`
     /// this is a worker's receive memory (256 × 16 KiB = 4 MiB), and it bounds
     /// what a paused psock can have spilled: at most what one wait delivered,
     /// at most the ring. Default 256.

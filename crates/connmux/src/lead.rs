@@ -33,7 +33,9 @@
 //! command or a deadline then wait at most that long).
 //!
 //! Only epoll workers are led (an io_uring worker's ring is entered by its
-//! own thread only), and never one that serves a `Service`. Must not name
+//! own thread only: with `Driver::Auto`, a worker asked to serve before
+//! any connection came runs a ring, `mux::auto_worker`), and never one
+//! that serves a `Service`. Must not name
 //! `KcmSocket`: the socket stands on this.
 
 use std::io;
@@ -136,7 +138,8 @@ pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Opti
         // (A worker with no connections has nothing to read: a thread
         // waiting in its pass would not see another worker's pass free.)
         let me = sh.worker(l.index);
-        if me.serving.load(Ordering::Acquire) || me.psocks.load(Ordering::Acquire) == 0 {
+        let epoll = matches!(me.io_decided(), Some(crate::shared::WorkerIo::Epoll(_)));
+        if !epoll || me.serving.load(Ordering::Acquire) || me.psocks.load(Ordering::Acquire) == 0 {
             continue;
         }
         let Ok(mut st) = l.state.try_lock() else {

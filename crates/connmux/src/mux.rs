@@ -216,11 +216,8 @@ impl Mux {
         match config.driver {
             Driver::Epoll => Self::start(&config, Driver::Epoll),
             Driver::Uring => Self::start(&config, Driver::Uring),
-            Driver::Auto if connmux_sys::uring::supported() => match Self::start(&config, Driver::Uring) {
-                Ok(m) => Ok(m),
-                // A ring could not be created (memory lock limit, seccomp...).
-                Err(_) => Self::start(&config, Driver::Epoll),
-            },
+            // Each worker decides at its first use (`auto_worker`).
+            Driver::Auto if connmux_sys::uring::supported() => Self::start(&config, Driver::Auto),
             Driver::Auto => Self::start(&config, Driver::Epoll),
         }
     }
@@ -231,15 +228,17 @@ impl Mux {
         let mut refs = Vec::with_capacity(workers);
         for &cpu in &cpus {
             let waker = EventFd::new()?;
-            let io = match driver {
-                Driver::Uring => WorkerIo::Uring,
-                _ => {
-                    let epoll = Epoll::new()?;
-                    epoll.add(waker.as_raw_fd(), driver::WAKER_TOKEN, Interest::READ)?;
-                    WorkerIo::Epoll(epoll)
-                }
+            let epoll = || -> io::Result<Epoll> {
+                let epoll = Epoll::new()?;
+                epoll.add(waker.as_raw_fd(), driver::WAKER_TOKEN, Interest::READ)?;
+                Ok(epoll)
             };
-            refs.push(WorkerRef::new(io, waker, cpu));
+            let (io, spare) = match driver {
+                Driver::Uring => (Some(WorkerIo::Uring), None),
+                Driver::Epoll => (Some(WorkerIo::Epoll(epoll()?)), None),
+                Driver::Auto => (None, Some(epoll()?)),
+            };
+            refs.push(WorkerRef::new(io, spare, waker, cpu));
         }
         // Stand-alone sockets' slots: epoll always (the thread that runs a
         // slot's pass is an application thread, in its `recv`; a ring is
@@ -249,7 +248,7 @@ impl Mux {
             let waker = EventFd::new()?;
             let epoll = Epoll::new()?;
             epoll.add(waker.as_raw_fd(), driver::WAKER_TOKEN, Interest::READ)?;
-            alone.push(WorkerRef::new(WorkerIo::Epoll(epoll), waker, None));
+            alone.push(WorkerRef::new(Some(WorkerIo::Epoll(epoll)), None, waker, None));
         }
         let (events_tx, events_rx) = crate::events::Events::bounded(config.event_queue);
         let shared = Arc::new(Shared {
@@ -292,9 +291,13 @@ impl Mux {
             let lead = leads.get(i).cloned();
             let spawned = std::thread::Builder::new().name(format!("connmux-w{i}")).spawn(move || match driver {
                 Driver::Uring => driver::uring::run(sh, i, cpu, init),
-                _ => {
+                Driver::Epoll => {
                     let _ = init.send(Ok(()));
                     crate::lead::run(sh, lead.expect("an epoll worker's lead"), cpu)
+                }
+                Driver::Auto => {
+                    let _ = init.send(Ok(()));
+                    auto_worker(sh, i, cpu, lead.expect("an undecided worker's lead"))
                 }
             });
             match spawned {
@@ -335,13 +338,17 @@ impl Mux {
         }
     }
 
-    /// The I/O driver the workers run (never `Auto` on the userspace backend;
-    /// `Auto` on the kernel backend, which has no workers).
+    /// The I/O driver the first worker runs: `Config::driver` when it
+    /// names one; with `Driver::Auto`, io_uring once the worker was asked
+    /// to serve ([`Mux::serve`]) before any connection was attached to it,
+    /// epoll once a connection came first, `Auto` until then (and on the
+    /// kernel backend, which has no workers).
     pub fn driver(&self) -> Driver {
         let Some(u) = self.user() else { return Driver::Auto };
-        match u.shared.workers[0].io {
-            WorkerIo::Epoll(_) => Driver::Epoll,
-            WorkerIo::Uring => Driver::Uring,
+        match u.shared.workers[0].io_decided() {
+            Some(WorkerIo::Epoll(_)) => Driver::Epoll,
+            Some(WorkerIo::Uring) => Driver::Uring,
+            None => Driver::Auto,
         }
     }
 
@@ -488,6 +495,13 @@ impl Mux {
         let sh = self.shared();
         let raw = conn.as_fd().as_raw_fd();
         connmux_sys::socket::tcp_check_attachable(raw)?;
+        // (`Driver::Auto`: a psock before any ask to serve makes the
+        // worker an epoll one; its thread learns it from its waker.)
+        let me = sh.worker(worker);
+        if me.io_decided().is_none() {
+            me.io_for_psock();
+            let _ = me.waker.notify();
+        }
         let owned = conn.as_fd().try_clone_to_owned().map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
         let ino = std::fs::File::from(owned.try_clone()?).metadata()?.ino();
         let stream = TcpStream::from(owned);
@@ -524,7 +538,7 @@ impl Mux {
             core.drain_events(&mut events);
             rt
         };
-        match &sh.worker(worker).io {
+        match sh.worker(worker).io() {
             WorkerIo::Epoll(epoll) => {
                 if let Err(e) = epoll.add(rt.fd(), psock_token(rt.id), Interest::READ) {
                     let _ = self.unattach_id(rt.id);
@@ -821,4 +835,53 @@ pub enum BpfProgram {
     Elf { object: Vec<u8>, section: Option<String> },
     /// Raw bytecode: 8-byte instructions as the kernel takes them.
     Bytecode(Vec<u8>),
+}
+
+/// A worker of `Driver::Auto` (where io_uring works): its I/O is decided
+/// at its first use. Asked to serve first (`Mux::serve`, a `Service`: the
+/// served path is faster on a ring) it makes a ring on this thread and
+/// runs it; a psock attached first (application threads on clones, which
+/// lead an epoll worker's pass: `crate::lead`) makes it an epoll worker.
+///
+/// ```text
+///   Undecided ── Command::Serve first (ring made) ──► io_uring worker
+///       │
+///       └──── a psock attached first (or no ring) ──► epoll worker
+/// ```
+fn auto_worker(sh: Arc<Shared>, index: usize, cpu: Option<usize>, lead: Arc<crate::lead::Lead>) {
+    if let Some(cpu) = cpu {
+        let _ = connmux_sys::affinity::pin_current_thread(cpu);
+    }
+    let me = &sh.workers[index];
+    let mut kept = Vec::new();
+    while !sh.stop.load(Ordering::Acquire) && me.io_decided().is_none() {
+        // (The mux's stop and an attach write the waker too.)
+        let _ = connmux_sys::poll::poll_readable(me.waker.as_raw_fd(), None);
+        let _ = me.waker.drain();
+        me.commands.take_all(&mut kept);
+        if kept.iter().any(|c| matches!(c, Command::Serve { .. })) {
+            if let Ok(ring) = driver::uring::WorkerRing::new(&sh) {
+                if me.take_ring() {
+                    repost(me, kept);
+                    return ring.run(&sh, index);
+                }
+            }
+            // No ring, or a psock came first: epoll.
+            me.io_for_psock();
+        }
+    }
+    repost(me, kept);
+    // (Pinned already: `lead::run` pins again, to the same CPU.)
+    crate::lead::run(sh, lead, cpu)
+}
+
+/// What an undecided worker took, posted again for its driver's loop.
+fn repost(me: &WorkerRef, kept: Vec<Command>) {
+    if kept.is_empty() {
+        return;
+    }
+    for c in kept {
+        let _ = me.commands.post(c);
+    }
+    let _ = me.waker.notify();
 }

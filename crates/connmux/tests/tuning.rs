@@ -152,7 +152,8 @@ on_both_drivers!(
 );
 
 /// A provided-buffer count the ring refuses (not a power of two) fails
-/// `Mux::new` on the io_uring driver, and `Auto` then runs epoll.
+/// `Mux::new` on the io_uring driver; with `Auto` a worker asked to serve
+/// (which would run a ring) runs epoll instead, and serves.
 #[test]
 fn ring_buffer_count_is_the_configured_one() {
     if !available(Driver::Uring) {
@@ -168,8 +169,42 @@ fn ring_buffer_count_is_the_configured_one() {
     let err = Mux::new(cfg(Driver::Uring)).err().expect("a ring of 3 provided buffers was created");
     assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
     let auto = Mux::new(cfg(Driver::Auto)).unwrap();
-    assert_eq!(auto.driver(), Driver::Epoll);
+    assert_eq!(auto.driver(), Driver::Auto, "undecided until its first use");
+    let svc = echo(auto);
+    assert_eq!(svc.mux().driver(), Driver::Epoll, "no ring: epoll");
+    round_trips(svc.local_addr(), 0, 50, 4, 16);
     // The same count, a power of two, runs io_uring.
     let ok = Config { tuning: Tuning { ring_buf_count: 4, ..Tuning::default() }, ..cfg(Driver::Uring) };
     assert_eq!(Mux::new(ok).unwrap().driver(), Driver::Uring);
+}
+
+/// `Driver::Auto` decides each worker's driver at its first use: a
+/// worker asked to serve first runs io_uring (the served path's), one a
+/// connection is attached to first runs epoll (where receiving threads
+/// lead its passes: `Mux::led_passes`).
+#[test]
+fn auto_gives_a_service_io_uring_and_clones_epoll() {
+    if !available(Driver::Uring) {
+        eprintln!("SKIPPED: io_uring is not available on this machine");
+        return;
+    }
+    let cfg =
+        || Config { driver: Driver::Auto, workers: 1, placement: connmux::Placement::Unpinned, ..Config::default() };
+    let svc = echo(Mux::new(cfg()).unwrap());
+    assert_eq!(svc.mux().driver(), Driver::Uring, "asked to serve first");
+    round_trips(svc.local_addr(), 0, 50, 4, 16);
+
+    let mux = Mux::new(cfg()).unwrap();
+    let sock = mux.socket(connmux::SockType::Dgram).unwrap();
+    let (ours, mut peer) = pair();
+    mux.attach(&ours, l4()).unwrap();
+    assert_eq!(mux.driver(), Driver::Epoll, "a connection first");
+    peer.set_read_timeout(Some(WAIT)).unwrap();
+    for i in 0..20u32 {
+        peer.write_all(&framed(&i.to_be_bytes())).unwrap();
+        let m = sock.recv_msg().unwrap();
+        sock.send_to(&m.data, m.psock).unwrap();
+        assert_eq!(read_framed(&mut peer), i.to_be_bytes());
+    }
+    assert!(mux.led_passes() > 0, "the receiving thread led the epoll worker");
 }

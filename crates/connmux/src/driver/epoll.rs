@@ -76,7 +76,9 @@ impl Slot {
     /// The state of stand-alone slot `index` for socket `sock`, whose
     /// readiness the slot's epoll now watches.
     pub(crate) fn alone(sh: &Shared, index: usize, sock: &Arc<SockRt>) -> std::io::Result<Slot> {
-        let WorkerIo::Epoll(epoll) = &sh.worker(index).io else { unreachable!("a stand-alone slot is an epoll") };
+        let Some(WorkerIo::Epoll(epoll)) = sh.worker(index).io_decided() else {
+            unreachable!("a stand-alone slot is an epoll")
+        };
         // (Its pass is counted as a wait on it: `AloneSock::wait`.)
         epoll.add(sock.rx.counted_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
         let mut s = Slot::worker(sh, index);
@@ -93,7 +95,7 @@ impl Slot {
     /// earliest deadline).
     pub(crate) fn pass(&mut self, sh: &Shared, cap: Option<Duration>) {
         let me = sh.worker(self.index);
-        let WorkerIo::Epoll(epoll) = &me.io else { return };
+        let Some(WorkerIo::Epoll(epoll)) = me.io_decided() else { return };
         let Some((bufs, events, dirty, owned, serving)) = self.parts.take() else { return };
         let mut w = Worker { sh, serving, bufs, events, dirty, owned };
         let timeout = match (self.passes.timeout(&w, self.keeper), cap) {
@@ -120,7 +122,7 @@ impl Slot {
             return Ok(());
         }
         self.unwatch(sh);
-        let WorkerIo::Epoll(epoll) = &sh.worker(self.index).io else { return Ok(()) };
+        let Some(WorkerIo::Epoll(epoll)) = sh.worker(self.index).io_decided() else { return Ok(()) };
         let fd = sock.rx.counted_fd().as_raw_fd();
         epoll.add(fd, SERVE_TOKEN, Interest::READ)?;
         self.led_by = Some((sock.id, fd));
@@ -143,7 +145,7 @@ impl Slot {
     /// every wait of the worker's own thread).
     pub(crate) fn unwatch(&mut self, sh: &Shared) {
         if let Some((_, fd)) = self.led_by.take() {
-            if let WorkerIo::Epoll(epoll) = &sh.worker(self.index).io {
+            if let Some(WorkerIo::Epoll(epoll)) = sh.worker(self.index).io_decided() {
                 // (Gone already if the socket closed: its eventfd left the
                 // epoll with it.)
                 let _ = epoll.delete(fd);

@@ -133,6 +133,25 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
         }
     };
     drop(init);
+    run_ring(&sh, index, ring);
+}
+
+/// A ring for this thread's worker (`Driver::Auto`: made when the worker
+/// is first asked to serve; it is entered by this thread only).
+pub(crate) struct WorkerRing(WRing);
+
+impl WorkerRing {
+    pub(crate) fn new(sh: &Shared) -> io::Result<WorkerRing> {
+        new_ring(&sh.tuning).map(WorkerRing)
+    }
+
+    /// Run worker `index` on it until the mux stops.
+    pub(crate) fn run(self, sh: &Shared, index: usize) {
+        run_ring(sh, index, self.0);
+    }
+}
+
+fn run_ring(sh: &Shared, index: usize, ring: WRing) {
     let mut io = UringIo {
         ring,
         framed: Framed::default(),
@@ -145,7 +164,7 @@ pub(crate) fn run(sh: Arc<Shared>, index: usize, cpu: Option<usize>, init: Sende
         waker_armed: false,
         serve_armed: false,
     };
-    worker::run(&sh, index, &mut io);
+    worker::run(sh, index, &mut io);
 }
 
 impl Io for UringIo {

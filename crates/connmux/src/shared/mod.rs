@@ -267,7 +267,12 @@ pub(crate) enum WorkerIo {
 
 /// Per-worker handles other threads need: its I/O and its waker.
 pub(crate) struct WorkerRef {
-    pub io: WorkerIo,
+    /// Set at start, or (`Driver::Auto`) at the worker's first use
+    /// (`WorkerRef::io_for_psock`, `WorkerRef::take_ring`).
+    io: std::sync::OnceLock<WorkerIo>,
+    /// `Driver::Auto`: the epoll, its waker added, that the worker takes
+    /// if a psock is attached to it before it is asked to serve.
+    spare: Mutex<Option<Epoll>>,
     pub waker: EventFd,
     /// What other threads ask of it, taken each time its waker fires.
     pub commands: Inbox<Command>,
@@ -281,15 +286,47 @@ pub(crate) struct WorkerRef {
 }
 
 impl WorkerRef {
-    pub fn new(io: WorkerIo, waker: EventFd, cpu: Option<usize>) -> WorkerRef {
+    /// A worker with I/O `io`, or (`None`) one that decides at its first
+    /// use, taking `spare` if that is a psock.
+    pub fn new(io: Option<WorkerIo>, spare: Option<Epoll>, waker: EventFd, cpu: Option<usize>) -> WorkerRef {
+        let cell = std::sync::OnceLock::new();
+        if let Some(io) = io {
+            let _ = cell.set(io);
+        }
         WorkerRef {
-            io,
+            io: cell,
+            spare: Mutex::new(spare),
             waker,
             commands: Inbox::default(),
             psocks: AtomicUsize::new(0),
             cpu,
             serving: AtomicBool::new(false),
         }
+    }
+
+    /// Its I/O. Decided once it has a psock (a psock's paths call this).
+    pub fn io(&self) -> &WorkerIo {
+        self.io.get().expect("a worker with psocks has its I/O")
+    }
+
+    /// Its I/O if decided (`Driver::Auto` decides at first use).
+    pub fn io_decided(&self) -> Option<&WorkerIo> {
+        self.io.get()
+    }
+
+    /// A psock is being attached to it: its I/O, epoll (its spare) unless
+    /// it took a ring already.
+    pub fn io_for_psock(&self) -> &WorkerIo {
+        self.io.get_or_init(|| {
+            let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).take();
+            WorkerIo::Epoll(spare.expect("an undecided worker has a spare epoll"))
+        })
+    }
+
+    /// It is asked to serve before any psock came (`Driver::Auto`): it
+    /// runs a ring. `false`: a psock came first, and it stays on epoll.
+    pub fn take_ring(&self) -> bool {
+        self.io.set(WorkerIo::Uring).is_ok()
     }
 
     /// Post a command and wake the worker, unless a wake is owed already
@@ -631,11 +668,11 @@ impl Shared {
                 }
                 Event::PsockRxResume(p) => {
                     if let Some(rt) = self.psock_rt(p) {
-                        match self.worker(rt.worker()).io {
+                        match self.worker(rt.worker()).io() {
                             WorkerIo::Epoll(_) => self.set_interest(&rt, |i| i.read = true),
                             WorkerIo::Uring => self.worker(rt.worker()).command(Command::Resume(p)),
                         }
-                        if rt.tls.is_some() && matches!(self.worker(rt.worker()).io, WorkerIo::Epoll(_)) {
+                        if rt.tls.is_some() && matches!(self.worker(rt.worker()).io(), WorkerIo::Epoll(_)) {
                             // Decrypted bytes held back announce no readiness.
                             self.worker(rt.worker()).command(Command::Resume(p));
                         }
@@ -646,14 +683,14 @@ impl Shared {
                     // passes (a receive armed into it); epoll's come back
                     // with the read.
                     if let Some(rt) = self.psock_rt(p) {
-                        if let WorkerIo::Uring = self.worker(rt.worker()).io {
+                        if let WorkerIo::Uring = self.worker(rt.worker()).io() {
                             self.worker(rt.worker()).command(Command::Recall(p));
                         }
                     }
                 }
                 Event::PsockFailed(p, err) => {
                     if let Some(rt) = self.psock_rt(p) {
-                        match self.worker(rt.worker()).io {
+                        match self.worker(rt.worker()).io() {
                             WorkerIo::Epoll(_) => self.set_interest(&rt, |i| i.read = false),
                             WorkerIo::Uring => self.worker(rt.worker()).command(Command::StopRx(p)),
                         }
@@ -692,7 +729,7 @@ impl Shared {
                         self.worker(rt.worker()).psocks.fetch_sub(1, Ordering::AcqRel);
                         if int.registered {
                             int.registered = false;
-                            match &self.worker(rt.worker()).io {
+                            match self.worker(rt.worker()).io() {
                                 WorkerIo::Epoll(ep) => {
                                     let _ = ep.delete(rt.fd());
                                 }
@@ -720,7 +757,7 @@ impl Shared {
     /// Nothing for an io_uring worker (see [`Shared::want_write`] and the commands).
     pub fn set_interest(&self, rt: &PsockRt, f: impl FnOnce(&mut PsockInterest)) {
         let mut int = rt.interest.lock().unwrap();
-        let WorkerIo::Epoll(epoll) = &self.worker(rt.worker()).io else { return };
+        let WorkerIo::Epoll(epoll) = self.worker(rt.worker()).io() else { return };
         let before = *int;
         f(&mut int);
         if !int.registered || (before.read == int.read && before.write == int.write) {
@@ -734,7 +771,7 @@ impl Shared {
     /// its worker (epoll: wait for writability; io_uring: a `sendmsg` that the
     /// kernel completes when there is room).
     pub fn want_write(&self, rt: &PsockRt) {
-        match self.worker(rt.worker()).io {
+        match self.worker(rt.worker()).io() {
             WorkerIo::Epoll(_) => self.set_interest(rt, |i| i.write = true),
             WorkerIo::Uring => self.worker(rt.worker()).command(Command::Flush(rt.id)),
         }

@@ -574,7 +574,7 @@ fn read_interest(at: &mut RxAt<'_>, mut st: MutexGuard<'_, PsockTls>, full: bool
 /// block. With io_uring the worker writes its TLS psocks itself (its sends
 /// must stay in order): other threads hand them over.
 pub(crate) fn flush(sh: &Shared, rt: &PsockRt, tls: &Mutex<PsockTls>, events: &mut Vec<Event>) {
-    if let WorkerIo::Uring = sh.worker(rt.worker()).io {
+    if let WorkerIo::Uring = sh.worker(rt.worker()).io() {
         sh.want_write(rt);
         return;
     }

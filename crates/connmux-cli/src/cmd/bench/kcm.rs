@@ -488,8 +488,9 @@ pub fn run(mut a: Args) -> anyhow::Result<i32> {
         servers.push(Proc::spawn(&v.name, cmd, port)?);
     }
     let driver = match a.driver.as_str() {
-        "auto" if connmux_sys::uring::supported() => "auto (io_uring here)".to_string(),
-        "auto" => "auto (epoll here)".to_string(),
+        // (A worker a connection is attached to before any ask to serve
+        // runs epoll: `Driver::Auto`.)
+        "auto" => "auto (epoll: connections before any service)".to_string(),
         d => d.to_string(),
     };
     println!(
