@@ -23,7 +23,8 @@
 //! driver).
 //!
 //! What does not change: steering (what a led pass frames goes where the
-//! mux's steering sends it, to any socket), the pass itself (the same
+//! mux's steering sends it, to any socket; with affinity steering the
+//! leader first while it keeps up, `Owned::set_reader`), the pass itself (the same
 //! `driver::worker::pass` as the worker thread's), and a worker's
 //! connections are read by one thread at a time (whoever holds `state`).
 //! While the worker steps aside, its connections are read only while a
