@@ -228,15 +228,10 @@ impl Mux {
         let mut refs = Vec::with_capacity(workers);
         for &cpu in &cpus {
             let waker = EventFd::new()?;
-            let epoll = || -> io::Result<Epoll> {
-                let epoll = Epoll::new()?;
-                epoll.add(waker.as_raw_fd(), driver::WAKER_TOKEN, Interest::READ)?;
-                Ok(epoll)
-            };
             let (io, spare) = match driver {
                 Driver::Uring => (Some(WorkerIo::Uring), None),
-                Driver::Epoll => (Some(WorkerIo::Epoll(epoll()?)), None),
-                Driver::Auto => (None, Some(epoll()?)),
+                Driver::Epoll => (Some(WorkerIo::Epoll(epoll_waking(&waker)?)), None),
+                Driver::Auto => (None, Some(epoll_waking(&waker)?)),
             };
             refs.push(WorkerRef::new(io, spare, waker, cpu));
         }
@@ -246,8 +241,7 @@ impl Mux {
         let mut alone = Vec::with_capacity(config.stand_alone);
         for _ in 0..config.stand_alone {
             let waker = EventFd::new()?;
-            let epoll = Epoll::new()?;
-            epoll.add(waker.as_raw_fd(), driver::WAKER_TOKEN, Interest::READ)?;
+            let epoll = epoll_waking(&waker)?;
             alone.push(WorkerRef::new(Some(WorkerIo::Epoll(epoll)), None, waker, None));
         }
         let (events_tx, events_rx) = crate::events::Events::bounded(config.event_queue);
@@ -835,6 +829,13 @@ pub enum BpfProgram {
     Elf { object: Vec<u8>, section: Option<String> },
     /// Raw bytecode: 8-byte instructions as the kernel takes them.
     Bytecode(Vec<u8>),
+}
+
+/// A worker's epoll, watching its waker.
+fn epoll_waking(waker: &EventFd) -> io::Result<Epoll> {
+    let epoll = Epoll::new()?;
+    epoll.add(waker.as_raw_fd(), driver::WAKER_TOKEN, Interest::READ)?;
+    Ok(epoll)
 }
 
 /// A worker of `Driver::Auto` (where io_uring works): its I/O is decided

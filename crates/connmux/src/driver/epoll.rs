@@ -44,8 +44,6 @@ pub(crate) struct Slot {
     /// after: a `Worker` borrows the `Shared` a socket reaches per call).
     parts: Option<WorkerParts>,
     passes: worker::Passes,
-    /// It keeps the mux's time (`worker::wait_timeout`): worker 0.
-    keeper: bool,
     /// The serving socket's readiness could not be watched (`EpollIo`).
     serve_unwatched: bool,
     /// The socket whose readiness its epoll watches while a thread of that
@@ -64,7 +62,6 @@ impl Slot {
             index,
             parts: Some((w.bufs, w.events, w.dirty, w.owned, None)),
             passes: worker::Passes::new(),
-            keeper: index == 0,
             serve_unwatched: false,
             led_by: None,
             evs: Events::with_capacity(256),
@@ -82,7 +79,6 @@ impl Slot {
         // (Its pass is counted as a wait on it: `AloneSock::wait`.)
         epoll.add(sock.rx.counted_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
         let mut s = Slot::worker(sh, index);
-        s.keeper = false;
         if let Some((bufs, ..)) = &mut s.parts {
             bufs.own.mine = Some(crate::shared::Mine::new(sock.clone()));
         }
@@ -98,7 +94,8 @@ impl Slot {
         let Some(WorkerIo::Epoll(epoll)) = me.io_decided() else { return };
         let Some((bufs, events, dirty, owned, serving)) = self.parts.take() else { return };
         let mut w = Worker { sh, serving, bufs, events, dirty, owned };
-        let timeout = match (self.passes.timeout(&w, self.keeper), cap) {
+        // (Worker 0 keeps the mux's time: `worker::wait_timeout`.)
+        let timeout = match (self.passes.timeout(&w, self.index == 0), cap) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
