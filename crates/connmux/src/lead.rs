@@ -35,8 +35,9 @@
 //!
 //! Only epoll workers are led (an io_uring worker's ring is entered by its
 //! own thread only: with `Driver::Auto`, a worker asked to serve before
-//! any connection came runs a ring, `mux::auto_worker`), and never one
-//! that serves a `Service`. Must not name
+//! any connection came runs a ring, `mux::auto_worker`), never one
+//! that serves a `Service`, and not one whose thread has not yet come to
+//! [`run`] (`Lead::running`). Must not name
 //! `KcmSocket`: the socket stands on this.
 
 use std::io;
@@ -62,11 +63,22 @@ pub(crate) struct Lead {
     /// Passes led by receiving threads (a running count): the worker's
     /// thread takes its pass back once a look finds it unchanged.
     led: AtomicU64,
+    /// Its thread runs [`run`]. Until then (`Driver::Auto`'s undecided
+    /// worker waits on its waker, `mux::auto_worker`) it is not led: a led
+    /// pass drains the waker, and would take the wake that tells the
+    /// worker's thread a psock came (it would then sleep for good).
+    running: AtomicBool,
 }
 
 impl Lead {
     pub(crate) fn new(sh: &Shared, index: usize) -> Lead {
-        Lead { index, state: Mutex::new(Slot::worker(sh, index)), want: AtomicBool::new(false), led: AtomicU64::new(0) }
+        Lead {
+            index,
+            state: Mutex::new(Slot::worker(sh, index)),
+            want: AtomicBool::new(false),
+            led: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+        }
     }
 }
 
@@ -76,6 +88,7 @@ pub(crate) fn run(sh: Arc<Shared>, lead: Arc<Lead>, cpu: Option<usize>) {
     if let Some(cpu) = cpu {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
     }
+    lead.running.store(true, Ordering::Release);
     while !sh.stop.load(Ordering::Acquire) {
         {
             let mut st = lead.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -140,7 +153,8 @@ pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Opti
         // waiting in its pass would not see another worker's pass free.)
         let me = sh.worker(l.index);
         let epoll = matches!(me.io_decided(), Some(crate::shared::WorkerIo::Epoll(_)));
-        if !epoll || me.serving.load(Ordering::Acquire) || me.psocks.load(Ordering::Acquire) == 0 {
+        let idle = me.psocks.load(Ordering::Acquire) == 0;
+        if !epoll || !l.running.load(Ordering::Acquire) || me.serving.load(Ordering::Acquire) || idle {
             continue;
         }
         let Ok(mut st) = l.state.try_lock() else {

@@ -144,6 +144,36 @@ fn two_receiving_threads_share_the_connections() {
     assert_eq!(mux.stats().rx_msgs, total as u64);
 }
 
+/// `Driver::Auto`: an attach makes an undecided worker an epoll one and
+/// tells its thread through the worker's waker. A thread that receives at
+/// once leads that worker's pass, which drains the same waker: it must not
+/// take the wake (the worker's thread would wait for it for good). After the
+/// receive, a message that only the worker's own thread can read (nobody
+/// receives: the socket is polled) arrives. A fresh mux each round, as
+/// the race is the first attach's.
+#[test]
+fn auto_a_worker_told_of_its_first_psock_runs_its_passes() {
+    for round in 0..500 {
+        let mut c = connmux::Config::default();
+        c.workers = 2;
+        c.placement = connmux::Placement::Unpinned;
+        c.driver = Driver::Auto;
+        let mux = connmux::Mux::new(c).unwrap();
+        let sock = mux.socket(SockType::Dgram).unwrap();
+        let (ours, mut peer) = pair();
+        peer.write_all(&framed(b"first")).unwrap();
+        sock.attach(&ours, l4()).unwrap();
+        assert_eq!(sock.recv_msg().unwrap().data[..], framed(b"first")[..]);
+        sock.set_nonblocking(true).unwrap();
+        peer.write_all(&framed(b"second")).unwrap();
+        let m = eventually(|| {
+            let _ = connmux_sys::poll::poll_readable(sock.as_raw_fd(), Some(Duration::from_millis(100)));
+            sock.recv_msg().ok()
+        });
+        assert_eq!(m.data[..], framed(b"second")[..], "round {round}");
+    }
+}
+
 on_both_drivers!(
     a_blocking_receiver_reads_the_connection_itself,
     a_polled_socket_is_served_after_the_receiving_thread_stops,
