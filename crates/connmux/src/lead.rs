@@ -68,6 +68,10 @@ pub(crate) struct Lead {
     /// pass drains the waker, and would take the wake that tells the
     /// worker's thread a psock came (it would then sleep for good).
     running: AtomicBool,
+    /// Its own thread holds `state` for a pass: a receiving thread that
+    /// finds the pass taken asks it aside and waits for the pass (its
+    /// wait ends at the wake), where a led pass may last a receive timeout.
+    own_pass: AtomicBool,
 }
 
 impl Lead {
@@ -78,6 +82,7 @@ impl Lead {
             want: AtomicBool::new(false),
             led: AtomicU64::new(0),
             running: AtomicBool::new(false),
+            own_pass: AtomicBool::new(false),
         }
     }
 }
@@ -92,8 +97,10 @@ pub(crate) fn run(sh: Arc<Shared>, lead: Arc<Lead>, cpu: Option<usize>) {
     while !sh.stop.load(Ordering::Acquire) {
         {
             let mut st = lead.state.lock().unwrap_or_else(|e| e.into_inner());
+            lead.own_pass.store(true, Ordering::Release);
             st.unwatch(&sh);
             st.pass(&sh, None);
+            lead.own_pass.store(false, Ordering::Release);
         }
         if lead.want.load(Ordering::Acquire) {
             step_aside(&sh, &lead);
@@ -157,9 +164,18 @@ pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Opti
         if !epoll || !l.running.load(Ordering::Acquire) || me.serving.load(Ordering::Acquire) || idle {
             continue;
         }
-        let Ok(mut st) = l.state.try_lock() else {
-            taken = taken.or(Some(l));
-            continue;
+        let mut st = match l.state.try_lock() {
+            Ok(st) => st,
+            // The worker's own thread waits in its pass: asked aside, it
+            // ends the pass at the wake and steps aside after it.
+            Err(_) if l.own_pass.load(Ordering::Acquire) => {
+                ask_aside(sh, l);
+                l.state.lock().unwrap_or_else(|e| e.into_inner())
+            }
+            Err(_) => {
+                taken = taken.or(Some(l));
+                continue;
+            }
         };
         l.led.fetch_add(1, Ordering::AcqRel);
         if st.watch(sh, rt).is_err() {
@@ -171,9 +187,15 @@ pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Opti
         return Ok(true);
     }
     if let Some(l) = taken {
-        if !l.want.swap(true, Ordering::AcqRel) {
-            let _ = sh.worker(l.index).wake();
-        }
+        ask_aside(sh, l);
     }
     Ok(false)
+}
+
+/// Ask worker `l`'s thread to step aside after its pass (its waker
+/// written once: it ends the pass's wait).
+fn ask_aside(sh: &Shared, l: &Lead) {
+    if !l.want.swap(true, Ordering::AcqRel) {
+        let _ = sh.worker(l.index).wake();
+    }
 }

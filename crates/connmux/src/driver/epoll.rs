@@ -20,14 +20,9 @@ use std::time::Duration;
 use connmux_core::mux::{Event, Owned, SockId};
 use connmux_sys::epoll::{Epoll, Events, Interest};
 
-use crate::driver::worker::{self, Io, Woke, Worker};
+use crate::driver::worker::{self, Io, Woke, Worker, WorkerState};
 use crate::driver::{SERVE_TOKEN, WAKER_TOKEN};
-use crate::serve::Serving;
 use crate::shared::{token_psock, Command, MuxHub, PsockRt, ReadEnd, Rts, Shared, SockRt, WorkerIo};
-
-/// A `Worker`'s owned state: its serving buffers, events not yet
-/// dispatched, psocks to write, its psocks' receive sides, what it serves.
-type WorkerParts = (crate::serve::ServeBufs, Vec<Event>, Vec<Arc<PsockRt>>, Owned, Option<Serving>);
 
 /// An epoll worker's state between passes, run by whichever thread holds
 /// it: the worker's own thread (`crate::lead`), an application thread
@@ -40,9 +35,8 @@ type WorkerParts = (crate::serve::ServeBufs, Vec<Event>, Vec<Arc<PsockRt>>, Owne
 pub(crate) struct Slot {
     /// The worker index (`Shared::worker`).
     index: usize,
-    /// What its `Worker` owns between passes (taken for a pass, put back
-    /// after: a `Worker` borrows the `Shared` a socket reaches per call).
-    parts: Option<WorkerParts>,
+    /// What its `Worker` owns between passes (`None` once ended).
+    parts: Option<WorkerState>,
     passes: worker::Passes,
     /// The serving socket's readiness could not be watched (`EpollIo`).
     serve_unwatched: bool,
@@ -57,10 +51,9 @@ pub(crate) struct Slot {
 impl Slot {
     /// The state of worker `index`, with no psocks yet.
     pub(crate) fn worker(sh: &Shared, index: usize) -> Slot {
-        let w = Worker::new(sh, index);
         Slot {
             index,
-            parts: Some((w.bufs, w.events, w.dirty, w.owned, None)),
+            parts: Some(WorkerState::new(sh, index)),
             passes: worker::Passes::new(),
             serve_unwatched: false,
             led_by: None,
@@ -79,8 +72,8 @@ impl Slot {
         // (Its pass is counted as a wait on it: `AloneSock::wait`.)
         epoll.add(sock.rx.counted_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
         let mut s = Slot::worker(sh, index);
-        if let Some((bufs, ..)) = &mut s.parts {
-            bufs.own.mine = Some(crate::shared::Mine::new(sock.clone()));
+        if let Some(st) = &mut s.parts {
+            st.own().mine = Some(crate::shared::Mine::new(sock.clone()));
         }
         // Its first pass looks at the commands first (`worker::promise`).
         sh.worker(index).commands.look_soon();
@@ -92,8 +85,8 @@ impl Slot {
     pub(crate) fn pass(&mut self, sh: &Shared, cap: Option<Duration>) {
         let me = sh.worker(self.index);
         let Some(WorkerIo::Epoll(epoll)) = me.io_decided() else { return };
-        let Some((bufs, events, dirty, owned, serving)) = self.parts.take() else { return };
-        let mut w = Worker { sh, serving, bufs, events, dirty, owned };
+        let Some(st) = &mut self.parts else { return };
+        let mut w = st.worker(sh);
         // (Worker 0 keeps the mux's time: `worker::wait_timeout`.)
         let timeout = match (self.passes.timeout(&w, self.index == 0), cap) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -108,7 +101,6 @@ impl Slot {
         };
         worker::pass(me, &mut io, &mut w, &mut self.passes, timeout);
         self.serve_unwatched = io.serve_unwatched;
-        self.parts = Some((w.bufs, w.events, w.dirty, w.owned, w.serving));
     }
 
     /// A thread of socket `sock` leads this worker: its epoll watches the
@@ -131,9 +123,8 @@ impl Slot {
     /// (`Owned::set_reader`), and raise no readiness for it (`Own::led`:
     /// it looks at its queue after the pass).
     pub(crate) fn lead_by(&mut self, sock: Option<SockId>) {
-        if let Some((bufs, _, _, owned, _)) = &mut self.parts {
-            bufs.own.led = sock;
-            owned.set_reader(sock);
+        if let Some(st) = &mut self.parts {
+            st.set_reader(sock);
         }
     }
 
@@ -153,7 +144,7 @@ impl Slot {
     /// The slot's own state for one call of its socket (none while its
     /// pass runs: the caller holds the slot).
     pub(crate) fn own(&mut self) -> Option<&mut crate::shared::Own> {
-        self.parts.as_mut().map(|(bufs, ..)| &mut bufs.own)
+        self.parts.as_mut().map(WorkerState::own)
     }
 
     /// Its socket closed while connections are attached to the slot: no
@@ -161,13 +152,14 @@ impl Slot {
     /// for any raises that socket's readiness, and what was written whole
     /// reaches the core.
     pub(crate) fn orphan(&mut self, sh: &Shared) {
-        if let Some((bufs, ..)) = &mut self.parts {
+        if let Some(st) = &mut self.parts {
+            let own = st.own();
             let mut core = sh.lock();
             // (Moved on with the socket's queue as it closes; the slot
             // looks for no socket from now on.)
-            bufs.own.unkeep(&mut core.mux);
-            bufs.own.mine = None;
-            bufs.own.hold(&mut core);
+            own.unkeep(&mut core.mux);
+            own.mine = None;
+            own.hold(&mut core);
         }
         // Its passes no longer look at the commands first: asks wake it
         // from now on, and one already made is taken in its next pass.
@@ -180,8 +172,8 @@ impl Slot {
     /// The socket is closing, or the worker stops: the writes made whole
     /// reach the core.
     pub(crate) fn end(&mut self, sh: &Shared) {
-        if let Some((bufs, events, dirty, owned, serving)) = self.parts.take() {
-            Worker { sh, serving, bufs, events, dirty, owned }.end();
+        if let Some(mut st) = self.parts.take() {
+            st.worker(sh).end();
         }
     }
 }
@@ -265,7 +257,7 @@ impl Io for EpollIo<'_> {
     fn flush(&mut self, w: &mut Worker<'_>) {
         for rt in w.dirty.drain(..) {
             rt.flush_queued.store(false, Ordering::Release);
-            w.sh.flush(&rt, &mut w.events);
+            w.sh.flush(&rt, w.events);
         }
     }
 }
@@ -290,13 +282,13 @@ impl RxRoom {
 fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &mut [u8]) {
     let sh = w.sh;
     if let Some(tls) = &rt.tls {
-        let mut at = crate::shared::tls::RxAt { sh, o: &mut w.owned, rt, events: &mut w.events };
+        let mut at = crate::shared::tls::RxAt { sh, o: w.owned, rt, events: w.events };
         return crate::shared::tls::epoll_read(&mut at, tls, buf);
     }
     let RxRoom { cap, loan } = rx.unwrap_or_else(|| {
         let mut core = sh.lock();
-        let room = RxRoom::of(core.mux.of(&mut w.owned).rx_room(rt.id));
-        core.drain_events(&mut w.events);
+        let room = RxRoom::of(core.mux.of(w.owned).rx_room(rt.id));
+        core.drain_events(w.events);
         room
     });
     if let Some(loan) = loan {
@@ -309,8 +301,8 @@ fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &m
         // read already on and does nothing): check again after turning it off.
         sh.set_interest(rt, |i| i.read = false);
         let mut core = sh.lock();
-        let cap = core.mux.view_of(&mut w.owned).rx_capacity(rt.id);
-        core.drain_events(&mut w.events);
+        let cap = core.mux.view_of(w.owned).rx_capacity(rt.id);
+        core.drain_events(w.events);
         drop(core);
         if cap > 0 {
             sh.set_interest(rt, |i| i.read = true);
@@ -323,7 +315,7 @@ fn read_psock(w: &mut Worker<'_>, rt: &Arc<PsockRt>, rx: Option<RxRoom>, buf: &m
     let read_at = connmux_sys::clock::now_nanos();
     match ReadEnd::of_io(&res) {
         ReadEnd::Data(n) => worker::feed_bytes(w, rt, &buf[..n], read_at),
-        end => read_ended(sh, &mut w.owned, rt, sh.lock(), end, &mut w.events),
+        end => read_ended(sh, w.owned, rt, sh.lock(), end, w.events),
     }
 }
 
@@ -358,9 +350,9 @@ fn read_lent(w: &mut Worker<'_>, rt: &PsockRt, mut loan: connmux_core::mux::RxLo
     let now = sh.now();
     let mut core = sh.lock();
     // The buffer goes back whatever happened (with nothing new on error).
-    let _ = crate::shared::commit_read(&mut core, &mut w.owned, &mut w.bufs.own, loan, now);
+    let _ = crate::shared::commit_read(&mut core, w.owned, &mut w.bufs.own, loan, now);
     match ReadEnd::of_io(&res) {
-        ReadEnd::Data(_) => core.drain_events(&mut w.events),
-        end => read_ended(sh, &mut w.owned, rt, core, end, &mut w.events),
+        ReadEnd::Data(_) => core.drain_events(w.events),
+        end => read_ended(sh, w.owned, rt, core, end, w.events),
     }
 }

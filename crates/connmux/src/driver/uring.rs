@@ -230,7 +230,7 @@ impl Io for UringIo {
                     psock: p,
                     started: connmux_sys::clock::now_nanos(),
                 };
-                crate::serve::serve_in_place(w.sh, sv, &mut w.bufs, read, &mut w.events, &mut w.dirty, write);
+                crate::serve::serve_in_place(w.sh, sv, w.bufs, read, w.events, w.dirty, write);
             }
         }
         if !w.bufs.own.alone.is_empty() {
@@ -267,7 +267,7 @@ impl Io for UringIo {
             }
             self.budget = Budget::Tight;
         }
-        self.arm(w.sh, &mut w.owned, &mut w.events)
+        self.arm(w.sh, w.owned, w.events)
     }
 }
 
@@ -333,20 +333,20 @@ impl UringIo {
                     } else if conn.rt.tls.is_some() {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         core = None; // TLS lock before the hub lock
-                        pump_tls(sh, &mut w.owned, ring, conn, &mut w.events, &mut self.budget);
+                        pump_tls(sh, w.owned, ring, conn, w.events, &mut self.budget);
                     } else {
                         conn.held.push_back(Held { buf: buf_id, off: 0 });
                         // Framed alone where it may (no hold of the lock
                         // yet in this wait), else fed through the hub.
                         let alone = core.is_none()
                             && w.serving.as_ref().is_some_and(|sv| {
-                                pump_alone(conn, ring, &mut self.framed, &mut w.owned, &mut w.bufs.own, &sv.sock, now)
+                                pump_alone(conn, ring, &mut self.framed, w.owned, &mut w.bufs.own, &sv.sock, now)
                             });
                         if !alone {
                             let core = hub(&mut core, sh, &mut w.bufs.own);
                             let (events, framed, own, budget) =
                                 (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                            pump(conn, &mut Feed { core, ring, now, events, framed, own, o: &mut w.owned, budget });
+                            pump(conn, &mut Feed { core, ring, now, events, framed, own, o: w.owned, budget });
                         }
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
@@ -360,12 +360,12 @@ impl UringIo {
                         }
                         if conn.rt.tls.is_some() {
                             core = None;
-                            pump_tls(sh, &mut w.owned, ring, conn, &mut w.events, &mut self.budget);
+                            pump_tls(sh, w.owned, ring, conn, w.events, &mut self.budget);
                         } else {
                             let core = hub(&mut core, sh, &mut w.bufs.own);
                             let (events, framed, own, budget) =
                                 (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                            pump(conn, &mut Feed { core, ring, now, events, framed, own, o: &mut w.owned, budget });
+                            pump(conn, &mut Feed { core, ring, now, events, framed, own, o: w.owned, budget });
                         }
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
@@ -379,7 +379,7 @@ impl UringIo {
                         // The buffer goes back whatever happened (the core drops
                         // the bytes of a psock that stopped meanwhile).
                         *loan.buf() = buf;
-                        if crate::shared::commit_read(core, &mut w.owned, &mut w.bufs.own, loan, now).is_err()
+                        if crate::shared::commit_read(core, w.owned, &mut w.bufs.own, loan, now).is_err()
                             && !conn.released
                         {
                             stop_rx(ring, conn, token, &mut self.framed);
@@ -391,7 +391,7 @@ impl UringIo {
                         }
                         let (events, framed, own, budget) =
                             (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                        pump(conn, &mut Feed { core, ring, now, events, framed, own, o: &mut w.owned, budget });
+                        pump(conn, &mut Feed { core, ring, now, events, framed, own, o: w.owned, budget });
                     }
                     after_recv(&mut self.conns, &mut self.to_arm, token);
                 }
@@ -412,7 +412,7 @@ impl UringIo {
                         } else if res < 0 || (res == 0 && want > 0) {
                             core = None;
                             let errno = if res < 0 { -res } else { libc::EPIPE };
-                            crate::shared::tls::tx_failed(sh, &conn.rt, errno, &mut w.events);
+                            crate::shared::tls::tx_failed(sh, &conn.rt, errno, w.events);
                         } else if (res as usize) < sent.len() {
                             conn.tls_out = Some(sent.slice(res as usize..));
                         }
@@ -434,7 +434,7 @@ impl UringIo {
                         } else {
                             let core = hub(&mut core, sh, &mut w.bufs.own);
                             wrote.apply(core, conn.rt.id);
-                            core.drain_events(&mut w.events);
+                            core.drain_events(w.events);
                         }
                         if conn.released {
                             if conn.idle() {
@@ -498,7 +498,7 @@ impl UringIo {
                 let Some(conn) = self.conns.get_mut(&token) else { return };
                 if conn.rt.tls.is_some() && !conn.released {
                     // Decrypted bytes may wait in TLS after the receive ended.
-                    pump_tls(sh, &mut w.owned, ring, conn, &mut w.events, &mut self.budget);
+                    pump_tls(sh, w.owned, ring, conn, w.events, &mut self.budget);
                     self.to_arm.push(token);
                     return;
                 }
@@ -508,10 +508,7 @@ impl UringIo {
                 let mut core = sh.lock();
                 let (events, framed, own, budget) =
                     (&mut w.events, &mut self.framed, &mut w.bufs.own, &mut self.budget);
-                pump(
-                    conn,
-                    &mut Feed { core: &mut core, ring, now: sh.now(), events, framed, own, o: &mut w.owned, budget },
-                );
+                pump(conn, &mut Feed { core: &mut core, ring, now: sh.now(), events, framed, own, o: w.owned, budget });
                 drop(core);
                 self.to_arm.push(token);
             }
@@ -560,7 +557,7 @@ impl UringIo {
     fn flush_dirty(&mut self, w: &mut Worker<'_>) {
         let sh = w.sh;
         let ring = &mut self.ring;
-        let mut dirty = std::mem::take(&mut w.dirty);
+        let mut dirty = std::mem::take(w.dirty);
         for rt in dirty.drain(..) {
             rt.flush_queued.store(false, Ordering::Release);
             let token = psock_token(rt.id);
@@ -573,7 +570,7 @@ impl UringIo {
                         // Records in order: what a short send left, else new ones.
                         let out = match conn.tls_out.take() {
                             Some(rest) => rest,
-                            None => crate::shared::tls::take_records(sh, &rt, tls, &mut w.events),
+                            None => crate::shared::tls::take_records(sh, &rt, tls, w.events),
                         };
                         if out.is_empty() {
                             continue;
@@ -587,12 +584,7 @@ impl UringIo {
                             }
                             Err(e) => {
                                 self.tx_slices.clear();
-                                crate::shared::tls::tx_failed(
-                                    sh,
-                                    &rt,
-                                    e.raw_os_error().unwrap_or(libc::EIO),
-                                    &mut w.events,
-                                )
+                                crate::shared::tls::tx_failed(sh, &rt, e.raw_os_error().unwrap_or(libc::EIO), w.events)
                             }
                         }
                         continue;
@@ -600,21 +592,21 @@ impl UringIo {
                     let begun = {
                         let mut core = sh.lock();
                         let b = core.tx_begin(&rt, &mut self.tx_slices);
-                        core.drain_events(&mut w.events);
+                        core.drain_events(w.events);
                         b
                     };
                     if !begun {
                         continue;
                     }
-                    send_chunk(ring, conn, token, &mut self.tx_slices, sh, &mut w.events);
+                    send_chunk(ring, conn, token, &mut self.tx_slices, sh, w.events);
                 }
                 Some(_) => {}
-                None => sh.flush(&rt, &mut w.events),
+                None => sh.flush(&rt, w.events),
             }
         }
         // Keep the vector's room for the next pass.
         if w.dirty.is_empty() {
-            w.dirty = dirty;
+            *w.dirty = dirty;
         }
     }
 

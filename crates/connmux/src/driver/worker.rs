@@ -32,20 +32,59 @@ use crate::shared::{Command, Ctx, Promise, PsockRt, Shared, SockRt, WorkerRef};
 /// sleep).
 const RING_ROUNDS: usize = 64;
 
-/// What a worker's pass hands between the loop and its driver.
+/// What a worker owns between passes: what it serves, its serving
+/// buffers, events not yet dispatched, psocks to write, its psocks'
+/// receive sides. A pass borrows it in place ([`WorkerState::worker`]).
+pub(crate) struct WorkerState {
+    serving: Option<Serving>,
+    bufs: ServeBufs,
+    events: Vec<Event>,
+    dirty: Vec<Arc<PsockRt>>,
+    owned: Owned,
+}
+
+impl WorkerState {
+    /// Worker `index` of `sh` (or slot) with empty buffers and no
+    /// psocks, serving nothing yet.
+    pub(crate) fn new(sh: &Shared, index: usize) -> WorkerState {
+        let mut bufs = ServeBufs::new(&sh.tuning);
+        bufs.own.owner = index as u32;
+        WorkerState { serving: None, bufs, events: Vec::new(), dirty: Vec::new(), owned: Owned::new(index as u32) }
+    }
+
+    /// The worker for one pass (or call), borrowing this state.
+    pub(crate) fn worker<'a>(&'a mut self, sh: &'a Shared) -> Worker<'a> {
+        let WorkerState { serving, bufs, events, dirty, owned } = self;
+        Worker { sh, serving, bufs, events, dirty, owned }
+    }
+
+    /// Its own hand-off state (a stand-alone slot's socket reads it).
+    pub(crate) fn own(&mut self) -> &mut crate::shared::Own {
+        &mut self.bufs.own
+    }
+
+    /// The socket whose thread reads its psocks now (`Owned::set_reader`).
+    pub(crate) fn set_reader(&mut self, sock: Option<connmux_core::mux::SockId>) {
+        self.bufs.own.led = sock;
+        self.owned.set_reader(sock);
+    }
+}
+
+/// What a worker's pass hands between the loop and its driver: its
+/// [`WorkerState`], borrowed.
 pub(crate) struct Worker<'a> {
     pub sh: &'a Shared,
     /// The handler this worker runs in place, once a service asked it to.
-    pub serving: Option<Serving>,
+    pub serving: &'a mut Option<Serving>,
     /// Its serving buffers, with its own hand-off state (`bufs.own`).
-    pub bufs: ServeBufs,
+    pub bufs: &'a mut ServeBufs,
     /// Core events not yet dispatched.
-    pub events: Vec<Event>,
+    pub events: &'a mut Vec<Event>,
     /// Psocks to write before the pass ends.
-    pub dirty: Vec<Arc<PsockRt>>,
+    pub dirty: &'a mut Vec<Arc<PsockRt>>,
     /// The receive sides of its psocks: its alone (other threads reach
     /// them through what the hub tells it, `Event::Wake`).
-    pub owned: Owned,
+    pub owned: &'a mut Owned,
 }
 
 /// What a wait found besides reads and writes.
@@ -108,15 +147,7 @@ impl Passes {
     }
 }
 
-impl<'a> Worker<'a> {
-    /// Worker `index` of `sh` (or slot) with empty buffers and no
-    /// psocks, serving nothing yet.
-    pub(crate) fn new(sh: &'a Shared, index: usize) -> Worker<'a> {
-        let mut bufs = ServeBufs::new(&sh.tuning);
-        bufs.own.owner = index as u32;
-        Worker { sh, serving: None, bufs, events: Vec::new(), dirty: Vec::new(), owned: Owned::new(index as u32) }
-    }
-
+impl Worker<'_> {
     /// Before the worker goes away: the writes it made whole since its last
     /// hold reach the core.
     pub(crate) fn end(&mut self) {
@@ -127,7 +158,8 @@ impl<'a> Worker<'a> {
 /// Run worker `index` until the mux stops.
 pub(crate) fn run(sh: &Shared, index: usize, io: &mut impl Io) {
     let me = &sh.workers[index];
-    let mut w = Worker::new(sh, index);
+    let mut state = WorkerState::new(sh, index);
+    let mut w = state.worker(sh);
     let mut passes = Passes::new();
     // Worker 0 keeps the mux's time: it never sleeps longer than a second
     // (`wait_timeout`).
@@ -186,7 +218,7 @@ pub(crate) fn pass(
                     io.watch_serve(&sock);
                     w.bufs.own.serve = Some((sock.id, crate::serve::SERVE_BATCH));
                     w.bufs.own.alone_tag = alone_tag(sh, &sock);
-                    w.serving = Some(Serving { sock, handler, stats, lanes, index });
+                    *w.serving = Some(Serving { sock, handler, stats, lanes, index });
                     serve_ready = true;
                     me.serving.store(true, Ordering::Release);
                 }
@@ -202,12 +234,12 @@ pub(crate) fn pass(
     // (bounded; what remains is picked up by the next pass).
     for round in 0..RING_ROUNDS {
         if !w.events.is_empty() {
-            sh.dispatch(&mut w.events, &mut Ctx::Worker(&mut w.dirty, &mut w.bufs.own));
+            sh.dispatch(w.events, &mut Ctx::Worker(w.dirty, &mut w.bufs.own));
         }
         if let (0, Some(sv)) = (round, &w.serving) {
             // (A command may have read messages for our socket in a
             // pass with no read: `Own::has_direct`.)
-            crate::serve::pass(sh, sv, &mut w.bufs, &mut w.events, &mut w.dirty, serve_ready);
+            crate::serve::pass(sh, sv, w.bufs, w.events, w.dirty, serve_ready);
         }
         if w.bufs.own.told {
             // A call of its own told its psocks (a write ended, a message
@@ -221,7 +253,7 @@ pub(crate) fn pass(
         }
         io.flush(w);
     }
-    crate::serve::end_pass(w.serving.as_ref(), &mut w.bufs);
+    crate::serve::end_pass(w.serving.as_ref(), w.bufs);
     // (A worker that serves nothing hands what it reads to application
     // threads. One that serves a `Service` hands its spill-over to other
     // workers, which cork nothing: it promises nothing and pays nothing.)
@@ -449,17 +481,17 @@ fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core
     if std::mem::take(&mut w.bufs.own.told) {
         // With its time first: a psock attached for it starts its clocks
         // from now.
-        core.mux.of(&mut w.owned).note_now(now);
+        core.mux.of(w.owned).note_now(now);
     }
-    *next_deadline = core.mux.view_of(&mut w.owned).poll_timeout();
+    *next_deadline = core.mux.view_of(w.owned).poll_timeout();
     if let Some(t) = *next_deadline {
         if t <= now {
-            core.mux.of(&mut w.owned).handle_timeout(now);
-            *next_deadline = core.mux.view_of(&mut w.owned).poll_timeout();
+            core.mux.of(w.owned).handle_timeout(now);
+            *next_deadline = core.mux.view_of(w.owned).poll_timeout();
         }
     }
     // Last: every call above may raise events (what it applied first too).
-    core.drain_events(&mut w.events);
+    core.drain_events(w.events);
 }
 
 /// The affinity tag of socket `sock`, when steering sends the messages
@@ -478,8 +510,8 @@ fn apply_told(w: &mut Worker<'_>) {
     w.bufs.own.told = false;
     let now = w.sh.now();
     let mut core = w.sh.lock();
-    core.mux.of(&mut w.owned).note_now(now);
-    core.drain_events(&mut w.events);
+    core.mux.of(w.owned).note_now(now);
+    core.drain_events(w.events);
 }
 
 /// The bytes of one read of `rt`, read at `read_at`, to the core; on a
@@ -511,7 +543,7 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
                         }
                         None => crate::shared::feed_read_in_place(&mut core, o, own, rt.id, data, now, &mut runs),
                     };
-                    core.drain_events(&mut w.events);
+                    core.drain_events(w.events);
                 }
             }
             if !runs.is_empty() {
@@ -535,14 +567,14 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
             // hold, or in this one with the rest of the read.
             let bufs = &mut w.bufs;
             let taken = match bufs.own.mine.is_some() {
-                true => bufs.own.frame_mine(&mut w.owned, rt, data, now, sh.read_chunk, &mut bufs.runs),
+                true => bufs.own.frame_mine(w.owned, rt, data, now, sh.read_chunk, &mut bufs.runs),
                 false => 0,
             };
             if taken < data.len() {
                 let mut core = sh.lock();
                 bufs.own.report(&mut core);
-                let _ = crate::shared::feed_read(&mut core, &mut w.owned, &mut bufs.own, rt.id, &data[taken..], now);
-                core.drain_events(&mut w.events);
+                let _ = crate::shared::feed_read(&mut core, w.owned, &mut bufs.own, rt.id, &data[taken..], now);
+                core.drain_events(w.events);
             }
         }
     }
