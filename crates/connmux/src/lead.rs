@@ -6,7 +6,8 @@
 //!
 //! ```text
 //!                   a receiving thread finds the pass taken (`want`,
-//!                   the worker's waker written once)
+//!                   the worker's waker written once: the worker's own
+//!                   pass ends, and that thread takes the pass)
 //!   Running ───────────────────────────────────────────────► Aside
 //!   (its own thread runs its passes)     (its thread sleeps; the pass is
 //!      ▲                                  run by receiving threads only)
