@@ -7,7 +7,7 @@
 //! ```text
 //!                   a receiving thread finds the pass taken (`want`,
 //!                   the worker's waker written once: the worker's own
-//!                   pass ends, and that thread takes the pass)
+//!                   pass ends; that thread comes back for it, `Led`)
 //!   Running ───────────────────────────────────────────────► Aside
 //!   (its own thread runs its passes)     (its thread sleeps; the pass is
 //!      ▲                                  run by receiving threads only)
@@ -70,8 +70,9 @@ pub(crate) struct Lead {
     /// worker's thread a psock came (it would then sleep for good).
     running: AtomicBool,
     /// Its own thread holds `state` for a pass: a receiving thread that
-    /// finds the pass taken asks it aside and waits for the pass (its
-    /// wait ends at the wake), where a led pass may last a receive timeout.
+    /// finds the pass taken asks it aside and comes back for the pass
+    /// within a look ([`Led::Retry`]), where a pass led by another
+    /// receiving thread is waited out on the socket's readiness.
     own_pass: AtomicBool,
 }
 
@@ -142,19 +143,37 @@ pub(crate) fn led_passes(leads: &[Arc<Lead>]) -> u64 {
     leads.iter().map(|l| l.led.load(Ordering::Relaxed)).sum()
 }
 
+/// What [`lead`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Led {
+    /// It ran a pass: the caller looks at its queue again.
+    Passed,
+    /// Every pass is held by other receiving threads (or none may be
+    /// led): the caller waits on its readiness (those passes queue its
+    /// messages and raise it).
+    Wait,
+    /// A worker's own thread holds the pass it may lead, asked to step
+    /// aside: the caller waits on its readiness at most this long, then
+    /// comes back for the pass. (Not blocking on the lock: the worker's
+    /// thread may take its pass back before the caller runs again, and a
+    /// thread blocked on the lock would not see its queued messages.)
+    Retry(Duration),
+}
+
 /// A blocking `recv` of socket `rt` found nothing queued: run a pass of
 /// one of `leads` (the one the socket prefers first), its wait bounded by
 /// the call's `deadline` and counted as a wait on the socket's readiness.
-/// `false`: every pass was taken (the preferred worker's thread is asked
-/// to step aside after its pass); the caller waits on its readiness.
-pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Option<Instant>) -> io::Result<bool> {
+/// Every pass taken: the first one's thread (or a worker's own, in
+/// preference) is asked to step aside after its pass.
+pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Option<Instant>) -> io::Result<Led> {
     if leads.is_empty() {
-        return Ok(false);
+        return Ok(Led::Wait);
     }
     let left = crate::shared::time_left(deadline)?;
     let start = rt.id.index as usize % leads.len();
-    // The first pass found taken, whose thread is asked to step aside.
-    let mut taken = None;
+    // The first pass found taken, whose thread is asked to step aside,
+    // and whether a worker's own thread holds it.
+    let mut taken: Option<(&Lead, bool)> = None;
     for k in 0..leads.len() {
         let l = &leads[(start + k) % leads.len()];
         // (A worker with no connections has nothing to read: a thread
@@ -165,32 +184,29 @@ pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Opti
         if !epoll || !l.running.load(Ordering::Acquire) || me.serving.load(Ordering::Acquire) || idle {
             continue;
         }
-        let mut st = match l.state.try_lock() {
-            Ok(st) => st,
-            // The worker's own thread waits in its pass: asked aside, it
-            // ends the pass at the wake and steps aside after it.
-            Err(_) if l.own_pass.load(Ordering::Acquire) => {
-                ask_aside(sh, l);
-                l.state.lock().unwrap_or_else(|e| e.into_inner())
+        let Ok(mut st) = l.state.try_lock() else {
+            let own = l.own_pass.load(Ordering::Acquire);
+            if taken.is_none_or(|(_, o)| own && !o) {
+                taken = Some((l, own));
             }
-            Err(_) => {
-                taken = taken.or(Some(l));
-                continue;
-            }
+            continue;
         };
-        l.led.fetch_add(1, Ordering::AcqRel);
         if st.watch(sh, rt).is_err() {
-            return Ok(false);
+            return Ok(Led::Wait);
         }
+        l.led.fetch_add(1, Ordering::AcqRel);
         st.lead_by(Some(rt.id));
         rt.rx.wait(|_| st.pass(sh, left));
         st.lead_by(None);
-        return Ok(true);
+        return Ok(Led::Passed);
     }
-    if let Some(l) = taken {
-        ask_aside(sh, l);
+    match taken {
+        Some((l, own)) => {
+            ask_aside(sh, l);
+            Ok(if own { Led::Retry(LEAD_LOOK) } else { Led::Wait })
+        }
+        None => Ok(Led::Wait),
     }
-    Ok(false)
 }
 
 /// Ask worker `l`'s thread to step aside after its pass (its waker

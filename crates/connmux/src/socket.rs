@@ -421,8 +421,16 @@ impl KcmSocket {
                     if !rt.nonblocking.load(Ordering::Relaxed) {
                         let u = self.mux.user().expect("a userspace socket's mux");
                         let d = *deadline.get_or_insert_with(|| Self::deadline(&rt.rcvtimeo));
-                        if crate::lead::lead(sh, &u.leads, rt, d)? {
-                            continue;
+                        match crate::lead::lead(sh, &u.leads, rt, d)? {
+                            crate::lead::Led::Passed => continue,
+                            crate::lead::Led::Retry(look) => {
+                                let t = crate::shared::time_left(d)?.map_or(look, |t| t.min(look));
+                                rt.rx
+                                    .wait(|fd| connmux_sys::poll::poll_readable(fd.as_raw_fd(), Some(t)))
+                                    .transpose()?;
+                                continue;
+                            }
+                            crate::lead::Led::Wait => {}
                         }
                     }
                     // Spin only while messages come one at a time (the
