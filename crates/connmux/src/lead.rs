@@ -203,7 +203,9 @@ pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Opti
     match taken {
         Some((l, own)) => {
             ask_aside(sh, l);
-            Ok(if own { Led::Retry(LEAD_LOOK) } else { Led::Wait })
+            // (Back within half a look: before the worker's thread, aside
+            // now, looks whether anyone leads it.)
+            Ok(if own { Led::Retry(LEAD_LOOK / 2) } else { Led::Wait })
         }
         None => Ok(Led::Wait),
     }
