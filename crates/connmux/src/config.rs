@@ -211,7 +211,10 @@ pub struct Config {
     pub incoming_cpu: bool,
     /// How long a blocking receive on a [`crate::KcmSocket`] whose queue is
     /// empty keeps looking (yielding the CPU between looks) before it sleeps
-    /// on the socket's readiness. A message that arrives meanwhile is taken
+    /// on the socket's readiness, where it does not lead a worker's pass
+    /// instead (an epoll worker's pass free or held by its own thread: the
+    /// receive then sleeps in the worker's epoll, `docs/architecture.md`,
+    /// "Receiving threads lead the workers"). A message that arrives meanwhile is taken
     /// without a wake-up, which on a virtual machine costs more than a short
     /// request when it crosses CPUs (`docs/performance.md`); on the worker's own CPU the yield lets the worker run.
     /// Costs at most this much CPU per receive that finds nothing. A
