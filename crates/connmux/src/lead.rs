@@ -38,11 +38,11 @@
 //! own thread only: with `Driver::Auto`, a worker asked to serve before
 //! any connection came runs a ring, `mux::auto_worker`), never one
 //! that serves a `Service`, and not one whose thread has not yet come to
-//! [`run`] (`Lead::running`). Must not name
+//! [`run`] (`Lead::thread`, [`Thread::Starting`]). Must not name
 //! `KcmSocket`: the socket stands on this.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,16 +64,32 @@ pub(crate) struct Lead {
     /// Passes led by receiving threads (a running count): the worker's
     /// thread takes its pass back once a look finds it unchanged.
     led: AtomicU64,
-    /// Its thread runs [`run`]. Until then (`Driver::Auto`'s undecided
-    /// worker waits on its waker, `mux::auto_worker`) it is not led: a led
-    /// pass drains the waker, and would take the wake that tells the
-    /// worker's thread a psock came (it would then sleep for good).
-    running: AtomicBool,
-    /// Its own thread holds `state` for a pass: a receiving thread that
+    /// Where the worker's own thread is ([`Thread`], as a `u8`).
+    thread: AtomicU8,
+}
+
+/// Where an epoll worker's own thread is, for the receiving threads that
+/// would lead it.
+///
+/// ```text
+///   Starting ──► Between ◄──► InPass
+///   (`run` entered)   (its pass taken and let go, each pass)
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Thread {
+    /// Not yet in [`run`] (`Driver::Auto`'s undecided worker waits on its
+    /// waker, `mux::auto_worker`): not led, as a led pass drains the waker
+    /// and would take the wake that tells the thread a psock came (it
+    /// would then sleep for good).
+    Starting,
+    /// In [`run`], between its passes or aside.
+    Between,
+    /// Holding `state` for a pass of its own: a receiving thread that
     /// finds the pass taken asks it aside and comes back for the pass
     /// within a look ([`Led::Retry`]), where a pass led by another
     /// receiving thread is waited out on the socket's readiness.
-    own_pass: AtomicBool,
+    InPass,
 }
 
 impl Lead {
@@ -83,9 +99,17 @@ impl Lead {
             state: Mutex::new(Slot::worker(sh, index)),
             want: AtomicBool::new(false),
             led: AtomicU64::new(0),
-            running: AtomicBool::new(false),
-            own_pass: AtomicBool::new(false),
+            thread: AtomicU8::new(Thread::Starting as u8),
         }
+    }
+
+    /// Its own thread is now at `at` (only that thread says so).
+    fn thread_at(&self, at: Thread) {
+        self.thread.store(at as u8, Ordering::Release);
+    }
+
+    fn thread_is(&self, at: Thread) -> bool {
+        self.thread.load(Ordering::Acquire) == at as u8
     }
 }
 
@@ -95,14 +119,14 @@ pub(crate) fn run(sh: Arc<Shared>, lead: Arc<Lead>, cpu: Option<usize>) {
     if let Some(cpu) = cpu {
         let _ = connmux_sys::affinity::pin_current_thread(cpu);
     }
-    lead.running.store(true, Ordering::Release);
+    lead.thread_at(Thread::Between);
     while !sh.stop.load(Ordering::Acquire) {
         {
             let mut st = lead.state.lock().unwrap_or_else(|e| e.into_inner());
-            lead.own_pass.store(true, Ordering::Release);
+            lead.thread_at(Thread::InPass);
             st.unwatch(&sh);
             st.pass(&sh, None);
-            lead.own_pass.store(false, Ordering::Release);
+            lead.thread_at(Thread::Between);
         }
         if lead.want.load(Ordering::Acquire) {
             step_aside(&sh, &lead);
@@ -181,11 +205,11 @@ pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Opti
         let me = sh.worker(l.index);
         let epoll = matches!(me.io_decided(), Some(crate::shared::WorkerIo::Epoll(_)));
         let idle = me.psocks.load(Ordering::Acquire) == 0;
-        if !epoll || !l.running.load(Ordering::Acquire) || me.serving.load(Ordering::Acquire) || idle {
+        if !epoll || l.thread_is(Thread::Starting) || me.serving.load(Ordering::Acquire) || idle {
             continue;
         }
         let Ok(mut st) = l.state.try_lock() else {
-            let own = l.own_pass.load(Ordering::Acquire);
+            let own = l.thread_is(Thread::InPass);
             if taken.is_none_or(|(_, o)| own && !o) {
                 taken = Some((l, own));
             }
