@@ -42,7 +42,9 @@
 //!   same hold of the lock as a reply's send (it runs it itself) sends that
 //!   reply with BATCH: written with the next reply, in one write, at most
 //!   a few held so ([`Replier`]); a lone reply is never held, and a batch
-//!   the thread does not go on with is ended at once.
+//!   the thread does not go on with is ended at once. A reply held so is
+//!   on its connection's queue already: one the I/O worker makes after it
+//!   (an Rversion, an Rflush) never leaves first.
 //!
 //! And for the whole: the connections whose state it keeps are swept once
 //! a second (those the mux no longer has are forgotten), and

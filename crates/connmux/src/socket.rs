@@ -545,7 +545,7 @@ impl KcmSocket {
     fn send_loop(
         &self,
         rt: &SockRt,
-        mut attempt: impl FnMut(&mut connmux_core::mux::Mux) -> Result<usize, MuxError>,
+        mut attempt: impl FnMut(&mut crate::shared::MuxHub) -> Result<usize, MuxError>,
     ) -> io::Result<usize> {
         let sh = self.mux.shared();
         let mut deadline = None;
@@ -554,7 +554,7 @@ impl KcmSocket {
             sh.write_outs(rt);
             let r = {
                 let mut core = sh.lock();
-                let r = attempt(&mut core.mux);
+                let r = attempt(&mut core);
                 if !matches!(r, Err(MuxError::WouldBlock)) || core.mux.writable(rt.id).unwrap_or(false) {
                     rt.tx.set();
                 } else {
@@ -584,7 +584,7 @@ impl KcmSocket {
         match &self.imp {
             SockImp::User(rt) => {
                 let id = rt.id;
-                self.send_loop(rt, |m| m.send(id, data, flags))
+                self.send_loop(rt, |h| h.mux.send(id, data, flags))
             }
             SockImp::Kernel(k) => k.send_flags(data, flags),
         }
@@ -618,7 +618,7 @@ impl KcmSocket {
             return Ok(data.len());
         }
         let id = rt.id;
-        self.send_loop(rt, |m| m.send_to(id, psock, data, SendFlags { eor: true, ..Default::default() }))
+        self.send_loop(rt, |h| h.mux.send_to(id, psock, data, SendFlags { eor: true, ..Default::default() }))
     }
 
     /// Addressed send of a message already in a `Bytes` (no copy). On the
@@ -638,7 +638,7 @@ impl KcmSocket {
         }
         let id = rt.id;
         let len = msg.len();
-        self.send_loop(rt, |m| m.send_msg(id, psock, msg.clone(), false).map(|_| len)).map(|_| ())
+        self.send_loop(rt, |h| h.mux.send_msg(id, psock, msg.clone(), false).map(|_| len)).map(|_| ())
     }
 
     /// [`KcmSocket::send_msg`] to `psock` with BATCH when `batch`: the
@@ -651,7 +651,19 @@ impl KcmSocket {
         let rt = self.addressed("KcmSocket::send_msg_batch")?;
         let id = rt.id;
         let len = msg.len();
-        self.send_loop(rt, |m| m.send_msg(id, Some(psock), msg.clone(), batch).map(|_| len)).map(|_| ())
+        self.send_loop(rt, |h| {
+            h.mux.send_msg(id, Some(psock), msg.clone(), batch)?;
+            if batch {
+                // Queued on the psock, its write held for the batch: the
+                // owner writes no reply of its own past it (a reply it
+                // makes later, in answer to a later request, would leave
+                // first; no transmit event marks the psock until the batch
+                // ends).
+                h.mark_queued(psock);
+            }
+            Ok(len)
+        })
+        .map(|_| ())
     }
 
     /// Ends the batch this socket has open (sends with BATCH and none
@@ -660,7 +672,7 @@ impl KcmSocket {
     pub fn end_batch(&self) -> io::Result<()> {
         let rt = self.addressed("KcmSocket::end_batch")?;
         let id = rt.id;
-        self.send_loop(rt, |m| m.end_batch(id).map(|_| 0)).map(|_| ())
+        self.send_loop(rt, |h| h.mux.end_batch(id).map(|_| 0)).map(|_| ())
     }
 
     /// sendmmsg: every message but the last carries BATCH, so the batch goes out
@@ -728,7 +740,8 @@ impl KcmSocket {
     ) -> io::Result<usize> {
         let id = rt.id;
         let mut sent = 0;
-        let r = self.send_loop(rt, |m| {
+        let r = self.send_loop(rt, |h| {
+            let m = &mut h.mux;
             while sent < n {
                 let (p, data) = msg(sent);
                 let flags = SendFlags { eor: true, batch: sent + 1 < n, more: false };

@@ -162,10 +162,42 @@ fn in_place_verdicts_keep_request_order() {
     svc.shutdown();
 }
 
+/// A reply another socket queued on a connection with BATCH (a file
+/// server's thread, its batch not yet ended) leaves before a reply the
+/// connection's worker makes later: the worker writes none of its own
+/// past it. (A 9P Rversion overtook a batched Rread of the old session.)
+fn a_batched_reply_of_another_socket_is_not_overtaken_by_the_workers() {
+    let mux = mux_with(|c| c.core.steering = Steering::Affinity);
+    let from = Arc::new(std::sync::Mutex::new(None));
+    let seen = from.clone();
+    let handler = Arc::new(move |req: Bytes, p: PsockId, _s: &mut bytes::BytesMut| {
+        *seen.lock().unwrap() = Some(p);
+        Verdict::Reply(req)
+    });
+    let svc = l4_service(mux, handler);
+    let other = svc.mux().socket(connmux::SockType::Dgram).unwrap();
+    other.set_recv_disable(true).unwrap();
+    let mut c = TcpStream::connect(svc.local_addr()).unwrap();
+    c.set_nodelay(true).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    for round in 0..20u8 {
+        c.write_all(&framed(&[b'a', round])).unwrap();
+        assert_eq!(read_framed(&mut c), [b'a', round]);
+        let p = from.lock().unwrap().expect("the handler saw the request");
+        other.send_msg_batch(Bytes::from(framed(&[b'h', round])), p, true).unwrap();
+        c.write_all(&framed(&[b'b', round])).unwrap();
+        assert_eq!(read_framed(&mut c), [b'h', round], "round {round} on {:?}: the worker's reply first", driver());
+        assert_eq!(read_framed(&mut c), [b'b', round], "round {round}");
+        other.end_batch().unwrap();
+    }
+    svc.shutdown();
+}
+
 on_both_drivers!(
     echo_service_many_clients_pipelined_complete,
     bad_client_is_aborted_while_good_client_continues,
     in_place_verdicts_keep_request_order,
+    a_batched_reply_of_another_socket_is_not_overtaken_by_the_workers,
 );
 
 /// Large replies to a client that reads slowly through a small receive

@@ -232,6 +232,15 @@ impl MuxHub {
         }
     }
 
+    /// A message was queued on psock `p` with no transmit event (its
+    /// write held by a batch): the owner writes none of its own past it
+    /// (`Writer::mark`), as after an event.
+    pub fn mark_queued(&self, p: PsockId) {
+        if let Some(rt) = self.psocks.get(&p) {
+            rt.writer.mark();
+        }
+    }
+
     /// Begin psock `rt`'s next chunk into `slices` as one of the hub's
     /// writers (`Mux::tx_begin_into`): not while its owner writes outside
     /// the hub (`Writer::claim`; the owner writes it when done), and the

@@ -7,7 +7,9 @@
 //! psock that it may have queued itself (its replies leave in the order it
 //! made them). Messages of other senders queued meanwhile may be overtaken
 //! by the owner's: KCM orders one socket's sends, not those of different
-//! sockets.
+//! sockets. One queued before the owner's reply was made is not, also one
+//! whose write a batch holds (a file server answers a flush or a new
+//! session only once the replies its threads sent are on their way).
 //!
 //! ```text
 //!            own                          disown (no WANT)
@@ -25,7 +27,8 @@
 //! chunk of the psock is out with a hub writer, or a message of the
 //! owner's own waits on its queue, `HUB` is set (a chunk is claimed before
 //! it is begun; a queued message marks it in the hold that drains its
-//! `PsockTransmit`, and the owner marks its own replies' hold); it is
+//! `PsockTransmit`, or, held by a batch, in the hold that queued it
+//! (`MuxHub::mark_queued`); the owner marks its own replies' hold); it is
 //! cleared only in a hold that finds nothing queued and nothing out.
 
 use super::prim::{AtomicU8, Ordering};
