@@ -573,10 +573,13 @@ impl KcmSocket {
         }
     }
 
-    /// Whether a stand-alone socket's slot keeps messages for it: its
-    /// replies wait for those too (the cork).
-    fn kept(&self) -> bool {
-        self.alone.as_ref().is_some_and(|a| a.mine_len() > 0)
+    /// What its replies may wait for: a stand-alone socket's slot keeps
+    /// messages for it (its replies wait for those too), and that slot.
+    fn cork(&self) -> crate::shared::Cork {
+        crate::shared::Cork {
+            kept: self.alone.as_ref().is_some_and(|a| a.mine_len() > 0),
+            slot: self.alone.as_ref().map(|a| a.index()),
+        }
     }
 
     /// sendmsg with KCM flags (MORE on DGRAM, EOR on SEQPACKET, BATCH).
@@ -614,7 +617,7 @@ impl KcmSocket {
     /// connection with sends of the hub's waiting are written at once.
     pub fn send_to(&self, data: &[u8], psock: PsockId) -> io::Result<usize> {
         let rt = self.addressed("KcmSocket::send_to")?;
-        if self.mux.shared().send_out(rt, psock, data, false, self.kept()) {
+        if self.mux.shared().send_out(rt, psock, data, false, self.cork()) {
             return Ok(data.len());
         }
         let id = rt.id;
@@ -632,7 +635,7 @@ impl KcmSocket {
             }
         };
         if let Some(p) = psock {
-            if self.mux.shared().send_out(rt, p, &msg, false, self.kept()) {
+            if self.mux.shared().send_out(rt, p, &msg, false, self.cork()) {
                 return Ok(());
             }
         }
@@ -703,10 +706,10 @@ impl KcmSocket {
                 // Addressed ones wait in the socket's outs, as `send_to`'s,
                 // the last one's send writing them; from the first they do
                 // not take, the hub's.
-                let (sh, kept) = (self.mux.shared(), self.kept());
+                let (sh, cork) = (self.mux.shared(), self.cork());
                 let mut done = 0;
                 while let Some((Some(p), data)) = msgs.get(done) {
-                    if !sh.send_out(rt, *p, data, done + 1 < msgs.len(), kept) {
+                    if !sh.send_out(rt, *p, data, done + 1 < msgs.len(), cork) {
                         break;
                     }
                     done += 1;

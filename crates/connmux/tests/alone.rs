@@ -163,6 +163,17 @@ fn closing_a_stand_alone_socket_leaves_its_connections_then_frees_its_slot() {
         sock.send_to(&m.data, m.psock).unwrap();
         assert_eq!(read_framed(&mut peer), [b'a', i]);
     }
+    // Two at once: the reply to the first waits for the second's (the
+    // cork), and goes out with nothing more called on the socket (the
+    // slot's thread is no socket's; no worker is asked for it).
+    peer.write_all(&[framed(b"c1"), framed(b"c2")].concat()).unwrap();
+    eventually(|| (sock.queued() == 2).then_some(()));
+    let m = sock.recv_msg().unwrap();
+    sock.send_to(&m.data, m.psock).unwrap();
+    assert_eq!(read_framed(&mut peer), b"c1", "a reply corked by a plain socket on a slot's connection");
+    let m = sock.recv_msg().unwrap();
+    sock.send_to(&m.data, m.psock).unwrap();
+    assert_eq!(read_framed(&mut peer), b"c2");
     assert!(sock.stand_alone().is_err(), "the slot is taken while its connections are attached");
     mux.unattach(&ours).unwrap();
     let again = eventually(|| sock.stand_alone().ok());

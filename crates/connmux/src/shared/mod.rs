@@ -31,7 +31,7 @@ pub(crate) mod tls;
 pub(crate) use crate::sync::inbox::Inbox;
 pub(crate) use crate::sync::ready::Ready;
 
-pub(crate) use outs::Outs;
+pub(crate) use outs::{Cork, Outs};
 pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Mine, Own, Promise};
 
 use crate::config::Tuning;

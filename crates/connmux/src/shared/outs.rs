@@ -58,6 +58,15 @@ pub(crate) struct Outs {
     rts: Rts,
 }
 
+/// What a socket's send may wait for ([`Shared::send_out`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Cork {
+    /// A stand-alone socket's slot keeps messages for it.
+    pub kept: bool,
+    /// Its stand-alone slot (worker index), if it is one.
+    pub slot: Option<usize>,
+}
+
 /// Whole messages for one psock, not yet written.
 struct Out {
     rt: Arc<PsockRt>,
@@ -193,19 +202,23 @@ impl Shared {
     /// its outs ([`Outs::push`]) and written now if `more` is false and the
     /// socket has nothing more to receive (`kept`: a stand-alone socket's
     /// slot keeps none for it); else, the first time since the last ask
-    /// was taken, the worker of `p` is asked to write them (lazily).
-    /// `false`: not taken; send it through the hub.
-    pub fn send_out(&self, sock: &Arc<SockRt>, p: PsockId, data: &[u8], more: bool, kept: bool) -> bool {
+    /// was taken, the worker of `p` is asked to write them (lazily). A
+    /// stand-alone socket's next receive writes what waits for its own
+    /// slot's connections ([`Cork::slot`]); a send to another slot's
+    /// connection waits for nobody (no worker is asked for it): written
+    /// now. `false`: not taken; send it through the hub.
+    pub fn send_out(&self, sock: &Arc<SockRt>, p: PsockId, data: &[u8], more: bool, cork: Cork) -> bool {
         let mut outs = sock.outs.lock().unwrap();
         if !outs.push(self, sock.id, p, data) {
             return false;
         }
-        if !more && !kept && !sock.rx.is_set() {
+        // (The psock just sent to: its out is the last.)
+        let worker = outs.outs[outs.last].rt.worker();
+        let someone_writes = worker < self.workers.len() || cork.slot == Some(worker);
+        if !more && (!cork.kept && !sock.rx.is_set() || !someone_writes) {
             outs.write(self, sock.id);
             return true;
         }
-        // (The psock just sent to: its out is the last.)
-        let worker = outs.outs[outs.last].rt.worker();
         drop(outs);
         self.ask_write(sock, worker);
         true
