@@ -331,14 +331,17 @@ impl KcmSocket {
     }
 
     /// Wait until `ready` is set, honouring non-blocking mode and the timeout
-    /// (`timeo`). The call's deadline is set by its first wait: a call that
-    /// finds what it wants reads no clock and takes no timeout lock.
+    /// (`timeo`), at most `cap` when given (the caller then comes back
+    /// whether or not it is set). The call's deadline is set by its first
+    /// wait: a call that finds what it wants reads no clock and takes no
+    /// timeout lock.
     fn wait(
         rt: &SockRt,
         ready: &Ready,
         timeo: &Mutex<Option<Duration>>,
         deadline: &mut Option<Option<Instant>>,
         spin: Duration,
+        cap: Option<Duration>,
     ) -> io::Result<()> {
         if rt.nonblocking.load(Ordering::Relaxed) {
             return Err(io::ErrorKind::WouldBlock.into());
@@ -360,7 +363,10 @@ impl KcmSocket {
                 std::thread::yield_now();
             }
         }
-        let timeout = crate::shared::time_left(deadline)?;
+        let timeout = match (crate::shared::time_left(deadline)?, cap) {
+            (Some(t), Some(c)) => Some(t.min(c)),
+            (t, c) => t.or(c),
+        };
         ready.wait(|fd| connmux_sys::poll::poll_readable(fd.as_raw_fd(), timeout)).transpose()?;
         Ok(())
     }
@@ -424,10 +430,7 @@ impl KcmSocket {
                         match crate::lead::lead(sh, &u.leads, rt, d)? {
                             crate::lead::Led::Passed => continue,
                             crate::lead::Led::Retry(look) => {
-                                let t = crate::shared::time_left(d)?.map_or(look, |t| t.min(look));
-                                rt.rx
-                                    .wait(|fd| connmux_sys::poll::poll_readable(fd.as_raw_fd(), Some(t)))
-                                    .transpose()?;
+                                Self::wait(rt, &rt.rx, &rt.rcvtimeo, &mut deadline, Duration::ZERO, Some(look))?;
                                 continue;
                             }
                             crate::lead::Led::Wait => {}
@@ -440,7 +443,7 @@ impl KcmSocket {
                         true => Duration::ZERO,
                         false => sh.recv_spin,
                     };
-                    Self::wait(rt, &rt.rx, &rt.rcvtimeo, &mut deadline, spin)?
+                    Self::wait(rt, &rt.rx, &rt.rcvtimeo, &mut deadline, spin, None)?
                 }
                 other => return other.map_err(io_err),
             }
@@ -567,7 +570,7 @@ impl KcmSocket {
                 sh.dispatch(&mut events, &mut Ctx::App);
             }
             match r {
-                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.tx, &rt.sndtimeo, &mut deadline, Duration::ZERO)?,
+                Err(MuxError::WouldBlock) => Self::wait(rt, &rt.tx, &rt.sndtimeo, &mut deadline, Duration::ZERO, None)?,
                 other => return other.map_err(io_err),
             }
         }
