@@ -107,6 +107,10 @@ pub(crate) const SERVE_BATCH: usize = 256;
 /// long run can be a preemption, several in a row are a heavy connection.
 const SLOW_HITS: u32 = 3;
 
+/// Connections on probation at once ([`ServeBufs::probe`]); one more waits
+/// for a place (its next slow run asks again).
+const PROBES_MAX: usize = 16;
+
 /// A worker's own copy of the `Tuning` values it reads per message.
 #[derive(Clone, Copy)]
 struct Limits {
@@ -163,11 +167,13 @@ pub(crate) struct ServeBufs {
     sample: Sample,
     /// Runs timed since the last slow one while `slow_hits` is not empty.
     suspect_runs: u16,
-    /// A psock whose runs looked slow `SLOW_HITS` times in a row by
-    /// the clock: its next run is timed in this thread's CPU time, which a
-    /// preemption does not advance, and that decides (on a busy machine
-    /// light requests often look slow by the clock).
-    probe: Option<PsockId>,
+    /// The psocks whose runs looked slow `SLOW_HITS` times in a row by
+    /// the clock: the next run of each is timed in this thread's CPU time,
+    /// which a preemption does not advance, and that decides (on a busy
+    /// machine light requests often look slow by the clock). Several at
+    /// once: heavy connections served in turn would otherwise each take
+    /// the one place before the other's next run, and neither be decided.
+    probe: Vec<PsockId>,
     /// Where a read's messages lie in the read buffer (in-place serving).
     pub runs: Vec<Run>,
     /// Connections a handler closed in the batch being served: their later
@@ -224,6 +230,7 @@ impl ServeBufs {
             self.suspect_runs += 1;
             if self.suspect_runs >= SUSPECT_RUNS {
                 self.slow_hits.clear();
+                self.probe.clear();
                 self.suspect_runs = 0;
             }
             return true;
@@ -277,19 +284,21 @@ impl ServeBufs {
         if self.limits.slow(each_ns, n) {
             if self.slow_hits.len() >= 4096 {
                 self.slow_hits.clear();
+                self.probe.clear();
             }
             // One long run can be a preemption; several in a row are a heavy
             // connection.
             self.suspect_runs = 0;
             let hits = self.slow_hits.entry(psock).or_insert(0);
             *hits += 1;
-            if *hits >= SLOW_HITS {
-                self.probe = Some(psock);
+            if *hits >= SLOW_HITS && self.probe.len() < PROBES_MAX && !self.probe.contains(&psock) {
+                self.probe.push(psock);
             }
             true
         } else {
             if !self.slow_hits.is_empty() {
                 self.slow_hits.remove(&psock);
+                self.probe.retain(|&q| q != psock);
             }
             false
         }
@@ -355,14 +364,14 @@ impl ServeBufs {
     /// the one on probation (one comparison otherwise).
     #[inline]
     fn probe_start(&self, psock: PsockId) -> Option<u64> {
-        (self.probe == Some(psock)).then(connmux_sys::clock::thread_cpu_nanos)
+        (!self.probe.is_empty() && self.probe.contains(&psock)).then(connmux_sys::clock::thread_cpu_nanos)
     }
 
     /// After that run of `n` requests: heavy if they were slow in CPU time
     /// ([`Limits::slow`]), else it was the clock (preemption).
     fn probe_end(&mut self, psock: PsockId, cpu0: Option<u64>, n: usize) {
         let Some(cpu0) = cpu0 else { return };
-        self.probe = None;
+        self.probe.retain(|&q| q != psock);
         let n = n.max(1);
         let each = connmux_sys::clock::thread_cpu_nanos().saturating_sub(cpu0) / n as u64;
         if self.limits.slow(each, n) {
@@ -875,6 +884,29 @@ mod tests {
         assert_eq!(light, usize::from(LIGHT_SLEEPS));
         b.light_sleeps = LIGHT_SLEEPS; // another
         assert!(b.light_lately(), "a run since: light again");
+    }
+
+    /// Two heavy connections served in turn, each run slow by the clock:
+    /// both are put on probation and found heavy by their next runs' CPU
+    /// time. (With one probation at a time, each slow run of the other
+    /// took it over before the first's next run: neither was ever found
+    /// heavy.)
+    #[test]
+    fn heavy_connections_served_in_turn_are_each_found_heavy() {
+        let mut b = ServeBufs::new(&crate::Tuning { slow_handler: std::time::Duration::ZERO, ..Default::default() });
+        let ps = [PsockId { index: 1, generation: 1 }, PsockId { index: 2, generation: 1 }];
+        let mut heavy = Vec::new();
+        for i in 0..40 {
+            let p = ps[i % 2];
+            let cpu0 = b.probe_start(p);
+            b.probe_end(p, cpu0, 1);
+            if let Some(h) = b.slow.take() {
+                heavy.push(h);
+            }
+            b.note_time(p, 1, 1);
+        }
+        heavy.dedup();
+        assert!(ps.iter().all(|p| heavy.contains(p)), "found heavy: {heavy:?}");
     }
 
     /// Connections served in turn, from 2 to twice `TIME_EVERY`: each one's
