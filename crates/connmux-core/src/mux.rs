@@ -166,7 +166,8 @@ pub enum Steering {
     /// took its last one if that one's reader has taken them all: a
     /// connection's light messages stay with one thread, and its replies
     /// leave in that thread's writes; a thread still busy with them gives
-    /// the next read to another.
+    /// the next read to another. A thread that reads the psocks itself
+    /// (`Owned::set_reader`) takes what it reads while its queue is short.
     #[default]
     Affinity,
     /// The parser's steering key picks the socket (hash over able sockets).
@@ -609,11 +610,11 @@ impl Owned {
 
     /// The socket whose receiving thread reads these psocks now, if any
     /// (a thread that runs their owner's pass while nothing is queued for
-    /// it). With `Steering::Affinity` a read goes to it while it keeps up
-    /// (able, untagged, its queue empty), before the socket that took the
-    /// psock's last read: it takes its queue right after, with no wake-up.
-    /// A reader still busy with earlier messages leaves the read to the
-    /// others, as a psock's last socket does.
+    /// it). With `Steering::Affinity` a read goes to it while its queue is
+    /// short (able, untagged, at most `imbalance` queued:
+    /// `Sockets::reads_on`), before the socket that took the psock's last
+    /// read: it takes its queue right after, in the same thread, with no
+    /// wake-up.
     pub fn set_reader(&mut self, s: Option<SockId>) {
         self.reader = s;
     }
@@ -1786,10 +1787,10 @@ impl MuxRef<'_> {
         let (Owned { psocks, reader, .. }, Hub { sk, events, config, .. }) = (&mut self.o, &mut self.h);
         let Some(ps) = psocks.get_mut(p.index, p.generation) else { return };
         // Round robin: the socket reserved for this pass (affinity: the
-        // reading thread's, else the one that took the last pass's
-        // messages, while it keeps up).
+        // reading thread's while its queue is short, else the one that
+        // took the last pass's messages while it keeps up).
         let mut target = match config.steering {
-            Steering::Affinity => sk.keeps_up(*reader).or_else(|| sk.keeps_up(ps.rx_last)),
+            Steering::Affinity => sk.reads_on(config, *reader).or_else(|| sk.keeps_up(ps.rx_last)),
             _ => None,
         };
         let mut failed = false;

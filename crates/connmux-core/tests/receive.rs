@@ -322,25 +322,28 @@ fn untagged_psocks_keep_a_socket_that_keeps_up_under_affinity_steering() {
 /// read goes on as without it (one connection's heavy requests still
 /// spread over the threads).
 #[test]
-fn the_reading_threads_socket_takes_a_read_while_it_keeps_up() {
-    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, ..MuxConfig::default() });
+fn the_reading_threads_socket_takes_reads_while_its_queue_is_short() {
+    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, imbalance: 2, ..MuxConfig::default() });
     let k1 = m.socket(SockType::Dgram);
     let k2 = m.clone_sock(k1).unwrap();
     let p = attach_l4(&mut m);
+    let queued = |m: &Mux| (m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap());
     m.feed(p, &l4_total(10, 0), T0).unwrap();
-    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (1, 0), "the first read to K1");
+    assert_eq!(queued(&m), (1, 0), "the first read to K1");
     assert_eq!(recv_all(&mut m, k1).len(), 1);
     // K1 keeps up, and took the last read; K2 reads the psocks now.
     m.owned().set_reader(Some(k2));
-    let two: Vec<Vec<u8>> = (1..3).map(|i| l4_total(10, i)).collect();
-    m.feed(p, &two.concat(), T0).unwrap();
-    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (0, 2), "the reader's, whole");
-    m.feed(p, &l4_total(10, 3), T0).unwrap();
-    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (1, 2), "the reader holds some: on");
-    assert_eq!(recv_all(&mut m, k2), two);
-    m.owned().set_reader(None);
+    let three: Vec<Vec<u8>> = (1..4).map(|i| l4_total(10, i)).collect();
+    m.feed(p, &three[..2].concat(), T0).unwrap();
+    assert_eq!(queued(&m), (0, 2), "the reader's, whole");
+    m.feed(p, &three[2], T0).unwrap();
+    assert_eq!(queued(&m), (0, 3), "the reader holds some, at most `imbalance`: still the reader's");
     m.feed(p, &l4_total(10, 4), T0).unwrap();
-    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (1, 1), "no reader: round robin's turn");
+    assert_eq!(queued(&m), (1, 3), "past `imbalance`: another socket's");
+    assert_eq!(recv_all(&mut m, k2), three);
+    m.owned().set_reader(None);
+    m.feed(p, &l4_total(10, 5), T0).unwrap();
+    assert_eq!(queued(&m), (1, 1), "no reader, K1 busy: round robin's turn");
 }
 
 #[test]

@@ -25,14 +25,14 @@
 //!
 //! What does not change: steering (what a led pass frames goes where the
 //! mux's steering sends it, to any socket; with affinity steering the
-//! leader first while it keeps up, `Owned::set_reader`), the pass itself (the same
-//! `driver::worker::pass` as the worker thread's), and a worker's
-//! connections are read by one thread at a time (whoever holds `state`).
-//! While the worker steps aside, its connections are read only while a
-//! receiving thread leads it, as a KCM psock is read only while a socket
-//! waits; a look every [`LEAD_LOOK`] gives the pass back to the worker's
-//! thread once no thread leads it (a poller, a non-blocking socket, a
-//! command or a deadline then wait at most that long).
+//! leader first while its queue is short, `Owned::set_reader`), the pass
+//! itself (the same `driver::worker::pass` as the worker thread's), and a
+//! worker's connections are read by one thread at a time (whoever holds
+//! `state`). While the worker steps aside, its connections are read only
+//! while a receiving thread leads it, as a KCM psock is read only while a
+//! socket waits; a look every [`LEAD_LOOK`] gives the pass back to the
+//! worker's thread once no thread leads it (a poller, a non-blocking
+//! socket, a command or a deadline then wait at most that long).
 //!
 //! Only epoll workers are led (an io_uring worker's ring is entered by its
 //! own thread only: with `Driver::Auto`, a worker asked to serve before

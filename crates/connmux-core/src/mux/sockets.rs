@@ -462,6 +462,22 @@ impl Sockets {
         (s.on_waiters && !s.tag_only && s.affinity.is_none() && s.rx_queue.is_empty()).then_some(t)
     }
 
+    /// `reader`, the socket whose thread reads the psocks now
+    /// ([`super::Owned::set_reader`]), if it takes this pass
+    /// (`Steering::Affinity`): able, untagged, and its queue short (at most
+    /// `imbalance`, as a tagged socket's). It began reading because
+    /// nothing was queued for it, and takes what it read right after, in
+    /// the same thread: a read kept there crosses no thread (`bench kcm`,
+    /// 8 × 16, two threads: 0.64× → 0.97× a thread per connection against
+    /// the rule of [`Sockets::keeps_up`]). A heavy connection still
+    /// spreads: a thread busy with its messages reads nothing, and the
+    /// next read is another thread's.
+    pub(super) fn reads_on(&self, config: &MuxConfig, reader: Option<SockId>) -> Option<SockId> {
+        let t = reader?;
+        let s = self.socks.get(t.index, t.generation)?;
+        (s.on_waiters && !s.tag_only && s.affinity.is_none() && s.rx_queue.len() <= config.imbalance).then_some(t)
+    }
+
     /// End of a psock's pass under round robin: the socket it kept taking
     /// (`target` of [`Sockets::steer`]) goes to the tail of the waiters.
     pub(super) fn end_pass(&mut self, t: SockId) {

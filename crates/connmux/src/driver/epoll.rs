@@ -119,8 +119,8 @@ impl Slot {
     }
 
     /// The socket whose receiving thread runs its passes from now on
-    /// (`None`: no more): its reads go to that socket while it keeps up
-    /// (`Owned::set_reader`), and raise no readiness for it (`Own::led`:
+    /// (`None`: no more): its reads go to that socket while its queue is
+    /// short (`Owned::set_reader`), and raise no readiness for it (`Own::led`:
     /// it looks at its queue after the pass).
     pub(crate) fn lead_by(&mut self, sock: Option<SockId>) {
         if let Some(st) = &mut self.parts {
