@@ -730,9 +730,25 @@ impl Mux {
 
     /// What an owner framed alone ([`Owned::frame_alone`]), counted by the
     /// hub as [`Mux::feed_in_place`] counts what it frames: the socket's
-    /// counters and holds, the psock's counters and last read.
-    pub fn report_alone(&mut self, f: FramedAlone) {
-        self.h.report_alone(f);
+    /// counters and holds, the psock's counters and last read. `false`:
+    /// the psock was unattached first, and nothing is counted: its
+    /// messages framed alone were not delivered (the caller drops those it
+    /// keeps), as an unattach drops a partial message.
+    pub fn report_alone(&mut self, f: FramedAlone) -> bool {
+        self.h.report_alone(f)
+    }
+
+    /// Messages [`Mux::feed_direct`] handed the caller for socket `s`, kept
+    /// by it for the socket's reader until taken: held by their psocks
+    /// until settled ([`Mux::rx_settle`]), as a holding socket's are (if
+    /// `s` holds, they are already).
+    pub fn hold_direct(&mut self, s: SockId, msgs: &[(Bytes, PsockId)]) {
+        if self.h.sk.socks.get(s.index, s.generation).is_none_or(|k| k.holds) {
+            return;
+        }
+        for (_, p) in msgs {
+            self.h.sk.handed(*p, 1, true);
+        }
     }
 
     /// The mux to read.
@@ -1015,6 +1031,11 @@ impl<'a> MuxView<'a> {
     /// Socket `s`'s affinity tag (`set_affinity`), if it is live and has one.
     pub fn sock_affinity(&self, s: SockId) -> Option<u32> {
         self.sock(s).ok()?.affinity
+    }
+    /// Whether a socket has affinity tag `tag` (steering gives it the
+    /// messages of psocks with that tag before any reader's).
+    pub fn tag_taken(&self, tag: u32) -> bool {
+        self.h.sk.socks.iter().any(|(_, _, s)| s.affinity == Some(tag))
     }
     pub fn sock_stats(&self, s: SockId) -> Result<SockStats, MuxError> {
         let sock = self.sock(s)?;

@@ -193,6 +193,36 @@ fn nothing_is_framed_alone_while_a_message_of_it_is_queued() {
     assert_eq!(m.sock_stats(s).unwrap().rx_msgs, 3);
 }
 
+/// The socket whose thread reads the psocks takes a read framed alone as
+/// steering would give it through the hub: counted as received, held
+/// until settled, and only for that socket.
+#[test]
+fn the_reading_threads_socket_frames_alone_what_steering_gives_it() {
+    let mut m = Mux::new(MuxConfig { steering: Steering::Affinity, ..MuxConfig::default() });
+    let k1 = m.socket(SockType::Dgram);
+    let k2 = m.clone_sock(k1).unwrap();
+    let p = m.attach(Box::new(L4::new()), PsockConfig::default());
+    m.set_psock_affinity(p, Some(0)).unwrap();
+    assert!(!m.v().tag_taken(0), "no socket takes the psock by its tag");
+    let mut runs = Vec::new();
+    assert!(m.owned().frame_alone_as_reader(p, &l4_total(10, 0), T0, k2, &mut runs).is_none(), "no reader yet");
+    m.owned().set_reader(Some(k2));
+    assert!(m.owned().frame_alone_as_reader(p, &l4_total(10, 0), T0, k1, &mut runs).is_none(), "not the reader");
+    let f = m.owned().frame_alone_as_reader(p, &l4_total(10, 0), T0, k2, &mut runs).expect("the reader's");
+    m.report_alone(f.held());
+    assert_eq!(connmux_core::run::count(&runs), 1);
+    assert_eq!(m.sock_stats(k2).unwrap().rx_msgs, 1, "received by the reader");
+    // Through the hub, the same read goes the same way.
+    m.feed(p, &l4_total(10, 1), T0).unwrap();
+    assert_eq!((m.rx_queued(k1).unwrap(), m.rx_queued(k2).unwrap()), (0, 1));
+    // The framed one is held: given back unreceived, it waits in the
+    // reader's queue before the later one.
+    m.unkeep(k2, vec![(Bytes::from(l4_total(10, 0)), p)]);
+    assert_eq!(recv_all(&mut m, k2), vec![l4_total(10, 0), l4_total(10, 1)]);
+    m.set_affinity(k1, Some(0)).unwrap();
+    assert!(m.v().tag_taken(0), "K1 takes the psock by its tag now");
+}
+
 /// Replies queued on a psock up to its backlog's pause mark: what its owner
 /// decided alone no longer holds (`BacklogOver` told), and the next read
 /// goes through the hub, which holds it back.

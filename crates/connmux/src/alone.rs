@@ -33,7 +33,7 @@ use connmux_core::mux::PsockId;
 
 use crate::driver::epoll::Slot;
 use crate::mux::Mux;
-use crate::shared::{Ctx, Own, Shared, SockRt, WorkerIo, NO_TAG};
+use crate::shared::{Shared, SockRt, WorkerIo};
 
 /// The longest a second thread receiving on one stand-alone socket waits
 /// on its readiness before it looks whether the pass is free (the first
@@ -75,40 +75,6 @@ impl AloneSock {
         self.index
     }
 
-    /// `f` on the slot's own state while it keeps messages for socket
-    /// `rt` (`shared::Mine`), unless another thread of the socket runs
-    /// its pass (it keeps none then: a pass runs only once they are
-    /// taken). Kept by a pass that ran while the socket was
-    /// receive-disabled, they go back to the hub instead (`Own::unkeep`).
-    pub(crate) fn mine<T>(&self, sh: &Shared, rt: &SockRt, f: impl FnOnce(&mut Own) -> T) -> Option<T> {
-        let mut st = self.state.try_lock().ok()?;
-        let own = st.own().filter(|o| o.has_mine())?;
-        if rt.rx_off.load(Ordering::Acquire) {
-            let mut events = Vec::new();
-            {
-                let mut core = sh.lock();
-                own.unkeep(&mut core.mux);
-                core.drain_events(&mut events);
-            }
-            sh.dispatch(&mut events, &mut Ctx::App);
-            return None;
-        }
-        Some(f(own))
-    }
-
-    /// How many messages the slot keeps for the socket (0 while another
-    /// thread runs its pass).
-    pub(crate) fn mine_len(&self) -> usize {
-        self.with_own(|o| o.map_or(0, |o| o.mine_len()))
-    }
-
-    /// `f` with the slot's own state, or `None` while another thread of
-    /// the socket runs its pass (it keeps nothing then).
-    pub(crate) fn with_own<T>(&self, f: impl FnOnce(Option<&mut Own>) -> T) -> T {
-        let mut st = self.state.try_lock().ok();
-        f(st.as_mut().and_then(|s| s.own()))
-    }
-
     /// Nothing is queued for socket `rt`: run the slot's pass, its wait
     /// bounded by the socket's receive timeout (`deadline`, set by the
     /// call's first wait), then the caller looks at the queue again. A
@@ -138,6 +104,11 @@ impl AloneSock {
             // one queued just before it begins ends it at once.
             Ok(mut st) => {
                 rt.rx.wait(|_| st.pass(sh, left));
+                // (Raising no readiness: only its receives look, and its
+                // other threads look again within `SHARED_WAIT`.)
+                if let Some(own) = st.own() {
+                    own.end_keep(sh, false);
+                }
             }
             Err(_) => {
                 let cap = left.map_or(SHARED_WAIT, |l| l.min(SHARED_WAIT));
@@ -193,17 +164,6 @@ impl AloneSock {
             }
         }
     }
-}
-
-/// Mirror socket `rt`'s steering for its slot (`SockRt::kept_tag`,
-/// `SockRt::rx_off`): called under the hub lock, after a change to them.
-pub(crate) fn mirror(m: &connmux_core::mux::Mux, rt: &SockRt) {
-    let v = m.v();
-    let off = m.recv_disabled(rt.id).unwrap_or(true);
-    let by_tag = v.config().steering == connmux_core::mux::Steering::Affinity && !off;
-    let tag = by_tag.then(|| v.sock_affinity(rt.id)).flatten().unwrap_or(NO_TAG);
-    rt.kept_tag.store(tag, Ordering::Release);
-    rt.rx_off.store(off, Ordering::Release);
 }
 
 /// Slot `index` is free again: what its pass wrote whole is told, what was

@@ -189,7 +189,7 @@ pub(crate) enum Led {
 /// the call's `deadline` and counted as a wait on the socket's readiness.
 /// Every pass taken: the first one's thread (or a worker's own, in
 /// preference) is asked to step aside after its pass.
-pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Option<Instant>) -> io::Result<Led> {
+pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &Arc<SockRt>, deadline: Option<Instant>) -> io::Result<Led> {
     if leads.is_empty() {
         return Ok(Led::Wait);
     }
@@ -219,9 +219,9 @@ pub(crate) fn lead(sh: &Shared, leads: &[Arc<Lead>], rt: &SockRt, deadline: Opti
             return Ok(Led::Wait);
         }
         l.led.fetch_add(1, Ordering::AcqRel);
-        st.lead_by(Some(rt.id));
+        st.lead_by(sh, Some(rt));
         rt.rx.wait(|_| st.pass(sh, left));
-        st.lead_by(None);
+        st.lead_by(sh, None);
         return Ok(Led::Passed);
     }
     match taken {

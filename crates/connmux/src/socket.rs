@@ -90,8 +90,11 @@ impl KcmSocket {
             closed: AtomicBool::new(false),
             backlog: AtomicBool::new(false),
             kept_tag: std::sync::atomic::AtomicU32::new(crate::shared::NO_TAG),
+            untagged: AtomicBool::new(false),
             rx_off: AtomicBool::new(false),
+            kept: Mutex::new(Default::default()),
         });
+        rt.mirror(&core.mux);
         // A new socket can always start a message until it fills its buffer.
         rt.tx.set();
         core.socks.insert(id, rt.clone());
@@ -254,22 +257,17 @@ impl KcmSocket {
     /// KCM_RECV_DISABLE.
     pub fn set_recv_disable(&self, disable: bool) -> io::Result<()> {
         match &self.imp {
-            SockImp::User(rt) => match &self.alone {
-                // What its slot kept goes back first, and moves on with
-                // the socket's queue (in order); a pass under way in
-                // another thread gives back what it keeps after it.
-                Some(a) => a.with_own(|own| {
-                    self.with_core(rt, |m, id| {
-                        if let Some(own) = own.filter(|_| disable) {
-                            own.unkeep(m);
-                        }
-                        m.set_recv_disable(id, disable)?;
-                        crate::alone::mirror(m, rt);
-                        Ok(())
-                    })
-                }),
-                None => self.with_core(rt, |m, id| m.set_recv_disable(id, disable)),
-            },
+            // What was kept for it goes back, and moves on with the
+            // socket's queue (in order); a pass under way in another thread
+            // gives back what it keeps after it (`Own::end_keep`).
+            SockImp::User(rt) => self.with_core(rt, |m, id| {
+                m.set_recv_disable(id, disable)?;
+                rt.mirror(m);
+                if disable {
+                    rt.kept.lock().unwrap_or_else(|e| e.into_inner()).give_back(m, id);
+                }
+                Ok(())
+            }),
             SockImp::Kernel(k) => k.set_recv_disable(disable),
         }
     }
@@ -301,9 +299,7 @@ impl KcmSocket {
         match &self.imp {
             SockImp::User(rt) => self.with_core(rt, |m, id| {
                 m.set_affinity(id, tag)?;
-                if self.alone.is_some() {
-                    crate::alone::mirror(m, rt);
-                }
+                rt.mirror(m);
                 Ok(())
             }),
             SockImp::Kernel(_) => Err(kernel::unsupported(
@@ -376,12 +372,12 @@ impl KcmSocket {
     }
 
     /// Receive loop shared by the recv forms: clear readiness, try, wait.
-    /// A stand-alone socket tries what its slot keeps for it first
-    /// (`mine`, `shared::Mine`).
+    /// What its own passes kept for it is tried first (`kept`, with the
+    /// socket's `Kept` not empty; `shared::Kept`).
     fn recv_loop<T>(
         &self,
-        rt: &SockRt,
-        mut mine: impl FnMut(&mut crate::shared::Own) -> T,
+        rt: &Arc<SockRt>,
+        mut kept: impl FnMut(&mut crate::shared::Kept) -> T,
         mut attempt: impl FnMut(&mut crate::shared::MuxHub) -> Result<T, MuxError>,
     ) -> io::Result<T> {
         let sh = self.mux.shared();
@@ -390,15 +386,29 @@ impl KcmSocket {
         // A non-blocking stand-alone socket's one pass of its slot is made.
         let mut passed = false;
         loop {
-            if let Some(r) = self.alone.as_ref().and_then(|a| a.mine(sh, rt, &mut mine)) {
-                return Ok(r);
+            {
+                let mut k = rt.kept.lock().unwrap_or_else(|e| e.into_inner());
+                // (Kept by a pass that ended after a receive-disable gave
+                // back what was kept: given back in the hold below.)
+                if k.len() > 0 && !rt.rx_off.load(Ordering::Acquire) {
+                    return Ok(kept(&mut k));
+                }
             }
             let r = {
                 let mut core = sh.lock();
+                let mut k = rt.kept.lock().unwrap_or_else(|e| e.into_inner());
+                match rt.rx_off.load(Ordering::Acquire) {
+                    true => k.give_back(&mut core.mux, rt.id),
+                    false => k.settle(&mut core.mux),
+                }
                 let r = attempt(&mut core);
+                // (Kept since the look above by another thread's pass,
+                // whose readiness this must not clear.)
+                let kept_now = k.len();
+                drop(k);
                 // Readiness follows the queue, decided under the lock that
                 // every enqueue takes: no eventfd call unless it changes.
-                if core.mux.rx_queued(rt.id).unwrap_or(0) > 0 {
+                if kept_now + core.mux.rx_queued(rt.id).unwrap_or(0) > 0 {
                     rt.rx.set();
                     if r.is_ok() && !rt.backlog.load(Ordering::Relaxed) {
                         rt.backlog.store(true, Ordering::Relaxed);
@@ -462,7 +472,7 @@ impl KcmSocket {
                 let buf = std::cell::RefCell::new(buf);
                 self.recv_loop(
                     rt,
-                    |own| own.recv_mine(ty, &mut buf.borrow_mut(), flags.peek).expect("kept: looked at first"),
+                    |k| k.recv(ty, &mut buf.borrow_mut(), flags.peek).expect("kept: looked at first"),
                     |core| core.mux.recv(id, &mut buf.borrow_mut(), flags),
                 )
             }
@@ -491,7 +501,7 @@ impl KcmSocket {
     pub fn recv_msg(&self) -> io::Result<Message> {
         let rt = self.addressed("KcmSocket::recv_msg")?;
         let id = rt.id;
-        self.recv_loop(rt, |own| own.take_mine().expect("kept: looked at first"), |core| core.mux.recv_msg(id))
+        self.recv_loop(rt, |k| k.take().expect("kept: looked at first"), |core| core.mux.recv_msg(id))
             .map(|(data, psock)| Message { data, psock })
     }
 
@@ -512,11 +522,11 @@ impl KcmSocket {
         let out = std::cell::RefCell::new(out);
         self.recv_loop(
             rt,
-            |own| {
+            |k| {
                 let mut out = out.borrow_mut();
                 let mut n = 0;
                 while n < max {
-                    let Some((data, psock)) = own.take_mine() else { break };
+                    let Some((data, psock)) = k.take() else { break };
                     out.push(Message { data, psock });
                     n += 1;
                 }
@@ -576,11 +586,11 @@ impl KcmSocket {
         }
     }
 
-    /// What its replies may wait for: a stand-alone socket's slot keeps
-    /// messages for it (its replies wait for those too), and that slot.
-    fn cork(&self) -> crate::shared::Cork {
+    /// What its replies may wait for: messages kept for it (its replies
+    /// wait for those too), and its stand-alone slot, if it is one.
+    fn cork(&self, rt: &SockRt) -> crate::shared::Cork {
         crate::shared::Cork {
-            kept: self.alone.as_ref().is_some_and(|a| a.mine_len() > 0),
+            kept: rt.kept.lock().unwrap_or_else(|e| e.into_inner()).len() > 0,
             slot: self.alone.as_ref().map(|a| a.index()),
         }
     }
@@ -620,7 +630,7 @@ impl KcmSocket {
     /// connection with sends of the hub's waiting are written at once.
     pub fn send_to(&self, data: &[u8], psock: PsockId) -> io::Result<usize> {
         let rt = self.addressed("KcmSocket::send_to")?;
-        if self.mux.shared().send_out(rt, psock, data, false, self.cork()) {
+        if self.mux.shared().send_out(rt, psock, data, false, self.cork(rt)) {
             return Ok(data.len());
         }
         let id = rt.id;
@@ -638,7 +648,7 @@ impl KcmSocket {
             }
         };
         if let Some(p) = psock {
-            if self.mux.shared().send_out(rt, p, &msg, false, self.cork()) {
+            if self.mux.shared().send_out(rt, p, &msg, false, self.cork(rt)) {
                 return Ok(());
             }
         }
@@ -709,7 +719,7 @@ impl KcmSocket {
                 // Addressed ones wait in the socket's outs, as `send_to`'s,
                 // the last one's send writing them; from the first they do
                 // not take, the hub's.
-                let (sh, cork) = (self.mux.shared(), self.cork());
+                let (sh, cork) = (self.mux.shared(), self.cork(rt));
                 let mut done = 0;
                 while let Some((Some(p), data)) = msgs.get(done) {
                     if !sh.send_out(rt, *p, data, done + 1 < msgs.len(), cork) {
@@ -843,7 +853,7 @@ impl KcmSocket {
     pub fn queued(&self) -> usize {
         match &self.imp {
             SockImp::User(rt) => {
-                let kept = self.alone.as_ref().map_or(0, |a| a.mine_len());
+                let kept = rt.kept.lock().unwrap_or_else(|e| e.into_inner()).len();
                 kept + self.mux.shared().lock().mux.rx_queued(rt.id).unwrap_or(0)
             }
             SockImp::Kernel(k) => k.stats().map(|s| s.rx_queued).unwrap_or(0),
@@ -864,8 +874,11 @@ impl AsFd for KcmSocket {
     /// (an eventfd the runtime keeps non-zero exactly then; on the kernel
     /// backend the AF_KCM socket itself), so the socket fits into any event
     /// loop (`poll`, epoll, tokio's `AsyncFd`). Level-triggered: a reader
-    /// that takes the last message makes it unreadable again. Only for
-    /// waiting: reading or writing it is not a receive or a send.
+    /// that takes the last message makes it unreadable again (but for the
+    /// messages a blocking receive's own pass kept for the socket, taken
+    /// with no look at the hub: after the last of them it stays readable
+    /// until the socket's next receive finds nothing). Only for waiting:
+    /// reading or writing it is not a receive or a send.
     fn as_fd(&self) -> BorrowedFd<'_> {
         match &self.imp {
             SockImp::User(rt) => rt.rx.polled_fd().as_fd(),
@@ -904,6 +917,8 @@ impl Drop for KcmSocket {
         let mut events = Vec::new();
         {
             let mut core = sh.lock();
+            // What was kept for it moves on with its queue.
+            rt.kept.lock().unwrap_or_else(|e| e.into_inner()).give_back(&mut core.mux, rt.id);
             let _ = core.mux.close(rt.id);
             core.socks.remove(&rt.id);
             core.drain_events(&mut events);

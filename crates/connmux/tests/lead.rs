@@ -174,7 +174,43 @@ fn auto_a_worker_told_of_its_first_psock_runs_its_passes() {
     }
 }
 
+/// What a receiving thread's pass kept for its socket (on epoll, a read
+/// framed for it with no hold of the hub lock: `shared::Kept`) counts in
+/// its `queued`, and moves on as a queue does: a receive-disable (even
+/// rounds) or a close (odd rounds) hands the rest to the other clone, in
+/// order, none lost or twice.
+fn what_a_receiving_thread_kept_moves_on_as_its_queue() {
+    const N: u32 = 64;
+    let mux = mux_with(|_| {});
+    let sock = mux.socket(SockType::Dgram).unwrap();
+    sock.set_recv_disable(true).unwrap();
+    for round in 0..20u32 {
+        let first = sock.try_clone().unwrap();
+        let second = sock.try_clone().unwrap();
+        second.set_recv_disable(true).unwrap();
+        let (ours, mut peer) = pair();
+        let p = first.attach(&ours, l4()).unwrap();
+        let burst: Vec<u8> = (0..N).flat_map(|i| framed(&(round * N + i).to_be_bytes())).collect();
+        peer.write_all(&burst).unwrap();
+        let m = first.recv_msg().unwrap();
+        assert_eq!(m.data[4..], (round * N).to_be_bytes(), "round {round}: the first");
+        eventually(|| (first.queued() == N as usize - 1).then_some(()));
+        second.set_recv_disable(false).unwrap();
+        match round % 2 {
+            0 => first.set_recv_disable(true).unwrap(),
+            _ => drop(first),
+        }
+        for i in 1..N {
+            let m = second.recv_msg().unwrap();
+            assert_eq!(m.data[4..], (round * N + i).to_be_bytes(), "round {round} on {:?}", driver());
+        }
+        assert_eq!(second.queued(), 0, "round {round}: none twice");
+        mux.unattach_id(p).unwrap();
+    }
+}
+
 on_both_drivers!(
+    what_a_receiving_thread_kept_moves_on_as_its_queue,
     a_blocking_receiver_reads_the_connection_itself,
     a_polled_socket_is_served_after_the_receiving_thread_stops,
     two_receiving_threads_share_the_connections,

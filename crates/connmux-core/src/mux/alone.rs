@@ -44,6 +44,16 @@ impl FramedAlone {
         self.taken
     }
 
+    /// The psock read.
+    pub fn psock(&self) -> PsockId {
+        self.p
+    }
+
+    /// Whole messages framed.
+    pub fn msgs(&self) -> u64 {
+        self.msgs
+    }
+
     /// The messages are kept by the caller until its socket receives
     /// them: held by the psock until settled (`Mux::rx_settle`, one per
     /// message), as a holding socket's are.
@@ -90,8 +100,44 @@ impl Owned {
         tag: u32,
         out: &mut Vec<Run>,
     ) -> Option<FramedAlone> {
+        let ps = self.psocks.get(p.index, p.generation)?;
+        if ps.affinity != Some(tag) {
+            return None;
+        }
+        self.frame_here(p, data, now, sock, out)
+    }
+
+    /// [`Owned::frame_alone`] for the socket whose thread reads these
+    /// psocks now ([`Owned::set_reader`]), which steering gives a read
+    /// while its queue is short (`Steering::Affinity`, the reader
+    /// untagged): `None` unless `sock` is that reader. The caller has
+    /// seen, as for a tag, the socket's queue empty, the socket untagged
+    /// and receiving, and no socket taking these psocks by their tag.
+    pub fn frame_alone_as_reader(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        now: Timestamp,
+        sock: SockId,
+        out: &mut Vec<Run>,
+    ) -> Option<FramedAlone> {
+        if self.reader != Some(sock) {
+            return None;
+        }
+        self.frame_here(p, data, now, sock, out)
+    }
+
+    /// The framing of [`Owned::frame_alone`], once the socket is decided.
+    fn frame_here(
+        &mut self,
+        p: PsockId,
+        data: &[u8],
+        now: Timestamp,
+        sock: SockId,
+        out: &mut Vec<Run>,
+    ) -> Option<FramedAlone> {
         let ps = self.psocks.get_mut(p.index, p.generation)?;
-        if ps.affinity != Some(tag) || !ps.alone() {
+        if !ps.alone() {
             return None;
         }
         let first = out.len();
@@ -167,10 +213,14 @@ impl Hub {
     }
 
     /// [`super::Mux::report_alone`].
-    pub(super) fn report_alone(&mut self, f: FramedAlone) {
+    pub(super) fn report_alone(&mut self, f: FramedAlone) -> bool {
+        if self.sk.share(f.p).is_none() {
+            return false;
+        }
         let holds = self.framed_in_place(f.p, f.sock, f.msgs, f.bytes, &f.stream, f.last_active);
         if f.held && !holds {
             self.sk.handed(f.p, f.msgs, true);
         }
+        true
     }
 }

@@ -73,7 +73,7 @@ impl Slot {
         epoll.add(sock.rx.counted_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
         let mut s = Slot::worker(sh, index);
         if let Some(st) = &mut s.parts {
-            st.own().mine = Some(crate::shared::Mine::new(sock.clone()));
+            st.own().mine = Some(crate::shared::Mine::new(sock.clone(), sh.read_chunk));
         }
         // Its first pass looks at the commands first (`worker::promise`).
         sh.worker(index).commands.look_soon();
@@ -120,12 +120,17 @@ impl Slot {
 
     /// The socket whose receiving thread runs its passes from now on
     /// (`None`: no more): its reads go to that socket while its queue is
-    /// short (`Owned::set_reader`), and raise no readiness for it (`Own::led`:
-    /// it looks at its queue after the pass).
-    pub(crate) fn lead_by(&mut self, sock: Option<SockId>) {
-        if let Some(st) = &mut self.parts {
-            st.set_reader(sock);
+    /// short (`Owned::set_reader`), framed alone and kept for it where
+    /// they may be (`Own::frame_mine`; moved to the socket as it lets go,
+    /// `Own::end_keep`), and raise no readiness for it (`Own::led`: it
+    /// looks at its queue after the pass).
+    pub(crate) fn lead_by(&mut self, sh: &Shared, sock: Option<&Arc<SockRt>>) {
+        let Some(st) = &mut self.parts else { return };
+        if sock.is_none() {
+            st.own().end_keep(sh, true);
         }
+        st.own().mine = sock.map(|s| crate::shared::Mine::new(s.clone(), sh.read_chunk));
+        st.set_reader(sock.map(|s| s.id));
     }
 
     /// No thread leads it now: the led socket's readiness is not watched

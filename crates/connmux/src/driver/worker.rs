@@ -478,6 +478,10 @@ fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core
     let now = sh.now();
     let mut core = sh.lock();
     w.bufs.own.hold(&mut core);
+    if w.serving.is_none() {
+        // (For the passes receiving threads lead: `Own::tags_free`.)
+        w.bufs.own.tags_free = !core.mux.v().tag_taken(w.bufs.own.owner);
+    }
     if std::mem::take(&mut w.bufs.own.told) {
         // With its time first: a psock attached for it starts its clocks
         // from now.
@@ -567,7 +571,7 @@ pub(crate) fn feed_bytes(w: &mut Worker<'_>, rt: &Arc<PsockRt>, data: &[u8], rea
             // hold, or in this one with the rest of the read.
             let bufs = &mut w.bufs;
             let taken = match bufs.own.mine.is_some() {
-                true => bufs.own.frame_mine(w.owned, rt, data, now, sh.read_chunk, &mut bufs.runs),
+                true => bufs.own.frame_mine(w.owned, rt, data, now, &mut bufs.runs),
                 false => 0,
             };
             if taken < data.len() {

@@ -24,6 +24,7 @@ use connmux_core::{Bytes, Timestamp};
 use connmux_sys::epoll::{Epoll, Interest};
 use connmux_sys::eventfd::EventFd;
 
+mod kept;
 mod outs;
 mod own;
 pub(crate) mod tls;
@@ -31,6 +32,7 @@ pub(crate) mod tls;
 pub(crate) use crate::sync::inbox::Inbox;
 pub(crate) use crate::sync::ready::Ready;
 
+pub(crate) use kept::Kept;
 pub(crate) use outs::{Cork, Outs};
 pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Mine, Own, Promise};
 
@@ -149,14 +151,36 @@ pub(crate) struct SockRt {
     /// a backlog forms, and its next wait sleeps at once rather than spin
     /// (`Config::recv_spin`).
     pub backlog: AtomicBool,
-    /// A stand-alone socket's affinity tag while steering is by affinity
-    /// and it receives ([`NO_TAG`] otherwise), set under the hub lock with
-    /// what it mirrors: the messages its slot frames alone and keeps for
-    /// it (`Mine`) are those steering would send it.
+    /// Its affinity tag while steering is by affinity and it receives
+    /// ([`NO_TAG`] otherwise), set under the hub lock with what it mirrors
+    /// ([`SockRt::mirror`]): the messages a pass of its thread frames
+    /// alone and keeps for it (`Mine`) are those steering would send it.
     pub kept_tag: std::sync::atomic::AtomicU32,
-    /// Receive-disabled (set under the hub lock): what its slot kept for
-    /// it goes back to the hub (`Own::unkeep`).
+    /// Steering is by affinity, it receives and has no tag: a worker's
+    /// pass its thread leads frames for it alone what steering gives the
+    /// reader (`Owned::frame_alone_as_reader`).
+    pub untagged: AtomicBool,
+    /// Receive-disabled (set under the hub lock): what was kept for it
+    /// goes back to the hub (`Kept::give_back`).
     pub rx_off: AtomicBool,
+    /// What passes its threads ran kept for it ([`Kept`]), received
+    /// before its queue in the hub.
+    pub kept: Mutex<Kept>,
+}
+
+impl SockRt {
+    /// Mirror its steering from the hub (`kept_tag`, `untagged`,
+    /// `rx_off`): called under the hub lock, at its making and after a
+    /// change to them.
+    pub fn mirror(&self, m: &connmux_core::mux::Mux) {
+        let v = m.v();
+        let off = m.recv_disabled(self.id).unwrap_or(true);
+        let by_affinity = v.config().steering == connmux_core::mux::Steering::Affinity && !off;
+        let tag = by_affinity.then(|| v.sock_affinity(self.id)).flatten();
+        self.kept_tag.store(tag.unwrap_or(NO_TAG), Ordering::Release);
+        self.untagged.store(by_affinity && tag.is_none(), Ordering::Release);
+        self.rx_off.store(off, Ordering::Release);
+    }
 }
 
 /// No tag (`SockRt::kept_tag`).

@@ -61,7 +61,7 @@ pub(crate) struct Outs {
 /// What a socket's send may wait for ([`Shared::send_out`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Cork {
-    /// A stand-alone socket's slot keeps messages for it.
+    /// Messages are kept for it (`SockRt::kept`).
     pub kept: bool,
     /// Its stand-alone slot (worker index), if it is one.
     pub slot: Option<usize>,
@@ -200,8 +200,8 @@ impl Outs {
 impl Shared {
     /// Addressed send of `data` to `p` by socket `sock`, made to wait in
     /// its outs ([`Outs::push`]) and written now if `more` is false and the
-    /// socket has nothing more to receive (`kept`: a stand-alone socket's
-    /// slot keeps none for it); else, the first time since the last ask
+    /// socket has nothing more to receive (none queued, none kept for it:
+    /// `Cork::kept`); else, the first time since the last ask
     /// was taken, the worker of `p` is asked to write them (lazily). A
     /// stand-alone socket's next receive writes what waits for its own
     /// slot's connections ([`Cork::slot`]); a send to another slot's

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use connmux_core::mux::{FramedAlone, Owned, PsockId, RecvInfo, SockId, SockType};
+use connmux_core::mux::{FramedAlone, Owned, PsockId, SockId};
 use connmux_core::{Bytes, Timestamp};
 
 use super::{MuxHub, PsockRt, SockRt};
@@ -85,39 +85,41 @@ pub(crate) struct Own {
     /// next hold ([`Own::open`]), after what its reads framed alone.
     pub sent: Vec<(SockId, PsockId, usize, u32)>,
     pub settle: Vec<(PsockId, u64)>,
-    /// A stand-alone socket's slot: the messages its reads framed alone
-    /// for that socket, kept for its receives ([`Mine`]).
+    /// The messages this pass framed alone for the socket whose thread
+    /// runs it (a stand-alone socket's slot, or a worker led by a plain
+    /// socket's thread), kept for its receives ([`Mine`]).
     pub mine: Option<Mine>,
     /// The socket whose receiving thread runs this pass (`crate::lead`):
     /// it looks at its queue after the pass, so a message queued for it
     /// raises no readiness.
     pub led: Option<SockId>,
+    /// No socket takes this worker's psocks by their affinity tag (the
+    /// worker's index), as of its last hold: a pass a socket's thread
+    /// leads frames for that socket alone what steering gives it as the
+    /// reader (`Owned::frame_alone_as_reader`). Stale by at most a pass.
+    pub tags_free: bool,
 }
 
-/// The messages a stand-alone socket's slot framed alone for the socket
-/// (`Owned::frame_alone`, in its thread's own pass), received from here
-/// before its queue in the hub: no hold of the hub lock to queue them nor
-/// to take them. Each is held by its psock until taken (its close waits
-/// for it, as for a queued message), settled in the slot's next hold.
-/// The slot frames into it only while it holds less than one read chunk
-/// (`Config::read_chunk`): what it keeps is bounded by the configuration,
-/// beside the memory budget, which counts the hub's queues.
-///
-/// Order: a psock's messages are framed here only while none of its
-/// messages waits in the hub (`Owned::frame_alone`), so taking these
-/// first keeps each psock's order; messages of other psocks queued in the
-/// hub meanwhile may be overtaken (KCM orders a psock's messages, not
-/// psocks).
+/// The messages a pass kept for the socket whose thread runs it, moved to
+/// the socket as the pass ends ([`Own::end_keep`], `super::Kept`): those
+/// it framed alone (`Owned::frame_alone`, or as the reader:
+/// `Owned::frame_alone_as_reader`), and, in a led pass, those the hub's
+/// steering handed the leader from a read fed through it ([`feed_read`]).
+/// No hold of the hub lock to queue them nor to take them. The pass keeps
+/// more only while it holds less than `bound` bytes (`Config::read_chunk`):
+/// what it keeps is bounded by the configuration, beside the memory
+/// budget, which counts the hub's queues.
 pub(crate) struct Mine {
-    /// The stand-alone socket.
+    /// The socket whose thread runs the pass.
     pub sock: Arc<SockRt>,
     msgs: VecDeque<(Bytes, PsockId)>,
     bytes: usize,
+    bound: usize,
 }
 
 impl Mine {
-    pub fn new(sock: Arc<SockRt>) -> Mine {
-        Mine { sock, msgs: VecDeque::new(), bytes: 0 }
+    pub fn new(sock: Arc<SockRt>, bound: usize) -> Mine {
+        Mine { sock, msgs: VecDeque::new(), bytes: 0, bound }
     }
 }
 
@@ -211,24 +213,16 @@ impl Own {
     /// closes): it looks at its queue after each pass, so a message queued
     /// for it raises no readiness.
     pub fn looks(&self) -> Option<SockId> {
-        self.mine.as_ref().map(|m| m.sock.id)
-    }
-
-    /// Whether the slot keeps messages for its socket.
-    pub fn has_mine(&self) -> bool {
-        self.mine.as_ref().is_some_and(|m| !m.msgs.is_empty())
-    }
-
-    /// How many messages the slot keeps for its socket.
-    pub fn mine_len(&self) -> usize {
-        self.mine.as_ref().map_or(0, |m| m.msgs.len())
+        self.mine.as_ref().filter(|_| self.led.is_none()).map(|m| m.sock.id)
     }
 
     /// The whole messages at the front of `data` (read from `rt` at `now`)
-    /// framed alone for the slot's socket and kept for its receives, if it
-    /// may (as [`Own::alone_tag_for`], with the tag steering would send
-    /// them to the socket with, `SockRt::kept_tag`, and while it keeps
-    /// less than `bound` bytes): the bytes taken (the rest goes through
+    /// framed alone for the socket whose thread runs the pass and kept for
+    /// its receives, if it may (as [`Own::alone_tag_for`], with the tag
+    /// steering would send them to the socket with, `SockRt::kept_tag`,
+    /// or as the reader of a pass it leads: the socket untagged and
+    /// receiving, no socket taking the psocks by their tag; and while it
+    /// keeps less than its bound): the bytes taken (the rest goes through
     /// the hub, after the report).
     pub fn frame_mine(
         &mut self,
@@ -236,16 +230,22 @@ impl Own {
         rt: &PsockRt,
         data: &[u8],
         now: Timestamp,
-        bound: usize,
         runs: &mut Vec<connmux_core::run::Run>,
     ) -> usize {
         let Some(m) = &self.mine else { return 0 };
-        let tag = m.sock.kept_tag.load(Ordering::Acquire);
-        if tag == super::NO_TAG || m.bytes >= bound || !self.may_frame_alone(&m.sock, rt) {
+        if m.bytes >= m.bound || !self.may_frame_alone(&m.sock, rt) {
             return 0;
         }
         runs.clear();
-        let Some(f) = o.frame_alone(rt.id, data, now, m.sock.id, tag, runs) else { return 0 };
+        let tag = m.sock.kept_tag.load(Ordering::Acquire);
+        let framed = if tag != super::NO_TAG {
+            o.frame_alone(rt.id, data, now, m.sock.id, tag, runs)
+        } else if self.led == Some(m.sock.id) && self.tags_free && m.sock.untagged.load(Ordering::Acquire) {
+            o.frame_alone_as_reader(rt.id, data, now, m.sock.id, runs)
+        } else {
+            None
+        };
+        let Some(f) = framed else { return 0 };
         let taken = f.taken();
         // One copy of the read: its messages are slices of it.
         let read = Bytes::copy_from_slice(&data[..taken]);
@@ -260,56 +260,45 @@ impl Own {
         taken
     }
 
-    /// The next message kept for the slot's socket, its hold settled in
-    /// the slot's next hold.
-    pub fn take_mine(&mut self) -> Option<(Bytes, PsockId)> {
-        let m = self.mine.as_mut()?;
-        let (data, p) = m.msgs.pop_front()?;
-        m.bytes -= data.len();
-        self.settle_one(p);
-        Some((data, p))
+    /// The pass ends: what it kept for its socket moves to the socket
+    /// (`SockRt::kept`), where its receives take it; `tell`: the socket's
+    /// readiness is raised for it (a led pass's: another thread of the
+    /// socket, or a poller, sees it), else it is for the socket's own
+    /// receives only (a stand-alone slot's). Kept for a socket
+    /// receive-disabled meanwhile, it goes back to the hub instead.
+    pub fn end_keep(&mut self, sh: &super::Shared, tell: bool) {
+        let Some(m) = self.mine.as_mut().filter(|m| !m.msgs.is_empty()) else { return };
+        m.bytes = 0;
+        {
+            let mut kept = m.sock.kept.lock().unwrap_or_else(|e| e.into_inner());
+            // (Looked at under the socket's lock: a receive-disable stores
+            // it before it takes that lock to give back what is kept.)
+            if !m.sock.rx_off.load(Ordering::Acquire) {
+                kept.append(&mut m.msgs);
+                drop(kept);
+                if tell {
+                    m.sock.rx.set();
+                }
+                return;
+            }
+        }
+        let mut events = Vec::new();
+        {
+            let mut core = sh.lock();
+            self.unkeep(&mut core.mux);
+            core.drain_events(&mut events);
+        }
+        sh.dispatch(&mut events, &mut super::Ctx::App);
     }
 
-    /// `recv` of the next message kept for the slot's socket into `buf`
-    /// (see the hub's `recv`: a short buffer truncates a DGRAM message, and
-    /// a SEQPACKET one is read on by the next call; `peek` takes nothing).
-    pub fn recv_mine(&mut self, ty: SockType, buf: &mut [u8], peek: bool) -> Option<RecvInfo> {
-        let m = self.mine.as_mut()?;
-        let (data, psock) = m.msgs.front_mut()?;
-        let (rem, psock) = (data.len(), *psock);
-        let n = buf.len().min(rem);
-        buf[..n].copy_from_slice(&data[..n]);
-        if peek {
-            return Some(RecvInfo { len: n, eor: false, trunc: false, psock });
-        }
-        if n < rem && ty == SockType::SeqPacket {
-            *data = data.slice(n..);
-            m.bytes -= n;
-            return Some(RecvInfo { len: n, eor: false, trunc: false, psock });
-        }
-        m.bytes -= rem;
-        m.msgs.pop_front();
-        self.settle_one(psock);
-        Some(RecvInfo { len: n, eor: true, trunc: n < rem, psock })
-    }
-
-    /// What the slot kept for its socket goes back to the socket's queue
+    /// What the pass kept for its socket goes back to the socket's queue
     /// in the hub, unreceived (`Mux::unkeep`: the socket closes, or was
     /// receive-disabled), after the hub has counted it.
     pub fn unkeep(&mut self, m: &mut connmux_core::mux::Mux) {
-        for f in self.alone.drain(..) {
-            m.report_alone(f);
-        }
+        self.report_to(m);
         if let Some(mine) = self.mine.as_mut().filter(|k| !k.msgs.is_empty()) {
             mine.bytes = 0;
             m.unkeep(mine.sock.id, mine.msgs.drain(..).collect());
-        }
-    }
-
-    fn settle_one(&mut self, p: PsockId) {
-        match self.settle.last_mut() {
-            Some((q, n)) if *q == p => *n += 1,
-            _ => self.settle.push((p, 1)),
         }
     }
 
@@ -318,8 +307,28 @@ impl Own {
     #[inline]
     pub fn report(&mut self, core: &mut MuxHub) {
         if !self.alone.is_empty() {
-            for f in self.alone.drain(..) {
-                core.mux.report_alone(f);
+            self.report_to(&mut core.mux);
+        }
+    }
+
+    fn report_to(&mut self, m: &mut connmux_core::mux::Mux) {
+        for f in self.alone.drain(..) {
+            let (p, mut n) = (f.psock(), f.msgs());
+            if m.report_alone(f) {
+                continue;
+            }
+            // Unattached before the hub heard of them: not delivered. They
+            // are the psock's last kept (a read fed through the hub reports
+            // what was framed before it first).
+            let Some(mine) = &mut self.mine else { continue };
+            let mut i = mine.msgs.len();
+            while n > 0 && i > 0 {
+                i -= 1;
+                if mine.msgs[i].1 == p {
+                    let (data, _) = mine.msgs.remove(i).expect("in range");
+                    mine.bytes = mine.bytes.saturating_sub(data.len());
+                    n -= 1;
+                }
             }
         }
     }
@@ -341,9 +350,32 @@ pub(crate) fn feed_read(
             let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit: batch };
             core.mux.of(o).feed_direct(p, data, now, &mut d)
         }
-        None => core.mux.of(o).feed(p, data, now),
+        None => match own.mine.as_mut().filter(|m| own.led == Some(m.sock.id)) {
+            // A led pass: what steering gives the leader is kept for it
+            // with what it frames alone, not queued (a queued message of
+            // the psock would keep its next reads from being framed alone).
+            Some(mine) => {
+                let sock = mine.sock.id;
+                let limit = if mine.bytes < mine.bound { LED_DIRECT } else { 0 };
+                let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit };
+                let r = core.mux.of(o).feed_direct(p, data, now, &mut d);
+                if !own.direct.is_empty() {
+                    core.mux.hold_direct(sock, &own.direct);
+                    for (data, q) in own.direct.drain(..) {
+                        mine.bytes += data.len();
+                        mine.msgs.push_back((data, q));
+                    }
+                }
+                r
+            }
+            None => core.mux.of(o).feed(p, data, now),
+        },
     }
 }
+
+/// The most messages one read of a led pass hands straight to the leader
+/// ([`feed_read`]); the rest are queued.
+const LED_DIRECT: usize = 256;
 
 /// [`feed_read`] that also frames whole messages where they lie in `data`
 /// (`Mux::feed_in_place`) for the caller to serve at once: their runs go to
