@@ -100,11 +100,7 @@ impl Owned {
         tag: u32,
         out: &mut Vec<Run>,
     ) -> Option<FramedAlone> {
-        let ps = self.psocks.get(p.index, p.generation)?;
-        if ps.affinity != Some(tag) {
-            return None;
-        }
-        self.frame_here(p, data, now, sock, out)
+        self.frame_here(p, data, now, sock, Some(tag), out)
     }
 
     /// [`Owned::frame_alone`] for the socket whose thread reads these
@@ -124,20 +120,23 @@ impl Owned {
         if self.reader != Some(sock) {
             return None;
         }
-        self.frame_here(p, data, now, sock, out)
+        self.frame_here(p, data, now, sock, None, out)
     }
 
-    /// The framing of [`Owned::frame_alone`], once the socket is decided.
+    /// The framing of [`Owned::frame_alone`] (`tag`: the psock's affinity
+    /// must be it) and of [`Owned::frame_alone_as_reader`] (`None`).
+    #[inline(always)]
     fn frame_here(
         &mut self,
         p: PsockId,
         data: &[u8],
         now: Timestamp,
         sock: SockId,
+        tag: Option<u32>,
         out: &mut Vec<Run>,
     ) -> Option<FramedAlone> {
         let ps = self.psocks.get_mut(p.index, p.generation)?;
-        if !ps.alone() {
+        if tag.is_some_and(|t| ps.affinity != Some(t)) || !ps.alone() {
             return None;
         }
         let first = out.len();
@@ -184,9 +183,12 @@ impl super::psock::Psock {
 impl Hub {
     /// `framed` messages (`bytes` of them) of psock `p` framed in place for
     /// socket `sock`: counted as received by the socket, as `recv_msg`
-    /// would, held by it if it holds; the psock's counters and last read
-    /// told to its share (its buffer is unchanged by framing in place, and
-    /// so is the rest of its report). Whether the socket holds them.
+    /// would, held if it holds (or `held`: the caller keeps them for the
+    /// socket's reader); the psock's counters and last read told to its
+    /// share (its buffer is unchanged by framing in place, and so is the
+    /// rest of its report). `false`: the psock is unattached, and nothing
+    /// is counted.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn framed_in_place(
         &mut self,
         p: PsockId,
@@ -195,32 +197,27 @@ impl Hub {
         bytes: u64,
         stream: &StreamStats,
         last_active: Timestamp,
+        held: bool,
     ) -> bool {
-        let mut holds = false;
+        let Some((sh, s)) = self.sk.share_and_sock(p, sock) else { return false };
         if framed > 0 {
-            holds = self.sk.socks.get_mut(sock.index, sock.generation).is_some_and(|s| {
+            let mut holds = held;
+            if let Some(s) = s {
                 s.stats.rx_msgs += framed;
                 s.stats.rx_bytes += bytes;
-                s.holds
-            });
-            self.sk.handed(p, framed, holds);
+                holds |= s.holds;
+            }
+            if holds {
+                sh.holds += framed;
+            }
         }
-        if let Some(sh) = self.sk.share_mut(p) {
-            sh.rx.stream.clone_from(stream);
-            sh.rx.last_active = last_active;
-        }
-        holds
+        sh.rx.stream.clone_from(stream);
+        sh.rx.last_active = last_active;
+        true
     }
 
     /// [`super::Mux::report_alone`].
     pub(super) fn report_alone(&mut self, f: FramedAlone) -> bool {
-        if self.sk.share(f.p).is_none() {
-            return false;
-        }
-        let holds = self.framed_in_place(f.p, f.sock, f.msgs, f.bytes, &f.stream, f.last_active);
-        if f.held && !holds {
-            self.sk.handed(f.p, f.msgs, true);
-        }
-        true
+        self.framed_in_place(f.p, f.sock, f.msgs, f.bytes, &f.stream, f.last_active, f.held)
     }
 }
