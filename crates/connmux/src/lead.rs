@@ -21,7 +21,8 @@
 //! two wake-ups a batch (the worker's, by the kernel; the thread's, by the
 //! worker) where a thread per connection has one. A thread that reads the
 //! connections itself pays only the kernel's (`bench kcm`, `kcm-N`, epoll
-//! driver).
+//! driver), and what its pass reads for it it keeps, taken with no hold of
+//! the hub lock (`Slot::lead_by`, `shared::Kept`).
 //!
 //! What does not change: steering (what a led pass frames goes where the
 //! mux's steering sends it, to any socket; with affinity steering the

@@ -1,11 +1,12 @@
 //! What a socket's own passes kept for it (`Kept`): the messages a pass its
 //! thread ran (a stand-alone slot's, or a worker's it led: `crate::lead`)
-//! framed for it alone (`Own::frame_mine`), moved here as the pass ends,
-//! and taken by the socket's receives before its queue in the hub, with
-//! no hold of the hub lock.
+//! framed for it alone (`Own::frame_mine`) or, in a led pass, was handed
+//! for it by the hub's steering (`shared::feed_read`), moved here as the
+//! pass ends, and taken by the socket's receives before its queue in the
+//! hub, with no hold of the hub lock.
 //!
 //! ```text
-//!   a pass frames alone ──► Own::mine ──(pass ends: Own::end_keep)──► Kept
+//!   a pass keeps ─────────► Own::mine ──(pass ends: Own::end_keep)──► Kept
 //!                                                                      │
 //!   recv takes one (its settle noted) ◄────────────────────────────────┤
 //!   the socket's next hold of the hub: the settles told (`rx_settle`) ◄┤
@@ -19,9 +20,10 @@
 //! messages are framed alone only while none of its messages waits in the
 //! hub (`Owned::frame_alone`), so taking these first keeps each psock's
 //! order; another psock's queued meanwhile may be overtaken (KCM orders a
-//! psock's messages, not psocks). Bounded: a pass keeps at most one read
-//! chunk (`Config::read_chunk`), and a socket's thread runs one only once
-//! these are taken.
+//! psock's messages, not psocks; a message is handed from the hub only
+//! while the socket's queue there is empty). Bounded: a pass keeps more
+//! only while it holds less than one read chunk (`Config::read_chunk`),
+//! and a socket's thread runs one only once these are taken.
 //!
 //! Lock order: the hub, then a socket's `Kept`.
 

@@ -52,7 +52,8 @@ pub(crate) struct Own {
     /// its pass).
     pub pending: bool,
     /// Messages reads handed straight to that socket (see [`feed_read`]),
-    /// not yet served.
+    /// not yet served (a led pass's, for its leader: moved to `mine` at
+    /// once).
     pub direct: Vec<(Bytes, PsockId)>,
     /// The worker's index: its psocks' owner tag (`Event::Wake` for it is
     /// its own to apply).
