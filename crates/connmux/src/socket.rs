@@ -257,15 +257,16 @@ impl KcmSocket {
     /// KCM_RECV_DISABLE.
     pub fn set_recv_disable(&self, disable: bool) -> io::Result<()> {
         match &self.imp {
-            // What was kept for it goes back, and moves on with the
-            // socket's queue (in order); a pass under way in another thread
-            // gives back what it keeps after it (`Own::end_keep`).
+            // What was kept for it goes back first, to the front of its
+            // queue, and moves on with it (in order); a pass under way in
+            // another thread gives back what it keeps after it
+            // (`Own::end_keep`).
             SockImp::User(rt) => self.with_core(rt, |m, id| {
-                m.set_recv_disable(id, disable)?;
-                rt.mirror(m);
                 if disable {
                     rt.kept.lock().unwrap_or_else(|e| e.into_inner()).give_back(m, id);
                 }
+                m.set_recv_disable(id, disable)?;
+                rt.mirror(m);
                 Ok(())
             }),
             SockImp::Kernel(k) => k.set_recv_disable(disable),

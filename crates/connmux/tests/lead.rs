@@ -176,11 +176,13 @@ fn auto_a_worker_told_of_its_first_psock_runs_its_passes() {
 
 /// What a receiving thread's pass kept for its socket (on epoll, a read
 /// framed for it with no hold of the hub lock: `shared::Kept`) counts in
-/// its `queued`, and moves on as a queue does: a receive-disable (even
-/// rounds) or a close (odd rounds) hands the rest to the other clone, in
-/// order, none lost or twice.
+/// its `queued`, and moves on as a queue does, with what was queued for
+/// it in the hub after it (a second burst, read by the worker's own
+/// thread): a receive-disable (even rounds) or a close (odd rounds) hands
+/// the rest to the other clone, in order, none lost or twice.
 fn what_a_receiving_thread_kept_moves_on_as_its_queue() {
     const N: u32 = 64;
+    const M: u32 = 16;
     let mux = mux_with(|_| {});
     let sock = mux.socket(SockType::Dgram).unwrap();
     sock.set_recv_disable(true).unwrap();
@@ -190,19 +192,31 @@ fn what_a_receiving_thread_kept_moves_on_as_its_queue() {
         second.set_recv_disable(true).unwrap();
         let (ours, mut peer) = pair();
         let p = first.attach(&ours, l4()).unwrap();
-        let burst: Vec<u8> = (0..N).flat_map(|i| framed(&(round * N + i).to_be_bytes())).collect();
-        peer.write_all(&burst).unwrap();
-        let m = first.recv_msg().unwrap();
-        assert_eq!(m.data[4..], (round * N).to_be_bytes(), "round {round}: the first");
+        let burst: Vec<u8> = (0..N).flat_map(|i| framed(&(round * (N + M) + i).to_be_bytes())).collect();
+        // On epoll the burst comes while the receiving thread leads the
+        // worker, so that its pass keeps it.
+        let led = mux.led_passes();
+        let m = std::thread::scope(|sc| {
+            let receiver = sc.spawn(|| first.recv_msg().unwrap());
+            if driver() == Driver::Epoll {
+                eventually(|| (mux.led_passes() > led).then_some(()));
+            }
+            peer.write_all(&burst).unwrap();
+            receiver.join().unwrap()
+        });
+        assert_eq!(m.data[4..], (round * (N + M)).to_be_bytes(), "round {round}: the first");
         eventually(|| (first.queued() == N as usize - 1).then_some(()));
+        let later: Vec<u8> = (N..N + M).flat_map(|i| framed(&(round * (N + M) + i).to_be_bytes())).collect();
+        peer.write_all(&later).unwrap();
+        eventually(|| (first.queued() == (N + M) as usize - 1).then_some(()));
         second.set_recv_disable(false).unwrap();
         match round % 2 {
             0 => first.set_recv_disable(true).unwrap(),
             _ => drop(first),
         }
-        for i in 1..N {
+        for i in 1..N + M {
             let m = second.recv_msg().unwrap();
-            assert_eq!(m.data[4..], (round * N + i).to_be_bytes(), "round {round} on {:?}", driver());
+            assert_eq!(m.data[4..], (round * (N + M) + i).to_be_bytes(), "round {round} on {:?}", driver());
         }
         assert_eq!(second.queued(), 0, "round {round}: none twice");
         mux.unattach_id(p).unwrap();
