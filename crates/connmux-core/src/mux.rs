@@ -738,16 +738,13 @@ impl Mux {
         self.h.report_alone(f)
     }
 
-    /// Messages [`Mux::feed_direct`] handed the caller for socket `s`, kept
-    /// by it for the socket's reader until taken: held by their psocks
-    /// until settled ([`Mux::rx_settle`]), as a holding socket's are (if
-    /// `s` holds, they are already).
-    pub fn hold_direct(&mut self, s: SockId, msgs: &[(Bytes, PsockId)]) {
-        if self.h.sk.socks.get(s.index, s.generation).is_none_or(|k| k.holds) {
-            return;
-        }
-        for (_, p) in msgs {
-            self.h.sk.handed(*p, 1, true);
+    /// `n` messages of psock `p` that [`Mux::feed_direct`] handed the
+    /// caller for socket `s`, kept by it for the socket's reader until
+    /// taken: held by the psock until settled ([`Mux::rx_settle`]), as a
+    /// holding socket's are (if `s` holds, they are already).
+    pub fn hold_direct(&mut self, s: SockId, p: PsockId, n: u64) {
+        if self.h.sk.socks.get(s.index, s.generation).is_some_and(|k| !k.holds) {
+            self.h.sk.handed(p, n, true);
         }
     }
 

@@ -478,8 +478,8 @@ fn hold(sh: &Shared, w: &mut Worker<'_>, next_deadline: &mut Option<connmux_core
     let now = sh.now();
     let mut core = sh.lock();
     w.bufs.own.hold(&mut core);
-    if w.serving.is_none() {
-        // (For the passes receiving threads lead: `Own::tags_free`.)
+    if w.bufs.own.led.is_some() {
+        // (For the next pass a receiving thread leads: `Own::tags_free`.)
         w.bufs.own.tags_free = !core.mux.v().tag_taken(w.bufs.own.owner);
     }
     if std::mem::take(&mut w.bufs.own.told) {

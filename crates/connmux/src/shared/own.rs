@@ -95,9 +95,10 @@ pub(crate) struct Own {
     /// raises no readiness.
     pub led: Option<SockId>,
     /// No socket takes this worker's psocks by their affinity tag (the
-    /// worker's index), as of its last hold: a pass a socket's thread
-    /// leads frames for that socket alone what steering gives it as the
-    /// reader (`Owned::frame_alone_as_reader`). Stale by at most a pass.
+    /// worker's index), as of the hold of its last led pass: a pass a
+    /// socket's thread leads frames for that socket alone what steering
+    /// gives it as the reader (`Owned::frame_alone_as_reader`). Stale by
+    /// at most one led pass (a later one frames through the hub).
     pub tags_free: bool,
 }
 
@@ -361,7 +362,8 @@ pub(crate) fn feed_read(
                 let mut d = connmux_core::mux::Direct { sock, out: &mut own.direct, limit };
                 let r = core.mux.of(o).feed_direct(p, data, now, &mut d);
                 if !own.direct.is_empty() {
-                    core.mux.hold_direct(sock, &own.direct);
+                    // (All of psock `p`: the list is emptied after each feed.)
+                    core.mux.hold_direct(sock, p, own.direct.len() as u64);
                     for (data, q) in own.direct.drain(..) {
                         mine.bytes += data.len();
                         mine.msgs.push_back((data, q));
