@@ -593,13 +593,13 @@ fn send_outs(
     dirty: &mut Vec<Arc<PsockRt>>,
     write: Write<'_>,
 ) {
-    bufs.end_run();
     bufs.closed.clear();
     if let Write::Now(rt) = write {
-        if bufs.outs.len() == 1 && write_alone(sh, sv, bufs, rt, events, dirty) {
+        if write_alone(sh, sv, bufs, rt, events, dirty) {
             return;
         }
     }
+    bufs.end_run();
     if bufs.outs.is_empty() {
         if !bufs.settle.is_empty() || !bufs.own.alone.is_empty() {
             let mut core = sh.lock();
@@ -683,14 +683,17 @@ fn send_outs(
 /// (`Writer::own`): they are counted, and the read's requests settled, in
 /// the worker's next hold (`Own::open`: its pass's, at the latest). A
 /// short write hands the rest to the hub, first on the psock's queue, in a
-/// hold that settles the requests after it. `false`: not taken (the
-/// replies go through the hub, [`send_outs`]).
+/// hold that settles the requests after it. The replies are the open run's
+/// (written from the run buffer, split off it only when part is left) or
+/// the one reply queued. `false`: not taken (the replies go through the
+/// hub, [`send_outs`]).
 ///
 /// Why: every served read took the hub lock for its replies, and that
 /// hold (the replies queued, their chunk begun, and told written in the
 /// next) cost about 670 of the 2,938 instructions of a NULL call at one
 /// in flight (`docs/performance.md`, "Replies written by their psock's
-/// owner").
+/// owner"); splitting the run buffer into a chunk that was then dropped,
+/// about 90 more.
 fn write_alone(
     sh: &Shared,
     sv: &Serving,
@@ -699,33 +702,56 @@ fn write_alone(
     events: &mut Vec<Event>,
     dirty: &mut Vec<Arc<PsockRt>>,
 ) -> bool {
-    let mine = matches!(bufs.outs.first(), Some(Out::Replies(p, _, _)) if *p == rt.id);
-    if !mine || rt.tls.is_some() || bufs.own.told || rt.released.load(Ordering::Acquire) || !rt.writer.own() {
+    let run = match (bufs.run, &bufs.outs[..]) {
+        (Some((p, n)), []) if p == rt.id && n > 0 => true,
+        (None | Some((_, 0)), [Out::Replies(p, _, _)]) if *p == rt.id => false,
+        _ => return false,
+    };
+    if rt.tls.is_some() || bufs.own.told || rt.released.load(Ordering::Acquire) || !rt.writer.own() {
         return false;
     }
-    let Some(Out::Replies(p, b, n)) = bufs.outs.pop() else { unreachable!("checked above") };
-    let res = crate::shared::writev_bytes(rt.fd(), std::slice::from_ref(&b));
-    let sent = match crate::shared::Wrote::of_io(&res) {
+    let wrote = |res: &std::io::Result<usize>| match crate::shared::Wrote::of_io(res) {
         crate::shared::Wrote::Bytes(w) => w,
         // Nothing out: the hub's writer meets the same again or the error.
         _ => 0,
     };
-    if sent == b.len() {
-        bufs.own.sent.push((sv.sock.id, p, sent, n));
-        bufs.own.settle.append(&mut bufs.settle);
-    } else {
-        let mut core = sh.lock();
-        bufs.own.open(&mut core);
-        core.mux.tx_direct_rest(sv.sock.id, p, b, sent, n);
-        // Settled once the rest is queued: a psock whose peer closed
-        // drains only after it is written.
-        for (p, n) in bufs.settle.drain(..) {
-            core.mux.rx_settle(p, n);
+    let (p, n, b, sent) = match run {
+        true => {
+            let Some((p, n)) = bufs.run.take() else { unreachable!("matched above") };
+            let sent = wrote(&connmux_sys::socket::writev(rt.fd(), &[std::io::IoSlice::new(&bufs.run_buf)]));
+            if sent == bufs.run_buf.len() {
+                bufs.run_buf.clear();
+                (p, n, None, sent)
+            } else {
+                (p, n, Some(bufs.run_buf.split().freeze()), sent)
+            }
         }
-        bufs.own.close(&mut core);
-        // Raises the psock for a writer (`PsockTransmit`): marked the
-        // hub's before the worker lets go of it.
-        core.drain_events(events);
+        false => {
+            bufs.run = None;
+            let Some(Out::Replies(p, b, n)) = bufs.outs.pop() else { unreachable!("matched above") };
+            let sent = wrote(&crate::shared::writev_bytes(rt.fd(), std::slice::from_ref(&b)));
+            (p, n, (sent < b.len()).then_some(b), sent)
+        }
+    };
+    match b {
+        None => {
+            bufs.own.sent.push((sv.sock.id, p, sent, n));
+            bufs.own.settle.append(&mut bufs.settle);
+        }
+        Some(b) => {
+            let mut core = sh.lock();
+            bufs.own.open(&mut core);
+            core.mux.tx_direct_rest(sv.sock.id, p, b, sent, n);
+            // Settled once the rest is queued: a psock whose peer closed
+            // drains only after it is written.
+            for (p, n) in bufs.settle.drain(..) {
+                core.mux.rx_settle(p, n);
+            }
+            bufs.own.close(&mut core);
+            // Raises the psock for a writer (`PsockTransmit`): marked the
+            // hub's before the worker lets go of it.
+            core.drain_events(events);
+        }
     }
     if rt.writer.disown() {
         // A hub writer found it writing and left its chunk: written now.
