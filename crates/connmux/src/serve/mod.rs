@@ -249,9 +249,14 @@ impl ServeBufs {
     /// Make the current run one of replies to `psock`, with room to grow.
     #[inline]
     fn open_run(&mut self, psock: PsockId) {
-        if !matches!(self.run, Some((p, _)) if p == psock) {
-            self.end_run();
-            self.run = Some((psock, 0));
+        match self.run {
+            Some((p, _)) if p == psock => {}
+            // (No run open: the common case, a run written alone.)
+            None => self.run = Some((psock, 0)),
+            Some(_) => {
+                self.end_run();
+                self.run = Some((psock, 0));
+            }
         }
         if self.run_buf.capacity() - self.run_buf.len() < SCRATCH_LOW {
             self.run_buf.reserve(SCRATCH_CHUNK);
