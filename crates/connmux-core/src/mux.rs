@@ -1516,7 +1516,7 @@ impl MuxRef<'_> {
                 // its counters): framed where they lie, its buffer is
                 // unchanged, and so is the rest of its report (a part left
                 // over is fed below, which reports it all).
-                self.h.framed_in_place(p, sock, framed, bytes, ps.stream.stats(), ps.last_active, false);
+                self.h.framed_in_place(p, sock, framed, bytes, taken as u64, ps.last_active, false);
             }
             self.note_room(p);
             if taken == data.len() {

@@ -17,7 +17,6 @@
 use super::hub::Hub;
 use super::{Owned, PsockId, SockId};
 use crate::run::Run;
-use crate::stream::StreamStats;
 use crate::time::Timestamp;
 
 /// Whole messages of a psock framed by its owner alone
@@ -30,7 +29,6 @@ pub struct FramedAlone {
     taken: usize,
     msgs: u64,
     bytes: u64,
-    stream: StreamStats,
     last_active: Timestamp,
     /// Held until the caller settles them (`Mux::rx_settle`), whether or
     /// not the socket holds: kept for the socket's own receives, they are
@@ -151,16 +149,7 @@ impl Owned {
         // Bytes served in place are traffic too (idle timeout).
         ps.last_active = now;
         let msgs = crate::run::count(&out[first..]) as u64;
-        Some(FramedAlone {
-            p,
-            sock,
-            taken,
-            msgs,
-            bytes,
-            stream: ps.stream.stats().clone(),
-            last_active: now,
-            held: false,
-        })
+        Some(FramedAlone { p, sock, taken, msgs, bytes, last_active: now, held: false })
     }
 }
 
@@ -181,13 +170,15 @@ impl super::psock::Psock {
 }
 
 impl Hub {
-    /// `framed` messages (`bytes` of them) of psock `p` framed in place for
-    /// socket `sock`: counted as received by the socket, as `recv_msg`
-    /// would, held if it holds (or `held`: the caller keeps them for the
-    /// socket's reader); the psock's counters and last read told to its
-    /// share (its buffer is unchanged by framing in place, and so is the
-    /// rest of its report). `false`: the psock is unattached, and nothing
-    /// is counted.
+    /// `framed` messages (`bytes` of them, `wire` bytes of the stream) of
+    /// psock `p` framed in place for socket `sock`: counted as received by
+    /// the socket, as `recv_msg` would, held if it holds (or `held`: the
+    /// caller keeps them for the socket's reader); the psock's counters
+    /// and last read told to its share (its buffer is unchanged by framing
+    /// in place, and so is the rest of its report; framing in place counts
+    /// only messages and their bytes, added here to the share's copy, which
+    /// the owner's reports keep in order). `false`: the psock is
+    /// unattached, and nothing is counted.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn framed_in_place(
         &mut self,
@@ -195,7 +186,7 @@ impl Hub {
         sock: SockId,
         framed: u64,
         bytes: u64,
-        stream: &StreamStats,
+        wire: u64,
         last_active: Timestamp,
         held: bool,
     ) -> bool {
@@ -211,13 +202,14 @@ impl Hub {
                 sh.holds += framed;
             }
         }
-        sh.rx.stream.clone_from(stream);
+        sh.rx.stream.msgs += framed;
+        sh.rx.stream.bytes += wire;
         sh.rx.last_active = last_active;
         true
     }
 
     /// [`super::Mux::report_alone`].
     pub(super) fn report_alone(&mut self, f: FramedAlone) -> bool {
-        self.framed_in_place(f.p, f.sock, f.msgs, f.bytes, &f.stream, f.last_active, f.held)
+        self.framed_in_place(f.p, f.sock, f.msgs, f.bytes, f.taken as u64, f.last_active, f.held)
     }
 }
