@@ -314,6 +314,7 @@ impl StreamParser {
     /// How many more bytes the stream wants buffered now: the rest of the
     /// current message (as far as known) plus the read-ahead allowance.
     /// Nothing while the buffer is lent.
+    #[inline]
     pub fn want(&self) -> usize {
         if self.stopped || self.lent.is_some() {
             return 0;
@@ -339,6 +340,7 @@ impl StreamParser {
     ///
     /// The answer is `(base, per)`: `base` bytes complete the current message
     /// (as far as predicted), `per` is the predicted size of the ones after.
+    #[inline]
     fn lend_plan(&self) -> Option<(usize, usize)> {
         if self.stopped || self.lent.is_some() {
             return None;
@@ -357,11 +359,13 @@ impl StreamParser {
 
     /// The length the next message is predicted to have when the last one
     /// was large (at least [`LEND_MIN`]): the same again.
+    #[inline]
     fn predicted_len(&self) -> Option<usize> {
         (self.last_len >= LEND_MIN).then(|| self.last_len.min(self.limits.max_msg_size))
     }
 
     /// True when [`StreamParser::lend`] would lend (given room to read).
+    #[inline]
     pub fn would_lend(&self) -> bool {
         self.lend_plan().is_some()
     }
