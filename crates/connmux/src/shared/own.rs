@@ -273,8 +273,11 @@ impl Own {
         m.bytes = 0;
         {
             let mut kept = m.sock.kept.lock().unwrap_or_else(|e| e.into_inner());
-            // (Looked at under the socket's lock: a receive-disable stores
-            // it before it takes that lock to give back what is kept.)
+            // (Looked at under the socket's lock. A receive-disable gives
+            // back what is kept, then stores it, both in one hold of the
+            // hub: what is appended between the two is given back by the
+            // next look of this thread's receive, which finds it stored,
+            // `KcmSocket::recv_loop`.)
             if !m.sock.rx_off.load(Ordering::Acquire) {
                 kept.append(&mut m.msgs);
                 drop(kept);
