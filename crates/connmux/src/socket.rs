@@ -91,8 +91,7 @@ impl KcmSocket {
             backlog: AtomicBool::new(false),
             kept_tag: std::sync::atomic::AtomicU32::new(crate::shared::NO_TAG),
             untagged: AtomicBool::new(false),
-            rx_off: AtomicBool::new(false),
-            kept: Mutex::new(Default::default()),
+            kept: Default::default(),
         });
         rt.mirror(&core.mux);
         // A new socket can always start a message until it fills its buffer.
@@ -263,7 +262,7 @@ impl KcmSocket {
             // (`Own::end_keep`).
             SockImp::User(rt) => self.with_core(rt, |m, id| {
                 if disable {
-                    rt.kept.lock().unwrap_or_else(|e| e.into_inner()).give_back(m, id);
+                    rt.kept.stop(|k| k.give_back(m, id));
                 }
                 m.set_recv_disable(id, disable)?;
                 rt.mirror(m);
@@ -387,26 +386,21 @@ impl KcmSocket {
         // A non-blocking stand-alone socket's one pass of its slot is made.
         let mut passed = false;
         loop {
-            {
-                let mut k = rt.kept.lock().unwrap_or_else(|e| e.into_inner());
-                // (Kept by a pass that ended after a receive-disable gave
-                // back what was kept: given back in the hold below.)
-                if k.len() > 0 && !rt.rx_off.load(Ordering::Acquire) {
-                    return Ok(kept(&mut k));
-                }
+            if let Some(got) = rt.kept.take(|k| (k.len() > 0).then(|| kept(k))) {
+                return Ok(got);
             }
             let r = {
                 let mut core = sh.lock();
-                let mut k = rt.kept.lock().unwrap_or_else(|e| e.into_inner());
-                match rt.rx_off.load(Ordering::Acquire) {
+                // (Stopped, a receive-disable gave back what was kept;
+                // this gives back what a pass ending beside it kept.)
+                rt.kept.hold(|k, stopped| match stopped {
                     true => k.give_back(&mut core.mux, rt.id),
                     false => k.settle(&mut core.mux),
-                }
+                });
                 let r = attempt(&mut core);
                 // (Kept since the look above by another thread's pass,
                 // whose readiness this must not clear.)
-                let kept_now = k.len();
-                drop(k);
+                let kept_now = rt.kept.with(|k| k.len());
                 // Readiness follows the queue, decided under the lock that
                 // every enqueue takes: no eventfd call unless it changes.
                 if kept_now + core.mux.rx_queued(rt.id).unwrap_or(0) > 0 {
@@ -590,10 +584,7 @@ impl KcmSocket {
     /// What its replies may wait for: messages kept for it (its replies
     /// wait for those too), and its stand-alone slot, if it is one.
     fn cork(&self, rt: &SockRt) -> crate::shared::Cork {
-        crate::shared::Cork {
-            kept: rt.kept.lock().unwrap_or_else(|e| e.into_inner()).len() > 0,
-            slot: self.alone.as_ref().map(|a| a.index()),
-        }
+        crate::shared::Cork { kept: rt.kept.with(|k| k.len() > 0), slot: self.alone.as_ref().map(|a| a.index()) }
     }
 
     /// sendmsg with KCM flags (MORE on DGRAM, EOR on SEQPACKET, BATCH).
@@ -854,7 +845,7 @@ impl KcmSocket {
     pub fn queued(&self) -> usize {
         match &self.imp {
             SockImp::User(rt) => {
-                let kept = rt.kept.lock().unwrap_or_else(|e| e.into_inner()).len();
+                let kept = rt.kept.with(|k| k.len());
                 kept + self.mux.shared().lock().mux.rx_queued(rt.id).unwrap_or(0)
             }
             SockImp::Kernel(k) => k.stats().map(|s| s.rx_queued).unwrap_or(0),
@@ -919,7 +910,7 @@ impl Drop for KcmSocket {
         {
             let mut core = sh.lock();
             // What was kept for it moves on with its queue.
-            rt.kept.lock().unwrap_or_else(|e| e.into_inner()).give_back(&mut core.mux, rt.id);
+            rt.kept.with(|k| k.give_back(&mut core.mux, rt.id));
             let _ = core.mux.close(rt.id);
             core.socks.remove(&rt.id);
             core.drain_events(&mut events);

@@ -6,6 +6,8 @@
 pub mod crew;
 #[path = "../../../connmux/src/sync/inbox.rs"]
 pub mod inbox;
+#[path = "../../../connmux/src/sync/keep.rs"]
+pub mod keep;
 pub mod prim;
 #[path = "../../../connmux/src/sync/ready.rs"]
 pub mod ready;

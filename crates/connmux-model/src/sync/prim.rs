@@ -9,7 +9,7 @@ use std::time::Duration;
 
 pub use loom::sync::atomic::{fence, AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use loom::sync::Condvar;
-pub use loom::sync::Mutex;
+pub use loom::sync::{Mutex, MutexGuard};
 
 /// std's park token, as a loom mutex and condition variable: loom's own
 /// `park` drops an unpark that arrives while the thread waits on a mutex,

@@ -10,9 +10,10 @@
 //!                                                                      │
 //!   recv takes one (its settle noted) ◄────────────────────────────────┤
 //!   the socket's next hold of the hub: the settles told (`rx_settle`) ◄┤
-//!   receive-disable, close, a pass that ended after either: given back ┘
-//!     to the hub, unreceived (`Mux::unkeep`: the socket's queue, or the
-//!     other sockets')
+//!   receive-disable, close: given back to the hub, unreceived ◄────────┘
+//!     (`Mux::unkeep`: the socket's queue, or the other sockets'); a
+//!     pass that ends after a receive-disable is refused and gives back
+//!     its own (`sync::keep`, checked under loom)
 //! ```
 //!
 //! Each message is held by its psock until taken and its settle told (a

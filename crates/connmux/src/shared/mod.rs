@@ -22,6 +22,8 @@ use std::time::Duration;
 use connmux_core::mux::{Event, PsockError, PsockId, SockId};
 use connmux_core::{Bytes, Timestamp};
 use connmux_sys::epoll::{Epoll, Interest};
+
+use crate::sync::keep::Keep;
 use connmux_sys::eventfd::EventFd;
 
 mod kept;
@@ -160,17 +162,16 @@ pub(crate) struct SockRt {
     /// pass its thread leads frames for it alone what steering gives the
     /// reader (`Owned::frame_alone_as_reader`).
     pub untagged: AtomicBool,
-    /// Receive-disabled (set under the hub lock): what was kept for it
-    /// goes back to the hub (`Kept::give_back`).
-    pub rx_off: AtomicBool,
     /// What passes its threads ran kept for it ([`Kept`]), received
-    /// before its queue in the hub.
-    pub kept: Mutex<Kept>,
+    /// before its queue in the hub, and whether it receives (stopped
+    /// while receive-disabled, set under the hub lock: what was kept goes
+    /// back to the hub, `Kept::give_back`).
+    pub kept: Keep<Kept>,
 }
 
 impl SockRt {
-    /// Mirror its steering from the hub (`kept_tag`, `untagged`,
-    /// `rx_off`): called under the hub lock, at its making and after a
+    /// Mirror its steering from the hub (`kept_tag`, `untagged`, whether
+    /// it receives: `kept`): called under the hub lock, at its making and after a
     /// change to them.
     pub fn mirror(&self, m: &connmux_core::mux::Mux) {
         let v = m.v();
@@ -179,7 +180,7 @@ impl SockRt {
         let tag = by_affinity.then(|| v.sock_affinity(self.id)).flatten();
         self.kept_tag.store(tag.unwrap_or(NO_TAG), Ordering::Release);
         self.untagged.store(by_affinity && tag.is_none(), Ordering::Release);
-        self.rx_off.store(off, Ordering::Release);
+        self.kept.mirror(off);
     }
 }
 

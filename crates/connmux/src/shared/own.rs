@@ -271,21 +271,12 @@ impl Own {
     pub fn end_keep(&mut self, sh: &super::Shared, tell: bool) {
         let Some(m) = self.mine.as_mut().filter(|m| !m.msgs.is_empty()) else { return };
         m.bytes = 0;
-        {
-            let mut kept = m.sock.kept.lock().unwrap_or_else(|e| e.into_inner());
-            // (Looked at under the socket's lock. A receive-disable gives
-            // back what is kept, then stores it, both in one hold of the
-            // hub: what is appended between the two is given back by the
-            // next look of this thread's receive, which finds it stored,
-            // `KcmSocket::recv_loop`.)
-            if !m.sock.rx_off.load(Ordering::Acquire) {
-                kept.append(&mut m.msgs);
-                drop(kept);
-                if tell {
-                    m.sock.rx.set();
-                }
-                return;
+        // (Refused once a receive-disable stopped the socket: `sync::keep`.)
+        if m.sock.kept.deposit(|k| k.append(&mut m.msgs)) {
+            if tell {
+                m.sock.rx.set();
             }
+            return;
         }
         let mut events = Vec::new();
         {

@@ -13,6 +13,9 @@
 //!   message), cleared by the reader before it looks again.
 //! - [`writer::Writer`]: who writes a psock's connection now, its owner
 //!   with no hold of the hub lock or the hub's writers under it.
+//! - [`keep::Keep`]: what a socket's own passes kept for its receives,
+//!   taken with no hold of the hub lock, given back when it stops
+//!   receiving.
 //!
 //! These files use only the names in `prim` (atomics, a mutex, parking,
 //! queues, the eventfd), and
@@ -25,6 +28,7 @@
 
 pub mod crew;
 pub mod inbox;
+pub mod keep;
 pub mod prim;
 pub mod ready;
 pub mod writer;

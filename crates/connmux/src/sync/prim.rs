@@ -6,7 +6,7 @@
 
 pub use connmux_sys::eventfd::EventFd;
 pub use std::sync::atomic::{fence, AtomicBool, AtomicU8, AtomicUsize, Ordering};
-pub use std::sync::Mutex;
+pub use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Where a sleeping thread can be found: set once, by the thread itself,
