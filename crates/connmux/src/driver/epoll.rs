@@ -73,7 +73,7 @@ impl Slot {
         epoll.add(sock.rx.counted_fd().as_raw_fd(), SERVE_TOKEN, Interest::READ)?;
         let mut s = Slot::worker(sh, index);
         if let Some(st) = &mut s.parts {
-            st.own().mine = Some(crate::shared::Mine::new(sock.clone(), sh.read_chunk));
+            st.own().keep_for(Some(sock), sh.read_chunk);
         }
         // Its first pass looks at the commands first (`worker::promise`).
         sh.worker(index).commands.look_soon();
@@ -129,7 +129,7 @@ impl Slot {
         if sock.is_none() {
             st.own().end_keep(sh, true);
         }
-        st.own().mine = sock.map(|s| crate::shared::Mine::new(s.clone(), sh.read_chunk));
+        st.own().keep_for(sock, sh.read_chunk);
         st.set_reader(sock.map(|s| s.id));
     }
 
@@ -163,7 +163,7 @@ impl Slot {
             // (Moved on with the socket's queue as it closes; the slot
             // looks for no socket from now on.)
             own.unkeep(&mut core.mux);
-            own.mine = None;
+            own.keep_for(None, 0);
             own.hold(&mut core);
         }
         // Its passes no longer look at the commands first: asks wake it

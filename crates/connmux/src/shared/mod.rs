@@ -36,7 +36,7 @@ pub(crate) use crate::sync::ready::Ready;
 
 pub(crate) use kept::Kept;
 pub(crate) use outs::{Cork, Outs};
-pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Mine, Own, Promise};
+pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Own, Promise};
 
 use crate::config::Tuning;
 use crate::handler::{Handler, Lanes, ServiceStats};

@@ -100,6 +100,9 @@ pub(crate) struct Own {
     /// gives it as the reader (`Owned::frame_alone_as_reader`). Stale by
     /// at most one led pass (a later one frames through the hub).
     pub tags_free: bool,
+    /// The queue of the last `Mine` (empty), for the next: a led pass
+    /// that keeps anything allocates none.
+    spare: VecDeque<(Bytes, PsockId)>,
 }
 
 /// The messages a pass kept for the socket whose thread runs it, moved to
@@ -119,9 +122,15 @@ pub(crate) struct Mine {
     bound: usize,
 }
 
-impl Mine {
-    pub fn new(sock: Arc<SockRt>, bound: usize) -> Mine {
-        Mine { sock, msgs: VecDeque::new(), bytes: 0, bound }
+impl Own {
+    /// What the passes keep from now on is for `sock` (`None`: nothing),
+    /// at most `bound` bytes a pass ([`Mine`]).
+    pub fn keep_for(&mut self, sock: Option<&Arc<SockRt>>, bound: usize) {
+        // (Empty: a pass's end moved them on, `Own::end_keep`.)
+        if let Some(m) = self.mine.take().filter(|m| m.msgs.is_empty()) {
+            self.spare = m.msgs;
+        }
+        self.mine = sock.map(|s| Mine { sock: s.clone(), msgs: std::mem::take(&mut self.spare), bytes: 0, bound });
     }
 }
 
