@@ -2,7 +2,7 @@
 # The KCM conformance run: the acceptance cases of kcm-semantics §7 against the
 # userspace runtime on this machine, then against the kernel's AF_KCM (and the
 # userspace runtime again) inside the kcmvm VM (scripts/kcmvm.sh: Debian's kernel under qemu), which boots once; then the
-# side-by-side receive benchmark in the same boot, the C API's checks on
+# side-by-side benchmarks (receive, echo by one and two application threads) in the same boot, the C API's checks on
 # AF_KCM (crates/connmux-capi/tests/c/backend.c), then the kernel's own 9P
 # client mounting `connmux 9p-server` (scripts/ninep-vm.sh) and its NFSv3
 # client mounting `connmux nfs-server` (scripts/nfs-vm.sh). Prints one table,

@@ -1,4 +1,4 @@
-//! Side by side: two workloads through the userspace engine and through
+//! Side by side: three workloads through the userspace engine and through
 //! the kernel's KCM, alternated in one run, medians and ratios.
 //!
 //! - receive: a peer thread writes N messages of 64 bytes (4-byte length +
@@ -8,13 +8,18 @@
 //!   a client keeps [`INFLIGHT`] messages of 28 bytes in flight; an
 //!   application thread answers each with `recv` then `send` (a plain send:
 //!   one connection, so the reply lands where the request came from on
-//!   both backends); the client checks every echo's sequence.
+//!   both backends); the client checks every echo (each once; with one
+//!   thread, in sequence).
+//! - echo-2: the same with two application threads, each on its own
+//!   socket (the first and a clone), as `bench kcm`'s kcm-2.
 //!
 //! Figures are messages per second; under an emulated VM only the ratio
 //! means anything.
 
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use connmux::{SendFlags, SockType};
@@ -71,54 +76,110 @@ fn one(kind: Kind, n: usize) -> Result<f64, String> {
     Ok(n as f64 / secs)
 }
 
-/// The echo workload: `n` messages through an application thread.
+/// The echo workload: `n` messages through one application thread.
 fn echo(kind: Kind, n: usize) -> Result<f64, String> {
+    echo_threads(kind, n, 1)
+}
+
+/// The echo workload through two application threads on two sockets.
+fn echo2(kind: Kind, n: usize) -> Result<f64, String> {
+    echo_threads(kind, n, 2)
+}
+
+/// `n` messages echoed by `threads` application threads, each receiving
+/// and sending on its own socket (the first and clones of it): the
+/// client's rate, from its first send to its last echo.
+fn echo_threads(kind: Kind, n: usize, threads: usize) -> Result<f64, String> {
     let m = new_mux(kind, Opts::default()).map_err(|e| e.to_string())?;
-    let s = m.socket(SockType::Dgram).map_err(|e| e.to_string())?;
-    s.set_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    let first = m.socket(SockType::Dgram).map_err(|e| e.to_string())?;
+    let mut socks = Vec::with_capacity(threads);
+    for _ in 1..threads {
+        socks.push(first.try_clone().map_err(|e| e.to_string())?);
+    }
+    socks.push(first);
+    // Bounded waits: a thread looks whether the client is done between them.
+    for s in &socks {
+        s.set_timeout(Some(Duration::from_millis(50))).map_err(|e| e.to_string())?;
+    }
     let (mut peer, low) = tcp_pair().map_err(|e| e.to_string())?;
     m.attach(low.as_fd(), "l4").map_err(|e| e.to_string())?;
     peer.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
-    let client = std::thread::spawn(move || -> Result<f64, String> {
-        let t = Instant::now();
-        let (mut sent, mut got) = (0usize, 0usize);
-        let mut out = Vec::with_capacity(ECHO_MSG * INFLIGHT);
-        let mut inb = vec![0u8; 64 << 10];
-        let mut have = 0;
-        // Bounded: each round reads at least one byte, or fails.
-        while got < n {
-            out.clear();
-            while sent < n && sent - got < INFLIGHT {
-                out.extend_from_slice(&((ECHO_MSG - 4) as u32).to_be_bytes());
-                out.extend_from_slice(&(sent as u64).to_le_bytes());
-                out.resize(out.len() + ECHO_MSG - 12, 0x5a);
-                sent += 1;
-            }
-            peer.write_all(&out).map_err(|e| format!("client write: {e}"))?;
-            let r = std::io::Read::read(&mut peer, &mut inb[have..]).map_err(|e| format!("client read: {e}"))?;
-            if r == 0 {
-                return Err(format!("closed after {got} echoes"));
-            }
-            have += r;
-            let whole = have / ECHO_MSG;
-            for i in 0..whole {
-                let at = i * ECHO_MSG;
-                if inb[at + 4..at + 12] != (got as u64).to_le_bytes() {
-                    return Err(format!("echo {got} out of sequence"));
+    let done = Arc::new(AtomicBool::new(false));
+    let client = {
+        let done = done.clone();
+        std::thread::spawn(move || -> Result<f64, String> {
+            let r = client(&mut peer, n, threads == 1);
+            done.store(true, Ordering::Release);
+            r
+        })
+    };
+    let servers: Vec<_> = socks
+        .into_iter()
+        .map(|s| {
+            let done = done.clone();
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut buf = [0u8; 256];
+                // Bounded: every turn waits at most the socket's timeout,
+                // and the client ends within its read timeout.
+                while !done.load(Ordering::Acquire) {
+                    match s.recv(&mut buf, false) {
+                        Ok(g) => {
+                            s.send(&buf[..g.len], SendFlags { eor: true, ..Default::default() })
+                                .map_err(|e| format!("send: {e}"))?;
+                        }
+                        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                        }
+                        Err(e) => return Err(format!("recv: {e}")),
+                    }
                 }
-                got += 1;
-            }
-            inb.copy_within(whole * ECHO_MSG..have, 0);
-            have -= whole * ECHO_MSG;
-        }
-        Ok(n as f64 / t.elapsed().as_secs_f64())
-    });
-    let mut buf = [0u8; 256];
-    for i in 0..n {
-        let g = s.recv(&mut buf, false).map_err(|e| format!("recv {i}: {e}"))?;
-        s.send(&buf[..g.len], SendFlags { eor: true, ..Default::default() }).map_err(|e| format!("send {i}: {e}"))?;
+                Ok(())
+            })
+        })
+        .collect();
+    let rate = client.join().map_err(|_| "client panicked")?;
+    for s in servers {
+        s.join().map_err(|_| "an application thread panicked")??;
     }
-    client.join().map_err(|_| "client panicked")?
+    rate
+}
+
+/// The echo client: [`INFLIGHT`] messages in flight until `n` came back,
+/// each once (`in_order`: in sequence).
+fn client(peer: &mut std::net::TcpStream, n: usize, in_order: bool) -> Result<f64, String> {
+    let t = Instant::now();
+    let (mut sent, mut got) = (0usize, 0usize);
+    let mut seen = vec![false; n];
+    let mut out = Vec::with_capacity(ECHO_MSG * INFLIGHT);
+    let mut inb = vec![0u8; 64 << 10];
+    let mut have = 0;
+    // Bounded: each round reads at least one byte, or fails.
+    while got < n {
+        out.clear();
+        while sent < n && sent - got < INFLIGHT {
+            out.extend_from_slice(&((ECHO_MSG - 4) as u32).to_be_bytes());
+            out.extend_from_slice(&(sent as u64).to_le_bytes());
+            out.resize(out.len() + ECHO_MSG - 12, 0x5a);
+            sent += 1;
+        }
+        peer.write_all(&out).map_err(|e| format!("client write: {e}"))?;
+        let r = std::io::Read::read(peer, &mut inb[have..]).map_err(|e| format!("client read: {e}"))?;
+        if r == 0 {
+            return Err(format!("closed after {got} echoes"));
+        }
+        have += r;
+        let whole = have / ECHO_MSG;
+        for i in 0..whole {
+            let at = i * ECHO_MSG;
+            let seq = u64::from_le_bytes(inb[at + 4..at + 12].try_into().expect("8 bytes")) as usize;
+            if (in_order && seq != got) || seq >= n || std::mem::replace(&mut seen[seq], true) {
+                return Err(format!("echo {seq} out of sequence or twice (after {got})"));
+            }
+            got += 1;
+        }
+        inb.copy_within(whole * ECHO_MSG..have, 0);
+        have -= whole * ECHO_MSG;
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
 /// One workload: messages per second through a backend, or what failed.
@@ -135,7 +196,8 @@ pub fn run(n: usize, reps: usize) -> i32 {
     println!("BENCH n={n} msg={MSG}B per_write={PER_WRITE} reps={reps} kernel_kcm={kernel}");
     let kinds: Vec<Kind> = if kernel { vec![Kind::User, Kind::Kernel] } else { vec![Kind::User] };
     // The echo crosses threads twice per message: a quarter as many.
-    let workloads: [(&str, usize, Workload); 2] = [("receive", n, one), ("echo", (n / 4).max(1), echo)];
+    let workloads: [(&str, usize, Workload); 3] =
+        [("receive", n, one), ("echo", (n / 4).max(1), echo), ("echo-2", (n / 4).max(1), echo2)];
     for (name, n, f) in workloads {
         let mut res: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
         for r in 0..reps.max(1) {
