@@ -391,16 +391,17 @@ impl KcmSocket {
             }
             let r = {
                 let mut core = sh.lock();
-                // (Stopped, a receive-disable gave back what was kept;
-                // this gives back what a pass ending beside it kept.)
-                rt.kept.hold(|k, stopped| match stopped {
-                    true => k.give_back(&mut core.mux, rt.id),
-                    false => k.settle(&mut core.mux),
+                let (r, kept_now) = rt.kept.hold(|k, stopped| {
+                    // (Stopped, a receive-disable gave back what was kept;
+                    // this gives back what a pass ending beside it kept.)
+                    match stopped {
+                        true => k.give_back(&mut core.mux, rt.id),
+                        false => k.settle(&mut core.mux),
+                    }
+                    // (Counted after: kept since the look above by another
+                    // thread's pass, whose readiness this must not clear.)
+                    (attempt(&mut core), k.len())
                 });
-                let r = attempt(&mut core);
-                // (Kept since the look above by another thread's pass,
-                // whose readiness this must not clear.)
-                let kept_now = rt.kept.with(|k| k.len());
                 // Readiness follows the queue, decided under the lock that
                 // every enqueue takes: no eventfd call unless it changes.
                 if kept_now + core.mux.rx_queued(rt.id).unwrap_or(0) > 0 {
