@@ -22,8 +22,6 @@ use std::time::Duration;
 use connmux_core::mux::{Event, PsockError, PsockId, SockId};
 use connmux_core::{Bytes, Timestamp};
 use connmux_sys::epoll::{Epoll, Interest};
-
-use crate::sync::keep::Keep;
 use connmux_sys::eventfd::EventFd;
 
 mod kept;
@@ -40,6 +38,7 @@ pub(crate) use own::{commit_read, feed_read, feed_read_in_place, Own, Promise};
 
 use crate::config::Tuning;
 use crate::handler::{Handler, Lanes, ServiceStats};
+use crate::sync::keep::Keep;
 
 /// A psock failure, as KCM reports it on the attached TCP socket (POLLERR +
 /// SO_ERROR). The application should `Mux::unattach` the connection.
@@ -171,8 +170,8 @@ pub(crate) struct SockRt {
 
 impl SockRt {
     /// Mirror its steering from the hub (`kept_tag`, `untagged`, whether
-    /// it receives: `kept`): called under the hub lock, at its making and after a
-    /// change to them.
+    /// it receives: `kept`): called under the hub lock, at its making and
+    /// after a change to them.
     pub fn mirror(&self, m: &connmux_core::mux::Mux) {
         let v = m.v();
         let off = m.recv_disabled(self.id).unwrap_or(true);
