@@ -128,6 +128,7 @@ fn echo_threads(kind: Kind, n: usize, threads: usize) -> Result<f64, String> {
                                 .map_err(|e| format!("send: {e}"))?;
                         }
                         Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                            // (Timed out: look whether the client is done.)
                         }
                         Err(e) => return Err(format!("recv: {e}")),
                     }

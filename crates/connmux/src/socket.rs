@@ -392,8 +392,9 @@ impl KcmSocket {
             let r = {
                 let mut core = sh.lock();
                 let (r, kept_now) = rt.kept.hold(|k, stopped| {
-                    // (Stopped, a receive-disable gave back what was kept;
-                    // this gives back what a pass ending beside it kept.)
+                    // (Stopped: the receive-disable gave back what was
+                    // kept and deposits are refused since; given back all
+                    // the same if any is seen, `sync::keep`.)
                     match stopped {
                         true => k.give_back(&mut core.mux, rt.id),
                         false => k.settle(&mut core.mux),

@@ -5,15 +5,17 @@
 //!
 //! ```text
 //!   a pass ends: deposit ──► kept ──► a receive takes it (take)
-//!        │ stopped                │ stopped
-//!        ▼                        ▼
-//!   refused: the depositor   given back in the receive's next hold
-//!   gives them back in a     of the hub (`hold`, stopped)
-//!   hold of the hub
+//!        │ stopped
+//!        ▼
+//!   refused: the depositor gives them back in a hold of the hub
 //!
 //!   receive-disable, under the hub lock: stop (the flag stored, then
 //!   what is kept given back); receiving again: mirror(false)
 //! ```
+//!
+//! Stopped, nothing stays kept: a receive's hold (`hold`) that finds
+//! the socket stopped gives back whatever it sees all the same, a guard
+//! that costs nothing.
 //!
 //! Why one place: the flag is stored before the lock is taken to give
 //! back, and looked at under that lock by a deposit, so every message is
@@ -65,8 +67,7 @@ impl<K> Keep<K> {
     }
 
     /// A receive's hold of the hub (the caller holds its lock): `f` on
-    /// what is kept and whether the socket has stopped receiving (then it
-    /// gives back what a pass ending beside the stop kept).
+    /// what is kept and whether the socket has stopped receiving.
     pub fn hold<T>(&self, f: impl FnOnce(&mut K, bool) -> T) -> T {
         let mut k = self.lock();
         let stopped = self.stopped.load(Ordering::Acquire);
